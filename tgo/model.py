@@ -1,0 +1,182 @@
+"""The LightningModule that trains a timm Vision Transformer classifier.
+
+The observatory measures *this* network, so the module stays deliberately plain: a timm model in ``self.net``
+(the geometry probe hooks ``self.net`` by module path), label-smoothed cross entropy, top-1/top-5 accuracy from
+torchmetrics, AdamW without weight decay on biases/norms/position embeddings, and a per-step learning-rate schedule.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import timm
+import torch
+import torch.nn.functional as F
+from timm.optim import param_groups_weight_decay
+from torchmetrics.classification import MulticlassAccuracy
+
+from tgo.errors import ConfigError
+
+SCHEDULES = ("cosine", "onecycle", "constant")
+
+
+def build_timm_model(
+    name: str,
+    *,
+    num_classes: int,
+    img_size: int,
+    in_chans: int = 3,
+    pretrained: bool = False,
+    pretrained_file: str | None = None,
+    **overrides: Any,
+) -> torch.nn.Module:
+    """Creates a timm model by name, failing with a helpful message for unknown names or missing weight files.
+
+    Args:
+        name: A timm model name such as ``vit_small_patch16_224``.
+        num_classes: Size of the classification head.
+        img_size: Input resolution (timm interpolates position embeddings for pretrained weights).
+        in_chans: Number of input channels.
+        pretrained: Load pretrained weights (from the hub, or ``pretrained_file`` when given).
+        pretrained_file: A local weights file (``.safetensors``/``.pth``); implies ``pretrained``.
+        **overrides: Architecture keyword arguments forwarded to timm (``depth``, ``embed_dim``, ``patch_size``...).
+
+    Returns:
+        The instantiated ``torch.nn.Module``.
+    """
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        hint = f" Did you mean: {', '.join(close)}?" if close else " See timm.list_models() for valid names."
+        raise ConfigError(f"model.name: unknown timm model '{name}'.{hint}")
+    kwargs: dict[str, Any] = dict(num_classes=num_classes, img_size=img_size, in_chans=in_chans, **overrides)
+    if pretrained_file is not None:
+        if not Path(pretrained_file).is_file():
+            raise ConfigError(f"model.pretrained_file: '{pretrained_file}' is not a file; expected a weights file.")
+        kwargs["pretrained_cfg_overlay"] = dict(file=str(pretrained_file))
+        pretrained = True
+    return timm.create_model(name, pretrained=pretrained, **kwargs)
+
+
+class ViTClassifier(L.LightningModule):
+    """Image classifier around a timm ViT, trained with AdamW and a per-step schedule.
+
+    Args:
+        name: timm model name.
+        num_classes: Number of classes (filled in from the DataModule by ``tgo.train``).
+        img_size: Input resolution (filled in from the DataModule).
+        in_chans: Input channels (filled in from the DataModule).
+        arch: Architecture overrides passed to timm (``depth``, ``embed_dim``, ``num_heads``, ``patch_size``,
+            ``drop_path_rate``...).
+        pretrained: Whether to start from pretrained weights.
+        pretrained_file: Local weights file for ``pretrained``.
+        lr: Peak learning rate.
+        weight_decay: AdamW decoupled weight decay (not applied to 1-d parameters and position/class tokens).
+        betas: AdamW betas.
+        schedule: ``cosine`` (linear warm-up then cosine to ``min_lr``), ``onecycle`` or ``constant``.
+        warmup_epochs: Warm-up length for ``cosine`` in epochs (fractions allowed).
+        min_lr: Final learning rate of the cosine schedule.
+        label_smoothing: Cross-entropy label smoothing.
+        compile: Wrap the network with ``torch.compile`` for training (hooks still attach to the original module).
+    """
+
+    def __init__(
+        self,
+        name: str = "vit_small_patch16_224",
+        num_classes: int = 100,
+        img_size: int = 224,
+        in_chans: int = 3,
+        arch: dict[str, Any] | None = None,
+        pretrained: bool = False,
+        pretrained_file: str | None = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.05,
+        betas: tuple[float, float] = (0.9, 0.999),
+        schedule: str = "cosine",
+        warmup_epochs: float = 0.0,
+        min_lr: float = 1e-6,
+        label_smoothing: float = 0.1,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        if schedule not in SCHEDULES:
+            raise ConfigError(f"model.schedule: expected one of {SCHEDULES}, got '{schedule}'.")
+        for key, value in (("model.lr", lr), ("model.num_classes", num_classes), ("model.img_size", img_size)):
+            if not value > 0:
+                raise ConfigError(f"{key}: expected a positive number, got {value}.")
+        arch = dict(arch or {})
+        self.save_hyperparameters(dict(name=name, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
+                                       arch=arch, pretrained=pretrained, pretrained_file=pretrained_file, lr=lr,
+                                       weight_decay=weight_decay, betas=tuple(betas), schedule=schedule,
+                                       warmup_epochs=warmup_epochs, min_lr=min_lr, label_smoothing=label_smoothing,
+                                       compile=compile))
+        self.net = build_timm_model(name, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
+                                    pretrained=pretrained, pretrained_file=pretrained_file, **arch)
+        self._forward_net = torch.compile(self.net) if compile else self.net
+        top_k = min(5, num_classes)
+        self.val_top1 = MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro")
+        self.val_top5 = MulticlassAccuracy(num_classes=num_classes, top_k=top_k, average="micro")
+        self.train_top1 = MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro")
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self._forward_net(images)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = self._loss(logits, labels)
+        self.train_top1(logits, labels)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True)
+        self.log("train/acc_top1", self.train_top1, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        images, labels = batch
+        logits = self(images)
+        self.val_top1(logits, labels)
+        self.val_top5(logits, labels)
+        self.log("val/loss", self._loss(logits, labels), prog_bar=True, on_epoch=True, sync_dist=True)
+        self.log("val/acc_top1", self.val_top1, prog_bar=True, on_epoch=True)
+        self.log("val/acc_top5", self.val_top5, on_epoch=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        groups = param_groups_weight_decay(self.net, weight_decay=hp.weight_decay,
+                                           no_weight_decay_list=getattr(self.net, "no_weight_decay", set)())
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
+        total = int(self.trainer.estimated_stepping_batches)
+        if hp.schedule == "onecycle":
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=max(total, 1))
+        else:
+            steps_per_epoch = max(total // max(self.trainer.max_epochs or 1, 1), 1)
+            warmup = int(round(hp.warmup_epochs * steps_per_epoch)) if hp.schedule == "cosine" else 0
+            scheduler = torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lr_lambda=cosine_factor(total, warmup, hp.min_lr / hp.lr, constant=hp.schedule == "constant"))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def cosine_factor(total_steps: int, warmup_steps: int, floor: float, *, constant: bool = False):
+    """Returns the multiplicative learning-rate factor per step: linear warm-up, then cosine from 1 to ``floor``.
+
+    A plain function (not a lambda) so the scheduler stays picklable for checkpoints.
+    """
+    return _CosineFactor(total_steps, warmup_steps, floor, constant)
+
+
+class _CosineFactor:
+    def __init__(self, total_steps: int, warmup_steps: int, floor: float, constant: bool) -> None:
+        self.total, self.warmup, self.floor, self.constant = max(total_steps, 1), warmup_steps, floor, constant
+
+    def __call__(self, step: int) -> float:
+        if self.constant:
+            return 1.0
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min((step - self.warmup) / max(self.total - self.warmup, 1), 1.0)
+        return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,130 @@
+"""``python -m tgo.train``: compose the config, validate it, instantiate everything, train.
+
+Everything that can be wrong with the input is checked before ``trainer.fit`` starts: the config values
+(``tgo.config``), the data layout (the DataModule), the model name (``tgo.model``) and the observation points
+(the geometry callback's ``setup``). Errors of that kind are printed as one line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf
+
+from tgo.config import validate_config
+from tgo.errors import ConfigError, UserInputError
+
+log = logging.getLogger(__name__)
+
+
+def instantiate_named(group: DictConfig | None) -> list[Any]:
+    """Instantiates a name-keyed group (callbacks, loggers); entries set to null are disabled."""
+    if group is None:
+        return []
+    return [instantiate(node) for _, node in group.items() if node is not None]
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
+    """Resolves ``ckpt_path``: ``last`` means this run directory's ``checkpoints/last.ckpt``; a missing file fails."""
+    if ckpt_path is None:
+        return None
+    path = output_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path: '{path}' does not exist; expected a Lightning checkpoint file "
+                          "(or `last` together with hydra.run.dir=<the run directory to resume>).")
+    return str(path)
+
+
+def make_ddp_relaunch_job_local() -> None:
+    """Makes Lightning's DDP re-launch of ``sys.argv`` run *this* multirun job, in *this* job's directory.
+
+    Lightning starts ranks > 0 by re-running ``sys.argv`` with ``hydra.run.dir`` set to ``HydraConfig.run.dir``.
+    In a multirun that would start the whole sweep again in every rank, in the wrong directory (a known upstream
+    problem). Rewriting argv to this job's own overrides and pointing ``run.dir`` at the job's output directory
+    makes every rank of job k join job k.
+    """
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return
+    sys.argv = [sys.argv[0], *hydra_cfg.overrides.task]
+    OmegaConf.set_readonly(hydra_cfg, False)
+    hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
+    OmegaConf.set_readonly(hydra_cfg, True)
+
+
+def find_user_error(error: BaseException) -> UserInputError | None:
+    """Finds a ``UserInputError`` in an exception's cause chain (Hydra's instantiate wraps constructor errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UserInputError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """Trains one experiment described by a composed config and returns the final callback metrics.
+
+    Args:
+        cfg: The composed config (``conf/train.yaml`` plus overrides) with ``paths.output_dir`` resolvable.
+
+    Returns:
+        Final metrics (``val/acc_top1`` ...) as floats.
+    """
+    validate_config(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = instantiate(cfg.data)
+    model = instantiate(cfg.model, num_classes=datamodule.num_classes, img_size=datamodule.image_size,
+                        in_chans=datamodule.in_chans)
+    callbacks = instantiate_named(cfg.get("callbacks"))
+    loggers = instantiate_named(cfg.get("logger"))
+    make_ddp_relaunch_job_local()
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+
+    if trainer.is_global_zero:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=False)
+        manifest = datamodule.write_manifest(output_dir)
+        rank_zero_info(f"[tgo] run directory: {output_dir.resolve()}")
+        rank_zero_info(f"[tgo] analysis subset manifest: {manifest}")
+        rank_zero_info(f"[tgo] TensorBoard: tensorboard --logdir {(output_dir / 'tensorboard').resolve()}")
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if trainer.is_global_zero:
+        summary = ", ".join(f"{k}={metrics[k]:.4f}" for k in ("val/acc_top1", "val/acc_top5") if k in metrics)
+        rank_zero_info(f"[tgo] done: {summary}; results in {output_dir.resolve()}")
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry point; bad input exits with status 2 and one line naming the key and what was expected."""
+    try:
+        metrics = run(cfg)
+    except Exception as error:
+        user_error = find_user_error(error)
+        if user_error is None:
+            raise
+        print(f"tgo.train: error: {user_error}", file=sys.stderr)
+        sys.exit(2)
+    return metrics.get("val/acc_top1")
+
+
+if __name__ == "__main__":
+    main()
