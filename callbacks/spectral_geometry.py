@@ -1,0 +1,257 @@
+"""``SpectralGeometryCallback``: observe the spectral geometry of the network every N epochs.
+
+A thin orchestrator: it decides *when* (epoch 0 before any update, every N completed epochs, always the last),
+takes the DataModule's frozen analysis subset, and hands the *how* to ``tgo.observatory`` (hooks, sharding,
+reduction), ``tgo.spectral`` (numerics), ``tgo.records`` (files) and ``tgo.viz`` (figures).
+
+Epoch k means "after k completed training epochs". Observations happen at ``on_train_start`` (epoch 0, or a due
+epoch a crashed run did not record before its checkpoint) and at ``on_train_epoch_end``. The records on disk are
+the source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+from tgo import viz
+from tgo.errors import UserInputError
+from tgo.observatory.points import ObservationPoint, points_from_config, resolve_points, unwrap_model
+from tgo.observatory.sharded import ShardPlan, observe_dataset, summarize_observation
+from tgo.records import RecordWriter, load_spectra
+
+GRAM_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+NONFINITE_POLICIES = ("warn", "error")
+# Observables drawn as layer x epoch heatmaps and custom-scalar charts (all are logged as scalars).
+CHART_OBSERVABLES = (
+    "effective_rank", "stable_rank", "participation_ratio", "spectral_entropy", "spectral_anisotropy",
+    "spectral_flatness", "offdiag_energy_fraction", "power_law_alpha",
+)
+
+
+class NonFiniteActivationsError(RuntimeError):
+    """Raised (with ``nonfinite='error'``) when an observation point produced NaN or Inf activations."""
+
+
+class SpectralGeometryCallback(L.Callback):
+    """Observes covariance spectra at the configured points of ``pl_module.net`` on the analysis subset.
+
+    Args:
+        every_n_epochs: Observe after every N completed epochs (epoch 0 and the final epoch are always observed).
+        points: ``{"preset": "vit", "extra": [{name, module, read, tokens}, ...]}``; see ``tgo.observatory``.
+        gram_dtype: ``float64`` (exact to ~1e-15) or ``float32`` (~5e-8, faster on GPUs).
+        batch_size: Images per observation forward pass.
+        num_workers: DataLoader workers for the observation pass.
+        nonfinite: ``warn`` records NaN observables for a point with non-finite activations and keeps training;
+            ``error`` stops training.
+        covariance_epochs: Epochs whose full covariance matrices are stored in the records; ``null`` means the
+            first and the last epoch.
+        fit_range: ``[start, stop]`` 1-based eigenvalue index range of the power-law fit (``null``: default).
+        figures: ``every_n_observations`` (thin figures; scalars are never thinned), and booleans ``spectra``,
+            ``histograms``, ``heatmaps``, ``decay``, ``layer_epoch``; ``heatmap_max_dim`` caps heatmap size.
+    """
+
+    def __init__(
+        self,
+        every_n_epochs: int = 5,
+        points: Mapping[str, Any] | None = None,
+        gram_dtype: str = "float64",
+        batch_size: int = 64,
+        num_workers: int = 0,
+        nonfinite: str = "warn",
+        covariance_epochs: Sequence[int] | None = None,
+        fit_range: Sequence[int] | None = None,
+        figures: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs <= 0:
+            raise UserInputError(f"callbacks.spectral_geometry.every_n_epochs: expected a positive integer, "
+                                 f"got {every_n_epochs!r}")
+        if gram_dtype not in GRAM_DTYPES:
+            raise UserInputError(f"callbacks.spectral_geometry.gram_dtype: expected one of {list(GRAM_DTYPES)}, "
+                                 f"got {gram_dtype!r}")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise UserInputError(f"callbacks.spectral_geometry.nonfinite: expected one of {NONFINITE_POLICIES}, "
+                                 f"got {nonfinite!r}")
+        if batch_size <= 0:
+            raise UserInputError(f"callbacks.spectral_geometry.batch_size: expected a positive integer, "
+                                 f"got {batch_size!r}")
+        self.every_n_epochs = every_n_epochs
+        self.points_spec = dict(points) if points is not None else {"preset": "vit"}
+        self.gram_dtype = GRAM_DTYPES[gram_dtype]
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.nonfinite = nonfinite
+        self.covariance_epochs = None if covariance_epochs is None else {int(e) for e in covariance_epochs}
+        self.fit_range = tuple(fit_range) if fit_range is not None else None
+        self.figures = {"every_n_observations": 1, "spectra": True, "histograms": True, "heatmaps": True,
+                        "decay": True, "layer_epoch": True, "heatmap_max_dim": 384, **dict(figures or {})}
+        self.points: list[ObservationPoint] = []
+        self.observed_epochs: list[int] = []
+        self.last_pass_seconds: float | None = None
+        self._writer: RecordWriter | None = None
+        self._history: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self._scalars: dict[str, dict[str, dict[int, float]]] = {}
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Resolves the observation points before training, so a bad module path fails before any update."""
+        net = self._network(pl_module)
+        self.points = points_from_config(self.points_spec, net)
+        resolve_points(net, self.points)
+        self._writer = RecordWriter(self._run_dir(trainer))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self._restore_history()
+            self._add_custom_scalar_layout(trainer)
+        completed = trainer.current_epoch
+        if self._is_due(completed, trainer) and not self._already_observed(completed):
+            self.observe(trainer, pl_module, completed)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        completed = trainer.current_epoch + 1
+        if self._is_due(completed, trainer) and not self._already_observed(completed):
+            self.observe(trainer, pl_module, completed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"observed_epochs": list(self.observed_epochs), "every_n_epochs": self.every_n_epochs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.observed_epochs = sorted(set(self.observed_epochs) | set(state_dict.get("observed_epochs", [])))
+
+    # ----------------------------------------------------------------------------------------- schedule
+    def _is_due(self, completed: int, trainer: L.Trainer) -> bool:
+        return completed == 0 or completed % self.every_n_epochs == 0 or completed == trainer.max_epochs
+
+    def _already_observed(self, epoch: int) -> bool:
+        on_disk = self._writer.observed_epochs() if self._writer is not None else []
+        return epoch in self.observed_epochs or epoch in on_disk
+
+    # ----------------------------------------------------------------------------------------- observation
+    def observe(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
+        """Runs one observation on every rank; rank 0 writes records and TensorBoard. Collective: call on all."""
+        start = time.perf_counter()
+        dataset = trainer.datamodule.analysis_dataset
+        plan = ShardPlan(rank=trainer.global_rank, world_size=trainer.world_size, batch_size=self.batch_size,
+                         num_workers=self.num_workers)
+        accumulators = observe_dataset(self._network(pl_module), dataset, self.points, plan=plan,
+                                       all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
+                                       device=pl_module.device, gram_dtype=self.gram_dtype)
+        bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
+        if bad and self.nonfinite == "error":  # every rank sees the same reduced counts and raises together
+            raise NonFiniteActivationsError(f"epoch {epoch}: non-finite activations (rows per point): {bad}")
+        if trainer.is_global_zero:
+            if bad:
+                warnings.warn(f"[tgo] epoch {epoch}: non-finite activations at {bad} (rows excluded); their "
+                              "observables are recorded as NaN", RuntimeWarning, stacklevel=2)
+            results = summarize_observation(accumulators, self.points, fit_range=self.fit_range,
+                                            nan_if_nonfinite=True)
+            self.last_pass_seconds = time.perf_counter() - start
+            self._writer.write_observation(epoch, trainer.global_step, results,
+                                           with_covariance=self._keeps_covariance(epoch, trainer))
+            self._log_tensorboard(trainer, epoch, results)
+            rank_zero_info(f"[tgo] geometry observed at epoch {epoch} over {len(dataset)} images in "
+                           f"{self.last_pass_seconds:.2f} s")
+        self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
+        trainer.strategy.barrier("tgo_geometry_observed")
+
+    def _keeps_covariance(self, epoch: int, trainer: L.Trainer) -> bool:
+        if self.covariance_epochs is not None:
+            return epoch in self.covariance_epochs
+        return epoch == 0 or epoch == trainer.max_epochs
+
+    # ----------------------------------------------------------------------------------------- tensorboard
+    @staticmethod
+    def _tensorboard(trainer: L.Trainer):
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                return logger.experiment
+        return None
+
+    def _add_custom_scalar_layout(self, trainer: L.Trainer) -> None:
+        writer = self._tensorboard(trainer)
+        if writer is None:
+            return
+        charts = {metric: ["Multiline", [f"geometry/{metric}/.*"]] for metric in CHART_OBSERVABLES}
+        writer.add_custom_scalars({"TGO geometry (one line per point)": charts})
+
+    def _log_tensorboard(self, trainer: L.Trainer, epoch: int, results: Mapping[str, Any]) -> None:
+        for name, result in results.items():
+            self._history.setdefault(name, []).append((epoch, result.spectrum.eigenvalues))
+            for metric, value in result.observables.items():
+                self._scalars.setdefault(metric, {}).setdefault(name, {})[epoch] = float(value)
+        writer = self._tensorboard(trainer)
+        if writer is None:
+            return
+        for name, result in results.items():
+            for metric, value in result.observables.items():
+                writer.add_scalar(f"geometry/{metric}/{name}", float(value), global_step=epoch)
+        writer.add_scalar("geometry/pass_seconds", self.last_pass_seconds or 0.0, global_step=epoch)
+        index = len(self._history[next(iter(results))]) - 1
+        if index % int(self.figures["every_n_observations"]) == 0 or epoch == trainer.max_epochs:
+            self._log_figures(writer, epoch, results)
+        writer.flush()
+
+    def _log_figures(self, writer: Any, epoch: int, results: Mapping[str, Any]) -> None:
+        figures = self.figures
+        for name, result in results.items():
+            eigenvalues = result.spectrum.eigenvalues
+            positive = eigenvalues[np.isfinite(eigenvalues) & (eigenvalues > 0)]
+            if figures["histograms"] and positive.size:
+                writer.add_histogram(f"spectrum_log10/{name}", np.log10(positive), global_step=epoch)
+            if figures["spectra"]:
+                self._add_figure(writer, f"spectra/{name}",
+                                 viz.spectrum_history_figure(self._history[name], title=name), epoch)
+            if figures["heatmaps"] and np.all(np.isfinite(result.covariance)):
+                self._add_figure(writer, f"correlation/{name}", viz.correlation_heatmap_figure(
+                    result.covariance, title=f"{name} correlation, epoch {epoch}",
+                    max_dim=int(figures["heatmap_max_dim"])), epoch)
+        if figures["decay"]:
+            spectra = {name: result.spectrum.eigenvalues for name, result in results.items()}
+            self._add_figure(writer, "decay/all_points", viz.decay_curves_figure(spectra, title=f"epoch {epoch}"),
+                             epoch)
+        if figures["layer_epoch"]:
+            names = list(results)
+            for metric in CHART_OBSERVABLES:
+                per_point = self._scalars.get(metric, {})
+                epochs = sorted({e for series in per_point.values() for e in series})
+                values = np.array([[per_point.get(p, {}).get(e, np.nan) for e in epochs] for p in names])
+                self._add_figure(writer, f"layer_epoch/{metric}",
+                                 viz.layer_epoch_heatmap_figure(values, names, epochs, title=metric), epoch)
+
+    @staticmethod
+    def _add_figure(writer: Any, tag: str, fig: Any, epoch: int) -> None:
+        writer.add_figure(tag, fig, global_step=epoch, close=False)
+        viz.close(fig)
+
+    def _restore_history(self) -> None:
+        """Reloads earlier spectra and scalars of a resumed run, so its figures keep the whole trajectory."""
+        if self._writer is None or self._history:
+            return
+        for epoch, per_point in sorted(load_spectra(self._writer.run_dir, missing_ok=True).items()):
+            for name, arrays in per_point.items():
+                self._history.setdefault(name, []).append((epoch, arrays["eigenvalues"]))
+        for row in self._writer.metric_rows():
+            self._scalars.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = \
+                float(row["value"])
+
+    # ----------------------------------------------------------------------------------------- helpers
+    @staticmethod
+    def _network(pl_module: L.LightningModule) -> torch.nn.Module:
+        """The timm network inside the LightningModule (never the DDP wrapper or a compiled copy)."""
+        module = unwrap_model(pl_module)
+        return unwrap_model(getattr(module, "net", module))
+
+    @staticmethod
+    def _run_dir(trainer: L.Trainer) -> Path:
+        return Path(trainer.default_root_dir)

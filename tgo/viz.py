@@ -1,0 +1,162 @@
+"""Matplotlib figures shared by the geometry callback (TensorBoard) and the report (PNG files).
+
+Every function returns a ``matplotlib.figure.Figure`` built with the object API (no pyplot state), so figures can
+be made from callbacks and worker threads and closed deterministically by the caller (``close(fig)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+SMALL = (4.5, 3.4)
+
+
+def close(fig: Figure) -> None:
+    """Releases a figure's memory (object-API figures are not tracked by pyplot, clearing is enough)."""
+    fig.clear()
+
+
+def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(values, dtype=np.float64)
+    index = np.arange(1, values.size + 1)
+    keep = np.isfinite(values) & (values > 0)
+    return index[keep], values[keep]
+
+
+def spectrum_history_figure(history: Sequence[tuple[int, np.ndarray]], *, title: str,
+                            ylabel: str = "eigenvalue") -> Figure:
+    """Log-log rank plot of spectra over observations; earlier observations are drawn fainter.
+
+    Args:
+        history: ``(epoch, values)`` pairs in epoch order; values sorted descending.
+        title: Figure title (usually the point name).
+        ylabel: Y-axis label (eigenvalue or singular value).
+    """
+    fig = Figure(figsize=SMALL, dpi=90)
+    ax = fig.add_subplot()
+    count = len(history)
+    cmap = matplotlib.colormaps["viridis"]
+    for i, (epoch, values) in enumerate(history):
+        x, y = _positive(values)
+        if y.size == 0:
+            continue
+        position = (i + 1) / count
+        ax.loglog(x, y, color=cmap(position), alpha=0.25 + 0.75 * position, lw=1.6 if i == count - 1 else 1.0,
+                  label=f"epoch {epoch}" if i in (0, count - 1) else None)
+    ax.set_xlabel("index i")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.2)
+    if count:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Figure:
+    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, one line per point (depth coloured)."""
+    fig = Figure(figsize=(5.5, 3.8), dpi=90)
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["plasma"]
+    names = list(spectra)
+    for i, name in enumerate(names):
+        x, y = _positive(spectra[name])
+        if y.size:
+            ax.loglog(x, y / y[0], color=cmap(i / max(len(names) - 1, 1)), lw=1.0, label=name)
+    ax.set_xlabel("index i")
+    ax.set_ylabel(r"$\lambda_i / \lambda_1$")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def correlation_from_covariance(cov: np.ndarray) -> np.ndarray:
+    """Correlation matrix of a covariance; dimensions with zero variance get zero correlation (not NaN)."""
+    cov = np.asarray(cov, dtype=np.float64)
+    std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 0.0)
+    return cov * scale[:, None] * scale[None, :]
+
+
+def correlation_heatmap_figure(cov: np.ndarray, *, title: str, max_dim: int = 384) -> Figure:
+    """Heatmap of the feature correlation matrix (the paper's 'covariance becomes diagonal' view).
+
+    Args:
+        cov: Covariance matrix [D, D].
+        title: Figure title.
+        max_dim: Show at most the first ``max_dim`` features (rendering cost grows with D^2).
+    """
+    corr = correlation_from_covariance(cov)[:max_dim, :max_dim]
+    fig = Figure(figsize=(4.2, 3.6), dpi=90)
+    ax = fig.add_subplot()
+    image = ax.imshow(corr, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(title)
+    ax.set_xlabel("feature")
+    ax.set_ylabel("feature")
+    fig.tight_layout()
+    return fig
+
+
+def layer_epoch_heatmap_figure(values: np.ndarray, points: Sequence[str], epochs: Sequence[int], *,
+                               title: str) -> Figure:
+    """Heatmap of one observable with points (depth) on the y axis and epochs on the x axis.
+
+    Args:
+        values: Array [len(points), len(epochs)], NaN where missing.
+        points: Point names in depth order.
+        epochs: Observed epochs.
+        title: The observable's name.
+    """
+    fig = Figure(figsize=(max(4.0, 0.35 * len(epochs) + 2.5), max(3.0, 0.25 * len(points) + 1.2)), dpi=90)
+    ax = fig.add_subplot()
+    image = ax.imshow(np.asarray(values, dtype=np.float64), aspect="auto", cmap="magma", interpolation="nearest")
+    fig.colorbar(image, ax=ax)
+    ax.set_yticks(range(len(points)), labels=list(points), fontsize=6)
+    step = max(1, len(epochs) // 12)
+    ax.set_xticks(range(0, len(epochs), step), labels=[str(e) for e in list(epochs)[::step]], fontsize=7)
+    ax.set_xlabel("epoch")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def observable_lines_figure(series: Mapping[str, tuple[Sequence[int], Sequence[float]]], *, title: str,
+                            bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+                            reference: Mapping[str, tuple[Sequence[int], Sequence[float]]] | None = None) -> Figure:
+    """One observable against epoch, one line per point, optional spread bands and dashed reference lines.
+
+    Args:
+        series: point -> (epochs, values).
+        title: The observable's name.
+        bands: point -> (low, high) per epoch (for multi-run aggregates).
+        reference: point -> (epochs, values) drawn dashed (e.g. the published TGO-I measurements).
+    """
+    fig = Figure(figsize=(6.0, 4.0), dpi=90)
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["plasma"]
+    names = list(series)
+    for i, name in enumerate(names):
+        color = cmap(i / max(len(names) - 1, 1))
+        epochs, values = series[name]
+        ax.plot(epochs, values, color=color, lw=1.2, label=name)
+        if bands and name in bands:
+            low, high = bands[name]
+            ax.fill_between(epochs, low, high, color=color, alpha=0.15, lw=0)
+        if reference and name in reference:
+            ref_epochs, ref_values = reference[name]
+            ax.plot(ref_epochs, ref_values, color=color, lw=0.8, ls="--")
+    ax.set_xlabel("epoch")
+    ax.set_title(title + (" (dashed: reference)" if reference else ""))
+    ax.grid(True, alpha=0.2)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
