@@ -1,0 +1,283 @@
+"""The frozen analysis subset: which validation images the geometry is measured on, and its manifest.
+
+Selection rule (the paper takes 1,000 validation images, 10 from each of 100 classes, seed 2025):
+
+1. Sort the validation items by key (relative path or index), so the file system's listing order is irrelevant.
+2. For every class ``c`` (all classes, never a prefix of them), draw a permutation of that class's items with
+   ``numpy.random.default_rng([seed, c])`` and keep the first ``per_class``. Each class's draw depends only on the
+   seed, the class and its own items, so adding images to one class does not reshuffle the others.
+3. Order the chosen items by (label, key).
+
+Selection runs in the main process from metadata only (keys and labels): no dataloader, worker or rank is
+involved, so every rank of every world size computes the same subset; the geometry callback shards it afterwards.
+
+Manifest ``analysis_subset.json`` (version 1)::
+
+    {"version": 1, "source": "imagenet100", "root": "/data/imagenet100", "split": "val",
+     "seed": 2025, "per_class": 10, "size": 1000, "num_classes": 100, "class_names": ["n02869837", ...],
+     "source_info": {...}, "fingerprint": "<sha256 of the (key, label) list>", "pinned_from": null,
+     "items": [{"key": "val/n02869837/ILSVRC2012_val_00001234.JPEG", "label": 0, "sha256": "<file bytes>"}, ...]}
+
+``key`` is a POSIX path relative to ``root`` for file sources and an integer index for in-memory sources (digits:
+index into ``sklearn.datasets.load_digits()``; synthetic: validation index). ``sha256`` hashes the file bytes, or the
+uint8 pixel array (dtype, shape, bytes) for in-memory items.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from tgo.data.datasets import ImageSplit
+from tgo.data.errors import AnalysisManifestMismatch, DataConfigError
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "AnalysisItem",
+    "AnalysisSubset",
+    "resolve_analysis_counts",
+    "select_analysis_indices",
+    "subset_fingerprint",
+    "load_manifest",
+    "resolve_manifest",
+    "write_json_atomic",
+]
+
+MANIFEST_NAME = "analysis_subset.json"
+MANIFEST_VERSION = 1
+_SHOW = 5  # how many offending classes/items an error message names
+
+
+@dataclass(frozen=True)
+class AnalysisItem:
+    """One chosen image: its key in the validation split, its label and (once computed) its content hash."""
+
+    key: str | int
+    label: int
+    sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "label": self.label, "sha256": self.sha256}
+
+
+def resolve_analysis_counts(size: int | None, per_class: int | None, num_classes: int) -> tuple[int, int]:
+    """Turn ``(analysis_size, analysis_per_class)`` into a consistent ``(size, per_class)``.
+
+    Either may be omitted: ``per_class`` alone gives ``size = per_class * num_classes``; ``size`` alone must be a
+    multiple of ``num_classes``; both must agree. Being strict here avoids a subset silently smaller than asked.
+
+    Raises:
+        DataConfigError: Naming ``data.analysis_size`` / ``data.analysis_per_class`` and the expectation.
+    """
+    if size is None and per_class is None:
+        raise DataConfigError("data.analysis_size and data.analysis_per_class are both null; set at least one.")
+    if per_class is None:
+        if size % num_classes != 0:
+            raise DataConfigError(
+                f"data.analysis_size={size} is not a multiple of num_classes={num_classes}; the subset takes the same "
+                f"number of images from every class. Set data.analysis_per_class (e.g. {max(1, size // num_classes)}) "
+                f"or data.analysis_size to a multiple of {num_classes}."
+            )
+        per_class = size // num_classes
+    elif size is None:
+        size = per_class * num_classes
+    elif size != per_class * num_classes:
+        raise DataConfigError(
+            f"data.analysis_size={size} != data.analysis_per_class={per_class} x num_classes={num_classes} "
+            f"(= {per_class * num_classes}); the subset takes per_class images from every class. Set one of them "
+            "to null or make them agree."
+        )
+    return size, per_class
+
+
+def select_analysis_indices(
+    keys: Sequence[str | int],
+    labels: Sequence[int] | np.ndarray,
+    num_classes: int,
+    per_class: int,
+    seed: int,
+    class_names: Sequence[str] | None = None,
+    split_name: str = "the validation split",
+) -> list[int]:
+    """Positions (into ``keys``) of the stratified analysis subset; see the module docstring for the rule.
+
+    Args:
+        keys: Unique, sortable key per validation item (all str or all int).
+        labels: Label per item.
+        num_classes: Number of classes; every class contributes ``per_class`` items.
+        per_class: Items per class.
+        seed: Selection seed.
+        class_names: Names for error messages.
+        split_name: Where the items come from, for error messages.
+
+    Returns:
+        Positions ordered by (label, key). Depends only on the multiset of (key, label) pairs, not their order.
+
+    Raises:
+        DataConfigError: If some class has fewer than ``per_class`` items (names the classes and counts).
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
+    by_class: list[list[int]] = [[] for _ in range(num_classes)]
+    for i in order:
+        by_class[int(labels[i])].append(i)
+    short = [(c, len(members)) for c, members in enumerate(by_class) if len(members) < per_class]
+    if short:
+        names = class_names or [str(c) for c in range(num_classes)]
+        shown = ", ".join(f"'{names[c]}' (label {c}) has {n}" for c, n in short[:_SHOW])
+        more = f" and {len(short) - _SHOW} more" if len(short) > _SHOW else ""
+        raise DataConfigError(
+            f"data.analysis_per_class={per_class} needs {per_class} images of every class from {split_name}, but "
+            f"{len(short)} of {num_classes} classes have fewer: {shown}{more}. Lower data.analysis_per_class / "
+            "data.analysis_size or provide more validation images."
+        )
+    chosen: list[int] = []
+    for c, members in enumerate(by_class):
+        perm = np.random.default_rng([seed, c]).permutation(len(members))[:per_class]
+        chosen.extend(sorted((members[p] for p in perm), key=lambda i: keys[i]))
+    return chosen
+
+
+def subset_fingerprint(items: Sequence[AnalysisItem]) -> str:
+    """sha256 of the ordered (key, label) list: a short id to compare subsets across runs and records."""
+    payload = json.dumps([[item.key, item.label] for item in items], separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class AnalysisSubset(Dataset):
+    """The analysis images as a dataset of ``(eval_transform(image), label)``, in manifest order.
+
+    Args:
+        split: Validation split with the eval transform attached.
+        indices: Positions in ``split``.
+        items: The matching manifest items (hashes may be filled lazily by :meth:`hashed_items`).
+    """
+
+    def __init__(self, split: ImageSplit, indices: Sequence[int], items: Sequence[AnalysisItem]):
+        self.split = split
+        self.indices = list(indices)
+        self.items = list(items)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.split[self.indices[index]]
+
+    @property
+    def labels(self) -> np.ndarray:
+        return np.asarray([item.label for item in self.items], dtype=np.int64)
+
+    def hashed_items(self) -> list[AnalysisItem]:
+        """Items with content hashes, computed once (reading 1,000 files takes well under a minute)."""
+        if any(item.sha256 is None for item in self.items):
+            self.items = [
+                item if item.sha256 is not None else AnalysisItem(item.key, item.label, self.split.content_hash(i))
+                for item, i in zip(self.items, self.indices)
+            ]
+        return self.items
+
+
+def write_json_atomic(payload: dict[str, Any], path: Path) -> Path:
+    """Write JSON via a temporary file + ``os.replace`` so a crash never leaves a half-written manifest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(payload, handle, indent=1)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_manifest(path: str | Path) -> dict[str, Any]:
+    """Read and shape-check a manifest; accepts the file or a run directory containing it.
+
+    Raises:
+        DataConfigError: If missing, not JSON, of another version or without items.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    if not path.is_file():
+        raise DataConfigError(f"data.analysis_manifest='{path}' does not exist; expected an {MANIFEST_NAME} file.")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataConfigError(f"data.analysis_manifest='{path}' is not valid JSON: {err}.") from err
+    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
+        raise DataConfigError(
+            f"data.analysis_manifest='{path}' has version {manifest.get('version') if isinstance(manifest, dict) else None!r};"
+            f" expected {MANIFEST_VERSION}."
+        )
+    items = manifest.get("items")
+    if not isinstance(items, list) or not items or not all(isinstance(i, dict) and "key" in i and "label" in i for i in items):
+        raise DataConfigError(f"data.analysis_manifest='{path}' has no valid 'items' list of {{key, label, sha256}}.")
+    manifest["_path"] = str(path)
+    return manifest
+
+
+def resolve_manifest(
+    manifest: dict[str, Any],
+    split: ImageSplit,
+    source: str,
+    class_names: Sequence[str],
+) -> tuple[list[int], list[AnalysisItem]]:
+    """Find a pinned manifest's items in the current validation split and verify them.
+
+    Every item must exist under the same key with the same label and, where the manifest has a hash, the same
+    content hash. All items are checked so the error can say how many differ.
+
+    Returns:
+        ``(positions in split, items)`` in manifest order.
+
+    Raises:
+        AnalysisManifestMismatch: On another source or class list, or any missing/relabelled/changed item.
+    """
+    where = f"data.analysis_manifest='{manifest.get('_path', '?')}'"
+    if manifest.get("source") != source:
+        raise AnalysisManifestMismatch(f"{where} was written for source={manifest.get('source')!r}, not {source!r}.")
+    if manifest.get("class_names") is not None and list(manifest["class_names"]) != list(class_names):
+        raise AnalysisManifestMismatch(
+            f"{where} was written for another class list ({len(manifest['class_names'])} classes) than the current "
+            f"data ({len(class_names)} classes); labels would not mean the same thing."
+        )
+    lookup = split.index_of_keys()
+    problems: list[str] = []
+    indices: list[int] = []
+    items: list[AnalysisItem] = []
+    for entry in manifest["items"]:
+        key, label, digest = entry["key"], int(entry["label"]), entry.get("sha256")
+        pos = lookup.get(key)
+        if pos is None:
+            problems.append(f"{key!r}: missing")
+            continue
+        current_label = int(split.labels[pos])
+        if current_label != label:
+            problems.append(f"{key!r}: label {current_label}, manifest says {label}")
+            continue
+        current = split.content_hash(pos)
+        if digest is not None and current != digest:
+            problems.append(f"{key!r}: content hash {current[:12]}..., manifest says {str(digest)[:12]}...")
+            continue
+        indices.append(pos)
+        items.append(AnalysisItem(key, label, current))
+    if problems:
+        raise AnalysisManifestMismatch(
+            f"{where}: {len(problems)} of {len(manifest['items'])} pinned items do not match the current data "
+            f"(root {manifest.get('root')!r} then, {str(split.root) if hasattr(split, 'root') else None!r} now); "
+            f"first: {'; '.join(problems[:_SHOW])}. Refusing to re-select: restore the data or drop the pin."
+        )
+    return indices, items

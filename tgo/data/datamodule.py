@@ -1,0 +1,361 @@
+"""``TGODataModule``: one LightningDataModule for every source, owning the frozen analysis subset.
+
+Hydra instantiates it from ``conf/data/*.yaml`` with flat, explicit arguments. Cheap argument checks run in
+``__init__``; :meth:`TGODataModule.validate` scans the data, selects (or verifies) the analysis subset and raises one
+:class:`~tgo.data.errors.DataConfigError` naming the ``data.*`` key, so bad input stops a run before training.
+``setup()`` is idempotent (it builds once), so calling it per stage, per rank or after ``validate()`` costs nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import lightning as L
+from torch.utils.data import DataLoader, Sampler
+
+from tgo.data.analysis import (
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    AnalysisItem,
+    AnalysisSubset,
+    load_manifest,
+    resolve_analysis_counts,
+    resolve_manifest,
+    select_analysis_indices,
+    subset_fingerprint,
+    write_json_atomic,
+)
+from tgo.data.datasets import ImageSplit
+from tgo.data.errors import DataConfigError
+from tgo.data.sources import SOURCES, SourceData, build_source
+from tgo.data.transforms import IMAGENET_MEAN, IMAGENET_STD, TRAIN_TRANSFORMS, build_eval_transform, build_train_transform
+
+__all__ = ["TGODataModule"]
+
+_FILE_SOURCES = ("imagefolder", "imagenet100")
+
+
+def _positive(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DataConfigError(f"data.{name}={value!r} is invalid; expected a positive integer{' or null' if allow_none else ''}.")
+
+
+class TGODataModule(L.LightningDataModule):
+    """Train/val loaders for one data source plus the frozen, stratified analysis subset.
+
+    Args:
+        source: "digits" | "synthetic" | "imagefolder" | "imagenet100".
+        root: Data root for file sources: ``<root>/train/<class>/*`` and ``<root>/val/<class>/*``.
+        image_size: Side length of the images the model sees.
+        batch_size: Training batch size per process.
+        eval_batch_size: Validation batch size (``None`` = ``batch_size``).
+        num_workers: DataLoader workers for train/val (and the analysis loader helper).
+        pin_memory: Passed to the DataLoaders.
+        train_transform: "standard" (RandomResizedCrop + flip), "digits" (small affine, no flip) or "none".
+        crop_scale_min: Lower area bound of RandomResizedCrop (0.08 torchvision default; the paper uses 0.8).
+        resize_size: Shorter side before the eval centre crop for photos (``None`` = image_size / 0.875).
+        mean: Normalisation mean per channel (``None`` = ImageNet mean for 3 channels, 0.5 for 1).
+        std: Normalisation std per channel (``None`` = ImageNet std for 3 channels, 0.5 for 1).
+        channels: 3 (RGB; grey digits are replicated) or 1 (greyscale).
+        class_list: Class list file for imagenet100 (``None`` = the packaged ImageNet-100 CMC list).
+        num_classes: Required for synthetic; for other sources, if set, checked against the data (fail fast when
+            the model's head would not match).
+        train_size: Number of synthetic training images.
+        val_size: Number of synthetic validation images.
+        seed: Synthetic generation seed; also the digits train/val split seed. Not the training seed.
+        analysis_size: Number of analysis images (``None`` = ``analysis_per_class * num_classes``).
+        analysis_per_class: Analysis images per class, from every class (``None`` = ``analysis_size / num_classes``).
+        analysis_seed: Seed of the per-class selection.
+        analysis_manifest: Path of an earlier ``analysis_subset.json`` (or its run directory) to pin the exact subset;
+            the data must still match it (keys, labels, hashes) or validation raises ``AnalysisManifestMismatch``.
+        analysis_batch_size: Batch size of :meth:`analysis_dataloader` (``None`` = ``eval_batch_size``).
+    """
+
+    def __init__(
+        self,
+        source: str = "digits",
+        root: str | None = None,
+        image_size: int = 224,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        train_transform: str = "standard",
+        crop_scale_min: float = 0.08,
+        resize_size: int | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        channels: int = 3,
+        class_list: str | None = None,
+        num_classes: int | None = None,
+        train_size: int = 1000,
+        val_size: int = 200,
+        seed: int = 0,
+        analysis_size: int | None = 1000,
+        analysis_per_class: int | None = None,
+        analysis_seed: int = 2025,
+        analysis_manifest: str | None = None,
+        analysis_batch_size: int | None = None,
+    ):
+        super().__init__()
+        if source not in SOURCES:
+            raise DataConfigError(f"data.source={source!r} is unknown; expected one of {', '.join(SOURCES)}.")
+        if source in _FILE_SOURCES and (root is None or str(root).strip() == ""):
+            raise DataConfigError(
+                f"data.root is required for source={source}; expected a directory with "
+                "<root>/train/<wnid>/*.JPEG and <root>/val/<wnid>/* (e.g. data.root=/data/imagenet100)."
+            )
+        for name, value, allow_none in (
+            ("image_size", image_size, False),
+            ("batch_size", batch_size, False),
+            ("eval_batch_size", eval_batch_size, True),
+            ("analysis_batch_size", analysis_batch_size, True),
+            ("analysis_size", analysis_size, True),
+            ("analysis_per_class", analysis_per_class, True),
+            ("resize_size", resize_size, True),
+            ("train_size", train_size, False),
+            ("val_size", val_size, False),
+            ("num_classes", num_classes, True),
+        ):
+            _positive(name, value, allow_none)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise DataConfigError(f"data.num_workers={num_workers!r} is invalid; expected an integer >= 0.")
+        if train_transform not in TRAIN_TRANSFORMS:
+            raise DataConfigError(
+                f"data.train_transform={train_transform!r} is unknown; expected one of {', '.join(TRAIN_TRANSFORMS)}."
+            )
+        if not 0.0 < float(crop_scale_min) <= 1.0:
+            raise DataConfigError(f"data.crop_scale_min={crop_scale_min!r} is invalid; expected 0 < value <= 1.")
+        if channels not in (1, 3):
+            raise DataConfigError(f"data.channels={channels!r} is invalid; expected 1 or 3.")
+        if analysis_size is None and analysis_per_class is None and analysis_manifest is None:
+            raise DataConfigError("data.analysis_size and data.analysis_per_class are both null; set at least one.")
+        if source == "synthetic" and num_classes is None:
+            raise DataConfigError("data.num_classes is required for source=synthetic; expected a positive integer.")
+        default_mean, default_std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,), (0.5,))
+        self.mean = tuple(float(m) for m in (mean if mean is not None else default_mean))
+        self.std = tuple(float(s) for s in (std if std is not None else default_std))
+        if len(self.mean) != channels or len(self.std) != channels or min(self.std) <= 0:
+            raise DataConfigError(
+                f"data.mean={list(self.mean)} / data.std={list(self.std)} are invalid; expected {channels} values "
+                f"each (data.channels={channels}) and std > 0."
+            )
+
+        self.source = source
+        self.root = None if root is None else str(root)
+        self._image_size = int(image_size)
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.analysis_batch_size = int(analysis_batch_size or self.eval_batch_size)
+        self.num_workers = int(num_workers)
+        self.pin_memory = bool(pin_memory)
+        self.train_transform_name = train_transform
+        self.crop_scale_min = float(crop_scale_min)
+        self.resize_size = resize_size
+        self.channels = int(channels)
+        self.class_list = None if class_list is None else str(class_list)
+        self._num_classes_arg = num_classes
+        self.train_size = int(train_size)
+        self.val_size = int(val_size)
+        self.seed = int(seed)
+        self.analysis_size = analysis_size
+        self.analysis_per_class = analysis_per_class
+        self.analysis_seed = int(analysis_seed)
+        self.analysis_manifest = None if analysis_manifest is None else str(analysis_manifest)
+
+        self._data: SourceData | None = None
+        self._train: ImageSplit | None = None
+        self._val: ImageSplit | None = None
+        self._analysis: AnalysisSubset | None = None
+        self._pinned: dict[str, Any] | None = None
+        self._selection: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ building
+
+    def validate(self) -> "TGODataModule":
+        """Scan the data and settle the analysis subset now, raising ``DataConfigError`` on any problem.
+
+        Call it before ``trainer.fit`` so that a wrong root, a missing class, an impossible subset or a stale pinned
+        manifest stop the run at once. Idempotent; ``setup()`` calls it too.
+
+        Returns:
+            ``self``, for chaining.
+        """
+        if self._analysis is not None:
+            return self
+        data = build_source(
+            self.source,
+            root=self.root,
+            class_list=self.class_list,
+            channels=self.channels,
+            image_size=self._image_size,
+            num_classes=self._num_classes_arg,
+            train_size=self.train_size,
+            val_size=self.val_size,
+            seed=self.seed,
+        )
+        if self._num_classes_arg is not None and self._num_classes_arg != data.num_classes:
+            raise DataConfigError(
+                f"data.num_classes={self._num_classes_arg} but source={self.source} has {data.num_classes} classes"
+                f"{f' under {data.root}' if data.root else ''}; set data.num_classes to {data.num_classes} or null."
+            )
+        train_tf = build_train_transform(
+            self.train_transform_name,
+            self._image_size,
+            self.mean,
+            self.std,
+            crop_scale_min=self.crop_scale_min,
+            resize_size=self.resize_size,
+            photo=data.photo,
+        )
+        eval_tf = build_eval_transform(self._image_size, self.mean, self.std, self.resize_size, photo=data.photo)
+        val = data.val.with_transform(eval_tf)
+        split_name = f"the validation split ({data.root / 'val'})" if data.root else f"the {self.source} validation split"
+        if self.analysis_manifest is not None:
+            pinned = load_manifest(self.analysis_manifest)
+            indices, items = resolve_manifest(pinned, val, self.source, data.class_names)
+            self._pinned = pinned
+            self._selection = {
+                "seed": pinned.get("seed"),
+                "per_class": pinned.get("per_class"),
+                "size": len(items),
+                "pinned_from": pinned["_path"],
+            }
+        else:
+            size, per_class = resolve_analysis_counts(self.analysis_size, self.analysis_per_class, data.num_classes)
+            indices = select_analysis_indices(
+                val.keys, val.labels, data.num_classes, per_class, self.analysis_seed, data.class_names, split_name
+            )
+            items = [AnalysisItem(val.keys[i], int(val.labels[i])) for i in indices]
+            self._selection = {"seed": self.analysis_seed, "per_class": per_class, "size": size, "pinned_from": None}
+        self._data = data
+        self._train = data.train.with_transform(train_tf)
+        self._val = val
+        self._analysis = AnalysisSubset(val, indices, items)
+        return self
+
+    def prepare_data(self) -> None:
+        """Nothing to download: every source is local (bundled, generated, or already on disk)."""
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the splits and the analysis subset once (later calls are free)."""
+        self.validate()
+
+    def _built(self) -> SourceData:
+        self.validate()
+        assert self._data is not None
+        return self._data
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def image_size(self) -> int:
+        return self._image_size
+
+    @property
+    def in_chans(self) -> int:
+        return self.channels
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes; known without scanning for digits and synthetic, else scans the data."""
+        if self.source == "digits":
+            return 10
+        if self.source == "synthetic":
+            return int(self._num_classes_arg)
+        return self._built().num_classes
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self._built().class_names)
+
+    @property
+    def train_dataset(self) -> ImageSplit:
+        self.validate()
+        return self._train
+
+    @property
+    def val_dataset(self) -> ImageSplit:
+        self.validate()
+        return self._val
+
+    @property
+    def analysis_dataset(self) -> AnalysisSubset:
+        """The frozen analysis subset: ``(eval_transform(image), label)`` in manifest order; identical on all ranks."""
+        self.validate()
+        return self._analysis
+
+    @property
+    def analysis_items(self) -> list[AnalysisItem]:
+        """The chosen items (key, label; sha256 once hashed)."""
+        return list(self.analysis_dataset.items)
+
+    # ------------------------------------------------------------------ loaders
+
+    def _loader(self, dataset: Any, batch_size: int, shuffle: bool, sampler: Sampler | None = None) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle if sampler is None else False,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_dataset, self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, self.eval_batch_size, shuffle=False)
+
+    def analysis_dataloader(self, sampler: Sampler | None = None, num_workers: int | None = None) -> DataLoader:
+        """Loader over :attr:`analysis_dataset` in order (pass an ``UnrepeatedDistributedSampler`` to shard it).
+
+        Args:
+            sampler: Optional sampler, e.g. one shard per rank without padding.
+            num_workers: Override of ``num_workers`` (the subset is small; workers are optional).
+        """
+        return DataLoader(
+            self.analysis_dataset,
+            batch_size=self.analysis_batch_size,
+            shuffle=False,
+            sampler=sampler,
+            num_workers=self.num_workers if num_workers is None else num_workers,
+            pin_memory=self.pin_memory,
+        )
+
+    # ------------------------------------------------------------------ manifest
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest as a dict (hashes the subset's items on first call). Schema: see :mod:`tgo.data.analysis`."""
+        data = self._built()
+        items = self._analysis.hashed_items()
+        return {
+            "version": MANIFEST_VERSION,
+            "source": self.source,
+            "root": str(data.root) if data.root else None,
+            "split": "val",
+            "seed": self._selection["seed"],
+            "per_class": self._selection["per_class"],
+            "size": len(items),
+            "num_classes": data.num_classes,
+            "class_names": list(data.class_names),
+            "source_info": dict(data.info, image_size=self._image_size, channels=self.channels),
+            "fingerprint": subset_fingerprint(items),
+            "pinned_from": self._selection["pinned_from"],
+            "items": [item.to_json() for item in items],
+        }
+
+    def write_manifest(self, run_dir: str | Path) -> Path:
+        """Write ``<run_dir>/analysis_subset.json`` atomically (call on global rank zero) and return its path."""
+        return write_json_atomic(self.manifest(), Path(run_dir) / MANIFEST_NAME)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(source={self.source!r}, root={self.root!r}, image_size={self._image_size}, "
+            f"batch_size={self.batch_size}, analysis_seed={self.analysis_seed})"
+        )

@@ -1,0 +1,187 @@
+"""Labelled image splits that can name, hash and load each item.
+
+Every source (files on disk, bundled arrays, procedural images) is exposed as an :class:`ImageSplit`: a map-style
+dataset whose items have a stable ``key`` (a relative path or an integer index), an integer label and a content hash.
+Keys and hashes are what the analysis-subset manifest records, so the same class serves training, validation and the
+frozen analysis subset; only the transform differs (see :meth:`ImageSplit.with_transform`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+from tgo.data.synthetic import SyntheticSpec, render_synthetic
+
+__all__ = ["ImageSplit", "FileImageSplit", "ArrayImageSplit", "SyntheticImageSplit", "array_sha256", "file_sha256"]
+
+Key = str | int
+Transform = Callable[[Image.Image], object]
+
+
+def file_sha256(path: str | Path, chunk_size: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes (the manifest's content hash for file datasets)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def array_sha256(array: np.ndarray) -> str:
+    """Hex sha256 of an array's dtype, shape and C-order bytes (the content hash for in-memory items)."""
+    array = np.ascontiguousarray(array)
+    digest = hashlib.sha256(f"{array.dtype.str}{array.shape}".encode())
+    digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+class ImageSplit(Dataset):
+    """A labelled split: ``__getitem__`` returns ``(transform(image), label)``.
+
+    Args:
+        keys: One stable name per item (relative path or index), unique within the split.
+        labels: One integer class label per item.
+        mode: PIL mode every image is converted to before the transform ("RGB" or "L"), so the channel count is
+            decided in one place whatever the files contain (ImageNet has a few greyscale and CMYK JPEGs).
+        transform: Callable applied to the PIL image; ``None`` returns the PIL image itself.
+    """
+
+    def __init__(self, keys: Sequence[Key], labels: Sequence[int], mode: str = "RGB", transform: Transform | None = None):
+        if len(keys) != len(labels):
+            raise ValueError(f"keys and labels differ in length: {len(keys)} != {len(labels)}")
+        self.keys: list[Key] = list(keys)
+        self.labels: np.ndarray = np.asarray(labels, dtype=np.int64).reshape(-1)
+        self.mode = mode
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def load(self, index: int) -> Image.Image:
+        """Load item ``index`` as a PIL image in :attr:`mode`, without any transform."""
+        raise NotImplementedError
+
+    def content_hash(self, index: int) -> str | None:
+        """Hex sha256 identifying the item's content, recorded in and checked against manifests."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[object, int]:
+        image = self.load(index)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+    def with_transform(self, transform: Transform | None) -> "ImageSplit":
+        """A shallow copy sharing keys, labels and storage but using ``transform`` (train vs eval views)."""
+        view = copy.copy(self)
+        view.transform = transform
+        return view
+
+    def index_of_keys(self) -> dict[Key, int]:
+        """Map from key to position, used to resolve pinned manifest items against the current data."""
+        return {key: i for i, key in enumerate(self.keys)}
+
+
+class FileImageSplit(ImageSplit):
+    """Images stored as files under ``root``; keys are POSIX paths relative to ``root`` (e.g. ``val/n015/x.JPEG``).
+
+    Args:
+        root: Data root the keys are relative to.
+        keys: Relative file paths.
+        labels: Class label per file.
+        mode: PIL mode images are converted to.
+        transform: Callable applied to the PIL image.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        keys: Sequence[str],
+        labels: Sequence[int],
+        mode: str = "RGB",
+        transform: Transform | None = None,
+    ):
+        super().__init__(keys, labels, mode, transform)
+        self.root = Path(root)
+
+    def path(self, index: int) -> Path:
+        """Absolute path of item ``index``."""
+        return self.root / str(self.keys[index])
+
+    def load(self, index: int) -> Image.Image:
+        with Image.open(self.path(index)) as image:
+            return image.convert(self.mode)
+
+    def content_hash(self, index: int) -> str:
+        return file_sha256(self.path(index))
+
+
+class ArrayImageSplit(ImageSplit):
+    """Images held in memory as a uint8 array ``[N, H, W]`` or ``[N, H, W, C]``; keys are integers (e.g. the index
+    into scikit-learn's digits array), so a manifest stays meaningful across train/val re-splits.
+
+    Args:
+        images: uint8 image array, one image per row.
+        keys: Integer key per image.
+        labels: Class label per image.
+        mode: PIL mode images are converted to.
+        transform: Callable applied to the PIL image.
+    """
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        keys: Sequence[int],
+        labels: Sequence[int],
+        mode: str = "RGB",
+        transform: Transform | None = None,
+    ):
+        if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(keys):
+            raise ValueError(f"expected uint8 images [N,H,W(,C)] matching {len(keys)} keys, got {images.dtype} {images.shape}")
+        super().__init__([int(k) for k in keys], labels, mode, transform)
+        self.images = images
+
+    def load(self, index: int) -> Image.Image:
+        return Image.fromarray(self.images[index]).convert(self.mode)
+
+    def content_hash(self, index: int) -> str:
+        return array_sha256(self.images[index])
+
+
+class SyntheticImageSplit(ImageSplit):
+    """Procedurally generated images, rendered lazily per index from a seed.
+
+    Rendering depends only on ``(spec, split, index)``, never on worker id or call order, so any number of
+    dataloader workers or ranks sees identical images. Keys are indices; labels are ``index % num_classes``
+    (balanced classes, known without rendering).
+
+    Args:
+        spec: Generator parameters shared by the train and val splits.
+        split: 0 for train, 1 for validation (a separate random stream).
+        size: Number of images.
+        mode: PIL mode images are converted to.
+        transform: Callable applied to the PIL image.
+    """
+
+    def __init__(self, spec: SyntheticSpec, split: int, size: int, mode: str = "RGB", transform: Transform | None = None):
+        indices = np.arange(size)
+        super().__init__(indices.tolist(), indices % spec.num_classes, mode, transform)
+        self.spec = spec
+        self.split = split
+
+    def render(self, index: int) -> np.ndarray:
+        """The item's uint8 pixels ``[H, W, 3]``."""
+        return render_synthetic(self.spec, self.split, int(self.keys[index]))
+
+    def load(self, index: int) -> Image.Image:
+        return Image.fromarray(self.render(index)).convert(self.mode)
+
+    def content_hash(self, index: int) -> str:
+        return array_sha256(self.render(index))

@@ -1,0 +1,160 @@
+"""Class-folder trees on disk: layout checks, deterministic scanning and the ImageNet-100 class list.
+
+Expected layout (the common "prepared" format; the raw ImageNet validation set, 50,000 files directly in ``val/``,
+must first be sorted into class folders, e.g. with the widely used ``valprep.sh``)::
+
+    <root>/train/<class>/**/*.JPEG
+    <root>/val/<class>/**/*.JPEG
+
+Scanning sorts everything by relative path, so the result never depends on the order the file system lists
+entries in; that is what makes the analysis subset reproducible across machines and copies of a data set.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+from tgo.data.errors import DataConfigError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "LAYOUT",
+    "default_class_list_path",
+    "read_class_list",
+    "list_class_folders",
+    "list_images",
+    "check_split_dirs",
+    "scan_split",
+]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+LAYOUT = "<root>/train/<wnid>/*.JPEG and <root>/val/<wnid>/* (class-folder layout, also for val)"
+CLASS_LIST_RESOURCE = "imagenet100_cmc_classes.txt"
+
+
+def default_class_list_path() -> Path:
+    """Path of the packaged ImageNet-100 (CMC) class list: 100 WordNet ids, one per line."""
+    return Path(str(resources.files("tgo").joinpath("resources").joinpath(CLASS_LIST_RESOURCE)))
+
+
+def read_class_list(path: str | Path, key: str = "data.class_list") -> list[str]:
+    """Read a class list: the first token of each non-blank, non-``#`` line, in file order.
+
+    Args:
+        path: Text file with one class folder name (e.g. WordNet id) per line; anything after it is ignored.
+        key: Config key named in error messages.
+
+    Returns:
+        Class names; label ``i`` is the ``i``-th entry.
+
+    Raises:
+        DataConfigError: If the file is missing, empty or lists a class twice.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataConfigError(f"{key}='{path}' does not exist; expected a text file with one WordNet id per line.")
+    names = [line.split()[0] for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    if not names:
+        raise DataConfigError(f"{key}='{path}' lists no classes; expected one WordNet id per line.")
+    seen: set[str] = set()
+    duplicates = sorted({name for name in names if name in seen or seen.add(name)})
+    if duplicates:
+        raise DataConfigError(f"{key}='{path}' lists classes more than once: {', '.join(duplicates)}.")
+    return names
+
+
+def _is_image(name: str) -> bool:
+    return name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith(".")
+
+
+def list_class_folders(directory: Path) -> list[str]:
+    """Sorted names of the visible sub-directories of ``directory`` (symlinked folders count)."""
+    with os.scandir(directory) as entries:
+        return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+
+
+def list_images(directory: Path) -> list[str]:
+    """All image files below ``directory`` (recursively, following symlinks), as sorted POSIX relative paths."""
+    found: list[str] = []
+    pending = [Path(directory)]
+    while pending:
+        current = pending.pop()
+        with os.scandir(current) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir():
+                    pending.append(Path(entry.path))
+                elif _is_image(entry.name):
+                    found.append(Path(entry.path).relative_to(directory).as_posix())
+    return sorted(found)
+
+
+def check_split_dirs(root: str | Path | None, source: str) -> Path:
+    """Check ``root`` has ``train/`` and ``val/`` in class-folder layout; return it as an absolute ``Path``.
+
+    Raises:
+        DataConfigError: Naming ``data.root`` and the expected layout when something is missing or flat.
+    """
+    expected = f"source={source} expects {LAYOUT}"
+    if root is None or str(root).strip() == "":
+        raise DataConfigError(f"data.root is required for source={source}; {expected}.")
+    path = Path(root).expanduser().resolve()
+    if not path.is_dir():
+        raise DataConfigError(f"data.root='{root}' does not exist or is not a directory; {expected}.")
+    for split in ("train", "val"):
+        split_dir = path / split
+        if not split_dir.is_dir():
+            raise DataConfigError(f"data.root='{root}' is missing the '{split}/' folder; {expected}.")
+        with os.scandir(split_dir) as entries:
+            flat = sum(1 for e in entries if e.is_file() and _is_image(e.name))
+        if flat:
+            raise DataConfigError(
+                f"data.root='{root}': '{split_dir}' holds {flat} image files directly (flat layout); {expected}. "
+                "Sort the images into one folder per class first (for ImageNet val, e.g. with valprep.sh)."
+            )
+        if not list_class_folders(split_dir):
+            raise DataConfigError(f"data.root='{root}': '{split_dir}' has no class folders; {expected}.")
+    return path
+
+
+def scan_split(root: Path, split: str, classes: Sequence[str], require_all: bool) -> tuple[list[str], list[int]]:
+    """List the images of ``classes`` in ``root/split``; label = position in ``classes``.
+
+    Args:
+        root: Data root (keys are relative to it, e.g. ``val/n01440764/x.JPEG``).
+        split: "train" or "val".
+        classes: Class folder names in label order.
+        require_all: If true, every class folder must exist and hold at least one image.
+
+    Returns:
+        ``(keys, labels)`` sorted by label, then by relative path.
+
+    Raises:
+        DataConfigError: If ``require_all`` and a class folder is missing or empty (all such classes are listed).
+    """
+    keys: list[str] = []
+    labels: list[int] = []
+    missing: list[str] = []
+    empty: list[str] = []
+    for label, name in enumerate(classes):
+        class_dir = root / split / name
+        if not class_dir.is_dir():
+            missing.append(name)
+            continue
+        files = list_images(class_dir)
+        if not files:
+            empty.append(name)
+        keys.extend(f"{split}/{name}/{rel}" for rel in files)
+        labels.extend([label] * len(files))
+    if require_all and (missing or empty):
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} class folders missing: {', '.join(missing)}")
+        if empty:
+            problems.append(f"{len(empty)} class folders without images ({'/'.join(IMAGE_EXTENSIONS)}): {', '.join(empty)}")
+        raise DataConfigError(f"data.root='{root}': under '{root / split}' " + "; ".join(problems) + f". Expected {LAYOUT}.")
+    return keys, labels
