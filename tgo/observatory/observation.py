@@ -1,0 +1,249 @@
+"""The observation pass: run images through a model with the probe attached, then summarize on one rank.
+
+`run_observation` is local to a rank: it returns one `StreamingCovariance` per point (in point order) holding this
+rank's shard. The caller combines ranks with ``tgo.spectral.allreduce_accumulators(list(accs.values()), sum_fn)``
+(every rank, same order; see `reduce_observation`) and then, on rank 0 only, calls `summarize_observation`.
+
+Choices worth knowing:
+
+* Exact numerics: eval mode, ``torch.inference_mode``, autocast disabled for every device type, TF32 off and float32
+  matmul precision "highest" (previous settings restored). bf16/TF32 in the forward or Gram product costs 1e-3..1e-6
+  relative error on the observables.
+* Wrappers: the forward runs on the *original* module (`unwrap_model`). For DDP this avoids the wrapper's collectives
+  in a pass where ranks see different numbers of batches. For ``torch.compile`` it is the only way the hooks are
+  guaranteed to fire (hooks added after compilation are not part of the compiled graph) and it avoids recompiling for
+  eval mode + hooks; the pass is eager, which costs speed, not correctness.
+* Every point ends with an accumulator even if this rank saw no batches (an empty shard), because the all-reduce needs
+  identical packed sizes on every rank. The feature dimension is then taken from ``model.embed_dim`` for the ViT's
+  residual-stream modules and otherwise from one forward of a zero image (shape only, nothing accumulated).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from tgo.spectral import StreamingCovariance, allreduce_accumulators, eigendecompose, strict_fp32_math, summarize
+
+from .points import ObservationPoint, resolve_points, unwrap_model
+from .probe import Probe, num_prefix_tokens_of
+
+__all__ = ["PointResult", "exact_inference", "reduce_observation", "run_observation", "summarize_observation"]
+
+# Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
+_RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
+
+
+@contextlib.contextmanager
+def exact_inference(device_type: str) -> Iterator[None]:
+    """Inference mode with autocast off for every device type and TF32 off; previous settings restored after.
+
+    Args:
+        device_type: The device the forward runs on (its autocast and TF32 flags are switched by
+            ``tgo.spectral.accumulator.strict_fp32_math``; CPU and CUDA autocast are always disabled too).
+
+    Yields:
+        Nothing.
+    """
+    types = {device_type, "cpu"}
+    if torch.cuda.is_available():
+        types.add("cuda")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(strict_fp32_math(device_type))
+        for t in sorted(types - {device_type}):
+            stack.enter_context(torch.autocast(device_type=t, enabled=False))
+        stack.enter_context(torch.inference_mode())
+        yield
+
+
+class _LazyAccumulator:
+    """Creates the `StreamingCovariance` on the first update, when the feature dimension is known."""
+
+    def __init__(self, gram_dtype: torch.dtype, device: torch.device) -> None:
+        self.gram_dtype, self.device = gram_dtype, device
+        self.acc: StreamingCovariance | None = None
+
+    def update(self, x: torch.Tensor) -> None:
+        if self.acc is None:
+            self.acc = StreamingCovariance(int(x.shape[-1]), gram_dtype=self.gram_dtype, device=self.device)
+        self.acc.update(x)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
+    return torch.device("cpu")
+
+
+def _images_of(batch: Any) -> torch.Tensor:
+    """The images of a batch: the batch itself, or the first element of ``(images, labels, ...)``."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        return batch[0]
+    raise TypeError(f"run_observation: a batch must be an image tensor or (images, labels); got {type(batch).__name__}")
+
+
+def _static_dim(model: nn.Module, point: ObservationPoint, module: nn.Module) -> int | None:
+    """Feature dimension of a point without running the model, where it is certain."""
+    embed_dim = getattr(model, "embed_dim", None)
+    root = point.module.split(".")[0]
+    is_block = root == "blocks" and point.module.count(".") == 1
+    if embed_dim is not None and (point.module in _RESIDUAL_ROOTS or is_block):
+        return int(embed_dim)
+    if isinstance(module, nn.Linear):
+        return module.out_features if point.read == "output" else module.in_features
+    if isinstance(module, nn.LayerNorm):
+        return int(module.normalized_shape[-1])
+    return None
+
+
+def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], device: torch.device) -> dict[str, int]:
+    """Feature dimension of each point from one forward of a zero image (nothing is accumulated)."""
+    patch_embed = getattr(model, "patch_embed", None)
+    img_size = getattr(patch_embed, "img_size", None)
+    proj = getattr(patch_embed, "proj", None)
+    in_chans = getattr(proj, "in_channels", None)
+    if img_size is None or in_chans is None:
+        raise RuntimeError(
+            f"run_observation: this rank saw no batches and the feature dimension of point(s) "
+            f"{[p.name for p in points]} cannot be inferred for {type(model).__name__}; give every rank data"
+        )
+    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    dims: dict[str, int] = {}
+
+    class _Shape:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def update(self, x: torch.Tensor) -> None:
+            dims.setdefault(self.name, int(x.shape[-1]))
+
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    with Probe(model, points, {p.name: _Shape(p.name) for p in points}):
+        model(torch.zeros(1, in_chans, h, w, device=device, dtype=dtype))
+    return dims
+
+
+def run_observation(
+    model: nn.Module,
+    batches: Iterable[Any],
+    points: Sequence[ObservationPoint],
+    *,
+    device: torch.device | str | None = None,
+    gram_dtype: torch.dtype = torch.float64,
+) -> dict[str, StreamingCovariance]:
+    """Stream this rank's batches through the model and accumulate every point's activations.
+
+    Args:
+        model: The model (DDP / ``torch.compile`` wrappers are looked through; the original module runs eagerly).
+        batches: Iterable of image tensors or ``(images, labels)`` pairs (a DataLoader). May be empty.
+        points: Observation points (e.g. `vit_points(model)`).
+        device: Where images are moved and accumulators live; default the model's parameter device.
+        gram_dtype: Dtype of the per-batch Gram product inside `StreamingCovariance` (float64 exact; float32 ~1e-8).
+
+    Returns:
+        ``{point.name: StreamingCovariance}`` in point order, one per point, also when no batches were seen
+        (then ``n == 0``). Not yet reduced across ranks.
+
+    Raises:
+        ValueError: unknown module paths or duplicate names (before any forward).
+    """
+    net = unwrap_model(model)
+    points = list(points)
+    modules = resolve_points(net, points)
+    device = torch.device(device) if device is not None else _model_device(net)
+    lazy = {p.name: _LazyAccumulator(gram_dtype, device) for p in points}
+    modes = [(m, m.training) for m in net.modules()]  # per module: a deliberately frozen submodule stays frozen
+    try:
+        net.eval()
+        with exact_inference(device.type), Probe(net, points, lazy, num_prefix_tokens=num_prefix_tokens_of(net)):
+            for batch in batches:
+                images = _images_of(batch).to(device, non_blocking=True)
+                net(images)
+        missing = [p for p in points if lazy[p.name].acc is None]
+        if missing:
+            dims = {p.name: _static_dim(net, p, modules[p.name]) for p in missing}
+            unknown = [p for p in missing if dims[p.name] is None]
+            if unknown:
+                with exact_inference(device.type):
+                    dims.update(_dims_by_shape_probe(net, unknown, device))
+            for p in missing:
+                lazy[p.name].acc = StreamingCovariance(int(dims[p.name]), gram_dtype=gram_dtype, device=device)
+    finally:
+        for m, mode in modes:
+            m.training = mode
+    return {p.name: lazy[p.name].acc for p in points}  # type: ignore[misc]
+
+
+def reduce_observation(
+    accumulators: Mapping[str, StreamingCovariance], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """Combine every rank's accumulators in place (two sum collectives in total, whatever the number of points).
+
+    Call on every rank with the dict `run_observation` returned (its order is the point order, identical on every
+    rank); never inside a rank-zero branch.
+
+    Args:
+        accumulators: ``{name: StreamingCovariance}`` from `run_observation`.
+        all_reduce_sum: Returns the element-wise sum over ranks, e.g.
+            ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``; identity for a single process.
+    """
+    allreduce_accumulators(list(accumulators.values()), all_reduce_sum)
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """Everything recorded about one point at one observation.
+
+    Attributes:
+        spectrum: ``tgo.spectral.Spectrum`` (float64 descending eigenvalues, row counts, clamping diagnostics).
+        observables: ``{metric: value}`` from ``tgo.spectral.summarize`` (NaN where undefined).
+        mean: float64 ``[D]`` mean activation.
+        covariance: float64 ``[D, D]`` unbiased covariance (kept so records can store it on chosen epochs).
+    """
+
+    spectrum: Any
+    observables: dict[str, float]
+    mean: np.ndarray
+    covariance: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        """Rows (tokens x images) that entered the covariance."""
+        return int(self.spectrum.n_rows)
+
+
+def summarize_observation(
+    accumulators: Mapping[str, StreamingCovariance], points: Sequence[ObservationPoint] | None = None, **fit_range: Any
+) -> dict[str, PointResult]:
+    """Eigendecompose (float64) and compute the observables of every point; call on one rank after reduction.
+
+    Args:
+        accumulators: Reduced accumulators ``{name: StreamingCovariance}``.
+        points: Order of the result (default: the accumulators' order); every point needs an accumulator.
+        **fit_range: Forwarded to ``tgo.spectral.summarize`` (power-law fit range).
+
+    Returns:
+        ``{name: PointResult}`` in point order.
+    """
+    names = [p.name for p in points] if points is not None else list(accumulators)
+    missing = [n for n in names if n not in accumulators]
+    if missing:
+        raise ValueError(f"summarize_observation: no accumulator for point(s) {missing}")
+    out: dict[str, PointResult] = {}
+    for name in names:
+        acc = accumulators[name]
+        cov = acc.covariance().detach().cpu().numpy().astype(np.float64, copy=False)
+        mean = acc.mean().detach().cpu().numpy().astype(np.float64, copy=False)
+        spectrum = eigendecompose(cov, n_rows=int(acc.n), n_nonfinite=int(acc.n_nonfinite))
+        observables = {k: float(v) for k, v in summarize(cov, spectrum, **fit_range).items()}
+        out[name] = PointResult(spectrum=spectrum, observables=observables, mean=mean, covariance=cov)
+    return out
+

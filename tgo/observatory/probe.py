@@ -1,0 +1,142 @@
+"""The probe: forward hooks that stream selected tokens of each observation point into its accumulator.
+
+Activations are never stored: each hook selects tokens, detaches and hands the tensor to ``accumulator.update`` at
+once, so memory is the accumulator state (D x D per point), not the activations (~4 MB per image for ViT-S).
+Hooks exist only inside the ``with`` block, so training pays nothing for them.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .points import ObservationPoint, resolve_points, select_tokens, unwrap_model
+
+__all__ = ["Probe", "SupportsUpdate", "num_prefix_tokens_of", "unwrap_model"]
+
+
+class SupportsUpdate(Protocol):
+    """Anything with ``update(x)``; `tgo.spectral.StreamingCovariance` in practice."""
+
+    def update(self, x: torch.Tensor) -> None: ...
+
+
+def num_prefix_tokens_of(model: nn.Module) -> int:
+    """Class + register tokens at the start of a timm ViT's token sequence.
+
+    timm exposes ``num_prefix_tokens``; without it, one prefix token is assumed when the model has a ``cls_token``.
+    """
+    model = unwrap_model(model)
+    n = getattr(model, "num_prefix_tokens", None)
+    if n is not None:
+        return int(n)
+    return 1 if getattr(model, "cls_token", None) is not None else 0
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    """A module's output or input as one tensor: the first tensor of a tuple/list (e.g. modules returning extras)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                return v
+    if isinstance(value, Mapping):
+        for v in value.values():
+            if isinstance(v, torch.Tensor):
+                return v
+    raise TypeError(f"observation point read a {type(value).__name__}, expected a tensor (or a tuple holding one)")
+
+
+class Probe:
+    """Context manager that hooks observation points and feeds their activations to accumulators.
+
+    Hooks go on the original module (`unwrap_model`), so a DDP wrapper or a ``torch.compile``'d model is handled by
+    hooking what the wrapper wraps. Forward hooks read outputs, forward pre-hooks read inputs (first positional
+    argument). All handles are removed on exit, also when the body raises.
+
+    Token selection follows `select_tokens`. The patch embedding module (and its submodules) emit patch tokens only,
+    so for them ``patch``/``mean`` use no prefix offset.
+
+    Args:
+        model: The model to hook (possibly wrapped).
+        points: Observation points; names must be unique.
+        accumulators: ``{point.name: accumulator}`` with an ``update(x)`` method; every point needs one.
+        num_prefix_tokens: Prefix (class + register) token count; default from the model (`num_prefix_tokens_of`).
+
+    Example:
+        >>> with Probe(model, points, accs):
+        ...     model(images)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        points: Sequence[ObservationPoint],
+        accumulators: Mapping[str, SupportsUpdate],
+        *,
+        num_prefix_tokens: int | None = None,
+    ) -> None:
+        self.model = unwrap_model(model)
+        self.points = list(points)
+        missing = [p.name for p in self.points if p.name not in accumulators]
+        if missing:
+            raise ValueError(f"Probe: no accumulator for point(s) {missing}")
+        self.accumulators = accumulators
+        self.num_prefix_tokens = num_prefix_tokens_of(self.model) if num_prefix_tokens is None else num_prefix_tokens
+        self._modules = resolve_points(self.model, self.points)  # fail before any hook is registered
+        self._handles: list[RemovableHandle] = []
+
+    def _prefix_for(self, point: ObservationPoint) -> int:
+        patch_embed = getattr(self.model, "patch_embed", None)
+        if isinstance(patch_embed, nn.Module):
+            if point.module == "patch_embed" or point.module.startswith("patch_embed."):
+                return 0
+        return self.num_prefix_tokens
+
+    def _make_hook(self, point: ObservationPoint) -> Any:
+        acc = self.accumulators[point.name]
+        tokens, prefix = point.tokens, self._prefix_for(point)
+
+        def consume(value: Any) -> None:
+            x = select_tokens(_first_tensor(value).detach(), tokens, prefix)
+            acc.update(x)
+
+        if point.read == "input":
+            def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                consume(args if args else kwargs)
+            return pre_hook
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            consume(output)
+        return hook
+
+    def __enter__(self) -> "Probe":
+        try:
+            for point in self.points:
+                module = self._modules[point.name]
+                hook = self._make_hook(point)
+                if point.read == "input":
+                    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+                else:
+                    handle = module.register_forward_hook(hook)
+                self._handles.append(handle)
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove every hook this probe registered (idempotent)."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    @property
+    def active(self) -> bool:
+        """Whether hooks are currently registered."""
+        return bool(self._handles)
