@@ -1,0 +1,41 @@
+"""Shared fixtures: composing the real config tree with Hydra's compose API into temporary run directories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def compose_train(output_dir: Path, overrides: list[str] | None = None, *, hydra_cfg: bool = False) -> DictConfig:
+    """Composes conf/train.yaml like ``python -m tgo.train`` would, with the run directory set to ``output_dir``."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=[f"paths.output_dir={output_dir}", *(overrides or [])],
+                       return_hydra_config=hydra_cfg)
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs ``python -m tgo.train ARGS`` in a fresh interpreter, as a user would."""
+    env = {**os.environ, "TGO_ROOT": str(cwd), "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "tgo.train", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def compose_cfg(tmp_path: Path):
+    """Returns a function composing the config with overrides into ``tmp_path/run``."""
+
+    def _compose(*overrides: str, hydra_cfg: bool = False) -> DictConfig:
+        return compose_train(tmp_path / "run", list(overrides), hydra_cfg=hydra_cfg)
+
+    return _compose
