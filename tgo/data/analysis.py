@@ -217,13 +217,14 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise DataConfigError(f"data.analysis_manifest='{path}' is not valid JSON: {err}.") from err
-    if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    if version != MANIFEST_VERSION:
         raise DataConfigError(
-            f"data.analysis_manifest='{path}' has version {manifest.get('version') if isinstance(manifest, dict) else None!r};"
-            f" expected {MANIFEST_VERSION}."
+            f"data.analysis_manifest='{path}' has version {version!r}; expected {MANIFEST_VERSION}."
         )
     items = manifest.get("items")
-    if not isinstance(items, list) or not items or not all(isinstance(i, dict) and "key" in i and "label" in i for i in items):
+    well_formed = isinstance(items, list) and all(isinstance(i, dict) and "key" in i and "label" in i for i in items)
+    if not items or not well_formed:
         raise DataConfigError(f"data.analysis_manifest='{path}' has no valid 'items' list of {{key, label, sha256}}.")
     manifest["_path"] = str(path)
     return manifest

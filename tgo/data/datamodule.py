@@ -29,7 +29,13 @@ from tgo.data.analysis import (
 from tgo.data.datasets import ImageSplit
 from tgo.data.errors import DataConfigError
 from tgo.data.sources import SOURCES, SourceData, build_source
-from tgo.data.transforms import IMAGENET_MEAN, IMAGENET_STD, TRAIN_TRANSFORMS, build_eval_transform, build_train_transform
+from tgo.data.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    TRAIN_TRANSFORMS,
+    build_eval_transform,
+    build_train_transform,
+)
 
 __all__ = ["TGODataModule"]
 
@@ -40,7 +46,8 @@ def _positive(name: str, value: Any, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise DataConfigError(f"data.{name}={value!r} is invalid; expected a positive integer{' or null' if allow_none else ''}.")
+        expected = "a positive integer or null" if allow_none else "a positive integer"
+        raise DataConfigError(f"data.{name}={value!r} is invalid; expected {expected}.")
 
 
 class TGODataModule(L.LightningDataModule):
@@ -213,7 +220,7 @@ class TGODataModule(L.LightningDataModule):
         )
         eval_tf = build_eval_transform(self._image_size, self.mean, self.std, self.resize_size, photo=data.photo)
         val = data.val.with_transform(eval_tf)
-        split_name = f"the validation split ({data.root / 'val'})" if data.root else f"the {self.source} validation split"
+        split_name = f"the validation split ({data.root / 'val'})" if data.root else f"the {self.source} val split"
         if self.analysis_manifest is not None:
             pinned = load_manifest(self.analysis_manifest)
             indices, items = resolve_manifest(pinned, val, self.source, data.class_names)

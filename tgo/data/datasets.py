@@ -53,7 +53,9 @@ class ImageSplit(Dataset):
         transform: Callable applied to the PIL image; ``None`` returns the PIL image itself.
     """
 
-    def __init__(self, keys: Sequence[Key], labels: Sequence[int], mode: str = "RGB", transform: Transform | None = None):
+    def __init__(
+        self, keys: Sequence[Key], labels: Sequence[int], mode: str = "RGB", transform: Transform | None = None
+    ):
         if len(keys) != len(labels):
             raise ValueError(f"keys and labels differ in length: {len(keys)} != {len(labels)}")
         self.keys: list[Key] = list(keys)
@@ -144,7 +146,9 @@ class ArrayImageSplit(ImageSplit):
         transform: Transform | None = None,
     ):
         if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(keys):
-            raise ValueError(f"expected uint8 images [N,H,W(,C)] matching {len(keys)} keys, got {images.dtype} {images.shape}")
+            raise ValueError(
+                f"expected uint8 images [N,H,W(,C)] matching {len(keys)} keys, got {images.dtype} {images.shape}"
+            )
         super().__init__([int(k) for k in keys], labels, mode, transform)
         self.images = images
 
@@ -170,7 +174,9 @@ class SyntheticImageSplit(ImageSplit):
         transform: Callable applied to the PIL image.
     """
 
-    def __init__(self, spec: SyntheticSpec, split: int, size: int, mode: str = "RGB", transform: Transform | None = None):
+    def __init__(
+        self, spec: SyntheticSpec, split: int, size: int, mode: str = "RGB", transform: Transform | None = None
+    ):
         indices = np.arange(size)
         super().__init__(indices.tolist(), indices % spec.num_classes, mode, transform)
         self.spec = spec

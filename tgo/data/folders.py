@@ -155,6 +155,9 @@ def scan_split(root: Path, split: str, classes: Sequence[str], require_all: bool
         if missing:
             problems.append(f"{len(missing)} class folders missing: {', '.join(missing)}")
         if empty:
-            problems.append(f"{len(empty)} class folders without images ({'/'.join(IMAGE_EXTENSIONS)}): {', '.join(empty)}")
-        raise DataConfigError(f"data.root='{root}': under '{root / split}' " + "; ".join(problems) + f". Expected {LAYOUT}.")
+            exts = "/".join(IMAGE_EXTENSIONS)
+            problems.append(f"{len(empty)} class folders without images ({exts}): {', '.join(empty)}")
+        raise DataConfigError(
+            f"data.root='{root}': under '{root / split}' " + "; ".join(problems) + f". Expected {LAYOUT}."
+        )
     return keys, labels

@@ -78,6 +78,7 @@ def render_synthetic(spec: SyntheticSpec, split: int, index: int) -> np.ndarray:
     blob = np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2.0 * style["radius"][label] ** 2))
     contrast = rng.uniform(0.7, 1.0)
 
-    image = contrast * (0.55 * wave[..., None] * style["grating_rgb"][label] + 0.45 * blob[..., None] * style["blob_rgb"][label])
-    image = image + rng.normal(0.0, spec.noise_std, image.shape)
+    grating = 0.55 * wave[..., None] * style["grating_rgb"][label]
+    spot = 0.45 * blob[..., None] * style["blob_rgb"][label]
+    image = contrast * (grating + spot) + rng.normal(0.0, spec.noise_std, (size, size, 3))
     return np.clip(np.rint(image * 255.0), 0, 255).astype(np.uint8)
