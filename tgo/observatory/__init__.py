@@ -7,7 +7,14 @@ Typical use (one rank)::
     reduce_observation(accs, sum_fn)                # every rank, same order
     results = summarize_observation(accs, points)   # rank 0: {name: PointResult}
 """
-from .observation import PointResult, exact_inference, reduce_observation, run_observation, summarize_observation
+from .observation import (
+    PointResult,
+    exact_inference,
+    ieee_fp32,
+    reduce_observation,
+    run_observation,
+    summarize_observation,
+)
 from .points import (
     READS,
     TOKENS,
@@ -28,6 +35,7 @@ __all__ = [
     "Probe",
     "SupportsUpdate",
     "exact_inference",
+    "ieee_fp32",
     "num_prefix_tokens_of",
     "points_from_config",
     "reduce_observation",

@@ -57,6 +57,9 @@ class Probe:
     hooking what the wrapper wraps. Forward hooks read outputs, forward pre-hooks read inputs (first positional
     argument). All handles are removed on exit, also when the body raises.
 
+    When the forward runs under ``torch.inference_mode``, ``update`` is called outside it, so accumulator state stays
+    ordinary tensors (in-place updates on inference tensors are forbidden once inference mode is left).
+
     Token selection follows `select_tokens`. The patch embedding module (and its submodules) emit patch tokens only,
     so for them ``patch``/``mean`` use no prefix offset.
 
@@ -102,7 +105,13 @@ class Probe:
 
         def consume(value: Any) -> None:
             x = select_tokens(_first_tensor(value).detach(), tokens, prefix)
-            acc.update(x)
+            if torch.is_inference_mode_enabled():
+                # State created or updated in place under inference mode becomes "inference tensors", which can never
+                # be updated in place again (merge, all-reduce, a later pass). Reading x outside is allowed.
+                with torch.inference_mode(False):
+                    acc.update(x)
+            else:
+                acc.update(x)
 
         if point.read == "input":
             def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
