@@ -86,6 +86,7 @@ def test_synthetic_is_learnable_by_nearest_class_mean() -> None:
         ({"num_classes": 0}, "num_classes"),
         ({"num_workers": -1}, "num_workers"),
         ({"crop_scale_min": 0.0}, "crop_scale_min"),
+        ({"resize_size": 4}, "resize_size"),
         ({"channels": 2}, "channels"),
         ({"mean": [0.5]}, "mean"),
         ({"train_transform": "fancy"}, "train_transform"),

@@ -136,6 +136,11 @@ class TGODataModule(L.LightningDataModule):
             )
         if not 0.0 < float(crop_scale_min) <= 1.0:
             raise DataConfigError(f"data.crop_scale_min={crop_scale_min!r} is invalid; expected 0 < value <= 1.")
+        if resize_size is not None and resize_size < image_size:
+            raise DataConfigError(
+                f"data.resize_size={resize_size} is smaller than data.image_size={image_size}; expected >= image_size "
+                "(the eval transform resizes the shorter side, then centre-crops image_size)."
+            )
         if channels not in (1, 3):
             raise DataConfigError(f"data.channels={channels!r} is invalid; expected 1 or 3.")
         if analysis_size is None and analysis_per_class is None and analysis_manifest is None:
@@ -177,7 +182,6 @@ class TGODataModule(L.LightningDataModule):
         self._train: ImageSplit | None = None
         self._val: ImageSplit | None = None
         self._analysis: AnalysisSubset | None = None
-        self._pinned: dict[str, Any] | None = None
         self._selection: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ building
@@ -224,7 +228,6 @@ class TGODataModule(L.LightningDataModule):
         if self.analysis_manifest is not None:
             pinned = load_manifest(self.analysis_manifest)
             indices, items = resolve_manifest(pinned, val, self.source, data.class_names)
-            self._pinned = pinned
             self._selection = {
                 "seed": pinned.get("seed"),
                 "per_class": pinned.get("per_class"),
