@@ -1,0 +1,61 @@
+"""Spectral engine: exact streaming covariance, float64 eigendecomposition and the TGO-I observables.
+
+Pure numerics (torch + numpy, no Lightning). The flow for one observation point::
+
+    acc = StreamingCovariance(dim)                  # per point, per rank
+    acc.update(activations)                         # every batch, never stored
+    allreduce_accumulators(accs, all_reduce_sum)    # every rank, two sum collectives
+    cov = acc.covariance()                          # rank 0
+    spectrum = eigendecompose(cov, acc.n, acc.n_nonfinite)
+    row = summarize(cov, spectrum)                  # {name: float} keyed by OBSERVABLES
+
+Formulas, conventions and degenerate cases: ``docs/observables.md``.
+"""
+
+from tgo.spectral.accumulator import StreamingCovariance, allreduce_accumulators, strict_fp32_math
+from tgo.spectral.decomposition import Spectrum, eigendecompose
+from tgo.spectral.observables import (
+    FLATNESS_FLOOR,
+    components_for_variance,
+    cumulative_explained_variance,
+    decay_curve,
+    default_fit_range,
+    effective_rank,
+    mean_abs_offdiag_correlation,
+    offdiag_energy_fraction,
+    participation_ratio,
+    power_law_fit,
+    singular_values,
+    spectral_anisotropy,
+    spectral_entropy,
+    spectral_flatness,
+    stable_rank,
+)
+from tgo.spectral.simulate import SimulatedWorld
+from tgo.spectral.summary import OBSERVABLES, summarize
+
+__all__ = [
+    "StreamingCovariance",
+    "allreduce_accumulators",
+    "strict_fp32_math",
+    "Spectrum",
+    "eigendecompose",
+    "OBSERVABLES",
+    "summarize",
+    "FLATNESS_FLOOR",
+    "effective_rank",
+    "stable_rank",
+    "participation_ratio",
+    "spectral_entropy",
+    "spectral_anisotropy",
+    "spectral_flatness",
+    "components_for_variance",
+    "power_law_fit",
+    "default_fit_range",
+    "offdiag_energy_fraction",
+    "mean_abs_offdiag_correlation",
+    "singular_values",
+    "decay_curve",
+    "cumulative_explained_variance",
+    "SimulatedWorld",
+]

@@ -1,0 +1,442 @@
+"""Streaming covariance with exact, shift-stabilised float64 sums.
+
+The accumulator keeps O(D^2) state per observation point and never stores activations. Why the design looks the way
+it does (measured, see ``../shared/DESIGN.md``):
+
+* ViT residual streams carry *massive-activation* dimensions whose mean is 1e3 times their spread. Naive sums of
+  ``x`` and ``x x^T`` then cancel catastrophically (``S2/n - mean mean^T``) and produce negative eigenvalues. Summing
+  ``x - shift`` with a fixed shift close to the mean (the first batch's mean) removes the cancellation; in float64 every
+  observable is then exact to ~1e-15.
+* The state is plain sums relative to a shift, so two accumulators with the same shift combine by addition, and ranks
+  combine with one *sum* all-reduce once they agree on a shift (:func:`allreduce_accumulators`). Changing the shift is
+  exact algebra (:meth:`StreamingCovariance.reshift`).
+* TF32 and autocast inside the Gram product ruin the result (1e-3..1e-6 relative), so they are switched off around it
+  and the previous global settings are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["StreamingCovariance", "allreduce_accumulators", "strict_fp32_math"]
+
+_STATE_VERSION = 1
+_GRAM_DTYPES = {torch.float64: "float64", torch.float32: "float32"}
+
+
+def _fp32_precision_knobs() -> list[tuple[Any, str, Any]]:
+    """The per-backend float32 precision switches of this torch, as ``(namespace, attribute, strict value)``.
+
+    PyTorch >= 2.9 has one ``fp32_precision`` string per backend and operator family, and raises when the legacy
+    booleans (``allow_tf32``, ``set_float32_matmul_precision``) are read after the two APIs were mixed. Its per-backend
+    strings are always readable, so we switch and restore exactly those. Older torch only has the legacy booleans.
+
+    Returns:
+        The knobs that exist on this torch build.
+    """
+    knobs: list[tuple[Any, str, Any]] = []
+    families = [
+        ("cuda", "matmul"),
+        ("cudnn", "conv"),
+        ("cudnn", "rnn"),
+        ("mkldnn", "matmul"),
+        ("mkldnn", "conv"),
+        ("mkldnn", "rnn"),
+    ]
+    for backend, op in families:
+        namespace = getattr(getattr(torch.backends, backend, None), op, None)
+        if namespace is not None and hasattr(namespace, "fp32_precision"):
+            knobs.append((namespace, "fp32_precision", "ieee"))
+    if knobs:
+        return knobs
+    return [(torch.backends.cuda.matmul, "allow_tf32", False), (torch.backends.cudnn, "allow_tf32", False)]
+
+
+def _try_read(read: Callable[[], Any]) -> tuple[bool, Any]:
+    """``(True, value)`` or ``(False, None)`` when torch refuses the read (mixed legacy/new TF32 API state)."""
+    try:
+        return True, read()
+    except RuntimeError:
+        return False, None
+
+
+@contextlib.contextmanager
+def strict_fp32_math(device_type: str) -> Iterator[None]:
+    """Disable TF32/bf16 float32 math and autocast for the enclosed code, restoring the previous settings after.
+
+    A training loop may run under ``bf16-mixed`` autocast, enable TF32 (``allow_tf32``) or lower the float32 matmul
+    precision (``set_float32_matmul_precision("medium")`` also makes CPU matmuls use bf16); each silently turns a
+    float32 Gram product into a 10- or 8-bit-mantissa one. Inside this context every float32 matmul and convolution
+    is IEEE float32 (``torch.get_float32_matmul_precision() == "highest"``, ``allow_tf32`` False for cuBLAS and cuDNN)
+    and autocast is off for ``device_type``. The legacy switches are used where torch still lets us read them (so
+    legacy reads inside stay valid), then every per-backend ``fp32_precision`` is forced to ``"ieee"``; on exit the
+    legacy values and then the exact per-backend strings are restored.
+
+    Args:
+        device_type: ``"cpu"``, ``"cuda"``, ... (the device the products run on), for ``torch.autocast``.
+
+    Yields:
+        Nothing.
+    """
+    knobs = _fp32_precision_knobs()
+    saved_knobs = [(namespace, attr, getattr(namespace, attr)) for namespace, attr, _ in knobs]
+    has_precision, previous_precision = _try_read(torch.get_float32_matmul_precision)
+    has_cudnn, previous_cudnn = _try_read(lambda: torch.backends.cudnn.allow_tf32)
+    try:
+        if has_precision:
+            torch.set_float32_matmul_precision("highest")
+        if has_cudnn:
+            torch.backends.cudnn.allow_tf32 = False
+        for namespace, attr, strict in knobs:
+            if getattr(namespace, attr) != strict:
+                setattr(namespace, attr, strict)
+        with torch.autocast(device_type=device_type, enabled=False):
+            yield
+    finally:
+        if has_cudnn:
+            torch.backends.cudnn.allow_tf32 = previous_cudnn
+        if has_precision:
+            torch.set_float32_matmul_precision(previous_precision)
+        for namespace, attr, previous in reversed(saved_knobs):
+            if getattr(namespace, attr) != previous:
+                setattr(namespace, attr, previous)
+
+
+def _shifted_sums(
+    s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-express shifted sums relative to ``old_shift - delta`` (pure; inputs untouched).
+
+    With ``c = x - old`` and ``x - new = c + d`` for ``d = old - new``::
+
+        S1' = S1 + n d
+        S2' = S2 + d S1^T + S1 d^T + n d d^T
+
+    Args:
+        s1: Shifted sum, float64 [D].
+        s2: Shifted sum of outer products, float64 [D, D].
+        n: Number of rows in the sums.
+        delta: ``old_shift - new_shift``, float64 [D].
+
+    Returns:
+        The new ``(S1, S2)``.
+    """
+    s2_new = s2 + torch.outer(delta, s1) + torch.outer(s1, delta) + n * torch.outer(delta, delta)
+    s1_new = s1 + n * delta
+    return s1_new, s2_new
+
+
+class StreamingCovariance:
+    """Exact streaming covariance of the rows of ``[..., dim]`` activation batches.
+
+    State (all float64, on ``device``): ``n`` rows seen, ``n_nonfinite`` rows dropped because they held NaN/Inf, a fixed
+    ``shift`` (the first batch's mean of finite rows), the shifted sum ``S1 = sum(x - shift)`` and the shifted sum of
+    outer products ``S2 = sum((x - shift)(x - shift)^T)``. Nothing else is kept, whatever the number of rows.
+
+    Args:
+        dim: Feature dimension ``D`` (the last dimension of every batch).
+        gram_dtype: Dtype of the per-batch Gram product. ``torch.float64`` (default) is exact to ~1e-15;
+            ``torch.float32`` casts the *shifted* rows to float32 for the matmul (faster, ~1e-8 relative on observables)
+            and still accumulates the product in float64.
+        device: Where the state lives and the Gram product runs. Defaults to CPU; batches are moved here.
+
+    Raises:
+        ValueError: If ``dim`` is not a positive int or ``gram_dtype`` is not float32/float64.
+
+    Example:
+        >>> acc = StreamingCovariance(384)
+        >>> for batch in batches:          # [B, T, 384] on any device
+        ...     acc.update(batch)
+        >>> cov = acc.covariance()         # float64 [384, 384], unbiased
+    """
+
+    def __init__(self, dim: int, *, gram_dtype: torch.dtype = torch.float64, device: torch.device | str | None = None):
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"StreamingCovariance: dim must be a positive int, got {dim!r}")
+        if gram_dtype not in _GRAM_DTYPES:
+            raise ValueError(f"StreamingCovariance: gram_dtype must be torch.float64 or torch.float32, got {gram_dtype!r}")
+        self.dim: int = dim
+        self.gram_dtype: torch.dtype = gram_dtype
+        self.device: torch.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.n: int = 0
+        self.n_nonfinite: int = 0
+        self.shift: torch.Tensor | None = None
+        self._s1 = torch.zeros(dim, dtype=torch.float64, device=self.device)
+        self._s2 = torch.zeros(dim, dim, dtype=torch.float64, device=self.device)
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingCovariance(dim={self.dim}, gram_dtype={_GRAM_DTYPES[self.gram_dtype]}, device={self.device}, "
+            f"n={self.n}, n_nonfinite={self.n_nonfinite})"
+        )
+
+    # ------------------------------------------------------------------ streaming
+    def update(self, x: torch.Tensor) -> None:
+        """Add the rows of one batch.
+
+        Rows (all leading dims flattened) holding any NaN or Inf are dropped and counted in ``n_nonfinite`` rather than
+        poisoning the sums; the count is reported downstream so it is never silent.
+
+        Args:
+            x: Activations of shape ``[..., dim]``, any floating dtype, any device.
+
+        Raises:
+            ValueError: If ``x`` is 0-d or its last dimension is not ``dim``.
+        """
+        x = torch.as_tensor(x)
+        if x.ndim == 0 or x.shape[-1] != self.dim:
+            raise ValueError(
+                f"StreamingCovariance.update: expected last dimension {self.dim} (shape [..., {self.dim}]), "
+                f"got shape {tuple(x.shape)}"
+            )
+        rows = x.detach().reshape(-1, self.dim).to(device=self.device, dtype=torch.float64)
+        if rows.shape[0] == 0:
+            return
+        finite = torch.isfinite(rows).all(dim=1)
+        n_finite = int(finite.sum().item())
+        if n_finite < rows.shape[0]:
+            self.n_nonfinite += rows.shape[0] - n_finite
+            rows = rows[finite]
+        if n_finite == 0:
+            return
+        if self.n == 0:
+            # Sums are zero, so (re)setting the shift is exact; this also replaces a placeholder shift adopted from an
+            # all-reduce in which no rank had rows.
+            self.shift = rows.mean(dim=0)
+        centred = rows - self.shift
+        self._s1 += centred.sum(dim=0)
+        with strict_fp32_math(self.device.type):
+            if self.gram_dtype == torch.float64:
+                self._s2.addmm_(centred.T, centred)
+            else:
+                c32 = centred.to(torch.float32)
+                self._s2 += torch.mm(c32.T, c32).to(torch.float64)
+        self.n += n_finite
+
+    # ------------------------------------------------------------------ results
+    def mean(self) -> torch.Tensor:
+        """Mean of the finite rows seen, float64 ``[dim]``; all-NaN when no rows were seen (documented, not raised)."""
+        if self.n == 0 or self.shift is None:
+            return torch.full((self.dim,), math.nan, dtype=torch.float64, device=self.device)
+        return self.shift + self._s1 / self.n
+
+    def covariance(self) -> torch.Tensor:
+        """Unbiased (``n - 1``) covariance of the finite rows, float64 ``[dim, dim]``, exactly symmetric.
+
+        ``C = (S2 - S1 S1^T / n) / (n - 1)``; because the shift is close to the mean, ``S1`` is small and the
+        subtraction does not cancel. With ``n < 2`` the covariance is undefined and an all-NaN matrix is returned
+        (rather than raised) so that one starved observation point cannot abort a multi-point observation; the NaNs
+        flow into :func:`~tgo.spectral.summarize` which reports them alongside the real counts.
+
+        Returns:
+            The covariance matrix.
+        """
+        if self.n < 2:
+            return torch.full((self.dim, self.dim), math.nan, dtype=torch.float64, device=self.device)
+        cov = (self._s2 - torch.outer(self._s1, self._s1) / self.n) / (self.n - 1)
+        return (cov + cov.T) / 2
+
+    # ------------------------------------------------------------------ algebra
+    def reshift(self, new_shift: torch.Tensor) -> None:
+        """Change the shift, exactly re-expressing the sums (used so that ranks agree on one shift before summing).
+
+        An accumulator that has seen no rows simply adopts ``new_shift``.
+
+        Args:
+            new_shift: float64-convertible ``[dim]`` tensor.
+
+        Raises:
+            ValueError: If ``new_shift`` has the wrong shape or is not finite.
+        """
+        new = torch.as_tensor(new_shift).to(device=self.device, dtype=torch.float64).detach()
+        if tuple(new.shape) != (self.dim,):
+            raise ValueError(f"reshift: expected shift of shape ({self.dim},), got {tuple(new.shape)}")
+        if not bool(torch.isfinite(new).all()):
+            raise ValueError("reshift: new shift must be finite")
+        if self.n > 0 and self.shift is not None:
+            self._s1, self._s2 = _shifted_sums(self._s1, self._s2, self.n, self.shift - new)
+        self.shift = new.clone()
+
+    def merge(self, other: StreamingCovariance) -> StreamingCovariance:
+        """Add ``other``'s rows into ``self`` exactly (``other`` is not modified).
+
+        ``other``'s sums are re-expressed relative to ``self``'s shift, then added. Merging is associative and
+        commutative up to float64 rounding (tests check 1e-12).
+
+        Args:
+            other: Accumulator with the same ``dim`` (any gram_dtype and device).
+
+        Returns:
+            ``self``, for chaining.
+
+        Raises:
+            ValueError: If the dimensions differ.
+        """
+        if not isinstance(other, StreamingCovariance):
+            raise TypeError(f"merge: expected StreamingCovariance, got {type(other).__name__}")
+        if other.dim != self.dim:
+            raise ValueError(f"merge: dimension mismatch, self has dim {self.dim}, other has dim {other.dim}")
+        self.n_nonfinite += other.n_nonfinite
+        if other.n == 0 or other.shift is None:
+            return self
+        o_shift = other.shift.to(self.device)
+        o_s1 = other._s1.to(self.device)
+        o_s2 = other._s2.to(self.device)
+        if self.n == 0 or self.shift is None:
+            self.shift = o_shift.clone()
+            self._s1 = o_s1.clone()
+            self._s2 = o_s2.clone()
+        else:
+            s1, s2 = _shifted_sums(o_s1, o_s2, other.n, o_shift - self.shift)
+            self._s1 += s1
+            self._s2 += s2
+        self.n += other.n
+        return self
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume, as CPU tensors and plain Python values.
+
+        Returns:
+            ``{"version", "dim", "gram_dtype", "n", "n_nonfinite", "shift", "sum", "sum_outer"}``.
+        """
+        return {
+            "version": _STATE_VERSION,
+            "dim": self.dim,
+            "gram_dtype": _GRAM_DTYPES[self.gram_dtype],
+            "n": int(self.n),
+            "n_nonfinite": int(self.n_nonfinite),
+            "shift": None if self.shift is None else self.shift.detach().cpu().clone(),
+            "sum": self._s1.detach().cpu().clone(),
+            "sum_outer": self._s2.detach().cpu().clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` onto this accumulator's device.
+
+        Missing optional keys fall back to an empty accumulator (tolerant ``.get`` defaults); a dimension mismatch is
+        an error rather than a silent reshape. ``gram_dtype`` stays as constructed: it only affects future updates.
+
+        Args:
+            state: Output of :meth:`state_dict`.
+
+        Raises:
+            ValueError: If the stored ``dim`` or tensor shapes do not match this accumulator.
+        """
+        dim = int(state.get("dim", self.dim))
+        if dim != self.dim:
+            raise ValueError(f"load_state_dict: state has dim {dim}, accumulator has dim {self.dim}")
+        s1 = torch.as_tensor(state.get("sum", torch.zeros(dim)), dtype=torch.float64)
+        s2 = torch.as_tensor(state.get("sum_outer", torch.zeros(dim, dim)), dtype=torch.float64)
+        if tuple(s1.shape) != (dim,) or tuple(s2.shape) != (dim, dim):
+            raise ValueError(
+                f"load_state_dict: expected sum ({dim},) and sum_outer ({dim}, {dim}), "
+                f"got {tuple(s1.shape)} and {tuple(s2.shape)}"
+            )
+        shift = state.get("shift")
+        self.n = int(state.get("n", 0))
+        self.n_nonfinite = int(state.get("n_nonfinite", 0))
+        self.shift = None if shift is None else torch.as_tensor(shift, dtype=torch.float64).to(self.device).clone()
+        self._s1 = s1.to(self.device).clone()
+        self._s2 = s2.to(self.device).clone()
+
+    # ------------------------------------------------------------------ collectives
+    @property
+    def packed_size(self) -> int:
+        """Length of :meth:`pack`'s output: ``2 + D + D^2``."""
+        return 2 + self.dim + self.dim * self.dim
+
+    def pack(self) -> torch.Tensor:
+        """Flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` on ``device``, for a sum collective.
+
+        Counts travel as float64, exact up to 2^53 rows. The shift is *not* packed: summing is only meaningful once all
+        ranks share one shift (see :func:`allreduce_accumulators`).
+
+        Returns:
+            1-D float64 tensor of length :attr:`packed_size`.
+        """
+        counts = torch.tensor([float(self.n), float(self.n_nonfinite)], dtype=torch.float64, device=self.device)
+        return torch.cat([counts, self._s1, self._s2.reshape(-1)])
+
+    def unpack_(self, flat: torch.Tensor) -> None:
+        """Overwrite counts and sums from a (summed) :meth:`pack` tensor; the shift is kept as is.
+
+        Args:
+            flat: 1-D tensor of length :attr:`packed_size`, relative to this accumulator's current shift.
+
+        Raises:
+            ValueError: If the length is wrong.
+        """
+        flat = torch.as_tensor(flat)
+        if flat.ndim != 1 or flat.numel() != self.packed_size:
+            raise ValueError(f"unpack_: expected a 1-D tensor of length {self.packed_size}, got shape {tuple(flat.shape)}")
+        flat = flat.to(device=self.device, dtype=torch.float64)
+        counts = flat[:2].tolist()
+        self.n = int(round(counts[0]))
+        self.n_nonfinite = int(round(counts[1]))
+        d = self.dim
+        self._s1 = flat[2 : 2 + d].clone()
+        self._s2 = flat[2 + d :].reshape(d, d).clone()
+        if self.n > 0 and self.shift is None:
+            self.shift = torch.zeros(d, dtype=torch.float64, device=self.device)
+
+
+def allreduce_accumulators(
+    accs: Sequence[StreamingCovariance], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """Combine every rank's accumulators in place with exactly two sum collectives.
+
+    Every rank must call this with the same points in the same order (the usual collective rule; do not call it in a
+    rank-zero branch). Ranks that saw no rows for a point still take part.
+
+    1. Shift agreement: one tensor holding ``[n_r, n_r * shift_r]`` for every point is summed; the common shift is
+       ``sum(n_r shift_r) / sum(n_r)`` (zeros where no rank saw rows). Every accumulator reshifts to it exactly.
+    2. One packed tensor of all accumulators' ``[n, n_nonfinite, S1, S2]`` is summed and unpacked back.
+
+    The number of collective calls never depends on local data, so ranks cannot deadlock on mismatched calls.
+
+    Args:
+        accs: This rank's accumulators, one per observation point, all on one device (the collective tensors go
+            there, e.g. the GPU for NCCL).
+        all_reduce_sum: Callable returning the element-wise sum of its tensor argument over all ranks. It may work in
+            place (``trainer.strategy.reduce(t, reduce_op="sum")`` does); only its return value is used.
+
+    Raises:
+        ValueError: If the accumulators live on different devices.
+    """
+    accs = list(accs)
+    if not accs:
+        return  # every rank has the same (empty) point list, so every rank skips both collectives consistently
+    device = accs[0].device
+    if any(acc.device != device for acc in accs):
+        raise ValueError(f"allreduce_accumulators: accumulators on several devices {sorted({str(a.device) for a in accs})}")
+
+    # (1) agree on one shift per point
+    parts = []
+    for acc in accs:
+        count = torch.tensor([float(acc.n)], dtype=torch.float64, device=device)
+        if acc.n > 0 and acc.shift is not None:
+            weighted = acc.shift * float(acc.n)
+        else:
+            weighted = torch.zeros(acc.dim, dtype=torch.float64, device=device)
+        parts.append(torch.cat([count, weighted]))
+    total = all_reduce_sum(torch.cat(parts))
+    offset = 0
+    for acc in accs:
+        n_all = float(total[offset].item())
+        weighted_sum = total[offset + 1 : offset + 1 + acc.dim]
+        offset += 1 + acc.dim
+        common = weighted_sum / n_all if n_all > 0 else torch.zeros_like(weighted_sum)
+        acc.reshift(common)
+
+    # (2) one sum of all packed states
+    summed = all_reduce_sum(torch.cat([acc.pack() for acc in accs]))
+    offset = 0
+    for acc in accs:
+        acc.unpack_(summed[offset : offset + acc.packed_size])
+        offset += acc.packed_size
