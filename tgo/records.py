@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from tgo.errors import UserInputError
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -54,8 +56,8 @@ GEOMETRY_DIR = "geometry"
 _SPECTRA_RE = re.compile(r"^epoch_(\d{4,})\.npz$")
 
 
-class RecordsError(ValueError):
-    """A directory is not a run with geometry records, or its records are malformed."""
+class RecordsError(UserInputError):
+    """A directory is not a run with geometry records, or its records are malformed (a ``ValueError``)."""
 
 
 def metrics_path(run_dir: str | os.PathLike) -> Path:

@@ -116,7 +116,7 @@ def test_empty_batches_still_give_every_point_an_accumulator(vit):
 
 
 def test_pass_state_is_exact_and_restored(vit):
-    """Inside the pass: eval, inference mode, no autocast, highest fp32 precision; everything restored after."""
+    """Inside the pass: eval, inference mode, no autocast, IEEE fp32 matmuls; everything restored after."""
     vit.train()
     vit.blocks[0].eval()  # a deliberately frozen submodule stays frozen
     seen = {}
@@ -124,7 +124,7 @@ def test_pass_state_is_exact_and_restored(vit):
     def spy(module, args, output):
         seen.update(training=module.training, inference=torch.is_inference_mode_enabled(),
                     autocast=torch.is_autocast_enabled("cpu"), precision=torch.get_float32_matmul_precision(),
-                    dtype=output.dtype)
+                    dtype=output.dtype, onednn=getattr(torch.backends.mkldnn.matmul, "fp32_precision", "ieee"))
 
     handle = vit.blocks[1].register_forward_hook(spy)
     previous = torch.get_float32_matmul_precision()
@@ -136,7 +136,9 @@ def test_pass_state_is_exact_and_restored(vit):
     finally:
         torch.set_float32_matmul_precision(previous)
         handle.remove()
-    assert seen == dict(training=False, inference=True, autocast=False, precision="highest", dtype=torch.float32)
+    # "medium" makes oneDNN matmuls bf16 on CPU; the pass must not inherit that
+    assert seen == dict(training=False, inference=True, autocast=False, precision="highest", dtype=torch.float32,
+                        onednn="ieee")
     assert vit.training and not vit.blocks[0].training and vit.blocks[1].training
     plain = run_observation(vit, _batches((2,)), vit_points(vit))
     assert torch.equal(accs["block_04"].covariance(), plain["block_04"].covariance())

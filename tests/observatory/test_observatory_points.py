@@ -6,7 +6,14 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from tgo.observatory import ObservationPoint, points_from_config, resolve_points, select_tokens, unwrap_model, vit_points
+from tgo.observatory import (
+    ObservationPoint,
+    points_from_config,
+    resolve_points,
+    select_tokens,
+    unwrap_model,
+    vit_points,
+)
 
 from observatory_helpers import make_vit
 

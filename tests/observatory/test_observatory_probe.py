@@ -26,7 +26,8 @@ def test_preset_shapes_per_point(vit):
 def test_token_modes_agree_with_the_full_sequence(vit):
     vit.eval()
     points = [ObservationPoint("all", "blocks.1"), ObservationPoint("cls", "blocks.1", tokens="cls"),
-              ObservationPoint("patch", "blocks.1", tokens="patch"), ObservationPoint("mean", "blocks.1", tokens="mean"),
+              ObservationPoint("patch", "blocks.1", tokens="patch"),
+              ObservationPoint("mean", "blocks.1", tokens="mean"),
               ObservationPoint("in", "blocks.2", read="input")]
     seen = _probe_once(vit, points, images(2))
     full = seen["all"]

@@ -34,15 +34,23 @@ from tgo.spectral import StreamingCovariance, allreduce_accumulators, eigendecom
 from .points import ObservationPoint, resolve_points, unwrap_model
 from .probe import Probe, num_prefix_tokens_of
 
-__all__ = ["PointResult", "exact_inference", "ieee_fp32", "reduce_observation", "run_observation", "summarize_observation"]
+__all__ = [
+    "PointResult",
+    "exact_inference",
+    "ieee_fp32",
+    "reduce_observation",
+    "run_observation",
+    "summarize_observation",
+]
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
 
 
 # Every backend switch of the fp32 precision API (torch >= 2.9); older torch only has the legacy flags.
-_FP32_BACKENDS = ("", "cuda", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv",
-                  "mkldnn.rnn")
+_FP32_BACKENDS = (
+    "", "cuda", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn",
+)
 
 
 def _fp32_precision_switches() -> list[Any]:

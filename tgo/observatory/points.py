@@ -193,7 +193,9 @@ def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None =
         raise ValueError(f"observation points config must be a mapping with keys {sorted(_CONFIG_KEYS)}; got {spec!r}")
     unknown = set(spec) - _CONFIG_KEYS
     if unknown:
-        raise ValueError(f"observation points config: unknown key(s) {sorted(unknown)}; expected {sorted(_CONFIG_KEYS)}")
+        raise ValueError(
+            f"observation points config: unknown key(s) {sorted(unknown)}; expected {sorted(_CONFIG_KEYS)}"
+        )
     points: list[ObservationPoint] = []
     preset = spec.get("preset", None)
     if preset is not None:

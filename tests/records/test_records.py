@@ -1,0 +1,258 @@
+"""Records: the on-disk contract (schema), round trip, atomic writes under simulated crashes, resume, reader errors."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tgo.records import (
+    METRICS_COLUMNS,
+    RecordsError,
+    RecordWriter,
+    is_run_dir,
+    load_metrics,
+    load_run,
+    load_spectra,
+    spectra_path,
+)
+
+POINTS = ("patch_embed", "block_01", "cls")
+DIM = 6
+
+
+def fake_results(seed: int, points=POINTS, nan_point: str | None = None) -> dict[str, SimpleNamespace]:
+    """Results shaped like tgo.observatory.PointResult (duck-typed: the writer needs only these attributes)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name in points:
+        a = rng.normal(size=(40, DIM))
+        cov = np.cov(a, rowvar=False)
+        eigs = np.linalg.eigvalsh(cov)[::-1].copy()
+        obs = {"effective_rank": float(rng.uniform(1, DIM)), "stable_rank": float(rng.uniform(1, DIM)),
+               "spectral_flatness": 1e-300 * rng.uniform()}
+        if name == nan_point:
+            obs["effective_rank"] = math.nan
+        out[name] = SimpleNamespace(spectrum=SimpleNamespace(eigenvalues=eigs, n_rows=40, n_nonfinite=0),
+                                    observables=obs, mean=a.mean(0), covariance=cov)
+    return out
+
+
+def read_csv_rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "geometry" / "metrics.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    """Every file under geometry/ with its bytes, to prove a failed write changed nothing."""
+    root = run_dir / "geometry"
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------------------------------------- schema
+def test_metrics_csv_schema_and_value_format(tmp_path):
+    results = fake_results(0, nan_point="cls")
+    RecordWriter(tmp_path).write_observation(epoch=3, step=120, results=results, with_covariance=False)
+    text = (tmp_path / "geometry" / "metrics.csv").read_text()
+    assert text.splitlines()[0] == "epoch,step,point,metric,value"
+    rows = read_csv_rows(tmp_path)
+    assert len(rows) == len(POINTS) * 3
+    assert [r["point"] for r in rows[:3]] == ["patch_embed"] * 3  # point order, then metric order
+    first = rows[0]
+    assert (first["epoch"], first["step"], first["metric"]) == ("3", "120", "effective_rank")
+    assert first["value"] == repr(results["patch_embed"].observables["effective_rank"])  # shortest exact repr
+    nan_row = next(r for r in rows if r["point"] == "cls" and r["metric"] == "effective_rank")
+    assert nan_row["value"] == "nan"
+
+
+def test_spectra_npz_schema(tmp_path):
+    results = fake_results(0)
+    writer = RecordWriter(tmp_path)
+    writer.write_observation(epoch=7, step=70, results=results, with_covariance=False)
+    writer.write_observation(epoch=8, step=80, results=results, with_covariance=True)
+    path = tmp_path / "geometry" / "spectra" / "epoch_0007.npz"
+    assert path == spectra_path(tmp_path, 7) and path.is_file()
+    with np.load(path) as data:
+        assert sorted(data.files) == sorted(f"{p}/{k}" for p in POINTS for k in ("eigenvalues", "n_rows", "n_nonfinite",
+                                                                                  "mean"))
+        eig = data["cls/eigenvalues"]
+        assert eig.dtype == np.float64 and np.all(np.diff(eig) <= 0)
+        assert data["cls/n_rows"].shape == () and int(data["cls/n_rows"]) == 40
+        assert data["cls/mean"].dtype == np.float64 and data["cls/mean"].shape == (DIM,)
+    with np.load(spectra_path(tmp_path, 8)) as data:
+        assert data["block_01/covariance"].shape == (DIM, DIM)
+        np.testing.assert_array_equal(data["block_01/covariance"], results["block_01"].covariance)
+
+
+# ------------------------------------------------------------------------------------------------------- round trip
+def test_round_trip(tmp_path):
+    writer = RecordWriter(tmp_path)
+    written = {0: fake_results(0, nan_point="block_01"), 5: fake_results(1)}
+    for epoch, res in written.items():
+        writer.write_observation(epoch, epoch * 10, res, with_covariance=epoch == 0)
+
+    metrics = load_metrics(tmp_path)
+    assert list(metrics.columns) == list(METRICS_COLUMNS)
+    assert str(metrics["epoch"].dtype) == "int64" and str(metrics["value"].dtype) == "float64"
+    for epoch, res in written.items():
+        for point, r in res.items():
+            for metric, value in r.observables.items():
+                got = metrics.query("epoch == @epoch and point == @point and metric == @metric")["value"]
+                assert len(got) == 1
+                assert (math.isnan(value) and math.isnan(got.iloc[0])) or got.iloc[0] == value  # bit-exact
+
+    spectra = load_spectra(tmp_path)
+    assert list(spectra) == [0, 5] and list(spectra[0]) == list(POINTS)
+    for epoch, res in written.items():
+        for point, r in res.items():
+            arrays = spectra[epoch][point]
+            np.testing.assert_array_equal(arrays["eigenvalues"], r.spectrum.eigenvalues)
+            np.testing.assert_array_equal(arrays["mean"], r.mean)
+            assert int(arrays["n_rows"]) == 40 and int(arrays["n_nonfinite"]) == 0
+            assert ("covariance" in arrays) == (epoch == 0)
+    assert list(load_spectra(tmp_path, epochs=[5])) == [5]
+
+    run = load_run(tmp_path)
+    assert run.epochs == [0, 5] and run.points == list(POINTS) and len(run.metrics) == len(metrics)
+    assert writer.observed_epochs() == [0, 5]
+
+
+def test_large_epoch_numbers_and_point_results_from_the_observatory(tmp_path):
+    """Epochs past 9999 still sort and load; the real PointResult type is accepted as is."""
+    from tgo.observatory import PointResult
+
+    r = fake_results(0)["cls"]
+    real = {"cls": PointResult(spectrum=r.spectrum, observables=r.observables, mean=r.mean, covariance=r.covariance)}
+    RecordWriter(tmp_path).write_observation(12345, 1, real, with_covariance=False)
+    assert (tmp_path / "geometry" / "spectra" / "epoch_12345.npz").is_file()
+    assert list(load_spectra(tmp_path)) == [12345]
+
+
+def test_write_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="epoch"):
+        RecordWriter(tmp_path).write_observation(-1, 0, fake_results(0), with_covariance=False)
+    with pytest.raises(ValueError, match="npz key"):
+        RecordWriter(tmp_path).write_observation(0, 0, {"a/b": fake_results(0)["cls"]}, with_covariance=False)
+
+
+# --------------------------------------------------------------------------------------------------- atomic writes
+def test_crash_while_writing_spectra_leaves_earlier_records_intact(tmp_path, monkeypatch):
+    writer = RecordWriter(tmp_path)
+    writer.write_observation(0, 0, fake_results(0), with_covariance=True)
+    writer.write_observation(1, 10, fake_results(1), with_covariance=False)
+    before = snapshot(tmp_path)
+    real_savez = np.savez
+
+    def savez_then_die(file, **arrays):
+        real_savez(file, **dict(list(arrays.items())[:2]))  # part of the archive reaches the disk
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", savez_then_die)
+    with pytest.raises(OSError, match="disk full"):
+        writer.write_observation(2, 20, fake_results(2), with_covariance=False)  # a new epoch
+    with pytest.raises(OSError, match="disk full"):
+        writer.write_observation(1, 10, fake_results(3), with_covariance=False)  # overwriting an existing epoch
+    assert snapshot(tmp_path) == before  # byte-identical, and no temporary files left behind
+    monkeypatch.undo()
+    assert writer.observed_epochs() == [0, 1]
+    np.testing.assert_array_equal(load_spectra(tmp_path)[1]["cls"]["eigenvalues"],
+                                  fake_results(1)["cls"].spectrum.eigenvalues)
+
+
+def test_crash_while_replacing_metrics_keeps_the_old_table(tmp_path, monkeypatch):
+    writer = RecordWriter(tmp_path)
+    writer.write_observation(0, 0, fake_results(0), with_covariance=False)
+    old_csv = (tmp_path / "geometry" / "metrics.csv").read_bytes()
+    real_replace = os.replace
+
+    def replace_but_not_metrics(src, dst):
+        if str(dst).endswith("metrics.csv"):
+            raise OSError("killed")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_but_not_metrics)
+    with pytest.raises(OSError, match="killed"):
+        writer.write_observation(1, 10, fake_results(1), with_covariance=False)
+    monkeypatch.undo()
+    assert (tmp_path / "geometry" / "metrics.csv").read_bytes() == old_csv
+    assert not [p for p in (tmp_path / "geometry").rglob(".*")]  # temporaries cleaned up
+    # the spectra of epoch 1 landed but its metrics did not: epoch 1 does not count as observed, so it is redone
+    assert spectra_path(tmp_path, 1).is_file() and writer.observed_epochs() == [0]
+    writer.write_observation(1, 10, fake_results(1), with_covariance=False)
+    assert writer.observed_epochs() == [0, 1]
+    assert len(read_csv_rows(tmp_path)) == 2 * len(POINTS) * 3
+
+
+def test_readers_ignore_stale_temporaries(tmp_path):
+    RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
+    (tmp_path / "geometry" / "spectra" / ".epoch_0001.npz.abc.tmp").write_bytes(b"half an archive")
+    assert list(load_spectra(tmp_path)) == [0]
+
+
+# ----------------------------------------------------------------------------------------------------------- resume
+def test_resume_rewrites_an_epoch_without_duplicate_rows(tmp_path):
+    first = RecordWriter(tmp_path)
+    for epoch in (0, 2, 4):
+        first.write_observation(epoch, epoch * 10, fake_results(epoch), with_covariance=False)
+    rows_before = read_csv_rows(tmp_path)
+
+    resumed = RecordWriter(tmp_path)  # a new process after a restart: state comes from disk
+    assert resumed.observed_epochs() == [0, 2, 4]
+    replacement = fake_results(99)
+    resumed.write_observation(2, 21, replacement, with_covariance=False)  # epoch 2 observed again
+    resumed.write_observation(6, 60, fake_results(6), with_covariance=False)
+
+    rows = read_csv_rows(tmp_path)
+    keys = [(r["epoch"], r["point"], r["metric"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 4 * len(POINTS) * 3
+    assert [int(r["epoch"]) for r in rows] == sorted(int(r["epoch"]) for r in rows)
+    assert [r for r in rows if r["epoch"] in ("0", "4")] == [r for r in rows_before if r["epoch"] in ("0", "4")]
+    epoch2 = [r for r in rows if r["epoch"] == "2"]
+    assert {r["step"] for r in epoch2} == {"21"}
+    assert float(epoch2[0]["value"]) == replacement["patch_embed"].observables["effective_rank"]
+    assert resumed.observed_epochs() == [0, 2, 4, 6]
+
+
+# ---------------------------------------------------------------------------------------------------------- readers
+def test_reader_errors(tmp_path):
+    with pytest.raises(RecordsError, match="not a directory"):
+        load_metrics(tmp_path / "missing")
+    with pytest.raises(RecordsError, match="no geometry records"):
+        load_spectra(tmp_path)
+    (tmp_path / "geometry" / "spectra").mkdir(parents=True)
+    assert not is_run_dir(tmp_path)
+    with pytest.raises(RecordsError, match="no geometry records"):
+        load_run(tmp_path)
+
+    RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
+    assert is_run_dir(tmp_path)
+    with pytest.raises(RecordsError, match="no spectra for epoch 3"):
+        load_spectra(tmp_path, epochs=[3])
+
+    (tmp_path / "geometry" / "metrics.csv").write_text("epoch,point,value\n0,cls,1.0\n")
+    with pytest.raises(RecordsError, match="header"):
+        load_metrics(tmp_path)
+    (tmp_path / "geometry" / "metrics.csv").unlink()
+    with pytest.raises(RecordsError, match="metrics.csv is missing"):
+        load_metrics(tmp_path)
+
+    spectra_path(tmp_path, 0).write_bytes(b"not a zip")
+    with pytest.raises(RecordsError, match="unreadable"):
+        load_spectra(tmp_path)
+
+
+def test_records_error_is_a_value_error():
+    assert issubclass(RecordsError, ValueError)
+
+
+def test_load_metrics_without_pandas_says_what_to_install(tmp_path, monkeypatch):
+    RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match="pip install"):
+        load_metrics(tmp_path)
+    assert list(load_spectra(tmp_path)) == [0]  # numpy-only reader still works
