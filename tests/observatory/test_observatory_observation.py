@@ -217,3 +217,27 @@ def test_works_on_a_plain_module_with_user_points():
     accs = run_observation(net, [torch.randn(10, 5)], [ObservationPoint("hidden", "1"), ObservationPoint("x", "0",
                                                                                                          read="input")])
     assert accs["hidden"].dim == 7 and accs["hidden"].n == 10 and accs["x"].dim == 5
+
+
+def test_ddp_wrapper_is_looked_through_and_reduction_is_a_sum(vit, tmp_path):
+    """One-process gloo group: the pass runs the module inside DDP (no wrapper collectives); reduce uses the group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(vit)
+        before = hook_count(vit)
+        accs = run_observation(ddp, _batches((2,)), vit_points(ddp))
+        plain = run_observation(vit, _batches((2,)), vit_points(vit))
+
+        def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+            dist.all_reduce(t)
+            return t
+
+        reduce_observation(accs, all_reduce_sum)
+    finally:
+        dist.destroy_process_group()
+    assert hook_count(vit) == before
+    for name in plain:
+        assert accs[name].n == plain[name].n
+        torch.testing.assert_close(accs[name].covariance(), plain[name].covariance(), rtol=1e-12, atol=1e-14)
