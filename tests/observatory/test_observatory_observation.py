@@ -241,3 +241,14 @@ def test_ddp_wrapper_is_looked_through_and_reduction_is_a_sum(vit, tmp_path):
     for name in plain:
         assert accs[name].n == plain[name].n
         torch.testing.assert_close(accs[name].covariance(), plain[name].covariance(), rtol=1e-12, atol=1e-14)
+
+
+def test_point_on_a_module_the_forward_never_calls_is_an_error(vit):
+    vit.spare = nn.Linear(WIDTH, WIDTH)  # registered, but never used by forward
+    points = [ObservationPoint("spare", "spare"), ObservationPoint("spare_in", "spare", read="input")]
+    with pytest.raises(RuntimeError, match="never called"):
+        run_observation(vit, _batches((1,)), points)
+    assert run_observation(vit, [], points[:1])["spare"].dim == WIDTH  # empty shard: the Linear's width is known
+    with pytest.raises(RuntimeError, match="never called"):
+        vit.spare_id = nn.Identity()  # width unknowable without calling it; the shape probe never reaches it
+        run_observation(vit, [], [ObservationPoint("id", "spare_id"), ObservationPoint("x", "blocks.0.attn")])

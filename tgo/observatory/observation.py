@@ -191,6 +191,11 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
     return dims
 
 
+def _never_called(points: Sequence[ObservationPoint]) -> str:
+    return (f"run_observation: the module(s) of point(s) {[f'{p.name} ({p.module})' for p in points]} were never "
+            f"called by the model's forward, so nothing can be observed there; point at a module the forward uses")
+
+
 def run_observation(
     model: nn.Module,
     batches: Iterable[Any],
@@ -214,6 +219,7 @@ def run_observation(
 
     Raises:
         ValueError: unknown module paths or duplicate names (before any forward).
+        RuntimeError: a point's module is never called by the model's forward (its records would silently be empty).
     """
     net = unwrap_model(model)
     points = list(points)
@@ -224,16 +230,23 @@ def run_observation(
     try:
         net.eval()
         with exact_inference(device.type), Probe(net, points, lazy, num_prefix_tokens=num_prefix_tokens_of(net)):
+            n_batches = 0
             for batch in batches:
                 images = _images_of(batch).to(device, non_blocking=True)
                 net(images)
+                n_batches += 1
         missing = [p for p in points if lazy[p.name].acc is None]
+        if missing and n_batches:
+            raise RuntimeError(_never_called(missing))
         if missing:
             dims = {p.name: _static_dim(net, p, modules[p.name]) for p in missing}
             unknown = [p for p in missing if dims[p.name] is None]
             if unknown:
                 with exact_inference(device.type):
                     dims.update(_dims_by_shape_probe(net, unknown, device))
+                never = [p for p in unknown if p.name not in dims]
+                if never:
+                    raise RuntimeError(_never_called(never))
             for p in missing:
                 lazy[p.name].acc = StreamingCovariance(int(dims[p.name]), gram_dtype=gram_dtype, device=device)
     finally:
