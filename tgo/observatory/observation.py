@@ -244,7 +244,7 @@ def run_observation(
             if unknown:
                 with exact_inference(device.type):
                     dims.update(_dims_by_shape_probe(net, unknown, device))
-                never = [p for p in unknown if p.name not in dims]
+                never = [p for p in unknown if dims.get(p.name) is None]
                 if never:
                     raise RuntimeError(_never_called(never))
             for p in missing:
