@@ -51,7 +51,8 @@ class SimulatedWorld:
         self.payload_numel: list[int] = []
         self._slots: list[torch.Tensor | None] = [None] * world_size
         self._result: torch.Tensor | None = None
-        self._barrier = threading.Barrier(world_size, action=self._reduce, timeout=timeout)
+        self._barrier = threading.Barrier(world_size, action=self._reduce, timeout=timeout)  # deposit -> sum
+        self._read = threading.Barrier(world_size, timeout=timeout)  # everyone has read the sum
 
     def _reduce(self) -> None:
         """Barrier action: runs once per collective, after every rank has deposited its tensor."""
@@ -73,7 +74,7 @@ class SimulatedWorld:
             self._barrier.wait()  # the action sums the slots
             assert self._result is not None
             out = self._result.clone().to(t.device)
-            self._barrier.wait()  # nobody starts the next collective before everyone read this one
+            self._read.wait()  # nobody starts the next collective before everyone read this one
             if self.in_place:
                 t.copy_(out)
             return out
@@ -95,6 +96,7 @@ class SimulatedWorld:
         self.calls = [0] * self.world_size
         self.payload_numel = []
         self._barrier.reset()
+        self._read.reset()
         results: list[T | None] = [None] * self.world_size
         errors: list[BaseException | None] = [None] * self.world_size
 
@@ -104,6 +106,7 @@ class SimulatedWorld:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 errors[rank] = exc
                 self._barrier.abort()
+                self._read.abort()
 
         threads = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(self.world_size)]
         for th in threads:
@@ -112,6 +115,7 @@ class SimulatedWorld:
             th.join(self.timeout * 4)
         if any(th.is_alive() for th in threads):
             self._barrier.abort()
+            self._read.abort()
             raise RuntimeError("SimulatedWorld: ranks hung (mismatched collective calls?)")
         first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)), None)
         first = first or next((e for e in errors if e is not None), None)
