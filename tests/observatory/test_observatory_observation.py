@@ -184,6 +184,19 @@ def test_non_finite_rows_are_counted_not_accumulated(vit):
     assert accs["cls"].n == 2 and accs["cls"].n_nonfinite == 1
 
 
+def test_nan_if_nonfinite_declares_the_point_undefined_but_keeps_counts(vit):
+    x = images(3)
+    x[0, :, :8, :8] = float("inf")  # one patch of one image: a single bad token at patch_embed
+    accs = run_observation(vit, [x], vit_points(vit))
+    lenient = summarize_observation(accs)
+    strict = summarize_observation(accs, nan_if_nonfinite=True, fit_range=(1, 10))
+    assert accs["patch_embed"].n_nonfinite == 1 and np.isfinite(lenient["patch_embed"].observables["effective_rank"])
+    obs = strict["patch_embed"].observables
+    assert obs["n_nonfinite"] == 1 and obs["n_rows"] == 3 * N_PATCHES - 1
+    assert all(np.isnan(v) for k, v in obs.items() if k not in ("n_rows", "n_nonfinite"))
+    assert np.all(np.isfinite(strict["patch_embed"].spectrum.eigenvalues))  # finite rows kept for diagnosis
+
+
 def test_shards_merge_to_the_full_pass(vit):
     """What the all-reduce does across ranks, done here with merge: two shards equal one pass over all images."""
     batches = _batches((3, 2, 2))

@@ -23,6 +23,7 @@ Choices worth knowing:
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -43,6 +44,9 @@ __all__ = [
     "run_observation",
     "summarize_observation",
 ]
+
+# Observables that are bookkeeping, not geometry: kept real when a point's geometry is declared NaN.
+_COUNT_KEYS = frozenset({"n_rows", "n_nonfinite"})
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
@@ -294,14 +298,22 @@ class PointResult:
 
 
 def summarize_observation(
-    accumulators: Mapping[str, StreamingCovariance], points: Sequence[ObservationPoint] | None = None, **fit_range: Any
+    accumulators: Mapping[str, StreamingCovariance],
+    points: Sequence[ObservationPoint] | None = None,
+    *,
+    nan_if_nonfinite: bool = False,
+    **summary_kwargs: Any,
 ) -> dict[str, PointResult]:
     """Eigendecompose (float64) and compute the observables of every point; call on one rank after reduction.
 
     Args:
         accumulators: Reduced accumulators ``{name: StreamingCovariance}``.
         points: Order of the result (default: the accumulators' order); every point needs an accumulator.
-        **fit_range: Forwarded to ``tgo.spectral.summarize`` (power-law fit range).
+        nan_if_nonfinite: A point that saw any non-finite row gets NaN observables (its counts, ``n_rows`` and
+            ``n_nonfinite``, stay real so the record says why). The accumulator excludes such rows, so without this
+            the observables would quietly describe only the finite part. Spectrum, mean and covariance of the finite
+            rows are kept either way, for diagnosis.
+        **summary_kwargs: Forwarded to ``tgo.spectral.summarize`` (``fit_range``, ``fit_start``, ``fit_stop``).
 
     Returns:
         ``{name: PointResult}`` in point order.
@@ -316,7 +328,8 @@ def summarize_observation(
         cov = acc.covariance().detach().cpu().numpy().astype(np.float64, copy=False)
         mean = acc.mean().detach().cpu().numpy().astype(np.float64, copy=False)
         spectrum = eigendecompose(cov, n_rows=int(acc.n), n_nonfinite=int(acc.n_nonfinite))
-        observables = {k: float(v) for k, v in summarize(cov, spectrum, **fit_range).items()}
+        observables = {k: float(v) for k, v in summarize(cov, spectrum, **summary_kwargs).items()}
+        if nan_if_nonfinite and acc.n_nonfinite > 0:
+            observables = {k: (v if k in _COUNT_KEYS else math.nan) for k, v in observables.items()}
         out[name] = PointResult(spectrum=spectrum, observables=observables, mean=mean, covariance=cov)
     return out
-
