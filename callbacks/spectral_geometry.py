@@ -49,8 +49,8 @@ class SpectralGeometryCallback(L.Callback):
         every_n_epochs: Observe after every N completed epochs (epoch 0 and the final epoch are always observed).
         points: ``{"preset": "vit", "extra": [{name, module, read, tokens}, ...]}``; see ``tgo.observatory``.
         gram_dtype: ``float64`` (exact to ~1e-15) or ``float32`` (~5e-8, faster on GPUs).
-        batch_size: Images per observation forward pass.
-        num_workers: DataLoader workers for the observation pass.
+        batch_size: Images per observation forward pass (``None``: the DataModule's analysis batch size).
+        num_workers: DataLoader workers for the observation pass (``None``: the DataModule's).
         nonfinite: ``warn`` records NaN observables for a point with non-finite activations and keeps training;
             ``error`` stops training.
         covariance_epochs: Epochs whose full covariance matrices are stored in the records; ``null`` means the
@@ -65,8 +65,8 @@ class SpectralGeometryCallback(L.Callback):
         every_n_epochs: int = 5,
         points: Mapping[str, Any] | None = None,
         gram_dtype: str = "float64",
-        batch_size: int = 64,
-        num_workers: int = 0,
+        batch_size: int | None = None,
+        num_workers: int | None = None,
         nonfinite: str = "warn",
         covariance_epochs: Sequence[int] | None = None,
         fit_range: Sequence[int] | None = None,
@@ -82,7 +82,7 @@ class SpectralGeometryCallback(L.Callback):
         if nonfinite not in NONFINITE_POLICIES:
             raise UserInputError(f"callbacks.spectral_geometry.nonfinite: expected one of {NONFINITE_POLICIES}, "
                                  f"got {nonfinite!r}")
-        if batch_size <= 0:
+        if batch_size is not None and batch_size <= 0:
             raise UserInputError(f"callbacks.spectral_geometry.batch_size: expected a positive integer, "
                                  f"got {batch_size!r}")
         self.every_n_epochs = every_n_epochs
@@ -141,9 +141,12 @@ class SpectralGeometryCallback(L.Callback):
     def observe(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
         """Runs one observation on every rank; rank 0 writes records and TensorBoard. Collective: call on all."""
         start = time.perf_counter()
-        dataset = trainer.datamodule.analysis_dataset
-        plan = ShardPlan(rank=trainer.global_rank, world_size=trainer.world_size, batch_size=self.batch_size,
-                         num_workers=self.num_workers)
+        datamodule = trainer.datamodule
+        dataset = datamodule.analysis_dataset
+        plan = ShardPlan(rank=trainer.global_rank, world_size=trainer.world_size,
+                         batch_size=self.batch_size or getattr(datamodule, "analysis_batch_size", 64),
+                         num_workers=self.num_workers if self.num_workers is not None
+                         else getattr(datamodule, "num_workers", 0))
         accumulators = observe_dataset(self._network(pl_module), dataset, self.points, plan=plan,
                                        all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
                                        device=pl_module.device, gram_dtype=self.gram_dtype)
@@ -154,8 +157,8 @@ class SpectralGeometryCallback(L.Callback):
             if bad:
                 warnings.warn(f"[tgo] epoch {epoch}: non-finite activations at {bad} (rows excluded); their "
                               "observables are recorded as NaN", RuntimeWarning, stacklevel=2)
-            results = summarize_observation(accumulators, self.points, fit_range=self.fit_range,
-                                            nan_if_nonfinite=True)
+            fit = {} if self.fit_range is None else {"fit_start": self.fit_range[0], "fit_stop": self.fit_range[1]}
+            results = summarize_observation(accumulators, self.points, nan_if_nonfinite=True, **fit)
             self.last_pass_seconds = time.perf_counter() - start
             self._writer.write_observation(epoch, trainer.global_step, results,
                                            with_covariance=self._keeps_covariance(epoch, trainer))
@@ -238,11 +241,15 @@ class SpectralGeometryCallback(L.Callback):
         """Reloads earlier spectra and scalars of a resumed run, so its figures keep the whole trajectory."""
         if self._writer is None or self._history:
             return
-        for epoch, per_point in sorted(load_spectra(self._writer.run_dir, missing_ok=True).items()):
+        observed = self._writer.observed_epochs()
+        if not observed:
+            return
+        for epoch, per_point in load_spectra(self._writer.run_dir, epochs=observed).items():
             for name, arrays in per_point.items():
                 self._history.setdefault(name, []).append((epoch, arrays["eigenvalues"]))
         for row in self._writer.metric_rows():
-            self._scalars.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = \
+            if int(row["epoch"]) in observed:
+                self._scalars.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = \
                 float(row["value"])
 
     # ----------------------------------------------------------------------------------------- helpers

@@ -59,7 +59,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.limit_val_batches": _limit,
     "data.batch_size": _positive_int,
     "data.image_size": _positive_int,
-    "data.analysis.size": _positive_int,
+    "data.analysis.size": _optional_positive_int,
     "data.analysis.per_class": _optional_positive_int,
     "callbacks.spectral_geometry.every_n_epochs": _positive_int,
     "callbacks.model_checkpoint.every_n_epochs": _optional_positive_int,

@@ -165,6 +165,10 @@ class RecordWriter:
         """``geometry/spectra/epoch_EEEE.npz`` of this run."""
         return spectra_path(self.run_dir, epoch)
 
+    def metric_rows(self) -> list[dict[str, str]]:
+        """The rows already in ``metrics.csv`` as dicts of strings (empty if none); no pandas needed."""
+        return _read_metric_rows(self.metrics_path)
+
     def observed_epochs(self) -> list[int]:
         """Epochs whose observation is completely on disk (metrics rows and spectra file), ascending.
 

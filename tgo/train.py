@@ -89,7 +89,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
     L.seed_everything(cfg.seed, workers=True)
 
-    datamodule = instantiate(cfg.data)
+    datamodule = instantiate(cfg.data).validate()  # scans the data and settles the analysis subset now
     model = instantiate(cfg.model, num_classes=datamodule.num_classes, img_size=datamodule.image_size,
                         in_chans=datamodule.in_chans)
     callbacks = instantiate_named(cfg.get("callbacks"))

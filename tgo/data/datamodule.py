@@ -9,7 +9,7 @@ Hydra instantiates it from ``conf/data/*.yaml`` with flat, explicit arguments. C
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import lightning as L
 from torch.utils.data import DataLoader, Sampler
@@ -40,6 +40,7 @@ from tgo.data.transforms import (
 __all__ = ["TGODataModule"]
 
 _FILE_SOURCES = ("imagefolder", "imagenet100")
+ANALYSIS_KEYS = ("size", "per_class", "seed", "manifest", "batch_size")
 
 
 def _positive(name: str, value: Any, allow_none: bool = False) -> None:
@@ -79,6 +80,8 @@ class TGODataModule(L.LightningDataModule):
         analysis_manifest: Path of an earlier ``analysis_subset.json`` (or its run directory) to pin the exact subset;
             the data must still match it (keys, labels, hashes) or validation raises ``AnalysisManifestMismatch``.
         analysis_batch_size: Batch size of :meth:`analysis_dataloader` (``None`` = ``eval_batch_size``).
+        analysis: The same five settings nested as the config writes them (``data.analysis.manifest=...``): keys
+            ``size``, ``per_class``, ``seed``, ``manifest``, ``batch_size``; a key given here wins over the flat one.
     """
 
     def __init__(
@@ -106,8 +109,18 @@ class TGODataModule(L.LightningDataModule):
         analysis_seed: int = 2025,
         analysis_manifest: str | None = None,
         analysis_batch_size: int | None = None,
+        analysis: Mapping[str, Any] | None = None,
     ):
         super().__init__()
+        if analysis is not None:
+            unknown = sorted(set(analysis) - set(ANALYSIS_KEYS))
+            if unknown:
+                raise DataConfigError(f"data.analysis: unknown key(s) {unknown}; expected some of {list(ANALYSIS_KEYS)}.")
+            if "size" in analysis or "per_class" in analysis:  # the nested pair replaces the flat pair as a whole
+                analysis_size, analysis_per_class = analysis.get("size"), analysis.get("per_class")
+            analysis_seed = analysis.get("seed", analysis_seed)
+            analysis_manifest = analysis.get("manifest", analysis_manifest)
+            analysis_batch_size = analysis.get("batch_size", analysis_batch_size)
         if source not in SOURCES:
             raise DataConfigError(f"data.source={source!r} is unknown; expected one of {', '.join(SOURCES)}.")
         if source in _FILE_SOURCES and (root is None or str(root).strip() == ""):
