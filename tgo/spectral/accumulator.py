@@ -197,26 +197,33 @@ class StreamingCovariance:
         rows = x.detach().reshape(-1, self.dim).to(device=self.device, dtype=torch.float64)
         if rows.shape[0] == 0:
             return
-        finite = torch.isfinite(rows).all(dim=1)
-        n_finite = int(finite.sum().item())
-        if n_finite < rows.shape[0]:
+        # Fast path: NaN/Inf anywhere propagates into the column sums, so one [D] check (one host sync) screens the
+        # whole batch; only a batch that fails it pays for the per-row filter.
+        shift = rows.mean(dim=0) if self.n == 0 else self.shift
+        centred = rows - shift
+        col_sum = centred.sum(dim=0)
+        if not bool(torch.isfinite(col_sum).all()):
+            finite = torch.isfinite(rows).all(dim=1)
+            n_finite = int(finite.sum().item())
             self.n_nonfinite += rows.shape[0] - n_finite
+            if n_finite == 0:
+                return
             rows = rows[finite]
-        if n_finite == 0:
-            return
+            shift = rows.mean(dim=0) if self.n == 0 else self.shift
+            centred = rows - shift
+            col_sum = centred.sum(dim=0)
         if self.n == 0:
-            # Sums are zero, so (re)setting the shift is exact; this also replaces a placeholder shift adopted from an
-            # all-reduce in which no rank had rows.
-            self.shift = rows.mean(dim=0)
-        centred = rows - self.shift
-        self._s1 += centred.sum(dim=0)
+            # The sums are zero, so (re)setting the shift is exact; this also replaces a placeholder shift adopted from
+            # an all-reduce in which no rank had rows.
+            self.shift = shift
+        self._s1 += col_sum
         with strict_fp32_math(self.device.type):
             if self.gram_dtype == torch.float64:
                 self._s2.addmm_(centred.T, centred)
             else:
                 c32 = centred.to(torch.float32)
                 self._s2 += torch.mm(c32.T, c32).to(torch.float64)
-        self.n += n_finite
+        self.n += rows.shape[0]
 
     # ------------------------------------------------------------------ results
     def mean(self) -> torch.Tensor:

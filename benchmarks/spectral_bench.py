@@ -1,0 +1,236 @@
+"""Benchmark of the spectral engine: streaming covariance vs a bare matmul and vs storing activations.
+
+Run ``python benchmarks/spectral_bench.py`` (about a minute on 2 CPU cores) or ``--quick`` (seconds). It prints one
+table whose ratios all come from this one run:
+
+1. Throughput (rows/s) of ``StreamingCovariance.update`` for ViT-S width ``D = 384`` with a float64 and a float32 Gram,
+   against the floor: a bare float32 ``x^T x`` of the same ``[rows, D]`` shape, the least work any exact method does.
+2. One whole observation of 15 points at 256 and 1,000 images (197 tokens each): streaming (update every batch, then
+   covariance + float64 eigvalsh) against the naive approach (keep every activation, ``torch.cat`` + ``torch.cov`` +
+   ``eigvalsh`` at the end): wall time and peak memory. Peak memory is the peak resident set size above the phase's
+   starting RSS, sampled every 10 ms by a thread (torch allocations are invisible to ``tracemalloc``), next to the
+   bytes the method must hold by construction.
+
+Times are the best of ``--repeats`` runs (2 by default): on a shared machine other processes only ever make a run
+slower, so the minimum is the least contaminated estimate. The load average is printed so a noisy run is visible.
+
+Activations are synthetic (a small pool of ViT-like batches with massive-activation dimensions, generated before
+timing), so only the engine is measured. No assertions: this is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):  # allow `python benchmarks/spectral_bench.py` from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tgo.spectral import StreamingCovariance, eigendecompose  # noqa: E402
+
+DIM = 384
+TOKENS = 197
+POINTS = 15
+BATCH_IMAGES = 32
+MB = 1024**2
+
+
+# ---------------------------------------------------------------------------------------------------- measurement
+def _rss_bytes() -> int:
+    """Current resident set size of this process."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import psutil  # only where /proc is missing
+
+        return int(psutil.Process().memory_info().rss)
+
+
+class PeakRSS:
+    """Context manager sampling RSS in a thread; ``peak_delta`` is the peak above the RSS at entry, in bytes."""
+
+    def __init__(self, interval: float = 0.01):
+        self.interval = interval
+        self.peak_delta = 0
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._peak = max(self._peak, _rss_bytes())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakRSS:
+        gc.collect()
+        self._start = _rss_bytes()
+        self._peak = self._start
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._peak = max(self._peak, _rss_bytes())
+        self._stop.set()
+        self._thread.join()
+        self.peak_delta = self._peak - self._start
+
+
+def _time_per_call(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds per call after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def make_pool(n_batches: int = 4, seed: int = 0) -> list[torch.Tensor]:
+    """ViT-like activation batches ``[32, 197, 384]`` (float32) with a power-law spectrum and massive dimensions."""
+    gen = torch.Generator().manual_seed(seed)
+    scales = torch.arange(1, DIM + 1, dtype=torch.float32) ** -0.75
+    mean = torch.randn(DIM, generator=gen) * 0.1
+    mean[:4] = torch.tensor([3e3, -2e3, 1.5e3, 1e3])  # mean/std >= 1e3
+    mix = torch.linalg.qr(torch.randn(DIM, DIM, generator=gen))[0]
+    return [
+        (torch.randn(BATCH_IMAGES, TOKENS, DIM, generator=gen) * scales) @ mix.T + mean for _ in range(n_batches)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------- the phases
+def throughput(pool: list[torch.Tensor], repeats: int) -> dict[str, float]:
+    """Rows per second of the floor and of ``update`` with each Gram dtype."""
+    rows = pool[0].reshape(-1, DIM)
+    n = rows.shape[0]
+    out = {"bare float32 matmul x^T x (floor)": n / _time_per_call(lambda: torch.mm(rows.T, rows), repeats)}
+    for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
+        acc = StreamingCovariance(DIM, gram_dtype=dtype)
+        out[f"StreamingCovariance.update, gram {name}"] = n / _time_per_call(lambda: acc.update(pool[0]), repeats)
+    return out
+
+
+@dataclass
+class ObservationCost:
+    seconds: float
+    peak_bytes: int
+    held_bytes: int
+
+
+def streaming_observation(pool: list[torch.Tensor], images: int, gram_dtype: torch.dtype) -> ObservationCost:
+    """15 accumulators fed batch by batch, then covariance + float64 eigvalsh per point."""
+    n_batches = -(-images // BATCH_IMAGES)
+    with PeakRSS() as mem:
+        start = time.perf_counter()
+        accs = [StreamingCovariance(DIM, gram_dtype=gram_dtype) for _ in range(POINTS)]
+        for step in range(n_batches):
+            take = min(BATCH_IMAGES, images - step * BATCH_IMAGES)
+            for p, acc in enumerate(accs):
+                acc.update(pool[(step + p) % len(pool)][:take])
+        for acc in accs:
+            eigendecompose(acc.covariance(), acc.n, acc.n_nonfinite)
+        seconds = time.perf_counter() - start
+    held = POINTS * (DIM * DIM + 2 * DIM) * 8
+    del accs
+    return ObservationCost(seconds, mem.peak_delta, held)
+
+
+def naive_observation(pool: list[torch.Tensor], images: int) -> ObservationCost:
+    """Keep every activation of all 15 points, then ``torch.cat`` + ``torch.cov`` + eigvalsh per point."""
+    n_batches = -(-images // BATCH_IMAGES)
+    with PeakRSS() as mem:
+        start = time.perf_counter()
+        stored: list[list[torch.Tensor]] = [[] for _ in range(POINTS)]
+        for step in range(n_batches):
+            take = min(BATCH_IMAGES, images - step * BATCH_IMAGES)
+            for p in range(POINTS):
+                stored[p].append(pool[(step + p) % len(pool)][:take].reshape(-1, DIM).clone())
+        for p in range(POINTS):
+            rows = torch.cat(stored[p])
+            stored[p] = []
+            cov = torch.cov(rows.T)
+            torch.linalg.eigvalsh(cov.double())
+            del rows, cov
+        seconds = time.perf_counter() - start
+    held = POINTS * images * TOKENS * DIM * 4
+    return ObservationCost(seconds, mem.peak_delta, held)
+
+
+def _best(run: Callable[[], ObservationCost], repeats: int) -> ObservationCost:
+    """Fastest time and largest peak over ``repeats`` runs."""
+    costs = [run() for _ in range(max(1, repeats))]
+    return ObservationCost(min(c.seconds for c in costs), max(c.peak_bytes for c in costs), costs[0].held_bytes)
+
+
+# ---------------------------------------------------------------------------------------------------- report
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print the table.
+
+    Args:
+        argv: Command-line arguments (``--quick``, ``--images``, ``--threads``); ``None`` reads ``sys.argv``.
+    """
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (32 and 128 images), a few seconds")
+    parser.add_argument("--images", type=int, nargs="+", default=None, help="image counts (default 256 1000)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per observation measurement (best time kept)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    images_list = args.images or ([32, 128] if args.quick else [256, 1000])
+    repeats = 3 if args.quick else 10
+    obs_repeats = args.repeats or (1 if args.quick else 2)
+
+    pool = make_pool()
+    rows_per_batch = BATCH_IMAGES * TOKENS
+    print(f"spectral engine benchmark: D={DIM}, {TOKENS} tokens/image, batches of {BATCH_IMAGES} images "
+          f"({rows_per_batch} rows), {POINTS} points, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, best of {obs_repeats}")
+    print()
+    rates = throughput(pool, repeats)
+    floor = next(iter(rates.values()))
+    print(f"{'throughput (one point)':<44}{'rows/s':>14}{'vs floor':>10}")
+    for name, rate in rates.items():
+        print(f"{name:<44}{rate:>14,.0f}{rate / floor:>9.2f}x")
+    print()
+
+    header = f"{'one observation, 15 points':<34}{'images':>7}{'rows/pt':>9}{'time s':>9}{'peak MB':>10}{'held MB':>10}"
+    print(header)
+    print("-" * len(header))
+    summary = []
+    for images in images_list:
+        runs = {
+            "streaming, gram float64": lambda: streaming_observation(pool, images, torch.float64),
+            "streaming, gram float32": lambda: streaming_observation(pool, images, torch.float32),
+            "naive: store + torch.cov": lambda: naive_observation(pool, images),
+        }
+        costs = {name: _best(run, obs_repeats) for name, run in runs.items()}
+        for name, cost in costs.items():
+            print(f"{name:<34}{images:>7}{images * TOKENS:>9}{cost.seconds:>9.2f}"
+                  f"{cost.peak_bytes / MB:>10.1f}{cost.held_bytes / MB:>10.1f}")
+        naive = costs["naive: store + torch.cov"]
+        s64, s32 = costs["streaming, gram float64"], costs["streaming, gram float32"]
+        summary.append((images, naive, s64, s32))
+    print()
+    print("ratios (naive / streaming):   time f64   time f32   peak mem f64   held mem")
+    for images, naive, s64, s32 in summary:
+        print(f"  {images:>5} images               {naive.seconds / s64.seconds:>8.2f}x "
+              f"{naive.seconds / s32.seconds:>9.2f}x {naive.peak_bytes / max(s64.peak_bytes, 1):>13.1f}x "
+              f"{naive.held_bytes / s64.held_bytes:>9.1f}x")
+    print()
+    print("peak MB: measured RSS peak above the phase's start (includes per-batch temporaries); held MB: bytes the "
+          "method keeps by construction (streaming: 15 float64 [D,D]+[D]+[D] states; naive: all float32 activations).")
+
+
+if __name__ == "__main__":
+    main()
