@@ -94,7 +94,9 @@ def accumulate(
     return acc
 
 
-def relative_errors(got: dict[str, float], want: dict[str, float], keys: Iterable[str] = METRIC_KEYS) -> dict[str, float]:
+def relative_errors(
+    got: dict[str, float], want: dict[str, float], keys: Iterable[str] = METRIC_KEYS
+) -> dict[str, float]:
     """``|got - want| / |want|`` per key (absolute when ``want == 0``); NaN must match NaN."""
     out = {}
     for k in keys:

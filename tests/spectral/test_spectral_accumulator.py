@@ -1,4 +1,4 @@
-"""StreamingCovariance: exact under any batching and merge order, honest about bad rows, restorable, strict float math."""
+"""StreamingCovariance: exact under any batching and merge order, honest about bad rows, restorable, strict math."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_accepts_low_precision_inputs_and_upcasts_exactly():
     assert np.abs(acc.covariance().numpy() - want).max() <= 1e-13 * np.abs(want).max()
 
 
-# ---------------------------------------------------------------------------------------------------- batching and merging
+# ---------------------------------------------------------------------------------------------- batching and merging
 @settings(max_examples=25, deadline=None)
 @given(cuts=st.lists(st.integers(min_value=1, max_value=599), max_size=12, unique=True))
 def test_any_batch_split_gives_the_same_result(cuts: list[int]):
@@ -135,7 +135,7 @@ def test_reshift_of_empty_accumulator_adopts_the_shift():
 
 
 def test_first_rows_reset_a_placeholder_shift():
-    """After an all-reduce in which nobody had rows the shift is a zero placeholder; the first real batch replaces it."""
+    """After an all-reduce where nobody had rows the shift is a zero placeholder; the first real batch replaces it."""
     acc = StreamingCovariance(DIM)
     acc.reshift(torch.zeros(DIM))
     acc.update(torch.from_numpy(ROWS))

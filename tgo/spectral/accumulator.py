@@ -159,7 +159,9 @@ class StreamingCovariance:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"StreamingCovariance: dim must be a positive int, got {dim!r}")
         if gram_dtype not in _GRAM_DTYPES:
-            raise ValueError(f"StreamingCovariance: gram_dtype must be torch.float64 or torch.float32, got {gram_dtype!r}")
+            raise ValueError(
+                f"StreamingCovariance: gram_dtype must be torch.float64 or torch.float32, got {gram_dtype!r}"
+            )
         self.dim: int = dim
         self.gram_dtype: torch.dtype = gram_dtype
         self.device: torch.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -381,7 +383,9 @@ class StreamingCovariance:
         """
         flat = torch.as_tensor(flat)
         if flat.ndim != 1 or flat.numel() != self.packed_size:
-            raise ValueError(f"unpack_: expected a 1-D tensor of length {self.packed_size}, got shape {tuple(flat.shape)}")
+            raise ValueError(
+                f"unpack_: expected a 1-D tensor of length {self.packed_size}, got shape {tuple(flat.shape)}"
+            )
         flat = flat.to(device=self.device, dtype=torch.float64)
         counts = flat[:2].tolist()
         self.n = int(round(counts[0]))
@@ -421,7 +425,8 @@ def allreduce_accumulators(
         return  # every rank has the same (empty) point list, so every rank skips both collectives consistently
     device = accs[0].device
     if any(acc.device != device for acc in accs):
-        raise ValueError(f"allreduce_accumulators: accumulators on several devices {sorted({str(a.device) for a in accs})}")
+        devices = sorted({str(a.device) for a in accs})
+        raise ValueError(f"allreduce_accumulators: accumulators on several devices {devices}")
 
     # (1) agree on one shift per point
     parts = []

@@ -70,8 +70,8 @@ def eigendecompose(cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int
     The matrix is symmetrised (``(C + C^T) / 2``) and passed to ``numpy.linalg.eigvalsh`` in float64 whatever its
     input dtype: float32 eigensolvers lose the small end of spectra spanning many decades. Negative eigenvalues
     (round-off of a PSD matrix) are set to 0 and counted. When ``n_rows <= D`` the covariance has rank at most
-    ``n_rows - 1``, so eigenvalues ``n_rows, n_rows + 1, ...`` (1-based) are set to exactly 0: they are structurally zero
-    and their computed values are pure round-off.
+    ``n_rows - 1``, so eigenvalues ``n_rows, n_rows + 1, ...`` (1-based) are set to exactly 0: they are structurally
+    zero and their computed values are pure round-off.
 
     Degenerate inputs do not raise, so one bad observation point cannot abort the others: if ``n_rows < 2`` or the
     matrix holds NaN/Inf, every eigenvalue is NaN, ``n_clamped`` is 0 and ``most_negative`` is NaN; the counts are kept.

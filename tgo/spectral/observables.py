@@ -302,8 +302,9 @@ def offdiag_energy_fraction(cov: np.ndarray | torch.Tensor) -> float:
 def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
     """Mean of ``|corr_ij|`` over ``i != j``, with ``corr = C_ij / sqrt(C_ii C_jj)``.
 
-    Dimensions with zero variance have no correlation and are excluded; "zero" means ``C_ii <= max(diag C) · D · eps``,
-    because a constant feature accumulates round-off of that size and its "correlations" would be noise.
+    Dimensions with zero variance have no correlation and are excluded; "zero" means
+    ``C_ii <= max(diag C) · D · eps``, because a constant feature accumulates round-off of that size and its
+    "correlations" would be noise.
     Correlations are clipped to ``[-1, 1]`` against round-off.
 
     Args:

@@ -78,7 +78,9 @@ def summarize(
     mat = as_float64_matrix(cov)
     eigs = np.asarray(spectrum.eigenvalues, dtype=np.float64)
     if mat.shape[0] != eigs.size:
-        raise ValueError(f"summarize: covariance is {mat.shape[0]}x{mat.shape[0]} but the spectrum has {eigs.size} values")
+        raise ValueError(
+            f"summarize: covariance is {mat.shape[0]}x{mat.shape[0]} but the spectrum has {eigs.size} values"
+        )
     out: dict[str, float] = dict.fromkeys(OBSERVABLES, math.nan)
     out["n_rows"] = float(spectrum.n_rows)
     out["n_nonfinite"] = float(spectrum.n_nonfinite)
