@@ -62,7 +62,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "data.analysis.size": _optional_positive_int,
     "data.analysis.per_class": _optional_positive_int,
     "callbacks.spectral_geometry.every_n_epochs": _positive_int,
-    "callbacks.model_checkpoint.every_n_epochs": _optional_positive_int,
+    "callbacks.trajectory_checkpoint.every_n_epochs": _optional_positive_int,
 }
 
 

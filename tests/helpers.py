@@ -1,0 +1,20 @@
+"""Test-only callbacks (instantiated from the config tree with `+callbacks.<name>=...`)."""
+
+from __future__ import annotations
+
+import lightning as L
+
+
+class SimulatedCrash(RuntimeError):
+    """Stands for a node failure / preemption in the middle of training."""
+
+
+class CrashAtEpochStart(L.Callback):
+    """Raises when epoch index ``epoch`` starts, i.e. after ``epoch`` completed epochs were checkpointed."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            raise SimulatedCrash(f"simulated crash at the start of epoch index {self.epoch}")

@@ -1,0 +1,132 @@
+"""End-to-end training: the smoke run, resume from a checkpoint, the CLI, multirun directories."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import compose_train, run_cli
+from tests.helpers import SimulatedCrash
+from tgo.train import make_ddp_relaunch_job_local, resolve_ckpt_path, run
+from tgo.errors import ConfigError
+
+FAST = ["experiment=smoke", "callbacks.spectral_geometry.figures.heatmaps=false"]
+
+
+def metric_epochs(run_dir: Path) -> Counter:
+    with open(run_dir / "geometry" / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return Counter((int(r["epoch"]), r["point"], r["metric"]) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> tuple[Path, dict]:
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    metrics = run(compose_train(run_dir, ["experiment=smoke"]))
+    return run_dir, metrics
+
+
+def test_smoke_run_writes_everything_a_user_reads(smoke_run):
+    run_dir, metrics = smoke_run
+    assert 0.0 <= metrics["val/acc_top1"] <= 1.0 and "val/acc_top5" in metrics
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert any(p.name.startswith("best_epoch_") for p in (run_dir / "checkpoints").iterdir()), "best checkpoint"
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert (run_dir / "config.yaml").is_file()
+    manifest = json.loads((run_dir / "analysis_subset.json").read_text())
+    assert manifest["source"] == "digits" and len(manifest["items"]) == 50
+    spectra = sorted(p.name for p in (run_dir / "geometry" / "spectra").glob("*.npz"))
+    assert spectra == ["epoch_0000.npz", "epoch_0001.npz", "epoch_0002.npz"]
+
+
+def test_smoke_run_records_each_epoch_once_per_point_and_metric(smoke_run):
+    run_dir, _ = smoke_run
+    counts = metric_epochs(run_dir)
+    assert set(counts.values()) == {1}
+    assert {epoch for epoch, _, _ in counts} == {0, 1, 2}
+    assert len({point for _, point, _ in counts}) == 7, "patch_embed, pos_embed, block_01..04, cls"
+
+
+def test_checkpoint_holds_the_trained_model_and_callback_state(smoke_run):
+    run_dir, _ = smoke_run
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["epoch"] == 1 and checkpoint["hyper_parameters"]["arch"]["depth"] == 4
+    geometry_state = [v for k, v in checkpoint["callbacks"].items() if "SpectralGeometryCallback" in k]
+    assert geometry_state and 1 in geometry_state[0]["observed_epochs"]
+
+
+CRASH_AFTER_2 = ["+callbacks.crash._target_=tests.helpers.CrashAtEpochStart", "+callbacks.crash.epoch=2"]
+
+
+def test_resume_after_a_crash_continues_records_without_duplicates(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SimulatedCrash):
+        run(compose_train(run_dir, [*FAST, "trainer.max_epochs=4", *CRASH_AFTER_2]))
+    assert {e for e, _, _ in metric_epochs(run_dir)} == {0, 1, 2}
+    run(compose_train(run_dir, [*FAST, "trainer.max_epochs=4", "ckpt_path=last"]))
+    counts = metric_epochs(run_dir)
+    assert {e for e, _, _ in counts} == {0, 1, 2, 3, 4}
+    assert set(counts.values()) == {1}, "no epoch observed twice"
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["epoch"] == 3
+
+
+def test_resume_observes_a_due_epoch_that_a_crash_left_unrecorded(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SimulatedCrash):
+        run(compose_train(run_dir, [*FAST, "trainer.max_epochs=3", *CRASH_AFTER_2]))
+    # As if the crash came after epoch 2's checkpoint was saved but before its observation was recorded.
+    (run_dir / "geometry" / "spectra" / "epoch_0002.npz").unlink()
+    run(compose_train(run_dir, [*FAST, "trainer.max_epochs=3", "ckpt_path=last"]))
+    counts = metric_epochs(run_dir)
+    assert {e for e, _, _ in counts} == {0, 1, 2, 3} and set(counts.values()) == {1}
+
+
+def test_ckpt_path_last_without_a_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="ckpt_path: .*last.ckpt' does not exist"):
+        resolve_ckpt_path("last", tmp_path)
+
+
+def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
+    result = run_cli([*FAST, "trainer.max_epochs=1", "callbacks.spectral_geometry.figures.spectra=false",
+                      f"hydra.run.dir={tmp_path / 'cli_run'}"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert f"[tgo] run directory: {tmp_path / 'cli_run'}" in output
+    assert "tensorboard --logdir" in output
+    assert (tmp_path / "cli_run" / "geometry" / "metrics.csv").is_file()
+
+
+def test_multirun_gives_each_job_its_own_directory(tmp_path):
+    result = run_cli(["-m", *FAST, "seed=0,1", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
+                      "callbacks.spectral_geometry.figures.spectra=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert jobs == ["0", "1"]
+    for job in jobs:
+        assert (tmp_path / "sweep" / job / "geometry" / "metrics.csv").is_file()
+        assert (tmp_path / "sweep" / job / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_ddp_relaunch_in_a_multirun_reruns_only_this_job(monkeypatch):
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    hydra_cfg = OmegaConf.create({"hydra": {"mode": "MULTIRUN", "overrides": {"task": ["seed=1", "experiment=smoke"]},
+                                            "run": {"dir": "outputs/default"},
+                                            "runtime": {"output_dir": "/sweep/1"}}})
+    from hydra.types import RunMode
+    hydra_cfg.hydra.mode = RunMode.MULTIRUN
+    OmegaConf.set_readonly(hydra_cfg.hydra, True)
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", hydra_cfg)
+    monkeypatch.setattr("sys.argv", ["tgo/train.py", "-m", "seed=0,1", "experiment=smoke"])
+    make_ddp_relaunch_job_local()
+    import sys
+    assert sys.argv == ["tgo/train.py", "seed=1", "experiment=smoke"]
+    assert HydraConfig.get().run.dir == "/sweep/1"
