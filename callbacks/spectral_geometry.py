@@ -12,7 +12,6 @@ the source of truth for what was already observed, so a resumed run neither repe
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from tgo import viz
 from tgo.errors import UserInputError
 from tgo.observatory.points import ObservationPoint, points_from_config, resolve_points, unwrap_model
-from tgo.observatory.sharded import ShardPlan, observe_dataset, summarize_observation
+from tgo.observatory.sharded import NonFiniteActivationsError, RecordPlan, ShardPlan, observe_and_record
 from tgo.records import RecordWriter, load_spectra
+
+__all__ = ["NonFiniteActivationsError", "SpectralGeometryCallback"]
 
 GRAM_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 NONFINITE_POLICIES = ("warn", "error")
@@ -36,10 +37,6 @@ CHART_OBSERVABLES = (
     "effective_rank", "stable_rank", "participation_ratio", "spectral_entropy", "spectral_anisotropy",
     "spectral_flatness", "offdiag_energy_fraction", "power_law_alpha",
 )
-
-
-class NonFiniteActivationsError(RuntimeError):
-    """Raised (with ``nonfinite='error'``) when an observation point produced NaN or Inf activations."""
 
 
 class SpectralGeometryCallback(L.Callback):
@@ -92,12 +89,13 @@ class SpectralGeometryCallback(L.Callback):
         self.num_workers = num_workers
         self.nonfinite = nonfinite
         self.covariance_epochs = None if covariance_epochs is None else {int(e) for e in covariance_epochs}
-        self.fit_range = tuple(fit_range) if fit_range is not None else None
+        self.fit_range = (int(fit_range[0]), int(fit_range[1])) if fit_range is not None else None
         self.figures = {"every_n_observations": 1, "spectra": True, "histograms": True, "heatmaps": True,
                         "decay": True, "layer_epoch": True, "heatmap_max_dim": 384, **dict(figures or {})}
         self.points: list[ObservationPoint] = []
         self.observed_epochs: list[int] = []
-        self.last_pass_seconds: float | None = None
+        self.last_pass_seconds: float | None = None  # stream + reduce + eigendecompose + records
+        self.last_logging_seconds: float | None = None  # TensorBoard scalars and figures
         self._writer: RecordWriter | None = None
         self._history: dict[str, list[tuple[int, np.ndarray]]] = {}
         self._scalars: dict[str, dict[str, dict[int, float]]] = {}
@@ -147,24 +145,20 @@ class SpectralGeometryCallback(L.Callback):
                          batch_size=self.batch_size or getattr(datamodule, "analysis_batch_size", 64),
                          num_workers=self.num_workers if self.num_workers is not None
                          else getattr(datamodule, "num_workers", 0))
-        accumulators = observe_dataset(self._network(pl_module), dataset, self.points, plan=plan,
-                                       all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
-                                       device=pl_module.device, gram_dtype=self.gram_dtype)
-        bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
-        if bad and self.nonfinite == "error":  # every rank sees the same reduced counts and raises together
-            raise NonFiniteActivationsError(f"epoch {epoch}: non-finite activations (rows per point): {bad}")
-        if trainer.is_global_zero:
-            if bad:
-                warnings.warn(f"[tgo] epoch {epoch}: non-finite activations at {bad} (rows excluded); their "
-                              "observables are recorded as NaN", RuntimeWarning, stacklevel=2)
-            fit = {} if self.fit_range is None else {"fit_start": self.fit_range[0], "fit_stop": self.fit_range[1]}
-            results = summarize_observation(accumulators, self.points, nan_if_nonfinite=True, **fit)
-            self.last_pass_seconds = time.perf_counter() - start
-            self._writer.write_observation(epoch, trainer.global_step, results,
-                                           with_covariance=self._keeps_covariance(epoch, trainer))
+        record = RecordPlan(writer=self._writer, epoch=epoch, step=trainer.global_step,
+                            with_covariance=self._keeps_covariance(epoch, trainer), nonfinite=self.nonfinite,
+                            fit_range=self.fit_range)
+        results = observe_and_record(self._network(pl_module), dataset, self.points, plan=plan, record=record,
+                                     all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
+                                     is_global_zero=trainer.is_global_zero, device=pl_module.device,
+                                     gram_dtype=self.gram_dtype)
+        self.last_pass_seconds = time.perf_counter() - start
+        if results is not None:
+            logging_start = time.perf_counter()
             self._log_tensorboard(trainer, epoch, results)
+            self.last_logging_seconds = time.perf_counter() - logging_start
             rank_zero_info(f"[tgo] geometry observed at epoch {epoch} over {len(dataset)} images in "
-                           f"{self.last_pass_seconds:.2f} s")
+                           f"{self.last_pass_seconds:.2f} s (+{self.last_logging_seconds:.2f} s TensorBoard figures)")
         self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
         trainer.strategy.barrier("tgo_geometry_observed")
 

@@ -7,6 +7,7 @@ size and a sum all-reduce.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,8 +15,9 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from tgo.observatory.observation import run_observation, summarize_observation
+from tgo.observatory.observation import PointResult, run_observation, summarize_observation
 from tgo.observatory.points import ObservationPoint
+from tgo.records import RecordWriter
 from tgo.spectral import StreamingCovariance, allreduce_accumulators
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
@@ -82,4 +84,67 @@ def observe_dataset(
     return accumulators
 
 
-__all__ = ["ShardPlan", "observe_dataset", "shard_loader", "summarize_observation"]
+class NonFiniteActivationsError(RuntimeError):
+    """Raised (with ``nonfinite='error'``) when an observation point produced NaN or Inf activations."""
+
+
+@dataclass(frozen=True)
+class RecordPlan:
+    """What to do with one observation once it is reduced.
+
+    Attributes:
+        writer: Where the records go (only used on rank 0).
+        epoch: Completed training epochs of the observed weights.
+        step: Optimiser steps of the observed weights.
+        with_covariance: Keep the full covariance matrices in the spectra file.
+        nonfinite: ``warn`` (NaN observables for the point, keep going) or ``error``.
+        fit_range: Optional ``(start, stop)`` of the power-law fit.
+    """
+
+    writer: RecordWriter
+    epoch: int
+    step: int
+    with_covariance: bool = False
+    nonfinite: str = "warn"
+    fit_range: tuple[int, int] | None = None
+
+
+def observe_and_record(
+    model: torch.nn.Module,
+    dataset: Dataset,
+    points: Sequence[ObservationPoint],
+    *,
+    plan: ShardPlan,
+    record: RecordPlan,
+    all_reduce_sum: SumFn,
+    is_global_zero: bool,
+    device: torch.device | str | None = None,
+    gram_dtype: torch.dtype = torch.float64,
+) -> dict[str, PointResult] | None:
+    """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
+
+    Collective: every rank must call it. Non-finite activations raise on every rank together (the counts are
+    reduced first), so an ``error`` policy cannot leave one rank waiting in a collective.
+
+    Returns:
+        The per-point results on rank 0, ``None`` on other ranks.
+    """
+    accumulators = observe_dataset(model, dataset, points, plan=plan, all_reduce_sum=all_reduce_sum, device=device,
+                                   gram_dtype=gram_dtype)
+    bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
+    if bad and record.nonfinite == "error":
+        raise NonFiniteActivationsError(f"epoch {record.epoch}: non-finite activations (rows per point): {bad}; "
+                                        "set nonfinite=warn to record NaN observables and continue")
+    if not is_global_zero:
+        return None
+    if bad:
+        warnings.warn(f"[tgo] epoch {record.epoch}: non-finite activations at {bad} (rows excluded); their "
+                      "observables are recorded as NaN", RuntimeWarning, stacklevel=2)
+    fit = {} if record.fit_range is None else {"fit_start": record.fit_range[0], "fit_stop": record.fit_range[1]}
+    results = summarize_observation(accumulators, points, nan_if_nonfinite=True, **fit)
+    record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)
+    return results
+
+
+__all__ = ["NonFiniteActivationsError", "RecordPlan", "ShardPlan", "observe_and_record", "observe_dataset",
+           "shard_loader"]
