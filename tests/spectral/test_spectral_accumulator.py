@@ -299,3 +299,18 @@ def test_float32_gram_is_close_but_float64_is_the_default():
     errors = relative_errors(_summary(acc32), _summary(BASELINE), METRIC_KEYS)
     assert 0 < max(errors.values()) <= 1e-6
     assert not math.isnan(sum(errors.values()))
+
+
+def test_works_inside_and_outside_inference_mode():
+    """The observation pass runs under inference mode; merging and resuming happen outside it."""
+    with torch.inference_mode():
+        acc = StreamingCovariance(DIM)
+        acc.update(torch.from_numpy(ROWS[:300]))
+    acc.update(torch.from_numpy(ROWS[300:450]))
+    with torch.inference_mode():
+        acc.update(torch.from_numpy(ROWS[450:]))
+        other = StreamingCovariance(DIM).merge(acc)
+    other.merge(StreamingCovariance(DIM))
+    _assert_same_state(acc, BASELINE)
+    _assert_same_state(other, BASELINE)
+    assert not acc.pack().is_inference()

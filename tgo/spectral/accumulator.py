@@ -17,9 +17,10 @@ it does (measured, see ``../shared/DESIGN.md``):
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -107,6 +108,26 @@ def strict_fp32_math(device_type: str) -> Iterator[None]:
                 setattr(namespace, attr, previous)
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _outside_inference_mode(method: F) -> F:
+    """Run a state-touching method with inference mode off.
+
+    The observation pass runs models under ``torch.inference_mode()``. State tensors created there would be inference
+    tensors, which torch forbids updating in place outside inference mode (a later ``merge`` or resumed ``update``
+    would fail). Keeping the state normal makes the accumulator work the same inside and outside; reading inference
+    tensors (the activations) is allowed either way.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with torch.inference_mode(False):
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _shifted_sums(
     s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,6 +176,7 @@ class StreamingCovariance:
         >>> cov = acc.covariance()         # float64 [384, 384], unbiased
     """
 
+    @_outside_inference_mode
     def __init__(self, dim: int, *, gram_dtype: torch.dtype = torch.float64, device: torch.device | str | None = None):
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValueError(f"StreamingCovariance: dim must be a positive int, got {dim!r}")
@@ -178,6 +200,7 @@ class StreamingCovariance:
         )
 
     # ------------------------------------------------------------------ streaming
+    @_outside_inference_mode
     def update(self, x: torch.Tensor) -> None:
         """Add the rows of one batch.
 
@@ -228,12 +251,14 @@ class StreamingCovariance:
         self.n += rows.shape[0]
 
     # ------------------------------------------------------------------ results
+    @_outside_inference_mode
     def mean(self) -> torch.Tensor:
         """Mean of the finite rows seen, float64 ``[dim]``; all-NaN when no rows were seen (documented, not raised)."""
         if self.n == 0 or self.shift is None:
             return torch.full((self.dim,), math.nan, dtype=torch.float64, device=self.device)
         return self.shift + self._s1 / self.n
 
+    @_outside_inference_mode
     def covariance(self) -> torch.Tensor:
         """Unbiased (``n - 1``) covariance of the finite rows, float64 ``[dim, dim]``, exactly symmetric.
 
@@ -251,6 +276,7 @@ class StreamingCovariance:
         return (cov + cov.T) / 2
 
     # ------------------------------------------------------------------ algebra
+    @_outside_inference_mode
     def reshift(self, new_shift: torch.Tensor) -> None:
         """Change the shift, exactly re-expressing the sums (used so that ranks agree on one shift before summing).
 
@@ -271,6 +297,7 @@ class StreamingCovariance:
             self._s1, self._s2 = _shifted_sums(self._s1, self._s2, self.n, self.shift - new)
         self.shift = new.clone()
 
+    @_outside_inference_mode
     def merge(self, other: StreamingCovariance) -> StreamingCovariance:
         """Add ``other``'s rows into ``self`` exactly (``other`` is not modified).
 
@@ -325,6 +352,7 @@ class StreamingCovariance:
             "sum_outer": self._s2.detach().cpu().clone(),
         }
 
+    @_outside_inference_mode
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` onto this accumulator's device.
 
@@ -360,6 +388,7 @@ class StreamingCovariance:
         """Length of :meth:`pack`'s output: ``2 + D + D^2``."""
         return 2 + self.dim + self.dim * self.dim
 
+    @_outside_inference_mode
     def pack(self) -> torch.Tensor:
         """Flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` on ``device``, for a sum collective.
 
@@ -372,6 +401,7 @@ class StreamingCovariance:
         counts = torch.tensor([float(self.n), float(self.n_nonfinite)], dtype=torch.float64, device=self.device)
         return torch.cat([counts, self._s1, self._s2.reshape(-1)])
 
+    @_outside_inference_mode
     def unpack_(self, flat: torch.Tensor) -> None:
         """Overwrite counts and sums from a (summed) :meth:`pack` tensor; the shift is kept as is.
 
