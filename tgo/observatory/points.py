@@ -16,6 +16,12 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import torch
 from torch import nn
 
+from tgo.errors import UserInputError
+
+
+class PointConfigError(UserInputError):
+    """An observation point is ill-defined or names a module the model does not have (raised before training)."""
+
 __all__ = [
     "READS",
     "TOKENS",
@@ -60,19 +66,19 @@ class ObservationPoint:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
-            raise ValueError(
+            raise PointConfigError(
                 f"ObservationPoint name must be a non-empty string of letters, digits, '_', '.', '-' "
                 f"(it becomes an npz key, a CSV cell and a TensorBoard tag); got {self.name!r}"
             )
         if not isinstance(self.module, str) or not self.module or self.module != self.module.strip():
-            raise ValueError(
+            raise PointConfigError(
                 f"ObservationPoint {self.name!r}: module must be a non-empty dotted path as in "
                 f"model.named_modules() (e.g. 'blocks.5.attn'); got {self.module!r}"
             )
         if self.read not in READS:
-            raise ValueError(f"ObservationPoint {self.name!r}: read must be one of {READS}; got {self.read!r}")
+            raise PointConfigError(f"ObservationPoint {self.name!r}: read must be one of {READS}; got {self.read!r}")
         if self.tokens not in TOKENS:
-            raise ValueError(f"ObservationPoint {self.name!r}: tokens must be one of {TOKENS}; got {self.tokens!r}")
+            raise PointConfigError(f"ObservationPoint {self.name!r}: tokens must be one of {TOKENS}; got {self.tokens!r}")
 
     def to_dict(self) -> dict[str, str]:
         """Plain dict of the fields, the same shape `points_from_config` accepts under ``extra``."""
@@ -190,37 +196,37 @@ def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None =
     if spec is None:
         spec = {"preset": "vit"}
     if not isinstance(spec, Mapping):
-        raise ValueError(f"observation points config must be a mapping with keys {sorted(_CONFIG_KEYS)}; got {spec!r}")
+        raise PointConfigError(f"observation points config must be a mapping with keys {sorted(_CONFIG_KEYS)}; got {spec!r}")
     unknown = set(spec) - _CONFIG_KEYS
     if unknown:
-        raise ValueError(
+        raise PointConfigError(
             f"observation points config: unknown key(s) {sorted(unknown)}; expected {sorted(_CONFIG_KEYS)}"
         )
     points: list[ObservationPoint] = []
     preset = spec.get("preset", None)
     if preset is not None:
         if preset not in _PRESETS:
-            raise ValueError(f"observation points config: unknown preset {preset!r}; expected one of "
+            raise PointConfigError(f"observation points config: unknown preset {preset!r}; expected one of "
                              f"{sorted(_PRESETS)} or null")
         if model is None:
-            raise ValueError(f"observation points preset {preset!r} needs the model (its depth decides the points)")
+            raise PointConfigError(f"observation points preset {preset!r} needs the model (its depth decides the points)")
         points += _PRESETS[preset](model)
     extra = spec.get("extra", None) or []
     if isinstance(extra, (str, bytes)) or not isinstance(extra, Sequence):
-        raise ValueError(f"observation points config: extra must be a list of point mappings; got {extra!r}")
+        raise PointConfigError(f"observation points config: extra must be a list of point mappings; got {extra!r}")
     for i, entry in enumerate(extra):
         if isinstance(entry, ObservationPoint):
             points.append(entry)
             continue
         if not isinstance(entry, Mapping):
-            raise ValueError(f"observation points config: extra[{i}] must be a mapping with keys "
+            raise PointConfigError(f"observation points config: extra[{i}] must be a mapping with keys "
                              f"{sorted(_POINT_KEYS)}; got {entry!r}")
         bad = set(entry) - _POINT_KEYS
         if bad:
-            raise ValueError(f"observation points config: extra[{i}] has unknown key(s) {sorted(bad)}; expected "
+            raise PointConfigError(f"observation points config: extra[{i}] has unknown key(s) {sorted(bad)}; expected "
                              f"{sorted(_POINT_KEYS)}")
         if "name" not in entry or "module" not in entry:
-            raise ValueError(f"observation points config: extra[{i}] needs 'name' and 'module'; got {dict(entry)}")
+            raise PointConfigError(f"observation points config: extra[{i}] needs 'name' and 'module'; got {dict(entry)}")
         points.append(ObservationPoint(**entry))
     _check_unique(points)
     return points
@@ -234,7 +240,7 @@ def _check_unique(points: Iterable[ObservationPoint]) -> None:
             dups.append(p.name)
         seen.add(p.name)
     if dups:
-        raise ValueError(f"duplicate observation point name(s) {dups}: names key the records, they must be unique")
+        raise PointConfigError(f"duplicate observation point name(s) {dups}: names key the records, they must be unique")
 
 
 def _summarize_module_names(names: Iterable[str], max_depth: int = 3) -> list[str]:
@@ -296,7 +302,7 @@ def resolve_points(model: nn.Module, points: Sequence[ObservationPoint]) -> dict
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             lines.append(f"  point {p.name!r}: no module {p.module!r}{hint}")
         available = ", ".join(_summarize_module_names(names))
-        raise ValueError(
+        raise PointConfigError(
             f"unknown module path(s) for observation point(s) in {type(model).__name__}:\n" + "\n".join(lines)
             + f"\navailable module paths (numbered siblings collapsed, depth <= 3): {available}"
         )

@@ -8,12 +8,11 @@ size and a sum all-reduce.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tgo.observatory.observation import PointResult, run_observation, summarize_observation
 from tgo.observatory.points import ObservationPoint
@@ -40,13 +39,29 @@ class ShardPlan:
     num_workers: int = 0
 
 
-def shard_loader(dataset: Dataset, plan: ShardPlan) -> DataLoader:
-    """A loader over this rank's disjoint shard: no padding, so every image is counted exactly once overall.
+class ShardSampler(Sampler[int]):
+    """Indices ``rank, rank + world_size, ...``: disjoint shards that cover the dataset once, without padding.
 
     ``torch.utils.data.DistributedSampler`` pads the last shard with repeated images (1001 items on 2 ranks ->
-    1002); Lightning's ``UnrepeatedDistributedSampler`` gives ranks uneven shards instead, possibly empty ones.
+    1002, one image counted twice). Lightning's ``UnrepeatedDistributedSampler`` does not pad but asserts when a
+    rank would get no item (more ranks than images); here an empty shard is simply empty.
     """
-    sampler = UnrepeatedDistributedSampler(dataset, num_replicas=plan.world_size, rank=plan.rank, shuffle=False)
+
+    def __init__(self, length: int, rank: int, world_size: int) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.indices = range(rank, length, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def shard_loader(dataset: Dataset, plan: ShardPlan) -> DataLoader:
+    """A loader over this rank's disjoint shard: every image is counted exactly once over all ranks."""
+    sampler = ShardSampler(len(dataset), plan.rank, plan.world_size)
     return DataLoader(dataset, batch_size=plan.batch_size, sampler=sampler, num_workers=plan.num_workers,
                       shuffle=False, drop_last=False)
 
@@ -146,5 +161,5 @@ def observe_and_record(
     return results
 
 
-__all__ = ["NonFiniteActivationsError", "RecordPlan", "ShardPlan", "observe_and_record", "observe_dataset",
+__all__ = ["NonFiniteActivationsError", "RecordPlan", "ShardPlan", "ShardSampler", "observe_and_record", "observe_dataset",
            "shard_loader"]
