@@ -1,0 +1,147 @@
+"""The report's figures as PNG files, drawn with the same `tgo.viz` functions the callback sends to TensorBoard.
+
+Each function writes files under ``<report>/figures/`` and returns `FigureRef` entries (path relative to the
+report, caption) that `tgo.report.html` lays out. Nothing here decides what a finding is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tgo import viz
+from tgo.report.aggregate import Aggregate
+from tgo.report.runs import RunData
+from tgo.spectral.observables import singular_values
+
+__all__ = ["FIGURE_OBSERVABLES", "FigureRef", "observable_figures", "spectrum_figures"]
+
+FIGURE_OBSERVABLES: tuple[str, ...] = (
+    "effective_rank", "stable_rank", "participation_ratio", "spectral_entropy", "spectral_anisotropy",
+    "spectral_flatness", "offdiag_energy_fraction", "power_law_alpha", "mean_abs_offdiag_correlation",
+    "components_90",
+)
+"""Observables drawn against epoch (one line per point) and as layer x epoch heatmaps, in this order."""
+
+
+@dataclass(frozen=True)
+class FigureRef:
+    """One figure of the report.
+
+    Attributes:
+        section: Which report section it belongs to.
+        path: PNG path relative to the report directory (``figures/<name>.png``).
+        caption: What it shows, including how bands and overlays were made.
+    """
+
+    section: str
+    path: str
+    caption: str
+
+
+def _save(fig: object, figures_dir: Path, name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name)
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(figures_dir / f"{safe}.png", format="png")  # type: ignore[attr-defined]
+    viz.close(fig)  # type: ignore[arg-type]
+    return f"{figures_dir.name}/{safe}.png"
+
+
+def observable_figures(aggregate: Aggregate, figures_dir: Path, *,
+                       reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]] | None = None,
+                       metrics: Sequence[str] = FIGURE_OBSERVABLES) -> list[FigureRef]:
+    """Each observable against epoch (one line per point) and as a layer x epoch heatmap.
+
+    Args:
+        aggregate: The runs' mean (a single run is its own mean, with no band).
+        figures_dir: Where PNGs go.
+        reference: Published series drawn dashed (only for observables it holds).
+        metrics: Observables to draw; those not recorded are skipped.
+
+    Returns:
+        Two `FigureRef` per drawn observable (lines, heatmap).
+    """
+    refs: list[FigureRef] = []
+    several = aggregate.n_runs > 1
+    for metric in metrics:
+        per_point = aggregate.mean.get(metric)
+        if not per_point:
+            continue
+        points = [p for p in aggregate.points if p in per_point]
+        series = {p: per_point[p] for p in points}
+        ref = {p: reference[metric][p] for p in points if reference and p in reference.get(metric, {})} or None
+        title = f"{metric}" + (f" (mean of {aggregate.n_runs} runs)" if several else "")
+        fig = viz.observable_lines_figure(series, title=title, bands=aggregate.bands(metric) if several else None,
+                                          reference=ref)
+        caption = f"{metric} against epoch, one line per point"
+        if several:
+            caption += f"; line = mean of {aggregate.n_runs} runs, band = mean ± 1 standard deviation"
+        if ref:
+            caption += "; dashed = published TGO-I measurements"
+        refs.append(FigureRef("observables", _save(fig, figures_dir, f"lines_{metric}"), caption))
+        epochs = sorted({int(e) for p in points for e in series[p][0]})
+        values = np.full((len(points), len(epochs)), np.nan)
+        column = {e: j for j, e in enumerate(epochs)}
+        for i, p in enumerate(points):
+            for e, v in zip(*series[p]):
+                values[i, column[int(e)]] = v
+        fig = viz.layer_epoch_heatmap_figure(values, points, epochs, title=title)
+        refs.append(FigureRef("heatmaps", _save(fig, figures_dir, f"layer_epoch_{metric}"),
+                              f"{metric}: points (depth) x epoch" + (" (mean over runs)" if several else "")))
+    return refs
+
+
+def spectrum_figures(run: RunData, figures_dir: Path, *, heatmap_max_dim: int = 192,
+                     correlation: bool = True) -> list[FigureRef]:
+    """Spectra over epochs, decay curves and correlation heatmaps of one run (from its spectra files).
+
+    Args:
+        run: The run (for several runs, the report draws the first one's spectra).
+        figures_dir: Where PNGs go.
+        heatmap_max_dim: Show at most this many features in correlation heatmaps.
+        correlation: Draw correlation heatmaps where covariances were stored (first and last observation).
+
+    Returns:
+        Per point eigenvalue and singular value histories, decay curves at the first and last epoch, and
+        correlation heatmaps at the first and last epoch that stored covariances.
+    """
+    spectra = run.spectra()
+    if not spectra:
+        return []
+    epochs = sorted(spectra)
+    points = [p for p in run.points if any(p in spectra[e] for e in epochs)]
+    refs: list[FigureRef] = []
+    for point in points:
+        eig_history = [(e, spectra[e][point]["eigenvalues"]) for e in epochs if point in spectra[e]]
+        fig = viz.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues")
+        refs.append(FigureRef("spectra", _save(fig, figures_dir, f"eigenvalues_{point}"),
+                              f"{point}: covariance eigenvalues by index (log-log), later epochs darker "
+                              f"(run {run.name})"))
+        sv_history = [(e, singular_values(spectra[e][point]["eigenvalues"], int(spectra[e][point]["n_rows"])))
+                      for e in epochs if point in spectra[e]]
+        fig = viz.spectrum_history_figure(sv_history, title=f"{point}: singular values", ylabel="singular value")
+        refs.append(FigureRef("spectra", _save(fig, figures_dir, f"singular_values_{point}"),
+                              f"{point}: singular values sqrt(eigenvalue) (run {run.name})"))
+    for epoch in dict.fromkeys((epochs[0], epochs[-1])):
+        decay = {p: spectra[epoch][p]["eigenvalues"] for p in points if p in spectra[epoch]}
+        fig = viz.decay_curves_figure(decay, title=f"decay, epoch {epoch}")
+        refs.append(FigureRef("decay", _save(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
+                              f"spectral decay lambda_i / lambda_1 at epoch {epoch}, one line per point "
+                              f"(run {run.name})"))
+    if correlation:
+        with_cov = [e for e in epochs if any("covariance" in arrays for arrays in spectra[e].values())]
+        for epoch in dict.fromkeys(with_cov[:1] + with_cov[-1:]):
+            for point in points:
+                cov = spectra[epoch].get(point, {}).get("covariance")
+                if cov is None or not np.all(np.isfinite(cov)):
+                    continue
+                fig = viz.correlation_heatmap_figure(cov, title=f"{point} correlation, epoch {epoch}",
+                                                     max_dim=heatmap_max_dim)
+                refs.append(FigureRef("correlation", _save(fig, figures_dir, f"correlation_{point}_{epoch:04d}"),
+                                      f"{point}: feature correlation at epoch {epoch} (first {heatmap_max_dim} "
+                                      f"features; run {run.name})"))
+    return refs

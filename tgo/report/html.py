@@ -1,0 +1,121 @@
+"""A small, dependency-free HTML writer for the report: inline CSS, no scripts, no CDN, so it opens offline.
+
+Figures are referenced as ``figures/<name>.png`` beside ``index.html`` or, with ``embed=True``, inlined as base64
+data URIs so the single file can be mailed around.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tgo.report.figures import FigureRef
+
+__all__ = ["Section", "Table", "render_page"]
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.8em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+tr.holds td.v { background: #d9f2d9; } tr.reverses td.v { background: #fff1c9; }
+tr.fails td.v { background: #f8d7d7; } tr.na td.v { background: #eee; }
+.grid { display: flex; flex-wrap: wrap; gap: 10px; }
+figure { margin: 0; max-width: 560px; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.75em; color: #555; }
+.note { font-size: 0.85em; color: #444; } code { background: #f4f4f4; padding: 0 3px; }
+"""
+
+_VERDICT_CLASS = {"holds": "holds", "holds then reverses": "reverses", "does not hold": "fails", "n/a": "na"}
+
+
+@dataclass
+class Table:
+    """A table whose cells are already formatted strings.
+
+    Attributes:
+        headers: Column names.
+        rows: Cell strings per row.
+        left: Indices of left-aligned (text) columns.
+        verdict_column: Index of a verdict column: its row gets a colour class.
+    """
+
+    headers: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    left: Sequence[int] = ()
+    verdict_column: int | None = None
+
+    def render(self) -> str:
+        """The table as HTML."""
+        def cls(i: int) -> str:
+            return ' class="l"' if i in self.left else ""
+
+        head = "".join(f"<th{cls(i)}>{html.escape(h)}</th>" for i, h in enumerate(self.headers))
+        body = []
+        for row in self.rows:
+            row_cls = ""
+            if self.verdict_column is not None:
+                row_cls = f' class="{_VERDICT_CLASS.get(str(row[self.verdict_column]).split(" (")[0], "")}"'
+            cells = "".join(
+                f'<td class="{"l " if i in self.left else ""}{"v" if i == self.verdict_column else ""}">'
+                f"{html.escape(str(c))}</td>" for i, c in enumerate(row))
+            body.append(f"<tr{row_cls}>{cells}</tr>")
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+@dataclass
+class Section:
+    """A titled part of the page: paragraphs, tables, then a grid of figures.
+
+    Attributes:
+        title: Heading.
+        anchor: ``id`` for the table of contents.
+        paragraphs: Plain-text paragraphs (escaped).
+        tables: Tables, in order.
+        figures: Figures, laid out in a wrapping grid.
+    """
+
+    title: str
+    anchor: str
+    paragraphs: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    figures: list[FigureRef] = field(default_factory=list)
+
+
+def _image_src(figure: FigureRef, report_dir: Path, embed: bool) -> str:
+    if not embed:
+        return html.escape(figure.path)
+    data = base64.b64encode((report_dir / figure.path).read_bytes()).decode("ascii")
+    return f"data:image/png;base64,{data}"
+
+
+def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, embed: bool = False) -> str:
+    """The whole report page.
+
+    Args:
+        title: Page title and heading.
+        sections: Sections in order (a contents list links to each).
+        report_dir: The report directory (to read PNGs when embedding).
+        embed: Inline figures as base64 instead of linking ``figures/*.png``.
+
+    Returns:
+        HTML text (UTF-8 safe; everything user-provided is escaped).
+    """
+    contents = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1><ul>{contents}</ul>"]
+    for s in sections:
+        parts.append(f'<h2 id="{s.anchor}">{html.escape(s.title)}</h2>')
+        parts += [f'<p class="note">{html.escape(p)}</p>' for p in s.paragraphs]
+        parts += [t.render() for t in s.tables]
+        if s.figures:
+            figs = "".join(
+                f'<figure><img src="{_image_src(f, report_dir, embed)}" alt="{html.escape(f.caption)}">'
+                f"<figcaption>{html.escape(f.caption)}</figcaption></figure>" for f in s.figures)
+            parts.append(f'<div class="grid">{figs}</div>')
+    parts.append("</body></html>")
+    return "\n".join(parts)
