@@ -206,25 +206,23 @@ class SpectralGeometryCallback(L.Callback):
             positive = eigenvalues[np.isfinite(eigenvalues) & (eigenvalues > 0)]
             if figures["histograms"] and positive.size:
                 writer.add_histogram(f"spectrum_log10/{name}", np.log10(positive), global_step=epoch)
-            if figures["spectra"]:
-                self._add_figure(writer, f"spectra/{name}",
-                                 viz.spectrum_history_figure(self._history[name], title=name), epoch)
             if figures["heatmaps"] and np.all(np.isfinite(result.covariance)):
-                self._add_figure(writer, f"correlation/{name}", viz.correlation_heatmap_figure(
-                    result.covariance, title=f"{name} correlation, epoch {epoch}",
-                    max_dim=int(figures["heatmap_max_dim"])), epoch)
+                image = viz.correlation_image(result.covariance, max_dim=int(figures["heatmap_max_dim"]))
+                writer.add_image(f"correlation/{name}", image, global_step=epoch, dataformats="HWC")
+        if figures["spectra"]:
+            histories = {name: self._history[name] for name in results}
+            self._add_figure(writer, "spectra/all_points", viz.spectra_grid_figure(histories), epoch)
         if figures["decay"]:
             spectra = {name: result.spectrum.eigenvalues for name, result in results.items()}
             self._add_figure(writer, "decay/all_points", viz.decay_curves_figure(spectra, title=f"epoch {epoch}"),
                              epoch)
         if figures["layer_epoch"]:
             names = list(results)
-            for metric in CHART_OBSERVABLES:
-                per_point = self._scalars.get(metric, {})
-                epochs = sorted({e for series in per_point.values() for e in series})
-                values = np.array([[per_point.get(p, {}).get(e, np.nan) for e in epochs] for p in names])
-                self._add_figure(writer, f"layer_epoch/{metric}",
-                                 viz.layer_epoch_heatmap_figure(values, names, epochs, title=metric), epoch)
+            epochs = sorted({e for series in self._scalars.get(CHART_OBSERVABLES[0], {}).values() for e in series})
+            tables = {metric: np.array([[self._scalars.get(metric, {}).get(p, {}).get(e, np.nan) for e in epochs]
+                                        for p in names]) for metric in CHART_OBSERVABLES}
+            self._add_figure(writer, "layer_epoch/all_observables", viz.layer_epoch_grid_figure(tables, names, epochs),
+                             epoch)
 
     @staticmethod
     def _add_figure(writer: Any, tag: str, fig: Any, epoch: int) -> None:
