@@ -1,0 +1,113 @@
+"""``python -m tgo.observe``: re-observing saved models reproduces the callback's records; bad input is one error."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tgo.observe import (
+    CheckpointMismatchError,
+    ObserveError,
+    checkpoint_epoch,
+    find_checkpoints,
+    main,
+    observe,
+)
+from tgo.records import RecordWriter, load_spectra
+from tgo.report.build import build_report
+
+TINY_TIMM = ["data.image_size=16", "data.analysis.per_class=2", "model.arch.patch_size=4", "model.arch.depth=2",
+             "model.arch.embed_dim=16", "model.arch.num_heads=2"]
+
+
+def metric_values(run_dir: Path, epoch: int) -> dict[tuple[str, str], float]:
+    return {(r["point"], r["metric"]): float(r["value"]) for r in RecordWriter(run_dir).metric_rows()
+            if int(r["epoch"]) == epoch}
+
+
+def test_the_last_checkpoint_reproduces_the_callbacks_last_record(smoke_run: Path, tmp_path: Path):
+    out = tmp_path / "observed"
+    (source,) = observe(checkpoint=str(smoke_run / "checkpoints" / "last.ckpt"), out=out)
+    assert source.epoch == 2  # checkpoint["epoch"] == 1 at the end of the 2nd epoch; the callback says epoch 2
+    trained = load_spectra(smoke_run, epochs=[2])[2]
+    again = load_spectra(out)[2]
+    assert list(again) == list(trained)  # every point, same order
+    for point, arrays in trained.items():
+        np.testing.assert_allclose(again[point]["eigenvalues"], arrays["eigenvalues"], rtol=1e-10,
+                                   atol=1e-10 * arrays["eigenvalues"][0])
+        assert int(again[point]["n_rows"]) == int(arrays["n_rows"])
+        np.testing.assert_allclose(again[point]["covariance"], arrays["covariance"], rtol=1e-10, atol=1e-12)
+    ours, theirs = metric_values(out, 2), metric_values(smoke_run, 2)
+    assert ours.keys() == theirs.keys()
+    np.testing.assert_allclose([ours[k] for k in theirs], list(theirs.values()), rtol=1e-10, equal_nan=True)
+    assert (out / "analysis_subset.json").is_file() and (out / "config.yaml").is_file()
+    build_report([out], correlation=False)  # the report reads what observe writes
+
+
+def test_a_checkpoints_directory_is_a_trajectory_in_epoch_order(smoke_run: Path, tmp_path: Path):
+    sources = find_checkpoints(smoke_run / "checkpoints")
+    assert [(s.path.name, s.epoch) for s in sources] == [("best_epoch_000.ckpt", 1), ("last.ckpt", 2)]
+    duplicate = tmp_path / "ckpts"
+    shutil.copytree(smoke_run / "checkpoints", duplicate)
+    shutil.copy(duplicate / "last.ckpt", duplicate / "copy_of_last.ckpt")  # same epoch and step: counted once
+    assert [s.epoch for s in find_checkpoints(duplicate)] == [1, 2]
+
+
+def test_epoch_label_is_the_number_of_completed_epochs():
+    end_of_second = {"epoch": 1, "loops": {"fit_loop": {"epoch_progress": {"current": {
+        "ready": 2, "started": 2, "processed": 2, "completed": 1}}}}}
+    assert checkpoint_epoch(end_of_second) == (2, True)
+    mid_second = {"epoch": 1, "loops": {"fit_loop": {"epoch_progress": {"current": {
+        "ready": 2, "started": 2, "processed": 1, "completed": 1}}}}}
+    assert checkpoint_epoch(mid_second) == (1, False)
+    assert checkpoint_epoch({"epoch": 4}) == (5, True)  # no loop state: saved at an epoch end
+
+
+def test_a_random_timm_model_with_data_from_the_config_tree(tmp_path: Path):
+    out = tmp_path / "timm"
+    assert main(["--timm", "vit_tiny_patch16_224", "--seed", "3", "--out", str(out), *TINY_TIMM]) == 0
+    spectra = load_spectra(out)
+    assert list(spectra) == [0]
+    assert list(spectra[0]) == ["patch_embed", "pos_embed", "block_01", "block_02", "cls"]
+    assert int(spectra[0]["cls"]["n_rows"]) == 20  # 2 images x 10 digit classes, one CLS row each
+
+
+def test_a_weights_file_that_does_not_fit_names_the_keys(tmp_path: Path):
+    import timm
+
+    weights = tmp_path / "w.pth"
+    net = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=3, embed_dim=16, num_heads=2)
+    torch.save(net.state_dict(), weights)
+    with pytest.raises(CheckpointMismatchError, match=r"unexpected keys: blocks\.2\."):
+        observe(timm_name="vit_tiny_patch16_224", weights=str(weights), out=tmp_path / "o", overrides=TINY_TIMM)
+
+
+def test_a_checkpoint_that_does_not_fit_its_model_names_the_keys(smoke_run: Path, tmp_path: Path):
+    checkpoint = torch.load(smoke_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint["hyper_parameters"]["arch"]["depth"] = 3  # the stored weights have 4 blocks
+    bad = tmp_path / "bad.ckpt"
+    torch.save(checkpoint, bad)
+    with pytest.raises(CheckpointMismatchError, match=r"unexpected keys: blocks\.3\.norm1\.weight"):
+        observe(checkpoint=str(bad), out=tmp_path / "o", overrides=["data.image_size=16"])
+
+
+def test_bad_inputs_are_one_line_errors_with_status_2(smoke_run: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]):
+    assert main(["--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "o")]) == 2
+    assert "no such checkpoint file" in capsys.readouterr().err
+    with pytest.raises(ObserveError, match="not a run directory"):
+        observe(run=str(tmp_path), out=tmp_path / "o")
+    with pytest.raises(ObserveError, match="no \\*.ckpt files"):
+        observe(checkpoints=str(tmp_path), out=tmp_path / "o")
+    with pytest.raises(ObserveError, match="not a readable PyTorch checkpoint"):
+        observe(checkpoint=str(smoke_run / "config.yaml"), out=tmp_path / "o")
+    with pytest.raises(ObserveError, match="already holds geometry records"):
+        observe(checkpoint=str(smoke_run / "checkpoints" / "last.ckpt"), out=smoke_run)
+    with pytest.raises(ObserveError, match="only apply to --timm"):
+        observe(checkpoint=str(smoke_run / "checkpoints" / "last.ckpt"), weights="w.pth", out=tmp_path / "o")
+    with pytest.raises(ObserveError, match="bad override"):
+        observe(timm_name="vit_tiny_patch16_224", out=tmp_path / "o", overrides=["data.no_such_key=1"])
