@@ -219,14 +219,23 @@ class StreamingCovariance:
                 f"StreamingCovariance.update: expected last dimension {self.dim} (shape [..., {self.dim}]), "
                 f"got shape {tuple(x.shape)}"
             )
-        rows = x.detach().reshape(-1, self.dim).to(device=self.device, dtype=torch.float64)
+        rows = x.detach().reshape(-1, self.dim).to(device=self.device)
         if rows.shape[0] == 0:
             return
+        # The rows are never copied to float64 as a whole: ``rows - shift`` promotes to the Gram dtype inside one
+        # kernel (a float64 Gram reads float32 activations and writes float64 centred rows in the same pass). With a
+        # float32 Gram the centring itself runs in float32 against a shift rounded to float32; any fixed shift is exact
+        # algebra, and the centred rows would be rounded to float32 for the product anyway. Integer or float64 input
+        # is centred in float64.
+        work = torch.float32 if self.gram_dtype == torch.float32 and rows.is_floating_point() and (
+            rows.dtype != torch.float64) else torch.float64
+        if rows.is_floating_point() and rows.dtype not in (torch.float32, torch.float64):
+            rows = rows.to(work)  # float16/bfloat16 -> exact widening
         # Fast path: NaN/Inf anywhere propagates into the column sums, so one [D] check (one host sync) screens the
         # whole batch; only a batch that fails it pays for the per-row filter.
-        shift = rows.mean(dim=0) if self.n == 0 else self.shift
-        centred = rows - shift
-        col_sum = centred.sum(dim=0)
+        shift = self._first_shift(rows, work) if self.n == 0 else self.shift
+        centred = rows - shift.to(work)
+        col_sum = centred.sum(dim=0, dtype=torch.float64)
         if not bool(torch.isfinite(col_sum).all()):
             finite = torch.isfinite(rows).all(dim=1)
             n_finite = int(finite.sum().item())
@@ -234,9 +243,9 @@ class StreamingCovariance:
             if n_finite == 0:
                 return
             rows = rows[finite]
-            shift = rows.mean(dim=0) if self.n == 0 else self.shift
-            centred = rows - shift
-            col_sum = centred.sum(dim=0)
+            shift = self._first_shift(rows, work) if self.n == 0 else self.shift
+            centred = rows - shift.to(work)
+            col_sum = centred.sum(dim=0, dtype=torch.float64)
         if self.n == 0:
             # The sums are zero, so (re)setting the shift is exact; this also replaces a placeholder shift adopted from
             # an all-reduce in which no rank had rows.
@@ -246,9 +255,15 @@ class StreamingCovariance:
             if self.gram_dtype == torch.float64:
                 self._s2.addmm_(centred.T, centred)
             else:
-                c32 = centred.to(torch.float32)
+                c32 = centred.to(torch.float32)  # no copy when the centring ran in float32
                 self._s2 += torch.mm(c32.T, c32).to(torch.float64)
         self.n += rows.shape[0]
+
+    @staticmethod
+    def _first_shift(rows: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+        """The first batch's mean in float64, rounded to ``work`` so that ``rows - shift`` in ``work`` uses it exactly."""
+        shift = rows.mean(dim=0, dtype=torch.float64)
+        return shift.to(work).to(torch.float64) if work != torch.float64 else shift
 
     # ------------------------------------------------------------------ results
     @_outside_inference_mode
