@@ -1,0 +1,351 @@
+"""Shared pieces of the observation benchmarks: models, images, the naive baseline, timing and memory measurement.
+
+Nothing here asserts anything: it measures. Timing follows two rules because the development machine is shared
+(2 cores, other processes running): compared variants are *interleaved* (baseline, A, baseline, B, baseline, ...)
+so drifting load hits all of them alike, and every figure is a *median* of repeats or a median of paired ratios
+(each variant run divided by the mean of the two baseline runs around it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+MB = 1024**2
+
+
+# ---------------------------------------------------------------------------------------------------- environment
+def environment() -> dict[str, Any]:
+    """Which BLAS/threads/devices the benchmark ran with (printed above the table and stored in the JSON)."""
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "cuda": torch.cuda.is_available(),
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
+    }
+    parallel = torch.__config__.parallel_info()
+    info["torch_parallel_info"] = parallel
+    keep = ("ATen parallel backend", "Math Kernel Library", "MKL-DNN", "oneDNN", "OpenMP 20", "OpenBLAS")
+    info["torch_blas"] = "; ".join(line.strip() for line in parallel.splitlines() if any(k in line for k in keep))
+    try:
+        from threadpoolctl import threadpool_info
+
+        info["numpy_threadpools"] = [
+            {k: pool.get(k) for k in ("user_api", "internal_api", "version", "num_threads", "threading_layer")}
+            for pool in threadpool_info()
+        ]
+    except ImportError:
+        info["numpy_threadpools"] = "threadpoolctl not installed"
+    return info
+
+
+def environment_line(info: dict[str, Any]) -> str:
+    """One line naming BLAS and threads."""
+    pools = info["numpy_threadpools"]
+    if isinstance(pools, list):
+        numpy_blas = ", ".join(f"{p['internal_api']} {p['version'] or ''} x{p['num_threads']} ({p['user_api']})".replace(
+            "  ", " ") for p in pools)
+    else:
+        numpy_blas = pools
+    cuda = ", ".join(info["cuda_devices"]) or "no GPU"
+    return (f"torch {info['torch']}: {info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op threads; "
+            f"{info['torch_blas']} | numpy thread pools: {numpy_blas} | {info['cpu_count']} CPUs, {cuda}, "
+            f"load average {info['load_average_1m']} at start")
+
+
+# ---------------------------------------------------------------------------------------------------- models, images
+def vit_small(device: torch.device | str = "cpu", seed: int = 0) -> torch.nn.Module:
+    """timm ``vit_small_patch16_224``, random init (no download), eval mode."""
+    import timm
+
+    torch.manual_seed(seed)
+    return timm.create_model("vit_small_patch16_224", pretrained=False).eval().to(device)
+
+
+def quickstart_net(device: torch.device | str = "cpu", seed: int = 0, num_classes: int = 10,
+                   img_size: int = 24) -> torch.nn.Module:
+    """The quickstart network (``conf/model/vit_quickstart.yaml``: width 96, depth 12, patch 4 at 24 px), random init."""
+    from omegaconf import OmegaConf
+
+    from tgo.model import build_timm_model
+
+    cfg = OmegaConf.load(CONF / "model" / "vit_quickstart.yaml")
+    torch.manual_seed(seed)
+    net = build_timm_model(cfg.name, num_classes=num_classes, img_size=img_size, in_chans=3,
+                           **OmegaConf.to_container(cfg.arch))
+    return net.eval().to(device)
+
+
+def random_images(n: int, size: int, seed: int = 0) -> TensorDataset:
+    """``n`` normalised-noise RGB images (and zero labels), materialised once so data loading costs nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 3, size, size, generator=gen), torch.zeros(n, dtype=torch.long))
+
+
+def compose_quickstart(output_dir: Path, overrides: Sequence[str] = ()) -> Any:
+    """``conf/train.yaml`` with the quickstart experiment, composed as ``python -m tgo.train`` would."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=[f"paths.output_dir={output_dir}", *overrides])
+
+
+def quickstart_analysis_images() -> tuple[TensorDataset, int]:
+    """The quickstart analysis subset (real digits, eval transform) materialised, and its configured batch size."""
+    from hydra.utils import instantiate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose_quickstart(Path(tmp))
+        datamodule = instantiate(cfg.data).validate()
+        dataset = datamodule.analysis_dataset
+        images = torch.stack([dataset[i][0] for i in range(len(dataset))])
+        return TensorDataset(images, torch.zeros(len(images), dtype=torch.long)), int(datamodule.analysis_batch_size)
+
+
+# ---------------------------------------------------------------------------------------------------- the passes
+def plain_forward(net: torch.nn.Module, dataset: TensorDataset, batch_size: int, device: torch.device) -> None:
+    """The denominator: eval mode, inference mode, the same loader over the same images."""
+    net.eval()
+    with torch.inference_mode():
+        for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            net(images.to(device, non_blocking=True))
+    synchronize(device)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Store:
+    """The naive baseline's 'accumulator': keeps a copy of every activation batch."""
+
+    def __init__(self) -> None:
+        self.batches: list[torch.Tensor] = []
+
+    def update(self, x: torch.Tensor) -> None:
+        self.batches.append(x.reshape(-1, x.shape[-1]).clone())
+
+
+class _Noop:
+    def update(self, x: torch.Tensor) -> None:
+        pass
+
+
+def naive_observation(net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int,
+                      device: torch.device) -> None:
+    """Store every point's activations (same hooks, same exact-inference context), then ``torch.cat`` +
+    ``torch.cov`` + float64 ``eigvalsh`` per point: the obvious approach the streaming accumulators replace."""
+    from tgo.observatory import Probe, exact_inference
+
+    stores = {p.name: _Store() for p in points}
+    net.eval()
+    with exact_inference(device.type), Probe(net, points, stores):
+        for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            net(images.to(device, non_blocking=True))
+    for p in points:
+        rows = torch.cat(stores[p.name].batches)
+        stores[p.name].batches.clear()
+        cov = torch.cov(rows.T)
+        del rows
+        torch.linalg.eigvalsh(cov.double()).cpu()
+
+
+def hooked_noop_forward(net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int,
+                        device: torch.device) -> None:
+    """The forward with the 15 hooks attached but doing nothing: what hooking and the exact context cost alone."""
+    from tgo.observatory import Probe, exact_inference
+
+    net.eval()
+    with exact_inference(device.type), Probe(net, points, {p.name: _Noop() for p in points}):
+        for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            net(images.to(device, non_blocking=True))
+    synchronize(device)
+
+
+class PhaseTimer:
+    """Times the phases of ``observe_and_record`` (stream, reduce, eigendecompose + observables, records) by wrapping
+    the functions it calls, so the breakdown comes from the very runs whose total is reported."""
+
+    PHASES = ("stream", "reduce", "eig_observables", "records")
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {k: [] for k in self.PHASES}
+
+    def _wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.samples[phase].append(time.perf_counter() - start)
+
+        return timed
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        from tgo.observatory import sharded
+        from tgo.records import RecordWriter
+
+        saved = (sharded.run_observation, sharded.allreduce_accumulators, sharded.summarize_observation,
+                 RecordWriter.write_observation)
+        sharded.run_observation = self._wrap("stream", saved[0])
+        sharded.allreduce_accumulators = self._wrap("reduce", saved[1])
+        sharded.summarize_observation = self._wrap("eig_observables", saved[2])
+        RecordWriter.write_observation = self._wrap("records", saved[3])
+        try:
+            yield
+        finally:
+            (sharded.run_observation, sharded.allreduce_accumulators, sharded.summarize_observation,
+             RecordWriter.write_observation) = saved
+
+    def medians(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.samples.items() if v}
+
+
+def observation(net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int,
+                device: torch.device, gram_dtype: torch.dtype, out_dir: Path) -> dict[str, Any]:
+    """The full observation pass exactly as the callback runs it (``observe_and_record``), one process."""
+    from tgo.observatory.sharded import RecordPlan, ShardPlan, observe_and_record
+    from tgo.records import RecordWriter
+
+    run_dir = Path(tempfile.mkdtemp(dir=out_dir))
+    results = observe_and_record(net, dataset, points, plan=ShardPlan(batch_size=batch_size),
+                                 record=RecordPlan(writer=RecordWriter(run_dir), epoch=0, step=0),
+                                 all_reduce_sum=lambda t: t, is_global_zero=True, device=device,
+                                 gram_dtype=gram_dtype)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------- timing
+def interleaved(baseline: Callable[[], Any], variants: dict[str, Callable[[], Any]], repeats: int,
+                warmup: bool = True) -> dict[str, dict[str, float]]:
+    """Runs ``B V1 B V2 ... B`` ``repeats`` times (one shared baseline run between neighbours).
+
+    Returns:
+        ``{name: {"median_s", "ratio"}}`` with ``ratio`` the median over repeats of the variant's time divided by the
+        mean of the two baseline runs around it; ``"baseline"`` holds the baseline's median.
+    """
+    if warmup:
+        baseline()
+        for fn in variants.values():
+            fn()
+    base: list[float] = []
+    runs: dict[str, list[float]] = {k: [] for k in variants}
+    ratios: dict[str, list[float]] = {k: [] for k in variants}
+
+    def timed(fn: Callable[[], Any]) -> float:
+        gc.collect()
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    base.append(timed(baseline))
+    for _ in range(repeats):
+        for name, fn in variants.items():
+            seconds = timed(fn)
+            base.append(timed(baseline))
+            runs[name].append(seconds)
+            ratios[name].append(seconds / ((base[-2] + base[-1]) / 2))
+    out = {name: {"median_s": statistics.median(runs[name]), "ratio": statistics.median(ratios[name]),
+                  "ratios": ratios[name]} for name in variants}
+    out["baseline"] = {"median_s": statistics.median(base), "ratio": 1.0}
+    return out
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+# ---------------------------------------------------------------------------------------------------- memory
+def run_memory_child(args: Sequence[str], timeout: float = 600) -> dict[str, Any]:
+    """Runs ``python -m benchmarks._memory_child ARGS`` in a fresh interpreter and returns its JSON line.
+
+    A process per variant gives clean peaks: nothing freed by an earlier variant lingers in the heap. glibc's mmap
+    threshold is fixed at 1 MB there so freed batch temporaries leave RSS (as in spectral_bench.py).
+    """
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks._memory_child", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory child {list(args)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+class PeakRSS:
+    """Peak resident memory above the RSS at entry, in bytes.
+
+    On Linux the kernel's high-water mark is reset at entry (``/proc/self/clear_refs`` <- 5) and read at exit
+    (``VmHWM``): exact, no sampling. Elsewhere a thread samples RSS every 5 ms (psutil).
+    """
+
+    def __enter__(self) -> PeakRSS:
+        gc.collect()
+        self._kernel = False
+        try:
+            self.start = _status_kb("VmRSS") * 1024
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+            self._kernel = _status_kb("VmHWM") * 1024 <= self.start + 4 * MB
+        except (OSError, KeyError):
+            self._kernel = False
+        if not self._kernel:
+            import psutil
+
+            proc = psutil.Process()
+            self.start = proc.memory_info().rss
+            self._peak = self.start
+            self._stop = threading.Event()
+
+            def sample() -> None:
+                while not self._stop.is_set():
+                    self._peak = max(self._peak, proc.memory_info().rss)
+                    time.sleep(0.005)
+
+            self._thread = threading.Thread(target=sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._kernel:
+            self.peak_delta = _status_kb("VmHWM") * 1024 - self.start
+            self.method = "kernel high-water mark (VmHWM after clear_refs)"
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak_delta = self._peak - self.start
+            self.method = "RSS sampled every 5 ms"
