@@ -113,12 +113,12 @@ class SpectralGeometryCallback(L.Callback):
             self._restore_history()
             self._add_custom_scalar_layout(trainer)
         completed = trainer.current_epoch
-        if self._is_due(completed, trainer) and not self._already_observed(completed):
+        if self._should_observe(completed, trainer):
             self.observe(trainer, pl_module, completed)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         completed = trainer.current_epoch + 1
-        if self._is_due(completed, trainer) and not self._already_observed(completed):
+        if self._should_observe(completed, trainer):
             self.observe(trainer, pl_module, completed)
 
     def state_dict(self) -> dict[str, Any]:
@@ -130,6 +130,17 @@ class SpectralGeometryCallback(L.Callback):
     # ----------------------------------------------------------------------------------------- schedule
     def _is_due(self, completed: int, trainer: L.Trainer) -> bool:
         return completed == 0 or completed % self.every_n_epochs == 0 or completed == trainer.max_epochs
+
+    def _should_observe(self, completed: int, trainer: L.Trainer) -> bool:
+        """Due and not yet recorded, as decided by rank 0 and broadcast, so every rank enters the pass together.
+
+        Only rank 0 is sure to see the records (other nodes may not share its disk); a rank deciding on its own
+        could skip a collective that the others enter and hang the job.
+        """
+        if not self._is_due(completed, trainer):  # pure arithmetic: identical on every rank
+            return False
+        decision = not self._already_observed(completed) if trainer.is_global_zero else False
+        return bool(trainer.strategy.broadcast(decision, src=0))
 
     def _already_observed(self, epoch: int) -> bool:
         on_disk = self._writer.observed_epochs() if self._writer is not None else []

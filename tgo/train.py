@@ -17,7 +17,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from tgo.config import validate_config
@@ -97,7 +97,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     make_ddp_relaunch_job_local()
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
 
-    if trainer.is_global_zero:
+    # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
+    # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
+    if rank_zero_only.rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=False)
         manifest = datamodule.write_manifest(output_dir)
