@@ -158,7 +158,7 @@ def test_manifest_for_other_source_or_classes_is_rejected(tree: Path, tmp_path: 
 
 
 def test_bad_manifest_files(tmp_path: Path, tree: Path) -> None:
-    with pytest.raises(DataConfigError, match=r"data\.analysis_manifest=.*does not exist"):
+    with pytest.raises(DataConfigError, match=r"data\.analysis\.manifest=.*does not exist"):
         _dm(tree, analysis_manifest=str(tmp_path / "none.json"))
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")
@@ -174,7 +174,7 @@ def test_subset_larger_than_per_class_supply(tmp_path: Path, make_tree) -> None:
     with pytest.raises(DataConfigError) as info:
         _dm(root, analysis_size=30, analysis_per_class=None)
     msg = str(info.value)
-    assert "data.analysis_per_class=10" in msg and f"'{CLASSES[1]}' (label 1) has 4" in msg and "1 of 3 classes" in msg
+    assert "data.analysis.per_class=10" in msg and f"'{CLASSES[1]}' (label 1) has 4" in msg and "1 of 3 classes" in msg
 
 
 @pytest.mark.parametrize(
@@ -186,9 +186,9 @@ def test_resolve_counts(size, per_class, expected) -> None:
 
 
 def test_resolve_counts_inconsistent() -> None:
-    with pytest.raises(DataConfigError, match=r"data\.analysis_size=1001 is not a multiple of num_classes=100"):
+    with pytest.raises(DataConfigError, match=r"data\.analysis\.size=1001 is not a multiple of num_classes=100"):
         resolve_analysis_counts(1001, None, 100)
-    with pytest.raises(DataConfigError, match=r"data\.analysis_size=1000 != data\.analysis_per_class=5"):
+    with pytest.raises(DataConfigError, match=r"data\.analysis\.size=1000 != data\.analysis\.per_class=5"):
         resolve_analysis_counts(1000, 5, 100)
 
 

@@ -96,7 +96,8 @@ def test_synthetic_is_learnable_by_nearest_class_mean() -> None:
 )
 def test_bad_arguments_fail_in_constructor(kwargs: dict, key: str) -> None:
     base = {"source": "synthetic", "num_classes": 4, "image_size": 8}
-    with pytest.raises(DataConfigError, match=rf"data\.{key}"):
+    config_key = key.replace("analysis_", "analysis.").replace(".", r"\.")  # as the config spells it
+    with pytest.raises(DataConfigError, match=rf"data\.{config_key}"):
         TGODataModule(**{**base, **kwargs})
 
 
@@ -106,5 +107,5 @@ def test_synthetic_requires_num_classes() -> None:
 
 
 def test_digits_subset_too_large_names_class() -> None:
-    with pytest.raises(DataConfigError, match=r"data\.analysis_per_class=100 needs 100 .* has 3[5-7]"):
+    with pytest.raises(DataConfigError, match=r"data\.analysis\.per_class=100 needs 100 .* has 3[5-7]"):
         TGODataModule(source="digits", image_size=8, analysis_size=1000).validate()

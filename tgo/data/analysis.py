@@ -76,23 +76,23 @@ def resolve_analysis_counts(size: int | None, per_class: int | None, num_classes
     multiple of ``num_classes``; both must agree. Being strict here avoids a subset silently smaller than asked.
 
     Raises:
-        DataConfigError: Naming ``data.analysis_size`` / ``data.analysis_per_class`` and the expectation.
+        DataConfigError: Naming ``data.analysis.size`` / ``data.analysis.per_class`` and the expectation.
     """
     if size is None and per_class is None:
-        raise DataConfigError("data.analysis_size and data.analysis_per_class are both null; set at least one.")
+        raise DataConfigError("data.analysis.size and data.analysis.per_class are both null; set at least one.")
     if per_class is None:
         if size % num_classes != 0:
             raise DataConfigError(
-                f"data.analysis_size={size} is not a multiple of num_classes={num_classes}; the subset takes the same "
-                f"number of images from every class. Set data.analysis_per_class (e.g. {max(1, size // num_classes)}) "
-                f"or data.analysis_size to a multiple of {num_classes}."
+                f"data.analysis.size={size} is not a multiple of num_classes={num_classes}; the subset takes the same "
+                f"number of images from every class. Set data.analysis.per_class (e.g. {max(1, size // num_classes)}) "
+                f"or data.analysis.size to a multiple of {num_classes}."
             )
         per_class = size // num_classes
     elif size is None:
         size = per_class * num_classes
     elif size != per_class * num_classes:
         raise DataConfigError(
-            f"data.analysis_size={size} != data.analysis_per_class={per_class} x num_classes={num_classes} "
+            f"data.analysis.size={size} != data.analysis.per_class={per_class} x num_classes={num_classes} "
             f"(= {per_class * num_classes}); the subset takes per_class images from every class. Set one of them "
             "to null or make them agree."
         )
@@ -136,9 +136,9 @@ def select_analysis_indices(
         shown = ", ".join(f"'{names[c]}' (label {c}) has {n}" for c, n in short[:_SHOW])
         more = f" and {len(short) - _SHOW} more" if len(short) > _SHOW else ""
         raise DataConfigError(
-            f"data.analysis_per_class={per_class} needs {per_class} images of every class from {split_name}, but "
-            f"{len(short)} of {num_classes} classes have fewer: {shown}{more}. Lower data.analysis_per_class / "
-            "data.analysis_size or provide more validation images."
+            f"data.analysis.per_class={per_class} needs {per_class} images of every class from {split_name}, but "
+            f"{len(short)} of {num_classes} classes have fewer: {shown}{more}. Lower data.analysis.per_class / "
+            "data.analysis.size or provide more validation images."
         )
     chosen: list[int] = []
     for c, members in enumerate(by_class):
@@ -212,20 +212,20 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / MANIFEST_NAME
     if not path.is_file():
-        raise DataConfigError(f"data.analysis_manifest='{path}' does not exist; expected an {MANIFEST_NAME} file.")
+        raise DataConfigError(f"data.analysis.manifest='{path}' does not exist; expected an {MANIFEST_NAME} file.")
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise DataConfigError(f"data.analysis_manifest='{path}' is not valid JSON: {err}.") from err
+        raise DataConfigError(f"data.analysis.manifest='{path}' is not valid JSON: {err}.") from err
     version = manifest.get("version") if isinstance(manifest, dict) else None
     if version != MANIFEST_VERSION:
         raise DataConfigError(
-            f"data.analysis_manifest='{path}' has version {version!r}; expected {MANIFEST_VERSION}."
+            f"data.analysis.manifest='{path}' has version {version!r}; expected {MANIFEST_VERSION}."
         )
     items = manifest.get("items")
     well_formed = isinstance(items, list) and all(isinstance(i, dict) and "key" in i and "label" in i for i in items)
     if not items or not well_formed:
-        raise DataConfigError(f"data.analysis_manifest='{path}' has no valid 'items' list of {{key, label, sha256}}.")
+        raise DataConfigError(f"data.analysis.manifest='{path}' has no valid 'items' list of {{key, label, sha256}}.")
     manifest["_path"] = str(path)
     return manifest
 
@@ -247,7 +247,7 @@ def resolve_manifest(
     Raises:
         AnalysisManifestMismatch: On another source or class list, or any missing/relabelled/changed item.
     """
-    where = f"data.analysis_manifest='{manifest.get('_path', '?')}'"
+    where = f"data.analysis.manifest='{manifest.get('_path', '?')}'"
     if manifest.get("source") != source:
         raise AnalysisManifestMismatch(f"{where} was written for source={manifest.get('source')!r}, not {source!r}.")
     if manifest.get("class_names") is not None and list(manifest["class_names"]) != list(class_names):

@@ -48,7 +48,8 @@ def _positive(name: str, value: Any, allow_none: bool = False) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         expected = "a positive integer or null" if allow_none else "a positive integer"
-        raise DataConfigError(f"data.{name}={value!r} is invalid; expected {expected}.")
+        key = name.replace("analysis_", "analysis.", 1)  # the config nests these under data.analysis
+        raise DataConfigError(f"data.{key}={value!r} is invalid; expected {expected}.")
 
 
 class TGODataModule(L.LightningDataModule):
@@ -157,7 +158,7 @@ class TGODataModule(L.LightningDataModule):
         if channels not in (1, 3):
             raise DataConfigError(f"data.channels={channels!r} is invalid; expected 1 or 3.")
         if analysis_size is None and analysis_per_class is None and analysis_manifest is None:
-            raise DataConfigError("data.analysis_size and data.analysis_per_class are both null; set at least one.")
+            raise DataConfigError("data.analysis.size and data.analysis.per_class are both null; set at least one.")
         if source == "synthetic" and num_classes is None:
             raise DataConfigError("data.num_classes is required for source=synthetic; expected a positive integer.")
         default_mean, default_std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,), (0.5,))
