@@ -20,7 +20,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 def compose_train(output_dir: Path, overrides: list[str] | None = None, *, hydra_cfg: bool = False) -> DictConfig:
     """Composes conf/train.yaml like ``python -m tgo.train`` would, with the run directory set to ``output_dir``."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=[f"paths.output_dir={output_dir}", *(overrides or [])],
+        # Progress bars off: tqdm would interleave with pytest's own output (the CLI tests keep the default).
+        return compose("train", overrides=[f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false",
+                                           *(overrides or [])],
                        return_hydra_config=hydra_cfg)
 
 
