@@ -104,16 +104,7 @@ def _imagefolder(root: str | Path | None, mode: str) -> SourceData:
             f"data.root='{root}': '{path / 'val'}' has class folders that are not in '{path / 'train'}': "
             f"{', '.join(extra)}. Expected {LAYOUT} with the same class folders in both."
         )
-    train_keys, train_labels = scan_split(path, "train", classes, require_all=True)
-    val_keys, val_labels = scan_split(path, "val", classes, require_all=False)
-    return SourceData(
-        train=FileImageSplit(path, train_keys, train_labels, mode=mode),
-        val=FileImageSplit(path, val_keys, val_labels, mode=mode),
-        class_names=classes,
-        photo=True,
-        root=path,
-        info={"layout": "imagefolder"},
-    )
+    return _folder_source(path, classes, mode, val_requires_all=False, info={"layout": "imagefolder"})
 
 
 def _imagenet100(root: str | Path | None, class_list: str | Path, mode: str) -> SourceData:
@@ -129,15 +120,21 @@ def _imagenet100(root: str | Path | None, class_list: str | Path, mode: str) -> 
         )
     present = len(list_class_folders(path / "train"))
     layout = "imagenet100-prepared" if present == len(classes) else f"class-list subset of {present} class folders"
+    return _folder_source(path, classes, mode, val_requires_all=True,
+                          info={"layout": layout, "class_list": str(class_list)})
+
+
+def _folder_source(path: Path, classes: list[str], mode: str, *, val_requires_all: bool, info: dict) -> SourceData:
+    """Scans ``train/`` and ``val/`` class folders of a file tree into splits labelled by ``classes`` order."""
     train_keys, train_labels = scan_split(path, "train", classes, require_all=True)
-    val_keys, val_labels = scan_split(path, "val", classes, require_all=True)
+    val_keys, val_labels = scan_split(path, "val", classes, require_all=val_requires_all)
     return SourceData(
         train=FileImageSplit(path, train_keys, train_labels, mode=mode),
         val=FileImageSplit(path, val_keys, val_labels, mode=mode),
         class_names=classes,
         photo=True,
         root=path,
-        info={"layout": layout, "class_list": str(class_list)},
+        info=info,
     )
 
 
