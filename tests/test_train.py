@@ -87,6 +87,14 @@ def test_resume_observes_a_due_epoch_that_a_crash_left_unrecorded(tmp_path):
     assert {e for e, _, _ in counts} == {0, 1, 2, 3} and set(counts.values()) == {1}
 
 
+def test_a_fresh_run_refuses_a_directory_that_holds_a_run(smoke_run):
+    run_dir, _ = smoke_run
+    before = (run_dir / "geometry" / "metrics.csv").read_bytes()
+    with pytest.raises(ConfigError, match="already holds a run.*ckpt_path=last"):
+        run(compose_train(run_dir, ["experiment=smoke"]))
+    assert (run_dir / "geometry" / "metrics.csv").read_bytes() == before
+
+
 def test_ckpt_path_last_without_a_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="ckpt_path: .*last.ckpt' does not exist"):
         resolve_ckpt_path("last", tmp_path)

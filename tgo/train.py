@@ -44,6 +44,21 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
     return str(path)
 
 
+def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
+    """Refuses to start a fresh run in a directory that already holds one (its records and checkpoints would mix).
+
+    Resuming (``ckpt_path``) continues the records on purpose; starting from scratch there would overwrite
+    ``last.ckpt`` and interleave two trainings in ``geometry/``.
+    """
+    if ckpt_path is not None:
+        return
+    existing = [p for p in (output_dir / "geometry" / "metrics.csv", output_dir / "checkpoints" / "last.ckpt")
+                if p.exists()]
+    if existing:
+        raise ConfigError(f"hydra.run.dir: '{output_dir}' already holds a run ({existing[0].name} exists); resume it "
+                          "with ckpt_path=last, or choose a new directory (the default makes a fresh one per run).")
+
+
 def make_ddp_relaunch_job_local() -> None:
     """Makes Lightning's DDP re-launch of ``sys.argv`` run *this* multirun job, in *this* job's directory.
 
@@ -87,6 +102,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     validate_config(cfg)
     output_dir = Path(cfg.paths.output_dir)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
+    refuse_to_overwrite(output_dir, ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data).validate()  # scans the data and settles the analysis subset now
