@@ -10,7 +10,6 @@ Typical use (one rank)::
 from .observation import (
     PointResult,
     exact_inference,
-    ieee_fp32,
     reduce_observation,
     run_observation,
     summarize_observation,
@@ -35,7 +34,6 @@ __all__ = [
     "Probe",
     "SupportsUpdate",
     "exact_inference",
-    "ieee_fp32",
     "num_prefix_tokens_of",
     "points_from_config",
     "reduce_observation",

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tgo.spectral import StreamingCovariance, allreduce_accumulators, eigendecompose, summarize
+from tgo.spectral import StreamingCovariance, allreduce_accumulators, eigendecompose, strict_fp32_math, summarize
 
 from .points import ObservationPoint, resolve_points, unwrap_model
 from .probe import Probe, num_prefix_tokens_of
@@ -39,7 +39,6 @@ from .probe import Probe, num_prefix_tokens_of
 __all__ = [
     "PointResult",
     "exact_inference",
-    "ieee_fp32",
     "reduce_observation",
     "run_observation",
     "summarize_observation",
@@ -52,60 +51,11 @@ _COUNT_KEYS = frozenset({"n_rows", "n_nonfinite"})
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
 
 
-# Every backend switch of the fp32 precision API (torch >= 2.9); older torch only has the legacy flags.
-_FP32_BACKENDS = (
-    "", "cuda", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn",
-    "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn",
-)
-
-
-def _fp32_precision_switches() -> list[Any]:
-    found = []
-    for path in _FP32_BACKENDS:
-        obj: Any = torch.backends
-        try:
-            for part in filter(None, path.split(".")):
-                obj = getattr(obj, part)
-            obj.fp32_precision  # noqa: B018 - probe that the attribute exists and is readable
-        except (AttributeError, RuntimeError):
-            continue
-        found.append(obj)
-    return found
-
-
-@contextlib.contextmanager
-def ieee_fp32() -> Iterator[None]:
-    """IEEE float32 for every matmul/conv backend (no TF32, no bf16 ``mkldnn`` matmuls); settings restored exactly.
-
-    Why not just ``torch.set_float32_matmul_precision("highest")``: PyTorch >= 2.9 has a per-backend API, and
-    ``set_float32_matmul_precision("medium")`` (which Lightning recommends) makes CPU matmuls bf16 through oneDNN.
-    Mixing the legacy flags with that state makes ``torch.get_float32_matmul_precision()`` raise, so the global
-    precision is switched first and the per-backend values are saved and restored verbatim.
-
-    Yields:
-        Nothing.
-    """
-    previous = torch.get_float32_matmul_precision()
-    switches = [(obj, obj.fp32_precision) for obj in _fp32_precision_switches()]
-    legacy_cudnn = None if switches else torch.backends.cudnn.allow_tf32
-    try:
-        torch.set_float32_matmul_precision("highest")
-        for obj, _ in switches:
-            obj.fp32_precision = "ieee"
-        if legacy_cudnn is not None:
-            torch.backends.cudnn.allow_tf32 = False
-        yield
-    finally:
-        torch.set_float32_matmul_precision(previous)
-        for obj, value in reversed(switches):
-            obj.fp32_precision = value
-        if legacy_cudnn is not None:
-            torch.backends.cudnn.allow_tf32 = legacy_cudnn
-
-
 @contextlib.contextmanager
 def exact_inference(device_type: str) -> Iterator[None]:
-    """Inference mode, autocast off for every device type, IEEE float32 (`ieee_fp32`); previous settings restored.
+    """Inference mode, autocast off for every device type, IEEE float32 math; previous settings restored.
+
+    The float32 switches are ``tgo.spectral.strict_fp32_math``, the same context the accumulator's Gram runs in.
 
     Args:
         device_type: The device the forward runs on; its autocast is disabled along with CPU's and CUDA's.
@@ -117,8 +67,8 @@ def exact_inference(device_type: str) -> Iterator[None]:
     if torch.cuda.is_available():
         types.add("cuda")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(ieee_fp32())
-        for t in sorted(types):
+        stack.enter_context(strict_fp32_math(device_type))
+        for t in sorted(types - {device_type}):
             stack.enter_context(torch.autocast(device_type=t, enabled=False))
         stack.enter_context(torch.inference_mode())
         yield

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from tgo.observatory.observation import PointResult, run_observation, summarize_observation
+from tgo.observatory.observation import PointResult, reduce_observation, run_observation, summarize_observation
 from tgo.observatory.points import ObservationPoint
 from tgo.records import RecordWriter
-from tgo.spectral import StreamingCovariance, allreduce_accumulators
+from tgo.spectral import StreamingCovariance
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -95,7 +95,7 @@ def observe_dataset(
     """
     loader = shard_loader(dataset, plan)
     accumulators = run_observation(model, loader, points, device=device, gram_dtype=gram_dtype)
-    allreduce_accumulators(list(accumulators.values()), all_reduce_sum)
+    reduce_observation(accumulators, all_reduce_sum)
     return accumulators
 
 
