@@ -4,6 +4,8 @@ Every error that means "the user's input is wrong" derives from ``UserInputError
 else is a bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
 
 class UserInputError(ValueError):
     """Bad input: the message names what is wrong and what was expected."""
@@ -11,3 +13,15 @@ class UserInputError(ValueError):
 
 class ConfigError(UserInputError):
     """A configuration value is missing or out of range; the message names the key and what was expected."""
+
+
+def find_user_error(error: BaseException) -> UserInputError | None:
+    """Finds a ``UserInputError`` in an exception's cause chain (Hydra's instantiate wraps constructor errors)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UserInputError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

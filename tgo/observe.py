@@ -46,12 +46,11 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from tgo.errors import UserInputError
+from tgo.errors import UserInputError, find_user_error
 from tgo.model import build_timm_model
 from tgo.observatory.points import points_from_config, resolve_points
 from tgo.observatory.sharded import RecordPlan, ShardPlan, observe_and_record
 from tgo.records import RecordWriter
-from tgo.train import find_user_error
 
 __all__ = [
     "CheckpointMismatchError",

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from tgo.config import validate_config
-from tgo.errors import ConfigError, UserInputError
+from tgo.errors import ConfigError, find_user_error
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +76,6 @@ def make_ddp_relaunch_job_local() -> None:
     OmegaConf.set_readonly(hydra_cfg, False)
     hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
     OmegaConf.set_readonly(hydra_cfg, True)
-
-
-def find_user_error(error: BaseException) -> UserInputError | None:
-    """Finds a ``UserInputError`` in an exception's cause chain (Hydra's instantiate wraps constructor errors)."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, UserInputError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def run(cfg: DictConfig) -> dict[str, float]:

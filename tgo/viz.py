@@ -7,6 +7,7 @@ be made from callbacks and worker threads and closed deterministically by the ca
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -29,6 +30,28 @@ def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return index[keep], values[keep]
 
 
+def _draw_history(ax: Any, history: Sequence[tuple[int, np.ndarray]], *, log_axes: bool) -> int:
+    """Draws spectra oldest to newest, earlier ones fainter; log-scale axes, or log10 values on linear axes.
+
+    Returns:
+        The number of observations in ``history``.
+    """
+    count = len(history)
+    cmap = matplotlib.colormaps["viridis"]
+    for i, (epoch, values) in enumerate(history):
+        x, y = _positive(values)
+        if y.size == 0:
+            continue
+        position = (i + 1) / count
+        style = dict(color=cmap(position), alpha=0.25 + 0.75 * position, lw=1.6 if i == count - 1 else 0.9,
+                     label=f"epoch {epoch}" if i in (0, count - 1) else None)
+        if log_axes:
+            ax.loglog(x, y, **style)
+        else:
+            ax.plot(np.log10(x), np.log10(y), **style)
+    return count
+
+
 def spectrum_history_figure(history: Sequence[tuple[int, np.ndarray]], *, title: str,
                             ylabel: str = "eigenvalue") -> Figure:
     """Log-log rank plot of spectra over observations; earlier observations are drawn fainter.
@@ -40,15 +63,7 @@ def spectrum_history_figure(history: Sequence[tuple[int, np.ndarray]], *, title:
     """
     fig = Figure(figsize=SMALL, dpi=90)
     ax = fig.add_subplot()
-    count = len(history)
-    cmap = matplotlib.colormaps["viridis"]
-    for i, (epoch, values) in enumerate(history):
-        x, y = _positive(values)
-        if y.size == 0:
-            continue
-        position = (i + 1) / count
-        ax.loglog(x, y, color=cmap(position), alpha=0.25 + 0.75 * position, lw=1.6 if i == count - 1 else 1.0,
-                  label=f"epoch {epoch}" if i in (0, count - 1) else None)
+    count = _draw_history(ax, history, log_axes=True)
     ax.set_xlabel("index i")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -181,16 +196,9 @@ def spectra_grid_figure(histories: Mapping[str, Sequence[tuple[int, np.ndarray]]
     rows, columns = _grid(len(histories))
     fig = Figure(figsize=(3.0 * columns, 2.3 * rows), dpi=80)
     fig.subplots_adjust(left=0.06, right=0.99, bottom=0.06, top=0.95, wspace=0.25, hspace=0.5)
-    cmap = matplotlib.colormaps["viridis"]
     for panel, (name, history) in enumerate(histories.items()):
         ax = fig.add_subplot(rows, columns, panel + 1)
-        count = len(history)
-        for i, (_, values) in enumerate(history):
-            x, y = _positive(values)
-            if y.size:
-                position = (i + 1) / count
-                ax.plot(np.log10(x), np.log10(y), color=cmap(position), alpha=0.25 + 0.75 * position,
-                        lw=1.4 if i == count - 1 else 0.8)
+        _draw_history(ax, history, log_axes=False)
         epochs = f" (epochs {history[0][0]}..{history[-1][0]})" if history else ""
         ax.set_title(name + epochs, fontsize=8)
         ax.tick_params(labelsize=6)
