@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from tgo.errors import ConfigError
+from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 
 _MISSING = object()
 
@@ -61,7 +62,6 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "data.image_size": _positive_int,
     "data.analysis.size": _optional_positive_int,
     "data.analysis.per_class": _optional_positive_int,
-    "callbacks.spectral_geometry.every_n_epochs": _positive_int,
     "callbacks.trajectory_checkpoint.every_n_epochs": _optional_positive_int,
 }
 
@@ -92,5 +92,10 @@ def validate_config(cfg: DictConfig) -> None:
             problems.append(f"{key}: {message}")
     for key in ("data.root",):
         _select(cfg, key)  # raises on ??? (tgo1 needs the dataset location)
+    if "observation" in cfg:
+        try:
+            ObservationSettings.from_config(cfg.observation)
+        except ObservationSettingsError as err:
+            problems.append(str(err))
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems) if len(problems) > 1 else problems[0])

@@ -1,6 +1,6 @@
 """``python -m tgo.observe``: the geometry callback's observation, applied to models that already exist.
 
-It runs exactly the callback's code path (`tgo.observatory.sharded.observe_and_record`), so the records it writes
+It runs exactly the callback's code path (`tgo.observatory.observe_and_record`), so the records it writes
 (``<out>/geometry/``, ``<out>/analysis_subset.json``, ``<out>/config.yaml``) are the records a training run writes
 and ``python -m tgo.report <out>`` works on them. Models come from one of::
 
@@ -12,16 +12,13 @@ and ``python -m tgo.report <out>`` works on them. Models come from one of::
 Data and observation settings come from ``conf/observe.yaml`` composed with Hydra's compose API, so any group of
 the config tree can be chosen with trailing overrides (``data=synthetic data.image_size=32``). When the model
 comes from a run (a checkpoint inside ``<run>/checkpoints/``), the run's own ``config.yaml`` data node, its pinned
-analysis subset (``analysis_subset.json``) and its callback's observation settings are used instead, and
+analysis subset (``analysis_subset.json``) and its ``observation`` settings are used instead, and
 ``data.*`` / ``observation.*`` overrides are applied on top. That is what makes a re-observation reproduce the
 callback's records exactly.
 
-Epoch labels: a checkpoint is labelled with the training epochs it had completed, which is Lightning's
-``loops.fit_loop.epoch_progress.current.processed`` (``checkpoint["epoch"] + 1`` for a checkpoint saved at an
-epoch end, as ``last.ckpt`` and ``best_epoch_*.ckpt`` are; the callback labels its observation of the same weights
-the same way). Older checkpoints without loop state fall back to ``checkpoint["epoch"] + 1``. A checkpoint saved in
-the middle of an epoch is labelled with the epochs completed before it, with a warning. A timm model is labelled
-``--epoch`` (default 0).
+Epoch labels of checkpoints follow ``tgo.checkpoints`` (completed training epochs, the label the callback gives
+the same weights); a timm model is labelled ``--epoch`` (default 0). Loading and labelling models lives in
+``tgo.checkpoints``; this module only composes the config and runs the pipeline.
 
 Devices: the pass runs inside a Lightning Fabric (``fabric.accelerator``, ``fabric.devices``, ``fabric.strategy``),
 each process observing a disjoint shard of the analysis subset, reduced with one sum all-reduce, as in training.
@@ -32,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,200 +41,38 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tgo.checkpoints import (
+    CheckpointMismatchError,
+    ModelSource,
+    checkpoint_source,
+    find_checkpoints,
+    net_from_checkpoint,
+    timm_net,
+)
 from tgo.errors import UserInputError, find_user_error
-from tgo.model import build_timm_model
-from tgo.observatory.points import points_from_config, resolve_points
-from tgo.observatory.sharded import RecordPlan, ShardPlan, observe_and_record
-from tgo.records import RecordWriter
+from tgo.observatory import (
+    ObservationSettings,
+    RecordPlan,
+    ShardPlan,
+    observe_and_record,
+    points_from_config,
+    resolve_points,
+)
+from tgo.records import RecordWriter, RunDir, atomic_write
 
 __all__ = [
     "CheckpointMismatchError",
-    "ModelSource",
     "ObserveError",
-    "checkpoint_epoch",
     "compose_observe_config",
-    "find_checkpoints",
-    "load_state_dict_strict",
     "main",
-    "observe",
+    "observe_models",
 ]
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-MANIFEST_NAME = "analysis_subset.json"
-COVARIANCE_POLICIES = ("first_last", "all", "none")
-GRAM_DTYPES = {"float64": torch.float64, "float32": torch.float32}
-_RUN_OBSERVATION_KEYS = ("points", "gram_dtype", "batch_size", "num_workers", "nonfinite", "fit_range")
 
 
 class ObserveError(UserInputError):
-    """Bad input to ``tgo.observe``: a missing file, a directory that is not a run, conflicting options."""
-
-
-class CheckpointMismatchError(ObserveError):
-    """A checkpoint or weights file does not fit the model (missing, unexpected or differently shaped keys)."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """One model to observe, before it is loaded.
-
-    Attributes:
-        kind: ``checkpoint`` or ``timm``.
-        path: The checkpoint or weights file (``None`` for a random or pretrained timm model).
-        epoch: Completed training epochs (the record's epoch label).
-        step: Optimiser steps (the record's step).
-    """
-
-    kind: str
-    path: Path | None
-    epoch: int
-    step: int
-
-
-# ----------------------------------------------------------------------------------------------------- checkpoints
-def _torch_load(path: Path) -> dict[str, Any]:
-    """Loads a checkpoint on the CPU (memory-mapped where possible, so reading metadata is cheap).
-
-    ``weights_only=False`` because Lightning checkpoints pickle hyper-parameters and loop state: only observe
-    checkpoints you trust, as with ``torch.load`` itself.
-    """
-    if not path.is_file():
-        raise ObserveError(f"{path}: no such checkpoint file")
-    try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        except RuntimeError:  # not a zip archive (legacy format): mmap unsupported
-            return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
-        raise ObserveError(f"{path}: not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
-
-
-def checkpoint_epoch(checkpoint: dict[str, Any]) -> tuple[int, bool]:
-    """The completed training epochs of a Lightning checkpoint, and whether it was saved at an epoch end.
-
-    Args:
-        checkpoint: A loaded Lightning checkpoint.
-
-    Returns:
-        ``(epochs, at_epoch_end)``; see the module docstring for the rule.
-
-    Raises:
-        ObserveError: no ``epoch`` entry (not a Lightning checkpoint).
-    """
-    if "epoch" not in checkpoint:
-        raise ObserveError("not a Lightning checkpoint (no 'epoch' entry)")
-    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current")
-    if not progress or "processed" not in progress:
-        return int(checkpoint["epoch"]) + 1, True
-    processed, started = int(progress["processed"]), int(progress.get("started", progress["processed"]))
-    return processed, processed >= started
-
-
-def _checkpoint_source(path: Path) -> ModelSource:
-    checkpoint = _torch_load(path)
-    try:
-        epoch, at_end = checkpoint_epoch(checkpoint)
-    except ObserveError as err:
-        raise ObserveError(f"{path}: {err}") from err
-    step = int(checkpoint.get("global_step", 0))
-    if not at_end:
-        warnings.warn(f"[tgo] {path.name} was saved in the middle of an epoch (step {step}); it is labelled with the "
-                      f"{epoch} epochs completed before it", RuntimeWarning, stacklevel=2)
-    return ModelSource("checkpoint", path, epoch, step)
-
-
-def find_checkpoints(directory: str | Path) -> list[ModelSource]:
-    """Every ``*.ckpt`` of a directory as sources in epoch order; the same weights saved twice count once.
-
-    ``last.ckpt`` and ``best_epoch_NNN.ckpt`` often hold the same epoch: files with the same epoch label and step
-    are duplicates and the first by name is kept.
-
-    Raises:
-        ObserveError: not a directory, no checkpoint in it, or two checkpoints with the same epoch label but
-            different steps (say which file to observe with --checkpoint).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise ObserveError(f"{directory}: not a directory (expected a run's checkpoints/ directory)")
-    files = sorted(directory.glob("*.ckpt"))
-    if not files:
-        raise ObserveError(f"{directory}: no *.ckpt files")
-    by_epoch: dict[int, ModelSource] = {}
-    for path in files:
-        source = _checkpoint_source(path)
-        kept = by_epoch.get(source.epoch)
-        if kept is None:
-            by_epoch[source.epoch] = source
-        elif kept.step != source.step:
-            raise ObserveError(f"{kept.path.name} (step {kept.step}) and {path.name} (step {source.step}) are both "
-                               f"labelled epoch {source.epoch}; observe one of them with --checkpoint")
-    return [by_epoch[e] for e in sorted(by_epoch)]
-
-
-def load_state_dict_strict(net: torch.nn.Module, state: dict[str, torch.Tensor], *, origin: str) -> None:
-    """Loads weights exactly, or fails naming the missing, unexpected and differently shaped keys.
-
-    Raises:
-        CheckpointMismatchError: the state dict does not fit ``net``.
-    """
-    own = net.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in own
-              if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
-        def show(keys: list[str]) -> str:
-            return ", ".join(keys[:8]) + (f" ... ({len(keys)} in all)" if len(keys) > 8 else "")
-
-        parts = [f"missing keys: {show(missing)}" if missing else "",
-                 f"unexpected keys: {show(unexpected)}" if unexpected else "",
-                 f"shape mismatches: {show(shapes)}" if shapes else ""]
-        raise CheckpointMismatchError(f"{origin} does not fit the model ({'; '.join(p for p in parts if p)})")
-    net.load_state_dict(state, strict=True)
-
-
-def _net_from_checkpoint(path: Path) -> torch.nn.Module:
-    """Rebuilds the timm network of a ViTClassifier checkpoint from its hyper-parameters and loads its weights."""
-    checkpoint = _torch_load(path)
-    hp = checkpoint.get("hyper_parameters") or {}
-    if "name" not in hp or "state_dict" not in checkpoint:
-        raise ObserveError(f"{path}: not a tgo.model.ViTClassifier checkpoint (needs hyper_parameters with the timm "
-                           f"'name' and a state_dict); for a plain weights file use --timm NAME --weights FILE")
-    net = build_timm_model(hp["name"], num_classes=int(hp.get("num_classes", 1000)), img_size=int(hp["img_size"]),
-                           in_chans=int(hp.get("in_chans", 3)), **dict(hp.get("arch") or {}))
-    state = {k[len("net."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
-    if not state:
-        raise CheckpointMismatchError(f"{path}: its state_dict has no 'net.*' keys, so it is not a "
-                                      f"tgo.model.ViTClassifier checkpoint (first keys: "
-                                      f"{', '.join(list(checkpoint['state_dict'])[:5])})")
-    load_state_dict_strict(net, state, origin=str(path))
-    return net
-
-
-def _load_weights_file(path: Path) -> dict[str, torch.Tensor]:
-    if not path.is_file():
-        raise ObserveError(f"--weights {path}: no such file")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(path))
-    state = _torch_load(path)
-    for key in ("state_dict", "model", "state_dict_ema"):  # common wrappers of saved weights
-        if isinstance(state.get(key), dict):
-            state = state[key]
-            break
-    return {k.removeprefix("module."): v for k, v in state.items() if isinstance(v, torch.Tensor)}
-
-
-def _timm_net(name: str, *, pretrained: bool, weights: Path | None, seed: int, img_size: int,
-              in_chans: int, arch: dict[str, Any]) -> torch.nn.Module:
-    """A timm model without its classifier head (never observed), randomly initialised or with weights."""
-    torch.manual_seed(seed)
-    net = build_timm_model(name, num_classes=0, img_size=img_size, in_chans=in_chans, pretrained=pretrained, **arch)
-    if weights is not None:
-        state = {k: v for k, v in _load_weights_file(weights).items() if not k.startswith("head.")}
-        load_state_dict_strict(net, state, origin=f"--weights {weights}")
-    return net
+    """Bad input to ``tgo.observe``: a directory that is not a run, conflicting options, a bad override."""
 
 
 # ----------------------------------------------------------------------------------------------------- config
@@ -273,45 +106,35 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
     OmegaConf.set_struct(cfg, False)  # the run's settings and the record of the source are merged in below
     if run_dir is None:
         return cfg
-    run_cfg = OmegaConf.load(run_dir / "config.yaml")
+    run = RunDir(run_dir)
+    run_cfg = OmegaConf.load(run.config)
     keys = [_override_key(o) for o in overrides]
     dotlist = [o.lstrip("+") for o in overrides if "=" in o]
     if "data" not in keys and "data" in run_cfg:
         data = OmegaConf.merge(run_cfg.data, OmegaConf.from_dotlist(
             [d[len("data."):] for d in dotlist if d.startswith("data.")]))
-        if "data.analysis.manifest" not in keys and (run_dir / MANIFEST_NAME).is_file():
-            OmegaConf.update(data, "analysis.manifest", str(run_dir / MANIFEST_NAME), force_add=True)
+        if "data.analysis.manifest" not in keys and run.manifest.is_file():
+            OmegaConf.update(data, "analysis.manifest", str(run.manifest), force_add=True)
         cfg.data = data
-    callback = OmegaConf.select(run_cfg, "callbacks.spectral_geometry")
-    if callback is not None:
-        from_run = {k: callback[k] for k in _RUN_OBSERVATION_KEYS if k in callback}
+    if "observation" in run_cfg:
         user = OmegaConf.from_dotlist([d[len("observation."):] for d in dotlist if d.startswith("observation.")])
-        cfg.observation = OmegaConf.merge(cfg.observation, from_run, user)
+        cfg.observation = OmegaConf.merge(cfg.observation, run_cfg.observation, user)
     return cfg
 
 
 def _run_dir_of(checkpoint_dir: Path) -> Path | None:
     """The run a checkpoints directory belongs to (its parent holding config.yaml), if any."""
     parent = checkpoint_dir.resolve().parent
-    return parent if (parent / "config.yaml").is_file() else None
+    return parent if RunDir(parent).config.is_file() else None
 
 
 # ----------------------------------------------------------------------------------------------------- observe
 def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
-    if (out / "geometry").exists() and any((out / "geometry").iterdir()):
+    if RunDir(out).geometry.exists() and any(RunDir(out).geometry.iterdir()):
         raise ObserveError(f"--out {out}: already holds geometry records; choose a new directory (records of "
                            "different models must not mix)")
-
-
-def _validate_observation(obs: DictConfig) -> None:
-    if obs.gram_dtype not in GRAM_DTYPES:
-        raise ObserveError(f"observation.gram_dtype: expected one of {list(GRAM_DTYPES)}, got {obs.gram_dtype!r}")
-    if obs.covariance not in COVARIANCE_POLICIES:
-        raise ObserveError(f"observation.covariance: expected one of {COVARIANCE_POLICIES}, got {obs.covariance!r}")
-    if obs.nonfinite not in ("warn", "error"):
-        raise ObserveError(f"observation.nonfinite: expected warn or error, got {obs.nonfinite!r}")
 
 
 def _sources(checkpoint: str | None, checkpoints: str | None, run: str | None, timm_name: str | None,
@@ -322,21 +145,17 @@ def _sources(checkpoint: str | None, checkpoints: str | None, run: str | None, t
                            "--timm NAME")
     if checkpoint is not None:
         path = Path(checkpoint)
-        return [_checkpoint_source(path)], _run_dir_of(path.parent)
+        return [checkpoint_source(path)], _run_dir_of(path.parent)
     if run is not None:
         run_path = Path(run)
-        if not (run_path / "checkpoints").is_dir():
+        if not RunDir(run_path).checkpoints.is_dir():
             raise ObserveError(f"--run {run_path}: not a run directory with checkpoints/ (expected "
-                               f"{run_path / 'checkpoints'})")
-        checkpoints = str(run_path / "checkpoints")
+                               f"{RunDir(run_path).checkpoints})")
+        checkpoints = str(RunDir(run_path).checkpoints)
     if checkpoints is not None:
         directory = Path(checkpoints)
         return find_checkpoints(directory), _run_dir_of(directory)
     return [ModelSource("timm", None, int(epoch), 0)], None
-
-
-def _with_covariance(policy: str, index: int, count: int) -> bool:
-    return policy == "all" or (policy == "first_last" and index in (0, count - 1))
 
 
 def _iter_nets(sources: Sequence[ModelSource], *, timm_name: str | None, pretrained: bool, weights: Path | None,
@@ -345,9 +164,9 @@ def _iter_nets(sources: Sequence[ModelSource], *, timm_name: str | None, pretrai
     """Loads one model at a time, so a trajectory of large checkpoints never holds two in memory."""
     for source in sources:
         if source.kind == "checkpoint":
-            yield source, _net_from_checkpoint(source.path)
+            yield source, net_from_checkpoint(source.path)
         else:
-            yield source, _timm_net(timm_name, pretrained=pretrained, weights=weights, seed=seed, img_size=img_size,
+            yield source, timm_net(timm_name, pretrained=pretrained, weights=weights, seed=seed, img_size=img_size,
                                     in_chans=in_chans, arch=arch)
 
 
@@ -363,10 +182,10 @@ def _check_fits_data(net: torch.nn.Module, datamodule: Any, source: ModelSource)
                            f"gives {datamodule.in_chans}")
 
 
-def observe(*, out: str | Path, checkpoint: str | None = None, checkpoints: str | None = None,
-            run: str | None = None, timm_name: str | None = None, pretrained: bool = False,
-            weights: str | None = None, seed: int = 0, epoch: int = 0,
-            overrides: Sequence[str] = ()) -> list[ModelSource]:
+def observe_models(*, out: str | Path, checkpoint: str | None = None, checkpoints: str | None = None,
+                   run: str | None = None, timm_name: str | None = None, pretrained: bool = False,
+                   weights: str | None = None, seed: int = 0, epoch: int = 0,
+                   overrides: Sequence[str] = ()) -> list[ModelSource]:
     """Observes one model or a checkpoint trajectory and writes training-compatible records to ``out``.
 
     Args:
@@ -395,8 +214,7 @@ def observe(*, out: str | Path, checkpoint: str | None = None, checkpoints: str 
         raise ObserveError("--pretrained and --weights only apply to --timm NAME")
     sources, run_dir = _sources(checkpoint, checkpoints, run, timm_name, epoch)
     cfg = compose_observe_config(overrides, run_dir)
-    obs = cfg.observation
-    _validate_observation(obs)
+    settings = ObservationSettings.from_config(cfg.observation)
     _check_out(out)
 
     fabric = L.Fabric(accelerator=cfg.fabric.accelerator, devices=cfg.fabric.devices,
@@ -413,28 +231,25 @@ def observe(*, out: str | Path, checkpoint: str | None = None, checkpoints: str 
         saved = OmegaConf.merge(cfg, {"source": {"run": None if run_dir is None else str(run_dir), "timm": timm_name,
                                                  "pretrained": pretrained, "weights": weights, "seed": seed,
                                                  "models": described}})
-        OmegaConf.save(saved, out / "config.yaml", resolve=True)
+        atomic_write(RunDir(out).config, OmegaConf.to_yaml(saved, resolve=True))
 
-    plan = ShardPlan(rank=fabric.global_rank, world_size=fabric.world_size,
-                     batch_size=int(obs.batch_size or datamodule.analysis_batch_size),
-                     num_workers=int(obs.num_workers if obs.num_workers is not None else datamodule.num_workers))
-    fit_range = None if obs.fit_range is None else (int(obs.fit_range[0]), int(obs.fit_range[1]))
+    plan = ShardPlan.for_rank(settings, rank=fabric.global_rank, world_size=fabric.world_size,
+                              default_batch_size=datamodule.analysis_batch_size,
+                              default_num_workers=datamodule.num_workers)
     arch = {k: v for k, v in (OmegaConf.to_container(cfg.model.arch, resolve=True) or {}).items() if v is not None}
     nets = _iter_nets(sources, timm_name=timm_name, pretrained=pretrained,
                       weights=None if weights is None else Path(weights), seed=seed,
                       img_size=datamodule.image_size, in_chans=datamodule.in_chans, arch=arch)
     for index, (source, net) in enumerate(nets):
         _check_fits_data(net, datamodule, source)
-        points = points_from_config(obs.points, net)
+        points = points_from_config(settings.points, net)
         resolve_points(net, points)
         net.to(fabric.device)
-        record = RecordPlan(writer=writer, epoch=source.epoch, step=source.step,
-                            with_covariance=_with_covariance(obs.covariance, index, len(sources)),
-                            nonfinite=obs.nonfinite, fit_range=fit_range)
-        results = observe_and_record(net, datamodule.analysis_dataset, points, plan=plan, record=record,
-                                     all_reduce_sum=lambda t: fabric.all_reduce(t, reduce_op="sum"),
-                                     is_global_zero=fabric.is_global_zero, device=fabric.device,
-                                     gram_dtype=GRAM_DTYPES[obs.gram_dtype])
+        keep = settings.keeps_covariance(source.epoch, first=index == 0, last=index == len(sources) - 1)
+        record = RecordPlan(writer=writer, epoch=source.epoch, step=source.step, with_covariance=keep)
+        results = observe_and_record(net, datamodule.analysis_dataset, points, settings=settings, plan=plan,
+                                     record=record, all_reduce_sum=lambda t: fabric.all_reduce(t, reduce_op="sum"),
+                                     is_global_zero=fabric.is_global_zero, device=fabric.device)
         if results is not None:
             label = source.path.name if source.path is not None else timm_name
             print(f"[tgo] observed {label} as epoch {source.epoch} ({len(results)} points)", file=sys.stderr)
@@ -471,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns 0, or 2 after printing one line for bad input."""
     args = parse_args(argv)
     try:
-        sources = observe(out=args.out, checkpoint=args.checkpoint, checkpoints=args.checkpoints, run=args.run,
+        sources = observe_models(out=args.out, checkpoint=args.checkpoint, checkpoints=args.checkpoints, run=args.run,
                           timm_name=args.timm_name, pretrained=args.pretrained, weights=args.weights,
                           seed=args.seed, epoch=args.epoch, overrides=args.overrides)
     except Exception as error:

@@ -1,34 +1,43 @@
-"""The on-disk record of geometry observations: the contract `tgo.report` and users' own analysis read.
+"""The run directory and the on-disk record of geometry observations: the contract users and ``tgo.report`` read.
 
-Layout inside a run directory::
+This module owns the layout of a run directory; every other module asks `RunDir` for a path::
 
-    geometry/metrics.csv                 epoch,step,point,metric,value   (one row per observable per point)
-    geometry/spectra/epoch_EEEE.npz      <point>/eigenvalues  float64 [D], descending
-                                         <point>/n_rows       int64 scalar (rows that entered the covariance)
-                                         <point>/n_nonfinite  int64 scalar (rows dropped for NaN/Inf)
-                                         <point>/mean         float64 [D]
-                                         <point>/covariance   float64 [D, D]  (only on epochs asked for)
+    <run>/config.yaml                        the composed config (training) or the observation config (observe)
+    <run>/analysis_subset.json               the frozen analysis subset (its manifest and fingerprint)
+    <run>/checkpoints/last.ckpt              + best_epoch_NNN.ckpt, trajectory/epoch_NNN.ckpt
+    <run>/tensorboard/                       TensorBoard event files
+    <run>/report/                            ``python -m tgo.report`` output
+    <run>/geometry/metrics.csv               epoch,step,point,view,metric,value   (one row per observable)
+    <run>/geometry/spectra/epoch_EEEE.npz    per (point, view): eigenvalues, n_rows, n_nonfinite, mean, [covariance]
 
-Writes are atomic (temporary file in the same directory, fsync, ``os.replace``), so a crash mid-write leaves the
-previous records intact. The spectra file of an epoch is written before the metrics; ``metrics.csv`` is rewritten
-whole with that epoch's old rows dropped, so re-observing an epoch after a resume replaces it rather than adding
-duplicate rows. An epoch counts as observed (`RecordWriter.observed_epochs`) once both files hold it.
+In a spectra file the arrays of the default view ``all`` are ``<point>/<array>`` and those of another view are
+``<point>/<view>/<array>``: ``eigenvalues`` float64 [D] descending, ``n_rows`` and ``n_nonfinite`` int64 scalars,
+``mean`` float64 [D], ``covariance`` float64 [D, D] (only on the epochs the settings keep).
 
-Values are written with ``repr(float)`` (shortest round-trip representation, NaN as ``nan``), so reading back gives
-the exact float64 that was computed. Only rank 0 writes.
+Writes go through `atomic_write` (a temporary file in the same directory, fsync, ``os.replace``, directory fsync;
+the file gets the permissions of the user's umask), so a crash mid-write leaves the previous file intact. The spectra
+file of an epoch is written before its metrics; ``metrics.csv`` is rewritten whole with that epoch's old rows
+dropped, so re-observing an epoch after a resume replaces it instead of adding duplicate rows. An epoch counts as
+recorded (`recorded_epochs`) once both files hold it. Values are written with ``repr(float)`` (shortest round trip,
+NaN as ``nan``), so reading back gives the exact float64 that was computed. Only rank 0 writes.
+
+Files written before views existed have no ``view`` column; they read as view ``all``.
 """
+
 from __future__ import annotations
 
 import contextlib
 import csv
 import io
+import json
 import math
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,43 +47,133 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 __all__ = [
+    "DEFAULT_VIEW",
     "METRICS_COLUMNS",
     "RecordWriter",
     "RecordsError",
-    "RunRecords",
+    "RunDir",
+    "Series",
+    "atomic_write",
+    "atomic_write_json",
     "is_run_dir",
     "load_metrics",
-    "load_run",
+    "load_series",
     "load_spectra",
-    "metrics_path",
-    "spectra_dir",
-    "spectra_path",
+    "read_metric_rows",
+    "recorded_epochs",
 ]
 
-METRICS_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "metric", "value")
-GEOMETRY_DIR = "geometry"
+DEFAULT_VIEW = "all"
+METRICS_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "view", "metric", "value")
+_LEGACY_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "metric", "value")
 _SPECTRA_RE = re.compile(r"^epoch_(\d{4,})\.npz$")
+
+Series = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+"""metric -> point -> (epochs int64 [E], values float64 [E]), epochs ascending."""
 
 
 class RecordsError(UserInputError):
     """A directory is not a run with geometry records, or its records are malformed (a ``ValueError``)."""
 
 
-def metrics_path(run_dir: str | os.PathLike) -> Path:
-    """``<run_dir>/geometry/metrics.csv``."""
-    return Path(run_dir) / GEOMETRY_DIR / "metrics.csv"
+# ----------------------------------------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory (training run or offline observation); nothing is created.
+
+    Example:
+        >>> run = RunDir("outputs/quickstart/runs/2026-11-30_07-00-00")
+        >>> run.metrics, run.spectra(5), run.last_checkpoint
+    """
+
+    root: Path
+
+    CONFIG = "config.yaml"
+    MANIFEST = "analysis_subset.json"
+    CHECKPOINTS = "checkpoints"
+    LAST_CHECKPOINT = "last.ckpt"
+    TENSORBOARD = "tensorboard"
+    REPORT = "report"
+    GEOMETRY = "geometry"
+    METRICS = "metrics.csv"
+    SPECTRA = "spectra"
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        """``config.yaml``."""
+        return self.root / self.CONFIG
+
+    @property
+    def manifest(self) -> Path:
+        """``analysis_subset.json``."""
+        return self.root / self.MANIFEST
+
+    @property
+    def checkpoints(self) -> Path:
+        """``checkpoints/``."""
+        return self.root / self.CHECKPOINTS
+
+    @property
+    def last_checkpoint(self) -> Path:
+        """``checkpoints/last.ckpt``."""
+        return self.checkpoints / self.LAST_CHECKPOINT
+
+    @property
+    def tensorboard(self) -> Path:
+        """``tensorboard/``."""
+        return self.root / self.TENSORBOARD
+
+    @property
+    def report(self) -> Path:
+        """``report/`` (the default output of ``python -m tgo.report``)."""
+        return self.root / self.REPORT
+
+    @property
+    def geometry(self) -> Path:
+        """``geometry/``."""
+        return self.root / self.GEOMETRY
+
+    @property
+    def metrics(self) -> Path:
+        """``geometry/metrics.csv``."""
+        return self.geometry / self.METRICS
+
+    @property
+    def spectra_dir(self) -> Path:
+        """``geometry/spectra/``."""
+        return self.geometry / self.SPECTRA
+
+    def spectra(self, epoch: int) -> Path:
+        """``geometry/spectra/epoch_EEEE.npz`` (epoch zero-padded to 4 digits)."""
+        return self.spectra_dir / f"epoch_{int(epoch):04d}.npz"
+
+    def spectra_files(self) -> dict[int, Path]:
+        """``{epoch: path}`` of every spectra file, epochs ascending."""
+        if not self.spectra_dir.is_dir():
+            return {}
+        found = {}
+        for p in self.spectra_dir.iterdir():
+            m = _SPECTRA_RE.match(p.name)
+            if m and p.is_file():
+                found[int(m.group(1))] = p
+        return dict(sorted(found.items()))
+
+    def has_records(self) -> bool:
+        """Whether geometry records exist (a metrics file or at least one spectra file)."""
+        return self.metrics.is_file() or bool(self.spectra_files())
+
+    def looks_like_run(self) -> bool:
+        """Whether this is a run directory at all (config, checkpoints or manifest), with or without records."""
+        return self.config.is_file() or self.checkpoints.is_dir() or self.manifest.is_file()
+
+    NON_RUN_SUBDIRS = frozenset({REPORT, ".hydra", TENSORBOARD, CHECKPOINTS, GEOMETRY})
+    """Subdirectories of a run that never hold other runs (skipped when searching for runs)."""
 
 
-def spectra_dir(run_dir: str | os.PathLike) -> Path:
-    """``<run_dir>/geometry/spectra``."""
-    return Path(run_dir) / GEOMETRY_DIR / "spectra"
-
-
-def spectra_path(run_dir: str | os.PathLike, epoch: int) -> Path:
-    """``<run_dir>/geometry/spectra/epoch_EEEE.npz`` (epoch zero-padded to 4 digits)."""
-    return spectra_dir(run_dir) / f"epoch_{int(epoch):04d}.npz"
-
-
+# ----------------------------------------------------------------------------------------------------------- writing
 def _fsync_dir(path: Path) -> None:
     """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
     try:
@@ -89,17 +188,37 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """Write a file through ``write(fileobj)`` so that readers see either the old or the complete new file.
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[bytes]], None]) -> Path:
+    """Writes a file so that readers see either the old or the complete new file, durably.
 
     The temporary file lives in the target directory (``os.replace`` is only atomic within a filesystem) and starts
-    with a dot so that readers globbing ``epoch_*.npz`` never pick it up. It is removed if anything fails.
+    with a dot so that readers globbing ``epoch_*.npz`` never pick it up; it gets ``0o666 & ~umask`` like a file
+    opened with ``open(path, "w")`` (``mkstemp`` alone would leave it ``0600``). It is removed if anything fails.
+
+    Args:
+        path: The target file (its directory is created).
+        data: Bytes, text (UTF-8) or a function writing to the binary file object.
+
+    Returns:
+        The path written.
     """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):  # POSIX
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
-            write(fh)
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -108,6 +227,12 @@ def _atomic_write(path: Path, write: Callable[[io.BufferedWriter], None]) -> Non
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike[str], payload: Any) -> Path:
+    """`atomic_write` of a JSON document (indent 1, trailing newline)."""
+    return atomic_write(path, json.dumps(payload, indent=1) + "\n")
 
 
 def _format_value(value: Any) -> str:
@@ -115,207 +240,252 @@ def _format_value(value: Any) -> str:
     return "nan" if math.isnan(v) else repr(v)
 
 
-def _read_metric_rows(path: Path) -> list[dict[str, str]]:
-    """Existing metrics rows as strings (no parsing, so rewriting keeps other epochs byte-identical)."""
-    if not path.exists():
-        return []
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        if tuple(reader.fieldnames or ()) != METRICS_COLUMNS:
-            raise RecordsError(f"{path}: header {reader.fieldnames} is not {list(METRICS_COLUMNS)}")
-        return [dict(row) for row in reader]
-
-
-def _epochs_in_metrics(path: Path) -> set[int]:
-    return {int(row["epoch"]) for row in _read_metric_rows(path)}
-
-
-def _epochs_in_spectra(run_dir: Path) -> dict[int, Path]:
-    d = spectra_dir(run_dir)
-    if not d.is_dir():
-        return {}
-    out = {}
-    for p in d.iterdir():
-        m = _SPECTRA_RE.match(p.name)
-        if m and p.is_file():
-            out[int(m.group(1))] = p
-    return dict(sorted(out.items()))
+def _key(key: Any) -> tuple[str, str]:
+    """``(point, view)`` of a results key: an ``ObservationKey``/pair, or a bare point name (view ``all``)."""
+    if isinstance(key, str):
+        return key, DEFAULT_VIEW
+    point, view = key
+    return str(point), str(view)
 
 
 class RecordWriter:
-    """Writes observations of one run; safe to recreate on resume (it reads what is already on disk).
+    """Writes the observations of one run; safe to recreate on resume (it reads what is already on disk).
 
     Args:
         run_dir: The run directory; ``geometry/`` is created inside it on the first write.
 
     Example:
-        >>> writer = RecordWriter(run_dir)
-        >>> writer.write_observation(epoch=3, step=1200, results=results, with_covariance=False)
+        >>> RecordWriter(run_dir).write_observation(epoch=3, step=1200, results=results, with_covariance=False)
     """
 
-    def __init__(self, run_dir: str | os.PathLike) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: str | os.PathLike[str] | RunDir) -> None:
+        self.run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
 
     @property
-    def metrics_path(self) -> Path:
-        """``geometry/metrics.csv`` of this run."""
-        return metrics_path(self.run_dir)
+    def run_dir(self) -> Path:
+        """The run directory."""
+        return self.run.root
 
-    def spectra_path(self, epoch: int) -> Path:
-        """``geometry/spectra/epoch_EEEE.npz`` of this run."""
-        return spectra_path(self.run_dir, epoch)
-
-    def metric_rows(self) -> list[dict[str, str]]:
-        """The rows already in ``metrics.csv`` as dicts of strings (empty if none); no pandas needed."""
-        return _read_metric_rows(self.metrics_path)
-
-    def observed_epochs(self) -> list[int]:
-        """Epochs whose observation is completely on disk (metrics rows and spectra file), ascending.
-
-        The metrics file is written last, so an epoch interrupted between the two writes is not counted and will be
-        observed again (its spectra file then replaced).
-        """
-        return sorted(_epochs_in_metrics(self.metrics_path) & set(_epochs_in_spectra(self.run_dir)))
-
-    def write_observation(
-        self, epoch: int, step: int, results: Mapping[str, Any], *, with_covariance: bool
-    ) -> None:
-        """Record one observation: spectra npz first, then the metrics rows (each atomically).
+    def write_observation(self, epoch: int, step: int, results: Mapping[Any, Any], *, with_covariance: bool) -> None:
+        """Records one observation: spectra npz first, then the metrics rows (each atomically).
 
         Args:
             epoch: Completed training epochs at observation time (0 = initialisation).
             step: Global optimizer step at observation time.
-            results: ``{point: PointResult}`` in point order (anything with ``spectrum.eigenvalues``,
-                ``spectrum.n_rows``, ``mean``, ``covariance`` and an ``observables`` mapping).
-            with_covariance: Also store each point's full covariance (D x D floats per point: large, so only on
-                chosen epochs).
+            results: ``{ObservationKey(point, view): PointResult}`` in point order (anything with
+                ``spectrum.eigenvalues``, ``spectrum.n_rows``, ``mean``, ``covariance`` and an ``observables``
+                mapping); a bare point name as key means view ``all``.
+            with_covariance: Also store each covariance (D x D floats: large, so only on chosen epochs).
 
         Raises:
-            ValueError: negative epoch/step, or a point name unusable as an npz key.
+            ValueError: negative epoch/step, or a point or view name unusable as an npz key.
         """
         epoch, step = int(epoch), int(step)
         if epoch < 0 or step < 0:
             raise ValueError(f"write_observation: epoch and step must be >= 0; got epoch={epoch}, step={step}")
         arrays: dict[str, np.ndarray] = {}
         rows: list[dict[str, str]] = []
-        for point, res in results.items():
-            if not point or "/" in point:
-                raise ValueError(f"write_observation: point name {point!r} cannot be an npz key prefix")
+        for key, res in results.items():
+            point, view = _key(key)
+            for part in (point, view):
+                if not part or "/" in part or "," in part:
+                    raise ValueError(f"write_observation: name {part!r} cannot be an npz key or CSV cell")
+            prefix = point if view == DEFAULT_VIEW else f"{point}/{view}"
             spectrum = res.spectrum
-            arrays[f"{point}/eigenvalues"] = np.asarray(spectrum.eigenvalues, dtype=np.float64)
-            arrays[f"{point}/n_rows"] = np.asarray(int(spectrum.n_rows), dtype=np.int64)
-            arrays[f"{point}/n_nonfinite"] = np.asarray(int(getattr(spectrum, "n_nonfinite", 0)), dtype=np.int64)
-            arrays[f"{point}/mean"] = np.asarray(res.mean, dtype=np.float64)
+            arrays[f"{prefix}/eigenvalues"] = np.asarray(spectrum.eigenvalues, dtype=np.float64)
+            arrays[f"{prefix}/n_rows"] = np.asarray(int(spectrum.n_rows), dtype=np.int64)
+            arrays[f"{prefix}/n_nonfinite"] = np.asarray(int(getattr(spectrum, "n_nonfinite", 0)), dtype=np.int64)
+            arrays[f"{prefix}/mean"] = np.asarray(res.mean, dtype=np.float64)
             if with_covariance:
-                arrays[f"{point}/covariance"] = np.asarray(res.covariance, dtype=np.float64)
+                arrays[f"{prefix}/covariance"] = np.asarray(res.covariance, dtype=np.float64)
             for metric, value in res.observables.items():
-                rows.append({"epoch": str(epoch), "step": str(step), "point": point, "metric": str(metric),
-                             "value": _format_value(value)})
+                rows.append({"epoch": str(epoch), "step": str(step), "point": point, "view": view,
+                             "metric": str(metric), "value": _format_value(value)})
 
-        _atomic_write(self.spectra_path(epoch), lambda fh: np.savez(fh, **arrays))
+        atomic_write(self.run.spectra(epoch), lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
 
-        kept = [r for r in _read_metric_rows(self.metrics_path) if int(r["epoch"]) != epoch]
+        kept = [r for r in read_metric_rows(self.run_dir) if int(r["epoch"]) != epoch]
         merged = sorted(kept + rows, key=lambda r: int(r["epoch"]))  # stable: within an epoch, written order
-
-        def write_csv(fh: io.BufferedWriter) -> None:
-            text = io.StringIO(newline="")
-            writer = csv.DictWriter(text, fieldnames=METRICS_COLUMNS, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(merged)
-            fh.write(text.getvalue().encode("utf-8"))
-
-        _atomic_write(self.metrics_path, write_csv)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=METRICS_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(merged)
+        atomic_write(self.run.metrics, text.getvalue())
 
 
-# ----------------------------------------------------------------------------------------------------------- readers
-def is_run_dir(path: str | os.PathLike) -> bool:
+# ----------------------------------------------------------------------------------------------------------- reading
+def read_metric_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, str]]:
+    """The rows of ``metrics.csv`` as dicts of strings (empty if there is no file yet); needs no pandas.
+
+    Rows are returned unparsed, so rewriting the file keeps other epochs byte-identical. Files without a ``view``
+    column (written before views existed) read as view ``all``.
+
+    Raises:
+        RecordsError: the header is neither the current nor the legacy one.
+    """
+    path = RunDir(run_dir).metrics
+    if not path.exists():
+        return []
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = tuple(reader.fieldnames or ())
+        if header == METRICS_COLUMNS:
+            return [dict(row) for row in reader]
+        if header == _LEGACY_COLUMNS:
+            return [{**row, "view": DEFAULT_VIEW} for row in reader]
+        raise RecordsError(f"{path}: header {list(header)} is not {list(METRICS_COLUMNS)}")
+
+
+def recorded_epochs(run_dir: str | os.PathLike[str]) -> list[int]:
+    """Epochs whose observation is completely on disk (metrics rows and spectra file), ascending.
+
+    The metrics file is written last, so an epoch interrupted between the two writes is not counted and will be
+    observed again (its spectra file then replaced).
+    """
+    run = RunDir(run_dir)
+    in_metrics = {int(row["epoch"]) for row in read_metric_rows(run.root)}
+    return sorted(in_metrics & set(run.spectra_files()))
+
+
+def is_run_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` holds geometry records (a metrics file or at least one spectra file)."""
-    p = Path(path)
-    return metrics_path(p).is_file() or bool(_epochs_in_spectra(p))
+    return RunDir(path).has_records()
 
 
-def _require_run_dir(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    if not p.is_dir():
-        raise RecordsError(f"{p}: not a directory (expected a run directory holding geometry/metrics.csv)")
-    if not is_run_dir(p):
+def _require_records(path: str | os.PathLike[str]) -> RunDir:
+    run = RunDir(path)
+    if not run.root.is_dir():
+        raise RecordsError(f"{run.root}: not a directory (expected a run directory holding "
+                           f"{RunDir.GEOMETRY}/{RunDir.METRICS})")
+    if not run.has_records():
         raise RecordsError(
-            f"{p}: no geometry records (neither {GEOMETRY_DIR}/metrics.csv nor {GEOMETRY_DIR}/spectra/epoch_*.npz); "
-            f"is this a run directory, and has an observation been made yet?"
+            f"{run.root}: no geometry records (neither {RunDir.GEOMETRY}/{RunDir.METRICS} nor "
+            f"{RunDir.GEOMETRY}/{RunDir.SPECTRA}/epoch_*.npz); is this a run directory, and has an observation been "
+            "made yet?"
         )
-    return p
+    return run
 
 
-def load_metrics(run_dir: str | os.PathLike) -> "pd.DataFrame":
-    """The metrics of a run as a tidy DataFrame with columns ``epoch, step, point, metric, value``.
+def _rows_with_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+    run = _require_records(path)
+    if not run.metrics.is_file():
+        raise RecordsError(f"{run.root}: spectra exist but {run.metrics.relative_to(run.root)} is missing")
+    return read_metric_rows(run.root)
 
-    Args:
-        run_dir: A run directory.
+
+def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """The metrics of a run as a tidy DataFrame with columns ``epoch, step, point, view, metric, value``.
 
     Returns:
-        DataFrame (epoch/step int64, point/metric str, value float64; NaN kept), in file order.
+        DataFrame (epoch/step int64, point/view/metric str, value float64; NaN kept), in file order.
 
     Raises:
         RecordsError: not a run directory, no metrics file, or a malformed one.
-        ImportError: pandas is not installed (``pip install 'tgo[report]'``).
+        ImportError: pandas is not installed (``pip install 'tgo[analysis]'``).
     """
     try:
         import pandas as pd
-    except ImportError as err:  # pragma: no cover - pandas ships with the test/report extras
-        raise ImportError("tgo.records.load_metrics needs pandas: pip install 'tgo[report]' (or use load_spectra, "
-                          "which needs only numpy)") from err
-    p = _require_run_dir(run_dir)
-    path = metrics_path(p)
-    if not path.is_file():
-        raise RecordsError(f"{p}: spectra exist but {path.relative_to(p)} is missing")
-    rows = _read_metric_rows(path)
+    except ImportError as err:  # pragma: no cover - pandas ships with the test/analysis extras
+        raise ImportError("tgo.records.load_metrics needs pandas: pip install 'tgo[analysis]' (or use load_series "
+                          "or load_spectra, which need only numpy)") from err
+    rows = _rows_with_metrics_file(run_dir)
     try:
-        frame = pd.DataFrame(
+        return pd.DataFrame(
             {
                 "epoch": pd.array([int(r["epoch"]) for r in rows], dtype="int64"),
                 "step": pd.array([int(r["step"]) for r in rows], dtype="int64"),
                 "point": pd.array([r["point"] for r in rows], dtype=object),
+                "view": pd.array([r["view"] for r in rows], dtype=object),
                 "metric": pd.array([r["metric"] for r in rows], dtype=object),
                 "value": np.array([float(r["value"]) for r in rows], dtype=np.float64),
             },
             columns=list(METRICS_COLUMNS),
         )
     except (TypeError, ValueError) as err:
-        raise RecordsError(f"{path}: malformed row ({err})") from err
-    return frame
+        raise RecordsError(f"{RunDir(run_dir).metrics}: malformed row ({err})") from err
 
 
-def _load_npz(path: Path) -> dict[str, dict[str, np.ndarray]]:
+def load_series(run_dir: str | os.PathLike[str], *, view: str = DEFAULT_VIEW,
+                metrics: Sequence[str] | None = None) -> Series:
+    """The metrics of one view of a run as arrays: ``{metric: {point: (epochs, values)}}``; numpy only.
+
+    Args:
+        run_dir: A run directory.
+        view: Which view of the points (``all``: every row a point selects).
+        metrics: Only these metrics (default: all recorded), in recorded order.
+
+    Returns:
+        metric -> point -> (epochs int64 ascending, values float64); metrics and points in recorded order.
+
+    Raises:
+        RecordsError: not a run directory, no metrics file, or a malformed row.
+    """
+    rows = _rows_with_metrics_file(run_dir)
+    wanted = None if metrics is None else set(metrics)
+    collected: dict[str, dict[str, dict[int, float]]] = {}
+    try:
+        for row in rows:
+            if row["view"] != view or (wanted is not None and row["metric"] not in wanted):
+                continue
+            collected.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = float(
+                row["value"]
+            )
+    except (TypeError, ValueError) as err:
+        raise RecordsError(f"{RunDir(run_dir).metrics}: malformed row ({err})") from err
+    return {
+        metric: {
+            point: (np.array(sorted(values), dtype=np.int64),
+                    np.array([values[e] for e in sorted(values)], dtype=np.float64))
+            for point, values in per_point.items()
+        }
+        for metric, per_point in collected.items()
+    }
+
+
+def _load_npz(path: Path, view: str, arrays: Iterable[str] | None) -> dict[str, dict[str, np.ndarray]]:
+    wanted = None if arrays is None else set(arrays)
     points: dict[str, dict[str, np.ndarray]] = {}
     try:
         with np.load(path, allow_pickle=False) as data:
             for key in data.files:
-                point, sep, name = key.rpartition("/")
-                if not sep:
+                parts = key.split("/")
+                if len(parts) == 2:
+                    point, key_view, name = parts[0], DEFAULT_VIEW, parts[1]
+                elif len(parts) == 3:
+                    point, key_view, name = parts
+                else:
                     continue  # not a per-point array; tolerated for forward compatibility
+                if key_view != view or (wanted is not None and name not in wanted):
+                    continue
                 points.setdefault(point, {})[name] = data[key]
     except (OSError, ValueError) as err:  # truncated or not a zip: never produced by RecordWriter, but be clear
         raise RecordsError(f"{path}: unreadable spectra file ({err})") from err
     return points
 
 
-def _iter_spectra(run_dir: Path, epochs: Iterable[int] | None) -> Iterator[tuple[int, Path]]:
-    files = _epochs_in_spectra(run_dir)
+def _iter_spectra(run: RunDir, epochs: Iterable[int] | None) -> Iterator[tuple[int, Path]]:
+    files = run.spectra_files()
     wanted = files.keys() if epochs is None else epochs
     for e in wanted:
         if int(e) not in files:
-            raise RecordsError(f"{run_dir}: no spectra for epoch {e}; available {sorted(files)}")
+            raise RecordsError(f"{run.root}: no spectra for epoch {e}; available {sorted(files)}")
         yield int(e), files[int(e)]
 
 
 def load_spectra(
-    run_dir: str | os.PathLike, epochs: Iterable[int] | None = None
+    run_dir: str | os.PathLike[str],
+    epochs: Iterable[int] | None = None,
+    *,
+    view: str = DEFAULT_VIEW,
+    arrays: Iterable[str] | None = None,
 ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
     """The spectra of a run: ``{epoch: {point: {"eigenvalues", "n_rows", "n_nonfinite", "mean", ["covariance"]}}}``.
 
     Args:
         run_dir: A run directory.
-        epochs: Optional iterable of epochs to load (all by default); covariances make files large.
+        epochs: Epochs to load (all by default).
+        view: Which view of the points.
+        arrays: Only these arrays (e.g. ``("eigenvalues",)``; covariances make files large); default all.
 
     Returns:
         Nested dict, epochs ascending, points in written order; ``n_rows``/``n_nonfinite`` are 0-d int64 arrays.
@@ -323,40 +493,5 @@ def load_spectra(
     Raises:
         RecordsError: not a run directory, a requested epoch missing, or an unreadable file.
     """
-    p = _require_run_dir(run_dir)
-    return {e: _load_npz(path) for e, path in _iter_spectra(p, epochs)}
-
-
-@dataclass
-class RunRecords:
-    """A run's records in memory.
-
-    Attributes:
-        run_dir: Where they were read from.
-        metrics: Tidy DataFrame (`load_metrics`).
-        spectra: Nested arrays (`load_spectra`).
-    """
-
-    run_dir: Path
-    metrics: "pd.DataFrame"
-    spectra: dict[int, dict[str, dict[str, np.ndarray]]]
-
-    @property
-    def epochs(self) -> list[int]:
-        """Epochs present in both metrics and spectra, ascending."""
-        return sorted(set(int(e) for e in self.metrics["epoch"].unique()) & set(self.spectra))
-
-    @property
-    def points(self) -> list[str]:
-        """Point names in recorded order."""
-        return list(dict.fromkeys(self.metrics["point"]))
-
-
-def load_run(run_dir: str | os.PathLike) -> RunRecords:
-    """Load a run's metrics and spectra together.
-
-    Raises:
-        RecordsError: as `load_metrics` / `load_spectra`.
-    """
-    p = _require_run_dir(run_dir)
-    return RunRecords(run_dir=p, metrics=load_metrics(p), spectra=load_spectra(p))
+    run = _require_records(run_dir)
+    return {e: _load_npz(path, view, arrays) for e, path in _iter_spectra(run, epochs)}

@@ -7,7 +7,6 @@ Everything that can be wrong with the input is checked before ``trainer.fit`` st
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgo.config import validate_config
 from tgo.errors import ConfigError, find_user_error
-
-log = logging.getLogger(__name__)
+from tgo.records import RunDir, atomic_write
 
 
 def instantiate_named(group: DictConfig | None) -> list[Any]:
@@ -37,7 +35,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
     """Resolves ``ckpt_path``: ``last`` means this run directory's ``checkpoints/last.ckpt``; a missing file fails."""
     if ckpt_path is None:
         return None
-    path = output_dir / "checkpoints" / "last.ckpt" if ckpt_path == "last" else Path(ckpt_path)
+    path = RunDir(output_dir).last_checkpoint if ckpt_path == "last" else Path(ckpt_path)
     if not path.is_file():
         raise ConfigError(f"ckpt_path: '{path}' does not exist; expected a Lightning checkpoint file "
                           "(or `last` together with hydra.run.dir=<the run directory to resume>).")
@@ -52,8 +50,8 @@ def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
     """
     if ckpt_path is not None:
         return
-    existing = [p for p in (output_dir / "geometry" / "metrics.csv", output_dir / "checkpoints" / "last.ckpt")
-                if p.exists()]
+    run = RunDir(output_dir)
+    existing = [p for p in (run.metrics, run.last_checkpoint) if p.exists()]
     if existing:
         raise ConfigError(f"hydra.run.dir: '{output_dir}' already holds a run ({existing[0].name} exists); resume it "
                           "with ckpt_path=last, or choose a new directory (the default makes a fresh one per run).")
@@ -104,12 +102,11 @@ def run(cfg: DictConfig) -> dict[str, float]:
     # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
     if rank_zero_only.rank == 0:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=False)
+        atomic_write(RunDir(output_dir).config, OmegaConf.to_yaml(cfg, resolve=False))
         manifest = datamodule.write_manifest(output_dir)
         rank_zero_info(f"[tgo] run directory: {output_dir.resolve()}")
         rank_zero_info(f"[tgo] analysis subset manifest: {manifest}")
-        rank_zero_info(f"[tgo] TensorBoard: tensorboard --logdir {(output_dir / 'tensorboard').resolve()}")
+        rank_zero_info(f"[tgo] TensorBoard: tensorboard --logdir {RunDir(output_dir).tensorboard.resolve()}")
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:

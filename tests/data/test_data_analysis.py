@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from tgo.observatory import ShardPlan, shard_loader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,7 +95,8 @@ def test_independent_of_rank_world_size_and_workers(tree: Path, monkeypatch) -> 
         assert _items(_dm(tree)) == _items(reference)
     batches = {}
     for workers in (0, 2):
-        loader = reference.analysis_dataloader(num_workers=workers)
+        plan = ShardPlan(batch_size=reference.analysis_batch_size, num_workers=workers)
+        loader = shard_loader(reference.analysis_dataset, plan)
         batches[workers] = torch.cat([x for x, _ in loader])
     assert torch.equal(batches[0], batches[2])
 

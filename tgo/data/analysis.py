@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,6 +36,7 @@ from torch.utils.data import Dataset
 
 from tgo.data.datasets import ImageSplit
 from tgo.data.errors import AnalysisManifestMismatch, DataConfigError
+from tgo.records import RunDir
 
 __all__ = [
     "MANIFEST_NAME",
@@ -49,10 +48,9 @@ __all__ = [
     "subset_fingerprint",
     "load_manifest",
     "resolve_manifest",
-    "write_json_atomic",
 ]
 
-MANIFEST_NAME = "analysis_subset.json"
+MANIFEST_NAME = RunDir.MANIFEST
 MANIFEST_VERSION = 1
 _SHOW = 5  # how many offending classes/items an error message names
 
@@ -185,21 +183,6 @@ class AnalysisSubset(Dataset):
                 for item, i in zip(self.items, self.indices)
             ]
         return self.items
-
-
-def write_json_atomic(payload: dict[str, Any], path: Path) -> Path:
-    """Write JSON via a temporary file + ``os.replace`` so a crash never leaves a half-written manifest."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(payload, handle, indent=1)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def load_manifest(path: str | Path) -> dict[str, Any]:

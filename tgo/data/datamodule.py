@@ -15,7 +15,6 @@ import lightning as L
 from torch.utils.data import DataLoader, Sampler
 
 from tgo.data.analysis import (
-    MANIFEST_NAME,
     MANIFEST_VERSION,
     AnalysisItem,
     AnalysisSubset,
@@ -24,11 +23,11 @@ from tgo.data.analysis import (
     resolve_manifest,
     select_analysis_indices,
     subset_fingerprint,
-    write_json_atomic,
 )
 from tgo.data.datasets import ImageSplit
 from tgo.data.errors import DataConfigError
 from tgo.data.sources import SOURCES, SourceData, build_source
+from tgo.records import RunDir, atomic_write_json
 from tgo.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -80,7 +79,7 @@ class TGODataModule(L.LightningDataModule):
         analysis_seed: Seed of the per-class selection.
         analysis_manifest: Path of an earlier ``analysis_subset.json`` (or its run directory) to pin the exact subset;
             the data must still match it (keys, labels, hashes) or validation raises ``AnalysisManifestMismatch``.
-        analysis_batch_size: Batch size of :meth:`analysis_dataloader` (``None`` = ``eval_batch_size``).
+        analysis_batch_size: Batch size of the observation pass over :attr:`analysis_dataset` (``None`` = ``eval_batch_size``).
         analysis: The same five settings nested as the config writes them (``data.analysis.manifest=...``): keys
             ``size``, ``per_class``, ``seed``, ``manifest``, ``batch_size``; a key given here wins over the flat one.
     """
@@ -336,22 +335,6 @@ class TGODataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_dataset, self.eval_batch_size, shuffle=False)
 
-    def analysis_dataloader(self, sampler: Sampler | None = None, num_workers: int | None = None) -> DataLoader:
-        """Loader over :attr:`analysis_dataset` in order (pass an ``UnrepeatedDistributedSampler`` to shard it).
-
-        Args:
-            sampler: Optional sampler, e.g. one shard per rank without padding.
-            num_workers: Override of ``num_workers`` (the subset is small; workers are optional).
-        """
-        return DataLoader(
-            self.analysis_dataset,
-            batch_size=self.analysis_batch_size,
-            shuffle=False,
-            sampler=sampler,
-            num_workers=self.num_workers if num_workers is None else num_workers,
-            pin_memory=self.pin_memory,
-        )
-
     # ------------------------------------------------------------------ manifest
 
     def manifest(self) -> dict[str, Any]:
@@ -376,7 +359,7 @@ class TGODataModule(L.LightningDataModule):
 
     def write_manifest(self, run_dir: str | Path) -> Path:
         """Write ``<run_dir>/analysis_subset.json`` atomically (call on global rank zero) and return its path."""
-        return write_json_atomic(self.manifest(), Path(run_dir) / MANIFEST_NAME)
+        return atomic_write_json(RunDir(run_dir).manifest, self.manifest())
 
     def __repr__(self) -> str:
         return (

@@ -1,23 +1,36 @@
-"""Observation points, the probe that hooks them, and the observation pass.
+"""Where and how a model is observed: points, the probe, the streaming pass, the multi-rank pipeline, settings.
 
-Typical use (one rank)::
+* `points` -- which module is read, input or output, which tokens (`ObservationPoint`, `vit_points`).
+* `probe` -- forward hooks that stream a point's activations into its accumulator (`Probe`).
+* `stream` -- one rank's pass over its images, sums only (`stream_activations`, `reduce_accumulators`).
+* `results` -- rank 0's spectra and observables per (point, view) (`summarize_accumulators`, `ObservationKey`).
+* `pipeline` -- the whole observation across ranks, recorded (`observe_and_record`): the one entry point of the
+  training callback and of ``python -m tgo.observe``.
+* `settings` -- every knob of an observation (`ObservationSettings`, the ``observation`` config group).
 
-    points = vit_points(model)                      # the paper's 15 points for any timm ViT
-    accs = run_observation(model, loader, points)   # {name: StreamingCovariance}, point order
-    reduce_observation(accs, sum_fn)                # every rank, same order
-    results = summarize_observation(accs, points)   # rank 0: {name: PointResult}
+Typical use (one process)::
+
+    settings = ObservationSettings()
+    points = points_from_config(settings.points, model)
+    results = observe_and_record(model, dataset, points, settings=settings, plan=ShardPlan(),
+                                 record=RecordPlan(RecordWriter(run_dir), epoch=0, step=0),
+                                 all_reduce_sum=lambda t: t, is_global_zero=True)
 """
-from .observation import (
-    PointResult,
-    exact_inference,
-    reduce_observation,
-    run_observation,
-    summarize_observation,
+
+from .pipeline import (
+    NonFiniteActivationsError,
+    RecordPlan,
+    ShardPlan,
+    ShardSampler,
+    observe_and_record,
+    observe_dataset,
+    shard_loader,
 )
 from .points import (
     READS,
     TOKENS,
     ObservationPoint,
+    PointConfigError,
     points_from_config,
     resolve_points,
     select_tokens,
@@ -25,22 +38,39 @@ from .points import (
     vit_points,
 )
 from .probe import Probe, SupportsUpdate, num_prefix_tokens_of
+from .results import DEFAULT_VIEW, ObservationKey, PointResult, Results, summarize_accumulators
+from .settings import FigureSettings, ObservationSettings, ObservationSettingsError
+from .stream import exact_inference, reduce_accumulators, stream_activations
 
 __all__ = [
+    "DEFAULT_VIEW",
     "READS",
     "TOKENS",
+    "FigureSettings",
+    "NonFiniteActivationsError",
+    "ObservationKey",
     "ObservationPoint",
+    "ObservationSettings",
+    "ObservationSettingsError",
+    "PointConfigError",
     "PointResult",
     "Probe",
+    "RecordPlan",
+    "Results",
+    "ShardPlan",
+    "ShardSampler",
     "SupportsUpdate",
     "exact_inference",
     "num_prefix_tokens_of",
+    "observe_and_record",
+    "observe_dataset",
     "points_from_config",
-    "reduce_observation",
+    "reduce_accumulators",
     "resolve_points",
-    "run_observation",
     "select_tokens",
-    "summarize_observation",
+    "shard_loader",
+    "stream_activations",
+    "summarize_accumulators",
     "unwrap_model",
     "vit_points",
 ]

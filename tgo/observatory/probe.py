@@ -14,7 +14,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .points import ObservationPoint, resolve_points, select_tokens, unwrap_model
 
-__all__ = ["Probe", "SupportsUpdate", "num_prefix_tokens_of", "unwrap_model"]
+__all__ = ["Probe", "SupportsUpdate", "num_prefix_tokens_of"]
 
 
 class SupportsUpdate(Protocol):
@@ -68,6 +68,8 @@ class Probe:
         points: Observation points; names must be unique.
         accumulators: ``{point.name: accumulator}`` with an ``update(x)`` method; every point needs one.
         num_prefix_tokens: Prefix (class + register) token count; default from the model (`num_prefix_tokens_of`).
+        modules: The points' modules if the caller already resolved them (`resolve_points`), so one observation
+            resolves its points once; resolved here otherwise.
 
     Example:
         >>> with Probe(model, points, accs):
@@ -81,6 +83,7 @@ class Probe:
         accumulators: Mapping[str, SupportsUpdate],
         *,
         num_prefix_tokens: int | None = None,
+        modules: Mapping[str, nn.Module] | None = None,
     ) -> None:
         self.model = unwrap_model(model)
         self.points = list(points)
@@ -89,7 +92,8 @@ class Probe:
             raise ValueError(f"Probe: no accumulator for point(s) {missing}")
         self.accumulators = accumulators
         self.num_prefix_tokens = num_prefix_tokens_of(self.model) if num_prefix_tokens is None else num_prefix_tokens
-        self._modules = resolve_points(self.model, self.points)  # fail before any hook is registered
+        # Resolved before any hook is registered, so a bad module path fails with nothing to undo.
+        self._modules = dict(modules) if modules is not None else resolve_points(self.model, self.points)
         self._handles: list[RemovableHandle] = []
 
     def _prefix_for(self, point: ObservationPoint) -> int:

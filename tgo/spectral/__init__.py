@@ -7,7 +7,7 @@ Pure numerics (torch + numpy, no Lightning). The flow for one observation point:
     allreduce_accumulators(accs, all_reduce_sum)    # every rank, two sum collectives
     cov = acc.covariance()                          # rank 0
     spectrum = eigendecompose(cov, acc.n, acc.n_nonfinite)
-    row = summarize(cov, spectrum)                  # {name: float} keyed by OBSERVABLES
+    row = summarize(cov, spectrum)                  # {name: float}, one per CATALOGUE entry
 
 Formulas, conventions and degenerate cases: ``docs/observables.md``.
 """
@@ -31,8 +31,8 @@ from tgo.spectral.observables import (
     spectral_flatness,
     stable_rank,
 )
-from tgo.spectral.simulate import SimulatedWorld
-from tgo.spectral.summary import OBSERVABLES, summarize
+from tgo.spectral.catalogue import CATALOGUE, Catalogue, Observable, SpectralInputs
+from tgo.spectral.summary import summarize
 
 __all__ = [
     "StreamingCovariance",
@@ -40,7 +40,10 @@ __all__ = [
     "strict_fp32_math",
     "Spectrum",
     "eigendecompose",
-    "OBSERVABLES",
+    "CATALOGUE",
+    "Catalogue",
+    "Observable",
+    "SpectralInputs",
     "summarize",
     "FLATNESS_FLOOR",
     "effective_rank",
@@ -57,5 +60,4 @@ __all__ = [
     "singular_values",
     "decay_curve",
     "cumulative_explained_variance",
-    "SimulatedWorld",
 ]

@@ -1,8 +1,8 @@
-"""One observation of a dataset across ranks: shard without padding, stream, reduce once, summarise once.
+"""The multi-rank pipeline of one observation: shard without padding, stream, reduce once, summarise, record.
 
-This is the single code path shared by the geometry callback (during training) and ``tgo.observe`` (after the
-fact), so both produce identical records. It knows nothing about Lightning: the caller passes its rank, world
-size and a sum all-reduce.
+`observe_and_record` is the single code path shared by the geometry callback (during training) and
+``python -m tgo.observe`` (after the fact), so both produce identical records. It knows nothing about Lightning: the
+caller passes its rank, world size, a sum all-reduce and the `ObservationSettings`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from tgo.observatory.observation import PointResult, reduce_observation, run_observation, summarize_observation
 from tgo.observatory.points import ObservationPoint
+from tgo.observatory.results import Results, summarize_accumulators
+from tgo.observatory.settings import ObservationSettings
+from tgo.observatory.stream import reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
 from tgo.spectral import StreamingCovariance
 
@@ -37,6 +39,13 @@ class ShardPlan:
     world_size: int = 1
     batch_size: int = 64
     num_workers: int = 0
+
+    @classmethod
+    def for_rank(cls, settings: ObservationSettings, *, rank: int, world_size: int, default_batch_size: int,
+                 default_num_workers: int) -> ShardPlan:
+        """This rank's plan: the settings' batch size and workers, else the DataModule's defaults."""
+        return cls(rank=rank, world_size=world_size, batch_size=int(settings.batch_size or default_batch_size),
+                   num_workers=int(settings.num_workers if settings.num_workers is not None else default_num_workers))
 
 
 class ShardSampler(Sampler[int]):
@@ -94,8 +103,8 @@ def observe_dataset(
         Accumulators holding the global sums, one per point, in point order, identical on every rank.
     """
     loader = shard_loader(dataset, plan)
-    accumulators = run_observation(model, loader, points, device=device, gram_dtype=gram_dtype)
-    reduce_observation(accumulators, all_reduce_sum)
+    accumulators = stream_activations(model, loader, points, device=device, gram_dtype=gram_dtype)
+    reduce_accumulators(accumulators, all_reduce_sum)
     return accumulators
 
 
@@ -112,16 +121,12 @@ class RecordPlan:
         epoch: Completed training epochs of the observed weights.
         step: Optimiser steps of the observed weights.
         with_covariance: Keep the full covariance matrices in the spectra file.
-        nonfinite: ``warn`` (NaN observables for the point, keep going) or ``error``.
-        fit_range: Optional ``(start, stop)`` of the power-law fit.
     """
 
     writer: RecordWriter
     epoch: int
     step: int
     with_covariance: bool = False
-    nonfinite: str = "warn"
-    fit_range: tuple[int, int] | None = None
 
 
 def observe_and_record(
@@ -129,37 +134,54 @@ def observe_and_record(
     dataset: Dataset,
     points: Sequence[ObservationPoint],
     *,
+    settings: ObservationSettings,
     plan: ShardPlan,
     record: RecordPlan,
     all_reduce_sum: SumFn,
     is_global_zero: bool,
     device: torch.device | str | None = None,
-    gram_dtype: torch.dtype = torch.float64,
-) -> dict[str, PointResult] | None:
+) -> Results | None:
     """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
 
     Collective: every rank must call it. Non-finite activations raise on every rank together (the counts are
     reduced first), so an ``error`` policy cannot leave one rank waiting in a collective.
 
+    Args:
+        model: The network to observe.
+        dataset: The analysis subset (identical on every rank).
+        points: The observation points, in depth order (resolved once by the caller).
+        settings: Gram precision, non-finite policy and fit range are read from here.
+        plan: This rank's shard.
+        record: Where and under which epoch the result is recorded.
+        all_reduce_sum: Element-wise sum over ranks (identity on one process).
+        is_global_zero: Whether this process records.
+        device: Where activations and accumulators live.
+
     Returns:
-        The per-point results on rank 0, ``None`` on other ranks.
+        The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
     """
     accumulators = observe_dataset(model, dataset, points, plan=plan, all_reduce_sum=all_reduce_sum, device=device,
-                                   gram_dtype=gram_dtype)
+                                   gram_dtype=settings.torch_gram_dtype)
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
-    if bad and record.nonfinite == "error":
+    if bad and settings.nonfinite == "error":
         raise NonFiniteActivationsError(f"epoch {record.epoch}: non-finite activations (rows per point): {bad}; "
-                                        "set nonfinite=warn to record NaN observables and continue")
+                                        "set observation.nonfinite=warn to record NaN observables and continue")
     if not is_global_zero:
         return None
     if bad:
         warnings.warn(f"[tgo] epoch {record.epoch}: non-finite activations at {bad} (rows excluded); their "
                       "observables are recorded as NaN", RuntimeWarning, stacklevel=2)
-    fit = {} if record.fit_range is None else {"fit_start": record.fit_range[0], "fit_stop": record.fit_range[1]}
-    results = summarize_observation(accumulators, points, nan_if_nonfinite=True, **fit)
+    results = summarize_accumulators(accumulators, points, nan_if_nonfinite=True, fit_range=settings.fit_range)
     record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)
     return results
 
 
-__all__ = ["NonFiniteActivationsError", "RecordPlan", "ShardPlan", "ShardSampler", "observe_and_record", "observe_dataset",
-           "shard_loader"]
+__all__ = [
+    "NonFiniteActivationsError",
+    "RecordPlan",
+    "ShardPlan",
+    "ShardSampler",
+    "observe_and_record",
+    "observe_dataset",
+    "shard_loader",
+]

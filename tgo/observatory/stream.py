@@ -1,8 +1,8 @@
-"""The observation pass: run images through a model with the probe attached, then summarize on one rank.
+"""The streaming pass of one rank: run images through a model with the probe attached, sums only.
 
-`run_observation` is local to a rank: it returns one `StreamingCovariance` per point (in point order) holding this
-rank's shard. The caller combines ranks with ``tgo.spectral.allreduce_accumulators(list(accs.values()), sum_fn)``
-(every rank, same order; see `reduce_observation`) and then, on rank 0 only, calls `summarize_observation`.
+`stream_activations` is local to a rank: it returns one `StreamingCovariance` per point (in point order) holding this
+rank's shard. `tgo.observatory.pipeline` combines ranks (`reduce_accumulators`, every rank, same order) and then,
+on rank 0 only, `tgo.observatory.results.summarize_accumulators` turns the sums into spectra and observables.
 
 Choices worth knowing:
 
@@ -23,29 +23,18 @@ Choices worth knowing:
 from __future__ import annotations
 
 import contextlib
-import math
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from tgo.spectral import StreamingCovariance, allreduce_accumulators, eigendecompose, strict_fp32_math, summarize
+from tgo.spectral import StreamingCovariance, allreduce_accumulators, strict_fp32_math
 
 from .points import ObservationPoint, resolve_points, unwrap_model
 from .probe import Probe, num_prefix_tokens_of
 
-__all__ = [
-    "PointResult",
-    "exact_inference",
-    "reduce_observation",
-    "run_observation",
-    "summarize_observation",
-]
-
-# Observables that are bookkeeping, not geometry: kept real when a point's geometry is declared NaN.
-_COUNT_KEYS = frozenset({"n_rows", "n_nonfinite"})
+__all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
@@ -101,7 +90,7 @@ def _images_of(batch: Any) -> torch.Tensor:
         return batch
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
         return batch[0]
-    raise TypeError(f"run_observation: a batch must be an image tensor or (images, labels); got {type(batch).__name__}")
+    raise TypeError(f"stream_activations: a batch must be an image tensor or (images, labels); got {type(batch).__name__}")
 
 
 def _static_dim(model: nn.Module, point: ObservationPoint, module: nn.Module) -> int | None:
@@ -126,7 +115,7 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
     in_chans = getattr(proj, "in_channels", None)
     if img_size is None or in_chans is None:
         raise RuntimeError(
-            f"run_observation: this rank saw no batches and the feature dimension of point(s) "
+            f"stream_activations: this rank saw no batches and the feature dimension of point(s) "
             f"{[p.name for p in points]} cannot be inferred for {type(model).__name__}; give every rank data"
         )
     h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -146,11 +135,11 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
 
 
 def _never_called(points: Sequence[ObservationPoint]) -> str:
-    return (f"run_observation: the module(s) of point(s) {[f'{p.name} ({p.module})' for p in points]} were never "
+    return (f"stream_activations: the module(s) of point(s) {[f'{p.name} ({p.module})' for p in points]} were never "
             f"called by the model's forward, so nothing can be observed there; point at a module the forward uses")
 
 
-def run_observation(
+def stream_activations(
     model: nn.Module,
     batches: Iterable[Any],
     points: Sequence[ObservationPoint],
@@ -183,7 +172,8 @@ def run_observation(
     modes = [(m, m.training) for m in net.modules()]  # per module: a deliberately frozen submodule stays frozen
     try:
         net.eval()
-        with exact_inference(device.type), Probe(net, points, lazy, num_prefix_tokens=num_prefix_tokens_of(net)):
+        probe = Probe(net, points, lazy, num_prefix_tokens=num_prefix_tokens_of(net), modules=modules)
+        with exact_inference(device.type), probe:
             n_batches = 0
             for batch in batches:
                 images = _images_of(batch).to(device, non_blocking=True)
@@ -209,94 +199,19 @@ def run_observation(
     return {p.name: lazy[p.name].acc for p in points}  # type: ignore[misc]
 
 
-def reduce_observation(
+def reduce_accumulators(
     accumulators: Mapping[str, StreamingCovariance], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
 ) -> None:
     """Combine every rank's accumulators in place (two sum collectives in total, whatever the number of points).
 
-    Call on every rank with the dict `run_observation` returned (its order is the point order, identical on every
+    Call on every rank with the dict `stream_activations` returned (its order is the point order, identical on every
     rank); never inside a rank-zero branch.
 
     Args:
-        accumulators: ``{name: StreamingCovariance}`` from `run_observation`.
+        accumulators: ``{name: StreamingCovariance}`` from `stream_activations`.
         all_reduce_sum: Returns the element-wise sum over ranks, e.g.
             ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``; identity for a single process.
     """
     allreduce_accumulators(list(accumulators.values()), all_reduce_sum)
 
 
-@dataclass(frozen=True)
-class PointResult:
-    """Everything recorded about one point at one observation.
-
-    Attributes:
-        spectrum: ``tgo.spectral.Spectrum`` (float64 descending eigenvalues, row counts, clamping diagnostics).
-        observables: ``{metric: value}`` from ``tgo.spectral.summarize`` (NaN where undefined).
-        mean: float64 ``[D]`` mean activation.
-        covariance: float64 ``[D, D]`` unbiased covariance (kept so records can store it on chosen epochs).
-    """
-
-    spectrum: Any
-    observables: dict[str, float]
-    mean: np.ndarray
-    covariance: np.ndarray
-
-    @property
-    def n_rows(self) -> int:
-        """Rows (tokens x images) that entered the covariance."""
-        return int(self.spectrum.n_rows)
-
-
-def summarize_observation(
-    accumulators: Mapping[str, StreamingCovariance],
-    points: Sequence[ObservationPoint] | None = None,
-    *,
-    nan_if_nonfinite: bool = False,
-    **summary_kwargs: Any,
-) -> dict[str, PointResult]:
-    """Eigendecompose (float64) and compute the observables of every point; call on one rank after reduction.
-
-    Args:
-        accumulators: Reduced accumulators ``{name: StreamingCovariance}``.
-        points: Order of the result (default: the accumulators' order); every point needs an accumulator.
-        nan_if_nonfinite: A point that saw any non-finite row gets NaN observables (its counts, ``n_rows`` and
-            ``n_nonfinite``, stay real so the record says why). The accumulator excludes such rows, so without this
-            the observables would quietly describe only the finite part. Spectrum, mean and covariance of the finite
-            rows are kept either way, for diagnosis.
-        **summary_kwargs: Forwarded to ``tgo.spectral.summarize`` (``fit_range``, ``fit_start``, ``fit_stop``).
-
-    Returns:
-        ``{name: PointResult}`` in point order.
-    """
-    names = [p.name for p in points] if points is not None else list(accumulators)
-    missing = [n for n in names if n not in accumulators]
-    if missing:
-        raise ValueError(f"summarize_observation: no accumulator for point(s) {missing}")
-    # Every torch op first, then all numpy work under a one-thread BLAS: numpy's BLAS pool (OpenBLAS threads) and
-    # torch's OpenMP pool otherwise spin against each other on the same cores. Measured on 2 CPU cores: 15 points of
-    # D=384 took ~7 s with both pools at 2 threads and ~0.5 s like this; a 384x384 eigvalsh gains nothing from threads.
-    moments = {}
-    for name in names:
-        acc = accumulators[name]
-        cov = acc.covariance().detach().cpu().numpy().astype(np.float64, copy=False)
-        mean = acc.mean().detach().cpu().numpy().astype(np.float64, copy=False)
-        moments[name] = (cov, mean, int(acc.n), int(acc.n_nonfinite))
-    out: dict[str, PointResult] = {}
-    with _single_threaded_blas():
-        for name in names:
-            cov, mean, n_rows, n_nonfinite = moments[name]
-            spectrum = eigendecompose(cov, n_rows=n_rows, n_nonfinite=n_nonfinite)
-            observables = {k: float(v) for k, v in summarize(cov, spectrum, **summary_kwargs).items()}
-            if nan_if_nonfinite and n_nonfinite > 0:
-                observables = {k: (v if k in _COUNT_KEYS else math.nan) for k, v in observables.items()}
-            out[name] = PointResult(spectrum=spectrum, observables=observables, mean=mean, covariance=cov)
-    return out
-
-
-def _single_threaded_blas() -> contextlib.AbstractContextManager:
-    """numpy's BLAS limited to one thread for the enclosed block (threadpoolctl ships with scikit-learn)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - scikit-learn, a dependency, requires threadpoolctl
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")

@@ -1,0 +1,55 @@
+"""No recorded number changes by accident: the smoke run's records equal a stored golden copy, bit for bit.
+
+``tests/fixtures/golden_smoke`` holds ``geometry/`` (metrics.csv and the spectra of epochs 0, 1, 2) of
+``python -m tgo.train experiment=smoke`` as recorded before the observation model was refactored. Two runs with the
+same seed are bit-identical on CPU, so every float64 value (every observable, eigenvalue, mean and covariance)
+must be equal exactly. Files may gain columns, metrics or arrays; none may lose or change one.
+
+To regenerate after an intended change of a number, run the smoke experiment and copy its ``geometry/`` here, and
+say in the commit message which numbers changed and why.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.report.smoke import smoke_run_dir
+from tgo.records import load_spectra, read_metric_rows
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden_smoke"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return smoke_run_dir(tmp_path_factory)
+
+
+def _values(run_dir: Path) -> dict[tuple[str, str, str, str], float]:
+    return {(r["epoch"], r["point"], r["view"], r["metric"]): float(r["value"]) for r in read_metric_rows(run_dir)}
+
+
+def test_every_golden_metric_is_recorded_bit_for_bit(smoke_run: Path) -> None:
+    golden, now = _values(GOLDEN), _values(smoke_run)
+    assert len(golden) == 420
+    missing = sorted(set(golden) - set(now))
+    assert not missing, f"metrics no longer recorded: {missing[:5]}"
+    changed = [(k, golden[k], now[k]) for k in golden
+               if not (golden[k] == now[k] or (math.isnan(golden[k]) and math.isnan(now[k])))]
+    assert not changed, f"{len(changed)} recorded values changed, e.g. {changed[:3]}"
+
+
+def test_every_golden_spectrum_array_is_recorded_bit_for_bit(smoke_run: Path) -> None:
+    golden, now = load_spectra(GOLDEN), load_spectra(smoke_run)
+    assert sorted(golden) == sorted(now) == [0, 1, 2]
+    compared = 0
+    for epoch, points in golden.items():
+        for point, arrays in points.items():
+            for name, array in arrays.items():
+                other = now[epoch][point][name]
+                assert other.dtype == array.dtype and np.array_equal(other, array), (epoch, point, name)
+                compared += 1
+    assert compared == 7 * (5 + 4 + 5)  # 7 points; covariance only at the first and last epoch

@@ -1,0 +1,211 @@
+"""Lightning checkpoints of ``tgo.model.ViTClassifier`` and plain weight files: reading, labelling, rebuilding.
+
+``python -m tgo.observe`` composes these; nothing here runs an observation. Weight files are read with timm's own
+``load_state_dict`` (safetensors, EMA and wrapper keys, DDP / ``torch.compile`` prefixes); loading into a model is
+strict and fails naming the missing, unexpected and differently shaped keys.
+
+Epoch labels: a checkpoint is labelled with the training epochs it had completed, which is Lightning's
+``loops.fit_loop.epoch_progress.current.processed`` (``checkpoint["epoch"] + 1`` for a checkpoint saved at an epoch
+end, as ``last.ckpt`` and ``best_epoch_*.ckpt`` are; the callback labels its observation of the same weights the same
+way). Older checkpoints without loop state fall back to ``checkpoint["epoch"] + 1``. A checkpoint saved in the middle
+of an epoch is labelled with the epochs completed before it, with a warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from timm.models import load_state_dict as timm_load_state_dict
+
+from tgo.errors import UserInputError
+from tgo.model import build_timm_model
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "ModelSource",
+    "checkpoint_epoch",
+    "checkpoint_source",
+    "find_checkpoints",
+    "load_checkpoint_file",
+    "load_state_dict_strict",
+    "load_weights_file",
+    "net_from_checkpoint",
+    "timm_net",
+]
+
+
+class CheckpointError(UserInputError):
+    """A checkpoint or weights file is missing, unreadable, or not what was expected."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint or weights file does not fit the model (missing, unexpected or differently shaped keys)."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """One model to observe, before it is loaded.
+
+    Attributes:
+        kind: ``checkpoint`` or ``timm``.
+        path: The checkpoint or weights file (``None`` for a random or pretrained timm model).
+        epoch: Completed training epochs (the record's epoch label).
+        step: Optimiser steps (the record's step).
+    """
+
+    kind: str
+    path: Path | None
+    epoch: int
+    step: int
+
+
+# ----------------------------------------------------------------------------------------------------- checkpoints
+def load_checkpoint_file(path: Path) -> dict[str, Any]:
+    """Loads a checkpoint on the CPU (memory-mapped where possible, so reading metadata is cheap).
+
+    ``weights_only=False`` because Lightning checkpoints pickle hyper-parameters and loop state: only observe
+    checkpoints you trust, as with ``torch.load`` itself.
+    """
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except RuntimeError:  # not a zip archive (legacy format): mmap unsupported
+            return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
+
+
+def checkpoint_epoch(checkpoint: dict[str, Any]) -> tuple[int, bool]:
+    """The completed training epochs of a Lightning checkpoint, and whether it was saved at an epoch end.
+
+    Args:
+        checkpoint: A loaded Lightning checkpoint.
+
+    Returns:
+        ``(epochs, at_epoch_end)``; see the module docstring for the rule.
+
+    Raises:
+        CheckpointError: no ``epoch`` entry (not a Lightning checkpoint).
+    """
+    if "epoch" not in checkpoint:
+        raise CheckpointError("not a Lightning checkpoint (no 'epoch' entry)")
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current")
+    if not progress or "processed" not in progress:
+        return int(checkpoint["epoch"]) + 1, True
+    processed, started = int(progress["processed"]), int(progress.get("started", progress["processed"]))
+    return processed, processed >= started
+
+
+def checkpoint_source(path: Path) -> ModelSource:
+    checkpoint = load_checkpoint_file(path)
+    try:
+        epoch, at_end = checkpoint_epoch(checkpoint)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from err
+    step = int(checkpoint.get("global_step", 0))
+    if not at_end:
+        warnings.warn(f"[tgo] {path.name} was saved in the middle of an epoch (step {step}); it is labelled with the "
+                      f"{epoch} epochs completed before it", RuntimeWarning, stacklevel=2)
+    return ModelSource("checkpoint", path, epoch, step)
+
+
+def find_checkpoints(directory: str | Path) -> list[ModelSource]:
+    """Every ``*.ckpt`` of a directory as sources in epoch order; the same weights saved twice count once.
+
+    ``last.ckpt`` and ``best_epoch_NNN.ckpt`` often hold the same epoch: files with the same epoch label and step
+    are duplicates and the first by name is kept.
+
+    Raises:
+        CheckpointError: not a directory, no checkpoint in it, or two checkpoints with the same epoch label but
+            different steps (say which file to observe with --checkpoint).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory (expected a run's checkpoints/ directory)")
+    files = sorted(directory.glob("*.ckpt"))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.ckpt files")
+    by_epoch: dict[int, ModelSource] = {}
+    for path in files:
+        source = checkpoint_source(path)
+        kept = by_epoch.get(source.epoch)
+        if kept is None:
+            by_epoch[source.epoch] = source
+        elif kept.step != source.step:
+            raise CheckpointError(f"{kept.path.name} (step {kept.step}) and {path.name} (step {source.step}) are both "
+                               f"labelled epoch {source.epoch}; observe one of them with --checkpoint")
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def load_state_dict_strict(net: torch.nn.Module, state: dict[str, torch.Tensor], *, origin: str) -> None:
+    """Loads weights exactly, or fails naming the missing, unexpected and differently shaped keys.
+
+    Raises:
+        CheckpointMismatchError: the state dict does not fit ``net``.
+    """
+    own = net.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in own
+              if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or shapes:
+        def show(keys: list[str]) -> str:
+            return ", ".join(keys[:8]) + (f" ... ({len(keys)} in all)" if len(keys) > 8 else "")
+
+        parts = [f"missing keys: {show(missing)}" if missing else "",
+                 f"unexpected keys: {show(unexpected)}" if unexpected else "",
+                 f"shape mismatches: {show(shapes)}" if shapes else ""]
+        raise CheckpointMismatchError(f"{origin} does not fit the model ({'; '.join(p for p in parts if p)})")
+    net.load_state_dict(state, strict=True)
+
+
+def net_from_checkpoint(path: Path) -> torch.nn.Module:
+    """Rebuilds the timm network of a ViTClassifier checkpoint from its hyper-parameters and loads its weights."""
+    checkpoint = load_checkpoint_file(path)
+    hp = checkpoint.get("hyper_parameters") or {}
+    if "name" not in hp or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: not a tgo.model.ViTClassifier checkpoint (needs hyper_parameters with the timm "
+                           f"'name' and a state_dict); for a plain weights file use --timm NAME --weights FILE")
+    net = build_timm_model(hp["name"], num_classes=int(hp.get("num_classes", 1000)), img_size=int(hp["img_size"]),
+                           in_chans=int(hp.get("in_chans", 3)), **dict(hp.get("arch") or {}))
+    state = {k[len("net."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+    if not state:
+        raise CheckpointMismatchError(f"{path}: its state_dict has no 'net.*' keys, so it is not a "
+                                      f"tgo.model.ViTClassifier checkpoint (first keys: "
+                                      f"{', '.join(list(checkpoint['state_dict'])[:5])})")
+    load_state_dict_strict(net, state, origin=str(path))
+    return net
+
+
+def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """A weights file as a clean state dict, read by timm (``.safetensors`` or a torch file; ``state_dict_ema`` /
+    ``model_ema`` / ``state_dict`` / ``model`` wrappers unwrapped, DDP and ``torch.compile`` prefixes removed).
+
+    Raises:
+        CheckpointError: no such file, or not readable as weights.
+    """
+    if not path.is_file():
+        raise CheckpointError(f"--weights {path}: no such file")
+    try:
+        state = timm_load_state_dict(str(path), use_ema=True, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any loading failure means "not a weights file"
+        raise CheckpointError(f"--weights {path}: not a readable weights file ({type(err).__name__}: {err})") from err
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def timm_net(name: str, *, pretrained: bool, weights: Path | None, seed: int, img_size: int,
+              in_chans: int, arch: dict[str, Any]) -> torch.nn.Module:
+    """A timm model without its classifier head (never observed), randomly initialised or with weights."""
+    torch.manual_seed(seed)
+    net = build_timm_model(name, num_classes=0, img_size=img_size, in_chans=in_chans, pretrained=pretrained, **arch)
+    if weights is not None:
+        state = {k: v for k, v in load_weights_file(weights).items() if not k.startswith("head.")}
+        load_state_dict_strict(net, state, origin=f"--weights {weights}")
+    return net

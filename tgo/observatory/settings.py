@@ -1,0 +1,235 @@
+"""``ObservationSettings``: every knob of a geometry observation, validated in one place.
+
+The training callback (``callbacks.spectral_geometry``) and offline observation (``python -m tgo.observe``) read the
+same settings from the same config group, ``conf/observation/default.yaml`` (the ``observation`` node of both entry
+configs). Adding a setting means: a field here (with its check in ``__post_init__``), a line in that YAML file and a
+test; nothing else reads raw config keys.
+
+Errors name the key as a user spells it on the command line (``observation.gram_dtype: expected ...``) and are
+raised before any work starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from tgo.errors import UserInputError
+
+__all__ = [
+    "COVARIANCE_POLICIES",
+    "GRAM_DTYPES",
+    "NONFINITE_POLICIES",
+    "FigureSettings",
+    "ObservationSettings",
+    "ObservationSettingsError",
+]
+
+GRAM_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
+NONFINITE_POLICIES: tuple[str, ...] = ("warn", "error")
+COVARIANCE_POLICIES: tuple[str, ...] = ("first_last", "all", "none")
+PREFIX = "observation"
+
+
+class ObservationSettingsError(UserInputError):
+    """An observation setting is unknown or out of range; the message names ``observation.<key>``."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(key: str, value: Any) -> None:
+    if not _is_int(value) or value <= 0:
+        raise ObservationSettingsError(f"{PREFIX}.{key}: expected a positive integer, got {value!r}")
+
+
+def _optional_positive_int(key: str, value: Any) -> None:
+    if value is not None:
+        _positive_int(key, value)
+
+
+def _one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ObservationSettingsError(f"{PREFIX}.{key}: expected one of {list(allowed)}, got {value!r}")
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers to plain Python (settings are hashable-free plain data)."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _reject_unknown(cls: type, given: Mapping[str, Any], prefix: str) -> None:
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ObservationSettingsError(f"{prefix}.{unknown[0]}: unknown setting; expected one of {known}")
+
+
+@dataclass(frozen=True)
+class FigureSettings:
+    """Which TensorBoard figures the callback draws, and how often (scalars are never thinned).
+
+    Attributes:
+        every_n_observations: Draw figures at every N-th observation (and always at the last epoch).
+        spectra: One grid of every point's eigenvalue spectra over epochs.
+        histograms: log10-eigenvalue histograms per point.
+        heatmaps: Correlation matrices as exact per-pixel images.
+        decay: Spectral decay curves of every point at this observation.
+        layer_epoch: Layer x epoch heatmaps of the charted observables.
+        heatmap_max_dim: Largest number of features drawn in a correlation image.
+    """
+
+    every_n_observations: int = 1
+    spectra: bool = True
+    histograms: bool = True
+    heatmaps: bool = True
+    decay: bool = True
+    layer_epoch: bool = True
+    heatmap_max_dim: int = 384
+
+    def __post_init__(self) -> None:
+        _positive_int("figures.every_n_observations", self.every_n_observations)
+        _positive_int("figures.heatmap_max_dim", self.heatmap_max_dim)
+        for name in ("spectra", "histograms", "heatmaps", "decay", "layer_epoch"):
+            if not isinstance(getattr(self, name), bool):
+                raise ObservationSettingsError(
+                    f"{PREFIX}.figures.{name}: expected true or false, got {getattr(self, name)!r}"
+                )
+
+
+@dataclass(frozen=True)
+class ObservationSettings:
+    """How, where and when the geometry is observed.
+
+    Attributes:
+        every_n_epochs: Observe after every N completed epochs (epoch 0 and the final epoch always). Training only.
+        points: ``{"preset": "vit" | None, "extra": [{name, module, read, tokens}, ...]}``; see
+            ``tgo.observatory.points.points_from_config``.
+        gram_dtype: ``float64`` (exact to ~1e-15) or ``float32`` (~5e-8, faster on GPUs).
+        batch_size: Images per observation forward pass (``None``: the DataModule's analysis batch size).
+        num_workers: DataLoader workers of the observation pass (``None``: the DataModule's).
+        nonfinite: ``warn`` records NaN observables for a point with NaN/Inf activations and continues; ``error``
+            stops.
+        keep_covariance: Which observations store full covariance matrices in the spectra records: ``first_last``
+            (the first and the last observation: epoch 0 and the final epoch in training, the first and last model
+            of an offline trajectory), ``all``, ``none``, or a list of epochs.
+        fit_range: ``(start, stop)``, 1-based inclusive eigenvalue indices of the power-law fit (``None``: default
+            ``1 .. D // 2``).
+        figures: TensorBoard figure settings (`FigureSettings`).
+    """
+
+    every_n_epochs: int = 5
+    points: Mapping[str, Any] = field(default_factory=lambda: {"preset": "vit", "extra": []})
+    gram_dtype: str = "float64"
+    batch_size: int | None = None
+    num_workers: int | None = None
+    nonfinite: str = "warn"
+    keep_covariance: str | tuple[int, ...] = "first_last"
+    fit_range: tuple[int, int] | None = None
+    figures: FigureSettings = field(default_factory=FigureSettings)
+
+    def __post_init__(self) -> None:
+        _positive_int("every_n_epochs", self.every_n_epochs)
+        if not isinstance(self.points, Mapping):
+            raise ObservationSettingsError(
+                f"{PREFIX}.points: expected a mapping {{preset, extra}}, got {self.points!r}"
+            )
+        _one_of("gram_dtype", self.gram_dtype, list(GRAM_DTYPES))
+        _optional_positive_int("batch_size", self.batch_size)
+        if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):
+            raise ObservationSettingsError(
+                f"{PREFIX}.num_workers: expected null or an integer >= 0, got {self.num_workers!r}"
+            )
+        _one_of("nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        keep = self.keep_covariance
+        if isinstance(keep, str):
+            _one_of("keep_covariance", keep, COVARIANCE_POLICIES)
+        elif isinstance(keep, Sequence) and all(_is_int(e) and e >= 0 for e in keep):
+            object.__setattr__(self, "keep_covariance", tuple(int(e) for e in keep))
+        else:
+            raise ObservationSettingsError(
+                f"{PREFIX}.keep_covariance: expected one of {list(COVARIANCE_POLICIES)} or a list of epochs >= 0, "
+                f"got {keep!r}"
+            )
+        if self.fit_range is not None:
+            fit = self.fit_range
+            if (
+                isinstance(fit, (str, bytes))
+                or not isinstance(fit, Sequence)
+                or len(fit) != 2
+                or not all(_is_int(i) for i in fit)
+                or not 1 <= fit[0] < fit[1]
+            ):
+                raise ObservationSettingsError(
+                    f"{PREFIX}.fit_range: expected null or [start, stop] with 1 <= start < stop, got {fit!r}"
+                )
+            object.__setattr__(self, "fit_range", (int(fit[0]), int(fit[1])))
+        if isinstance(self.figures, Mapping):
+            object.__setattr__(self, "figures", _figures_from(self.figures))
+        elif not isinstance(self.figures, FigureSettings):
+            raise ObservationSettingsError(f"{PREFIX}.figures: expected a mapping, got {self.figures!r}")
+
+    @classmethod
+    def from_config(cls, node: Any) -> ObservationSettings:
+        """Builds settings from the ``observation`` config node (DictConfig, dict, existing settings or ``None``).
+
+        Raises:
+            ObservationSettingsError: an unknown key or a value out of range, naming ``observation.<key>``.
+        """
+        if node is None:
+            return cls()
+        if isinstance(node, ObservationSettings):
+            return node
+        values = _plain(node)
+        if not isinstance(values, Mapping):
+            raise ObservationSettingsError(f"{PREFIX}: expected a mapping of settings, got {values!r}")
+        _reject_unknown(cls, values, PREFIX)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists, dicts) as the YAML spells it: ``from_config(s.to_dict()) == s``."""
+        out = asdict(self)
+        out["points"] = _plain(dict(self.points))
+        if isinstance(self.keep_covariance, tuple):
+            out["keep_covariance"] = list(self.keep_covariance)
+        if self.fit_range is not None:
+            out["fit_range"] = list(self.fit_range)
+        return out
+
+    def replace(self, **changes: Any) -> ObservationSettings:
+        """A copy with some settings changed (validated again)."""
+        return ObservationSettings.from_config({**self.to_dict(), **changes})
+
+    @property
+    def torch_gram_dtype(self) -> torch.dtype:
+        """``gram_dtype`` as a torch dtype."""
+        return GRAM_DTYPES[self.gram_dtype]
+
+    def keeps_covariance(self, epoch: int, *, first: bool, last: bool) -> bool:
+        """Whether the observation of ``epoch`` stores full covariances.
+
+        Args:
+            epoch: The observation's epoch label.
+            first: It is the first observation (epoch 0 in training; the first model offline).
+            last: It is the last observation (the final epoch in training; the last model offline).
+        """
+        keep = self.keep_covariance
+        if isinstance(keep, tuple):
+            return int(epoch) in keep
+        return keep == "all" or (keep == "first_last" and (first or last))
+
+    def summary_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``tgo.spectral.summarize`` that come from these settings."""
+        return {} if self.fit_range is None else {"fit_range": self.fit_range}
+
+
+def _figures_from(values: Mapping[str, Any]) -> FigureSettings:
+    _reject_unknown(FigureSettings, values, f"{PREFIX}.figures")
+    return FigureSettings(**values)

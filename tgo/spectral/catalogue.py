@@ -1,0 +1,267 @@
+"""The observable catalogue: every scalar TGO records, declared once.
+
+Each `Observable` says what it is (name, formula, where it is documented), how a geometry that spreads variance over
+more directions moves it (``spread``), whether dashboards and reports chart it, whether it is bookkeeping that stays
+a real number when a point's geometry is undefined (``kind="diagnostic"``), and below which magnitude it carries no
+information (``noise_floor``). The summary (`tgo.spectral.summarize`), the records, TensorBoard charts, report
+figures and findings all read this one table, so adding an observable is one entry here plus its pure function in
+``tgo.spectral.observables`` and a test (recipe: ``docs/extending.md``).
+
+An observable is computed from `SpectralInputs` (eigenvalues, the covariance they came from, row counts and the
+settings that shape a fit); expensive intermediate results that several observables share (the power-law fit) are
+cached properties of the inputs, so each is computed once per covariance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+import numpy as np
+
+from tgo.spectral import observables as obs
+from tgo.spectral.decomposition import Spectrum
+
+__all__ = [
+    "CATALOGUE",
+    "Catalogue",
+    "Kind",
+    "Observable",
+    "SpectralInputs",
+    "Spread",
+]
+
+Spread = Literal["rises", "falls"]
+Kind = Literal["geometry", "diagnostic"]
+
+
+@dataclass(frozen=True)
+class SpectralInputs:
+    """What an observable may look at: one covariance, its float64 spectrum and the fit settings.
+
+    Attributes:
+        covariance: float64 ``[D, D]`` covariance (finite whenever a geometry observable is computed).
+        spectrum: `tgo.spectral.Spectrum` of ``covariance`` (descending, clamped eigenvalues, counts).
+        fit_range: ``(start, stop)`` of the power-law fit, ``None`` for the default.
+    """
+
+    covariance: np.ndarray
+    spectrum: Spectrum
+    fit_range: tuple[int, int] | None = None
+
+    @property
+    def eigenvalues(self) -> np.ndarray:
+        """float64 eigenvalues, descending, non-negative."""
+        return np.asarray(self.spectrum.eigenvalues, dtype=np.float64)
+
+    @cached_property
+    def power_law(self) -> tuple[float, float]:
+        """``(alpha, r2)`` of the power-law fit over ``fit_range`` (computed once, read by two observables)."""
+        start, stop = self.fit_range if self.fit_range is not None else (None, None)
+        return obs.power_law_fit(self.eigenvalues, start=start, stop=stop)
+
+
+@dataclass(frozen=True)
+class Observable:
+    """One recorded scalar.
+
+    Attributes:
+        name: The metric name in records, TensorBoard tags and reports (the paper's name where there is one).
+        compute: Pure function of `SpectralInputs` returning a float (NaN where undefined).
+        formula: One line, in the notation of ``docs/observables.md`` (``p_i = lambda_i / sum lambda``).
+        spread: How the value moves when variance spreads over more directions (``rises`` / ``falls``), or
+            ``None`` when it is not a measure of spread (scale, counts, fit quality).
+        charted: Drawn in TensorBoard's charts and the report's figures (every observable is recorded).
+        kind: ``geometry`` (NaN when the point's covariance is undefined) or ``diagnostic`` (bookkeeping that stays
+            real, so a NaN row can be explained).
+        noise_floor: Magnitudes below this carry no information (e.g. a flatness of 1e-10 is "zero"): findings do
+            not read moves between such values as results.
+        doc: Where the formula and its conventions are explained.
+    """
+
+    name: str
+    compute: Callable[[SpectralInputs], float] = field(repr=False)
+    formula: str
+    spread: Spread | None = None
+    charted: bool = False
+    kind: Kind = "geometry"
+    noise_floor: float = 0.0
+    doc: str = "docs/observables.md#3-the-observables"
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"Observable name must be a non-empty identifier (letters, digits, _); got {self.name!r}")
+        if self.spread not in (None, "rises", "falls"):
+            raise ValueError(f"Observable {self.name}: spread must be 'rises', 'falls' or None; got {self.spread!r}")
+        if self.kind not in ("geometry", "diagnostic"):
+            raise ValueError(f"Observable {self.name}: kind must be 'geometry' or 'diagnostic'; got {self.kind!r}")
+        if not self.noise_floor >= 0:
+            raise ValueError(f"Observable {self.name}: noise_floor must be >= 0; got {self.noise_floor!r}")
+
+    def below_noise_floor(self, *values: float) -> bool:
+        """Whether every given value is (in magnitude) below the noise floor, i.e. indistinguishable from zero."""
+        return self.noise_floor > 0 and all(abs(float(v)) < self.noise_floor for v in values)
+
+
+class Catalogue:
+    """An ordered, name-keyed collection of observables (iteration order is the records' row order)."""
+
+    def __init__(self, observables: Iterable[Observable] = ()) -> None:
+        self._entries: dict[str, Observable] = {}
+        for o in observables:
+            self.register(o)
+
+    def register(self, observable: Observable) -> Observable:
+        """Adds an observable at the end of the geometry entries (before the diagnostics); names are unique.
+
+        Raises:
+            ValueError: the name is taken.
+        """
+        if observable.name in self._entries:
+            raise ValueError(f"observable {observable.name!r} is already in the catalogue")
+        if observable.kind == "diagnostic":
+            self._entries[observable.name] = observable
+            return observable
+        entries = list(self._entries.values())
+        cut = next((i for i, o in enumerate(entries) if o.kind == "diagnostic"), len(entries))
+        entries.insert(cut, observable)
+        self._entries = {o.name: o for o in entries}
+        return observable
+
+    def unregister(self, name: str) -> Observable:
+        """Removes and returns an observable (for plug-ins and tests that register temporarily)."""
+        return self._entries.pop(name)
+
+    def __getitem__(self, name: str) -> Observable:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(f"no observable {name!r} in the catalogue; known: {list(self._entries)}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[Observable]:
+        return iter(list(self._entries.values()))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, name: str) -> Observable | None:
+        """The observable called ``name``, or ``None`` (records may hold metrics of a newer TGO)."""
+        return self._entries.get(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name, in record order."""
+        return tuple(self._entries)
+
+    @property
+    def charted(self) -> tuple[str, ...]:
+        """Names drawn in dashboards and reports, in record order."""
+        return tuple(o.name for o in self._entries.values() if o.charted)
+
+    @property
+    def diagnostics(self) -> frozenset[str]:
+        """Names that stay real numbers when a point's geometry is undefined."""
+        return frozenset(o.name for o in self._entries.values() if o.kind == "diagnostic")
+
+    def compute(self, inputs: SpectralInputs, *, geometry: bool = True) -> dict[str, float]:
+        """Every observable of one covariance as ``{name: float}`` in catalogue order.
+
+        Args:
+            inputs: The covariance, spectrum and fit settings.
+            geometry: ``False`` when the covariance is undefined (fewer than 2 rows, or NaN/Inf): geometry
+                observables are then NaN without being computed, diagnostics are still computed.
+        """
+        return {
+            o.name: float(o.compute(inputs)) if geometry or o.kind == "diagnostic" else math.nan
+            for o in self._entries.values()
+        }
+
+
+def _eigs(f: Callable[[np.ndarray], float]) -> Callable[[SpectralInputs], float]:
+    """Adapts a function of the eigenvalues to a function of `SpectralInputs`."""
+    return lambda inputs: f(inputs.eigenvalues)
+
+
+def _cov(f: Callable[[np.ndarray], float]) -> Callable[[SpectralInputs], float]:
+    """Adapts a function of the covariance matrix to a function of `SpectralInputs`."""
+    return lambda inputs: f(inputs.covariance)
+
+
+CATALOGUE = Catalogue(
+    [
+        Observable("effective_rank", _eigs(obs.effective_rank), "exp(-sum p_i log p_i)", "rises", charted=True),
+        Observable("stable_rank", _eigs(obs.stable_rank), "sum lambda_i / lambda_1", "rises", charted=True),
+        Observable(
+            "participation_ratio", _eigs(obs.participation_ratio), "(sum lambda_i)^2 / sum lambda_i^2", "rises",
+            charted=True,
+        ),
+        Observable("spectral_entropy", _eigs(obs.spectral_entropy), "-sum p_i log p_i (nats)", "rises", charted=True),
+        Observable(
+            "spectral_entropy_normalized",
+            _eigs(lambda e: obs.spectral_entropy(e, normalized=True)),
+            "-sum p_i log p_i / log D",
+            "rises",
+        ),
+        Observable(
+            "spectral_anisotropy", _eigs(obs.spectral_anisotropy), "lambda_1 / sum lambda_i", "falls", charted=True
+        ),
+        Observable(
+            "spectral_flatness",
+            _eigs(obs.spectral_flatness),
+            "exp(mean log max(lambda_i, 1e-12)) / mean lambda_i",
+            "rises",
+            charted=True,
+            noise_floor=1e-6,
+        ),
+        Observable(
+            "components_90", _eigs(lambda e: float(obs.components_for_variance(e, 0.90))), "min k: p_1+..+p_k >= 0.90",
+            "rises", charted=True,
+        ),
+        Observable(
+            "components_95", _eigs(lambda e: float(obs.components_for_variance(e, 0.95))), "min k: p_1+..+p_k >= 0.95",
+            "rises",
+        ),
+        Observable(
+            "components_99", _eigs(lambda e: float(obs.components_for_variance(e, 0.99))), "min k: p_1+..+p_k >= 0.99",
+            "rises",
+        ),
+        Observable(
+            "power_law_alpha", lambda inputs: inputs.power_law[0], "-slope of log lambda_i on log i over fit_range",
+            "falls", charted=True,
+        ),
+        Observable("power_law_r2", lambda inputs: inputs.power_law[1], "R^2 of that fit"),
+        Observable(
+            "offdiag_energy_fraction", _cov(obs.offdiag_energy_fraction), "||C - diag C||_F^2 / ||C||_F^2", "falls",
+            charted=True,
+        ),
+        Observable(
+            "mean_abs_offdiag_correlation", _cov(obs.mean_abs_offdiag_correlation), "mean_{i!=j} |R_ij|", "falls",
+            charted=True,
+        ),
+        Observable("total_variance", _eigs(lambda e: float(e.sum())), "sum lambda_i = tr C"),
+        Observable("top_eigenvalue", _eigs(lambda e: float(e.max())), "lambda_1"),
+        Observable(
+            "n_rows", lambda inputs: float(inputs.spectrum.n_rows), "rows that entered the covariance",
+            kind="diagnostic", doc="docs/observables.md#4-degenerate-cases",
+        ),
+        Observable(
+            "n_nonfinite", lambda inputs: float(inputs.spectrum.n_nonfinite), "rows dropped for NaN/Inf",
+            kind="diagnostic", doc="docs/observables.md#4-degenerate-cases",
+        ),
+        Observable(
+            "n_clamped", lambda inputs: float(inputs.spectrum.n_clamped), "negative round-off eigenvalues set to 0",
+            kind="diagnostic", doc="docs/observables.md#4-degenerate-cases",
+        ),
+        Observable(
+            "most_negative_eigenvalue", lambda inputs: float(inputs.spectrum.most_negative),
+            "most negative eigenvalue before clamping", kind="diagnostic", doc="docs/observables.md#4-degenerate-cases",
+        ),
+    ]
+)
+"""The observables every observation records, in record order."""
