@@ -17,7 +17,7 @@ def test_every_experiment_composes_and_validates(compose_cfg, experiment):
     cfg = compose_cfg(f"experiment={experiment}", "data.root=/somewhere")
     validate_config(cfg)
     assert cfg.experiment_name == experiment
-    assert cfg.callbacks.spectral_geometry.every_n_epochs >= 1
+    assert cfg.observation.every_n_epochs >= 1
     assert cfg.logger.tensorboard.save_dir == cfg.paths.output_dir
 
 
@@ -74,8 +74,8 @@ def test_cfg_job_prints_the_composed_tgo1_config(tmp_path):
         ("trainer.max_epochs=-3", "trainer.max_epochs"),
         ("data.batch_size=0", "data.batch_size"),
         ("data.batch_size=-8", "data.batch_size"),
-        ("callbacks.spectral_geometry.every_n_epochs=0", "callbacks.spectral_geometry.every_n_epochs"),
-        ("callbacks.spectral_geometry.every_n_epochs=-1", "callbacks.spectral_geometry.every_n_epochs"),
+        ("observation.every_n_epochs=0", "observation.every_n_epochs"),
+        ("observation.every_n_epochs=-1", "observation.every_n_epochs"),
         ("data.analysis.per_class=0", "data.analysis.per_class"),
         ("trainer.devices=0", "trainer.devices"),
     ],

@@ -15,12 +15,12 @@ from torch.utils.data import TensorDataset
 
 from tests.conftest import compose_train
 from tgo.observatory.points import vit_points
-from tgo.observatory.sharded import observe_dataset, ShardPlan
+from tgo.observatory.pipeline import observe_dataset, ShardPlan
 from tgo.records import load_spectra
 from tgo.train import run
 
 EPOCH0 = ["experiment=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
-          "callbacks.spectral_geometry.figures.spectra=false", "callbacks.spectral_geometry.figures.heatmaps=false",
+          "observation.figures.spectra=false", "observation.figures.heatmaps=false",
           "data.analysis.per_class=7"]  # 70 images: 35 per rank on 2 ranks
 
 
@@ -94,7 +94,7 @@ def test_uneven_and_empty_shards_count_every_image_once(tmp_path: Path, world_si
 
 @pytest.mark.parametrize(("length", "world_size"), [(1001, 2), (1000, 8), (2, 3), (0, 2)])
 def test_shards_are_disjoint_cover_everything_and_never_pad(length, world_size):
-    from tgo.observatory.sharded import ShardSampler
+    from tgo.observatory.pipeline import ShardSampler
 
     shards = [list(ShardSampler(length, rank, world_size)) for rank in range(world_size)]
     flat = [i for shard in shards for i in shard]

@@ -17,13 +17,13 @@ from callbacks.spectral_geometry import NonFiniteActivationsError, SpectralGeome
 from tests.conftest import compose_train
 from tgo.errors import UserInputError
 from tgo.model import ViTClassifier
-from tgo.observatory.points import vit_points
-from tgo.observatory.sharded import RecordPlan, ShardPlan, observe_and_record
+from tgo.observatory import ObservationSettings, RecordPlan, ShardPlan, observe_and_record, vit_points
 from tgo.records import RecordWriter, load_spectra
 from tgo.train import run
 
+DEFAULTS = ObservationSettings()
 QUICK = ["experiment=smoke", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
-         "callbacks.spectral_geometry.figures.heatmaps=false"]
+         "observation.figures.heatmaps=false"]
 
 
 def recorded_epochs(run_dir: Path) -> list[int]:
@@ -34,15 +34,15 @@ def recorded_epochs(run_dir: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def tensorboard_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tb") / "run"
-    run(compose_train(run_dir, [*QUICK, "trainer.max_epochs=3", "callbacks.spectral_geometry.every_n_epochs=1",
-                                "callbacks.spectral_geometry.figures.heatmaps=true",
-                                "callbacks.spectral_geometry.figures.every_n_observations=2"]))
+    run(compose_train(run_dir, [*QUICK, "trainer.max_epochs=3", "observation.every_n_epochs=1",
+                                "observation.figures.heatmaps=true",
+                                "observation.figures.every_n_observations=2"]))
     return run_dir
 
 
 def test_schedule_is_initialisation_every_n_and_the_final_epoch(tmp_path):
-    run(compose_train(tmp_path, [*QUICK, "trainer.max_epochs=5", "callbacks.spectral_geometry.every_n_epochs=2",
-                                 "callbacks.spectral_geometry.figures.spectra=false"]))
+    run(compose_train(tmp_path, [*QUICK, "trainer.max_epochs=5", "observation.every_n_epochs=2",
+                                 "observation.figures.spectra=false"]))
     assert recorded_epochs(tmp_path) == [0, 2, 4, 5]
 
 
@@ -138,19 +138,19 @@ def test_non_finite_activations_become_nan_observables_with_counts(tmp_path):
     net = tiny_vit()
     plan = RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0)
     with pytest.warns(RuntimeWarning, match="non-finite activations"):
-        results = observe_and_record(net, dataset, vit_points(net), plan=ShardPlan(batch_size=4), record=plan,
+        results = observe_and_record(net, dataset, vit_points(net), settings=DEFAULTS, plan=ShardPlan(batch_size=4), record=plan,
                                      all_reduce_sum=lambda t: t, is_global_zero=True)
     assert results["block_02"].observables["n_nonfinite"] == 17
     assert results["block_02"].observables["n_rows"] == 5 * 17
     assert np.isnan(results["block_02"].observables["effective_rank"])
     with pytest.raises(NonFiniteActivationsError, match="non-finite"):
-        observe_and_record(net, dataset, vit_points(net), plan=ShardPlan(batch_size=4),
-                           record=RecordPlan(writer=RecordWriter(tmp_path), epoch=1, step=0, nonfinite="error"),
+        observe_and_record(net, dataset, vit_points(net), settings=DEFAULTS.replace(nonfinite="error"),
+                           plan=ShardPlan(batch_size=4), record=RecordPlan(writer=RecordWriter(tmp_path), epoch=1, step=0),
                            all_reduce_sum=lambda t: t, is_global_zero=True)
 
 
 def test_unknown_module_path_fails_before_training_listing_names(compose_cfg):
-    cfg = compose_cfg(*QUICK, "callbacks.spectral_geometry.points.extra=[{name: x, module: blocks.99.attn}]")
+    cfg = compose_cfg(*QUICK, "observation.points.extra=[{name: x, module: blocks.99.attn}]")
     with pytest.raises(UserInputError, match=r"blocks\.99\.attn.*blocks"):
         run(cfg)
     assert not (Path(cfg.paths.output_dir) / "checkpoints").exists()
@@ -159,7 +159,7 @@ def test_unknown_module_path_fails_before_training_listing_names(compose_cfg):
 def test_hooks_are_removed_and_train_mode_restored(tmp_path):
     net = tiny_vit().train()
     dataset = TensorDataset(torch.randn(5, 3, 16, 16), torch.zeros(5, dtype=torch.long))
-    observe_and_record(net, dataset, vit_points(net), plan=ShardPlan(batch_size=2),
+    observe_and_record(net, dataset, vit_points(net), settings=DEFAULTS, plan=ShardPlan(batch_size=2),
                        record=RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0),
                        all_reduce_sum=lambda t: t, is_global_zero=True)
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
@@ -169,5 +169,22 @@ def test_hooks_are_removed_and_train_mode_restored(tmp_path):
 @pytest.mark.parametrize("kwargs", [dict(every_n_epochs=0), dict(gram_dtype="float16"), dict(nonfinite="ignore"),
                                     dict(batch_size=0)])
 def test_bad_callback_arguments_are_rejected(kwargs):
-    with pytest.raises(UserInputError, match="callbacks.spectral_geometry"):
-        SpectralGeometryCallback(**kwargs)
+    with pytest.raises(UserInputError, match=rf"observation\.{next(iter(kwargs))}: expected"):
+        SpectralGeometryCallback(settings=kwargs)
+
+
+def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
+    """Scalars go through Lightning's logger API: with logger=csv the CSVLogger's own file holds every observable."""
+    run(compose_train(tmp_path, [*QUICK, "trainer.max_epochs=1", "logger=csv"]))
+    assert not (tmp_path / "tensorboard").exists()
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as fh:
+        logged = list(csv.DictReader(fh))
+    columns = set(logged[0])
+    with open(tmp_path / "geometry" / "metrics.csv", newline="") as fh:
+        records = list(csv.DictReader(fh))
+    for row in records:
+        column = f"geometry/{row['metric']}/{row['point']}"
+        assert column in columns
+        values = [float(r[column]) for r in logged if r[column] != "" and int(r["step"]) == int(row["epoch"])]
+        assert values == [pytest.approx(float(row["value"]), rel=1e-6, nan_ok=True)]
+    assert "geometry/effective_rank/block_01" in columns and "train/loss" in " ".join(columns)

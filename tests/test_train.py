@@ -15,7 +15,7 @@ from tests.helpers import SimulatedCrash
 from tgo.train import make_ddp_relaunch_job_local, resolve_ckpt_path, run
 from tgo.errors import ConfigError
 
-FAST = ["experiment=smoke", "callbacks.spectral_geometry.figures.heatmaps=false"]
+FAST = ["experiment=smoke", "observation.figures.heatmaps=false"]
 
 
 def metric_epochs(run_dir: Path) -> Counter:
@@ -101,7 +101,7 @@ def test_ckpt_path_last_without_a_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
-    result = run_cli([*FAST, "trainer.max_epochs=1", "callbacks.spectral_geometry.figures.spectra=false",
+    result = run_cli([*FAST, "trainer.max_epochs=1", "observation.figures.spectra=false",
                       f"hydra.run.dir={tmp_path / 'cli_run'}"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
@@ -112,7 +112,7 @@ def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
 
 def test_multirun_gives_each_job_its_own_directory(tmp_path):
     result = run_cli(["-m", *FAST, "seed=0,1", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-                      "callbacks.spectral_geometry.figures.spectra=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                      "observation.figures.spectra=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir() and not p.name.startswith("."))

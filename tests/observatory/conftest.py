@@ -6,7 +6,7 @@ from typing import Callable
 import pytest
 from timm.models.vision_transformer import VisionTransformer
 
-from observatory_helpers import make_vit
+from tests.observatory.observatory_helpers import make_vit
 
 
 @pytest.fixture

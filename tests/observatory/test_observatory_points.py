@@ -15,7 +15,7 @@ from tgo.observatory import (
     vit_points,
 )
 
-from observatory_helpers import make_vit
+from tests.observatory.observatory_helpers import make_vit
 
 SMALL_NAMES = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "block_04", "cls"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from observatory_helpers import N_PATCHES, WIDTH, Recorder, hook_count, images, make_vit
+from tests.observatory.observatory_helpers import N_PATCHES, WIDTH, Recorder, hook_count, images, make_vit
 from tgo.observatory import ObservationPoint, Probe, vit_points
 
 

@@ -9,15 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from tgo.observe import (
-    CheckpointMismatchError,
-    ObserveError,
-    checkpoint_epoch,
-    find_checkpoints,
-    main,
-    observe,
-)
-from tgo.records import RecordWriter, load_spectra
+from tgo.checkpoints import CheckpointError, CheckpointMismatchError, checkpoint_epoch, find_checkpoints
+from tgo.observatory import ObservationSettingsError
+from tgo.observe import ObserveError, main
+from tgo.observe import observe_models as observe
+from tgo.records import load_spectra, read_metric_rows
 from tgo.report.build import build_report
 
 TINY_TIMM = ["data.image_size=16", "data.analysis.per_class=2", "model.arch.patch_size=4", "model.arch.depth=2",
@@ -25,7 +21,7 @@ TINY_TIMM = ["data.image_size=16", "data.analysis.per_class=2", "model.arch.patc
 
 
 def metric_values(run_dir: Path, epoch: int) -> dict[tuple[str, str], float]:
-    return {(r["point"], r["metric"]): float(r["value"]) for r in RecordWriter(run_dir).metric_rows()
+    return {(r["point"], r["metric"]): float(r["value"]) for r in read_metric_rows(run_dir)
             if int(r["epoch"]) == epoch}
 
 
@@ -101,9 +97,9 @@ def test_bad_inputs_are_one_line_errors_with_status_2(smoke_run: Path, tmp_path:
     assert "no such checkpoint file" in capsys.readouterr().err
     with pytest.raises(ObserveError, match="not a run directory"):
         observe(run=str(tmp_path), out=tmp_path / "o")
-    with pytest.raises(ObserveError, match="no \\*.ckpt files"):
+    with pytest.raises(CheckpointError, match="no \\*.ckpt files"):
         observe(checkpoints=str(tmp_path), out=tmp_path / "o")
-    with pytest.raises(ObserveError, match="not a readable PyTorch checkpoint"):
+    with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint"):
         observe(checkpoint=str(smoke_run / "config.yaml"), out=tmp_path / "o")
     with pytest.raises(ObserveError, match="already holds geometry records"):
         observe(checkpoint=str(smoke_run / "checkpoints" / "last.ckpt"), out=smoke_run)
@@ -111,3 +107,6 @@ def test_bad_inputs_are_one_line_errors_with_status_2(smoke_run: Path, tmp_path:
         observe(checkpoint=str(smoke_run / "checkpoints" / "last.ckpt"), weights="w.pth", out=tmp_path / "o")
     with pytest.raises(ObserveError, match="bad override"):
         observe(timm_name="vit_tiny_patch16_224", out=tmp_path / "o", overrides=["data.no_such_key=1"])
+    with pytest.raises(ObservationSettingsError, match=r"observation\.gram_dtype: expected one of"):
+        observe(timm_name="vit_tiny_patch16_224", out=tmp_path / "o", overrides=["observation.gram_dtype=float16"])
+    assert not (tmp_path / "o").exists()  # every check ran before anything was written

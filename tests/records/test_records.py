@@ -15,12 +15,18 @@ from tgo.records import (
     METRICS_COLUMNS,
     RecordsError,
     RecordWriter,
+    RunDir,
+    atomic_write,
     is_run_dir,
     load_metrics,
-    load_run,
+    load_series,
     load_spectra,
-    spectra_path,
+    recorded_epochs,
 )
+
+
+def spectra_path(run_dir: Path, epoch: int) -> Path:
+    return RunDir(run_dir).spectra(epoch)
 
 POINTS = ("patch_embed", "block_01", "cls")
 DIM = 6
@@ -59,12 +65,12 @@ def test_metrics_csv_schema_and_value_format(tmp_path):
     results = fake_results(0, nan_point="cls")
     RecordWriter(tmp_path).write_observation(epoch=3, step=120, results=results, with_covariance=False)
     text = (tmp_path / "geometry" / "metrics.csv").read_text()
-    assert text.splitlines()[0] == "epoch,step,point,metric,value"
+    assert text.splitlines()[0] == "epoch,step,point,view,metric,value"
     rows = read_csv_rows(tmp_path)
     assert len(rows) == len(POINTS) * 3
     assert [r["point"] for r in rows[:3]] == ["patch_embed"] * 3  # point order, then metric order
     first = rows[0]
-    assert (first["epoch"], first["step"], first["metric"]) == ("3", "120", "effective_rank")
+    assert (first["epoch"], first["step"], first["view"], first["metric"]) == ("3", "120", "all", "effective_rank")
     assert first["value"] == repr(results["patch_embed"].observables["effective_rank"])  # shortest exact repr
     nan_row = next(r for r in rows if r["point"] == "cls" and r["metric"] == "effective_rank")
     assert nan_row["value"] == "nan"
@@ -117,9 +123,13 @@ def test_round_trip(tmp_path):
             assert ("covariance" in arrays) == (epoch == 0)
     assert list(load_spectra(tmp_path, epochs=[5])) == [5]
 
-    run = load_run(tmp_path)
-    assert run.epochs == [0, 5] and run.points == list(POINTS) and len(run.metrics) == len(metrics)
-    assert writer.observed_epochs() == [0, 5]
+    series = load_series(tmp_path)
+    assert list(series) == ["effective_rank", "stable_rank", "spectral_flatness"]
+    assert list(series["stable_rank"]) == list(POINTS)
+    epochs, values = series["stable_rank"]["cls"]
+    assert epochs.tolist() == [0, 5] and values.tolist() == [written[e]["cls"].observables["stable_rank"] for e in (0, 5)]
+    assert list(load_series(tmp_path, metrics=["stable_rank"])) == ["stable_rank"]
+    assert recorded_epochs(tmp_path) == [0, 5]
 
 
 def test_large_epoch_numbers_and_point_results_from_the_observatory(tmp_path):
@@ -159,7 +169,7 @@ def test_crash_while_writing_spectra_leaves_earlier_records_intact(tmp_path, mon
         writer.write_observation(1, 10, fake_results(3), with_covariance=False)  # overwriting an existing epoch
     assert snapshot(tmp_path) == before  # byte-identical, and no temporary files left behind
     monkeypatch.undo()
-    assert writer.observed_epochs() == [0, 1]
+    assert recorded_epochs(tmp_path) == [0, 1]
     np.testing.assert_array_equal(load_spectra(tmp_path)[1]["cls"]["eigenvalues"],
                                   fake_results(1)["cls"].spectrum.eigenvalues)
 
@@ -182,9 +192,9 @@ def test_crash_while_replacing_metrics_keeps_the_old_table(tmp_path, monkeypatch
     assert (tmp_path / "geometry" / "metrics.csv").read_bytes() == old_csv
     assert not [p for p in (tmp_path / "geometry").rglob(".*")]  # temporaries cleaned up
     # the spectra of epoch 1 landed but its metrics did not: epoch 1 does not count as observed, so it is redone
-    assert spectra_path(tmp_path, 1).is_file() and writer.observed_epochs() == [0]
+    assert spectra_path(tmp_path, 1).is_file() and recorded_epochs(tmp_path) == [0]
     writer.write_observation(1, 10, fake_results(1), with_covariance=False)
-    assert writer.observed_epochs() == [0, 1]
+    assert recorded_epochs(tmp_path) == [0, 1]
     assert len(read_csv_rows(tmp_path)) == 2 * len(POINTS) * 3
 
 
@@ -202,7 +212,7 @@ def test_resume_rewrites_an_epoch_without_duplicate_rows(tmp_path):
     rows_before = read_csv_rows(tmp_path)
 
     resumed = RecordWriter(tmp_path)  # a new process after a restart: state comes from disk
-    assert resumed.observed_epochs() == [0, 2, 4]
+    assert recorded_epochs(tmp_path) == [0, 2, 4]
     replacement = fake_results(99)
     resumed.write_observation(2, 21, replacement, with_covariance=False)  # epoch 2 observed again
     resumed.write_observation(6, 60, fake_results(6), with_covariance=False)
@@ -215,7 +225,7 @@ def test_resume_rewrites_an_epoch_without_duplicate_rows(tmp_path):
     epoch2 = [r for r in rows if r["epoch"] == "2"]
     assert {r["step"] for r in epoch2} == {"21"}
     assert float(epoch2[0]["value"]) == replacement["patch_embed"].observables["effective_rank"]
-    assert resumed.observed_epochs() == [0, 2, 4, 6]
+    assert recorded_epochs(tmp_path) == [0, 2, 4, 6]
 
 
 # ---------------------------------------------------------------------------------------------------------- readers
@@ -227,7 +237,7 @@ def test_reader_errors(tmp_path):
     (tmp_path / "geometry" / "spectra").mkdir(parents=True)
     assert not is_run_dir(tmp_path)
     with pytest.raises(RecordsError, match="no geometry records"):
-        load_run(tmp_path)
+        load_series(tmp_path)
 
     RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
     assert is_run_dir(tmp_path)
@@ -256,3 +266,75 @@ def test_load_metrics_without_pandas_says_what_to_install(tmp_path, monkeypatch)
     with pytest.raises(ImportError, match="pip install"):
         load_metrics(tmp_path)
     assert list(load_spectra(tmp_path)) == [0]  # numpy-only reader still works
+
+
+# ------------------------------------------------------------------------------------------------------------ views
+def test_views_are_recorded_beside_the_default_view_and_read_separately(tmp_path):
+    from tgo.observatory import ObservationKey
+
+    base = fake_results(0)
+    other = fake_results(1)
+    results = {ObservationKey("block_01"): base["block_01"], ObservationKey("block_01", "cls"): other["block_01"],
+               ObservationKey("cls"): base["cls"]}
+    RecordWriter(tmp_path).write_observation(0, 0, results, with_covariance=True)
+    rows = read_csv_rows(tmp_path)
+    assert [(r["point"], r["view"]) for r in rows[::3]] == [("block_01", "all"), ("block_01", "cls"), ("cls", "all")]
+    with np.load(spectra_path(tmp_path, 0)) as data:
+        assert "block_01/eigenvalues" in data.files and "block_01/cls/eigenvalues" in data.files
+    default = load_spectra(tmp_path)[0]
+    assert list(default) == ["block_01", "cls"]
+    np.testing.assert_array_equal(default["block_01"]["eigenvalues"], base["block_01"].spectrum.eigenvalues)
+    cls_view = load_spectra(tmp_path, view="cls", arrays=("eigenvalues",))[0]
+    assert list(cls_view) == ["block_01"] and list(cls_view["block_01"]) == ["eigenvalues"]
+    np.testing.assert_array_equal(cls_view["block_01"]["eigenvalues"], other["block_01"].spectrum.eigenvalues)
+    assert load_series(tmp_path, view="cls")["effective_rank"]["block_01"][1][0] == \
+        other["block_01"].observables["effective_rank"]
+    assert set(load_metrics(tmp_path)["view"]) == {"all", "cls"}
+
+
+def test_files_written_before_views_existed_read_as_the_default_view(tmp_path):
+    RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
+    path = RunDir(tmp_path).metrics
+    legacy = ["epoch,step,point,metric,value"] + [
+        ",".join(r[c] for c in ("epoch", "step", "point", "metric", "value")) for r in read_csv_rows(tmp_path)]
+    path.write_text("\n".join(legacy) + "\n")
+    assert set(load_metrics(tmp_path)["view"]) == {"all"}
+    assert recorded_epochs(tmp_path) == [0]
+    RecordWriter(tmp_path).write_observation(1, 10, fake_results(1), with_covariance=False)  # upgraded on rewrite
+    assert path.read_text().splitlines()[0] == ",".join(METRICS_COLUMNS)
+    assert recorded_epochs(tmp_path) == [0, 1]
+
+
+# ----------------------------------------------------------------------------------------------------------- layout
+def test_run_dir_names_every_file_of_a_run(tmp_path):
+    run = RunDir(tmp_path)
+    assert run.config == tmp_path / "config.yaml" and run.manifest == tmp_path / "analysis_subset.json"
+    assert run.last_checkpoint == tmp_path / "checkpoints" / "last.ckpt"
+    assert run.metrics == tmp_path / "geometry" / "metrics.csv"
+    assert run.spectra(7) == tmp_path / "geometry" / "spectra" / "epoch_0007.npz"
+    assert run.tensorboard == tmp_path / "tensorboard" and run.report == tmp_path / "report"
+    assert not run.looks_like_run() and not run.has_records()
+
+
+def test_the_config_tree_puts_files_where_run_dir_says(compose_cfg):
+    """conf/ spells the checkpoint and TensorBoard directories for Hydra; they must agree with RunDir."""
+    cfg = compose_cfg()
+    run = RunDir(cfg.paths.output_dir)
+    assert Path(cfg.callbacks.model_checkpoint.dirpath) == run.checkpoints
+    assert Path(cfg.callbacks.last_checkpoint.dirpath) / f"{cfg.callbacks.last_checkpoint.filename}.ckpt" == \
+        run.last_checkpoint
+    assert Path(cfg.logger.tensorboard.save_dir) / cfg.logger.tensorboard.name == run.tensorboard
+
+
+@pytest.mark.skipif(not hasattr(os, "fchmod"), reason="POSIX permissions")
+def test_atomic_write_respects_the_umask_and_is_durable(tmp_path):
+    old = os.umask(0o027)
+    try:
+        path = atomic_write(tmp_path / "sub" / "file.txt", "text")
+    finally:
+        os.umask(old)
+    assert path.read_text() == "text"
+    assert (path.stat().st_mode & 0o777) == 0o640  # 0o666 & ~0o027, not mkstemp's 0o600
+    assert atomic_write(tmp_path / "b.bin", b"\x00\x01").read_bytes() == b"\x00\x01"
+    assert atomic_write(tmp_path / "c.bin", lambda fh: fh.write(b"xy")).read_bytes() == b"xy"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["b.bin", "c.bin", "file.txt"]

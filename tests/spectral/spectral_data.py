@@ -7,10 +7,9 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from tgo.spectral import OBSERVABLES, Spectrum, StreamingCovariance, summarize
+from tgo.spectral import CATALOGUE, Spectrum, StreamingCovariance, summarize
 
-COUNT_KEYS = ("n_rows", "n_nonfinite", "n_clamped", "most_negative_eigenvalue")
-METRIC_KEYS = tuple(k for k in OBSERVABLES if k not in COUNT_KEYS)
+METRIC_KEYS = tuple(k for k in CATALOGUE.names if k not in CATALOGUE.diagnostics)
 
 
 def power_law_spectrum(dim: int, alpha: float = 1.5) -> np.ndarray:

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectral_data import METRIC_KEYS, accumulate, make_rows, power_law_spectrum, reference_covariance, relative_errors
+from tests.spectral.spectral_data import METRIC_KEYS, accumulate, make_rows, power_law_spectrum, reference_covariance, relative_errors
 from tgo.spectral import StreamingCovariance, eigendecompose, strict_fp32_math, summarize
 
 DIM = 24

@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectral_data import METRIC_KEYS, accumulate, make_rows, power_law_spectrum, relative_errors
+from tests.spectral.spectral_data import METRIC_KEYS, accumulate, make_rows, power_law_spectrum, relative_errors
 from tgo.spectral import (
     FLATNESS_FLOOR,
-    OBSERVABLES,
+    CATALOGUE,
     StreamingCovariance,
     components_for_variance,
     cumulative_explained_variance,
@@ -248,4 +248,4 @@ def test_negative_eigenvalues_are_rejected_with_a_pointer_to_eigendecompose():
 
 def test_summary_keys_are_the_stable_observable_list():
     out = _summary_of(BASE)
-    assert tuple(out) == OBSERVABLES and all(isinstance(v, float) for v in out.values())
+    assert tuple(out) == CATALOGUE.names and all(isinstance(v, float) for v in out.values())

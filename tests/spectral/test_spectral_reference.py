@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from spectral_data import (
+from tests.spectral.spectral_data import (
     METRIC_KEYS,
     accumulate,
     decades_spectrum,

@@ -64,8 +64,28 @@ class PointResult:
         return int(self.spectrum.n_rows)
 
 
-Results = dict[ObservationKey, PointResult]
-"""One observation: ``{ObservationKey: PointResult}`` in point (depth) order, views of a point together."""
+class Results(dict[ObservationKey, PointResult]):
+    """One observation: ``{ObservationKey: PointResult}`` in point (depth) order, views of a point together.
+
+    A bare point name looks up that point's default view: ``results["cls"] is results[ObservationKey("cls")]``.
+    """
+
+    @staticmethod
+    def _key(key: object) -> object:
+        return ObservationKey(key) if isinstance(key, str) else key
+
+    def __getitem__(self, key: object) -> PointResult:
+        return super().__getitem__(self._key(key))  # type: ignore[index]
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(self._key(key))
+
+    def get(self, key: object, default: PointResult | None = None) -> PointResult | None:  # type: ignore[override]
+        return super().get(self._key(key), default)  # type: ignore[call-overload]
+
+    def by_point(self, view: str = DEFAULT_VIEW) -> dict[str, PointResult]:
+        """``{point: PointResult}`` of one view, in point order."""
+        return {key.point: result for key, result in self.items() if key.view == view}
 
 
 def summarize_accumulators(
@@ -103,7 +123,7 @@ def summarize_accumulators(
         mean = acc.mean().detach().cpu().numpy().astype(np.float64, copy=False)
         moments[name] = (cov, mean, int(acc.n), int(acc.n_nonfinite))
     diagnostics = CATALOGUE.diagnostics
-    out: Results = {}
+    out = Results()
     with _single_threaded_blas():
         for name in names:
             cov, mean, n_rows, n_nonfinite = moments[name]

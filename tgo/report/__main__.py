@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from tgo.errors import UserInputError
+from tgo.records import RunDir
 from tgo.report.build import REFERENCE_MODES, build_report
 from tgo.report.findings import DEFAULT_STABLE_TOLERANCE, DEFAULT_TOLERANCE
 
@@ -22,7 +23,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="Figures and findings of TGO runs as an offline HTML page (report/index.html).")
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
                         help="a run directory, or a directory containing runs (e.g. a Hydra multirun sweep)")
-    parser.add_argument("--out", default=None, help="report directory (default: <first RUN_DIR>/report)")
+    parser.add_argument("--out", default=None, help=f"report directory (default: <first RUN_DIR>/{RunDir.REPORT})")
     parser.add_argument("--reference", choices=REFERENCE_MODES, default="auto",
                         help="overlay the published TGO-I measurements: auto = when the points are the paper's 15 "
                              "(default), paper = always, none = never")

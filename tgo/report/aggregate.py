@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tgo.records import RunDir
 from tgo.report.findings import VERDICTS, Finding
 from tgo.report.runs import ReportInputError, RunData
 
@@ -42,16 +43,16 @@ def check_subsets(runs: Sequence[RunData], *, allow_different: bool = False) -> 
     groups: dict[str, list[str]] = {}
     for run in runs:
         if run.fingerprint is None:
-            notes.append(f"{run.name}: no analysis_subset.json, so its analysis subset could not be checked")
+            notes.append(f"{run.name}: no {RunDir.MANIFEST}, so its analysis subset could not be checked")
         else:
             groups.setdefault(run.fingerprint, []).append(run.name)
     if len(groups) > 1:
         described = "; ".join(f"{fp[:12]}: {', '.join(names)}" for fp, names in groups.items())
         if not allow_different:
             raise SubsetMismatchError(
-                f"the runs measured different analysis subsets (analysis_subset.json fingerprints differ: "
+                f"the runs measured different analysis subsets ({RunDir.MANIFEST} fingerprints differ: "
                 f"{described}); their geometry is not comparable. Re-run with data.analysis.manifest=<one run's "
-                f"analysis_subset.json>, or pass --allow-different-subsets to compare anyway")
+                f"{RunDir.MANIFEST}>, or pass --allow-different-subsets to compare anyway")
         notes.append(f"different analysis subsets compared on request (--allow-different-subsets): {described}")
     return notes
 

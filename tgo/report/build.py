@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
+from tgo.records import RunDir
 from tgo.report.aggregate import Aggregate, aggregate_runs, agreement_text, check_subsets, verdict_agreement
 from tgo.report.figures import observable_figures, spectrum_figures
 from tgo.report.findings import (
@@ -32,8 +33,11 @@ REFERENCE_MODES = ("auto", "paper", "none")
 
 
 def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
-    """``<first argument>/report``: inside the run for one run, inside the sweep directory for a sweep."""
-    return Path(paths[0]) / "report"
+    """The first argument's ``report/`` (`tgo.records.RunDir.report`).
+
+    Inside the run for one run, inside the sweep directory for a sweep, so a report sits beside what it describes.
+    """
+    return RunDir(paths[0]).report
 
 
 def _fmt(value: float | int | None, digits: int = 4) -> str:
@@ -171,8 +175,10 @@ def build_report(paths: Sequence[str | os.PathLike], *, out: str | os.PathLike |
         f"Each claim is tested on {what} from the first to the last observation. Verdicts: 'holds' = moved the "
         f"claimed way by more than {tolerance:.0%} of the series' scale with a positive rank correlation; "
         f"'holds then reverses' = reached a peak (trough for falling claims) strictly inside the observed epochs "
-        f"and then gave back more than {tolerance:.0%}; 'does not hold' = neither. Embeddings count as stable "
-        f"within ±{stable_tolerance:.0%}. Spearman is the rank correlation of the observable with epoch.")
+        f"and then gave back more than {tolerance:.0%}; 'does not hold' = neither; 'n/a' = fewer than two "
+        f"observations, or first and last values both below the observable's noise floor (indistinguishable from "
+        f"zero). Embeddings count as stable within ±{stable_tolerance:.0%}. Spearman is the rank correlation of the "
+        f"observable with epoch.")
     if several:
         find.paragraphs.append("The last columns count the runs reaching each verdict when every run is tested "
                                "on its own.")

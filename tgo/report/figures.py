@@ -1,7 +1,9 @@
 """The report's figures as PNG files, drawn with the same `tgo.viz` functions the callback sends to TensorBoard.
 
 Each function writes files under ``<report>/figures/`` and returns `FigureRef` entries (path relative to the
-report, caption) that `tgo.report.html` lays out. Nothing here decides what a finding is.
+report, caption) that `tgo.report.html` lays out. Which observables are drawn is the catalogue's ``charted`` flag
+(`tgo.spectral.catalogue.CATALOGUE`), the same one TensorBoard's charts read, so the two never disagree. Nothing
+here decides what a finding is.
 """
 
 from __future__ import annotations
@@ -16,16 +18,10 @@ import numpy as np
 from tgo import viz
 from tgo.report.aggregate import Aggregate
 from tgo.report.runs import RunData
+from tgo.spectral.catalogue import CATALOGUE
 from tgo.spectral.observables import singular_values
 
-__all__ = ["FIGURE_OBSERVABLES", "FigureRef", "observable_figures", "spectrum_figures"]
-
-FIGURE_OBSERVABLES: tuple[str, ...] = (
-    "effective_rank", "stable_rank", "participation_ratio", "spectral_entropy", "spectral_anisotropy",
-    "spectral_flatness", "offdiag_energy_fraction", "power_law_alpha", "mean_abs_offdiag_correlation",
-    "components_90",
-)
-"""Observables drawn against epoch (one line per point) and as layer x epoch heatmaps, in this order."""
+__all__ = ["FigureRef", "observable_figures", "spectrum_figures"]
 
 
 @dataclass(frozen=True)
@@ -53,21 +49,23 @@ def _save(fig: object, figures_dir: Path, name: str) -> str:
 
 def observable_figures(aggregate: Aggregate, figures_dir: Path, *,
                        reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]] | None = None,
-                       metrics: Sequence[str] = FIGURE_OBSERVABLES) -> list[FigureRef]:
+                       metrics: Sequence[str] | None = None) -> list[FigureRef]:
     """Each observable against epoch (one line per point) and as a layer x epoch heatmap.
 
     Args:
         aggregate: The runs' mean (a single run is its own mean, with no band).
         figures_dir: Where PNGs go.
         reference: Published series drawn dashed (only for observables it holds).
-        metrics: Observables to draw; those not recorded are skipped.
+        metrics: Observables to draw, in this order; those not recorded are skipped. Default: the catalogue's
+            charted observables in record order, read at call time so that an observable registered by a plug-in
+            is drawn too.
 
     Returns:
         Two `FigureRef` per drawn observable (lines, heatmap).
     """
     refs: list[FigureRef] = []
     several = aggregate.n_runs > 1
-    for metric in metrics:
+    for metric in CATALOGUE.charted if metrics is None else metrics:
         per_point = aggregate.mean.get(metric)
         if not per_point:
             continue

@@ -12,10 +12,15 @@ Verdicts (`Verdict`):
   observed epochs, by more than the tolerance, and then the last value fell back from that peak by more than the
   tolerance. The published data show this for the late blocks (11, 12): effective rank peaks mid-training.
 * ``does not hold``: neither.
-* ``n/a``: fewer than two finite observations.
+* ``n/a``: fewer than two finite observations, or the first and last values are both below the observable's noise
+  floor (`tgo.spectral.catalogue.Observable.noise_floor`): a flatness going from 1e-10 to 2e-10 is a move between
+  zeros, not a result.
 
 Tolerances are relative to the series' scale (its largest absolute value), so one default works for effective
 ranks of 100 and anisotropies of 0.01 alike.
+
+Which way a claim expects its observable to move is not restated here: it is the catalogue entry's ``spread`` (how
+the observable moves when variance spreads over more directions), so a claim and the catalogue cannot disagree.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
+
+from tgo.spectral.catalogue import CATALOGUE, Observable, Spread
 
 __all__ = [
     "CLAIMS",
@@ -37,12 +44,14 @@ __all__ = [
     "assess_extreme",
     "assess_stable",
     "assess_trend",
+    "below_noise_floor",
     "evaluate_findings",
     "point_role",
     "spearman",
 ]
 
 Direction = Literal["rise", "fall"]
+ClaimKind = Literal["trend", "stable", "extreme"]
 Verdict = str
 HOLDS = "holds"
 REVERSES = "holds then reverses"
@@ -54,6 +63,8 @@ DEFAULT_TOLERANCE = 0.02
 DEFAULT_STABLE_TOLERANCE = 0.10
 EMBEDDING_POINTS = ("patch_embed", "pos_embed")
 _BLOCK_RE = re.compile(r"^block_\d+$")
+_DIRECTION_OF_SPREAD: dict[Spread, Direction] = {"rises": "rise", "falls": "fall"}
+_CLAIM_KINDS: tuple[str, ...] = ("trend", "stable", "extreme")
 
 # metric -> point -> (epochs, values)
 Series = Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]]
@@ -63,39 +74,78 @@ Series = Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]]
 class Claim:
     """One of the paper's claims, as something a series can be tested against.
 
+    The paper's claims all say "representations spread variance over more directions during training", so the
+    direction each expects is the catalogue's ``spread`` of its observable; a claim therefore only names the
+    observable, and `direction` reads the catalogue.
+
     Attributes:
         key: Short identifier (a findings-table and CSV key).
         statement: The claim in words, as the report prints it.
-        metric: The observable it is about.
-        direction: ``rise`` or ``fall`` over training.
+        metric: The observable it is about (a catalogue entry with a ``spread``).
         kind: ``trend`` (every point judged on its own), ``stable`` (embeddings stay put while blocks grow) or
             ``extreme`` (the CLS point ends highest/lowest among all points).
+
+    Raises:
+        ValueError: an unknown kind, or an observable that is not in the catalogue or has no ``spread`` (checked
+            when the claim is made, so a bad claim fails at import instead of in the middle of a report).
     """
 
     key: str
     statement: str
     metric: str
-    direction: Direction
-    kind: Literal["trend", "stable", "extreme"] = "trend"
+    kind: ClaimKind = "trend"
+
+    def __post_init__(self) -> None:
+        if self.kind not in _CLAIM_KINDS:
+            raise ValueError(f"Claim {self.key!r}: kind must be one of {_CLAIM_KINDS}, got {self.kind!r} (the "
+                             "direction is no longer an argument: it is the catalogue's spread of the metric)")
+        _ = self.direction  # raises now for a metric without a catalogued spread
+
+    @property
+    def observable(self) -> Observable:
+        """The catalogue entry of `metric`.
+
+        Raises:
+            ValueError: the metric is not in the catalogue.
+        """
+        observable = CATALOGUE.get(self.metric)
+        if observable is None:
+            raise ValueError(f"Claim {self.key!r}: {self.metric!r} is not in the observable catalogue "
+                             f"(known: {', '.join(CATALOGUE.names)})")
+        return observable
+
+    @property
+    def direction(self) -> Direction:
+        """``rise`` or ``fall`` over training: the catalogue's ``spread`` of `metric` (``rises`` -> ``rise``).
+
+        Raises:
+            ValueError: the metric is not in the catalogue, or its ``spread`` is ``None`` (not a measure of spread,
+                so no direction is claimed for it).
+        """
+        spread = self.observable.spread
+        if spread is None:
+            raise ValueError(f"Claim {self.key!r}: {self.metric!r} has no spread direction in the catalogue, so no "
+                             "trend can be claimed for it")
+        return _DIRECTION_OF_SPREAD[spread]
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("rank_rises", "effective rank rises", "effective_rank", "rise"),
-    Claim("rank_rises", "stable rank rises", "stable_rank", "rise"),
-    Claim("rank_rises", "participation ratio rises", "participation_ratio", "rise"),
-    Claim("anisotropy_falls", "spectral anisotropy falls", "spectral_anisotropy", "fall"),
-    Claim("entropy_rises", "spectral entropy rises", "spectral_entropy", "rise"),
+    Claim("rank_rises", "effective rank rises", "effective_rank"),
+    Claim("rank_rises", "stable rank rises", "stable_rank"),
+    Claim("rank_rises", "participation ratio rises", "participation_ratio"),
+    Claim("anisotropy_falls", "spectral anisotropy falls", "spectral_anisotropy"),
+    Claim("entropy_rises", "spectral entropy rises", "spectral_entropy"),
     Claim("covariance_diagonalizes", "covariance becomes more diagonal (off-diagonal energy falls)",
-          "offdiag_energy_fraction", "fall"),
-    Claim("spectra_flatten", "spectra flatten (flatness rises)", "spectral_flatness", "rise"),
-    Claim("spectra_flatten", "spectra flatten (power-law exponent falls)", "power_law_alpha", "fall"),
-    Claim("embeddings_stable", "embeddings stay stable while blocks grow (effective rank)", "effective_rank", "rise",
+          "offdiag_energy_fraction"),
+    Claim("spectra_flatten", "spectra flatten (flatness rises)", "spectral_flatness"),
+    Claim("spectra_flatten", "spectra flatten (power-law exponent falls)", "power_law_alpha"),
+    Claim("embeddings_stable", "embeddings stay stable while blocks grow (effective rank)", "effective_rank",
           "stable"),
-    Claim("cls_extreme", "CLS ends highest in effective rank", "effective_rank", "rise", "extreme"),
-    Claim("cls_extreme", "CLS ends highest in spectral entropy", "spectral_entropy", "rise", "extreme"),
-    Claim("cls_extreme", "CLS ends lowest in spectral anisotropy", "spectral_anisotropy", "fall", "extreme"),
+    Claim("cls_extreme", "CLS ends highest in effective rank", "effective_rank", "extreme"),
+    Claim("cls_extreme", "CLS ends highest in spectral entropy", "spectral_entropy", "extreme"),
+    Claim("cls_extreme", "CLS ends lowest in spectral anisotropy", "spectral_anisotropy", "extreme"),
 )
-"""The claims the findings table tests, in table order."""
+"""The claims the findings table tests, in table order (statements must agree with the catalogue's spread)."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +347,31 @@ def assess_extreme(per_point: Mapping[str, tuple[Sequence[float], Sequence[float
     return FAILS, note
 
 
+def below_noise_floor(trend: Trend, observable: Observable | None) -> str:
+    """Why a trend is not a result because both its ends are below the observable's noise floor ("" if it is one).
+
+    A move between values the catalogue calls indistinguishable from zero (a spectral flatness from 1.15e-10 to
+    1.87e-10 is a relative change of +60%) would otherwise pass any relative tolerance.
+
+    Args:
+        trend: The series' statistics (fewer than two observations are already ``n/a`` and keep their reason).
+        observable: The catalogue entry of the series' metric (``None`` for a metric the catalogue lacks: no floor).
+
+    Returns:
+        The note for the findings table, or ``""`` when the trend may be judged.
+    """
+    if observable is None or trend.n < 2 or not observable.below_noise_floor(trend.first, trend.last):
+        return ""
+    return (f"first and last values are below the observable's noise floor ({observable.noise_floor:g}): "
+            f"{observable.name} is indistinguishable from zero, so its move is not judged")
+
+
+def _judged(trend: Trend, observable: Observable | None) -> tuple[Trend, str]:
+    """The trend with verdict ``n/a`` and a note when both its ends are below the noise floor, else unchanged."""
+    note = below_noise_floor(trend, observable)
+    return (replace(trend, verdict=NA), note) if note else (trend, "")
+
+
 def point_role(point: str) -> str:
     """``embedding`` (patch_embed, pos_embed), ``block`` (block_NN), ``cls`` or ``other`` (user-added points)."""
     if point in EMBEDDING_POINTS:
@@ -324,7 +399,8 @@ def evaluate_findings(series: Series, points: Sequence[str] | None = None, *,
         claims: The claims to test (default `CLAIMS`).
 
     Returns:
-        Findings in claim order, then point order.
+        Findings in claim order, then point order. A trend or stable row whose first and last values are below the
+        observable's noise floor gets verdict ``n/a`` and a note saying so (`below_noise_floor`).
     """
     if points is None:
         points = list(next(iter(series.values()), {}))
@@ -334,25 +410,29 @@ def evaluate_findings(series: Series, points: Sequence[str] | None = None, *,
         if not per_point:
             continue
         present = [p for p in points if p in per_point]
+        observable, direction = claim.observable, claim.direction
         if claim.kind == "trend":
             for point in present:
-                trend = assess_trend(*per_point[point], claim.direction, tolerance=tolerance)
-                findings.append(Finding(claim.key, claim.statement, claim.metric, point, claim.direction + "s",
-                                        trend, trend.verdict))
+                trend, note = _judged(assess_trend(*per_point[point], direction, tolerance=tolerance), observable)
+                findings.append(Finding(claim.key, claim.statement, claim.metric, point, direction + "s", trend,
+                                        trend.verdict, note))
         elif claim.kind == "stable":
             for point in present:
                 role = point_role(point)
                 if role == "embedding":
-                    trend = assess_stable(*per_point[point], stable_tolerance=stable_tolerance)
+                    trend, note = _judged(assess_stable(*per_point[point], stable_tolerance=stable_tolerance),
+                                          observable)
                     findings.append(Finding(claim.key, claim.statement, claim.metric, point, "stable", trend,
-                                            trend.verdict, f"stable = within ±{stable_tolerance:.0%} of the first"))
+                                            trend.verdict,
+                                            note or f"stable = within ±{stable_tolerance:.0%} of the first"))
                 elif role == "block":
-                    trend = assess_trend(*per_point[point], "rise", tolerance=tolerance)
-                    findings.append(Finding(claim.key, claim.statement, claim.metric, point, "rises", trend,
-                                            trend.verdict))
+                    trend, note = _judged(assess_trend(*per_point[point], direction, tolerance=tolerance),
+                                          observable)
+                    findings.append(Finding(claim.key, claim.statement, claim.metric, point, direction + "s",
+                                            trend, trend.verdict, note))
         elif claim.kind == "extreme" and "cls" in per_point:
-            verdict, note = assess_extreme({p: per_point[p] for p in present}, "cls", claim.direction)
-            trend = assess_trend(*per_point["cls"], claim.direction, tolerance=tolerance)
+            verdict, note = assess_extreme({p: per_point[p] for p in present}, "cls", direction)
+            trend = assess_trend(*per_point["cls"], direction, tolerance=tolerance)
             findings.append(Finding(claim.key, claim.statement, claim.metric, "cls",
-                                    "highest" if claim.direction == "rise" else "lowest", trend, verdict, note))
+                                    "highest" if direction == "rise" else "lowest", trend, verdict, note))
     return findings

@@ -49,6 +49,9 @@ REFERENCE_OBSERVABLES: tuple[str, ...] = (
     "effective_rank", "stable_rank", "participation_ratio", "spectral_entropy", "spectral_anisotropy",
     "spectral_flatness",
 )
+"""The observables the published file holds, in comparison-table order: a fact about that file, not a second
+catalogue. Each is a `tgo.spectral.catalogue.CATALOGUE` name with the same convention (tested), which is what lets
+the paper's series overlay ours and be judged by the same claims."""
 PAPER_POINTS: tuple[str, ...] = ("patch_embed", "pos_embed", *(f"block_{i:02d}" for i in range(1, 13)), "cls")
 """The 15 points of a TGO-I run (ViT-S/16), in depth order."""
 

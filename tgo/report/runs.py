@@ -1,8 +1,10 @@
 """Finding run directories and reading their records into per-metric, per-point series (numpy only, no pandas).
 
-A report argument may be a run directory (it holds ``geometry/metrics.csv``) or any directory above runs, such as a
-Hydra multirun sweep directory: runs are then found recursively. Every problem with the arguments is a
-`ReportInputError` (a `UserInputError`), so the CLI prints one line instead of a traceback.
+A report argument may be a run directory (it holds geometry records) or any directory above runs, such as a Hydra
+multirun sweep directory: runs are then found recursively. Every path and file name comes from `tgo.records.RunDir`
+and every record is read through `tgo.records`, so the report follows the on-disk contract instead of restating it.
+Every problem with the arguments is a `ReportInputError` (a `UserInputError`), so the CLI prints one line instead
+of a traceback; a `tgo.records.RecordsError` is re-raised as one with the same message.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from tgo.errors import UserInputError
-from tgo.records import GEOMETRY_DIR, RecordsError, RecordWriter, is_run_dir, load_spectra, metrics_path
+from tgo.records import DEFAULT_VIEW, RecordsError, RunDir, Series, load_series, load_spectra
 
-__all__ = ["MANIFEST_NAME", "ReportInputError", "RunData", "discover_runs", "load_run_data", "read_fingerprint"]
+__all__ = ["REPORT_VIEW", "ReportInputError", "RunData", "discover_runs", "load_run_data", "read_fingerprint",
+           "run_names"]
 
-MANIFEST_NAME = "analysis_subset.json"
-# Directories never searched for runs: a previous report's output, Hydra's bookkeeping, TensorBoard event files.
-_SKIP_DIRS = {"report", ".hydra", "tensorboard", "checkpoints", GEOMETRY_DIR}
+REPORT_VIEW = DEFAULT_VIEW
+"""The view a report reads: every row a point selects (other views are recorded but not reported yet)."""
 
 
 class ReportInputError(UserInputError):
@@ -36,19 +38,24 @@ class RunData:
     Attributes:
         path: The run directory.
         name: A short label (the path relative to the common parent of all runs in the report).
-        series: metric -> point -> (epochs int64 [E], values float64 [E]), epochs ascending.
+        series: metric -> point -> (epochs int64 [E], values float64 [E]), epochs ascending (view `REPORT_VIEW`).
         points: Point names in recorded (depth) order.
         epochs: Every epoch with metrics, ascending.
-        fingerprint: The analysis subset's fingerprint from ``analysis_subset.json``, ``None`` if the run has none.
+        fingerprint: The analysis subset's fingerprint from the run's manifest, ``None`` if the run has none.
     """
 
     path: Path
     name: str
-    series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+    series: Series
     points: list[str]
     epochs: list[int]
     fingerprint: str | None = None
     _spectra: dict[int, dict[str, dict[str, np.ndarray]]] | None = field(default=None, repr=False)
+
+    @property
+    def run(self) -> RunDir:
+        """The run directory's layout (`tgo.records.RunDir`)."""
+        return RunDir(self.path)
 
     @property
     def metrics(self) -> list[str]:
@@ -56,33 +63,42 @@ class RunData:
         return list(self.series)
 
     def spectra(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-        """The run's spectra (`tgo.records.load_spectra`), read once on first use."""
+        """The run's spectra of view `REPORT_VIEW` (`tgo.records.load_spectra`), read once on first use.
+
+        Raises:
+            ReportInputError: a spectra file is unreadable.
+        """
         if self._spectra is None:
-            self._spectra = load_spectra(self.path)
+            try:
+                self._spectra = load_spectra(self.path, view=REPORT_VIEW)
+            except RecordsError as err:
+                raise ReportInputError(str(err)) from err
         return self._spectra
 
 
-def _looks_like_run(path: Path) -> bool:
-    return (path / "config.yaml").is_file() or (path / "checkpoints").is_dir() or (path / MANIFEST_NAME).is_file()
+def _metrics_file(run: RunDir) -> str:
+    """``geometry/metrics.csv``: the records file named relative to its run, for messages."""
+    return str(run.metrics.relative_to(run.root))
 
 
 def _find_below(root: Path) -> list[Path]:
     found: list[Path] = []
     for current, dirs, _files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        # A previous report's output, Hydra's bookkeeping, TensorBoard events, checkpoints and records never hold runs.
+        dirs[:] = sorted(d for d in dirs if d not in RunDir.NON_RUN_SUBDIRS)
         here = Path(current)
-        if is_run_dir(here):
+        if RunDir(here).has_records():
             found.append(here)
             dirs[:] = []  # a run does not contain runs
     return found
 
 
-def discover_runs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+def discover_runs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """Resolves report arguments to run directories, in argument order, then path order below each argument.
 
     Args:
-        paths: Run directories or directories containing runs (searched recursively, skipping ``report/``,
-            ``.hydra/``, ``tensorboard/`` and ``checkpoints/``).
+        paths: Run directories or directories containing runs (searched recursively, skipping the subdirectories
+            of a run that never hold runs, `tgo.records.RunDir.NON_RUN_SUBDIRS`).
 
     Returns:
         Distinct run directories holding geometry records.
@@ -97,30 +113,31 @@ def discover_runs(paths: Iterable[str | os.PathLike]) -> list[Path]:
             raise ReportInputError(f"{path}: no such directory")
         if not path.is_dir():
             raise ReportInputError(f"{path}: not a directory (expected a run directory or a directory of runs)")
-        if is_run_dir(path):
+        run = RunDir(path)
+        if run.has_records():
             found = [path]
         else:
             found = _find_below(path)
-            if not found and _looks_like_run(path):
+            if not found and run.looks_like_run():
                 raise ReportInputError(
-                    f"{path}: a run directory without geometry records ({GEOMETRY_DIR}/metrics.csv is missing): was "
+                    f"{path}: a run directory without geometry records ({_metrics_file(run)} is missing): was "
                     f"the spectral_geometry callback disabled, or did the run stop before its first observation?")
             if not found:
                 raise ReportInputError(f"{path}: not a run directory and no run below it (looked for "
-                                       f"{GEOMETRY_DIR}/metrics.csv)")
-        for run in found:
-            if run.resolve() not in {r.resolve() for r in runs}:
-                runs.append(run)
+                                       f"{_metrics_file(run)})")
+        for found_run in found:
+            if found_run.resolve() not in {r.resolve() for r in runs}:
+                runs.append(found_run)
     return runs
 
 
-def read_fingerprint(run_dir: str | os.PathLike) -> str | None:
-    """The analysis subset fingerprint recorded in ``<run>/analysis_subset.json`` (``None`` if absent).
+def read_fingerprint(run_dir: str | os.PathLike[str]) -> str | None:
+    """The analysis subset fingerprint recorded in the run's manifest (``None`` if the run has none).
 
     Raises:
         ReportInputError: the manifest exists but is not readable JSON with a ``fingerprint``.
     """
-    path = Path(run_dir) / MANIFEST_NAME
+    path = RunDir(run_dir).manifest
     if not path.is_file():
         return None
     try:
@@ -142,8 +159,8 @@ def run_names(paths: Sequence[Path]) -> list[str]:
     return [str(p.resolve().relative_to(parent)) or p.resolve().name for p in paths]
 
 
-def load_run_data(path: str | os.PathLike, name: str | None = None) -> RunData:
-    """Reads a run's ``metrics.csv`` into series (without pandas) and its manifest fingerprint.
+def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunData:
+    """Reads a run's metrics (view `REPORT_VIEW`) into series with `tgo.records.load_series`, and its fingerprint.
 
     Args:
         path: A run directory.
@@ -153,32 +170,17 @@ def load_run_data(path: str | os.PathLike, name: str | None = None) -> RunData:
         The `RunData` (spectra are read lazily).
 
     Raises:
-        ReportInputError: no metrics file, no rows, or malformed values.
+        ReportInputError: not a run with records, no metrics file, no rows of the reported view, or malformed
+            values (the `tgo.records.RecordsError` message, which names the file).
     """
-    path = Path(path)
-    if not metrics_path(path).is_file():
-        raise ReportInputError(f"{path}: spectra exist but {GEOMETRY_DIR}/metrics.csv is missing")
+    run = RunDir(path)
     try:
-        rows = RecordWriter(path).metric_rows()
+        series = load_series(run.root, view=REPORT_VIEW)
     except RecordsError as err:
         raise ReportInputError(str(err)) from err
-    if not rows:
-        raise ReportInputError(f"{metrics_path(path)}: no observations recorded yet")
-    collected: dict[str, dict[str, dict[int, float]]] = {}
-    points: dict[str, None] = {}
-    try:
-        for row in rows:
-            collected.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = \
-                float(row["value"])
-            points[row["point"]] = None
-    except (TypeError, ValueError) as err:
-        raise ReportInputError(f"{metrics_path(path)}: malformed row ({err})") from err
-    series = {
-        metric: {point: (np.array(sorted(values), dtype=np.int64),
-                         np.array([values[e] for e in sorted(values)], dtype=np.float64))
-                 for point, values in per_point.items()}
-        for metric, per_point in collected.items()
-    }
-    epochs = sorted({int(row["epoch"]) for row in rows})
-    return RunData(path=path, name=name or path.resolve().name, series=series, points=list(points), epochs=epochs,
-                   fingerprint=read_fingerprint(path))
+    if not series:
+        raise ReportInputError(f"{run.metrics}: no observations recorded yet (no rows of view {REPORT_VIEW!r})")
+    points = list(dict.fromkeys(point for per_point in series.values() for point in per_point))
+    epochs = sorted({int(e) for per_point in series.values() for epochs, _ in per_point.values() for e in epochs})
+    return RunData(path=run.root, name=name or run.root.resolve().name, series=series, points=points, epochs=epochs,
+                   fingerprint=read_fingerprint(run.root))
