@@ -121,33 +121,48 @@ class SpectralGeometryCallback(L.Callback):
         """Runs one observation on every rank; rank 0 records and logs. Collective: call on all ranks."""
         assert self._run is not None, "setup() runs before any observation"
         start = time.perf_counter()
-        datamodule = trainer.datamodule
+        datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set by fit(datamodule=...)
         dataset = datamodule.analysis_dataset
-        plan = ShardPlan.for_rank(self.settings, rank=trainer.global_rank, world_size=trainer.world_size,
-                                  default_batch_size=getattr(datamodule, "analysis_batch_size", 64),
-                                  default_num_workers=getattr(datamodule, "num_workers", 0))
+        plan = ShardPlan.for_rank(
+            self.settings,
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            default_batch_size=getattr(datamodule, "analysis_batch_size", 64),
+            default_num_workers=getattr(datamodule, "num_workers", 0),
+        )
         keep = self.settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)
-        record = RecordPlan(writer=RecordWriter(self._run), epoch=epoch, step=trainer.global_step,
-                            with_covariance=keep)
-        results = observe_and_record(self._network(pl_module), dataset, self.points, settings=self.settings,
-                                     plan=plan, record=record,
-                                     all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
-                                     is_global_zero=trainer.is_global_zero, device=pl_module.device)
+        record = RecordPlan(writer=RecordWriter(self._run), epoch=epoch, step=trainer.global_step, with_covariance=keep)
+        results = observe_and_record(
+            self._network(pl_module),
+            dataset,
+            self.points,
+            settings=self.settings,
+            plan=plan,
+            record=record,
+            all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
+            is_global_zero=trainer.is_global_zero,
+            device=pl_module.device,
+        )
         self.last_pass_seconds = time.perf_counter() - start
         if results is not None:
             logging_start = time.perf_counter()
             self._log(trainer, epoch, results)
             self.last_logging_seconds = time.perf_counter() - logging_start
-            rank_zero_info(f"[tgo] geometry observed at epoch {epoch} over {len(dataset)} images in "
-                           f"{self.last_pass_seconds:.2f} s (+{self.last_logging_seconds:.2f} s logging)")
+            rank_zero_info(
+                f"[tgo] geometry observed at epoch {epoch} over {len(dataset)} images in "
+                f"{self.last_pass_seconds:.2f} s (+{self.last_logging_seconds:.2f} s logging)"
+            )
         self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
         trainer.strategy.barrier("tgo_geometry_observed")
 
     # ----------------------------------------------------------------------------------------- logging
     def _log(self, trainer: L.Trainer, epoch: int, results: Results) -> None:
         """Scalars to every logger; TensorBoard extras (histograms, images, figures) to TensorBoard only."""
-        scalars = {geometry_tag(metric, key): float(value)
-                   for key, result in results.items() for metric, value in result.observables.items()}
+        scalars = {
+            geometry_tag(metric, key): float(value)
+            for key, result in results.items()
+            for metric, value in result.observables.items()
+        }
         scalars["geometry/pass_seconds"] = float(self.last_pass_seconds or 0.0)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=epoch)
@@ -187,8 +202,10 @@ class SpectralGeometryCallback(L.Callback):
         names = [key.point for key in own]
         if figures.spectra:
             spectra = load_spectra(self._run.root, recorded_epochs(self._run.root), arrays=("eigenvalues",))
-            histories = {name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items()
-                                if name in per_point] for name in names}
+            histories = {
+                name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
+                for name in names
+            }
             self._add_figure(writer, "spectra/all_points", viz.spectra_grid_figure(histories), epoch)
         if figures.decay:
             decay = {key.point: result.spectrum.eigenvalues for key, result in own.items()}
@@ -197,8 +214,9 @@ class SpectralGeometryCallback(L.Callback):
             series = load_series(self._run.root, metrics=CATALOGUE.charted)
             epochs = sorted({int(e) for per_point in series.values() for es, _ in per_point.values() for e in es})
             tables = {metric: _layer_epoch_table(series.get(metric, {}), names, epochs) for metric in CATALOGUE.charted}
-            self._add_figure(writer, "layer_epoch/all_observables", viz.layer_epoch_grid_figure(tables, names, epochs),
-                             epoch)
+            self._add_figure(
+                writer, "layer_epoch/all_observables", viz.layer_epoch_grid_figure(tables, names, epochs), epoch
+            )
 
     @staticmethod
     def _add_figure(writer: Any, tag: str, fig: Any, epoch: int) -> None:
@@ -213,12 +231,13 @@ class SpectralGeometryCallback(L.Callback):
         return unwrap_model(getattr(module, "net", module))
 
 
-def _layer_epoch_table(per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: list[str],
-                       epochs: list[int]) -> np.ndarray:
+def _layer_epoch_table(
+    per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: list[str], epochs: list[int]
+) -> np.ndarray:
     """``[len(points), len(epochs)]`` values of one metric, NaN where a point has no value at an epoch."""
     table = np.full((len(points), len(epochs)), np.nan)
     column = {e: j for j, e in enumerate(epochs)}
     for i, point in enumerate(points):
-        for e, v in zip(*per_point.get(point, ((), ()))):
+        for e, v in zip(*per_point.get(point, ((), ())), strict=False):
             table[i, column[int(e)]] = v
     return table

@@ -21,16 +21,19 @@ def compose_train(output_dir: Path, overrides: list[str] | None = None, *, hydra
     """Composes conf/train.yaml like ``python -m tgo.train`` would, with the run directory set to ``output_dir``."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         # Progress bars off: tqdm would interleave with pytest's own output (the CLI tests keep the default).
-        return compose("train", overrides=[f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false",
-                                           *(overrides or [])],
-                       return_hydra_config=hydra_cfg)
+        return compose(
+            "train",
+            overrides=[f"paths.output_dir={output_dir}", "trainer.enable_progress_bar=false", *(overrides or [])],
+            return_hydra_config=hydra_cfg,
+        )
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     """Runs ``python -m tgo.train ARGS`` in a fresh interpreter, as a user would."""
     env = {**os.environ, "TGO_ROOT": str(cwd), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "tgo.train", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tgo.train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture

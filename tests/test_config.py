@@ -51,8 +51,14 @@ def test_tgo1_devices_and_nodes_are_overridable(compose_cfg):
 
 def test_slurm_launcher_follows_trainer_topology(compose_cfg):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    cfg = compose_cfg("experiment=tgo1", "data.root=/x", "trainer.devices=4", "trainer.num_nodes=3",
-                      "hydra/launcher=slurm", hydra_cfg=True)
+    cfg = compose_cfg(
+        "experiment=tgo1",
+        "data.root=/x",
+        "trainer.devices=4",
+        "trainer.num_nodes=3",
+        "hydra/launcher=slurm",
+        hydra_cfg=True,
+    )
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (3, 4, 4)

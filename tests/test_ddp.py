@@ -14,16 +14,23 @@ import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
 from tests.conftest import compose_train
+from tgo.observatory.pipeline import ShardPlan, observe_dataset
 from tgo.observatory.points import vit_points
-from tgo.observatory.pipeline import observe_dataset, ShardPlan
 from tgo.records import load_spectra
 from tgo.train import run
 
-EPOCH0 = ["experiment=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
-          "observation.figures.spectra=false", "observation.figures.heatmaps=false",
-          "data.analysis.per_class=7"]  # 70 images: 35 per rank on 2 ranks
+EPOCH0 = [
+    "experiment=smoke",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=1",
+    "trainer.limit_val_batches=1",
+    "observation.figures.spectra=false",
+    "observation.figures.heatmaps=false",
+    "data.analysis.per_class=7",
+]  # 70 images: 35 per rank on 2 ranks
 
 
+@pytest.mark.slow
 def test_two_process_ddp_equals_one_process(tmp_path):
     """Epoch 0 (before any update, same seed) of a 2-process DDP run against a 1-process run."""
     single, double = tmp_path / "single", tmp_path / "ddp"
@@ -33,8 +40,13 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     assert list(one) == list(two)
     for name in one:
         assert int(two[name]["n_rows"]) == int(one[name]["n_rows"])
-        np.testing.assert_allclose(two[name]["eigenvalues"], one[name]["eigenvalues"], rtol=1e-10,
-                                   atol=1e-10 * one[name]["eigenvalues"][0], err_msg=name)
+        np.testing.assert_allclose(
+            two[name]["eigenvalues"],
+            one[name]["eigenvalues"],
+            rtol=1e-10,
+            atol=1e-10 * one[name]["eigenvalues"][0],
+            err_msg=name,
+        )
         np.testing.assert_allclose(two[name]["mean"], one[name]["mean"], rtol=1e-10, atol=1e-12)
     assert int(one["block_01"]["n_rows"]) == 70 * 17 and int(one["cls"]["n_rows"]) == 70
 
@@ -49,8 +61,9 @@ def _tiny_vit() -> torch.nn.Module:
     import timm
 
     torch.manual_seed(0)
-    return timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
-                             num_classes=3).eval()
+    return timm.create_model(
+        "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3
+    ).eval()
 
 
 def _images(count: int) -> TensorDataset:
@@ -69,21 +82,24 @@ def _worker(rank: int, world_size: int, port: int, count: int, out: str) -> None
         return tensor
 
     net = _tiny_vit()
-    accumulators = observe_dataset(net, _images(count), vit_points(net), plan=ShardPlan(rank, world_size, 2),
-                                   all_reduce_sum=all_reduce_sum)
+    accumulators = observe_dataset(
+        net, _images(count), vit_points(net), plan=ShardPlan(rank, world_size, 2), all_reduce_sum=all_reduce_sum
+    )
     if rank == 0:
         torch.save({name: (acc.n, acc.covariance()) for name, acc in accumulators.items()} | {"calls": calls}, out)
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(("world_size", "count"), [(2, 7), (3, 2)], ids=["uneven-shards", "an-empty-shard"])
+@pytest.mark.slow
 def test_uneven_and_empty_shards_count_every_image_once(tmp_path: Path, world_size: int, count: int):
     out = str(tmp_path / "rank0.pt")
     mp.spawn(_worker, args=(world_size, _free_port(), count, out), nprocs=world_size, join=True)
     result = torch.load(out, weights_only=False)
     net = _tiny_vit()
-    reference = observe_dataset(net, _images(count), vit_points(net), plan=ShardPlan(0, 1, 2),
-                                all_reduce_sum=lambda t: t)
+    reference = observe_dataset(
+        net, _images(count), vit_points(net), plan=ShardPlan(0, 1, 2), all_reduce_sum=lambda t: t
+    )
     assert len(result.pop("calls")) == 2, "two collectives per observation, whatever the shard sizes"
     for name, acc in reference.items():
         n, cov = result[name]

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import csv
-import warnings
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -22,8 +20,12 @@ from tgo.records import RecordWriter, load_spectra
 from tgo.train import run
 
 DEFAULTS = ObservationSettings()
-QUICK = ["experiment=smoke", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1",
-         "observation.figures.heatmaps=false"]
+QUICK = [
+    "experiment=smoke",
+    "trainer.limit_train_batches=1",
+    "trainer.limit_val_batches=1",
+    "observation.figures.heatmaps=false",
+]
 
 
 def recorded_epochs(run_dir: Path) -> list[int]:
@@ -34,21 +36,35 @@ def recorded_epochs(run_dir: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def tensorboard_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tb") / "run"
-    run(compose_train(run_dir, [*QUICK, "trainer.max_epochs=3", "observation.every_n_epochs=1",
-                                "observation.figures.heatmaps=true",
-                                "observation.figures.every_n_observations=2"]))
+    run(
+        compose_train(
+            run_dir,
+            [
+                *QUICK,
+                "trainer.max_epochs=3",
+                "observation.every_n_epochs=1",
+                "observation.figures.heatmaps=true",
+                "observation.figures.every_n_observations=2",
+            ],
+        )
+    )
     return run_dir
 
 
 def test_schedule_is_initialisation_every_n_and_the_final_epoch(tmp_path):
-    run(compose_train(tmp_path, [*QUICK, "trainer.max_epochs=5", "observation.every_n_epochs=2",
-                                 "observation.figures.spectra=false"]))
+    run(
+        compose_train(
+            tmp_path,
+            [*QUICK, "trainer.max_epochs=5", "observation.every_n_epochs=2", "observation.figures.spectra=false"],
+        )
+    )
     assert recorded_epochs(tmp_path) == [0, 2, 4, 5]
 
 
 def test_tensorboard_scalars_equal_the_records(tensorboard_run):
-    events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0, "images": 0,
-                                                                                  "histograms": 0}).Reload()
+    events = EventAccumulator(
+        str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0, "images": 0, "histograms": 0}
+    ).Reload()
     tags = set(events.Tags()["scalars"])
     with open(tensorboard_run / "geometry" / "metrics.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -84,6 +100,7 @@ def test_final_eigenvalues_equal_an_independent_numpy_recomputation(tensorboard_
     net = module.net.eval()
     cfg = compose_train(tensorboard_run, [*QUICK])
     from hydra.utils import instantiate
+
     datamodule = instantiate(cfg.data, analysis={"manifest": str(tensorboard_run / "analysis_subset.json")})
     dataset = datamodule.validate().analysis_dataset
     images = torch.stack([dataset[i][0] for i in range(len(dataset))])
@@ -93,12 +110,17 @@ def test_final_eigenvalues_equal_an_independent_numpy_recomputation(tensorboard_
         def hook(_module, args, output=None):
             tensor = args[0] if output is None else output
             captured.setdefault(name, []).append(select(tensor).reshape(-1, tensor.shape[-1]).double().numpy())
+
         return hook
 
-    handles = [net.patch_embed.register_forward_hook(keep("patch_embed", lambda t: t)),
-               net.pos_drop.register_forward_pre_hook(keep("pos_embed", lambda t: t)),
-               net.norm.register_forward_hook(keep("cls", lambda t: t[:, 0]))]
-    handles += [block.register_forward_hook(keep(f"block_{i + 1:02d}", lambda t: t)) for i, block in enumerate(net.blocks)]
+    handles = [
+        net.patch_embed.register_forward_hook(keep("patch_embed", lambda t: t)),
+        net.pos_drop.register_forward_pre_hook(keep("pos_embed", lambda t: t)),
+        net.norm.register_forward_hook(keep("cls", lambda t: t[:, 0])),
+    ]
+    handles += [
+        block.register_forward_hook(keep(f"block_{i + 1:02d}", lambda t: t)) for i, block in enumerate(net.blocks)
+    ]
     with torch.no_grad():
         net(images)
     for handle in handles:
@@ -127,8 +149,12 @@ def test_covariance_kept_at_first_and_last_epoch_only(tensorboard_run):
 
 def tiny_vit() -> torch.nn.Module:
     torch.manual_seed(0)
-    return ViTClassifier(name="vit_tiny_patch16_224", num_classes=10, img_size=16,
-                         arch=dict(patch_size=4, embed_dim=32, depth=2, num_heads=2)).net
+    return ViTClassifier(
+        name="vit_tiny_patch16_224",
+        num_classes=10,
+        img_size=16,
+        arch=dict(patch_size=4, embed_dim=32, depth=2, num_heads=2),
+    ).net
 
 
 def test_non_finite_activations_become_nan_observables_with_counts(tmp_path):
@@ -138,15 +164,30 @@ def test_non_finite_activations_become_nan_observables_with_counts(tmp_path):
     net = tiny_vit()
     plan = RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0)
     with pytest.warns(RuntimeWarning, match="non-finite activations"):
-        results = observe_and_record(net, dataset, vit_points(net), settings=DEFAULTS, plan=ShardPlan(batch_size=4), record=plan,
-                                     all_reduce_sum=lambda t: t, is_global_zero=True)
+        results = observe_and_record(
+            net,
+            dataset,
+            vit_points(net),
+            settings=DEFAULTS,
+            plan=ShardPlan(batch_size=4),
+            record=plan,
+            all_reduce_sum=lambda t: t,
+            is_global_zero=True,
+        )
     assert results["block_02"].observables["n_nonfinite"] == 17
     assert results["block_02"].observables["n_rows"] == 5 * 17
     assert np.isnan(results["block_02"].observables["effective_rank"])
     with pytest.raises(NonFiniteActivationsError, match="non-finite"):
-        observe_and_record(net, dataset, vit_points(net), settings=DEFAULTS.replace(nonfinite="error"),
-                           plan=ShardPlan(batch_size=4), record=RecordPlan(writer=RecordWriter(tmp_path), epoch=1, step=0),
-                           all_reduce_sum=lambda t: t, is_global_zero=True)
+        observe_and_record(
+            net,
+            dataset,
+            vit_points(net),
+            settings=DEFAULTS.replace(nonfinite="error"),
+            plan=ShardPlan(batch_size=4),
+            record=RecordPlan(writer=RecordWriter(tmp_path), epoch=1, step=0),
+            all_reduce_sum=lambda t: t,
+            is_global_zero=True,
+        )
 
 
 def test_unknown_module_path_fails_before_training_listing_names(compose_cfg):
@@ -159,15 +200,23 @@ def test_unknown_module_path_fails_before_training_listing_names(compose_cfg):
 def test_hooks_are_removed_and_train_mode_restored(tmp_path):
     net = tiny_vit().train()
     dataset = TensorDataset(torch.randn(5, 3, 16, 16), torch.zeros(5, dtype=torch.long))
-    observe_and_record(net, dataset, vit_points(net), settings=DEFAULTS, plan=ShardPlan(batch_size=2),
-                       record=RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0),
-                       all_reduce_sum=lambda t: t, is_global_zero=True)
+    observe_and_record(
+        net,
+        dataset,
+        vit_points(net),
+        settings=DEFAULTS,
+        plan=ShardPlan(batch_size=2),
+        record=RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0),
+        all_reduce_sum=lambda t: t,
+        is_global_zero=True,
+    )
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
     assert all(m.training for m in net.modules())
 
 
-@pytest.mark.parametrize("kwargs", [dict(every_n_epochs=0), dict(gram_dtype="float16"), dict(nonfinite="ignore"),
-                                    dict(batch_size=0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(every_n_epochs=0), dict(gram_dtype="float16"), dict(nonfinite="ignore"), dict(batch_size=0)]
+)
 def test_bad_callback_arguments_are_rejected(kwargs):
     with pytest.raises(UserInputError, match=rf"observation\.{next(iter(kwargs))}: expected"):
         SpectralGeometryCallback(settings=kwargs)

@@ -12,8 +12,8 @@ import torch
 
 from tests.conftest import compose_train, run_cli
 from tests.helpers import SimulatedCrash
-from tgo.train import make_ddp_relaunch_job_local, resolve_ckpt_path, run
 from tgo.errors import ConfigError
+from tgo.train import make_ddp_relaunch_job_local, resolve_ckpt_path, run
 
 FAST = ["experiment=smoke", "observation.figures.heatmaps=false"]
 
@@ -63,6 +63,7 @@ def test_checkpoint_holds_the_trained_model_and_callback_state(smoke_run):
 CRASH_AFTER_2 = ["+callbacks.crash._target_=tests.helpers.CrashAtEpochStart", "+callbacks.crash.epoch=2"]
 
 
+@pytest.mark.slow
 def test_resume_after_a_crash_continues_records_without_duplicates(tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(SimulatedCrash):
@@ -76,6 +77,7 @@ def test_resume_after_a_crash_continues_records_without_duplicates(tmp_path):
     assert checkpoint["epoch"] == 3
 
 
+@pytest.mark.slow
 def test_resume_observes_a_due_epoch_that_a_crash_left_unrecorded(tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(SimulatedCrash):
@@ -90,19 +92,22 @@ def test_resume_observes_a_due_epoch_that_a_crash_left_unrecorded(tmp_path):
 def test_a_fresh_run_refuses_a_directory_that_holds_a_run(smoke_run):
     run_dir, _ = smoke_run
     before = (run_dir / "geometry" / "metrics.csv").read_bytes()
-    with pytest.raises(ConfigError, match="already holds a run.*ckpt_path=last"):
+    with pytest.raises(ConfigError, match=r"already holds a run.*ckpt_path=last"):
         run(compose_train(run_dir, ["experiment=smoke"]))
     assert (run_dir / "geometry" / "metrics.csv").read_bytes() == before
 
 
 def test_ckpt_path_last_without_a_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="ckpt_path: .*last.ckpt' does not exist"):
+    with pytest.raises(ConfigError, match=r"ckpt_path: .*last.ckpt' does not exist"):
         resolve_ckpt_path("last", tmp_path)
 
 
+@pytest.mark.slow
 def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
-    result = run_cli([*FAST, "trainer.max_epochs=1", "observation.figures.spectra=false",
-                      f"hydra.run.dir={tmp_path / 'cli_run'}"], cwd=tmp_path)
+    result = run_cli(
+        [*FAST, "trainer.max_epochs=1", "observation.figures.spectra=false", f"hydra.run.dir={tmp_path / 'cli_run'}"],
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert f"[tgo] run directory: {tmp_path / 'cli_run'}" in output
@@ -110,10 +115,20 @@ def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
     assert (tmp_path / "cli_run" / "geometry" / "metrics.csv").is_file()
 
 
+@pytest.mark.slow
 def test_multirun_gives_each_job_its_own_directory(tmp_path):
-    result = run_cli(["-m", *FAST, "seed=0,1", "trainer.max_epochs=1", "trainer.limit_train_batches=2",
-                      "observation.figures.spectra=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                     cwd=tmp_path)
+    result = run_cli(
+        [
+            "-m",
+            *FAST,
+            "seed=0,1",
+            "trainer.max_epochs=1",
+            "trainer.limit_train_batches=2",
+            "observation.figures.spectra=false",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir() and not p.name.startswith("."))
     assert jobs == ["0", "1"]
@@ -126,15 +141,24 @@ def test_ddp_relaunch_in_a_multirun_reruns_only_this_job(monkeypatch):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    hydra_cfg = OmegaConf.create({"hydra": {"mode": "MULTIRUN", "overrides": {"task": ["seed=1", "experiment=smoke"]},
-                                            "run": {"dir": "outputs/default"},
-                                            "runtime": {"output_dir": "/sweep/1"}}})
+    hydra_cfg = OmegaConf.create(
+        {
+            "hydra": {
+                "mode": "MULTIRUN",
+                "overrides": {"task": ["seed=1", "experiment=smoke"]},
+                "run": {"dir": "outputs/default"},
+                "runtime": {"output_dir": "/sweep/1"},
+            }
+        }
+    )
     from hydra.types import RunMode
+
     hydra_cfg.hydra.mode = RunMode.MULTIRUN
     OmegaConf.set_readonly(hydra_cfg.hydra, True)
     monkeypatch.setattr(HydraConfig.instance(), "cfg", hydra_cfg)
     monkeypatch.setattr("sys.argv", ["tgo/train.py", "-m", "seed=0,1", "experiment=smoke"])
     make_ddp_relaunch_job_local()
     import sys
+
     assert sys.argv == ["tgo/train.py", "seed=1", "experiment=smoke"]
     assert HydraConfig.get().run.dir == "/sweep/1"

@@ -78,7 +78,7 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
             return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
         except RuntimeError:  # not a zip archive (legacy format): mmap unsupported
             return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means "not a checkpoint"
+    except Exception as err:
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
 
 
@@ -111,8 +111,12 @@ def checkpoint_source(path: Path) -> ModelSource:
         raise CheckpointError(f"{path}: {err}") from err
     step = int(checkpoint.get("global_step", 0))
     if not at_end:
-        warnings.warn(f"[tgo] {path.name} was saved in the middle of an epoch (step {step}); it is labelled with the "
-                      f"{epoch} epochs completed before it", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"[tgo] {path.name} was saved in the middle of an epoch (step {step}); it is labelled with the "
+            f"{epoch} epochs completed before it",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return ModelSource("checkpoint", path, epoch, step)
 
 
@@ -139,8 +143,11 @@ def find_checkpoints(directory: str | Path) -> list[ModelSource]:
         if kept is None:
             by_epoch[source.epoch] = source
         elif kept.step != source.step:
-            raise CheckpointError(f"{kept.path.name} (step {kept.step}) and {path.name} (step {source.step}) are both "
-                               f"labelled epoch {source.epoch}; observe one of them with --checkpoint")
+            assert kept.path is not None
+            raise CheckpointError(
+                f"{kept.path.name} (step {kept.step}) and {path.name} (step {source.step}) are both "
+                f"labelled epoch {source.epoch}; observe one of them with --checkpoint"
+            )
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
@@ -153,15 +160,21 @@ def load_state_dict_strict(net: torch.nn.Module, state: dict[str, torch.Tensor],
     own = net.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in own
-              if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
     if missing or unexpected or shapes:
+
         def show(keys: list[str]) -> str:
             return ", ".join(keys[:8]) + (f" ... ({len(keys)} in all)" if len(keys) > 8 else "")
 
-        parts = [f"missing keys: {show(missing)}" if missing else "",
-                 f"unexpected keys: {show(unexpected)}" if unexpected else "",
-                 f"shape mismatches: {show(shapes)}" if shapes else ""]
+        parts = [
+            f"missing keys: {show(missing)}" if missing else "",
+            f"unexpected keys: {show(unexpected)}" if unexpected else "",
+            f"shape mismatches: {show(shapes)}" if shapes else "",
+        ]
         raise CheckpointMismatchError(f"{origin} does not fit the model ({'; '.join(p for p in parts if p)})")
     net.load_state_dict(state, strict=True)
 
@@ -171,15 +184,24 @@ def net_from_checkpoint(path: Path) -> torch.nn.Module:
     checkpoint = load_checkpoint_file(path)
     hp = checkpoint.get("hyper_parameters") or {}
     if "name" not in hp or "state_dict" not in checkpoint:
-        raise CheckpointError(f"{path}: not a tgo.model.ViTClassifier checkpoint (needs hyper_parameters with the timm "
-                           f"'name' and a state_dict); for a plain weights file use --timm NAME --weights FILE")
-    net = build_timm_model(hp["name"], num_classes=int(hp.get("num_classes", 1000)), img_size=int(hp["img_size"]),
-                           in_chans=int(hp.get("in_chans", 3)), **dict(hp.get("arch") or {}))
-    state = {k[len("net."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
+        raise CheckpointError(
+            f"{path}: not a tgo.model.ViTClassifier checkpoint (needs hyper_parameters with the timm "
+            f"'name' and a state_dict); for a plain weights file use --timm NAME --weights FILE"
+        )
+    net = build_timm_model(
+        hp["name"],
+        num_classes=int(hp.get("num_classes", 1000)),
+        img_size=int(hp["img_size"]),
+        in_chans=int(hp.get("in_chans", 3)),
+        **dict(hp.get("arch") or {}),
+    )
+    state = {k[len("net.") :]: v for k, v in checkpoint["state_dict"].items() if k.startswith("net.")}
     if not state:
-        raise CheckpointMismatchError(f"{path}: its state_dict has no 'net.*' keys, so it is not a "
-                                      f"tgo.model.ViTClassifier checkpoint (first keys: "
-                                      f"{', '.join(list(checkpoint['state_dict'])[:5])})")
+        raise CheckpointMismatchError(
+            f"{path}: its state_dict has no 'net.*' keys, so it is not a "
+            f"tgo.model.ViTClassifier checkpoint (first keys: "
+            f"{', '.join(list(checkpoint['state_dict'])[:5])})"
+        )
     load_state_dict_strict(net, state, origin=str(path))
     return net
 
@@ -195,13 +217,14 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"--weights {path}: no such file")
     try:
         state = timm_load_state_dict(str(path), use_ema=True, weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any loading failure means "not a weights file"
+    except Exception as err:
         raise CheckpointError(f"--weights {path}: not a readable weights file ({type(err).__name__}: {err})") from err
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
-def timm_net(name: str, *, pretrained: bool, weights: Path | None, seed: int, img_size: int,
-              in_chans: int, arch: dict[str, Any]) -> torch.nn.Module:
+def timm_net(
+    name: str, *, pretrained: bool, weights: Path | None, seed: int, img_size: int, in_chans: int, arch: dict[str, Any]
+) -> torch.nn.Module:
     """A timm model without its classifier head (never observed), randomly initialised or with weights."""
     torch.manual_seed(seed)
     net = build_timm_model(name, num_classes=0, img_size=img_size, in_chans=in_chans, pretrained=pretrained, **arch)

@@ -16,6 +16,7 @@ import lightning as L
 import timm
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from timm.optim import param_groups_weight_decay
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -108,24 +109,50 @@ class ViTClassifier(L.LightningModule):
             if not value > 0:
                 raise ConfigError(f"{key}: expected a positive number, got {value}.")
         arch = dict(arch or {})
-        self.save_hyperparameters(dict(name=name, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
-                                       arch=arch, pretrained=pretrained, pretrained_file=pretrained_file, lr=lr,
-                                       weight_decay=weight_decay, betas=tuple(betas), schedule=schedule,
-                                       warmup_epochs=warmup_epochs, min_lr=min_lr, label_smoothing=label_smoothing,
-                                       compile=compile))
-        self.net = build_timm_model(name, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
-                                    pretrained=pretrained, pretrained_file=pretrained_file, **arch)
+        self.save_hyperparameters(
+            dict(
+                name=name,
+                num_classes=num_classes,
+                img_size=img_size,
+                in_chans=in_chans,
+                arch=arch,
+                pretrained=pretrained,
+                pretrained_file=pretrained_file,
+                lr=lr,
+                weight_decay=weight_decay,
+                betas=tuple(betas),
+                schedule=schedule,
+                warmup_epochs=warmup_epochs,
+                min_lr=min_lr,
+                label_smoothing=label_smoothing,
+                compile=compile,
+            )
+        )
+        self.net = build_timm_model(
+            name,
+            num_classes=num_classes,
+            img_size=img_size,
+            in_chans=in_chans,
+            pretrained=pretrained,
+            pretrained_file=pretrained_file,
+            **arch,
+        )
         self._forward_net = torch.compile(self.net) if compile else self.net
         top_k = min(5, num_classes)
         self.val_top1 = MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro")
         self.val_top5 = MulticlassAccuracy(num_classes=num_classes, top_k=top_k, average="micro")
         self.train_top1 = MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro")
 
+    @property
+    def _hp(self) -> Any:
+        """The saved hyper-parameters with attribute access (Lightning types them as a plain mapping)."""
+        return self.hparams
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self._forward_net(images)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
+        return F.cross_entropy(logits, labels, label_smoothing=self._hp.label_smoothing)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
@@ -145,19 +172,22 @@ class ViTClassifier(L.LightningModule):
         self.log("val/acc_top1", self.val_top1, prog_bar=True, on_epoch=True)
         self.log("val/acc_top5", self.val_top5, on_epoch=True)
 
-    def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
-        groups = param_groups_weight_decay(self.net, weight_decay=hp.weight_decay,
-                                           no_weight_decay_list=getattr(self.net, "no_weight_decay", set)())
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
+        hp = self._hp
+        groups = param_groups_weight_decay(
+            self.net, weight_decay=hp.weight_decay, no_weight_decay_list=getattr(self.net, "no_weight_decay", set)()
+        )
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
         total = int(self.trainer.estimated_stepping_batches)
+        scheduler: torch.optim.lr_scheduler.LRScheduler
         if hp.schedule == "onecycle":
             scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=max(total, 1))
         else:
             steps_per_epoch = max(total // max(self.trainer.max_epochs or 1, 1), 1)
-            warmup = int(round(hp.warmup_epochs * steps_per_epoch)) if hp.schedule == "cosine" else 0
+            warmup = round(hp.warmup_epochs * steps_per_epoch) if hp.schedule == "cosine" else 0
             scheduler = torch.optim.lr_scheduler.LambdaLR(
-                optimizer, lr_lambda=cosine_factor(total, warmup, hp.min_lr / hp.lr, constant=hp.schedule == "constant"))
+                optimizer, lr_lambda=cosine_factor(total, warmup, hp.min_lr / hp.lr, constant=hp.schedule == "constant")
+            )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

@@ -30,15 +30,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tgo.checkpoints import (
@@ -87,7 +88,8 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
         overrides: Hydra overrides (``data=synthetic``, ``data.image_size=32``, ``observation.gram_dtype=float32``,
             ``fabric.devices=2``).
         run_dir: The run the model came from, if any: its ``config.yaml`` data node (with the analysis subset
-            pinned to its ``analysis_subset.json``) and its ``callbacks.spectral_geometry`` settings become the
+            pinned to its ``analysis_subset.json``) and its ``observation`` settings (for runs saved before that
+            group existed: the settings of ``callbacks.spectral_geometry``) become the
             defaults; ``data.*`` and ``observation.*`` overrides still apply on top. A ``data=<group>`` override
             replaces the run's data entirely.
 
@@ -111,15 +113,35 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
     keys = [_override_key(o) for o in overrides]
     dotlist = [o.lstrip("+") for o in overrides if "=" in o]
     if "data" not in keys and "data" in run_cfg:
-        data = OmegaConf.merge(run_cfg.data, OmegaConf.from_dotlist(
-            [d[len("data."):] for d in dotlist if d.startswith("data.")]))
+        data = OmegaConf.merge(
+            run_cfg.data, OmegaConf.from_dotlist([d[len("data.") :] for d in dotlist if d.startswith("data.")])
+        )
         if "data.analysis.manifest" not in keys and run.manifest.is_file():
             OmegaConf.update(data, "analysis.manifest", str(run.manifest), force_add=True)
         cfg.data = data
-    if "observation" in run_cfg:
-        user = OmegaConf.from_dotlist([d[len("observation."):] for d in dotlist if d.startswith("observation.")])
-        cfg.observation = OmegaConf.merge(cfg.observation, run_cfg.observation, user)
+    from_run = run_cfg.observation if "observation" in run_cfg else _legacy_observation(run_cfg)
+    if from_run is not None:
+        user = OmegaConf.from_dotlist([d[len("observation.") :] for d in dotlist if d.startswith("observation.")])
+        cfg.observation = OmegaConf.merge(cfg.observation, from_run, user)
     return cfg
+
+
+def _legacy_observation(run_cfg: DictConfig | ListConfig) -> dict[str, Any] | None:
+    """The observation settings of a run saved before the ``observation`` group existed (they lived in the callback).
+
+    Keys that are settings today are kept; ``covariance_epochs`` (a list, or null for the first and last epoch)
+    becomes ``keep_covariance``.
+    """
+    callback = OmegaConf.select(run_cfg, "callbacks.spectral_geometry")
+    if callback is None:
+        return None
+    old = OmegaConf.to_container(callback, resolve=False)
+    assert isinstance(old, dict)
+    known = {f.name for f in fields(ObservationSettings)}
+    settings = {str(k): v for k, v in old.items() if k in known}
+    if old.get("covariance_epochs") is not None:
+        settings["keep_covariance"] = list(old["covariance_epochs"])
+    return settings
 
 
 def _run_dir_of(checkpoint_dir: Path) -> Path | None:
@@ -133,24 +155,29 @@ def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
     if RunDir(out).geometry.exists() and any(RunDir(out).geometry.iterdir()):
-        raise ObserveError(f"--out {out}: already holds geometry records; choose a new directory (records of "
-                           "different models must not mix)")
+        raise ObserveError(
+            f"--out {out}: already holds geometry records; choose a new directory (records of "
+            "different models must not mix)"
+        )
 
 
-def _sources(checkpoint: str | None, checkpoints: str | None, run: str | None, timm_name: str | None,
-             epoch: int) -> tuple[list[ModelSource], Path | None]:
+def _sources(
+    checkpoint: str | None, checkpoints: str | None, run: str | None, timm_name: str | None, epoch: int
+) -> tuple[list[ModelSource], Path | None]:
     given = [x for x in (checkpoint, checkpoints, run, timm_name) if x is not None]
     if len(given) != 1:
-        raise ObserveError("give exactly one model source: --checkpoint FILE, --checkpoints DIR, --run RUN_DIR or "
-                           "--timm NAME")
+        raise ObserveError(
+            "give exactly one model source: --checkpoint FILE, --checkpoints DIR, --run RUN_DIR or --timm NAME"
+        )
     if checkpoint is not None:
         path = Path(checkpoint)
         return [checkpoint_source(path)], _run_dir_of(path.parent)
     if run is not None:
         run_path = Path(run)
         if not RunDir(run_path).checkpoints.is_dir():
-            raise ObserveError(f"--run {run_path}: not a run directory with checkpoints/ (expected "
-                               f"{RunDir(run_path).checkpoints})")
+            raise ObserveError(
+                f"--run {run_path}: not a run directory with checkpoints/ (expected {RunDir(run_path).checkpoints})"
+            )
         checkpoints = str(RunDir(run_path).checkpoints)
     if checkpoints is not None:
         directory = Path(checkpoints)
@@ -158,34 +185,67 @@ def _sources(checkpoint: str | None, checkpoints: str | None, run: str | None, t
     return [ModelSource("timm", None, int(epoch), 0)], None
 
 
-def _iter_nets(sources: Sequence[ModelSource], *, timm_name: str | None, pretrained: bool, weights: Path | None,
-               seed: int, img_size: int, in_chans: int, arch: dict[str, Any]
-               ) -> Iterator[tuple[ModelSource, torch.nn.Module]]:
+def _iter_nets(
+    sources: Sequence[ModelSource],
+    *,
+    timm_name: str | None,
+    pretrained: bool,
+    weights: Path | None,
+    seed: int,
+    img_size: int,
+    in_chans: int,
+    arch: dict[str, Any],
+) -> Iterator[tuple[ModelSource, torch.nn.Module]]:
     """Loads one model at a time, so a trajectory of large checkpoints never holds two in memory."""
     for source in sources:
         if source.kind == "checkpoint":
+            assert source.path is not None
             yield source, net_from_checkpoint(source.path)
         else:
-            yield source, timm_net(timm_name, pretrained=pretrained, weights=weights, seed=seed, img_size=img_size,
-                                    in_chans=in_chans, arch=arch)
+            assert timm_name is not None
+            yield (
+                source,
+                timm_net(
+                    timm_name,
+                    pretrained=pretrained,
+                    weights=weights,
+                    seed=seed,
+                    img_size=img_size,
+                    in_chans=in_chans,
+                    arch=arch,
+                ),
+            )
 
 
 def _check_fits_data(net: torch.nn.Module, datamodule: Any, source: ModelSource) -> None:
     patch = getattr(net, "patch_embed", None)
     img_size = getattr(patch, "img_size", None)
     if img_size is not None and tuple(img_size) != (datamodule.image_size, datamodule.image_size):
-        raise ObserveError(f"{source.path or 'the model'} expects {tuple(img_size)} images but the data gives "
-                           f"{datamodule.image_size} px; set data.image_size={img_size[0]}")
+        raise ObserveError(
+            f"{source.path or 'the model'} expects {tuple(img_size)} images but the data gives "
+            f"{datamodule.image_size} px; set data.image_size={img_size[0]}"
+        )
     proj = getattr(patch, "proj", None)
     if proj is not None and getattr(proj, "in_channels", datamodule.in_chans) != datamodule.in_chans:
-        raise ObserveError(f"{source.path or 'the model'} expects {proj.in_channels} input channels but the data "
-                           f"gives {datamodule.in_chans}")
+        raise ObserveError(
+            f"{source.path or 'the model'} expects {proj.in_channels} input channels but the data "
+            f"gives {datamodule.in_chans}"
+        )
 
 
-def observe_models(*, out: str | Path, checkpoint: str | None = None, checkpoints: str | None = None,
-                   run: str | None = None, timm_name: str | None = None, pretrained: bool = False,
-                   weights: str | None = None, seed: int = 0, epoch: int = 0,
-                   overrides: Sequence[str] = ()) -> list[ModelSource]:
+def observe_models(
+    *,
+    out: str | Path,
+    checkpoint: str | None = None,
+    checkpoints: str | None = None,
+    run: str | None = None,
+    timm_name: str | None = None,
+    pretrained: bool = False,
+    weights: str | None = None,
+    seed: int = 0,
+    epoch: int = 0,
+    overrides: Sequence[str] = (),
+) -> list[ModelSource]:
     """Observes one model or a checkpoint trajectory and writes training-compatible records to ``out``.
 
     Args:
@@ -217,8 +277,13 @@ def observe_models(*, out: str | Path, checkpoint: str | None = None, checkpoint
     settings = ObservationSettings.from_config(cfg.observation)
     _check_out(out)
 
-    fabric = L.Fabric(accelerator=cfg.fabric.accelerator, devices=cfg.fabric.devices,
-                      num_nodes=cfg.fabric.num_nodes, strategy=cfg.fabric.strategy, precision="32-true")
+    fabric = L.Fabric(
+        accelerator=cfg.fabric.accelerator,
+        devices=cfg.fabric.devices,
+        num_nodes=cfg.fabric.num_nodes,
+        strategy=cfg.fabric.strategy,
+        precision="32-true",
+    )
     fabric.launch()
     datamodule = instantiate(cfg.data).validate()
     writer = RecordWriter(out)
@@ -226,20 +291,50 @@ def observe_models(*, out: str | Path, checkpoint: str | None = None, checkpoint
     if fabric.is_global_zero:
         out.mkdir(parents=True, exist_ok=True)
         datamodule.write_manifest(out)
-        described = [{"kind": s.kind, "path": None if s.path is None else str(s.path.resolve()), "epoch": s.epoch,
-                      "step": s.step} for s in sources]
-        saved = OmegaConf.merge(cfg, {"source": {"run": None if run_dir is None else str(run_dir), "timm": timm_name,
-                                                 "pretrained": pretrained, "weights": weights, "seed": seed,
-                                                 "models": described}})
+        described = [
+            {
+                "kind": s.kind,
+                "path": None if s.path is None else str(s.path.resolve()),
+                "epoch": s.epoch,
+                "step": s.step,
+            }
+            for s in sources
+        ]
+        saved = OmegaConf.merge(
+            cfg,
+            {
+                "source": {
+                    "run": None if run_dir is None else str(run_dir),
+                    "timm": timm_name,
+                    "pretrained": pretrained,
+                    "weights": weights,
+                    "seed": seed,
+                    "models": described,
+                }
+            },
+        )
         atomic_write(RunDir(out).config, OmegaConf.to_yaml(saved, resolve=True))
 
-    plan = ShardPlan.for_rank(settings, rank=fabric.global_rank, world_size=fabric.world_size,
-                              default_batch_size=datamodule.analysis_batch_size,
-                              default_num_workers=datamodule.num_workers)
-    arch = {k: v for k, v in (OmegaConf.to_container(cfg.model.arch, resolve=True) or {}).items() if v is not None}
-    nets = _iter_nets(sources, timm_name=timm_name, pretrained=pretrained,
-                      weights=None if weights is None else Path(weights), seed=seed,
-                      img_size=datamodule.image_size, in_chans=datamodule.in_chans, arch=arch)
+    plan = ShardPlan.for_rank(
+        settings,
+        rank=fabric.global_rank,
+        world_size=fabric.world_size,
+        default_batch_size=datamodule.analysis_batch_size,
+        default_num_workers=datamodule.num_workers,
+    )
+    arch_cfg = OmegaConf.to_container(cfg.model.arch, resolve=True) or {}
+    assert isinstance(arch_cfg, dict)
+    arch = {str(k): v for k, v in arch_cfg.items() if v is not None}
+    nets = _iter_nets(
+        sources,
+        timm_name=timm_name,
+        pretrained=pretrained,
+        weights=None if weights is None else Path(weights),
+        seed=seed,
+        img_size=datamodule.image_size,
+        in_chans=datamodule.in_chans,
+        arch=arch,
+    )
     for index, (source, net) in enumerate(nets):
         _check_fits_data(net, datamodule, source)
         points = points_from_config(settings.points, net)
@@ -247,9 +342,17 @@ def observe_models(*, out: str | Path, checkpoint: str | None = None, checkpoint
         net.to(fabric.device)
         keep = settings.keeps_covariance(source.epoch, first=index == 0, last=index == len(sources) - 1)
         record = RecordPlan(writer=writer, epoch=source.epoch, step=source.step, with_covariance=keep)
-        results = observe_and_record(net, datamodule.analysis_dataset, points, settings=settings, plan=plan,
-                                     record=record, all_reduce_sum=lambda t: fabric.all_reduce(t, reduce_op="sum"),
-                                     is_global_zero=fabric.is_global_zero, device=fabric.device)
+        results = observe_and_record(
+            net,
+            datamodule.analysis_dataset,
+            points,
+            settings=settings,
+            plan=plan,
+            record=record,
+            all_reduce_sum=lambda t: cast(torch.Tensor, fabric.all_reduce(t, reduce_op="sum")),
+            is_global_zero=fabric.is_global_zero,
+            device=fabric.device,
+        )
         if results is not None:
             label = source.path.name if source.path is not None else timm_name
             print(f"[tgo] observed {label} as epoch {source.epoch} ({len(results)} points)", file=sys.stderr)
@@ -264,10 +367,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tgo.observe",
         description="Observe the spectral geometry of existing models with the training callback's code path; "
-                    "writes records that `python -m tgo.report` reads.",
+        "writes records that `python -m tgo.report` reads.",
         epilog="Trailing KEY=VALUE arguments are Hydra overrides of conf/observe.yaml, e.g. data=synthetic "
-               "data.image_size=32 observation.gram_dtype=float32 fabric.accelerator=gpu fabric.devices=2 "
-               "fabric.strategy=ddp model.arch.depth=4")
+        "data.image_size=32 observation.gram_dtype=float32 fabric.accelerator=gpu fabric.devices=2 "
+        "fabric.strategy=ddp model.arch.depth=4",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a Lightning checkpoint of tgo.model.ViTClassifier")
     source.add_argument("--checkpoints", help="a directory of checkpoints (every *.ckpt, in epoch order)")
@@ -286,16 +390,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns 0, or 2 after printing one line for bad input."""
     args = parse_args(argv)
     try:
-        sources = observe_models(out=args.out, checkpoint=args.checkpoint, checkpoints=args.checkpoints, run=args.run,
-                          timm_name=args.timm_name, pretrained=args.pretrained, weights=args.weights,
-                          seed=args.seed, epoch=args.epoch, overrides=args.overrides)
+        sources = observe_models(
+            out=args.out,
+            checkpoint=args.checkpoint,
+            checkpoints=args.checkpoints,
+            run=args.run,
+            timm_name=args.timm_name,
+            pretrained=args.pretrained,
+            weights=args.weights,
+            seed=args.seed,
+            epoch=args.epoch,
+            overrides=args.overrides,
+        )
     except Exception as error:
         user_error = find_user_error(error)  # Hydra's instantiate wraps the DataModule's own errors
         if user_error is None:
             raise
         print(f"tgo.observe: error: {user_error}", file=sys.stderr)
         return 2
-    if rank_zero_only.rank != 0:  # set by Fabric's launch; other ranks stay quiet
+    if getattr(rank_zero_only, "rank", 0) != 0:  # set by Fabric's launch; other ranks stay quiet
         return 0
     epochs = ", ".join(str(s.epoch) for s in sources)
     print(f"[tgo] records of epoch(s) {epochs} in {Path(args.out).resolve()}; report: python -m tgo.report {args.out}")

@@ -299,8 +299,16 @@ class RecordWriter:
             if with_covariance:
                 arrays[f"{prefix}/covariance"] = np.asarray(res.covariance, dtype=np.float64)
             for metric, value in res.observables.items():
-                rows.append({"epoch": str(epoch), "step": str(step), "point": point, "view": view,
-                             "metric": str(metric), "value": _format_value(value)})
+                rows.append(
+                    {
+                        "epoch": str(epoch),
+                        "step": str(step),
+                        "point": point,
+                        "view": view,
+                        "metric": str(metric),
+                        "value": _format_value(value),
+                    }
+                )
 
         atomic_write(self.run.spectra(epoch), lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
 
@@ -355,8 +363,9 @@ def is_run_dir(path: str | os.PathLike[str]) -> bool:
 def _require_records(path: str | os.PathLike[str]) -> RunDir:
     run = RunDir(path)
     if not run.root.is_dir():
-        raise RecordsError(f"{run.root}: not a directory (expected a run directory holding "
-                           f"{RunDir.GEOMETRY}/{RunDir.METRICS})")
+        raise RecordsError(
+            f"{run.root}: not a directory (expected a run directory holding {RunDir.GEOMETRY}/{RunDir.METRICS})"
+        )
     if not run.has_records():
         raise RecordsError(
             f"{run.root}: no geometry records (neither {RunDir.GEOMETRY}/{RunDir.METRICS} nor "
@@ -386,8 +395,10 @@ def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     try:
         import pandas as pd
     except ImportError as err:  # pragma: no cover - pandas ships with the test/analysis extras
-        raise ImportError("tgo.records.load_metrics needs pandas: pip install 'tgo[analysis]' (or use load_series "
-                          "or load_spectra, which need only numpy)") from err
+        raise ImportError(
+            "tgo.records.load_metrics needs pandas: pip install 'tgo[analysis]' (or use load_series "
+            "or load_spectra, which need only numpy)"
+        ) from err
     rows = _rows_with_metrics_file(run_dir)
     try:
         return pd.DataFrame(
@@ -405,8 +416,9 @@ def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
         raise RecordsError(f"{RunDir(run_dir).metrics}: malformed row ({err})") from err
 
 
-def load_series(run_dir: str | os.PathLike[str], *, view: str = DEFAULT_VIEW,
-                metrics: Sequence[str] | None = None) -> Series:
+def load_series(
+    run_dir: str | os.PathLike[str], *, view: str = DEFAULT_VIEW, metrics: Sequence[str] | None = None
+) -> Series:
     """The metrics of one view of a run as arrays: ``{metric: {point: (epochs, values)}}``; numpy only.
 
     Args:
@@ -434,8 +446,10 @@ def load_series(run_dir: str | os.PathLike[str], *, view: str = DEFAULT_VIEW,
         raise RecordsError(f"{RunDir(run_dir).metrics}: malformed row ({err})") from err
     return {
         metric: {
-            point: (np.array(sorted(values), dtype=np.int64),
-                    np.array([values[e] for e in sorted(values)], dtype=np.float64))
+            point: (
+                np.array(sorted(values), dtype=np.int64),
+                np.array([values[e] for e in sorted(values)], dtype=np.float64),
+            )
             for point, values in per_point.items()
         }
         for metric, per_point in collected.items()

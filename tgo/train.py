@@ -37,8 +37,10 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
         return None
     path = RunDir(output_dir).last_checkpoint if ckpt_path == "last" else Path(ckpt_path)
     if not path.is_file():
-        raise ConfigError(f"ckpt_path: '{path}' does not exist; expected a Lightning checkpoint file "
-                          "(or `last` together with hydra.run.dir=<the run directory to resume>).")
+        raise ConfigError(
+            f"ckpt_path: '{path}' does not exist; expected a Lightning checkpoint file "
+            "(or `last` together with hydra.run.dir=<the run directory to resume>)."
+        )
     return str(path)
 
 
@@ -53,8 +55,10 @@ def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
     run = RunDir(output_dir)
     existing = [p for p in (run.metrics, run.last_checkpoint) if p.exists()]
     if existing:
-        raise ConfigError(f"hydra.run.dir: '{output_dir}' already holds a run ({existing[0].name} exists); resume it "
-                          "with ckpt_path=last, or choose a new directory (the default makes a fresh one per run).")
+        raise ConfigError(
+            f"hydra.run.dir: '{output_dir}' already holds a run ({existing[0].name} exists); resume it "
+            "with ckpt_path=last, or choose a new directory (the default makes a fresh one per run)."
+        )
 
 
 def make_ddp_relaunch_job_local() -> None:
@@ -71,9 +75,9 @@ def make_ddp_relaunch_job_local() -> None:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return
     sys.argv = [sys.argv[0], *hydra_cfg.overrides.task]
-    OmegaConf.set_readonly(hydra_cfg, False)
+    OmegaConf.set_readonly(hydra_cfg, False)  # type: ignore[arg-type]  # HydraConf is a DictConfig at run time
     hydra_cfg.run.dir = hydra_cfg.runtime.output_dir
-    OmegaConf.set_readonly(hydra_cfg, True)
+    OmegaConf.set_readonly(hydra_cfg, True)  # type: ignore[arg-type]
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -92,8 +96,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data).validate()  # scans the data and settles the analysis subset now
-    model = instantiate(cfg.model, num_classes=datamodule.num_classes, img_size=datamodule.image_size,
-                        in_chans=datamodule.in_chans)
+    model = instantiate(
+        cfg.model, num_classes=datamodule.num_classes, img_size=datamodule.image_size, in_chans=datamodule.in_chans
+    )
     callbacks = instantiate_named(cfg.get("callbacks"))
     loggers = instantiate_named(cfg.get("logger"))
     make_ddp_relaunch_job_local()
@@ -101,7 +106,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
-    if rank_zero_only.rank == 0:
+    if getattr(rank_zero_only, "rank", 0) == 0:
         atomic_write(RunDir(output_dir).config, OmegaConf.to_yaml(cfg, resolve=False))
         manifest = datamodule.write_manifest(output_dir)
         rank_zero_info(f"[tgo] run directory: {output_dir.resolve()}")

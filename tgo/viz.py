@@ -1,7 +1,8 @@
 """Matplotlib figures shared by the geometry callback (TensorBoard) and the report (PNG files).
 
-Every function returns a ``matplotlib.figure.Figure`` built with the object API (no pyplot state), so figures can
-be made from callbacks and worker threads and closed deterministically by the caller (``close(fig)``).
+Every function returns a ``matplotlib.figure.Figure`` built with the object API (no pyplot state, so importing this
+module never selects a backend for the user's process): figures can be made from callbacks and worker threads,
+rendered by TensorBoard's Agg canvas or ``fig.savefig`` and closed deterministically by the caller (``close(fig)``).
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
-
-matplotlib.use("Agg", force=False)
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
+from numpy.typing import ArrayLike
 
 SMALL = (4.5, 3.4)
 
@@ -43,8 +43,12 @@ def _draw_history(ax: Any, history: Sequence[tuple[int, np.ndarray]], *, log_axe
         if y.size == 0:
             continue
         position = (i + 1) / count
-        style = dict(color=cmap(position), alpha=0.25 + 0.75 * position, lw=1.6 if i == count - 1 else 0.9,
-                     label=f"epoch {epoch}" if i in (0, count - 1) else None)
+        style = dict(
+            color=cmap(position),
+            alpha=0.25 + 0.75 * position,
+            lw=1.6 if i == count - 1 else 0.9,
+            label=f"epoch {epoch}" if i in (0, count - 1) else None,
+        )
         if log_axes:
             ax.loglog(x, y, **style)
         else:
@@ -52,8 +56,9 @@ def _draw_history(ax: Any, history: Sequence[tuple[int, np.ndarray]], *, log_axe
     return count
 
 
-def spectrum_history_figure(history: Sequence[tuple[int, np.ndarray]], *, title: str,
-                            ylabel: str = "eigenvalue") -> Figure:
+def spectrum_history_figure(
+    history: Sequence[tuple[int, np.ndarray]], *, title: str, ylabel: str = "eigenvalue"
+) -> Figure:
     """Log-log rank plot of spectra over observations; earlier observations are drawn fainter.
 
     Args:
@@ -124,8 +129,9 @@ def correlation_heatmap_figure(cov: np.ndarray, *, title: str, max_dim: int = 38
     return fig
 
 
-def layer_epoch_heatmap_figure(values: np.ndarray, points: Sequence[str], epochs: Sequence[int], *,
-                               title: str) -> Figure:
+def layer_epoch_heatmap_figure(
+    values: np.ndarray, points: Sequence[str], epochs: Sequence[int], *, title: str
+) -> Figure:
     """Heatmap of one observable with points (depth) on the y axis and epochs on the x axis.
 
     Args:
@@ -147,9 +153,13 @@ def layer_epoch_heatmap_figure(values: np.ndarray, points: Sequence[str], epochs
     return fig
 
 
-def observable_lines_figure(series: Mapping[str, tuple[Sequence[int], Sequence[float]]], *, title: str,
-                            bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-                            reference: Mapping[str, tuple[Sequence[int], Sequence[float]]] | None = None) -> Figure:
+def observable_lines_figure(
+    series: Mapping[str, tuple[ArrayLike, ArrayLike]],
+    *,
+    title: str,
+    bands: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
+    reference: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
+) -> Figure:
     """One observable against epoch, one line per point, optional spread bands and dashed reference lines.
 
     Args:
@@ -185,8 +195,9 @@ def _grid(count: int) -> tuple[int, int]:
     return -(-max(count, 1) // columns), columns
 
 
-def spectra_grid_figure(histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *,
-                        ylabel: str = "eigenvalue") -> Figure:
+def spectra_grid_figure(
+    histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue"
+) -> Figure:
     """All points' spectrum histories in one figure (one log-log panel per point, earlier epochs fainter).
 
     One figure per observation instead of one per point keeps TensorBoard logging cheap and shows the depth

@@ -7,8 +7,8 @@ different orders hold byte-identical files.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import pytest
@@ -52,7 +52,7 @@ def make_tree(sample_photos: list[np.ndarray]) -> TreeFactory:
         ext: str = ".JPEG",
     ) -> Path:
         jobs = []
-        for c_idx, name in enumerate(classes):
+        for _c_idx, name in enumerate(classes):
             for s_idx, (split, count) in enumerate((("train", n_train), ("val", n_val))):
                 n = count.get(name, 0) if isinstance(count, dict) else count
                 for i in range(n):

@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from tgo.observatory import ShardPlan, shard_loader
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tgo.data.folders as folders
 from tgo.data import MANIFEST_NAME, AnalysisManifestMismatch, DataConfigError, TGODataModule, select_analysis_indices
 from tgo.data.analysis import resolve_analysis_counts
+from tgo.observatory import ShardPlan, shard_loader
 
 CLASSES = ["n01440764", "n01443537", "n01484850"]
 
@@ -208,7 +207,7 @@ def test_selection_invariant_to_item_order(counts: list[int], per_class: int, se
     random.Random(shuffle_seed).shuffle(shuffled)
     picks = []
     for items in (pairs, shuffled):
-        keys, labels = zip(*items)
+        keys, labels = zip(*items, strict=False)
         chosen = select_analysis_indices(list(keys), list(labels), len(counts), per_class, seed)
         picks.append([keys[i] for i in chosen])
     assert picks[0] == picks[1] and len(picks[0]) == per_class * len(counts)
@@ -218,7 +217,7 @@ def test_adding_images_to_one_class_keeps_other_classes_selection() -> None:
     keys = [f"c{c}/{i:02d}" for c in range(3) for i in range(20)]
     labels = [c for c in range(3) for _ in range(20)]
     before = [keys[i] for i in select_analysis_indices(keys, labels, 3, 5, 2025)]
-    keys2, labels2 = keys + ["c1/99"], labels + [1]
+    keys2, labels2 = [*keys, "c1/99"], [*labels, 1]
     after = [keys2[i] for i in select_analysis_indices(keys2, labels2, 3, 5, 2025)]
     assert [k for k in before if not k.startswith("c1")] == [k for k in after if not k.startswith("c1")]
 

@@ -55,7 +55,7 @@ def test_imagenet100_prepared_layout_uses_class_list_order(tmp_path: Path, make_
     dm = _dm("imagenet100", root, class_list=str(write_class_list(order)))
     dm.setup()
     assert dm.class_names == order and dm.num_classes == 4
-    for key, label in zip(dm.val_dataset.keys, dm.val_dataset.labels):
+    for key, label in zip(dm.val_dataset.keys, dm.val_dataset.labels, strict=False):
         assert key.split("/")[1] == order[label]
     assert dm._data.info["layout"] == "imagenet100-prepared"
 
@@ -75,7 +75,7 @@ def test_imagenet100_from_imagenet1k_tree_selects_listed_classes(
 def test_imagenet100_missing_classes_are_listed(tmp_path: Path, make_tree, wnids, write_class_list) -> None:
     root = make_tree(tmp_path / "in", wnids[:3])
     (root / "val" / wnids[1]).rename(tmp_path / "moved")
-    listed = write_class_list(wnids[:3] + ["n09999991", "n09999992"])
+    listed = write_class_list([*wnids[:3], "n09999991", "n09999992"])
     with pytest.raises(DataConfigError) as info:
         _dm("imagenet100", root, class_list=str(listed)).validate()
     msg = str(info.value)

@@ -39,7 +39,7 @@ def test_instantiate_from_config_node_with_listconfig_values() -> None:
 @pytest.mark.parametrize("path", sorted(CONF_DATA.glob("*.yaml")), ids=lambda p: p.stem)
 def test_data_config_keys_are_constructor_arguments(path: Path) -> None:
     cfg = OmegaConf.load(path)
-    keys = {k for k in cfg.keys() if not str(k).startswith("_")}
+    keys = {k for k in cfg if not str(k).startswith("_")}
     unknown = sorted(keys - PARAMS)
     assert not unknown, f"{path.name}: keys {unknown} are not TGODataModule arguments ({sorted(PARAMS)})"
     assert cfg.get("_target_") in ("tgo.data.TGODataModule", "tgo.data.datamodule.TGODataModule")

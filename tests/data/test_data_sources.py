@@ -22,8 +22,9 @@ def test_digits_split_is_stratified_disjoint_and_deterministic() -> None:
 
 @pytest.mark.parametrize("channels", [3, 1])
 def test_digits_datamodule_shapes(channels: int) -> None:
-    dm = TGODataModule(source="digits", image_size=24, batch_size=16, train_transform="digits", channels=channels,
-                       analysis_size=200)
+    dm = TGODataModule(
+        source="digits", image_size=24, batch_size=16, train_transform="digits", channels=channels, analysis_size=200
+    )
     dm.setup("fit")
     assert dm.num_classes == 10 and dm.in_chans == channels and dm.class_names[3] == "3"
     x, y = next(iter(dm.train_dataloader()))
@@ -52,8 +53,17 @@ def test_synthetic_is_deterministic_and_any_size() -> None:
     assert np.array_equal(first, render_synthetic(spec, 1, 42))
     assert not np.array_equal(first, render_synthetic(spec, 0, 42))  # train and val never share images
     assert render_synthetic(SyntheticSpec(1000, 7, seed=0), 0, 999).shape == (7, 7, 3)
-    dm = TGODataModule(source="synthetic", num_classes=13, image_size=20, batch_size=5, train_size=30, val_size=26,
-                       seed=3, analysis_per_class=2, analysis_size=None)
+    dm = TGODataModule(
+        source="synthetic",
+        num_classes=13,
+        image_size=20,
+        batch_size=5,
+        train_size=30,
+        val_size=26,
+        seed=3,
+        analysis_per_class=2,
+        analysis_size=None,
+    )
     x, y = dm.val_dataset[42 % 26]
     assert x.shape == (3, 20, 20) and y == (42 % 26) % 13
     assert dm.num_classes == 13 and len(dm.analysis_dataset) == 26

@@ -1,7 +1,8 @@
 """Fixtures for the observatory tests (helpers live in observatory_helpers.py, importable from test modules)."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 from timm.models.vision_transformer import VisionTransformer

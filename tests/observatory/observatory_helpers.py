@@ -1,7 +1,8 @@
 """Helpers for the observatory tests: a small timm ViT (random init, 32 px, patch 8 -> 16 patches, width 48)."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
@@ -14,8 +15,9 @@ N_PATCHES = (IMG // PATCH) ** 2  # 16
 def make_vit(**overrides: Any) -> VisionTransformer:
     """The test ViT; keyword overrides go straight to timm's VisionTransformer."""
     torch.manual_seed(0)
-    kwargs: dict[str, Any] = dict(img_size=IMG, patch_size=PATCH, embed_dim=WIDTH, depth=DEPTH, num_heads=3,
-                                  num_classes=10)
+    kwargs: dict[str, Any] = dict(
+        img_size=IMG, patch_size=PATCH, embed_dim=WIDTH, depth=DEPTH, num_heads=3, num_classes=10
+    )
     kwargs.update(overrides)
     return VisionTransformer(**kwargs)
 

@@ -1,4 +1,5 @@
 """The observation pass: row counts, exactness against numpy float64, state restored, empty shards."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,8 @@ from tgo.observatory import (
     ObservationPoint,
     PointResult,
     reduce_accumulators,
-    stream_activations,
     select_tokens,
+    stream_activations,
     summarize_accumulators,
     vit_points,
 )
@@ -32,8 +33,15 @@ def test_row_counts_per_point(vit):
     assert list(accs) == ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "block_04", "cls"]
     b = 5
     counts = {name: acc.n for name, acc in accs.items()}
-    assert counts == {"patch_embed": b * N_PATCHES, "pos_embed": b * (N_PATCHES + 1), "block_01": b * 17,
-                      "block_02": b * 17, "block_03": b * 17, "block_04": b * 17, "cls": b}
+    assert counts == {
+        "patch_embed": b * N_PATCHES,
+        "pos_embed": b * (N_PATCHES + 1),
+        "block_01": b * 17,
+        "block_02": b * 17,
+        "block_03": b * 17,
+        "block_04": b * 17,
+        "cls": b,
+    }
     assert all(isinstance(a, StreamingCovariance) and a.dim == WIDTH and a.n_nonfinite == 0 for a in accs.values())
 
 
@@ -50,9 +58,11 @@ def _reference(model, points, batches):
     modules = dict(model.named_modules())
     handles = []
     for p in points:
+
         def grab(value, name=p.name, tokens=p.tokens, prefix=0 if p.module == "patch_embed" else 1):
             t = value[0] if isinstance(value, tuple) else value
             store[name].append(select_tokens(t, tokens, prefix).detach().double().reshape(-1, t.shape[-1]).numpy())
+
         if p.read == "input":
             handles.append(modules[p.module].register_forward_pre_hook(lambda m, a, g=grab: g(a[0])))
         else:
@@ -72,8 +82,11 @@ def _reference(model, points, batches):
 
 
 def test_equals_independent_numpy_float64_recomputation(vit):
-    points = vit_points(vit) + [ObservationPoint("mlp_mean", "blocks.1.mlp", tokens="mean"),
-                                ObservationPoint("fc1", "blocks.2.mlp.fc1")]
+    points = [
+        *vit_points(vit),
+        ObservationPoint("mlp_mean", "blocks.1.mlp", tokens="mean"),
+        ObservationPoint("fc1", "blocks.2.mlp.fc1"),
+    ]
     batches = _batches((4, 3, 1))
     ref = _reference(vit, points, batches)
     accs = stream_activations(vit, batches, points)
@@ -102,8 +115,12 @@ def test_summarize_gives_point_results_in_point_order(vit):
 
 def test_empty_batches_still_give_every_point_an_accumulator(vit):
     """An empty shard (more ranks than images) must still join the all-reduce with the right dimensions."""
-    points = vit_points(vit) + [ObservationPoint("fc1", "blocks.0.mlp.fc1"), ObservationPoint("attn", "blocks.0.attn"),
-                                ObservationPoint("qkv_in", "blocks.0.attn.qkv", read="input")]
+    points = [
+        *vit_points(vit),
+        ObservationPoint("fc1", "blocks.0.mlp.fc1"),
+        ObservationPoint("attn", "blocks.0.attn"),
+        ObservationPoint("qkv_in", "blocks.0.attn.qkv", read="input"),
+    ]
     before = hook_count(vit)
     accs = stream_activations(vit, iter(()), points)
     assert list(accs) == [p.name for p in points]
@@ -122,9 +139,14 @@ def test_pass_state_is_exact_and_restored(vit):
     seen = {}
 
     def spy(module, args, output):
-        seen.update(training=module.training, inference=torch.is_inference_mode_enabled(),
-                    autocast=torch.is_autocast_enabled("cpu"), precision=torch.get_float32_matmul_precision(),
-                    dtype=output.dtype, onednn=getattr(torch.backends.mkldnn.matmul, "fp32_precision", "ieee"))
+        seen.update(
+            training=module.training,
+            inference=torch.is_inference_mode_enabled(),
+            autocast=torch.is_autocast_enabled("cpu"),
+            precision=torch.get_float32_matmul_precision(),
+            dtype=output.dtype,
+            onednn=getattr(torch.backends.mkldnn.matmul, "fp32_precision", "ieee"),
+        )
 
     handle = vit.blocks[1].register_forward_hook(spy)
     previous = torch.get_float32_matmul_precision()
@@ -137,8 +159,9 @@ def test_pass_state_is_exact_and_restored(vit):
         torch.set_float32_matmul_precision(previous)
         handle.remove()
     # "medium" makes oneDNN matmuls bf16 on CPU; the pass must not inherit that
-    assert seen == dict(training=False, inference=True, autocast=False, precision="highest", dtype=torch.float32,
-                        onednn="ieee")
+    assert seen == dict(
+        training=False, inference=True, autocast=False, precision="highest", dtype=torch.float32, onednn="ieee"
+    )
     assert vit.training and not vit.blocks[0].training and vit.blocks[1].training
     plain = stream_activations(vit, _batches((2,)), vit_points(vit))
     assert torch.equal(accs["block_04"].covariance(), plain["block_04"].covariance())
@@ -160,7 +183,7 @@ def test_error_mid_pass_restores_train_mode_and_removes_hooks(vit):
 
 def test_unknown_point_fails_before_any_forward(vit):
     calls = []
-    with pytest.raises(ValueError, match="blocks.7"):
+    with pytest.raises(ValueError, match=r"blocks.7"):
         stream_activations(vit, (calls.append(1) or images(1) for _ in range(1)), [ObservationPoint("x", "blocks.7")])
     assert calls == []
 
@@ -230,8 +253,9 @@ def test_works_on_a_plain_module_with_user_points():
     """Not only ViTs: any module with named submodules and user-declared points."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
-    accs = stream_activations(net, [torch.randn(10, 5)], [ObservationPoint("hidden", "1"), ObservationPoint("x", "0",
-                                                                                                         read="input")])
+    accs = stream_activations(
+        net, [torch.randn(10, 5)], [ObservationPoint("hidden", "1"), ObservationPoint("x", "0", read="input")]
+    )
     assert accs["hidden"].dim == 7 and accs["hidden"].n == 10 and accs["x"].dim == 5
 
 

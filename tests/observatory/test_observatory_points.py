@@ -1,4 +1,5 @@
 """Observation points: the ViT preset, validation, config-built points and module-path resolution."""
+
 from __future__ import annotations
 
 import pytest
@@ -6,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from tests.observatory.observatory_helpers import make_vit
 from tgo.observatory import (
     ObservationPoint,
     points_from_config,
@@ -14,8 +16,6 @@ from tgo.observatory import (
     unwrap_model,
     vit_points,
 )
-
-from tests.observatory.observatory_helpers import make_vit
 
 SMALL_NAMES = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "block_04", "cls"]
 
@@ -64,11 +64,17 @@ def test_point_validation(kwargs, match):
 
 
 def test_config_preset_plus_user_extra(vit):
-    spec = OmegaConf.create({"preset": "vit", "extra": [{"name": "attn_02", "module": "blocks.1.attn"},
-                                                        {"name": "mlp_in", "module": "blocks.3.mlp", "read": "input",
-                                                         "tokens": "mean"}]})
+    spec = OmegaConf.create(
+        {
+            "preset": "vit",
+            "extra": [
+                {"name": "attn_02", "module": "blocks.1.attn"},
+                {"name": "mlp_in", "module": "blocks.3.mlp", "read": "input", "tokens": "mean"},
+            ],
+        }
+    )
     points = points_from_config(spec, vit)
-    assert [p.name for p in points] == SMALL_NAMES + ["attn_02", "mlp_in"]
+    assert [p.name for p in points] == [*SMALL_NAMES, "attn_02", "mlp_in"]
     assert points[-1] == ObservationPoint("mlp_in", "blocks.3.mlp", "input", "mean")
     assert resolve_points(vit, points)["attn_02"] is vit.blocks[1].attn
 
@@ -102,7 +108,7 @@ def test_config_preset_needs_model():
 
 def test_unknown_module_path_lists_available_names(vit):
     with pytest.raises(ValueError) as err:
-        resolve_points(vit, vit_points(vit) + [ObservationPoint("attn", "blocks.2.atn"), ObservationPoint("z", "zzz")])
+        resolve_points(vit, [*vit_points(vit), ObservationPoint("attn", "blocks.2.atn"), ObservationPoint("z", "zzz")])
     msg = str(err.value)
     assert "'blocks.2.atn'" in msg and "'zzz'" in msg
     assert "did you mean 'blocks.2.attn'" in msg

@@ -1,4 +1,5 @@
 """The probe: hooks feed selected, detached tokens to accumulators, and are gone afterwards (also after errors)."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,10 +26,13 @@ def test_preset_shapes_per_point(vit):
 
 def test_token_modes_agree_with_the_full_sequence(vit):
     vit.eval()
-    points = [ObservationPoint("all", "blocks.1"), ObservationPoint("cls", "blocks.1", tokens="cls"),
-              ObservationPoint("patch", "blocks.1", tokens="patch"),
-              ObservationPoint("mean", "blocks.1", tokens="mean"),
-              ObservationPoint("in", "blocks.2", read="input")]
+    points = [
+        ObservationPoint("all", "blocks.1"),
+        ObservationPoint("cls", "blocks.1", tokens="cls"),
+        ObservationPoint("patch", "blocks.1", tokens="patch"),
+        ObservationPoint("mean", "blocks.1", tokens="mean"),
+        ObservationPoint("in", "blocks.2", read="input"),
+    ]
     seen = _probe_once(vit, points, images(2))
     full = seen["all"]
     assert torch.equal(seen["cls"], full[:, 0])
@@ -39,8 +43,11 @@ def test_token_modes_agree_with_the_full_sequence(vit):
 
 def test_register_tokens_are_prefix_tokens():
     vit = make_vit(reg_tokens=4).eval()
-    points = vit_points(vit) + [ObservationPoint("patch_04", "blocks.3", tokens="patch"),
-                                ObservationPoint("pe_mean", "patch_embed", tokens="mean")]
+    points = [
+        *vit_points(vit),
+        ObservationPoint("patch_04", "blocks.3", tokens="patch"),
+        ObservationPoint("pe_mean", "patch_embed", tokens="mean"),
+    ]
     seen = _probe_once(vit, points, images(2))
     assert seen["pos_embed"].shape == (2, 1 + 4 + N_PATCHES, WIDTH)
     assert seen["patch_04"].shape == (2, N_PATCHES, WIDTH)
@@ -72,14 +79,12 @@ def test_hooks_removed_on_exit_and_on_error(vit):
     with Probe(vit, points, recs) as probe:
         assert probe.active and hook_count(vit) == before + len(points)
     assert hook_count(vit) == before and not probe.active
-    with pytest.raises(RuntimeError, match="boom"):
-        with Probe(vit, points, recs):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), Probe(vit, points, recs):
+        raise RuntimeError("boom")
     assert hook_count(vit) == before
     recs["block_02"] = Failing()  # an error raised by a hook, halfway through the forward
-    with pytest.raises(RuntimeError, match="accumulator failed"):
-        with Probe(vit, points, recs):
-            vit(images(1))
+    with pytest.raises(RuntimeError, match="accumulator failed"), Probe(vit, points, recs):
+        vit(images(1))
     assert hook_count(vit) == before
     assert len(recs["block_01"].seen) == 1 and recs["block_03"].seen == []  # the later blocks never ran
 

@@ -16,13 +16,18 @@ from tgo.observe import observe_models as observe
 from tgo.records import load_spectra, read_metric_rows
 from tgo.report.build import build_report
 
-TINY_TIMM = ["data.image_size=16", "data.analysis.per_class=2", "model.arch.patch_size=4", "model.arch.depth=2",
-             "model.arch.embed_dim=16", "model.arch.num_heads=2"]
+TINY_TIMM = [
+    "data.image_size=16",
+    "data.analysis.per_class=2",
+    "model.arch.patch_size=4",
+    "model.arch.depth=2",
+    "model.arch.embed_dim=16",
+    "model.arch.num_heads=2",
+]
 
 
 def metric_values(run_dir: Path, epoch: int) -> dict[tuple[str, str], float]:
-    return {(r["point"], r["metric"]): float(r["value"]) for r in read_metric_rows(run_dir)
-            if int(r["epoch"]) == epoch}
+    return {(r["point"], r["metric"]): float(r["value"]) for r in read_metric_rows(run_dir) if int(r["epoch"]) == epoch}
 
 
 def test_the_last_checkpoint_reproduces_the_callbacks_last_record(smoke_run: Path, tmp_path: Path):
@@ -33,8 +38,9 @@ def test_the_last_checkpoint_reproduces_the_callbacks_last_record(smoke_run: Pat
     again = load_spectra(out)[2]
     assert list(again) == list(trained)  # every point, same order
     for point, arrays in trained.items():
-        np.testing.assert_allclose(again[point]["eigenvalues"], arrays["eigenvalues"], rtol=1e-10,
-                                   atol=1e-10 * arrays["eigenvalues"][0])
+        np.testing.assert_allclose(
+            again[point]["eigenvalues"], arrays["eigenvalues"], rtol=1e-10, atol=1e-10 * arrays["eigenvalues"][0]
+        )
         assert int(again[point]["n_rows"]) == int(arrays["n_rows"])
         np.testing.assert_allclose(again[point]["covariance"], arrays["covariance"], rtol=1e-10, atol=1e-12)
     ours, theirs = metric_values(out, 2), metric_values(smoke_run, 2)
@@ -54,11 +60,19 @@ def test_a_checkpoints_directory_is_a_trajectory_in_epoch_order(smoke_run: Path,
 
 
 def test_epoch_label_is_the_number_of_completed_epochs():
-    end_of_second = {"epoch": 1, "loops": {"fit_loop": {"epoch_progress": {"current": {
-        "ready": 2, "started": 2, "processed": 2, "completed": 1}}}}}
+    end_of_second = {
+        "epoch": 1,
+        "loops": {
+            "fit_loop": {"epoch_progress": {"current": {"ready": 2, "started": 2, "processed": 2, "completed": 1}}}
+        },
+    }
     assert checkpoint_epoch(end_of_second) == (2, True)
-    mid_second = {"epoch": 1, "loops": {"fit_loop": {"epoch_progress": {"current": {
-        "ready": 2, "started": 2, "processed": 1, "completed": 1}}}}}
+    mid_second = {
+        "epoch": 1,
+        "loops": {
+            "fit_loop": {"epoch_progress": {"current": {"ready": 2, "started": 2, "processed": 1, "completed": 1}}}
+        },
+    }
     assert checkpoint_epoch(mid_second) == (1, False)
     assert checkpoint_epoch({"epoch": 4}) == (5, True)  # no loop state: saved at an epoch end
 
@@ -91,13 +105,14 @@ def test_a_checkpoint_that_does_not_fit_its_model_names_the_keys(smoke_run: Path
         observe(checkpoint=str(bad), out=tmp_path / "o", overrides=["data.image_size=16"])
 
 
-def test_bad_inputs_are_one_line_errors_with_status_2(smoke_run: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]):
+def test_bad_inputs_are_one_line_errors_with_status_2(
+    smoke_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     assert main(["--checkpoint", str(tmp_path / "missing.ckpt"), "--out", str(tmp_path / "o")]) == 2
     assert "no such checkpoint file" in capsys.readouterr().err
     with pytest.raises(ObserveError, match="not a run directory"):
         observe(run=str(tmp_path), out=tmp_path / "o")
-    with pytest.raises(CheckpointError, match="no \\*.ckpt files"):
+    with pytest.raises(CheckpointError, match=r"no \*\.ckpt files"):
         observe(checkpoints=str(tmp_path), out=tmp_path / "o")
     with pytest.raises(CheckpointError, match="not a readable PyTorch checkpoint"):
         observe(checkpoint=str(smoke_run / "config.yaml"), out=tmp_path / "o")
@@ -110,3 +125,30 @@ def test_bad_inputs_are_one_line_errors_with_status_2(smoke_run: Path, tmp_path:
     with pytest.raises(ObservationSettingsError, match=r"observation\.gram_dtype: expected one of"):
         observe(timm_name="vit_tiny_patch16_224", out=tmp_path / "o", overrides=["observation.gram_dtype=float16"])
     assert not (tmp_path / "o").exists()  # every check ran before anything was written
+
+
+def test_a_run_saved_before_the_observation_group_keeps_its_settings(tmp_path: Path):
+    """Runs trained before ``observation`` existed kept their settings in the callback node; they still apply."""
+    from omegaconf import OmegaConf
+
+    from tgo.observe import compose_observe_config
+
+    run = tmp_path / "old_run"
+    run.mkdir()
+    OmegaConf.save(
+        {
+            "data": {"_target_": "tgo.data.TGODataModule", "source": "digits"},
+            "callbacks": {
+                "spectral_geometry": {
+                    "_target_": "callbacks.spectral_geometry.SpectralGeometryCallback",
+                    "every_n_epochs": 1,
+                    "gram_dtype": "float32",
+                    "fit_range": [2, 9],
+                    "covariance_epochs": [0, 4],
+                }
+            },
+        },
+        run / "config.yaml",
+    )
+    obs = compose_observe_config(["observation.fit_range=[1,5]"], run).observation
+    assert (obs.gram_dtype, list(obs.keep_covariance), list(obs.fit_range)) == ("float32", [0, 4], [1, 5])

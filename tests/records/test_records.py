@@ -1,4 +1,5 @@
 """Records: the on-disk contract (schema), round trip, atomic writes under simulated crashes, resume, reader errors."""
+
 from __future__ import annotations
 
 import csv
@@ -28,6 +29,7 @@ from tgo.records import (
 def spectra_path(run_dir: Path, epoch: int) -> Path:
     return RunDir(run_dir).spectra(epoch)
 
+
 POINTS = ("patch_embed", "block_01", "cls")
 DIM = 6
 
@@ -40,12 +42,19 @@ def fake_results(seed: int, points=POINTS, nan_point: str | None = None) -> dict
         a = rng.normal(size=(40, DIM))
         cov = np.cov(a, rowvar=False)
         eigs = np.linalg.eigvalsh(cov)[::-1].copy()
-        obs = {"effective_rank": float(rng.uniform(1, DIM)), "stable_rank": float(rng.uniform(1, DIM)),
-               "spectral_flatness": 1e-300 * rng.uniform()}
+        obs = {
+            "effective_rank": float(rng.uniform(1, DIM)),
+            "stable_rank": float(rng.uniform(1, DIM)),
+            "spectral_flatness": 1e-300 * rng.uniform(),
+        }
         if name == nan_point:
             obs["effective_rank"] = math.nan
-        out[name] = SimpleNamespace(spectrum=SimpleNamespace(eigenvalues=eigs, n_rows=40, n_nonfinite=0),
-                                    observables=obs, mean=a.mean(0), covariance=cov)
+        out[name] = SimpleNamespace(
+            spectrum=SimpleNamespace(eigenvalues=eigs, n_rows=40, n_nonfinite=0),
+            observables=obs,
+            mean=a.mean(0),
+            covariance=cov,
+        )
     return out
 
 
@@ -84,8 +93,9 @@ def test_spectra_npz_schema(tmp_path):
     path = tmp_path / "geometry" / "spectra" / "epoch_0007.npz"
     assert path == spectra_path(tmp_path, 7) and path.is_file()
     with np.load(path) as data:
-        assert sorted(data.files) == sorted(f"{p}/{k}" for p in POINTS for k in ("eigenvalues", "n_rows", "n_nonfinite",
-                                                                                  "mean"))
+        assert sorted(data.files) == sorted(
+            f"{p}/{k}" for p in POINTS for k in ("eigenvalues", "n_rows", "n_nonfinite", "mean")
+        )
         eig = data["cls/eigenvalues"]
         assert eig.dtype == np.float64 and np.all(np.diff(eig) <= 0)
         assert data["cls/n_rows"].shape == () and int(data["cls/n_rows"]) == 40
@@ -108,7 +118,8 @@ def test_round_trip(tmp_path):
     for epoch, res in written.items():
         for point, r in res.items():
             for metric, value in r.observables.items():
-                got = metrics.query("epoch == @epoch and point == @point and metric == @metric")["value"]
+                rows = (metrics["epoch"] == epoch) & (metrics["point"] == point) & (metrics["metric"] == metric)
+                got = metrics[rows]["value"]
                 assert len(got) == 1
                 assert (math.isnan(value) and math.isnan(got.iloc[0])) or got.iloc[0] == value  # bit-exact
 
@@ -127,7 +138,9 @@ def test_round_trip(tmp_path):
     assert list(series) == ["effective_rank", "stable_rank", "spectral_flatness"]
     assert list(series["stable_rank"]) == list(POINTS)
     epochs, values = series["stable_rank"]["cls"]
-    assert epochs.tolist() == [0, 5] and values.tolist() == [written[e]["cls"].observables["stable_rank"] for e in (0, 5)]
+    assert epochs.tolist() == [0, 5] and values.tolist() == [
+        written[e]["cls"].observables["stable_rank"] for e in (0, 5)
+    ]
     assert list(load_series(tmp_path, metrics=["stable_rank"])) == ["stable_rank"]
     assert recorded_epochs(tmp_path) == [0, 5]
 
@@ -170,8 +183,9 @@ def test_crash_while_writing_spectra_leaves_earlier_records_intact(tmp_path, mon
     assert snapshot(tmp_path) == before  # byte-identical, and no temporary files left behind
     monkeypatch.undo()
     assert recorded_epochs(tmp_path) == [0, 1]
-    np.testing.assert_array_equal(load_spectra(tmp_path)[1]["cls"]["eigenvalues"],
-                                  fake_results(1)["cls"].spectrum.eigenvalues)
+    np.testing.assert_array_equal(
+        load_spectra(tmp_path)[1]["cls"]["eigenvalues"], fake_results(1)["cls"].spectrum.eigenvalues
+    )
 
 
 def test_crash_while_replacing_metrics_keeps_the_old_table(tmp_path, monkeypatch):
@@ -248,7 +262,7 @@ def test_reader_errors(tmp_path):
     with pytest.raises(RecordsError, match="header"):
         load_metrics(tmp_path)
     (tmp_path / "geometry" / "metrics.csv").unlink()
-    with pytest.raises(RecordsError, match="metrics.csv is missing"):
+    with pytest.raises(RecordsError, match=r"metrics.csv is missing"):
         load_metrics(tmp_path)
 
     spectra_path(tmp_path, 0).write_bytes(b"not a zip")
@@ -274,8 +288,11 @@ def test_views_are_recorded_beside_the_default_view_and_read_separately(tmp_path
 
     base = fake_results(0)
     other = fake_results(1)
-    results = {ObservationKey("block_01"): base["block_01"], ObservationKey("block_01", "cls"): other["block_01"],
-               ObservationKey("cls"): base["cls"]}
+    results = {
+        ObservationKey("block_01"): base["block_01"],
+        ObservationKey("block_01", "cls"): other["block_01"],
+        ObservationKey("cls"): base["cls"],
+    }
     RecordWriter(tmp_path).write_observation(0, 0, results, with_covariance=True)
     rows = read_csv_rows(tmp_path)
     assert [(r["point"], r["view"]) for r in rows[::3]] == [("block_01", "all"), ("block_01", "cls"), ("cls", "all")]
@@ -287,8 +304,10 @@ def test_views_are_recorded_beside_the_default_view_and_read_separately(tmp_path
     cls_view = load_spectra(tmp_path, view="cls", arrays=("eigenvalues",))[0]
     assert list(cls_view) == ["block_01"] and list(cls_view["block_01"]) == ["eigenvalues"]
     np.testing.assert_array_equal(cls_view["block_01"]["eigenvalues"], other["block_01"].spectrum.eigenvalues)
-    assert load_series(tmp_path, view="cls")["effective_rank"]["block_01"][1][0] == \
-        other["block_01"].observables["effective_rank"]
+    assert (
+        load_series(tmp_path, view="cls")["effective_rank"]["block_01"][1][0]
+        == other["block_01"].observables["effective_rank"]
+    )
     assert set(load_metrics(tmp_path)["view"]) == {"all", "cls"}
 
 
@@ -296,7 +315,8 @@ def test_files_written_before_views_existed_read_as_the_default_view(tmp_path):
     RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
     path = RunDir(tmp_path).metrics
     legacy = ["epoch,step,point,metric,value"] + [
-        ",".join(r[c] for c in ("epoch", "step", "point", "metric", "value")) for r in read_csv_rows(tmp_path)]
+        ",".join(r[c] for c in ("epoch", "step", "point", "metric", "value")) for r in read_csv_rows(tmp_path)
+    ]
     path.write_text("\n".join(legacy) + "\n")
     assert set(load_metrics(tmp_path)["view"]) == {"all"}
     assert recorded_epochs(tmp_path) == [0]
@@ -321,8 +341,10 @@ def test_the_config_tree_puts_files_where_run_dir_says(compose_cfg):
     cfg = compose_cfg()
     run = RunDir(cfg.paths.output_dir)
     assert Path(cfg.callbacks.model_checkpoint.dirpath) == run.checkpoints
-    assert Path(cfg.callbacks.last_checkpoint.dirpath) / f"{cfg.callbacks.last_checkpoint.filename}.ckpt" == \
-        run.last_checkpoint
+    assert (
+        Path(cfg.callbacks.last_checkpoint.dirpath) / f"{cfg.callbacks.last_checkpoint.filename}.ckpt"
+        == run.last_checkpoint
+    )
     assert Path(cfg.logger.tensorboard.save_dir) / cfg.logger.tensorboard.name == run.tensorboard
 
 

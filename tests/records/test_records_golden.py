@@ -37,8 +37,11 @@ def test_every_golden_metric_is_recorded_bit_for_bit(smoke_run: Path) -> None:
     assert len(golden) == 420
     missing = sorted(set(golden) - set(now))
     assert not missing, f"metrics no longer recorded: {missing[:5]}"
-    changed = [(k, golden[k], now[k]) for k in golden
-               if not (golden[k] == now[k] or (math.isnan(golden[k]) and math.isnan(now[k])))]
+    changed = [
+        (k, golden[k], now[k])
+        for k in golden
+        if not (golden[k] == now[k] or (math.isnan(golden[k]) and math.isnan(now[k])))
+    ]
     assert not changed, f"{len(changed)} recorded values changed, e.g. {changed[:3]}"
 
 

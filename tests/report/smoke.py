@@ -17,6 +17,6 @@ def smoke_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         from tgo.train import run
 
         run_dir = tmp_path_factory.mktemp("smoke") / "run"
-        run(compose_train(run_dir, ["experiment=smoke", "callbacks.spectral_geometry.figures.heatmaps=false"]))
+        run(compose_train(run_dir, ["experiment=smoke", "observation.figures.heatmaps=false"]))
         _CACHE["run"] = run_dir
     return _CACHE["run"]

@@ -1,20 +1,41 @@
-"""Synthetic run directories with known trends, written in the records' on-disk format (no training needed)."""
+"""Synthetic run directories with known trends, written through `tgo.records` (no training needed).
+
+Writing with `tgo.records.RecordWriter` instead of by hand keeps the fixtures in the records' current on-disk format
+(columns, views, spectra keys, file names), so a format change cannot leave the report tested against a stale one.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+
+from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir
 
 Curve = Callable[[np.ndarray], np.ndarray]
 
 
-def write_synthetic_run(run_dir: Path, curves: Mapping[str, Mapping[str, Curve]], *,
-                        epochs: Sequence[int] = tuple(range(0, 11)), fingerprint: str | None = "same",
-                        dim: int = 4) -> Path:
-    """Writes ``geometry/metrics.csv``, spectra (covariance at the first and last epoch) and a manifest.
+def _result(eigs: np.ndarray, observables: Mapping[str, float]) -> SimpleNamespace:
+    """What `RecordWriter.write_observation` reads of a `tgo.observatory.PointResult` (a diagonal covariance)."""
+    spectrum = SimpleNamespace(eigenvalues=eigs, n_rows=100, n_nonfinite=0)
+    return SimpleNamespace(
+        spectrum=spectrum, mean=np.zeros(eigs.size), covariance=np.diag(eigs), observables=dict(observables)
+    )
+
+
+def write_synthetic_run(
+    run_dir: Path,
+    curves: Mapping[str, Mapping[str, Curve]],
+    *,
+    epochs: Sequence[int] = tuple(range(0, 11)),
+    fingerprint: str | None = "same",
+    dim: int = 4,
+    other_view: str | None = None,
+) -> Path:
+    """Writes metrics, spectra (covariance at the first and last epoch) and a manifest for known curves.
 
     Args:
         run_dir: Where the run goes.
@@ -22,29 +43,30 @@ def write_synthetic_run(run_dir: Path, curves: Mapping[str, Mapping[str, Curve]]
         epochs: Observed epochs.
         fingerprint: The manifest's analysis subset fingerprint (``None``: no manifest).
         dim: Feature width of the stored spectra.
+        other_view: Also record every point under this view with the curves negated, so a test can tell whether a
+            reader mixed views (the report reads view ``all`` only).
+
+    Returns:
+        ``run_dir``.
     """
     epochs_arr = np.asarray(epochs)
     points = list(dict.fromkeys(p for per_point in curves.values() for p in per_point))
-    geometry = run_dir / "geometry"
-    (geometry / "spectra").mkdir(parents=True, exist_ok=True)
-    lines = ["epoch,step,point,metric,value"]
+    values = {
+        metric: {p: np.asarray(f(epochs_arr), dtype=np.float64) for p, f in per_point.items()}
+        for metric, per_point in curves.items()
+    }
+    writer = RecordWriter(run_dir)
     for i, epoch in enumerate(epochs_arr):
-        for point in points:
-            for metric, per_point in curves.items():
-                if point in per_point:
-                    lines.append(f"{epoch},{10 * epoch},{point},{metric},{float(per_point[point](epochs_arr)[i])!r}")
-        arrays = {}
+        results: dict[tuple[str, str], SimpleNamespace] = {}
         for j, point in enumerate(points):
             eigs = np.sort(np.exp(-np.arange(dim) / (1.0 + epoch + j)))[::-1]
-            arrays[f"{point}/eigenvalues"] = eigs
-            arrays[f"{point}/n_rows"] = np.asarray(100)
-            arrays[f"{point}/n_nonfinite"] = np.asarray(0)
-            arrays[f"{point}/mean"] = np.zeros(dim)
-            if i in (0, len(epochs_arr) - 1):
-                arrays[f"{point}/covariance"] = np.diag(eigs)
-        np.savez(geometry / "spectra" / f"epoch_{epoch:04d}.npz", **arrays)
-    (geometry / "metrics.csv").write_text("\n".join(lines) + "\n")
+            observed = {
+                metric: float(per_point[point][i]) for metric, per_point in values.items() if point in per_point
+            }
+            results[(point, DEFAULT_VIEW)] = _result(eigs, observed)
+            if other_view is not None:
+                results[(point, other_view)] = _result(eigs, {m: -v for m, v in observed.items()})
+        writer.write_observation(int(epoch), 10 * int(epoch), results, with_covariance=i in (0, len(epochs_arr) - 1))
     if fingerprint is not None:
-        (run_dir / "analysis_subset.json").write_text(json.dumps({"version": 1, "fingerprint": fingerprint,
-                                                                  "items": []}))
+        RunDir(run_dir).manifest.write_text(json.dumps({"version": 1, "fingerprint": fingerprint, "items": []}))
     return run_dir

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from tgo.report.findings import (
+    CLAIMS,
     FAILS,
     HOLDS,
     NA,
     REVERSES,
+    Claim,
     assess_extreme,
     assess_stable,
     assess_trend,
@@ -20,10 +22,11 @@ from tgo.report.findings import (
     spearman,
 )
 from tgo.report.reference import load_reference
+from tgo.spectral.catalogue import CATALOGUE
 
 EPOCHS = np.arange(0, 21)
-RISING = 2.0 + 0.5 * EPOCHS                      # 2 -> 12, steadily
-FALLING = 1.0 - 0.04 * EPOCHS                    # 1 -> 0.2
+RISING = 2.0 + 0.5 * EPOCHS  # 2 -> 12, steadily
+FALLING = 1.0 - 0.04 * EPOCHS  # 1 -> 0.2
 RISE_THEN_FALL = 10.0 - 0.05 * (EPOCHS - 12) ** 2  # peak at epoch 12, ends 3.2 below it
 NOISY_FLAT = 5.0 + 0.01 * np.random.default_rng(0).standard_normal(EPOCHS.size)
 
@@ -83,8 +86,8 @@ def test_spearman_matches_scipy_including_ties():
 
 
 def test_stable_means_within_the_relative_tolerance():
-    assert assess_stable(EPOCHS, 3.0 + 0.01 * EPOCHS).verdict == HOLDS      # +6.7%
-    assert assess_stable(EPOCHS, 3.0 + 0.05 * EPOCHS).verdict == FAILS      # +33%
+    assert assess_stable(EPOCHS, 3.0 + 0.01 * EPOCHS).verdict == HOLDS  # +6.7%
+    assert assess_stable(EPOCHS, 3.0 + 0.05 * EPOCHS).verdict == FAILS  # +33%
 
 
 def test_cls_extreme_holds_reverses_or_fails():
@@ -99,13 +102,23 @@ def test_cls_extreme_holds_reverses_or_fails():
 
 def test_point_roles():
     assert [point_role(p) for p in ("patch_embed", "pos_embed", "block_07", "cls", "block_06_attn")] == [
-        "embedding", "embedding", "block", "cls", "other"]
+        "embedding",
+        "embedding",
+        "block",
+        "cls",
+        "other",
+    ]
 
 
 def test_evaluate_findings_on_a_run_that_follows_the_paper():
     points = ["patch_embed", "pos_embed", "block_01", "block_02", "cls"]
-    grow = {"patch_embed": 2.0 + 0.001 * EPOCHS, "pos_embed": 2.1 + 0.001 * EPOCHS, "block_01": RISING,
-            "block_02": RISE_THEN_FALL, "cls": RISING + 5}
+    grow = {
+        "patch_embed": 2.0 + 0.001 * EPOCHS,
+        "pos_embed": 2.1 + 0.001 * EPOCHS,
+        "block_01": RISING,
+        "block_02": RISE_THEN_FALL,
+        "cls": RISING + 5,
+    }
     series = {
         "effective_rank": {p: (EPOCHS, v) for p, v in grow.items()},
         "spectral_anisotropy": {p: (EPOCHS, FALLING + 0.01 * i) for i, p in enumerate(points)},
@@ -133,3 +146,34 @@ def test_on_the_published_data_late_blocks_peak_mid_training_and_fall():
     assert findings[("effective_rank", "block_12")].verdict == REVERSES
     assert findings[("effective_rank", "block_06")].verdict == HOLDS
     assert findings[("effective_rank", "cls")].verdict == HOLDS
+
+
+def test_a_claims_direction_is_its_observables_spread_in_the_catalogue():
+    for claim in CLAIMS:
+        assert claim.direction == {"rises": "rise", "falls": "fall"}[CATALOGUE[claim.metric].spread], claim
+        assert claim.observable is CATALOGUE[claim.metric]
+    assert Claim("k", "s", "spectral_anisotropy").direction == "fall"
+    with pytest.raises(ValueError, match="no spread"):
+        Claim("k", "s", "total_variance")  # scale, not spread: no direction to claim
+    with pytest.raises(ValueError, match="not in the observable catalogue"):
+        Claim("k", "s", "no_such_observable")
+    with pytest.raises(ValueError, match="kind"):
+        Claim("k", "s", "effective_rank", "rise")  # type: ignore[arg-type]  # the old positional direction
+
+
+def test_a_move_between_values_below_the_noise_floor_is_not_a_result():
+    """Spectral flatness 1.15e-10 -> 1.87e-10 is +60% but both are zero to the catalogue: n/a, never 'holds'."""
+    floor = CATALOGUE["spectral_flatness"].noise_floor
+    assert floor > 1.87e-10
+    epochs = np.arange(0, 5)
+    tiny = np.linspace(1.15e-10, 1.87e-10, epochs.size)
+    assert assess_trend(epochs, tiny, "rise").verdict == HOLDS  # the numbers alone would pass
+    series = {"spectral_flatness": {"block_01": (epochs, tiny), "block_02": (epochs, 0.1 + 0.05 * epochs)}}
+    findings = {f.point: f for f in evaluate_findings(series) if f.metric == "spectral_flatness"}
+    below = findings["block_01"]
+    assert below.verdict == NA and below.trend is not None and below.trend.verdict == NA
+    assert below.trend.first == pytest.approx(1.15e-10) and below.trend.last == pytest.approx(1.87e-10)
+    assert "below the observable's noise floor" in below.note and f"({floor:g})" in below.note
+    assert findings["block_02"].verdict == HOLDS and findings["block_02"].note == ""
+    one_end_above = {"spectral_flatness": {"block_01": (epochs, np.linspace(1e-10, 0.2, epochs.size))}}
+    assert evaluate_findings(one_end_above)[0].verdict == HOLDS  # rising out of the floor is a result

@@ -103,7 +103,7 @@ class SimulatedWorld:
         def target(rank: int) -> None:
             try:
                 results[rank] = fn(rank, self._all_reduce_sum_for(rank))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            except BaseException as exc:
                 errors[rank] = exc
                 self._barrier.abort()
                 self._read.abort()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import math
 
 import numpy as np
@@ -11,7 +12,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.spectral.spectral_data import METRIC_KEYS, accumulate, make_rows, power_law_spectrum, reference_covariance, relative_errors
+from tests.spectral.spectral_data import (
+    METRIC_KEYS,
+    accumulate,
+    make_rows,
+    power_law_spectrum,
+    reference_covariance,
+    relative_errors,
+)
 from tgo.spectral import StreamingCovariance, eigendecompose, strict_fp32_math, summarize
 
 DIM = 24
@@ -36,8 +44,12 @@ def _assert_same_state(a: StreamingCovariance, b: StreamingCovariance, rtol: flo
 
 # ---------------------------------------------------------------------------------------------------- basics
 def test_matches_two_pass_covariance_and_mean():
-    np.testing.assert_allclose(BASELINE.covariance().numpy(), reference_covariance(ROWS), rtol=0,
-                               atol=1e-14 * np.abs(reference_covariance(ROWS)).max())
+    np.testing.assert_allclose(
+        BASELINE.covariance().numpy(),
+        reference_covariance(ROWS),
+        rtol=0,
+        atol=1e-14 * np.abs(reference_covariance(ROWS)).max(),
+    )
     np.testing.assert_allclose(BASELINE.mean().numpy(), ROWS.astype(np.float64).mean(0), rtol=1e-15)
     assert BASELINE.n == 600 and BASELINE.n_nonfinite == 0
 
@@ -84,7 +96,7 @@ def test_any_batch_split_gives_the_same_result(cuts: list[int]):
 def test_any_merge_order_gives_the_same_result(cuts: list[int], data: st.DataObject):
     edges = [0, *sorted(cuts), 600]
     parts = []
-    for lo, hi in zip(edges[:-1], edges[1:]):
+    for lo, hi in itertools.pairwise(edges):
         acc = StreamingCovariance(DIM)
         acc.update(torch.from_numpy(ROWS[lo:hi]))
         parts.append(acc)
@@ -108,7 +120,7 @@ def test_merge_leaves_other_untouched_and_handles_empty_sides():
 
 
 def test_merge_rejects_other_dimension():
-    with pytest.raises(ValueError, match="dim 24.*dim 5"):
+    with pytest.raises(ValueError, match=r"dim 24.*dim 5"):
         StreamingCovariance(DIM).merge(StreamingCovariance(5))
 
 
@@ -174,8 +186,9 @@ def test_nonfinite_rows_are_counted_and_excluded_not_absorbed():
     assert (acc.n, acc.n_nonfinite) == (597, 3)
     ref = accumulate(finite, batch_rows=597)
     # the counts differ by design (3 dropped rows), the numbers must not:
-    np.testing.assert_allclose(acc.covariance().numpy(), ref.covariance().numpy(), rtol=0,
-                               atol=1e-13 * np.abs(ref.covariance().numpy()).max())
+    np.testing.assert_allclose(
+        acc.covariance().numpy(), ref.covariance().numpy(), rtol=0, atol=1e-13 * np.abs(ref.covariance().numpy()).max()
+    )
     spectrum = eigendecompose(acc.covariance(), acc.n, acc.n_nonfinite)
     assert summarize(acc.covariance(), spectrum)["n_nonfinite"] == 3
 
@@ -219,7 +232,7 @@ def test_load_state_dict_is_tolerant_but_rejects_a_dimension_mismatch():
     empty = StreamingCovariance(DIM)
     empty.load_state_dict({})
     assert empty.n == 0 and empty.shift is None
-    with pytest.raises(ValueError, match="dim 7.*dim 24"):
+    with pytest.raises(ValueError, match=r"dim 7.*dim 24"):
         StreamingCovariance(DIM).load_state_dict(StreamingCovariance(7).state_dict())
 
 
@@ -241,7 +254,7 @@ def restore_precision_flags():
     saved = [k.fp32_precision for k in knobs]
     yield
     torch.set_float32_matmul_precision("highest")
-    for knob, value in zip(knobs, saved):
+    for knob, value in zip(knobs, saved, strict=False):
         knob.fp32_precision = value
 
 
@@ -257,15 +270,22 @@ def restore_precision_flags():
 )
 def test_strict_math_inside_and_settings_restored_after(loosen, monkeypatch):
     loosen()
-    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision,
-              torch.backends.cudnn.conv.fp32_precision)
+    before = (
+        torch.backends.cuda.matmul.fp32_precision,
+        torch.backends.mkldnn.matmul.fp32_precision,
+        torch.backends.cudnn.conv.fp32_precision,
+    )
     seen = {}
     real_mm = torch.mm
 
     def spy(a, b):
-        seen.update(precision=torch.get_float32_matmul_precision(), cuda_tf32=torch.backends.cuda.matmul.allow_tf32,
-                    cudnn_tf32=torch.backends.cudnn.allow_tf32, cpu=torch.backends.mkldnn.matmul.fp32_precision,
-                    autocast=torch.is_autocast_enabled("cpu"))
+        seen.update(
+            precision=torch.get_float32_matmul_precision(),
+            cuda_tf32=torch.backends.cuda.matmul.allow_tf32,
+            cudnn_tf32=torch.backends.cudnn.allow_tf32,
+            cpu=torch.backends.mkldnn.matmul.fp32_precision,
+            autocast=torch.is_autocast_enabled("cpu"),
+        )
         return real_mm(a, b)
 
     monkeypatch.setattr(torch, "mm", spy)
@@ -274,8 +294,11 @@ def test_strict_math_inside_and_settings_restored_after(loosen, monkeypatch):
         acc.update(torch.from_numpy(ROWS))
         assert torch.is_autocast_enabled("cpu")
     assert seen == dict(precision="highest", cuda_tf32=False, cudnn_tf32=False, cpu="ieee", autocast=False)
-    after = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision,
-             torch.backends.cudnn.conv.fp32_precision)
+    after = (
+        torch.backends.cuda.matmul.fp32_precision,
+        torch.backends.mkldnn.matmul.fp32_precision,
+        torch.backends.cudnn.conv.fp32_precision,
+    )
     assert after == before
 
 

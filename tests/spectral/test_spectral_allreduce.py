@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.spectral.spectral_data import make_rows, power_law_spectrum
 from tests.spectral.simulated_world import SimulatedWorld
+from tests.spectral.spectral_data import make_rows, power_law_spectrum
 from tgo.spectral import StreamingCovariance, allreduce_accumulators
 
 # Three observation points of different widths; the third is never fed on any rank.

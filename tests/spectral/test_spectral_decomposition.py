@@ -47,7 +47,9 @@ def test_undefined_covariances_give_nan_spectra_not_exceptions(n_rows: int, bad:
     assert (spectrum.n_rows, spectrum.n_nonfinite, spectrum.n_clamped) == (n_rows, 4, 0)
     assert math.isnan(spectrum.most_negative)
     out = summarize(cov, spectrum)
-    assert out["n_nonfinite"] == 4 and all(math.isnan(out[k]) for k in CATALOGUE.names if k not in CATALOGUE.diagnostics)
+    assert out["n_nonfinite"] == 4 and all(
+        math.isnan(out[k]) for k in CATALOGUE.names if k not in CATALOGUE.diagnostics
+    )
 
 
 def test_spectrum_is_immutable():

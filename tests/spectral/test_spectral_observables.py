@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tests.spectral.spectral_data import METRIC_KEYS, accumulate, make_rows, power_law_spectrum, relative_errors
 from tgo.spectral import (
-    FLATNESS_FLOOR,
     CATALOGUE,
+    FLATNESS_FLOOR,
     StreamingCovariance,
     components_for_variance,
     cumulative_explained_variance,
@@ -180,7 +180,7 @@ def test_global_scaling_and_translation(scale: float, seed: int):
     shift = np.random.default_rng(seed).standard_normal(20) * 1e4
     want = _summary_of(base)
     got = _summary_of(scale * base + shift)
-    errors = relative_errors(got, want, INVARIANT_KEYS + ("offdiag_energy_fraction", "mean_abs_offdiag_correlation"))
+    errors = relative_errors(got, want, (*INVARIANT_KEYS, "offdiag_energy_fraction", "mean_abs_offdiag_correlation"))
     assert max(errors.values()) <= 1e-9, errors
     assert got["total_variance"] == pytest.approx(scale**2 * want["total_variance"], rel=1e-9)
 

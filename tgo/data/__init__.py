@@ -7,13 +7,13 @@ from tgo.data.folders import default_class_list_path, read_class_list
 from tgo.data.sources import SOURCES, build_source
 
 __all__ = [
-    "TGODataModule",
-    "DataConfigError",
-    "AnalysisManifestMismatch",
-    "AnalysisItem",
-    "AnalysisSubset",
     "MANIFEST_NAME",
     "SOURCES",
+    "AnalysisItem",
+    "AnalysisManifestMismatch",
+    "AnalysisSubset",
+    "DataConfigError",
+    "TGODataModule",
     "build_source",
     "default_class_list_path",
     "load_manifest",

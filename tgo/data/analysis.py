@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -43,11 +44,11 @@ __all__ = [
     "MANIFEST_VERSION",
     "AnalysisItem",
     "AnalysisSubset",
+    "load_manifest",
     "resolve_analysis_counts",
+    "resolve_manifest",
     "select_analysis_indices",
     "subset_fingerprint",
-    "load_manifest",
-    "resolve_manifest",
 ]
 
 MANIFEST_NAME = RunDir.MANIFEST
@@ -79,6 +80,7 @@ def resolve_analysis_counts(size: int | None, per_class: int | None, num_classes
     if size is None and per_class is None:
         raise DataConfigError("data.analysis.size and data.analysis.per_class are both null; set at least one.")
     if per_class is None:
+        assert size is not None
         if size % num_classes != 0:
             raise DataConfigError(
                 f"data.analysis.size={size} is not a multiple of num_classes={num_classes}; the subset takes the same "
@@ -86,7 +88,7 @@ def resolve_analysis_counts(size: int | None, per_class: int | None, num_classes
                 f"or data.analysis.size to a multiple of {num_classes}."
             )
         per_class = size // num_classes
-    elif size is None:
+    if size is None:
         size = per_class * num_classes
     elif size != per_class * num_classes:
         raise DataConfigError(
@@ -180,7 +182,7 @@ class AnalysisSubset(Dataset):
         if any(item.sha256 is None for item in self.items):
             self.items = [
                 item if item.sha256 is not None else AnalysisItem(item.key, item.label, self.split.content_hash(i))
-                for item, i in zip(self.items, self.indices)
+                for item, i in zip(self.items, self.indices, strict=False)
             ]
         return self.items
 
@@ -202,9 +204,7 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
         raise DataConfigError(f"data.analysis.manifest='{path}' is not valid JSON: {err}.") from err
     version = manifest.get("version") if isinstance(manifest, dict) else None
     if version != MANIFEST_VERSION:
-        raise DataConfigError(
-            f"data.analysis.manifest='{path}' has version {version!r}; expected {MANIFEST_VERSION}."
-        )
+        raise DataConfigError(f"data.analysis.manifest='{path}' has version {version!r}; expected {MANIFEST_VERSION}.")
     items = manifest.get("items")
     well_formed = isinstance(items, list) and all(isinstance(i, dict) and "key" in i and "label" in i for i in items)
     if not items or not well_formed:
@@ -254,7 +254,7 @@ def resolve_manifest(
             continue
         current = split.content_hash(pos)
         if digest is not None and current != digest:
-            problems.append(f"{key!r}: content hash {current[:12]}..., manifest says {str(digest)[:12]}...")
+            problems.append(f"{key!r}: content hash {str(current)[:12]}..., manifest says {str(digest)[:12]}...")
             continue
         indices.append(pos)
         items.append(AnalysisItem(key, label, current))

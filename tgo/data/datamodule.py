@@ -8,8 +8,9 @@ Hydra instantiates it from ``conf/data/*.yaml`` with flat, explicit arguments. C
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader, Sampler
@@ -27,7 +28,6 @@ from tgo.data.analysis import (
 from tgo.data.datasets import ImageSplit
 from tgo.data.errors import DataConfigError
 from tgo.data.sources import SOURCES, SourceData, build_source
-from tgo.records import RunDir, atomic_write_json
 from tgo.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -35,6 +35,7 @@ from tgo.data.transforms import (
     build_eval_transform,
     build_train_transform,
 )
+from tgo.records import RunDir, atomic_write_json
 
 __all__ = ["TGODataModule"]
 
@@ -79,7 +80,8 @@ class TGODataModule(L.LightningDataModule):
         analysis_seed: Seed of the per-class selection.
         analysis_manifest: Path of an earlier ``analysis_subset.json`` (or its run directory) to pin the exact subset;
             the data must still match it (keys, labels, hashes) or validation raises ``AnalysisManifestMismatch``.
-        analysis_batch_size: Batch size of the observation pass over :attr:`analysis_dataset` (``None`` = ``eval_batch_size``).
+        analysis_batch_size: Batch size of the observation pass over :attr:`analysis_dataset` (``None``:
+            ``eval_batch_size``).
         analysis: The same five settings nested as the config writes them (``data.analysis.manifest=...``): keys
             ``size``, ``per_class``, ``seed``, ``manifest``, ``batch_size``; a key given here wins over the flat one.
     """
@@ -115,7 +117,9 @@ class TGODataModule(L.LightningDataModule):
         if analysis is not None:
             unknown = sorted(set(analysis) - set(ANALYSIS_KEYS))
             if unknown:
-                raise DataConfigError(f"data.analysis: unknown key(s) {unknown}; expected some of {list(ANALYSIS_KEYS)}.")
+                raise DataConfigError(
+                    f"data.analysis: unknown key(s) {unknown}; expected some of {list(ANALYSIS_KEYS)}."
+                )
             if "size" in analysis or "per_class" in analysis:  # the nested pair replaces the flat pair as a whole
                 analysis_size, analysis_per_class = analysis.get("size"), analysis.get("per_class")
             analysis_seed = analysis.get("seed", analysis_seed)
@@ -199,7 +203,7 @@ class TGODataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ building
 
-    def validate(self) -> "TGODataModule":
+    def validate(self) -> TGODataModule:
         """Scan the data and settle the analysis subset now, raising ``DataConfigError`` on any problem.
 
         Call it before ``trainer.fit`` so that a wrong root, a missing class, an impossible subset or a stale pinned
@@ -288,6 +292,7 @@ class TGODataModule(L.LightningDataModule):
         if self.source == "digits":
             return 10
         if self.source == "synthetic":
+            assert self._num_classes_arg is not None  # the constructor requires it for synthetic
             return int(self._num_classes_arg)
         return self._built().num_classes
 
@@ -298,17 +303,20 @@ class TGODataModule(L.LightningDataModule):
     @property
     def train_dataset(self) -> ImageSplit:
         self.validate()
+        assert self._train is not None
         return self._train
 
     @property
     def val_dataset(self) -> ImageSplit:
         self.validate()
+        assert self._val is not None
         return self._val
 
     @property
     def analysis_dataset(self) -> AnalysisSubset:
         """The frozen analysis subset: ``(eval_transform(image), label)`` in manifest order; identical on all ranks."""
         self.validate()
+        assert self._analysis is not None
         return self._analysis
 
     @property
@@ -340,7 +348,7 @@ class TGODataModule(L.LightningDataModule):
     def manifest(self) -> dict[str, Any]:
         """The manifest as a dict (hashes the subset's items on first call). Schema: see :mod:`tgo.data.analysis`."""
         data = self._built()
-        items = self._analysis.hashed_items()
+        items = self.analysis_dataset.hashed_items()
         return {
             "version": MANIFEST_VERSION,
             "source": self.source,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -19,7 +20,7 @@ from torch.utils.data import Dataset
 
 from tgo.data.synthetic import SyntheticSpec, render_synthetic
 
-__all__ = ["ImageSplit", "FileImageSplit", "ArrayImageSplit", "SyntheticImageSplit", "array_sha256", "file_sha256"]
+__all__ = ["ArrayImageSplit", "FileImageSplit", "ImageSplit", "SyntheticImageSplit", "array_sha256", "file_sha256"]
 
 Key = str | int
 Transform = Callable[[Image.Image], object]
@@ -54,7 +55,11 @@ class ImageSplit(Dataset):
     """
 
     def __init__(
-        self, keys: Sequence[Key], labels: Sequence[int], mode: str = "RGB", transform: Transform | None = None
+        self,
+        keys: Sequence[Key],
+        labels: Sequence[int] | np.ndarray,
+        mode: str = "RGB",
+        transform: Transform | None = None,
     ):
         if len(keys) != len(labels):
             raise ValueError(f"keys and labels differ in length: {len(keys)} != {len(labels)}")
@@ -75,12 +80,12 @@ class ImageSplit(Dataset):
         raise NotImplementedError
 
     def __getitem__(self, index: int) -> tuple[object, int]:
-        image = self.load(index)
+        image: Any = self.load(index)
         if self.transform is not None:
             image = self.transform(image)
         return image, int(self.labels[index])
 
-    def with_transform(self, transform: Transform | None) -> "ImageSplit":
+    def with_transform(self, transform: Transform | None) -> ImageSplit:
         """A shallow copy sharing keys, labels and storage but using ``transform`` (train vs eval views)."""
         view = copy.copy(self)
         view.transform = transform
@@ -106,7 +111,7 @@ class FileImageSplit(ImageSplit):
         self,
         root: str | Path,
         keys: Sequence[str],
-        labels: Sequence[int],
+        labels: Sequence[int] | np.ndarray,
         mode: str = "RGB",
         transform: Transform | None = None,
     ):
@@ -140,8 +145,8 @@ class ArrayImageSplit(ImageSplit):
     def __init__(
         self,
         images: np.ndarray,
-        keys: Sequence[int],
-        labels: Sequence[int],
+        keys: Sequence[int] | np.ndarray,
+        labels: Sequence[int] | np.ndarray,
         mode: str = "RGB",
         transform: Transform | None = None,
     ):

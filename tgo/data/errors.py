@@ -5,7 +5,7 @@ Both subclass :class:`tgo.errors.ConfigError` (a ``ValueError``), so the entry p
 
 from tgo.errors import ConfigError
 
-__all__ = ["DataConfigError", "AnalysisManifestMismatch"]
+__all__ = ["AnalysisManifestMismatch", "DataConfigError"]
 
 
 class DataConfigError(ConfigError):

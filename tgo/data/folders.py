@@ -13,20 +13,20 @@ entries in; that is what makes the analysis subset reproducible across machines 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 from tgo.data.errors import DataConfigError
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "LAYOUT",
+    "check_split_dirs",
     "default_class_list_path",
-    "read_class_list",
     "list_class_folders",
     "list_images",
-    "check_split_dirs",
+    "read_class_list",
     "scan_split",
 ]
 
@@ -59,8 +59,7 @@ def read_class_list(path: str | Path, key: str = "data.class_list") -> list[str]
     names = [line.split()[0] for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
     if not names:
         raise DataConfigError(f"{key}='{path}' lists no classes; expected one WordNet id per line.")
-    seen: set[str] = set()
-    duplicates = sorted({name for name in names if name in seen or seen.add(name)})
+    duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise DataConfigError(f"{key}='{path}' lists classes more than once: {', '.join(duplicates)}.")
     return names

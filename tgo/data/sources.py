@@ -29,7 +29,7 @@ from tgo.data.folders import (
 )
 from tgo.data.synthetic import SyntheticSpec
 
-__all__ = ["SOURCES", "DIGITS_VAL_FRACTION", "SourceData", "load_digits_split", "build_source"]
+__all__ = ["DIGITS_VAL_FRACTION", "SOURCES", "SourceData", "build_source", "load_digits_split"]
 
 SOURCES = ("digits", "synthetic", "imagefolder", "imagenet100")
 DIGITS_VAL_FRACTION = 0.2
@@ -85,7 +85,7 @@ def load_digits_split(seed: int, mode: str) -> tuple[ArrayImageSplit, ArrayImage
     for label in np.unique(targets):
         members = np.flatnonzero(targets == label)
         perm = np.random.default_rng([seed, int(label)]).permutation(len(members))
-        val_idx.extend(members[perm[: int(round(DIGITS_VAL_FRACTION * len(members)))]].tolist())
+        val_idx.extend(members[perm[: round(DIGITS_VAL_FRACTION * len(members))]].tolist())
     is_val = np.zeros(len(targets), dtype=bool)
     is_val[val_idx] = True
     train_keys, val_keys = np.flatnonzero(~is_val), np.flatnonzero(is_val)
@@ -120,8 +120,9 @@ def _imagenet100(root: str | Path | None, class_list: str | Path, mode: str) -> 
         )
     present = len(list_class_folders(path / "train"))
     layout = "imagenet100-prepared" if present == len(classes) else f"class-list subset of {present} class folders"
-    return _folder_source(path, classes, mode, val_requires_all=True,
-                          info={"layout": layout, "class_list": str(class_list)})
+    return _folder_source(
+        path, classes, mode, val_requires_all=True, info={"layout": layout, "class_list": str(class_list)}
+    )
 
 
 def _folder_source(path: Path, classes: list[str], mode: str, *, val_requires_all: bool, info: dict) -> SourceData:

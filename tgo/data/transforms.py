@@ -7,12 +7,12 @@ resize + centre crop for evaluation. Tiny pixel sources (digits, synthetic) are 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torchvision.transforms import v2
 
-__all__ = ["TRAIN_TRANSFORMS", "IMAGENET_MEAN", "IMAGENET_STD", "build_train_transform", "build_eval_transform"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "TRAIN_TRANSFORMS", "build_eval_transform", "build_train_transform"]
 
 TRAIN_TRANSFORMS = ("standard", "digits", "none")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -44,7 +44,7 @@ def build_eval_transform(
         PIL image -> normalised float tensor ``[C, image_size, image_size]``.
     """
     if photo:
-        resize = resize_size if resize_size is not None else int(round(image_size / 0.875))
+        resize = resize_size if resize_size is not None else round(image_size / 0.875)
         geometry: list[v2.Transform] = [v2.Resize(resize, antialias=True), v2.CenterCrop(image_size)]
     else:
         geometry = [v2.Resize((image_size, image_size), antialias=True)]

@@ -41,11 +41,22 @@ class ShardPlan:
     num_workers: int = 0
 
     @classmethod
-    def for_rank(cls, settings: ObservationSettings, *, rank: int, world_size: int, default_batch_size: int,
-                 default_num_workers: int) -> ShardPlan:
+    def for_rank(
+        cls,
+        settings: ObservationSettings,
+        *,
+        rank: int,
+        world_size: int,
+        default_batch_size: int,
+        default_num_workers: int,
+    ) -> ShardPlan:
         """This rank's plan: the settings' batch size and workers, else the DataModule's defaults."""
-        return cls(rank=rank, world_size=world_size, batch_size=int(settings.batch_size or default_batch_size),
-                   num_workers=int(settings.num_workers if settings.num_workers is not None else default_num_workers))
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            batch_size=int(settings.batch_size or default_batch_size),
+            num_workers=int(settings.num_workers if settings.num_workers is not None else default_num_workers),
+        )
 
 
 class ShardSampler(Sampler[int]):
@@ -70,9 +81,15 @@ class ShardSampler(Sampler[int]):
 
 def shard_loader(dataset: Dataset, plan: ShardPlan) -> DataLoader:
     """A loader over this rank's disjoint shard: every image is counted exactly once over all ranks."""
-    sampler = ShardSampler(len(dataset), plan.rank, plan.world_size)
-    return DataLoader(dataset, batch_size=plan.batch_size, sampler=sampler, num_workers=plan.num_workers,
-                      shuffle=False, drop_last=False)
+    sampler = ShardSampler(len(dataset), plan.rank, plan.world_size)  # type: ignore[arg-type]  # map-style: Sized
+    return DataLoader(
+        dataset,
+        batch_size=plan.batch_size,
+        sampler=sampler,
+        num_workers=plan.num_workers,
+        shuffle=False,
+        drop_last=False,
+    )
 
 
 def observe_dataset(
@@ -160,17 +177,30 @@ def observe_and_record(
     Returns:
         The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
     """
-    accumulators = observe_dataset(model, dataset, points, plan=plan, all_reduce_sum=all_reduce_sum, device=device,
-                                   gram_dtype=settings.torch_gram_dtype)
+    accumulators = observe_dataset(
+        model,
+        dataset,
+        points,
+        plan=plan,
+        all_reduce_sum=all_reduce_sum,
+        device=device,
+        gram_dtype=settings.torch_gram_dtype,
+    )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
-        raise NonFiniteActivationsError(f"epoch {record.epoch}: non-finite activations (rows per point): {bad}; "
-                                        "set observation.nonfinite=warn to record NaN observables and continue")
+        raise NonFiniteActivationsError(
+            f"epoch {record.epoch}: non-finite activations (rows per point): {bad}; "
+            "set observation.nonfinite=warn to record NaN observables and continue"
+        )
     if not is_global_zero:
         return None
     if bad:
-        warnings.warn(f"[tgo] epoch {record.epoch}: non-finite activations at {bad} (rows excluded); their "
-                      "observables are recorded as NaN", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"[tgo] epoch {record.epoch}: non-finite activations at {bad} (rows excluded); their "
+            "observables are recorded as NaN",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     results = summarize_accumulators(accumulators, points, nan_if_nonfinite=True, fit_range=settings.fit_range)
     record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)
     return results

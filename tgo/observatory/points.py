@@ -6,12 +6,14 @@ logged. Nothing here touches activations: `tgo.observatory.probe` turns points i
 The ViT preset (`vit_points`) is the TGO paper's 15 points, derived from the model itself so that it works for any
 timm VisionTransformer (depth, width, patch size, resolution, register tokens).
 """
+
 from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -21,6 +23,7 @@ from tgo.errors import UserInputError
 
 class PointConfigError(UserInputError):
     """An observation point is ill-defined or names a module the model does not have (raised before training)."""
+
 
 __all__ = [
     "READS",
@@ -78,7 +81,9 @@ class ObservationPoint:
         if self.read not in READS:
             raise PointConfigError(f"ObservationPoint {self.name!r}: read must be one of {READS}; got {self.read!r}")
         if self.tokens not in TOKENS:
-            raise PointConfigError(f"ObservationPoint {self.name!r}: tokens must be one of {TOKENS}; got {self.tokens!r}")
+            raise PointConfigError(
+                f"ObservationPoint {self.name!r}: tokens must be one of {TOKENS}; got {self.tokens!r}"
+            )
 
     def to_dict(self) -> dict[str, str]:
         """Plain dict of the fields, the same shape `points_from_config` accepts under ``extra``."""
@@ -143,7 +148,7 @@ def vit_points(model: nn.Module) -> list[ObservationPoint]:
     """
     model = unwrap_model(model)
     _require_vit(model)
-    depth = len(model.blocks)
+    depth = len(model.blocks)  # type: ignore[arg-type]  # nn.Sequential of blocks (checked by _require_vit)
     width = max(2, len(str(depth)))
     pos_module = "pos_drop" if getattr(model, "pos_embed", None) is not None else "patch_drop"
     points = [
@@ -196,22 +201,27 @@ def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None =
     if spec is None:
         spec = {"preset": "vit"}
     if not isinstance(spec, Mapping):
-        raise PointConfigError(f"observation points config must be a mapping with keys {sorted(_CONFIG_KEYS)}; got {spec!r}")
+        raise PointConfigError(
+            f"observation points config must be a mapping with keys {sorted(_CONFIG_KEYS)}; got {spec!r}"
+        )
     unknown = set(spec) - _CONFIG_KEYS
     if unknown:
         raise PointConfigError(
             f"observation points config: unknown key(s) {sorted(unknown)}; expected {sorted(_CONFIG_KEYS)}"
         )
     points: list[ObservationPoint] = []
-    preset = spec.get("preset", None)
+    preset = spec.get("preset")
     if preset is not None:
         if preset not in _PRESETS:
-            raise PointConfigError(f"observation points config: unknown preset {preset!r}; expected one of "
-                             f"{sorted(_PRESETS)} or null")
+            raise PointConfigError(
+                f"observation points config: unknown preset {preset!r}; expected one of {sorted(_PRESETS)} or null"
+            )
         if model is None:
-            raise PointConfigError(f"observation points preset {preset!r} needs the model (its depth decides the points)")
+            raise PointConfigError(
+                f"observation points preset {preset!r} needs the model (its depth decides the points)"
+            )
         points += _PRESETS[preset](model)
-    extra = spec.get("extra", None) or []
+    extra = spec.get("extra") or []
     if isinstance(extra, (str, bytes)) or not isinstance(extra, Sequence):
         raise PointConfigError(f"observation points config: extra must be a list of point mappings; got {extra!r}")
     for i, entry in enumerate(extra):
@@ -219,14 +229,20 @@ def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None =
             points.append(entry)
             continue
         if not isinstance(entry, Mapping):
-            raise PointConfigError(f"observation points config: extra[{i}] must be a mapping with keys "
-                             f"{sorted(_POINT_KEYS)}; got {entry!r}")
+            raise PointConfigError(
+                f"observation points config: extra[{i}] must be a mapping with keys "
+                f"{sorted(_POINT_KEYS)}; got {entry!r}"
+            )
         bad = set(entry) - _POINT_KEYS
         if bad:
-            raise PointConfigError(f"observation points config: extra[{i}] has unknown key(s) {sorted(bad)}; expected "
-                             f"{sorted(_POINT_KEYS)}")
+            raise PointConfigError(
+                f"observation points config: extra[{i}] has unknown key(s) {sorted(bad)}; expected "
+                f"{sorted(_POINT_KEYS)}"
+            )
         if "name" not in entry or "module" not in entry:
-            raise PointConfigError(f"observation points config: extra[{i}] needs 'name' and 'module'; got {dict(entry)}")
+            raise PointConfigError(
+                f"observation points config: extra[{i}] needs 'name' and 'module'; got {dict(entry)}"
+            )
         points.append(ObservationPoint(**entry))
     _check_unique(points)
     return points
@@ -240,7 +256,9 @@ def _check_unique(points: Iterable[ObservationPoint]) -> None:
             dups.append(p.name)
         seen.add(p.name)
     if dups:
-        raise PointConfigError(f"duplicate observation point name(s) {dups}: names key the records, they must be unique")
+        raise PointConfigError(
+            f"duplicate observation point name(s) {dups}: names key the records, they must be unique"
+        )
 
 
 def _summarize_module_names(names: Iterable[str], max_depth: int = 3) -> list[str]:
@@ -303,7 +321,8 @@ def resolve_points(model: nn.Module, points: Sequence[ObservationPoint]) -> dict
             lines.append(f"  point {p.name!r}: no module {p.module!r}{hint}")
         available = ", ".join(_summarize_module_names(names))
         raise PointConfigError(
-            f"unknown module path(s) for observation point(s) in {type(model).__name__}:\n" + "\n".join(lines)
+            f"unknown module path(s) for observation point(s) in {type(model).__name__}:\n"
+            + "\n".join(lines)
             + f"\navailable module paths (numbered siblings collapsed, depth <= 3): {available}"
         )
     return {p.name: modules[p.module] for p in points}

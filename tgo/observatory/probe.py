@@ -4,9 +4,11 @@ Activations are never stored: each hook selects tokens, detaches and hands the t
 once, so memory is the accumulator state (D x D per point), not the activations (~4 MB per image for ViT-S).
 Hooks exist only inside the ``with`` block, so training pays nothing for them.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -98,9 +100,9 @@ class Probe:
 
     def _prefix_for(self, point: ObservationPoint) -> int:
         patch_embed = getattr(self.model, "patch_embed", None)
-        if isinstance(patch_embed, nn.Module):
-            if point.module == "patch_embed" or point.module.startswith("patch_embed."):
-                return 0
+        in_patch_embed = point.module == "patch_embed" or point.module.startswith("patch_embed.")
+        if isinstance(patch_embed, nn.Module) and in_patch_embed:
+            return 0
         return self.num_prefix_tokens
 
     def _make_hook(self, point: ObservationPoint) -> Any:
@@ -118,15 +120,18 @@ class Probe:
                 acc.update(x)
 
         if point.read == "input":
+
             def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
                 consume(args if args else kwargs)
+
             return pre_hook
 
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             consume(output)
+
         return hook
 
-    def __enter__(self) -> "Probe":
+    def __enter__(self) -> Probe:
         try:
             for point in self.points:
                 module = self._modules[point.name]

@@ -131,8 +131,9 @@ def summarize_accumulators(
             observables = summarize(cov, spectrum, fit_range=fit_range)
             if nan_if_nonfinite and n_nonfinite > 0:
                 observables = {k: (v if k in diagnostics else math.nan) for k, v in observables.items()}
-            out[ObservationKey(name)] = PointResult(spectrum=spectrum, observables=observables, mean=mean,
-                                                    covariance=cov)
+            out[ObservationKey(name)] = PointResult(
+                spectrum=spectrum, observables=observables, mean=mean, covariance=cov
+            )
     return out
 
 

@@ -151,7 +151,7 @@ class ObservationSettings:
         keep = self.keep_covariance
         if isinstance(keep, str):
             _one_of("keep_covariance", keep, COVARIANCE_POLICIES)
-        elif isinstance(keep, Sequence) and all(_is_int(e) and e >= 0 for e in keep):
+        elif isinstance(keep, Sequence) and all(_is_int(e) and int(e) >= 0 for e in keep):
             object.__setattr__(self, "keep_covariance", tuple(int(e) for e in keep))
         else:
             raise ObservationSettingsError(

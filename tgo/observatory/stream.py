@@ -20,6 +20,7 @@ Choices worth knowing:
   identical packed sizes on every rank. The feature dimension is then taken from ``model.embed_dim`` for the ViT's
   residual-stream modules and otherwise from one forward of a zero image (shape only, nothing accumulated).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -90,7 +91,9 @@ def _images_of(batch: Any) -> torch.Tensor:
         return batch
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
         return batch[0]
-    raise TypeError(f"stream_activations: a batch must be an image tensor or (images, labels); got {type(batch).__name__}")
+    raise TypeError(
+        f"stream_activations: a batch must be an image tensor or (images, labels); got {type(batch).__name__}"
+    )
 
 
 def _static_dim(model: nn.Module, point: ObservationPoint, module: nn.Module) -> int | None:
@@ -135,8 +138,10 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
 
 
 def _never_called(points: Sequence[ObservationPoint]) -> str:
-    return (f"stream_activations: the module(s) of point(s) {[f'{p.name} ({p.module})' for p in points]} were never "
-            f"called by the model's forward, so nothing can be observed there; point at a module the forward uses")
+    return (
+        f"stream_activations: the module(s) of point(s) {[f'{p.name} ({p.module})' for p in points]} were never "
+        f"called by the model's forward, so nothing can be observed there; point at a module the forward uses"
+    )
 
 
 def stream_activations(
@@ -192,7 +197,9 @@ def stream_activations(
                 if never:
                     raise RuntimeError(_never_called(never))
             for p in missing:
-                lazy[p.name].acc = StreamingCovariance(int(dims[p.name]), gram_dtype=gram_dtype, device=device)
+                dim = dims[p.name]
+                assert dim is not None  # points without a dimension raised above
+                lazy[p.name].acc = StreamingCovariance(dim, gram_dtype=gram_dtype, device=device)
     finally:
         for m, mode in modes:
             m.training = mode
@@ -213,5 +220,3 @@ def reduce_accumulators(
             ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``; identity for a single process.
     """
     allreduce_accumulators(list(accumulators.values()), all_reduce_sum)
-
-

@@ -14,5 +14,13 @@ from tgo.report.build import build_report
 from tgo.report.findings import CLAIMS, Finding, Trend, assess_trend, evaluate_findings
 from tgo.report.runs import ReportInputError
 
-__all__ = ["CLAIMS", "Finding", "ReportInputError", "SubsetMismatchError", "Trend", "assess_trend", "build_report",
-           "evaluate_findings"]
+__all__ = [
+    "CLAIMS",
+    "Finding",
+    "ReportInputError",
+    "SubsetMismatchError",
+    "Trend",
+    "assess_trend",
+    "build_report",
+    "evaluate_findings",
+]

@@ -52,7 +52,8 @@ def check_subsets(runs: Sequence[RunData], *, allow_different: bool = False) -> 
             raise SubsetMismatchError(
                 f"the runs measured different analysis subsets ({RunDir.MANIFEST} fingerprints differ: "
                 f"{described}); their geometry is not comparable. Re-run with data.analysis.manifest=<one run's "
-                f"{RunDir.MANIFEST}>, or pass --allow-different-subsets to compare anyway")
+                f"{RunDir.MANIFEST}>, or pass --allow-different-subsets to compare anyway"
+            )
         notes.append(f"different analysis subsets compared on request (--allow-different-subsets): {described}")
     return notes
 
@@ -108,7 +109,7 @@ def aggregate_runs(runs: Sequence[RunData]) -> Aggregate:
         for point in points:
             if not all(point in r.series[metric] for r in runs):
                 continue
-            tables = [dict(zip(*(a.tolist() for a in r.series[metric][point]))) for r in runs]
+            tables = [dict(zip(*(a.tolist() for a in r.series[metric][point]), strict=False)) for r in runs]
             epochs = sorted(set.intersection(*(set(t) for t in tables)))
             if not epochs:
                 continue

@@ -58,32 +58,82 @@ def _finding_cells(f: Finding) -> list[str]:
     t = f.trend
     if t is None:
         return [f.statement, f.point, f.expected, "", "", "", "", "", "", f.verdict, f.note]
-    return [f.statement, f.point, f.expected, _fmt(t.first), _fmt(t.last), _fmt(t.change), _pct(t.relative_change),
-            _fmt(t.spearman, 3), _fmt(t.extreme_epoch), f.verdict, f.note]
+    return [
+        f.statement,
+        f.point,
+        f.expected,
+        _fmt(t.first),
+        _fmt(t.last),
+        _fmt(t.change),
+        _pct(t.relative_change),
+        _fmt(t.spearman, 3),
+        _fmt(t.extreme_epoch),
+        f.verdict,
+        f.note,
+    ]
 
 
-FINDING_HEADERS = ["claim", "point", "expected", "first", "last", "change", "relative change",
-                   "Spearman (epoch)", "peak/trough epoch", "verdict", "note"]
+FINDING_HEADERS = [
+    "claim",
+    "point",
+    "expected",
+    "first",
+    "last",
+    "change",
+    "relative change",
+    "Spearman (epoch)",
+    "peak/trough epoch",
+    "verdict",
+    "note",
+]
 
 
 def _claim_summary(findings: Sequence[Finding]) -> Table:
     per_statement: dict[str, Counter] = {}
     for f in findings:
         per_statement.setdefault(f.statement, Counter())[f.verdict] += 1
-    rows = [[statement, *(str(c.get(v, 0)) for v in VERDICTS), str(sum(c.values()))]
-            for statement, c in per_statement.items()]
+    rows = [
+        [statement, *(str(c.get(v, 0)) for v in VERDICTS), str(sum(c.values()))]
+        for statement, c in per_statement.items()
+    ]
     return Table(["claim", *VERDICTS, "points"], rows, left=[0])
 
 
 def _write_findings_csv(path: Path, findings: Sequence[Finding], agreement: dict | None, n_runs: int) -> None:
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(["claim", "statement", "metric", "point", "expected", "first", "last", "change",
-                         "relative_change", "spearman", "extreme_epoch", "verdict", "note", "agreement"])
+        writer.writerow(
+            [
+                "claim",
+                "statement",
+                "metric",
+                "point",
+                "expected",
+                "first",
+                "last",
+                "change",
+                "relative_change",
+                "spearman",
+                "extreme_epoch",
+                "verdict",
+                "note",
+                "agreement",
+            ]
+        )
         for f in findings:
             t = f.trend
-            stats = ([repr(t.first), repr(t.last), repr(t.change), repr(t.relative_change), repr(t.spearman),
-                      "" if t.extreme_epoch is None else str(t.extreme_epoch)] if t else [""] * 6)
+            stats = (
+                [
+                    repr(t.first),
+                    repr(t.last),
+                    repr(t.change),
+                    repr(t.relative_change),
+                    repr(t.spearman),
+                    "" if t.extreme_epoch is None else str(t.extreme_epoch),
+                ]
+                if t
+                else [""] * 6
+            )
             agree = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs) if agreement else ""
             writer.writerow([f.claim, f.statement, f.metric, f.point, f.expected, *stats, f.verdict, f.note, agree])
 
@@ -94,10 +144,18 @@ def _use_reference(mode: str, points: Sequence[str]) -> bool:
     return mode == "paper" or (mode == "auto" and is_tgo1_like(points))
 
 
-def build_report(paths: Sequence[str | os.PathLike], *, out: str | os.PathLike | None = None,
-                 reference: str = "auto", title: str | None = None, allow_different_subsets: bool = False,
-                 embed: bool = False, tolerance: float = DEFAULT_TOLERANCE,
-                 stable_tolerance: float = DEFAULT_STABLE_TOLERANCE, correlation: bool = True) -> Path:
+def build_report(
+    paths: Sequence[str | os.PathLike],
+    *,
+    out: str | os.PathLike | None = None,
+    reference: str = "auto",
+    title: str | None = None,
+    allow_different_subsets: bool = False,
+    embed: bool = False,
+    tolerance: float = DEFAULT_TOLERANCE,
+    stable_tolerance: float = DEFAULT_STABLE_TOLERANCE,
+    correlation: bool = True,
+) -> Path:
     """Writes ``<out>/index.html``, ``<out>/figures/*.png`` and ``<out>/findings.csv`` for the given runs.
 
     Args:
@@ -122,7 +180,7 @@ def build_report(paths: Sequence[str | os.PathLike], *, out: str | os.PathLike |
         raise ReportInputError("give at least one run directory (or a directory containing runs)")
     run_dirs = discover_runs(paths)
     names = run_names(run_dirs)
-    runs: list[RunData] = [load_run_data(p, name) for p, name in zip(run_dirs, names)]
+    runs: list[RunData] = [load_run_data(p, name) for p, name in zip(run_dirs, names, strict=False)]
     notes = check_subsets(runs, allow_different=allow_different_subsets)
     agg: Aggregate = aggregate_runs(runs)
     overlay = _use_reference(reference, agg.points)
@@ -136,14 +194,16 @@ def build_report(paths: Sequence[str | os.PathLike], *, out: str | os.PathLike |
     several = len(runs) > 1
     agreement = None
     if several:
-        per_run = [evaluate_findings(r.series, r.points, tolerance=tolerance, stable_tolerance=stable_tolerance)
-                   for r in runs]
+        per_run = [
+            evaluate_findings(r.series, r.points, tolerance=tolerance, stable_tolerance=stable_tolerance) for r in runs
+        ]
         agreement = verdict_agreement(per_run)
     paper_verdicts = {}
     if paper is not None:
-        paper_verdicts = {(f.claim, f.metric, f.point): f.verdict
-                          for f in evaluate_findings(paper, agg.points, tolerance=tolerance,
-                                                     stable_tolerance=stable_tolerance)}
+        paper_verdicts = {
+            (f.claim, f.metric, f.point): f.verdict
+            for f in evaluate_findings(paper, agg.points, tolerance=tolerance, stable_tolerance=stable_tolerance)
+        }
 
     headers = list(FINDING_HEADERS)
     rows = []
@@ -162,12 +222,25 @@ def build_report(paths: Sequence[str | os.PathLike], *, out: str | os.PathLike |
     summary = Section("Runs", "runs")
     summary.paragraphs.append(
         f"{len(runs)} run(s); points: {', '.join(agg.points)}; epochs observed: "
-        f"{', '.join(str(e) for e in runs[0].epochs)}. Generated {datetime.now():%Y-%m-%d %H:%M}.")
+        f"{', '.join(str(e) for e in runs[0].epochs)}. Generated {datetime.now():%Y-%m-%d %H:%M}."
+    )
     summary.paragraphs += notes
-    summary.tables.append(Table(["run", "path", "epochs", "points", "analysis subset fingerprint"],
-                                [[r.name, str(r.path), f"{r.epochs[0]}..{r.epochs[-1]} ({len(r.epochs)})",
-                                  str(len(r.points)), (r.fingerprint or "unknown")[:16]] for r in runs],
-                                left=[0, 1, 4]))
+    summary.tables.append(
+        Table(
+            ["run", "path", "epochs", "points", "analysis subset fingerprint"],
+            [
+                [
+                    r.name,
+                    str(r.path),
+                    f"{r.epochs[0]}..{r.epochs[-1]} ({len(r.epochs)})",
+                    str(len(r.points)),
+                    (r.fingerprint or "unknown")[:16],
+                ]
+                for r in runs
+            ],
+            left=[0, 1, 4],
+        )
+    )
 
     what = "the mean over runs" if several else "this run"
     find = Section("Findings: the paper's claims tested point by point", "findings")
@@ -178,12 +251,16 @@ def build_report(paths: Sequence[str | os.PathLike], *, out: str | os.PathLike |
         f"and then gave back more than {tolerance:.0%}; 'does not hold' = neither; 'n/a' = fewer than two "
         f"observations, or first and last values both below the observable's noise floor (indistinguishable from "
         f"zero). Embeddings count as stable within ±{stable_tolerance:.0%}. Spearman is the rank correlation of the "
-        f"observable with epoch.")
+        f"observable with epoch."
+    )
     if several:
-        find.paragraphs.append("The last columns count the runs reaching each verdict when every run is tested "
-                               "on its own.")
-    find.tables += [_claim_summary(findings),
-                    Table(headers, rows, left=[0, 1, 2, 10, *range(11, len(headers))], verdict_column=9)]
+        find.paragraphs.append(
+            "The last columns count the runs reaching each verdict when every run is tested on its own."
+        )
+    find.tables += [
+        _claim_summary(findings),
+        Table(headers, rows, left=[0, 1, 2, 10, *range(11, len(headers))], verdict_column=9),
+    ]
 
     sections = [summary, find]
     if paper is not None:
@@ -193,10 +270,26 @@ def build_report(paths: Sequence[str | os.PathLike], *, out: str | os.PathLike |
             "The last observed value of each point beside the paper's value at the same epoch (or the paper's last "
             "epoch, 100, if it has no such epoch). Paper layer names map to points as Layer_00_PatchEmbed = "
             "patch_embed, Layer_00_PosEmbed = pos_embed, Layer_NN_BlockNN = block_NN, Layer_13_CLS_Final = cls; "
-            "the six observables share TGO's names and conventions. On the figures the paper is drawn dashed.")
-        ref.tables.append(Table(["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
-                                [[r.metric, r.point, str(r.epoch), _fmt(r.value), str(r.paper_epoch),
-                                  _fmt(r.paper_value), _fmt(r.ratio, 3)] for r in ref_rows], left=[0, 1]))
+            "the six observables share TGO's names and conventions. On the figures the paper is drawn dashed."
+        )
+        ref.tables.append(
+            Table(
+                ["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
+                [
+                    [
+                        r.metric,
+                        r.point,
+                        str(r.epoch),
+                        _fmt(r.value),
+                        str(r.paper_epoch),
+                        _fmt(r.paper_value),
+                        _fmt(r.ratio, 3),
+                    ]
+                    for r in ref_rows
+                ],
+                left=[0, 1],
+            )
+        )
         sections.append(ref)
 
     figure_refs = observable_figures(agg, figures_dir, reference=paper)

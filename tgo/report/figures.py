@@ -47,9 +47,13 @@ def _save(fig: object, figures_dir: Path, name: str) -> str:
     return f"{figures_dir.name}/{safe}.png"
 
 
-def observable_figures(aggregate: Aggregate, figures_dir: Path, *,
-                       reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]] | None = None,
-                       metrics: Sequence[str] | None = None) -> list[FigureRef]:
+def observable_figures(
+    aggregate: Aggregate,
+    figures_dir: Path,
+    *,
+    reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]] | None = None,
+    metrics: Sequence[str] | None = None,
+) -> list[FigureRef]:
     """Each observable against epoch (one line per point) and as a layer x epoch heatmap.
 
     Args:
@@ -73,8 +77,9 @@ def observable_figures(aggregate: Aggregate, figures_dir: Path, *,
         series = {p: per_point[p] for p in points}
         ref = {p: reference[metric][p] for p in points if reference and p in reference.get(metric, {})} or None
         title = f"{metric}" + (f" (mean of {aggregate.n_runs} runs)" if several else "")
-        fig = viz.observable_lines_figure(series, title=title, bands=aggregate.bands(metric) if several else None,
-                                          reference=ref)
+        fig = viz.observable_lines_figure(
+            series, title=title, bands=aggregate.bands(metric) if several else None, reference=ref
+        )
         caption = f"{metric} against epoch, one line per point"
         if several:
             caption += f"; line = mean of {aggregate.n_runs} runs, band = mean ± 1 standard deviation"
@@ -85,16 +90,22 @@ def observable_figures(aggregate: Aggregate, figures_dir: Path, *,
         values = np.full((len(points), len(epochs)), np.nan)
         column = {e: j for j, e in enumerate(epochs)}
         for i, p in enumerate(points):
-            for e, v in zip(*series[p]):
+            for e, v in zip(*series[p], strict=False):
                 values[i, column[int(e)]] = v
         fig = viz.layer_epoch_heatmap_figure(values, points, epochs, title=title)
-        refs.append(FigureRef("heatmaps", _save(fig, figures_dir, f"layer_epoch_{metric}"),
-                              f"{metric}: points (depth) x epoch" + (" (mean over runs)" if several else "")))
+        refs.append(
+            FigureRef(
+                "heatmaps",
+                _save(fig, figures_dir, f"layer_epoch_{metric}"),
+                f"{metric}: points (depth) x epoch" + (" (mean over runs)" if several else ""),
+            )
+        )
     return refs
 
 
-def spectrum_figures(run: RunData, figures_dir: Path, *, heatmap_max_dim: int = 192,
-                     correlation: bool = True) -> list[FigureRef]:
+def spectrum_figures(
+    run: RunData, figures_dir: Path, *, heatmap_max_dim: int = 192, correlation: bool = True
+) -> list[FigureRef]:
     """Spectra over epochs, decay curves and correlation heatmaps of one run (from its spectra files).
 
     Args:
@@ -116,20 +127,36 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, heatmap_max_dim: int = 
     for point in points:
         eig_history = [(e, spectra[e][point]["eigenvalues"]) for e in epochs if point in spectra[e]]
         fig = viz.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues")
-        refs.append(FigureRef("spectra", _save(fig, figures_dir, f"eigenvalues_{point}"),
-                              f"{point}: covariance eigenvalues by index (log-log), later epochs darker "
-                              f"(run {run.name})"))
-        sv_history = [(e, singular_values(spectra[e][point]["eigenvalues"], int(spectra[e][point]["n_rows"])))
-                      for e in epochs if point in spectra[e]]
+        refs.append(
+            FigureRef(
+                "spectra",
+                _save(fig, figures_dir, f"eigenvalues_{point}"),
+                f"{point}: covariance eigenvalues by index (log-log), later epochs darker (run {run.name})",
+            )
+        )
+        sv_history = [
+            (e, singular_values(spectra[e][point]["eigenvalues"], int(spectra[e][point]["n_rows"])))
+            for e in epochs
+            if point in spectra[e]
+        ]
         fig = viz.spectrum_history_figure(sv_history, title=f"{point}: singular values", ylabel="singular value")
-        refs.append(FigureRef("spectra", _save(fig, figures_dir, f"singular_values_{point}"),
-                              f"{point}: singular values sqrt(eigenvalue) (run {run.name})"))
+        refs.append(
+            FigureRef(
+                "spectra",
+                _save(fig, figures_dir, f"singular_values_{point}"),
+                f"{point}: singular values sqrt(eigenvalue) (run {run.name})",
+            )
+        )
     for epoch in dict.fromkeys((epochs[0], epochs[-1])):
         decay = {p: spectra[epoch][p]["eigenvalues"] for p in points if p in spectra[epoch]}
         fig = viz.decay_curves_figure(decay, title=f"decay, epoch {epoch}")
-        refs.append(FigureRef("decay", _save(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
-                              f"spectral decay lambda_i / lambda_1 at epoch {epoch}, one line per point "
-                              f"(run {run.name})"))
+        refs.append(
+            FigureRef(
+                "decay",
+                _save(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
+                f"spectral decay lambda_i / lambda_1 at epoch {epoch}, one line per point (run {run.name})",
+            )
+        )
     if correlation:
         with_cov = [e for e in epochs if any("covariance" in arrays for arrays in spectra[e].values())]
         for epoch in dict.fromkeys(with_cov[:1] + with_cov[-1:]):
@@ -137,9 +164,15 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, heatmap_max_dim: int = 
                 cov = spectra[epoch].get(point, {}).get("covariance")
                 if cov is None or not np.all(np.isfinite(cov)):
                     continue
-                fig = viz.correlation_heatmap_figure(cov, title=f"{point} correlation, epoch {epoch}",
-                                                     max_dim=heatmap_max_dim)
-                refs.append(FigureRef("correlation", _save(fig, figures_dir, f"correlation_{point}_{epoch:04d}"),
-                                      f"{point}: feature correlation at epoch {epoch} (first {heatmap_max_dim} "
-                                      f"features; run {run.name})"))
+                fig = viz.correlation_heatmap_figure(
+                    cov, title=f"{point} correlation, epoch {epoch}", max_dim=heatmap_max_dim
+                )
+                refs.append(
+                    FigureRef(
+                        "correlation",
+                        _save(fig, figures_dir, f"correlation_{point}_{epoch:04d}"),
+                        f"{point}: feature correlation at epoch {epoch} (first {heatmap_max_dim} "
+                        f"features; run {run.name})",
+                    )
+                )
     return refs

@@ -32,15 +32,16 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tgo.spectral.catalogue import CATALOGUE, Observable, Spread
 
 __all__ = [
     "CLAIMS",
+    "VERDICTS",
     "Claim",
     "Finding",
     "Trend",
-    "VERDICTS",
     "assess_extreme",
     "assess_stable",
     "assess_trend",
@@ -67,7 +68,7 @@ _DIRECTION_OF_SPREAD: dict[Spread, Direction] = {"rises": "rise", "falls": "fall
 _CLAIM_KINDS: tuple[str, ...] = ("trend", "stable", "extreme")
 
 # metric -> point -> (epochs, values)
-Series = Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]]
+Series = Mapping[str, Mapping[str, tuple[ArrayLike, ArrayLike]]]
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,10 @@ class Claim:
 
     def __post_init__(self) -> None:
         if self.kind not in _CLAIM_KINDS:
-            raise ValueError(f"Claim {self.key!r}: kind must be one of {_CLAIM_KINDS}, got {self.kind!r} (the "
-                             "direction is no longer an argument: it is the catalogue's spread of the metric)")
+            raise ValueError(
+                f"Claim {self.key!r}: kind must be one of {_CLAIM_KINDS}, got {self.kind!r} (the "
+                "direction is no longer an argument: it is the catalogue's spread of the metric)"
+            )
         _ = self.direction  # raises now for a metric without a catalogued spread
 
     @property
@@ -110,8 +113,10 @@ class Claim:
         """
         observable = CATALOGUE.get(self.metric)
         if observable is None:
-            raise ValueError(f"Claim {self.key!r}: {self.metric!r} is not in the observable catalogue "
-                             f"(known: {', '.join(CATALOGUE.names)})")
+            raise ValueError(
+                f"Claim {self.key!r}: {self.metric!r} is not in the observable catalogue "
+                f"(known: {', '.join(CATALOGUE.names)})"
+            )
         return observable
 
     @property
@@ -124,8 +129,10 @@ class Claim:
         """
         spread = self.observable.spread
         if spread is None:
-            raise ValueError(f"Claim {self.key!r}: {self.metric!r} has no spread direction in the catalogue, so no "
-                             "trend can be claimed for it")
+            raise ValueError(
+                f"Claim {self.key!r}: {self.metric!r} has no spread direction in the catalogue, so no "
+                "trend can be claimed for it"
+            )
         return _DIRECTION_OF_SPREAD[spread]
 
 
@@ -135,12 +142,14 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("rank_rises", "participation ratio rises", "participation_ratio"),
     Claim("anisotropy_falls", "spectral anisotropy falls", "spectral_anisotropy"),
     Claim("entropy_rises", "spectral entropy rises", "spectral_entropy"),
-    Claim("covariance_diagonalizes", "covariance becomes more diagonal (off-diagonal energy falls)",
-          "offdiag_energy_fraction"),
+    Claim(
+        "covariance_diagonalizes",
+        "covariance becomes more diagonal (off-diagonal energy falls)",
+        "offdiag_energy_fraction",
+    ),
     Claim("spectra_flatten", "spectra flatten (flatness rises)", "spectral_flatness"),
     Claim("spectra_flatten", "spectra flatten (power-law exponent falls)", "power_law_alpha"),
-    Claim("embeddings_stable", "embeddings stay stable while blocks grow (effective rank)", "effective_rank",
-          "stable"),
+    Claim("embeddings_stable", "embeddings stay stable while blocks grow (effective rank)", "effective_rank", "stable"),
     Claim("cls_extreme", "CLS ends highest in effective rank", "effective_rank", "extreme"),
     Claim("cls_extreme", "CLS ends highest in spectral entropy", "spectral_entropy", "extreme"),
     Claim("cls_extreme", "CLS ends lowest in spectral anisotropy", "spectral_anisotropy", "extreme"),
@@ -200,7 +209,7 @@ class Finding:
     note: str = ""
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+def spearman(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman rank correlation with average ranks for ties (NaN if either side is constant or n < 2).
 
     Written out (ten lines) rather than imported from scipy so the report needs only numpy.
@@ -222,12 +231,12 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
         stop = start
         while stop + 1 < values.size and sorted_values[stop + 1] == sorted_values[start]:
             stop += 1
-        ranks[order[start:stop + 1]] = 0.5 * (start + stop) + 1.0
+        ranks[order[start : stop + 1]] = 0.5 * (start + stop) + 1.0
         start = stop + 1
     return ranks
 
 
-def _finite(epochs: Sequence[float], values: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def _finite(epochs: ArrayLike, values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     e = np.asarray(epochs, dtype=np.float64).ravel()
     v = np.asarray(values, dtype=np.float64).ravel()
     if e.shape != v.shape:
@@ -238,8 +247,9 @@ def _finite(epochs: Sequence[float], values: Sequence[float]) -> tuple[np.ndarra
     return e[order], v[order]
 
 
-def assess_trend(epochs: Sequence[float], values: Sequence[float], direction: Direction, *,
-                 tolerance: float = DEFAULT_TOLERANCE) -> Trend:
+def assess_trend(
+    epochs: ArrayLike, values: ArrayLike, direction: Direction, *, tolerance: float = DEFAULT_TOLERANCE
+) -> Trend:
     """Tests whether a series rises (or falls) over training, and whether it gave a peak back.
 
     The series is turned into "gain" ``s = +values`` for rising claims and ``-values`` for falling ones, and the
@@ -286,8 +296,7 @@ def assess_trend(epochs: Sequence[float], values: Sequence[float], direction: Di
     return Trend(int(v.size), first, last, last - first, relative, rho, int(e[p]), float(v[p]), verdict)
 
 
-def assess_stable(epochs: Sequence[float], values: Sequence[float], *,
-                  stable_tolerance: float = DEFAULT_STABLE_TOLERANCE) -> Trend:
+def assess_stable(epochs: ArrayLike, values: ArrayLike, *, stable_tolerance: float = DEFAULT_STABLE_TOLERANCE) -> Trend:
     """Tests that a series stays put: ``holds`` if ``|last - first| <= stable_tolerance * |first|``.
 
     ``holds then reverses`` is not used: a series that wandered and came back counts as stable.
@@ -304,12 +313,22 @@ def assess_stable(epochs: Sequence[float], values: Sequence[float], *,
     if trend.n < 2:
         return trend
     stable = abs(trend.last - trend.first) <= stable_tolerance * abs(trend.first)
-    return Trend(trend.n, trend.first, trend.last, trend.change, trend.relative_change, trend.spearman,
-                 trend.extreme_epoch, trend.extreme_value, HOLDS if stable else FAILS)
+    return Trend(
+        trend.n,
+        trend.first,
+        trend.last,
+        trend.change,
+        trend.relative_change,
+        trend.spearman,
+        trend.extreme_epoch,
+        trend.extreme_value,
+        HOLDS if stable else FAILS,
+    )
 
 
-def assess_extreme(per_point: Mapping[str, tuple[Sequence[float], Sequence[float]]], target: str,
-                   direction: Direction) -> tuple[Verdict, str]:
+def assess_extreme(
+    per_point: Mapping[str, tuple[ArrayLike, ArrayLike]], target: str, direction: Direction
+) -> tuple[Verdict, str]:
     """Tests that ``target`` ends with the highest (``rise``) or lowest (``fall``) value among all points.
 
     Compares the points at every epoch that all of them observed. ``holds`` if the target is the extreme at the
@@ -326,7 +345,7 @@ def assess_extreme(per_point: Mapping[str, tuple[Sequence[float], Sequence[float
     """
     if target not in per_point or len(per_point) < 2:
         return NA, f"needs {target!r} and at least one other point"
-    tables = {name: dict(zip(*_finite(*series))) for name, series in per_point.items()}
+    tables = {name: dict(zip(*_finite(*series), strict=False)) for name, series in per_point.items()}
     common = sorted(set.intersection(*(set(t) for t in tables.values())))
     if not common:
         return NA, "no epoch observed at every point"
@@ -338,8 +357,9 @@ def assess_extreme(per_point: Mapping[str, tuple[Sequence[float], Sequence[float
         winners.append(names[int(np.argmax(scores))])
     last_scores = np.array([sign * tables[name][common[-1]] for name in names])
     place = 1 + int(np.sum(last_scores > sign * tables[target][common[-1]]))
-    note = (f"{target} is #{place} of {len(names)} at epoch {int(common[-1])}"
-            + ("" if winners[-1] == target else f" ({winners[-1]} is {'highest' if sign > 0 else 'lowest'})"))
+    note = f"{target} is #{place} of {len(names)} at epoch {int(common[-1])}" + (
+        "" if winners[-1] == target else f" ({winners[-1]} is {'highest' if sign > 0 else 'lowest'})"
+    )
     if winners[-1] == target:
         return HOLDS, note
     if target in winners:
@@ -362,8 +382,10 @@ def below_noise_floor(trend: Trend, observable: Observable | None) -> str:
     """
     if observable is None or trend.n < 2 or not observable.below_noise_floor(trend.first, trend.last):
         return ""
-    return (f"first and last values are below the observable's noise floor ({observable.noise_floor:g}): "
-            f"{observable.name} is indistinguishable from zero, so its move is not judged")
+    return (
+        f"first and last values are below the observable's noise floor ({observable.noise_floor:g}): "
+        f"{observable.name} is indistinguishable from zero, so its move is not judged"
+    )
 
 
 def _judged(trend: Trend, observable: Observable | None) -> tuple[Trend, str]:
@@ -381,10 +403,14 @@ def point_role(point: str) -> str:
     return "cls" if point == "cls" else "other"
 
 
-def evaluate_findings(series: Series, points: Sequence[str] | None = None, *,
-                      tolerance: float = DEFAULT_TOLERANCE,
-                      stable_tolerance: float = DEFAULT_STABLE_TOLERANCE,
-                      claims: Sequence[Claim] = CLAIMS) -> list[Finding]:
+def evaluate_findings(
+    series: Series,
+    points: Sequence[str] | None = None,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    stable_tolerance: float = DEFAULT_STABLE_TOLERANCE,
+    claims: Sequence[Claim] = CLAIMS,
+) -> list[Finding]:
     """Tests every claim at every point of one set of series (a run, a multi-run mean, or the paper's data).
 
     Trend claims give one row per point. The embeddings-stable claim gives one row per embedding point (expected
@@ -414,25 +440,50 @@ def evaluate_findings(series: Series, points: Sequence[str] | None = None, *,
         if claim.kind == "trend":
             for point in present:
                 trend, note = _judged(assess_trend(*per_point[point], direction, tolerance=tolerance), observable)
-                findings.append(Finding(claim.key, claim.statement, claim.metric, point, direction + "s", trend,
-                                        trend.verdict, note))
+                findings.append(
+                    Finding(
+                        claim.key, claim.statement, claim.metric, point, direction + "s", trend, trend.verdict, note
+                    )
+                )
         elif claim.kind == "stable":
             for point in present:
                 role = point_role(point)
                 if role == "embedding":
-                    trend, note = _judged(assess_stable(*per_point[point], stable_tolerance=stable_tolerance),
-                                          observable)
-                    findings.append(Finding(claim.key, claim.statement, claim.metric, point, "stable", trend,
-                                            trend.verdict,
-                                            note or f"stable = within ±{stable_tolerance:.0%} of the first"))
+                    trend, note = _judged(
+                        assess_stable(*per_point[point], stable_tolerance=stable_tolerance), observable
+                    )
+                    findings.append(
+                        Finding(
+                            claim.key,
+                            claim.statement,
+                            claim.metric,
+                            point,
+                            "stable",
+                            trend,
+                            trend.verdict,
+                            note or f"stable = within ±{stable_tolerance:.0%} of the first",
+                        )
+                    )
                 elif role == "block":
-                    trend, note = _judged(assess_trend(*per_point[point], direction, tolerance=tolerance),
-                                          observable)
-                    findings.append(Finding(claim.key, claim.statement, claim.metric, point, direction + "s",
-                                            trend, trend.verdict, note))
+                    trend, note = _judged(assess_trend(*per_point[point], direction, tolerance=tolerance), observable)
+                    findings.append(
+                        Finding(
+                            claim.key, claim.statement, claim.metric, point, direction + "s", trend, trend.verdict, note
+                        )
+                    )
         elif claim.kind == "extreme" and "cls" in per_point:
             verdict, note = assess_extreme({p: per_point[p] for p in present}, "cls", direction)
             trend = assess_trend(*per_point["cls"], direction, tolerance=tolerance)
-            findings.append(Finding(claim.key, claim.statement, claim.metric, "cls",
-                                    "highest" if direction == "rise" else "lowest", trend, verdict, note))
+            findings.append(
+                Finding(
+                    claim.key,
+                    claim.statement,
+                    claim.metric,
+                    "cls",
+                    "highest" if direction == "rise" else "lowest",
+                    trend,
+                    verdict,
+                    note,
+                )
+            )
     return findings

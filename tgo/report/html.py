@@ -51,6 +51,7 @@ class Table:
 
     def render(self) -> str:
         """The table as HTML."""
+
         def cls(i: int) -> str:
             return ' class="l"' if i in self.left else ""
 
@@ -62,7 +63,9 @@ class Table:
                 row_cls = f' class="{_VERDICT_CLASS.get(str(row[self.verdict_column]).split(" (")[0], "")}"'
             cells = "".join(
                 f'<td class="{"l " if i in self.left else ""}{"v" if i == self.verdict_column else ""}">'
-                f"{html.escape(str(c))}</td>" for i, c in enumerate(row))
+                f"{html.escape(str(c))}</td>"
+                for i, c in enumerate(row)
+            )
             body.append(f"<tr{row_cls}>{cells}</tr>")
         return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -106,8 +109,10 @@ def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, em
         HTML text (UTF-8 safe; everything user-provided is escaped).
     """
     contents = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
-    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1><ul>{contents}</ul>"]
+    parts = [
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1><ul>{contents}</ul>"
+    ]
     for s in sections:
         parts.append(f'<h2 id="{s.anchor}">{html.escape(s.title)}</h2>')
         parts += [f'<p class="note">{html.escape(p)}</p>' for p in s.paragraphs]
@@ -115,7 +120,9 @@ def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, em
         if s.figures:
             figs = "".join(
                 f'<figure><img src="{_image_src(f, report_dir, embed)}" alt="{html.escape(f.caption)}">'
-                f"<figcaption>{html.escape(f.caption)}</figcaption></figure>" for f in s.figures)
+                f"<figcaption>{html.escape(f.caption)}</figcaption></figure>"
+                for f in s.figures
+            )
             parts.append(f'<div class="grid">{figs}</div>')
     parts.append("</body></html>")
     return "\n".join(parts)

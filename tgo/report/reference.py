@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tgo.report.runs import ReportInputError
 
@@ -46,7 +47,11 @@ __all__ = [
 
 REFERENCE_RESOURCE = "tgo1_paper_epoch_summaries.jsonl"
 REFERENCE_OBSERVABLES: tuple[str, ...] = (
-    "effective_rank", "stable_rank", "participation_ratio", "spectral_entropy", "spectral_anisotropy",
+    "effective_rank",
+    "stable_rank",
+    "participation_ratio",
+    "spectral_entropy",
+    "spectral_anisotropy",
     "spectral_flatness",
 )
 """The observables the published file holds, in comparison-table order: a fact about that file, not a second
@@ -97,7 +102,7 @@ def load_reference(path: str | os.PathLike | None = None) -> dict[str, dict[str,
     collected: dict[str, dict[str, dict[int, float]]] = {}
     try:
         with open(path) as fh:
-            for line_no, line in enumerate(fh, 1):
+            for _line_no, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 record = json.loads(line)
@@ -110,8 +115,10 @@ def load_reference(path: str | os.PathLike | None = None) -> dict[str, dict[str,
         raise ReportInputError(f"{path}: not a TGO-I epoch summary file ({err})") from err
     order = {p: i for i, p in enumerate(PAPER_POINTS)}
     return {
-        metric: {point: (np.array(sorted(v), dtype=np.int64), np.array([v[e] for e in sorted(v)], dtype=np.float64))
-                 for point, v in sorted(per_point.items(), key=lambda kv: order.get(kv[0], len(order)))}
+        metric: {
+            point: (np.array(sorted(v), dtype=np.int64), np.array([v[e] for e in sorted(v)], dtype=np.float64))
+            for point, v in sorted(per_point.items(), key=lambda kv: order.get(kv[0], len(order)))
+        }
         for metric, per_point in collected.items()
     }
 
@@ -144,9 +151,11 @@ class ReferenceRow:
     ratio: float
 
 
-def compare_with_reference(series: Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]],
-                           reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]],
-                           points: Sequence[str]) -> list[ReferenceRow]:
+def compare_with_reference(
+    series: Mapping[str, Mapping[str, tuple[ArrayLike, ArrayLike]]],
+    reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]],
+    points: Sequence[str],
+) -> list[ReferenceRow]:
     """The run's last-epoch values against the paper's, per point and shared observable.
 
     Args:

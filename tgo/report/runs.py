@@ -20,8 +20,15 @@ import numpy as np
 from tgo.errors import UserInputError
 from tgo.records import DEFAULT_VIEW, RecordsError, RunDir, Series, load_series, load_spectra
 
-__all__ = ["REPORT_VIEW", "ReportInputError", "RunData", "discover_runs", "load_run_data", "read_fingerprint",
-           "run_names"]
+__all__ = [
+    "REPORT_VIEW",
+    "ReportInputError",
+    "RunData",
+    "discover_runs",
+    "load_run_data",
+    "read_fingerprint",
+    "run_names",
+]
 
 REPORT_VIEW = DEFAULT_VIEW
 """The view a report reads: every row a point selects (other views are recorded but not reported yet)."""
@@ -121,10 +128,12 @@ def discover_runs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
             if not found and run.looks_like_run():
                 raise ReportInputError(
                     f"{path}: a run directory without geometry records ({_metrics_file(run)} is missing): was "
-                    f"the spectral_geometry callback disabled, or did the run stop before its first observation?")
+                    f"the spectral_geometry callback disabled, or did the run stop before its first observation?"
+                )
             if not found:
-                raise ReportInputError(f"{path}: not a run directory and no run below it (looked for "
-                                       f"{_metrics_file(run)})")
+                raise ReportInputError(
+                    f"{path}: not a run directory and no run below it (looked for {_metrics_file(run)})"
+                )
         for found_run in found:
             if found_run.resolve() not in {r.resolve() for r in runs}:
                 runs.append(found_run)
@@ -182,5 +191,11 @@ def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunD
         raise ReportInputError(f"{run.metrics}: no observations recorded yet (no rows of view {REPORT_VIEW!r})")
     points = list(dict.fromkeys(point for per_point in series.values() for point in per_point))
     epochs = sorted({int(e) for per_point in series.values() for epochs, _ in per_point.values() for e in epochs})
-    return RunData(path=run.root, name=name or run.root.resolve().name, series=series, points=points, epochs=epochs,
-                   fingerprint=read_fingerprint(run.root))
+    return RunData(
+        path=run.root,
+        name=name or run.root.resolve().name,
+        series=series,
+        points=points,
+        epochs=epochs,
+        fingerprint=read_fingerprint(run.root),
+    )

@@ -13,6 +13,7 @@ Formulas, conventions and degenerate cases: ``docs/observables.md``.
 """
 
 from tgo.spectral.accumulator import StreamingCovariance, allreduce_accumulators, strict_fp32_math
+from tgo.spectral.catalogue import CATALOGUE, Catalogue, Observable, SpectralInputs
 from tgo.spectral.decomposition import Spectrum, eigendecompose
 from tgo.spectral.observables import (
     FLATNESS_FLOOR,
@@ -31,33 +32,32 @@ from tgo.spectral.observables import (
     spectral_flatness,
     stable_rank,
 )
-from tgo.spectral.catalogue import CATALOGUE, Catalogue, Observable, SpectralInputs
 from tgo.spectral.summary import summarize
 
 __all__ = [
-    "StreamingCovariance",
-    "allreduce_accumulators",
-    "strict_fp32_math",
-    "Spectrum",
-    "eigendecompose",
     "CATALOGUE",
+    "FLATNESS_FLOOR",
     "Catalogue",
     "Observable",
     "SpectralInputs",
-    "summarize",
-    "FLATNESS_FLOOR",
-    "effective_rank",
-    "stable_rank",
-    "participation_ratio",
-    "spectral_entropy",
-    "spectral_anisotropy",
-    "spectral_flatness",
+    "Spectrum",
+    "StreamingCovariance",
+    "allreduce_accumulators",
     "components_for_variance",
-    "power_law_fit",
-    "default_fit_range",
-    "offdiag_energy_fraction",
-    "mean_abs_offdiag_correlation",
-    "singular_values",
-    "decay_curve",
     "cumulative_explained_variance",
+    "decay_curve",
+    "default_fit_range",
+    "effective_rank",
+    "eigendecompose",
+    "mean_abs_offdiag_correlation",
+    "offdiag_energy_fraction",
+    "participation_ratio",
+    "power_law_fit",
+    "singular_values",
+    "spectral_anisotropy",
+    "spectral_entropy",
+    "spectral_flatness",
+    "stable_rank",
+    "strict_fp32_math",
+    "summarize",
 ]

@@ -1,7 +1,7 @@
 """Streaming covariance with exact, shift-stabilised float64 sums.
 
 The accumulator keeps O(D^2) state per observation point and never stores activations. Why the design looks the way
-it does (measured, see ``../shared/DESIGN.md``):
+it does (measured, see ``docs/design-facts.md``):
 
 * ViT residual streams carry *massive-activation* dimensions whose mean is 1e3 times their spread. Naive sums of
   ``x`` and ``x x^T`` then cancel catastrophically (``S2/n - mean mean^T``) and produce negative eigenvalues. Summing
@@ -128,9 +128,7 @@ def _outside_inference_mode(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _shifted_sums(
-    s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _shifted_sums(s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Re-express shifted sums relative to ``old_shift - delta`` (pure; inputs untouched).
 
     With ``c = x - old`` and ``x - new = c + d`` for ``d = old - new``::
@@ -270,13 +268,16 @@ class StreamingCovariance:
         # float32 Gram the centring itself runs in float32 against a shift rounded to float32; any fixed shift is exact
         # algebra, and the centred rows would be rounded to float32 for the product anyway. Integer or float64 input
         # is centred in float64.
-        work = torch.float32 if self.gram_dtype == torch.float32 and rows.is_floating_point() and (
-            rows.dtype != torch.float64) else torch.float64
+        work = (
+            torch.float32
+            if self.gram_dtype == torch.float32 and rows.is_floating_point() and (rows.dtype != torch.float64)
+            else torch.float64
+        )
         if rows.is_floating_point() and rows.dtype not in (torch.float32, torch.float64):
             rows = rows.to(work)  # float16/bfloat16 -> exact widening
         # Fast path: NaN/Inf anywhere propagates into the column sums, so one [D] check (one host sync) screens the
         # whole batch; only a batch that fails it pays for the per-row filter.
-        shift = self._first_shift(rows, work) if self.n == 0 else self.shift
+        shift = self._first_shift(rows, work) if self.n == 0 or self.shift is None else self.shift
         centred = rows - shift.to(work)
         col_sum = _column_sum(centred)
         if not bool(torch.isfinite(col_sum).all()):
@@ -286,7 +287,7 @@ class StreamingCovariance:
             if n_finite == 0:
                 return
             rows = rows[finite]
-            shift = self._first_shift(rows, work) if self.n == 0 else self.shift
+            shift = self._first_shift(rows, work) if self.n == 0 or self.shift is None else self.shift
             centred = rows - shift.to(work)
             col_sum = _column_sum(centred)
         if self.n == 0:
@@ -300,7 +301,7 @@ class StreamingCovariance:
 
     @staticmethod
     def _first_shift(rows: torch.Tensor, work: torch.dtype) -> torch.Tensor:
-        """The first batch's mean in float64, rounded to ``work`` so that ``rows - shift`` in ``work`` uses it exactly."""
+        """The first batch's mean in float64, rounded to ``work`` so ``rows - shift`` in ``work`` uses it exactly."""
         shift = rows.mean(dim=0, dtype=torch.float64)
         return shift.to(work).to(torch.float64) if work != torch.float64 else shift
 
@@ -472,8 +473,8 @@ class StreamingCovariance:
             )
         flat = flat.to(device=self.device, dtype=torch.float64)
         counts = flat[:2].tolist()
-        self.n = int(round(counts[0]))
-        self.n_nonfinite = int(round(counts[1]))
+        self.n = round(counts[0])
+        self.n_nonfinite = round(counts[1])
         d = self.dim
         self._s1 = flat[2 : 2 + d].clone()
         self._s2 = flat[2 + d :].reshape(d, d).clone()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["Spectrum", "eigendecompose", "as_float64_matrix"]
+__all__ = ["Spectrum", "as_float64_matrix", "eigendecompose"]
 
 
 def as_float64_matrix(cov: np.ndarray | torch.Tensor) -> np.ndarray:

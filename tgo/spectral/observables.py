@@ -23,20 +23,20 @@ from tgo.spectral.decomposition import as_float64_matrix
 
 __all__ = [
     "FLATNESS_FLOOR",
-    "effective_rank",
-    "stable_rank",
-    "participation_ratio",
-    "spectral_entropy",
-    "spectral_anisotropy",
-    "spectral_flatness",
     "components_for_variance",
-    "power_law_fit",
-    "default_fit_range",
-    "offdiag_energy_fraction",
-    "mean_abs_offdiag_correlation",
-    "singular_values",
-    "decay_curve",
     "cumulative_explained_variance",
+    "decay_curve",
+    "default_fit_range",
+    "effective_rank",
+    "mean_abs_offdiag_correlation",
+    "offdiag_energy_fraction",
+    "participation_ratio",
+    "power_law_fit",
+    "singular_values",
+    "spectral_anisotropy",
+    "spectral_entropy",
+    "spectral_flatness",
+    "stable_rank",
 ]
 
 FLATNESS_FLOOR = 1e-12
@@ -327,9 +327,7 @@ def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
     return float(np.abs(_offdiag(corr)).sum() / (k * (k - 1)))
 
 
-def singular_values(
-    eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig"
-) -> np.ndarray:
+def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig") -> np.ndarray:
     """Singular values derived from covariance eigenvalues, descending.
 
     * ``"sqrt_eig"``: ``sqrt(λ)``, the convention of the paper's plotting code (the singular values of ``X /

@@ -1,0 +1,94 @@
+"""Finite-sample baselines: what an observable would read for structureless data of the same shape.
+
+Two references make a spectral observable interpretable:
+
+* **Isotropic noise** (`noise_spectrum`): the sample covariance of ``N`` i.i.d. rows of ``N(0, I_D)``. Its spectrum is
+  not flat: with ``D / N`` not small the Marchenko-Pastur law spreads it, so effective rank, participation ratio and
+  stable rank of pure noise sit well below ``D`` (``D = 384``: participation ratio ~277 at ``N = 1,000`` rows but
+  ~383 at ``N = 197,000``). Comparing a CLS point (one row per image) with a pooled-token point (197 rows per image)
+  compares different ceilings; dividing by the noise value removes that.
+* **Independent channels** (the diagonal of the covariance): the observable of the per-dimension variances alone,
+  i.e. what the geometry would be if every correlation were zero. A value below it means correlations concentrate
+  variance; above it, correlations spread variance more evenly than the channel scales do.
+
+The noise spectrum is sampled exactly and cheaply with the Dumitriu-Edelman bidiagonal model of the real Wishart
+(beta = 1 Laguerre) ensemble: for ``n = N - 1`` degrees of freedom (the covariance is mean-centred) and
+``m = min(D, n)`` non-zero eigenvalues, the eigenvalues of ``B B^T`` with ``B`` lower bidiagonal, diagonal
+``chi_{k}`` for ``k = M, M-1, ..., M-m+1`` and sub-diagonal ``chi_{j}`` for ``j = m-1, ..., 1`` (``M = max(D, n)``),
+are distributed as those of ``X^T X``; the remaining ``D - m`` eigenvalues are 0. That costs a tridiagonal
+eigenproblem (O(D^2)) per draw whatever ``N`` is, so a 197,000 x 384 baseline takes milliseconds instead of a 29
+GFLOP Gram product. Expectations are means over a fixed number of seeded draws, cached per ``(N, D)``. The
+participation ratio also has a closed form from the exact Wishart moments (`noise_participation_ratio`), which the
+tests use to check the sampler.
+
+Reference: I. Dumitriu and A. Edelman, "Matrix models for beta ensembles", J. Math. Phys. 43 (2002) 5830-5847.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from scipy.linalg import eigvalsh_tridiagonal
+
+__all__ = ["NOISE_DRAWS", "NOISE_SEED", "noise_participation_ratio", "noise_spectra", "noise_spectrum"]
+
+NOISE_DRAWS = 32
+"""Seeded draws averaged per ``(N, D)``: the standard error of a baseline is below 0.1% of its value for D >= 32."""
+NOISE_SEED = 20_251_130
+
+
+def _laguerre_draw(rng: np.random.Generator, big: int, small: int) -> np.ndarray:
+    """Eigenvalues of one ``small x small`` real Wishart matrix with ``big`` degrees of freedom (ascending)."""
+    diag = np.sqrt(rng.chisquare(np.arange(big, big - small, -1, dtype=np.float64)))
+    sub = np.sqrt(rng.chisquare(np.arange(small - 1, 0, -1, dtype=np.float64))) if small > 1 else np.zeros(0)
+    # B lower bidiagonal (diag d_i, sub-diagonal s_i below it): B B^T is tridiagonal with
+    # main diagonal d_0^2, s_0^2 + d_1^2, ...  and off-diagonal d_i * s_i.
+    main = diag**2
+    main[1:] += sub**2
+    off = diag[:-1] * sub
+    return eigvalsh_tridiagonal(main, off, lapack_driver="stemr")
+
+
+def noise_spectrum(n_rows: int, dim: int, *, draw: int = 0) -> np.ndarray:
+    """One seeded draw of the isotropic-noise covariance spectrum for ``n_rows`` rows of dimension ``dim``.
+
+    Args:
+        n_rows: Rows that entered the covariance (``N``; the covariance has ``N - 1`` degrees of freedom).
+        dim: Feature dimension ``D``.
+        draw: Which of the seeded draws (0-based); the same ``(n_rows, dim, draw)`` always gives the same spectrum.
+
+    Returns:
+        float64 ``[D]`` eigenvalues of the unbiased sample covariance of ``N(0, I_D)`` rows, descending.
+    """
+    n_rows, dim = int(n_rows), int(dim)
+    if n_rows < 2 or dim < 1:
+        raise ValueError(f"noise_spectrum: needs n_rows >= 2 and dim >= 1, got n_rows={n_rows}, dim={dim}")
+    dof = n_rows - 1
+    rng = np.random.default_rng([NOISE_SEED, n_rows, dim, int(draw)])
+    small, big = min(dim, dof), max(dim, dof)
+    eigs = np.zeros(dim)
+    eigs[:small] = np.clip(_laguerre_draw(rng, big, small), 0.0, None)[::-1]
+    return eigs / dof
+
+
+@lru_cache(maxsize=256)
+def noise_spectra(n_rows: int, dim: int, draws: int = NOISE_DRAWS) -> np.ndarray:
+    """``[draws, D]`` seeded isotropic-noise spectra for ``(n_rows, dim)`` (cached: points share shapes)."""
+    out = np.stack([noise_spectrum(n_rows, dim, draw=k) for k in range(int(draws))])
+    out.setflags(write=False)
+    return out
+
+
+def noise_participation_ratio(n_rows: int, dim: int) -> float:
+    """Closed form ``E[(tr S)^2] / E[tr S^2]`` for the isotropic-noise covariance ``S`` (exact Wishart moments).
+
+    With ``n = N - 1`` degrees of freedom, ``W = n S ~ Wishart_D(n, I)`` has ``E[(tr W)^2] = n^2 D^2 + 2 n D`` and
+    ``E[tr W^2] = n D (n + D + 1)``, so the ratio is ``(n D + 2) / (n + D + 1)``; for large ``N`` this is the
+    Marchenko-Pastur ``D / (1 + D / N)``. It is a ratio of expectations, equal to the expected participation ratio up
+    to O(1/(nD)).
+    """
+    n, d = int(n_rows) - 1, int(dim)
+    if n < 1 or d < 1:
+        raise ValueError(f"noise_participation_ratio: needs n_rows >= 2 and dim >= 1, got {n_rows}, {dim}")
+    return (n * d + 2.0) / (n + d + 1.0)
