@@ -1,4 +1,7 @@
-"""``python -m benchmarks [--quick] [--out DIR] ...``: every benchmark, one table, results.json (see docs/benchmarks.md)."""
+"""``python -m benchmarks [--quick | --smoke] [--out DIR] ...``: every benchmark, one table, results.json.
+
+See docs/benchmarks.md; ``--smoke`` checks that the benchmarks still run and measures nothing.
+"""
 
 from benchmarks.observation_bench import main
 

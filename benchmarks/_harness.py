@@ -20,10 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+
+if TYPE_CHECKING:
+    from tgo.observatory import ObservationSettings, Results
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -64,17 +67,31 @@ def environment_line(info: dict[str, Any]) -> str:
     """One line naming BLAS and threads."""
     pools = info["numpy_threadpools"]
     if isinstance(pools, list):
-        numpy_blas = ", ".join(f"{p['internal_api']} {p['version'] or ''} x{p['num_threads']} ({p['user_api']})".replace(
-            "  ", " ") for p in pools)
+        numpy_blas = ", ".join(
+            f"{p['internal_api']} {p['version'] or ''} x{p['num_threads']} ({p['user_api']})".replace("  ", " ")
+            for p in pools
+        )
     else:
         numpy_blas = pools
     cuda = ", ".join(info["cuda_devices"]) or "no GPU"
-    return (f"torch {info['torch']}: {info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op threads; "
-            f"{info['torch_blas']} | numpy thread pools: {numpy_blas} | {info['cpu_count']} CPUs, {cuda}, "
-            f"load average {info['load_average_1m']} at start")
+    return (
+        f"torch {info['torch']}: {info['torch_threads']} intra-op / {info['torch_interop_threads']} inter-op "
+        f"threads; {info['torch_blas']} | numpy thread pools: {numpy_blas} | {info['cpu_count']} CPUs, {cuda}, "
+        f"load average {info['load_average_1m']} at start"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- models, images
+MODEL_KINDS = ("vit_small", "quickstart", "tiny")
+"""What `build_model` builds; also the MODEL argument of ``benchmarks._memory_child``."""
+
+TINY_ARCH: dict[str, int] = {"embed_dim": 32, "depth": 2, "num_heads": 2}
+"""The ``--smoke`` stand-in's shape: small enough that every row runs in milliseconds, still a timm ViT."""
+
+TINY_PATCH = 8
+"""Patch size of the tiny ViT: 32 px images give 16 patches + CLS = 17 tokens."""
+
+
 def vit_small(device: torch.device | str = "cpu", seed: int = 0) -> torch.nn.Module:
     """timm ``vit_small_patch16_224``, random init (no download), eval mode."""
     import timm
@@ -83,18 +100,65 @@ def vit_small(device: torch.device | str = "cpu", seed: int = 0) -> torch.nn.Mod
     return timm.create_model("vit_small_patch16_224", pretrained=False).eval().to(device)
 
 
-def quickstart_net(device: torch.device | str = "cpu", seed: int = 0, num_classes: int = 10,
-                   img_size: int = 24) -> torch.nn.Module:
-    """The quickstart network (``conf/model/vit_quickstart.yaml``: width 96, depth 12, patch 4 at 24 px), random init."""
+def tiny_vit(device: torch.device | str = "cpu", seed: int = 0, img_size: int = 32) -> torch.nn.Module:
+    """A 2-block, width-32 timm ViT (patch 8): ``--smoke``'s stand-in for vit_small, built without Lightning.
+
+    Built with timm directly (not ``tgo.model``) so a memory child that measures it does not import Lightning.
+    """
+    import timm
+
+    torch.manual_seed(seed)
+    net = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=img_size, patch_size=TINY_PATCH, **TINY_ARCH
+    )
+    return net.eval().to(device)
+
+
+def quickstart_net(
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    num_classes: int = 10,
+    img_size: int = 24,
+    arch: dict[str, int] | None = None,
+) -> torch.nn.Module:
+    """The quickstart network (``conf/model/vit_quickstart.yaml``: width 96, depth 12, patch 4 at 24 px), random init.
+
+    Args:
+        device: Where the network lives.
+        seed: Seed of the random initialisation.
+        num_classes: Classifier outputs.
+        img_size: Input resolution.
+        arch: Keys of the config's ``arch`` replaced (``--smoke`` shrinks depth and width; ``None`` keeps them).
+    """
     from omegaconf import OmegaConf
 
     from tgo.model import build_timm_model
 
     cfg = OmegaConf.load(CONF / "model" / "vit_quickstart.yaml")
     torch.manual_seed(seed)
-    net = build_timm_model(cfg.name, num_classes=num_classes, img_size=img_size, in_chans=3,
-                           **OmegaConf.to_container(cfg.arch))
+    net = build_timm_model(
+        cfg.name,
+        num_classes=num_classes,
+        img_size=img_size,
+        in_chans=3,
+        **(OmegaConf.to_container(cfg.arch) | (arch or {})),
+    )
     return net.eval().to(device)
+
+
+def build_model(kind: str, device: torch.device | str, image_size: int, seed: int = 0) -> torch.nn.Module:
+    """One of `MODEL_KINDS` at ``image_size`` (vit_small is always 224 px), so callers name a model by a string.
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind == "vit_small":
+        return vit_small(device, seed)
+    if kind == "quickstart":
+        return quickstart_net(device, seed, img_size=image_size)
+    if kind == "tiny":
+        return tiny_vit(device, seed, img_size=image_size)
+    raise ValueError(f"unknown model kind {kind!r}; expected one of {list(MODEL_KINDS)}")
 
 
 def random_images(n: int, size: int, seed: int = 0) -> TensorDataset:
@@ -111,15 +175,20 @@ def compose_quickstart(output_dir: Path, overrides: Sequence[str] = ()) -> Any:
         return compose("train", overrides=[f"paths.output_dir={output_dir}", *overrides])
 
 
-def quickstart_analysis_images() -> tuple[TensorDataset, int]:
-    """The quickstart analysis subset (real digits, eval transform) materialised, and its configured batch size."""
+def quickstart_analysis_images(limit: int | None = None) -> tuple[TensorDataset, int]:
+    """The quickstart analysis subset (real digits, eval transform) materialised, and its configured batch size.
+
+    Args:
+        limit: Keep only the first ``limit`` images (``--smoke``); ``None`` keeps the whole subset (200 images).
+    """
     from hydra.utils import instantiate
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_quickstart(Path(tmp))
         datamodule = instantiate(cfg.data).validate()
         dataset = datamodule.analysis_dataset
-        images = torch.stack([dataset[i][0] for i in range(len(dataset))])
+        count = len(dataset) if limit is None else min(limit, len(dataset))
+        images = torch.stack([dataset[i][0] for i in range(count)])
         return TensorDataset(images, torch.zeros(len(images), dtype=torch.long)), int(datamodule.analysis_batch_size)
 
 
@@ -153,8 +222,9 @@ class _Noop:
         pass
 
 
-def naive_observation(net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int,
-                      device: torch.device) -> None:
+def naive_observation(
+    net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int, device: torch.device
+) -> None:
     """Store every point's activations (same hooks, same exact-inference context), then ``torch.cat`` +
     ``torch.cov`` + float64 ``eigvalsh`` per point: the obvious approach the streaming accumulators replace."""
     from tgo.observatory import Probe, exact_inference
@@ -172,8 +242,9 @@ def naive_observation(net: torch.nn.Module, dataset: TensorDataset, points: Sequ
         torch.linalg.eigvalsh(cov.double()).cpu()
 
 
-def hooked_noop_forward(net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int,
-                        device: torch.device) -> None:
+def hooked_noop_forward(
+    net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int, device: torch.device
+) -> None:
     """The forward with the 15 hooks attached but doing nothing: what hooking and the exact context cost alone."""
     from tgo.observatory import Probe, exact_inference
 
@@ -205,42 +276,85 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def attached(self) -> Iterator[None]:
-        from tgo.observatory import sharded
+        """Wraps the names ``tgo.observatory.pipeline`` looks up at call time, restoring them on exit."""
+        from tgo.observatory import pipeline
         from tgo.records import RecordWriter
 
-        saved = (sharded.run_observation, sharded.allreduce_accumulators, sharded.summarize_observation,
-                 RecordWriter.write_observation)
-        sharded.run_observation = self._wrap("stream", saved[0])
-        sharded.allreduce_accumulators = self._wrap("reduce", saved[1])
-        sharded.summarize_observation = self._wrap("eig_observables", saved[2])
+        saved = (
+            pipeline.stream_activations,
+            pipeline.reduce_accumulators,
+            pipeline.summarize_accumulators,
+            RecordWriter.write_observation,
+        )
+        pipeline.stream_activations = self._wrap("stream", saved[0])
+        pipeline.reduce_accumulators = self._wrap("reduce", saved[1])
+        pipeline.summarize_accumulators = self._wrap("eig_observables", saved[2])
         RecordWriter.write_observation = self._wrap("records", saved[3])
         try:
             yield
         finally:
-            (sharded.run_observation, sharded.allreduce_accumulators, sharded.summarize_observation,
-             RecordWriter.write_observation) = saved
+            (
+                pipeline.stream_activations,
+                pipeline.reduce_accumulators,
+                pipeline.summarize_accumulators,
+                RecordWriter.write_observation,
+            ) = saved
 
     def medians(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.samples.items() if v}
 
 
-def observation(net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int,
-                device: torch.device, gram_dtype: torch.dtype, out_dir: Path) -> dict[str, Any]:
-    """The full observation pass exactly as the callback runs it (``observe_and_record``), one process."""
-    from tgo.observatory.sharded import RecordPlan, ShardPlan, observe_and_record
+def observation_settings(gram_dtype: str = "float64") -> ObservationSettings:
+    """The default ``ObservationSettings`` (what the callback runs with) with the Gram precision under test."""
+    from tgo.observatory import ObservationSettings
+
+    return ObservationSettings().replace(gram_dtype=gram_dtype)
+
+
+def observation(
+    net: torch.nn.Module,
+    dataset: TensorDataset,
+    points: Sequence[Any],
+    batch_size: int,
+    device: torch.device,
+    settings: ObservationSettings,
+    out_dir: Path,
+) -> Results | None:
+    """The full observation pass exactly as the callback runs it (``observe_and_record``), one process.
+
+    Args:
+        net: The network observed.
+        dataset: The images.
+        points: Observation points of ``net``.
+        batch_size: Images per forward.
+        device: Where the pass runs.
+        settings: ``ObservationSettings`` (see `observation_settings`), built once outside the timed region.
+        out_dir: A fresh run directory for the records is made inside it.
+
+    Returns:
+        The ``Results`` of the observation (this process is rank 0, so never ``None``).
+    """
+    from tgo.observatory import RecordPlan, ShardPlan, observe_and_record
     from tgo.records import RecordWriter
 
     run_dir = Path(tempfile.mkdtemp(dir=out_dir))
-    results = observe_and_record(net, dataset, points, plan=ShardPlan(batch_size=batch_size),
-                                 record=RecordPlan(writer=RecordWriter(run_dir), epoch=0, step=0),
-                                 all_reduce_sum=lambda t: t, is_global_zero=True, device=device,
-                                 gram_dtype=gram_dtype)
-    return results
+    return observe_and_record(
+        net,
+        dataset,
+        points,
+        settings=settings,
+        plan=ShardPlan(batch_size=batch_size),
+        record=RecordPlan(writer=RecordWriter(run_dir), epoch=0, step=0),
+        all_reduce_sum=lambda t: t,
+        is_global_zero=True,
+        device=device,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- timing
-def interleaved(baseline: Callable[[], Any], variants: dict[str, Callable[[], Any]], repeats: int,
-                warmup: bool = True) -> dict[str, dict[str, float]]:
+def interleaved(
+    baseline: Callable[[], Any], variants: dict[str, Callable[[], Any]], repeats: int, warmup: bool = True
+) -> dict[str, dict[str, float]]:
     """Runs ``B V1 B V2 ... B`` ``repeats`` times (one shared baseline run between neighbours).
 
     Returns:
@@ -268,8 +382,14 @@ def interleaved(baseline: Callable[[], Any], variants: dict[str, Callable[[], An
             base.append(timed(baseline))
             runs[name].append(seconds)
             ratios[name].append(seconds / ((base[-2] + base[-1]) / 2))
-    out = {name: {"median_s": statistics.median(runs[name]), "ratio": statistics.median(ratios[name]),
-                  "ratios": ratios[name]} for name in variants}
+    out = {
+        name: {
+            "median_s": statistics.median(runs[name]),
+            "ratio": statistics.median(ratios[name]),
+            "ratios": ratios[name],
+        }
+        for name in variants
+    }
     out["baseline"] = {"median_s": statistics.median(base), "ratio": 1.0}
     return out
 
@@ -284,18 +404,42 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- memory
-def run_memory_child(args: Sequence[str], timeout: float = 600) -> dict[str, Any]:
-    """Runs ``python -m benchmarks._memory_child ARGS`` in a fresh interpreter and returns its JSON line.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+"""glibc's mmap threshold fixed at 1 MB, so freed batch temporaries leave RSS instead of inflating later peaks."""
 
-    A process per variant gives clean peaks: nothing freed by an earlier variant lingers in the heap. glibc's mmap
-    threshold is fixed at 1 MB there so freed batch temporaries leave RSS (as in spectral_bench.py).
+
+def run_memory_child(args: Sequence[str], timeout: float = 600) -> list[dict[str, Any]]:
+    """Runs ``python -m benchmarks._memory_child ARGS`` in a fresh interpreter and returns its JSON lines.
+
+    ``ARGS`` is one or more groups of ``MODEL SIZE IMAGES BATCH VARIANT``; the child prints one JSON line per group.
+    glibc's mmap threshold is fixed at 1 MB there so freed batch temporaries leave RSS (as in spectral_bench.py).
     """
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks._memory_child", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks._memory_child", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory child {list(args)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def run_memory_children(specs: Sequence[Sequence[str]], *, fresh: bool = True) -> list[dict[str, Any]]:
+    """One measurement per spec (``MODEL SIZE IMAGES BATCH VARIANT``), in spec order.
+
+    Args:
+        specs: The measurements.
+        fresh: One process per spec, so nothing freed by an earlier variant lingers in the heap and peaks are clean.
+            ``False`` runs every spec in one process: ``--smoke`` only, where the code path matters and the numbers
+            do not, and each interpreter start (torch + timm imports) costs seconds.
+    """
+    if fresh:
+        return [run_memory_child(spec)[-1] for spec in specs]
+    return run_memory_child([arg for spec in specs for arg in spec])
 
 
 def _status_kb(key: str) -> int:

@@ -16,11 +16,16 @@ median or a ratio measured in this one run (see ``benchmarks/_harness.py`` for h
 
 ``benchmarks/spectral_bench.py`` (the engine alone) runs first, in its own process, and its output is kept next to the
 JSON. No assertions anywhere: this measures.
+
+``--smoke`` runs every row above on a 2-block, width-32 ViT and a handful of images in well under a minute: it keeps
+the benchmarks from rotting (``tests/test_benchmarks.py`` runs it) and its numbers mean nothing. Every row of `ROWS`
+is then present in ``results.json``, measured or skipped with a reason; the exit status is 1 when one is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -31,9 +36,10 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
@@ -45,61 +51,337 @@ GOAL = 1.10
 MB = 1024**2
 
 
+# ---------------------------------------------------------------------------------------------------- declared rows
+def _overhead_rows(prefix: str) -> tuple[str, ...]:
+    """The six rows `overhead` writes under ``prefix``: forward, two ratios, hooks only, two phase breakdowns."""
+    return tuple(f"{prefix}.{i}" for i in range(6))
+
+
+GPU_ROWS: tuple[str, ...] = ("6.0", *_overhead_rows("6.1"), "6.2", "6.3", "6.4")
+
+ROWS: dict[str, tuple[str, ...]] = {
+    **{row: ("vit_small",) for row in _overhead_rows("1a")},
+    **{row: ("quickstart",) for row in _overhead_rows("1b")},
+    "2.1": ("vit_small",),
+    **{row: ("memory",) for row in ("2.2", "2.3", "2.4", "3.1", "3.2", "3.3")},
+    "4.1": ("training",),
+    "4.2": ("training",),
+    "5.1": ("vit_small",),
+    "5.2": ("quickstart",),
+    "5.3": ("vit_small", "figures"),
+    "5.4": ("quickstart", "figures"),
+    **{row: ("gpu",) for row in GPU_ROWS},
+}
+"""Every row of the table, in display order, with the ``--skip`` sections it needs.
+
+The single declaration of what a complete run contains: `main` checks the table against it (a row neither measured
+nor skipped with a reason is a bug) and ``tests/test_benchmarks.py`` checks ``results.json`` against it.
+"""
+
+SECTIONS: tuple[str, ...] = ("spectral", "vit_small", "quickstart", "memory", "training", "figures", "gpu")
+
+
 class Table:
-    """Rows of ``(row, measurement, value, detail)``; values are formatted strings, raw numbers go to the JSON."""
+    """Rows of ``(row, measurement, value, detail)``; values are formatted strings, raw numbers go to the JSON.
+
+    A measured row has a numeric ``value``; a row that could not be measured here has ``value`` ``None`` and its
+    reason in ``skipped``.
+    """
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def add(self, row: str, measurement: str, value: float | str | None, unit: str = "", detail: str = "",
-            **raw: Any) -> None:
-        if isinstance(value, str) or value is None:
-            text = value or "-"
-        elif unit == "x":
-            text = f"{value:.3f}x"
-        elif unit == "s":
-            text = f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-        elif unit == "MB":
-            text = f"{value:.1f} MB"
-        elif unit == "MB/img":
-            text = f"{value:.3f} MB/img"
-        elif unit == "%":
-            text = f"{value:.1f} %"
-        else:
-            text = f"{value:.4g} {unit}".strip()
-        self.rows.append({"row": row, "measurement": measurement, "value": value, "unit": unit, "text": text,
-                          "detail": detail, **raw})
-        print(f"  [{row}] {measurement}: {text}  {detail}", flush=True)
+    def add(
+        self,
+        row: str,
+        measurement: str,
+        value: float,
+        unit: str = "",
+        detail: str = "",
+        *,
+        text: str | None = None,
+        **raw: Any,
+    ) -> None:
+        """Records one measured row; ``text`` replaces the formatted value where a number alone says too little."""
+        self.rows.append(
+            {
+                "row": row,
+                "measurement": measurement,
+                "value": value,
+                "unit": unit,
+                "text": text or _format(value, unit),
+                "detail": detail,
+                **raw,
+            }
+        )
+        print(f"  [{row}] {measurement}: {self.rows[-1]['text']}  {detail}", flush=True)
+
+    def skip(
+        self, rows: Sequence[str], measurement: str, reason: str, detail: str = "", shown_as: str | None = None
+    ) -> None:
+        """Records ``rows`` as not measured, each with ``reason``; ``shown_as`` renders them as one line."""
+        for row in rows:
+            self.rows.append(
+                {
+                    "row": row,
+                    "measurement": measurement,
+                    "value": None,
+                    "unit": "",
+                    "text": f"skipped ({reason})",
+                    "detail": detail,
+                    "skipped": reason,
+                    "shown_as": shown_as,
+                }
+            )
+        print(f"  [{shown_as or ', '.join(rows)}] {measurement}: skipped ({reason})  {detail}", flush=True)
+
+    def skip_sections(self, skipped: set[str]) -> None:
+        """Marks the declared rows that need a section left out with ``--skip`` (and were not measured)."""
+        present = {r["row"] for r in self.rows}
+        groups: dict[tuple[str, str], list[str]] = {}  # (section, row group) -> rows, shown as one line
+        for row, needs in ROWS.items():
+            section = next((s for s in needs if s in skipped), None)
+            if row not in present and section is not None:
+                groups.setdefault((section, row.split(".")[0]), []).append(row)
+        for (section, _), rows in groups.items():
+            shown = ", ".join(rows) if len(rows) <= 2 else f"{rows[0]}..{rows[-1]}"
+            self.skip(rows, "(section left out)", f"--skip {section}", shown_as=shown)
+
+    def problems(self) -> list[str]:
+        """Declared rows missing, undeclared or written twice: any of them means the table code has rotted."""
+        present = [r["row"] for r in self.rows]
+        missing = [f"row {row} missing (neither measured nor skipped)" for row in ROWS if row not in present]
+        extra = [f"row {row} is not declared in ROWS" for row in present if row not in ROWS]
+        twice = [
+            f"row {row} written {present.count(row)} times" for row in dict.fromkeys(present) if present.count(row) > 1
+        ]
+        return missing + extra + twice
 
     def render(self) -> str:
-        w_row = max(len(r["row"]) for r in self.rows)
-        w_meas = max(len(r["measurement"]) for r in self.rows)
-        w_val = max(len(r["text"]) for r in self.rows)
+        """The table in declared row order, a blank line between row groups, collapsed skips on one line."""
+        order = {row: i for i, row in enumerate(ROWS)}
+        shown: list[dict[str, Any]] = []
+        for r in sorted(self.rows, key=lambda r: order.get(r["row"], len(order))):
+            if r.get("shown_as") and any(s.get("shown_as") == r["shown_as"] for s in shown):
+                continue
+            shown.append(r)
+        label = {id(r): r.get("shown_as") or r["row"] for r in shown}
+        w_row = max(len(label[id(r)]) for r in shown)
+        w_meas = max(len(r["measurement"]) for r in shown)
+        w_val = max(len(r["text"]) for r in shown)
         lines = [f"{'row':<{w_row}}  {'measurement':<{w_meas}}  {'value':>{w_val}}  detail"]
         lines.append("-" * (len(lines[0]) + 40))
         last = None
-        for r in sorted(self.rows, key=lambda r: r["row"].split(".")[0]):  # stable: measurement order within a row
+        for r in shown:
             group = r["row"].split(".")[0]
             if last is not None and group != last:
                 lines.append("")
             last = group
-            lines.append(f"{r['row']:<{w_row}}  {r['measurement']:<{w_meas}}  {r['text']:>{w_val}}  {r['detail']}")
+            lines.append(f"{label[id(r)]:<{w_row}}  {r['measurement']:<{w_meas}}  {r['text']:>{w_val}}  {r['detail']}")
         return "\n".join(lines)
 
 
+def _format(value: float, unit: str) -> str:
+    """A measured value as the table prints it."""
+    if unit == "x":
+        return f"{value:.3f}x"
+    if unit == "s":
+        return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+    if unit == "MB":
+        return f"{value:.1f} MB"
+    if unit == "MB/img":
+        return f"{value:.3f} MB/img"
+    if unit == "%":
+        return f"{value:.1f} %"
+    return f"{value:.4g} {unit}".strip()
+
+
+# ---------------------------------------------------------------------------------------------------- sizes
+@dataclass(frozen=True)
+class ModelSpec:
+    """A network the table measures, with the sizes its labels and by-construction figures need.
+
+    Attributes:
+        kind: How ``_harness.build_model`` builds it (also the memory child's MODEL argument).
+        name: How the table names it.
+        image_size: Input resolution.
+        width: Feature dimension ``D`` of every observation point.
+        depth: Transformer blocks (the observation has ``depth + 3`` points, see ``tgo.observatory.vit_points``).
+        tokens: Tokens per image, prefix included.
+        arch: Architecture keys replaced in ``conf/model/vit_quickstart.yaml`` (quickstart kind only).
+    """
+
+    kind: str
+    name: str
+    image_size: int
+    width: int
+    depth: int
+    tokens: int
+    arch: Mapping[str, int] | None = None
+
+    @property
+    def label(self) -> str:
+        """Name and resolution, as rows 1a, 2, 3 and 6 print them."""
+        return f"{self.name} {self.image_size}px"
+
+    @property
+    def points(self) -> int:
+        """Observation points of ``vit_points``: patch_embed, pos_embed, one per block, cls."""
+        return self.depth + 3
+
+    def build(self, device: torch.device | str) -> torch.nn.Module:
+        """The network, random init, eval mode, on ``device``."""
+        if self.kind == "quickstart":
+            return h.quickstart_net(device, img_size=self.image_size, arch=dict(self.arch or {}))
+        return h.build_model(self.kind, device, self.image_size)
+
+
+VIT_SMALL = ModelSpec("vit_small", "vit_small", 224, width=384, depth=12, tokens=197)
+QUICKSTART = ModelSpec("quickstart", "quickstart net", 24, width=96, depth=12, tokens=37)
+_TINY_TOKENS = (32 // h.TINY_PATCH) ** 2 + 1
+TINY = ModelSpec(
+    "tiny", "tiny ViT", 32, width=h.TINY_ARCH["embed_dim"], depth=h.TINY_ARCH["depth"], tokens=_TINY_TOKENS
+)
+QUICKSTART_TINY = ModelSpec(
+    "quickstart",
+    "quickstart net (tiny)",
+    24,
+    width=h.TINY_ARCH["embed_dim"],
+    depth=h.TINY_ARCH["depth"],
+    tokens=37,
+    arch=h.TINY_ARCH,
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Every size of one benchmark mode; ``--images``, ``--repeats`` and ``--epochs`` override their fields.
+
+    Attributes:
+        name: ``default``, ``quick`` or ``smoke``.
+        vit: The network of rows 1a, 2, 5.1, 5.3 and 6.
+        vit_images: Images of rows 1a and 2.
+        vit_batch: Batch size of rows 1a and 2.
+        quickstart: The network of rows 1b, 5.2 and 5.4 (on the quickstart analysis images).
+        quickstart_images: Analysis images kept for row 1b (``None``: all 200).
+        quickstart_batch: Batch size of row 1b and row 3 (``None``: the configured analysis batch size).
+        quickstart_min_repeats: Row 1b repeats at least this often (its forward is short and noisy).
+        scaling_model: The network of row 3.
+        scaling: Image counts of row 3 (the slope runs from the smallest to the largest).
+        repeats: Interleaved repeats of rows 1 and 6.
+        epochs: Training epochs of row 4.
+        training_overrides: Hydra overrides of row 4 on top of the quickstart experiment.
+        renders: Figure renders per network in rows 5.3-5.4.
+        gpu_images: Images of the GPU rows.
+        gpu_batch: Batch size of the GPU rows.
+        fresh_memory_processes: One process per memory measurement (``False``: all in one; numbers then unclean).
+        spectral_args: Arguments of ``benchmarks/spectral_bench.py``.
+        threads: Torch threads of this process and, through ``OMP_NUM_THREADS``, of its children (``None``: torch's
+            choice; ``--threads`` sets this process only).
+    """
+
+    name: str
+    vit: ModelSpec
+    vit_images: int
+    vit_batch: int
+    quickstart: ModelSpec
+    quickstart_images: int | None
+    quickstart_batch: int | None
+    quickstart_min_repeats: int
+    scaling_model: ModelSpec
+    scaling: tuple[int, ...]
+    repeats: int
+    epochs: int
+    training_overrides: tuple[str, ...]
+    renders: int
+    gpu_images: int
+    gpu_batch: int
+    fresh_memory_processes: bool
+    spectral_args: tuple[str, ...]
+    threads: int | None = None
+
+
+DEFAULT = Profile(
+    name="default",
+    vit=VIT_SMALL,
+    vit_images=64,
+    vit_batch=32,
+    quickstart=QUICKSTART,
+    quickstart_images=None,
+    quickstart_batch=None,
+    quickstart_min_repeats=3,
+    scaling_model=QUICKSTART,
+    scaling=(64, 256, 1000),
+    repeats=3,
+    epochs=2,
+    training_overrides=(),
+    renders=3,
+    gpu_images=1000,
+    gpu_batch=128,
+    fresh_memory_processes=True,
+    spectral_args=(),
+)
+QUICK = dataclasses.replace(
+    DEFAULT, name="quick", vit_images=32, repeats=2, epochs=1, renders=2, spectral_args=("--quick",)
+)
+SMOKE = Profile(
+    name="smoke",
+    vit=TINY,
+    vit_images=8,
+    vit_batch=4,
+    quickstart=QUICKSTART_TINY,
+    quickstart_images=8,
+    quickstart_batch=4,
+    quickstart_min_repeats=1,
+    scaling_model=TINY,
+    scaling=(4, 8),
+    repeats=1,
+    epochs=1,
+    training_overrides=(
+        "experiment=smoke",
+        f"model.arch.depth={h.TINY_ARCH['depth']}",
+        "data.analysis.per_class=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+    ),
+    renders=1,
+    gpu_images=8,
+    gpu_batch=4,
+    fresh_memory_processes=False,
+    spectral_args=("--smoke",),
+    # One thread: the smoke's operations are tiny, and on a loaded 2-core machine every OpenMP barrier of a 2-thread
+    # pool waits for a descheduled thread (measured: the tiny forward of 8 images took 0.30 s with 2 threads at load
+    # average 3, 0.005 s with 1).
+    threads=1,
+)
+PROFILES: dict[str, Profile] = {p.name: p for p in (DEFAULT, QUICK, SMOKE)}
+
+
 # ---------------------------------------------------------------------------------------------------- rows 1, 2, 5a
-def overhead(table: Table, label: str, row: str, net: torch.nn.Module, dataset: Any, batch: int,
-             device: torch.device, repeats: int, work: Path, *, naive: bool) -> dict[str, Any]:
+def overhead(
+    table: Table,
+    label: str,
+    row: str,
+    net: torch.nn.Module,
+    dataset: Any,
+    batch: int,
+    device: torch.device,
+    repeats: int,
+    work: Path,
+    *,
+    naive: bool,
+) -> dict[str, Any]:
     """Observation / forward for both Gram dtypes (and the naive baseline, hooks-only), interleaved with forwards."""
     from tgo.observatory import vit_points
 
     points = vit_points(net)
     timers = {"float64": h.PhaseTimer(), "float32": h.PhaseTimer()}
+    settings = {name: h.observation_settings(name) for name in timers}
     last: dict[str, Any] = {}
 
     def observe(dtype_name: str) -> None:
         with timers[dtype_name].attached():
-            last[dtype_name] = h.observation(net, dataset, points, batch, device, getattr(torch, dtype_name), work)
+            last[dtype_name] = h.observation(net, dataset, points, batch, device, settings[dtype_name], work)
         h.synchronize(device)
 
     variants = {
@@ -109,7 +391,7 @@ def overhead(table: Table, label: str, row: str, net: torch.nn.Module, dataset: 
     }
     if naive:
         variants["naive"] = lambda: (h.naive_observation(net, dataset, points, batch, device), h.synchronize(device))
-    baseline = lambda: h.plain_forward(net, dataset, batch, device)  # noqa: E731
+    baseline = lambda: h.plain_forward(net, dataset, batch, device)
     baseline()  # warm-up, then one of each (timers reset so only timed runs count)
     for fn in variants.values():
         fn()
@@ -119,61 +401,129 @@ def overhead(table: Table, label: str, row: str, net: torch.nn.Module, dataset: 
     n = len(dataset)
     forward = res["baseline"]["median_s"]
     where = f"{n} images, batch {batch}, {device.type}"
-    table.add(f"{row}.0", f"{label}: plain inference forward", forward, "s",
-              f"{where}; {forward / n * 1e3:.1f} ms/image")
+    table.add(
+        f"{row}.0", f"{label}: plain inference forward", forward, "s", f"{where}; {forward / n * 1e3:.1f} ms/image"
+    )
     for name in ("float64", "float32"):
         ratio = res[name]["ratio"]
         goal = f"goal <= {GOAL:.2f}x {'met' if ratio <= GOAL else 'MISSED'}" if device.type == "cpu" else ""
-        table.add(f"{row}.{1 if name == 'float64' else 2}", f"{label}: observation / forward, Gram {name}", ratio,
-                  "x", f"observation {res[name]['median_s']:.2f} s; {goal}", ratios=res[name]["ratios"])
+        table.add(
+            f"{row}.{1 if name == 'float64' else 2}",
+            f"{label}: observation / forward, Gram {name}",
+            ratio,
+            "x",
+            f"observation {res[name]['median_s']:.2f} s; {goal}",
+            ratios=res[name]["ratios"],
+        )
     phases64, phases32 = timers["float64"].medians(), timers["float32"].medians()
-    table.add(f"{row}.3", f"{label}: hooks only (no accumulation) / forward", res["hooks only"]["ratio"], "x",
-              "15 hooks + exact-fp32 context, updates do nothing")
+    table.add(
+        f"{row}.3",
+        f"{label}: hooks only (no accumulation) / forward",
+        res["hooks only"]["ratio"],
+        "x",
+        f"{len(points)} hooks + exact-fp32 context, updates do nothing",
+    )
     for name, phases in (("float64", phases64), ("float32", phases32)):
         fixed = phases.get("reduce", 0) + phases.get("eig_observables", 0) + phases.get("records", 0)
-        table.add(f"{row}.{4 if name == 'float64' else 5}", f"{label}: stream (fwd+hooks+Gram) / forward, {name}",
-                  phases["stream"] / forward, "x",
-                  f"then per observation: reduce {phases.get('reduce', 0):.3f} s, eig+observables "
-                  f"{phases.get('eig_observables', 0):.3f} s, records {phases.get('records', 0):.3f} s "
-                  f"(= {fixed / forward:.3f}x)", phases=phases)
+        table.add(
+            f"{row}.{4 if name == 'float64' else 5}",
+            f"{label}: stream (fwd+hooks+Gram) / forward, {name}",
+            phases["stream"] / forward,
+            "x",
+            f"then per observation: reduce {phases.get('reduce', 0):.3f} s, eig+observables "
+            f"{phases.get('eig_observables', 0):.3f} s, records {phases.get('records', 0):.3f} s "
+            f"(= {fixed / forward:.3f}x)",
+            phases=phases,
+        )
     if naive:
-        table.add("2.1", f"{label}: naive store + torch.cov / forward", res["naive"]["ratio"], "x",
-                  f"naive {res['naive']['median_s']:.2f} s; naive / ours (f64) = "
-                  f"{res['naive']['median_s'] / res['float64']['median_s']:.2f}x", ratios=res["naive"]["ratios"])
-    return {"timings": {k: {kk: vv for kk, vv in v.items()} for k, v in res.items()},
-            "phases": {"float64": phases64, "float32": phases32}, "results": last.get("float64")}
+        table.add(
+            "2.1",
+            f"{label}: naive store + torch.cov / forward",
+            res["naive"]["ratio"],
+            "x",
+            f"naive {res['naive']['median_s']:.2f} s; naive / ours (f64) = "
+            f"{res['naive']['median_s'] / res['float64']['median_s']:.2f}x",
+            ratios=res["naive"]["ratios"],
+        )
+    return {
+        "timings": {k: {kk: vv for kk, vv in v.items()} for k, v in res.items()},
+        "phases": {"float64": phases64, "float32": phases32},
+        "results": last.get("float64"),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- rows 2, 3
-def memory_rows(table: Table, vit_images: int, vit_batch: int, scaling: list[int], qs_batch: int) -> dict[str, Any]:
-    """Peak RSS above the loaded model, one fresh process per variant (see `_harness.run_memory_child`)."""
-    raw: dict[str, Any] = {}
-    peaks = {v: h.run_memory_child(["vit_small", "224", str(vit_images), str(vit_batch), v])
-             for v in ("forward", "ours", "naive")}
-    raw["vit_small"] = peaks
-    mb = {v: p["peak_delta_bytes"] / MB for v, p in peaks.items()}
-    table.add("2.2", f"vit_small 224px, {vit_images} images: peak RSS, plain forward", mb["forward"], "MB",
-              "the floor: one batch's activations")
-    table.add("2.3", f"vit_small 224px, {vit_images} images: peak RSS, ours (f64)", mb["ours"], "MB",
-              f"state held: 15 x (384^2+2x384) x 8 B = {15 * (384 * 384 + 768) * 8 / MB:.1f} MB")
-    table.add("2.4", f"vit_small 224px, {vit_images} images: peak RSS, naive", mb["naive"], "MB",
-              f"naive / ours = {mb['naive'] / max(mb['ours'], 1e-9):.1f}x; method: {peaks['ours']['method']}")
+VARIANTS = ("forward", "ours", "naive")
+
+
+def _memory_spec(spec: ModelSpec, images: int, batch: int, variant: str) -> tuple[str, ...]:
+    """The memory child's ``MODEL SIZE IMAGES BATCH VARIANT``."""
+    return (spec.kind, str(spec.image_size), str(images), str(batch), variant)
+
+
+def memory_rows(table: Table, profile: Profile, vit_images: int, qs_batch: int) -> dict[str, Any]:
+    """Peak RSS above the loaded model, one fresh process per variant (see `_harness.run_memory_children`)."""
+    vit, small = profile.vit, profile.scaling_model
+    scaled = [(n, v) for n in profile.scaling for v in ("ours", "naive")]
+    specs = [_memory_spec(vit, vit_images, profile.vit_batch, v) for v in VARIANTS]
+    specs += [_memory_spec(small, n, qs_batch, v) for n, v in scaled]
+    measured = h.run_memory_children(specs, fresh=profile.fresh_memory_processes)
+    peaks = dict(zip(VARIANTS, measured[: len(VARIANTS)], strict=False))
+    raw: dict[str, Any] = {vit.kind: peaks, "quickstart_scaling": measured[len(VARIANTS) :]}
+    _peak_rows(
+        table, vit, vit_images, {v: p["peak_delta_bytes"] / MB for v, p in peaks.items()}, peaks["ours"]["method"]
+    )
     scale: dict[str, dict[int, float]] = {"ours": {}, "naive": {}}
-    for n in scaling:
-        for v in ("ours", "naive"):
-            res = h.run_memory_child(["quickstart", "24", str(n), str(qs_batch), v])
-            scale[v][n] = res["peak_delta_bytes"] / MB
-            raw.setdefault("quickstart_scaling", []).append(res)
+    for (n, v), res in zip(scaled, measured[len(VARIANTS) :], strict=False):
+        scale[v][n] = res["peak_delta_bytes"] / MB
+    _scaling_rows(table, small, profile.scaling, scale)
+    return raw
+
+
+def _peak_rows(table: Table, spec: ModelSpec, images: int, mb: dict[str, float], method: str) -> None:
+    """Rows 2.2-2.4: the peaks of forward, ours and naive on one network."""
+    p, w = spec.points, spec.width
+    where = f"{spec.label}, {images} images: peak RSS"
+    table.add("2.2", f"{where}, plain forward", mb["forward"], "MB", "the floor: one batch's activations")
+    table.add(
+        "2.3",
+        f"{where}, ours (f64)",
+        mb["ours"],
+        "MB",
+        f"state held: {p} x ({w}^2+2x{w}) x 8 B = {p * (w * w + 2 * w) * 8 / MB:.1f} MB",
+    )
+    table.add(
+        "2.4",
+        f"{where}, naive",
+        mb["naive"],
+        "MB",
+        f"naive / ours = {mb['naive'] / max(mb['ours'], 1e-9):.1f}x; method: {method}",
+    )
+
+
+def _scaling_rows(table: Table, spec: ModelSpec, scaling: Sequence[int], scale: dict[str, dict[int, float]]) -> None:
+    """Rows 3.1-3.3: MB per image of ours and naive (slope of the peak), and what naive holds by construction."""
     lo, hi = min(scaling), max(scaling)
     for v in ("ours", "naive"):
         per_image = (scale[v][hi] - scale[v][lo]) / (hi - lo)
         series = ", ".join(f"{n}: {scale[v][n]:.1f}" for n in scaling)
-        table.add(f"3.{1 if v == 'ours' else 2}", f"quickstart net 24px, peak RSS MB/image, {v}", per_image, "MB/img",
-                  f"peak MB at {series} images (slope {lo}->{hi})", peaks_mb=scale[v])
-    theory = 15 * 37 * 96 * 4 / MB
-    table.add("3.3", "quickstart net: naive bytes held by construction", theory, "MB/img",
-              "15 points x 37 tokens x 96 floats x 4 B; ours holds 15 x 96^2 x 8 B = 1.1 MB whatever the count")
-    return raw
+        table.add(
+            f"3.{1 if v == 'ours' else 2}",
+            f"{spec.label}, peak RSS MB/image, {v}",
+            per_image,
+            "MB/img",
+            f"peak MB at {series} images (slope {lo}->{hi})",
+            peaks_mb=scale[v],
+        )
+    p, t, w = spec.points, spec.tokens, spec.width
+    table.add(
+        "3.3",
+        f"{spec.name}: naive bytes held by construction",
+        p * t * w * 4 / MB,
+        "MB/img",
+        f"{p} points x {t} tokens x {w} floats x 4 B; ours holds {p} x {w}^2 x 8 B = "
+        f"{p * w * w * 8 / MB:.1f} MB whatever the count",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- row 4
@@ -189,70 +539,110 @@ class EpochTimer(L.Callback):
         EpochTimer.stamps.append(("train_end", trainer.current_epoch, time.perf_counter()))
 
 
-def training_overhead(table: Table, epochs: int, work: Path) -> dict[str, Any]:
+def training_overhead(table: Table, epochs: int, work: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Quickstart for ``epochs`` full epochs with an observation after every epoch; observing time / epoch time."""
     from callbacks.spectral_geometry import SpectralGeometryCallback
     from tgo.train import run
 
     calls: list[dict[str, float]] = []
-    original = SpectralGeometryCallback.observe
+    original = SpectralGeometryCallback.observe_epoch
 
     def timed_observe(self: Any, trainer: Any, pl_module: Any, epoch: int) -> None:
         start = time.perf_counter()
         original(self, trainer, pl_module, epoch)
-        calls.append({"epoch": epoch, "seconds": time.perf_counter() - start, "pass": self.last_pass_seconds or 0.0,
-                      "logging": self.last_logging_seconds or 0.0})
+        calls.append(
+            {
+                "epoch": epoch,
+                "seconds": time.perf_counter() - start,
+                "pass": self.last_pass_seconds or 0.0,
+                "logging": self.last_logging_seconds or 0.0,
+            }
+        )
 
     EpochTimer.stamps = []
     run_dir = work / "quickstart_run"
-    cfg = h.compose_quickstart(run_dir, [
-        "callbacks.spectral_geometry.every_n_epochs=1", f"trainer.max_epochs={epochs}",
-        "trainer.enable_progress_bar=false", "+callbacks.bench_epoch_timer._target_=benchmarks.observation_bench.EpochTimer",
-    ])
-    SpectralGeometryCallback.observe = timed_observe
+    cfg = h.compose_quickstart(
+        run_dir,
+        [
+            *overrides,
+            "observation.every_n_epochs=1",
+            f"trainer.max_epochs={epochs}",
+            "trainer.enable_progress_bar=false",
+            f"+callbacks.bench_epoch_timer._target_={EpochTimer.__module__}.{EpochTimer.__qualname__}",
+        ],
+    )
+    SpectralGeometryCallback.observe_epoch = timed_observe
     try:
         run(cfg)
     finally:
-        SpectralGeometryCallback.observe = original
+        SpectralGeometryCallback.observe_epoch = original
+    return _training_rows(table, calls)
+
+
+def _training_rows(table: Table, calls: list[dict[str, float]]) -> dict[str, Any]:
+    """Rows 4.1-4.2 from the epoch stamps and the timed observations."""
     starts = [t for kind, _, t in EpochTimer.stamps if kind == "epoch_start"]
     end = [t for kind, _, t in EpochTimer.stamps if kind == "train_end"][-1]
-    bounds = starts + [end]
+    bounds = [*starts, end]
     by_epoch = {c["epoch"]: c for c in calls}
     per_epoch = []
     for e in range(len(starts)):
         wall = bounds[e + 1] - bounds[e]
         obs = by_epoch.get(e + 1, {"seconds": 0.0, "pass": 0.0, "logging": 0.0})
-        per_epoch.append({"epoch": e + 1, "wall_s": wall, "observe_s": obs["seconds"], "pass_s": obs["pass"],
-                          "figures_s": obs["logging"]})
+        per_epoch.append(
+            {
+                "epoch": e + 1,
+                "wall_s": wall,
+                "observe_s": obs["seconds"],
+                "pass_s": obs["pass"],
+                "figures_s": obs["logging"],
+            }
+        )
     frac = statistics.median(p["observe_s"] / p["wall_s"] for p in per_epoch)
     frac_pass = statistics.median(p["pass_s"] / p["wall_s"] for p in per_epoch)
     wall = statistics.median(p["wall_s"] for p in per_epoch)
     obs_s = statistics.median(p["observe_s"] for p in per_epoch)
-    table.add("4.1", "quickstart, every_n_epochs=1: observing / epoch wall time", 100 * frac, "%",
-              f"median of {len(per_epoch)} epochs: epoch {wall:.2f} s (train+val+observe+checkpoints), "
-              f"observation {obs_s:.2f} s incl. TensorBoard figures")
-    table.add("4.2", "quickstart: observation pass only (no figures) / epoch", 100 * frac_pass, "%",
-              f"pass {statistics.median(p['pass_s'] for p in per_epoch):.2f} s, figures+scalars "
-              f"{statistics.median(p['figures_s'] for p in per_epoch):.2f} s; epoch-0 observation "
-              f"{by_epoch.get(0, {}).get('seconds', float('nan')):.2f} s")
+    table.add(
+        "4.1",
+        "quickstart, every_n_epochs=1: observing / epoch wall time",
+        100 * frac,
+        "%",
+        f"median of {len(per_epoch)} epochs: epoch {wall:.2f} s (train+val+observe+checkpoints), "
+        f"observation {obs_s:.2f} s incl. TensorBoard figures",
+    )
+    table.add(
+        "4.2",
+        "quickstart: observation pass only (no figures) / epoch",
+        100 * frac_pass,
+        "%",
+        f"pass {statistics.median(p['pass_s'] for p in per_epoch):.2f} s, figures+scalars "
+        f"{statistics.median(p['figures_s'] for p in per_epoch):.2f} s; epoch-0 observation "
+        f"{by_epoch.get(0, {}).get('seconds', float('nan')):.2f} s",
+    )
     return {"per_epoch": per_epoch, "observations": calls}
 
 
 # ---------------------------------------------------------------------------------------------------- row 5
-def figure_time(results: dict[str, Any], renders: int, work: Path) -> float:
-    """Median seconds of ``SpectralGeometryCallback._log_figures`` for one observation (history growing per render)."""
+def figure_time(results: Any, renders: int, work: Path) -> float:
+    """Median seconds of ``SpectralGeometryCallback._log_figures`` for one observation (history growing per render).
+
+    The callback draws from the run's records, so each render is preceded (untimed, as in training where it belongs
+    to the pass) by recording the observation under the next epoch: the history grows by one per render.
+    """
     from torch.utils.tensorboard import SummaryWriter
 
     from callbacks.spectral_geometry import SpectralGeometryCallback
+    from tgo.records import RecordWriter, RunDir
 
-    cb = SpectralGeometryCallback(every_n_epochs=1)
-    cb.last_pass_seconds = 0.0
-    no_logger = SimpleNamespace(loggers=[], max_epochs=1000)
-    writer = SummaryWriter(str(tempfile.mkdtemp(dir=work)))
+    cb = SpectralGeometryCallback(settings={"every_n_epochs": 1})
+    run = RunDir(tempfile.mkdtemp(dir=work))
+    cb._run = run
+    records = RecordWriter(run)
+    writer = SummaryWriter(str(run.tensorboard))
     samples = []
     try:
         for epoch in range(renders):
-            cb._log_tensorboard(no_logger, epoch, results)  # history + scalars only (no TensorBoard logger)
+            records.write_observation(epoch, epoch, results, with_covariance=False)
             start = time.perf_counter()
             cb._log_figures(writer, epoch, results)
             writer.flush()
@@ -262,36 +652,82 @@ def figure_time(results: dict[str, Any], renders: int, work: Path) -> float:
     return statistics.median(samples)
 
 
+def eig_and_figure_rows(
+    table: Table, profile: Profile, results: dict[str, Any], observed: dict[str, Any], skip: set[str], work: Path
+) -> None:
+    """Rows 5.1-5.4: the eigendecomposition phase of rows 1a/1b, and TensorBoard figures per observation."""
+    for row, section, spec in (("5.1", "vit_small", profile.vit), ("5.2", "quickstart", profile.quickstart)):
+        if section in results:
+            eig = results[section]["phases"]["float64"]["eig_observables"]
+            source = "1a" if section == "vit_small" else "1b"
+            table.add(
+                row,
+                f"eigendecomposition + observables, {spec.points} x {spec.width}^2 f64",
+                eig,
+                "s",
+                f"per observation: covariance, numpy eigvalsh (1 BLAS thread), {_n_observables()} observables, "
+                f"from rows {source}",
+            )
+    if "figures" in skip:
+        return
+    for row, section, spec in (("5.3", "vit_small", profile.vit), ("5.4", "quickstart", profile.quickstart)):
+        if observed.get(section) is not None:
+            seconds = figure_time(observed[section], profile.renders, work)
+            table.add(
+                row,
+                f"TensorBoard figures per observation, {spec.points} x {spec.width}",
+                seconds,
+                "s",
+                f"spectra, histograms, correlation heatmaps, decay, layer x epoch heatmaps; "
+                f"median of {profile.renders}",
+            )
+
+
+def _n_observables() -> int:
+    """Observables per point (the catalogue less its diagnostics)."""
+    from tgo.spectral import CATALOGUE
+
+    return len(CATALOGUE) - len(CATALOGUE.diagnostics)
+
+
 # ---------------------------------------------------------------------------------------------------- row 6
-def _ddp_worker(rank: int, world: int, port: int, images: int, batch: int, out: str) -> None:
+def _ddp_worker(rank: int, world: int, port: int, spec: ModelSpec, images: int, batch: int, out: str) -> None:
+    """One rank of row 6.4: ``observe_and_record`` over this rank's shard with a real NCCL sum (rank 0 writes JSON)."""
     import torch.distributed as dist
 
-    from tgo.observatory import vit_points
+    from tgo.observatory import RecordPlan, ShardPlan, observe_and_record, vit_points
+    from tgo.records import RecordWriter
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
     device = torch.device("cuda", rank)
     try:
-        net = h.vit_small(device)
-        dataset = h.random_images(images, 224)
+        net = spec.build(device)
+        dataset = h.random_images(images, spec.image_size)
         points = vit_points(net)
+        settings = h.observation_settings("float64")
 
         def reduce_sum(t: torch.Tensor) -> torch.Tensor:
             dist.all_reduce(t)
             return t
-
-        from tgo.observatory.sharded import RecordPlan, ShardPlan, observe_and_record
-        from tgo.records import RecordWriter
 
         samples = []
         for i in range(3):  # one warm-up, two timed
             dist.barrier()
             torch.cuda.synchronize(device)
             start = time.perf_counter()
-            observe_and_record(net, dataset, points, plan=ShardPlan(rank=rank, world_size=world, batch_size=batch),
-                               record=RecordPlan(writer=RecordWriter(Path(out).parent / f"ddp_{i}"), epoch=0, step=0),
-                               all_reduce_sum=reduce_sum, is_global_zero=rank == 0, device=device)
+            observe_and_record(
+                net,
+                dataset,
+                points,
+                settings=settings,
+                plan=ShardPlan(rank=rank, world_size=world, batch_size=batch),
+                record=RecordPlan(writer=RecordWriter(Path(out).parent / f"ddp_{i}"), epoch=0, step=0),
+                all_reduce_sum=reduce_sum,
+                is_global_zero=rank == 0,
+                device=device,
+            )
             torch.cuda.synchronize(device)
             dist.barrier()
             if i:
@@ -302,61 +738,109 @@ def _ddp_worker(rank: int, world: int, port: int, images: int, batch: int, out: 
         dist.destroy_process_group()
 
 
-def gpu_rows(table: Table, images: int, repeats: int, work: Path) -> dict[str, Any]:
+def gpu_rows(table: Table, profile: Profile, repeats: int, work: Path) -> dict[str, Any]:
     """Row 6: the same measurements on the GPU (vit_small at 224 px, 1,000 images), peak memory and DDP."""
     if not torch.cuda.is_available():
-        table.add("6", "GPU rows", "skipped (no GPU)", "", "torch.cuda.is_available() is False")
+        table.skip(GPU_ROWS, "GPU rows", "no GPU", "torch.cuda.is_available() is False", shown_as="6")
         return {"skipped": "no GPU"}
     from tgo.observatory import vit_points
 
     device = torch.device("cuda", 0)
+    spec, images, batch = profile.vit, profile.gpu_images, profile.gpu_batch
     raw: dict[str, Any] = {}
-    net = h.vit_small(device)
-    dataset = h.random_images(images, 224)
-    batch = 128
-    table.add("6.0", "GPU", torch.cuda.get_device_name(0), "", f"{torch.cuda.device_count()} device(s)")
-    raw["overhead"] = overhead(table, f"GPU vit_small 224px", "6.1", net, dataset, batch, device, repeats, work,
-                               naive=False)
+    net = spec.build(device)
+    dataset = h.random_images(images, spec.image_size)
+    table.add(
+        "6.0",
+        "GPU",
+        torch.cuda.device_count(),
+        "",
+        f"{torch.cuda.device_count()} device(s)",
+        text=torch.cuda.get_device_name(0),
+    )
+    raw["overhead"] = overhead(
+        table, f"GPU {spec.label}", "6.1", net, dataset, batch, device, repeats, work, naive=False
+    )
+    raw["overhead"].pop("results")
     f64 = raw["overhead"]["timings"]["float64"]["median_s"]
-    table.add("6.2", f"GPU: tgo1 observation of {images} images (f64), wall time", f64, "s",
-              f"float32 Gram {raw['overhead']['timings']['float32']['median_s']:.2f} s")
-    points = vit_points(net)
+    table.add(
+        "6.2",
+        f"GPU: tgo1 observation of {images} images (f64), wall time",
+        f64,
+        "s",
+        f"float32 Gram {raw['overhead']['timings']['float32']['median_s']:.2f} s",
+    )
+    raw["memory"] = _gpu_memory(table, net, dataset, vit_points(net), batch, device, images, work)
+    raw["ddp"] = _gpu_ddp(table, spec, images, batch, work)
+    return raw
+
+
+def _gpu_memory(
+    table: Table,
+    net: torch.nn.Module,
+    dataset: Any,
+    points: Sequence[Any],
+    batch: int,
+    device: torch.device,
+    images: int,
+    work: Path,
+) -> dict[str, Any]:
+    """Row 6.3: peak GPU memory above the model of forward, ours and naive (one run each)."""
+    settings = h.observation_settings("float64")
     mem = {}
-    for name, fn in (("forward", lambda: h.plain_forward(net, dataset, batch, device)),
-                     ("ours", lambda: h.observation(net, dataset, points, batch, device, torch.float64, work)),
-                     ("naive", lambda: h.naive_observation(net, dataset, points, batch, device))):
+    for name, fn in (
+        ("forward", lambda: h.plain_forward(net, dataset, batch, device)),
+        ("ours", lambda: h.observation(net, dataset, points, batch, device, settings, work)),
+        ("naive", lambda: h.naive_observation(net, dataset, points, batch, device)),
+    ):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
         start = time.perf_counter()
         fn()
         torch.cuda.synchronize(device)
-        mem[name] = {"peak_mb": (torch.cuda.max_memory_allocated(device) - base) / MB,
-                     "seconds": time.perf_counter() - start}
-    raw["memory"] = mem
-    table.add("6.3", f"GPU peak memory above model, {images} images: forward / ours / naive",
-              f"{mem['forward']['peak_mb']:.0f} / {mem['ours']['peak_mb']:.0f} / {mem['naive']['peak_mb']:.0f} MB", "",
-              f"naive / forward time {mem['naive']['seconds'] / mem['forward']['seconds']:.2f}x (single run)")
-    world = torch.cuda.device_count()
-    out = work / "ddp.json"
+        mem[name] = {
+            "peak_mb": (torch.cuda.max_memory_allocated(device) - base) / MB,
+            "seconds": time.perf_counter() - start,
+        }
+    table.add(
+        "6.3",
+        f"GPU peak memory above model, {images} images: forward / ours / naive",
+        mem["ours"]["peak_mb"],
+        "MB",
+        f"naive / forward time {mem['naive']['seconds'] / mem['forward']['seconds']:.2f}x (single run)",
+        text=f"{mem['forward']['peak_mb']:.0f} / {mem['ours']['peak_mb']:.0f} / {mem['naive']['peak_mb']:.0f} MB",
+        peaks_mb={k: v["peak_mb"] for k, v in mem.items()},
+    )
+    return mem
+
+
+def _gpu_ddp(table: Table, spec: ModelSpec, images: int, batch: int, work: Path) -> dict[str, Any]:
+    """Row 6.4: the analysis pass under DDP over every GPU present (NCCL, one process per GPU)."""
     import torch.multiprocessing as mp
 
+    world = torch.cuda.device_count()
+    out = work / "ddp.json"
     port = 29500 + os.getpid() % 1000
-    mp.spawn(_ddp_worker, args=(world, port, images, batch, str(out)), nprocs=world, join=True)
+    mp.spawn(_ddp_worker, args=(world, port, spec, images, batch, str(out)), nprocs=world, join=True)
     ddp = json.loads(out.read_text())
-    raw["ddp"] = ddp
-    table.add("6.4", f"GPU DDP analysis pass over {world} GPU(s), {images} images (f64)",
-              statistics.median(ddp["seconds"]), "s", "NCCL; every image once; one sum all-reduce")
-    return raw
+    table.add(
+        "6.4",
+        f"GPU DDP analysis pass over {world} GPU(s), {images} images (f64)",
+        statistics.median(ddp["seconds"]),
+        "s",
+        "NCCL; every image once; one sum all-reduce",
+    )
+    return ddp
 
 
 # ---------------------------------------------------------------------------------------------------- main
-def spectral_engine(quick: bool, out_dir: Path) -> dict[str, Any]:
-    """``benchmarks/spectral_bench.py`` in its own process (it fixes glibc's mmap threshold for itself)."""
-    cmd = [sys.executable, str(h.REPO / "benchmarks" / "spectral_bench.py"), *(["--quick"] if quick else [])]
+def spectral_engine(args: Sequence[str], out_dir: Path) -> dict[str, Any]:
+    """``benchmarks/spectral_bench.py`` in its own process, with glibc's mmap threshold fixed as it wants."""
+    cmd = [sys.executable, str(h.REPO / "benchmarks" / "spectral_bench.py"), *args]
     print(f"== spectral engine: {' '.join(cmd[1:])}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=h.REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=h.REPO, env={**os.environ, **h.MALLOC_ENV}, capture_output=True, text=True)
     text = proc.stdout + (proc.stderr if proc.returncode else "")
     print(text, flush=True)
     (out_dir / "spectral_bench.txt").write_text(text)
@@ -364,102 +848,163 @@ def spectral_engine(quick: bool, out_dir: Path) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (``None`` reads ``sys.argv``)."""
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats (about 3 minutes on 2 cores)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats (about 3 minutes on 2 cores)")
+    mode.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a tiny ViT and a few images, every row in well under a minute: checks that the benchmarks "
+        "still run, measures nothing",
+    )
     p.add_argument("--out", type=Path, default=None, help="output folder (default bench_out/<timestamp>)")
-    p.add_argument("--images", type=int, default=None, help="vit_small images for rows 1-2 (CPU default 64, quick 32)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, quick 2)")
+    p.add_argument("--images", type=int, default=None, help="images for rows 1a-2 (CPU default 64, quick 32, smoke 8)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, quick 2, smoke 1)")
     p.add_argument("--epochs", type=int, default=None, help="quickstart epochs for row 4 (default 2, quick 1)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--skip", nargs="*", default=[],
-                   choices=["spectral", "vit_small", "quickstart", "memory", "training", "figures", "gpu"],
-                   help="sections to leave out")
+    p.add_argument("--skip", nargs="*", default=[], choices=list(SECTIONS), help="sections to leave out")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def profile_of(args: argparse.Namespace) -> Profile:
+    """The mode's sizes with the command line's overrides applied."""
+    profile = SMOKE if args.smoke else QUICK if args.quick else DEFAULT
+    return dataclasses.replace(
+        profile,
+        vit_images=args.images or profile.vit_images,
+        repeats=args.repeats or profile.repeats,
+        epochs=args.epochs or profile.epochs,
+    )
+
+
+def run_sections(
+    table: Table, profile: Profile, skip: set[str], work: Path, out_dir: Path, results: dict[str, Any]
+) -> None:
+    """Every section not in ``skip``, in table order, filling ``results`` (kept even if one section raises)."""
+    if "spectral" not in skip:
+        results["spectral_bench"] = spectral_engine(profile.spectral_args, out_dir)
+    cpu = torch.device("cpu")
+    observed: dict[str, Any] = {}
+    if "vit_small" not in skip:
+        spec = profile.vit
+        print(f"== rows 1-2: {spec.label} (CPU)", flush=True)
+        net = spec.build(cpu)
+        res = overhead(
+            table,
+            spec.label,
+            "1a",
+            net,
+            h.random_images(profile.vit_images, spec.image_size),
+            profile.vit_batch,
+            cpu,
+            profile.repeats,
+            work,
+            naive=True,
+        )
+        observed["vit_small"] = res.pop("results")
+        results["vit_small"] = res
+        del net
+    qs_batch = profile.quickstart_batch or 128
+    if "quickstart" not in skip:
+        print(f"== row 1: {profile.quickstart.name} on its analysis subset (CPU)", flush=True)
+        dataset, configured_batch = h.quickstart_analysis_images(profile.quickstart_images)
+        qs_batch = profile.quickstart_batch or configured_batch
+        net = profile.quickstart.build(cpu)
+        res = overhead(
+            table,
+            _quickstart_label(profile.quickstart, len(dataset)),
+            "1b",
+            net,
+            dataset,
+            qs_batch,
+            cpu,
+            max(profile.repeats, profile.quickstart_min_repeats),
+            work,
+            naive=False,
+        )
+        observed["quickstart"] = res.pop("results")
+        results["quickstart"] = res
+        del net
+    if "memory" not in skip:
+        print("== rows 2-3: peak memory (one process per variant)", flush=True)
+        results["memory"] = memory_rows(table, profile, profile.vit_images, qs_batch)
+    if "training" not in skip:
+        print(f"== row 4: quickstart training, {profile.epochs} epoch(s), observing every epoch", flush=True)
+        results["training"] = training_overhead(table, profile.epochs, work, profile.training_overrides)
+    print("== row 5: eigendecomposition and figures per observation", flush=True)
+    eig_and_figure_rows(table, profile, results, observed, skip, work)
+    if "gpu" not in skip:
+        results["gpu"] = gpu_rows(table, profile, profile.repeats, work)
+
+
+def _quickstart_label(spec: ModelSpec, images: int) -> str:
+    """Row 1b's label: ``quickstart N img``, naming the network instead when ``--smoke`` shrank it."""
+    return f"{'quickstart' if spec.arch is None else spec.name} {images} img"
+
+
+def _quiet() -> None:
+    """Warnings and library logs off: the table is the output."""
     warnings.filterwarnings("ignore")
     for name in ("lightning", "lightning.pytorch", "lightning.fabric", "tgo", "callbacks"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    quick = args.quick
+
+
+def _failures(results: dict[str, Any], table: Table) -> list[str]:
+    """What makes this run incomplete: a failed spectral benchmark, a missing or undeclared row."""
+    failed = results.get("spectral_bench", {}).get("returncode", 0)
+    return ([f"spectral_bench.py exited with status {failed}"] if failed else []) + table.problems()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmarks, prints the table, writes ``results.json``; 1 when a row or the engine benchmark failed."""
+    args = parse(argv)
+    profile = profile_of(args)
+    if profile.threads:
+        os.environ["OMP_NUM_THREADS"] = str(profile.threads)  # for the children; this process is set just below
+    if args.threads or profile.threads:
+        torch.set_num_threads(args.threads or profile.threads)
+    _quiet()
     out_dir = args.out or h.REPO / "bench_out" / datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tgo_bench_"))
-    vit_images = args.images or (32 if quick else 64)
-    repeats = args.repeats or (2 if quick else 3)
-    epochs = args.epochs or (1 if quick else 2)
     skip = set(args.skip)
     env = h.environment()
     started = time.perf_counter()
-    print(f"TGO benchmarks ({'quick' if quick else 'default'}) -> {out_dir}")
+    print(f"TGO benchmarks ({profile.name}) -> {out_dir}")
     print(h.environment_line(env), flush=True)
-    results: dict[str, Any] = {"environment": env, "quick": quick, "args": vars(args) | {"out": str(out_dir)}}
+    results: dict[str, Any] = {
+        "environment": env,
+        "mode": profile.name,
+        "quick": args.quick,
+        "profile": dataclasses.asdict(profile),
+        "args": vars(args) | {"out": str(out_dir)},
+        "declared_rows": list(ROWS),
+    }
     table = Table()
     try:
-        if "spectral" not in skip:
-            results["spectral_bench"] = spectral_engine(quick, out_dir)
-        cpu = torch.device("cpu")
-        vit_results = qs_results = None
-        if "vit_small" not in skip:
-            print("== rows 1-2: vit_small_patch16_224 at 224 px (CPU)", flush=True)
-            net = h.vit_small(cpu)
-            res = overhead(table, "vit_small 224px", "1a", net, h.random_images(vit_images, 224), 32, cpu, repeats,
-                           work, naive=True)
-            vit_results = res.pop("results")
-            results["vit_small"] = res
-            del net
-        qs_batch = 128
-        if "quickstart" not in skip:
-            print("== row 1: quickstart network on its analysis subset (CPU)", flush=True)
-            dataset, qs_batch = h.quickstart_analysis_images()
-            net = h.quickstart_net(cpu)
-            res = overhead(table, f"quickstart {len(dataset)} img", "1b", net, dataset, qs_batch, cpu,
-                           max(repeats, 3), work, naive=False)
-            qs_results = res.pop("results")
-            results["quickstart"] = res
-            del net
-        if "memory" not in skip:
-            print("== rows 2-3: peak memory (one process per variant)", flush=True)
-            results["memory"] = memory_rows(table, vit_images, 32, [64, 256, 1000], qs_batch)
-        if "training" not in skip:
-            print(f"== row 4: quickstart training, {epochs} epoch(s), observing every epoch", flush=True)
-            results["training"] = training_overhead(table, epochs, work)
-        print("== row 5: eigendecomposition and figures per observation", flush=True)
-        if "vit_small" in results:
-            eig = results["vit_small"]["phases"]["float64"]["eig_observables"]
-            table.add("5.1", "eigendecomposition + observables, 15 x 384^2 f64", eig, "s",
-                      "per observation: covariance, numpy eigvalsh (1 BLAS thread), 16 observables, from rows 1a")
-        if "quickstart" in results:
-            eig = results["quickstart"]["phases"]["float64"]["eig_observables"]
-            table.add("5.2", "eigendecomposition + observables, 15 x 96^2 f64", eig, "s", "from rows 1b")
-        if "figures" not in skip:
-            renders = 2 if quick else 3
-            for row, label, res in (("5.3", "15 x 384", vit_results), ("5.4", "15 x 96", qs_results)):
-                if res is not None:
-                    seconds = figure_time(res, renders, work)
-                    table.add(row, f"TensorBoard figures per observation, {label}", seconds, "s",
-                              f"spectra, histograms, correlation heatmaps, decay, 8 layer x epoch heatmaps; "
-                              f"median of {renders}")
-        if "gpu" not in skip:
-            results["gpu"] = gpu_rows(table, 1000, repeats, work)
+        run_sections(table, profile, skip, work, out_dir, results)
+        table.skip_sections(skip)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         results["table"] = table.rows
+        results["failures"] = _failures(results, table)
         results["wall_seconds"] = time.perf_counter() - started
         results["load_average_1m_end"] = round(os.getloadavg()[0], 2)
         (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     rendered = table.render()
     (out_dir / "table.txt").write_text(h.environment_line(env) + "\n\n" + rendered + "\n")
     print()
-    print(f"TGO observation benchmark - {h.environment_line(env)}")
-    print(f"finished in {results['wall_seconds']:.0f} s, load average {results['load_average_1m_end']} at end; "
-          f"every value is a median or a ratio measured in this run")
+    print(f"TGO observation benchmark ({profile.name}) - {h.environment_line(env)}")
+    print(
+        f"finished in {results['wall_seconds']:.0f} s, load average {results['load_average_1m_end']} at end; "
+        f"every value is a median or a ratio measured in this run"
+    )
     print(rendered)
     print(f"\nwritten: {out_dir / 'results.json'}")
-    return 0
+    for failure in results["failures"]:
+        print(f"INCOMPLETE: {failure}", file=sys.stderr)
+    return 1 if results["failures"] else 0
 
 
 if __name__ == "__main__":

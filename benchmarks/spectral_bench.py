@@ -1,7 +1,8 @@
 """Benchmark of the spectral engine: streaming covariance vs a bare matmul and vs storing activations.
 
 Run ``python benchmarks/spectral_bench.py`` (about a minute on 2 CPU cores) or ``--quick`` (seconds). It prints one
-table whose ratios all come from this one run:
+table whose ratios all come from this one run (``--smoke`` shrinks every shape to check that the script still runs;
+its numbers mean nothing):
 
 1. Throughput (rows/s) of ``StreamingCovariance.update`` for ViT-S width ``D = 384`` with a float64 and a float32 Gram,
    against the floor: a bare float32 ``x^T x`` of the same ``[rows, D]`` shape, the least work any exact method does.
@@ -36,13 +37,36 @@ import torch
 if __package__ in (None, ""):  # allow `python benchmarks/spectral_bench.py` from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tgo.spectral import StreamingCovariance, eigendecompose  # noqa: E402
+from tgo.spectral import StreamingCovariance, eigendecompose
 
-DIM = 384
-TOKENS = 197
-POINTS = 15
-BATCH_IMAGES = 32
 MB = 1024**2
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The activations measured: ``points`` accumulators fed batches of ``[batch_images, tokens, dim]``.
+
+    The defaults are ViT-S/16 at 224 px observed at 15 points; `SMOKE` is small enough to run in a second.
+    """
+
+    dim: int = 384
+    tokens: int = 197
+    points: int = 15
+    batch_images: int = 32
+
+    @property
+    def rows_per_batch(self) -> int:
+        """Rows of one batch as an accumulator sees them (tokens x images)."""
+        return self.batch_images * self.tokens
+
+    @property
+    def streaming_held_bytes(self) -> int:
+        """What the streaming method keeps by construction: one float64 ``[D, D] + [D] + [D]`` state per point."""
+        return self.points * (self.dim * self.dim + 2 * self.dim) * 8
+
+
+VIT_S = Shape()
+SMOKE = Shape(dim=32, tokens=17, points=4, batch_images=4)
 
 
 # ---------------------------------------------------------------------------------------------------- measurement
@@ -97,26 +121,27 @@ def _time_per_call(fn: Callable[[], object], repeats: int) -> float:
     return samples[len(samples) // 2]
 
 
-def make_pool(n_batches: int = 4, seed: int = 0) -> list[torch.Tensor]:
-    """ViT-like activation batches ``[32, 197, 384]`` (float32) with a power-law spectrum and massive dimensions."""
+def make_pool(shape: Shape, n_batches: int = 4, seed: int = 0) -> list[torch.Tensor]:
+    """ViT-like activation batches ``[batch_images, tokens, dim]`` (float32), power-law spectrum, massive dimensions."""
     gen = torch.Generator().manual_seed(seed)
-    scales = torch.arange(1, DIM + 1, dtype=torch.float32) ** -0.75
-    mean = torch.randn(DIM, generator=gen) * 0.1
+    scales = torch.arange(1, shape.dim + 1, dtype=torch.float32) ** -0.75
+    mean = torch.randn(shape.dim, generator=gen) * 0.1
     mean[:4] = torch.tensor([3e3, -2e3, 1.5e3, 1e3])  # mean/std >= 1e3
-    mix = torch.linalg.qr(torch.randn(DIM, DIM, generator=gen))[0]
+    mix = torch.linalg.qr(torch.randn(shape.dim, shape.dim, generator=gen))[0]
     return [
-        (torch.randn(BATCH_IMAGES, TOKENS, DIM, generator=gen) * scales) @ mix.T + mean for _ in range(n_batches)
+        (torch.randn(shape.batch_images, shape.tokens, shape.dim, generator=gen) * scales) @ mix.T + mean
+        for _ in range(n_batches)
     ]
 
 
 # ---------------------------------------------------------------------------------------------------- the phases
-def throughput(pool: list[torch.Tensor], repeats: int) -> dict[str, float]:
+def throughput(pool: list[torch.Tensor], shape: Shape, repeats: int) -> dict[str, float]:
     """Rows per second of the floor and of ``update`` with each Gram dtype."""
-    rows = pool[0].reshape(-1, DIM)
+    rows = pool[0].reshape(-1, shape.dim)
     n = rows.shape[0]
     out = {"bare float32 matmul x^T x (floor)": n / _time_per_call(lambda: torch.mm(rows.T, rows), repeats)}
     for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
-        acc = StreamingCovariance(DIM, gram_dtype=dtype)
+        acc = StreamingCovariance(shape.dim, gram_dtype=dtype)
         out[f"StreamingCovariance.update, gram {name}"] = n / _time_per_call(lambda: acc.update(pool[0]), repeats)
     return out
 
@@ -128,42 +153,44 @@ class ObservationCost:
     held_bytes: int
 
 
-def streaming_observation(pool: list[torch.Tensor], images: int, gram_dtype: torch.dtype) -> ObservationCost:
-    """15 accumulators fed batch by batch, then covariance + float64 eigvalsh per point."""
-    n_batches = -(-images // BATCH_IMAGES)
+def streaming_observation(
+    pool: list[torch.Tensor], shape: Shape, images: int, gram_dtype: torch.dtype
+) -> ObservationCost:
+    """One accumulator per point fed batch by batch, then covariance + float64 eigvalsh per point."""
+    n_batches = -(-images // shape.batch_images)
     with PeakRSS() as mem:
         start = time.perf_counter()
-        accs = [StreamingCovariance(DIM, gram_dtype=gram_dtype) for _ in range(POINTS)]
+        accs = [StreamingCovariance(shape.dim, gram_dtype=gram_dtype) for _ in range(shape.points)]
         for step in range(n_batches):
-            take = min(BATCH_IMAGES, images - step * BATCH_IMAGES)
+            take = min(shape.batch_images, images - step * shape.batch_images)
             for p, acc in enumerate(accs):
                 acc.update(pool[(step + p) % len(pool)][:take])
         for acc in accs:
             eigendecompose(acc.covariance(), acc.n, acc.n_nonfinite)
         seconds = time.perf_counter() - start
-    held = POINTS * (DIM * DIM + 2 * DIM) * 8
+    held = shape.streaming_held_bytes
     del accs
     return ObservationCost(seconds, mem.peak_delta, held)
 
 
-def naive_observation(pool: list[torch.Tensor], images: int) -> ObservationCost:
-    """Keep every activation of all 15 points, then ``torch.cat`` + ``torch.cov`` + eigvalsh per point."""
-    n_batches = -(-images // BATCH_IMAGES)
+def naive_observation(pool: list[torch.Tensor], shape: Shape, images: int) -> ObservationCost:
+    """Keep every activation of every point, then ``torch.cat`` + ``torch.cov`` + eigvalsh per point."""
+    n_batches = -(-images // shape.batch_images)
     with PeakRSS() as mem:
         start = time.perf_counter()
-        stored: list[list[torch.Tensor]] = [[] for _ in range(POINTS)]
+        stored: list[list[torch.Tensor]] = [[] for _ in range(shape.points)]
         for step in range(n_batches):
-            take = min(BATCH_IMAGES, images - step * BATCH_IMAGES)
-            for p in range(POINTS):
-                stored[p].append(pool[(step + p) % len(pool)][:take].reshape(-1, DIM).clone())
-        for p in range(POINTS):
+            take = min(shape.batch_images, images - step * shape.batch_images)
+            for p in range(shape.points):
+                stored[p].append(pool[(step + p) % len(pool)][:take].reshape(-1, shape.dim).clone())
+        for p in range(shape.points):
             rows = torch.cat(stored[p])
             stored[p] = []
             cov = torch.cov(rows.T)
             torch.linalg.eigvalsh(cov.double())
             del rows, cov
         seconds = time.perf_counter() - start
-    held = POINTS * images * TOKENS * DIM * 4
+    held = shape.points * images * shape.tokens * shape.dim * 4
     return ObservationCost(seconds, mem.peak_delta, held)
 
 
@@ -178,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the table.
 
     Args:
-        argv: Command-line arguments (``--quick``, ``--images``, ``--threads``); ``None`` reads ``sys.argv``.
+        argv: Command-line arguments (``--quick``, ``--smoke``, ``--images``, ``--threads``, ``--repeats``); ``None``
+            reads ``sys.argv``.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
@@ -189,57 +217,74 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], env=env, check=True)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes (32 and 128 images), a few seconds")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--quick", action="store_true", help="small sizes (32 and 128 images), a few seconds")
+    modes.add_argument(
+        "--smoke", action="store_true", help="tiny shapes and 8 images: checks that the script runs, measures nothing"
+    )
     parser.add_argument("--images", type=int, nargs="+", default=None, help="image counts (default 256 1000)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per observation measurement (best time kept)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    images_list = args.images or ([32, 128] if args.quick else [256, 1000])
-    repeats = 3 if args.quick else 10
-    obs_repeats = args.repeats or (1 if args.quick else 2)
+    shape = SMOKE if args.smoke else VIT_S
+    images_list = args.images or ([8] if args.smoke else [32, 128] if args.quick else [256, 1000])
+    repeats = 1 if args.smoke else 3 if args.quick else 10
+    obs_repeats = args.repeats or (1 if args.quick or args.smoke else 2)
 
-    pool = make_pool()
-    rows_per_batch = BATCH_IMAGES * TOKENS
-    print(f"spectral engine benchmark: D={DIM}, {TOKENS} tokens/image, batches of {BATCH_IMAGES} images "
-          f"({rows_per_batch} rows), {POINTS} points, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, best of {obs_repeats}")
+    pool = make_pool(shape)
+    print(
+        f"spectral engine benchmark{' (smoke: tiny shapes, numbers mean nothing)' if args.smoke else ''}: "
+        f"D={shape.dim}, {shape.tokens} tokens/image, batches of {shape.batch_images} images "
+        f"({shape.rows_per_batch} rows), {shape.points} points, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, "
+        f"best of {obs_repeats}"
+    )
     print()
-    rates = throughput(pool, repeats)
+    rates = throughput(pool, shape, repeats)
     floor = next(iter(rates.values()))
     print(f"{'throughput (one point)':<44}{'rows/s':>14}{'vs floor':>10}")
     for name, rate in rates.items():
         print(f"{name:<44}{rate:>14,.0f}{rate / floor:>9.2f}x")
     print()
 
-    header = f"{'one observation, 15 points':<34}{'images':>7}{'rows/pt':>9}{'time s':>9}{'peak MB':>10}{'held MB':>10}"
+    header = (
+        f"{f'one observation, {shape.points} points':<34}{'images':>7}{'rows/pt':>9}{'time s':>9}"
+        f"{'peak MB':>10}{'held MB':>10}"
+    )
     print(header)
     print("-" * len(header))
     summary = []
     for images in images_list:
         runs = {
-            "streaming, gram float64": lambda: streaming_observation(pool, images, torch.float64),
-            "streaming, gram float32": lambda: streaming_observation(pool, images, torch.float32),
-            "naive: store + torch.cov": lambda: naive_observation(pool, images),
+            "streaming, gram float64": lambda: streaming_observation(pool, shape, images, torch.float64),
+            "streaming, gram float32": lambda: streaming_observation(pool, shape, images, torch.float32),
+            "naive: store + torch.cov": lambda: naive_observation(pool, shape, images),
         }
         costs = {name: _best(run, obs_repeats) for name, run in runs.items()}
         for name, cost in costs.items():
-            print(f"{name:<34}{images:>7}{images * TOKENS:>9}{cost.seconds:>9.2f}"
-                  f"{cost.peak_bytes / MB:>10.1f}{cost.held_bytes / MB:>10.1f}")
+            print(
+                f"{name:<34}{images:>7}{images * shape.tokens:>9}{cost.seconds:>9.2f}"
+                f"{cost.peak_bytes / MB:>10.1f}{cost.held_bytes / MB:>10.1f}"
+            )
         naive = costs["naive: store + torch.cov"]
         s64, s32 = costs["streaming, gram float64"], costs["streaming, gram float32"]
         summary.append((images, naive, s64, s32))
     print()
     print("ratios (naive / streaming):   time f64   time f32   peak mem f64   held mem")
     for images, naive, s64, s32 in summary:
-        print(f"  {images:>5} images               {naive.seconds / s64.seconds:>8.2f}x "
-              f"{naive.seconds / s32.seconds:>9.2f}x {naive.peak_bytes / max(s64.peak_bytes, 1):>13.1f}x "
-              f"{naive.held_bytes / s64.held_bytes:>9.1f}x")
+        print(
+            f"  {images:>5} images               {naive.seconds / s64.seconds:>8.2f}x "
+            f"{naive.seconds / s32.seconds:>9.2f}x {naive.peak_bytes / max(s64.peak_bytes, 1):>13.1f}x "
+            f"{naive.held_bytes / s64.held_bytes:>9.1f}x"
+        )
     print()
-    print("peak MB: measured RSS peak above the phase's start (includes per-batch temporaries; glibc mmap threshold "
-          "fixed at 1 MB so freed tensors leave RSS); held MB: bytes the method keeps by construction (streaming: 15 "
-          "float64 [D,D]+[D]+[D] states; naive: all float32 activations).")
+    print(
+        "peak MB: measured RSS peak above the phase's start (includes per-batch temporaries; glibc mmap threshold "
+        f"fixed at 1 MB so freed tensors leave RSS); held MB: bytes the method keeps by construction (streaming: "
+        f"{shape.points} float64 [D,D]+[D]+[D] states; naive: all float32 activations)."
+    )
 
 
 if __name__ == "__main__":

@@ -10,12 +10,15 @@ epoch a crashed run did not record before its checkpoint) and at ``on_train_epoc
 source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
 
 Scalars go to every Lightning logger of the trainer (``log_metrics``: TensorBoard, CSV, W&B, MLflow alike) as
-``geometry/<metric>/<point>`` with the epoch as step. TensorBoard also gets a custom-scalars layout, histograms and
-figures, drawn from the records just written (so a resumed run's figures show its whole history).
+``geometry/<metric>/<point>`` with the epoch as step, and their jackknife standard errors as
+``geometry_stderr/<metric>/<point>``. TensorBoard also gets a custom-scalars layout (one chart per observable, and
+``value -/+ stderr`` Margin charts per point), histograms and figures, drawn from the records just written (so a
+resumed run's figures show its whole history).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -47,10 +50,13 @@ from tgo.spectral import CATALOGUE
 __all__ = ["NonFiniteActivationsError", "SpectralGeometryCallback", "geometry_tag"]
 
 
-def geometry_tag(metric: str, key: ObservationKey) -> str:
-    """The logger key of one observable: ``geometry/<metric>/<point>`` (``.../<point>/<view>`` for other views)."""
+def geometry_tag(metric: str, key: ObservationKey, *, kind: str = "geometry") -> str:
+    """The logger key of one observable: ``geometry/<metric>/<point>`` (``.../<point>/<view>`` for other views).
+
+    ``kind="geometry_stderr"`` names its jackknife standard error, ``geometry_band/...`` its TensorBoard band.
+    """
     tail = key.point if key.view == DEFAULT_VIEW else f"{key.point}/{key.view}"
-    return f"geometry/{metric}/{tail}"
+    return f"{kind}/{metric}/{tail}"
 
 
 class SpectralGeometryCallback(L.Callback):
@@ -163,10 +169,20 @@ class SpectralGeometryCallback(L.Callback):
             for key, result in results.items()
             for metric, value in result.observables.items()
         }
+        scalars.update(
+            {
+                geometry_tag(metric, key, kind="geometry_stderr"): float(se)
+                for key, result in results.items()
+                for metric, se in result.stderr.items()
+                if math.isfinite(se)
+            }
+        )
         scalars["geometry/pass_seconds"] = float(self.last_pass_seconds or 0.0)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=epoch)
         tensorboard = self._tensorboard(trainer)
+        if tensorboard is not None:
+            self._log_bands(tensorboard.experiment, epoch, results)
         assert self._run is not None
         index = recorded_epochs(self._run.root).index(epoch)  # the run's n-th observation, resumed runs included
         due = index % self.settings.figures.every_n_observations == 0 or epoch == trainer.max_epochs
@@ -184,7 +200,30 @@ class SpectralGeometryCallback(L.Callback):
         if tensorboard is None:
             return
         charts = {metric: ["Multiline", [f"geometry/{metric}/.*"]] for metric in CATALOGUE.charted}
-        tensorboard.experiment.add_custom_scalars({"TGO geometry (one line per point)": charts})
+        layout = {"TGO geometry (one line per point)": charts}
+        if self.settings.groups:
+            for metric in CATALOGUE.charted:
+                layout[f"TGO {metric} \u00b1 1 jackknife s.e."] = {
+                    point.name: ["Margin", [geometry_tag(metric, key), *self._band_tags(metric, key)]]
+                    for point in self.points
+                    for key in [ObservationKey(point.name)]
+                }
+        tensorboard.experiment.add_custom_scalars(layout)
+
+    @staticmethod
+    def _band_tags(metric: str, key: ObservationKey) -> tuple[str, str]:
+        band = geometry_tag(metric, key, kind="geometry_band")
+        return f"{band}/lower", f"{band}/upper"
+
+    def _log_bands(self, writer: Any, epoch: int, results: Results) -> None:
+        """value -/+ stderr of the charted observables, drawn by the custom-scalars Margin charts."""
+        for key, result in results.items():
+            for metric in CATALOGUE.charted:
+                value, se = result.observables.get(metric, math.nan), result.stderr.get(metric, math.nan)
+                if math.isfinite(value) and math.isfinite(se):
+                    lower, upper = self._band_tags(metric, key)
+                    writer.add_scalar(lower, value - se, global_step=epoch)
+                    writer.add_scalar(upper, value + se, global_step=epoch)
 
     def _log_figures(self, writer: Any, epoch: int, results: Results) -> None:
         """Draws from what was just recorded: the records hold the whole history, also of a resumed run."""

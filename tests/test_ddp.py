@@ -16,7 +16,8 @@ from torch.utils.data import TensorDataset
 from tests.conftest import compose_train
 from tgo.observatory.pipeline import ShardPlan, observe_dataset
 from tgo.observatory.points import vit_points
-from tgo.records import load_spectra
+from tgo.records import load_series, load_spectra
+from tgo.spectral import GroupedCovariance
 from tgo.train import run
 
 EPOCH0 = [
@@ -49,6 +50,12 @@ def test_two_process_ddp_equals_one_process(tmp_path):
         )
         np.testing.assert_allclose(two[name]["mean"], one[name]["mean"], rtol=1e-10, atol=1e-12)
     assert int(one["block_01"]["n_rows"]) == 70 * 17 and int(one["cls"]["n_rows"]) == 70
+    # The jackknife (default 10 groups) travels in the same collectives: its standard errors agree too.
+    se_one, se_two = load_series(single, column="stderr"), load_series(double, column="stderr")
+    for metric in ("effective_rank", "participation_ratio", "spectral_anisotropy", "effective_rank_vs_noise"):
+        for name, (epochs, values) in se_one[metric].items():
+            assert epochs[0] == 0 and np.isfinite(values[0]) and values[0] > 0, (metric, name)
+            assert se_two[metric][name][1][0] == pytest.approx(values[0], rel=1e-10), (metric, name)
 
 
 def _free_port() -> int:
@@ -71,7 +78,16 @@ def _images(count: int) -> TensorDataset:
     return TensorDataset(torch.randn(count, 3, 16, 16, generator=generator), torch.zeros(count, dtype=torch.long))
 
 
-def _worker(rank: int, world_size: int, port: int, count: int, out: str) -> None:
+def _states(accumulators: dict) -> dict:
+    """Per point: ``[(n, covariance)]`` of every group (one entry without groups)."""
+    out = {}
+    for name, acc in accumulators.items():
+        parts = acc.groups if isinstance(acc, GroupedCovariance) else [acc]
+        out[name] = [(part.n, part.covariance()) for part in parts]
+    return out
+
+
+def _worker(rank: int, world_size: int, port: int, count: int, groups: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     calls = []
@@ -83,29 +99,39 @@ def _worker(rank: int, world_size: int, port: int, count: int, out: str) -> None
 
     net = _tiny_vit()
     accumulators = observe_dataset(
-        net, _images(count), vit_points(net), plan=ShardPlan(rank, world_size, 2), all_reduce_sum=all_reduce_sum
+        net,
+        _images(count),
+        vit_points(net),
+        plan=ShardPlan(rank, world_size, 2),
+        all_reduce_sum=all_reduce_sum,
+        groups=groups,
     )
     if rank == 0:
-        torch.save({name: (acc.n, acc.covariance()) for name, acc in accumulators.items()} | {"calls": calls}, out)
+        torch.save(_states(accumulators) | {"calls": calls}, out)
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("world_size", "count"), [(2, 7), (3, 2)], ids=["uneven-shards", "an-empty-shard"])
+@pytest.mark.parametrize(
+    ("world_size", "count", "groups"), [(2, 7, 3), (3, 2, 0)], ids=["uneven-shards-3-groups", "an-empty-shard"]
+)
 @pytest.mark.slow
-def test_uneven_and_empty_shards_count_every_image_once(tmp_path: Path, world_size: int, count: int):
+def test_uneven_and_empty_shards_count_every_image_once(tmp_path: Path, world_size: int, count: int, groups: int):
     out = str(tmp_path / "rank0.pt")
-    mp.spawn(_worker, args=(world_size, _free_port(), count, out), nprocs=world_size, join=True)
+    mp.spawn(_worker, args=(world_size, _free_port(), count, groups, out), nprocs=world_size, join=True)
     result = torch.load(out, weights_only=False)
     net = _tiny_vit()
-    reference = observe_dataset(
-        net, _images(count), vit_points(net), plan=ShardPlan(0, 1, 2), all_reduce_sum=lambda t: t
+    reference = _states(
+        observe_dataset(
+            net, _images(count), vit_points(net), plan=ShardPlan(0, 1, 2), all_reduce_sum=lambda t: t, groups=groups
+        )
     )
-    assert len(result.pop("calls")) == 2, "two collectives per observation, whatever the shard sizes"
-    for name, acc in reference.items():
-        n, cov = result[name]
-        assert n == acc.n, name
-        torch.testing.assert_close(cov, acc.covariance(), rtol=1e-10, atol=1e-12)
-    assert result["block_01"][0] == count * 17
+    assert len(result.pop("calls")) == 2, "two collectives per observation, whatever the shard sizes and groups"
+    for name, parts in reference.items():
+        assert len(result[name]) == len(parts) == max(groups, 1)
+        for (n, cov), (n_ref, cov_ref) in zip(result[name], parts, strict=True):
+            assert n == n_ref, name
+            torch.testing.assert_close(cov, cov_ref, rtol=1e-10, atol=1e-12, equal_nan=True)
+    assert sum(n for n, _ in result["block_01"]) == count * 17
 
 
 @pytest.mark.parametrize(("length", "world_size"), [(1001, 2), (1000, 8), (2, 3), (0, 2)])

@@ -237,3 +237,24 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
         values = [float(r[column]) for r in logged if r[column] != "" and int(r["step"]) == int(row["epoch"])]
         assert values == [pytest.approx(float(row["value"]), rel=1e-6, nan_ok=True)]
     assert "geometry/effective_rank/block_01" in columns and "train/loss" in " ".join(columns)
+
+
+def test_standard_errors_reach_the_loggers_and_tensorboard_draws_bands(tensorboard_run):
+    """Every finite jackknife stderr is logged beside its value; TensorBoard gets value -/+ stderr for its charts."""
+    from tgo.records import read_metric_rows
+
+    events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0}).Reload()
+    tags = set(events.Tags()["scalars"])
+    rows = [r for r in read_metric_rows(tensorboard_run) if r["stderr"] != "nan"]
+    assert {r["metric"] for r in rows} >= {"effective_rank", "participation_ratio", "effective_rank_vs_noise"}
+    for row in rows:
+        tag = f"geometry_stderr/{row['metric']}/{row['point']}"
+        logged = {e.step: e.value for e in events.Scalars(tag)}
+        assert logged[int(row["epoch"])] == pytest.approx(float(row["stderr"]), rel=1e-6)
+    row = next(r for r in rows if r["metric"] == "effective_rank" and r["point"] == "cls")
+    lower = {e.step: e.value for e in events.Scalars("geometry_band/effective_rank/cls/lower")}
+    upper = {e.step: e.value for e in events.Scalars("geometry_band/effective_rank/cls/upper")}
+    value, se = float(row["value"]), float(row["stderr"])
+    epoch = int(row["epoch"])
+    assert (lower[epoch], upper[epoch]) == (pytest.approx(value - se, rel=1e-6), pytest.approx(value + se, rel=1e-6))
+    assert "geometry_band/power_law_alpha/block_01/upper" in tags

@@ -290,7 +290,7 @@ def observe_models(
     fabric.barrier("tgo_observe_setup")  # every rank has checked its input before rank 0 writes anything
     if fabric.is_global_zero:
         out.mkdir(parents=True, exist_ok=True)
-        datamodule.write_manifest(out)
+        datamodule.write_manifest(out, jackknife_groups=settings.groups)
         described = [
             {
                 "kind": s.kind,

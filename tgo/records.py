@@ -7,7 +7,7 @@ This module owns the layout of a run directory; every other module asks `RunDir`
     <run>/checkpoints/last.ckpt              + best_epoch_NNN.ckpt, trajectory/epoch_NNN.ckpt
     <run>/tensorboard/                       TensorBoard event files
     <run>/report/                            ``python -m tgo.report`` output
-    <run>/geometry/metrics.csv               epoch,step,point,view,metric,value   (one row per observable)
+    <run>/geometry/metrics.csv               epoch,step,point,view,metric,value,stderr   (one row per observable)
     <run>/geometry/spectra/epoch_EEEE.npz    per (point, view): eigenvalues, n_rows, n_nonfinite, mean, [covariance]
 
 In a spectra file the arrays of the default view ``all`` are ``<point>/<array>`` and those of another view are
@@ -21,7 +21,9 @@ dropped, so re-observing an epoch after a resume replaces it instead of adding d
 recorded (`recorded_epochs`) once both files hold it. Values are written with ``repr(float)`` (shortest round trip,
 NaN as ``nan``), so reading back gives the exact float64 that was computed. Only rank 0 writes.
 
-Files written before views existed have no ``view`` column; they read as view ``all``.
+``stderr`` is the grouped-jackknife standard error of the value (``tgo.spectral.jackknife``), NaN where there is none
+(jackknife disabled, or a diagnostic such as ``n_rows``). Files written before views or standard errors existed have
+no ``view`` / ``stderr`` column; they read as view ``all`` and stderr ``nan``.
 """
 
 from __future__ import annotations
@@ -64,8 +66,11 @@ __all__ = [
 ]
 
 DEFAULT_VIEW = "all"
-METRICS_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "view", "metric", "value")
-_LEGACY_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "metric", "value")
+METRICS_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "view", "metric", "value", "stderr")
+_LEGACY_COLUMNS: dict[tuple[str, ...], dict[str, str]] = {  # header -> the values its missing columns read as
+    ("epoch", "step", "point", "metric", "value"): {"view": DEFAULT_VIEW, "stderr": "nan"},
+    ("epoch", "step", "point", "view", "metric", "value"): {"stderr": "nan"},
+}
 _SPECTRA_RE = re.compile(r"^epoch_(\d{4,})\.npz$")
 
 Series = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
@@ -274,7 +279,7 @@ class RecordWriter:
             step: Global optimizer step at observation time.
             results: ``{ObservationKey(point, view): PointResult}`` in point order (anything with
                 ``spectrum.eigenvalues``, ``spectrum.n_rows``, ``mean``, ``covariance`` and an ``observables``
-                mapping); a bare point name as key means view ``all``.
+                mapping, optionally a ``stderr`` mapping); a bare point name as key means view ``all``.
             with_covariance: Also store each covariance (D x D floats: large, so only on chosen epochs).
 
         Raises:
@@ -298,6 +303,7 @@ class RecordWriter:
             arrays[f"{prefix}/mean"] = np.asarray(res.mean, dtype=np.float64)
             if with_covariance:
                 arrays[f"{prefix}/covariance"] = np.asarray(res.covariance, dtype=np.float64)
+            stderr = getattr(res, "stderr", None) or {}
             for metric, value in res.observables.items():
                 rows.append(
                     {
@@ -307,6 +313,7 @@ class RecordWriter:
                         "view": view,
                         "metric": str(metric),
                         "value": _format_value(value),
+                        "stderr": _format_value(stderr.get(metric, math.nan)),
                     }
                 )
 
@@ -339,8 +346,9 @@ def read_metric_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, str]]:
         header = tuple(reader.fieldnames or ())
         if header == METRICS_COLUMNS:
             return [dict(row) for row in reader]
-        if header == _LEGACY_COLUMNS:
-            return [{**row, "view": DEFAULT_VIEW} for row in reader]
+        if header in _LEGACY_COLUMNS:
+            missing = _LEGACY_COLUMNS[header]
+            return [{column: {**row, **missing}[column] for column in METRICS_COLUMNS} for row in reader]
         raise RecordsError(f"{path}: header {list(header)} is not {list(METRICS_COLUMNS)}")
 
 
@@ -409,6 +417,7 @@ def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
                 "view": pd.array([r["view"] for r in rows], dtype=object),
                 "metric": pd.array([r["metric"] for r in rows], dtype=object),
                 "value": np.array([float(r["value"]) for r in rows], dtype=np.float64),
+                "stderr": np.array([float(r["stderr"]) for r in rows], dtype=np.float64),
             },
             columns=list(METRICS_COLUMNS),
         )
@@ -417,7 +426,11 @@ def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def load_series(
-    run_dir: str | os.PathLike[str], *, view: str = DEFAULT_VIEW, metrics: Sequence[str] | None = None
+    run_dir: str | os.PathLike[str],
+    *,
+    view: str = DEFAULT_VIEW,
+    metrics: Sequence[str] | None = None,
+    column: str = "value",
 ) -> Series:
     """The metrics of one view of a run as arrays: ``{metric: {point: (epochs, values)}}``; numpy only.
 
@@ -425,6 +438,7 @@ def load_series(
         run_dir: A run directory.
         view: Which view of the points (``all``: every row a point selects).
         metrics: Only these metrics (default: all recorded), in recorded order.
+        column: ``value``, or ``stderr`` for the jackknife standard errors of the same series.
 
     Returns:
         metric -> point -> (epochs int64 ascending, values float64); metrics and points in recorded order.
@@ -432,6 +446,8 @@ def load_series(
     Raises:
         RecordsError: not a run directory, no metrics file, or a malformed row.
     """
+    if column not in ("value", "stderr"):
+        raise ValueError(f"load_series: column must be 'value' or 'stderr', got {column!r}")
     rows = _rows_with_metrics_file(run_dir)
     wanted = None if metrics is None else set(metrics)
     collected: dict[str, dict[str, dict[int, float]]] = {}
@@ -439,9 +455,7 @@ def load_series(
         for row in rows:
             if row["view"] != view or (wanted is not None and row["metric"] not in wanted):
                 continue
-            collected.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = float(
-                row["value"]
-            )
+            collected.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = float(row[column])
     except (TypeError, ValueError) as err:
         raise RecordsError(f"{RunDir(run_dir).metrics}: malformed row ({err})") from err
     return {

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgo.config import validate_config
 from tgo.errors import ConfigError, find_user_error
+from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
 
 
@@ -108,7 +109,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
     if getattr(rank_zero_only, "rank", 0) == 0:
         atomic_write(RunDir(output_dir).config, OmegaConf.to_yaml(cfg, resolve=False))
-        manifest = datamodule.write_manifest(output_dir)
+        groups = ObservationSettings.from_config(cfg.observation).groups if "observation" in cfg else 0
+        manifest = datamodule.write_manifest(output_dir, jackknife_groups=groups)
         rank_zero_info(f"[tgo] run directory: {output_dir.resolve()}")
         rank_zero_info(f"[tgo] analysis subset manifest: {manifest}")
         rank_zero_info(f"[tgo] TensorBoard: tensorboard --logdir {RunDir(output_dir).tensorboard.resolve()}")

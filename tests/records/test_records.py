@@ -74,7 +74,7 @@ def test_metrics_csv_schema_and_value_format(tmp_path):
     results = fake_results(0, nan_point="cls")
     RecordWriter(tmp_path).write_observation(epoch=3, step=120, results=results, with_covariance=False)
     text = (tmp_path / "geometry" / "metrics.csv").read_text()
-    assert text.splitlines()[0] == "epoch,step,point,view,metric,value"
+    assert text.splitlines()[0] == "epoch,step,point,view,metric,value,stderr"
     rows = read_csv_rows(tmp_path)
     assert len(rows) == len(POINTS) * 3
     assert [r["point"] for r in rows[:3]] == ["patch_embed"] * 3  # point order, then metric order
@@ -311,18 +311,31 @@ def test_views_are_recorded_beside_the_default_view_and_read_separately(tmp_path
     assert set(load_metrics(tmp_path)["view"]) == {"all", "cls"}
 
 
-def test_files_written_before_views_existed_read_as_the_default_view(tmp_path):
+@pytest.mark.parametrize(
+    "columns", [("epoch", "step", "point", "metric", "value"), ("epoch", "step", "point", "view", "metric", "value")]
+)
+def test_files_written_before_views_and_stderr_existed_read_as_defaults(tmp_path, columns):
     RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
     path = RunDir(tmp_path).metrics
-    legacy = ["epoch,step,point,metric,value"] + [
-        ",".join(r[c] for c in ("epoch", "step", "point", "metric", "value")) for r in read_csv_rows(tmp_path)
-    ]
+    legacy = [",".join(columns)] + [",".join(r[c] for c in columns) for r in read_csv_rows(tmp_path)]
     path.write_text("\n".join(legacy) + "\n")
-    assert set(load_metrics(tmp_path)["view"]) == {"all"}
+    frame = load_metrics(tmp_path)
+    assert set(frame["view"]) == {"all"} and frame["stderr"].isna().all()
     assert recorded_epochs(tmp_path) == [0]
     RecordWriter(tmp_path).write_observation(1, 10, fake_results(1), with_covariance=False)  # upgraded on rewrite
     assert path.read_text().splitlines()[0] == ",".join(METRICS_COLUMNS)
     assert recorded_epochs(tmp_path) == [0, 1]
+
+
+def test_standard_errors_are_recorded_beside_values(tmp_path):
+    results = fake_results(0)
+    results["cls"].stderr = {"effective_rank": 0.125}
+    RecordWriter(tmp_path).write_observation(0, 0, results, with_covariance=False)
+    stderr = load_series(tmp_path, column="stderr")
+    assert stderr["effective_rank"]["cls"][1].tolist() == [0.125]
+    assert np.isnan(stderr["stable_rank"]["cls"][1][0]) and np.isnan(stderr["effective_rank"]["block_01"][1][0])
+    with pytest.raises(ValueError, match="column"):
+        load_series(tmp_path, column="mean")
 
 
 # ----------------------------------------------------------------------------------------------------------- layout

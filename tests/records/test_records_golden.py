@@ -2,8 +2,10 @@
 
 ``tests/fixtures/golden_smoke`` holds ``geometry/`` (metrics.csv and the spectra of epochs 0, 1, 2) of
 ``python -m tgo.train experiment=smoke`` as recorded before the observation model was refactored. Two runs with the
-same seed are bit-identical on CPU, so every float64 value (every observable, eigenvalue, mean and covariance)
-must be equal exactly. Files may gain columns, metrics or arrays; none may lose or change one.
+same seed are bit-identical on CPU, so with the jackknife off (``observation.groups=0``: one accumulator per point, as
+then) every float64 value (every observable, eigenvalue, mean and covariance) must be equal exactly. With the default
+jackknife the total covariance is the merge of the group accumulators, summed in another order: equal to 1e-12.
+Files may gain columns, metrics or arrays; none may lose or change one.
 
 To regenerate after an intended change of a number, run the smoke experiment and copy its ``geometry/`` here, and
 say in the commit message which numbers changed and why.
@@ -25,7 +27,24 @@ GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden_smoke"
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return smoke_run_dir(tmp_path_factory)
+    """The smoke experiment as recorded before the jackknife existed (one accumulator per point)."""
+    from tests.conftest import compose_train
+    from tgo.train import run
+
+    run_dir = tmp_path_factory.mktemp("golden") / "run"
+    run(
+        compose_train(
+            run_dir,
+            [
+                "experiment=smoke",
+                "observation.groups=0",
+                "observation.figures.heatmaps=false",
+                "observation.figures.spectra=false",
+                "observation.figures.layer_epoch=false",
+            ],
+        )
+    )
+    return run_dir
 
 
 def _values(run_dir: Path) -> dict[tuple[str, str, str, str], float]:
@@ -43,6 +62,13 @@ def test_every_golden_metric_is_recorded_bit_for_bit(smoke_run: Path) -> None:
         if not (golden[k] == now[k] or (math.isnan(golden[k]) and math.isnan(now[k])))
     ]
     assert not changed, f"{len(changed)} recorded values changed, e.g. {changed[:3]}"
+
+
+def test_the_default_jackknife_run_changes_no_value_beyond_rounding(tmp_path_factory: pytest.TempPathFactory) -> None:
+    golden, now = _values(GOLDEN), _values(smoke_run_dir(tmp_path_factory))
+    assert set(golden) <= set(now)
+    for key, value in golden.items():
+        assert now[key] == pytest.approx(value, rel=1e-12, abs=1e-12, nan_ok=True), key
 
 
 def test_every_golden_spectrum_array_is_recorded_bit_for_bit(smoke_run: Path) -> None:

@@ -152,7 +152,8 @@ def test_k_equal_variance_directions_give_rank_k_everywhere(k: int):
 
 
 # ---------------------------------------------------------------------------------------------------- invariances
-SPECTRAL_KEYS = tuple(k for k in METRIC_KEYS if k not in ("offdiag_energy_fraction", "mean_abs_offdiag_correlation"))
+BASIS_DEPENDENT = ("offdiag_energy_fraction", "mean_abs_offdiag_correlation")  # and the *_diagonal baselines
+SPECTRAL_KEYS = tuple(k for k in METRIC_KEYS if k not in BASIS_DEPENDENT and not k.endswith("_diagonal"))
 INVARIANT_KEYS = tuple(k for k in SPECTRAL_KEYS if k not in ("total_variance", "top_eigenvalue"))
 BASE = make_rows(2000, power_law_spectrum(20, 1.2), massive=2, seed=9)
 
@@ -204,8 +205,11 @@ def test_zero_total_variance_gives_nan_ratios_and_real_totals():
     acc.update(torch.full((10, 5), 3.25))  # constant rows
     out = summarize(acc.covariance(), eigendecompose(acc.covariance(), acc.n))
     assert out["total_variance"] == 0 and out["top_eigenvalue"] == 0 and out["n_rows"] == 10
-    ratios = [k for k in METRIC_KEYS if k not in ("total_variance", "top_eigenvalue")]
+    # The noise baselines depend on the shape (N, D) only, so they stay defined; everything else is a ratio.
+    baselines = [k for k in METRIC_KEYS if k.endswith("_noise") and not k.endswith("_vs_noise")]
+    ratios = [k for k in METRIC_KEYS if k not in ("total_variance", "top_eigenvalue", *baselines)]
     assert all(math.isnan(out[k]) for k in ratios), {k: out[k] for k in ratios}
+    assert len(baselines) == 5 and all(out[k] > 0 for k in baselines)
     zeros = np.zeros(5)
     assert all(math.isnan(f(zeros)) for f in (*RANK_MEASURES, spectral_entropy, spectral_anisotropy, spectral_flatness))
     assert math.isnan(components_for_variance(zeros, 0.9)) and np.isnan(decay_curve(zeros)).all()

@@ -36,6 +36,7 @@ from tgo.data.transforms import (
     build_train_transform,
 )
 from tgo.records import RunDir, atomic_write_json
+from tgo.spectral.jackknife import jackknife_groups as assign_jackknife_groups
 
 __all__ = ["TGODataModule"]
 
@@ -365,9 +366,24 @@ class TGODataModule(L.LightningDataModule):
             "items": [item.to_json() for item in items],
         }
 
-    def write_manifest(self, run_dir: str | Path) -> Path:
-        """Write ``<run_dir>/analysis_subset.json`` atomically (call on global rank zero) and return its path."""
-        return atomic_write_json(RunDir(run_dir).manifest, self.manifest())
+    def write_manifest(self, run_dir: str | Path, *, jackknife_groups: int = 0) -> Path:
+        """Write ``<run_dir>/analysis_subset.json`` atomically (call on global rank zero) and return its path.
+
+        Args:
+            run_dir: The run directory.
+            jackknife_groups: ``G`` of the observation's jackknife (``observation.groups``); when ``>= 2`` the
+                manifest records the group of every item (``jackknife.group_of_item``, in item order), so a reader
+                can see which images each leave-one-group-out spectrum left out.
+        """
+        manifest = self.manifest()
+        if jackknife_groups >= 2:
+            groups = assign_jackknife_groups(self.analysis_dataset.labels, jackknife_groups)
+            manifest["jackknife"] = {
+                "groups": int(jackknife_groups),
+                "rule": "class-stratified round robin",
+                "group_of_item": groups.tolist(),
+            }
+        return atomic_write_json(RunDir(run_dir).manifest, manifest)
 
     def __repr__(self) -> str:
         return (

@@ -10,16 +10,18 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from tgo.observatory.points import ObservationPoint
 from tgo.observatory.results import Results, summarize_accumulators
 from tgo.observatory.settings import ObservationSettings
 from tgo.observatory.stream import reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
-from tgo.spectral import StreamingCovariance
+from tgo.spectral import jackknife_groups
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -65,12 +67,18 @@ class ShardSampler(Sampler[int]):
     ``torch.utils.data.DistributedSampler`` pads the last shard with repeated images (1001 items on 2 ranks ->
     1002, one image counted twice). Lightning's ``UnrepeatedDistributedSampler`` does not pad but asserts when a
     rank would get no item (more ranks than images); here an empty shard is simply empty.
+
+    With ``group_of_item`` (jackknife groups) the shard is visited group by group (stable within a group), so a
+    batch holds images of one or two groups and the grouped accumulators see few, large updates.
     """
 
-    def __init__(self, length: int, rank: int, world_size: int) -> None:
+    def __init__(self, length: int, rank: int, world_size: int, group_of_item: np.ndarray | None = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        self.indices = range(rank, length, world_size)
+        indices: Sequence[int] = range(rank, length, world_size)
+        if group_of_item is not None:
+            indices = sorted(indices, key=lambda i: int(group_of_item[i]))
+        self.indices = indices
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices)
@@ -79,9 +87,43 @@ class ShardSampler(Sampler[int]):
         return len(self.indices)
 
 
-def shard_loader(dataset: Dataset, plan: ShardPlan) -> DataLoader:
-    """A loader over this rank's disjoint shard: every image is counted exactly once over all ranks."""
-    sampler = ShardSampler(len(dataset), plan.rank, plan.world_size)  # type: ignore[arg-type]  # map-style: Sized
+class _WithGroups(Dataset):
+    """``(image, label, group)`` items: the analysis subset with each image's jackknife group."""
+
+    def __init__(self, dataset: Dataset, group_of_item: np.ndarray) -> None:
+        self.dataset, self.group_of_item = dataset, group_of_item
+
+    def __len__(self) -> int:
+        return len(self.group_of_item)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any, int]:
+        item = self.dataset[index]
+        if not isinstance(item, (tuple, list)):
+            item = (item,)
+        image, label = item[0], (item[1] if len(item) > 1 else -1)
+        return image, label, int(self.group_of_item[index])
+
+
+def group_of_items(dataset: Dataset, groups: int) -> np.ndarray:
+    """The jackknife group of every item: class-stratified from ``dataset.labels`` (the analysis subset has them),
+    else from the labels of a ``TensorDataset``, else dealt round robin by position.
+    """
+    labels = getattr(dataset, "labels", None)
+    if labels is None and isinstance(dataset, TensorDataset) and len(dataset.tensors) > 1:
+        labels = dataset.tensors[1].cpu().numpy()
+    if labels is None:
+        labels = np.zeros(len(dataset), dtype=np.int64)  # type: ignore[arg-type]  # map-style: Sized
+    return jackknife_groups(np.asarray(labels), groups)
+
+
+def shard_loader(dataset: Dataset, plan: ShardPlan, group_of_item: np.ndarray | None = None) -> DataLoader:
+    """A loader over this rank's disjoint shard: every image is counted exactly once over all ranks.
+
+    With ``group_of_item`` the batches are ``(images, labels, group ids)``, group by group.
+    """
+    sampler = ShardSampler(len(dataset), plan.rank, plan.world_size, group_of_item)  # type: ignore[arg-type]
+    if group_of_item is not None:
+        dataset = _WithGroups(dataset, group_of_item)
     return DataLoader(
         dataset,
         batch_size=plan.batch_size,
@@ -101,7 +143,8 @@ def observe_dataset(
     all_reduce_sum: SumFn,
     device: torch.device | str | None = None,
     gram_dtype: torch.dtype = torch.float64,
-) -> dict[str, StreamingCovariance]:
+    groups: int = 0,
+) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
     Every rank makes exactly the same collective calls (two, inside ``allreduce_accumulators``), whatever the
@@ -115,12 +158,14 @@ def observe_dataset(
         all_reduce_sum: Element-wise sum over ranks (identity on one process).
         device: Where activations and accumulators live.
         gram_dtype: Gram product precision (float64 exact, float32 faster).
+        groups: Jackknife groups (0: none); the group states travel in the same two collectives.
 
     Returns:
-        Accumulators holding the global sums, one per point, in point order, identical on every rank.
+        Accumulators holding the global sums, one per point (a `GroupedCovariance` with ``groups``), in point
+        order, identical on every rank.
     """
-    loader = shard_loader(dataset, plan)
-    accumulators = stream_activations(model, loader, points, device=device, gram_dtype=gram_dtype)
+    loader = shard_loader(dataset, plan, group_of_items(dataset, groups) if groups else None)
+    accumulators = stream_activations(model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups)
     reduce_accumulators(accumulators, all_reduce_sum)
     return accumulators
 
@@ -185,6 +230,7 @@ def observe_and_record(
         all_reduce_sum=all_reduce_sum,
         device=device,
         gram_dtype=settings.torch_gram_dtype,
+        groups=settings.groups,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":

@@ -15,12 +15,21 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from tgo.spectral import CATALOGUE, Spectrum, StreamingCovariance, eigendecompose, summarize
+from tgo.spectral import (
+    CATALOGUE,
+    GroupedCovariance,
+    Spectrum,
+    StreamingCovariance,
+    eigendecompose,
+    jackknife_stderr,
+    leave_one_group_out,
+    summarize,
+)
 
 from .points import ObservationPoint
 
@@ -51,12 +60,14 @@ class PointResult:
         observables: ``{metric: value}`` from ``tgo.spectral.summarize`` (NaN where undefined), catalogue order.
         mean: float64 ``[D]`` mean activation.
         covariance: float64 ``[D, D]`` unbiased covariance (kept so records can store it on chosen epochs).
+        stderr: ``{metric: jackknife standard error}`` (NaN where there is none: no jackknife, or a diagnostic).
     """
 
     spectrum: Spectrum
     observables: dict[str, float]
     mean: np.ndarray
     covariance: np.ndarray
+    stderr: dict[str, float] = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
@@ -88,8 +99,22 @@ class Results(dict[ObservationKey, PointResult]):
         return {key.point: result for key, result in self.items() if key.view == view}
 
 
+def _moments(acc: StreamingCovariance) -> tuple[np.ndarray, np.ndarray, int, int]:
+    cov = acc.covariance().detach().cpu().numpy().astype(np.float64, copy=False)
+    mean = acc.mean().detach().cpu().numpy().astype(np.float64, copy=False)
+    return cov, mean, int(acc.n), int(acc.n_nonfinite)
+
+
+def _observables(
+    moments: tuple[np.ndarray, np.ndarray, int, int], fit_range: Sequence[int] | None
+) -> tuple[Spectrum, dict[str, float]]:
+    cov, _, n_rows, n_nonfinite = moments
+    spectrum = eigendecompose(cov, n_rows=n_rows, n_nonfinite=n_nonfinite)
+    return spectrum, summarize(cov, spectrum, fit_range=fit_range)
+
+
 def summarize_accumulators(
-    accumulators: Mapping[str, StreamingCovariance],
+    accumulators: Mapping[str, StreamingCovariance | GroupedCovariance],
     points: Sequence[ObservationPoint] | None = None,
     *,
     nan_if_nonfinite: bool = False,
@@ -97,13 +122,17 @@ def summarize_accumulators(
 ) -> Results:
     """Eigendecompose (float64) and compute the observables of every point; call on one rank after reduction.
 
+    A `GroupedCovariance` (jackknife groups) is summarised from the exact merge of its groups, and each of its ``G``
+    leave-one-group-out merges gives the catalogue's observables once more, from which every geometry observable
+    gets its delete-a-group jackknife standard error (`tgo.spectral.jackknife_stderr`); diagnostics get none.
+
     Args:
-        accumulators: Reduced accumulators ``{point name: StreamingCovariance}``.
+        accumulators: Reduced accumulators ``{point name: StreamingCovariance | GroupedCovariance}``.
         points: Order of the result (default: the accumulators' order); every point needs an accumulator.
-        nan_if_nonfinite: A point that saw any non-finite row gets NaN geometry observables (the catalogue's
-            diagnostics stay real so the record says why). The accumulator excludes such rows, so without this the
-            observables would quietly describe only the finite part. Spectrum, mean and covariance of the finite
-            rows are kept either way, for diagnosis.
+        nan_if_nonfinite: A point that saw any non-finite row gets NaN geometry observables and standard errors
+            (the catalogue's diagnostics stay real so the record says why). The accumulator excludes such rows, so
+            without this the observables would quietly describe only the finite part. Spectrum, mean and covariance
+            of the finite rows are kept either way, for diagnosis.
         fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
 
     Returns:
@@ -113,27 +142,28 @@ def summarize_accumulators(
     missing = [n for n in names if n not in accumulators]
     if missing:
         raise ValueError(f"summarize_accumulators: no accumulator for point(s) {missing}")
-    # Every torch op first, then all numpy work under a one-thread BLAS: numpy's BLAS pool (OpenBLAS threads) and
-    # torch's OpenMP pool otherwise spin against each other on the same cores. Measured on 2 CPU cores: 15 points of
-    # D=384 took ~7 s with both pools at 2 threads and ~0.5 s like this; a 384x384 eigvalsh gains nothing from threads.
-    moments = {}
-    for name in names:
-        acc = accumulators[name]
-        cov = acc.covariance().detach().cpu().numpy().astype(np.float64, copy=False)
-        mean = acc.mean().detach().cpu().numpy().astype(np.float64, copy=False)
-        moments[name] = (cov, mean, int(acc.n), int(acc.n_nonfinite))
     diagnostics = CATALOGUE.diagnostics
     out = Results()
-    with _single_threaded_blas():
-        for name in names:
-            cov, mean, n_rows, n_nonfinite = moments[name]
-            spectrum = eigendecompose(cov, n_rows=n_rows, n_nonfinite=n_nonfinite)
-            observables = summarize(cov, spectrum, fit_range=fit_range)
-            if nan_if_nonfinite and n_nonfinite > 0:
-                observables = {k: (v if k in diagnostics else math.nan) for k, v in observables.items()}
-            out[ObservationKey(name)] = PointResult(
-                spectrum=spectrum, observables=observables, mean=mean, covariance=cov
-            )
+    for name in names:
+        acc = accumulators[name]
+        total, leave_out = leave_one_group_out(acc.groups) if isinstance(acc, GroupedCovariance) else (acc, [])
+        # Every torch op of the point first, then its numpy work under a one-thread BLAS: numpy's BLAS pool
+        # (OpenBLAS threads) and torch's OpenMP pool otherwise spin against each other on the same cores. Measured
+        # on 2 CPU cores: 15 points of D=384 took ~7 s with both pools at 2 threads and ~0.5 s like this.
+        moments = _moments(total)
+        leave_out_moments = [_moments(a) for a in leave_out]
+        with _single_threaded_blas():
+            spectrum, observables = _observables(moments, fit_range)
+            replicates = [_observables(m, fit_range)[1] for m in leave_out_moments]
+        stderr = {
+            k: jackknife_stderr([r[k] for r in replicates]) if k not in diagnostics else math.nan for k in observables
+        }
+        if nan_if_nonfinite and moments[3] > 0:
+            observables = {k: (v if k in diagnostics else math.nan) for k, v in observables.items()}
+            stderr = dict.fromkeys(stderr, math.nan)
+        out[ObservationKey(name)] = PointResult(
+            spectrum=spectrum, observables=observables, mean=moments[1], covariance=moments[0], stderr=stderr
+        )
     return out
 
 

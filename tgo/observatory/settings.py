@@ -122,6 +122,10 @@ class ObservationSettings:
             of an offline trajectory), ``all``, ``none``, or a list of epochs.
         fit_range: ``(start, stop)``, 1-based inclusive eigenvalue indices of the power-law fit (``None``: default
             ``1 .. D // 2``).
+        groups: Jackknife groups ``G``: the analysis images are split into ``G`` class-stratified groups, each row
+            is accumulated in its image's group, and every observable gets a delete-a-group jackknife standard
+            error from the ``G`` leave-one-group-out spectra (``tgo.spectral.jackknife``). ``0`` disables it (one
+            accumulator per point, standard errors NaN); otherwise at least 2.
         figures: TensorBoard figure settings (`FigureSettings`).
     """
 
@@ -133,6 +137,7 @@ class ObservationSettings:
     nonfinite: str = "warn"
     keep_covariance: str | tuple[int, ...] = "first_last"
     fit_range: tuple[int, int] | None = None
+    groups: int = 10
     figures: FigureSettings = field(default_factory=FigureSettings)
 
     def __post_init__(self) -> None:
@@ -171,6 +176,10 @@ class ObservationSettings:
                     f"{PREFIX}.fit_range: expected null or [start, stop] with 1 <= start < stop, got {fit!r}"
                 )
             object.__setattr__(self, "fit_range", (int(fit[0]), int(fit[1])))
+        if not _is_int(self.groups) or self.groups < 0 or self.groups == 1:
+            raise ObservationSettingsError(
+                f"{PREFIX}.groups: expected 0 (no jackknife) or an integer >= 2, got {self.groups!r}"
+            )
         if isinstance(self.figures, Mapping):
             object.__setattr__(self, "figures", _figures_from(self.figures))
         elif not isinstance(self.figures, FigureSettings):

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tgo.spectral import StreamingCovariance, allreduce_accumulators, strict_fp32_math
+from tgo.spectral import GroupedCovariance, StreamingCovariance, allreduce_accumulators, strict_fp32_math
 
 from .points import ObservationPoint, resolve_points, unwrap_model
 from .probe import Probe, num_prefix_tokens_of
@@ -64,16 +64,32 @@ def exact_inference(device_type: str) -> Iterator[None]:
         yield
 
 
-class _LazyAccumulator:
-    """Creates the `StreamingCovariance` on the first update, when the feature dimension is known."""
+Accumulator = StreamingCovariance | GroupedCovariance
+"""One point's state: one accumulator, or one per jackknife group."""
 
-    def __init__(self, gram_dtype: torch.dtype, device: torch.device) -> None:
-        self.gram_dtype, self.device = gram_dtype, device
-        self.acc: StreamingCovariance | None = None
+
+class _LazyAccumulator:
+    """Creates the point's accumulator on the first update, when the feature dimension is known.
+
+    With ``groups > 0`` it is a `GroupedCovariance` and every update is split by ``batch_groups`` (the group id of
+    each image of the current batch, set by the streaming loop before the forward).
+    """
+
+    def __init__(self, gram_dtype: torch.dtype, device: torch.device, groups: int = 0) -> None:
+        self.gram_dtype, self.device, self.groups = gram_dtype, device, groups
+        self.acc: Accumulator | None = None
+        self.batch_groups: torch.Tensor | None = None
+
+    def make(self, dim: int) -> Accumulator:
+        if self.groups:
+            return GroupedCovariance(self.groups, dim, gram_dtype=self.gram_dtype, device=self.device)
+        return StreamingCovariance(dim, gram_dtype=self.gram_dtype, device=self.device)
 
     def update(self, x: torch.Tensor) -> None:
         if self.acc is None:
-            self.acc = StreamingCovariance(int(x.shape[-1]), gram_dtype=self.gram_dtype, device=self.device)
+            self.acc = self.make(int(x.shape[-1]))
+        if isinstance(self.acc, GroupedCovariance):
+            self.acc.batch_groups = self.batch_groups
         self.acc.update(x)
 
 
@@ -83,6 +99,13 @@ def _model_device(model: nn.Module) -> torch.device:
     for b in model.buffers():
         return b.device
     return torch.device("cpu")
+
+
+def _groups_of(batch: Any) -> torch.Tensor:
+    """The jackknife group ids of a batch: the third element of ``(images, labels, groups)``."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 3 and isinstance(batch[2], torch.Tensor):
+        return batch[2]
+    raise TypeError("stream_activations: with groups > 0 every batch must be (images, labels, group ids)")
 
 
 def _images_of(batch: Any) -> torch.Tensor:
@@ -151,19 +174,23 @@ def stream_activations(
     *,
     device: torch.device | str | None = None,
     gram_dtype: torch.dtype = torch.float64,
-) -> dict[str, StreamingCovariance]:
+    groups: int = 0,
+) -> dict[str, Any]:
     """Stream this rank's batches through the model and accumulate every point's activations.
 
     Args:
         model: The model (DDP / ``torch.compile`` wrappers are looked through; the original module runs eagerly).
-        batches: Iterable of image tensors or ``(images, labels)`` pairs (a DataLoader). May be empty.
+        batches: Iterable of image tensors or ``(images, labels)`` pairs (a DataLoader); with ``groups > 0``,
+            ``(images, labels, group ids)``. May be empty.
         points: Observation points (e.g. `vit_points(model)`).
         device: Where images are moved and accumulators live; default the model's parameter device.
         gram_dtype: Dtype of the per-batch Gram product inside `StreamingCovariance` (float64 exact; float32 ~1e-8).
+        groups: Jackknife groups ``G`` (0: none). Each image's rows go to its group's accumulator only, so the Gram
+            work is unchanged.
 
     Returns:
-        ``{point.name: StreamingCovariance}`` in point order, one per point, also when no batches were seen
-        (then ``n == 0``). Not yet reduced across ranks.
+        ``{point.name: StreamingCovariance}`` (``groups == 0``) or ``{point.name: GroupedCovariance}`` in point
+        order, one per point, also when no batches were seen (then ``n == 0``). Not yet reduced across ranks.
 
     Raises:
         ValueError: unknown module paths or duplicate names (before any forward).
@@ -173,7 +200,7 @@ def stream_activations(
     points = list(points)
     modules = resolve_points(net, points)
     device = torch.device(device) if device is not None else _model_device(net)
-    lazy = {p.name: _LazyAccumulator(gram_dtype, device) for p in points}
+    lazy = {p.name: _LazyAccumulator(gram_dtype, device, groups) for p in points}
     modes = [(m, m.training) for m in net.modules()]  # per module: a deliberately frozen submodule stays frozen
     try:
         net.eval()
@@ -182,6 +209,10 @@ def stream_activations(
             n_batches = 0
             for batch in batches:
                 images = _images_of(batch).to(device, non_blocking=True)
+                if groups:
+                    ids = _groups_of(batch)
+                    for acc in lazy.values():
+                        acc.batch_groups = ids
                 net(images)
                 n_batches += 1
         missing = [p for p in points if lazy[p.name].acc is None]
@@ -199,15 +230,15 @@ def stream_activations(
             for p in missing:
                 dim = dims[p.name]
                 assert dim is not None  # points without a dimension raised above
-                lazy[p.name].acc = StreamingCovariance(dim, gram_dtype=gram_dtype, device=device)
+                lazy[p.name].acc = lazy[p.name].make(dim)
     finally:
         for m, mode in modes:
             m.training = mode
-    return {p.name: lazy[p.name].acc for p in points}  # type: ignore[misc]
+    return {p.name: lazy[p.name].acc for p in points}
 
 
 def reduce_accumulators(
-    accumulators: Mapping[str, StreamingCovariance], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+    accumulators: Mapping[str, Accumulator], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
 ) -> None:
     """Combine every rank's accumulators in place (two sum collectives in total, whatever the number of points).
 
@@ -215,8 +246,12 @@ def reduce_accumulators(
     rank); never inside a rank-zero branch.
 
     Args:
-        accumulators: ``{name: StreamingCovariance}`` from `stream_activations`.
+        accumulators: ``{name: StreamingCovariance | GroupedCovariance}`` from `stream_activations`; the group
+            accumulators of every point travel in the same two collectives.
         all_reduce_sum: Returns the element-wise sum over ranks, e.g.
             ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``; identity for a single process.
     """
-    allreduce_accumulators(list(accumulators.values()), all_reduce_sum)
+    flat: list[StreamingCovariance] = []
+    for acc in accumulators.values():
+        flat.extend(acc.groups if isinstance(acc, GroupedCovariance) else [acc])
+    allreduce_accumulators(flat, all_reduce_sum)

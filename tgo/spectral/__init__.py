@@ -15,6 +15,7 @@ Formulas, conventions and degenerate cases: ``docs/observables.md``.
 from tgo.spectral.accumulator import StreamingCovariance, allreduce_accumulators, strict_fp32_math
 from tgo.spectral.catalogue import CATALOGUE, Catalogue, Observable, SpectralInputs
 from tgo.spectral.decomposition import Spectrum, eigendecompose
+from tgo.spectral.jackknife import GroupedCovariance, jackknife_groups, jackknife_stderr, leave_one_group_out
 from tgo.spectral.observables import (
     FLATNESS_FLOOR,
     components_for_variance,
@@ -38,6 +39,7 @@ __all__ = [
     "CATALOGUE",
     "FLATNESS_FLOOR",
     "Catalogue",
+    "GroupedCovariance",
     "Observable",
     "SpectralInputs",
     "Spectrum",
@@ -49,6 +51,9 @@ __all__ = [
     "default_fit_range",
     "effective_rank",
     "eigendecompose",
+    "jackknife_groups",
+    "jackknife_stderr",
+    "leave_one_group_out",
     "mean_abs_offdiag_correlation",
     "offdiag_energy_fraction",
     "participation_ratio",

@@ -17,21 +17,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Literal
 
 import numpy as np
 
 from tgo.spectral import observables as obs
+from tgo.spectral.baselines import noise_spectra
 from tgo.spectral.decomposition import Spectrum
 
 __all__ = [
+    "BASELINED",
     "CATALOGUE",
     "Catalogue",
     "Kind",
     "Observable",
     "SpectralInputs",
     "Spread",
+    "noise_expectation",
 ]
 
 Spread = Literal["rises", "falls"]
@@ -56,6 +59,21 @@ class SpectralInputs:
     def eigenvalues(self) -> np.ndarray:
         """float64 eigenvalues, descending, non-negative."""
         return np.asarray(self.spectrum.eigenvalues, dtype=np.float64)
+
+    @property
+    def n_rows(self) -> int:
+        """Rows that entered the covariance."""
+        return int(self.spectrum.n_rows)
+
+    @property
+    def dim(self) -> int:
+        """Feature dimension ``D``."""
+        return int(self.covariance.shape[0])
+
+    @cached_property
+    def diagonal_spectrum(self) -> np.ndarray:
+        """The per-dimension variances, descending: the spectrum if every correlation were zero."""
+        return np.sort(np.clip(np.diag(self.covariance), 0.0, None))[::-1].copy()
 
     @cached_property
     def power_law(self) -> tuple[float, float]:
@@ -296,3 +314,68 @@ CATALOGUE = Catalogue(
     ]
 )
 """The observables every observation records, in record order."""
+
+# ------------------------------------------------------------------------------------------- finite-sample baselines
+BASELINED: dict[str, Callable[[np.ndarray], float]] = {
+    "effective_rank": obs.effective_rank,
+    "stable_rank": obs.stable_rank,
+    "participation_ratio": obs.participation_ratio,
+    "spectral_entropy": obs.spectral_entropy,
+    "spectral_anisotropy": obs.spectral_anisotropy,
+}
+"""Rank-type observables that get a noise baseline, an independent-channel baseline and a noise-normalised form."""
+
+
+@lru_cache(maxsize=4096)
+def noise_expectation(name: str, n_rows: int, dim: int) -> float:
+    """Mean of observable ``name`` over the seeded isotropic-noise spectra of ``(n_rows, dim)`` (cached)."""
+    if n_rows < 2:
+        return math.nan
+    f = BASELINED[name]
+    return float(np.mean([f(s) for s in noise_spectra(n_rows, dim)]))
+
+
+def _noise(name: str) -> Callable[[SpectralInputs], float]:
+    return lambda inputs: noise_expectation(name, inputs.n_rows, inputs.dim)
+
+
+def _diagonal(name: str) -> Callable[[SpectralInputs], float]:
+    return lambda inputs: BASELINED[name](inputs.diagonal_spectrum)
+
+
+def _vs_noise(name: str) -> Callable[[SpectralInputs], float]:
+    def ratio(inputs: SpectralInputs) -> float:
+        noise = noise_expectation(name, inputs.n_rows, inputs.dim)
+        value = BASELINED[name](inputs.eigenvalues)
+        return value / noise if noise > 0 else math.nan
+
+    return ratio
+
+
+for _name in BASELINED:
+    _base = CATALOGUE[_name]
+    CATALOGUE.register(
+        Observable(
+            f"{_name}_noise",
+            _noise(_name),
+            f"E[{_name}] of the sample covariance of N i.i.d. N(0, I_D) rows (same N, D)",
+            doc="docs/observables.md#finite-sample-baselines",
+        )
+    )
+    CATALOGUE.register(
+        Observable(
+            f"{_name}_diagonal",
+            _diagonal(_name),
+            f"{_name} of diag(C) alone (every correlation set to zero)",
+            doc="docs/observables.md#finite-sample-baselines",
+        )
+    )
+    CATALOGUE.register(
+        Observable(
+            f"{_name}_vs_noise",
+            _vs_noise(_name),
+            f"{_name} / {_name}_noise (1 = what structureless data of this shape gives)",
+            _base.spread,
+            doc="docs/observables.md#finite-sample-baselines",
+        )
+    )

@@ -26,7 +26,31 @@ import torch
 
 from tgo.spectral.accumulator import StreamingCovariance
 
-__all__ = ["GroupedCovariance", "jackknife_stderr", "leave_one_group_out"]
+__all__ = ["GroupedCovariance", "jackknife_groups", "jackknife_stderr", "leave_one_group_out"]
+
+
+def jackknife_groups(labels: Sequence[int] | np.ndarray, groups: int) -> np.ndarray:
+    """The jackknife group of every analysis image: class-stratified, sizes differing by at most one.
+
+    Images are taken class by class (in subset order within a class) and dealt to groups ``0, 1, ..., G-1`` in
+    turn, the count continuing across classes. Every group then holds about ``1/G`` of every class (exactly, when a
+    class has a multiple of ``G`` images), so each leave-one-group-out subset keeps the class mix, and the
+    assignment depends only on the labels: the same subset gives the same groups on every rank and every run.
+
+    Args:
+        labels: One class label per analysis image, in subset order.
+        groups: ``G >= 1``.
+
+    Returns:
+        int64 ``[len(labels)]`` group ids.
+    """
+    labels = np.asarray(labels).reshape(-1)
+    if groups < 1:
+        raise ValueError(f"jackknife_groups: groups must be >= 1, got {groups}")
+    order = np.lexsort((np.arange(labels.size), labels))  # by class, then by position in the subset
+    out = np.empty(labels.size, dtype=np.int64)
+    out[order] = np.arange(labels.size) % groups
+    return out
 
 
 class GroupedCovariance:
@@ -42,8 +66,14 @@ class GroupedCovariance:
         device: Where the state lives.
     """
 
-    def __init__(self, groups: int, dim: int, *, gram_dtype: torch.dtype = torch.float64,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        groups: int,
+        dim: int,
+        *,
+        gram_dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> None:
         if groups < 1:
             raise ValueError(f"GroupedCovariance: groups must be >= 1, got {groups}")
         self.groups = [StreamingCovariance(dim, gram_dtype=gram_dtype, device=device) for _ in range(groups)]

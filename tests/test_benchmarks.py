@@ -1,0 +1,66 @@
+"""``python -m benchmarks --smoke``: the benchmarks still run against the current API and produce every row.
+
+The benchmarks are not tests and nothing here times anything. What rots silently is the benchmark code itself: it
+reaches into library internals (the names ``observe_and_record`` calls, the callback's figure method), so an API
+refactor breaks ``make bench`` without failing a single test. This runs the whole benchmark at toy size in a fresh
+interpreter, as ``make bench`` would, and checks that ``results.json`` holds every row the table declares.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.observation_bench import ROWS
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 600  # a hang fails the test instead of blocking the suite; a normal smoke run takes well under a minute
+
+
+def run_smoke(out: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks --smoke --out OUT`` in a fresh interpreter from the repository root."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def is_measured(row: dict[str, Any]) -> bool:
+    """A finite number (not a bool) as the row's value."""
+    value = row.get("value")
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_skipped(row: dict[str, Any]) -> bool:
+    """No value, and a non-empty reason why."""
+    return row.get("value") is None and isinstance(row.get("skipped"), str) and bool(row["skipped"].strip())
+
+
+@pytest.mark.slow  # 30-45 s on 2 loaded cores: interpreter starts (torch, timm, Lightning) and matplotlib figures
+def test_smoke_run_produces_every_declared_row(tmp_path: Path) -> None:
+    proc = run_smoke(tmp_path)
+    assert proc.returncode == 0, f"benchmarks --smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["mode"] == "smoke"
+    assert results["failures"] == []
+    assert results["spectral_bench"]["returncode"] == 0, results["spectral_bench"]["output"][-2000:]
+
+    rows = {row["row"]: row for row in results["table"]}
+    assert len(rows) == len(results["table"]), "a row was written twice"
+    assert sorted(rows) == sorted(ROWS), "results.json rows differ from benchmarks.observation_bench.ROWS"
+    bad = {name: row for name, row in rows.items() if not (is_measured(row) or is_skipped(row))}
+    assert not bad, f"rows with neither a finite value nor a skip reason: {bad}"
+    assert (tmp_path / "table.txt").is_file() and (tmp_path / "spectral_bench.txt").is_file()
