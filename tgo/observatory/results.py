@@ -30,6 +30,8 @@ from tgo.spectral import (
     leave_one_group_out,
     summarize,
 )
+from tgo.spectral.jackknife import combine
+from tgo.spectral.jackknife import moments as jackknife_moments
 
 from .points import ObservationPoint
 
@@ -146,12 +148,15 @@ def summarize_accumulators(
     out = Results()
     for name in names:
         acc = accumulators[name]
-        total, leave_out = leave_one_group_out(acc.groups) if isinstance(acc, GroupedCovariance) else (acc, [])
         # Every torch op of the point first, then its numpy work under a one-thread BLAS: numpy's BLAS pool
         # (OpenBLAS threads) and torch's OpenMP pool otherwise spin against each other on the same cores. Measured
         # on 2 CPU cores: 15 points of D=384 took ~7 s with both pools at 2 threads and ~0.5 s like this.
-        moments = _moments(total)
-        leave_out_moments = [_moments(a) for a in leave_out]
+        if isinstance(acc, GroupedCovariance):
+            group_moments = [jackknife_moments(g) for g in acc.groups]
+            moments = combine(group_moments)
+            leave_out_moments = leave_one_group_out(moments, group_moments)
+        else:
+            moments, leave_out_moments = _moments(acc), []
         with _single_threaded_blas():
             spectrum, observables = _observables(moments, fit_range)
             replicates = [_observables(m, fit_range)[1] for m in leave_out_moments]

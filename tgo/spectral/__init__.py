@@ -15,7 +15,12 @@ Formulas, conventions and degenerate cases: ``docs/observables.md``.
 from tgo.spectral.accumulator import StreamingCovariance, allreduce_accumulators, strict_fp32_math
 from tgo.spectral.catalogue import CATALOGUE, Catalogue, Observable, SpectralInputs
 from tgo.spectral.decomposition import Spectrum, eigendecompose
-from tgo.spectral.jackknife import GroupedCovariance, jackknife_groups, jackknife_stderr, leave_one_group_out
+from tgo.spectral.jackknife import (
+    GroupedCovariance,
+    jackknife_groups,
+    jackknife_stderr,
+    leave_one_group_out,
+)
 from tgo.spectral.observables import (
     FLATNESS_FLOOR,
     components_for_variance,
