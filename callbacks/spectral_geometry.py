@@ -203,9 +203,10 @@ class SpectralGeometryCallback(L.Callback):
         layout = {"TGO geometry (one line per point)": charts}
         if self.settings.groups:
             for metric in CATALOGUE.charted:
+                # TensorBoard lists a category's charts last-added first: add them deepest first to read in depth order.
                 layout[f"TGO {metric} \u00b1 1 jackknife s.e."] = {
-                    point.name: ["Margin", [geometry_tag(metric, key), *self._band_tags(metric, key)]]
-                    for point in self.points
+                    f"{depth:02d} {point.name}": ["Margin", [geometry_tag(metric, key), *self._band_tags(metric, key)]]
+                    for depth, point in reversed(list(enumerate(self.points)))
                     for key in [ObservationKey(point.name)]
                 }
         tensorboard.experiment.add_custom_scalars(layout)
