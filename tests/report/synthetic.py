@@ -18,11 +18,17 @@ from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir
 Curve = Callable[[np.ndarray], np.ndarray]
 
 
-def _result(eigs: np.ndarray, observables: Mapping[str, float]) -> SimpleNamespace:
+def _result(
+    eigs: np.ndarray, observables: Mapping[str, float], stderr: Mapping[str, float] | None = None
+) -> SimpleNamespace:
     """What `RecordWriter.write_observation` reads of a `tgo.observatory.PointResult` (a diagonal covariance)."""
     spectrum = SimpleNamespace(eigenvalues=eigs, n_rows=100, n_nonfinite=0)
     return SimpleNamespace(
-        spectrum=spectrum, mean=np.zeros(eigs.size), covariance=np.diag(eigs), observables=dict(observables)
+        spectrum=spectrum,
+        mean=np.zeros(eigs.size),
+        covariance=np.diag(eigs),
+        observables=dict(observables),
+        stderr=dict(stderr or {}),
     )
 
 
@@ -34,6 +40,7 @@ def write_synthetic_run(
     fingerprint: str | None = "same",
     dim: int = 4,
     other_view: str | None = None,
+    stderr: Mapping[str, Mapping[str, Curve]] | None = None,
 ) -> Path:
     """Writes metrics, spectra (covariance at the first and last epoch) and a manifest for known curves.
 
@@ -45,6 +52,8 @@ def write_synthetic_run(
         dim: Feature width of the stored spectra.
         other_view: Also record every point under this view with the curves negated, so a test can tell whether a
             reader mixed views (the report reads view ``all`` only).
+        stderr: metric -> point -> function of the epoch array giving the jackknife standard errors recorded beside
+            the values (``None``: none recorded, as before the jackknife existed).
 
     Returns:
         ``run_dir``.
@@ -55,6 +64,10 @@ def write_synthetic_run(
         metric: {p: np.asarray(f(epochs_arr), dtype=np.float64) for p, f in per_point.items()}
         for metric, per_point in curves.items()
     }
+    errors = {
+        metric: {p: np.asarray(f(epochs_arr), dtype=np.float64) for p, f in per_point.items()}
+        for metric, per_point in (stderr or {}).items()
+    }
     writer = RecordWriter(run_dir)
     for i, epoch in enumerate(epochs_arr):
         results: dict[tuple[str, str], SimpleNamespace] = {}
@@ -63,7 +76,10 @@ def write_synthetic_run(
             observed = {
                 metric: float(per_point[point][i]) for metric, per_point in values.items() if point in per_point
             }
-            results[(point, DEFAULT_VIEW)] = _result(eigs, observed)
+            point_errors = {
+                metric: float(per_point[point][i]) for metric, per_point in errors.items() if point in per_point
+            }
+            results[(point, DEFAULT_VIEW)] = _result(eigs, observed, point_errors)
             if other_view is not None:
                 results[(point, other_view)] = _result(eigs, {m: -v for m, v in observed.items()})
         writer.write_observation(int(epoch), 10 * int(epoch), results, with_covariance=i in (0, len(epochs_arr) - 1))

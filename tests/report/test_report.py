@@ -16,7 +16,7 @@ from tgo.report.__main__ import main
 from tgo.report.aggregate import SubsetMismatchError, aggregate_runs, verdict_agreement
 from tgo.report.build import build_report
 from tgo.report.figures import observable_figures
-from tgo.report.findings import evaluate_findings
+from tgo.report.findings import VERDICTS, evaluate_findings
 from tgo.report.reference import (
     PAPER_POINTS,
     REFERENCE_OBSERVABLES,
@@ -30,6 +30,27 @@ from tgo.spectral.catalogue import CATALOGUE
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EPOCHS = np.arange(0, 11)
+REQUIRED_COLUMNS = (
+    "claim",
+    "metric",
+    "point",
+    "verdict",
+    "first",
+    "last",
+    "change",
+    "uncertainty",
+    "peak_epoch",
+    "note",
+)
+CLAIM_KEYS = {
+    "rank_rises",
+    "anisotropy_falls",
+    "entropy_rises",
+    "covariance_diagonalizes",
+    "spectra_flatten",
+    "embeddings_stable",
+    "cls_extreme",
+}
 
 
 def referenced_images(index: Path) -> list[Path]:
@@ -54,7 +75,8 @@ def test_report_of_the_smoke_run(smoke_run: Path, capsys: pytest.CaptureFixture[
     with open(RunDir(smoke_run).report / "findings.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert {r["point"] for r in rows} >= {"patch_embed", "block_04", "cls"}
-    assert {r["verdict"] for r in rows} <= {"holds", "holds then reverses", "does not hold", "n/a"}
+    assert {r["verdict"] for r in rows} <= set(VERDICTS)
+    assert set(REQUIRED_COLUMNS) <= set(rows[0])
 
 
 def two_seeds(root: Path, fingerprints: tuple[str | None, str | None] = ("same", "same")) -> list[Path]:
@@ -234,3 +256,70 @@ def test_figures_draw_the_catalogues_charted_observables(tmp_path: Path):
         if f.section == "observables"
     ]
     assert drawn == list(CATALOGUE.charted)
+
+
+def read_findings(path: Path) -> list[dict[str, str]]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_published_writes_the_findings_of_the_shipped_measurements_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    assert main(["--published", "--out", str(tmp_path / "paper")]) == 0
+    rows = read_findings(tmp_path / "paper" / "findings.csv")
+    assert list(rows[0])[:1] == ["claim"] and set(REQUIRED_COLUMNS) <= set(rows[0])
+    assert {r["claim"] for r in rows} == CLAIM_KEYS - {"covariance_diagonalizes"}  # the paper has no off-diagonal data
+    assert len(rows) == 107
+    reversals = {(r["metric"], r["point"]) for r in rows if r["verdict"] == "holds then reverses"}
+    assert {p for _, p in reversals} == {"block_09", "block_10", "block_11", "block_12"} and len(reversals) == 12
+    for row in rows:
+        if row["verdict"] in ("holds", "holds then reverses", "does not hold", "inconclusive"):
+            assert float(row["uncertainty"]) > 0 and row["peak_epoch"].isdigit(), row
+    cls = next(r for r in rows if r["claim"] == "cls_extreme")
+    assert (cls["rank"], cls["of"]) == ("1", "15") and "cls ranks 1 of 15" in cls["note"]
+    html = (tmp_path / "paper" / "index.html").read_text()
+    assert "published TGO-I measurements" in html and "inconclusive" in html
+    assert all(p.read_bytes()[:8] == PNG_MAGIC for p in referenced_images(tmp_path / "paper" / "index.html"))
+
+
+def test_published_is_refused_with_runs_or_without_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    assert main(["--published"]) == 2
+    assert "--published needs --out" in capsys.readouterr().err
+    assert main(["--published", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
+    assert "--reference paper" in capsys.readouterr().err
+    assert main([]) == 2
+
+
+def test_the_old_tolerance_option_says_what_replaced_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    assert main(["--published", "--out", str(tmp_path), "--tolerance", "0.02"]) == 2
+    assert "--window" in capsys.readouterr().err
+    assert main(["--published", "--out", str(tmp_path), "--z", "0"]) == 2
+    assert "z must be > 0" in capsys.readouterr().err
+
+
+def test_window_and_z_options_reach_the_verdicts(tmp_path: Path):
+    assert main(["--published", "--out", str(tmp_path / "a"), "--window", "0.2", "--z", "1000"]) == 0
+    rows = read_findings(tmp_path / "a" / "findings.csv")
+    assert {r["window"] for r in rows if r["window"]} == {"20"}
+    assert {r["verdict"] for r in rows} <= {"inconclusive", "n/a"}
+
+
+def test_a_run_with_standard_errors_shows_them_as_bands_and_in_the_table(tmp_path: Path):
+    curves = {"effective_rank": {"block_01": lambda e: 2.0 + 0.1 * e, "cls": lambda e: 3.0 + e}}
+    errors = {"effective_rank": {"block_01": lambda e: 0.0 * e + 0.5, "cls": lambda e: 0.0 * e + 0.01}}
+    run = write_synthetic_run(tmp_path / "run", curves, epochs=EPOCHS, stderr=errors)
+    index = build_report([run], correlation=False)
+    html = index.read_text()
+    assert "band = value ± 1 jackknife standard error" in html
+    rows = {(r["claim"], r["point"]): r for r in read_findings(index.parent / "findings.csv")}
+    block = rows[("rank_rises", "block_01")]
+    assert block["verdict"] == "inconclusive" and block["uncertainty_source"] == "jackknife"
+    assert float(block["uncertainty"]) == pytest.approx(0.5 * np.sqrt(2))
+    assert f"+0.9 ± {float(block['uncertainty']):.2g}" in html  # change of the window means ± standard error
+    assert rows[("rank_rises", "cls")]["verdict"] == "holds"
+
+
+def test_a_run_without_standard_errors_has_no_bands(tmp_path: Path):
+    run = write_synthetic_run(tmp_path / "run", {"effective_rank": {"cls": lambda e: 1.0 + e}}, epochs=EPOCHS)
+    assert "jackknife standard error" not in build_report([run], correlation=False).read_text().split("<h2")[-1]

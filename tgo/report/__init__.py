@@ -1,26 +1,33 @@
-"""``tgo.report``: figures and findings of one or more runs as an offline HTML page.
+"""``tgo.report``: figures and findings of one or more runs (or of the published TGO-I data) as an offline HTML page.
 
 Usage::
 
     python -m tgo.report RUN_DIR [RUN_DIR ...] [--out DIR] [--reference auto|paper|none] [--title TEXT]
+                         [--window 0.1] [--min-window 2] [--z 3] [--stable-tolerance 0.1]
+    python -m tgo.report --published --out DIR
 
-Modules, one job each: `runs` (find and read runs), `findings` (the paper's claims as pure functions),
-`aggregate` (several runs: mean, spread, agreement), `reference` (the published TGO-I data), `figures` (PNGs via
-`tgo.viz`), `html` (the page), `build` (the orchestrator).
+Modules, one job each: `runs` (find and read runs), `verdicts` (window means and the uncertainty of their
+differences), `findings` (the paper's claims as pure functions), `aggregate` (several runs: mean, spread,
+agreement), `reference` (the published TGO-I data), `figures` (PNGs via `tgo.viz`), `html` (the page), `build`
+(the orchestrator). The verdict rule is documented in ``docs/findings.md``.
 """
 
 from tgo.report.aggregate import SubsetMismatchError
-from tgo.report.build import build_report
-from tgo.report.findings import CLAIMS, Finding, Trend, assess_trend, evaluate_findings
+from tgo.report.build import build_published_report, build_report
+from tgo.report.findings import CLAIMS, VERDICTS, Finding, Trend, assess_trend, evaluate_findings
 from tgo.report.runs import ReportInputError
+from tgo.report.verdicts import VerdictSettings
 
 __all__ = [
     "CLAIMS",
+    "VERDICTS",
     "Finding",
     "ReportInputError",
     "SubsetMismatchError",
     "Trend",
+    "VerdictSettings",
     "assess_trend",
+    "build_published_report",
     "build_report",
     "evaluate_findings",
 ]

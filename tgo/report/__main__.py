@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tgo.errors import UserInputError
 from tgo.records import RunDir
-from tgo.report.build import REFERENCE_MODES, build_report
-from tgo.report.findings import DEFAULT_STABLE_TOLERANCE, DEFAULT_TOLERANCE
+from tgo.report.build import REFERENCE_MODES, build_published_report, build_report
+from tgo.report.verdicts import DEFAULT_MIN_WINDOW, DEFAULT_STABLE_TOLERANCE, DEFAULT_WINDOW, DEFAULT_Z, VerdictSettings
+
+_TOLERANCE_REMOVED = (
+    "--tolerance was removed: verdicts no longer compare single epochs against a fixed tolerance but window means "
+    "against their uncertainty; set the windows with --window/--min-window and the threshold with --z"
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -24,9 +30,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "runs",
-        nargs="+",
+        nargs="*",
         metavar="RUN_DIR",
         help="a run directory, or a directory containing runs (e.g. a Hydra multirun sweep)",
+    )
+    parser.add_argument(
+        "--published",
+        action="store_true",
+        help="report the shipped published TGO-I measurements alone (no RUN_DIR; needs --out)",
     )
     parser.add_argument("--out", default=None, help=f"report directory (default: <first RUN_DIR>/{RunDir.REPORT})")
     parser.add_argument(
@@ -45,10 +56,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--embed", action="store_true", help="inline the PNG figures in index.html")
     parser.add_argument("--no-correlation", action="store_true", help="skip correlation heatmaps (faster)")
     parser.add_argument(
-        "--tolerance",
+        "--window",
         type=float,
-        default=DEFAULT_TOLERANCE,
-        help=f"relative change counted as noise in verdicts (default {DEFAULT_TOLERANCE})",
+        default=DEFAULT_WINDOW,
+        help=f"verdict windows as a fraction of the observed epochs (default {DEFAULT_WINDOW})",
+    )
+    parser.add_argument(
+        "--min-window",
+        type=int,
+        default=DEFAULT_MIN_WINDOW,
+        help=f"fewest observations in a verdict window (default {DEFAULT_MIN_WINDOW})",
+    )
+    parser.add_argument(
+        "--z",
+        type=float,
+        default=DEFAULT_Z,
+        help=f"standard errors a window-mean difference must exceed to count (default {DEFAULT_Z:g})",
     )
     parser.add_argument(
         "--stable-tolerance",
@@ -56,24 +79,53 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_STABLE_TOLERANCE,
         help=f"largest relative change of a stable embedding (default {DEFAULT_STABLE_TOLERANCE})",
     )
+    parser.add_argument("--tolerance", type=float, default=None, help=argparse.SUPPRESS)  # removed: says why
     return parser.parse_args(argv)
+
+
+def _settings(args: argparse.Namespace) -> VerdictSettings:
+    """The verdict settings of the command line.
+
+    Raises:
+        UserInputError: ``--tolerance`` (removed) or a value `VerdictSettings` refuses.
+    """
+    if args.tolerance is not None:
+        raise UserInputError(_TOLERANCE_REMOVED)
+    try:
+        return VerdictSettings(args.window, args.min_window, args.z, args.stable_tolerance)
+    except ValueError as err:
+        raise UserInputError(f"verdict settings: {err}") from err
+
+
+def _run(args: argparse.Namespace) -> Path:
+    settings = _settings(args)
+    if args.published:
+        if args.runs:
+            raise UserInputError(
+                "--published reports the published data alone; to compare runs with it use RUN_DIR --reference paper"
+            )
+        if args.out is None:
+            raise UserInputError("--published needs --out DIR (there is no run directory to write into)")
+        return build_published_report(args.out, settings=settings, title=args.title, embed=args.embed)
+    if not args.runs:
+        raise UserInputError("give at least one RUN_DIR, or --published --out DIR for the published TGO-I data")
+    return build_report(
+        args.runs,
+        out=args.out,
+        reference=args.reference,
+        title=args.title,
+        allow_different_subsets=args.allow_different_subsets,
+        embed=args.embed,
+        settings=settings,
+        correlation=not args.no_correlation,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Builds the report; returns the exit status (0 ok, 2 bad input)."""
     args = parse_args(argv)
     try:
-        index = build_report(
-            args.runs,
-            out=args.out,
-            reference=args.reference,
-            title=args.title,
-            allow_different_subsets=args.allow_different_subsets,
-            embed=args.embed,
-            tolerance=args.tolerance,
-            stable_tolerance=args.stable_tolerance,
-            correlation=not args.no_correlation,
-        )
+        index = _run(args)
     except UserInputError as error:
         print(f"tgo.report: error: {error}", file=sys.stderr)
         return 2

@@ -1,5 +1,9 @@
 """Several runs as one: mean curves with ±1 standard deviation bands, and how many runs agree on each verdict.
 
+The mean is what a sweep's findings judge; every run's values (`Aggregate.replicates`) and the root mean square of
+their jackknife standard errors (`Aggregate.stderr`) go with it, so the verdict rule can weigh the seed-to-seed
+spread and the sampling error (`tgo.report.verdicts`).
+
 Runs are only comparable when they measured the same images, so `check_subsets` refuses runs whose analysis
 subset fingerprints differ (unless told otherwise). Aggregation uses the points and epochs that every run recorded.
 """
@@ -9,7 +13,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,7 +21,15 @@ from tgo.records import RunDir
 from tgo.report.findings import VERDICTS, Finding
 from tgo.report.runs import ReportInputError, RunData
 
-__all__ = ["Aggregate", "SubsetMismatchError", "aggregate_runs", "agreement_text", "check_subsets", "verdict_agreement"]
+__all__ = [
+    "Aggregate",
+    "SubsetMismatchError",
+    "aggregate_runs",
+    "agreement_text",
+    "check_subsets",
+    "single_aggregate",
+    "verdict_agreement",
+]
 
 FindingKey = tuple[str, str, str]  # (claim, metric, point)
 
@@ -60,7 +72,7 @@ def check_subsets(runs: Sequence[RunData], *, allow_different: bool = False) -> 
 
 @dataclass
 class Aggregate:
-    """The runs' mean series and spread.
+    """The runs' mean series, their spread, and what the verdict rule needs to judge the mean.
 
     Attributes:
         mean: metric -> point -> (epochs, mean over runs).
@@ -68,6 +80,11 @@ class Aggregate:
         high: metric -> point -> mean + std per epoch.
         n_runs: How many runs went in.
         points: Points every run recorded, in the first run's order.
+        stderr: metric -> point -> (epochs, jackknife standard error): the root mean square over runs of the runs'
+            recorded standard errors (NaN where no run recorded one). Not divided by the square root of the number
+            of runs: the runs measure one analysis subset, so its sampling error is common to them.
+        replicates: metric -> point -> (epochs, [runs, epochs] values): every run at the mean's epochs, from which
+            the verdict rule takes the seed-to-seed spread (`tgo.report.verdicts`).
     """
 
     mean: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
@@ -75,10 +92,36 @@ class Aggregate:
     high: dict[str, dict[str, np.ndarray]]
     n_runs: int
     points: list[str]
+    stderr: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    replicates: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
 
     def bands(self, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """point -> (low, high) for `tgo.viz.observable_lines_figure`."""
+        """point -> (mean - std, mean + std) for `tgo.viz.observable_lines_figure` (the runs' spread)."""
         return {p: (self.low[metric][p], self.high[metric][p]) for p in self.low.get(metric, {})}
+
+    def stderr_bands(self, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """point -> (mean - stderr, mean + stderr) where standard errors were recorded (empty when none was).
+
+        Epochs without a standard error leave a gap in the band rather than a band of zero width.
+        """
+        bands = {}
+        for point, (_, se) in self.stderr.get(metric, {}).items():
+            if point in self.mean.get(metric, {}) and np.any(np.isfinite(se)):
+                mu = self.mean[metric][point][1]
+                bands[point] = (mu - se, mu + se)
+        return bands
+
+
+def _rms(stack: np.ndarray) -> np.ndarray:
+    """Root mean square over runs, ignoring NaN (NaN where every run is NaN)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.sqrt(np.nanmean(stack**2, axis=0))
+
+
+def _table(series: tuple[np.ndarray, np.ndarray]) -> dict[float, float]:
+    epochs, values = series
+    return dict(zip(np.asarray(epochs).tolist(), np.asarray(values).tolist(), strict=False))
 
 
 def aggregate_runs(runs: Sequence[RunData]) -> Aggregate:
@@ -86,6 +129,7 @@ def aggregate_runs(runs: Sequence[RunData]) -> Aggregate:
 
     Only points and epochs recorded by every run are used, so each mean is over the same number of runs. NaN
     values (a point with non-finite activations) are ignored in the mean and spread (``nanmean``/``nanstd``).
+    Every run's values and the root mean square of their standard errors are kept for the verdict rule.
 
     Args:
         runs: One or more runs.
@@ -102,27 +146,45 @@ def aggregate_runs(runs: Sequence[RunData]) -> Aggregate:
     if not points:
         raise ReportInputError(f"the runs share no observation point ({', '.join(r.name for r in runs)})")
     metrics = [m for m in runs[0].series if all(m in r.series for r in runs[1:])]
-    mean: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-    low: dict[str, dict[str, np.ndarray]] = {}
-    high: dict[str, dict[str, np.ndarray]] = {}
+    agg = Aggregate(mean={}, low={}, high={}, n_runs=len(runs), points=points)
     for metric in metrics:
         for point in points:
             if not all(point in r.series[metric] for r in runs):
                 continue
-            tables = [dict(zip(*(a.tolist() for a in r.series[metric][point]), strict=False)) for r in runs]
+            tables = [_table(r.series[metric][point]) for r in runs]
             epochs = sorted(set.intersection(*(set(t) for t in tables)))
             if not epochs:
                 continue
             stack = np.array([[t[e] for e in epochs] for t in tables], dtype=np.float64)
+            errors = [_table(r.stderr[metric][point]) if point in r.stderr.get(metric, {}) else {} for r in runs]
+            se_stack = np.array([[t.get(e, np.nan) for e in epochs] for t in errors], dtype=np.float64)
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN epochs: NaN mean is the answer
                 mu = np.nanmean(stack, axis=0)
                 sd = np.nanstd(stack, axis=0, ddof=1) if len(runs) > 1 else np.zeros_like(mu)
             sd = np.where(np.isfinite(sd), sd, 0.0)
-            mean.setdefault(metric, {})[point] = (np.array(epochs, dtype=np.int64), mu)
-            low.setdefault(metric, {})[point] = mu - sd
-            high.setdefault(metric, {})[point] = mu + sd
-    return Aggregate(mean=mean, low=low, high=high, n_runs=len(runs), points=points)
+            epoch_array = np.array(epochs, dtype=np.int64)
+            agg.mean.setdefault(metric, {})[point] = (epoch_array, mu)
+            agg.low.setdefault(metric, {})[point] = mu - sd
+            agg.high.setdefault(metric, {})[point] = mu + sd
+            agg.stderr.setdefault(metric, {})[point] = (epoch_array, _rms(se_stack))
+            agg.replicates.setdefault(metric, {})[point] = (epoch_array, stack)
+    return agg
+
+
+def single_aggregate(
+    series: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], points: Sequence[str] | None = None
+) -> Aggregate:
+    """One set of series (the published measurements) as an `Aggregate` of one run, for the report's figures."""
+    points = list(points) if points is not None else list(dict.fromkeys(p for s in series.values() for p in s))
+    agg = Aggregate(mean={}, low={}, high={}, n_runs=1, points=points)
+    for metric, per_point in series.items():
+        for point, (epochs, values) in per_point.items():
+            mu = np.asarray(values, dtype=np.float64)
+            agg.mean.setdefault(metric, {})[point] = (np.asarray(epochs), mu)
+            agg.low.setdefault(metric, {})[point] = mu
+            agg.high.setdefault(metric, {})[point] = mu
+    return agg
 
 
 def verdict_agreement(per_run: Sequence[Sequence[Finding]]) -> dict[FindingKey, Counter]:

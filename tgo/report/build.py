@@ -1,6 +1,7 @@
 """Builds the report of one or more runs: load -> check subsets -> aggregate -> findings -> figures -> HTML.
 
 The single orchestrator of ``tgo.report``; every step is a function of another module, so each can be tested alone.
+`build_published_report` runs the same findings and figures on the shipped published TGO-I measurements alone.
 """
 
 from __future__ import annotations
@@ -9,27 +10,74 @@ import csv
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
 from tgo.records import RunDir
-from tgo.report.aggregate import Aggregate, aggregate_runs, agreement_text, check_subsets, verdict_agreement
-from tgo.report.figures import observable_figures, spectrum_figures
-from tgo.report.findings import (
-    DEFAULT_STABLE_TOLERANCE,
-    DEFAULT_TOLERANCE,
-    VERDICTS,
-    Finding,
-    evaluate_findings,
+from tgo.report.aggregate import (
+    Aggregate,
+    aggregate_runs,
+    agreement_text,
+    check_subsets,
+    single_aggregate,
+    verdict_agreement,
 )
+from tgo.report.figures import FigureRef, observable_figures, spectrum_figures
+from tgo.report.findings import VERDICTS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
-from tgo.report.reference import compare_with_reference, is_tgo1_like, load_reference
+from tgo.report.reference import (
+    PAPER_POINTS,
+    compare_with_reference,
+    is_tgo1_like,
+    load_reference,
+    reference_path,
+)
 from tgo.report.runs import ReportInputError, RunData, discover_runs, load_run_data, run_names
+from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
 
-__all__ = ["REFERENCE_MODES", "build_report", "default_out_dir"]
+__all__ = [
+    "FINDINGS_COLUMNS",
+    "REFERENCE_MODES",
+    "build_published_report",
+    "build_report",
+    "default_out_dir",
+    "findings_rows",
+]
 
 REFERENCE_MODES = ("auto", "paper", "none")
+FINDINGS_COLUMNS: tuple[str, ...] = (
+    "claim",
+    "statement",
+    "metric",
+    "point",
+    "expected",
+    "verdict",
+    "first",
+    "last",
+    "change",
+    "relative_change",
+    "uncertainty",
+    "uncertainty_source",
+    "z",
+    "window",
+    "spearman",
+    "peak_epoch",
+    "peak_window",
+    "peak_value",
+    "drop",
+    "drop_uncertainty",
+    "rank",
+    "of",
+    "margin",
+    "margin_uncertainty",
+    "note",
+    "agreement",
+)
+"""The columns of ``findings.csv``. ``first``/``last`` are window means, ``change = last - first``, ``uncertainty``
+its standard error (the largest of the sources; ``uncertainty_source`` names it), ``z = change / uncertainty``,
+``window`` the observations per window; ``peak_*`` describe the best window in the claimed direction and ``drop``
+how far the last window fell back from it; ``rank``/``of``/``margin`` are filled for the CLS claims (final window)."""
 
 
 def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
@@ -54,6 +102,14 @@ def _pct(value: float) -> str:
     return "" if not math.isfinite(value) else f"{value:+.1%}"
 
 
+def _plus_minus(value: float, uncertainty: Uncertainty) -> str:
+    """``+1.23 ± 0.045`` (the value alone when there is no uncertainty)."""
+    if not math.isfinite(value):
+        return ""
+    total = uncertainty.total
+    return f"{value:+.4g}" + (f" ± {total:.2g}" if math.isfinite(total) else "")
+
+
 def _finding_cells(f: Finding) -> list[str]:
     t = f.trend
     if t is None:
@@ -64,10 +120,10 @@ def _finding_cells(f: Finding) -> list[str]:
         f.expected,
         _fmt(t.first),
         _fmt(t.last),
-        _fmt(t.change),
+        _plus_minus(t.change, t.uncertainty),
         _pct(t.relative_change),
         _fmt(t.spearman, 3),
-        _fmt(t.extreme_epoch),
+        t.peak_window,
         f.verdict,
         f.note,
     ]
@@ -77,12 +133,12 @@ FINDING_HEADERS = [
     "claim",
     "point",
     "expected",
-    "first",
-    "last",
-    "change",
+    "first (window mean)",
+    "last (window mean)",
+    "change ± standard error",
     "relative change",
     "Spearman (epoch)",
-    "peak/trough epoch",
+    "peak/trough window",
     "verdict",
     "note",
 ]
@@ -99,49 +155,131 @@ def _claim_summary(findings: Sequence[Finding]) -> Table:
     return Table(["claim", *VERDICTS, "points"], rows, left=[0])
 
 
+def _csv_number(value: float | int | None) -> str:
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def findings_rows(findings: Sequence[Finding], agreement: dict | None = None, n_runs: int = 1) -> list[dict]:
+    """The findings as `FINDINGS_COLUMNS` dictionaries (numbers as exact ``repr`` strings, empty when absent)."""
+    rows = []
+    for f in findings:
+        row = dict.fromkeys(FINDINGS_COLUMNS, "")
+        row.update(claim=f.claim, statement=f.statement, metric=f.metric, point=f.point, expected=f.expected)
+        row.update(verdict=f.verdict, note=f.note)
+        t = f.trend
+        if t is not None:
+            row.update(
+                first=_csv_number(t.first),
+                last=_csv_number(t.last),
+                change=_csv_number(t.change),
+                relative_change=_csv_number(t.relative_change),
+                uncertainty=_csv_number(t.uncertainty.total),
+                uncertainty_source=t.uncertainty.source,
+                z=_csv_number(t.z),
+                window=str(t.window),
+                spearman=_csv_number(t.spearman),
+                peak_epoch=_csv_number(t.peak_epoch),
+                peak_window=t.peak_window,
+                peak_value=_csv_number(t.peak_value),
+                drop=_csv_number(t.drop),
+                drop_uncertainty=_csv_number(t.drop_uncertainty.total),
+            )
+        if f.extreme is not None:
+            e = f.extreme
+            row.update(rank=str(e.rank), of=str(e.of), margin=_csv_number(e.margin))
+            row.update(margin_uncertainty=_csv_number(e.uncertainty.total))
+        if agreement:
+            row["agreement"] = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs)
+        rows.append(row)
+    return rows
+
+
 def _write_findings_csv(path: Path, findings: Sequence[Finding], agreement: dict | None, n_runs: int) -> None:
     with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(
-            [
-                "claim",
-                "statement",
-                "metric",
-                "point",
-                "expected",
-                "first",
-                "last",
-                "change",
-                "relative_change",
-                "spearman",
-                "extreme_epoch",
-                "verdict",
-                "note",
-                "agreement",
-            ]
-        )
-        for f in findings:
-            t = f.trend
-            stats = (
-                [
-                    repr(t.first),
-                    repr(t.last),
-                    repr(t.change),
-                    repr(t.relative_change),
-                    repr(t.spearman),
-                    "" if t.extreme_epoch is None else str(t.extreme_epoch),
-                ]
-                if t
-                else [""] * 6
-            )
-            agree = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs) if agreement else ""
-            writer.writerow([f.claim, f.statement, f.metric, f.point, f.expected, *stats, f.verdict, f.note, agree])
+        writer = csv.DictWriter(fh, fieldnames=list(FINDINGS_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(findings_rows(findings, agreement, n_runs))
+
+
+def _rule_paragraph(settings: VerdictSettings, what: str) -> str:
+    z = f"{settings.z:g}"
+    return (
+        f"Each claim is tested on {what} with window means: {settings.describe()}. Every comparison is a "
+        f"difference of window means against its standard error U, the largest of (a) the epoch-to-epoch scatter "
+        f"of the series around the line through each observation's neighbours, scaled to the windows (and widened "
+        f"like a Student-t quantile for the few observations it is estimated from), (b) the mean "
+        f"recorded jackknife standard error of each window, and (c) for several runs, the seed-to-seed spread of "
+        f"the same difference over runs / sqrt(runs). Verdicts: 'holds then reverses' = the best window (peak; "
+        f"trough for falling claims) is not the last, the last window fell back from it by more than {z} U, and "
+        f"the peak is more than {z} U beyond the start of the series; 'holds' = otherwise the last window moved the "
+        f"claimed way from the first by more than {z} U; 'does not hold' = it moved the other way by more than "
+        f"{z} U; 'inconclusive' = the move is within {z} U (or no uncertainty can be estimated); 'n/a' = fewer "
+        f"than two observations, or first and last windows both below the observable's noise floor. Embeddings "
+        f"count as stable when change ± {z} U lies within ±{settings.stable_tolerance:.0%} of the first window. "
+        f"'CLS ends highest/lowest' is judged on the final window only: CLS's rank among embeddings, blocks and CLS "
+        f"and its margin over the best other point against {z} U (again on <metric>_vs_noise when recorded). "
+        f"Spearman is the rank correlation of the observable with epoch (descriptive only)."
+    )
+
+
+def _findings_section(
+    findings: Sequence[Finding],
+    settings: VerdictSettings,
+    what: str,
+    extra: Sequence[tuple[str, Callable[[Finding], str]]] = (),
+) -> Section:
+    """The findings section: the rule in words, verdict counts per claim, and one row per finding.
+
+    Args:
+        findings: The judged findings.
+        settings: The rule's settings (stated on the page).
+        what: What was judged, in words ("this run", "the mean over runs").
+        extra: Further columns: (header, cell of a finding).
+    """
+    section = Section("Findings: the paper's claims tested point by point", "findings")
+    section.paragraphs.append(_rule_paragraph(settings, what))
+    headers = [*FINDING_HEADERS, *(header for header, _ in extra)]
+    rows = [[*_finding_cells(f), *(cell(f) for _, cell in extra)] for f in findings]
+    section.tables.append(_claim_summary(findings))
+    section.tables.append(Table(headers, rows, left=[0, 1, 2, 8, 10, *range(11, len(headers))], verdict_column=9))
+    return section
+
+
+def _figure_sections(figure_refs: Sequence[FigureRef], spectra_run: str | None) -> list[Section]:
+    titles = {
+        "observables": "Observables against epoch",
+        "heatmaps": "Layer x epoch heatmaps",
+        "spectra": "Eigenvalue and singular value spectra over epochs"
+        + (f" (run {spectra_run})" if spectra_run else ""),
+        "decay": "Spectral decay curves",
+        "correlation": "Correlation heatmaps at the first and last observation",
+    }
+    sections = []
+    for key, heading in titles.items():
+        refs = [f for f in figure_refs if f.section == key]
+        if refs:
+            sections.append(Section(heading, key, figures=list(refs)))
+    return sections
+
+
+def _write_page(report_dir: Path, title: str, sections: Sequence[Section], embed: bool) -> Path:
+    index = report_dir / "index.html"
+    index.write_text(render_page(title, sections, report_dir, embed=embed), encoding="utf-8")
+    return index
 
 
 def _use_reference(mode: str, points: Sequence[str]) -> bool:
     if mode not in REFERENCE_MODES:
         raise ReportInputError(f"--reference: expected one of {REFERENCE_MODES}, got {mode!r}")
     return mode == "paper" or (mode == "auto" and is_tgo1_like(points))
+
+
+def _judge(agg: Aggregate, settings: VerdictSettings) -> list[Finding]:
+    """The findings of an aggregate's mean, with its runs' standard errors and seed-to-seed spread."""
+    replicates = agg.replicates if agg.n_runs > 1 else None
+    return evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, replicates=replicates, settings=settings)
 
 
 def build_report(
@@ -152,8 +290,7 @@ def build_report(
     title: str | None = None,
     allow_different_subsets: bool = False,
     embed: bool = False,
-    tolerance: float = DEFAULT_TOLERANCE,
-    stable_tolerance: float = DEFAULT_STABLE_TOLERANCE,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
     correlation: bool = True,
 ) -> Path:
     """Writes ``<out>/index.html``, ``<out>/figures/*.png`` and ``<out>/findings.csv`` for the given runs.
@@ -166,8 +303,7 @@ def build_report(
         title: Page title (default names the runs).
         allow_different_subsets: Compare runs whose analysis subsets differ instead of refusing.
         embed: Inline the PNGs in ``index.html`` (they are still written beside it).
-        tolerance: Relative change below which a trend counts as noise (`tgo.report.findings.assess_trend`).
-        stable_tolerance: Largest relative change of an embedding still called stable.
+        settings: The verdict rule's window, minimum window, z and stable tolerance (`tgo.report.verdicts`).
         correlation: Draw correlation heatmaps (the slowest figures for wide models).
 
     Returns:
@@ -190,34 +326,24 @@ def build_report(
     figures_dir = report_dir / "figures"
     report_dir.mkdir(parents=True, exist_ok=True)
 
-    findings = evaluate_findings(agg.mean, agg.points, tolerance=tolerance, stable_tolerance=stable_tolerance)
+    findings = _judge(agg, settings)
     several = len(runs) > 1
     agreement = None
+    extra: list[tuple[str, Callable[[Finding], str]]] = []
     if several:
-        per_run = [
-            evaluate_findings(r.series, r.points, tolerance=tolerance, stable_tolerance=stable_tolerance) for r in runs
-        ]
-        agreement = verdict_agreement(per_run)
-    paper_verdicts = {}
+        agreement = verdict_agreement([_judge(aggregate_runs([r]), settings) for r in runs])
+        counts = agreement
+        extra.append(
+            (
+                f"runs agreeing (of {len(runs)})",
+                lambda f: agreement_text(counts[(f.claim, f.metric, f.point)], len(runs)),
+            )
+        )
     if paper is not None:
         paper_verdicts = {
-            (f.claim, f.metric, f.point): f.verdict
-            for f in evaluate_findings(paper, agg.points, tolerance=tolerance, stable_tolerance=stable_tolerance)
+            (f.claim, f.metric, f.point): f.verdict for f in evaluate_findings(paper, agg.points, settings=settings)
         }
-
-    headers = list(FINDING_HEADERS)
-    rows = []
-    for f in findings:
-        cells = _finding_cells(f)
-        if agreement is not None:
-            cells.append(agreement_text(agreement[(f.claim, f.metric, f.point)], len(runs)))
-        if paper is not None:
-            cells.append(paper_verdicts.get((f.claim, f.metric, f.point), ""))
-        rows.append(cells)
-    if agreement is not None:
-        headers.append(f"runs agreeing (of {len(runs)})")
-    if paper is not None:
-        headers.append("verdict on TGO-I data")
+        extra.append(("verdict on TGO-I data", lambda f: paper_verdicts.get((f.claim, f.metric, f.point), "")))
 
     summary = Section("Runs", "runs")
     summary.paragraphs.append(
@@ -242,26 +368,11 @@ def build_report(
         )
     )
 
-    what = "the mean over runs" if several else "this run"
-    find = Section("Findings: the paper's claims tested point by point", "findings")
-    find.paragraphs.append(
-        f"Each claim is tested on {what} from the first to the last observation. Verdicts: 'holds' = moved the "
-        f"claimed way by more than {tolerance:.0%} of the series' scale with a positive rank correlation; "
-        f"'holds then reverses' = reached a peak (trough for falling claims) strictly inside the observed epochs "
-        f"and then gave back more than {tolerance:.0%}; 'does not hold' = neither; 'n/a' = fewer than two "
-        f"observations, or first and last values both below the observable's noise floor (indistinguishable from "
-        f"zero). Embeddings count as stable within ±{stable_tolerance:.0%}. Spearman is the rank correlation of the "
-        f"observable with epoch."
-    )
+    find = _findings_section(findings, settings, "the mean over runs" if several else "this run", extra)
     if several:
         find.paragraphs.append(
-            "The last columns count the runs reaching each verdict when every run is tested on its own."
+            "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
         )
-    find.tables += [
-        _claim_summary(findings),
-        Table(headers, rows, left=[0, 1, 2, 10, *range(11, len(headers))], verdict_column=9),
-    ]
-
     sections = [summary, find]
     if paper is not None:
         ref_rows = compare_with_reference(agg.mean, paper, agg.points)
@@ -294,20 +405,53 @@ def build_report(
 
     figure_refs = observable_figures(agg, figures_dir, reference=paper)
     figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
-    titles = {
-        "observables": "Observables against epoch",
-        "heatmaps": "Layer x epoch heatmaps",
-        "spectra": "Eigenvalue and singular value spectra over epochs" + (f" (run {runs[0].name})" if several else ""),
-        "decay": "Spectral decay curves",
-        "correlation": "Correlation heatmaps at the first and last observation",
-    }
-    for key, heading in titles.items():
-        refs = [f for f in figure_refs if f.section == key]
-        if refs:
-            sections.append(Section(heading, key, figures=refs))
+    sections += _figure_sections(figure_refs, runs[0].name if several else None)
 
     _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs))
-    page = render_page(title or f"TGO report: {', '.join(r.name for r in runs)}", sections, report_dir, embed=embed)
-    index = report_dir / "index.html"
-    index.write_text(page, encoding="utf-8")
-    return index
+    return _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
+
+
+def build_published_report(
+    out: str | os.PathLike,
+    *,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
+    title: str | None = None,
+    embed: bool = False,
+) -> Path:
+    """The findings of the shipped published TGO-I measurements alone (no run needed): ``python -m tgo.report
+    --published --out DIR``.
+
+    Writes ``findings.csv`` (the same columns as for a run), ``index.html`` (verdict counts, the findings table)
+    and the observable figures. The published file holds no standard errors, so every uncertainty is the series'
+    epoch-to-epoch scatter (`tgo.report.verdicts`).
+
+    Args:
+        out: Report directory.
+        settings: The verdict rule's settings.
+        title: Page title.
+        embed: Inline the PNGs in ``index.html``.
+
+    Returns:
+        The path of ``index.html``.
+
+    Raises:
+        ReportInputError: the packaged file is unreadable.
+    """
+    paper = load_reference()
+    report_dir = Path(out)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    findings = evaluate_findings(paper, PAPER_POINTS, settings=settings)
+    data = Section("Published TGO-I measurements", "data")
+    first_metric = next(iter(paper.values()))
+    epochs = sorted({int(e) for s in first_metric.values() for e in s[0]})
+    data.paragraphs.append(
+        f"{reference_path().name}: epochs {epochs[0]}..{epochs[-1]} ({len(epochs)}), points "
+        f"{', '.join(PAPER_POINTS)}, observables {', '.join(paper)}. The file holds no standard errors, so every "
+        f"uncertainty below is the series' epoch-to-epoch scatter. Generated {datetime.now():%Y-%m-%d %H:%M}."
+    )
+    sections = [data, _findings_section(findings, settings, "the published series")]
+    sections += _figure_sections(
+        observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"), None
+    )
+    _write_findings_csv(report_dir / "findings.csv", findings, None, 1)
+    return _write_page(report_dir, title or "TGO report: published TGO-I measurements", sections, embed)

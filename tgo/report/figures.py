@@ -56,8 +56,11 @@ def observable_figures(
 ) -> list[FigureRef]:
     """Each observable against epoch (one line per point) and as a layer x epoch heatmap.
 
+    Bands: for several runs, the mean ± 1 standard deviation over runs; for one run, the value ± 1 jackknife
+    standard error where the records hold one (none otherwise).
+
     Args:
-        aggregate: The runs' mean (a single run is its own mean, with no band).
+        aggregate: The runs' mean (a single run is its own mean).
         figures_dir: Where PNGs go.
         reference: Published series drawn dashed (only for observables it holds).
         metrics: Observables to draw, in this order; those not recorded are skipped. Default: the catalogue's
@@ -77,12 +80,13 @@ def observable_figures(
         series = {p: per_point[p] for p in points}
         ref = {p: reference[metric][p] for p in points if reference and p in reference.get(metric, {})} or None
         title = f"{metric}" + (f" (mean of {aggregate.n_runs} runs)" if several else "")
-        fig = viz.observable_lines_figure(
-            series, title=title, bands=aggregate.bands(metric) if several else None, reference=ref
-        )
+        bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
+        fig = viz.observable_lines_figure(series, title=title, bands=bands or None, reference=ref)
         caption = f"{metric} against epoch, one line per point"
         if several:
             caption += f"; line = mean of {aggregate.n_runs} runs, band = mean ± 1 standard deviation"
+        elif bands:
+            caption += "; band = value ± 1 jackknife standard error"
         if ref:
             caption += "; dashed = published TGO-I measurements"
         refs.append(FigureRef("observables", _save(fig, figures_dir, f"lines_{metric}"), caption))

@@ -1,23 +1,44 @@
 """The paper's claims as pure functions of recorded series: does each one hold on this run, point by point?
 
-A *series* is what a run recorded for one observable at one point: epochs (ascending) and values. Every function
-here takes plain arrays and returns frozen dataclasses, so the logic is tested on synthetic trends without files,
-and the same code judges one run, the mean of several runs, or the published TGO-I measurements.
+A *series* is what a run recorded for one observable at one point: epochs (ascending) and values, optionally with
+the jackknife standard error of every value and, for a seed sweep, every run's values. Every function here takes
+plain arrays and returns frozen dataclasses, so the logic is tested on synthetic series without files, and the same
+code judges one run, the mean of a sweep's runs, and the published TGO-I measurements.
 
-Verdicts (`Verdict`):
+The rule (the statistics are in `tgo.report.verdicts`): a series is cut into windows of 10% of its observations
+(at least 2), and every comparison is a difference of window means against its uncertainty ``U`` (the largest of
+the epoch-to-epoch scatter, the jackknife standard errors and, for sweeps, the seed-to-seed spread), significant when
+it exceeds ``z * U`` (``z = 3``). With ``gain`` the series signed so that the claimed direction is up:
 
-* ``holds``: the observable moved the claimed way from the first to the last observation by more than the
-  tolerance, with a positive rank correlation in the claimed direction, and did not give a peak back.
-* ``holds then reverses``: it moved the claimed way to a peak (trough for falling claims) strictly inside the
-  observed epochs, by more than the tolerance, and then the last value fell back from that peak by more than the
-  tolerance. The published data show this for the late blocks (11, 12): effective rank peaks mid-training.
-* ``does not hold``: neither.
-* ``n/a``: fewer than two finite observations, or the first and last values are both below the observable's noise
-  floor (`tgo.spectral.catalogue.Observable.noise_floor`): a flatness going from 1e-10 to 2e-10 is a move between
-  zeros, not a result.
+* ``holds then reverses``: the best window (the *peak*; a trough for falling claims) is not the last window, the
+  last window has fallen back from it by more than ``z * U``, and the peak is above the start of the series (its
+  first ``min_window`` observations) by more than ``z * U``: it went the claimed way and then gave a significant
+  part back. Start, not first window: a series can climb most of the way inside its first window (the TGO-I late
+  blocks' stable rank goes 3 -> 12 in epochs 1-10).
+* ``holds``: otherwise, the last window is above the first window by more than ``z * U``.
+* ``does not hold``: the last window is *below* the first by more than ``z * U`` (it moved the other way).
+* ``inconclusive``: the move is inside the uncertainty (or no uncertainty can be estimated: fewer than three
+  observations and no jackknife).
+* ``n/a``: fewer than two finite observations, or the first and last window means are both below the observable's
+  noise floor (`tgo.spectral.catalogue.Observable.noise_floor`): a flatness going from 1e-10 to 2e-10 is a move
+  between zeros, not a result.
 
-Tolerances are relative to the series' scale (its largest absolute value), so one default works for effective
-ranks of 100 and anisotropies of 0.01 alike.
+Embeddings count as stable (`assess_stable`) when the whole interval ``change ± z * U`` lies within
+``± stable_tolerance`` of the first window; outside it by more than ``z * U``: does not hold; otherwise
+inconclusive. "CLS ends highest" (`assess_extreme`) is judged on the final window alone: CLS's rank among the
+paper's kinds of points (embeddings, blocks, CLS; user-added points are not compared) and its margin over the best
+other point, significant beyond ``z * U``; it is judged again on ``<metric>_vs_noise`` (the value divided by that of
+isotropic Gaussian noise of the same shape) whenever a run recorded it.
+
+What the published TGO-I data show under this rule (``python -m tgo.report --published``; ``docs/findings.md``):
+of 107 rows, 92 hold, 12 hold then reverse, 1 is inconclusive and 2 do not hold. The 12 reversals are stable rank,
+participation ratio and anisotropy at blocks 9-12: best (anisotropy: lowest) window epochs 11-20, then a steady
+decline; the last window is 12-44% below the peak window (anisotropy: 32-76% above the trough window), 3.1 to 12
+uncertainties. Effective rank and entropy rise at every point; at blocks 11-12 they level off after epoch 50 and
+their last window is within the scatter of their best (epochs 51-60), a plateau, not a reversal. Stable rank at
+block 8 rose within epochs 1-10 and then stayed flat, so its first and last windows do not differ beyond the
+uncertainty (inconclusive). The embeddings' effective rank does not stay within 10% (it nearly triples), and CLS
+ends highest in effective rank and entropy and lowest in anisotropy.
 
 Which way a claim expects its observable to move is not restated here: it is the catalogue entry's ``spread`` (how
 the observable moves when variance spreads over more directions), so a claim and the catalogue cannot disagree.
@@ -34,12 +55,26 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tgo.report.verdicts import (
+    DEFAULT_SETTINGS,
+    Measured,
+    Uncertainty,
+    VerdictSettings,
+    Window,
+    difference,
+    measured,
+    significant,
+    tile_windows,
+    window_epochs,
+    window_width,
+)
 from tgo.spectral.catalogue import CATALOGUE, Observable, Spread
 
 __all__ = [
     "CLAIMS",
     "VERDICTS",
     "Claim",
+    "Extreme",
     "Finding",
     "Trend",
     "assess_extreme",
@@ -47,6 +82,8 @@ __all__ = [
     "assess_trend",
     "below_noise_floor",
     "evaluate_findings",
+    "judge_stable",
+    "judge_trend",
     "point_role",
     "spearman",
 ]
@@ -56,19 +93,24 @@ ClaimKind = Literal["trend", "stable", "extreme"]
 Verdict = str
 HOLDS = "holds"
 REVERSES = "holds then reverses"
+INCONCLUSIVE = "inconclusive"
 FAILS = "does not hold"
 NA = "n/a"
-VERDICTS: tuple[str, ...] = (HOLDS, REVERSES, FAILS, NA)
+VERDICTS: tuple[str, ...] = (HOLDS, REVERSES, INCONCLUSIVE, FAILS, NA)
 
-DEFAULT_TOLERANCE = 0.02
-DEFAULT_STABLE_TOLERANCE = 0.10
 EMBEDDING_POINTS = ("patch_embed", "pos_embed")
+NOISE_SUFFIX = "_vs_noise"
+"""``<metric>_vs_noise``: the value divided by its value for isotropic Gaussian noise of the same shape."""
 _BLOCK_RE = re.compile(r"^block_\d+$")
 _DIRECTION_OF_SPREAD: dict[Spread, Direction] = {"rises": "rise", "falls": "fall"}
 _CLAIM_KINDS: tuple[str, ...] = ("trend", "stable", "extreme")
+_TOO_FEW = "fewer than two finite observations"
+_NO_UNCERTAINTY = "no uncertainty: fewer than 3 observations and no jackknife standard errors"
 
-# metric -> point -> (epochs, values)
+# metric -> point -> (epochs, values); the same shape holds standard errors: (epochs, stderr)
 Series = Mapping[str, Mapping[str, tuple[ArrayLike, ArrayLike]]]
+# metric -> point -> (epochs [E], values of every run [R, E])
+Replicates = Mapping[str, Mapping[str, tuple[ArrayLike, np.ndarray]]]
 
 
 @dataclass(frozen=True)
@@ -159,29 +201,77 @@ CLAIMS: tuple[Claim, ...] = (
 
 @dataclass(frozen=True)
 class Trend:
-    """How one series moved, and whether that matches a claimed direction.
+    """How one series moved between windows, and the verdict for a claimed direction.
 
     Attributes:
         n: Finite observations used.
-        first: First finite value.
-        last: Last finite value.
+        window: Observations per window.
+        first: Mean of the first window.
+        last: Mean of the last window.
         change: ``last - first``.
         relative_change: ``change / |first|`` (NaN when ``first`` is 0).
-        spearman: Rank correlation of the values with epoch (+1 steadily rising, -1 steadily falling).
-        extreme_epoch: Epoch of the peak (rising claims) or trough (falling claims).
-        extreme_value: The value there.
+        uncertainty: Standard error of ``change``, by source (`tgo.report.verdicts.Uncertainty`).
+        spearman: Rank correlation of the values with epoch (+1 steadily rising, -1 steadily falling); descriptive.
+        peak_epoch: Middle epoch of the peak window (trough for falling claims; the best window in the claimed
+            direction).
+        peak_window: Its first and last epoch (``"11-20"``).
+        peak_value: Its mean.
+        drop: How far the last window fell back from the peak, in the claimed direction (0 when the peak is last).
+        drop_uncertainty: Standard error of ``drop``.
         verdict: One of `VERDICTS`.
+        note: Why, in words, where the numbers alone do not say it.
     """
 
     n: int
+    window: int
     first: float
     last: float
     change: float
     relative_change: float
+    uncertainty: Uncertainty
     spearman: float
-    extreme_epoch: int | None
-    extreme_value: float
+    peak_epoch: int | None
+    peak_window: str
+    peak_value: float
+    drop: float
+    drop_uncertainty: Uncertainty
     verdict: Verdict
+    note: str = ""
+
+    @property
+    def z(self) -> float:
+        """``change / uncertainty`` (signed)."""
+        return self.uncertainty.z(self.change)
+
+
+@dataclass(frozen=True)
+class Extreme:
+    """Where the target point (CLS) stands among comparable points in the final window.
+
+    Attributes:
+        rank: 1 for the extreme (highest for rising claims, lowest for falling ones).
+        of: Points compared (the target included).
+        final_window: First and last epoch of the final window (epochs every compared point observed).
+        value: The target's final-window mean.
+        rival: The best other point.
+        rival_value: Its final-window mean.
+        margin: ``target - rival`` in the claimed direction (positive: the target is the extreme).
+        uncertainty: Standard error of the margin.
+    """
+
+    rank: int
+    of: int
+    final_window: str
+    value: float
+    rival: str
+    rival_value: float
+    margin: float
+    uncertainty: Uncertainty
+
+    @property
+    def z(self) -> float:
+        """``margin / uncertainty``."""
+        return self.uncertainty.z(self.margin)
 
 
 @dataclass(frozen=True)
@@ -197,6 +287,7 @@ class Finding:
         trend: The point's series statistics (``None`` if the point has no series for the metric).
         verdict: One of `VERDICTS`.
         note: A short explanation where the numbers alone do not say it.
+        extreme: For CLS claims, the rank and margin in the final window.
     """
 
     claim: str
@@ -207,6 +298,7 @@ class Finding:
     trend: Trend | None
     verdict: Verdict
     note: str = ""
+    extreme: Extreme | None = None
 
 
 def spearman(x: ArrayLike, y: ArrayLike) -> float:
@@ -236,142 +328,295 @@ def _average_ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def _finite(epochs: ArrayLike, values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    e = np.asarray(epochs, dtype=np.float64).ravel()
-    v = np.asarray(values, dtype=np.float64).ravel()
-    if e.shape != v.shape:
-        raise ValueError(f"epochs and values differ in length ({e.size} vs {v.size})")
-    keep = np.isfinite(e) & np.isfinite(v)
-    e, v = e[keep], v[keep]
-    order = np.argsort(e, kind="mergesort")
-    return e[order], v[order]
+def _sign(direction: Direction) -> float:
+    if direction not in ("rise", "fall"):
+        raise ValueError(f"direction must be 'rise' or 'fall', got {direction!r}")
+    return 1.0 if direction == "rise" else -1.0
+
+
+def _pm(value: float, uncertainty: Uncertainty, signed: bool = False) -> str:
+    """``+3.2 ± 0.41``: a difference and its uncertainty."""
+    shown = f"{value:+.3g}" if signed else f"{value:.3g}"
+    return f"{shown} ± {uncertainty.total:.2g}"
+
+
+def _z(value: float, uncertainty: Uncertainty) -> str:
+    """``(z=+7.8)``: how many uncertainties a difference is."""
+    z = uncertainty.z(value)
+    return f"(z={z:+.1f})" if not abs(z) >= 100 else f"(z={z:+.2g})"
+
+
+def _too_short(m: Measured) -> Trend:
+    first = float(m.values[0]) if m.n else math.nan
+    nan = math.nan
+    return Trend(m.n, m.n, first, first, nan, nan, Uncertainty(), nan, None, "", nan, nan, Uncertainty(), NA, _TOO_FEW)
+
+
+def _centre_epoch(m: Measured, window: Window) -> int:
+    return int(m.epochs[window.start + (window.size - 1) // 2])
+
+
+def _trend_verdict(
+    gain: float,
+    uncertainty: Uncertainty,
+    drop: float,
+    drop_uncertainty: Uncertainty,
+    rise: float,
+    rise_uncertainty: Uncertainty,
+    sign: float,
+    peak_span: str,
+    z: float,
+) -> tuple[Verdict, str]:
+    """The verdict and note of a trend from its three window differences (all in the claimed direction).
+
+    Args:
+        gain: last - first window.
+        uncertainty: Its standard error.
+        drop: peak - last window (0 when the peak is the last window; then its uncertainty is NaN).
+        drop_uncertainty: Its standard error.
+        rise: peak window - start of the series.
+        rise_uncertainty: Its standard error.
+        sign: +1 for rising claims, -1 for falling ones (only for the words: peak/below or trough/above).
+        peak_span: The peak window's epochs (``"11-20"``).
+        z: The threshold.
+    """
+    extreme_word, below = ("peak", "below") if sign > 0 else ("trough", "above")
+    change = sign * gain
+    if not math.isfinite(uncertainty.total):
+        return INCONCLUSIVE, _NO_UNCERTAINTY
+    if significant(drop, drop_uncertainty, z) and significant(rise, rise_uncertainty, z):
+        back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
+        return REVERSES, f"{extreme_word} window epochs {peak_span}; the last window is {back}"
+    if significant(gain, uncertainty, z):
+        if not drop > 0:
+            return HOLDS, ""
+        back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
+        return HOLDS, f"levels off: best window epochs {peak_span}, the last is {back}, within {z:g} uncertainties"
+    moved = f"change {_pm(change, uncertainty, True)} {_z(change, uncertainty)}"
+    if significant(-gain, uncertainty, z):
+        return FAILS, f"moved the other way: {moved}"
+    return INCONCLUSIVE, f"{moved} is within {z:g} uncertainties"
+
+
+def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = DEFAULT_SETTINGS) -> Trend:
+    """The verdict rule for one series and a claimed direction (see the module docstring).
+
+    Args:
+        m: The series (`tgo.report.verdicts.measured`).
+        direction: ``rise`` or ``fall``.
+        settings: Window width, minimum window and z.
+
+    Returns:
+        The `Trend`, verdict and note included.
+
+    Raises:
+        ValueError: an unknown direction.
+    """
+    sign = _sign(direction)
+    if m.n < 2:
+        return _too_short(m)
+    width = window_width(m.n, settings)
+    windows = tile_windows(m.n, width)
+    first, last = windows[0], windows[-1]
+    change, uncertainty = difference((m, last), (m, first), z=settings.z)
+    gains = [sign * m.mean(w) for w in windows]
+    peak = windows[int(np.argmax(gains))]
+    start = Window(0, min(int(settings.min_window), width))
+    if peak != last:
+        raw_drop, drop_uncertainty = difference((m, peak), (m, last), z=settings.z)
+        raw_rise, rise_uncertainty = difference((m, peak), (m, start), z=settings.z)
+        drop, rise = sign * raw_drop, sign * raw_rise
+    else:
+        drop, drop_uncertainty, rise, rise_uncertainty = 0.0, Uncertainty(), math.nan, Uncertainty()
+    verdict, note = _trend_verdict(
+        sign * change,
+        uncertainty,
+        drop,
+        drop_uncertainty,
+        rise,
+        rise_uncertainty,
+        sign,
+        window_epochs(m.epochs, peak),
+        settings.z,
+    )
+    first_mean, last_mean = m.mean(first), m.mean(last)
+    return Trend(
+        n=m.n,
+        window=width,
+        first=first_mean,
+        last=last_mean,
+        change=change,
+        relative_change=change / abs(first_mean) if first_mean != 0 else math.nan,
+        uncertainty=uncertainty,
+        spearman=spearman(m.epochs, m.values),
+        peak_epoch=_centre_epoch(m, peak),
+        peak_window=window_epochs(m.epochs, peak),
+        peak_value=m.mean(peak),
+        drop=drop,
+        drop_uncertainty=drop_uncertainty,
+        verdict=verdict,
+        note=note,
+    )
 
 
 def assess_trend(
-    epochs: ArrayLike, values: ArrayLike, direction: Direction, *, tolerance: float = DEFAULT_TOLERANCE
+    epochs: ArrayLike,
+    values: ArrayLike,
+    direction: Direction,
+    *,
+    stderr: tuple[ArrayLike, ArrayLike] | ArrayLike | None = None,
+    replicates: np.ndarray | None = None,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
 ) -> Trend:
-    """Tests whether a series rises (or falls) over training, and whether it gave a peak back.
-
-    The series is turned into "gain" ``s = +values`` for rising claims and ``-values`` for falling ones, and the
-    tolerance is ``tolerance * max|values|``. With ``p`` the (first) index of the largest gain:
-
-    * ``holds then reverses`` if ``0 < p < n - 1``, ``s[p] - s[0] > tol`` and ``s[p] - s[-1] > tol``;
-    * else ``holds`` if ``s[-1] - s[0] > tol`` and the rank correlation of ``s`` with epoch is positive;
-    * else ``does not hold``.
+    """Tests whether a series rises (or falls) over training, and whether it gave a peak back (`judge_trend`).
 
     Args:
-        epochs: Observation epochs (any order; NaN pairs are dropped).
+        epochs: Observation epochs (any order; non-finite observations are dropped).
         values: The observable at those epochs.
         direction: ``rise`` or ``fall``.
-        tolerance: Relative tolerance (fraction of the series' largest absolute value) below which a change counts
-            as noise.
+        stderr: Jackknife standard errors per observation, or ``(epochs, stderr)`` (NaN / ``None``: none).
+        replicates: ``[runs, len(values)]`` per-run values when ``values`` is a sweep's mean.
+        settings: Window width, minimum window and z.
 
     Returns:
         The `Trend`, verdict included.
 
     Raises:
-        ValueError: unknown direction, negative tolerance, or epochs/values of different lengths.
+        ValueError: unknown direction, or arrays of different lengths.
     """
-    if direction not in ("rise", "fall"):
-        raise ValueError(f"assess_trend: direction must be 'rise' or 'fall', got {direction!r}")
-    if not tolerance >= 0:
-        raise ValueError(f"assess_trend: tolerance must be >= 0, got {tolerance!r}")
-    e, v = _finite(epochs, values)
-    if v.size < 2:
-        first = float(v[0]) if v.size else math.nan
-        return Trend(int(v.size), first, first, math.nan, math.nan, math.nan, None, math.nan, NA)
-    sign = 1.0 if direction == "rise" else -1.0
-    s = sign * v
-    tol = tolerance * float(np.max(np.abs(v)))
-    p = int(np.argmax(s))
-    rho = spearman(e, v)
-    if 0 < p < v.size - 1 and s[p] - s[0] > tol and s[p] - s[-1] > tol:
-        verdict = REVERSES
-    elif s[-1] - s[0] > tol and sign * rho > 0:
-        verdict = HOLDS
+    _sign(direction)
+    return judge_trend(measured(epochs, values, stderr=stderr, replicates=replicates), direction, settings)
+
+
+def judge_stable(m: Measured, settings: VerdictSettings = DEFAULT_SETTINGS) -> Trend:
+    """Whether a series stays within ``± stable_tolerance`` of its first window, beyond the uncertainty.
+
+    ``holds`` when ``|change| + z U <= tol`` (the whole uncertainty interval is inside the band), ``does not hold``
+    when ``|change| - z U > tol``, ``inconclusive`` in between; ``tol = stable_tolerance * |first|``. ``holds then
+    reverses`` is not used: a series that wandered and came back counts as stable.
+    """
+    trend = judge_trend(m, "rise", settings)
+    if trend.verdict == NA:
+        return trend
+    tolerance = settings.stable_tolerance * abs(trend.first)
+    spread, z = trend.uncertainty.total, settings.z
+    band = f"±{settings.stable_tolerance:.0%} of the first window"
+    change = f"{_pm(trend.change, trend.uncertainty, True)} {_z(trend.change, trend.uncertainty)}"
+    if not math.isfinite(spread):
+        verdict, note = INCONCLUSIVE, _NO_UNCERTAINTY
+    elif abs(trend.change) + z * spread <= tolerance:
+        verdict, note = HOLDS, f"stable = within {band}"
+    elif abs(trend.change) - z * spread > tolerance:
+        verdict, note = FAILS, f"change {change} is outside {band} by more than {z:g} uncertainties"
     else:
-        verdict = FAILS
-    first, last = float(v[0]), float(v[-1])
-    relative = (last - first) / abs(first) if first != 0 else math.nan
-    return Trend(int(v.size), first, last, last - first, relative, rho, int(e[p]), float(v[p]), verdict)
+        verdict, note = INCONCLUSIVE, f"change {change}: neither inside nor outside {band} beyond {z:g} uncertainties"
+    return replace(trend, verdict=verdict, note=note)
 
 
-def assess_stable(epochs: ArrayLike, values: ArrayLike, *, stable_tolerance: float = DEFAULT_STABLE_TOLERANCE) -> Trend:
-    """Tests that a series stays put: ``holds`` if ``|last - first| <= stable_tolerance * |first|``.
+def assess_stable(
+    epochs: ArrayLike,
+    values: ArrayLike,
+    *,
+    stderr: tuple[ArrayLike, ArrayLike] | ArrayLike | None = None,
+    replicates: np.ndarray | None = None,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
+) -> Trend:
+    """Tests that a series stays put (`judge_stable`) from plain arrays (arguments as in `assess_trend`)."""
+    return judge_stable(measured(epochs, values, stderr=stderr, replicates=replicates), settings)
 
-    ``holds then reverses`` is not used: a series that wandered and came back counts as stable.
+
+def _restrict(m: Measured, epochs: np.ndarray) -> Measured:
+    """The observations of ``m`` at ``epochs`` (all present), keeping the scatter of the whole series."""
+    keep = np.isin(m.epochs, epochs)
+    reps = None if m.replicates is None else m.replicates[:, keep]
+    return Measured(m.epochs[keep], m.values[keep], m.stderr[keep], reps, m.sigma, m.dof)
+
+
+def judge_extreme(
+    per_point: Mapping[str, Measured],
+    target: str,
+    direction: Direction,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
+    observable: Observable | None = None,
+) -> tuple[Verdict, str, Extreme | None]:
+    """Whether ``target`` ends highest (``rise``) or lowest (``fall``) among comparable points, in the final window.
+
+    Only points of the paper's kinds are compared (`point_role` not ``other``): a user-added point (an attention
+    sub-layer, say) measures something else. The final window is the last `window_width` of the epochs every compared
+    point observed; the target's margin over the best other point must exceed ``z`` uncertainties either way.
 
     Args:
-        epochs: Observation epochs.
-        values: The observable.
-        stable_tolerance: Largest relative first-to-last change still called stable.
+        per_point: point -> series.
+        target: The point expected at the extreme (``cls``).
+        direction: ``rise`` for highest, ``fall`` for lowest.
+        settings: Window width, minimum window and z.
+        observable: The catalogue entry (for its noise floor), if any.
 
     Returns:
-        The `Trend` (its extreme is the largest value), verdict included.
+        ``(verdict, note, extreme)``; the note names the target's rank, the margin and the best other point.
     """
-    trend = assess_trend(epochs, values, "rise", tolerance=0.0)
-    if trend.n < 2:
-        return trend
-    stable = abs(trend.last - trend.first) <= stable_tolerance * abs(trend.first)
-    return Trend(
-        trend.n,
-        trend.first,
-        trend.last,
-        trend.change,
-        trend.relative_change,
-        trend.spearman,
-        trend.extreme_epoch,
-        trend.extreme_value,
-        HOLDS if stable else FAILS,
+    sign = _sign(direction)
+    comparable = {p: m for p, m in per_point.items() if point_role(p) != "other" and m.n}
+    if target not in comparable or len(comparable) < 2:
+        return NA, f"needs {target!r} and at least one other point of the paper's kinds", None
+    common = comparable[target].epochs
+    for m in comparable.values():
+        common = common[np.isin(common, m.epochs)]
+    if common.size == 0:
+        return NA, "no epoch observed at every point", None
+    restricted = {p: _restrict(m, common) for p, m in comparable.items()}
+    width = window_width(common.size, settings)
+    final = Window(common.size - width, common.size)
+    gains = {p: sign * m.mean(final) for p, m in restricted.items()}
+    rival = max((p for p in gains if p != target), key=lambda p: gains[p])
+    raw_margin, uncertainty = difference((restricted[target], final), (restricted[rival], final), z=settings.z)
+    margin = sign * raw_margin
+    rank = 1 + sum(1 for p, g in gains.items() if p != target and g > gains[target])
+    span = window_epochs(common, final)
+    value, rival_value = restricted[target].mean(final), restricted[rival].mean(final)
+    extreme = Extreme(rank, len(gains), span, value, rival, rival_value, margin, uncertainty)
+    word = "highest" if sign > 0 else "lowest"
+    if observable is not None and observable.below_noise_floor(extreme.value, extreme.rival_value):
+        return NA, f"final values are below the observable's noise floor ({observable.noise_floor:g})", extreme
+    note = (
+        f"{target} ranks {rank} of {len(gains)} in the final window (epochs {span}), margin "
+        f"{_pm(margin, uncertainty, True)} {_z(margin, uncertainty)} over {rival} ({'next' if rank == 1 else word})"
     )
+    z = settings.z
+    if not math.isfinite(uncertainty.total):
+        return INCONCLUSIVE, f"{note}; {_NO_UNCERTAINTY}", extreme
+    if significant(margin, uncertainty, z):
+        return HOLDS, note, extreme
+    if significant(-margin, uncertainty, z):
+        return FAILS, note, extreme
+    return INCONCLUSIVE, f"{note}: within {z:g} uncertainties", extreme
 
 
 def assess_extreme(
-    per_point: Mapping[str, tuple[ArrayLike, ArrayLike]], target: str, direction: Direction
+    per_point: Mapping[str, tuple[ArrayLike, ArrayLike]],
+    target: str,
+    direction: Direction,
+    *,
+    stderr: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
+    replicates: Mapping[str, tuple[ArrayLike, np.ndarray]] | None = None,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
 ) -> tuple[Verdict, str]:
-    """Tests that ``target`` ends with the highest (``rise``) or lowest (``fall``) value among all points.
-
-    Compares the points at every epoch that all of them observed. ``holds`` if the target is the extreme at the
-    last such epoch; ``holds then reverses`` if it was the extreme at some earlier epoch but not at the last;
-    ``does not hold`` otherwise.
-
-    Args:
-        per_point: point -> (epochs, values) for one observable.
-        target: The point expected at the extreme (``cls``).
-        direction: ``rise`` for highest, ``fall`` for lowest.
+    """`judge_extreme` from plain arrays: point -> (epochs, values), with optional per-point errors and runs.
 
     Returns:
-        ``(verdict, note)``; the note names the target's place at the last epoch and the point at the extreme.
+        ``(verdict, note)``.
     """
-    if target not in per_point or len(per_point) < 2:
-        return NA, f"needs {target!r} and at least one other point"
-    tables = {name: dict(zip(*_finite(*series), strict=False)) for name, series in per_point.items()}
-    common = sorted(set.intersection(*(set(t) for t in tables.values())))
-    if not common:
-        return NA, "no epoch observed at every point"
-    names = list(tables)
-    sign = 1.0 if direction == "rise" else -1.0
-    winners = []
-    for epoch in common:
-        scores = np.array([sign * tables[name][epoch] for name in names])
-        winners.append(names[int(np.argmax(scores))])
-    last_scores = np.array([sign * tables[name][common[-1]] for name in names])
-    place = 1 + int(np.sum(last_scores > sign * tables[target][common[-1]]))
-    note = f"{target} is #{place} of {len(names)} at epoch {int(common[-1])}" + (
-        "" if winners[-1] == target else f" ({winners[-1]} is {'highest' if sign > 0 else 'lowest'})"
-    )
-    if winners[-1] == target:
-        return HOLDS, note
-    if target in winners:
-        return REVERSES, note + f"; {target} was extreme at epoch {int(common[winners.index(target)])}"
-    return FAILS, note
+    series = {p: _measure_point(s, (stderr or {}).get(p), (replicates or {}).get(p)) for p, s in per_point.items()}
+    verdict, note, _ = judge_extreme(series, target, direction, settings)
+    return verdict, note
 
 
 def below_noise_floor(trend: Trend, observable: Observable | None) -> str:
     """Why a trend is not a result because both its ends are below the observable's noise floor ("" if it is one).
 
     A move between values the catalogue calls indistinguishable from zero (a spectral flatness from 1.15e-10 to
-    1.87e-10 is a relative change of +60%) would otherwise pass any relative tolerance.
+    1.87e-10 is a relative change of +60%) would otherwise pass any test. The ends are the first and last window
+    means.
 
     Args:
         trend: The series' statistics (fewer than two observations are already ``n/a`` and keep their reason).
@@ -388,10 +633,10 @@ def below_noise_floor(trend: Trend, observable: Observable | None) -> str:
     )
 
 
-def _judged(trend: Trend, observable: Observable | None) -> tuple[Trend, str]:
-    """The trend with verdict ``n/a`` and a note when both its ends are below the noise floor, else unchanged."""
+def _judged(trend: Trend, observable: Observable | None) -> Trend:
+    """The trend with verdict ``n/a`` and the reason when both its ends are below the noise floor, else unchanged."""
     note = below_noise_floor(trend, observable)
-    return (replace(trend, verdict=NA), note) if note else (trend, "")
+    return replace(trend, verdict=NA, note=note) if note else trend
 
 
 def point_role(point: str) -> str:
@@ -403,33 +648,68 @@ def point_role(point: str) -> str:
     return "cls" if point == "cls" else "other"
 
 
+def _measure_point(
+    series: tuple[ArrayLike, ArrayLike],
+    stderr: tuple[ArrayLike, ArrayLike] | None,
+    replicates: tuple[ArrayLike, np.ndarray] | None,
+) -> Measured:
+    """One point's series with its errors aligned by epoch (replicates realigned to the series' epochs)."""
+    epochs, values = series
+    reps = None
+    if replicates is not None:
+        rep_epochs, matrix = np.asarray(replicates[0], dtype=np.float64), np.asarray(replicates[1], dtype=np.float64)
+        column = {float(e): j for j, e in enumerate(rep_epochs)}
+        reps = np.full((matrix.shape[0], np.asarray(epochs).size), math.nan)
+        for i, e in enumerate(np.asarray(epochs, dtype=np.float64)):
+            if float(e) in column:
+                reps[:, i] = matrix[:, column[float(e)]]
+    return measured(epochs, values, stderr=stderr, replicates=reps)
+
+
+def _row(claim: Claim, point: str, expected: str, trend: Trend, metric: str | None = None) -> Finding:
+    return Finding(
+        claim.key, claim.statement, metric or claim.metric, point, expected, trend, trend.verdict, trend.note
+    )
+
+
 def evaluate_findings(
     series: Series,
     points: Sequence[str] | None = None,
     *,
-    tolerance: float = DEFAULT_TOLERANCE,
-    stable_tolerance: float = DEFAULT_STABLE_TOLERANCE,
+    stderr: Series | None = None,
+    replicates: Replicates | None = None,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
     claims: Sequence[Claim] = CLAIMS,
 ) -> list[Finding]:
-    """Tests every claim at every point of one set of series (a run, a multi-run mean, or the paper's data).
+    """Tests every claim at every point of one set of series (a run, a sweep's mean, or the paper's data).
 
     Trend claims give one row per point. The embeddings-stable claim gives one row per embedding point (expected
-    ``stable``) and one per block (expected ``rises``). The CLS claims give one row at ``cls``. Metrics a run did
-    not record are skipped.
+    ``stable``) and one per block (expected ``rises``). The CLS claims give one row at ``cls``, and a second one on
+    ``<metric>_vs_noise`` when the series hold it (the same claim judged on noise-normalised values; skipped
+    silently otherwise). Metrics a run did not record are skipped.
 
     Args:
         series: metric -> point -> (epochs, values).
         points: Points in depth order (default: the order of the first metric's series).
-        tolerance: See `assess_trend`.
-        stable_tolerance: See `assess_stable`.
+        stderr: metric -> point -> (epochs, jackknife standard error), aligned by epoch; NaN or missing: none.
+        replicates: metric -> point -> (epochs, [runs, epochs] values) when ``series`` is the mean of a sweep.
+        settings: The verdict rule's settings.
         claims: The claims to test (default `CLAIMS`).
 
     Returns:
-        Findings in claim order, then point order. A trend or stable row whose first and last values are below the
+        Findings in claim order, then point order. A trend or stable row whose first and last windows are below the
         observable's noise floor gets verdict ``n/a`` and a note saying so (`below_noise_floor`).
     """
     if points is None:
         points = list(next(iter(series.values()), {}))
+
+    def measure(metric: str, point: str) -> Measured:
+        return _measure_point(
+            series[metric][point],
+            (stderr or {}).get(metric, {}).get(point),
+            (replicates or {}).get(metric, {}).get(point),
+        )
+
     findings: list[Finding] = []
     for claim in claims:
         per_point = series.get(claim.metric)
@@ -439,51 +719,36 @@ def evaluate_findings(
         observable, direction = claim.observable, claim.direction
         if claim.kind == "trend":
             for point in present:
-                trend, note = _judged(assess_trend(*per_point[point], direction, tolerance=tolerance), observable)
-                findings.append(
-                    Finding(
-                        claim.key, claim.statement, claim.metric, point, direction + "s", trend, trend.verdict, note
-                    )
-                )
+                trend = _judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
+                findings.append(_row(claim, point, direction + "s", trend))
         elif claim.kind == "stable":
             for point in present:
                 role = point_role(point)
                 if role == "embedding":
-                    trend, note = _judged(
-                        assess_stable(*per_point[point], stable_tolerance=stable_tolerance), observable
-                    )
-                    findings.append(
-                        Finding(
-                            claim.key,
-                            claim.statement,
-                            claim.metric,
-                            point,
-                            "stable",
-                            trend,
-                            trend.verdict,
-                            note or f"stable = within ±{stable_tolerance:.0%} of the first",
-                        )
-                    )
+                    trend = _judged(judge_stable(measure(claim.metric, point), settings), observable)
+                    findings.append(_row(claim, point, "stable", trend))
                 elif role == "block":
-                    trend, note = _judged(assess_trend(*per_point[point], direction, tolerance=tolerance), observable)
-                    findings.append(
-                        Finding(
-                            claim.key, claim.statement, claim.metric, point, direction + "s", trend, trend.verdict, note
-                        )
-                    )
+                    trend = _judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
+                    findings.append(_row(claim, point, direction + "s", trend))
         elif claim.kind == "extreme" and "cls" in per_point:
-            verdict, note = assess_extreme({p: per_point[p] for p in present}, "cls", direction)
-            trend = assess_trend(*per_point["cls"], direction, tolerance=tolerance)
-            findings.append(
-                Finding(
-                    claim.key,
-                    claim.statement,
-                    claim.metric,
-                    "cls",
-                    "highest" if direction == "rise" else "lowest",
-                    trend,
-                    verdict,
-                    note,
+            for metric in (claim.metric, claim.metric + NOISE_SUFFIX):
+                if metric not in series or "cls" not in series[metric]:
+                    continue
+                compared = [p for p in points if p in series[metric]]
+                measures = {p: measure(metric, p) for p in compared}
+                verdict, note, extreme = judge_extreme(measures, "cls", direction, settings, CATALOGUE.get(metric))
+                statement = claim.statement + ("" if metric == claim.metric else " relative to isotropic noise")
+                findings.append(
+                    Finding(
+                        claim.key,
+                        statement,
+                        metric,
+                        "cls",
+                        "highest" if direction == "rise" else "lowest",
+                        judge_trend(measures["cls"], direction, settings),
+                        verdict,
+                        note,
+                        extreme,
+                    )
                 )
-            )
     return findings

@@ -24,13 +24,20 @@ th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
 th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 tr.holds td.v { background: #d9f2d9; } tr.reverses td.v { background: #fff1c9; }
 tr.fails td.v { background: #f8d7d7; } tr.na td.v { background: #eee; }
+tr.inconclusive td.v { background: #e3ecf7; }
 .grid { display: flex; flex-wrap: wrap; gap: 10px; }
 figure { margin: 0; max-width: 560px; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.75em; color: #555; }
 .note { font-size: 0.85em; color: #444; } code { background: #f4f4f4; padding: 0 3px; }
 """
 
-_VERDICT_CLASS = {"holds": "holds", "holds then reverses": "reverses", "does not hold": "fails", "n/a": "na"}
+_VERDICT_CLASS = {
+    "holds": "holds",
+    "holds then reverses": "reverses",
+    "inconclusive": "inconclusive",
+    "does not hold": "fails",
+    "n/a": "na",
+}
 
 
 @dataclass

@@ -49,6 +49,8 @@ class RunData:
         points: Point names in recorded (depth) order.
         epochs: Every epoch with metrics, ascending.
         fingerprint: The analysis subset's fingerprint from the run's manifest, ``None`` if the run has none.
+        stderr: The jackknife standard errors of the same series (same shape; NaN where none was recorded: old
+            runs, jackknife disabled, diagnostics).
     """
 
     path: Path
@@ -57,6 +59,7 @@ class RunData:
     points: list[str]
     epochs: list[int]
     fingerprint: str | None = None
+    stderr: Series = field(default_factory=dict)
     _spectra: dict[int, dict[str, dict[str, np.ndarray]]] | None = field(default=None, repr=False)
 
     @property
@@ -169,7 +172,7 @@ def run_names(paths: Sequence[Path]) -> list[str]:
 
 
 def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunData:
-    """Reads a run's metrics (view `REPORT_VIEW`) into series with `tgo.records.load_series`, and its fingerprint.
+    """Reads a run's values and standard errors (view `REPORT_VIEW`, `tgo.records.load_series`) and its fingerprint.
 
     Args:
         path: A run directory.
@@ -185,6 +188,7 @@ def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunD
     run = RunDir(path)
     try:
         series = load_series(run.root, view=REPORT_VIEW)
+        stderr = load_series(run.root, view=REPORT_VIEW, column="stderr")
     except RecordsError as err:
         raise ReportInputError(str(err)) from err
     if not series:
@@ -198,4 +202,5 @@ def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunD
         points=points,
         epochs=epochs,
         fingerprint=read_fingerprint(run.root),
+        stderr=stderr,
     )
