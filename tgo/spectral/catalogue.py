@@ -206,6 +206,17 @@ def _eigs(f: Callable[[np.ndarray], float]) -> Callable[[SpectralInputs], float]
     return lambda inputs: f(inputs.eigenvalues)
 
 
+def _diagnostic(name: str, attribute: str, formula: str) -> Observable:
+    """A bookkeeping entry read from the `Spectrum` (stays real when the point's geometry is undefined)."""
+    return Observable(
+        name,
+        lambda inputs: float(getattr(inputs.spectrum, attribute)),
+        formula,
+        kind="diagnostic",
+        doc="docs/observables.md#4-degenerate-cases",
+    )
+
+
 def _cov(f: Callable[[np.ndarray], float]) -> Callable[[SpectralInputs], float]:
     """Adapts a function of the covariance matrix to a function of `SpectralInputs`."""
     return lambda inputs: f(inputs.covariance)
@@ -283,34 +294,10 @@ CATALOGUE = Catalogue(
         ),
         Observable("total_variance", _eigs(lambda e: float(e.sum())), "sum lambda_i = tr C"),
         Observable("top_eigenvalue", _eigs(lambda e: float(e.max())), "lambda_1"),
-        Observable(
-            "n_rows",
-            lambda inputs: float(inputs.spectrum.n_rows),
-            "rows that entered the covariance",
-            kind="diagnostic",
-            doc="docs/observables.md#4-degenerate-cases",
-        ),
-        Observable(
-            "n_nonfinite",
-            lambda inputs: float(inputs.spectrum.n_nonfinite),
-            "rows dropped for NaN/Inf",
-            kind="diagnostic",
-            doc="docs/observables.md#4-degenerate-cases",
-        ),
-        Observable(
-            "n_clamped",
-            lambda inputs: float(inputs.spectrum.n_clamped),
-            "negative round-off eigenvalues set to 0",
-            kind="diagnostic",
-            doc="docs/observables.md#4-degenerate-cases",
-        ),
-        Observable(
-            "most_negative_eigenvalue",
-            lambda inputs: float(inputs.spectrum.most_negative),
-            "most negative eigenvalue before clamping",
-            kind="diagnostic",
-            doc="docs/observables.md#4-degenerate-cases",
-        ),
+        _diagnostic("n_rows", "n_rows", "rows that entered the covariance"),
+        _diagnostic("n_nonfinite", "n_nonfinite", "rows dropped for NaN/Inf"),
+        _diagnostic("n_clamped", "n_clamped", "negative round-off eigenvalues set to 0"),
+        _diagnostic("most_negative_eigenvalue", "most_negative", "most negative eigenvalue before clamping"),
     ]
 )
 """The observables every observation records, in record order."""
