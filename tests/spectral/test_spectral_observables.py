@@ -152,7 +152,7 @@ def test_k_equal_variance_directions_give_rank_k_everywhere(k: int):
 
 
 # ---------------------------------------------------------------------------------------------------- invariances
-BASIS_DEPENDENT = ("offdiag_energy_fraction", "mean_abs_offdiag_correlation")  # and the *_diagonal baselines
+BASIS_DEPENDENT = ("offdiag_energy_fraction", "mean_abs_offdiag_correlation", "total_correlation")  # + *_diagonal
 SPECTRAL_KEYS = tuple(k for k in METRIC_KEYS if k not in BASIS_DEPENDENT and not k.endswith("_diagonal"))
 INVARIANT_KEYS = tuple(k for k in SPECTRAL_KEYS if k not in ("total_variance", "top_eigenvalue"))
 BASE = make_rows(2000, power_law_spectrum(20, 1.2), massive=2, seed=9)
@@ -253,3 +253,32 @@ def test_negative_eigenvalues_are_rejected_with_a_pointer_to_eigendecompose():
 def test_summary_keys_are_the_stable_observable_list():
     out = _summary_of(BASE)
     assert tuple(out) == CATALOGUE.names and all(isinstance(v, float) for v in out.values())
+
+
+# ----------------------------------------------------------------------------------------------- total correlation
+def test_total_correlation_of_an_equicorrelated_gaussian_has_its_closed_form():
+    """R = (1 - rho) I + rho 11^T has det (1 - rho)^(D-1) (1 + (D-1) rho); TC = -1/2 ln det R, whatever the scales."""
+    from tgo.spectral import total_correlation
+
+    dim, rho = 12, 0.3
+    corr = (1 - rho) * np.eye(dim) + rho * np.ones((dim, dim))
+    scales = np.linspace(0.5, 40.0, dim)
+    cov = corr * np.outer(scales, scales)
+    want = -0.5 * ((dim - 1) * math.log(1 - rho) + math.log(1 + (dim - 1) * rho))
+    eigs = eigendecompose(cov, 10_000).eigenvalues
+    assert total_correlation(cov, eigs) == pytest.approx(want, rel=1e-12)
+    identity_like = np.diag(scales**2)
+    assert total_correlation(identity_like, eigendecompose(identity_like, 100).eigenvalues) == pytest.approx(
+        0.0, abs=1e-12
+    )
+
+
+def test_total_correlation_matches_slogdet_on_sampled_data_and_is_nan_when_singular():
+
+    rows = np.random.default_rng(3).normal(size=(500, 9)) @ np.random.default_rng(4).normal(size=(9, 9))
+    cov = np.cov(rows, rowvar=False)
+    want = 0.5 * (np.sum(np.log(np.diag(cov))) - np.linalg.slogdet(cov)[1])
+    out = summarize(cov, eigendecompose(cov, len(rows)))
+    assert out["total_correlation"] == pytest.approx(want, rel=1e-9)
+    singular = np.cov(rows[:5], rowvar=False)  # 5 rows in 9 dimensions: rank 4
+    assert math.isnan(summarize(singular, eigendecompose(singular, 5))["total_correlation"])

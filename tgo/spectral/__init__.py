@@ -37,6 +37,7 @@ from tgo.spectral.observables import (
     spectral_entropy,
     spectral_flatness,
     stable_rank,
+    total_correlation,
 )
 from tgo.spectral.summary import summarize
 
@@ -70,4 +71,5 @@ __all__ = [
     "stable_rank",
     "strict_fp32_math",
     "summarize",
+    "total_correlation",
 ]

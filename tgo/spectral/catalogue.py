@@ -292,6 +292,12 @@ CATALOGUE = Catalogue(
             "falls",
             charted=True,
         ),
+        Observable(
+            "total_correlation",
+            lambda inputs: obs.total_correlation(inputs.covariance, inputs.eigenvalues),
+            "1/2 (sum ln C_ii - ln det C) = -1/2 ln det R (nats; NaN when C is singular)",
+            "falls",
+        ),
         Observable("total_variance", _eigs(lambda e: float(e.sum())), "sum lambda_i = tr C"),
         Observable("top_eigenvalue", _eigs(lambda e: float(e.max())), "lambda_1"),
         _diagnostic("n_rows", "n_rows", "rows that entered the covariance"),

@@ -37,6 +37,7 @@ __all__ = [
     "spectral_entropy",
     "spectral_flatness",
     "stable_rank",
+    "total_correlation",
 ]
 
 FLATNESS_FLOOR = 1e-12
@@ -325,6 +326,38 @@ def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
     std = np.sqrt(var[keep])
     corr = np.clip(mat[np.ix_(keep, keep)] / np.outer(std, std), -1.0, 1.0)
     return float(np.abs(_offdiag(corr)).sum() / (k * (k - 1)))
+
+
+def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float:
+    """Gaussian total correlation in nats: ``1/2 (sum_i ln C_ii - ln det C)`` = ``-1/2 ln det R``.
+
+    The multi-information of a Gaussian with this covariance: 0 for independent channels, growing with redundancy
+    (how much of each channel the others predict). Scale invariant per channel (it only depends on the correlation
+    matrix ``R``). ``ln det C`` is taken from the float64 eigenvalues (``sum ln lambda_i``).
+
+    Rank-deficient covariances: the Gaussian total correlation is infinite there (some direction has no variance,
+    i.e. one channel combination is exactly determined by the others). TGO records NaN instead of ``inf``, so the
+    value never enters averages or standard errors; "numerically singular" means an eigenvalue
+    ``<= lambda_1 * D * eps`` (numpy's ``matrix_rank`` tolerance) or a channel without variance.
+
+    Args:
+        cov: ``[D, D]`` covariance.
+        eigs: Its eigenvalues (any order, non-negative).
+
+    Returns:
+        The total correlation (>= 0 up to round-off); NaN for singular or non-finite input.
+    """
+    mat = as_float64_matrix(cov)
+    e = _eigs(eigs)
+    if not np.all(np.isfinite(mat)) or e.size == 0 or not np.all(np.isfinite(e)):
+        return math.nan
+    top = float(e.max())
+    if top <= 0 or float(e.min()) <= top * e.size * _EPS:
+        return math.nan
+    diag = np.diag(mat)
+    if float(diag.min()) <= 0:
+        return math.nan
+    return float(0.5 * (np.sum(np.log(diag)) - np.sum(np.log(e))))
 
 
 def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig") -> np.ndarray:
