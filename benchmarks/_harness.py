@@ -178,6 +178,9 @@ def compose_quickstart(output_dir: Path, overrides: Sequence[str] = ()) -> Any:
 def quickstart_analysis_images(limit: int | None = None) -> tuple[TensorDataset, int]:
     """The quickstart analysis subset (real digits, eval transform) materialised, and its configured batch size.
 
+    The labels are kept, so the jackknife groups are class-stratified as in training (``random_images`` has one
+    class: its groups are dealt round robin by position).
+
     Args:
         limit: Keep only the first ``limit`` images (``--smoke``); ``None`` keeps the whole subset (200 images).
     """
@@ -188,8 +191,10 @@ def quickstart_analysis_images(limit: int | None = None) -> tuple[TensorDataset,
         datamodule = instantiate(cfg.data).validate()
         dataset = datamodule.analysis_dataset
         count = len(dataset) if limit is None else min(limit, len(dataset))
-        images = torch.stack([dataset[i][0] for i in range(count)])
-        return TensorDataset(images, torch.zeros(len(images), dtype=torch.long)), int(datamodule.analysis_batch_size)
+        items = [dataset[i] for i in range(count)]
+        images = torch.stack([item[0] for item in items])
+        labels = torch.as_tensor([int(item[1]) for item in items], dtype=torch.long)
+        return TensorDataset(images, labels), int(datamodule.analysis_batch_size)
 
 
 # ---------------------------------------------------------------------------------------------------- the passes
@@ -255,17 +260,54 @@ def hooked_noop_forward(
     synchronize(device)
 
 
+def stream_pass(
+    net: torch.nn.Module,
+    dataset: TensorDataset,
+    points: Sequence[Any],
+    batch_size: int,
+    device: torch.device,
+    groups: int,
+    gram_dtype: torch.dtype = torch.float64,
+) -> dict[str, Any]:
+    """The streaming pass alone (forward + hooks + Gram updates) as ``observe_dataset`` runs it, without the reduce.
+
+    The same loader (with ``groups``: visited group by group, batches carrying group ids) and the same
+    ``stream_activations`` call, so a G-groups and a no-groups pass differ exactly as in ``observe_and_record``.
+
+    Returns:
+        The accumulators, one per point.
+    """
+    from tgo.observatory import ShardPlan
+    from tgo.observatory.pipeline import group_of_items, shard_loader
+    from tgo.observatory.stream import stream_activations
+
+    plan = ShardPlan(batch_size=batch_size)
+    loader = shard_loader(dataset, plan, group_of_items(dataset, groups) if groups else None)
+    accumulators = stream_activations(net, loader, points, device=device, gram_dtype=gram_dtype, groups=groups)
+    synchronize(device)
+    return accumulators
+
+
 class PhaseTimer:
     """Times the phases of ``observe_and_record`` (stream, reduce, eigendecompose + observables, records) by wrapping
     the functions it calls, so the breakdown comes from the very runs whose total is reported."""
 
     PHASES = ("stream", "reduce", "eig_observables", "records")
 
-    def __init__(self) -> None:
+    def __init__(self, keep_accumulators: bool = False) -> None:
         self.samples: dict[str, list[float]] = {k: [] for k in self.PHASES}
+        self.keep_accumulators = keep_accumulators
+        self.accumulators: Any = None
+        """With ``keep_accumulators``: the reduced accumulators the last ``summarize_accumulators`` call received."""
+
+    def reset(self) -> None:
+        """Forgets the samples so far (warm-up runs), keeping the attached state."""
+        self.samples = {k: [] for k in self.PHASES}
 
     def _wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if phase == "eig_observables" and self.keep_accumulators:
+                self.accumulators = args[0] if args else kwargs.get("accumulators")
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
@@ -304,11 +346,62 @@ class PhaseTimer:
         return {k: statistics.median(v) for k, v in self.samples.items() if v}
 
 
-def observation_settings(gram_dtype: str = "float64") -> ObservationSettings:
-    """The default ``ObservationSettings`` (what the callback runs with) with the Gram precision under test."""
+def observation_settings(gram_dtype: str = "float64", groups: int | None = None) -> ObservationSettings:
+    """The default ``ObservationSettings`` (what the callback runs with) with the Gram precision under test.
+
+    Args:
+        gram_dtype: ``float64`` or ``float32``.
+        groups: Jackknife groups ``G`` (``None``: the default, `default_groups`; ``0``: no jackknife).
+    """
     from tgo.observatory import ObservationSettings
 
-    return ObservationSettings().replace(gram_dtype=gram_dtype)
+    settings = ObservationSettings().replace(gram_dtype=gram_dtype)
+    return settings if groups is None else settings.replace(groups=groups)
+
+
+def default_groups() -> int:
+    """The jackknife groups ``G`` of the default ``ObservationSettings`` (what every "ours" figure runs with)."""
+    from tgo.observatory import ObservationSettings
+
+    return int(ObservationSettings().groups)
+
+
+NOISE_CACHES = (("tgo.spectral.catalogue", "noise_expectation"), ("tgo.spectral.baselines", "noise_spectra"))
+"""The ``functools.lru_cache``s of the finite-sample noise baselines (computed once per (rows, width) per process)."""
+
+
+def clear_noise_caches() -> list[str]:
+    """Empties the noise-baseline caches, so the next summary pays the first-call cost again.
+
+    Returns:
+        The caches cleared (empty when none was found: the library no longer caches there).
+    """
+    import importlib
+
+    cleared = []
+    for module, name in NOISE_CACHES:
+        try:
+            fn = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if callable(getattr(fn, "cache_clear", None)):
+            fn.cache_clear()
+            cleared.append(f"{module}.{name}")
+    return cleared
+
+
+class SumCounter:
+    """An identity ``all_reduce_sum`` (one process) that records the bytes of every call: the all-reduce traffic."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        self.calls.append(t.numel() * t.element_size())
+        return t
+
+    def reset(self) -> None:
+        self.calls = []
 
 
 def observation(
@@ -319,6 +412,7 @@ def observation(
     device: torch.device,
     settings: ObservationSettings,
     out_dir: Path,
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Results | None:
     """The full observation pass exactly as the callback runs it (``observe_and_record``), one process.
 
@@ -330,6 +424,7 @@ def observation(
         device: Where the pass runs.
         settings: ``ObservationSettings`` (see `observation_settings`), built once outside the timed region.
         out_dir: A fresh run directory for the records is made inside it.
+        all_reduce_sum: The sum collective (``None``: identity; a `SumCounter` also counts the bytes).
 
     Returns:
         The ``Results`` of the observation (this process is rank 0, so never ``None``).
@@ -345,7 +440,7 @@ def observation(
         settings=settings,
         plan=ShardPlan(batch_size=batch_size),
         record=RecordPlan(writer=RecordWriter(run_dir), epoch=0, step=0),
-        all_reduce_sum=lambda t: t,
+        all_reduce_sum=all_reduce_sum or (lambda t: t),
         is_global_zero=True,
         device=device,
     )
@@ -358,8 +453,9 @@ def interleaved(
     """Runs ``B V1 B V2 ... B`` ``repeats`` times (one shared baseline run between neighbours).
 
     Returns:
-        ``{name: {"median_s", "ratio"}}`` with ``ratio`` the median over repeats of the variant's time divided by the
-        mean of the two baseline runs around it; ``"baseline"`` holds the baseline's median.
+        ``{name: {"median_s", "ratio", "ratios", "runs"}}`` with ``ratio`` the median over repeats of the variant's
+        time divided by the mean of the two baseline runs around it (``ratios``: each repeat's, ``runs``: each
+        repeat's seconds); ``"baseline"`` holds the baseline's median.
     """
     if warmup:
         baseline()
@@ -387,6 +483,7 @@ def interleaved(
             "median_s": statistics.median(runs[name]),
             "ratio": statistics.median(ratios[name]),
             "ratios": ratios[name],
+            "runs": runs[name],
         }
         for name in variants
     }

@@ -1,7 +1,8 @@
 """Memory measurements in a fresh process: ``python -m benchmarks._memory_child MODEL SIZE IMAGES BATCH VARIANT ...``.
 
 MODEL is one of ``_harness.MODEL_KINDS`` (``vit_small``, ``quickstart``, ``tiny``); VARIANT is ``forward`` (plain
-inference forward, the floor), ``ours`` (``observe_and_record``, float64 Gram) or ``naive`` (store every activation,
+inference forward, the floor), ``ours`` (``observe_and_record``, float64 Gram, default settings: ``G`` jackknife
+groups), ``ours_g0`` (the same with ``groups=0``: one accumulator per point) or ``naive`` (store every activation,
 then torch.cov + eigvalsh). The model and the images are built first; the peak resident memory *above* that state
 during the variant is printed as one JSON line (bytes), with the wall time.
 
@@ -34,12 +35,14 @@ def measure(model: str, size: int, images: int, batch: int, variant: str) -> dic
     points = vit_points(net)
     dataset = h.random_images(images, size)
     settings = h.observation_settings("float64")
+    settings_g0 = h.observation_settings("float64", groups=0)
     out = Path(tempfile.mkdtemp())
     with torch.inference_mode():
         net(dataset.tensors[0][:2])  # thread pools, allocator, kernels: nothing of the variant yet
     runs = {
         "forward": lambda: h.plain_forward(net, dataset, batch, device),
         "ours": lambda: h.observation(net, dataset, points, batch, device, settings, out),
+        "ours_g0": lambda: h.observation(net, dataset, points, batch, device, settings_g0, out),
         "naive": lambda: h.naive_observation(net, dataset, points, batch, device),
     }
     with h.PeakRSS() as mem:
@@ -51,6 +54,7 @@ def measure(model: str, size: int, images: int, batch: int, variant: str) -> dic
         "size": size,
         "images": images,
         "variant": variant,
+        "groups": {"ours": settings.groups, "ours_g0": 0}.get(variant),
         "peak_delta_bytes": mem.peak_delta,
         "baseline_bytes": mem.start,
         "seconds": seconds,

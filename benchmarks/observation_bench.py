@@ -13,6 +13,12 @@ median or a ratio measured in this one run (see ``benchmarks/_harness.py`` for h
 5. Eigendecomposition + observables per observation, and TensorBoard figure rendering per observation.
 6. GPU rows (only with CUDA): the overhead at 1,000 images, the tgo1-sized observation in seconds, peak GPU memory,
    and the analysis pass under DDP over the GPUs present.
+7. The grouped jackknife: ``observation.groups`` = G (default 10) against G = 0 on the same images: the streaming pass
+   (target <= 1.05x), accumulator state = all-reduce bytes per observation, peak memory, and the rank-0 summary
+   (G + 1 eigendecompositions + observables per point) with the noise-baseline cache warm and cold.
+
+Every "ours" figure of rows 1-6 runs the default ``ObservationSettings``, so G = 10 jackknife groups; each such row
+says so in its detail.
 
 ``benchmarks/spectral_bench.py`` (the engine alone) runs first, in its own process, and its output is kept next to the
 JSON. No assertions anywhere: this measures.
@@ -28,6 +34,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import statistics
@@ -48,7 +55,11 @@ import torch
 from benchmarks import _harness as h
 
 GOAL = 1.10
+GROUPS_TARGET = 1.05
+"""Target of rows 7.1-7.2: the streaming pass with G jackknife groups / the same pass with G = 0."""
 MB = 1024**2
+NO_GROUPS = "float64 G=0"
+"""The variant of rows 1a/1b run with ``groups=0`` for rows 7 (float64 Gram, otherwise default settings)."""
 
 
 # ---------------------------------------------------------------------------------------------------- declared rows
@@ -71,6 +82,13 @@ ROWS: dict[str, tuple[str, ...]] = {
     "5.3": ("vit_small", "figures"),
     "5.4": ("quickstart", "figures"),
     **{row: ("gpu",) for row in GPU_ROWS},
+    "7.1": ("vit_small", "jackknife"),
+    "7.2": ("quickstart", "jackknife"),
+    "7.3": ("vit_small", "jackknife"),
+    "7.4": ("quickstart", "jackknife"),
+    "7.5": ("memory", "jackknife"),
+    "7.6": ("vit_small", "jackknife"),
+    "7.7": ("quickstart", "jackknife"),
 }
 """Every row of the table, in display order, with the ``--skip`` sections it needs.
 
@@ -78,7 +96,16 @@ The single declaration of what a complete run contains: `main` checks the table 
 nor skipped with a reason is a bug) and ``tests/test_benchmarks.py`` checks ``results.json`` against it.
 """
 
-SECTIONS: tuple[str, ...] = ("spectral", "vit_small", "quickstart", "memory", "training", "figures", "gpu")
+SECTIONS: tuple[str, ...] = (
+    "spectral",
+    "vit_small",
+    "quickstart",
+    "memory",
+    "training",
+    "figures",
+    "gpu",
+    "jackknife",
+)
 
 
 class Table:
@@ -269,6 +296,9 @@ class Profile:
         scaling_model: The network of row 3.
         scaling: Image counts of row 3 (the slope runs from the smallest to the largest).
         repeats: Interleaved repeats of rows 1 and 6.
+        groups_repeats: Interleaved repeats of rows 7.1-7.2 (streaming pass with G groups between two with G = 0):
+            a few percent is all they resolve, so more than ``repeats``; a streaming pass is cheaper than an
+            observation.
         epochs: Training epochs of row 4.
         training_overrides: Hydra overrides of row 4 on top of the quickstart experiment.
         renders: Figure renders per network in rows 5.3-5.4.
@@ -291,6 +321,7 @@ class Profile:
     scaling_model: ModelSpec
     scaling: tuple[int, ...]
     repeats: int
+    groups_repeats: int
     epochs: int
     training_overrides: tuple[str, ...]
     renders: int
@@ -313,6 +344,7 @@ DEFAULT = Profile(
     scaling_model=QUICKSTART,
     scaling=(64, 256, 1000),
     repeats=3,
+    groups_repeats=5,
     epochs=2,
     training_overrides=(),
     renders=3,
@@ -322,7 +354,7 @@ DEFAULT = Profile(
     spectral_args=(),
 )
 QUICK = dataclasses.replace(
-    DEFAULT, name="quick", vit_images=32, repeats=2, epochs=1, renders=2, spectral_args=("--quick",)
+    DEFAULT, name="quick", vit_images=32, repeats=2, groups_repeats=4, epochs=1, renders=2, spectral_args=("--quick",)
 )
 SMOKE = Profile(
     name="smoke",
@@ -336,6 +368,7 @@ SMOKE = Profile(
     scaling_model=TINY,
     scaling=(4, 8),
     repeats=1,
+    groups_repeats=1,
     epochs=1,
     training_overrides=(
         "experiment=smoke",
@@ -370,33 +403,49 @@ def overhead(
     work: Path,
     *,
     naive: bool,
+    compare_groups: bool = False,
 ) -> dict[str, Any]:
-    """Observation / forward for both Gram dtypes (and the naive baseline, hooks-only), interleaved with forwards."""
+    """Observation / forward for both Gram dtypes (and the naive baseline, hooks-only), interleaved with forwards.
+
+    Both observations run the default settings, so G = `_harness.default_groups` jackknife groups. With
+    ``compare_groups`` a third one, float64 with ``groups=0`` (`NO_GROUPS`), is interleaved right after the float64
+    one, every call's all-reduce bytes are counted, and the reduced accumulators of the last G and G = 0 runs are
+    kept for rows 7 (``"jackknife"`` in the result; drop ``"accumulators"`` before writing JSON).
+
+    The noise-baseline cache (``tgo.spectral`` computes finite-sample baselines once per (rows, width)) is warm in
+    every timed run: the warm-up runs below see the same shapes first.
+    """
     from tgo.observatory import vit_points
 
     points = vit_points(net)
-    timers = {"float64": h.PhaseTimer(), "float32": h.PhaseTimer()}
+    groups = h.default_groups()
+    timers = {"float64": h.PhaseTimer(keep_accumulators=compare_groups), "float32": h.PhaseTimer()}
     settings = {name: h.observation_settings(name) for name in timers}
+    if compare_groups:
+        timers[NO_GROUPS] = h.PhaseTimer(keep_accumulators=True)
+        settings[NO_GROUPS] = h.observation_settings("float64", groups=0)
+    counters = {name: h.SumCounter() for name in timers}
     last: dict[str, Any] = {}
 
-    def observe(dtype_name: str) -> None:
-        with timers[dtype_name].attached():
-            last[dtype_name] = h.observation(net, dataset, points, batch, device, settings[dtype_name], work)
+    def observe(name: str) -> None:
+        counters[name].reset()
+        with timers[name].attached():
+            last[name] = h.observation(net, dataset, points, batch, device, settings[name], work, counters[name])
         h.synchronize(device)
 
-    variants = {
-        "float64": lambda: observe("float64"),
-        "float32": lambda: observe("float32"),
-        "hooks only": lambda: h.hooked_noop_forward(net, dataset, points, batch, device),
-    }
+    variants = {"float64": lambda: observe("float64")}
+    if compare_groups:
+        variants[NO_GROUPS] = lambda: observe(NO_GROUPS)
+    variants["float32"] = lambda: observe("float32")
+    variants["hooks only"] = lambda: h.hooked_noop_forward(net, dataset, points, batch, device)
     if naive:
         variants["naive"] = lambda: (h.naive_observation(net, dataset, points, batch, device), h.synchronize(device))
     baseline = lambda: h.plain_forward(net, dataset, batch, device)
-    baseline()  # warm-up, then one of each (timers reset so only timed runs count)
+    baseline()  # warm-up (also of the noise-baseline cache), then one of each (timers reset: only timed runs count)
     for fn in variants.values():
         fn()
     for timer in timers.values():
-        timer.samples = {k: [] for k in timer.PHASES}
+        timer.reset()
     res = h.interleaved(baseline, variants, repeats, warmup=False)
     n = len(dataset)
     forward = res["baseline"]["median_s"]
@@ -406,16 +455,16 @@ def overhead(
     )
     for name in ("float64", "float32"):
         ratio = res[name]["ratio"]
-        goal = f"goal <= {GOAL:.2f}x {'met' if ratio <= GOAL else 'MISSED'}" if device.type == "cpu" else ""
+        goal = f"; goal <= {GOAL:.2f}x {'met' if ratio <= GOAL else 'MISSED'}" if device.type == "cpu" else ""
         table.add(
             f"{row}.{1 if name == 'float64' else 2}",
             f"{label}: observation / forward, Gram {name}",
             ratio,
             "x",
-            f"observation {res[name]['median_s']:.2f} s; {goal}",
+            f"G={groups}; observation {res[name]['median_s']:.2f} s{goal}",
             ratios=res[name]["ratios"],
         )
-    phases64, phases32 = timers["float64"].medians(), timers["float32"].medians()
+    phases = {name: timer.medians() for name, timer in timers.items()}
     table.add(
         f"{row}.3",
         f"{label}: hooks only (no accumulation) / forward",
@@ -423,17 +472,18 @@ def overhead(
         "x",
         f"{len(points)} hooks + exact-fp32 context, updates do nothing",
     )
-    for name, phases in (("float64", phases64), ("float32", phases32)):
-        fixed = phases.get("reduce", 0) + phases.get("eig_observables", 0) + phases.get("records", 0)
+    for name in ("float64", "float32"):
+        ph = phases[name]
+        fixed = ph.get("reduce", 0) + ph.get("eig_observables", 0) + ph.get("records", 0)
         table.add(
             f"{row}.{4 if name == 'float64' else 5}",
             f"{label}: stream (fwd+hooks+Gram) / forward, {name}",
-            phases["stream"] / forward,
+            ph["stream"] / forward,
             "x",
-            f"then per observation: reduce {phases.get('reduce', 0):.3f} s, eig+observables "
-            f"{phases.get('eig_observables', 0):.3f} s, records {phases.get('records', 0):.3f} s "
-            f"(= {fixed / forward:.3f}x)",
-            phases=phases,
+            f"G={groups}; then per observation: reduce {ph.get('reduce', 0):.3f} s, eig+observables "
+            f"{ph.get('eig_observables', 0):.3f} s ({groups + 1 if groups else 1} spectra/point, noise cache warm), "
+            f"records {ph.get('records', 0):.3f} s (= {fixed / forward:.3f}x)",
+            phases=ph,
         )
     if naive:
         table.add(
@@ -441,14 +491,50 @@ def overhead(
             f"{label}: naive store + torch.cov / forward",
             res["naive"]["ratio"],
             "x",
-            f"naive {res['naive']['median_s']:.2f} s; naive / ours (f64) = "
+            f"naive {res['naive']['median_s']:.2f} s; naive / ours (f64, G={groups}) = "
             f"{res['naive']['median_s'] / res['float64']['median_s']:.2f}x",
             ratios=res["naive"]["ratios"],
         )
-    return {
-        "timings": {k: {kk: vv for kk, vv in v.items()} for k, v in res.items()},
-        "phases": {"float64": phases64, "float32": phases32},
+    out: dict[str, Any] = {
+        "groups": groups,
+        "timings": {k: dict(v) for k, v in res.items()},
+        "phases": phases,
         "results": last.get("float64"),
+    }
+    if compare_groups:
+        out["jackknife"] = _groups_comparison(res, timers, counters, groups)
+    return out
+
+
+def _groups_comparison(
+    res: dict[str, Any], timers: dict[str, h.PhaseTimer], counters: dict[str, h.SumCounter], groups: int
+) -> dict[str, Any]:
+    """G against G = 0 from the interleaved runs of `overhead`: paired ratios, all-reduce bytes, accumulators.
+
+    Each run is first divided by the mean of the two plain forwards around it (as every ratio of the table), then
+    the G run of a repeat is divided by the G = 0 run of the same repeat (they are neighbours in the interleaving).
+    """
+
+    def around(name: str) -> list[float]:
+        return [run / ratio for run, ratio in zip(res[name]["runs"], res[name]["ratios"], strict=True)]
+
+    stream_g, stream_0 = timers["float64"].samples["stream"], timers[NO_GROUPS].samples["stream"]
+    stream_pairs = [
+        (a / fa) / (b / fb)
+        for a, fa, b, fb in zip(stream_g, around("float64"), stream_0, around(NO_GROUPS), strict=True)
+    ]
+    observation_pairs = [a / b for a, b in zip(res["float64"]["ratios"], res[NO_GROUPS]["ratios"], strict=True)]
+    return {
+        "groups": groups,
+        "stream_ratio_in_observation": statistics.median(stream_pairs),
+        "stream_ratios_in_observation": stream_pairs,
+        "stream_s": {"grouped": statistics.median(stream_g), "off": statistics.median(stream_0)},
+        "observation_ratio": statistics.median(observation_pairs),
+        "observation_ratios": observation_pairs,
+        "observation_s": {"grouped": res["float64"]["median_s"], "off": res[NO_GROUPS]["median_s"]},
+        "phases": {"grouped": timers["float64"].medians(), "off": timers[NO_GROUPS].medians()},
+        "allreduce_bytes": {"grouped": counters["float64"].calls, "off": counters[NO_GROUPS].calls},
+        "accumulators": {"grouped": timers["float64"].accumulators, "off": timers[NO_GROUPS].accumulators},
     }
 
 
@@ -456,33 +542,57 @@ def overhead(
 VARIANTS = ("forward", "ours", "naive")
 
 
+def state_mb(spec: ModelSpec, groups: int) -> float:
+    """Accumulator state of one observation of ``spec`` by construction: points x max(G, 1) x (2 + D + D^2) x 8 B."""
+    d = spec.width
+    return spec.points * max(groups, 1) * (2 + d + d * d) * 8 / MB
+
+
 def _memory_spec(spec: ModelSpec, images: int, batch: int, variant: str) -> tuple[str, ...]:
     """The memory child's ``MODEL SIZE IMAGES BATCH VARIANT``."""
     return (spec.kind, str(spec.image_size), str(images), str(batch), variant)
 
 
-def memory_rows(table: Table, profile: Profile, vit_images: int, qs_batch: int) -> dict[str, Any]:
-    """Peak RSS above the loaded model, one fresh process per variant (see `_harness.run_memory_children`)."""
+def memory_rows(
+    table: Table, profile: Profile, vit_images: int, qs_batch: int, *, compare_groups: bool = False
+) -> dict[str, Any]:
+    """Peak RSS above the loaded model, one fresh process per variant (see `_harness.run_memory_children`).
+
+    "ours" runs the default settings (G jackknife groups); with ``compare_groups`` the vit network is also measured
+    with ``groups=0`` (row 7.5).
+    """
     vit, small = profile.vit, profile.scaling_model
+    variants = (*VARIANTS, "ours_g0") if compare_groups else VARIANTS
     scaled = [(n, v) for n in profile.scaling for v in ("ours", "naive")]
-    specs = [_memory_spec(vit, vit_images, profile.vit_batch, v) for v in VARIANTS]
+    specs = [_memory_spec(vit, vit_images, profile.vit_batch, v) for v in variants]
     specs += [_memory_spec(small, n, qs_batch, v) for n, v in scaled]
     measured = h.run_memory_children(specs, fresh=profile.fresh_memory_processes)
-    peaks = dict(zip(VARIANTS, measured[: len(VARIANTS)], strict=False))
-    raw: dict[str, Any] = {vit.kind: peaks, "quickstart_scaling": measured[len(VARIANTS) :]}
-    _peak_rows(
-        table, vit, vit_images, {v: p["peak_delta_bytes"] / MB for v, p in peaks.items()}, peaks["ours"]["method"]
-    )
+    peaks = dict(zip(variants, measured[: len(variants)], strict=False))
+    raw: dict[str, Any] = {vit.kind: peaks, "quickstart_scaling": measured[len(variants) :]}
+    mb = {v: p["peak_delta_bytes"] / MB for v, p in peaks.items()}
+    _peak_rows(table, vit, vit_images, mb, peaks["ours"]["method"])
     scale: dict[str, dict[int, float]] = {"ours": {}, "naive": {}}
-    for (n, v), res in zip(scaled, measured[len(VARIANTS) :], strict=False):
+    for (n, v), res in zip(scaled, measured[len(variants) :], strict=False):
         scale[v][n] = res["peak_delta_bytes"] / MB
     _scaling_rows(table, small, profile.scaling, scale)
+    if compare_groups:
+        groups = h.default_groups()
+        table.add(
+            "7.5",
+            f"{vit.label}, {vit_images} images: peak RSS, G={groups} / G=0",
+            mb["ours"],
+            "MB",
+            f"= {mb['ours'] / max(mb['ours_g0'], 1e-9):.2f}x; f64 observe_and_record, fresh process each (noise "
+            f"cache cold there); state by construction {state_mb(vit, groups):.1f} / {state_mb(vit, 0):.1f} MB",
+            text=f"{mb['ours']:.1f} / {mb['ours_g0']:.1f} MB",
+            peaks_mb={"grouped": mb["ours"], "off": mb["ours_g0"]},
+        )
     return raw
 
 
 def _peak_rows(table: Table, spec: ModelSpec, images: int, mb: dict[str, float], method: str) -> None:
     """Rows 2.2-2.4: the peaks of forward, ours and naive on one network."""
-    p, w = spec.points, spec.width
+    p, w, groups = spec.points, spec.width, h.default_groups()
     where = f"{spec.label}, {images} images: peak RSS"
     table.add("2.2", f"{where}, plain forward", mb["forward"], "MB", "the floor: one batch's activations")
     table.add(
@@ -490,7 +600,7 @@ def _peak_rows(table: Table, spec: ModelSpec, images: int, mb: dict[str, float],
         f"{where}, ours (f64)",
         mb["ours"],
         "MB",
-        f"state held: {p} x ({w}^2+2x{w}) x 8 B = {p * (w * w + 2 * w) * 8 / MB:.1f} MB",
+        f"G={groups}; state held: {p} x {max(groups, 1)} x ({w}^2+{w}+2) x 8 B = {state_mb(spec, groups):.1f} MB",
     )
     table.add(
         "2.4",
@@ -512,7 +622,7 @@ def _scaling_rows(table: Table, spec: ModelSpec, scaling: Sequence[int], scale: 
             f"{spec.label}, peak RSS MB/image, {v}",
             per_image,
             "MB/img",
-            f"peak MB at {series} images (slope {lo}->{hi})",
+            f"{f'G={h.default_groups()}; ' if v == 'ours' else ''}peak MB at {series} images (slope {lo}->{hi})",
             peaks_mb=scale[v],
         )
     p, t, w = spec.points, spec.tokens, spec.width
@@ -521,8 +631,8 @@ def _scaling_rows(table: Table, spec: ModelSpec, scaling: Sequence[int], scale: 
         f"{spec.name}: naive bytes held by construction",
         p * t * w * 4 / MB,
         "MB/img",
-        f"{p} points x {t} tokens x {w} floats x 4 B; ours holds {p} x {w}^2 x 8 B = "
-        f"{p * w * w * 8 / MB:.1f} MB whatever the count",
+        f"{p} points x {t} tokens x {w} floats x 4 B; ours (G={h.default_groups()}) holds "
+        f"{state_mb(spec, h.default_groups()):.1f} MB whatever the count",
     )
 
 
@@ -576,10 +686,10 @@ def training_overhead(table: Table, epochs: int, work: Path, overrides: Sequence
         run(cfg)
     finally:
         SpectralGeometryCallback.observe_epoch = original
-    return _training_rows(table, calls)
+    return _training_rows(table, calls, int(cfg.observation.groups))
 
 
-def _training_rows(table: Table, calls: list[dict[str, float]]) -> dict[str, Any]:
+def _training_rows(table: Table, calls: list[dict[str, float]], groups: int) -> dict[str, Any]:
     """Rows 4.1-4.2 from the epoch stamps and the timed observations."""
     starts = [t for kind, _, t in EpochTimer.stamps if kind == "epoch_start"]
     end = [t for kind, _, t in EpochTimer.stamps if kind == "train_end"][-1]
@@ -607,7 +717,7 @@ def _training_rows(table: Table, calls: list[dict[str, float]]) -> dict[str, Any
         "quickstart, every_n_epochs=1: observing / epoch wall time",
         100 * frac,
         "%",
-        f"median of {len(per_epoch)} epochs: epoch {wall:.2f} s (train+val+observe+checkpoints), "
+        f"G={groups}; median of {len(per_epoch)} epochs: epoch {wall:.2f} s (train+val+observe+checkpoints), "
         f"observation {obs_s:.2f} s incl. TensorBoard figures",
     )
     table.add(
@@ -615,11 +725,12 @@ def _training_rows(table: Table, calls: list[dict[str, float]]) -> dict[str, Any
         "quickstart: observation pass only (no figures) / epoch",
         100 * frac_pass,
         "%",
-        f"pass {statistics.median(p['pass_s'] for p in per_epoch):.2f} s, figures+scalars "
+        f"G={groups}; pass {statistics.median(p['pass_s'] for p in per_epoch):.2f} s, figures+scalars "
         f"{statistics.median(p['figures_s'] for p in per_epoch):.2f} s; epoch-0 observation "
-        f"{by_epoch.get(0, {}).get('seconds', float('nan')):.2f} s",
+        f"{by_epoch.get(0, {}).get('seconds', float('nan')):.2f} s (a shape's first observation also computes "
+        f"its noise baselines; later epochs reuse them)",
     )
-    return {"per_epoch": per_epoch, "observations": calls}
+    return {"groups": groups, "per_epoch": per_epoch, "observations": calls}
 
 
 # ---------------------------------------------------------------------------------------------------- row 5
@@ -659,14 +770,16 @@ def eig_and_figure_rows(
     for row, section, spec in (("5.1", "vit_small", profile.vit), ("5.2", "quickstart", profile.quickstart)):
         if section in results:
             eig = results[section]["phases"]["float64"]["eig_observables"]
+            groups = results[section]["groups"]
             source = "1a" if section == "vit_small" else "1b"
+            spectra = f"{groups + 1} spectra/point (total + {groups} leave-one-group-out)" if groups else "1 spectrum"
             table.add(
                 row,
                 f"eigendecomposition + observables, {spec.points} x {spec.width}^2 f64",
                 eig,
                 "s",
-                f"per observation: covariance, numpy eigvalsh (1 BLAS thread), {_n_observables()} observables, "
-                f"from rows {source}",
+                f"G={groups}: {spectra}, numpy eigvalsh (1 BLAS thread), {_n_observables()} observables each, "
+                f"noise cache warm; from rows {source}",
             )
     if "figures" in skip:
         return
@@ -679,7 +792,8 @@ def eig_and_figure_rows(
                 seconds,
                 "s",
                 f"spectra, histograms, correlation heatmaps, decay, layer x epoch heatmaps; "
-                f"median of {profile.renders}",
+                f"median of {profile.renders}; drawn from the G={results[section]['groups']} observation of rows "
+                f"{'1a' if section == 'vit_small' else '1b'}",
             )
 
 
@@ -768,7 +882,7 @@ def gpu_rows(table: Table, profile: Profile, repeats: int, work: Path) -> dict[s
         f"GPU: tgo1 observation of {images} images (f64), wall time",
         f64,
         "s",
-        f"float32 Gram {raw['overhead']['timings']['float32']['median_s']:.2f} s",
+        f"G={raw['overhead']['groups']}; float32 Gram {raw['overhead']['timings']['float32']['median_s']:.2f} s",
     )
     raw["memory"] = _gpu_memory(table, net, dataset, vit_points(net), batch, device, images, work)
     raw["ddp"] = _gpu_ddp(table, spec, images, batch, work)
@@ -808,7 +922,8 @@ def _gpu_memory(
         f"GPU peak memory above model, {images} images: forward / ours / naive",
         mem["ours"]["peak_mb"],
         "MB",
-        f"naive / forward time {mem['naive']['seconds'] / mem['forward']['seconds']:.2f}x (single run)",
+        f"ours: G={settings.groups}; naive / forward time {mem['naive']['seconds'] / mem['forward']['seconds']:.2f}x "
+        f"(single run)",
         text=f"{mem['forward']['peak_mb']:.0f} / {mem['ours']['peak_mb']:.0f} / {mem['naive']['peak_mb']:.0f} MB",
         peaks_mb={k: v["peak_mb"] for k, v in mem.items()},
     )
@@ -829,9 +944,154 @@ def _gpu_ddp(table: Table, spec: ModelSpec, images: int, batch: int, work: Path)
         f"GPU DDP analysis pass over {world} GPU(s), {images} images (f64)",
         statistics.median(ddp["seconds"]),
         "s",
-        "NCCL; every image once; one sum all-reduce",
+        f"G={h.default_groups()}; NCCL; every image once; two sum all-reduces",
     )
     return ddp
+
+
+# ---------------------------------------------------------------------------------------------------- row 7
+def _flat_accumulators(accumulators: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Every point's `StreamingCovariance` states as ``reduce_accumulators`` flattens them (a group's each)."""
+    from tgo.spectral import GroupedCovariance
+
+    return {
+        name: list(acc.groups) if isinstance(acc, GroupedCovariance) else [acc] for name, acc in accumulators.items()
+    }
+
+
+def state_bytes(accumulators: Mapping[str, Any]) -> dict[str, Any]:
+    """Packed state (the second collective's tensor) per point and in total, from ``packed_size`` of the states."""
+    per_point = {name: 8 * sum(a.packed_size for a in flat) for name, flat in _flat_accumulators(accumulators).items()}
+    return {"per_point": per_point, "total": sum(per_point.values())}
+
+
+def stream_comparison(
+    net: torch.nn.Module, dataset: Any, batch: int, device: torch.device, repeats: int
+) -> dict[str, Any]:
+    """The streaming pass with G groups against the same pass with G = 0: ``G0, G, G0, G, ..., G0`` after one
+    warm-up of each, each G run divided by the mean of the two G = 0 runs around it (`_harness.interleaved`)."""
+    from tgo.observatory import vit_points
+
+    points, groups = vit_points(net), h.default_groups()
+    res = h.interleaved(
+        lambda: h.stream_pass(net, dataset, points, batch, device, 0),
+        {"grouped": lambda: h.stream_pass(net, dataset, points, batch, device, groups)},
+        repeats,
+    )
+    return {
+        "groups": groups,
+        "repeats": repeats,
+        "ratio": res["grouped"]["ratio"],
+        "ratios": res["grouped"]["ratios"],
+        "grouped_s": res["grouped"]["median_s"],
+        "off_s": res["baseline"]["median_s"],
+    }
+
+
+def jackknife_pass_rows(
+    table: Table, rows: tuple[str, str], label: str, jk: dict[str, Any], stream: dict[str, Any]
+) -> dict[str, Any]:
+    """Rows 7.1/7.2 (streaming pass G / G = 0, from `stream_comparison`) and 7.3/7.4 (state = all-reduce bytes,
+    from `_groups_comparison`).
+
+    Returns:
+        ``jk`` without the accumulators, with the state bytes and the stream comparison added (for the JSON).
+    """
+    groups = jk["groups"]
+    accs = jk.pop("accumulators")
+    jk["stream_comparison"] = stream
+    ratio = stream["ratio"]
+    met = "met" if ratio <= GROUPS_TARGET else "MISSED"
+    table.add(
+        rows[0],
+        f"{label}: stream (fwd+hooks+Gram) G={groups} / G=0, f64",
+        ratio,
+        "x",
+        f"stream {stream['grouped_s']:.2f} s vs {stream['off_s']:.2f} s, median of {stream['repeats']} interleaved "
+        f"pairs; target <= {GROUPS_TARGET:.2f}x {met}; whole observation G={groups} / G=0 = "
+        f"{jk['observation_ratio']:.2f}x ({jk['observation_s']['grouped']:.2f} s vs "
+        f"{jk['observation_s']['off']:.2f} s)",
+        ratios=stream["ratios"],
+    )
+    state = {k: state_bytes(v) for k, v in accs.items() if v is not None}
+    sent = {k: sum(v) for k, v in jk["allreduce_bytes"].items()}
+    jk["state_bytes"] = state
+    if len(state) == 2:
+        per_point = {k: max(v["per_point"].values()) for k, v in state.items()}
+        dim = max(a.dim for a in accs["off"].values())
+        reduce = {k: v.get("reduce", math.nan) for k, v in jk["phases"].items()}
+        table.add(
+            rows[1],
+            f"{label}: all-reduce bytes per observation, G={groups} / G=0",
+            sent["grouped"] / MB,
+            "MB",
+            f"= {sent['grouped'] / max(sent['off'], 1):.1f}x; packed state per point {per_point['grouped'] / MB:.2f} / "
+            f"{per_point['off'] / MB:.3f} MB (G x (2+{dim}+{dim}^2) x 8 B), {len(accs['off'])} points "
+            f"{state['grouped']['total'] / MB:.1f} / {state['off']['total'] / MB:.2f} MB, the rest shift agreement; "
+            f"2 collectives each; reduce phase (identity sum) {reduce['grouped']:.3f} / {reduce['off']:.3f} s",
+            text=f"{sent['grouped'] / MB:.1f} / {sent['off'] / MB:.2f} MB",
+            bytes=sent,
+        )
+    return jk
+
+
+def summary_time(grouped: Mapping[str, Any], off: Mapping[str, Any], repeats: int) -> dict[str, Any]:
+    """Seconds of rank 0's ``summarize_accumulators`` for the same observation with G groups and with G = 0.
+
+    Warm: the noise-baseline cache already holds every shape (the observations of rows 1a/1b computed them; one
+    untimed call of each makes sure), G = 0 and G interleaved, median of ``repeats``. Cold: the cache cleared before
+    one call of each (G = 0 first, so every shape is cached again afterwards and later rows are not affected).
+    """
+    from tgo.observatory import summarize_accumulators
+
+    fit_range = h.observation_settings().fit_range
+
+    def timed(accs: Mapping[str, Any]) -> float:
+        start = time.perf_counter()
+        summarize_accumulators(accs, nan_if_nonfinite=True, fit_range=fit_range)
+        return time.perf_counter() - start
+
+    timed(off), timed(grouped)
+    warm: dict[str, list[float]] = {"off": [], "grouped": []}
+    for _ in range(max(repeats, 1)):
+        warm["off"].append(timed(off))
+        warm["grouped"].append(timed(grouped))
+    cold: dict[str, float] = {}
+    cleared = h.clear_noise_caches()
+    if cleared:
+        cold["off"] = timed(off)
+        h.clear_noise_caches()
+        cold["grouped"] = timed(grouped)
+    return {
+        "warm_s": {k: statistics.median(v) for k, v in warm.items()},
+        "warm_runs": warm,
+        "cold_s": cold,
+        "caches_cleared": cleared,
+    }
+
+
+def jackknife_summary_row(table: Table, row: str, spec: ModelSpec, grouped: Any, off: Any, repeats: int) -> dict:
+    """Rows 7.6/7.7: rank-0 summary time (eigendecomposition + observables + jackknife), G / G = 0, warm and cold."""
+    groups = h.default_groups()
+    raw = summary_time(grouped, off, repeats)
+    warm, cold = raw["warm_s"], raw["cold_s"]
+    if cold:
+        cold_text = (
+            f"cold (noise cache cleared): {cold['grouped']:.2f} / {cold['off']:.2f} s, i.e. first call per shape "
+            f"+{cold['grouped'] - warm['grouped']:.2f} / +{cold['off'] - warm['off']:.2f} s"
+        )
+    else:
+        cold_text = "cold not measured (no noise-baseline cache found to clear)"
+    table.add(
+        row,
+        f"rank-0 summary, {spec.points} x {spec.width}^2 f64, G={groups} / G=0",
+        warm["grouped"],
+        "s",
+        f"= {warm['grouped'] / max(warm['off'], 1e-12):.1f}x; {groups + 1} / 1 spectra+observables per point, noise "
+        f"cache warm, median of {max(repeats, 1)}; {cold_text}",
+        text=f"{warm['grouped']:.3f} / {warm['off']:.3f} s",
+    )
+    return raw
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -886,49 +1146,55 @@ def run_sections(
         results["spectral_bench"] = spectral_engine(profile.spectral_args, out_dir)
     cpu = torch.device("cpu")
     observed: dict[str, Any] = {}
+    groups = "jackknife" not in skip
     if "vit_small" not in skip:
         spec = profile.vit
-        print(f"== rows 1-2: {spec.label} (CPU)", flush=True)
+        print(f"== rows 1-2, 7: {spec.label} (CPU)", flush=True)
         net = spec.build(cpu)
+        images = h.random_images(profile.vit_images, spec.image_size)
         res = overhead(
             table,
             spec.label,
             "1a",
             net,
-            h.random_images(profile.vit_images, spec.image_size),
+            images,
             profile.vit_batch,
             cpu,
             profile.repeats,
             work,
             naive=True,
+            compare_groups=groups,
         )
         observed["vit_small"] = res.pop("results")
+        if groups:
+            stream = stream_comparison(net, images, profile.vit_batch, cpu, profile.groups_repeats)
+            res["jackknife"] = _jackknife_rows(
+                table, ("7.1", "7.3", "7.6"), spec.label, spec, res, stream, profile.repeats
+            )
         results["vit_small"] = res
         del net
     qs_batch = profile.quickstart_batch or 128
     if "quickstart" not in skip:
-        print(f"== row 1: {profile.quickstart.name} on its analysis subset (CPU)", flush=True)
+        print(f"== rows 1, 7: {profile.quickstart.name} on its analysis subset (CPU)", flush=True)
         dataset, configured_batch = h.quickstart_analysis_images(profile.quickstart_images)
         qs_batch = profile.quickstart_batch or configured_batch
         net = profile.quickstart.build(cpu)
+        label = _quickstart_label(profile.quickstart, len(dataset))
+        repeats = max(profile.repeats, profile.quickstart_min_repeats)
         res = overhead(
-            table,
-            _quickstart_label(profile.quickstart, len(dataset)),
-            "1b",
-            net,
-            dataset,
-            qs_batch,
-            cpu,
-            max(profile.repeats, profile.quickstart_min_repeats),
-            work,
-            naive=False,
+            table, label, "1b", net, dataset, qs_batch, cpu, repeats, work, naive=False, compare_groups=groups
         )
         observed["quickstart"] = res.pop("results")
+        if groups:
+            stream = stream_comparison(net, dataset, qs_batch, cpu, max(profile.groups_repeats, repeats))
+            res["jackknife"] = _jackknife_rows(
+                table, ("7.2", "7.4", "7.7"), label, profile.quickstart, res, stream, repeats
+            )
         results["quickstart"] = res
         del net
     if "memory" not in skip:
-        print("== rows 2-3: peak memory (one process per variant)", flush=True)
-        results["memory"] = memory_rows(table, profile, profile.vit_images, qs_batch)
+        print("== rows 2-3, 7.5: peak memory (one process per variant)", flush=True)
+        results["memory"] = memory_rows(table, profile, profile.vit_images, qs_batch, compare_groups=groups)
     if "training" not in skip:
         print(f"== row 4: quickstart training, {profile.epochs} epoch(s), observing every epoch", flush=True)
         results["training"] = training_overhead(table, profile.epochs, work, profile.training_overrides)
@@ -936,6 +1202,24 @@ def run_sections(
     eig_and_figure_rows(table, profile, results, observed, skip, work)
     if "gpu" not in skip:
         results["gpu"] = gpu_rows(table, profile, profile.repeats, work)
+
+
+def _jackknife_rows(
+    table: Table,
+    rows: tuple[str, str, str],
+    label: str,
+    spec: ModelSpec,
+    res: dict[str, Any],
+    stream: dict[str, Any],
+    repeats: int,
+) -> dict[str, Any]:
+    """Rows 7 of one network, right after its rows 1 (whose runs they come from), so the G accumulators they keep
+    (G x the state) are freed before anything else runs; the summary timing leaves the noise cache warm."""
+    jk = res.pop("jackknife")
+    grouped, off = jk["accumulators"]["grouped"], jk["accumulators"]["off"]
+    raw = jackknife_pass_rows(table, rows[:2], label, jk, stream)
+    raw["summary"] = jackknife_summary_row(table, rows[2], spec, grouped, off, repeats)
+    return raw
 
 
 def _quickstart_label(spec: ModelSpec, images: int) -> str:

@@ -61,11 +61,28 @@ def jackknife_groups(labels: Sequence[int] | np.ndarray, groups: int) -> np.ndar
     return out
 
 
+def _runs(ids: torch.Tensor) -> list[tuple[int, int, int]]:
+    """``(group, start, stop)`` of each run of equal consecutive ids, read on the CPU (no device sync).
+
+    The observation visits each rank's shard group by group, so a batch is one or two runs and each becomes one
+    update on a view of the batch (no masked copy).
+    """
+    values = ids.detach().cpu().tolist()
+    runs: list[tuple[int, int, int]] = []
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[start]:
+            runs.append((int(values[start]), start, i))
+            start = i
+    return runs
+
+
 class GroupedCovariance:
     """``G`` `StreamingCovariance` accumulators of one observation point; each row goes to exactly one of them.
 
     The group of every row comes from ``batch_groups``: the caller sets it to the ``[B]`` group ids of the images
-    of the batch about to run, and ``update(x)`` splits ``x`` (``[B, ..., D]``, first axis the image) by them.
+    of the batch about to run (a CPU tensor, as the DataLoader yields it), and ``update(x)`` splits ``x``
+    (``[B, ..., D]``, first axis the image) into runs of equal ids, one update per run.
 
     Args:
         groups: Number of groups ``G >= 1``.
@@ -86,6 +103,8 @@ class GroupedCovariance:
             raise ValueError(f"GroupedCovariance: groups must be >= 1, got {groups}")
         self.groups = [StreamingCovariance(dim, gram_dtype=gram_dtype, device=device) for _ in range(groups)]
         self.batch_groups: torch.Tensor | None = None
+        self._runs: list[tuple[int, int, int]] = []
+        self._runs_of: torch.Tensor | None = None
 
     @property
     def dim(self) -> int:
@@ -114,13 +133,10 @@ class GroupedCovariance:
                 f"GroupedCovariance.update: batch_groups must hold one group id per image of the batch ({x.shape[0]});"
                 f" got {None if ids is None else tuple(ids.shape)}"
             )
-        ids = ids.to(x.device)
-        present = torch.unique(ids).tolist()
-        if len(present) == 1:
-            self.groups[int(present[0])].update(x)
-            return
-        for g in present:
-            self.groups[int(g)].update(x[ids == g])
+        if ids is not self._runs_of:
+            self._runs, self._runs_of = _runs(ids), ids
+        for group, start, stop in self._runs:
+            self.groups[group].update(x[start:stop])
 
 
 Moments = tuple[np.ndarray, np.ndarray, int, int]
