@@ -453,15 +453,26 @@ class StreamingCovariance:
         Returns:
             1-D float64 tensor of length :attr:`packed_size`.
         """
-        counts = torch.tensor([float(self.n), float(self.n_nonfinite)], dtype=torch.float64, device=self.device)
-        return torch.cat([counts, self._s1, self._s2.reshape(-1)])
+        out = torch.empty(self.packed_size, dtype=torch.float64, device=self.device)
+        self.pack_into(out)
+        return out
+
+    def pack_into(self, out: torch.Tensor) -> None:
+        """Write :meth:`pack`'s layout into ``out`` (a float64 slice of a larger buffer), without a temporary copy."""
+        d = self.dim
+        out[0], out[1] = float(self.n), float(self.n_nonfinite)
+        out[2 : 2 + d].copy_(self._s1)
+        out[2 + d :].view(d, d).copy_(self._s2)
 
     @_outside_inference_mode
-    def unpack_(self, flat: torch.Tensor) -> None:
+    def unpack_(self, flat: torch.Tensor, *, copy: bool = True) -> None:
         """Overwrite counts and sums from a (summed) :meth:`pack` tensor; the shift is kept as is.
 
         Args:
             flat: 1-D tensor of length :attr:`packed_size`, relative to this accumulator's current shift.
+            copy: ``False`` makes the sums views of ``flat`` (float64 on this device already) instead of copies:
+                `allreduce_accumulators` owns the summed buffer, and not copying it saves one full state of memory at
+                the peak of the reduction (170 MB for 15 x 384 points at 10 jackknife groups).
 
         Raises:
             ValueError: If the length is wrong.
@@ -476,8 +487,8 @@ class StreamingCovariance:
         self.n = round(counts[0])
         self.n_nonfinite = round(counts[1])
         d = self.dim
-        self._s1 = flat[2 : 2 + d].clone()
-        self._s2 = flat[2 + d :].reshape(d, d).clone()
+        self._s1 = flat[2 : 2 + d].clone() if copy else flat[2 : 2 + d]
+        self._s2 = flat[2 + d :].reshape(d, d).clone() if copy else flat[2 + d :].view(d, d)
         if self.n > 0 and self.shift is None:
             self.shift = torch.zeros(d, dtype=torch.float64, device=self.device)
 
@@ -532,8 +543,17 @@ def allreduce_accumulators(
         acc.reshift(common)
 
     # (2) one sum of all packed states
-    summed = all_reduce_sum(torch.cat([acc.pack() for acc in accs]))
+    # One buffer written in place (no per-point packs and no concatenation: at the peak the reduction holds the
+    # states plus one buffer, ~1x the state extra instead of ~2x), then unpacked as views of the summed buffer.
+    packed = torch.empty(sum(acc.packed_size for acc in accs), dtype=torch.float64, device=device)
     offset = 0
     for acc in accs:
-        acc.unpack_(summed[offset : offset + acc.packed_size])
+        acc.pack_into(packed[offset : offset + acc.packed_size])
+        offset += acc.packed_size
+    summed = all_reduce_sum(packed)
+    if summed.dtype != torch.float64 or summed.device != device:
+        summed = summed.to(device=device, dtype=torch.float64)
+    offset = 0
+    for acc in accs:
+        acc.unpack_(summed[offset : offset + acc.packed_size], copy=False)  # the buffer is ours: views, no copy
         offset += acc.packed_size
