@@ -27,12 +27,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.utils.data import TensorDataset
 
-import tgo.data.datamodule as datamodule_module
-import tgo.data.sources as sources_module
 from tgo.data import TGODataModule
 from tgo.data.datasets import ArrayImageSplit
 from tgo.data.errors import DataConfigError
-from tgo.data.sources import SourceData
+from tgo.data.sources import SourceArgs, SourceData, register_source, source_names, unregister_source
 from tgo.model import build_timm_model
 from tgo.observatory import (
     FigureSettings,
@@ -222,9 +220,9 @@ def test_a_misspelt_module_path_fails_before_any_forward(tmp_path: Path) -> None
 TOY_CLASSES, TOY_VAL_PER_CLASS, TOY_TRAIN_PER_CLASS = 3, 6, 4
 
 
-def build_toy_source(seed: int, mode: str) -> SourceData:
+def build_toy_source(args: SourceArgs) -> SourceData:
     """Recipe (c)'s builder: splits without transforms, class names, and facts for the manifest."""
-    rng = np.random.default_rng(seed)
+    rng, mode = np.random.default_rng(args.seed), args.mode
 
     def split(per_class: int, offset: int) -> ArrayImageSplit:
         labels = np.repeat(np.arange(TOY_CLASSES), per_class)
@@ -236,29 +234,18 @@ def build_toy_source(seed: int, mode: str) -> SourceData:
         val=split(TOY_VAL_PER_CLASS, 10_000),
         class_names=[f"toy_{c}" for c in range(TOY_CLASSES)],
         photo=False,
-        info={"seed": seed},
+        info={"seed": args.seed},
     )
 
 
 @pytest.fixture
-def toy_source(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Recipe (c) applied at run time: the name joins SOURCES and build_source gains its branch.
-
-    ``tgo.data.datamodule`` imported both names from ``tgo.data.sources``, so both modules are patched, exactly the two
-    places the recipe edits; monkeypatch restores them afterwards.
-    """
-    original = sources_module.build_source
-
-    def build_source(source: str, **kwargs: Any) -> SourceData:
-        if source == "toy":
-            return build_toy_source(kwargs.get("seed", 0), "RGB" if kwargs.get("channels", 3) == 3 else "L")
-        return original(source, **kwargs)
-
-    sources = (*sources_module.SOURCES, "toy")
-    for module in (sources_module, datamodule_module):
-        monkeypatch.setattr(module, "SOURCES", sources)
-        monkeypatch.setattr(module, "build_source", build_source)
-    yield "toy"
+def toy_source() -> Iterator[str]:
+    """Recipe (c), step 2, from user code: register the builder; unregistered afterwards."""
+    register_source("toy", build_toy_source)
+    try:
+        yield "toy"
+    finally:
+        unregister_source("toy")
 
 
 def test_a_new_source_gives_a_datamodule_with_its_analysis_subset(toy_source: str, tmp_path: Path) -> None:
@@ -300,7 +287,7 @@ def test_a_new_source_gives_a_datamodule_with_its_analysis_subset(toy_source: st
 
 def test_an_unregistered_source_is_refused() -> None:
     """Outside the fixture the source table is the built-in one again."""
-    assert "toy" not in sources_module.SOURCES and "toy" not in datamodule_module.SOURCES
+    assert "toy" not in source_names() and "digits" in source_names()
     with pytest.raises(DataConfigError, match=r"data\.source='toy' is unknown"):
         TGODataModule(source="toy")
 
@@ -346,3 +333,14 @@ def test_every_setting_has_a_default_equal_to_the_yaml_value() -> None:
     # and the validated forms agree too (lists vs tuples, nested figures)
     assert ObservationSettings.from_config(yaml_values) == ObservationSettings()
     assert ObservationSettings().to_dict() == yaml_values
+
+
+def test_a_file_source_requires_its_root_before_anything_is_scanned(tmp_path: Path) -> None:
+    register_source("toy_files", build_toy_source, needs_root=True)
+    try:
+        with pytest.raises(DataConfigError, match=r"data\.root is required for source=toy_files"):
+            TGODataModule(source="toy_files")
+        with pytest.raises(ValueError, match="already registered"):
+            register_source("toy_files", build_toy_source)
+    finally:
+        unregister_source("toy_files")

@@ -4,11 +4,10 @@ from tgo.data.analysis import MANIFEST_NAME, AnalysisItem, AnalysisSubset, load_
 from tgo.data.datamodule import TGODataModule
 from tgo.data.errors import AnalysisManifestMismatch, DataConfigError
 from tgo.data.folders import default_class_list_path, read_class_list
-from tgo.data.sources import SOURCES, build_source
+from tgo.data.sources import build_source, register_source, source_names, unregister_source
 
 __all__ = [
     "MANIFEST_NAME",
-    "SOURCES",
     "AnalysisItem",
     "AnalysisManifestMismatch",
     "AnalysisSubset",
@@ -18,5 +17,8 @@ __all__ = [
     "default_class_list_path",
     "load_manifest",
     "read_class_list",
+    "register_source",
     "select_analysis_indices",
+    "source_names",
+    "unregister_source",
 ]

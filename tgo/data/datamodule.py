@@ -27,7 +27,7 @@ from tgo.data.analysis import (
 )
 from tgo.data.datasets import ImageSplit
 from tgo.data.errors import DataConfigError
-from tgo.data.sources import SOURCES, SourceData, build_source
+from tgo.data.sources import SourceData, build_source, source_spec
 from tgo.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -40,7 +40,6 @@ from tgo.spectral.jackknife import jackknife_groups as assign_jackknife_groups
 
 __all__ = ["TGODataModule"]
 
-_FILE_SOURCES = ("imagefolder", "imagenet100")
 ANALYSIS_KEYS = ("size", "per_class", "seed", "manifest", "batch_size")
 
 
@@ -126,9 +125,7 @@ class TGODataModule(L.LightningDataModule):
             analysis_seed = analysis.get("seed", analysis_seed)
             analysis_manifest = analysis.get("manifest", analysis_manifest)
             analysis_batch_size = analysis.get("batch_size", analysis_batch_size)
-        if source not in SOURCES:
-            raise DataConfigError(f"data.source={source!r} is unknown; expected one of {', '.join(SOURCES)}.")
-        if source in _FILE_SOURCES and (root is None or str(root).strip() == ""):
+        if source_spec(source).needs_root and (root is None or str(root).strip() == ""):
             raise DataConfigError(
                 f"data.root is required for source={source}; expected a directory with "
                 "<root>/train/<wnid>/*.JPEG and <root>/val/<wnid>/* (e.g. data.root=/data/imagenet100)."

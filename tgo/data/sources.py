@@ -11,6 +11,7 @@ Splits are returned without transforms; the DataModule attaches train/eval trans
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -29,9 +30,18 @@ from tgo.data.folders import (
 )
 from tgo.data.synthetic import SyntheticSpec
 
-__all__ = ["DIGITS_VAL_FRACTION", "SOURCES", "SourceData", "build_source", "load_digits_split"]
-
-SOURCES = ("digits", "synthetic", "imagefolder", "imagenet100")
+__all__ = [
+    "DIGITS_VAL_FRACTION",
+    "SourceArgs",
+    "SourceData",
+    "SourceSpec",
+    "build_source",
+    "load_digits_split",
+    "register_source",
+    "source_names",
+    "source_spec",
+    "unregister_source",
+]
 DIGITS_VAL_FRACTION = 0.2
 
 
@@ -139,6 +149,68 @@ def _folder_source(path: Path, classes: list[str], mode: str, *, val_requires_al
     )
 
 
+@dataclass(frozen=True)
+class SourceArgs:
+    """What a source builder may use, as the DataModule passes it (``data.*`` settings)."""
+
+    root: Path | None
+    class_list: Path | None
+    mode: str  # PIL mode every image is converted to: "RGB" (channels=3) or "L" (channels=1)
+    image_size: int
+    num_classes: int | None
+    train_size: int
+    val_size: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A registered data source: its builder and whether it reads files under ``data.root``."""
+
+    build: Callable[[SourceArgs], SourceData]
+    needs_root: bool = False
+
+
+_REGISTRY: dict[str, SourceSpec] = {}
+
+
+def register_source(name: str, build: Callable[[SourceArgs], SourceData], *, needs_root: bool = False) -> None:
+    """Makes ``data.source=<name>`` build its splits with ``build`` (recipe: ``docs/extending.md``).
+
+    Args:
+        name: The source name the config selects.
+        build: ``SourceArgs -> SourceData``; raise `DataConfigError` naming ``data.<key>`` for bad input.
+        needs_root: The source reads files under ``data.root``, which is then required before anything is scanned.
+
+    Raises:
+        ValueError: the name is taken.
+    """
+    if name in _REGISTRY:
+        raise ValueError(f"data source {name!r} is already registered")
+    _REGISTRY[name] = SourceSpec(build, needs_root)
+
+
+def unregister_source(name: str) -> None:
+    """Removes a registered source (for plug-ins and tests that register temporarily)."""
+    del _REGISTRY[name]
+
+
+def source_spec(name: str) -> SourceSpec:
+    """The registered source called ``name``.
+
+    Raises:
+        DataConfigError: no such source, naming the known ones.
+    """
+    if name not in _REGISTRY:
+        raise DataConfigError(f"data.source='{name}' is unknown; expected one of {', '.join(_REGISTRY)}.")
+    return _REGISTRY[name]
+
+
+def source_names() -> tuple[str, ...]:
+    """Every registered source name, built-ins first."""
+    return tuple(_REGISTRY)
+
+
 def build_source(
     source: str,
     *,
@@ -151,10 +223,10 @@ def build_source(
     val_size: int = 200,
     seed: int = 0,
 ) -> SourceData:
-    """Scan or generate a source and return its splits.
+    """Scan or generate a registered source and return its splits.
 
     Args:
-        source: One of :data:`SOURCES`.
+        source: A registered name (`source_names`; built in: digits, synthetic, imagefolder, imagenet100).
         root: Data root (file sources only).
         class_list: Class list file (imagenet100; ``None`` = the packaged ImageNet-100 list).
         channels: 3 (RGB) or 1 (greyscale); images are converted on load.
@@ -170,23 +242,50 @@ def build_source(
     Raises:
         DataConfigError: On an unknown source or data that do not match the expected layout.
     """
-    mode = "RGB" if channels == 3 else "L"
-    if source == "digits":
-        train, val = load_digits_split(seed, mode)
-        return SourceData(train, val, [str(d) for d in range(10)], photo=False, info={"split_seed": seed})
-    if source == "synthetic":
-        if num_classes is None:
-            raise DataConfigError("data.num_classes is required for source=synthetic; expected a positive integer.")
-        spec = SyntheticSpec(num_classes=num_classes, image_size=image_size, seed=seed)
-        return SourceData(
-            train=SyntheticImageSplit(spec, 0, train_size, mode=mode),
-            val=SyntheticImageSplit(spec, 1, val_size, mode=mode),
-            class_names=[f"class_{c:03d}" for c in range(num_classes)],
-            photo=False,
-            info={"seed": seed, "image_size": image_size, "train_size": train_size, "val_size": val_size},
-        )
-    if source == "imagefolder":
-        return _imagefolder(root, mode)
-    if source == "imagenet100":
-        return _imagenet100(root, class_list if class_list is not None else default_class_list_path(), mode)
-    raise DataConfigError(f"data.source='{source}' is unknown; expected one of {', '.join(SOURCES)}.")
+    spec = source_spec(source)
+    args = SourceArgs(
+        root=None if root is None else Path(root),
+        class_list=None if class_list is None else Path(class_list),
+        mode="RGB" if channels == 3 else "L",
+        image_size=image_size,
+        num_classes=num_classes,
+        train_size=train_size,
+        val_size=val_size,
+        seed=seed,
+    )
+    return spec.build(args)
+
+
+def _digits(args: SourceArgs) -> SourceData:
+    train, val = load_digits_split(args.seed, args.mode)
+    return SourceData(train, val, [str(d) for d in range(10)], photo=False, info={"split_seed": args.seed})
+
+
+def _synthetic(args: SourceArgs) -> SourceData:
+    if args.num_classes is None:
+        raise DataConfigError("data.num_classes is required for source=synthetic; expected a positive integer.")
+    spec = SyntheticSpec(num_classes=args.num_classes, image_size=args.image_size, seed=args.seed)
+    return SourceData(
+        train=SyntheticImageSplit(spec, 0, args.train_size, mode=args.mode),
+        val=SyntheticImageSplit(spec, 1, args.val_size, mode=args.mode),
+        class_names=[f"class_{c:03d}" for c in range(args.num_classes)],
+        photo=False,
+        info={
+            "seed": args.seed,
+            "image_size": args.image_size,
+            "train_size": args.train_size,
+            "val_size": args.val_size,
+        },
+    )
+
+
+register_source("digits", _digits)
+register_source("synthetic", _synthetic)
+register_source("imagefolder", lambda args: _imagefolder(args.root, args.mode), needs_root=True)
+register_source(
+    "imagenet100",
+    lambda args: _imagenet100(
+        args.root, args.class_list if args.class_list is not None else default_class_list_path(), args.mode
+    ),
+    needs_root=True,
+)
