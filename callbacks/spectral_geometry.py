@@ -184,10 +184,11 @@ class SpectralGeometryCallback(L.Callback):
         if tensorboard is not None:
             self._log_bands(tensorboard.experiment, epoch, results)
         assert self._run is not None
-        index = recorded_epochs(self._run.root).index(epoch)  # the run's n-th observation, resumed runs included
+        recorded = recorded_epochs(self._run.root)  # read once: the thinning index and the figures' history
+        index = recorded.index(epoch)  # the run's n-th observation, resumed runs included
         due = index % self.settings.figures.every_n_observations == 0 or epoch == trainer.max_epochs
         if tensorboard is not None and due:
-            self._log_figures(tensorboard.experiment, epoch, results)
+            self._log_figures(tensorboard.experiment, epoch, results, recorded)
             tensorboard.experiment.flush()
 
     @staticmethod
@@ -226,29 +227,29 @@ class SpectralGeometryCallback(L.Callback):
                     writer.add_scalar(lower, value - se, global_step=epoch)
                     writer.add_scalar(upper, value + se, global_step=epoch)
 
-    def _log_figures(self, writer: Any, epoch: int, results: Results) -> None:
+    def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
         """Draws from what was just recorded: the records hold the whole history, also of a resumed run."""
         assert self._run is not None
         figures = self.settings.figures
-        own = {key: result for key, result in results.items() if key.view == DEFAULT_VIEW}
-        for key, result in own.items():
+        own = results.by_point()  # the default view of every point, in depth order
+        for point, result in own.items():
             eigenvalues = result.spectrum.eigenvalues
             positive = eigenvalues[np.isfinite(eigenvalues) & (eigenvalues > 0)]
             if figures.histograms and positive.size:
-                writer.add_histogram(f"spectrum_log10/{key.point}", np.log10(positive), global_step=epoch)
+                writer.add_histogram(f"spectrum_log10/{point}", np.log10(positive), global_step=epoch)
             if figures.heatmaps and np.all(np.isfinite(result.covariance)):
                 image = viz.correlation_image(result.covariance, max_dim=figures.heatmap_max_dim)
-                writer.add_image(f"correlation/{key.point}", image, global_step=epoch, dataformats="HWC")
-        names = [key.point for key in own]
+                writer.add_image(f"correlation/{point}", image, global_step=epoch, dataformats="HWC")
+        names = list(own)
         if figures.spectra:
-            spectra = load_spectra(self._run.root, recorded_epochs(self._run.root), arrays=("eigenvalues",))
+            spectra = load_spectra(self._run.root, recorded, arrays=("eigenvalues",))
             histories = {
                 name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
                 for name in names
             }
             self._add_figure(writer, "spectra/all_points", viz.spectra_grid_figure(histories), epoch)
         if figures.decay:
-            decay = {key.point: result.spectrum.eigenvalues for key, result in own.items()}
+            decay = {point: result.spectrum.eigenvalues for point, result in own.items()}
             self._add_figure(writer, "decay/all_points", viz.decay_curves_figure(decay, title=f"epoch {epoch}"), epoch)
         if figures.layer_epoch:
             series = load_series(self._run.root, metrics=CATALOGUE.charted)

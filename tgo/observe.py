@@ -154,7 +154,8 @@ def _run_dir_of(checkpoint_dir: Path) -> Path | None:
 def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
-    if RunDir(out).geometry.exists() and any(RunDir(out).geometry.iterdir()):
+    geometry = RunDir(out).geometry
+    if geometry.exists() and any(geometry.iterdir()):
         raise ObserveError(
             f"--out {out}: already holds geometry records; choose a new directory (records of "
             "different models must not mix)"

@@ -47,11 +47,6 @@ class ObservationKey(NamedTuple):
     point: str
     view: str = DEFAULT_VIEW
 
-    @property
-    def label(self) -> str:
-        """Display label: the point name for the default view, ``point (view)`` otherwise."""
-        return self.point if self.view == DEFAULT_VIEW else f"{self.point} ({self.view})"
-
 
 @dataclass(frozen=True)
 class PointResult:
