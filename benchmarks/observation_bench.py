@@ -755,7 +755,7 @@ def figure_time(results: Any, renders: int, work: Path) -> float:
         for epoch in range(renders):
             records.write_observation(epoch, epoch, results, with_covariance=False)
             start = time.perf_counter()
-            cb._log_figures(writer, epoch, results)
+            cb._log_figures(writer, epoch, results, list(range(epoch + 1)))  # the epochs recorded so far
             writer.flush()
             samples.append(time.perf_counter() - start)
     finally:
