@@ -61,6 +61,7 @@ __all__ = [
     "load_metrics",
     "load_series",
     "load_spectra",
+    "load_subspace_history",
     "read_metric_rows",
     "recorded_epochs",
 ]
@@ -280,7 +281,8 @@ class RecordWriter:
             results: ``{ObservationKey(point, view): PointResult}`` in point order (anything with
                 ``spectrum.eigenvalues``, ``spectrum.n_rows``, ``mean``, ``covariance`` and an ``observables``
                 mapping, optionally a ``stderr`` mapping); a bare point name as key means view ``all``.
-            with_covariance: Also store each covariance (D x D floats: large, so only on chosen epochs).
+            with_covariance: Also store each covariance (D x D floats: large, so only on chosen epochs) and each
+                result's ``kept_arrays`` (the probes' per-image vectors).
 
         Raises:
             ValueError: negative epoch/step, or a point or view name unusable as an npz key.
@@ -303,6 +305,11 @@ class RecordWriter:
             arrays[f"{prefix}/mean"] = np.asarray(res.mean, dtype=np.float64)
             if with_covariance:
                 arrays[f"{prefix}/covariance"] = np.asarray(res.covariance, dtype=np.float64)
+            for name, array in (getattr(res, "arrays", None) or {}).items():
+                arrays[f"{prefix}/{name}"] = np.asarray(array)
+            if with_covariance:
+                for name, array in (getattr(res, "kept_arrays", None) or {}).items():
+                    arrays[f"{prefix}/{name}"] = np.asarray(array)
             stderr = getattr(res, "stderr", None) or {}
             for metric, value in res.observables.items():
                 rows.append(
@@ -498,6 +505,29 @@ def _iter_spectra(run: RunDir, epochs: Iterable[int] | None) -> Iterator[tuple[i
         if int(e) not in files:
             raise RecordsError(f"{run.root}: no spectra for epoch {e}; available {sorted(files)}")
         yield int(e), files[int(e)]
+
+
+def load_subspace_history(run_dir: str | os.PathLike[str], before_epoch: int) -> tuple[dict, dict]:
+    """``(init, prev)``: per point ``(eigenvectors, components_90)`` of the first and of the latest observation
+    recorded before ``before_epoch`` (empty dicts when there is none or the records predate the probes).
+
+    Subspace drift reads these from the records, so a resumed run or a later ``tgo.observe`` compares against what
+    was actually recorded.
+    """
+    run = RunDir(run_dir)
+    earlier = sorted(e for e in run.spectra_files() if e < int(before_epoch))
+    if not earlier:
+        return {}, {}
+
+    def read(epoch: int) -> dict[str, tuple[np.ndarray, int]]:
+        points = _load_npz(run.spectra(epoch), DEFAULT_VIEW, ("eigenvectors", "components_90"))
+        return {
+            p: (a["eigenvectors"], int(a["components_90"]))
+            for p, a in points.items()
+            if "eigenvectors" in a and "components_90" in a
+        }
+
+    return read(earlier[0]), read(earlier[-1])
 
 
 def load_spectra(

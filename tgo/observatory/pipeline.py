@@ -16,11 +16,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
+from tgo.observatory.images import ImageTable
 from tgo.observatory.points import ObservationPoint
 from tgo.observatory.results import Results, summarize_accumulators
 from tgo.observatory.settings import ObservationSettings
 from tgo.observatory.stream import reduce_accumulators, stream_activations
-from tgo.records import RecordWriter
+from tgo.observatory.views import SubspaceHistory
+from tgo.records import RecordWriter, load_subspace_history
 from tgo.spectral import jackknife_groups
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
@@ -88,7 +90,8 @@ class ShardSampler(Sampler[int]):
 
 
 class _WithGroups(Dataset):
-    """``(image, label, group)`` items: the analysis subset with each image's jackknife group."""
+    """``(image, label, group, index)`` items: the analysis subset with each image's jackknife group and its index
+    in the subset (where the per-image vectors of the probes are written)."""
 
     def __init__(self, dataset: Dataset, group_of_item: np.ndarray) -> None:
         self.dataset, self.group_of_item = dataset, group_of_item
@@ -96,12 +99,12 @@ class _WithGroups(Dataset):
     def __len__(self) -> int:
         return len(self.group_of_item)
 
-    def __getitem__(self, index: int) -> tuple[Any, Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, Any, int, int]:
         item = self.dataset[index]
         if not isinstance(item, (tuple, list)):
             item = (item,)
         image, label = item[0], (item[1] if len(item) > 1 else -1)
-        return image, label, int(self.group_of_item[index])
+        return image, label, int(self.group_of_item[index]), int(index)
 
 
 def group_of_items(dataset: Dataset, groups: int) -> np.ndarray:
@@ -144,6 +147,7 @@ def observe_dataset(
     device: torch.device | str | None = None,
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
+    images: ImageTable | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
@@ -159,14 +163,22 @@ def observe_dataset(
         device: Where activations and accumulators live.
         gram_dtype: Gram product precision (float64 exact, float32 faster).
         groups: Jackknife groups (0: none); the group states travel in the same two collectives.
+        images: Per-image vectors of the hypothesis probes (same collectives), or ``None``.
 
     Returns:
         Accumulators holding the global sums, one per point (a `GroupedCovariance` with ``groups``), in point
         order, identical on every rank.
     """
-    loader = shard_loader(dataset, plan, group_of_items(dataset, groups) if groups else None)
-    accumulators = stream_activations(model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups)
-    reduce_accumulators(accumulators, all_reduce_sum)
+    group_of_item = group_of_items(dataset, groups) if groups else None
+    if images is not None and group_of_item is None:
+        group_of_item = np.zeros(len(dataset), dtype=np.int64)  # type: ignore[arg-type]  # indices need the wrapper
+    loader = shard_loader(dataset, plan, group_of_item)
+    accumulators = stream_activations(
+        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, images=images
+    )
+    reduce_accumulators(accumulators, all_reduce_sum, images)
+    if images is not None:
+        images.check_visits()
     return accumulators
 
 
@@ -222,6 +234,10 @@ def observe_and_record(
     Returns:
         The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
     """
+    images = None
+    if settings.probes.enabled:
+        target = device if device is not None else next((p.device for p in model.parameters()), "cpu")
+        images = ImageTable(len(dataset), rank=plan.rank, world_size=plan.world_size, device=target)  # type: ignore[arg-type]
     accumulators = observe_dataset(
         model,
         dataset,
@@ -231,6 +247,7 @@ def observe_and_record(
         device=device,
         gram_dtype=settings.torch_gram_dtype,
         groups=settings.groups,
+        images=images,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
@@ -247,7 +264,20 @@ def observe_and_record(
             RuntimeWarning,
             stacklevel=2,
         )
-    results = summarize_accumulators(accumulators, points, nan_if_nonfinite=True, fit_range=settings.fit_range)
+    history = None
+    if images is not None:
+        init, prev = load_subspace_history(record.writer.run_dir, record.epoch)
+        history = SubspaceHistory(init=init, prev=prev)
+    results = summarize_accumulators(
+        accumulators,
+        points,
+        nan_if_nonfinite=True,
+        fit_range=settings.fit_range,
+        images=images,
+        image_groups=group_of_items(dataset, settings.groups) if settings.groups else None,
+        probes=settings.probes,
+        history=history,
+    )
     record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)
     return results
 

@@ -16,7 +16,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .points import ObservationPoint, resolve_points, select_tokens, unwrap_model
 
-__all__ = ["Probe", "SupportsUpdate", "num_prefix_tokens_of"]
+__all__ = ["Probe", "SupportsUpdate", "num_prefix_tokens_of", "prefix_tokens_of_point"]
 
 
 class SupportsUpdate(Protocol):
@@ -35,6 +35,15 @@ def num_prefix_tokens_of(model: nn.Module) -> int:
     if n is not None:
         return int(n)
     return 1 if getattr(model, "cls_token", None) is not None else 0
+
+
+def prefix_tokens_of_point(model: nn.Module, point: ObservationPoint, num_prefix_tokens: int) -> int:
+    """Prefix tokens in what the point's module emits: none inside the patch embedding (patch tokens only)."""
+    patch_embed = getattr(model, "patch_embed", None)
+    in_patch_embed = point.module == "patch_embed" or point.module.startswith("patch_embed.")
+    if isinstance(patch_embed, nn.Module) and in_patch_embed:
+        return 0
+    return num_prefix_tokens
 
 
 def _first_tensor(value: Any) -> torch.Tensor:
@@ -99,11 +108,7 @@ class Probe:
         self._handles: list[RemovableHandle] = []
 
     def _prefix_for(self, point: ObservationPoint) -> int:
-        patch_embed = getattr(self.model, "patch_embed", None)
-        in_patch_embed = point.module == "patch_embed" or point.module.startswith("patch_embed.")
-        if isinstance(patch_embed, nn.Module) and in_patch_embed:
-            return 0
-        return self.num_prefix_tokens
+        return prefix_tokens_of_point(self.model, point, self.num_prefix_tokens)
 
     def _make_hook(self, point: ObservationPoint) -> Any:
         acc = self.accumulators[point.name]

@@ -27,13 +27,23 @@ from tgo.spectral import (
     StreamingCovariance,
     eigendecompose,
     jackknife_stderr,
-    leave_one_group_out,
     summarize,
 )
 from tgo.spectral.jackknife import combine
 from tgo.spectral.jackknife import moments as jackknife_moments
 
+from .images import ImageTable, ImageVectors
 from .points import ObservationPoint
+from .settings import ProbeSettings
+from .views import (
+    SubspaceHistory,
+    ViewMoments,
+    between_image_fraction,
+    class_metrics,
+    drift_metrics,
+    massive_metrics,
+    point_views,
+)
 
 __all__ = ["DEFAULT_VIEW", "ObservationKey", "PointResult", "Results", "summarize_accumulators"]
 
@@ -58,6 +68,8 @@ class PointResult:
         mean: float64 ``[D]`` mean activation.
         covariance: float64 ``[D, D]`` unbiased covariance (kept so records can store it on chosen epochs).
         stderr: ``{metric: jackknife standard error}`` (NaN where there is none: no jackknife, or a diagnostic).
+        arrays: Further arrays every spectra record keeps (the probes' eigenvectors and ``max |x|``).
+        kept_arrays: Arrays kept only where covariances are kept (the per-image vectors and their labels).
     """
 
     spectrum: Spectrum
@@ -65,6 +77,8 @@ class PointResult:
     mean: np.ndarray
     covariance: np.ndarray
     stderr: dict[str, float] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    kept_arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
@@ -116,12 +130,18 @@ def summarize_accumulators(
     *,
     nan_if_nonfinite: bool = False,
     fit_range: Sequence[int] | None = None,
+    images: ImageTable | None = None,
+    image_groups: np.ndarray | None = None,
+    probes: ProbeSettings | None = None,
+    history: SubspaceHistory | None = None,
 ) -> Results:
-    """Eigendecompose (float64) and compute the observables of every point; call on one rank after reduction.
+    """Eigendecompose (float64) and compute the observables of every point and view; call on one rank after reduction.
 
     A `GroupedCovariance` (jackknife groups) is summarised from the exact merge of its groups, and each of its ``G``
     leave-one-group-out merges gives the catalogue's observables once more, from which every geometry observable
     gets its delete-a-group jackknife standard error (`tgo.spectral.jackknife_stderr`); diagnostics get none.
+    With the per-image vectors (``images``, the hypothesis probes) every point also gets the views and probe metrics
+    of `tgo.observatory.views`, with standard errors from the same image groups.
 
     Args:
         accumulators: Reduced accumulators ``{point name: StreamingCovariance | GroupedCovariance}``.
@@ -131,15 +151,20 @@ def summarize_accumulators(
             without this the observables would quietly describe only the finite part. Spectrum, mean and covariance
             of the finite rows are kept either way, for diagnosis.
         fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
+        images: The reduced per-image vectors (``None``: the ``all`` view only).
+        image_groups: Jackknife group of every analysis image (needed with ``images`` and jackknife groups).
+        probes: Probe settings (subspace ``k``, ridge strength, folds); default `ProbeSettings()`.
+        history: Eigenvectors of earlier observations for subspace drift (``None``: drift is NaN).
 
     Returns:
-        ``{ObservationKey(point, "all"): PointResult}`` in point order.
+        ``{ObservationKey(point, view): PointResult}`` in point order, views of a point in `VIEWS` order.
     """
     names = [p.name for p in points] if points is not None else list(accumulators)
     missing = [n for n in names if n not in accumulators]
     if missing:
         raise ValueError(f"summarize_accumulators: no accumulator for point(s) {missing}")
-    diagnostics = CATALOGUE.diagnostics
+    probes = probes or ProbeSettings()
+    labels = images.labels.detach().cpu().numpy().astype(np.int64) if images is not None else None
     out = Results()
     for name in names:
         acc = accumulators[name]
@@ -149,22 +174,105 @@ def summarize_accumulators(
         if isinstance(acc, GroupedCovariance):
             group_moments = [jackknife_moments(g) for g in acc.groups]
             moments = combine(group_moments)
-            leave_out_moments = leave_one_group_out(moments, group_moments)
         else:
-            moments, leave_out_moments = _moments(acc), []
+            moments, group_moments = _moments(acc), []
+        vectors = images.points.get(name) if images is not None else None
         with _single_threaded_blas():
-            spectrum, observables = _observables(moments, fit_range)
-            replicates = [_observables(m, fit_range)[1] for m in leave_out_moments]
-        stderr = {
-            k: jackknife_stderr([r[k] for r in replicates]) if k not in diagnostics else math.nan for k in observables
-        }
-        if nan_if_nonfinite and moments[3] > 0:
-            observables = {k: (v if k in diagnostics else math.nan) for k, v in observables.items()}
-            stderr = dict.fromkeys(stderr, math.nan)
-        out[ObservationKey(name)] = PointResult(
-            spectrum=spectrum, observables=observables, mean=moments[1], covariance=moments[0], stderr=stderr
-        )
+            views = point_views(moments, group_moments, vectors, image_groups=image_groups if group_moments else None)
+            nonfinite = nan_if_nonfinite and moments[3] > 0
+            summaries: dict[str, PointResult] = {}
+            for view, vm in views.items():
+                if vm.alias_of is not None:
+                    base = summaries[vm.alias_of]
+                    summaries[view] = PointResult(
+                        base.spectrum, dict(base.observables), base.mean, base.covariance, dict(base.stderr)
+                    )
+                else:
+                    summaries[view] = _summarize_view(vm, fit_range, nonfinite)
+            if vectors is not None:
+                _add_probes(
+                    name,
+                    summaries,
+                    views,
+                    vectors,
+                    labels,
+                    image_groups,
+                    len(group_moments),
+                    probes,
+                    history,
+                    nonfinite,
+                )
+        for view, result in summaries.items():
+            out[ObservationKey(name, view)] = result
     return out
+
+
+def _summarize_view(vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite: bool) -> PointResult:
+    """Spectrum, catalogue observables and jackknife standard errors of one view."""
+    diagnostics = CATALOGUE.diagnostics
+    spectrum, observables = _observables(vm.total, fit_range)
+    replicates = [_observables(m, fit_range)[1] for m in vm.leave_out]
+    stderr = {
+        k: jackknife_stderr([r[k] for r in replicates]) if k not in diagnostics and replicates else math.nan
+        for k in observables
+    }
+    if nonfinite:
+        observables = {k: (v if k in diagnostics else math.nan) for k, v in observables.items()}
+        stderr = dict.fromkeys(stderr, math.nan)
+    return PointResult(
+        spectrum=spectrum, observables=observables, mean=vm.total[1], covariance=vm.total[0], stderr=stderr
+    )
+
+
+def _add_probes(
+    name: str,
+    summaries: dict[str, PointResult],
+    views: Mapping[str, ViewMoments],
+    vectors: ImageVectors,
+    labels: np.ndarray | None,
+    image_groups: np.ndarray | None,
+    groups: int,
+    probes: ProbeSettings,
+    history: SubspaceHistory | None,
+    nonfinite: bool,
+) -> None:
+    """Adds the probe metrics (and the arrays they keep) to the point's views, in place."""
+
+    def put(view: str, values: Mapping[str, float], stderr: Mapping[str, float] | None = None) -> None:
+        result = summaries[view]
+        for metric, value in values.items():
+            result.observables[metric] = math.nan if nonfinite else float(value)
+            result.stderr[metric] = math.nan if nonfinite or stderr is None else float(stderr[metric])
+
+    whole = summaries["all"]
+    fraction, fraction_se = between_image_fraction(views)
+    put("all", {"between_image_fraction": fraction}, {"between_image_fraction": fraction_se})
+    massive, peak = massive_metrics(vectors, whole.covariance)
+    put("all", massive)
+    whole.arrays["max_abs"] = peak
+    drift, kept, k90 = drift_metrics(
+        name, whole.covariance, whole.observables.get("components_90", math.nan), history, probes.subspace_k
+    )
+    put("all", drift)
+    whole.arrays["eigenvectors"] = kept
+    whole.arrays["components_90"] = np.asarray(k90, dtype=np.int64)
+    if labels is None:
+        return
+    for view, kind in (("cls", "cls"), ("patch", "patch" if "patch" in vectors.values else "mean")):
+        if view not in summaries or kind not in vectors.values:
+            continue
+        x = vectors.values[kind].detach().cpu().numpy().astype(np.float64, copy=False)
+        values, stderr = class_metrics(
+            x,
+            labels,
+            image_groups=image_groups if groups else None,
+            groups=groups,
+            folds=probes.folds,
+            ridge_alpha=probes.ridge_alpha,
+        )
+        put(view, values, stderr)
+        summaries[view].kept_arrays["vectors"] = x.astype(np.float32)
+        summaries[view].kept_arrays["labels"] = labels
 
 
 def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:

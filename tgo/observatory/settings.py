@@ -27,6 +27,7 @@ __all__ = [
     "FigureSettings",
     "ObservationSettings",
     "ObservationSettingsError",
+    "ProbeSettings",
 ]
 
 GRAM_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
@@ -105,6 +106,37 @@ class FigureSettings:
 
 
 @dataclass(frozen=True)
+class ProbeSettings:
+    """The hypothesis probes (``docs/hypotheses.md``), measured in the same pass as the spectra.
+
+    Attributes:
+        enabled: Record the views ``cls``, ``patch``, ``between_image`` and ``within_image`` of every point, the
+            class-conditional geometry and decoding probes, subspace drift and massive activations, and keep the
+            per-image vectors at the epochs that keep covariances. ``false`` records the ``all`` view only.
+        subspace_k: Leading eigenvectors compared by ``subspace_overlap_prev`` / ``_init`` (the ``_k90`` forms use
+            the earlier observation's ``components_90``).
+        ridge_alpha: Strength of the ridge probe, in units of the mean per-dimension scatter of the training fold.
+        folds: Class-stratified cross-validation folds of the nearest-class-centre and ridge probes (at least 2).
+    """
+
+    enabled: bool = True
+    subspace_k: int = 10
+    ridge_alpha: float = 1.0
+    folds: int = 10
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ObservationSettingsError(f"{PREFIX}.probes.enabled: expected true or false, got {self.enabled!r}")
+        _positive_int("probes.subspace_k", self.subspace_k)
+        alpha = self.ridge_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+            raise ObservationSettingsError(f"{PREFIX}.probes.ridge_alpha: expected a number > 0, got {alpha!r}")
+        object.__setattr__(self, "ridge_alpha", float(alpha))
+        if not _is_int(self.folds) or self.folds < 2:
+            raise ObservationSettingsError(f"{PREFIX}.probes.folds: expected an integer >= 2, got {self.folds!r}")
+
+
+@dataclass(frozen=True)
 class ObservationSettings:
     """How, where and when the geometry is observed.
 
@@ -127,6 +159,7 @@ class ObservationSettings:
             error from the ``G`` leave-one-group-out spectra (``tgo.spectral.jackknife``). ``0`` disables it (one
             accumulator per point, standard errors NaN); otherwise at least 2.
         figures: TensorBoard figure settings (`FigureSettings`).
+        probes: The hypothesis probes (`ProbeSettings`).
     """
 
     every_n_epochs: int = 5
@@ -139,6 +172,7 @@ class ObservationSettings:
     fit_range: tuple[int, int] | None = None
     groups: int = 10
     figures: FigureSettings = field(default_factory=FigureSettings)
+    probes: ProbeSettings = field(default_factory=ProbeSettings)
 
     def __post_init__(self) -> None:
         _positive_int("every_n_epochs", self.every_n_epochs)
@@ -184,6 +218,11 @@ class ObservationSettings:
             object.__setattr__(self, "figures", _figures_from(self.figures))
         elif not isinstance(self.figures, FigureSettings):
             raise ObservationSettingsError(f"{PREFIX}.figures: expected a mapping, got {self.figures!r}")
+        if isinstance(self.probes, Mapping):
+            _reject_unknown(ProbeSettings, self.probes, f"{PREFIX}.probes")
+            object.__setattr__(self, "probes", ProbeSettings(**self.probes))
+        elif not isinstance(self.probes, ProbeSettings):
+            raise ObservationSettingsError(f"{PREFIX}.probes: expected a mapping, got {self.probes!r}")
 
     @classmethod
     def from_config(cls, node: Any) -> ObservationSettings:

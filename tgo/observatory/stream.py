@@ -32,8 +32,9 @@ from torch import nn
 
 from tgo.spectral import GroupedCovariance, StreamingCovariance, allreduce_accumulators, strict_fp32_math
 
+from .images import ImageTable, ImageVectors, TokenLayout
 from .points import ObservationPoint, resolve_points, unwrap_model
-from .probe import Probe, num_prefix_tokens_of
+from .probe import Probe, num_prefix_tokens_of, prefix_tokens_of_point
 
 __all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
 
@@ -72,15 +73,28 @@ class _LazyAccumulator:
     """Creates the point's accumulator on the first update, when the feature dimension is known.
 
     With ``groups > 0`` it is a `GroupedCovariance` and every update is split by ``batch_groups`` (the group id of
-    each image of the current batch, set by the streaming loop before the forward).
+    each image of the current batch, set by the streaming loop before the forward). With an `ImageTable` the same
+    rows also give the point's per-image vectors (`tgo.observatory.images`).
     """
 
-    def __init__(self, gram_dtype: torch.dtype, device: torch.device, groups: int = 0) -> None:
-        self.gram_dtype, self.device, self.groups = gram_dtype, device, groups
+    def __init__(
+        self,
+        name: str,
+        gram_dtype: torch.dtype,
+        device: torch.device,
+        groups: int = 0,
+        images: ImageTable | None = None,
+        layout: TokenLayout | None = None,
+    ) -> None:
+        self.name, self.gram_dtype, self.device, self.groups = name, gram_dtype, device, groups
+        self.images, self.layout = images, layout
         self.acc: Accumulator | None = None
+        self.vectors: ImageVectors | None = None
         self.batch_groups: torch.Tensor | None = None
 
     def make(self, dim: int) -> Accumulator:
+        if self.images is not None and self.layout is not None:
+            self.vectors = self.images.add_point(self.name, dim, self.layout)
         if self.groups:
             return GroupedCovariance(self.groups, dim, gram_dtype=self.gram_dtype, device=self.device)
         return StreamingCovariance(dim, gram_dtype=self.gram_dtype, device=self.device)
@@ -91,6 +105,9 @@ class _LazyAccumulator:
         if isinstance(self.acc, GroupedCovariance):
             self.acc.batch_groups = self.batch_groups
         self.acc.update(x)
+        if self.vectors is not None:
+            self.vectors.batch_index = self.images.batch_index if self.images is not None else None
+            self.vectors.update(x)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -102,10 +119,19 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _groups_of(batch: Any) -> torch.Tensor:
-    """The jackknife group ids of a batch: the third element of ``(images, labels, groups)``."""
+    """The jackknife group ids of a batch: the third element of ``(images, labels, groups, ...)``."""
     if isinstance(batch, (tuple, list)) and len(batch) >= 3 and isinstance(batch[2], torch.Tensor):
         return batch[2]
     raise TypeError("stream_activations: with groups > 0 every batch must be (images, labels, group ids)")
+
+
+def _index_of(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(subset indices, labels)`` of a batch ``(images, labels, groups, indices)`` (per-image vectors need both)."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 4 and isinstance(batch[3], torch.Tensor):
+        return batch[3], batch[1]
+    raise TypeError(
+        "stream_activations: with an image table every batch must be (images, labels, group ids, subset indices)"
+    )
 
 
 def _images_of(batch: Any) -> torch.Tensor:
@@ -175,6 +201,7 @@ def stream_activations(
     device: torch.device | str | None = None,
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
+    images: ImageTable | None = None,
 ) -> dict[str, Any]:
     """Stream this rank's batches through the model and accumulate every point's activations.
 
@@ -187,6 +214,8 @@ def stream_activations(
         gram_dtype: Dtype of the per-batch Gram product inside `StreamingCovariance` (float64 exact; float32 ~1e-8).
         groups: Jackknife groups ``G`` (0: none). Each image's rows go to its group's accumulator only, so the Gram
             work is unchanged.
+        images: Where the per-image vectors of every point go (the hypothesis probes); batches must then be
+            ``(images, labels, group ids, subset indices)``. Filled in point order on every rank.
 
     Returns:
         ``{point.name: StreamingCovariance}`` (``groups == 0``) or ``{point.name: GroupedCovariance}`` in point
@@ -200,20 +229,32 @@ def stream_activations(
     points = list(points)
     modules = resolve_points(net, points)
     device = torch.device(device) if device is not None else _model_device(net)
-    lazy = {p.name: _LazyAccumulator(gram_dtype, device, groups) for p in points}
+    probe_prefix = num_prefix_tokens_of(net)
+    lazy = {
+        p.name: _LazyAccumulator(
+            p.name, gram_dtype, device, groups, images, TokenLayout(p.tokens, _prefix_of(net, p, probe_prefix))
+        )
+        for p in points
+    }
+    if images is not None:
+        images.order = [p.name for p in points]
     modes = [(m, m.training) for m in net.modules()]  # per module: a deliberately frozen submodule stays frozen
     try:
         net.eval()
-        probe = Probe(net, points, lazy, num_prefix_tokens=num_prefix_tokens_of(net), modules=modules)
+        probe = Probe(net, points, lazy, num_prefix_tokens=probe_prefix, modules=modules)
         with exact_inference(device.type), probe:
             n_batches = 0
             for batch in batches:
-                images = _images_of(batch).to(device, non_blocking=True)
+                pixels = _images_of(batch).to(device, non_blocking=True)
                 if groups:
                     ids = _groups_of(batch)
                     for acc in lazy.values():
                         acc.batch_groups = ids
-                net(images)
+                if images is not None:
+                    index, labels = _index_of(batch)
+                    images.record_batch(index, labels)
+                    images.batch_index = index
+                net(pixels)
                 n_batches += 1
         missing = [p for p in points if lazy[p.name].acc is None]
         if missing and n_batches:
@@ -237,8 +278,15 @@ def stream_activations(
     return {p.name: lazy[p.name].acc for p in points}
 
 
+def _prefix_of(net: nn.Module, point: ObservationPoint, prefix: int) -> int:
+    """Prefix tokens at the start of the rows the point selects (only ``tokens="all"`` keeps them)."""
+    return prefix_tokens_of_point(net, point, prefix) if point.tokens == "all" else 0
+
+
 def reduce_accumulators(
-    accumulators: Mapping[str, Accumulator], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+    accumulators: Mapping[str, Accumulator],
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+    images: ImageTable | None = None,
 ) -> None:
     """Combine every rank's accumulators in place (two sum collectives in total, whatever the number of points).
 
@@ -250,8 +298,9 @@ def reduce_accumulators(
             accumulators of every point travel in the same two collectives.
         all_reduce_sum: Returns the element-wise sum over ranks, e.g.
             ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``; identity for a single process.
+        images: The per-image vectors, gathered in the same second collective.
     """
     flat: list[StreamingCovariance] = []
     for acc in accumulators.values():
         flat.extend(acc.groups if isinstance(acc, GroupedCovariance) else [acc])
-    allreduce_accumulators(flat, all_reduce_sum)
+    allreduce_accumulators(flat, all_reduce_sum, [images] if images is not None else [])

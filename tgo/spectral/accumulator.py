@@ -20,7 +20,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -493,8 +493,21 @@ class StreamingCovariance:
             self.shift = torch.zeros(d, dtype=torch.float64, device=self.device)
 
 
+class Summable(Protocol):
+    """State that travels in the second collective of `allreduce_accumulators` next to the covariance sums."""
+
+    @property
+    def packed_size(self) -> int: ...
+
+    def pack_into(self, out: torch.Tensor) -> None: ...
+
+    def unpack_(self, flat: torch.Tensor, *, copy: bool = ...) -> None: ...
+
+
 def allreduce_accumulators(
-    accs: Sequence[StreamingCovariance], all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+    accs: Sequence[StreamingCovariance],
+    all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+    extras: Sequence[Summable] = (),
 ) -> None:
     """Combine every rank's accumulators in place with exactly two sum collectives.
 
@@ -512,6 +525,9 @@ def allreduce_accumulators(
             there, e.g. the GPU for NCCL).
         all_reduce_sum: Callable returning the element-wise sum of its tensor argument over all ranks. It may work in
             place (``trainer.strategy.reduce(t, reduce_op="sum")`` does); only its return value is used.
+        extras: Further float64 states summed in the same second collective (packed after the accumulators, then
+            unpacked as views of the summed buffer), e.g. the per-image vectors of the hypothesis probes. Every rank
+            must pass the same sizes in the same order.
 
     Raises:
         ValueError: If the accumulators live on different devices.
@@ -545,11 +561,15 @@ def allreduce_accumulators(
     # (2) one sum of all packed states
     # One buffer written in place (no per-point packs and no concatenation: at the peak the reduction holds the
     # states plus one buffer, ~1x the state extra instead of ~2x), then unpacked as views of the summed buffer.
-    packed = torch.empty(sum(acc.packed_size for acc in accs), dtype=torch.float64, device=device)
+    states = sum(acc.packed_size for acc in accs)
+    packed = torch.empty(states + sum(e.packed_size for e in extras), dtype=torch.float64, device=device)
     offset = 0
     for acc in accs:
         acc.pack_into(packed[offset : offset + acc.packed_size])
         offset += acc.packed_size
+    for extra in extras:
+        extra.pack_into(packed[offset : offset + extra.packed_size])
+        offset += extra.packed_size
     summed = all_reduce_sum(packed)
     if summed.dtype != torch.float64 or summed.device != device:
         summed = summed.to(device=device, dtype=torch.float64)
@@ -557,3 +577,6 @@ def allreduce_accumulators(
     for acc in accs:
         acc.unpack_(summed[offset : offset + acc.packed_size], copy=False)  # the buffer is ours: views, no copy
         offset += acc.packed_size
+    for extra in extras:
+        extra.unpack_(summed[offset : offset + extra.packed_size], copy=False)
+        offset += extra.packed_size

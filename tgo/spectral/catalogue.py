@@ -32,6 +32,7 @@ __all__ = [
     "Catalogue",
     "Kind",
     "Observable",
+    "Scope",
     "SpectralInputs",
     "Spread",
     "noise_expectation",
@@ -39,6 +40,7 @@ __all__ = [
 
 Spread = Literal["rises", "falls"]
 Kind = Literal["geometry", "diagnostic"]
+Scope = Literal["covariance", "probe"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,10 @@ class Observable:
         noise_floor: Magnitudes below this carry no information (e.g. a flatness of 1e-10 is "zero"): findings do
             not read moves between such values as results.
         doc: Where the formula and its conventions are explained.
+        scope: ``covariance``: computed from one covariance, so every view of every point has it;
+            ``probe``: a hypothesis-probe metric computed by ``tgo.observatory.views`` from several views or the
+            per-image vectors, recorded only on ``views``.
+        views: For ``probe`` entries, the views that carry it.
     """
 
     name: str
@@ -108,6 +114,8 @@ class Observable:
     kind: Kind = "geometry"
     noise_floor: float = 0.0
     doc: str = "docs/observables.md#3-the-observables"
+    scope: Scope = "covariance"
+    views: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
@@ -118,6 +126,10 @@ class Observable:
             raise ValueError(f"Observable {self.name}: kind must be 'geometry' or 'diagnostic'; got {self.kind!r}")
         if not self.noise_floor >= 0:
             raise ValueError(f"Observable {self.name}: noise_floor must be >= 0; got {self.noise_floor!r}")
+        if self.scope not in ("covariance", "probe"):
+            raise ValueError(f"Observable {self.name}: scope must be 'covariance' or 'probe'; got {self.scope!r}")
+        if self.scope == "probe" and not self.views:
+            raise ValueError(f"Observable {self.name}: a probe observable must name the views that carry it")
 
     def below_noise_floor(self, *values: float) -> bool:
         """Whether every given value is (in magnitude) below the noise floor, i.e. indistinguishable from zero."""
@@ -179,8 +191,17 @@ class Catalogue:
 
     @property
     def charted(self) -> tuple[str, ...]:
-        """Names drawn in dashboards and reports, in record order."""
-        return tuple(o.name for o in self._entries.values() if o.charted)
+        """Covariance observables drawn in dashboards and reports (every view), in record order."""
+        return tuple(o.name for o in self._entries.values() if o.charted and o.scope == "covariance")
+
+    @property
+    def probes(self) -> tuple[Observable, ...]:
+        """The hypothesis-probe entries (scope ``probe``), in record order."""
+        return tuple(o for o in self._entries.values() if o.scope == "probe")
+
+    def charted_on(self, view: str) -> tuple[str, ...]:
+        """Every charted name recorded on ``view``: the charted covariance observables plus its charted probes."""
+        return self.charted + tuple(o.name for o in self.probes if o.charted and view in o.views)
 
     @property
     def diagnostics(self) -> frozenset[str]:
@@ -188,7 +209,7 @@ class Catalogue:
         return frozenset(o.name for o in self._entries.values() if o.kind == "diagnostic")
 
     def compute(self, inputs: SpectralInputs, *, geometry: bool = True) -> dict[str, float]:
-        """Every observable of one covariance as ``{name: float}`` in catalogue order.
+        """Every covariance observable of one covariance as ``{name: float}`` in catalogue order (no probes).
 
         Args:
             inputs: The covariance, spectrum and fit settings.
@@ -198,6 +219,7 @@ class Catalogue:
         return {
             o.name: float(o.compute(inputs)) if geometry or o.kind == "diagnostic" else math.nan
             for o in self._entries.values()
+            if o.scope == "covariance"
         }
 
 
@@ -372,3 +394,49 @@ for _name in BASELINED:
             doc="docs/observables.md#finite-sample-baselines",
         )
     )
+
+
+# ----------------------------------------------------------------------------------------------- hypothesis probes
+def _computed_by_views(inputs: SpectralInputs) -> float:
+    raise TypeError("probe observables are computed by tgo.observatory.views, not from one covariance")
+
+
+def _probe(
+    name: str, formula: str, views: tuple[str, ...], *, spread: Spread | None = None, charted: bool = True
+) -> None:
+    CATALOGUE.register(
+        Observable(
+            name,
+            _computed_by_views,
+            formula,
+            spread,
+            charted=charted,
+            doc="docs/hypotheses.md",
+            scope="probe",
+            views=views,
+        )
+    )
+
+
+_CLASS_VIEWS = ("cls", "patch")
+_probe("between_image_fraction", "tr C_between / (tr C_between + tr C_within) (law of total covariance)", ("all",))
+_probe("fisher_ratio", "tr S_B / tr S_W of the per-image vectors", _CLASS_VIEWS)
+_probe("nc1", "tr(Sigma_W Sigma_B^+) / C (Papyan et al. 2020)", _CLASS_VIEWS)
+_probe("between_class_effective_rank", "effective rank of S_B (at most C - 1)", _CLASS_VIEWS, spread="rises")
+_probe("within_class_effective_rank", "effective rank of S_W", _CLASS_VIEWS, spread="rises")
+_probe("ncc_accuracy", "held-out nearest-class-centre accuracy (class-stratified folds)", _CLASS_VIEWS)
+_probe("ridge_accuracy", "held-out closed-form ridge probe accuracy (class-stratified folds)", _CLASS_VIEWS)
+_probe("subspace_overlap_prev", "mean cos^2 of principal angles, top-k eigenspaces, previous observation", ("all",))
+_probe("subspace_overlap_init", "mean cos^2 of principal angles, top-k eigenspaces, first observation", ("all",))
+_probe(
+    "subspace_overlap_prev_k90",
+    "as subspace_overlap_prev with k = components_90 of the previous",
+    ("all",),
+    charted=False,
+)
+_probe(
+    "subspace_overlap_init_k90", "as subspace_overlap_init with k = components_90 of the first", ("all",), charted=False
+)
+_probe("massive_activation_ratio", "max_d M_d / median_d M_d, M_d = max |x_d| over every row", ("all",))
+_probe("massive_activation_dim", "argmax_d M_d (the dimension of that ratio)", ("all",), charted=False)
+_probe("massive_dim_variance_share", "C_dd / tr C for that dimension", ("all",), charted=False)

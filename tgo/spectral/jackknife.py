@@ -34,6 +34,8 @@ __all__ = [
     "jackknife_stderr",
     "leave_one_group_out",
     "moments",
+    "remove",
+    "row_moments",
 ]
 
 
@@ -206,25 +208,45 @@ def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Momen
     Returns:
         One `Moments` per group, in group order; a subset with fewer than 2 rows gets a NaN covariance.
     """
+    return [remove(total, group) for group in groups]
+
+
+def remove(total: Moments, part: Moments) -> Moments:
+    """The moments of the rows of ``total`` that are not in ``part`` (a subset of them), in O(D^2).
+
+    ``M2_r = M2 - M2_p - (n n_p / n_r) (m_p - m)(m_p - m)^T`` with ``n_r = n - n_p`` and
+    ``m_r = (n m - n_p m_p) / n_r`` (see `leave_one_group_out`). Exact up to round-off relative to the total's
+    scatter, so the rest should not be a tiny part of the total (a group of 1/G of the rows, or the CLS tokens of a
+    ViT sequence, 1 row in 197).
+    """
     cov, mean, n, nonfinite = total
+    p_cov, p_mean, p_n, p_nonfinite = part
+    rest = n - p_n
+    if p_n == 0:
+        return cov, mean, n, nonfinite - p_nonfinite
+    if rest < 1:
+        return np.full_like(cov, np.nan), np.full_like(mean, np.nan), rest, nonfinite - p_nonfinite
     m2 = cov * (n - 1) if n >= 2 else np.zeros_like(cov)
-    out: list[Moments] = []
-    for g_cov, g_mean, g_n, g_nonfinite in groups:
-        rest = n - g_n
-        if g_n == 0:
-            out.append((cov, mean, n, nonfinite - g_nonfinite))
-            continue
-        if rest < 1:
-            nan = np.full_like(cov, np.nan)
-            out.append((nan, np.full_like(mean, np.nan), rest, nonfinite - g_nonfinite))
-            continue
-        g_m2 = g_cov * (g_n - 1) if g_n >= 2 else np.zeros_like(cov)
-        d = g_mean - mean
-        r_mean = (n * mean - g_n * g_mean) / rest
-        r_m2 = m2 - g_m2 - (n * g_n / rest) * np.outer(d, d)
-        r_cov = (r_m2 + r_m2.T) / (2 * (rest - 1)) if rest >= 2 else np.full_like(cov, np.nan)
-        out.append((r_cov, r_mean, rest, nonfinite - g_nonfinite))
-    return out
+    p_m2 = p_cov * (p_n - 1) if p_n >= 2 else np.zeros_like(cov)
+    d = p_mean - mean
+    r_mean = (n * mean - p_n * p_mean) / rest
+    r_m2 = m2 - p_m2 - (n * p_n / rest) * np.outer(d, d)
+    r_cov = (r_m2 + r_m2.T) / (2 * (rest - 1)) if rest >= 2 else np.full_like(cov, np.nan)
+    return r_cov, r_mean, rest, nonfinite - p_nonfinite
+
+
+def row_moments(rows: np.ndarray) -> Moments:
+    """float64 moments of the rows of a matrix ``[n, D]``, from deviations (no cancellation); NaN below 2 rows."""
+    x = np.asarray(rows, dtype=np.float64)
+    n, dim = x.shape
+    if n == 0:
+        return np.full((dim, dim), np.nan), np.full(dim, np.nan), 0, 0
+    mean = x.mean(axis=0)
+    if n < 2:
+        return np.full((dim, dim), np.nan), mean, n, 0
+    dev = x - mean
+    cov = dev.T @ dev / (n - 1)
+    return (cov + cov.T) / 2, mean, n, 0
 
 
 def jackknife_stderr(leave_one_out: Sequence[float] | np.ndarray) -> float:
