@@ -14,9 +14,10 @@ import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
 from tests.conftest import compose_train
-from tgo.observatory.pipeline import ShardPlan, observe_dataset
+from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record, observe_dataset
 from tgo.observatory.points import vit_points
-from tgo.records import load_series, load_spectra
+from tgo.observatory.settings import ObservationSettings
+from tgo.records import RecordWriter, load_series, load_spectra
 from tgo.spectral import GroupedCovariance
 from tgo.train import run
 
@@ -142,3 +143,112 @@ def test_shards_are_disjoint_cover_everything_and_never_pad(length, world_size):
     flat = [i for shard in shards for i in shard]
     assert sorted(flat) == list(range(length)), "every image exactly once"
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+# ----------------------------------------------------------------------------------- hypothesis probes over ranks
+PROBE_IMAGES = 7  # 4 + 3 images on 2 ranks
+
+
+def _labelled_images(count: int) -> TensorDataset:
+    images = _images(count).tensors[0]
+    return TensorDataset(images, torch.arange(count) % 3)
+
+
+def _observe_with_probes(rank: int, world_size: int, all_reduce_sum, run_dir: Path, enabled: bool):
+    """`observe_and_record` of the labelled images with 3 jackknife groups; ``(results or None, collective calls)``."""
+    calls = []
+
+    def counted(tensor: torch.Tensor) -> torch.Tensor:
+        calls.append(tensor.numel())
+        return all_reduce_sum(tensor)
+
+    net = _tiny_vit()
+    settings = ObservationSettings(groups=3, probes={"enabled": enabled, "folds": 3})
+    results = observe_and_record(
+        net,
+        _labelled_images(PROBE_IMAGES),
+        vit_points(net),
+        settings=settings,
+        plan=ShardPlan(rank, world_size, 2),
+        record=RecordPlan(RecordWriter(run_dir), epoch=0, step=0, with_covariance=True),
+        all_reduce_sum=counted,
+        is_global_zero=rank == 0,
+    )
+    return results, calls
+
+
+def _plain(results) -> dict:
+    """Per (point, view): covariance, observables, standard errors and arrays (picklable, no tgo types)."""
+    return {
+        tuple(key): {
+            "covariance": r.covariance,
+            "observables": dict(r.observables),
+            "stderr": dict(r.stderr),
+            "arrays": {**r.arrays, **r.kept_arrays},
+        }
+        for key, r in results.items()
+    }
+
+
+def _probe_worker(rank: int, world_size: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+    def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    on, calls_on = _observe_with_probes(rank, world_size, all_reduce_sum, Path(out).parent / "on", True)
+    off, calls_off = _observe_with_probes(rank, world_size, all_reduce_sum, Path(out).parent / "off", False)
+    if rank == 0:
+        torch.save({"on": _plain(on), "off": _plain(off), "calls": (calls_on, calls_off)}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: Path):
+    """Every view's covariance, every probe metric and standard error, the gathered per-image vectors: as on one
+    process; and the per-image vectors ride in the same two collectives (probes on or off)."""
+    from tgo.spectral import CATALOGUE
+    from tgo.spectral.probes import subspace_overlap
+
+    out = tmp_path / "ddp" / "rank0.pt"
+    out.parent.mkdir()
+    mp.spawn(_probe_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    ddp = torch.load(out, weights_only=False)
+    calls_on, calls_off = ddp["calls"]
+    assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, probes on or off"
+    assert calls_on[0] == calls_off[0] and calls_on[1] > calls_off[1], "the per-image vectors ride in the second"
+    probe_names = [o.name for o in CATALOGUE.probes]
+    for enabled in (True, False):
+        single, _ = _observe_with_probes(0, 1, lambda t: t, tmp_path / f"single_{enabled}", enabled)
+        one, two = _plain(single), ddp["on" if enabled else "off"]
+        assert list(two) == list(one)
+        assert {view for _, view in one} == (
+            {"all", "cls", "patch", "between_image", "within_image"} if enabled else {"all"}
+        )
+        for key, want in one.items():
+            got = two[key]
+            scale = np.abs(want["covariance"]).max()
+            np.testing.assert_allclose(got["covariance"], want["covariance"], rtol=1e-10, atol=1e-10 * scale)
+            present = [m for m in probe_names if m in want["observables"]]
+            assert enabled or not present, key
+            for metric in present:
+                for column in ("observables", "stderr"):
+                    a, b = got[column][metric], want[column][metric]
+                    assert a == pytest.approx(b, rel=1e-10, abs=1e-14, nan_ok=True), (key, metric, column)
+            assert list(got["arrays"]) == list(want["arrays"]), key
+            for name, array in want["arrays"].items():
+                if name == "eigenvectors":  # a basis of the leading eigenspace: compare spans, not signs
+                    # (only the directions with variance: the cls point has 7 rows, so C has rank 6 < k = 10)
+                    eigs = np.linalg.eigvalsh(want["covariance"])[::-1]
+                    defined = min(array.shape[1], int(np.sum(eigs > 1e-9 * eigs[0])))
+                    overlap = subspace_overlap(got["arrays"][name][:, :defined], array[:, :defined])
+                    assert overlap == pytest.approx(1.0, abs=1e-10), key
+                else:
+                    np.testing.assert_allclose(got["arrays"][name], array, rtol=1e-10, err_msg=f"{key} {name}")
+        if enabled:  # the comparison covered real numbers, not NaN = NaN
+            cls = one[("block_02", "cls")]
+            for metric in ("fisher_ratio", "nc1", "ncc_accuracy", "ridge_accuracy"):
+                assert np.isfinite(cls["observables"][metric]) and np.isfinite(cls["stderr"][metric]), metric
+            assert np.isfinite(one[("block_02", "all")]["stderr"]["between_image_fraction"])

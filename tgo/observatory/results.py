@@ -251,7 +251,12 @@ def _add_probes(
     put("all", massive)
     whole.arrays["max_abs"] = peak
     drift, kept, k90 = drift_metrics(
-        name, whole.covariance, whole.observables.get("components_90", math.nan), history, probes.subspace_k
+        name,
+        whole.covariance,
+        whole.observables.get("components_90", math.nan),
+        history,
+        probes.subspace_k,
+        whole.n_rows,
     )
     put("all", drift)
     whole.arrays["eigenvectors"] = kept

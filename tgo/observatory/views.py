@@ -198,7 +198,9 @@ def class_metrics(
     labels = np.asarray(labels).astype(np.int64)
     names = ("fisher_ratio", "nc1", "between_class_effective_rank", "within_class_effective_rank")
     decoding = ("ncc_accuracy", "ridge_accuracy")
-    if np.unique(labels).size < 2 or not np.all(np.isfinite(x)):
+    # Without two classes, or with every image's vector the same (the CLS token before the first block: no image
+    # information yet), nothing can be decoded; a tie-broken "accuracy" would read as chance, so it is NaN.
+    if np.unique(labels).size < 2 or not np.all(np.isfinite(x)) or not np.any(x != x[:1]):
         nan = dict.fromkeys(names + decoding, math.nan)
         return nan, dict(nan)
 
@@ -234,7 +236,12 @@ _DRIFT = ("subspace_overlap_prev", "subspace_overlap_init", "subspace_overlap_pr
 
 
 def drift_metrics(
-    point: str, covariance: np.ndarray, components_90: float, history: SubspaceHistory | None, k: int
+    point: str,
+    covariance: np.ndarray,
+    components_90: float,
+    history: SubspaceHistory | None,
+    k: int,
+    n_rows: int | None = None,
 ) -> tuple[dict[str, float], np.ndarray, int]:
     """Subspace overlaps with the previous and the first observation, and what to keep for the next ones.
 
@@ -243,6 +250,11 @@ def drift_metrics(
     many of this observation's. Kept: the leading ``max(k, components_90)`` eigenvectors of this observation
     (float64 ``[D, K]``) and its ``components_90``.
 
+    The first observation of a point (no earlier record) has ``subspace_overlap_init = 1`` (it *is* the initial
+    subspace) and NaN ``_prev``. A comparison of more directions than either covariance has (``k`` above its rank
+    ``n_rows - 1``) would compare arbitrary eigenvectors of a zero eigenvalue, so it is NaN. No standard error: a
+    leave-one-group-out eigenvector basis of the earlier observation is not recorded.
+
     Returns:
         ``({metric: value}, eigenvectors to keep, components_90)``.
     """
@@ -250,6 +262,7 @@ def drift_metrics(
     if not np.all(np.isfinite(covariance)) or not math.isfinite(components_90):
         return nan, np.empty((covariance.shape[0], 0)), 0
     k90 = int(components_90)
+    rank = covariance.shape[0] if n_rows is None else min(covariance.shape[0], max(int(n_rows) - 1, 0))
     earlier = {
         "prev": (history.prev if history else {}).get(point),
         "init": (history.init if history else {}).get(point),
@@ -258,9 +271,12 @@ def drift_metrics(
     needed = max([k, k90] + [e[1] for e in usable.values()])
     vectors = top_eigenvectors(covariance, needed)
     out = dict(nan)
+    if "init" not in earlier or earlier["init"] is None:
+        out["subspace_overlap_init"] = 1.0 if k <= rank else math.nan
+        out["subspace_overlap_init_k90"] = 1.0 if 0 < k90 <= rank else math.nan
     for label, (earlier_vectors, earlier_k90) in usable.items():
-        if earlier_vectors.shape[1] >= k:
+        if earlier_vectors.shape[1] >= k and k <= rank:
             out[f"subspace_overlap_{label}"] = subspace_overlap(earlier_vectors, vectors, k)
-        if 0 < earlier_k90 <= earlier_vectors.shape[1]:
+        if 0 < earlier_k90 <= min(earlier_vectors.shape[1], rank):
             out[f"subspace_overlap_{label}_k90"] = subspace_overlap(earlier_vectors, vectors, earlier_k90)
     return out, np.ascontiguousarray(vectors[:, : max(k, k90)]), k90

@@ -83,22 +83,29 @@ def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
         raise ValueError(f"class_geometry: {x.shape[0]} vectors but {labels.size} labels")
     if not np.all(np.isfinite(x)):
         return ClassGeometry(math.nan, math.nan, math.nan, math.nan, int(np.unique(labels).size))
-    classes, index, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    classes, first, index, counts = np.unique(labels, return_index=True, return_inverse=True, return_counts=True)
     n, d = x.shape
     c = classes.size
-    means = np.zeros((c, d))
-    np.add.at(means, index, x)
-    means /= counts[:, None]
-    mu = x.mean(axis=0)
+    # Each class is shifted by its first vector and the means by the first class mean: identical vectors then give
+    # deviations of exactly 0 (a plain mean of k equal floats need not equal them, which would turn a collapsed
+    # class into round-off scatter with a finite Fisher ratio and a meaningless within-class effective rank).
+    ref = x[first]
+    dev = x - ref[index]
+    offsets = np.zeros((c, d))
+    np.add.at(offsets, index, dev)
+    offsets /= counts[:, None]
+    means = ref + offsets
+    spread = means - means[0]
+    mu = means[0] + counts @ spread / n
     dev_b = (means - mu) * np.sqrt(counts)[:, None]
     s_b = dev_b.T @ dev_b
-    dev_w = x - means[index]
+    dev_w = dev - offsets[index]
     s_w = dev_w.T @ dev_w
     tr_b, tr_w = float(np.trace(s_b)), float(np.trace(s_w))
     fisher = tr_b / tr_w if tr_w > 0 else (math.inf if tr_b > 0 else math.nan)
     nc1 = math.nan
     if c >= 2:
-        centred = means - means.mean(axis=0)
+        centred = means - (means[0] + spread.mean(axis=0))
         sigma_b = centred.T @ centred / c
         e, v = np.linalg.eigh((sigma_b + sigma_b.T) / 2)
         keep = e > max(float(e.max()), 0.0) * max(d, c) * _EPS
@@ -145,9 +152,11 @@ def ncc_accuracy(x: np.ndarray, labels: np.ndarray, folds: np.ndarray) -> np.nda
 def ridge_accuracy(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, alpha: float = 1.0) -> np.ndarray:
     """Held-out accuracy of a closed-form ridge probe on one-hot targets, per fold.
 
-    On each fold the training vectors are centred (the intercept), and ``W = (X^T X + lam I)^-1 X^T Y`` with
+    On each fold the training vectors are centred and ``W = (X^T X + lam I)^-1 X^T Y`` with
     ``lam = alpha * tr(X^T X) / D`` (``alpha`` times the mean per-dimension scatter, so the strength does not depend
-    on the scale of the activations); a test image is assigned the class of its largest score.
+    on the scale of the activations); the unpenalised intercept is the training class frequencies ``y_bar``, so a
+    test image ``x`` scores ``y_bar + (x - mu) W`` and is assigned the class of its largest score (the argmax of
+    scikit-learn's ``RidgeClassifier(alpha=lam)``).
 
     Returns:
         float64 ``[n_folds]`` accuracies, in the order of ``np.unique(folds)``.
@@ -166,12 +175,12 @@ def ridge_accuracy(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, alpha: 
         lam = alpha * float(np.trace(gram)) / x.shape[1]
         y = np.zeros((xt.shape[0], classes.size))
         y[np.arange(xt.shape[0]), index] = 1.0
-        y -= y.mean(axis=0)
-        if lam <= 0:  # every training vector identical: nothing to learn
-            out.append(float(np.mean(labels[test] == classes[0])))
+        prior = y.mean(axis=0)  # the intercept: with centred X the least-squares intercept is the mean target
+        if lam <= 0:  # every training vector identical: nothing to learn beyond the class frequencies
+            out.append(float(np.mean(labels[test] == classes[np.argmax(prior)])))
             continue
-        w = np.linalg.solve(gram + lam * np.eye(x.shape[1]), xc.T @ y)
-        score = (x[test] - mu) @ w
+        w = np.linalg.solve(gram + lam * np.eye(x.shape[1]), xc.T @ (y - prior))
+        score = prior + (x[test] - mu) @ w
         out.append(float(np.mean(classes[np.argmax(score, axis=1)] == labels[test])))
     return np.asarray(out)
 
