@@ -9,10 +9,13 @@ Epoch k means "after k completed training epochs". Observations happen at ``on_t
 epoch a crashed run did not record before its checkpoint) and at ``on_train_epoch_end``. The records on disk are the
 source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
 
-Scalars go to every Lightning logger of the trainer (``log_metrics``: TensorBoard, CSV, W&B, MLflow alike) as
-``geometry/<metric>/<point>`` with the epoch as step, and their jackknife standard errors as
-``geometry_stderr/<metric>/<point>``. TensorBoard also gets a custom-scalars layout (one chart per observable, and
-``value -/+ stderr`` Margin charts per point), histograms and figures, drawn from the records just written (so a
+Scalars go to every Lightning logger of the trainer (``log_metrics``: TensorBoard, CSV, W&B, MLflow alike) with the
+epoch as step: the ``all`` view as ``geometry/<metric>/<point>`` (every observable, its probe metrics included), the
+other views (``cls``, ``patch``, ``between_image``, ``within_image``) as ``geometry_<view>/<metric>/<point>`` (only
+``CATALOGUE.charted_on(view)``: the charted covariance observables and the view's charted probes), and their
+jackknife standard errors as ``geometry_stderr/...`` and ``geometry_stderr_<view>/...`` (`geometry_scalars`).
+TensorBoard also gets a custom-scalars layout (per view one chart per charted observable, and ``value -/+ stderr``
+Margin charts per point of the ``all`` view), histograms and figures, drawn from the records just written (so a
 resumed run's figures show its whole history).
 """
 
@@ -36,6 +39,7 @@ from tgo.observatory import (
     ObservationKey,
     ObservationPoint,
     ObservationSettings,
+    PointResult,
     RecordPlan,
     Results,
     ShardPlan,
@@ -44,19 +48,60 @@ from tgo.observatory import (
     resolve_points,
     unwrap_model,
 )
+from tgo.observatory.views import VIEWS
 from tgo.records import RecordWriter, RunDir, load_series, load_spectra, recorded_epochs
 from tgo.spectral import CATALOGUE
 
-__all__ = ["NonFiniteActivationsError", "SpectralGeometryCallback", "geometry_tag"]
+__all__ = [
+    "NonFiniteActivationsError",
+    "SpectralGeometryCallback",
+    "geometry_scalars",
+    "geometry_tag",
+    "logged_metrics",
+]
 
 
 def geometry_tag(metric: str, key: ObservationKey, *, kind: str = "geometry") -> str:
-    """The logger key of one observable: ``geometry/<metric>/<point>`` (``.../<point>/<view>`` for other views).
+    """The logger key of one observable: ``geometry/<metric>/<point>``, ``geometry_<view>/<metric>/<point>``.
 
-    ``kind="geometry_stderr"`` names its jackknife standard error, ``geometry_band/...`` its TensorBoard band.
+    The ``all`` view keeps the unsuffixed prefix (the key of records and dashboards from before views existed).
+    ``kind="geometry_stderr"`` names its jackknife standard error (``geometry_stderr_<view>/...`` for other views),
+    ``geometry_band`` its TensorBoard band.
     """
-    tail = key.point if key.view == DEFAULT_VIEW else f"{key.point}/{key.view}"
-    return f"{kind}/{metric}/{tail}"
+    return f"{_tag_prefix(key.view, kind)}/{metric}/{key.point}"
+
+
+def _tag_prefix(view: str, kind: str = "geometry") -> str:
+    return kind if view == DEFAULT_VIEW else f"{kind}_{view}"
+
+
+def logged_metrics(key: ObservationKey, result: PointResult) -> list[str]:
+    """The metrics of one (point, view) that go to the loggers, in record order.
+
+    Every observable of the ``all`` view (its probe metrics included); of the other views only those charted on it
+    (`tgo.spectral.Catalogue.charted_on`): about half the scalars of logging every record (1148 against 2280 per
+    observation of the smoke experiment's 7 points, values and standard errors together).
+    """
+    if key.view == DEFAULT_VIEW:
+        return list(result.observables)
+    charted = set(CATALOGUE.charted_on(key.view))
+    return [metric for metric in result.observables if metric in charted]
+
+
+def geometry_scalars(results: Results) -> dict[str, float]:
+    """``{logger key: value}`` of one observation: every `logged_metrics` value (NaN included) and its finite stderr."""
+    scalars: dict[str, float] = {}
+    for key, result in results.items():
+        metrics = logged_metrics(key, result)
+        scalars.update({geometry_tag(metric, key): float(result.observables[metric]) for metric in metrics})
+        scalars.update(
+            {
+                geometry_tag(metric, key, kind="geometry_stderr"): float(se)
+                for metric in metrics
+                if math.isfinite(se := result.stderr.get(metric, math.nan))
+            }
+        )
+    return scalars
 
 
 class SpectralGeometryCallback(L.Callback):
@@ -164,19 +209,7 @@ class SpectralGeometryCallback(L.Callback):
     # ----------------------------------------------------------------------------------------- logging
     def _log(self, trainer: L.Trainer, epoch: int, results: Results) -> None:
         """Scalars to every logger; TensorBoard extras (histograms, images, figures) to TensorBoard only."""
-        scalars = {
-            geometry_tag(metric, key): float(value)
-            for key, result in results.items()
-            for metric, value in result.observables.items()
-        }
-        scalars.update(
-            {
-                geometry_tag(metric, key, kind="geometry_stderr"): float(se)
-                for key, result in results.items()
-                for metric, se in result.stderr.items()
-                if math.isfinite(se)
-            }
-        )
+        scalars = geometry_scalars(results)
         scalars["geometry/pass_seconds"] = float(self.last_pass_seconds or 0.0)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=epoch)
@@ -198,10 +231,27 @@ class SpectralGeometryCallback(L.Callback):
 
     def _add_custom_scalar_layout(self, trainer: L.Trainer) -> None:
         tensorboard = self._tensorboard(trainer)
-        if tensorboard is None:
-            return
-        charts = {metric: ["Multiline", [f"geometry/{metric}/.*"]] for metric in CATALOGUE.charted}
-        layout = {"TGO geometry (one line per point)": charts}
+        if tensorboard is not None:
+            tensorboard.experiment.add_custom_scalars(self.custom_scalar_layout())
+
+    def custom_scalar_layout(self) -> dict[str, dict[str, list[Any]]]:
+        """TensorBoard's custom-scalars layout: ``{category: {chart title: [chart kind, [tag regexes]]}}``.
+
+        Per view one category of Multiline charts, one per charted observable of that view (its probes included),
+        each matching ``geometry[_<view>]/<metric>/.*`` (TensorBoard anchors the regex at the start of the tag and
+        draws one line per point); with the probes off, only the ``all`` view's charted covariance observables. With
+        jackknife groups, per charted observable of the ``all`` view a category of ``value -/+ 1 s.e.`` Margin
+        charts, one per point in depth order.
+        """
+        layout: dict[str, dict[str, list[Any]]] = {}
+        probes = self.settings.probes.enabled  # without probes only the all view and no probe metric is recorded
+        for view in VIEWS if probes else (DEFAULT_VIEW,):
+            own = view != DEFAULT_VIEW  # the all view keeps the category and chart titles of before views existed
+            category = f"TGO geometry, {view} view (one line per point)" if own else "TGO geometry (one line per point)"
+            layout[category] = {
+                f"{metric} ({view})" if own else metric: ["Multiline", [f"{_tag_prefix(view)}/{metric}/.*"]]
+                for metric in (CATALOGUE.charted_on(view) if probes else CATALOGUE.charted)
+            }
         if self.settings.groups:
             for metric in CATALOGUE.charted:
                 # TensorBoard lists a category's charts last-added first: add them deepest first to read in depth order.
@@ -210,7 +260,7 @@ class SpectralGeometryCallback(L.Callback):
                     for depth, point in reversed(list(enumerate(self.points)))
                     for key in [ObservationKey(point.name)]
                 }
-        tensorboard.experiment.add_custom_scalars(layout)
+        return layout
 
     @staticmethod
     def _band_tags(metric: str, key: ObservationKey) -> tuple[str, str]:
@@ -218,8 +268,9 @@ class SpectralGeometryCallback(L.Callback):
         return f"{band}/lower", f"{band}/upper"
 
     def _log_bands(self, writer: Any, epoch: int, results: Results) -> None:
-        """value -/+ stderr of the charted observables, drawn by the custom-scalars Margin charts."""
-        for key, result in results.items():
+        """value -/+ stderr of the ``all`` view's charted observables, drawn by the custom-scalars Margin charts."""
+        for point, result in results.by_point().items():
+            key = ObservationKey(point)
             for metric in CATALOGUE.charted:
                 value, se = result.observables.get(metric, math.nan), result.stderr.get(metric, math.nan)
                 if math.isfinite(value) and math.isfinite(se):

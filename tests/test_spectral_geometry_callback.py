@@ -16,7 +16,9 @@ from tests.conftest import compose_train
 from tgo.errors import UserInputError
 from tgo.model import ViTClassifier
 from tgo.observatory import ObservationSettings, RecordPlan, ShardPlan, observe_and_record, vit_points
-from tgo.records import RecordWriter, load_spectra
+from tgo.observatory.views import VIEWS
+from tgo.records import RecordWriter, load_spectra, read_metric_rows
+from tgo.spectral import CATALOGUE
 from tgo.train import run
 
 DEFAULTS = ObservationSettings()
@@ -26,6 +28,17 @@ QUICK = [
     "trainer.limit_val_batches=1",
     "observation.figures.heatmaps=false",
 ]
+
+
+def logger_tag(row: dict[str, str], kind: str = "geometry") -> str | None:
+    """The logger key a metrics.csv row is logged under, or ``None`` where it is not logged (the tag scheme, spelled
+    out here rather than taken from the callback): every metric of the ``all`` view as ``<kind>/<metric>/<point>``,
+    of other views only their charted ones, as ``<kind>_<view>/<metric>/<point>``."""
+    if row["view"] == "all":
+        return f"{kind}/{row['metric']}/{row['point']}"
+    if row["metric"] in CATALOGUE.charted_on(row["view"]):
+        return f"{kind}_{row['view']}/{row['metric']}/{row['point']}"
+    return None
 
 
 def recorded_epochs(run_dir: Path) -> list[int]:
@@ -62,18 +75,40 @@ def test_schedule_is_initialisation_every_n_and_the_final_epoch(tmp_path):
 
 
 def test_tensorboard_scalars_equal_the_records(tensorboard_run):
+    """Every view's logged metrics (probes included) reach TensorBoard with the recorded value; the rest do not."""
     events = EventAccumulator(
         str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0, "images": 0, "histograms": 0}
     ).Reload()
     tags = set(events.Tags()["scalars"])
-    with open(tensorboard_run / "geometry" / "metrics.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = read_metric_rows(tensorboard_run)
+    assert {r["view"] for r in rows} == set(VIEWS)
+    expected = set()
     for row in rows:
-        tag = f"geometry/{row['metric']}/{row['point']}"
-        assert tag in tags
+        tag = logger_tag(row)
+        if tag is None:
+            assert f"geometry_{row['view']}/{row['metric']}/{row['point']}" not in tags
+            continue
+        expected.add(tag)
         logged = {e.step: e.value for e in events.Scalars(tag)}
-        assert logged[int(row["epoch"])] == pytest.approx(float(row["value"]), rel=1e-6, nan_ok=True)
-    assert "geometry/pass_seconds" in tags
+        assert logged[int(row["epoch"])] == pytest.approx(float(row["value"]), rel=1e-6, nan_ok=True), tag
+    assert {t for t in tags if t.startswith("geometry") and "stderr" not in t and "band" not in t} == expected | {
+        "geometry/pass_seconds"
+    }
+    # Views, and probe metrics on the views that carry them, under their own prefixes.
+    assert {
+        "geometry_within_image/effective_rank/block_02",
+        "geometry_between_image/power_law_alpha/block_04",
+        "geometry_patch/participation_ratio/block_01",
+        "geometry_cls/fisher_ratio/block_04",
+        "geometry_patch/ridge_accuracy/block_03",
+        "geometry_cls/ncc_accuracy/cls",
+        "geometry/between_image_fraction/block_02",
+        "geometry/subspace_overlap_prev/block_04",
+        "geometry/massive_activation_ratio/pos_embed",
+        "geometry/massive_activation_dim/block_01",  # uncharted, but the all view logs every metric
+    } <= tags
+    assert "geometry_cls/n_rows/block_01" not in tags, "uncharted metrics of other views are records only"
+    assert "geometry/effective_rank/block_01/cls" not in tags, "views are a prefix, never a point suffix"
 
 
 def test_tensorboard_figures_histograms_and_layout(tensorboard_run):
@@ -90,8 +125,37 @@ def test_tensorboard_figures_histograms_and_layout(tensorboard_run):
     # Figures are thinned to every 2nd observation (0, 2) plus the final one (3); scalars are never thinned.
     assert [e.step for e in events.Images("spectra/all_points")] == [0, 2, 3]
     assert [e.step for e in events.Scalars("geometry/effective_rank/cls")] == [0, 1, 2, 3]
-    layout_files = list((tensorboard_run / "tensorboard").glob("events.out.tfevents.*"))
-    assert any(b"custom_scalars" in f.read_bytes() for f in layout_files)
+
+
+def test_custom_scalar_layout_has_a_category_per_view(tensorboard_run):
+    """One Multiline chart per metric charted on each view (probes included); Margin charts in depth order."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    (config,) = events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    categories = {c.title: c.chart for c in layout.category}
+    multiline = {
+        "all": "TGO geometry (one line per point)",
+        **{view: f"TGO geometry, {view} view (one line per point)" for view in VIEWS[1:]},
+    }
+    assert list(categories)[: len(VIEWS)] == list(multiline.values())
+    for view, title in multiline.items():
+        prefix = "geometry" if view == "all" else f"geometry_{view}"
+        regexes = [list(chart.multiline.tag) for chart in categories[title]]
+        assert regexes == [[f"{prefix}/{metric}/.*"] for metric in CATALOGUE.charted_on(view)]
+    assert "geometry/between_image_fraction/.*" in {c.multiline.tag[0] for c in categories[multiline["all"]]}
+    assert "geometry_cls/fisher_ratio/.*" in {c.multiline.tag[0] for c in categories[multiline["cls"]]}
+    margin = categories["TGO effective_rank \u00b1 1 jackknife s.e."]
+    assert [c.title for c in margin][-2:] == ["01 pos_embed", "00 patch_embed"], "added deepest first"
+    assert margin[0].margin.series[0].value == "geometry/effective_rank/cls"
+
+
+def test_custom_scalar_layout_without_probes_charts_the_all_view_only():
+    layout = SpectralGeometryCallback(settings={"probes": {"enabled": False}, "groups": 0}).custom_scalar_layout()
+    assert layout == {
+        "TGO geometry (one line per point)": {m: ["Multiline", [f"geometry/{m}/.*"]] for m in CATALOGUE.charted}
+    }
 
 
 def test_final_eigenvalues_equal_an_independent_numpy_recomputation(tensorboard_run):
@@ -229,32 +293,42 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
     with open(tmp_path / "csv" / "metrics.csv", newline="") as fh:
         logged = list(csv.DictReader(fh))
     columns = set(logged[0])
-    with open(tmp_path / "geometry" / "metrics.csv", newline="") as fh:
-        records = list(csv.DictReader(fh))
+    records = read_metric_rows(tmp_path)
+    assert {r["view"] for r in records} == set(VIEWS)
     for row in records:
-        column = f"geometry/{row['metric']}/{row['point']}"
-        assert column in columns
-        values = [float(r[column]) for r in logged if r[column] != "" and int(r["step"]) == int(row["epoch"])]
-        assert values == [pytest.approx(float(row["value"]), rel=1e-6, nan_ok=True)]
-    assert "geometry/effective_rank/block_01" in columns and "train/loss" in " ".join(columns)
+        for column, recorded in ((logger_tag(row), row["value"]), (logger_tag(row, "geometry_stderr"), row["stderr"])):
+            if column is None or (column.startswith("geometry_stderr") and recorded == "nan"):
+                continue
+            assert column in columns
+            values = [float(r[column]) for r in logged if r[column] != "" and int(r["step"]) == int(row["epoch"])]
+            assert values == [pytest.approx(float(recorded), rel=1e-6, nan_ok=True)], column
+    assert {"geometry/effective_rank/block_01", "geometry_within_image/effective_rank/block_01"} <= columns
+    assert {"geometry_cls/ridge_accuracy/block_04", "geometry_stderr_cls/ridge_accuracy/block_04"} <= columns
+    assert "train/loss" in " ".join(columns)
 
 
 def test_standard_errors_reach_the_loggers_and_tensorboard_draws_bands(tensorboard_run):
     """Every finite jackknife stderr is logged beside its value; TensorBoard gets value -/+ stderr for its charts."""
-    from tgo.records import read_metric_rows
-
     events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0}).Reload()
     tags = set(events.Tags()["scalars"])
     rows = [r for r in read_metric_rows(tensorboard_run) if r["stderr"] != "nan"]
     assert {r["metric"] for r in rows} >= {"effective_rank", "participation_ratio", "effective_rank_vs_noise"}
+    expected = set()
     for row in rows:
-        tag = f"geometry_stderr/{row['metric']}/{row['point']}"
+        tag = logger_tag(row, "geometry_stderr")
+        if tag is None:
+            continue
+        expected.add(tag)
         logged = {e.step: e.value for e in events.Scalars(tag)}
-        assert logged[int(row["epoch"])] == pytest.approx(float(row["stderr"]), rel=1e-6)
-    row = next(r for r in rows if r["metric"] == "effective_rank" and r["point"] == "cls")
+        assert logged[int(row["epoch"])] == pytest.approx(float(row["stderr"]), rel=1e-6), tag
+    assert {t for t in tags if t.startswith("geometry_stderr")} == expected, "finite stderrs of logged metrics only"
+    assert {"geometry_stderr_within_image/effective_rank/block_02", "geometry_stderr_cls/fisher_ratio/block_04"} <= tags
+    assert "geometry_stderr/between_image_fraction/block_02" in tags
+    row = next(r for r in rows if r["metric"] == "effective_rank" and r["point"] == "cls" and r["view"] == "all")
     lower = {e.step: e.value for e in events.Scalars("geometry_band/effective_rank/cls/lower")}
     upper = {e.step: e.value for e in events.Scalars("geometry_band/effective_rank/cls/upper")}
     value, se = float(row["value"]), float(row["stderr"])
     epoch = int(row["epoch"])
     assert (lower[epoch], upper[epoch]) == (pytest.approx(value - se, rel=1e-6), pytest.approx(value + se, rel=1e-6))
     assert "geometry_band/power_law_alpha/block_01/upper" in tags
+    assert not any(t.startswith("geometry_band_") for t in tags), "bands are drawn for the all view only"

@@ -21,7 +21,7 @@ FAST = ["experiment=smoke", "observation.figures.heatmaps=false"]
 def metric_epochs(run_dir: Path) -> Counter:
     with open(run_dir / "geometry" / "metrics.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    return Counter((int(r["epoch"]), r["point"], r["metric"]) for r in rows)
+    return Counter((int(r["epoch"]), r["point"], r["view"], r["metric"]) for r in rows)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,11 @@ def test_smoke_run_records_each_epoch_once_per_point_and_metric(smoke_run):
     run_dir, _ = smoke_run
     counts = metric_epochs(run_dir)
     assert set(counts.values()) == {1}
-    assert {epoch for epoch, _, _ in counts} == {0, 1, 2}
-    assert len({point for _, point, _ in counts}) == 7, "patch_embed, pos_embed, block_01..04, cls"
+    assert {epoch for epoch, *_ in counts} == {0, 1, 2}
+    assert len({point for _, point, *_ in counts}) == 7, "patch_embed, pos_embed, block_01..04, cls"
+    views = {point: {view for _, p, view, _ in counts if p == point} for _, point, *_ in counts}
+    assert views["block_01"] == {"all", "cls", "patch", "between_image", "within_image"}
+    assert views["cls"] == {"all", "cls"} and views["patch_embed"] == {"all", "patch", "between_image", "within_image"}
 
 
 def test_checkpoint_holds_the_trained_model_and_callback_state(smoke_run):
@@ -68,10 +71,10 @@ def test_resume_after_a_crash_continues_records_without_duplicates(tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(SimulatedCrash):
         run(compose_train(run_dir, [*FAST, "trainer.max_epochs=4", *CRASH_AFTER_2]))
-    assert {e for e, _, _ in metric_epochs(run_dir)} == {0, 1, 2}
+    assert {e for e, *_ in metric_epochs(run_dir)} == {0, 1, 2}
     run(compose_train(run_dir, [*FAST, "trainer.max_epochs=4", "ckpt_path=last"]))
     counts = metric_epochs(run_dir)
-    assert {e for e, _, _ in counts} == {0, 1, 2, 3, 4}
+    assert {e for e, *_ in counts} == {0, 1, 2, 3, 4}
     assert set(counts.values()) == {1}, "no epoch observed twice"
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["epoch"] == 3
@@ -86,7 +89,7 @@ def test_resume_observes_a_due_epoch_that_a_crash_left_unrecorded(tmp_path):
     (run_dir / "geometry" / "spectra" / "epoch_0002.npz").unlink()
     run(compose_train(run_dir, [*FAST, "trainer.max_epochs=3", "ckpt_path=last"]))
     counts = metric_epochs(run_dir)
-    assert {e for e, _, _ in counts} == {0, 1, 2, 3} and set(counts.values()) == {1}
+    assert {e for e, *_ in counts} == {0, 1, 2, 3} and set(counts.values()) == {1}
 
 
 def test_a_fresh_run_refuses_a_directory_that_holds_a_run(smoke_run):

@@ -108,7 +108,7 @@ def test_summarize_gives_point_results_in_point_order(vit):
     results = summarize_accumulators(accs, list(reversed(points)))
     assert [(key.point, key.view) for key in results] == [(p.name, "all") for p in reversed(points)]
     res = results["block_02"]
-    assert isinstance(res, PointResult) and tuple(res.observables) == CATALOGUE.names
+    assert isinstance(res, PointResult) and tuple(res.observables) == CATALOGUE.covariance_names
     assert res.mean.dtype == np.float64 and res.covariance.shape == (WIDTH, WIDTH)
     assert np.all(np.diff(res.spectrum.eigenvalues) <= 0)
 

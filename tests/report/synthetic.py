@@ -18,8 +18,15 @@ from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir
 Curve = Callable[[np.ndarray], np.ndarray]
 
 
+VectorsAt = Callable[[int], tuple[np.ndarray, np.ndarray]]
+"""epoch -> (per-image vectors [n_images, D], labels [n_images]) of one point and view."""
+
+
 def _result(
-    eigs: np.ndarray, observables: Mapping[str, float], stderr: Mapping[str, float] | None = None
+    eigs: np.ndarray,
+    observables: Mapping[str, float],
+    stderr: Mapping[str, float] | None = None,
+    kept: Mapping[str, np.ndarray] | None = None,
 ) -> SimpleNamespace:
     """What `RecordWriter.write_observation` reads of a `tgo.observatory.PointResult` (a diagonal covariance)."""
     spectrum = SimpleNamespace(eigenvalues=eigs, n_rows=100, n_nonfinite=0)
@@ -29,7 +36,19 @@ def _result(
         covariance=np.diag(eigs),
         observables=dict(observables),
         stderr=dict(stderr or {}),
+        kept_arrays=dict(kept or {}),
     )
+
+
+def _evaluate(curves: Mapping[str, Mapping[str, Curve]], epochs: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+    return {
+        metric: {p: np.asarray(f(epochs), dtype=np.float64) for p, f in per_point.items()}
+        for metric, per_point in curves.items()
+    }
+
+
+def _at(values: Mapping[str, Mapping[str, np.ndarray]], point: str, i: int) -> dict[str, float]:
+    return {metric: float(per_point[point][i]) for metric, per_point in values.items() if point in per_point}
 
 
 def write_synthetic_run(
@@ -41,6 +60,9 @@ def write_synthetic_run(
     dim: int = 4,
     other_view: str | None = None,
     stderr: Mapping[str, Mapping[str, Curve]] | None = None,
+    views: Mapping[str, Mapping[str, Mapping[str, Curve]]] | None = None,
+    view_stderr: Mapping[str, Mapping[str, Mapping[str, Curve]]] | None = None,
+    vectors: Mapping[str, Mapping[str, VectorsAt]] | None = None,
 ) -> Path:
     """Writes metrics, spectra (covariance at the first and last epoch) and a manifest for known curves.
 
@@ -54,34 +76,42 @@ def write_synthetic_run(
             reader mixed views (the report reads view ``all`` only).
         stderr: metric -> point -> function of the epoch array giving the jackknife standard errors recorded beside
             the values (``None``: none recorded, as before the jackknife existed).
+        views: Further views (``cls``, ``patch``, ``between_image``, ``within_image``): view -> metric -> point ->
+            curve, recorded under that view (a point gets the view only where a curve names it).
+        view_stderr: Their standard errors, view -> metric -> point -> curve.
+        vectors: view -> point -> function of the epoch giving the per-image vectors and labels, stored as
+            ``<point>/<view>/vectors`` and ``.../labels`` at the epochs that keep covariances (the first and last),
+            as the probes store them.
 
     Returns:
         ``run_dir``.
     """
     epochs_arr = np.asarray(epochs)
     points = list(dict.fromkeys(p for per_point in curves.values() for p in per_point))
-    values = {
-        metric: {p: np.asarray(f(epochs_arr), dtype=np.float64) for p, f in per_point.items()}
-        for metric, per_point in curves.items()
-    }
-    errors = {
-        metric: {p: np.asarray(f(epochs_arr), dtype=np.float64) for p, f in per_point.items()}
-        for metric, per_point in (stderr or {}).items()
-    }
+    values = _evaluate(curves, epochs_arr)
+    errors = _evaluate(stderr or {}, epochs_arr)
+    view_values = {view: _evaluate(c, epochs_arr) for view, c in (views or {}).items()}
+    view_errors = {view: _evaluate(c, epochs_arr) for view, c in (view_stderr or {}).items()}
     writer = RecordWriter(run_dir)
     for i, epoch in enumerate(epochs_arr):
         results: dict[tuple[str, str], SimpleNamespace] = {}
         for j, point in enumerate(points):
             eigs = np.sort(np.exp(-np.arange(dim) / (1.0 + epoch + j)))[::-1]
-            observed = {
-                metric: float(per_point[point][i]) for metric, per_point in values.items() if point in per_point
-            }
-            point_errors = {
-                metric: float(per_point[point][i]) for metric, per_point in errors.items() if point in per_point
-            }
-            results[(point, DEFAULT_VIEW)] = _result(eigs, observed, point_errors)
+            observed = _at(values, point, i)
+            results[(point, DEFAULT_VIEW)] = _result(eigs, observed, _at(errors, point, i))
             if other_view is not None:
                 results[(point, other_view)] = _result(eigs, {m: -v for m, v in observed.items()})
+            view_names = list(dict.fromkeys([*view_values, *(vectors or {})]))
+            for view in view_names:
+                in_view = _at(view_values.get(view, {}), point, i)
+                at_point = (vectors or {}).get(view, {}).get(point)
+                if not in_view and at_point is None:
+                    continue
+                kept: dict[str, np.ndarray] = {}
+                if at_point is not None:
+                    x, labels = at_point(int(epoch))
+                    kept = {"vectors": np.asarray(x, dtype=np.float32), "labels": np.asarray(labels, dtype=np.int64)}
+                results[(point, view)] = _result(eigs, in_view, _at(view_errors.get(view, {}), point, i), kept)
         writer.write_observation(int(epoch), 10 * int(epoch), results, with_covariance=i in (0, len(epochs_arr) - 1))
     if fingerprint is not None:
         RunDir(run_dir).manifest.write_text(json.dumps({"version": 1, "fingerprint": fingerprint, "items": []}))

@@ -9,7 +9,7 @@ import torch
 
 from tgo.spectral import CATALOGUE, Spectrum, StreamingCovariance, summarize
 
-METRIC_KEYS = tuple(k for k in CATALOGUE.names if k not in CATALOGUE.diagnostics)
+METRIC_KEYS = tuple(k for k in CATALOGUE.covariance_names if k not in CATALOGUE.diagnostics)
 
 
 def power_law_spectrum(dim: int, alpha: float = 1.5) -> np.ndarray:

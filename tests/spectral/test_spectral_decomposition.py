@@ -48,7 +48,7 @@ def test_undefined_covariances_give_nan_spectra_not_exceptions(n_rows: int, bad:
     assert math.isnan(spectrum.most_negative)
     out = summarize(cov, spectrum)
     assert out["n_nonfinite"] == 4 and all(
-        math.isnan(out[k]) for k in CATALOGUE.names if k not in CATALOGUE.diagnostics
+        math.isnan(out[k]) for k in CATALOGUE.covariance_names if k not in CATALOGUE.diagnostics
     )
 
 

@@ -75,7 +75,7 @@ def test_standard_errors_equal_a_brute_force_leave_one_group_out_recomputation()
         cov = np.cov(rows, rowvar=False)
         replicates.append(summarize(cov, eigendecompose(cov, len(rows)), fit_range=(1, 4)))
     checked = 0
-    for metric in CATALOGUE.names:
+    for metric in CATALOGUE.covariance_names:
         if metric in CATALOGUE.diagnostics:
             assert math.isnan(result.stderr[metric])
             continue

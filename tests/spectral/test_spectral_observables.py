@@ -252,7 +252,7 @@ def test_negative_eigenvalues_are_rejected_with_a_pointer_to_eigendecompose():
 
 def test_summary_keys_are_the_stable_observable_list():
     out = _summary_of(BASE)
-    assert tuple(out) == CATALOGUE.names and all(isinstance(v, float) for v in out.values())
+    assert tuple(out) == CATALOGUE.covariance_names and all(isinstance(v, float) for v in out.values())
 
 
 # ----------------------------------------------------------------------------------------------- total correlation

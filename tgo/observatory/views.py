@@ -18,9 +18,12 @@ each point gets, where its rows allow:
   and their noise baselines need.
 
 Every view is summarised by the catalogue, and every view's jackknife replicates come from the same image groups,
-so every probe metric has a standard error. Probe metrics (catalogue entries of scope ``probe``) are added to the
-view they describe: ``between_image_fraction``, massive activations and subspace drift on ``all``; the
-class-conditional geometry and decoding probes on ``cls`` (CLS vectors) and ``patch`` (each image's mean patch token).
+so every view's observables, ``between_image_fraction`` and the class-conditional geometry have standard errors; the
+decoding accuracies have the delete-a-fold jackknife of their cross-validation. Subspace drift and massive
+activations have none (a maximum over rows and an eigenbasis of an earlier observation have no group replicates).
+Probe metrics (catalogue entries of scope ``probe``) are added to the view they describe:
+``between_image_fraction``, massive activations and subspace drift on ``all``; the class-conditional geometry
+and decoding probes on ``cls`` (CLS vectors) and ``patch`` (each image's mean patch token).
 """
 
 from __future__ import annotations
@@ -124,15 +127,15 @@ def point_views(
     if vectors is None:
         return views
     layout, per_image = vectors.layout, vectors.tokens_per_image
-    if "cls" in vectors.values and per_image > layout.prefix:
+    if layout.tokens == "cls":  # the point's rows are the CLS vectors: the same covariance, not recomputed
+        views["cls"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")
+    elif "cls" in vectors.values and per_image > layout.prefix:
         cls_total, cls_groups = _grouped(_numpy(vectors.values["cls"]), image_groups, groups)
         views["cls"] = ViewMoments(cls_total, leave_one_group_out(cls_total, cls_groups) if groups else [])
         if layout.prefix == 1:
             patch_total = remove(all_total, cls_total)
             patch_groups = [remove(a, c) for a, c in zip(all_groups, cls_groups, strict=True)]
             views["patch"] = ViewMoments(patch_total, leave_one_group_out(patch_total, patch_groups) if groups else [])
-    elif layout.tokens == "cls":
-        views["cls"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")
     if "patch" not in views and (layout.tokens in ("patch", "mean") or (layout.tokens == "all" and not layout.prefix)):
         views["patch"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")
     if "mean" in vectors.values and per_image > 1:

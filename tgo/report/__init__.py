@@ -7,21 +7,27 @@ Usage::
     python -m tgo.report --published --out DIR
 
 Modules, one job each: `runs` (find and read runs), `verdicts` (window means and the uncertainty of their
-differences), `findings` (the paper's claims as pure functions), `aggregate` (several runs: mean, spread,
-agreement), `reference` (the published TGO-I data), `figures` (PNGs via `tgo.viz`), `html` (the page), `build`
-(the orchestrator). The verdict rule is documented in ``docs/findings.md``.
+differences), `findings` (the paper's claims as pure functions), `hypotheses` (TGO-I's three explanations of
+spreading variance as predictions, judged with the same rule), `hypotheses_section` (their page section, CKA and
+``hypotheses.csv``), `hypothesis_figures` (its drawings), `aggregate` (several runs: mean, spread, agreement),
+`reference` (the published TGO-I data), `figures` (PNGs via `tgo.viz`), `html` (the page), `build` (the
+orchestrator). The verdict rule is documented in ``docs/findings.md``, the hypotheses in ``docs/hypotheses.md``.
 """
 
 from tgo.report.aggregate import SubsetMismatchError
 from tgo.report.build import build_published_report, build_report
 from tgo.report.findings import CLAIMS, VERDICTS, Finding, Trend, assess_trend, evaluate_findings
+from tgo.report.hypotheses import HYPOTHESES, PREDICTIONS, Prediction, evaluate_predictions
 from tgo.report.runs import ReportInputError
 from tgo.report.verdicts import VerdictSettings
 
 __all__ = [
     "CLAIMS",
+    "HYPOTHESES",
+    "PREDICTIONS",
     "VERDICTS",
     "Finding",
+    "Prediction",
     "ReportInputError",
     "SubsetMismatchError",
     "Trend",
@@ -30,4 +36,5 @@ __all__ = [
     "build_published_report",
     "build_report",
     "evaluate_findings",
+    "evaluate_predictions",
 ]

@@ -26,6 +26,7 @@ from tgo.report.aggregate import (
 from tgo.report.figures import FigureRef, observable_figures, spectrum_figures
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
+from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, hypotheses_report
 from tgo.report.reference import (
     PAPER_POINTS,
     compare_with_reference,
@@ -196,11 +197,15 @@ def findings_rows(findings: Sequence[Finding], agreement: dict | None = None, n_
     return rows
 
 
-def _write_findings_csv(path: Path, findings: Sequence[Finding], agreement: dict | None, n_runs: int) -> None:
+def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict]) -> None:
     with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(FINDINGS_COLUMNS), lineterminator="\n")
+        writer = csv.DictWriter(fh, fieldnames=list(columns), lineterminator="\n")
         writer.writeheader()
-        writer.writerows(findings_rows(findings, agreement, n_runs))
+        writer.writerows(rows)
+
+
+def _write_findings_csv(path: Path, findings: Sequence[Finding], agreement: dict | None, n_runs: int) -> None:
+    _write_csv(path, FINDINGS_COLUMNS, findings_rows(findings, agreement, n_runs))
 
 
 def _rule_paragraph(settings: VerdictSettings, what: str) -> str:
@@ -293,7 +298,10 @@ def build_report(
     settings: VerdictSettings = DEFAULT_SETTINGS,
     correlation: bool = True,
 ) -> Path:
-    """Writes ``<out>/index.html``, ``<out>/figures/*.png`` and ``<out>/findings.csv`` for the given runs.
+    """Writes ``<out>/index.html``, ``<out>/figures/*.png``, ``<out>/findings.csv`` and ``<out>/hypotheses.csv``.
+
+    The page holds the runs, the findings (the paper's claims), the comparison with the published data where it
+    applies, the Hypotheses section (`tgo.report.hypotheses_section`) and the figures.
 
     Args:
         paths: Run directories or directories containing runs (a Hydra multirun sweep directory).
@@ -403,11 +411,15 @@ def build_report(
         )
         sections.append(ref)
 
+    hypotheses = hypotheses_report(runs, figures_dir, settings, what="the mean over runs" if several else "this run")
+    sections.append(hypotheses.section)
+
     figure_refs = observable_figures(agg, figures_dir, reference=paper)
     figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
     sections += _figure_sections(figure_refs, runs[0].name if several else None)
 
     _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs))
+    _write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
     return _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
 
 

@@ -21,7 +21,7 @@ from tgo.report.runs import RunData
 from tgo.spectral.catalogue import CATALOGUE
 from tgo.spectral.observables import singular_values
 
-__all__ = ["FigureRef", "observable_figures", "spectrum_figures"]
+__all__ = ["FigureRef", "observable_figures", "save_figure", "spectrum_figures"]
 
 
 @dataclass(frozen=True)
@@ -32,14 +32,17 @@ class FigureRef:
         section: Which report section it belongs to.
         path: PNG path relative to the report directory (``figures/<name>.png``).
         caption: What it shows, including how bands and overlays were made.
+        wide: Shown at the page's width (a grid of panels) instead of a grid cell's.
     """
 
     section: str
     path: str
     caption: str
+    wide: bool = False
 
 
-def _save(fig: object, figures_dir: Path, name: str) -> str:
+def save_figure(fig: object, figures_dir: Path, name: str) -> str:
+    """Writes ``<figures_dir>/<name>.png`` (unsafe characters replaced), closes the figure, returns the page path."""
     safe = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name)
     figures_dir.mkdir(parents=True, exist_ok=True)
     fig.savefig(figures_dir / f"{safe}.png", format="png")  # type: ignore[attr-defined]
@@ -89,7 +92,7 @@ def observable_figures(
             caption += "; band = value ± 1 jackknife standard error"
         if ref:
             caption += "; dashed = published TGO-I measurements"
-        refs.append(FigureRef("observables", _save(fig, figures_dir, f"lines_{metric}"), caption))
+        refs.append(FigureRef("observables", save_figure(fig, figures_dir, f"lines_{metric}"), caption))
         epochs = sorted({int(e) for p in points for e in series[p][0]})
         values = np.full((len(points), len(epochs)), np.nan)
         column = {e: j for j, e in enumerate(epochs)}
@@ -100,7 +103,7 @@ def observable_figures(
         refs.append(
             FigureRef(
                 "heatmaps",
-                _save(fig, figures_dir, f"layer_epoch_{metric}"),
+                save_figure(fig, figures_dir, f"layer_epoch_{metric}"),
                 f"{metric}: points (depth) x epoch" + (" (mean over runs)" if several else ""),
             )
         )
@@ -134,7 +137,7 @@ def spectrum_figures(
         refs.append(
             FigureRef(
                 "spectra",
-                _save(fig, figures_dir, f"eigenvalues_{point}"),
+                save_figure(fig, figures_dir, f"eigenvalues_{point}"),
                 f"{point}: covariance eigenvalues by index (log-log), later epochs darker (run {run.name})",
             )
         )
@@ -147,7 +150,7 @@ def spectrum_figures(
         refs.append(
             FigureRef(
                 "spectra",
-                _save(fig, figures_dir, f"singular_values_{point}"),
+                save_figure(fig, figures_dir, f"singular_values_{point}"),
                 f"{point}: singular values sqrt(eigenvalue) (run {run.name})",
             )
         )
@@ -157,7 +160,7 @@ def spectrum_figures(
         refs.append(
             FigureRef(
                 "decay",
-                _save(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
+                save_figure(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
                 f"spectral decay lambda_i / lambda_1 at epoch {epoch}, one line per point (run {run.name})",
             )
         )
@@ -174,7 +177,7 @@ def spectrum_figures(
                 refs.append(
                     FigureRef(
                         "correlation",
-                        _save(fig, figures_dir, f"correlation_{point}_{epoch:04d}"),
+                        save_figure(fig, figures_dir, f"correlation_{point}_{epoch:04d}"),
                         f"{point}: feature correlation at epoch {epoch} (first {heatmap_max_dim} "
                         f"features; run {run.name})",
                     )

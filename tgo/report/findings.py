@@ -84,6 +84,8 @@ __all__ = [
     "evaluate_findings",
     "judge_stable",
     "judge_trend",
+    "judged",
+    "measure_point",
     "point_role",
     "spearman",
 ]
@@ -606,7 +608,7 @@ def assess_extreme(
     Returns:
         ``(verdict, note)``.
     """
-    series = {p: _measure_point(s, (stderr or {}).get(p), (replicates or {}).get(p)) for p, s in per_point.items()}
+    series = {p: measure_point(s, (stderr or {}).get(p), (replicates or {}).get(p)) for p, s in per_point.items()}
     verdict, note, _ = judge_extreme(series, target, direction, settings)
     return verdict, note
 
@@ -633,8 +635,10 @@ def below_noise_floor(trend: Trend, observable: Observable | None) -> str:
     )
 
 
-def _judged(trend: Trend, observable: Observable | None) -> Trend:
-    """The trend with verdict ``n/a`` and the reason when both its ends are below the noise floor, else unchanged."""
+def judged(trend: Trend, observable: Observable | None) -> Trend:
+    """The trend with verdict ``n/a`` and the reason when both its ends are below the noise floor, else unchanged.
+
+    Every trend verdict of the report goes through this (the findings and the hypothesis predictions alike)."""
     note = below_noise_floor(trend, observable)
     return replace(trend, verdict=NA, note=note) if note else trend
 
@@ -648,12 +652,18 @@ def point_role(point: str) -> str:
     return "cls" if point == "cls" else "other"
 
 
-def _measure_point(
+def measure_point(
     series: tuple[ArrayLike, ArrayLike],
     stderr: tuple[ArrayLike, ArrayLike] | None,
     replicates: tuple[ArrayLike, np.ndarray] | None,
 ) -> Measured:
-    """One point's series with its errors aligned by epoch (replicates realigned to the series' epochs)."""
+    """One point's series with its errors aligned by epoch (replicates realigned to the series' epochs).
+
+    Args:
+        series: ``(epochs, values)``.
+        stderr: ``(epochs, jackknife standard error)`` aligned by epoch, or ``None``.
+        replicates: ``(epochs, [runs, epochs] values)`` of a sweep, or ``None``.
+    """
     epochs, values = series
     reps = None
     if replicates is not None:
@@ -704,7 +714,7 @@ def evaluate_findings(
         points = list(next(iter(series.values()), {}))
 
     def measure(metric: str, point: str) -> Measured:
-        return _measure_point(
+        return measure_point(
             series[metric][point],
             (stderr or {}).get(metric, {}).get(point),
             (replicates or {}).get(metric, {}).get(point),
@@ -719,16 +729,16 @@ def evaluate_findings(
         observable, direction = claim.observable, claim.direction
         if claim.kind == "trend":
             for point in present:
-                trend = _judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
+                trend = judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
                 findings.append(_row(claim, point, direction + "s", trend))
         elif claim.kind == "stable":
             for point in present:
                 role = point_role(point)
                 if role == "embedding":
-                    trend = _judged(judge_stable(measure(claim.metric, point), settings), observable)
+                    trend = judged(judge_stable(measure(claim.metric, point), settings), observable)
                     findings.append(_row(claim, point, "stable", trend))
                 elif role == "block":
-                    trend = _judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
+                    trend = judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
                     findings.append(_row(claim, point, direction + "s", trend))
         elif claim.kind == "extreme" and "cls" in per_point:
             for metric in (claim.metric, claim.metric + NOISE_SUFFIX):

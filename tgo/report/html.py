@@ -1,7 +1,8 @@
 """A small, dependency-free HTML writer for the report: inline CSS, no scripts, no CDN, so it opens offline.
 
 Figures are referenced as ``figures/<name>.png`` beside ``index.html`` or, with ``embed=True``, inlined as base64
-data URIs so the single file can be mailed around.
+data URIs so the single file can be mailed around. A section may hold subsections (``<h3>``, listed under it in the
+contents), and a table may be folded into a ``<details>`` element whose one-line summary stays visible.
 """
 
 from __future__ import annotations
@@ -27,16 +28,22 @@ tr.fails td.v { background: #f8d7d7; } tr.na td.v { background: #eee; }
 tr.inconclusive td.v { background: #e3ecf7; }
 .grid { display: flex; flex-wrap: wrap; gap: 10px; }
 figure { margin: 0; max-width: 560px; } figure img { max-width: 100%; border: 1px solid #eee; }
+figure.wide { max-width: 100%; } h3 { font-size: 1.05em; margin-top: 1.4em; }
+details { margin: 0.3em 0; } summary { cursor: pointer; font-size: 0.85em; }
 figcaption { font-size: 0.75em; color: #555; }
 .note { font-size: 0.85em; color: #444; } code { background: #f4f4f4; padding: 0 3px; }
 """
 
+_WIDE = ' class="wide"'
 _VERDICT_CLASS = {
     "holds": "holds",
     "holds then reverses": "reverses",
     "inconclusive": "inconclusive",
     "does not hold": "fails",
     "n/a": "na",
+    "consistent": "holds",
+    "inconsistent": "fails",
+    "not recorded": "na",
 }
 
 
@@ -49,12 +56,14 @@ class Table:
         rows: Cell strings per row.
         left: Indices of left-aligned (text) columns.
         verdict_column: Index of a verdict column: its row gets a colour class.
+        summary: When given, the table is folded into ``<details>`` with this line as its visible summary.
     """
 
     headers: Sequence[str]
     rows: Sequence[Sequence[str]]
     left: Sequence[int] = ()
     verdict_column: int | None = None
+    summary: str | None = None
 
     def render(self) -> str:
         """The table as HTML."""
@@ -74,19 +83,24 @@ class Table:
                 for i, c in enumerate(row)
             )
             body.append(f"<tr{row_cls}>{cells}</tr>")
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+        if self.summary is None:
+            return table
+        return f"<details><summary>{html.escape(self.summary)}</summary>{table}</details>"
 
 
 @dataclass
 class Section:
-    """A titled part of the page: paragraphs, tables, then a grid of figures.
+    """A titled part of the page: paragraphs, tables, a grid of figures, then subsections.
 
     Attributes:
         title: Heading.
         anchor: ``id`` for the table of contents.
         paragraphs: Plain-text paragraphs (escaped).
         tables: Tables, in order.
-        figures: Figures, laid out in a wrapping grid.
+        figures: Figures, laid out in a wrapping grid (a `FigureRef` with ``wide`` takes the page's width).
+        subsections: Sections one heading level down, after the figures (listed under this one in the contents).
+        figures_first: Put the figures before the tables (a figure that the tables below it detail).
     """
 
     title: str
@@ -94,6 +108,8 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     figures: list[FigureRef] = field(default_factory=list)
+    subsections: list[Section] = field(default_factory=list)
+    figures_first: bool = False
 
 
 def _image_src(figure: FigureRef, report_dir: Path, embed: bool) -> str:
@@ -115,21 +131,39 @@ def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, em
     Returns:
         HTML text (UTF-8 safe; everything user-provided is escaped).
     """
-    contents = "".join(f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a></li>' for s in sections)
     parts = [
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1><ul>{contents}</ul>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>{_contents(sections)}"
     ]
     for s in sections:
-        parts.append(f'<h2 id="{s.anchor}">{html.escape(s.title)}</h2>')
-        parts += [f'<p class="note">{html.escape(p)}</p>' for p in s.paragraphs]
-        parts += [t.render() for t in s.tables]
-        if s.figures:
-            figs = "".join(
-                f'<figure><img src="{_image_src(f, report_dir, embed)}" alt="{html.escape(f.caption)}">'
-                f"<figcaption>{html.escape(f.caption)}</figcaption></figure>"
-                for f in s.figures
-            )
-            parts.append(f'<div class="grid">{figs}</div>')
+        parts += _render_section(s, report_dir, embed, level=2)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _contents(sections: Sequence[Section]) -> str:
+    """The nested list of links to every section and subsection."""
+    if not sections:
+        return ""
+    items = "".join(
+        f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a>{_contents(s.subsections)}</li>' for s in sections
+    )
+    return f"<ul>{items}</ul>"
+
+
+def _render_section(s: Section, report_dir: Path, embed: bool, level: int) -> list[str]:
+    parts = [f'<h{level} id="{s.anchor}">{html.escape(s.title)}</h{level}>']
+    parts += [f'<p class="note">{html.escape(p)}</p>' for p in s.paragraphs]
+    figures = []
+    if s.figures:
+        figs = "".join(
+            f'<figure{_WIDE if f.wide else ""}><img src="{_image_src(f, report_dir, embed)}" '
+            f'alt="{html.escape(f.caption)}"><figcaption>{html.escape(f.caption)}</figcaption></figure>'
+            for f in s.figures
+        )
+        figures.append(f'<div class="grid">{figs}</div>')
+    tables = [t.render() for t in s.tables]
+    parts += figures + tables if s.figures_first else tables + figures
+    for sub in s.subsections:
+        parts += _render_section(sub, report_dir, embed, level=min(level + 1, 6))
+    return parts

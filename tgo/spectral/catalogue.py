@@ -190,6 +190,11 @@ class Catalogue:
         return tuple(self._entries)
 
     @property
+    def covariance_names(self) -> tuple[str, ...]:
+        """Names computed from one covariance (what `tgo.spectral.summarize` returns), in record order."""
+        return tuple(o.name for o in self._entries.values() if o.scope == "covariance")
+
+    @property
     def charted(self) -> tuple[str, ...]:
         """Covariance observables drawn in dashboards and reports (every view), in record order."""
         return tuple(o.name for o in self._entries.values() if o.charted and o.scope == "covariance")

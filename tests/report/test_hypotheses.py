@@ -1,0 +1,278 @@
+"""The Hypotheses section: the predictions table, its verdicts on designed series, the page, CKA and old records."""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.report.synthetic import write_synthetic_run
+from tgo.observatory.views import VIEWS
+from tgo.report.build import build_report
+from tgo.report.findings import REVERSES, Trend
+from tgo.report.hypotheses import (
+    CONSISTENT,
+    HYPOTHESES,
+    INCONSISTENT,
+    NOT_RECORDED,
+    POINT_SELECTORS,
+    PREDICTIONS,
+    Prediction,
+    evaluate_predictions,
+    judge_prediction,
+    select_points,
+    summary_text,
+)
+from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, hypotheses_report
+from tgo.report.runs import load_run_data
+from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty
+from tgo.spectral.catalogue import CATALOGUE
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+EPOCHS = np.arange(0, 11)
+POINTS = ["patch_embed", "block_01", "block_02", "block_03", "cls"]
+
+
+def flat(value: float) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda e: np.full(np.shape(e), value, dtype=np.float64)
+
+
+def line(start: float, slope: float) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda e: start + slope * np.asarray(e, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------- the predictions table
+def test_every_prediction_names_a_catalogue_metric_on_a_view_that_carries_it():
+    assert PREDICTIONS, "no predictions declared"
+    for p in PREDICTIONS:
+        observable = CATALOGUE[p.metric]  # KeyError names the metric
+        assert p.view in VIEWS, p
+        if observable.scope == "probe":
+            assert p.view in observable.views, p
+        assert p.hypothesis in HYPOTHESES and p.points in POINT_SELECTORS and p.expected in ("rises", "falls")
+        assert len(p.reasoning) > 40, p
+    keys = [(p.hypothesis, p.metric, p.view) for p in PREDICTIONS]
+    assert len(keys) == len(set(keys)), "a prediction is declared twice"
+    assert {p.hypothesis for p in PREDICTIONS} == set(HYPOTHESES), "a hypothesis without predictions"
+    order = [p.hypothesis for p in PREDICTIONS]
+    assert order == sorted(order, key=list(HYPOTHESES).index), "predictions are grouped in HYPOTHESES order"
+
+
+def test_the_predictions_discriminate_the_hypotheses_where_the_brief_says():
+    table = {(p.hypothesis, p.metric, p.view): p.expected for p in PREDICTIONS}
+    assert table[("token_diversification", "effective_rank", "within_image")] == "rises"
+    assert table[("token_diversification", "between_image_fraction", "all")] == "falls"
+    assert table[("semantic_expansion", "nc1", "cls")] == "falls"
+    for metric in ("fisher_ratio", "ncc_accuracy", "ridge_accuracy", "between_class_effective_rank"):
+        assert table[("semantic_expansion", metric, "cls")] == "rises"
+    for metric in ("total_correlation", "offdiag_energy_fraction", "mean_abs_offdiag_correlation"):
+        assert table[("redundancy_reduction", metric, "all")] == "falls"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"hypothesis": "magic"}, "unknown hypothesis"),
+        ({"metric": "no_such_metric"}, "not in the observable catalogue"),
+        ({"view": "tokens"}, "unknown view"),
+        ({"metric": "fisher_ratio", "view": "all"}, "recorded on cls, patch only"),
+        ({"points": "some"}, "unknown point selector"),
+        ({"expected": "wiggles"}, "expected must be"),
+    ],
+)
+def test_a_bad_prediction_fails_when_it_is_made(changes: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        replace(PREDICTIONS[0], **changes)
+
+
+def test_point_selectors_keep_depth_order():
+    points = ["patch_embed", "pos_embed", "block_01", "block_02", "cls", "block_06_attn"]
+    assert select_points("every point", points) == points
+    assert select_points("blocks", points) == ["block_01", "block_02"]
+    assert select_points("blocks and cls", points) == ["block_01", "block_02", "cls"]
+    with pytest.raises(ValueError, match="unknown point selector"):
+        select_points("late", points)
+
+
+# -------------------------------------------------------------------------------------------- verdicts by design
+WITHIN = Prediction(
+    "token_diversification", "effective_rank", "within_image", "every point", "rises", "test prediction, rises" * 3
+)
+NC1 = Prediction("semantic_expansion", "nc1", "cls", "blocks and cls", "falls", "test prediction, falls" * 3)
+
+
+def series(curves: dict) -> tuple[dict, dict]:
+    """view -> metric -> point -> (epochs, values) and the same for standard errors, from (value, stderr) curves."""
+    values: dict = {}
+    errors: dict = {}
+    for (view, metric, point), (curve, se) in curves.items():
+        values.setdefault(view, {}).setdefault(metric, {})[point] = (EPOCHS, curve(EPOCHS))
+        errors.setdefault(view, {}).setdefault(metric, {})[point] = (EPOCHS, np.full(EPOCHS.size, se))
+    return values, errors
+
+
+def test_designed_series_come_out_consistent_inconsistent_inconclusive():
+    values, errors = series(
+        {
+            ("within_image", "effective_rank", "patch_embed"): (lambda e: 3.0 + 0.5 * e, 0.05),  # rises: consistent
+            ("within_image", "effective_rank", "block_01"): (lambda e: 8.0 - 0.5 * e, 0.05),  # falls: inconsistent
+            ("within_image", "effective_rank", "block_02"): (lambda e: 3.0 + 0.01 * e, 0.5),  # inside 3 U
+            ("within_image", "effective_rank", "cls"): (flat(np.nan), np.nan),  # undefined: left out
+            ("cls", "nc1", "block_01"): (lambda e: 10.0 - 0.8 * e, 0.1),  # falls as predicted
+            ("cls", "nc1", "patch_embed"): (lambda e: 10.0 + e, 0.1),  # not a point NC1 on cls is about
+        }
+    )
+    results = evaluate_predictions(values, POINTS, stderr=errors, predictions=[WITHIN, NC1])
+    within = {r.point: r for r in results[WITHIN]}
+    assert list(within) == ["patch_embed", "block_01", "block_02"]
+    assert within["patch_embed"].verdict == CONSISTENT
+    assert within["block_01"].verdict == INCONSISTENT and "moved the other way" in within["block_01"].note
+    assert within["block_02"].verdict == "inconclusive"
+    assert within["block_02"].trend.uncertainty.source == "jackknife"
+    assert [(r.point, r.verdict) for r in results[NC1]] == [("block_01", CONSISTENT)]
+    assert summary_text(results[WITHIN]) == "consistent at 1 of 3 points, inconsistent at 1, inconclusive at 1"
+
+
+def test_a_view_the_records_lack_is_not_recorded():
+    values, errors = series({("all", "effective_rank", "block_01"): (lambda e: 1.0 + e, 0.1)})
+    results = evaluate_predictions(values, POINTS, stderr=errors, predictions=[WITHIN])
+    assert results[WITHIN] == [] and summary_text(results[WITHIN]) == NOT_RECORDED
+
+
+def test_a_rise_and_reversal_is_read_by_its_first_and_last_windows():
+    def trend(change: float, note: str = "peak window epochs 4-5; the last window is 3 ± 0.1 below it") -> Trend:
+        u = Uncertainty(jackknife=0.1)
+        nan = float("nan")
+        return Trend(11, 2, 1.0, 1.0 + change, change, nan, u, nan, 5, "4-5", 9.0, 3.0, u, REVERSES, note)
+
+    verdict, note = judge_prediction(trend(+1.0), "rises", DEFAULT_SETTINGS)
+    assert verdict == CONSISTENT and "reversed" in note and "peak window" in note
+    assert judge_prediction(trend(-1.0), "rises", DEFAULT_SETTINGS)[0] == INCONSISTENT
+    assert judge_prediction(trend(+0.2), "rises", DEFAULT_SETTINGS)[0] == "inconclusive"
+    assert judge_prediction(trend(-1.0), "falls", DEFAULT_SETTINGS)[0] == CONSISTENT
+
+
+def test_a_rising_then_falling_series_through_the_rule():
+    rise_fall = lambda e: np.where(e <= 5, 1.0 + e, 6.0 - 0.5 * (e - 5))  # ends at 3.5, above the first 1.5
+    values, errors = series({("within_image", "effective_rank", "block_01"): (rise_fall, 0.05)})
+    (result,) = evaluate_predictions(values, POINTS, stderr=errors, predictions=[WITHIN])[WITHIN]
+    assert result.verdict == CONSISTENT and "then reversed" in result.note
+
+
+# ---------------------------------------------------------------------------------------------- the page and CSV
+def probe_run(root: Path, *, with_vectors: bool = True) -> Path:
+    """A synthetic run with the views and probe metrics: token diversification holds, redundancy does not."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(4), 10)
+    base = rng.normal(size=(40, 6))
+
+    def vectors_of(shift: float):
+        return lambda epoch: (base + shift * epoch * rng.normal(size=(40, 6)) * 0.01, labels)
+
+    all_curves: dict[str, dict[str, Callable[[np.ndarray], np.ndarray]]] = {
+        "effective_rank": {p: line(2.0 + i, 0.3) for i, p in enumerate(POINTS)},
+        "total_correlation": {p: line(5.0, 0.4) for p in POINTS},
+        "between_image_fraction": {p: line(0.5, -0.02) for p in POINTS if p != "cls"},
+    }
+    views = {
+        "within_image": {"effective_rank": {p: line(2.0, 0.4) for p in POINTS if p != "cls"}},
+        "cls": {"fisher_ratio": {p: flat(0.7) for p in POINTS if p != "patch_embed"}},
+    }
+    view_stderr = {"within_image": {"effective_rank": {p: flat(0.05) for p in POINTS if p != "cls"}}}
+    vectors = None
+    if with_vectors:
+        vectors = {
+            "cls": {p: vectors_of(i) for i, p in enumerate(POINTS) if p != "patch_embed"},
+            "patch": {p: vectors_of(i + 1) for i, p in enumerate(POINTS) if p != "cls"},
+        }
+    return write_synthetic_run(
+        root, all_curves, epochs=EPOCHS.tolist(), views=views, view_stderr=view_stderr, vectors=vectors, dim=6
+    )
+
+
+def images_of(index: Path) -> list[str]:
+    return re.findall(r'<img src="([^"]+)"', index.read_text())
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_the_page_has_a_hypotheses_section_with_figures_tables_cka_and_a_csv(tmp_path: Path):
+    index = build_report([probe_run(tmp_path / "run")], correlation=False)
+    html = index.read_text()
+    assert '<h2 id="hypotheses">Hypotheses' in html
+    for hypothesis in HYPOTHESES.values():
+        assert f">{hypothesis.title}</h3>" in html
+    assert "consistent at 4 of 4 points" in html  # within-image rank rises at the four points with tokens
+    assert "inconsistent at 5 of 5 points" in html  # total correlation rises everywhere
+    assert "<details><summary>effective_rank (within_image view) rises: consistent at 4 of 4 points" in html
+    assert "not a verdict on a hypothesis" in html
+    images = images_of(index)
+    for key in HYPOTHESES:
+        assert f"figures/hypothesis_{key}.png" in images
+    assert {"figures/cka_cls.png", "figures/cka_patch.png"} <= set(images)
+    for image in images:
+        assert (index.parent / image).read_bytes()[:8] == PNG_MAGIC
+    assert "CKA cls: epoch 0 vs 10" in html
+    rows = read_rows(index.parent / "hypotheses.csv")
+    assert list(rows[0]) == list(HYPOTHESES_COLUMNS)
+    by_key = {(r["metric"], r["view"], r["point"]): r for r in rows}
+    assert by_key[("effective_rank", "within_image", "block_02")]["verdict"] == CONSISTENT
+    assert by_key[("total_correlation", "all", "cls")]["verdict"] == INCONSISTENT
+    assert by_key[("between_image_fraction", "all", "block_01")]["verdict"] == CONSISTENT
+    assert by_key[("fisher_ratio", "cls", "cls")]["verdict"] == "inconclusive"  # flat
+    assert ("fisher_ratio", "cls", "patch_embed") not in by_key  # not a point the CLS predictions are about
+    assert by_key[("ridge_accuracy", "cls", "")]["verdict"] == NOT_RECORDED
+    assert float(by_key[("effective_rank", "within_image", "block_02")]["uncertainty"]) == pytest.approx(
+        0.05 * np.sqrt(2)
+    )
+
+
+def test_without_stored_vectors_there_is_no_cka_figure_but_a_message(tmp_path: Path):
+    run = load_run_data(probe_run(tmp_path / "run", with_vectors=False))
+    report = hypotheses_report([run], tmp_path / "figures", DEFAULT_SETTINGS)
+    cka = next(s for s in report.section.subsections if s.anchor == "hypotheses-cka")
+    assert not cka.figures and any("no CKA matrix" in p for p in cka.paragraphs)
+    assert not list((tmp_path / "figures").glob("cka_*.png"))
+
+
+def test_records_without_the_probes_say_not_recorded(tmp_path: Path):
+    run = write_synthetic_run(tmp_path / "old", {"effective_rank": {"cls": lambda e: 1.0 + e}}, epochs=EPOCHS.tolist())
+    index = build_report([run], correlation=False)
+    html = index.read_text()
+    assert '<h2 id="hypotheses">' in html and "Not recorded: these records hold none of the views" in html
+    assert "no CKA matrix" in html
+    assert not [i for i in images_of(index) if "hypothesis_" in i or "cka_" in i]
+    rows = read_rows(index.parent / "hypotheses.csv")
+    assert len(rows) == len(PREDICTIONS) and {r["verdict"] for r in rows} == {NOT_RECORDED}
+
+
+def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path):
+    for seed in (0, 1):
+        probe_run(tmp_path / "sweep" / str(seed), with_vectors=False)
+    index = build_report([tmp_path / "sweep"], correlation=False)
+    html = index.read_text()
+    assert "runs agreeing (of 2)" in html and "consistent 2/2" in html
+    assert "mean ± 1 standard deviation over 2 runs" in html
+    rows = read_rows(index.parent / "hypotheses.csv")
+    assert {r["agreement"] for r in rows if r["verdict"] == CONSISTENT} == {"consistent 2/2"}
+
+
+def test_the_smoke_run_is_judged_on_its_recorded_probes(smoke_run: Path, tmp_path: Path):
+    """The real records: every prediction is recorded at some point, and CKA is drawn from the stored vectors."""
+    report = hypotheses_report([load_run_data(smoke_run)], tmp_path / "figures", DEFAULT_SETTINGS)
+    assert all(report.results.values()), [p.statement for p, r in report.results.items() if not r]
+    judged = {(p.metric, p.view): {r.point for r in rs} for p, rs in report.results.items()}
+    assert "pos_embed" not in judged[("fisher_ratio", "cls")]  # the CLS token before block 1 is one constant vector
+    assert "cls" not in judged[("effective_rank", "within_image")]  # one row per image: no within-image view
+    assert {f.path for s in report.section.subsections for f in s.figures} >= {
+        "figures/cka_cls.png",
+        "figures/cka_patch.png",
+    }

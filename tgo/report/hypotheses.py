@@ -1,0 +1,486 @@
+"""TGO-I's three explanations of spreading variance as predictions about recorded quantities, judged point by point.
+
+The TGO-I study ends with three hypotheses for why training spreads variance over more directions: **token
+diversification** (the tokens of an image become more distinguishable and occupy more directions), **semantic
+expansion** (the model discovers more meaningful, class-relevant feature directions) and **redundancy reduction**
+(training re-expresses the information in a less redundant basis). Each says something different about the views of
+a point (``all``, ``cls``, ``patch``, ``between_image``, ``within_image``; `tgo.observatory.views`) and about the
+hypothesis-probe metrics (catalogue entries of scope ``probe``). `PREDICTIONS` declares those statements once, as
+data: a `Prediction` names a hypothesis, a metric, a view, which points it is about and the direction it expects,
+with the reasoning in words. ``docs/hypotheses.md`` explains every prediction, what would contradict each hypothesis
+and what the probes cannot decide.
+
+A prediction is judged at every point it is about with the findings' verdict rule (`tgo.report.findings.judge_trend`:
+window means of the first and last 10% of the observations, their difference against the largest of the jackknife,
+scatter and seed uncertainties, ``z = 3``; ``docs/findings.md``), and the rule's verdict is read as:
+
+* ``consistent``: the metric moved the predicted way by more than ``z`` uncertainties (rule: ``holds``);
+* ``inconsistent``: it moved the other way by more than ``z`` uncertainties (rule: ``does not hold``);
+* ``inconclusive``: the move is within ``z`` uncertainties, or there is no uncertainty (rule: ``inconclusive``);
+* ``n/a``: fewer than two finite observations, or both ends below the metric's noise floor (rule: ``n/a``).
+
+A series the rule calls ``holds then reverses`` (it went the predicted way, then gave a significant part back) is
+read by its first and last windows alone, like every other prediction (consistent, inconsistent or inconclusive by
+the same ``z`` test, `significant`), and its note keeps the reversal. The verdicts are per point and per prediction;
+nothing here combines them into a verdict on a hypothesis, because the hypotheses are not exclusive and several
+predictions are shared or only partly discriminating (``docs/hypotheses.md`` section 5).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from tgo.observatory.views import VIEWS
+from tgo.report.findings import (
+    FAILS,
+    HOLDS,
+    INCONCLUSIVE,
+    NA,
+    REVERSES,
+    Direction,
+    Replicates,
+    Series,
+    Trend,
+    judge_trend,
+    judged,
+    measure_point,
+    point_role,
+)
+from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, significant
+from tgo.spectral.catalogue import CATALOGUE, Observable
+
+__all__ = [
+    "CONSISTENT",
+    "HYPOTHESES",
+    "INCONSISTENT",
+    "NOT_RECORDED",
+    "POINT_SELECTORS",
+    "PREDICTIONS",
+    "PREDICTION_VERDICTS",
+    "Hypothesis",
+    "Prediction",
+    "PredictionResult",
+    "evaluate_predictions",
+    "judge_prediction",
+    "select_points",
+    "summary_text",
+    "verdict_counts",
+]
+
+Expected = Literal["rises", "falls"]
+CONSISTENT = "consistent"
+INCONSISTENT = "inconsistent"
+NOT_RECORDED = "not recorded"
+PREDICTION_VERDICTS: tuple[str, ...] = (CONSISTENT, INCONSISTENT, INCONCLUSIVE, NA)
+"""The verdicts of one prediction at one point, in table order (``not recorded`` is a prediction-wide state)."""
+_FROM_RULE = {HOLDS: CONSISTENT, FAILS: INCONSISTENT, INCONCLUSIVE: INCONCLUSIVE, NA: NA}
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One of TGO-I's explanations of spreading variance.
+
+    Attributes:
+        key: Identifier (``hypotheses.csv``, figure names).
+        title: Its name on the page.
+        statement: The hypothesis in one sentence.
+        contradicted_by: What the records would show if it did not explain the spreading (one sentence).
+    """
+
+    key: str
+    title: str
+    statement: str
+    contradicted_by: str
+
+
+HYPOTHESES: dict[str, Hypothesis] = {
+    h.key: h
+    for h in (
+        Hypothesis(
+            "token_diversification",
+            "Token diversification",
+            "The tokens of an image become more distinguishable from one another and occupy more directions: the "
+            "variance that spreads is token-level variance inside images.",
+            "the within-image and patch-token ranks staying flat or falling while the pooled rank rises, or the "
+            "between-image share of the variance rising (the new variance is between images, not between tokens).",
+        ),
+        Hypothesis(
+            "semantic_expansion",
+            "Semantic expansion",
+            "The model discovers more meaningful (class-relevant) feature directions: the new directions separate "
+            "images by content, so per-image vectors become more class-separable and the class means spread out.",
+            "class separability (Fisher ratio, held-out NCC and ridge accuracy) flat or falling and NC1 rising at "
+            "points whose rank rises, or the image means (between-image view) concentrating on fewer directions.",
+        ),
+        Hypothesis(
+            "redundancy_reduction",
+            "Redundancy reduction",
+            "Training re-expresses the information in a less redundant basis: feature dimensions decorrelate, so "
+            "the same variance is spread over more independent directions.",
+            "total correlation, off-diagonal energy and mean |correlation| rising (the features become more "
+            "redundant) while the rank rises.",
+        ),
+    )
+}
+"""The hypotheses, in page order."""
+
+
+def _every(points: Sequence[str]) -> list[str]:
+    return list(points)
+
+
+def _blocks(points: Sequence[str]) -> list[str]:
+    return [p for p in points if point_role(p) == "block"]
+
+
+def _blocks_and_cls(points: Sequence[str]) -> list[str]:
+    return [p for p in points if point_role(p) in ("block", "cls")]
+
+
+POINT_SELECTORS: dict[str, Callable[[Sequence[str]], list[str]]] = {
+    "every point": _every,
+    "blocks": _blocks,
+    "blocks and cls": _blocks_and_cls,
+}
+"""Which points a prediction is about, by name (in depth order; points without the metric and view are skipped)."""
+
+
+def select_points(selector: str, points: Sequence[str]) -> list[str]:
+    """The points of ``points`` (depth order) a selector names.
+
+    Raises:
+        ValueError: an unknown selector.
+    """
+    if selector not in POINT_SELECTORS:
+        raise ValueError(f"unknown point selector {selector!r}; known: {', '.join(POINT_SELECTORS)}")
+    return POINT_SELECTORS[selector](points)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one hypothesis predicts for one metric of one view over training.
+
+    Attributes:
+        hypothesis: Key of a `HYPOTHESES` entry.
+        metric: A catalogue entry (`tgo.spectral.catalogue.CATALOGUE`).
+        view: The view it is read on (`tgo.observatory.views.VIEWS`; for a probe metric one of the entry's views).
+        points: A `POINT_SELECTORS` name.
+        expected: ``rises`` or ``falls`` from the first to the last window of the run.
+        reasoning: Why the hypothesis predicts it (one or two sentences, printed on the page).
+
+    Raises:
+        ValueError: an unknown hypothesis, metric, view, selector or direction, or a probe metric on a view that does
+            not carry it (checked when the prediction is made, so a bad table fails at import).
+    """
+
+    hypothesis: str
+    metric: str
+    view: str
+    points: str
+    expected: Expected
+    reasoning: str
+
+    def __post_init__(self) -> None:
+        where = f"Prediction({self.hypothesis}, {self.metric} on {self.view})"
+        if self.hypothesis not in HYPOTHESES:
+            raise ValueError(f"{where}: unknown hypothesis; known: {', '.join(HYPOTHESES)}")
+        observable = CATALOGUE.get(self.metric)
+        if observable is None:
+            raise ValueError(f"{where}: {self.metric!r} is not in the observable catalogue")
+        if self.view not in VIEWS:
+            raise ValueError(f"{where}: unknown view; known: {', '.join(VIEWS)}")
+        if observable.scope == "probe" and self.view not in observable.views:
+            raise ValueError(f"{where}: the probe {self.metric} is recorded on {', '.join(observable.views)} only")
+        if self.points not in POINT_SELECTORS:
+            raise ValueError(f"{where}: unknown point selector {self.points!r}")
+        if self.expected not in ("rises", "falls"):
+            raise ValueError(f"{where}: expected must be 'rises' or 'falls', got {self.expected!r}")
+
+    @property
+    def observable(self) -> Observable:
+        """The catalogue entry of `metric`."""
+        return CATALOGUE[self.metric]
+
+    @property
+    def key(self) -> str:
+        """``<metric>@<view>``: unique within a hypothesis (figure and CSV key)."""
+        return f"{self.metric}@{self.view}"
+
+    @property
+    def statement(self) -> str:
+        """``effective_rank (within_image view) rises``."""
+        return f"{self.metric} ({self.view} view) {self.expected}"
+
+
+_TD, _SE, _RR = "token_diversification", "semantic_expansion", "redundancy_reduction"
+PREDICTIONS: tuple[Prediction, ...] = (
+    # ------------------------------------------------------------------------------------- token diversification
+    Prediction(
+        _TD,
+        "effective_rank",
+        "within_image",
+        "every point",
+        "rises",
+        "C_within is the average covariance of an image's tokens around their own image mean; tokens that become "
+        "more distinguishable within each image spread it over more directions.",
+    ),
+    Prediction(
+        _TD,
+        "effective_rank",
+        "patch",
+        "every point",
+        "rises",
+        "The spreading is carried by the patch tokens (196 of 197 rows per image in ViT-S), not by the one CLS row "
+        "per image: their pooled covariance should spread like the paper's.",
+    ),
+    Prediction(
+        _TD,
+        "between_image_fraction",
+        "all",
+        "every point",
+        "falls",
+        "If the new variance is between the tokens of an image, the within-image trace grows faster than the "
+        "between-image trace, so the share between image means cannot rise (it falls, or stays put if both grow "
+        "alike: then the test is inconclusive).",
+    ),
+    # ---------------------------------------------------------------------------------------- semantic expansion
+    Prediction(
+        _SE,
+        "fisher_ratio",
+        "cls",
+        "blocks and cls",
+        "rises",
+        "Meaningful directions separate classes: the between-class scatter of the CLS vectors grows against the "
+        "within-class scatter (before the first block the CLS token is the same vector for every image).",
+    ),
+    Prediction(
+        _SE,
+        "nc1",
+        "cls",
+        "blocks and cls",
+        "falls",
+        "NC1 = tr(Sigma_W Sigma_B^+)/C is the within-class variability along the class-mean directions; features "
+        "that encode class content shrink it (neural collapse is its limit).",
+    ),
+    Prediction(
+        _SE,
+        "ncc_accuracy",
+        "cls",
+        "blocks and cls",
+        "rises",
+        "Held-out nearest-class-centre accuracy rises when the class means move apart relative to the spread "
+        "around them (a geometric, parameter-free read-out).",
+    ),
+    Prediction(
+        _SE,
+        "ridge_accuracy",
+        "cls",
+        "blocks and cls",
+        "rises",
+        "More class-relevant directions make the classes more linearly decodable by a held-out ridge probe.",
+    ),
+    Prediction(
+        _SE,
+        "between_class_effective_rank",
+        "cls",
+        "blocks and cls",
+        "rises",
+        "More meaningful directions spread the class means over more directions (bounded by C - 1).",
+    ),
+    Prediction(
+        _SE,
+        "fisher_ratio",
+        "patch",
+        "every point",
+        "rises",
+        "The same class separation in each image's mean patch token: the patch tokens, not only CLS, carry the "
+        "content.",
+    ),
+    Prediction(
+        _SE,
+        "ridge_accuracy",
+        "patch",
+        "every point",
+        "rises",
+        "Held-out linear decodability of the class from the mean patch token.",
+    ),
+    Prediction(
+        _SE,
+        "effective_rank",
+        "between_image",
+        "every point",
+        "rises",
+        "C_between is the covariance of the image means; semantic directions differ between images, so the image "
+        "means spread over more directions.",
+    ),
+    # -------------------------------------------------------------------------------------- redundancy reduction
+    Prediction(
+        _RR,
+        "total_correlation",
+        "all",
+        "every point",
+        "falls",
+        "Total correlation -1/2 ln det R is the Gaussian redundancy between dimensions (0 when they are "
+        "uncorrelated); a less redundant basis lowers it.",
+    ),
+    Prediction(
+        _RR,
+        "offdiag_energy_fraction",
+        "all",
+        "every point",
+        "falls",
+        "A less redundant basis puts less of the covariance's energy off the diagonal (the paper's 'covariance "
+        "becomes diagonal').",
+    ),
+    Prediction(
+        _RR,
+        "mean_abs_offdiag_correlation",
+        "all",
+        "every point",
+        "falls",
+        "The typical |correlation| between two dimensions falls; unlike the energy fraction it is not dominated by "
+        "the few high-variance dimensions.",
+    ),
+    Prediction(
+        _RR,
+        "mean_abs_offdiag_correlation",
+        "within_image",
+        "every point",
+        "falls",
+        "A change of basis acts on every token, so the token-level (within-image) correlations fall too, not only "
+        "those that the image means carry.",
+    ),
+    Prediction(
+        _RR,
+        "mean_abs_offdiag_correlation",
+        "cls",
+        "blocks and cls",
+        "falls",
+        "The same for the CLS vectors, the representation the classifier reads.",
+    ),
+)
+"""Every prediction, grouped by hypothesis in `HYPOTHESES` order (reasoning in ``docs/hypotheses.md``)."""
+
+
+@dataclass(frozen=True)
+class PredictionResult:
+    """One prediction judged at one point.
+
+    Attributes:
+        prediction: What was predicted.
+        point: The observation point.
+        trend: The series' window statistics (`tgo.report.findings.Trend`).
+        verdict: One of `PREDICTION_VERDICTS`.
+        note: Why, where the numbers alone do not say it.
+    """
+
+    prediction: Prediction
+    point: str
+    trend: Trend
+    verdict: str
+    note: str = ""
+
+
+def judge_prediction(trend: Trend, expected: Expected, settings: VerdictSettings = DEFAULT_SETTINGS) -> tuple[str, str]:
+    """The prediction's verdict and note from the findings rule's `Trend` of a series in the predicted direction.
+
+    ``holds`` / ``does not hold`` / ``inconclusive`` / ``n/a`` map to consistent / inconsistent / inconclusive /
+    n/a. ``holds then reverses`` is read by its first and last windows alone, with `significant` at the same ``z``
+    (the trend's ``change`` and ``uncertainty`` are those of the last window minus the first).
+
+    Args:
+        trend: The trend, judged in the direction of ``expected`` (`judge_trend`).
+        expected: ``rises`` or ``falls``.
+        settings: The rule's settings (for ``z``).
+
+    Returns:
+        ``(verdict, note)``.
+    """
+    if trend.verdict in _FROM_RULE:
+        return _FROM_RULE[trend.verdict], trend.note
+    if trend.verdict != REVERSES:
+        raise ValueError(f"unexpected verdict {trend.verdict!r}")
+    sign = 1.0 if expected == "rises" else -1.0
+    gain = sign * trend.change
+    reversal = f"went the predicted way and then reversed ({trend.note})"
+    if significant(gain, trend.uncertainty, settings.z):
+        return CONSISTENT, f"{reversal}; the last window is still beyond the first by more than {settings.z:g} U"
+    if significant(-gain, trend.uncertainty, settings.z):
+        return INCONSISTENT, f"{reversal}; the last window is beyond the first the other way by more than " + (
+            f"{settings.z:g} U"
+        )
+    return INCONCLUSIVE, f"{reversal}; the last window is within {settings.z:g} U of the first"
+
+
+def evaluate_predictions(
+    series: Mapping[str, Series],
+    points: Sequence[str],
+    *,
+    stderr: Mapping[str, Series] | None = None,
+    replicates: Mapping[str, Replicates] | None = None,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
+    predictions: Sequence[Prediction] = PREDICTIONS,
+) -> dict[Prediction, list[PredictionResult]]:
+    """Judges every prediction at every point it is about that recorded its metric on its view.
+
+    Args:
+        series: view -> metric -> point -> (epochs, values) (a run, or a sweep's mean).
+        points: Points in depth order.
+        stderr: view -> metric -> point -> (epochs, jackknife standard error), or ``None``.
+        replicates: view -> metric -> point -> (epochs, [runs, epochs]) for a sweep, or ``None``.
+        settings: The verdict rule's settings.
+        predictions: The predictions (default `PREDICTIONS`).
+
+    Returns:
+        prediction -> one result per judged point, in depth order. A point is left out where the records do not hold
+        the metric on that view or hold only non-finite values (it is undefined there: the between-image share at a
+        point with one row per image); an empty list means ``not recorded`` (records written before the probes
+        existed, probes switched off, or a model without the view).
+    """
+    out: dict[Prediction, list[PredictionResult]] = {}
+    for prediction in predictions:
+        view, metric = prediction.view, prediction.metric
+        per_point = series.get(view, {}).get(metric, {})
+        results = []
+        for point in select_points(prediction.points, points):
+            if point not in per_point or not np.any(np.isfinite(np.asarray(per_point[point][1], dtype=float))):
+                continue  # not recorded here, or undefined here (between_image_fraction at a one-row-per-image point)
+            m = measure_point(
+                per_point[point],
+                (stderr or {}).get(view, {}).get(metric, {}).get(point),
+                (replicates or {}).get(view, {}).get(metric, {}).get(point),
+            )
+            direction: Direction = "rise" if prediction.expected == "rises" else "fall"
+            trend = judged(judge_trend(m, direction, settings), prediction.observable)
+            verdict, note = judge_prediction(trend, prediction.expected, settings)
+            results.append(PredictionResult(prediction, point, replace(trend, note=note), verdict, note))
+        out[prediction] = results
+    return out
+
+
+def verdict_counts(results: Sequence[PredictionResult]) -> Counter:
+    """How many points reached each verdict (every verdict of `PREDICTION_VERDICTS` present, 0 if none)."""
+    counts = Counter(dict.fromkeys(PREDICTION_VERDICTS, 0))
+    counts.update(r.verdict for r in results)
+    return counts
+
+
+def summary_text(results: Sequence[PredictionResult]) -> str:
+    """``consistent at 10 of 14 points, inconsistent at 1, inconclusive at 3`` (``not recorded`` without results).
+
+    Verdicts no point reached are left out; the first one named carries the number of points.
+    """
+    if not results:
+        return NOT_RECORDED
+    counts = verdict_counts(results)
+    parts = [(v, counts[v]) for v in PREDICTION_VERDICTS if counts[v]]
+    n = len(results)
+    first, *rest = parts
+    word = "point" if n == 1 else "points"
+    text = f"{first[0]} at {first[1]} of {n} {word}"
+    return ", ".join([text, *(f"{v} at {c}" for v, c in rest)])

@@ -1,0 +1,500 @@
+"""The report's Hypotheses section: each prediction of `tgo.report.hypotheses` judged on the runs, drawn, tabulated.
+
+`hypotheses_report` reads the views and probe metrics a prediction needs (`tgo.records.load_series` per view),
+aggregates several runs the way the findings do (`tgo.report.aggregate.aggregate_runs`: the judged series is the mean,
+with the runs' standard errors and seed-to-seed spread), judges every prediction point by point
+(`tgo.report.hypotheses.evaluate_predictions`), and returns the page section, its figures and the rows of
+``hypotheses.csv``. It adds linear CKA matrices between points from the per-image vectors stored at the epochs that
+keep covariances (`tgo.spectral.probes.cka_matrix`), and a context table of the drift and massive-activation probes.
+Records without the probes (written before they existed, or with ``observation.probes.enabled=false``) give a section
+that says they were not recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tgo.records import RecordsError, load_series, load_spectra
+from tgo.report.aggregate import Aggregate, aggregate_runs
+from tgo.report.figures import FigureRef, save_figure
+from tgo.report.html import Section, Table
+from tgo.report.hypotheses import (
+    HYPOTHESES,
+    NOT_RECORDED,
+    PREDICTION_VERDICTS,
+    PREDICTIONS,
+    Prediction,
+    PredictionResult,
+    evaluate_predictions,
+    select_points,
+    summary_text,
+    verdict_counts,
+)
+from tgo.report.hypothesis_figures import Profile, cka_figure, profiles_figure
+from tgo.report.runs import ReportInputError, RunData
+from tgo.report.verdicts import VerdictSettings
+from tgo.spectral.probes import cka_matrix, linear_cka
+
+__all__ = ["CONTEXT_METRICS", "HYPOTHESES_COLUMNS", "HypothesesReport", "hypotheses_report", "load_view_runs"]
+
+HYPOTHESES_COLUMNS: tuple[str, ...] = (
+    "hypothesis",
+    "prediction",
+    "metric",
+    "view",
+    "point",
+    "expected",
+    "verdict",
+    "first",
+    "last",
+    "change",
+    "relative_change",
+    "uncertainty",
+    "uncertainty_source",
+    "z",
+    "window",
+    "note",
+    "agreement",
+)
+"""The columns of ``hypotheses.csv``: one row per prediction and judged point (``first``/``last`` are window means,
+``change = last - first``, ``uncertainty`` its standard error as in ``findings.csv``); a prediction recorded at no
+point gets one row with an empty ``point`` and verdict ``not recorded``."""
+
+CONTEXT_METRICS: tuple[str, ...] = (
+    "between_image_fraction",
+    "subspace_overlap_prev",
+    "subspace_overlap_init",
+    "massive_activation_ratio",
+    "massive_dim_variance_share",
+)
+"""Probe metrics of view ``all`` shown as context (first -> last value per point): no prediction rests on the drift
+and massive-activation probes alone, but they tell how much the principal subspace moved and whether one dimension
+dominates (``docs/hypotheses.md``)."""
+
+CKA_VIEWS: tuple[str, ...] = ("cls", "patch")
+_NOT_RECORDED_TEXT = (
+    "Not recorded: these records hold none of the views and probe metrics the predictions need (views cls, patch, "
+    "between_image, within_image; catalogue entries of scope 'probe'). They were written before the hypothesis "
+    "probes existed or with observation.probes.enabled=false; re-observing the run's checkpoints with "
+    "python -m tgo.observe --run RUN_DIR records them."
+)
+
+
+@dataclass
+class HypothesesReport:
+    """What the Hypotheses section adds to a report.
+
+    Attributes:
+        section: The page section (with one subsection per hypothesis, CKA and context).
+        rows: ``hypotheses.csv`` rows (`HYPOTHESES_COLUMNS` dictionaries of strings).
+        results: prediction -> its per-point results (empty list: not recorded).
+    """
+
+    section: Section
+    rows: list[dict[str, str]]
+    results: dict[Prediction, list[PredictionResult]] = field(default_factory=dict)
+
+
+def _needed() -> dict[str, list[str]]:
+    """view -> the metrics the predictions and the context table read on it."""
+    needed: dict[str, list[str]] = {}
+    for p in PREDICTIONS:
+        needed.setdefault(p.view, [])
+        if p.metric not in needed[p.view]:
+            needed[p.view].append(p.metric)
+    needed.setdefault("all", [])
+    needed["all"] += [m for m in CONTEXT_METRICS if m not in needed["all"]]
+    return needed
+
+
+def load_view_runs(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
+    """Per view, every run's series of the metrics the section reads (same points and names as the runs).
+
+    Raises:
+        ReportInputError: a malformed metrics file (the records' message).
+    """
+    out: dict[str, list[RunData]] = {}
+    for view, metrics in _needed().items():
+        per_run = []
+        for r in runs:
+            try:
+                series = load_series(r.path, view=view, metrics=metrics)
+                stderr = load_series(r.path, view=view, metrics=metrics, column="stderr")
+            except RecordsError as err:
+                raise ReportInputError(str(err)) from err
+            per_run.append(RunData(r.path, r.name, series, r.points, r.epochs, r.fingerprint, stderr))
+        out[view] = per_run
+    return out
+
+
+def _judge(
+    aggregates: dict[str, Aggregate], points: Sequence[str], settings: VerdictSettings
+) -> dict[Prediction, list[PredictionResult]]:
+    several = next(iter(aggregates.values())).n_runs > 1
+    return evaluate_predictions(
+        {v: a.mean for v, a in aggregates.items()},
+        points,
+        stderr={v: a.stderr for v, a in aggregates.items()},
+        replicates={v: a.replicates for v, a in aggregates.items()} if several else None,
+        settings=settings,
+    )
+
+
+def _num(value: float, digits: int = 4) -> str:
+    if not math.isfinite(value):
+        return "" if math.isnan(value) else str(value)
+    return f"{value:.{digits}g}"
+
+
+def _csv_number(value: float) -> str:
+    return repr(float(value)) if math.isfinite(value) or math.isinf(value) else ""
+
+
+def _change_cell(r: PredictionResult) -> str:
+    t = r.trend
+    if not math.isfinite(t.change):
+        return ""
+    total = t.uncertainty.total
+    return f"{t.change:+.4g}" + (f" ± {total:.2g}" if math.isfinite(total) else "")
+
+
+def _z_cell(r: PredictionResult) -> str:
+    z = r.trend.z
+    return "" if not math.isfinite(z) and not math.isinf(z) else f"{z:+.1f}"
+
+
+def _agreement_text(counter: Counter, n_runs: int) -> str:
+    return ", ".join(f"{v} {counter[v]}/{n_runs}" for v in PREDICTION_VERDICTS if counter.get(v))
+
+
+def _undefined_points(prediction: Prediction, aggregates: dict[str, Aggregate], points: Sequence[str]) -> list[str]:
+    """Points the prediction is about whose records hold only non-finite values of its metric (undefined there)."""
+    per_point = aggregates[prediction.view].mean.get(prediction.metric, {}) if prediction.view in aggregates else {}
+    return [
+        p
+        for p in select_points(prediction.points, points)
+        if p in per_point and not np.any(np.isfinite(per_point[p][1]))
+    ]
+
+
+def _profile(prediction: Prediction, results: Sequence[PredictionResult], agg: Aggregate, several: bool) -> Profile:
+    """The depth profile panel of one prediction: its judged points at every epoch, bands at the first and last."""
+    per_point = agg.mean[prediction.metric]
+    points = [r.point for r in results]
+    epochs = sorted({int(e) for p in points for e in per_point[p][0]})
+    column = {e: j for j, e in enumerate(epochs)}
+    values = np.full((len(epochs), len(points)), np.nan)
+    low = np.full((2, len(points)), np.nan)
+    high = np.full((2, len(points)), np.nan)
+    for i, p in enumerate(points):
+        e, v = per_point[p]
+        if several:
+            lo, hi = agg.low[prediction.metric][p], agg.high[prediction.metric][p]
+        else:
+            se = agg.stderr.get(prediction.metric, {}).get(p, (e, np.full(len(v), np.nan)))[1]
+            lo, hi = v - se, v + se
+        for k, epoch in enumerate(e):
+            values[column[int(epoch)], i] = v[k]
+        for row, epoch in enumerate((epochs[0], epochs[-1])):
+            hits = np.flatnonzero(np.asarray(e) == epoch)
+            if hits.size:
+                low[row, i], high[row, i] = lo[hits[0]], hi[hits[0]]
+    title = f"{prediction.metric} ({prediction.view})\npredicted: {prediction.expected}"
+    return Profile(title, points, epochs, values, low, high, [r.verdict for r in results])
+
+
+def _point_table(
+    prediction: Prediction, results: Sequence[PredictionResult], agreement: dict | None, n_runs: int
+) -> Table:
+    headers = [
+        "point",
+        "first (window mean)",
+        "last (window mean)",
+        "change ± standard error",
+        "z",
+        "uncertainty from",
+        "verdict",
+        "note",
+    ]
+    rows = [
+        [
+            r.point,
+            _num(r.trend.first),
+            _num(r.trend.last),
+            _change_cell(r),
+            _z_cell(r),
+            r.trend.uncertainty.source,
+            r.verdict,
+            r.note,
+        ]
+        for r in results
+    ]
+    if agreement is not None:
+        headers.append(f"runs agreeing (of {n_runs})")
+        for row, r in zip(rows, results, strict=True):
+            row.append(_agreement_text(agreement[(prediction, r.point)], n_runs))
+    return Table(
+        headers,
+        rows,
+        left=[0, 5, 7, *([8] if agreement is not None else [])],
+        verdict_column=6,
+        summary=f"{prediction.statement}: {summary_text(results)} (per point)",
+    )
+
+
+def _csv_rows(results: dict[Prediction, list[PredictionResult]], agreement: dict | None, n_runs: int) -> list[dict]:
+    rows = []
+    for prediction, per_point in results.items():
+        base = dict.fromkeys(HYPOTHESES_COLUMNS, "")
+        base.update(
+            hypothesis=prediction.hypothesis,
+            prediction=prediction.statement,
+            metric=prediction.metric,
+            view=prediction.view,
+            expected=prediction.expected,
+        )
+        if not per_point:
+            rows.append({**base, "verdict": NOT_RECORDED})
+            continue
+        for r in per_point:
+            t = r.trend
+            row = {**base, "point": r.point, "verdict": r.verdict, "note": r.note}
+            row.update(
+                first=_csv_number(t.first),
+                last=_csv_number(t.last),
+                change=_csv_number(t.change),
+                relative_change=_csv_number(t.relative_change),
+                uncertainty=_csv_number(t.uncertainty.total),
+                uncertainty_source=t.uncertainty.source,
+                z=_csv_number(t.z),
+                window=str(t.window),
+            )
+            if agreement is not None:
+                row["agreement"] = _agreement_text(agreement[(prediction, r.point)], n_runs)
+            rows.append(row)
+    return rows
+
+
+def _cka(vectors: Sequence[np.ndarray]) -> np.ndarray:
+    """`cka_matrix` with NaN on the diagonal of a constant representation (its CKA with anything is undefined)."""
+    matrix = cka_matrix(vectors)
+    for i, v in enumerate(vectors):
+        matrix[i, i] = linear_cka(v, v)
+    return matrix
+
+
+def _cka_subsection(run: RunData, figures_dir: Path, several: bool) -> Section:
+    """Linear CKA between points from the per-image vectors of the first and last epoch that stored them."""
+    section = Section("Representation similarity between points (linear CKA)", "hypotheses-cka", figures_first=True)
+    section.paragraphs.append(
+        "Linear CKA (Kornblith et al. 2019) between the per-image vectors of two points: 1 when one representation "
+        "is the other up to a rotation and an isotropic scale, lower the more they differ. cls = the CLS token of "
+        "each image; patch = each image's mean patch token. The vectors are stored at the epochs that keep "
+        "covariances (observation.keep_covariance); the first and the last such epoch are shown. Similar "
+        "neighbouring blocks mean the spreading is carried along the depth; a block unlike its neighbours is where "
+        "the representation is re-expressed."
+        + (f" Several runs: the matrices are those of the first run, {run.name}." if several else "")
+    )
+    try:
+        labels = {view: load_spectra(run.path, view=view, arrays=("labels",)) for view in CKA_VIEWS}
+    except RecordsError as err:
+        raise ReportInputError(str(err)) from err
+    by_view_epochs = {view: [e for e, pts in found.items() if pts] for view, found in labels.items()}
+    if not any(by_view_epochs.values()):
+        section.paragraphs.append(
+            "Not recorded: this run's spectra files hold no per-image vectors (<point>/cls/vectors, "
+            "<point>/patch/vectors), so there is no CKA matrix. They are stored with the probes on, at the epochs "
+            "that keep covariances."
+        )
+        return section
+    change_rows: dict[str, dict[str, str]] = {}
+    compared: dict[str, str] = {}
+    for view, epochs in by_view_epochs.items():
+        if not epochs:
+            continue
+        chosen = list(dict.fromkeys((epochs[0], epochs[-1])))
+        try:
+            vectors = load_spectra(run.path, chosen, view=view, arrays=("vectors",))
+        except RecordsError as err:
+            raise ReportInputError(str(err)) from err
+        points = [p for p in run.points if all("vectors" in vectors[e].get(p, {}) for e in chosen)]
+        if len(points) < 2:
+            continue
+        matrices = {f"epoch {e}": _cka([vectors[e][p]["vectors"] for p in points]) for e in chosen}
+        fig = cka_figure(matrices, points, title=f"linear CKA between points, {view} vectors (run {run.name})")
+        path = save_figure(fig, figures_dir, f"cka_{view}")
+        caption = (
+            f"Linear CKA between points of the {view} per-image vectors at epoch"
+            f"{'s ' + ' and '.join(str(e) for e in chosen) if len(chosen) > 1 else ' ' + str(chosen[0])} "
+            f"(run {run.name}; grey n/a: a constant representation, e.g. the CLS token before the first block)"
+        )
+        section.figures.append(FigureRef("hypotheses", path, caption, wide=len(chosen) > 1))
+        if len(chosen) > 1:
+            compared[view] = f"CKA {view}: epoch {chosen[0]} vs {chosen[-1]}"
+            for p in points:
+                a, b = vectors[chosen[0]][p]["vectors"], vectors[chosen[-1]][p]["vectors"]
+                value = linear_cka(a, b) if a.shape[0] == b.shape[0] else math.nan
+                change_rows.setdefault(p, {})[view] = "n/a (constant)" if math.isnan(value) else _num(value, 3)
+    if change_rows:
+        section.tables.append(
+            Table(
+                ["point", *compared.values()],
+                [[p, *(change_rows[p].get(v, "") for v in compared)] for p in run.points if p in change_rows],
+                left=[0],
+                summary="How much each point's representation changed: CKA between its first and last stored vectors",
+            )
+        )
+    return section
+
+
+def _context_subsection(agg: Aggregate, points: Sequence[str]) -> Section | None:
+    """First -> last value of the drift and massive-activation probes per point (None when none is recorded)."""
+    metrics = [m for m in CONTEXT_METRICS if agg.mean.get(m)]
+    if not metrics:
+        return None
+    section = Section("Context: subspace drift and massive activations", "hypotheses-context")
+    section.paragraphs.append(
+        "First -> last finite value per point (view all). between_image_fraction = tr C_between / tr C_all (the "
+        "share of the variance between image means); subspace_overlap_prev/_init = mean cos^2 of the principal "
+        "angles between the top-k eigenspace and that of the previous/first observation (1 = same subspace, k/D "
+        "for random ones); massive_activation_ratio = the largest per-dimension max|x| over the median one, "
+        "massive_dim_variance_share = that dimension's share of the variance. No prediction rests on these alone."
+    )
+    rows = []
+    for p in points:
+        cells = [p]
+        for m in metrics:
+            series = agg.mean[m].get(p)
+            if series is None:
+                cells.append("")
+                continue
+            v = np.asarray(series[1], dtype=np.float64)
+            v = v[np.isfinite(v)]
+            cells.append("" if v.size == 0 else f"{v[0]:.3g} -> {v[-1]:.3g}")
+        if any(cells[1:]):
+            rows.append(cells)
+    section.tables.append(Table(["point", *metrics], rows, left=[0]))
+    return section
+
+
+def hypotheses_report(
+    runs: Sequence[RunData], figures_dir: Path, settings: VerdictSettings, *, what: str = "this run"
+) -> HypothesesReport:
+    """The Hypotheses section, its figures (written to ``figures_dir``) and the ``hypotheses.csv`` rows.
+
+    Args:
+        runs: The report's runs (several: the mean is judged, every run's own verdicts are counted).
+        figures_dir: Where PNGs go.
+        settings: The verdict rule's settings (the findings' rule).
+        what: What is judged, in words ("this run", "the mean over runs").
+
+    Raises:
+        ReportInputError: malformed records.
+    """
+    section = Section("Hypotheses: why does variance spread?", "hypotheses")
+    section.paragraphs.append(
+        "TGO-I ends with three hypotheses for why training spreads variance over more directions: token "
+        "diversification, semantic expansion and redundancy reduction. Each makes predictions about the views of a "
+        "point (all tokens, the CLS token per image, the patch tokens, the image means and the tokens around their "
+        "image mean) and about the probe metrics; they are declared in tgo/report/hypotheses.py and explained in "
+        "docs/hypotheses.md."
+    )
+    section.paragraphs.append(
+        f"Each prediction is judged on {what} at every point it is about, with the findings' rule "
+        f"({settings.describe()}): consistent = the last window moved the predicted way from the first by more "
+        f"than {settings.z:g} standard errors U (the largest of jackknife, scatter and seed estimates); "
+        f"inconsistent = it moved the other way by more than {settings.z:g} U; inconclusive = within {settings.z:g} "
+        "U or no uncertainty; n/a = fewer than two finite observations. The hypotheses are not exclusive and share "
+        "some predictions, so the counts below are evidence for or against each prediction at each point, not a "
+        "verdict on a hypothesis."
+    )
+    view_runs = load_view_runs(runs)
+    aggregates = {view: aggregate_runs(per_run) for view, per_run in view_runs.items()}
+    points = list(runs[0].points) if len(runs) == 1 else next(iter(aggregates.values())).points
+    several = len(runs) > 1
+    results = _judge(aggregates, points, settings)
+    agreement: dict | None = None
+    if several:
+        agreement = {}
+        for i in range(len(runs)):
+            alone = {view: aggregate_runs([per_run[i]]) for view, per_run in view_runs.items()}
+            for prediction, per_point in _judge(alone, points, settings).items():
+                for r in per_point:
+                    counter = agreement.setdefault(
+                        (prediction, r.point), Counter(dict.fromkeys(PREDICTION_VERDICTS, 0))
+                    )
+                    counter[r.verdict] += 1
+    rows = _csv_rows(results, agreement, len(runs))
+    if not any(results.values()):
+        section.paragraphs.append(_NOT_RECORDED_TEXT)
+        section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
+        return HypothesesReport(section, rows, results)
+
+    overview = []
+    for prediction, per_point in results.items():
+        counts = verdict_counts(per_point)
+        overview.append(
+            [
+                HYPOTHESES[prediction.hypothesis].title,
+                prediction.statement,
+                prediction.points,
+                *(str(counts[v]) if per_point else "" for v in PREDICTION_VERDICTS),
+                summary_text(per_point),
+            ]
+        )
+    section.tables.append(
+        Table(["hypothesis", "prediction", "points", *PREDICTION_VERDICTS, "summary"], overview, left=[0, 1, 2, 7])
+    )
+    band = f"mean ± 1 standard deviation over {len(runs)} runs" if several else "±1 jackknife standard error"
+    for hypothesis in HYPOTHESES.values():
+        sub = Section(hypothesis.title, f"hypothesis-{hypothesis.key.replace('_', '-')}", figures_first=True)
+        sub.paragraphs.append(f"Hypothesis: {hypothesis.statement}")
+        sub.paragraphs.append(f"What would contradict it: {hypothesis.contradicted_by}")
+        mine = {p: r for p, r in results.items() if p.hypothesis == hypothesis.key}
+        sub.tables.append(
+            Table(
+                ["prediction", "points", "why", "verdicts", "undefined at"],
+                [
+                    [
+                        p.statement,
+                        p.points,
+                        p.reasoning,
+                        summary_text(r),
+                        ", ".join(_undefined_points(p, aggregates, points)),
+                    ]
+                    for p, r in mine.items()
+                ],
+                left=[0, 1, 2, 3, 4],
+            )
+        )
+        drawn = [p for p, r in mine.items() if r]
+        if drawn:
+            profiles = [_profile(p, mine[p], aggregates[p.view], several) for p in drawn]
+            fig = profiles_figure(profiles, title=hypothesis.title, band=band)
+            path = save_figure(fig, figures_dir, f"hypothesis_{hypothesis.key}")
+            sub.figures.append(
+                FigureRef(
+                    "hypotheses",
+                    path,
+                    f"{hypothesis.title}: each prediction's metric across points (depth) at the first epoch "
+                    f"(orange) and the last (dark blue), epochs between in grey, bands {band}; markers on the last "
+                    "profile are the verdict at that point (green consistent, red inconsistent, blue "
+                    "inconclusive, grey n/a).",
+                    wide=True,
+                )
+            )
+        for p, judged_points in mine.items():
+            if judged_points:
+                sub.tables.append(_point_table(p, judged_points, agreement, len(runs)))
+        section.subsections.append(sub)
+    section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
+    context = _context_subsection(aggregates["all"], points)
+    if context is not None:
+        section.subsections.append(context)
+    return HypothesesReport(section, rows, results)
