@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -29,7 +31,7 @@ from tgo.spectral import (
     jackknife_stderr,
     summarize,
 )
-from tgo.spectral.jackknife import combine
+from tgo.spectral.jackknife import Moments, combine
 from tgo.spectral.jackknife import moments as jackknife_moments
 
 from .images import ImageTable, ImageVectors
@@ -165,43 +167,45 @@ def summarize_accumulators(
         raise ValueError(f"summarize_accumulators: no accumulator for point(s) {missing}")
     probes = probes or ProbeSettings()
     labels = images.labels.detach().cpu().numpy().astype(np.int64) if images is not None else None
-    out = Results()
+    # Every torch op first (the accumulators' sums to float64 numpy moments), then the numpy work of all points in a
+    # thread pool, one point per task, under a one-thread BLAS: numpy's BLAS pool (OpenBLAS threads) and torch's
+    # OpenMP pool otherwise spin against each other on the same cores (measured on 2 CPU cores: 15 points of D=384
+    # took ~7 s with both pools at 2 threads and ~0.5 s like this), while LAPACK releases the GIL, so points run on
+    # as many cores as the machine has.
+    moments_of: dict[str, tuple[Moments, list[Moments]]] = {}
     for name in names:
         acc = accumulators[name]
-        # Every torch op of the point first, then its numpy work under a one-thread BLAS: numpy's BLAS pool
-        # (OpenBLAS threads) and torch's OpenMP pool otherwise spin against each other on the same cores. Measured
-        # on 2 CPU cores: 15 points of D=384 took ~7 s with both pools at 2 threads and ~0.5 s like this.
         if isinstance(acc, GroupedCovariance):
             group_moments = [jackknife_moments(g) for g in acc.groups]
-            moments = combine(group_moments)
+            moments_of[name] = (combine(group_moments), group_moments)
         else:
-            moments, group_moments = _moments(acc), []
+            moments_of[name] = (_moments(acc), [])
+
+    def summarize_point(name: str) -> dict[str, PointResult]:
+        moments, group_moments = moments_of[name]
         vectors = images.points.get(name) if images is not None else None
-        with _single_threaded_blas():
-            views = point_views(moments, group_moments, vectors, image_groups=image_groups if group_moments else None)
-            nonfinite = nan_if_nonfinite and moments[3] > 0
-            summaries: dict[str, PointResult] = {}
-            for view, vm in views.items():
-                if vm.alias_of is not None:
-                    base = summaries[vm.alias_of]
-                    summaries[view] = PointResult(
-                        base.spectrum, dict(base.observables), base.mean, base.covariance, dict(base.stderr)
-                    )
-                else:
-                    summaries[view] = _summarize_view(vm, fit_range, nonfinite)
-            if vectors is not None:
-                _add_probes(
-                    name,
-                    summaries,
-                    views,
-                    vectors,
-                    labels,
-                    image_groups,
-                    len(group_moments),
-                    probes,
-                    history,
-                    nonfinite,
+        views = point_views(moments, group_moments, vectors, image_groups=image_groups if group_moments else None)
+        nonfinite = nan_if_nonfinite and moments[3] > 0
+        summaries: dict[str, PointResult] = {}
+        for view, vm in views.items():
+            if vm.alias_of is not None:
+                base = summaries[vm.alias_of]
+                summaries[view] = PointResult(
+                    base.spectrum, dict(base.observables), base.mean, base.covariance, dict(base.stderr)
                 )
+            else:
+                summaries[view] = _summarize_view(vm, fit_range, nonfinite)
+        if vectors is not None:
+            _add_probes(
+                name, summaries, views, vectors, labels, image_groups, len(group_moments), probes, history, nonfinite
+            )
+        return summaries
+
+    workers = max(1, min(len(names), os.cpu_count() or 1))
+    with _single_threaded_blas(), ThreadPoolExecutor(max_workers=workers) as pool:
+        per_point = list(pool.map(summarize_point, names))
+    out = Results()
+    for name, summaries in zip(names, per_point, strict=True):
         for view, result in summaries.items():
             out[ObservationKey(name, view)] = result
     return out

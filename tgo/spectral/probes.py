@@ -91,32 +91,35 @@ def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
     # class into round-off scatter with a finite Fisher ratio and a meaningless within-class effective rank).
     ref = x[first]
     dev = x - ref[index]
-    offsets = np.zeros((c, d))
-    np.add.at(offsets, index, dev)
-    offsets /= counts[:, None]
+    onehot = np.zeros((n, c))
+    onehot[np.arange(n), index] = 1.0
+    offsets = (onehot.T @ dev) / counts[:, None]  # class sums as one product (exact zeros stay zeros)
     means = ref + offsets
     spread = means - means[0]
     mu = means[0] + counts @ spread / n
     dev_b = (means - mu) * np.sqrt(counts)[:, None]
-    s_b = dev_b.T @ dev_b
     dev_w = dev - offsets[index]
     s_w = dev_w.T @ dev_w
-    tr_b, tr_w = float(np.trace(s_b)), float(np.trace(s_w))
+    tr_b, tr_w = float(np.sum(dev_b**2)), float(np.trace(s_w))
     fisher = tr_b / tr_w if tr_w > 0 else (math.inf if tr_b > 0 else math.nan)
     nc1 = math.nan
     if c >= 2:
+        # Sigma_B = A^T A / C with A the centred class means [C, D]: its eigenpairs come from the thin SVD of A
+        # (O(C^2 D), not O(D^3)), eigenvalues s^2 / C, eigenvectors the right singular vectors.
         centred = means - (means[0] + spread.mean(axis=0))
-        sigma_b = centred.T @ centred / c
-        e, v = np.linalg.eigh((sigma_b + sigma_b.T) / 2)
+        _, sv, vt = np.linalg.svd(centred, full_matrices=False)
+        e = sv**2 / c
         keep = e > max(float(e.max()), 0.0) * max(d, c) * _EPS
         if keep.any():
-            vk = v[:, keep]
             # tr(Sigma_W Sigma_B^+) = sum_k (v_k^T Sigma_W v_k) / e_k over the kept eigenpairs, Sigma_W = S_W / n.
-            nc1 = float(np.sum(np.einsum("ik,ij,jk->k", vk, s_w / n, vk) / e[keep]) / c)
+            along = np.sum((dev_w @ vt[keep].T) ** 2, axis=0) / n
+            nc1 = float(np.sum(along / e[keep]) / c)
+    # The non-zero eigenvalues of S_B = B^T B are those of B B^T ([C, C]), cheaper when C < D.
+    between = _psd_eigenvalues(dev_b @ dev_b.T) if c < d else _psd_eigenvalues(dev_b.T @ dev_b)
     return ClassGeometry(
         fisher_ratio=fisher,
         nc1=nc1,
-        between_effective_rank=effective_rank(_psd_eigenvalues(s_b)) if c >= 2 else math.nan,
+        between_effective_rank=effective_rank(between) if c >= 2 else math.nan,
         within_effective_rank=effective_rank(_psd_eigenvalues(s_w)) if tr_w > 0 else math.nan,
         n_classes=int(c),
     )
@@ -140,11 +143,14 @@ def ncc_accuracy(x: np.ndarray, labels: np.ndarray, folds: np.ndarray) -> np.nda
     for fold in np.unique(folds):
         train, test = _fold_split(folds, fold)
         classes, index = np.unique(labels[train], return_inverse=True)
-        centres = np.zeros((classes.size, x.shape[1]))
-        np.add.at(centres, index, x[train])
-        centres /= np.bincount(index)[:, None]
+        # Centred on the training mean first: residual-stream vectors have means far above their spread, and the
+        # distance expansion below would otherwise compare large nearly equal numbers.
+        shift = x[train].mean(axis=0)
+        onehot = np.zeros((index.size, classes.size))
+        onehot[np.arange(index.size), index] = 1.0
+        centres = (onehot.T @ (x[train] - shift)) / np.bincount(index)[:, None]
         # ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2; the first term is common to every class, so it is dropped.
-        score = x[test] @ centres.T * 2 - np.sum(centres**2, axis=1)
+        score = (x[test] - shift) @ centres.T * 2 - np.sum(centres**2, axis=1)
         out.append(float(np.mean(classes[np.argmax(score, axis=1)] == labels[test])))
     return np.asarray(out)
 
