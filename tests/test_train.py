@@ -116,6 +116,10 @@ def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
     assert f"[tgo] run directory: {tmp_path / 'cli_run'}" in output
     assert "tensorboard --logdir" in output
     assert (tmp_path / "cli_run" / "geometry" / "metrics.csv").is_file()
+    # train.log holds the run's messages, TGO's and Lightning's, as Hydra users expect
+    log = (tmp_path / "cli_run" / "train.log").read_text()
+    assert f"[tgo] run directory: {tmp_path / 'cli_run'}" in log and "[tgo] done:" in log
+    assert "[lightning.pytorch" in log and "max_epochs=1" in log
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ Everything that can be wrong with the input is checked before ``trainer.fit`` st
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Hydra entry point; bad input exits with status 2 and one line naming the key and what was expected."""
+    logging.captureWarnings(True)  # warnings reach <run dir>/train.log with every other message (conf/hydra)
     try:
         metrics = run(cfg)
     except Exception as error:
