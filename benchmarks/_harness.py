@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 if TYPE_CHECKING:
     from tgo.observatory import ObservationSettings, Results
+    from tgo.observatory.images import ImageTable
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -161,10 +162,19 @@ def build_model(kind: str, device: torch.device | str, image_size: int, seed: in
     raise ValueError(f"unknown model kind {kind!r}; expected one of {list(MODEL_KINDS)}")
 
 
-def random_images(n: int, size: int, seed: int = 0) -> TensorDataset:
-    """``n`` normalised-noise RGB images (and zero labels), materialised once so data loading costs nothing."""
+def random_images(n: int, size: int, seed: int = 0, classes: int = 1) -> TensorDataset:
+    """``n`` normalised-noise RGB images, materialised once so data loading costs nothing.
+
+    Args:
+        n: Images.
+        size: Height and width in pixels.
+        seed: Seed of the noise.
+        classes: Labels ``0 .. classes - 1`` dealt round robin (``1``: every label 0, one class). The probes' class
+            geometry and decoding need at least two classes (one class short-cuts them to NaN).
+    """
     gen = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(n, 3, size, size, generator=gen), torch.zeros(n, dtype=torch.long))
+    labels = torch.arange(n, dtype=torch.long) % max(int(classes), 1)
+    return TensorDataset(torch.randn(n, 3, size, size, generator=gen), labels)
 
 
 def compose_quickstart(output_dir: Path, overrides: Sequence[str] = ()) -> Any:
@@ -268,22 +278,42 @@ def stream_pass(
     device: torch.device,
     groups: int,
     gram_dtype: torch.dtype = torch.float64,
+    images: ImageTable | None = None,
 ) -> dict[str, Any]:
     """The streaming pass alone (forward + hooks + Gram updates) as ``observe_dataset`` runs it, without the reduce.
 
     The same loader (with ``groups``: visited group by group, batches carrying group ids) and the same
     ``stream_activations`` call, so a G-groups and a no-groups pass differ exactly as in ``observe_and_record``.
 
+    Args:
+        net: The network observed.
+        dataset: The images.
+        points: Observation points of ``net``.
+        batch_size: Images per forward.
+        device: Where the pass runs.
+        groups: Jackknife groups ``G`` (0: none).
+        gram_dtype: Gram precision.
+        images: A fresh ``ImageTable`` of ``len(dataset)`` images: the hypothesis probes' per-image vectors are
+            written into it (batches then carry subset indices, as ``observe_dataset`` makes them); ``None``: probes
+            off.
+
     Returns:
-        The accumulators, one per point.
+        The accumulators, one per point (not reduced).
     """
+    import numpy as np
+
     from tgo.observatory import ShardPlan
     from tgo.observatory.pipeline import group_of_items, shard_loader
     from tgo.observatory.stream import stream_activations
 
     plan = ShardPlan(batch_size=batch_size)
-    loader = shard_loader(dataset, plan, group_of_items(dataset, groups) if groups else None)
-    accumulators = stream_activations(net, loader, points, device=device, gram_dtype=gram_dtype, groups=groups)
+    group_of_item = group_of_items(dataset, groups) if groups else None
+    if images is not None and group_of_item is None:
+        group_of_item = np.zeros(len(dataset), dtype=np.int64)  # the indices travel in the grouped batches
+    loader = shard_loader(dataset, plan, group_of_item)
+    accumulators = stream_activations(
+        net, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, images=images
+    )
     synchronize(device)
     return accumulators
 
@@ -489,6 +519,39 @@ def interleaved(
     }
     out["baseline"] = {"median_s": statistics.median(base), "ratio": 1.0}
     return out
+
+
+@contextlib.contextmanager
+def timed_calls(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[float]]]:
+    """Times every call of some functions while the block runs: ``{name: (owner, attribute)}``, the owner a class
+    (its method) or a module (a function the library looks up there at call time); restored on exit.
+
+    A profile of where a pass's time goes without a profiler's overhead: only the wrapped calls pay a
+    ``perf_counter`` pair. Nested wrapped calls count in each of their wrappers.
+
+    Yields:
+        ``{name: [seconds of each call]}``, filled while the block runs.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in targets}
+    saved = {name: vars(owner)[attr] for name, (owner, attr) in targets.items()}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                samples[name].append(time.perf_counter() - start)
+
+        return timed
+
+    for name, (owner, attr) in targets.items():
+        setattr(owner, attr, wrap(name, saved[name]))
+    try:
+        yield samples
+    finally:
+        for name, (owner, attr) in targets.items():
+            setattr(owner, attr, saved[name])
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> float:

@@ -16,9 +16,13 @@ median or a ratio measured in this one run (see ``benchmarks/_harness.py`` for h
 7. The grouped jackknife: ``observation.groups`` = G (default 10) against G = 0 on the same images: the streaming pass
    (target <= 1.05x), accumulator state = all-reduce bytes per observation, peak memory, and the rank-0 summary
    (G + 1 eigendecompositions + observables per point) with the noise-baseline cache warm and cold.
+8. The hypothesis probes (``observation.probes``): the streaming pass with the per-image vectors (``ImageTable``)
+   against the same pass without (target <= 1.10x), the image table's bytes against the covariance state and the
+   all-reduce bytes with and without, rank 0's summary with and without the probes, and the per-image vectors a
+   kept epoch writes to its spectra file (at this run's image count and at 1,000 images).
 
-Every "ours" figure of rows 1-6 runs the default ``ObservationSettings``, so G = 10 jackknife groups; each such row
-says so in its detail.
+Every "ours" figure of rows 1-6 runs the default ``ObservationSettings``, so G = 10 jackknife groups and the probes on;
+each such row says the groups in its detail.
 
 ``benchmarks/spectral_bench.py`` (the engine alone) runs first, in its own process, and its output is kept next to the
 JSON. No assertions anywhere: this measures.
@@ -43,6 +47,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -57,6 +62,12 @@ from benchmarks import _harness as h
 GOAL = 1.10
 GROUPS_TARGET = 1.05
 """Target of rows 7.1-7.2: the streaming pass with G jackknife groups / the same pass with G = 0."""
+PROBES_TARGET = 1.10
+"""Target of rows 8.1-8.2: the streaming pass with the probes' per-image vectors / the same pass without."""
+PROBE_CLASSES = 10
+"""Labels dealt round robin to the random images of rows 8 (the class probes need classes; 1a's images have one)."""
+EXTRAPOLATED_IMAGES = 1000
+"""The analysis-subset size rows 8.3 and 8.5 extrapolate to (TGO-I's subset)."""
 MB = 1024**2
 NO_GROUPS = "float64 G=0"
 """The variant of rows 1a/1b run with ``groups=0`` for rows 7 (float64 Gram, otherwise default settings)."""
@@ -89,6 +100,11 @@ ROWS: dict[str, tuple[str, ...]] = {
     "7.5": ("memory", "jackknife"),
     "7.6": ("vit_small", "jackknife"),
     "7.7": ("quickstart", "jackknife"),
+    "8.1": ("vit_small", "probes"),
+    "8.2": ("quickstart", "probes"),
+    "8.3": ("vit_small", "probes"),
+    "8.4": ("vit_small", "probes"),
+    "8.5": ("vit_small", "probes"),
 }
 """Every row of the table, in display order, with the ``--skip`` sections it needs.
 
@@ -105,6 +121,7 @@ SECTIONS: tuple[str, ...] = (
     "figures",
     "gpu",
     "jackknife",
+    "probes",
 )
 
 
@@ -308,6 +325,8 @@ class Profile:
         spectral_args: Arguments of ``benchmarks/spectral_bench.py``.
         threads: Torch threads of this process and, through ``OMP_NUM_THREADS``, of its children (``None``: torch's
             choice; ``--threads`` sets this process only).
+        probe_cold: Row 8.4 also times one summary of each with the noise caches cleared (seconds at small widths,
+            where the noise baselines average more draws: ``--smoke`` leaves it out).
     """
 
     name: str
@@ -330,6 +349,7 @@ class Profile:
     fresh_memory_processes: bool
     spectral_args: tuple[str, ...]
     threads: int | None = None
+    probe_cold: bool = True
 
 
 DEFAULT = Profile(
@@ -386,6 +406,7 @@ SMOKE = Profile(
     # pool waits for a descheduled thread (measured: the tiny forward of 8 images took 0.30 s with 2 threads at load
     # average 3, 0.005 s with 1).
     threads=1,
+    probe_cold=False,
 )
 PROFILES: dict[str, Profile] = {p.name: p for p in (DEFAULT, QUICK, SMOKE)}
 
@@ -1094,6 +1115,357 @@ def jackknife_summary_row(table: Table, row: str, spec: ModelSpec, grouped: Any,
     return raw
 
 
+# ---------------------------------------------------------------------------------------------------- row 8
+def _probe_targets_pass() -> dict[str, tuple[Any, str]]:
+    """What `_harness.timed_calls` wraps to split a streaming pass: every hook's update, and the probes' parts."""
+    from tgo.observatory.images import ImageTable, ImageVectors
+    from tgo.observatory.stream import _LazyAccumulator
+
+    return {
+        "hook_updates": (_LazyAccumulator, "update"),
+        "image_vectors": (ImageVectors, "update"),
+        "record_batch": (ImageTable, "record_batch"),
+    }
+
+
+def probe_pass(net: torch.nn.Module, dataset: Any, batch: int, device: torch.device, repeats: int) -> dict[str, Any]:
+    """The streaming pass with the probes' per-image vectors against the same pass without, default groups.
+
+    ``off, on, off, on, ..., off`` after one warm-up of each, each probes run divided by the mean of the two runs
+    without around it (`_harness.interleaved`). Then one more probes run, untimed for the ratio, split by
+    `_harness.timed_calls` into the hooks' accumulator updates and, inside them, the per-image vectors.
+
+    Returns:
+        Timings, the split, and under ``"last"`` the accumulators of the last run of each (``"on"`` with its
+        ``ImageTable``), not reduced; drop ``"last"`` before writing JSON.
+    """
+    from tgo.observatory import vit_points
+    from tgo.observatory.images import ImageTable
+
+    points, groups = vit_points(net), h.default_groups()
+    last: dict[str, Any] = {}
+
+    def off() -> None:
+        last["off"] = h.stream_pass(net, dataset, points, batch, device, groups)
+
+    def on() -> None:
+        table = ImageTable(len(dataset), device=device)
+        last["on"] = (h.stream_pass(net, dataset, points, batch, device, groups, images=table), table)
+
+    res = h.interleaved(off, {"probes": on}, repeats)
+    with h.timed_calls(_probe_targets_pass()) as calls:
+        start = time.perf_counter()
+        on()
+        split_total = time.perf_counter() - start
+    return {
+        "groups": groups,
+        "repeats": repeats,
+        "images": len(dataset),
+        "points": len(points),
+        "ratio": res["probes"]["ratio"],
+        "ratios": res["probes"]["ratios"],
+        "on_s": res["probes"]["median_s"],
+        "off_s": res["baseline"]["median_s"],
+        "split": {
+            "pass_s": split_total,
+            **{f"{name}_s": sum(v) for name, v in calls.items()},
+            **{f"{name}_calls": len(v) for name, v in calls.items()},
+        },
+        "last": last,
+    }
+
+
+def probe_pass_row(table: Table, row: str, label: str, raw: dict[str, Any]) -> None:
+    """Rows 8.1/8.2 from `probe_pass`."""
+    ratio, split = raw["ratio"], raw["split"]
+    met = "met" if ratio <= PROBES_TARGET else "MISSED"
+    table.add(
+        row,
+        f"{label}: stream (fwd+hooks+Gram) probes on / off, f64",
+        ratio,
+        "x",
+        f"G={raw['groups']}; stream {raw['on_s']:.2f} s vs {raw['off_s']:.2f} s, median of {raw['repeats']} "
+        f"interleaved pairs; target <= {PROBES_TARGET:.2f}x {met}; in one more probes pass of "
+        f"{split['pass_s']:.2f} s: hook updates {split['hook_updates_s']:.3f} s, of which per-image vectors "
+        f"{split['image_vectors_s']:.3f} s ({split['image_vectors_calls']} updates), record_batch "
+        f"{split['record_batch_s']:.4f} s",
+        ratios=raw["ratios"],
+    )
+
+
+def image_table_bytes(images: Any, n_images: int) -> int:
+    """Bytes of ``images`` (an ``ImageTable``) packed, as it would be for ``n_images`` images (same points, ranks).
+
+    ``ImageTable.packed_size`` x 8 with the image count replaced: 2 x n (visits, labels) + per point
+    W x (1 + D) (rows per image, ``max |x|``) + kinds x n x D.
+    """
+    size = 2 * n_images
+    for vectors in images.points.values():
+        size += vectors.world_size * (1 + vectors.dim) + len(vectors.values) * n_images * vectors.dim
+    return 8 * size
+
+
+def probe_state_row(table: Table, row: str, spec: ModelSpec, raw: dict[str, Any]) -> dict[str, Any]:
+    """Row 8.3: the image table's bytes per observation (measured and at 1,000 images) against the covariance state,
+    and the all-reduce bytes with and without the probes (the last runs of `probe_pass`, reduced here in place with
+    a counting identity sum, so rows 8.4-8.5 summarise reduced accumulators)."""
+    from tgo.observatory.stream import reduce_accumulators
+
+    accs_on, images = raw["last"]["on"]
+    accs_off = raw["last"]["off"]
+    counters = {"on": h.SumCounter(), "off": h.SumCounter()}
+    start = time.perf_counter()
+    reduce_accumulators(accs_on, counters["on"], images)
+    reduce_on = time.perf_counter() - start
+    images.check_visits()
+    start = time.perf_counter()
+    reduce_accumulators(accs_off, counters["off"])
+    reduce_off = time.perf_counter() - start
+    del raw["last"]["off"], accs_off  # only its bytes were needed; rows 8.4-8.5 use the probes run's accumulators
+    n = images.n_images
+    kinds = sum(len(v.values) for v in images.points.values())
+    dims = sorted({v.dim for v in images.points.values()})
+    table_b = 8 * images.packed_size
+    table_1k = image_table_bytes(images, EXTRAPOLATED_IMAGES)
+    cov_b = state_bytes(accs_on)["total"]
+    sent = {k: sum(c.calls) for k, c in counters.items()}
+    out = {
+        "images": n,
+        "image_table_bytes": table_b,
+        f"image_table_bytes_{EXTRAPOLATED_IMAGES}": table_1k,
+        "vector_kinds": kinds,
+        "covariance_state_bytes": cov_b,
+        "allreduce_bytes": sent,
+        "allreduce_calls": {k: c.calls for k, c in counters.items()},
+        "reduce_s": {"on": reduce_on, "off": reduce_off},
+    }
+    table.add(
+        row,
+        f"{spec.label}: image table per observation, {n} / {EXTRAPOLATED_IMAGES:,} images",
+        table_b / MB,
+        "MB",
+        f"{len(images.points)} points, {kinds} vectors of D={'/'.join(map(str, dims))} per image (mean, cls, patch) "
+        f"x 8 B; covariance state (G={h.default_groups()}) {cov_b / MB:.1f} MB, so the table is "
+        f"{table_b / max(cov_b, 1):.2f}x of it here and {table_1k / max(cov_b, 1):.2f}x at {EXTRAPOLATED_IMAGES:,} "
+        f"images; all-reduce bytes probes on / off {sent['on'] / MB:.2f} / {sent['off'] / MB:.2f} MB "
+        f"({len(counters['on'].calls)} / {len(counters['off'].calls)} collectives), reduce (identity sum) "
+        f"{reduce_on:.3f} / {reduce_off:.3f} s; held once per rank and once in the reduction buffer",
+        text=f"{table_b / MB:.2f} / {table_1k / MB:.1f} MB",
+        bytes=out,
+    )
+    return out
+
+
+def _probe_targets_summary() -> dict[str, tuple[Any, str]]:
+    """What `_harness.timed_calls` wraps to split rank 0's summary (names ``summarize_accumulators`` calls)."""
+    from tgo.observatory import results
+
+    names = ("point_views", "_summarize_view", "class_metrics", "drift_metrics", "massive_metrics")
+    return {name.lstrip("_"): (results, name) for name in names}
+
+
+def probe_summary_row(
+    table: Table, row: str, spec: ModelSpec, raw: dict[str, Any], dataset: Any, repeats: int, *, cold: bool = True
+) -> dict[str, Any]:
+    """Row 8.4: rank 0's ``summarize_accumulators`` with the probes (image table, image groups, probe settings, a
+    subspace history) against without, on the same reduced accumulators (row 8.3's probes run).
+
+    Warm: one untimed call of each first (it also fills the noise cache for the views' shapes and gives the subspace
+    history a later epoch would read from its records), then ``off, on`` ``repeats`` times, medians. Then one
+    probes call split by `_harness.timed_calls` (``summarize_accumulators`` summarises points in a thread pool, so
+    the parts are summed over its threads and can add up to more than the call's wall time), and with ``cold`` the
+    cold cost (noise caches cleared before one call of each, probes last so every shape is cached again afterwards).
+
+    Returns:
+        Timings, the split, view counts, and under ``"results"`` the last ``Results`` of each (for row 8.5; drop it
+        before writing JSON).
+    """
+    from tgo.observatory import summarize_accumulators
+    from tgo.observatory.pipeline import group_of_items
+    from tgo.observatory.views import SubspaceHistory
+
+    accs, images = raw["last"]["on"]
+    points = None  # the accumulators' order: the point order
+    settings = h.observation_settings()
+    groups = settings.groups
+    image_groups = group_of_items(dataset, groups) if groups else None
+    history: list[SubspaceHistory | None] = [None]
+
+    def off() -> Any:
+        return summarize_accumulators(accs, points, nan_if_nonfinite=True, fit_range=settings.fit_range)
+
+    def on() -> Any:
+        return summarize_accumulators(
+            accs,
+            points,
+            nan_if_nonfinite=True,
+            fit_range=settings.fit_range,
+            images=images,
+            image_groups=image_groups,
+            probes=settings.probes,
+            history=history[0],
+        )
+
+    def timed(fn: Any) -> tuple[float, Any]:
+        start = time.perf_counter()
+        result = fn()
+        return time.perf_counter() - start, result
+
+    first = on()
+    kept = {
+        key.point: (r.arrays["eigenvectors"], int(r.arrays["components_90"]))
+        for key, r in first.items()
+        if key.view == "all" and "eigenvectors" in r.arrays
+    }
+    history[0] = SubspaceHistory(init=kept, prev=kept)
+    off()
+    warm: dict[str, list[float]] = {"off": [], "on": []}
+    last: dict[str, Any] = {}
+    for _ in range(max(repeats, 1)):
+        for name, fn in (("off", off), ("on", on)):
+            seconds, last[name] = timed(fn)
+            warm[name].append(seconds)
+    with h.timed_calls(_probe_targets_summary()) as calls:
+        split_total, _ = timed(on)
+    cold_s: dict[str, float] = {}
+    cleared = h.clear_noise_caches() if cold else []
+    if cleared:
+        cold_s["off"] = timed(off)[0]
+        h.clear_noise_caches()
+        cold_s["on"] = timed(on)[0]
+    med = {k: statistics.median(v) for k, v in warm.items()}
+    views = {k: len(v) for k, v in last.items()}
+    split = {name: sum(v) for name, v in calls.items()}
+    split_calls = {name: len(v) for name, v in calls.items()}
+    spectra = groups + 1 if groups else 1
+    if cold_s:
+        cold_text = f"cold (noise cache cleared) {cold_s['on']:.2f} / {cold_s['off']:.2f} s"
+    else:
+        cold_text = "cold not measured" + (" (no noise-baseline cache found)" if cold else " in this profile")
+    table.add(
+        row,
+        f"rank-0 summary, {spec.points} x {spec.width}^2 f64, G={groups}: probes on / off",
+        med["on"],
+        "s",
+        f"= {med['on'] / max(med['off'], 1e-12):.1f}x; {views['on']} / {views['off']} (point, view) results, "
+        f"noise cache warm, median of {max(repeats, 1)}; one probes call of {split_total:.2f} s wall, its calls summed "
+        f"over the point threads: view spectra + "
+        f"observables {split['summarize_view']:.2f} s ({split_calls['summarize_view']} views x {spectra} spectra), "
+        f"view moments {split['point_views']:.2f} s, class geometry + decoding "
+        f"{split['class_metrics']:.2f} s ({split_calls['class_metrics']} calls), drift {split['drift_metrics']:.2f} s, "
+        f"massive {split['massive_metrics']:.3f} s; {cold_text}",
+        text=f"{med['on']:.3f} / {med['off']:.3f} s",
+        ratio=med["on"] / max(med["off"], 1e-12),
+    )
+    return {
+        "warm_s": med,
+        "warm_runs": warm,
+        "cold_s": cold_s,
+        "caches_cleared": cleared,
+        "views": views,
+        "split_s": split,
+        "split_calls": split_calls,
+        "split_total_s": split_total,
+        "results": last,
+    }
+
+
+def _npz_members(path: Path) -> dict[str, int]:
+    """``{member without .npy: bytes as stored}`` of an npz file (``np.savez`` stores members uncompressed)."""
+    with zipfile.ZipFile(path) as archive:
+        return {info.filename.removesuffix(".npy"): info.compress_size for info in archive.infolist()}
+
+
+def _kinds(members: Mapping[str, int]) -> list[str]:
+    """The array names of npz members ``<point>[/<view>]/<array>``, in first-seen order."""
+    return list(dict.fromkeys(m.rsplit("/", 1)[-1] for m in members))
+
+
+def probe_record_row(table: Table, row: str, spec: ModelSpec, summaries: Mapping[str, Any], work: Path) -> dict:
+    """Row 8.5: what a kept epoch writes for the probes: the per-image vectors (float32, the ``cls`` and ``patch``
+    views of every point) in the spectra npz, measured by writing row 8.4's probes ``Results`` with
+    ``with_covariance=True`` and reading the member sizes, and extrapolated to 1,000 images. The detail compares
+    the whole spectra file with and without probes, at a kept epoch and at any other."""
+    import numpy as np
+
+    from tgo.records import RecordWriter
+
+    files: dict[str, int] = {}
+    members: dict[str, dict[str, int]] = {}
+    shapes: dict[str, tuple[tuple[int, ...], int]] = {}
+    for name, key, kept in (
+        ("on_kept", "on", True),
+        ("on", "on", False),
+        ("off_kept", "off", True),
+        ("off", "off", False),
+    ):
+        writer = RecordWriter(Path(tempfile.mkdtemp(dir=work)))
+        writer.write_observation(0, 0, summaries[key], with_covariance=kept)
+        path = writer.run.spectra(0)
+        files[name] = path.stat().st_size
+        members[name] = _npz_members(path)
+        if name == "on_kept":
+            with np.load(path) as npz:
+                shapes = {k: (npz[k].shape, npz[k].dtype.itemsize) for k in npz.files if k.endswith("/vectors")}
+    vectors = {k: v for k, v in members["on_kept"].items() if k.endswith("/vectors")}
+    labels = sum(v for k, v in members["on_kept"].items() if k.endswith("/labels"))
+    covariances = {
+        k: sum(v for m, v in members[k].items() if m.endswith("/covariance")) for k in ("on_kept", "off_kept")
+    }
+    by_kind = {
+        name: {kind: sum(v for m, v in found.items() if m.rsplit("/", 1)[-1] == kind) for kind in _kinds(found)}
+        for name, found in members.items()
+    }
+    n_images = max((s[0][0] for s in shapes.values()), default=0)
+    per_image = sum(s[0][1] * s[1] for s in shapes.values())
+    extrapolated = per_image * EXTRAPOLATED_IMAGES
+    estimate = EXTRAPOLATED_IMAGES * spec.points * spec.width * 4
+    measured = sum(vectors.values())
+    out = {
+        "images": n_images,
+        "vector_arrays": len(vectors),
+        "vector_bytes": measured,
+        "label_bytes": labels,
+        "bytes_per_image": per_image,
+        f"vector_bytes_{EXTRAPOLATED_IMAGES}": extrapolated,
+        "one_vector_per_point_estimate": estimate,
+        "spectra_file_bytes": files,
+        "covariance_bytes": covariances,
+        "bytes_by_array": by_kind,
+    }
+    table.add(
+        row,
+        f"{spec.label}: kept-epoch per-image vectors, {n_images} / {EXTRAPOLATED_IMAGES:,} images",
+        extrapolated / MB,
+        "MB",
+        f"{len(vectors)} float32 arrays (cls and patch views) of {n_images} x D: {measured / MB:.2f} MB in the npz "
+        f"(+ labels {labels / 1024:.1f} KB), {per_image / 1024:.1f} KB/image; one vector per point would be "
+        f"{EXTRAPOLATED_IMAGES:,} x {spec.points} x {spec.width} x 4 B = {estimate / MB:.1f} MB; whole spectra file "
+        f"probes on / off: kept epoch {files['on_kept'] / MB:.1f} / {files['off_kept'] / MB:.1f} MB (covariances of "
+        f"every view {covariances['on_kept'] / MB:.1f} / {covariances['off_kept'] / MB:.1f} MB), other epochs "
+        f"{files['on'] / MB:.2f} / {files['off'] / MB:.2f} MB (of which the drift's eigenvectors "
+        f"{by_kind['on'].get('eigenvectors', 0) / MB:.2f} MB)",
+        text=f"{measured / MB:.2f} / {extrapolated / MB:.1f} MB",
+        bytes=out,
+    )
+    return out
+
+
+def probe_rows(
+    table: Table, spec: ModelSpec, net: torch.nn.Module, profile: Profile, device: torch.device, work: Path
+) -> dict[str, Any]:
+    """Rows 8.1 and 8.3-8.5 on ``spec`` (vit_small): random images with `PROBE_CLASSES` classes, rows 1a's batch."""
+    dataset = h.random_images(profile.vit_images, spec.image_size, classes=PROBE_CLASSES)
+    raw = probe_pass(net, dataset, profile.vit_batch, device, profile.groups_repeats)
+    probe_pass_row(table, "8.1", spec.label, raw)
+    raw["state"] = probe_state_row(table, "8.3", spec, raw)
+    summary = probe_summary_row(table, "8.4", spec, raw, dataset, profile.repeats, cold=profile.probe_cold)
+    raw.pop("last")
+    raw["records"] = probe_record_row(table, "8.5", spec, summary.pop("results"), work)
+    raw["summary"] = summary
+    return raw
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def spectral_engine(args: Sequence[str], out_dir: Path) -> dict[str, Any]:
     """``benchmarks/spectral_bench.py`` in its own process, with glibc's mmap threshold fixed as it wants."""
@@ -1147,6 +1519,7 @@ def run_sections(
     cpu = torch.device("cpu")
     observed: dict[str, Any] = {}
     groups = "jackknife" not in skip
+    probes = "probes" not in skip
     if "vit_small" not in skip:
         spec = profile.vit
         print(f"== rows 1-2, 7: {spec.label} (CPU)", flush=True)
@@ -1171,6 +1544,9 @@ def run_sections(
             res["jackknife"] = _jackknife_rows(
                 table, ("7.1", "7.3", "7.6"), spec.label, spec, res, stream, profile.repeats
             )
+        if probes:
+            print(f"== rows 8: the hypothesis probes on {spec.label} (CPU)", flush=True)
+            res["probes"] = probe_rows(table, spec, net, profile, cpu, work)
         results["vit_small"] = res
         del net
     qs_batch = profile.quickstart_batch or 128
@@ -1190,6 +1566,10 @@ def run_sections(
             res["jackknife"] = _jackknife_rows(
                 table, ("7.2", "7.4", "7.7"), label, profile.quickstart, res, stream, repeats
             )
+        if probes:
+            res["probes"] = probe_pass(net, dataset, qs_batch, cpu, max(profile.groups_repeats, repeats))
+            res["probes"].pop("last")
+            probe_pass_row(table, "8.2", label, res["probes"])
         results["quickstart"] = res
         del net
     if "memory" not in skip:
