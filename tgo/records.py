@@ -303,7 +303,7 @@ class RecordWriter:
             arrays[f"{prefix}/n_rows"] = np.asarray(int(spectrum.n_rows), dtype=np.int64)
             arrays[f"{prefix}/n_nonfinite"] = np.asarray(int(getattr(spectrum, "n_nonfinite", 0)), dtype=np.int64)
             arrays[f"{prefix}/mean"] = np.asarray(res.mean, dtype=np.float64)
-            if with_covariance:
+            if with_covariance and getattr(res, "alias_of", None) is None:  # an alias's covariance is its original's
                 arrays[f"{prefix}/covariance"] = np.asarray(res.covariance, dtype=np.float64)
             for name, array in (getattr(res, "arrays", None) or {}).items():
                 arrays[f"{prefix}/{name}"] = np.asarray(array)

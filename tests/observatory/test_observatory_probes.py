@@ -427,3 +427,11 @@ def test_probes_disabled_records_only_the_all_view(tmp_path, observed):
         for metric, value in result.observables.items():
             assert value == pytest.approx(other.observables[metric], rel=1e-12, nan_ok=True), (key, metric)
             assert result.stderr[metric] == pytest.approx(other.stderr[metric], rel=1e-12, nan_ok=True), (key, metric)
+
+
+def test_an_alias_view_keeps_no_second_copy_of_its_covariance(observed):
+    """At the patch embedding the patch view *is* the all view: the kept epoch stores that covariance once."""
+    assert observed[0].results[ObservationKey("patch_embed", "patch")].alias_of == "all"
+    patch = load_spectra(observed["run"], [0], view="patch")[0]["patch_embed"]
+    assert "covariance" not in patch and "eigenvalues" in patch and "vectors" in patch
+    assert "covariance" in load_spectra(observed["run"], [0])[0]["patch_embed"]

@@ -72,6 +72,8 @@ class PointResult:
         stderr: ``{metric: jackknife standard error}`` (NaN where there is none: no jackknife, or a diagnostic).
         arrays: Further arrays every spectra record keeps (the probes' eigenvectors and ``max |x|``).
         kept_arrays: Arrays kept only where covariances are kept (the per-image vectors and their labels).
+        alias_of: The view whose covariance this one is (e.g. ``patch`` at the patch embedding is ``all``): the
+            records keep that covariance once, under the original view.
     """
 
     spectrum: Spectrum
@@ -81,6 +83,7 @@ class PointResult:
     stderr: dict[str, float] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     kept_arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    alias_of: str | None = None
 
     @property
     def n_rows(self) -> int:
@@ -191,7 +194,12 @@ def summarize_accumulators(
             if vm.alias_of is not None:
                 base = summaries[vm.alias_of]
                 summaries[view] = PointResult(
-                    base.spectrum, dict(base.observables), base.mean, base.covariance, dict(base.stderr)
+                    base.spectrum,
+                    dict(base.observables),
+                    base.mean,
+                    base.covariance,
+                    dict(base.stderr),
+                    alias_of=vm.alias_of,
                 )
             else:
                 summaries[view] = _summarize_view(vm, fit_range, nonfinite)
