@@ -13,18 +13,22 @@ of an epoch is labelled with the epochs completed before it, with a warning.
 
 from __future__ import annotations
 
+import errno
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from timm.models import load_state_dict as timm_load_state_dict
 
-from tgo.errors import UserInputError
+from tgo.errors import RunEnvironmentError, UserInputError
 from tgo.model import build_timm_model
+from tgo.records import atomic_write
 
 __all__ = [
+    "AtomicCheckpointIO",
     "CheckpointError",
     "CheckpointMismatchError",
     "ModelSource",
@@ -232,3 +236,36 @@ def timm_net(
         state = {k: v for k, v in load_weights_file(weights).items() if not k.startswith("head.")}
         load_state_dict_strict(net, state, origin=f"--weights {weights}")
     return net
+
+
+_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Saves local checkpoints so that a failure (disk full, a kill) never leaves a truncated file under the real name.
+
+    Lightning's own save stages the file through fsspec in ``$TMPDIR`` and then moves it; with ``$TMPDIR`` on another
+    filesystem the move is a copy, and a full disk left ``last.ckpt`` truncated under its real name (the run was lost).
+    Here the checkpoint is written to a hidden temporary file in the *same* directory, fsynced, renamed over the target
+    (atomic on POSIX) and the directory fsynced (`tgo.records.atomic_write`), so the previous checkpoint survives
+    any failure and the temporary file is removed. A full disk stops the run with one line (`RunEnvironmentError`).
+    Remote paths (``s3://`` and other URLs) keep Lightning's behaviour.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        target = str(path)
+        if "://" in target and not target.startswith("file://"):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint: storage_options are not supported for local files")
+        target_path = Path(target.removeprefix("file://"))
+        try:
+            atomic_write(target_path, lambda fh: torch.save(checkpoint, fh))
+        except OSError as err:
+            if err.errno in _NO_SPACE:
+                raise RunEnvironmentError(
+                    f"checkpoint {target_path}: no space left on the device ({err.strerror}); "
+                    "the previous checkpoint is intact: free space, then resume with ckpt_path=last"
+                ) from err
+            raise

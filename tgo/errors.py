@@ -15,6 +15,11 @@ class ConfigError(UserInputError):
     """A configuration value is missing or out of range; the message names the key and what was expected."""
 
 
+class RunEnvironmentError(UserInputError):
+    """The machine cannot give the run what it needs (e.g. no space left on the device): nothing is corrupted, and the
+    message says what to do; printed as one line like bad input."""
+
+
 def find_user_error(error: BaseException) -> UserInputError | None:
     """Finds a ``UserInputError`` in an exception's cause chain (Hydra's instantiate wraps constructor errors)."""
     seen: set[int] = set()

@@ -17,9 +17,11 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from tgo.checkpoints import AtomicCheckpointIO
 from tgo.config import validate_config
 from tgo.errors import ConfigError, find_user_error
 from tgo.observatory.settings import ObservationSettings
@@ -82,6 +84,17 @@ def make_ddp_relaunch_job_local() -> None:
     OmegaConf.set_readonly(hydra_cfg, True)  # type: ignore[arg-type]
 
 
+def trainer_plugins(cfg: DictConfig) -> list[Any]:
+    """The trainer's plugins: the configured ones, plus `AtomicCheckpointIO` unless one of them is a CheckpointIO.
+
+    Checkpoints are then written atomically in their own directory, so a full disk never truncates ``last.ckpt``.
+    """
+    plugins = list(instantiate(cfg.trainer.get("plugins")) or [])
+    if not any(isinstance(p, CheckpointIO) for p in plugins):
+        plugins.append(AtomicCheckpointIO())
+    return plugins
+
+
 def run(cfg: DictConfig) -> dict[str, float]:
     """Trains one experiment described by a composed config and returns the final callback metrics.
 
@@ -104,7 +117,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     callbacks = instantiate_named(cfg.get("callbacks"))
     loggers = instantiate_named(cfg.get("logger"))
     make_ddp_relaunch_job_local()
-    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=trainer_plugins(cfg)
+    )
 
     # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
