@@ -116,3 +116,33 @@ def write_synthetic_run(
     if fingerprint is not None:
         RunDir(run_dir).manifest.write_text(json.dumps({"version": 1, "fingerprint": fingerprint, "items": []}))
     return run_dir
+
+
+def write_run_config(
+    run_dir: Path,
+    *,
+    model: str = "vit_tiny_patch16_224",
+    source: str = "digits",
+    image_size: int = 24,
+    max_epochs: int = 10,
+    seed: int = 2025,
+    accuracies: tuple[float, float] | None = (0.9749, 1.0),
+    subset_size: int = 200,
+) -> Path:
+    """Gives a synthetic run what a training run holds beside its records: ``config.yaml`` (the keys the report's
+    header reads), a manifest with a size, and ``train.log`` ending with the final accuracies (``None``: no log)."""
+    run = RunDir(run_dir)
+    run.config.write_text(
+        f"data:\n  source: {source}\n  image_size: {image_size}\nmodel:\n  name: {model}\n  arch:\n"
+        f"    patch_size: 4\n    embed_dim: 96\ntrainer:\n  max_epochs: {max_epochs}\nseed: {seed}\n"
+    )
+    manifest = json.loads(run.manifest.read_text()) if run.manifest.is_file() else {"version": 1, "items": []}
+    manifest.update(size=subset_size, source=source)
+    manifest.setdefault("fingerprint", "same")
+    run.manifest.write_text(json.dumps(manifest))
+    if accuracies is not None:
+        top1, top5 = accuracies
+        (run.root / "train.log").write_text(
+            f"[2026-11-30][INFO] - [tgo] done: val/acc_top1={top1:.4f}, val/acc_top5={top5:.4f}; results in {run_dir}\n"
+        )
+    return run_dir

@@ -71,7 +71,8 @@ def test_report_of_the_smoke_run(smoke_run: Path, capsys: pytest.CaptureFixture[
     assert {"lines", "layer", "eigenvalues", "singular", "decay", "correlation"} <= kinds
     assert "Findings" in html and "effective rank rises" in html and "verdict" in html
     assert "http://" not in html and "https://" not in html  # nothing to fetch: opens offline
-    assert "published TGO-I" not in html  # 7 points, not the paper's 15: no overlay by default
+    assert "published TGO-I" not in html  # the overlay is opt-in (--reference tgo1)
+    assert "At a glance" in html and "Observables against depth" in html
     with open(RunDir(smoke_run).report / "findings.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert {r["point"] for r in rows} >= {"patch_embed", "block_04", "cls"}
@@ -172,13 +173,14 @@ def test_comparison_with_the_paper_uses_the_same_epoch_or_the_papers_last():
     assert compare_with_reference(late, paper, ["cls"])[0].paper_epoch == 100
 
 
-def test_a_tgo1_like_run_gets_the_overlay_by_default(tmp_path: Path):
+def test_the_published_overlay_is_opt_in_even_for_a_tgo1_like_run(tmp_path: Path):
     curves = {"effective_rank": {p: (lambda e, i=i: 2.0 + i + e) for i, p in enumerate(PAPER_POINTS)}}
     run = write_synthetic_run(tmp_path / "tgo1", curves, epochs=[1, 2, 3], dim=2)
     html = build_report([run], correlation=False).read_text()
+    assert "Comparison with the published TGO-I measurements" not in html and "verdict on TGO-I data" not in html
+    html = build_report([run], reference="tgo1", correlation=False).read_text()
     assert "Comparison with the published TGO-I measurements" in html
-    assert "dashed = published TGO-I measurements" in html and "verdict on TGO-I data" in html
-    assert "Comparison with" not in build_report([run], reference="none", correlation=False).read_text()
+    assert "right panel = published TGO-I measurements" in html and "verdict on TGO-I data" in html
 
 
 def test_bad_inputs_are_one_line_errors_with_status_2(
@@ -287,7 +289,7 @@ def test_published_is_refused_with_runs_or_without_out(tmp_path: Path, capsys: p
     assert main(["--published"]) == 2
     assert "--published needs --out" in capsys.readouterr().err
     assert main(["--published", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
-    assert "--reference paper" in capsys.readouterr().err
+    assert "--reference tgo1" in capsys.readouterr().err
     assert main([]) == 2
 
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m tgo.report RUN_DIR [RUN_DIR ...] [--out DIR] [--reference auto|paper|none] [--title TEXT]
+    python -m tgo.report RUN_DIR [RUN_DIR ...] [--out DIR] [--reference none|tgo1] [--title TEXT]
                          [--window 0.1] [--min-window 2] [--z 3] [--stable-tolerance 0.1]
     python -m tgo.report --published --out DIR
 

@@ -43,9 +43,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--reference",
         choices=REFERENCE_MODES,
-        default="auto",
-        help="overlay the published TGO-I measurements: auto = when the points are the paper's 15 "
-        "(default), paper = always, none = never",
+        default="none",
+        help="tgo1 = add the published TGO-I measurements (ViT-S/16, ImageNet-100) beside the runs' curves, a "
+        "comparison table and their verdicts; none = the runs alone (default)",
     )
     parser.add_argument("--title", default=None, help="page title")
     parser.add_argument(
@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace) -> Path:
     if args.published:
         if args.runs:
             raise UserInputError(
-                "--published reports the published data alone; to compare runs with it use RUN_DIR --reference paper"
+                "--published reports the published data alone; to compare runs with it use RUN_DIR --reference tgo1"
             )
         if args.out is None:
             raise UserInputError("--published needs --out DIR (there is no run directory to write into)")

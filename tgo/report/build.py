@@ -23,16 +23,23 @@ from tgo.report.aggregate import (
     single_aggregate,
     verdict_agreement,
 )
-from tgo.report.figures import FigureRef, observable_figures, spectrum_figures
+from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
 from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, hypotheses_report
 from tgo.report.reference import (
     PAPER_POINTS,
     compare_with_reference,
-    is_tgo1_like,
     load_reference,
     reference_path,
+)
+from tgo.report.runinfo import (
+    NOT_RECORDED,
+    RunInfo,
+    check_comparable,
+    package_commit,
+    package_version,
+    read_run_info,
 )
 from tgo.report.runs import ReportInputError, RunData, discover_runs, load_run_data, run_names
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
@@ -44,9 +51,13 @@ __all__ = [
     "build_report",
     "default_out_dir",
     "findings_rows",
+    "header_rows",
 ]
 
-REFERENCE_MODES = ("auto", "paper", "none")
+REFERENCE_MODES = ("none", "tgo1")
+"""``--reference``: ``none`` (default) draws the runs alone; ``tgo1`` adds the published TGO-I measurements."""
+PAPER_MODEL = "vit_small_patch16_224"
+PAPER_DATA = "imagenet100"
 FINDINGS_COLUMNS: tuple[str, ...] = (
     "claim",
     "statement",
@@ -254,6 +265,7 @@ def _findings_section(
 
 def _figure_sections(figure_refs: Sequence[FigureRef], spectra_run: str | None) -> list[Section]:
     titles = {
+        "depth": "Observables against depth, one line per epoch",
         "observables": "Observables against epoch",
         "heatmaps": "Layer x epoch heatmaps",
         "spectra": "Eigenvalue and singular value spectra over epochs"
@@ -275,10 +287,115 @@ def _write_page(report_dir: Path, title: str, sections: Sequence[Section], embed
     return index
 
 
-def _use_reference(mode: str, points: Sequence[str]) -> bool:
+def _use_reference(mode: str) -> bool:
     if mode not in REFERENCE_MODES:
         raise ReportInputError(f"--reference: expected one of {REFERENCE_MODES}, got {mode!r}")
-    return mode == "paper" or (mode == "auto" and is_tgo1_like(points))
+    return mode == "tgo1"
+
+
+def _reference_caveat(infos: Sequence[RunInfo]) -> str | None:
+    """Why the published numbers are not this experiment's, or ``None`` when model and data are the paper's."""
+    differ = []
+    models = sorted({i.model or NOT_RECORDED for i in infos})
+    data = sorted({str(i.data or NOT_RECORDED) for i in infos})
+    if not all(m.startswith(PAPER_MODEL) for m in models):
+        differ.append(f"model {', '.join(models)} (paper: ViT-S/16, {PAPER_MODEL})")
+    if data != [PAPER_DATA]:
+        differ.append(f"data {', '.join(data)} (paper: ImageNet-100)")
+    if not differ:
+        return None
+    return (
+        "Caveat: these runs differ from the paper's experiment in " + " and ".join(differ) + ", so the published "
+        "values are a picture of the paper's trends, not numbers these runs should reproduce; compare shapes against "
+        "the fraction of training, not values."
+    )
+
+
+def _pct_or_missing(value: float | None) -> str:
+    return NOT_RECORDED if value is None else f"{value:.2%}"
+
+
+def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple[str, str]]:
+    """The header's (field, value) rows: model, data, image size, epochs, accuracies, seeds, subset, software.
+
+    A field that differs between runs lists each run's value; one a run does not hold reads "not recorded".
+    """
+
+    def joined(values: Sequence[str]) -> str:
+        distinct = list(dict.fromkeys(values))
+        return (
+            distinct[0]
+            if len(distinct) == 1
+            else "; ".join(f"{r.name}: {v}" for r, v in zip(runs, values, strict=False))
+        )
+
+    def text(value: object) -> str:
+        return NOT_RECORDED if value is None else str(value)
+
+    observed = sorted({e for r in runs for e in r.epochs})
+    commits = [i.commit for i in infos if i.commit]
+    rows = [
+        ("model", joined([text(i.model) for i in infos])),
+        ("data source", joined([text(i.data) for i in infos])),
+        ("image size", joined([text(i.image_size) for i in infos])),
+        ("kind", joined([i.kind for i in infos])),
+        (
+            "epochs (planned)",
+            joined([text(i.epochs) if i.kind == "training run" else "n/a (offline observation)" for i in infos]),
+        ),
+        (
+            "epochs observed",
+            f"{', '.join(str(e) for e in observed)} ({len(observed)} observation{'s' if len(observed) != 1 else ''})",
+        ),
+        ("final val top-1", joined([_pct_or_missing(i.top1) for i in infos])),
+        ("final val top-5", joined([_pct_or_missing(i.top5) for i in infos])),
+        ("seed(s)", ", ".join(dict.fromkeys(text(i.seed) for i in infos))),
+        (
+            "analysis subset",
+            joined(
+                [f"{text(i.subset_size)} images, fingerprint {(i.subset_hash or NOT_RECORDED)[:16]}" for i in infos]
+            ),
+        ),
+        ("observation points", joined([str(len(r.points)) for r in runs])),
+    ]
+    sources = [i.source for i in infos if i.source]
+    if sources:
+        rows.append(("observed model(s)", "; ".join(dict.fromkeys(sources))))
+    rows.append(("tgo version", package_version()))
+    rows.append(("git commit (report)", package_commit() or NOT_RECORDED))
+    rows.append(("git commit (run)", ", ".join(dict.fromkeys(commits)) if commits else NOT_RECORDED))
+    return rows
+
+
+def _header_section(runs: Sequence[RunData], infos: Sequence[RunInfo], notes: Sequence[str]) -> Section:
+    section = Section("At a glance", "header")
+    section.tables.append(Table(["", "value"], [list(row) for row in header_rows(runs, infos)], left=[0, 1]))
+    section.paragraphs += list(notes)
+    return section
+
+
+def _single_observation_hypotheses(section: Section) -> None:
+    """Replaces the prediction tables (all n/a with one observation) by one line saying why."""
+    section.paragraphs[1:] = [
+        "Only one observation is recorded, so no prediction about a change over training can be judged (each "
+        "needs at least two); the verdict tables are left out and the figures show the single observation."
+    ]
+    section.tables.clear()
+    for sub in section.subsections:
+        if sub.anchor.startswith("hypothesis-"):
+            sub.tables.clear()
+
+
+def _single_observation_section(runs: Sequence[RunData]) -> Section:
+    epoch = runs[0].epochs[0]
+    section = Section("Findings: the paper's claims tested point by point", "findings")
+    section.paragraphs.append(
+        f"Only one observation (epoch {epoch}) is recorded, so no claim about a trend over training can be tested: "
+        f"every claim needs at least two observations. The figures show the geometry at epoch {epoch} (the depth "
+        f"profiles are the main view); observe more checkpoints (python -m tgo.observe --checkpoints DIR or --run "
+        f"RUN) to test the claims."
+    )
+    return section
 
 
 def _judge(agg: Aggregate, settings: VerdictSettings) -> list[Finding]:
@@ -291,7 +408,7 @@ def build_report(
     paths: Sequence[str | os.PathLike],
     *,
     out: str | os.PathLike | None = None,
-    reference: str = "auto",
+    reference: str = "none",
     title: str | None = None,
     allow_different_subsets: bool = False,
     embed: bool = False,
@@ -306,8 +423,9 @@ def build_report(
     Args:
         paths: Run directories or directories containing runs (a Hydra multirun sweep directory).
         out: Report directory (default `default_out_dir`).
-        reference: ``auto`` overlays the published TGO-I measurements when the runs' points are the paper's 15;
-            ``paper`` always (for the points that match); ``none`` never.
+        reference: ``none`` (default) reports the runs alone; ``tgo1`` adds the published TGO-I measurements (a
+            comparison table, a verdict column and a panel of their own beside each observable, with a caveat
+            when the model or data are not the paper's).
         title: Page title (default names the runs).
         allow_different_subsets: Compare runs whose analysis subsets differ instead of refusing.
         embed: Inline the PNGs in ``index.html`` (they are still written beside it).
@@ -318,17 +436,21 @@ def build_report(
         The path of ``index.html``.
 
     Raises:
-        ReportInputError: no runs, a directory without records, differing analysis subsets, a bad option.
+        ReportInputError: no runs, a directory without records, differing analysis subsets, runs that differ in
+            model, data or points, a bad option.
     """
     if not paths:
         raise ReportInputError("give at least one run directory (or a directory containing runs)")
     run_dirs = discover_runs(paths)
     names = run_names(run_dirs)
     runs: list[RunData] = [load_run_data(p, name) for p, name in zip(run_dirs, names, strict=False)]
+    overlay = _use_reference(reference)
+    infos = [read_run_info(r.path) for r in runs]
+    check_comparable(runs, infos)
     notes = check_subsets(runs, allow_different=allow_different_subsets)
     agg: Aggregate = aggregate_runs(runs)
-    overlay = _use_reference(reference, agg.points)
     paper = load_reference() if overlay else None
+    single = len({e for r in runs for e in r.epochs}) == 1
 
     report_dir = Path(out) if out is not None else default_out_dir(paths)
     figures_dir = report_dir / "figures"
@@ -347,18 +469,18 @@ def build_report(
                 lambda f: agreement_text(counts[(f.claim, f.metric, f.point)], len(runs)),
             )
         )
-    if paper is not None:
+    if paper is not None and not single:
         paper_verdicts = {
             (f.claim, f.metric, f.point): f.verdict for f in evaluate_findings(paper, agg.points, settings=settings)
         }
         extra.append(("verdict on TGO-I data", lambda f: paper_verdicts.get((f.claim, f.metric, f.point), "")))
 
+    header = _header_section(runs, infos, notes)
     summary = Section("Runs", "runs")
     summary.paragraphs.append(
         f"{len(runs)} run(s); points: {', '.join(agg.points)}; epochs observed: "
         f"{', '.join(str(e) for e in runs[0].epochs)}. Generated {datetime.now():%Y-%m-%d %H:%M}."
     )
-    summary.paragraphs += notes
     summary.tables.append(
         Table(
             ["run", "path", "epochs", "points", "analysis subset fingerprint"],
@@ -376,12 +498,15 @@ def build_report(
         )
     )
 
-    find = _findings_section(findings, settings, "the mean over runs" if several else "this run", extra)
-    if several:
+    if single:
+        find = _single_observation_section(runs)
+    else:
+        find = _findings_section(findings, settings, "the mean over runs" if several else "this run", extra)
+    if several and not single:
         find.paragraphs.append(
             "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
         )
-    sections = [summary, find]
+    sections = [header, find, summary]
     if paper is not None:
         ref_rows = compare_with_reference(agg.mean, paper, agg.points)
         ref = Section("Comparison with the published TGO-I measurements", "reference")
@@ -389,8 +514,13 @@ def build_report(
             "The last observed value of each point beside the paper's value at the same epoch (or the paper's last "
             "epoch, 100, if it has no such epoch). Paper layer names map to points as Layer_00_PatchEmbed = "
             "patch_embed, Layer_00_PosEmbed = pos_embed, Layer_NN_BlockNN = block_NN, Layer_13_CLS_Final = cls; "
-            "the six observables share TGO's names and conventions. On the figures the paper is drawn dashed."
+            "the six observables share TGO's names and conventions. On the figures the paper has a panel of its own "
+            "beside each observable, against the fraction of training."
         )
+        caveat = _reference_caveat(infos)
+        if caveat:
+            ref.paragraphs.insert(0, caveat)
+            header.paragraphs.append(caveat)
         ref.tables.append(
             Table(
                 ["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
@@ -412,9 +542,14 @@ def build_report(
         sections.append(ref)
 
     hypotheses = hypotheses_report(runs, figures_dir, settings, what="the mean over runs" if several else "this run")
+    if single:
+        _single_observation_hypotheses(hypotheses.section)
     sections.append(hypotheses.section)
 
-    figure_refs = observable_figures(agg, figures_dir, reference=paper)
+    planned = {i.epochs for i in infos}
+    run_epochs = planned.pop() if len(planned) == 1 else None
+    figure_refs = depth_profile_figures(agg, figures_dir)
+    figure_refs += observable_figures(agg, figures_dir, reference=paper, run_epochs=run_epochs)
     figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
     sections += _figure_sections(figure_refs, runs[0].name if several else None)
 

@@ -16,12 +16,30 @@ from pathlib import Path
 import numpy as np
 
 from tgo import viz
+from tgo.report import plots
 from tgo.report.aggregate import Aggregate
 from tgo.report.runs import RunData
 from tgo.spectral.catalogue import CATALOGUE
 from tgo.spectral.observables import singular_values
 
-__all__ = ["FigureRef", "observable_figures", "save_figure", "spectrum_figures"]
+__all__ = [
+    "DEPTH_PROFILE_METRICS",
+    "FigureRef",
+    "depth_profile_figures",
+    "observable_figures",
+    "save_figure",
+    "spectrum_figures",
+]
+
+DEPTH_PROFILE_METRICS: tuple[str, ...] = (
+    "effective_rank",
+    "participation_ratio",
+    "stable_rank",
+    "spectral_anisotropy",
+    "spectral_entropy",
+    "spectral_flatness",
+)
+"""The observables drawn against depth (those recorded), in this order."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +74,7 @@ def observable_figures(
     *,
     reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]] | None = None,
     metrics: Sequence[str] | None = None,
+    run_epochs: int | None = None,
 ) -> list[FigureRef]:
     """Each observable against epoch (one line per point) and as a layer x epoch heatmap.
 
@@ -65,10 +84,13 @@ def observable_figures(
     Args:
         aggregate: The runs' mean (a single run is its own mean).
         figures_dir: Where PNGs go.
-        reference: Published series drawn dashed (only for observables it holds).
+        reference: Published series, drawn in a panel of their own against the fraction of training (only for
+            observables it holds).
         metrics: Observables to draw, in this order; those not recorded are skipped. Default: the catalogue's
             charted observables in record order, read at call time so that an observable registered by a plug-in
             is drawn too.
+        run_epochs: The runs' planned epochs: with ``reference``, the run is drawn against the fraction of
+            training too.
 
     Returns:
         Two `FigureRef` per drawn observable (lines, heatmap).
@@ -84,15 +106,21 @@ def observable_figures(
         ref = {p: reference[metric][p] for p in points if reference and p in reference.get(metric, {})} or None
         title = f"{metric}" + (f" (mean of {aggregate.n_runs} runs)" if several else "")
         bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
-        fig = viz.observable_lines_figure(series, title=title, bands=bands or None, reference=ref)
-        caption = f"{metric} against epoch, one line per point"
+        fig = plots.lines_figure(series, title=title, bands=bands or None, reference=ref, run_epochs=run_epochs)
+        n_obs = max(len(series[p][0]) for p in points)
+        caption = f"{metric} against epoch, one line per point (colour = depth)"
+        if n_obs == 1:
+            caption = f"{metric} at the single observation, one marker per point (colour = depth)"
         if several:
             caption += f"; line = mean of {aggregate.n_runs} runs, band = mean ± 1 standard deviation"
         elif bands:
-            caption += "; band = value ± 1 jackknife standard error"
+            caption += "; " + ("error bar" if n_obs == 1 else "band") + " = value ± 1 jackknife standard error"
         if ref:
-            caption += "; dashed = published TGO-I measurements"
-        refs.append(FigureRef("observables", save_figure(fig, figures_dir, f"lines_{metric}"), caption))
+            caption += (
+                "; right panel = published TGO-I measurements (ViT-S/16, ImageNet-100) on their own y axis, both "
+                "against the fraction of training"
+            )
+        refs.append(FigureRef("observables", save_figure(fig, figures_dir, f"lines_{metric}"), caption, wide=bool(ref)))
         epochs = sorted({int(e) for p in points for e in series[p][0]})
         values = np.full((len(points), len(epochs)), np.nan)
         column = {e: j for j, e in enumerate(epochs)}
@@ -133,12 +161,13 @@ def spectrum_figures(
     refs: list[FigureRef] = []
     for point in points:
         eig_history = [(e, spectra[e][point]["eigenvalues"]) for e in epochs if point in spectra[e]]
-        fig = viz.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues")
+        fig = plots.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues")
         refs.append(
             FigureRef(
                 "spectra",
                 save_figure(fig, figures_dir, f"eigenvalues_{point}"),
-                f"{point}: covariance eigenvalues by index (log-log), later epochs darker (run {run.name})",
+                f"{point}: covariance eigenvalues by index (log-log), one line per epoch, colour = epoch (dark = "
+                f"first, yellow = last; colourbar) (run {run.name})",
             )
         )
         sv_history = [
@@ -146,22 +175,23 @@ def spectrum_figures(
             for e in epochs
             if point in spectra[e]
         ]
-        fig = viz.spectrum_history_figure(sv_history, title=f"{point}: singular values", ylabel="singular value")
+        fig = plots.spectrum_history_figure(sv_history, title=f"{point}: singular values", ylabel="singular value")
         refs.append(
             FigureRef(
                 "spectra",
                 save_figure(fig, figures_dir, f"singular_values_{point}"),
-                f"{point}: singular values sqrt(eigenvalue) (run {run.name})",
+                f"{point}: singular values sqrt(eigenvalue), colour = epoch (colourbar) (run {run.name})",
             )
         )
     for epoch in dict.fromkeys((epochs[0], epochs[-1])):
         decay = {p: spectra[epoch][p]["eigenvalues"] for p in points if p in spectra[epoch]}
-        fig = viz.decay_curves_figure(decay, title=f"decay, epoch {epoch}")
+        fig = plots.decay_figure(decay, title=f"decay, epoch {epoch}")
         refs.append(
             FigureRef(
                 "decay",
                 save_figure(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
-                f"spectral decay lambda_i / lambda_1 at epoch {epoch}, one line per point (run {run.name})",
+                f"spectral decay lambda_i / lambda_1 at epoch {epoch} (log-log), one line per point (colour = "
+                f"depth); ratios below {plots.DECAY_FLOOR:g} (round-off) are not drawn (run {run.name})",
             )
         )
     if correlation:
@@ -174,12 +204,57 @@ def spectrum_figures(
                 fig = viz.correlation_heatmap_figure(
                     cov, title=f"{point} correlation, epoch {epoch}", max_dim=heatmap_max_dim
                 )
+                shown = min(int(cov.shape[0]), heatmap_max_dim)
+                which = f"all {shown}" if shown == cov.shape[0] else f"first {shown} of {cov.shape[0]}"
                 refs.append(
                     FigureRef(
                         "correlation",
                         save_figure(fig, figures_dir, f"correlation_{point}_{epoch:04d}"),
-                        f"{point}: feature correlation at epoch {epoch} (first {heatmap_max_dim} "
-                        f"features; run {run.name})",
+                        f"{point}: feature correlation at epoch {epoch} ({which} features; run {run.name})",
                     )
                 )
+    return refs
+
+
+def depth_profile_figures(
+    aggregate: Aggregate, figures_dir: Path, *, metrics: Sequence[str] = DEPTH_PROFILE_METRICS
+) -> list[FigureRef]:
+    """Each main observable against depth, one line per observed epoch (colourbar), ±1 standard error bands.
+
+    The band is the jackknife standard error for one run, the standard deviation over runs for several (as on the
+    epoch figures); none where neither exists.
+    """
+    refs: list[FigureRef] = []
+    several = aggregate.n_runs > 1
+    for metric in metrics:
+        per_point = aggregate.mean.get(metric)
+        if not per_point:
+            continue
+        points = [p for p in aggregate.points if p in per_point]
+        epochs = sorted({int(e) for p in points for e in per_point[p][0]})
+        bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
+        profiles: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for epoch in epochs:
+            values = np.full(len(points), np.nan)
+            se = np.full(len(points), np.nan)
+            for i, p in enumerate(points):
+                ep, vals = per_point[p]
+                hit = np.nonzero(np.asarray(ep) == epoch)[0]
+                if hit.size:
+                    values[i] = vals[hit[0]]
+                    if p in bands:
+                        low, high = bands[p]
+                        se[i] = (high[hit[0]] - low[hit[0]]) / 2.0
+            profiles[epoch] = (values, se)
+        title = metric + (f" (mean of {aggregate.n_runs} runs)" if several else "")
+        fig = plots.depth_profile_figure(profiles, points, title=title)
+        band = "mean ± 1 standard deviation over runs" if several else "value ± 1 jackknife standard error"
+        refs.append(
+            FigureRef(
+                "depth",
+                save_figure(fig, figures_dir, f"depth_{metric}"),
+                f"{metric} against depth (points in depth order), one line per observed epoch, colour = epoch "
+                f"(colourbar); band = {band} where recorded",
+            )
+        )
     return refs

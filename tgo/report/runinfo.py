@@ -1,0 +1,248 @@
+"""What a run is, read from its directory: model, data, epochs, accuracies, seed, analysis subset, software.
+
+`read_run_info` reads ``config.yaml`` (the composed training config, or the observation config of
+``python -m tgo.observe``), ``analysis_subset.json`` and ``train.log`` of a run (`tgo.records.RunDir`); whatever a
+run does not hold reads as ``None`` and the report says "not recorded". `comparability_key` and `check_comparable`
+refuse to aggregate runs that differ in model, data or points, naming what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tgo.records import RunDir
+from tgo.report.runs import ReportInputError, RunData
+
+__all__ = [
+    "NOT_RECORDED",
+    "RunInfo",
+    "check_comparable",
+    "package_commit",
+    "package_version",
+    "read_run_info",
+]
+
+NOT_RECORDED = "not recorded"
+TRAIN_LOG = "train.log"
+_DONE = re.compile(r"\[tgo\] done: (.*?); results in")
+_METRIC = re.compile(r"([\w/]+)=([-+0-9.eE]+|nan)")
+
+
+@dataclass
+class RunInfo:
+    """The header facts of one run (``None``: the run does not record it).
+
+    Attributes:
+        model: Model name with its architecture overrides (``vit_tiny_patch16_224 (patch 4, dim 96, depth 12)``).
+        data: Data source (``digits``, ``imagenet100``).
+        data_size: Training set size if the config names one (most sources do not).
+        image_size: Input resolution.
+        epochs: Planned training epochs (``trainer.max_epochs``), ``None`` for an offline observation.
+        top1: Final validation top-1 accuracy.
+        top5: Final validation top-5 accuracy.
+        seed: Training seed (or the observation's source seed).
+        subset_size: Images in the analysis subset.
+        subset_hash: The analysis subset's fingerprint.
+        kind: ``training run`` or ``offline observation``.
+        commit: The git commit the run directory records, if any.
+        source: For an observation, what was observed (checkpoint paths or timm name).
+    """
+
+    model: str | None = None
+    data: str | None = None
+    data_size: int | None = None
+    image_size: int | None = None
+    epochs: int | None = None
+    top1: float | None = None
+    top5: float | None = None
+    seed: int | None = None
+    subset_size: int | None = None
+    subset_hash: str | None = None
+    kind: str = "training run"
+    commit: str | None = None
+    source: str | None = None
+    arch: dict[str, Any] = field(default_factory=dict)
+
+
+def _get(cfg: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(cfg, Mapping) or key not in cfg:
+            return None
+        cfg = cfg[key]
+    return cfg
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _final_accuracies(run: RunDir) -> tuple[float | None, float | None]:
+    """The accuracies of the training's last line (``[tgo] done: val/acc_top1=..., val/acc_top5=...``)."""
+    log = run.root / TRAIN_LOG
+    if not log.is_file():
+        return None, None
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None, None
+    found = _DONE.findall(text)
+    if not found:
+        return None, None
+    values = dict(_METRIC.findall(found[-1]))
+
+    def number(key: str) -> float | None:
+        try:
+            return float(values[key]) if key in values else None
+        except ValueError:
+            return None
+
+    return number("val/acc_top1"), number("val/acc_top5")
+
+
+def _model_name(cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    name = _get(cfg, "model", "name") or _get(cfg, "source", "timm")
+    arch = {str(k): v for k, v in (_get(cfg, "model", "arch") or {}).items() if v is not None}
+    if name is None:
+        models = _get(cfg, "source", "models") or []
+        run = _get(cfg, "source", "run")
+        if run:
+            run_cfg = _load_yaml(RunDir(run).config)
+            name = _get(run_cfg, "model", "name")
+            arch = arch or {str(k): v for k, v in (_get(run_cfg, "model", "arch") or {}).items() if v is not None}
+        elif models:
+            name = "checkpoint"
+    return name, arch
+
+
+def _describe_model(name: str | None, arch: Mapping[str, Any]) -> str | None:
+    if name is None:
+        return None
+    short = {"patch_size": "patch", "embed_dim": "dim", "depth": "depth", "num_heads": "heads"}
+    parts = [f"{short[k]} {arch[k]}" for k in short if k in arch]
+    return name + (f" ({', '.join(parts)})" if parts else "")
+
+
+def read_run_info(run_dir: str | Path) -> RunInfo:
+    """The header facts of a run directory (missing files and keys read as ``None``)."""
+    run = RunDir(run_dir)
+    cfg = _load_yaml(run.config)
+    info = RunInfo()
+    name, arch = _model_name(cfg)
+    info.arch = dict(arch)
+    info.model = _describe_model(name, arch)
+    info.data = _get(cfg, "data", "source")
+    info.image_size = _get(cfg, "data", "image_size")
+    info.seed = cfg.get("seed") if isinstance(cfg.get("seed"), int) else _get(cfg, "source", "seed")
+    observation = "source" in cfg and "trainer" not in cfg
+    if observation:
+        info.kind = "offline observation"
+        models = _get(cfg, "source", "models") or []
+        paths = [str(m.get("path") or m.get("name") or "") for m in models if isinstance(m, Mapping)]
+        info.source = ", ".join(p for p in paths if p) or _get(cfg, "source", "timm")
+        source_run = _get(cfg, "source", "run")
+        if source_run:
+            run_seed = _load_yaml(RunDir(source_run).config).get("seed")
+            info.seed = run_seed if isinstance(run_seed, int) else None
+        elif not _get(cfg, "source", "timm"):
+            info.seed = None
+    else:
+        info.epochs = _get(cfg, "trainer", "max_epochs")
+    info.top1, info.top5 = _final_accuracies(run)
+    commit = cfg.get("git_commit") or _get(cfg, "tgo", "git_commit")
+    info.commit = str(commit) if commit else None
+    if run.manifest.is_file():
+        try:
+            manifest = json.loads(run.manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            manifest = {}
+        if isinstance(manifest, dict):
+            size = manifest.get("size")
+            info.subset_size = int(size) if isinstance(size, int) else len(manifest.get("items") or []) or None
+            info.subset_hash = manifest.get("fingerprint")
+            info.data = info.data or manifest.get("source")
+            image_size = _get(manifest, "source_info", "image_size")
+            info.image_size = info.image_size or image_size
+    return info
+
+
+def package_version() -> str:
+    """The installed ``tgo`` distribution's version ("not recorded" when it is not installed)."""
+    for dist in ("tgo", "TGO"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return NOT_RECORDED
+
+
+def package_commit() -> str | None:
+    """``git rev-parse HEAD`` of the repository holding the ``tgo`` package, with ``+dirty`` when the tree differs;
+    ``None`` when the package is not in a git checkout or git is missing."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) if head else None
+
+
+def _comparable_fields(info: RunInfo, run: RunData) -> dict[str, str]:
+    return {
+        "model": info.model or NOT_RECORDED,
+        "data": str(info.data or NOT_RECORDED),
+        "image size": str(info.image_size or NOT_RECORDED),
+        "points": ", ".join(run.points),
+    }
+
+
+def check_comparable(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> None:
+    """Refuses to aggregate runs that differ in model, data, image size or observation points.
+
+    A field a run does not record is not compared (old runs, runs without ``config.yaml``).
+
+    Raises:
+        ReportInputError: naming each field that differs and which runs hold which value.
+    """
+    if len(runs) < 2:
+        return
+    fields = [_comparable_fields(i, r) for i, r in zip(infos, runs, strict=True)]
+    differences = []
+    for key in fields[0]:
+        groups: dict[str, list[str]] = {}
+        for run, f in zip(runs, fields, strict=True):
+            if f[key] != NOT_RECORDED:  # a run that does not say is not counted as different
+                groups.setdefault(f[key], []).append(run.name)
+        if len(groups) > 1:
+            described = "; ".join(f"{value!r}: {', '.join(names)}" for value, names in groups.items())
+            differences.append(f"{key} differs ({described})")
+    if differences:
+        raise ReportInputError(
+            "the runs are not replicates of one experiment, so they are not averaged: "
+            + "; ".join(differences)
+            + ". Report them separately (one python -m tgo.report per group)"
+        )
