@@ -17,13 +17,23 @@ jackknife standard errors as ``geometry_stderr/...`` and ``geometry_stderr_<view
 TensorBoard also gets a custom-scalars layout (per view one chart per charted observable, and ``value -/+ stderr``
 Margin charts per point of the ``all`` view), histograms and figures, drawn from the records just written (so a
 resumed run's figures show its whole history).
+
+Figures are rendered off the training thread: once an observation is recorded and its scalars logged, its figures
+go to a bounded background `FigureWorker` (at most ``FIGURES_IN_FLIGHT`` observations queued or rendering; a further
+one waits), which draws them with matplotlib's object API and an Agg canvas and writes them through the same
+TensorBoard writer. The worker is drained and the writer flushed at ``on_fit_end``, ``on_exception`` and ``teardown``,
+so every figure is written before ``fit`` returns or re-raises; a hard crash loses at most the figures in flight,
+never records. ``geometry/blocking_seconds`` logs the time the observation held the training thread (the pass,
+the scalars and the hand-off), beside ``geometry/pass_seconds``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import lightning as L
@@ -32,6 +42,7 @@ import torch
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
+from callbacks.figure_worker import FigureWorker
 from tgo import viz
 from tgo.observatory import (
     DEFAULT_VIEW,
@@ -59,6 +70,11 @@ __all__ = [
     "geometry_tag",
     "logged_metrics",
 ]
+
+FIGURES_IN_FLIGHT = 2
+"""Observations whose figures may be queued or rendering at once; the next observation's hand-off waits for one."""
+FIGURE_DRAIN_TIMEOUT_S = 600.0
+"""How long the end of ``fit`` (or an exception) waits for the figures in flight before warning and going on."""
 
 
 def geometry_tag(metric: str, key: ObservationKey, *, kind: str = "geometry") -> str:
@@ -118,8 +134,10 @@ class SpectralGeometryCallback(L.Callback):
         self.points: list[ObservationPoint] = []
         self.observed_epochs: list[int] = []
         self.last_pass_seconds: float | None = None  # stream + reduce + eigendecompose + records
-        self.last_logging_seconds: float | None = None  # logger scalars and TensorBoard figures
+        self.last_logging_seconds: float | None = None  # logger scalars and handing the figures to the worker
+        self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
         self._run: RunDir | None = None
+        self._figures: FigureWorker | None = None  # rank 0's background figure renderer, started on first use
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -140,6 +158,33 @@ class SpectralGeometryCallback(L.Callback):
         completed = trainer.current_epoch + 1
         if self._should_observe(completed, trainer):
             self.observe_epoch(trainer, pl_module, completed)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.drain_figures(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.drain_figures(trainer)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.drain_figures(trainer)
+
+    def drain_figures(self, trainer: L.Trainer | None = None, timeout: float = FIGURE_DRAIN_TIMEOUT_S) -> bool:
+        """Waits for every queued figure, stops the worker and flushes TensorBoard. ``False`` if it timed out."""
+        worker, self._figures = self._figures, None
+        drained = True
+        if worker is not None:
+            drained = worker.close(timeout)
+            if not drained:
+                warnings.warn(
+                    f"[tgo] TensorBoard figures still rendering after {timeout:.0f} s; going on without them "
+                    "(the records are complete)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        tensorboard = self._tensorboard(trainer) if trainer is not None else None
+        if tensorboard is not None and worker is not None:
+            tensorboard.experiment.flush()
+        return drained
 
     def state_dict(self) -> dict[str, Any]:
         return {"observed_epochs": list(self.observed_epochs)}
@@ -169,7 +214,15 @@ class SpectralGeometryCallback(L.Callback):
 
     # ----------------------------------------------------------------------------------------- observation
     def observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
-        """Runs one observation on every rank; rank 0 records and logs. Collective: call on all ranks."""
+        """Runs one observation on every rank; rank 0 records and logs. Collective: call on all ranks.
+
+        Earlier observations' figures still rendering are paused meanwhile (between figures), so they do not
+        contend with the pass for the GIL; they resume when the observation returns.
+        """
+        with self._figures.held() if self._figures is not None else contextlib.nullcontext():
+            self._observe_epoch(trainer, pl_module, epoch)
+
+    def _observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
         assert self._run is not None, "setup() runs before any observation"
         start = time.perf_counter()
         datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set by fit(datamodule=...)
@@ -199,9 +252,12 @@ class SpectralGeometryCallback(L.Callback):
             logging_start = time.perf_counter()
             self._log(trainer, epoch, results)
             self.last_logging_seconds = time.perf_counter() - logging_start
+            self.last_blocking_seconds = time.perf_counter() - start
+            for logger in trainer.loggers:
+                logger.log_metrics({"geometry/blocking_seconds": self.last_blocking_seconds}, step=epoch)
             rank_zero_info(
                 f"[tgo] geometry observed at epoch {epoch} over {len(dataset)} images in "
-                f"{self.last_pass_seconds:.2f} s (+{self.last_logging_seconds:.2f} s logging)"
+                f"{self.last_pass_seconds:.2f} s (+{self.last_logging_seconds:.2f} s logging; figures in background)"
             )
         self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
         trainer.strategy.barrier("tgo_geometry_observed")
@@ -221,8 +277,10 @@ class SpectralGeometryCallback(L.Callback):
         index = recorded.index(epoch)  # the run's n-th observation, resumed runs included
         due = index % self.settings.figures.every_n_observations == 0 or epoch == trainer.max_epochs
         if tensorboard is not None and due:
-            self._log_figures(tensorboard.experiment, epoch, results, recorded)
-            tensorboard.experiment.flush()
+            if self._figures is None:
+                self._figures = FigureWorker(FIGURES_IN_FLIGHT, name="tgo-geometry-figures")
+            job = self._figure_job(tensorboard.experiment, epoch, results, recorded)
+            self._figures.submit(job, label=f"geometry figures of epoch {epoch}")
 
     @staticmethod
     def _tensorboard(trainer: L.Trainer) -> TensorBoardLogger | None:
@@ -279,41 +337,71 @@ class SpectralGeometryCallback(L.Callback):
                     writer.add_scalar(upper, value + se, global_step=epoch)
 
     def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
-        """Draws from what was just recorded: the records hold the whole history, also of a resumed run."""
+        """Draws and writes one observation's figures on the calling thread (what the worker runs, in one call)."""
+        for _ in self._figure_job(writer, epoch, results, recorded)():
+            pass
+
+    def _figure_job(
+        self, writer: Any, epoch: int, results: Results, recorded: list[int]
+    ) -> Callable[[], Iterator[None]]:
+        """One observation's figures as a job for the background worker, drawn from what was just recorded.
+
+        The arrays it needs are copied now (the job owns them); the history (spectra of the ``recorded`` epochs,
+        the metrics series up to ``epoch``) is read from the records by the job: they hold the whole history, also
+        of a resumed run, and are written atomically, so a later observation being recorded meanwhile is harmless.
+        """
         assert self._run is not None
+        root = self._run.root
         figures = self.settings.figures
         own = results.by_point()  # the default view of every point, in depth order
-        for point, result in own.items():
-            eigenvalues = result.spectrum.eigenvalues
-            positive = eigenvalues[np.isfinite(eigenvalues) & (eigenvalues > 0)]
-            if figures.histograms and positive.size:
-                writer.add_histogram(f"spectrum_log10/{point}", np.log10(positive), global_step=epoch)
-            if figures.heatmaps and np.all(np.isfinite(result.covariance)):
-                image = viz.correlation_image(result.covariance, max_dim=figures.heatmap_max_dim)
-                writer.add_image(f"correlation/{point}", image, global_step=epoch, dataformats="HWC")
+        eigenvalues = {point: np.array(result.spectrum.eigenvalues, copy=True) for point, result in own.items()}
+        covariances = {
+            point: np.array(result.covariance, copy=True)
+            for point, result in own.items()
+            if figures.heatmaps and np.all(np.isfinite(result.covariance))
+        }
+        recorded = list(recorded)
         names = list(own)
-        if figures.spectra:
-            spectra = load_spectra(self._run.root, recorded, arrays=("eigenvalues",))
-            histories = {
-                name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
-                for name in names
-            }
-            self._add_figure(writer, "spectra/all_points", viz.spectra_grid_figure(histories), epoch)
-        if figures.decay:
-            decay = {point: result.spectrum.eigenvalues for point, result in own.items()}
-            self._add_figure(writer, "decay/all_points", viz.decay_curves_figure(decay, title=f"epoch {epoch}"), epoch)
-        if figures.layer_epoch:
-            series = load_series(self._run.root, metrics=CATALOGUE.charted)
-            epochs = sorted({int(e) for per_point in series.values() for es, _ in per_point.values() for e in es})
-            tables = {metric: _layer_epoch_table(series.get(metric, {}), names, epochs) for metric in CATALOGUE.charted}
-            self._add_figure(
-                writer, "layer_epoch/all_observables", viz.layer_epoch_grid_figure(tables, names, epochs), epoch
-            )
+
+        def job() -> Iterator[None]:  # one step per figure: the worker may pause between them
+            for point, values in eigenvalues.items():
+                positive = values[np.isfinite(values) & (values > 0)]
+                if figures.histograms and positive.size:
+                    writer.add_histogram(f"spectrum_log10/{point}", np.log10(positive), global_step=epoch)
+                if point in covariances:
+                    image = viz.correlation_image(covariances[point], max_dim=figures.heatmap_max_dim)
+                    writer.add_image(f"correlation/{point}", image, global_step=epoch, dataformats="HWC")
+            yield
+            if figures.spectra:
+                spectra = load_spectra(root, recorded, arrays=("eigenvalues",))
+                histories = {
+                    name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
+                    for name in names
+                }
+                self._add_figure(writer, "spectra/all_points", viz.spectra_grid_figure(histories), epoch)
+                yield
+            if figures.decay:
+                decay = viz.decay_curves_figure(eigenvalues, title=f"epoch {epoch}")
+                self._add_figure(writer, "decay/all_points", decay, epoch)
+                yield
+            if figures.layer_epoch:
+                series = load_series(root, metrics=CATALOGUE.charted)
+                epochs = sorted(
+                    {int(e) for per_point in series.values() for es, _ in per_point.values() for e in es if e <= epoch}
+                )
+                tables = {
+                    metric: _layer_epoch_table(series.get(metric, {}), names, epochs) for metric in CATALOGUE.charted
+                }
+                grid = viz.layer_epoch_grid_figure(tables, names, epochs)
+                self._add_figure(writer, "layer_epoch/all_observables", grid, epoch)
+            writer.flush()
+
+        return job
 
     @staticmethod
     def _add_figure(writer: Any, tag: str, fig: Any, epoch: int) -> None:
-        writer.add_figure(tag, fig, global_step=epoch, close=False)
-        viz.close(fig)
+        """Renders with the figure's own Agg canvas (never pyplot: this runs on the worker thread)."""
+        writer.add_image(tag, viz.render_rgb(fig), global_step=epoch, dataformats="HWC")
 
     # ----------------------------------------------------------------------------------------- helpers
     @staticmethod
@@ -331,5 +419,6 @@ def _layer_epoch_table(
     column = {e: j for j, e in enumerate(epochs)}
     for i, point in enumerate(points):
         for e, v in zip(*per_point.get(point, ((), ())), strict=False):
-            table[i, column[int(e)]] = v
+            if int(e) in column:  # epochs recorded after the figure's own are not drawn
+                table[i, column[int(e)]] = v
     return table

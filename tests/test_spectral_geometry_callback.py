@@ -92,7 +92,8 @@ def test_tensorboard_scalars_equal_the_records(tensorboard_run):
         logged = {e.step: e.value for e in events.Scalars(tag)}
         assert logged[int(row["epoch"])] == pytest.approx(float(row["value"]), rel=1e-6, nan_ok=True), tag
     assert {t for t in tags if t.startswith("geometry") and "stderr" not in t and "band" not in t} == expected | {
-        "geometry/pass_seconds"
+        "geometry/pass_seconds",
+        "geometry/blocking_seconds",
     }
     # Views, and probe metrics on the views that carry them, under their own prefixes.
     assert {

@@ -12,6 +12,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from numpy.typing import ArrayLike
 
@@ -21,6 +22,19 @@ SMALL = (4.5, 3.4)
 def close(fig: Figure) -> None:
     """Releases a figure's memory (object-API figures are not tracked by pyplot, clearing is enough)."""
     fig.clear()
+
+
+def render_rgb(fig: Figure) -> np.ndarray:
+    """The figure drawn by its own Agg canvas, as an RGB ``uint8`` image ``(H, W, 3)``; then cleared (`close`).
+
+    Thread-safe where pyplot is not: no global figure manager, no backend switch (TensorBoard's ``add_figure``
+    imports pyplot). The background figure worker writes this with ``add_image(..., dataformats="HWC")``.
+    """
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    image = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    close(fig)
+    return image
 
 
 def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
