@@ -173,16 +173,6 @@ def test_comparison_with_the_paper_uses_the_same_epoch_or_the_papers_last():
     assert compare_with_reference(late, paper, ["cls"])[0].paper_epoch == 100
 
 
-def test_the_published_overlay_is_opt_in_even_for_a_tgo1_like_run(tmp_path: Path):
-    curves = {"effective_rank": {p: (lambda e, i=i: 2.0 + i + e) for i, p in enumerate(PAPER_POINTS)}}
-    run = write_synthetic_run(tmp_path / "tgo1", curves, epochs=[1, 2, 3], dim=2)
-    html = build_report([run], correlation=False).read_text()
-    assert "Comparison with the published TGO-I measurements" not in html and "verdict on TGO-I data" not in html
-    html = build_report([run], reference="tgo1", correlation=False).read_text()
-    assert "Comparison with the published TGO-I measurements" in html
-    assert "right panel = published TGO-I measurements" in html and "verdict on TGO-I data" in html
-
-
 def test_bad_inputs_are_one_line_errors_with_status_2(
     tmp_path: Path, smoke_run: Path, capsys: pytest.CaptureFixture[str]
 ):
