@@ -300,17 +300,13 @@ def stream_pass(
     Returns:
         The accumulators, one per point (not reduced).
     """
-    import numpy as np
-
     from tgo.observatory import ShardPlan
-    from tgo.observatory.pipeline import group_of_items, shard_loader
+    from tgo.observatory.pipeline import group_of_items, observation_loader
     from tgo.observatory.stream import stream_activations
 
     plan = ShardPlan(batch_size=batch_size)
     group_of_item = group_of_items(dataset, groups) if groups else None
-    if images is not None and group_of_item is None:
-        group_of_item = np.zeros(len(dataset), dtype=np.int64)  # the indices travel in the grouped batches
-    loader = shard_loader(dataset, plan, group_of_item)
+    loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=images is not None)
     accumulators = stream_activations(
         net, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, images=images
     )

@@ -80,7 +80,14 @@ class Observation:
     acts: dict[str, np.ndarray]
 
 
-def _observe(net: torch.nn.Module, data: TensorDataset, run: Path, epoch: int, calls: list[int]) -> Observation:
+def _observe(
+    net: torch.nn.Module,
+    data: TensorDataset,
+    run: Path,
+    epoch: int,
+    calls: list[int],
+    settings: ObservationSettings = SETTINGS,
+) -> Observation:
     capture = _Capture(net, data.tensors[0])
 
     def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -91,7 +98,7 @@ def _observe(net: torch.nn.Module, data: TensorDataset, run: Path, epoch: int, c
         net,
         data,
         vit_points(net),
-        settings=SETTINGS,
+        settings=settings,
         plan=ShardPlan(batch_size=BATCH),
         record=RecordPlan(RecordWriter(run), epoch=epoch, step=epoch, with_covariance=True),
         all_reduce_sum=all_reduce_sum,
@@ -395,22 +402,7 @@ def test_a_rank_that_never_reports_leaves_images_unseen_and_is_refused():
 def test_probes_disabled_records_only_the_all_view(tmp_path, observed):
     net, data = make_vit().eval(), _dataset()
     calls: list[int] = []
-    settings = SETTINGS.replace(probes={"enabled": False})
-
-    def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-        calls.append(t.numel())
-        return t
-
-    results = observe_and_record(
-        net,
-        data,
-        vit_points(net),
-        settings=settings,
-        plan=ShardPlan(batch_size=BATCH),
-        record=RecordPlan(RecordWriter(tmp_path), epoch=0, step=0, with_covariance=True),
-        all_reduce_sum=all_reduce_sum,
-        is_global_zero=True,
-    )
+    results = _observe(net, data, tmp_path, 0, calls, SETTINGS.replace(probes={"enabled": False})).results
     assert len(calls) == 2
     assert {key.view for key in results} == {"all"}
     probe_names = {o.name for o in CATALOGUE.probes}

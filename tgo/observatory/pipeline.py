@@ -137,6 +137,17 @@ def shard_loader(dataset: Dataset, plan: ShardPlan, group_of_item: np.ndarray | 
     )
 
 
+def observation_loader(
+    dataset: Dataset, plan: ShardPlan, *, group_of_item: np.ndarray | None, indexed: bool
+) -> DataLoader:
+    """This rank's loader as an observation streams it: with jackknife groups (``group_of_item``) or per-image vectors
+    (``indexed``) the batches are ``(images, labels, group ids, subset indices)``, every image in group 0 when there
+    are no groups; otherwise plain ``(images, labels)``."""
+    if indexed and group_of_item is None:
+        group_of_item = np.zeros(len(dataset), dtype=np.int64)  # type: ignore[arg-type]  # map-style: Sized
+    return shard_loader(dataset, plan, group_of_item)
+
+
 def observe_dataset(
     model: torch.nn.Module,
     dataset: Dataset,
@@ -148,6 +159,7 @@ def observe_dataset(
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
     images: ImageTable | None = None,
+    group_of_item: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
@@ -164,15 +176,15 @@ def observe_dataset(
         gram_dtype: Gram product precision (float64 exact, float32 faster).
         groups: Jackknife groups (0: none); the group states travel in the same two collectives.
         images: Per-image vectors of the hypothesis probes (same collectives), or ``None``.
+        group_of_item: The jackknife group of every image, if the caller already has it (`group_of_items`).
 
     Returns:
         Accumulators holding the global sums, one per point (a `GroupedCovariance` with ``groups``), in point
         order, identical on every rank.
     """
-    group_of_item = group_of_items(dataset, groups) if groups else None
-    if images is not None and group_of_item is None:
-        group_of_item = np.zeros(len(dataset), dtype=np.int64)  # type: ignore[arg-type]  # indices need the wrapper
-    loader = shard_loader(dataset, plan, group_of_item)
+    if groups and group_of_item is None:
+        group_of_item = group_of_items(dataset, groups)
+    loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=images is not None)
     accumulators = stream_activations(
         model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, images=images
     )
@@ -238,6 +250,7 @@ def observe_and_record(
     if settings.probes.enabled:
         target = device if device is not None else next((p.device for p in model.parameters()), "cpu")
         images = ImageTable(len(dataset), rank=plan.rank, world_size=plan.world_size, device=target)  # type: ignore[arg-type]
+    image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
     accumulators = observe_dataset(
         model,
         dataset,
@@ -248,6 +261,7 @@ def observe_and_record(
         gram_dtype=settings.torch_gram_dtype,
         groups=settings.groups,
         images=images,
+        group_of_item=image_groups,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
@@ -274,7 +288,7 @@ def observe_and_record(
         nan_if_nonfinite=True,
         fit_range=settings.fit_range,
         images=images,
-        image_groups=group_of_items(dataset, settings.groups) if settings.groups else None,
+        image_groups=image_groups,
         probes=settings.probes,
         history=history,
     )
@@ -287,6 +301,7 @@ __all__ = [
     "RecordPlan",
     "ShardPlan",
     "ShardSampler",
+    "observation_loader",
     "observe_and_record",
     "observe_dataset",
     "shard_loader",

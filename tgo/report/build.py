@@ -26,7 +26,7 @@ from tgo.report.aggregate import (
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
-from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, hypotheses_report
+from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, JUDGED_COLUMNS, hypotheses_report
 from tgo.report.reference import (
     PAPER_POINTS,
     compare_with_reference,
@@ -64,15 +64,7 @@ FINDINGS_COLUMNS: tuple[str, ...] = (
     "metric",
     "point",
     "expected",
-    "verdict",
-    "first",
-    "last",
-    "change",
-    "relative_change",
-    "uncertainty",
-    "uncertainty_source",
-    "z",
-    "window",
+    *JUDGED_COLUMNS,
     "spearman",
     "peak_epoch",
     "peak_window",

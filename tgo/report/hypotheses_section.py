@@ -43,13 +43,7 @@ from tgo.spectral.probes import cka_matrix, linear_cka
 
 __all__ = ["CONTEXT_METRICS", "HYPOTHESES_COLUMNS", "HypothesesReport", "hypotheses_report", "load_view_runs"]
 
-HYPOTHESES_COLUMNS: tuple[str, ...] = (
-    "hypothesis",
-    "prediction",
-    "metric",
-    "view",
-    "point",
-    "expected",
+JUDGED_COLUMNS: tuple[str, ...] = (
     "verdict",
     "first",
     "last",
@@ -59,6 +53,17 @@ HYPOTHESES_COLUMNS: tuple[str, ...] = (
     "uncertainty_source",
     "z",
     "window",
+)
+"""The columns of a judged trend, shared by ``findings.csv`` and ``hypotheses.csv`` (same meaning in both)."""
+
+HYPOTHESES_COLUMNS: tuple[str, ...] = (
+    "hypothesis",
+    "prediction",
+    "metric",
+    "view",
+    "point",
+    "expected",
+    *JUDGED_COLUMNS,
     "note",
     "agreement",
 )
