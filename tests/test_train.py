@@ -122,28 +122,6 @@ def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
     assert "[lightning.pytorch" in log and "max_epochs=1" in log
 
 
-@pytest.mark.slow
-def test_multirun_gives_each_job_its_own_directory(tmp_path):
-    result = run_cli(
-        [
-            "-m",
-            *FAST,
-            "seed=0,1",
-            "trainer.max_epochs=1",
-            "trainer.limit_train_batches=2",
-            "observation.figures.spectra=false",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir() and not p.name.startswith("."))
-    assert jobs == ["0", "1"]
-    for job in jobs:
-        assert (tmp_path / "sweep" / job / "geometry" / "metrics.csv").is_file()
-        assert (tmp_path / "sweep" / job / "checkpoints" / "last.ckpt").is_file()
-
-
 def test_ddp_relaunch_in_a_multirun_reruns_only_this_job(monkeypatch):
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf

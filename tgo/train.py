@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from tgo.checkpoints import AtomicCheckpointIO
 from tgo.config import validate_config
 from tgo.errors import ConfigError, find_user_error
+from tgo.launch import distributed_job
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
 
@@ -130,7 +131,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         rank_zero_info(f"[tgo] run directory: {output_dir.resolve()}")
         rank_zero_info(f"[tgo] analysis subset manifest: {manifest}")
         rank_zero_info(f"[tgo] TensorBoard: tensorboard --logdir {RunDir(output_dir).tensorboard.resolve()}")
-    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    with distributed_job():  # a multirun's next job must not join this job's process group
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:
         summary = ", ".join(f"{k}={metrics[k]:.4f}" for k in ("val/acc_top1", "val/acc_top5") if k in metrics)
