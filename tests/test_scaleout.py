@@ -3,13 +3,21 @@ submitit launchers, and the trainer settings that only make sense on a cluster."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
-from tests.conftest import compose_train, run_cli
+from tests.conftest import REPO, compose_train, run_cli
 from tests.test_ddp import EPOCH0
 from tgo.records import load_spectra, recorded_epochs
 from tgo.train import run
+
+SBATCH_SNAPSHOT = Path(__file__).parent / "fixtures" / "sbatch_tgo1_2x8.sh"
 
 
 @pytest.mark.slow
@@ -34,3 +42,63 @@ def test_a_multirun_of_two_ddp_jobs_runs_each_job_in_its_own_directory(tmp_path)
             np.testing.assert_allclose(
                 two[name]["eigenvalues"], one[name]["eigenvalues"], rtol=1e-10, atol=1e-10 * top, err_msg=name
             )
+
+
+def _fake_slurm_commands(bin_dir: Path) -> None:
+    """``srun`` (submitit checks it exists) and an ``sbatch`` that keeps the script it was given and submits nothing."""
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "sbatch").write_text('#!/bin/sh\ncp "$1" "$SBATCH_CAPTURE"\necho "sbatch: test double" >&2\nexit 1\n')
+    for tool in ("srun", "sbatch"):
+        (bin_dir / tool).chmod(0o755)
+
+
+def _slurm_sweep(tmp_path: Path, overrides: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+    _fake_slurm_commands(tmp_path / "bin")
+    captured = tmp_path / "sbatch.sh"
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "SBATCH_CAPTURE": str(captured),
+        "TGO_ROOT": str(tmp_path),
+        "PYTHONPATH": str(REPO),
+    }
+    args = ["-m", "hydra/launcher=slurm", "experiment=tgo1", "data.root=/data/imagenet100", *overrides]
+    result = subprocess.run(
+        [sys.executable, "-m", "tgo.train", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return result, captured
+
+
+def test_the_slurm_launcher_renders_the_sbatch_script_of_the_snapshot(tmp_path):
+    """Nodes, tasks and GPUs per node follow the trainer; the preemption signal, time limit and requeue are set."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    _, captured = _slurm_sweep(tmp_path, ["trainer.devices=8", "trainer.num_nodes=2"])
+    assert captured.is_file(), "sbatch was never called"
+    rendered = captured.read_text().replace(str(tmp_path / "sweep"), "<SWEEP>").replace(sys.executable, "<PYTHON>")
+    assert rendered == SBATCH_SNAPSHOT.read_text()
+
+
+def test_devices_auto_with_the_slurm_launcher_is_one_clear_line(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    result, captured = _slurm_sweep(tmp_path, ["trainer.devices=auto"])
+    assert result.returncode == 2 and not captured.exists()
+    assert result.stderr.strip().splitlines() == [
+        "tgo.train: error: trainer.devices: 'auto' with hydra/launcher=slurm; expected a positive integer "
+        "(SLURM gets one task and one GPU per device, e.g. trainer.devices=8)"
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
+def test_asking_for_a_gpu_on_a_machine_without_one_is_one_clear_line(tmp_path):
+    result = run_cli(["experiment=smoke", "trainer.accelerator=gpu", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "tgo.train: error: trainer.accelerator: 'gpu' but no CUDA GPU is visible on this machine"
+    )
+    assert "Traceback" not in result.stderr

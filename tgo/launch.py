@@ -12,9 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import sys
+import threading
 from collections.abc import Iterator
+from typing import Any
 
+import torch
 import torch.distributed as dist
+from hydra.experimental.callback import Callback
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
+from omegaconf import DictConfig, OmegaConf
+
+from tgo.errors import ConfigError
 
 # What Lightning's subprocess launcher writes into the launching process's environment for its children
 # (lightning.fabric.strategies.launchers.subprocess_script._call_children_scripts).
@@ -42,3 +52,73 @@ def distributed_job() -> Iterator[None]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+# ------------------------------------------------------------------------------------------------ SLURM requeue
+def preemption_signal() -> signal.Signals:
+    """The signal SLURM sends ``signal_delay_s`` before a preemption or time-limit kill.
+
+    It is the one submitit writes into the sbatch header (``#SBATCH --signal=USR2@<delay>``), which submitit reads
+    from ``SUBMITIT_PREEMPT_SIGNAL`` (default ``USR2``); reading the same variable keeps the two in step.
+    """
+    name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
+    found = getattr(signal, f"SIG{name}", None)
+    if not isinstance(found, signal.Signals):
+        raise ConfigError(f"SUBMITIT_PREEMPT_SIGNAL: '{name}' is not a signal name; expected e.g. USR2 or USR1")
+    return found
+
+
+def slurm_requeue_plugins(configured: list[Any]) -> list[Any]:
+    """Lightning's SLURM environment listening for the preemption signal, when this process is a SLURM task.
+
+    One owner of requeue: Lightning. On the signal its handler writes ``hpc_ckpt_<n>.ckpt`` into the run directory
+    and runs ``scontrol requeue``; the requeued job runs the same command again and `resume_checkpoint` resumes it.
+    Lightning registers its handler only where none is installed, and submitit (which runs the job) installs its own
+    for the same signal, which would resubmit the job without saving anything. So that handler is put back to the
+    default here, just before the trainer (and with it Lightning's handler) is set up. Nothing is added outside
+    SLURM or when a cluster environment is configured explicitly.
+    """
+    if any(isinstance(p, ClusterEnvironment) for p in configured) or not SLURMEnvironment.detect():
+        return []
+    requeue_signal = preemption_signal()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(requeue_signal, signal.SIG_DFL)
+    return [SLURMEnvironment(auto_requeue=True, requeue_signal=requeue_signal)]
+
+
+def is_requeued_slurm_job() -> bool:
+    """Whether SLURM restarted this job (``scontrol requeue``, preemption or node failure): ``SLURM_RESTART_COUNT``."""
+    return SLURMEnvironment.detect() and int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+
+
+def check_accelerator(accelerator: str) -> None:
+    """Stops before any work when ``trainer.accelerator`` asks for a GPU this machine does not have."""
+    if str(accelerator).lower() in {"gpu", "cuda"} and not torch.cuda.is_available():
+        raise ConfigError(
+            f"trainer.accelerator: '{accelerator}' but no CUDA GPU is visible on this machine "
+            "(torch.cuda.is_available() is False); expected trainer.accelerator=cpu or auto here, or a GPU node"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ launcher checks
+class LaunchChecks(Callback):
+    """Hydra callback: checks what a multirun's launcher needs before it submits anything.
+
+    The SLURM launcher requests one task and one GPU per device (``tasks_per_node = gpus_per_node =
+    trainer.devices``) on ``trainer.num_nodes`` nodes, so both must be positive integers; ``devices=auto`` would
+    otherwise end in an interpolation traceback from inside submitit. Exits with status 2 and one line.
+    """
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+        if not target.endswith("SlurmLauncher"):
+            return
+        for key in ("trainer.devices", "trainer.num_nodes"):
+            value = OmegaConf.select(config, key, default=None)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                print(
+                    f"tgo.train: error: {key}: {value!r} with hydra/launcher=slurm; expected a positive integer "
+                    "(SLURM gets one task and one GPU per device, e.g. trainer.devices=8)",
+                    file=sys.stderr,
+                )
+                sys.exit(2)

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from tgo.checkpoints import AtomicCheckpointIO
 from tgo.config import validate_config
 from tgo.errors import ConfigError, find_user_error
-from tgo.launch import distributed_job
+from tgo.launch import check_accelerator, distributed_job, slurm_requeue_plugins
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
 
@@ -89,11 +89,12 @@ def trainer_plugins(cfg: DictConfig) -> list[Any]:
     """The trainer's plugins: the configured ones, plus `AtomicCheckpointIO` unless one of them is a CheckpointIO.
 
     Checkpoints are then written atomically in their own directory, so a full disk never truncates ``last.ckpt``.
+    On a SLURM task, Lightning's SLURM environment listens for the preemption signal (`slurm_requeue_plugins`).
     """
     plugins = list(instantiate(cfg.trainer.get("plugins")) or [])
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
-    return plugins
+    return plugins + slurm_requeue_plugins(plugins)
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
@@ -106,6 +107,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         Final metrics (``val/acc_top1`` ...) as floats.
     """
     validate_config(cfg)
+    check_accelerator(cfg.trainer.accelerator)
     output_dir = Path(cfg.paths.output_dir)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
     refuse_to_overwrite(output_dir, ckpt_path)
