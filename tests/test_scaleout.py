@@ -98,7 +98,25 @@ def test_devices_auto_with_the_slurm_launcher_is_one_clear_line(tmp_path):
 def test_asking_for_a_gpu_on_a_machine_without_one_is_one_clear_line(tmp_path):
     result = run_cli(["experiment=smoke", "trainer.accelerator=gpu", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "tgo.train: error: trainer.accelerator: 'gpu' but no CUDA GPU is visible on this machine"
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("tgo.train: error: trainer.accelerator: 'gpu' but no CUDA GPU is visible on this machine")
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_submitit_local_launcher_runs_a_two_job_sweep(tmp_path):
+    """The launcher a SLURM user swaps in (hydra-submitit-launcher), run by its local executor: each job complete."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    sweep = tmp_path / "sweep"
+    result = run_cli(
+        ["-m", "hydra/launcher=submitit_local", *EPOCH0, "seed=0,1", f"hydra.sweep.dir={sweep}"], tmp_path, timeout=400
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
+    for job in ("0", "1"):
+        assert recorded_epochs(sweep / job) == [0, 1], job
+        assert (sweep / job / "checkpoints" / "last.ckpt").is_file(), job
+        assert "[tgo] done:" in (sweep / job / "train.log").read_text(), job
