@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run lint format test bench clean
+.PHONY: setup run lint format test bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(ARGS)
+
+# GPU acceptance (docs/benchmarks.md): train tgo1 briefly on a CUDA GPU, time the observation, check it is exact.
+# On a CPU: make gpu-check ARGS="--device cpu --tiny"
+gpu-check: $(STAMP)
+	$(PY) -m benchmarks.gpu_check $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun bench_out .pytest_cache .mypy_cache .ruff_cache

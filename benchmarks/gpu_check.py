@@ -1,0 +1,898 @@
+"""``python -m benchmarks.gpu_check`` (``make gpu-check``): the GPU acceptance check of issue 14, one table.
+
+What it does, in order (see docs/benchmarks.md, "GPU acceptance"):
+
+1. Switches TF32 on globally (``torch.backends.cuda.matmul.allow_tf32 = True``, ``torch.backends.cudnn.allow_tf32 =
+   True``), as many users do, so everything below runs in that hostile environment.
+2. Trains the tgo1 model (``experiment=tgo1``: timm ``vit_small_patch16_224`` from ``conf/model/vit_small.yaml``,
+   ``bf16-mixed``) with ``tgo.train.run`` on synthetic 224 px data (``data=synthetic``, 100 classes) for 2 short
+   epochs, the ``SpectralGeometryCallback`` observing the 1,000-image analysis subset at the 15 tgo1 points after
+   every epoch, and keeps the run directory with its ``last.ckpt``. The callback's ``last_pass_seconds`` and
+   ``last_blocking_seconds`` are recorded per observation.
+3. Reloads the saved checkpoint as ``python -m tgo.observe`` does (`tgo.observe.compose_observe_config` with the run
+   directory: the run's data, its pinned analysis subset and its observation settings; `tgo.checkpoints`) and times
+   the observation of the 1,000 images on the device with ``observe_and_record`` (`benchmarks._harness.observation`,
+   the bench rows' path), split into its phases with `_harness.PhaseTimer`; peak GPU memory with
+   ``torch.cuda.max_memory_allocated``.
+4. Checks the numbers on a subset (32 images), each to ``1e-9`` relative:
+
+   * **guard**: the float32 observation (the real one: float32 forward, float64 Gram) run with TF32 on globally and
+     inside a caller's bf16 ``torch.autocast`` equals the same observation run with TF32 off and no autocast. The
+     observation path switches TF32 (cuBLAS and cuDNN) and autocast off itself (`tgo.observatory.exact_inference`),
+     so if its guards work both runs execute the same kernels and agree to the last bit; a broken guard shows up as
+     ~1e-3..1e-6. On a CPU only the autocast guard is exercised (TF32 does not exist there).
+   * **device**: the float64 observation of the checkpoint on the device equals a CPU float64 observation of it. The
+     network and images are cast to float64 for both, because no float32 forward on two devices agrees to 1e-9
+     (different kernels round differently, ~1e-7 per layer); in float64 the two must agree to round-off, which
+     checks the device's streaming accumulators, the all-reduce packing and the CPU eigendecomposition end to end.
+   * **float32 device vs CPU** (no target, printed for reading): the real float32 observation on the device against
+     the same on the CPU; IEEE float32 kernels differ at ~1e-7..1e-5 of the observables, TF32 at ~1e-3.
+
+Eigendecomposition: the library decomposes every covariance on the CPU in float64 (``tgo.spectral.eigendecompose``:
+numpy/LAPACK ``eigvalsh``, points in a thread pool), where 15 (x 11 with the jackknife) 384 x 384 matrices take well
+under a second; torch's float64 ``linalg.eigh`` on a GPU loops one solver call per matrix above 32 x 32. The check
+counts any GPU float64 eigensolver call during the timed observations and fails the eigendecomposition row if there
+is one.
+
+Exit status: 1 when an equality check fails (the observation would not be exact on this machine); timing targets
+missed are printed as FAIL but exit 0 unless ``--strict``; 2 for bad usage (``--device cuda`` without a CUDA GPU).
+
+``--device cpu --tiny`` runs the same code on a 2-block, width-32 ViT at 32 px with 32 analysis images on the CPU in
+seconds (``tests/test_gpu_check.py``); timing rows then have no verdict, the targets being for one H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import logging
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from benchmarks import _harness as h
+
+TOLERANCE = 1e-9
+"""Largest relative difference the equality checks accept (eigenvalues relative to the spectrum's largest one)."""
+PASS_TARGET_S = 0.25
+"""Exact-mode streaming pass (forward + 15 hooks + float64 Gram) of 1,000 images of ViT-S/16 on one H200."""
+OBSERVATION_TARGET_S = 0.40
+"""The whole exact observation (pass, reduce, eigendecomposition + observables, records) under the same conditions."""
+MB = 1024**2
+EIGENSOLVERS = ("eigh", "eigvalsh", "eig", "eigvals")
+"""``torch.linalg`` functions counted when called on a float64 GPU tensor during the timed observations."""
+
+
+# ---------------------------------------------------------------------------------------------------- profiles
+@dataclass(frozen=True)
+class Profile:
+    """What one mode trains and observes.
+
+    Attributes:
+        name: ``tgo1`` (the acceptance run) or ``tiny`` (the CPU stand-in the test runs).
+        overrides: Hydra overrides of ``conf/train.yaml`` on top of ``experiment=tgo1 data=synthetic``.
+        subset: Images of the equality checks (the first ones of the analysis subset).
+        repeats: Timed observations of the whole analysis subset (after one untimed warm-up).
+        judged: Whether the timing targets apply (they are stated for ViT-S/16, 1,000 images, one H200).
+    """
+
+    name: str
+    overrides: tuple[str, ...]
+    subset: int
+    repeats: int
+    judged: bool
+
+
+_COMMON = (
+    "experiment=tgo1",
+    "data=synthetic",
+    "data.root=null",
+    "trainer.max_epochs=2",
+    "trainer.enable_progress_bar=false",
+    "callbacks.trajectory_checkpoint=null",
+    "logger=csv",
+    # The analysis images are rendered once and kept in memory (`cached_analysis_images`): loader workers would
+    # each render (and cache) their own copy, and forking them costs every observation a fixed start-up.
+    "observation.num_workers=0",
+)
+
+TGO1 = Profile(
+    name="tgo1",
+    overrides=(
+        *_COMMON,
+        "data.image_size=224",
+        "data.num_classes=100",
+        "data.train_size=512",
+        "data.val_size=1000",
+        "data.analysis.size=1000",
+        "data.analysis.per_class=10",
+        "data.num_workers=8",
+        "trainer.limit_train_batches=8",
+        "trainer.limit_val_batches=2",
+        "trainer.log_every_n_steps=4",
+        "observation.every_n_epochs=1",
+    ),
+    subset=32,
+    repeats=5,
+    judged=True,
+)
+
+TINY = Profile(
+    name="tiny",
+    overrides=(
+        *_COMMON,
+        "data.image_size=32",
+        "data.num_classes=8",
+        "data.train_size=64",
+        "data.val_size=32",
+        "data.batch_size=16",
+        "data.analysis.size=32",
+        "data.analysis.per_class=4",
+        "data.num_workers=0",
+        "+model.arch.embed_dim=32",
+        "+model.arch.depth=2",
+        "+model.arch.num_heads=2",
+        "+model.arch.patch_size=8",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.log_every_n_steps=1",
+        # Observed at epochs 0 and 2 (the final epoch is always observed): one cold and one warm observation.
+        "observation.every_n_epochs=2",
+    ),
+    subset=32,
+    repeats=1,
+    judged=False,
+)
+
+
+# ---------------------------------------------------------------------------------------------------- environment
+def enable_tf32_globally() -> None:
+    """What many training scripts do first: TF32 for every float32 matmul (cuBLAS) and convolution (cuDNN).
+
+    The observation must be exact regardless; the guard check below proves that it is. On a CPU the flags exist and
+    change nothing.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+@contextlib.contextmanager
+def hostile_precision(device: torch.device) -> Iterator[None]:
+    """TF32 on (cuBLAS and cuDNN) and a caller's bf16 autocast around the block: what an observation must resist."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    enable_tf32_globally()
+    try:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def plain_precision() -> Iterator[None]:
+    """TF32 off for cuBLAS and cuDNN, no autocast: the environment an unguarded observation would need."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def count_gpu_eigensolvers() -> Iterator[list[str]]:
+    """Counts ``torch.linalg`` eigensolver calls on float64 GPU tensors while the block runs (names, one per call).
+
+    The library decomposes on the CPU; this makes the claim checked rather than asserted. The functions are wrapped
+    on ``torch.linalg`` (where callers look them up at call time) and restored on exit.
+    """
+    calls: list[str] = []
+    saved = {name: getattr(torch.linalg, name) for name in EIGENSOLVERS}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            a = args[0] if args else kwargs.get("A", kwargs.get("input"))
+            if isinstance(a, torch.Tensor) and a.is_cuda and a.dtype == torch.float64:
+                calls.append(f"torch.linalg.{name}{tuple(a.shape)}")
+            return fn(*args, **kwargs)
+
+        return counted
+
+    for name, fn in saved.items():
+        setattr(torch.linalg, name, wrap(name, fn))
+    try:
+        yield calls
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.linalg, name, fn)
+
+
+@contextlib.contextmanager
+def synchronized_stream(device: torch.device) -> Iterator[None]:
+    """Makes the streaming phase end when the device has finished it, so `_harness.PhaseTimer` charges GPU work to
+    the pass rather than to whichever later phase first waits for the device."""
+    from tgo.observatory import pipeline
+
+    original = pipeline.stream_activations
+
+    def synced(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        h.synchronize(device)
+        return out
+
+    pipeline.stream_activations = synced
+    try:
+        yield
+    finally:
+        pipeline.stream_activations = original
+
+
+# ---------------------------------------------------------------------------------------------------- training
+@contextlib.contextmanager
+def cached_analysis_images() -> Iterator[dict[tuple[int, int], Any]]:
+    """Every analysis image is rendered and transformed once and then served from memory, while the block runs.
+
+    The synthetic source renders each 224 px image with numpy (~10-20 ms on one core): 1,000 of them per observation
+    would time the renderer, not the observation (a real data set pays a decode instead; the bench harness likewise
+    materialises its images). The first observation (epoch 0) fills the cache and pays the rendering; it is
+    reported apart. Patched on the class (``__getitem__`` is looked up there), restored on exit.
+    """
+    from tgo.data.analysis import AnalysisSubset
+
+    original = AnalysisSubset.__getitem__
+    cache: dict[tuple[int, int], Any] = {}
+
+    def cached(self: AnalysisSubset, index: int) -> Any:
+        key = (id(self), int(index))
+        if key not in cache:
+            cache[key] = original(self, index)
+        return cache[key]
+
+    AnalysisSubset.__getitem__ = cached  # type: ignore[method-assign]
+    try:
+        yield cache
+    finally:
+        AnalysisSubset.__getitem__ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def recorded_observations() -> Iterator[list[dict[str, float]]]:
+    """The callback's own timings of every observation during training: ``{epoch, pass_s, blocking_s}``.
+
+    Read from ``SpectralGeometryCallback.last_pass_seconds`` / ``last_blocking_seconds`` (what it logs as
+    ``geometry/pass_seconds`` and ``geometry/blocking_seconds``) right after each ``observe_epoch``.
+    """
+    from callbacks.spectral_geometry import SpectralGeometryCallback
+
+    calls: list[dict[str, float]] = []
+    original = SpectralGeometryCallback.observe_epoch
+
+    def recorded(self: SpectralGeometryCallback, trainer: Any, pl_module: Any, epoch: int) -> None:
+        original(self, trainer, pl_module, epoch)
+        if trainer.is_global_zero:
+            calls.append(
+                {
+                    "epoch": epoch,
+                    "pass_s": float(self.last_pass_seconds or math.nan),
+                    "blocking_s": float(self.last_blocking_seconds or math.nan),
+                }
+            )
+
+    SpectralGeometryCallback.observe_epoch = recorded  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        SpectralGeometryCallback.observe_epoch = original  # type: ignore[method-assign]
+
+
+def train(profile: Profile, device: torch.device, run_dir: Path) -> dict[str, Any]:
+    """Trains the profile's model with ``tgo.train.run`` and returns the callback's timings and the checkpoint.
+
+    Returns:
+        ``{"checkpoint", "observations", "metrics", "seconds", "peak_train_mb"}``.
+    """
+    from tgo.train import run
+
+    accelerator = "gpu" if device.type == "cuda" else "cpu"
+    cfg = h.compose_quickstart(run_dir, [*profile.overrides, f"trainer.accelerator={accelerator}"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    with cached_analysis_images(), recorded_observations() as calls:
+        metrics = run(cfg)
+    seconds = time.perf_counter() - start
+    from tgo.records import RunDir
+
+    checkpoint = RunDir(run_dir).last_checkpoint
+    if not checkpoint.is_file():
+        raise RuntimeError(f"training finished without {checkpoint}")
+    peak = torch.cuda.max_memory_allocated(device) / MB if device.type == "cuda" else math.nan
+    return {
+        "checkpoint": checkpoint,
+        "observations": calls,
+        "metrics": metrics,
+        "seconds": seconds,
+        "peak_train_mb": peak,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- observing
+@dataclass
+class Observed:
+    """A checkpoint ready to observe as ``python -m tgo.observe`` would: network, images, settings, points."""
+
+    net: torch.nn.Module
+    images: TensorDataset
+    batch_size: int
+    settings: Any
+    points: list[Any]
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory holding a checkpoint: its nearest ancestor with a ``config.yaml`` (``<run>/checkpoints/``
+    or ``<run>/checkpoints/trajectory/``).
+
+    Raises:
+        ValueError: the checkpoint is not inside a run directory (its data and settings would be unknown).
+    """
+    from tgo.records import RunDir
+
+    for parent in checkpoint.resolve().parents:
+        if RunDir(parent).config.is_file():
+            return parent
+    raise ValueError(f"{checkpoint}: not inside a run directory (no config.yaml above it)")
+
+
+def load_observed(checkpoint: Path) -> Observed:
+    """The checkpoint's network (CPU, float32, eval) and its run's analysis subset, materialised with its labels.
+
+    The config is `tgo.observe.compose_observe_config` with the run directory, so the data, the pinned analysis
+    subset and the observation settings are the run's own (what ``python -m tgo.observe --checkpoint`` uses). The
+    images are loaded once with the data's own loader workers (rendering 1,000 synthetic 224 px images takes ~15 s on
+    one core) and kept as tensors, so the timed observations measure the observation, not the data source.
+    """
+    from hydra.utils import instantiate
+    from torch.utils.data import DataLoader
+
+    from tgo.checkpoints import net_from_checkpoint
+    from tgo.observatory import ObservationSettings, points_from_config, resolve_points
+    from tgo.observe import compose_observe_config
+
+    cfg = compose_observe_config([], run_dir_of(checkpoint))
+    settings = ObservationSettings.from_config(cfg.observation)
+    datamodule = instantiate(cfg.data).validate()
+    loader = DataLoader(datamodule.analysis_dataset, batch_size=64, num_workers=int(datamodule.num_workers))
+    batches = list(loader)
+    images = TensorDataset(torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]).long())
+    net = net_from_checkpoint(checkpoint).eval()
+    points = points_from_config(settings.points, net)
+    resolve_points(net, points)
+    return Observed(net, images, int(settings.batch_size or datamodule.analysis_batch_size), settings, points)
+
+
+def first_images(images: TensorDataset, count: int, dtype: torch.dtype = torch.float32) -> TensorDataset:
+    """The first ``count`` images (and labels) in ``dtype``."""
+    pixels, labels = images.tensors
+    return TensorDataset(pixels[:count].to(dtype), labels[:count])
+
+
+def observe(
+    observed: Observed, images: TensorDataset, device: torch.device, work: Path, dtype: torch.dtype = torch.float32
+) -> Any:
+    """One observation of ``images`` (already in ``dtype``) by a copy of the network in ``dtype`` on ``device``.
+
+    ``observe_and_record`` with the run's settings, one process (`_harness.observation`); records go to a fresh
+    directory under ``work``.
+    """
+    net = copy.deepcopy(observed.net).to(device=device, dtype=dtype)
+    try:
+        return h.observation(net, images, observed.points, observed.batch_size, device, observed.settings, work)
+    finally:
+        del net
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def relative_difference(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> dict[str, Any]:
+    """The largest relative difference between two observations, and where it is.
+
+    Eigenvalues are compared relative to the largest eigenvalue of their spectrum (the accuracy a float64
+    eigensolver promises); every observable that is not a diagnostic (``CATALOGUE.diagnostics``: row counts and the
+    round-off of clamped eigenvalues, which differ by design) relative to the larger of its two magnitudes. NaN on
+    both sides is equal; NaN on one side, or a missing key, is an infinite difference.
+
+    Returns:
+        ``{"worst": float, "where": str, "compared": int}``.
+    """
+    from tgo.spectral import CATALOGUE
+
+    worst, where, compared = 0.0, "", 0
+
+    def note(value: float, label: str) -> None:
+        nonlocal worst, where, compared
+        compared += 1
+        value = math.inf if math.isnan(value) else value
+        if value > worst:
+            worst, where = value, label
+
+    if set(a) != set(b):
+        return {"worst": math.inf, "where": f"different keys: {sorted(set(a) ^ set(b), key=str)[:3]}", "compared": 0}
+    for key in a:
+        ra, rb = a[key], b[key]
+        label = f"{key.point}/{key.view}" if hasattr(key, "view") else str(key)
+        ea, eb = np.asarray(ra.spectrum.eigenvalues), np.asarray(rb.spectrum.eigenvalues)
+        if ea.shape != eb.shape:
+            note(math.inf, f"{label} eigenvalue count")
+        elif np.isnan(ea).all() and np.isnan(eb).all():
+            note(0.0, f"{label} eigenvalues")
+        else:
+            scale = float(np.nanmax(np.abs(np.concatenate([ea, eb]))))
+            diff = float(np.max(np.abs(ea - eb))) / scale if scale > 0 else float(np.max(np.abs(ea - eb)))
+            note(diff, f"{label} eigenvalues")
+        for metric, va in ra.observables.items():
+            if metric in CATALOGUE.diagnostics:
+                continue
+            vb = rb.observables.get(metric, math.nan)
+            if math.isnan(va) and math.isnan(vb):
+                note(0.0, f"{label} {metric}")
+                continue
+            magnitude = max(abs(va), abs(vb))
+            note(abs(va - vb) / magnitude if magnitude > 0 else 0.0, f"{label} {metric}")
+    return {"worst": worst, "where": where or "nowhere (bit-identical)", "compared": compared}
+
+
+def guard_check(observed: Observed, device: torch.device, work: Path, count: int) -> dict[str, Any]:
+    """The float32 observation under TF32 + a caller's bf16 autocast against the same with both off (see module)."""
+    images = first_images(observed.images, count)
+    with hostile_precision(device):
+        hostile = observe(observed, images, device, work)
+    with plain_precision():
+        plain = observe(observed, images, device, work)
+    return relative_difference(hostile, plain) | {"images": len(images)}
+
+
+def device_check(observed: Observed, device: torch.device, work: Path, count: int) -> dict[str, Any]:
+    """The float64 observation on ``device`` against the float64 observation on the CPU (see module)."""
+    images = first_images(observed.images, count, torch.float64)
+    on_device = observe(observed, images, device, work, torch.float64)
+    on_cpu = observe(observed, images, torch.device("cpu"), work, torch.float64)
+    return relative_difference(on_device, on_cpu) | {"images": len(images)}
+
+
+def float32_agreement(observed: Observed, device: torch.device, work: Path, count: int) -> dict[str, Any] | None:
+    """The real (float32-forward) observation on ``device`` against the same on the CPU; ``None`` on a CPU."""
+    if device.type == "cpu":
+        return None
+    images = first_images(observed.images, count)
+    on_device = observe(observed, images, device, work)
+    on_cpu = observe(observed, images, torch.device("cpu"), work)
+    return relative_difference(on_device, on_cpu) | {"images": len(images)}
+
+
+# ---------------------------------------------------------------------------------------------------- timing
+def time_observation(observed: Observed, device: torch.device, work: Path, repeats: int) -> dict[str, Any]:
+    """The whole analysis subset observed ``repeats`` times on ``device`` (one untimed warm-up first), phase by phase.
+
+    Phases come from `_harness.PhaseTimer` (stream = forward + hooks + Gram updates, synchronised; reduce; eig +
+    observables; records); ``whole`` is the wall time of ``observe_and_record`` until the device is idle. Every
+    eigendecomposition call is timed with `_harness.timed_calls` (summed over the summary's thread pool), and GPU
+    float64 eigensolver calls are counted. A plain inference forward over the same loader is timed for scale.
+    """
+    from tgo.observatory import results as results_module
+
+    net = copy.deepcopy(observed.net).to(device)
+    images, batch = observed.images, observed.batch_size
+
+    def observe_once() -> Any:
+        return h.observation(net, images, observed.points, batch, device, observed.settings, work)
+
+    observe_once()  # warm-up: kernels, allocator, noise-baseline cache for these shapes
+    timer = h.PhaseTimer()
+    whole: list[float] = []
+    eig_calls: list[list[float]] = []
+    peaks: list[float] = []  # torch.cuda.max_memory_allocated of each timed observation
+    above: list[float] = []  # the same above what was allocated when it started (model, earlier results)
+    with count_gpu_eigensolvers() as gpu_eig, synchronized_stream(device), timer.attached():
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                base = torch.cuda.memory_allocated(device)
+            targets = {"eigendecompose": (results_module, "eigendecompose")}
+            with h.timed_calls(targets) as samples:
+                start = time.perf_counter()
+                observe_once()
+                h.synchronize(device)
+                whole.append(time.perf_counter() - start)
+            eig_calls.append(samples["eigendecompose"])
+            if device.type == "cuda":
+                peaks.append(torch.cuda.max_memory_allocated(device) / MB)
+                above.append(peaks[-1] - base / MB)
+    with plain_precision():  # IEEE float32 like the observation's own forward, without its hooks and context
+        forward = h.median_time(lambda: h.plain_forward(net, images, batch, device), repeats)
+    phases = timer.medians()
+    return {
+        "images": len(images),
+        "points": len(observed.points),
+        "batch_size": batch,
+        "repeats": repeats,
+        "whole_s": statistics.median(whole),
+        "whole_runs_s": whole,
+        "phases_s": phases,
+        "forward_s": forward,
+        "eig_calls": len(eig_calls[-1]),
+        "eig_call_seconds": statistics.median(sum(c) for c in eig_calls),
+        "gpu_eigensolver_calls": gpu_eig,
+        "peak_mb": max(peaks, default=math.nan),
+        "peak_above_model_mb": max(above, default=math.nan),
+    }
+
+
+def numpy_lapack() -> str:
+    """Which BLAS/LAPACK library numpy's ``eigvalsh`` runs on (threadpoolctl's view of numpy)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # pragma: no cover - scikit-learn, a dependency, requires threadpoolctl
+        return "numpy's LAPACK"
+    pools = [p for p in threadpool_info() if p.get("user_api") == "blas" and "numpy" in str(p.get("filepath", ""))]
+    if not pools:
+        return "numpy's LAPACK"
+    pool = pools[0]
+    return f"{pool.get('internal_api')} {pool.get('version') or ''}".strip()
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+@dataclass
+class Row:
+    """One line of the table: a measurement against its target, a verdict, and where the number comes from.
+
+    ``verdict`` is ``PASS``, ``FAIL``, ``n/a`` (the target does not apply to this run) or ``info`` (no target).
+    ``kind`` is ``exact`` for the equality checks (a FAIL exits 1) and ``timing`` otherwise (FAIL exits 1 only with
+    ``--strict``).
+    """
+
+    name: str
+    value: str
+    target: str
+    verdict: str
+    detail: str
+    kind: str = "timing"
+
+
+ROW_NAMES = (
+    "pass seconds",
+    "eigendecomposition seconds",
+    "whole observation seconds",
+    "blocking seconds",
+    "peak GPU memory",
+    "guard: TF32 + bf16 autocast",
+    "device: float64 vs CPU float64",
+    "float32 device vs CPU",
+)
+"""Every row, in table order (``tests/test_gpu_check.py`` checks the printed table against it)."""
+
+
+def _verdict(ok: bool, judged: bool) -> str:
+    return ("PASS" if ok else "FAIL") if judged else "n/a"
+
+
+def _rel(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.1e}"
+
+
+def build_rows(
+    profile: Profile,
+    device: torch.device,
+    trained: dict[str, Any] | None,
+    timing: dict[str, Any],
+    guard: dict[str, Any],
+    agreement: dict[str, Any],
+    f32: dict[str, Any] | None,
+) -> list[Row]:
+    """The table's rows from the measurements (see `ROW_NAMES`)."""
+    judged = profile.judged and device.type == "cuda"
+    scope = "" if judged else " (target is for 1,000 images of ViT-S/16 on one H200)"
+    n, ph = timing["images"], timing["phases_s"]
+    stream = ph.get("stream", math.nan)
+    rows = [
+        Row(
+            "pass seconds",
+            f"{stream:.3f} s",
+            f"<= {PASS_TARGET_S:.2f} s",
+            _verdict(stream <= PASS_TARGET_S, judged),
+            f"stream (forward + {timing['points']} hooks + float64 Gram), {n} images, "
+            f"batch {timing['batch_size']}, {device.type}, median of {timing['repeats']}; plain forward "
+            f"{timing['forward_s']:.3f} s{scope}",
+        )
+    ]
+    gpu_eig = timing["gpu_eigensolver_calls"]
+    eig = ph.get("eig_observables", math.nan)
+    rows.append(
+        Row(
+            "eigendecomposition seconds",
+            f"{eig:.3f} s",
+            "no GPU float64 eigh",
+            ("FAIL" if gpu_eig else "info") if device.type == "cuda" else "info",
+            f"on the CPU: numpy.linalg.eigvalsh float64 ({numpy_lapack()}), {timing['eig_calls']} matrices in a "
+            f"thread pool ({timing['eig_call_seconds']:.3f} s summed over threads), with every observable and the "
+            f"jackknife; GPU float64 eigensolver calls: {len(gpu_eig)}"
+            + (f" ({', '.join(gpu_eig[:3])})" if gpu_eig else ""),
+        )
+    )
+    whole = timing["whole_s"]
+    rows.append(
+        Row(
+            "whole observation seconds",
+            f"{whole:.3f} s",
+            f"<= {OBSERVATION_TARGET_S:.2f} s",
+            _verdict(whole <= OBSERVATION_TARGET_S, judged),
+            f"observe_and_record of the saved checkpoint: pass, reduce {ph.get('reduce', math.nan):.3f} s, "
+            f"eig + observables, records {ph.get('records', math.nan):.3f} s; median of {timing['repeats']}{scope}",
+        )
+    )
+    if trained is None:
+        rows.append(
+            Row("blocking seconds", "-", f"<= {OBSERVATION_TARGET_S:.2f} s", "n/a", "no training (--checkpoint)")
+        )
+    else:
+        calls = trained["observations"]
+        warm = [c for c in calls if c["epoch"] > 0] or calls
+        blocking = statistics.median(c["blocking_s"] for c in warm) if warm else math.nan
+        first = next((c for c in calls if c["epoch"] == 0), None)
+        rows.append(
+            Row(
+                "blocking seconds",
+                f"{blocking:.3f} s",
+                f"<= {OBSERVATION_TARGET_S:.2f} s",
+                _verdict(blocking <= OBSERVATION_TARGET_S, judged),
+                f"callback's geometry/blocking_seconds during bf16-mixed training with TF32 on, median of the "
+                f"{len(warm)} observation(s) after epoch 0 (pass "
+                f"{statistics.median(c['pass_s'] for c in warm) if warm else math.nan:.3f} s); epoch 0: "
+                + (f"{first['blocking_s']:.2f} s (renders the images, computes the noise baselines)" if first else "-")
+                + scope,
+            )
+        )
+    if device.type == "cuda":
+        train_peak = trained["peak_train_mb"] if trained else math.nan
+        rows.append(
+            Row(
+                "peak GPU memory",
+                f"{timing['peak_mb']:.0f} MB",
+                "none (recorded)",
+                "info",
+                f"torch.cuda.max_memory_allocated during the timed observations ({timing['peak_above_model_mb']:.0f} "
+                f"MB above the model and earlier allocations); training peak {train_peak:.0f} MB",
+            )
+        )
+    else:
+        rows.append(Row("peak GPU memory", "-", "none (recorded)", "n/a", "CPU run: no GPU memory"))
+    on_cpu = " (both on the CPU here: checks the code path only)" if device.type == "cpu" else ""
+    guarded = (
+        "autocast guard only (TF32 does not exist on a CPU)" if device.type == "cpu" else "cuBLAS/cuDNN TF32 + autocast"
+    )
+    rows.append(
+        Row(
+            "guard: TF32 + bf16 autocast",
+            _rel(guard["worst"]),
+            f"<= {TOLERANCE:.0e}",
+            "PASS" if guard["worst"] <= TOLERANCE else "FAIL",
+            f"float32 observation of {guard['images']} images on {device.type}, TF32 on + caller's bf16 autocast vs "
+            f"both off; {guarded}; worst at {guard['where']} ({guard['compared']} values)",
+            kind="exact",
+        )
+    )
+    rows.append(
+        Row(
+            "device: float64 vs CPU float64",
+            _rel(agreement["worst"]),
+            f"<= {TOLERANCE:.0e}",
+            "PASS" if agreement["worst"] <= TOLERANCE else "FAIL",
+            f"network and {agreement['images']} images in float64 on {device.type} vs on the CPU; worst at "
+            f"{agreement['where']} ({agreement['compared']} values){on_cpu}",
+            kind="exact",
+        )
+    )
+    if f32 is None:
+        rows.append(Row("float32 device vs CPU", "-", "none (read it)", "n/a", "CPU run: one device", kind="info"))
+    else:
+        rows.append(
+            Row(
+                "float32 device vs CPU",
+                _rel(f32["worst"]),
+                "none (read it)",
+                "info",
+                f"the real float32-forward observation of {f32['images']} images, {device.type} vs CPU: IEEE float32 "
+                f"kernels differ ~1e-7..1e-5, TF32 ~1e-3; worst at {f32['where']}",
+                kind="info",
+            )
+        )
+    return rows
+
+
+def render(rows: Sequence[Row]) -> str:
+    """The table: one line per row, aligned; details after the verdict."""
+    header = ("row", "measured", "target", "verdict", "detail")
+    cells = [(r.name, r.value, r.target, r.verdict, r.detail) for r in rows]
+    widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(4)]
+    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(header[:4], widths, strict=True)) + "  " + header[4]]
+    lines.append("-" * (sum(widths) + 8 + 40))
+    for c in cells:
+        lines.append("  ".join(f"{x:<{w}}" for x, w in zip(c[:4], widths, strict=True)) + "  " + c[4])
+    return "\n".join(lines)
+
+
+def exit_status(rows: Sequence[Row], strict: bool) -> int:
+    """1 when an equality row failed, or (``strict``) any row failed; else 0."""
+    failed = [r for r in rows if r.verdict == "FAIL"]
+    if any(r.kind == "exact" for r in failed) or (strict and failed):
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line (``None`` reads ``sys.argv``)."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--device",
+        default="cuda",
+        help="where to train and observe: cuda (default: the first visible GPU; pick one with CUDA_VISIBLE_DEVICES) "
+        "or cpu",
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a 2-block, width-32 ViT at 32 px with 32 analysis images: checks the code path in seconds",
+    )
+    p.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="check this checkpoint of an existing run (<run>/checkpoints/*.ckpt) instead of training one",
+    )
+    p.add_argument("--subset", type=int, default=None, help="images of the equality checks (default 32)")
+    p.add_argument("--repeats", type=int, default=None, help="timed observations (default 5, tiny 1)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a timing target is missed, too")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default bench_out/gpu-check-<timestamp>)")
+    return p.parse_args(argv)
+
+
+def _device(spec: str) -> torch.device | None:
+    """The device named on the command line, or ``None`` (after one line on stderr) when it cannot be used."""
+    try:
+        device = torch.device(spec)
+    except RuntimeError as err:
+        print(f"gpu_check: error: --device {spec!r}: {err}", file=sys.stderr)
+        return None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(
+            f"gpu_check: error: --device {spec} but torch.cuda.is_available() is False (torch {torch.__version__}); "
+            "run on a CUDA machine or use --device cpu --tiny",
+            file=sys.stderr,
+        )
+        return None
+    if device.type not in ("cuda", "cpu"):
+        print(f"gpu_check: error: --device {spec}: expected cuda or cpu", file=sys.stderr)
+        return None
+    if device.type == "cuda" and device.index not in (None, 0):
+        print(
+            f"gpu_check: error: --device {spec}: training uses the first visible GPU; choose one with "
+            f"CUDA_VISIBLE_DEVICES={device.index} and --device cuda",
+            file=sys.stderr,
+        )
+        return None
+    return torch.device("cuda", 0) if device.type == "cuda" else device
+
+
+@contextlib.contextmanager
+def _quiet_and_tf32() -> Iterator[None]:
+    """Warnings and library logs off (the table is the output) and TF32 on globally (`enable_tf32_globally`), all
+    restored on exit, so calling `main` in-process (the tests) leaves the interpreter as it found it."""
+    names = ("lightning", "lightning.pytorch", "lightning.fabric", "tgo", "callbacks")
+    levels = {name: logging.getLogger(name).level for name in names}
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        for name in names:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        enable_tf32_globally()
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the check, prints the table, writes ``results.json`` and ``table.txt``; see the module for the status."""
+    args = parse(argv)
+    device = _device(args.device)
+    if device is None:
+        return 2
+    profile = TINY if args.tiny else TGO1
+    profile = dataclasses.replace(
+        profile, subset=args.subset or profile.subset, repeats=args.repeats or profile.repeats
+    )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    out = args.out or h.REPO / "bench_out" / datetime.now().strftime("gpu-check-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    with _quiet_and_tf32():
+        return _check(args, profile, device, out)
+
+
+def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out: Path) -> int:
+    """Trains (unless ``--checkpoint``), times, compares, prints and writes; returns the exit status."""
+    work = Path(tempfile.mkdtemp(prefix="tgo_gpu_check_"))
+    env = h.environment()
+    started = time.perf_counter()
+    print(f"TGO GPU acceptance check ({profile.name}, {device}) -> {out}")
+    print(h.environment_line(env), flush=True)
+    try:
+        trained = None
+        checkpoint = args.checkpoint
+        if checkpoint is None:
+            print("== training (tgo.train.run, TF32 on, bf16-mixed)", flush=True)
+            trained = train(profile, device, out / "run")
+            checkpoint = trained["checkpoint"]
+        print(f"== observing {checkpoint}", flush=True)
+        observed = load_observed(Path(checkpoint))
+        timing = time_observation(observed, device, work, profile.repeats)
+        print("== equality checks", flush=True)
+        count = min(profile.subset, len(observed.images))
+        guard = guard_check(observed, device, work, count)
+        agreement = device_check(observed, device, work, count)
+        f32 = float32_agreement(observed, device, work, count)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = build_rows(profile, device, trained, timing, guard, agreement, f32)
+    status = exit_status(rows, args.strict)
+    table = render(rows)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    seconds = time.perf_counter() - started
+    header = f"TGO GPU acceptance ({profile.name}) on {where}, torch {torch.__version__}, {seconds:.0f} s"
+    exact_failed = any(r.kind == "exact" and r.verdict == "FAIL" for r in rows)
+    print()
+    print(header)
+    print(table)
+    print(
+        f"\nexit {status}: equality checks {'FAILED' if exact_failed else 'passed'}; "
+        + ("timing misses count (--strict)" if args.strict else "timing misses are reported, not fatal (--strict)")
+    )
+    (out / "table.txt").write_text(h.environment_line(env) + "\n\n" + header + "\n" + table + "\n")
+    payload = {
+        "environment": env,
+        "profile": dataclasses.asdict(profile),
+        "device": str(device),
+        "checkpoint": str(checkpoint),
+        "training": None if trained is None else {k: v for k, v in trained.items() if k != "checkpoint"},
+        "timing": timing,
+        "guard": guard,
+        "device_check": agreement,
+        "float32_device_vs_cpu": f32,
+        "rows": [dataclasses.asdict(r) for r in rows],
+        "exit_status": status,
+    }
+    (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
