@@ -415,8 +415,8 @@ def relative_difference(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> dict[str,
 
     Eigenvalues are compared relative to the largest eigenvalue of their spectrum (the accuracy a float64
     eigensolver promises); every observable that is not a diagnostic (``CATALOGUE.diagnostics``: row counts and the
-    round-off of clamped eigenvalues, which differ by design) relative to the larger of its two magnitudes. NaN on
-    both sides is equal; NaN on one side, or a missing key, is an infinite difference.
+    round-off of clamped eigenvalues, which differ by design) relative to the larger of its two magnitudes. NaN (or
+    the same infinity) on both sides is equal; NaN on one side, or a missing key, is an infinite difference.
 
     Returns:
         ``{"worst": float, "where": str, "compared": int}``.
@@ -450,7 +450,7 @@ def relative_difference(a: Mapping[Any, Any], b: Mapping[Any, Any]) -> dict[str,
             if metric in CATALOGUE.diagnostics:
                 continue
             vb = rb.observables.get(metric, math.nan)
-            if math.isnan(va) and math.isnan(vb):
+            if va == vb or (math.isnan(va) and math.isnan(vb)):  # equal infinities too
                 note(0.0, f"{label} {metric}")
                 continue
             magnitude = max(abs(va), abs(vb))
@@ -833,6 +833,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     out = args.out or h.REPO / "bench_out" / datetime.now().strftime("gpu-check-%Y%m%d-%H%M%S")
+    if args.checkpoint is None and (out / "run").exists():
+        print(f"gpu_check: error: --out {out} already holds a training run (run/); choose another", file=sys.stderr)
+        return 2
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        print(f"gpu_check: error: --checkpoint {args.checkpoint}: no such file", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     with _quiet_and_tf32():
         return _check(args, profile, device, out)

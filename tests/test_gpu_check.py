@@ -161,3 +161,11 @@ def test_relative_difference_reports_the_worst_value_and_where() -> None:
     assert diff["where"] == "block_01/all effective_rank"
     assert gpu_check.relative_difference(a, a)["worst"] == 0.0
     assert gpu_check.relative_difference(a, {})["worst"] == float("inf")
+
+
+def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    status = gpu_check.main(["--device", "cpu", "--checkpoint", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert status == 2
+    missing = tmp_path / "nope.ckpt"
+    assert captured.err.strip().splitlines() == [f"gpu_check: error: --checkpoint {missing}: no such file"]
