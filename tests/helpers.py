@@ -18,3 +18,18 @@ class CrashAtEpochStart(L.Callback):
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch == self.epoch:
             raise SimulatedCrash(f"simulated crash at the start of epoch index {self.epoch}")
+
+
+class CrashAtEpochEnd(L.Callback):
+    """Raises at the end of epoch index ``epoch``, after the geometry records and before the checkpoint.
+
+    Lightning runs checkpoint callbacks after every other callback's ``on_train_epoch_end``, so this stands for a kill
+    between an observation's records and the checkpoint of the same weights.
+    """
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            raise SimulatedCrash(f"simulated crash at the end of epoch index {self.epoch}, before its checkpoint")

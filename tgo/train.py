@@ -24,9 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 from tgo.checkpoints import AtomicCheckpointIO
 from tgo.config import validate_config
 from tgo.errors import ConfigError, find_user_error
-from tgo.launch import check_accelerator, distributed_job, slurm_requeue_plugins
+from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job, slurm_requeue_plugins
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
+from tgo.resume import plan_start
 
 
 def instantiate_named(group: DictConfig | None) -> list[Any]:
@@ -109,8 +110,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
     validate_config(cfg)
     check_accelerator(cfg.trainer.accelerator)
     output_dir = Path(cfg.paths.output_dir)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), output_dir)
-    refuse_to_overwrite(output_dir, ckpt_path)
+    start = plan_start(cfg.get("ckpt_path"), RunDir(output_dir), requeued=is_requeued_slurm_job())
+    ckpt_path = resolve_ckpt_path(start.checkpoint, output_dir)
+    if start.start_over is None:
+        refuse_to_overwrite(output_dir, ckpt_path)
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data).validate()  # scans the data and settles the analysis subset now
@@ -127,6 +130,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
     if getattr(rank_zero_only, "rank", 0) == 0:
+        start.prepare(RunDir(output_dir), ckpt_path)  # sets aside records the checkpoint does not know (tgo.resume)
         atomic_write(RunDir(output_dir).config, OmegaConf.to_yaml(cfg, resolve=False))
         groups = ObservationSettings.from_config(cfg.observation).groups if "observation" in cfg else 0
         manifest = datamodule.write_manifest(output_dir, jackknife_groups=groups)

@@ -1,0 +1,114 @@
+"""Resuming after a kill: the records agree with the checkpoint, and no directory needs a human to go on."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import compose_train
+from tests.helpers import SimulatedCrash
+from tests.report.smoke import smoke_run_dir
+from tgo.observe import observe_models
+from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
+from tgo.resume import SET_ASIDE, StartPlan, newest_checkpoint, plan_start, set_aside_epochs
+from tgo.train import run
+
+FAST = [
+    "experiment=smoke",
+    "observation.figures.heatmaps=false",
+    "observation.figures.spectra=false",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=1",
+]
+
+
+def crash(where: str, epoch: int) -> list[str]:
+    return [f"+callbacks.crash._target_=tests.helpers.{where}", f"+callbacks.crash.epoch={epoch}"]
+
+
+def epoch_counts(run_dir: Path) -> dict[int, int]:
+    """How many times each epoch's rows were recorded for one (point, view, metric)."""
+    rows = [
+        r for r in read_metric_rows(run_dir) if (r["point"], r["view"], r["metric"]) == ("cls", "all", "effective_rank")
+    ]
+    counts: dict[int, int] = {}
+    for r in rows:
+        counts[int(r["epoch"])] = counts.get(int(r["epoch"]), 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+def test_records_newer_than_the_checkpoint_are_set_aside_and_observed_again(tmp_path):
+    """A kill between the last epoch's records and its checkpoint: the resumed run retrains it and re-observes it."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(SimulatedCrash):
+        run(compose_train(run_dir, [*FAST, "trainer.max_epochs=2", *crash("CrashAtEpochEnd", 1)]))
+    assert recorded_epochs(run_dir) == [0, 1, 2]  # epoch 2 recorded, but last.ckpt still holds epoch 1's weights
+    stale = [r for r in read_metric_rows(run_dir) if r["epoch"] == "2"]
+    run(compose_train(run_dir, [*FAST, "trainer.max_epochs=2", "ckpt_path=last"]))
+    assert epoch_counts(run_dir) == {0: 1, 1: 1, 2: 1}
+    # The run's last record is what its last checkpoint holds.
+    (source,) = observe_models(checkpoint=str(RunDir(run_dir).last_checkpoint), out=tmp_path / "again")
+    assert source.epoch == 2
+    trained, again = load_spectra(run_dir, epochs=[2])[2], load_spectra(tmp_path / "again")[2]
+    for point, arrays in trained.items():
+        top = arrays["eigenvalues"][0]
+        np.testing.assert_allclose(again[point]["eigenvalues"], arrays["eigenvalues"], rtol=1e-10, atol=1e-10 * top)
+
+    (aside,) = (run_dir / SET_ASIDE).iterdir()
+    assert "recorded after last.ckpt was saved" in (aside / "REASON.txt").read_text()
+    assert (aside / "geometry" / "spectra" / "epoch_0002.npz").is_file()
+    assert read_metric_rows(aside) == stale  # moved, not lost
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_starts_over_with_ckpt_path_last(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SimulatedCrash):
+        run(compose_train(run_dir, [*FAST, "trainer.max_epochs=1", *crash("CrashAtEpochEnd", 0)]))
+    assert recorded_epochs(run_dir) == [0, 1] and not RunDir(run_dir).last_checkpoint.exists()
+    run(compose_train(run_dir, [*FAST, "trainer.max_epochs=1", "ckpt_path=last"]))
+    assert epoch_counts(run_dir) == {0: 1, 1: 1}
+    (aside,) = (run_dir / SET_ASIDE).iterdir()
+    assert {p.name for p in aside.iterdir()} >= {"REASON.txt", "geometry", "tensorboard"}
+    assert recorded_epochs(aside) == [0, 1]
+
+
+def _started_run(root: Path) -> RunDir:
+    run_dir = RunDir(root)
+    root.mkdir()
+    run_dir.config.write_text("seed: 0\n")
+    return run_dir
+
+
+def test_plan_start_resumes_a_requeued_job_from_its_newest_checkpoint(tmp_path):
+    run_dir = _started_run(tmp_path / "run")
+    nothing_saved = plan_start(None, run_dir, requeued=True)
+    assert nothing_saved.checkpoint is None and "before its first checkpoint" in str(nothing_saved.start_over)
+    run_dir.checkpoints.mkdir()
+    run_dir.last_checkpoint.write_bytes(b"x")
+    assert plan_start(None, run_dir, requeued=True) == StartPlan(str(run_dir.last_checkpoint))
+    hpc = run_dir.root / "hpc_ckpt_1.ckpt"
+    hpc.write_bytes(b"x")
+    assert newest_checkpoint(run_dir) == hpc  # written after last.ckpt: the preemption signal's checkpoint
+    assert plan_start(None, run_dir, requeued=False) == StartPlan(None)  # a fresh launch is the caller's to refuse
+    assert plan_start("last", run_dir, requeued=False) == StartPlan("last")
+
+
+def test_ckpt_path_last_where_no_run_ever_started_is_left_to_the_checkpoint_check(tmp_path):
+    assert plan_start("last", RunDir(tmp_path), requeued=False) == StartPlan("last")
+
+
+def test_set_aside_epochs_moves_rows_and_spectra_and_keeps_the_rest(tmp_path_factory, tmp_path):
+    run_dir = tmp_path / "copy"
+    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir)
+    before = read_metric_rows(run_dir)
+    target = set_aside_epochs(RunDir(run_dir), [2], "test")
+    assert target is not None and recorded_epochs(run_dir) == [0, 1]
+    assert read_metric_rows(run_dir) == [r for r in before if r["epoch"] != "2"]
+    assert read_metric_rows(target) == [r for r in before if r["epoch"] == "2"]
+    assert (target / "geometry" / "spectra" / "epoch_0002.npz").is_file()
+    assert set_aside_epochs(RunDir(run_dir), [7], "nothing there") is None

@@ -1,0 +1,174 @@
+"""Where a run starts again after a kill, a preemption or a requeue, with records that agree with its checkpoint.
+
+A run's records (``geometry/``) and its checkpoint are written at different moments of an epoch's end: the records
+first, then ``last.ckpt``. A kill between the two leaves records of an epoch whose weights were thrown away; the
+resumed run retrains that epoch, and the old records would stand for weights that no longer exist. The checkpoint
+is the truth: records of epochs it does not list as observed are *set aside* (moved, never deleted) and observed
+again. A directory killed before its first checkpoint is set aside as a whole and started from scratch, so neither
+``ckpt_path=last`` nor a SLURM requeue needs a human.
+
+Set-aside files go to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt`` saying why.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from tgo.records import METRICS_COLUMNS, RunDir, atomic_write, read_metric_rows
+
+SET_ASIDE = "set_aside"
+GEOMETRY_CALLBACK = "SpectralGeometryCallback"
+HPC_PREFIX = "hpc_ckpt_"  # Lightning's SLURM requeue checkpoints, in the run directory (its default_root_dir)
+
+
+def _new_set_aside_dir(run: RunDir, reason: str) -> Path:
+    """A fresh ``set_aside/<UTC time>[-n]/`` with ``REASON.txt``."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+    base = run.root / SET_ASIDE / stamp
+    target, n = base, 1
+    while target.exists():
+        target, n = base.with_name(f"{stamp}-{n}"), n + 1
+    target.mkdir(parents=True)
+    atomic_write(target / "REASON.txt", reason.rstrip() + "\n")
+    return target
+
+
+def set_aside_attempt(run: RunDir, reason: str) -> Path | None:
+    """Moves what an attempt without a usable checkpoint wrote (records, TensorBoard events, checkpoints) aside.
+
+    Returns:
+        The set-aside directory, or ``None`` when there was nothing to move.
+    """
+    parts = [p for p in (run.geometry, run.tensorboard, run.checkpoints) if p.exists()]
+    if not parts:
+        return None
+    target = _new_set_aside_dir(run, reason)
+    for part in parts:
+        shutil.move(str(part), str(target / part.name))
+    rank_zero_info(f"[tgo] set aside {', '.join(p.name for p in parts)} in {target} ({reason})")
+    return target
+
+
+def set_aside_epochs(run: RunDir, epochs: Iterable[int], reason: str) -> Path | None:
+    """Moves the records of ``epochs`` aside: their spectra files and their rows of ``metrics.csv``.
+
+    The set-aside rows are written to ``<set aside>/geometry/metrics.csv`` before ``metrics.csv`` is rewritten
+    without them (atomically), so a kill in between leaves them in both places, never in neither.
+    """
+    epochs = sorted(set(int(e) for e in epochs))
+    rows = read_metric_rows(run.root)
+    moving_rows = [r for r in rows if int(r["epoch"]) in epochs]
+    moving_files = [run.spectra(e) for e in epochs if run.spectra(e).is_file()]
+    if not moving_rows and not moving_files:
+        return None
+    target = _new_set_aside_dir(run, reason)
+    (target / RunDir.GEOMETRY / RunDir.SPECTRA).mkdir(parents=True)
+    if moving_rows:
+        atomic_write(target / RunDir.GEOMETRY / RunDir.METRICS, _csv(moving_rows))
+        atomic_write(run.metrics, _csv([r for r in rows if int(r["epoch"]) not in epochs]))
+    for path in moving_files:
+        shutil.move(str(path), str(target / RunDir.GEOMETRY / RunDir.SPECTRA / path.name))
+    rank_zero_info(f"[tgo] set aside the records of epoch(s) {epochs} in {target} ({reason})")
+    return target
+
+
+def _csv(rows: list[dict[str, str]]) -> str:
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=METRICS_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
+def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
+    """The epochs the geometry callback had observed when ``checkpoint`` was saved (``None``: no such callback)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    for key, value in (state.get("callbacks") or {}).items():
+        if GEOMETRY_CALLBACK in str(key) and isinstance(value, dict):
+            return sorted(int(e) for e in value.get("observed_epochs", []))
+    return None
+
+
+def reconcile_records(run: RunDir, checkpoint: str | Path) -> list[int]:
+    """Sets aside the records of every epoch that ``checkpoint`` does not list as observed; returns those epochs.
+
+    Such records were written after the checkpoint was saved (the kill came between the records and the next
+    checkpoint), so they describe weights the resumed run is about to retrain: that epoch is observed again.
+    """
+    observed = observed_in_checkpoint(checkpoint)
+    if observed is None:
+        return []
+    on_disk = {int(r["epoch"]) for r in read_metric_rows(run.root)} | set(run.spectra_files())
+    newer = sorted(on_disk - set(observed))
+    if newer:
+        set_aside_epochs(
+            run,
+            newer,
+            f"recorded after {Path(checkpoint).name} was saved (it lists epochs {observed} as observed); the "
+            "resumed run retrains and observes them again",
+        )
+    return newer
+
+
+def newest_checkpoint(run: RunDir) -> Path | None:
+    """The newest of ``checkpoints/last.ckpt`` and Lightning's SLURM requeue checkpoints ``hpc_ckpt_<n>.ckpt``.
+
+    A requeue checkpoint is written when the preemption signal arrives (mid-epoch); ``last.ckpt`` at every epoch's
+    end. Whichever was written last holds the most training; modification time decides.
+    """
+    candidates = [p for p in run.root.glob(f"{HPC_PREFIX}*.ckpt") if p.is_file()]
+    if run.last_checkpoint.is_file():
+        candidates.append(run.last_checkpoint)
+    return max(candidates, key=lambda p: p.stat().st_mtime_ns, default=None)
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """How a launch starts: from ``checkpoint`` (``None``: from scratch), after setting aside what must be.
+
+    ``start_over`` names why an earlier attempt in this directory is set aside as a whole (it left no checkpoint).
+    """
+
+    checkpoint: str | None
+    start_over: str | None = None
+
+    def prepare(self, run: RunDir, checkpoint_file: str | None) -> None:
+        """Sets aside what this start replaces. Rank 0 only, after every input check passed, just before training.
+
+        Args:
+            run: The run directory.
+            checkpoint_file: ``checkpoint`` resolved to its file (``last`` is ``checkpoints/last.ckpt``).
+        """
+        if self.start_over is not None:
+            set_aside_attempt(run, self.start_over)
+        elif checkpoint_file is not None:
+            reconcile_records(run, checkpoint_file)
+
+
+def plan_start(requested: str | None, run: RunDir, *, requeued: bool) -> StartPlan:
+    """Chooses where this launch starts from.
+
+    - A job that SLURM requeued, launched again with its original arguments (no ``ckpt_path``), resumes from the
+      newest checkpoint of its directory (`newest_checkpoint`).
+    - ``ckpt_path=last`` (or a requeue) in a directory whose attempt was killed before its first checkpoint starts
+      that run over from scratch, the attempt set aside.
+    - Anything else is what was asked for (checked by the caller).
+    """
+    started = run.looks_like_run()
+    if requested is None and requeued and started:
+        newest = newest_checkpoint(run)
+        if newest is not None:
+            return StartPlan(str(newest))
+        return StartPlan(None, start_over="SLURM requeued the job before its first checkpoint was written")
+    if requested == "last" and started and not run.last_checkpoint.is_file():
+        return StartPlan(None, start_over="ckpt_path=last, but the run was stopped before its first checkpoint")
+    return StartPlan(requested)
