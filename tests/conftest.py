@@ -28,9 +28,11 @@ def compose_train(output_dir: Path, overrides: list[str] | None = None, *, hydra
         )
 
 
-def run_cli(args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Runs ``python -m tgo.train ARGS`` in a fresh interpreter, as a user would."""
-    env = {**os.environ, "TGO_ROOT": str(cwd), "PYTHONPATH": str(REPO)}
+def run_cli(
+    args: list[str], cwd: Path, timeout: int = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Runs ``python -m tgo.train ARGS`` in a fresh interpreter, as a user would (``env``: its environment)."""
+    env = {**(os.environ if env is None else env), "TGO_ROOT": str(cwd), "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-m", "tgo.train", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import lightning as L
 
 
@@ -33,3 +36,16 @@ class CrashAtEpochEnd(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch == self.epoch:
             raise SimulatedCrash(f"simulated crash at the end of epoch index {self.epoch}, before its checkpoint")
+
+
+class SignalAtBatch(L.Callback):
+    """Sends ``signal_name`` to this process after batch ``batch`` of epoch index ``epoch``: SLURM's preemption
+    warning (``--signal=USR2@<delay>``) arriving in the middle of an epoch."""
+
+    def __init__(self, epoch: int, batch: int, signal_name: str = "SIGUSR2") -> None:
+        self.epoch, self.batch, self.signal_name = epoch, batch, signal_name
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: object) -> None:
+        batch_idx = args[-1]
+        if trainer.current_epoch == self.epoch and batch_idx == self.batch:
+            os.kill(os.getpid(), getattr(signal, self.signal_name))

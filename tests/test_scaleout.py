@@ -4,6 +4,7 @@ submitit launchers, and the trainer settings that only make sense on a cluster."
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ import torch
 
 from tests.conftest import REPO, compose_train, run_cli
 from tests.test_ddp import EPOCH0
-from tgo.records import load_spectra, recorded_epochs
+from tgo.launch import slurm_requeue_plugins
+from tgo.records import load_spectra, read_metric_rows, recorded_epochs
 from tgo.train import run
 
 SBATCH_SNAPSHOT = Path(__file__).parent / "fixtures" / "sbatch_tgo1_2x8.sh"
@@ -120,3 +122,63 @@ def test_submitit_local_launcher_runs_a_two_job_sweep(tmp_path):
         assert recorded_epochs(sweep / job) == [0, 1], job
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file(), job
         assert "[tgo] done:" in (sweep / job / "train.log").read_text(), job
+
+
+SLURM_TASK = {  # one task of a one-node job, as srun would describe it (Lightning's own tests mock it this way)
+    "SLURM_JOB_ID": "1234",
+    "SLURM_JOB_NAME": "tgo",
+    "SLURM_NTASKS": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+}
+
+
+def test_on_a_slurm_task_lightning_takes_the_preemption_signal_over_from_submitit(monkeypatch):
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    for name, value in SLURM_TASK.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    previous = signal.signal(signal.SIGUSR2, lambda *_: None)  # stands for submitit's resubmit-only handler
+    try:
+        (environment,) = slurm_requeue_plugins([])
+        assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue
+        assert environment.requeue_signal == signal.SIGUSR2  # what submitit's sbatch header asks SLURM to send
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # so Lightning registers its own at fit start
+        monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+        assert slurm_requeue_plugins([])[0].requeue_signal == signal.SIGUSR1
+        assert slurm_requeue_plugins([environment]) == []  # a configured cluster environment is left alone
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    monkeypatch.delenv("SLURM_NTASKS")
+    assert slurm_requeue_plugins([]) == []  # not a SLURM task
+
+
+@pytest.mark.slow
+def test_a_preempted_slurm_job_checkpoints_requeues_and_resumes_in_its_directory(tmp_path):
+    """The preemption signal reaches a real training process; ``scontrol requeue`` (a test double) records the
+    request and kills the job as SLURM would; the relaunched job, same command, resumes without a human."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    requeued = tmp_path / "scontrol.args"
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {requeued}\nkill -9 $PPID\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    run_dir = tmp_path / "run"
+    args = [*EPOCH0, "trainer.max_epochs=2", "trainer.limit_train_batches=4", f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, **SLURM_TASK, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("SUBMITIT_PREEMPT_SIGNAL", None)
+    preempt = ["+callbacks.preempt._target_=tests.helpers.SignalAtBatch", "+callbacks.preempt.epoch=1"]
+    first = run_cli([*args, *preempt, "+callbacks.preempt.batch=1"], tmp_path, env=env)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    assert requeued.read_text().split() == ["requeue", "1234"]
+    assert (run_dir / "hpc_ckpt_1.ckpt").is_file() and recorded_epochs(run_dir) == [0, 1]
+
+    second = run_cli(args, tmp_path, env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "hpc_ckpt_1.ckpt" in (run_dir / "train.log").read_text()
+    rows = [
+        r for r in read_metric_rows(run_dir) if (r["point"], r["view"], r["metric"]) == ("cls", "all", "effective_rank")
+    ]
+    assert sorted(int(r["epoch"]) for r in rows) == [0, 1, 2]  # every scheduled epoch exactly once
