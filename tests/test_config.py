@@ -119,3 +119,76 @@ def test_bad_value_on_the_command_line_is_one_line_not_a_traceback(tmp_path):
     assert "tgo.train: error: trainer.max_epochs: expected a positive integer, got 0" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "outputs" / "smoke").exists() or not list((tmp_path / "outputs").rglob("*.ckpt"))
+
+
+# Issue 13: values that used to escape validation (a traceback, a raw TypeError, or a silently wrong run). Each is
+# refused before any data is read, naming the key and what was expected.
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["observation.fit_range=[5,2]"], r"observation\.fit_range: expected null or \[start, stop\]"),
+        (["observation.figures.every_n_observations=0"], r"observation\.figures\.every_n_observations: expected a"),
+        (["observation.keep_covariance=5"], r"observation\.keep_covariance: expected one of .* got 5"),
+        (["model.label_smoothing=2"], r"model\.label_smoothing: expected a number in \[0, 1\), got 2"),
+        (["model.lr=fast"], r"model\.lr: expected a positive number, got 'fast'"),
+        (["model.lr=0"], r"model\.lr: expected a positive number, got 0"),
+        (["model.weight_decay=-0.1"], r"model\.weight_decay: expected a number >= 0"),
+        (["model.betas=[0.9,1.5]"], r"model\.betas: expected \[beta1, beta2\] with both in \[0, 1\)"),
+        (["model.schedule=linear"], r"model\.schedule: expected one of \['cosine', 'onecycle', 'constant'\]"),
+        (["data.batch_size=3.5"], r"data\.batch_size: expected a positive integer, got 3\.5"),
+        (
+            ["model.arch.embed_dim=96", "model.arch.num_heads=5"],
+            r"model\.arch\.num_heads: the width 96 \(model\.arch\.embed_dim\) does not split into 5 equal heads; "
+            r"expected a divisor of 96 such as 4 or 6",
+        ),
+        (["model.arch.depth=0"], r"model\.arch\.depth: expected a positive integer, got 0"),
+        (["model.arch.depth=2.5"], r"model\.arch\.depth: expected a positive integer, got 2\.5"),
+        (
+            ["data.image_size=18"],
+            r"data\.image_size: 18 is not a multiple of the patch size 4, so the last 2 pixel rows and columns would "
+            r"be dropped; expected a multiple of 4 such as 16, 20",
+        ),
+    ],
+)
+def test_values_that_escaped_validation_are_refused_naming_the_key(compose_cfg, overrides, message):
+    cfg = compose_cfg("experiment=smoke", *overrides)
+    with pytest.raises(ConfigError, match=message) as error:
+        validate_config(cfg)
+    assert "\n" not in str(error.value), "one problem, one line"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(label_smoothing=1.0), r"model\.label_smoothing: expected a number in \[0, 1\)"),
+        (dict(lr="fast"), r"model\.lr: expected a positive number, got 'fast'"),
+        (dict(arch=dict(depth=0)), r"model\.arch\.depth: expected a positive integer, got 0"),
+        (dict(img_size=20), r"data\.image_size: 20 is not a multiple of the patch size 16"),  # timm's own
+        (dict(arch=dict(num_heads=5)), r"model\.arch: timm cannot build 'vit_tiny_patch16_224'.*num_heads"),
+        (dict(num_classes=0), r"model\.num_classes: expected a positive integer, got 0"),
+    ],
+)
+def test_the_model_refuses_what_timm_would_accept_silently_or_assert_on(kwargs, message):
+    """The constructor checks too (code can build it without a config): the timm model's own patch size and width,
+    which the config does not name, are checked after timm built it or when timm's assertion fires."""
+    from tgo.model import ViTClassifier
+
+    with pytest.raises(ConfigError, match=message):
+        ViTClassifier(**{"name": "vit_tiny_patch16_224", "num_classes": 3, "img_size": 32, **kwargs})
+
+
+def test_logger_null_disables_the_logger_and_the_callback_that_needs_one(compose_cfg):
+    """``logger.tensorboard=null`` is the documented way to turn TensorBoard off: with no logger left, the learning
+    rate monitor (which Lightning refuses to run without a logger) is dropped instead of failing the run."""
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    from tgo.train import instantiate_named, without_logger_only_callbacks
+
+    cfg = compose_cfg("experiment=smoke", "logger.tensorboard=null", "callbacks.spectral_geometry=null")
+    validate_config(cfg)
+    loggers = instantiate_named(cfg.logger)
+    callbacks = instantiate_named(cfg.callbacks)
+    assert loggers == [] and any(isinstance(c, LearningRateMonitor) for c in callbacks)
+    kept = without_logger_only_callbacks(callbacks, loggers)
+    assert not any(isinstance(c, LearningRateMonitor) for c in kept) and len(kept) == len(callbacks) - 1
+    assert without_logger_only_callbacks(callbacks, [object()]) == callbacks, "kept while any logger is on"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import torch
 from tests.conftest import compose_train, run_cli
 from tests.helpers import SimulatedCrash
 from tgo.errors import ConfigError
-from tgo.train import make_ddp_relaunch_job_local, resolve_ckpt_path, run
+from tgo.model import cosine_factor, schedule_steps
+from tgo.observatory.pipeline import NonFiniteActivationsError
+from tgo.train import error_line, make_ddp_relaunch_job_local, resolve_ckpt_path, run
 
 FAST = ["experiment=smoke", "observation.figures.heatmaps=false"]
 
@@ -103,6 +106,67 @@ def test_a_fresh_run_refuses_a_directory_that_holds_a_run(smoke_run):
 def test_ckpt_path_last_without_a_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"ckpt_path: .*last.ckpt' does not exist"):
         resolve_ckpt_path("last", tmp_path)
+
+
+def test_an_empty_truncated_or_damaged_checkpoint_is_refused_before_training(smoke_run, tmp_path):
+    """torch.load gives a bare EOFError for an empty file, and loads a damaged archive without complaint."""
+    data = (smoke_run[0] / "checkpoints" / "last.ckpt").read_bytes()
+    damaged = bytearray(data)
+    damaged[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
+    cases = {"empty": (b"", "is empty"), "truncated": (data[: len(data) // 2], "is not a torch.save archive")}
+    cases["damaged"] = (bytes(damaged), r"is damaged \(archive/.* fails its checksum\)")
+    for name, (content, problem) in cases.items():
+        path = tmp_path / f"{name}.ckpt"
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match=rf"^ckpt_path: '{path}' {problem}.*; expected a complete Lightning"):
+            resolve_ckpt_path(str(path), tmp_path)
+    assert resolve_ckpt_path("last", smoke_run[0]) == str(smoke_run[0] / "checkpoints" / "last.ckpt")
+
+
+def test_extending_a_finished_run_is_refused_because_its_schedule_is_fixed(smoke_run, tmp_path):
+    """``max_epochs`` 2 -> 4 with ``ckpt_path=last`` used to die on OneCycleLR's step count in the third epoch."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(smoke_run[0], run_dir)
+    before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
+    message = (
+        r"trainer\.max_epochs: the checkpoint's onecycle learning-rate schedule spans 12 optimizer steps but this "
+        r"run would take 24; expected the trainer\.max_epochs .* the run started with"
+    )
+    with pytest.raises(ConfigError, match=message):
+        run(compose_train(run_dir, ["experiment=smoke", "trainer.max_epochs=4", "ckpt_path=last"]))
+    assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before, "nothing trained"
+
+
+def test_a_saved_schedule_length_is_read_from_either_scheduler():
+    net = torch.nn.Linear(2, 2)
+    onecycle = torch.optim.lr_scheduler.OneCycleLR(torch.optim.SGD(net.parameters(), lr=0.1), 0.1, total_steps=12)
+    cosine = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(net.parameters(), lr=0.1), cosine_factor(30, 3, 0.01))
+    constant = cosine_factor(30, 0, 1.0, constant=True)
+    flat = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(net.parameters(), lr=0.1), constant)
+    assert [schedule_steps(s.state_dict()) for s in (onecycle, cosine, flat)] == [12, 30, None]
+
+
+def test_bad_input_and_a_nonfinite_stop_are_one_line_and_a_bug_is_not():
+    from hydra.errors import InstantiationException
+
+    wrapped = InstantiationException("Error in call to target 'tgo.model.ViTClassifier'")
+    wrapped.__cause__ = ConfigError("model.lr: expected a positive number, got 'fast'")
+    assert error_line(wrapped) == "tgo.train: error: model.lr: expected a positive number, got 'fast'"
+    stop = NonFiniteActivationsError("epoch 1: non-finite activations (rows per point): {'cls': 50}; set ...")
+    assert error_line(stop) == f"tgo.train: error: observation.nonfinite: {stop}"
+    assert error_line(RuntimeError("a bug")) is None
+
+
+def test_an_empty_checkpoint_on_the_command_line_is_one_line_with_status_2(tmp_path):
+    """It used to end in a bare EOFError from torch.load inside trainer.fit, after the data had been read."""
+    empty = tmp_path / "empty.ckpt"
+    empty.touch()
+    result = run_cli(["experiment=smoke", f"ckpt_path={empty}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"tgo.train: error: ckpt_path: '{empty}' is empty (0 bytes); expected a complete Lightning checkpoint file "
+        "(resume from another checkpoint of the run, or start a new run)"
+    ]
 
 
 @pytest.mark.slow

@@ -4,11 +4,17 @@ Hydra checks that keys exist; it does not check that values make sense. A zero b
 count would otherwise surface minutes later as an obscure error deep inside Lightning, or worse, silently run
 nothing. Each rule names the key and what was expected, and ``validate_config`` raises one ``ConfigError``
 listing every problem at once.
+
+The hyper-parameters of `tgo.model.ViTClassifier` are checked here too (`model_problems`), because a bad learning
+rate, label smoothing or head count otherwise fails only after the data is read (inside timm, torch or the first
+step), or not at all: a zero depth or an image size the patch size does not divide trains a model that silently
+ignores what the user asked for. The constructor runs the same rules for code that builds the model directly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +24,16 @@ from tgo.errors import ConfigError
 from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 
 _MISSING = object()
+
+SCHEDULES = ("cosine", "onecycle", "constant")
+"""The learning-rate schedules of `tgo.model.ViTClassifier` (``model.schedule``)."""
+
+Rule = Callable[[Any], "str | None"]
+
+
+def _is_number(value: Any) -> bool:
+    """A real, finite number (``true`` is not a number here, and YAML's ``.nan`` / ``.inf`` are not usable rates)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _positive_int(value: Any) -> str | None:
@@ -42,6 +58,29 @@ def _int(value: Any) -> str | None:
     return None if isinstance(value, int) and not isinstance(value, bool) else f"expected an integer, got {value!r}"
 
 
+def _positive_number(value: Any) -> str | None:
+    return None if _is_number(value) and value > 0 else f"expected a positive number, got {value!r}"
+
+
+def _non_negative_number(value: Any) -> str | None:
+    return None if _is_number(value) and value >= 0 else f"expected a number >= 0, got {value!r}"
+
+
+def _fraction(value: Any) -> str | None:
+    return None if _is_number(value) and 0 <= value < 1 else f"expected a number in [0, 1), got {value!r}"
+
+
+def _betas(value: Any) -> str | None:
+    pair = list(value) if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else None
+    if pair is None or len(pair) != 2 or _fraction(pair[0]) or _fraction(pair[1]):
+        return f"expected [beta1, beta2] with both in [0, 1), got {value!r}"
+    return None
+
+
+def _schedule(value: Any) -> str | None:
+    return None if value in SCHEDULES else f"expected one of {list(SCHEDULES)}, got {value!r}"
+
+
 def _limit(value: Any) -> str | None:
     if value is None:
         return None
@@ -51,7 +90,7 @@ def _limit(value: Any) -> str | None:
 
 
 # key -> rule; a key absent from the config is skipped (callbacks can be disabled with null).
-RULES: dict[str, Callable[[Any], str | None]] = {
+RULES: dict[str, Rule] = {
     "seed": _int,
     "trainer.max_epochs": _positive_int,
     "trainer.devices": _devices,
@@ -64,6 +103,86 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "data.analysis.per_class": _optional_positive_int,
     "callbacks.trajectory_checkpoint.every_n_epochs": _optional_positive_int,
 }
+
+# The hyper-parameters of `tgo.model.ViTClassifier`, relative to the ``model`` node; an absent key is skipped (the
+# architecture keys default to the timm model's own values). Checked here, before any data is read, and again by the
+# model's constructor for code that builds it directly.
+MODEL_RULES: dict[str, Rule] = {
+    "lr": _positive_number,
+    "weight_decay": _non_negative_number,
+    "min_lr": _non_negative_number,
+    "warmup_epochs": _non_negative_number,
+    "label_smoothing": _fraction,
+    "betas": _betas,
+    "schedule": _schedule,
+    "arch.depth": _positive_int,
+    "arch.embed_dim": _positive_int,
+    "arch.num_heads": _positive_int,
+    "arch.patch_size": _positive_int,
+    "arch.drop_path_rate": _fraction,
+}
+
+
+def _lookup(values: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = values
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def image_size_problem(image_size: Any, patch_size: Any) -> str | None:
+    """Why ``data.image_size`` cannot be cut into patches of ``patch_size`` (``None`` when it can).
+
+    timm's patch embedding is a strided convolution: it would silently drop the last ``image_size % patch_size``
+    rows and columns of every image, so the network would never see them.
+    """
+    if _positive_int(image_size) or _positive_int(patch_size) or image_size % patch_size == 0:
+        return None
+    lower, upper = image_size - image_size % patch_size, image_size - image_size % patch_size + patch_size
+    return (
+        f"data.image_size: {image_size} is not a multiple of the patch size {patch_size}, so the last "
+        f"{image_size % patch_size} pixel rows and columns would be dropped; expected a multiple of {patch_size} "
+        f"such as {', '.join(str(n) for n in (lower, upper) if n > 0)}"
+    )
+
+
+def _divisors_near(n: int, target: int) -> str:
+    """The two divisors of ``n`` closest to ``target`` (what a user most likely meant), for error messages."""
+    divisors = sorted((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), d))[:2]
+    return " or ".join(str(d) for d in sorted(divisors))
+
+
+def model_problems(model: Mapping[str, Any], image_size: Any = None, *, prefix: str = "model") -> list[str]:
+    """Every problem with the hyper-parameters of `tgo.model.ViTClassifier`, one ``<key>: ...; expected ...`` each.
+
+    Args:
+        model: The ``model`` node, a mapping or a DictConfig (keys of `MODEL_RULES`; absent keys are skipped).
+        image_size: The input resolution (``data.image_size``), to check against ``arch.patch_size``; ``None``
+            skips that check.
+        prefix: How the user spells the node on the command line.
+
+    Returns:
+        The problems, empty when every value is usable.
+    """
+    problems = []
+    for key, rule in MODEL_RULES.items():
+        value = _lookup(model, key)
+        message = None if value is _MISSING else rule(value)
+        if message:
+            problems.append(f"{prefix}.{key}: {message}")
+    width, heads = _lookup(model, "arch.embed_dim"), _lookup(model, "arch.num_heads")
+    if not (_positive_int(width) or _positive_int(heads)) and width % heads:
+        problems.append(
+            f"{prefix}.arch.num_heads: the width {width} ({prefix}.arch.embed_dim) does not split into {heads} equal "
+            f"heads; expected a divisor of {width} such as {_divisors_near(width, heads)}"
+        )
+    patch = _lookup(model, "arch.patch_size")
+    message = None if patch is _MISSING else image_size_problem(image_size, patch)
+    if message:
+        problems.append(message)
+    return problems
 
 
 def _select(cfg: DictConfig, key: str) -> Any:
@@ -92,10 +211,19 @@ def validate_config(cfg: DictConfig) -> None:
             problems.append(f"{key}: {message}")
     for key in ("data.root",):
         _select(cfg, key)  # raises on ??? (tgo1 needs the dataset location)
+    model = cfg.get("model")
+    if isinstance(model, DictConfig) and model.get("_target_") == "tgo.model.ViTClassifier":
+        image_size = _select(cfg, "data.image_size")
+        problems += model_problems(model, None if image_size is _MISSING else image_size)
     if "observation" in cfg:
         try:
             ObservationSettings.from_config(cfg.observation)
         except ObservationSettingsError as err:
             problems.append(str(err))
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems) if len(problems) > 1 else problems[0])
+        raise problems_error(problems)
+
+
+def problems_error(problems: list[str]) -> ConfigError:
+    """One ``ConfigError`` for a non-empty list of problems: the problem itself, or a list when there are several."""
+    return ConfigError("invalid config:\n  " + "\n  ".join(problems) if len(problems) > 1 else problems[0])

@@ -20,9 +20,10 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from timm.optim import param_groups_weight_decay
 from torchmetrics.classification import MulticlassAccuracy
 
+from tgo.config import SCHEDULES, image_size_problem, model_problems, problems_error
 from tgo.errors import ConfigError
 
-SCHEDULES = ("cosine", "onecycle", "constant")
+__all__ = ["SCHEDULES", "ViTClassifier", "build_timm_model", "cosine_factor", "schedule_steps"]
 
 
 def build_timm_model(
@@ -59,7 +60,13 @@ def build_timm_model(
             raise ConfigError(f"model.pretrained_file: '{pretrained_file}' is not a file; expected a weights file.")
         kwargs["pretrained_cfg_overlay"] = dict(file=str(pretrained_file))
         pretrained = True
-    return timm.create_model(name, pretrained=pretrained, **kwargs)
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kwargs)
+    except (AssertionError, TypeError) as err:  # timm's own checks of architecture arguments (asserts, bad kwargs)
+        raise ConfigError(
+            f"model.arch: timm cannot build '{name}' with {dict(overrides)} ({err}); expected architecture "
+            f"arguments that '{name}' accepts, e.g. an embed_dim divisible by num_heads"
+        ) from err
 
 
 class ViTClassifier(L.LightningModule):
@@ -68,7 +75,8 @@ class ViTClassifier(L.LightningModule):
     Args:
         name: timm model name.
         num_classes: Number of classes (filled in from the DataModule by ``tgo.train``).
-        img_size: Input resolution (filled in from the DataModule).
+        img_size: Input resolution (filled in from the DataModule, so errors name ``data.image_size``); a multiple of
+            the patch size.
         in_chans: Input channels (filled in from the DataModule).
         arch: Architecture overrides passed to timm (``depth``, ``embed_dim``, ``num_heads``, ``patch_size``,
             ``drop_path_rate``...).
@@ -77,7 +85,9 @@ class ViTClassifier(L.LightningModule):
         lr: Peak learning rate.
         weight_decay: AdamW decoupled weight decay (not applied to 1-d parameters and position/class tokens).
         betas: AdamW betas.
-        schedule: ``cosine`` (linear warm-up then cosine to ``min_lr``), ``onecycle`` or ``constant``.
+        schedule: ``cosine`` (linear warm-up then cosine to ``min_lr``), ``onecycle`` or ``constant``. ``cosine``
+            and ``onecycle`` span ``trainer.max_epochs`` as set when training starts: resuming with another length
+            is refused (see `_refuse_a_changed_schedule`); a longer training is a new run.
         warmup_epochs: Warm-up length for ``cosine`` in epochs (fractions allowed).
         min_lr: Final learning rate of the cosine schedule.
         label_smoothing: Cross-entropy label smoothing.
@@ -103,12 +113,15 @@ class ViTClassifier(L.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        if schedule not in SCHEDULES:
-            raise ConfigError(f"model.schedule: expected one of {SCHEDULES}, got '{schedule}'.")
-        for key, value in (("model.lr", lr), ("model.num_classes", num_classes), ("model.img_size", img_size)):
-            if not value > 0:
-                raise ConfigError(f"{key}: expected a positive number, got {value}.")
         arch = dict(arch or {})
+        hparams = dict(lr=lr, weight_decay=weight_decay, min_lr=min_lr, warmup_epochs=warmup_epochs, betas=betas)
+        hparams.update(label_smoothing=label_smoothing, schedule=schedule, arch=arch)
+        problems = model_problems(hparams, img_size)
+        for key, value in (("model.num_classes", num_classes), ("model.img_size", img_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                problems.append(f"{key}: expected a positive integer, got {value!r}")
+        if problems:
+            raise problems_error(problems)
         self.save_hyperparameters(
             dict(
                 name=name,
@@ -137,6 +150,11 @@ class ViTClassifier(L.LightningModule):
             pretrained_file=pretrained_file,
             **arch,
         )
+        patch = getattr(getattr(self.net, "patch_embed", None), "patch_size", None)  # the timm model's, if not set
+        message = image_size_problem(img_size, patch[0] if isinstance(patch, (tuple, list)) else patch)
+        if message:
+            raise ConfigError(message)
+        self._resumed_schedule_steps: int | None = None
         self._forward_net = torch.compile(self.net) if compile else self.net
         top_k = min(5, num_classes)
         self.val_top1 = MulticlassAccuracy(num_classes=num_classes, top_k=1, average="micro")
@@ -179,6 +197,7 @@ class ViTClassifier(L.LightningModule):
         )
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas))
         total = int(self.trainer.estimated_stepping_batches)
+        self._refuse_a_changed_schedule(max(total, 1))
         scheduler: torch.optim.lr_scheduler.LRScheduler
         if hp.schedule == "onecycle":
             scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=hp.lr, total_steps=max(total, 1))
@@ -189,6 +208,49 @@ class ViTClassifier(L.LightningModule):
                 optimizer, lr_lambda=cosine_factor(total, warmup, hp.min_lr / hp.lr, constant=hp.schedule == "constant")
             )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Notes how many steps the checkpoint's learning-rate schedule spans, for `_refuse_a_changed_schedule`.
+
+        Lightning restores the model (calling this) before ``configure_optimizers``, and the schedulers' states
+        after it, so this is the one place that sees the old schedule before the new one is built.
+        """
+        schedulers = checkpoint.get("lr_schedulers") or []
+        self._resumed_schedule_steps = schedule_steps(schedulers[0]) if schedulers else None
+
+    def _refuse_a_changed_schedule(self, total: int) -> None:
+        """Refuses to resume when the schedule would span a different number of steps than the one in the checkpoint.
+
+        ``onecycle`` and ``cosine`` are fixed over ``trainer.max_epochs`` when training starts, and the checkpoint
+        restores that length: a resume with a larger ``max_epochs`` (or another batch size, device count or
+        ``limit_train_batches``) would make OneCycleLR fail on its step count after the old end, and keep cosine
+        at ``min_lr`` for every added epoch, a different schedule than asked for. Stretching the old schedule
+        instead would change the learning rates of steps already taken, so the run could never be reproduced. A
+        clear refusal is the honest answer: a longer training is a new run.
+        """
+        resumed = self._resumed_schedule_steps
+        if resumed is None or resumed == total:
+            return
+        raise ConfigError(
+            f"trainer.max_epochs: the checkpoint's {self._hp.schedule} learning-rate schedule spans {resumed} "
+            f"optimizer steps but this run would take {total}; expected the trainer.max_epochs (and batch size, "
+            "devices, limit_train_batches) the run started with, because the schedule is fixed when training starts "
+            "and cannot be extended by a resume; to train longer, start a new run with the larger max_epochs"
+        )
+
+
+def schedule_steps(state: dict[str, Any]) -> int | None:
+    """The number of steps a saved scheduler state spans (``None`` for a constant schedule or an unknown one).
+
+    OneCycleLR keeps ``total_steps``; the ``LambdaLR`` of ``cosine``/``constant`` keeps `_CosineFactor`'s attributes.
+    """
+    if "total_steps" in state:
+        return int(state["total_steps"])
+    factors = state.get("lr_lambdas") or [None]
+    factor = factors[0]
+    if isinstance(factor, dict) and "total" in factor and not factor.get("constant", False):
+        return int(factor["total"])
+    return None
 
 
 def cosine_factor(total_steps: int, warmup_steps: int, floor: float, *, constant: bool = False):

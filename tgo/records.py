@@ -36,6 +36,8 @@ import math
 import os
 import re
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -348,15 +350,21 @@ def read_metric_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, str]]:
     path = RunDir(run_dir).metrics
     if not path.exists():
         return []
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        header = tuple(reader.fieldnames or ())
-        if header == METRICS_COLUMNS:
-            return [dict(row) for row in reader]
-        if header in _LEGACY_COLUMNS:
-            missing = _LEGACY_COLUMNS[header]
-            return [{column: {**row, **missing}[column] for column in METRICS_COLUMNS} for row in reader]
-        raise RecordsError(f"{path}: header {list(header)} is not {list(METRICS_COLUMNS)}")
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            header = tuple(reader.fieldnames or ())
+            if header == METRICS_COLUMNS:
+                return [dict(row) for row in reader]
+            if header in _LEGACY_COLUMNS:
+                missing = _LEGACY_COLUMNS[header]
+                return [{column: {**row, **missing}[column] for column in METRICS_COLUMNS} for row in reader]
+    except (UnicodeDecodeError, csv.Error) as err:  # binary or damaged: say so instead of a decoder traceback
+        raise RecordsError(
+            f"{path}: not a readable CSV text file ({err}); expected the metrics file tgo writes, with the header "
+            f"{','.join(METRICS_COLUMNS)}"
+        ) from err
+    raise RecordsError(f"{path}: header {list(header)} is not {list(METRICS_COLUMNS)}")
 
 
 def recorded_epochs(run_dir: str | os.PathLike[str]) -> list[int]:
@@ -394,7 +402,27 @@ def _rows_with_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, str]
     run = _require_records(path)
     if not run.metrics.is_file():
         raise RecordsError(f"{run.root}: spectra exist but {run.metrics.relative_to(run.root)} is missing")
-    return read_metric_rows(run.root)
+    rows = read_metric_rows(run.root)
+    _refuse_duplicate_rows(run.metrics, rows)
+    return rows
+
+
+def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]]) -> None:
+    """Refuses a metrics file with two rows for one (epoch, point, view, metric).
+
+    `RecordWriter` replaces an epoch's rows when it observes the epoch again (a resume), so a duplicate never comes
+    from tgo: the file was edited or concatenated, and a loader would otherwise keep one of the two values silently.
+    """
+    first_line: dict[tuple[str, str, str, str], int] = {}
+    for line, row in enumerate(rows, start=2):  # line 1 is the header
+        key = (row["epoch"], row["point"], row["view"], row["metric"])
+        if key in first_line:
+            raise RecordsError(
+                f"{path}: line {line} repeats epoch {key[0]}, point {key[1]}, view {key[2]}, metric {key[3]} of line "
+                f"{first_line[key]}; expected one row per epoch, point, view and metric (tgo replaces an epoch's rows "
+                "when it observes it again, so the file was edited or concatenated: keep one of the two)"
+            )
+        first_line[key] = line
 
 
 def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
@@ -493,8 +521,12 @@ def _load_npz(path: Path, view: str, arrays: Iterable[str] | None) -> dict[str, 
                 if key_view != view or (wanted is not None and name not in wanted):
                     continue
                 points.setdefault(point, {})[name] = data[key]
-    except (OSError, ValueError) as err:  # truncated or not a zip: never produced by RecordWriter, but be clear
-        raise RecordsError(f"{path}: unreadable spectra file ({err})") from err
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        # Truncated, damaged or not a zip: never produced by RecordWriter (it writes atomically), but be clear.
+        raise RecordsError(
+            f"{path}: unreadable spectra file ({type(err).__name__}: {err}); expected a complete .npz as tgo writes "
+            "it (move the damaged file aside to report the other epochs)"
+        ) from err
     return points
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,16 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from tgo.checkpoints import AtomicCheckpointIO
 from tgo.config import validate_config
-from tgo.errors import ConfigError, find_user_error
+from tgo.errors import ConfigError, UserInputError, find_error
 from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job, slurm_requeue_plugins
+from tgo.observatory.pipeline import NonFiniteActivationsError
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
 from tgo.resume import plan_start
@@ -37,8 +40,39 @@ def instantiate_named(group: DictConfig | None) -> list[Any]:
     return [instantiate(node) for _, node in group.items() if node is not None]
 
 
+def without_logger_only_callbacks(callbacks: list[Any], loggers: list[Any]) -> list[Any]:
+    """Drops ``LearningRateMonitor`` when every logger is disabled (``logger.tensorboard=null``, the documented way).
+
+    It writes only through a logger, and Lightning refuses to start with it and no logger at all.
+    """
+    if loggers or not any(isinstance(c, LearningRateMonitor) for c in callbacks):
+        return callbacks
+    rank_zero_info("[tgo] every logger is disabled: learning rates are not logged (lr_monitor needs a logger)")
+    return [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+
+
+def _unreadable_checkpoint(path: Path) -> str | None:
+    """Why ``path`` cannot be a checkpoint written by ``torch.save`` (a zip archive), or ``None`` when it can.
+
+    Checked before any data is read: torch would otherwise fail deep inside ``trainer.fit`` with a bare EOFError (an
+    empty file) or an unpickling error, and a damaged archive can even load. Every member's CRC is verified, one
+    sequential read of the file.
+    """
+    if path.stat().st_size == 0:
+        return "is empty (0 bytes)"
+    if not zipfile.is_zipfile(path):
+        return "is not a torch.save archive (truncated, or not a checkpoint)"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError) as err:
+        return f"cannot be read ({err})"
+    return None if damaged is None else f"is damaged ({damaged} fails its checksum)"
+
+
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
-    """Resolves ``ckpt_path``: ``last`` means this run directory's ``checkpoints/last.ckpt``; a missing file fails."""
+    """Resolves ``ckpt_path``: ``last`` means this run directory's ``checkpoints/last.ckpt``; a missing, empty or
+    damaged file fails with one line."""
     if ckpt_path is None:
         return None
     path = RunDir(output_dir).last_checkpoint if ckpt_path == "last" else Path(ckpt_path)
@@ -46,6 +80,12 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
         raise ConfigError(
             f"ckpt_path: '{path}' does not exist; expected a Lightning checkpoint file "
             "(or `last` together with hydra.run.dir=<the run directory to resume>)."
+        )
+    problem = _unreadable_checkpoint(path)
+    if problem:
+        raise ConfigError(
+            f"ckpt_path: '{path}' {problem}; expected a complete Lightning checkpoint file "
+            "(resume from another checkpoint of the run, or start a new run)"
         )
     return str(path)
 
@@ -120,8 +160,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     model = instantiate(
         cfg.model, num_classes=datamodule.num_classes, img_size=datamodule.image_size, in_chans=datamodule.in_chans
     )
-    callbacks = instantiate_named(cfg.get("callbacks"))
     loggers = instantiate_named(cfg.get("logger"))
+    callbacks = without_logger_only_callbacks(instantiate_named(cfg.get("callbacks")), loggers)
     make_ddp_relaunch_job_local()
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=trainer_plugins(cfg)
@@ -153,12 +193,26 @@ def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run(cfg)
     except Exception as error:
-        user_error = find_user_error(error)
-        if user_error is None:
+        line = error_line(error)
+        if line is None:
             raise
-        print(f"tgo.train: error: {user_error}", file=sys.stderr)
+        print(line, file=sys.stderr)
         sys.exit(2)
     return metrics.get("val/acc_top1")
+
+
+def error_line(error: BaseException) -> str | None:
+    """The one line `main` prints for an error that needs a changed input, or ``None`` for a bug (traceback).
+
+    Bad input is a ``UserInputError`` anywhere in the cause chain. A run stopped by ``observation.nonfinite=error``
+    counts too: the same config would stop at the same place again, so it is an input to change (the policy, or the
+    settings that diverge), not a crash.
+    """
+    found = find_error(error, (UserInputError, NonFiniteActivationsError))
+    if found is None:
+        return None
+    key = "observation.nonfinite: " if isinstance(found, NonFiniteActivationsError) else ""
+    return f"tgo.train: error: {key}{found}"
 
 
 if __name__ == "__main__":
