@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,15 @@ from tests.helpers import SimulatedCrash
 from tests.report.smoke import smoke_run_dir
 from tgo.observe import observe_models
 from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
-from tgo.resume import SET_ASIDE, StartPlan, newest_checkpoint, plan_start, set_aside_epochs
+from tgo.resume import (
+    SET_ASIDE,
+    ChangedAnalysisSubsetError,
+    StartPlan,
+    check_same_analysis_subset,
+    newest_checkpoint,
+    plan_start,
+    set_aside_epochs,
+)
 from tgo.train import run
 
 FAST = [
@@ -112,3 +121,36 @@ def test_set_aside_epochs_moves_rows_and_spectra_and_keeps_the_rest(tmp_path_fac
     assert read_metric_rows(target) == [r for r in before if r["epoch"] == "2"]
     assert (target / "geometry" / "spectra" / "epoch_0002.npz").is_file()
     assert set_aside_epochs(RunDir(run_dir), [7], "nothing there") is None
+
+
+def _manifest(run_dir: RunDir, **changes: object) -> dict:
+    manifest = json.loads(run_dir.manifest.read_text())
+    return {**manifest, **changes}
+
+
+def test_a_resume_with_the_same_subset_passes_and_any_change_is_named(tmp_path_factory):
+    run_dir = RunDir(smoke_run_dir(tmp_path_factory))
+    same = _manifest(run_dir)
+    check_same_analysis_subset(run_dir, same)
+    items = same["items"]
+    fewer = _manifest(run_dir, items=items[:30])
+    with pytest.raises(ChangedAnalysisSubsetError, match=r"50 images then, 30 now \(20 left out, 0 new"):
+        check_same_analysis_subset(run_dir, fewer)
+    edited = _manifest(run_dir, items=[{**items[0], "sha256": "0" * 64}, *items[1:]])
+    with pytest.raises(ChangedAnalysisSubsetError, match=rf"1 image\(s\) changed on disk, e.g. {items[0]['key']!r}"):
+        check_same_analysis_subset(run_dir, edited)
+    resized = _manifest(run_dir, source_info={**same["source_info"], "image_size": 24})
+    with pytest.raises(ChangedAnalysisSubsetError, match=r"image size 16 then, 24 now"):
+        check_same_analysis_subset(run_dir, resized)
+
+
+@pytest.mark.slow
+def test_resuming_with_a_changed_analysis_subset_stops_before_anything_is_written(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SimulatedCrash):
+        run(compose_train(run_dir, [*FAST, "trainer.max_epochs=2", *crash("CrashAtEpochStart", 1)]))
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    cfg = compose_train(run_dir, [*FAST, "trainer.max_epochs=2", "ckpt_path=last", "data.analysis.per_class=3"])
+    with pytest.raises(ChangedAnalysisSubsetError, match=r"50 images then, 30 now"):
+        run(cfg)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before

@@ -15,14 +15,17 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import json
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from tgo.errors import ConfigError
 from tgo.records import METRICS_COLUMNS, RunDir, atomic_write, read_metric_rows
 
 SET_ASIDE = "set_aside"
@@ -172,3 +175,60 @@ def plan_start(requested: str | None, run: RunDir, *, requeued: bool) -> StartPl
     if requested == "last" and started and not run.last_checkpoint.is_file():
         return StartPlan(None, start_over="ckpt_path=last, but the run was stopped before its first checkpoint")
     return StartPlan(requested)
+
+
+class ChangedAnalysisSubsetError(ConfigError):
+    """A resumed run would observe other images (or the same keys with other content) than its earlier epochs."""
+
+
+def check_same_analysis_subset(run: RunDir, current: dict[str, Any]) -> None:
+    """Stops a resume whose analysis subset differs from the one in the run's own ``analysis_subset.json``.
+
+    Every epoch of a run must be measured on the same images: a changed ``data.analysis`` setting, another image
+    size or class list, or a pinned image whose bytes changed on disk would make the trend compare two subsets.
+    Nothing to compare (no manifest yet: the run never got that far) passes.
+
+    Args:
+        run: The run directory being resumed.
+        current: The manifest the resumed run would write (`TGODataModule.manifest`).
+
+    Raises:
+        ChangedAnalysisSubsetError: naming what changed, before anything is written.
+    """
+    if not run.manifest.is_file():
+        return
+    try:
+        earlier = json.loads(run.manifest.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ChangedAnalysisSubsetError(
+            f"{run.manifest}: unreadable ({err}); expected the run's own manifest to check the resumed subset against"
+        ) from err
+    changes = []
+    for field in ("source", "class_names"):
+        if earlier.get(field) != current.get(field):
+            changes.append(f"{field} {_short(earlier.get(field))} then, {_short(current.get(field))} now")
+    size_then = (earlier.get("source_info") or {}).get("image_size")
+    size_now = (current.get("source_info") or {}).get("image_size")
+    if size_then != size_now:
+        changes.append(f"image size {size_then} then, {size_now} now")
+    then = {(i["key"], i["label"]): i.get("sha256") for i in earlier.get("items", [])}
+    now = {(i["key"], i["label"]): i.get("sha256") for i in current.get("items", [])}
+    removed, added = sorted(then.keys() - now.keys()), sorted(now.keys() - then.keys())
+    content = sorted(k for k in then.keys() & now.keys() if then[k] and now[k] and then[k] != now[k])
+    if removed or added:
+        example = (removed or added)[0][0]
+        changes.append(
+            f"{len(then)} images then, {len(now)} now ({len(removed)} left out, {len(added)} new, e.g. {example!r})"
+        )
+    if content:
+        changes.append(f"{len(content)} image(s) changed on disk, e.g. {content[0][0]!r}")
+    if changes:
+        raise ChangedAnalysisSubsetError(
+            f"resume: the analysis subset differs from the run's own {run.manifest}: {'; '.join(changes)}; expected "
+            "the data settings the run started with (or start a new run for the new subset)"
+        )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."

@@ -30,7 +30,7 @@ from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job
 from tgo.observatory.pipeline import NonFiniteActivationsError
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
-from tgo.resume import plan_start
+from tgo.resume import check_same_analysis_subset, plan_start
 
 
 def instantiate_named(group: DictConfig | None) -> list[Any]:
@@ -167,6 +167,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=trainer_plugins(cfg)
     )
 
+    if ckpt_path is not None:  # every rank checks (they all stop before fit), before anything is moved or written
+        check_same_analysis_subset(RunDir(output_dir), datamodule.manifest())
     # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
     if getattr(rank_zero_only, "rank", 0) == 0:
