@@ -9,14 +9,22 @@ Epoch k means "after k completed training epochs". Observations happen at ``on_t
 epoch a crashed run did not record before its checkpoint) and at ``on_train_epoch_end``. The records on disk are the
 source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
 
-Scalars go to every Lightning logger of the trainer (``log_metrics``: TensorBoard, CSV, W&B, MLflow alike) with the
-epoch as step: the ``all`` view as ``geometry/<metric>/<point>`` (every observable, its probe metrics included), the
-other views (``cls``, ``patch``, ``between_image``, ``within_image``) as ``geometry_<view>/<metric>/<point>`` (only
+Scalars go to every Lightning logger of the trainer (``log_metrics``: CSV, W&B, MLflow alike) with the epoch as
+step: the ``all`` view as ``geometry/<metric>/<point>`` (every observable, its probe metrics included), the other
+views (``cls``, ``patch``, ``between_image``, ``within_image``) as ``geometry_<view>/<metric>/<point>`` (only
 ``CATALOGUE.charted_on(view)``: the charted covariance observables and the view's charted probes), and their
 jackknife standard errors as ``geometry_stderr/...`` and ``geometry_stderr_<view>/...`` (`geometry_scalars`).
-TensorBoard also gets a custom-scalars layout (per view one chart per charted observable, and ``value -/+ stderr``
-Margin charts per point of the ``all`` view), histograms and figures, drawn from the records just written (so a
-resumed run's figures show its whole history).
+
+TensorBoard gets the same values differently, because it colours lines by run and sorts names alphabetically: every
+point is its own run, ``<log dir>/points/<NN>_<point>`` (`callbacks.tensorboard_runs.PointRuns`, depth-ordered
+names), holding the tags without the point, ``geometry/<metric>``, ``geometry_<view>/<metric>``,
+``geometry_stderr[_<view>]/<metric>`` and ``geometry_band/<metric>/{lower,upper}`` (`point_scalars`). So one chart
+is one observable with every point as its own coloured, labelled line in depth order. The Lightning TensorBoard run
+itself keeps only the run-level scalars (``geometry/pass_seconds``, ``geometry/blocking_seconds``), the figures,
+histograms and a custom-scalars layout (`custom_scalar_layout`): the per-point copies there would be ~300
+one-line cards listed ``block_01 .. block_12, cls, patch_embed, pos_embed``, beside the per-point runs' charts.
+The figures include one depth profile per main observable (`tgo.viz.depth_profile_figure`, one line per observed
+epoch on a colour ramp), drawn from the records just written (so a resumed run's figures show its whole history).
 
 Figures are rendered off the training thread: once an observation is recorded and its scalars logged, its figures
 go to a bounded background `FigureWorker` (at most ``FIGURES_IN_FLIGHT`` observations queued or rendering; a further
@@ -41,8 +49,10 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.seed import isolate_rng
 
 from callbacks.figure_worker import FigureWorker
+from callbacks.tensorboard_runs import PointRuns
 from tgo import viz
 from tgo.observatory import (
     DEFAULT_VIEW,
@@ -69,10 +79,15 @@ __all__ = [
     "geometry_scalars",
     "geometry_tag",
     "logged_metrics",
+    "point_scalars",
 ]
 
 FIGURES_IN_FLIGHT = 2
 """Observations whose figures may be queued or rendering at once; the next observation's hand-off waits for one."""
+DEPTH_PROFILES = ("effective_rank", "participation_ratio", "stable_rank", "spectral_anisotropy")
+"""The observables drawn against depth in TensorBoard, one figure each. The report also draws spectral entropy (the
+log of the effective rank: the same profile) and flatness; TensorBoard keeps to four because every figure costs
+background rendering time at each observation."""
 FIGURE_DRAIN_TIMEOUT_S = 600.0
 """How long the end of ``fit`` (or an exception) waits for the figures in flight before warning and going on."""
 
@@ -81,8 +96,7 @@ def geometry_tag(metric: str, key: ObservationKey, *, kind: str = "geometry") ->
     """The logger key of one observable: ``geometry/<metric>/<point>``, ``geometry_<view>/<metric>/<point>``.
 
     The ``all`` view keeps the unsuffixed prefix (the key of records and dashboards from before views existed).
-    ``kind="geometry_stderr"`` names its jackknife standard error (``geometry_stderr_<view>/...`` for other views),
-    ``geometry_band`` its TensorBoard band.
+    ``kind="geometry_stderr"`` names its jackknife standard error (``geometry_stderr_<view>/...`` for other views).
     """
     return f"{_tag_prefix(key.view, kind)}/{metric}/{key.point}"
 
@@ -104,19 +118,39 @@ def logged_metrics(key: ObservationKey, result: PointResult) -> list[str]:
     return [metric for metric in result.observables if metric in charted]
 
 
-def geometry_scalars(results: Results) -> dict[str, float]:
-    """``{logger key: value}`` of one observation: every `logged_metrics` value (NaN included) and its finite stderr."""
-    scalars: dict[str, float] = {}
+def _metric_scalars(results: Results) -> Iterator[tuple[str, str, float]]:
+    """``(point, <prefix>/<metric>, value)`` of every `logged_metrics` value (NaN included) and its finite stderr."""
     for key, result in results.items():
         metrics = logged_metrics(key, result)
-        scalars.update({geometry_tag(metric, key): float(result.observables[metric]) for metric in metrics})
-        scalars.update(
-            {
-                geometry_tag(metric, key, kind="geometry_stderr"): float(se)
-                for metric in metrics
-                if math.isfinite(se := result.stderr.get(metric, math.nan))
-            }
-        )
+        for metric in metrics:
+            yield key.point, f"{_tag_prefix(key.view)}/{metric}", float(result.observables[metric])
+        for metric in metrics:
+            if math.isfinite(se := result.stderr.get(metric, math.nan)):
+                yield key.point, f"{_tag_prefix(key.view, 'geometry_stderr')}/{metric}", float(se)
+
+
+def geometry_scalars(results: Results) -> dict[str, float]:
+    """``{logger key: value}`` of one observation: every `logged_metrics` value (NaN included) and its finite stderr."""
+    return {f"{tag}/{point}": value for point, tag, value in _metric_scalars(results)}
+
+
+def point_scalars(results: Results) -> dict[str, dict[str, float]]:
+    """``{point: {tag: value}}``: `geometry_scalars` without the point in the tag, plus the ``all`` view's bands.
+
+    What each point's own TensorBoard run holds (`callbacks.tensorboard_runs.PointRuns`): the same tag in every run,
+    so TensorBoard draws one chart per tag with one line per point. The bands ``geometry_band/<metric>/lower`` and
+    ``/upper`` (value -/+ stderr of the charted observables, where both are finite) feed the custom-scalars Margin
+    charts.
+    """
+    scalars: dict[str, dict[str, float]] = {point: {} for point in results.by_point()}
+    for point, tag, value in _metric_scalars(results):
+        scalars.setdefault(point, {})[tag] = value
+    for point, result in results.by_point().items():
+        for metric in CATALOGUE.charted:
+            value, se = result.observables.get(metric, math.nan), result.stderr.get(metric, math.nan)
+            if math.isfinite(value) and math.isfinite(se):
+                scalars[point][f"geometry_band/{metric}/lower"] = value - se
+                scalars[point][f"geometry_band/{metric}/upper"] = value + se
     return scalars
 
 
@@ -138,6 +172,7 @@ class SpectralGeometryCallback(L.Callback):
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
         self._run: RunDir | None = None
         self._figures: FigureWorker | None = None  # rank 0's background figure renderer, started on first use
+        self._point_runs: PointRuns | None = None  # rank 0's per-point TensorBoard runs, opened on first use
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -160,13 +195,22 @@ class SpectralGeometryCallback(L.Callback):
             self.observe_epoch(trainer, pl_module, completed)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.drain_figures(trainer)
+        self.finish_tensorboard(trainer)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self.drain_figures(trainer)
+        self.finish_tensorboard(trainer)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.drain_figures(trainer)
+        self.finish_tensorboard(trainer)
+
+    def finish_tensorboard(self, trainer: L.Trainer | None = None) -> bool:
+        """Drains the figures (`drain_figures`) and closes the per-point runs; idempotent (every end of ``fit``
+        calls it). ``False`` if figures were still rendering at the timeout."""
+        drained = self.drain_figures(trainer)
+        runs, self._point_runs = self._point_runs, None
+        if runs is not None:
+            runs.close()
+        return drained
 
     def drain_figures(self, trainer: L.Trainer | None = None, timeout: float = FIGURE_DRAIN_TIMEOUT_S) -> bool:
         """Waits for every queued figure, stops the worker and flushes TensorBoard. ``False`` if it timed out."""
@@ -218,8 +262,13 @@ class SpectralGeometryCallback(L.Callback):
 
         Earlier observations' figures still rendering are paused meanwhile (between figures), so they do not
         contend with the pass for the GIL; they resume when the observation returns.
+
+        The pass runs with the random generators isolated (its data loader draws a seed from torch's global
+        generator): training draws the same random numbers however often it is observed, and a resumed run continues
+        the uninterrupted run's stream (`callbacks.random_state`).
         """
-        with self._figures.held() if self._figures is not None else contextlib.nullcontext():
+        held = self._figures.held() if self._figures is not None else contextlib.nullcontext()
+        with held, isolate_rng():
             self._observe_epoch(trainer, pl_module, epoch)
 
     def _observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
@@ -264,14 +313,16 @@ class SpectralGeometryCallback(L.Callback):
 
     # ----------------------------------------------------------------------------------------- logging
     def _log(self, trainer: L.Trainer, epoch: int, results: Results) -> None:
-        """Scalars to every logger; TensorBoard extras (histograms, images, figures) to TensorBoard only."""
-        scalars = geometry_scalars(results)
-        scalars["geometry/pass_seconds"] = float(self.last_pass_seconds or 0.0)
+        """Scalars to every logger (to TensorBoard as per-point runs); figures and histograms to TensorBoard only."""
+        run_level = {"geometry/pass_seconds": float(self.last_pass_seconds or 0.0)}
+        scalars = {**geometry_scalars(results), **run_level}
         for logger in trainer.loggers:
-            logger.log_metrics(scalars, step=epoch)
+            logger.log_metrics(run_level if isinstance(logger, TensorBoardLogger) else scalars, step=epoch)
         tensorboard = self._tensorboard(trainer)
         if tensorboard is not None:
-            self._log_bands(tensorboard.experiment, epoch, results)
+            if self._point_runs is None:
+                self._point_runs = PointRuns(tensorboard.log_dir, [point.name for point in self.points])
+            self._point_runs.write(point_scalars(results), step=epoch)
         assert self._run is not None
         recorded = recorded_epochs(self._run.root)  # read once: the thinning index and the figures' history
         index = recorded.index(epoch)  # the run's n-th observation, resumed runs included
@@ -295,11 +346,16 @@ class SpectralGeometryCallback(L.Callback):
     def custom_scalar_layout(self) -> dict[str, dict[str, list[Any]]]:
         """TensorBoard's custom-scalars layout: ``{category: {chart title: [chart kind, [tag regexes]]}}``.
 
-        Per view one category of Multiline charts, one per charted observable of that view (its probes included),
-        each matching ``geometry[_<view>]/<metric>/.*`` (TensorBoard anchors the regex at the start of the tag and
-        draws one line per point); with the probes off, only the ``all`` view's charted covariance observables. With
-        jackknife groups, per charted observable of the ``all`` view a category of ``value -/+ 1 s.e.`` Margin
-        charts, one per point in depth order.
+        The per-point runs already give every tag its own chart of coloured lines, one per point; this layout is
+        kept because it is the curated page: only the charted observables (the Time Series page also lists standard
+        errors, bands and diagnostics), in catalogue order rather than alphabetically, and standard-error bands,
+        which no other page draws. Per view one category of Multiline charts, one per charted observable of that
+        view (its probes included), each matching exactly ``geometry[_<view>]/<metric>`` (TensorBoard anchors the
+        regex at the start of the tag; the ``$`` keeps ``effective_rank`` from also matching
+        ``effective_rank_vs_noise``) and drawing one line per point run; with the probes off, only the ``all``
+        view's charted covariance observables. With jackknife groups, one more category of ``value -/+ 1 s.e.``
+        Margin charts, one per charted observable of the ``all`` view, each band a point run's; added in reverse
+        catalogue order, because TensorBoard lists a category's Margin charts last-added first.
         """
         layout: dict[str, dict[str, list[Any]]] = {}
         probes = self.settings.probes.enabled  # without probes only the all view and no probe metric is recorded
@@ -307,34 +363,18 @@ class SpectralGeometryCallback(L.Callback):
             own = view != DEFAULT_VIEW  # the all view keeps the category and chart titles of before views existed
             category = f"TGO geometry, {view} view (one line per point)" if own else "TGO geometry (one line per point)"
             layout[category] = {
-                f"{metric} ({view})" if own else metric: ["Multiline", [f"{_tag_prefix(view)}/{metric}/.*"]]
+                f"{metric} ({view})" if own else metric: ["Multiline", [f"{_tag_prefix(view)}/{metric}$"]]
                 for metric in (CATALOGUE.charted_on(view) if probes else CATALOGUE.charted)
             }
         if self.settings.groups:
-            for metric in CATALOGUE.charted:
-                # TensorBoard lists a category's charts last-added first: add them deepest first to read in depth order.
-                layout[f"TGO {metric} \u00b1 1 jackknife s.e."] = {
-                    f"{depth:02d} {point.name}": ["Margin", [geometry_tag(metric, key), *self._band_tags(metric, key)]]
-                    for depth, point in reversed(list(enumerate(self.points)))
-                    for key in [ObservationKey(point.name)]
-                }
+            layout["TGO geometry \u00b1 1 jackknife s.e. (one band per point)"] = {
+                metric: [
+                    "Margin",
+                    [f"geometry/{metric}", f"geometry_band/{metric}/lower", f"geometry_band/{metric}/upper"],
+                ]
+                for metric in reversed(CATALOGUE.charted)  # TensorBoard lists Margin charts last-added first
+            }
         return layout
-
-    @staticmethod
-    def _band_tags(metric: str, key: ObservationKey) -> tuple[str, str]:
-        band = geometry_tag(metric, key, kind="geometry_band")
-        return f"{band}/lower", f"{band}/upper"
-
-    def _log_bands(self, writer: Any, epoch: int, results: Results) -> None:
-        """value -/+ stderr of the ``all`` view's charted observables, drawn by the custom-scalars Margin charts."""
-        for point, result in results.by_point().items():
-            key = ObservationKey(point)
-            for metric in CATALOGUE.charted:
-                value, se = result.observables.get(metric, math.nan), result.stderr.get(metric, math.nan)
-                if math.isfinite(value) and math.isfinite(se):
-                    lower, upper = self._band_tags(metric, key)
-                    writer.add_scalar(lower, value - se, global_step=epoch)
-                    writer.add_scalar(upper, value + se, global_step=epoch)
 
     def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
         """Draws and writes one observation's figures on the calling thread (what the worker runs, in one call)."""
@@ -384,7 +424,7 @@ class SpectralGeometryCallback(L.Callback):
                 decay = viz.decay_curves_figure(eigenvalues, title=f"epoch {epoch}")
                 self._add_figure(writer, "decay/all_points", decay, epoch)
                 yield
-            if figures.layer_epoch:
+            if figures.layer_epoch:  # the layer x epoch summaries: heatmap grid and one depth profile per observable
                 series = load_series(root, metrics=CATALOGUE.charted)
                 epochs = sorted(
                     {int(e) for per_point in series.values() for es, _ in per_point.values() for e in es if e <= epoch}
@@ -394,6 +434,11 @@ class SpectralGeometryCallback(L.Callback):
                 }
                 grid = viz.layer_epoch_grid_figure(tables, names, epochs)
                 self._add_figure(writer, "layer_epoch/all_observables", grid, epoch)
+                yield
+                for metric, profiles in _depth_profiles(root, names, epoch).items():
+                    figure = viz.depth_profile_figure(profiles, names, title=metric, fontsize=viz.CARD_FONTSIZE)
+                    self._add_figure(writer, f"depth_profile/{metric}", figure, epoch)
+                    yield
             writer.flush()
 
         return job
@@ -409,6 +454,25 @@ class SpectralGeometryCallback(L.Callback):
         """The timm network inside the LightningModule (never the DDP wrapper or a compiled copy)."""
         module = unwrap_model(pl_module)
         return unwrap_model(getattr(module, "net", module))
+
+
+def _depth_profiles(
+    root: Any, points: list[str], up_to: int, metrics: tuple[str, ...] = DEPTH_PROFILES
+) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """``{metric: {epoch: (values [P], stderrs [P])}}`` of the recorded epochs ``<= up_to``, for the depth profiles.
+
+    Read from the records (the whole history, also of a resumed run), NaN where a point has no value; metrics
+    that were not recorded are left out.
+    """
+    values = load_series(root, metrics=metrics)
+    stderrs = load_series(root, metrics=metrics, column="stderr")
+    profiles: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+    for metric in (m for m in metrics if m in values):
+        epochs = sorted({int(e) for es, _ in values[metric].values() for e in es if e <= up_to})
+        value_table = _layer_epoch_table(values[metric], points, epochs)
+        stderr_table = _layer_epoch_table(stderrs.get(metric, {}), points, epochs)
+        profiles[metric] = {e: (value_table[:, j], stderr_table[:, j]) for j, e in enumerate(epochs)}
+    return profiles
 
 
 def _layer_epoch_table(

@@ -74,29 +74,26 @@ def test_schedule_is_initialisation_every_n_and_the_final_epoch(tmp_path):
     assert recorded_epochs(tmp_path) == [0, 2, 4, 5]
 
 
-def test_tensorboard_scalars_equal_the_records(tensorboard_run):
-    """Every view's logged metrics (probes included) reach TensorBoard with the recorded value; the rest do not."""
-    events = EventAccumulator(
-        str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0, "images": 0, "histograms": 0}
-    ).Reload()
-    tags = set(events.Tags()["scalars"])
-    rows = read_metric_rows(tensorboard_run)
-    assert {r["view"] for r in rows} == set(VIEWS)
-    expected = set()
-    for row in rows:
-        tag = logger_tag(row)
-        if tag is None:
-            assert f"geometry_{row['view']}/{row['metric']}/{row['point']}" not in tags
-            continue
-        expected.add(tag)
-        logged = {e.step: e.value for e in events.Scalars(tag)}
-        assert logged[int(row["epoch"])] == pytest.approx(float(row["value"]), rel=1e-6, nan_ok=True), tag
-    assert {t for t in tags if t.startswith("geometry") and "stderr" not in t and "band" not in t} == expected | {
-        "geometry/pass_seconds",
-        "geometry/blocking_seconds",
+def point_tag(tag: str) -> tuple[str, str]:
+    """``(point, tag in the point's TensorBoard run)`` of a logger key ``<prefix>/<metric>/<point>``."""
+    prefix, point = tag.rsplit("/", 1)
+    return point, prefix
+
+
+def point_run_events(run_dir: Path) -> dict[str, EventAccumulator]:
+    """``{point: its TensorBoard run}`` (``tensorboard/points/<NN>_<point>``)."""
+    runs = sorted((run_dir / "tensorboard" / "points").iterdir())
+    return {
+        path.name.split("_", 1)[1]: EventAccumulator(str(path), size_guidance={"scalars": 0}).Reload() for path in runs
     }
-    # Views, and probe metrics on the views that carry them, under their own prefixes.
-    assert {
+
+
+def test_tensorboard_point_runs_carry_every_view(tensorboard_run):
+    """Views and probe metrics reach the points' runs under their own prefixes (the values: test_tensorboard_dashboard);
+    the main run keeps only the run-level geometry scalars."""
+    runs = point_run_events(tensorboard_run)
+    tags = {point: set(ev.Tags()["scalars"]) for point, ev in runs.items()}
+    for logger_key in (
         "geometry_within_image/effective_rank/block_02",
         "geometry_between_image/power_law_alpha/block_04",
         "geometry_patch/participation_ratio/block_01",
@@ -107,9 +104,15 @@ def test_tensorboard_scalars_equal_the_records(tensorboard_run):
         "geometry/subspace_overlap_prev/block_04",
         "geometry/massive_activation_ratio/pos_embed",
         "geometry/massive_activation_dim/block_01",  # uncharted, but the all view logs every metric
-    } <= tags
-    assert "geometry_cls/n_rows/block_01" not in tags, "uncharted metrics of other views are records only"
-    assert "geometry/effective_rank/block_01/cls" not in tags, "views are a prefix, never a point suffix"
+    ):
+        point, tag = point_tag(logger_key)
+        assert tag in tags[point], logger_key
+    assert "geometry_cls/n_rows" not in tags["block_01"], "uncharted metrics of other views are records only"
+    main = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0}).Reload()
+    assert {t for t in main.Tags()["scalars"] if t.startswith("geometry")} == {
+        "geometry/pass_seconds",
+        "geometry/blocking_seconds",
+    }
 
 
 def test_tensorboard_figures_histograms_and_layout(tensorboard_run):
@@ -125,11 +128,12 @@ def test_tensorboard_figures_histograms_and_layout(tensorboard_run):
     assert (correlation.width, correlation.height) == (32, 32), "one pixel per feature pair"
     # Figures are thinned to every 2nd observation (0, 2) plus the final one (3); scalars are never thinned.
     assert [e.step for e in events.Images("spectra/all_points")] == [0, 2, 3]
-    assert [e.step for e in events.Scalars("geometry/effective_rank/cls")] == [0, 1, 2, 3]
+    cls_run = point_run_events(tensorboard_run)["cls"]
+    assert [e.step for e in cls_run.Scalars("geometry/effective_rank")] == [0, 1, 2, 3]
 
 
 def test_custom_scalar_layout_has_a_category_per_view(tensorboard_run):
-    """One Multiline chart per metric charted on each view (probes included); Margin charts in depth order."""
+    """One Multiline chart per metric charted on each view (probes included); one Margin chart per observable."""
     from tensorboard.plugins.custom_scalar import layout_pb2
 
     events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"tensors": 0}).Reload()
@@ -144,18 +148,23 @@ def test_custom_scalar_layout_has_a_category_per_view(tensorboard_run):
     for view, title in multiline.items():
         prefix = "geometry" if view == "all" else f"geometry_{view}"
         regexes = [list(chart.multiline.tag) for chart in categories[title]]
-        assert regexes == [[f"{prefix}/{metric}/.*"] for metric in CATALOGUE.charted_on(view)]
-    assert "geometry/between_image_fraction/.*" in {c.multiline.tag[0] for c in categories[multiline["all"]]}
-    assert "geometry_cls/fisher_ratio/.*" in {c.multiline.tag[0] for c in categories[multiline["cls"]]}
-    margin = categories["TGO effective_rank \u00b1 1 jackknife s.e."]
-    assert [c.title for c in margin][-2:] == ["01 pos_embed", "00 patch_embed"], "added deepest first"
-    assert margin[0].margin.series[0].value == "geometry/effective_rank/cls"
+        assert regexes == [[f"{prefix}/{metric}$"] for metric in CATALOGUE.charted_on(view)]
+    assert "geometry/between_image_fraction$" in {c.multiline.tag[0] for c in categories[multiline["all"]]}
+    assert "geometry_cls/fisher_ratio$" in {c.multiline.tag[0] for c in categories[multiline["cls"]]}
+    margin = categories["TGO geometry \u00b1 1 jackknife s.e. (one band per point)"]
+    assert [c.title for c in margin] == list(reversed(CATALOGUE.charted)), "listed last-added first"
+    series = margin[-1].margin.series[0]  # listed last, shown first
+    assert (series.value, series.lower, series.upper) == (
+        "geometry/effective_rank",
+        "geometry_band/effective_rank/lower",
+        "geometry_band/effective_rank/upper",
+    )
 
 
 def test_custom_scalar_layout_without_probes_charts_the_all_view_only():
     layout = SpectralGeometryCallback(settings={"probes": {"enabled": False}, "groups": 0}).custom_scalar_layout()
     assert layout == {
-        "TGO geometry (one line per point)": {m: ["Multiline", [f"geometry/{m}/.*"]] for m in CATALOGUE.charted}
+        "TGO geometry (one line per point)": {m: ["Multiline", [f"geometry/{m}$"]] for m in CATALOGUE.charted}
     }
 
 
@@ -308,28 +317,30 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
     assert "train/loss" in " ".join(columns)
 
 
-def test_standard_errors_reach_the_loggers_and_tensorboard_draws_bands(tensorboard_run):
+def test_standard_errors_reach_the_point_runs_with_bands(tensorboard_run):
     """Every finite jackknife stderr is logged beside its value; TensorBoard gets value -/+ stderr for its charts."""
-    events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0}).Reload()
-    tags = set(events.Tags()["scalars"])
+    runs = point_run_events(tensorboard_run)
+    tags = {point: set(ev.Tags()["scalars"]) for point, ev in runs.items()}
     rows = [r for r in read_metric_rows(tensorboard_run) if r["stderr"] != "nan"]
     assert {r["metric"] for r in rows} >= {"effective_rank", "participation_ratio", "effective_rank_vs_noise"}
-    expected = set()
+    expected: dict[str, set[str]] = {point: set() for point in runs}
     for row in rows:
-        tag = logger_tag(row, "geometry_stderr")
-        if tag is None:
+        logger_key = logger_tag(row, "geometry_stderr")
+        if logger_key is None:
             continue
-        expected.add(tag)
-        logged = {e.step: e.value for e in events.Scalars(tag)}
-        assert logged[int(row["epoch"])] == pytest.approx(float(row["stderr"]), rel=1e-6), tag
-    assert {t for t in tags if t.startswith("geometry_stderr")} == expected, "finite stderrs of logged metrics only"
-    assert {"geometry_stderr_within_image/effective_rank/block_02", "geometry_stderr_cls/fisher_ratio/block_04"} <= tags
-    assert "geometry_stderr/between_image_fraction/block_02" in tags
+        point, tag = point_tag(logger_key)
+        expected[point].add(tag)
+        logged = {e.step: e.value for e in runs[point].Scalars(tag)}
+        assert logged[int(row["epoch"])] == pytest.approx(float(row["stderr"]), rel=1e-6), logger_key
+    for point in runs:
+        assert {t for t in tags[point] if t.startswith("geometry_stderr")} == expected[point], "finite stderrs only"
+    assert {"geometry_stderr_within_image/effective_rank", "geometry_stderr_cls/fisher_ratio"} <= tags["block_04"]
+    assert "geometry_stderr/between_image_fraction" in tags["block_02"]
     row = next(r for r in rows if r["metric"] == "effective_rank" and r["point"] == "cls" and r["view"] == "all")
-    lower = {e.step: e.value for e in events.Scalars("geometry_band/effective_rank/cls/lower")}
-    upper = {e.step: e.value for e in events.Scalars("geometry_band/effective_rank/cls/upper")}
+    lower = {e.step: e.value for e in runs["cls"].Scalars("geometry_band/effective_rank/lower")}
+    upper = {e.step: e.value for e in runs["cls"].Scalars("geometry_band/effective_rank/upper")}
     value, se = float(row["value"]), float(row["stderr"])
     epoch = int(row["epoch"])
     assert (lower[epoch], upper[epoch]) == (pytest.approx(value - se, rel=1e-6), pytest.approx(value + se, rel=1e-6))
-    assert "geometry_band/power_law_alpha/block_01/upper" in tags
-    assert not any(t.startswith("geometry_band_") for t in tags), "bands are drawn for the all view only"
+    assert "geometry_band/power_law_alpha/upper" in tags["block_01"]
+    assert not any(t.startswith("geometry_band_") for ts in tags.values() for t in ts), "bands of the all view only"

@@ -13,10 +13,16 @@ from typing import Any
 import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 from numpy.typing import ArrayLike
 
 SMALL = (4.5, 3.4)
+EPOCH_CMAP = "viridis"
+"""Epoch colour ramp: dark purple (first observation) to yellow (last); every use draws a colourbar."""
+CARD_FONTSIZE = 16.0
+"""Text size (pt) of figures made for a TensorBoard card, which shows a 480 px wide image at ~60-75 % of its width."""
 
 
 def close(fig: Figure) -> None:
@@ -258,4 +264,75 @@ def layer_epoch_grid_figure(tables: Mapping[str, np.ndarray], points: Sequence[s
         ax.set_yticks(range(len(points)), labels=list(points) if panel % columns == 0 else [], fontsize=5)
         ax.set_xticks(range(0, len(epochs), step), labels=[str(e) for e in list(epochs)[::step]], fontsize=6)
         ax.set_title(metric, fontsize=8)
+    return fig
+
+
+def epoch_colours(epochs: Sequence[int]) -> tuple[Normalize, Colormap]:
+    """The normalisation and colour map of an epoch ramp (a single epoch gets the middle of the ramp)."""
+    low, high = (float(min(epochs)), float(max(epochs))) if epochs else (0.0, 1.0)
+    if low == high:
+        low, high = low - 0.5, high + 0.5
+    return Normalize(vmin=low, vmax=high), matplotlib.colormaps[EPOCH_CMAP]
+
+
+def epoch_colourbar(
+    fig: Figure, ax: Any, norm: Normalize, cmap: Colormap, epochs: Sequence[int], *, fontsize: float | None = None
+) -> None:
+    """A colourbar labelled ``epoch`` with at most ~8 integer ticks, always including the last observed epoch."""
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02)
+    bar.set_label("epoch", fontsize=fontsize)
+    ticks = sorted(set(epochs))
+    shown = ticks[:: -(-len(ticks) // 8)] if ticks else []
+    if ticks and shown[-1] != ticks[-1]:
+        shown.append(ticks[-1])
+    bar.set_ticks(shown)
+    bar.set_ticklabels([str(t) for t in shown])
+    if fontsize is not None:
+        bar.ax.tick_params(labelsize=fontsize * 0.85)
+
+
+def depth_profile_figure(
+    profiles: Mapping[int, tuple[np.ndarray, np.ndarray]],
+    points: Sequence[str],
+    *,
+    title: str,
+    fontsize: float | None = None,
+) -> Figure:
+    """An observable against depth (points in depth order on x), one line per epoch on the epoch colour ramp.
+
+    The figure that tells TGO's depth story at a glance: how each observation's profile over the layers moves as
+    training goes on. The report embeds it at page width (matplotlib's default text); TensorBoard shows it on a
+    card less than half its pixel width, so the callback passes ``fontsize=CARD_FONTSIZE``, which also draws a
+    smaller canvas, thicker lines, every second point label when there are many points and no x-axis label.
+
+    Args:
+        profiles: epoch -> (values [P], standard errors [P], NaN where none) over ``points``; a band of
+            +-1 standard error is drawn where it is finite.
+        points: Point names in depth order.
+        title: The observable's name.
+        fontsize: Text size for every label (``None``: matplotlib's defaults, point labels at 7 pt).
+    """
+    card = fontsize is not None
+    small = None if fontsize is None else 0.85 * fontsize  # tick labels
+    fig = Figure(figsize=(6.0, 4.0) if card else (max(6.0, 0.38 * len(points) + 2.5), 4.0), dpi=80 if card else 90)
+    ax = fig.add_subplot()
+    epochs = sorted(profiles)
+    norm, cmap = epoch_colours(epochs)
+    x = np.arange(len(points))
+    for epoch in epochs:
+        values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
+        color = cmap(norm(epoch))
+        ax.plot(x, values, color=color, lw=2.2 if card else 1.2, marker="o", ms=5 if card else 3)
+        if np.any(np.isfinite(se)):
+            ax.fill_between(x, values - se, values + se, color=color, alpha=0.2, lw=0)
+    step = 2 if card and len(points) > 10 else 1
+    labels = [name if i % step == 0 or i == len(points) - 1 else "" for i, name in enumerate(points)]
+    ax.set_xticks(x, labels=labels, rotation=45 if card else 60, ha="right", fontsize=small or 7)
+    if not card:  # on a card the point names say it, and the axis label would squeeze the plot
+        ax.set_xlabel("point (depth order)")
+    ax.set_title(title, fontsize=None if fontsize is None else 1.15 * fontsize)
+    ax.tick_params(axis="y", labelsize=small)
+    ax.grid(True, alpha=0.25)
+    epoch_colourbar(fig, ax, norm, cmap, epochs, fontsize=fontsize)
+    fig.tight_layout()
     return fig

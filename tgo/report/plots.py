@@ -2,21 +2,21 @@
 epoch ticks, markers where a series has few observations, depth profiles, and the published data on its own axes.
 
 `tgo.viz` draws the TensorBoard figures; these are the report's versions, made to be read without the page around
-them: every colour ramp has a colourbar, every axis range is the meaningful one.
+them: every colour ramp has a colourbar, every axis range is the meaningful one. The epoch ramp and the depth
+profile live in `tgo.viz` (TensorBoard draws them too) and are re-exported here for the report.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import matplotlib
 import numpy as np
-from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 from numpy.typing import ArrayLike
+
+from tgo.viz import EPOCH_CMAP, depth_profile_figure, epoch_colourbar, epoch_colours
 
 __all__ = [
     "DECAY_FLOOR",
@@ -28,33 +28,11 @@ __all__ = [
     "spectrum_history_figure",
 ]
 
-EPOCH_CMAP = "viridis"
-"""Epoch colour ramp: dark purple (first observation) to yellow (last); every use draws a colourbar."""
 DECAY_FLOOR = 1e-12
 """Relative eigenvalues below this (lambda_i / lambda_1) are float64 round-off of a rank-deficient covariance, not
 geometry, and are left off the decay figure."""
 MARKERS_UP_TO = 12
 """Series with at most this many observations are drawn with markers."""
-
-
-def epoch_colours(epochs: Sequence[int]) -> tuple[Normalize, Colormap]:
-    """The normalisation and colour map of an epoch ramp (a single epoch gets the middle of the ramp)."""
-    low, high = (float(min(epochs)), float(max(epochs))) if epochs else (0.0, 1.0)
-    if low == high:
-        low, high = low - 0.5, high + 0.5
-    return Normalize(vmin=low, vmax=high), matplotlib.colormaps[EPOCH_CMAP]
-
-
-def _epoch_colourbar(fig: Figure, ax: Any, norm: Normalize, cmap: Colormap, epochs: Sequence[int]) -> None:
-    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02)
-    bar.set_label("epoch")
-    ticks = sorted(set(epochs))
-    shown = ticks[:: -(-len(ticks) // 8)] if ticks else []
-    if ticks and shown[-1] != ticks[-1]:
-        shown.append(ticks[-1])
-    ticks = shown
-    bar.set_ticks(ticks)
-    bar.set_ticklabels([str(t) for t in ticks])
 
 
 def lines_figure(
@@ -114,39 +92,6 @@ def lines_figure(
     return fig
 
 
-def depth_profile_figure(
-    profiles: Mapping[int, tuple[np.ndarray, np.ndarray]],
-    points: Sequence[str],
-    *,
-    title: str,
-) -> Figure:
-    """An observable against depth (points in depth order on x), one line per epoch on the epoch colour ramp.
-
-    Args:
-        profiles: epoch -> (values [P], standard errors [P], NaN where none) over ``points``.
-        points: Point names in depth order.
-        title: The observable's name.
-    """
-    fig = Figure(figsize=(max(6.0, 0.38 * len(points) + 2.5), 4.0), dpi=90)
-    ax = fig.add_subplot()
-    epochs = sorted(profiles)
-    norm, cmap = epoch_colours(epochs)
-    x = np.arange(len(points))
-    for epoch in epochs:
-        values, se = profiles[epoch]
-        color = cmap(norm(epoch))
-        ax.plot(x, values, color=color, lw=1.2, marker="o", ms=3)
-        if np.any(np.isfinite(se)):
-            ax.fill_between(x, values - se, values + se, color=color, alpha=0.2, lw=0)
-    ax.set_xticks(x, labels=list(points), rotation=60, ha="right", fontsize=7)
-    ax.set_xlabel("point (depth order)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.2)
-    _epoch_colourbar(fig, ax, norm, cmap, epochs)
-    fig.tight_layout()
-    return fig
-
-
 def spectrum_history_figure(
     history: Sequence[tuple[int, np.ndarray]], *, title: str, ylabel: str = "eigenvalue"
 ) -> Figure:
@@ -167,7 +112,7 @@ def spectrum_history_figure(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.2)
-    _epoch_colourbar(fig, ax, norm, cmap, epochs)
+    epoch_colourbar(fig, ax, norm, cmap, epochs)
     fig.tight_layout()
     return fig
 
