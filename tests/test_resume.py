@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import compose_train
 from tests.helpers import SimulatedCrash
@@ -22,6 +23,7 @@ from tgo.resume import (
     newest_checkpoint,
     plan_start,
     set_aside_epochs,
+    set_aside_newer_checkpoints,
 )
 from tgo.train import run
 
@@ -174,3 +176,26 @@ def test_an_interrupted_run_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
         for point, arrays in points.items():
             for name, array in arrays.items():
                 assert np.array_equal(spectra_interrupted[epoch][point][name], array), (epoch, point, name)
+
+
+def test_checkpoints_newer_than_the_restored_one_are_set_aside_and_older_ones_kept(tmp_path_factory, tmp_path):
+    run_dir = RunDir(tmp_path / "copy")
+    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir.root)
+    torch.save({"global_step": 10**6}, run_dir.checkpoints / "best_epoch_009.ckpt")  # saved after last.ckpt
+    torch.save({"global_step": 0}, run_dir.checkpoints / "best_epoch_000_old.ckpt")
+    assert [p.name for p in set_aside_newer_checkpoints(run_dir, run_dir.last_checkpoint)] == ["best_epoch_009.ckpt"]
+    assert (run_dir.checkpoints / "best_epoch_000_old.ckpt").is_file() and run_dir.last_checkpoint.is_file()
+    (aside,) = (run_dir.root / SET_ASIDE).iterdir()
+    assert (aside / "checkpoints" / "best_epoch_009.ckpt").is_file()
+
+
+def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path_factory, tmp_path):
+    run_dir = RunDir(tmp_path / "copy")
+    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir.root)
+    left = [run_dir.geometry / ".metrics.csv.x1.tmp", run_dir.spectra_dir / ".epoch_0003.npz.x2.tmp"]
+    left.append(run_dir.checkpoints / ".last.ckpt.x3.tmp")
+    for path in left:
+        path.write_bytes(b"partial")
+    StartPlan("last").prepare(run_dir, str(run_dir.last_checkpoint))
+    assert not any(p.exists() for p in left)
+    assert recorded_epochs(run_dir.root) == [0, 1, 2] and run_dir.last_checkpoint.is_file()

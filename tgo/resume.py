@@ -92,9 +92,14 @@ def _csv(rows: list[dict[str, str]]) -> str:
     return text.getvalue()
 
 
+def _load_lazily(checkpoint: str | Path) -> dict[str, Any]:
+    """A checkpoint's entries with its tensors memory-mapped, not read: only small entries are looked at here."""
+    return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+
+
 def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
     """The epochs the geometry callback had observed when ``checkpoint`` was saved (``None``: no such callback)."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state = _load_lazily(checkpoint)
     for key, value in (state.get("callbacks") or {}).items():
         if GEOMETRY_CALLBACK in str(key) and isinstance(value, dict):
             return sorted(int(e) for e in value.get("observed_epochs", []))
@@ -119,6 +124,50 @@ def reconcile_records(run: RunDir, checkpoint: str | Path) -> list[int]:
             f"recorded after {Path(checkpoint).name} was saved (it lists epochs {observed} as observed); the "
             "resumed run retrains and observes them again",
         )
+    return newer
+
+
+def remove_stale_temporaries(run: RunDir) -> list[Path]:
+    """Deletes the hidden ``.<name>.<random>.tmp`` files a killed writer left (`tgo.records.atomic_write` and the
+    checkpoints written through it). Each is an incomplete copy of a file whose real name holds the previous complete
+    version (or nothing), so it carries nothing to keep. Call only when no other process writes this run."""
+    places = [run.geometry, run.spectra_dir, run.checkpoints, run.root]
+    stale = [p for place in places if place.is_dir() for p in place.glob(".*.tmp") if p.is_file()]
+    for path in stale:
+        path.unlink()
+    if stale:
+        rank_zero_info(f"[tgo] removed {len(stale)} incomplete temporary file(s) a killed run left in {run.root}")
+    return stale
+
+
+def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Path]:
+    """Sets aside checkpoint files saved after ``checkpoint`` (a larger global step) in ``checkpoints/``.
+
+    A kill after the best-by-validation checkpoint of an epoch but before that epoch's ``last.ckpt`` leaves a
+    ``best_epoch_*.ckpt`` of weights the resumed run retrains (and next to it the previous best, which the
+    checkpoint callback would otherwise have deleted). The restored checkpoint's own callback state still names
+    the earlier best, so the newer file would be orphaned: it is moved aside with the records of the same epoch.
+    """
+    restored = Path(checkpoint).resolve()
+    step = int(_load_lazily(restored).get("global_step", 0))
+    newer = []
+    for path in sorted(run.checkpoints.glob("*.ckpt")) if run.checkpoints.is_dir() else []:
+        if path.resolve() == restored:
+            continue
+        try:
+            other = int(_load_lazily(path).get("global_step", 0))
+        except Exception:  # an unreadable checkpoint is not ours to judge here; resume does not use it
+            continue
+        if other > step:
+            newer.append(path)
+    if newer:
+        target = _new_set_aside_dir(
+            run, f"saved after {restored.name} (global step {step}); the resumed run retrains those weights"
+        )
+        (target / RunDir.CHECKPOINTS).mkdir()
+        for path in newer:
+            shutil.move(str(path), str(target / RunDir.CHECKPOINTS / path.name))
+        rank_zero_info(f"[tgo] set aside {len(newer)} checkpoint(s) newer than {restored.name} in {target}")
     return newer
 
 
@@ -151,10 +200,14 @@ class StartPlan:
             run: The run directory.
             checkpoint_file: ``checkpoint`` resolved to its file (``last`` is ``checkpoints/last.ckpt``).
         """
+        if self.start_over is None and checkpoint_file is None:
+            return
+        remove_stale_temporaries(run)
         if self.start_over is not None:
             set_aside_attempt(run, self.start_over)
         elif checkpoint_file is not None:
             reconcile_records(run, checkpoint_file)
+            set_aside_newer_checkpoints(run, checkpoint_file)
 
 
 def plan_start(requested: str | None, run: RunDir, *, requeued: bool) -> StartPlan:
