@@ -196,6 +196,10 @@ class SpectralGeometryCallback(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.finish_tensorboard(trainer)
+        if trainer.is_global_zero and self._run is not None:
+            notice = nonfinite_notice(self._run)
+            if notice:
+                warnings.warn(notice, RuntimeWarning, stacklevel=2)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self.finish_tensorboard(trainer)
@@ -454,6 +458,26 @@ class SpectralGeometryCallback(L.Callback):
         """The timm network inside the LightningModule (never the DDP wrapper or a compiled copy)."""
         module = unwrap_model(pl_module)
         return unwrap_model(getattr(module, "net", module))
+
+
+def nonfinite_notice(run: RunDir) -> str | None:
+    """The end-of-run notice of every recorded observation with non-finite activations (``nonfinite=warn``).
+
+    Each one was warned about when it happened, but in a long log that is easy to miss; a run whose records hold
+    NaN observables says so once more when it ends, with every epoch and point, or ``None`` when all are finite.
+    """
+    found = {}
+    for epoch, points in load_spectra(run.root, arrays=("n_nonfinite",)).items():
+        bad = {point: int(arrays["n_nonfinite"]) for point, arrays in points.items() if int(arrays["n_nonfinite"])}
+        if bad:
+            found[epoch] = bad
+    if not found:
+        return None
+    listed = "; ".join(f"epoch {epoch}: {bad}" for epoch, bad in found.items())
+    return (
+        f"[tgo] this run recorded non-finite activations in {len(found)} observation(s) (rows excluded, observables "
+        f"NaN): {listed}. Check the learning rate or the data; observation.nonfinite=error stops at the first one"
+    )
 
 
 def _depth_profiles(

@@ -11,13 +11,13 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import TensorDataset
 
-from callbacks.spectral_geometry import NonFiniteActivationsError, SpectralGeometryCallback
+from callbacks.spectral_geometry import NonFiniteActivationsError, SpectralGeometryCallback, nonfinite_notice
 from tests.conftest import compose_train
 from tgo.errors import UserInputError
 from tgo.model import ViTClassifier
 from tgo.observatory import ObservationSettings, RecordPlan, ShardPlan, observe_and_record, vit_points
 from tgo.observatory.views import VIEWS
-from tgo.records import RecordWriter, load_spectra, read_metric_rows
+from tgo.records import RecordWriter, RunDir, load_spectra, read_metric_rows
 from tgo.spectral import CATALOGUE
 from tgo.train import run
 
@@ -262,6 +262,24 @@ def test_non_finite_activations_become_nan_observables_with_counts(tmp_path):
             all_reduce_sum=lambda t: t,
             is_global_zero=True,
         )
+    # The run's end repeats it once, with every affected epoch and point (the records are the source).
+    notice = nonfinite_notice(RunDir(tmp_path))
+    assert notice is not None and "1 observation(s)" in notice and "epoch 0: {" in notice
+    assert "'block_02': 17" in notice
+
+
+def test_a_run_with_finite_activations_ends_without_a_nonfinite_notice(tmp_path):
+    observe_and_record(
+        tiny_vit(),
+        TensorDataset(torch.randn(4, 3, 16, 16), torch.zeros(4, dtype=torch.long)),
+        vit_points(tiny_vit()),
+        settings=DEFAULTS,
+        plan=ShardPlan(batch_size=4),
+        record=RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0),
+        all_reduce_sum=lambda t: t,
+        is_global_zero=True,
+    )
+    assert nonfinite_notice(RunDir(tmp_path)) is None
 
 
 def test_unknown_module_path_fails_before_training_listing_names(compose_cfg):
