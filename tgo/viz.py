@@ -44,9 +44,18 @@ def render_rgb(fig: Figure) -> np.ndarray:
 
 
 def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1-based indices and values of the spectrum above its numerical floor, for log axes.
+
+    Eigenvalues below ``lambda_max * n * eps`` (float64) are zero to working precision: a rank-deficient covariance
+    (fewer rows than features, a constant embedding) returns them as +-1e-17 round-off, which would stretch a log
+    axis over 15 empty decades. They are left out, like non-positive and non-finite values.
+    """
     values = np.asarray(values, dtype=np.float64)
     index = np.arange(1, values.size + 1)
-    keep = np.isfinite(values) & (values > 0)
+    finite = np.isfinite(values)
+    top = float(np.max(values[finite])) if finite.any() else 0.0
+    floor = max(top, 0.0) * values.size * np.finfo(np.float64).eps
+    keep = finite & (values > floor)
     return index[keep], values[keep]
 
 
