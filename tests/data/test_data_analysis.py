@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import tgo.data.folders as folders
 from tgo.data import MANIFEST_NAME, AnalysisManifestMismatch, DataConfigError, TGODataModule, select_analysis_indices
-from tgo.data.analysis import resolve_analysis_counts
+from tgo.data.analysis import AnalysisItem, resolve_analysis_counts, subset_fingerprint
 from tgo.observatory import ShardPlan, shard_loader
 
 CLASSES = ["n01440764", "n01443537", "n01484850"]
@@ -139,6 +139,9 @@ def test_tampered_manifest_and_missing_file_are_rejected(tree: Path, tmp_path: P
     manifest = json.loads(path.read_text())
     manifest["items"][0]["sha256"] = "0" * 64
     manifest["items"][1]["label"] = 2
+    manifest["fingerprint"] = subset_fingerprint(  # a consistent manifest of other data: checked item by item
+        [AnalysisItem(i["key"], i["label"], i["sha256"]) for i in manifest["items"]]
+    )
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(manifest))
     with pytest.raises(AnalysisManifestMismatch, match=r"2 of 9 pinned items.*content hash.*label 0, manifest says 2"):
@@ -147,6 +150,25 @@ def test_tampered_manifest_and_missing_file_are_rejected(tree: Path, tmp_path: P
     (tree / manifest["items"][8]["key"]).unlink()
     with pytest.raises(AnalysisManifestMismatch, match=r"1 of 9 .*: missing\. Refusing to re-select"):
         _dm(tree, analysis_manifest=str(path))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m["items"][3].update(sha256=None), r"1 of 9 items have no valid sha256"),
+        (lambda m: m["items"].pop(), r"says size 9 but lists 8 items"),
+        (lambda m: m["items"][2].update(label=(m["items"][2]["label"] + 1) % 3), r"fingerprint .* does not match"),
+    ],
+    ids=["null sha256", "items removed", "item relabelled"],
+)
+def test_a_manifest_that_disagrees_with_itself_is_refused(tree: Path, tmp_path: Path, edit, message) -> None:
+    path = _dm(tree).write_manifest(tmp_path / "run1")
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(manifest))
+    with pytest.raises(DataConfigError, match=message):
+        _dm(tree, analysis_manifest=str(edited))
 
 
 def test_manifest_for_other_source_or_classes_is_rejected(tree: Path, tmp_path: Path, make_tree) -> None:

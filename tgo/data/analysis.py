@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,8 +210,44 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     well_formed = isinstance(items, list) and all(isinstance(i, dict) and "key" in i and "label" in i for i in items)
     if not items or not well_formed:
         raise DataConfigError(f"data.analysis.manifest='{path}' has no valid 'items' list of {{key, label, sha256}}.")
+    check_manifest_consistency(manifest, where=f"data.analysis.manifest='{path}'")
     manifest["_path"] = str(path)
     return manifest
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def check_manifest_consistency(manifest: dict[str, Any], *, where: str) -> None:
+    """Refuses a manifest that disagrees with itself: it pins a subset only if every item carries its content hash
+    and its ``size`` and ``fingerprint`` describe its items.
+
+    tgo writes every item's sha256; an item without one (a hand-edited or truncated file) would skip the check that
+    the image is still the same, and a ``size``/``fingerprint`` that no longer match the items mean the list was
+    edited after it was written (the subset a run reports would not be the one it measured).
+
+    Raises:
+        DataConfigError: naming what is inconsistent.
+    """
+    items = manifest["items"]
+    unhashed = [i["key"] for i in items if not isinstance(i.get("sha256"), str) or not _SHA256.fullmatch(i["sha256"])]
+    if unhashed:
+        raise DataConfigError(
+            f"{where}: {len(unhashed)} of {len(items)} items have no valid sha256 (e.g. {unhashed[0]!r}); expected "
+            "each item's content hash as tgo writes it, so the pinned images can be verified"
+        )
+    if "size" in manifest and manifest["size"] != len(items):
+        raise DataConfigError(
+            f"{where}: says size {manifest['size']} but lists {len(items)} items; expected the manifest as tgo wrote it"
+        )
+    recorded = manifest.get("fingerprint")
+    if recorded is not None:
+        actual = subset_fingerprint([AnalysisItem(i["key"], int(i["label"]), i["sha256"]) for i in items])
+        if recorded != actual:
+            raise DataConfigError(
+                f"{where}: its fingerprint {str(recorded)[:12]}... does not match its items ({actual[:12]}...): the "
+                "item list was edited after tgo wrote it; expected an unedited manifest"
+            )
 
 
 def resolve_manifest(
