@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run lint format test bench gpu-check clean
+.PHONY: setup run lint format test bench gpu-check soak clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ bench: $(STAMP)
 # On a CPU: make gpu-check ARGS="--device cpu --tiny"
 gpu-check: $(STAMP)
 	$(PY) -m benchmarks.gpu_check $(ARGS)
+
+# Fault-injection soak (docs/benchmarks.md; not part of `make test`): randomized kill -9 trials over the smoke
+# experiment, each resumed with ckpt_path=last until it finishes, then its records checked. E.g. ARGS="--trials 12".
+soak: $(STAMP)
+	$(PY) -m benchmarks.soak $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun bench_out .pytest_cache .mypy_cache .ruff_cache
