@@ -109,8 +109,10 @@ def test_plan_start_resumes_a_requeued_job_from_its_newest_checkpoint(tmp_path):
     assert plan_start("last", run_dir, requeued=False) == StartPlan("last")
 
 
-def test_ckpt_path_last_where_no_run_ever_started_is_left_to_the_checkpoint_check(tmp_path):
-    assert plan_start("last", RunDir(tmp_path), requeued=False) == StartPlan("last")
+def test_ckpt_path_last_where_nothing_was_saved_yet_starts_from_scratch(tmp_path):
+    """A kill during start-up leaves only Hydra's files (or nothing): the relaunch still goes on, from scratch."""
+    plan = plan_start("last", RunDir(tmp_path / "never_written"), requeued=False)
+    assert plan.checkpoint is None and "holds no checkpoint (nothing was saved yet)" in str(plan.start_over)
 
 
 def test_set_aside_epochs_moves_rows_and_spectra_and_keeps_the_rest(tmp_path_factory, tmp_path):

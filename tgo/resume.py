@@ -204,6 +204,7 @@ class StartPlan:
             return
         remove_stale_temporaries(run)
         if self.start_over is not None:
+            rank_zero_info(f"[tgo] {self.start_over}")
             set_aside_attempt(run, self.start_over)
         elif checkpoint_file is not None:
             reconcile_records(run, checkpoint_file)
@@ -215,8 +216,8 @@ def plan_start(requested: str | None, run: RunDir, *, requeued: bool) -> StartPl
 
     - A job that SLURM requeued, launched again with its original arguments (no ``ckpt_path``), resumes from the
       newest checkpoint of its directory (`newest_checkpoint`).
-    - ``ckpt_path=last`` (or a requeue) in a directory whose attempt was killed before its first checkpoint starts
-      that run over from scratch, the attempt set aside.
+    - ``ckpt_path=last`` (or a requeue) in a directory without a checkpoint (killed before its first one, or even
+      before tgo wrote anything) starts that run over from scratch, whatever an earlier attempt wrote set aside.
     - Anything else is what was asked for (checked by the caller).
     """
     started = run.looks_like_run()
@@ -225,8 +226,11 @@ def plan_start(requested: str | None, run: RunDir, *, requeued: bool) -> StartPl
         if newest is not None:
             return StartPlan(str(newest))
         return StartPlan(None, start_over="SLURM requeued the job before its first checkpoint was written")
-    if requested == "last" and started and not run.last_checkpoint.is_file():
-        return StartPlan(None, start_over="ckpt_path=last, but the run was stopped before its first checkpoint")
+    if requested == "last" and not run.last_checkpoint.is_file():
+        # Also where nothing of tgo's is there yet: a kill during start-up leaves only Hydra's files (or no
+        # directory), and the relaunch must still go on. A mistyped directory then starts a new run there.
+        why = "was stopped before its first checkpoint" if started else "holds no checkpoint (nothing was saved yet)"
+        return StartPlan(None, start_over=f"ckpt_path=last, but {run.root} {why}: starting it from scratch")
     return StartPlan(requested)
 
 
