@@ -4,6 +4,9 @@ Hydra instantiates it from ``conf/data/*.yaml`` with flat, explicit arguments. C
 ``__init__``; :meth:`TGODataModule.validate` scans the data, selects (or verifies) the analysis subset and raises one
 :class:`~tgo.data.errors.DataConfigError` naming the ``data.*`` key, so bad input stops a run before training.
 ``setup()`` is idempotent (it builds once), so calling it per stage, per rank or after ``validate()`` costs nothing.
+
+``preload=True`` (the quickstart) transforms a small pixel source once into tensors and augments whole training
+batches with tensor ops; validation and analysis tensors are then exactly the eval transform's output, as before.
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ from tgo.data.analysis import (
     select_analysis_indices,
     subset_fingerprint,
 )
-from tgo.data.datasets import ImageSplit
+from tgo.data.datasets import ImageSplit, PreloadedImageSplit
 from tgo.data.errors import DataConfigError
 from tgo.data.sources import SourceData, build_source, source_spec
 from tgo.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     TRAIN_TRANSFORMS,
+    AugmentingCollate,
+    BatchRandomAffine,
     build_eval_transform,
     build_train_transform,
 )
@@ -41,6 +46,9 @@ from tgo.spectral.jackknife import jackknife_groups as assign_jackknife_groups
 __all__ = ["TGODataModule"]
 
 ANALYSIS_KEYS = ("size", "per_class", "seed", "manifest", "batch_size")
+# Largest float32 image store ``preload`` may build (train + val), so a synthetic source at ImageNet size fails with a
+# message instead of exhausting memory; the quickstart's digits need 12 MB.
+PRELOAD_MAX_BYTES = 2 << 30
 
 
 def _positive(name: str, value: Any, allow_none: bool = False) -> None:
@@ -64,6 +72,10 @@ class TGODataModule(L.LightningDataModule):
         num_workers: DataLoader workers for train/val (and the analysis loader helper).
         pin_memory: Passed to the DataLoaders.
         train_transform: "standard" (RandomResizedCrop + flip), "digits" (small affine, no flip) or "none".
+        preload: Transform a pixel source (digits, synthetic) once into tensors held in memory instead of running the
+            PIL transforms per image per step; "digits" augmentation then runs per batch on tensors
+            (:class:`~tgo.data.transforms.BatchRandomAffine`, same parameter distribution, other random draws).
+            Validation and analysis tensors equal the non-preloaded ones exactly. Not for photo sources.
         crop_scale_min: Lower area bound of RandomResizedCrop (0.08 torchvision default; the paper uses 0.8).
         resize_size: Shorter side before the eval centre crop for photos (``None`` = image_size / 0.875).
         mean: Normalisation mean per channel (``None`` = ImageNet mean for 3 channels, 0.5 for 1).
@@ -96,6 +108,7 @@ class TGODataModule(L.LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         train_transform: str = "standard",
+        preload: bool = False,
         crop_scale_min: float = 0.08,
         resize_size: int | None = None,
         mean: Sequence[float] | None = None,
@@ -180,6 +193,12 @@ class TGODataModule(L.LightningDataModule):
         self.num_workers = int(num_workers)
         self.pin_memory = bool(pin_memory)
         self.train_transform_name = train_transform
+        if preload and train_transform == "standard":
+            raise DataConfigError(
+                "data.preload=true supports data.train_transform=digits or none (pixel sources); 'standard' crops "
+                "photos at load time. Set data.preload=false."
+            )
+        self.preload = bool(preload)
         self.crop_scale_min = float(crop_scale_min)
         self.resize_size = resize_size
         self.channels = int(channels)
@@ -196,6 +215,7 @@ class TGODataModule(L.LightningDataModule):
         self._data: SourceData | None = None
         self._train: ImageSplit | None = None
         self._val: ImageSplit | None = None
+        self._train_collate: AugmentingCollate | None = None
         self._analysis: AnalysisSubset | None = None
         self._selection: dict[str, Any] = {}
 
@@ -238,7 +258,10 @@ class TGODataModule(L.LightningDataModule):
             photo=data.photo,
         )
         eval_tf = build_eval_transform(self._image_size, self.mean, self.std, self.resize_size, photo=data.photo)
-        val = data.val.with_transform(eval_tf)
+        if self.preload:
+            train, val = self._preloaded(data, eval_tf)
+        else:
+            train, val = data.train.with_transform(train_tf), data.val.with_transform(eval_tf)
         split_name = f"the validation split ({data.root / 'val'})" if data.root else f"the {self.source} val split"
         if self.analysis_manifest is not None:
             pinned = load_manifest(self.analysis_manifest)
@@ -257,10 +280,27 @@ class TGODataModule(L.LightningDataModule):
             items = [AnalysisItem(val.keys[i], int(val.labels[i])) for i in indices]
             self._selection = {"seed": self.analysis_seed, "per_class": per_class, "size": size, "pinned_from": None}
         self._data = data
-        self._train = data.train.with_transform(train_tf)
+        self._train = train
         self._val = val
         self._analysis = AnalysisSubset(val, indices, items)
         return self
+
+    def _preloaded(self, data: SourceData, eval_tf: Any) -> tuple[ImageSplit, ImageSplit]:
+        """Both splits through the eval transform once; "digits" augmentation moves to a batch collate."""
+        if data.photo:
+            raise DataConfigError(
+                f"data.preload=true is for small pixel sources (digits, synthetic), not source={self.source}: it would "
+                "hold every photo as a float tensor in memory. Set data.preload=false (and raise data.num_workers)."
+            )
+        needed = (len(data.train) + len(data.val)) * self.channels * self._image_size**2 * 4
+        if needed > PRELOAD_MAX_BYTES:
+            raise DataConfigError(
+                f"data.preload=true would hold {needed / 2**30:.1f} GiB of float32 images (limit "
+                f"{PRELOAD_MAX_BYTES / 2**30:.0f} GiB); set data.preload=false or use fewer/smaller images."
+            )
+        if self.train_transform_name == "digits":
+            self._train_collate = AugmentingCollate(BatchRandomAffine(self.mean, self.std))
+        return PreloadedImageSplit(data.train, eval_tf), PreloadedImageSplit(data.val, eval_tf)
 
     def prepare_data(self) -> None:
         """Nothing to download: every source is local (bundled, generated, or already on disk)."""
@@ -324,19 +364,28 @@ class TGODataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ loaders
 
-    def _loader(self, dataset: Any, batch_size: int, shuffle: bool, sampler: Sampler | None = None) -> DataLoader:
+    def _loader(
+        self,
+        dataset: Any,
+        batch_size: int,
+        shuffle: bool,
+        sampler: Sampler | None = None,
+        collate_fn: AugmentingCollate | None = None,
+    ) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=batch_size,
             shuffle=shuffle if sampler is None else False,
             sampler=sampler,
+            collate_fn=collate_fn,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_dataset, self.batch_size, shuffle=True)
+        self.validate()
+        return self._loader(self.train_dataset, self.batch_size, shuffle=True, collate_fn=self._train_collate)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_dataset, self.eval_batch_size, shuffle=False)
