@@ -28,8 +28,11 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# Two pytest-xdist workers (TEST_WORKERS=1 for one process); each test file runs on one worker, so its module
+# fixtures (a smoke training) are built once.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(ARGS)

@@ -26,7 +26,7 @@ TIMEOUT_S = 600  # a hang fails the test instead of blocking the suite; a normal
 
 def run_smoke(out: Path) -> subprocess.CompletedProcess[str]:
     """``python -m benchmarks --smoke --out OUT`` in a fresh interpreter from the repository root."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "benchmarks", "--smoke", "--out", str(out)],
         cwd=REPO,
