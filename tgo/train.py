@@ -214,7 +214,18 @@ def error_line(error: BaseException) -> str | None:
     if found is None:
         return None
     key = "observation.nonfinite: " if isinstance(found, NonFiniteActivationsError) else ""
-    return f"tgo.train: error: {key}{found}"
+    return f"tgo.train: error: {key}{_original_message(found)}"
+
+
+def _original_message(error: BaseException) -> str:
+    """The error's own message. A DataLoader worker re-raises an exception in the main process with the worker's
+    whole traceback as its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); the original
+    message is on its last line, after ``X: ``."""
+    message = str(error)
+    if "\n" not in message:
+        return message
+    last = message.strip().splitlines()[-1]
+    return last.partition(f"{type(error).__name__}: ")[2] or last
 
 
 if __name__ == "__main__":

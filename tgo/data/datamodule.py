@@ -11,12 +11,13 @@ batches with tensor ops; validation and analysis tensors are then exactly the ev
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, default_collate
 
 from tgo.data.analysis import (
     MANIFEST_VERSION,
@@ -28,8 +29,9 @@ from tgo.data.analysis import (
     select_analysis_indices,
     subset_fingerprint,
 )
-from tgo.data.datasets import ImageSplit, PreloadedImageSplit
+from tgo.data.datasets import FileImageSplit, ImageSplit, PreloadedImageSplit
 from tgo.data.errors import DataConfigError
+from tgo.data.integrity import BAD_IMAGE_POLICIES, SkipUnreadable, check_images_decode, collate_readable
 from tgo.data.sources import SourceData, build_source, source_spec
 from tgo.data.transforms import (
     IMAGENET_MEAN,
@@ -76,6 +78,9 @@ class TGODataModule(L.LightningDataModule):
             PIL transforms per image per step; "digits" augmentation then runs per batch on tensors
             (:class:`~tgo.data.transforms.BatchRandomAffine`, same parameter distribution, other random draws).
             Validation and analysis tensors equal the non-preloaded ones exactly. Not for photo sources.
+        on_bad_image: What an unreadable training image does (``tgo.data.integrity``): ``error`` stops the run
+            naming the file; ``skip`` leaves it out of its batch with a warning naming it. The analysis subset is
+            always decoded in full before training, and an unreadable image there stops the run at once.
         crop_scale_min: Lower area bound of RandomResizedCrop (0.08 torchvision default; the paper uses 0.8).
         resize_size: Shorter side before the eval centre crop for photos (``None`` = image_size / 0.875).
         mean: Normalisation mean per channel (``None`` = ImageNet mean for 3 channels, 0.5 for 1).
@@ -109,6 +114,7 @@ class TGODataModule(L.LightningDataModule):
         pin_memory: bool = False,
         train_transform: str = "standard",
         preload: bool = False,
+        on_bad_image: str = "error",
         crop_scale_min: float = 0.08,
         resize_size: int | None = None,
         mean: Sequence[float] | None = None,
@@ -158,6 +164,11 @@ class TGODataModule(L.LightningDataModule):
             _positive(name, value, allow_none)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise DataConfigError(f"data.num_workers={num_workers!r} is invalid; expected an integer >= 0.")
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise DataConfigError(
+                f"data.on_bad_image={on_bad_image!r} is unknown; expected one of {', '.join(BAD_IMAGE_POLICIES)} "
+                "(error: stop naming the file; skip: leave unreadable training images out, with a warning each)."
+            )
         if train_transform not in TRAIN_TRANSFORMS:
             raise DataConfigError(
                 f"data.train_transform={train_transform!r} is unknown; expected one of {', '.join(TRAIN_TRANSFORMS)}."
@@ -199,6 +210,7 @@ class TGODataModule(L.LightningDataModule):
                 "photos at load time. Set data.preload=false."
             )
         self.preload = bool(preload)
+        self.on_bad_image = on_bad_image
         self.crop_scale_min = float(crop_scale_min)
         self.resize_size = resize_size
         self.channels = int(channels)
@@ -282,6 +294,8 @@ class TGODataModule(L.LightningDataModule):
         self._data = data
         self._train = train
         self._val = val
+        if isinstance(val, FileImageSplit):  # every observation reads all of them: a damaged one stops the run now
+            check_images_decode([val.path(i) for i in indices], val.mode, what="analysis subset")
         self._analysis = AnalysisSubset(val, indices, items)
         return self
 
@@ -370,7 +384,7 @@ class TGODataModule(L.LightningDataModule):
         batch_size: int,
         shuffle: bool,
         sampler: Sampler | None = None,
-        collate_fn: AugmentingCollate | None = None,
+        collate_fn: Callable[[Any], Any] | None = None,
     ) -> DataLoader:
         return DataLoader(
             dataset,
@@ -385,6 +399,9 @@ class TGODataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.validate()
+        if self.on_bad_image == "skip":  # unreadable images leave their batch, each with a warning naming it
+            collate = functools.partial(collate_readable, collate=self._train_collate or default_collate)
+            return self._loader(SkipUnreadable(self.train_dataset), self.batch_size, shuffle=True, collate_fn=collate)
         return self._loader(self.train_dataset, self.batch_size, shuffle=True, collate_fn=self._train_collate)
 
     def val_dataloader(self) -> DataLoader:

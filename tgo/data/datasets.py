@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from tgo.data.integrity import open_image
 from tgo.data.synthetic import SyntheticSpec, render_synthetic
 
 __all__ = [
@@ -132,8 +133,7 @@ class FileImageSplit(ImageSplit):
         return self.root / str(self.keys[index])
 
     def load(self, index: int) -> Image.Image:
-        with Image.open(self.path(index)) as image:
-            return image.convert(self.mode)
+        return open_image(self.path(index), self.mode)  # an unreadable file is named (tgo.data.integrity)
 
     def content_hash(self, index: int) -> str:
         return file_sha256(self.path(index))

@@ -1,0 +1,106 @@
+"""Unreadable image files: named, never a bare traceback; checked up front where a run depends on every image.
+
+Policy (``data.on_bad_image``):
+
+* The **analysis subset** is decoded in full before training starts (`check_images_decode`). Every observation
+  measures exactly these images, so one that cannot be read stops the run at once, with its path, before any update.
+* A **training** image that cannot be read stops the run with its path (``error``, the default), or, with ``skip``,
+  is left out of its batch with one warning naming it (`SkipUnreadable`, `collate_readable`). Skipping trades a
+  slightly smaller epoch for a run that survives a damaged file among millions; the warnings count what was left out.
+
+Unreadable means anything Pillow cannot decode to the end: a zero-byte file, a truncated JPEG, text named ``.jpg``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from torch.utils.data import Dataset
+from torch.utils.data import default_collate as torch_default_collate
+
+from tgo.data.errors import DataConfigError
+
+BAD_IMAGE_POLICIES = ("error", "skip")
+_SHOW = 3
+
+
+class UnreadableImageError(DataConfigError):
+    """An image file that cannot be decoded; the message names the file and why.
+
+    One message argument only: a DataLoader worker re-raises an exception in the main process as ``type(message)``.
+    """
+
+
+def _decode(path: Path, mode: str) -> tuple[Image.Image | None, str | None]:
+    """``(image, None)``, or ``(None, why)`` when Pillow cannot decode ``path`` to the end.
+
+    Pillow decodes lazily and reports damage as several exception types (``UnidentifiedImageError`` for an empty or
+    foreign file, ``OSError`` for a truncated one, ``SyntaxError``/``ValueError`` for some broken headers).
+    """
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode), None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        if path.is_file() and path.stat().st_size == 0:
+            return None, "an empty file (0 bytes)"
+        return None, f"{type(err).__name__}: {err}"
+
+
+def open_image(path: Path, mode: str) -> Image.Image:
+    """Decodes ``path`` completely and converts it to ``mode``, or raises `UnreadableImageError` naming the file."""
+    image, problem = _decode(path, mode)
+    if image is None:
+        raise UnreadableImageError(
+            f"{path}: cannot be decoded as an image ({problem}); expected a readable image file: replace or remove "
+            "it (for training images data.on_bad_image=skip leaves unreadable ones out)"
+        )
+    return image
+
+
+def check_images_decode(paths: Sequence[Path], mode: str, *, what: str) -> None:
+    """Decodes every file of ``paths``; raises one `UnreadableImageError` listing how many failed and the first few.
+
+    Args:
+        paths: The files to check.
+        mode: The Pillow mode images are converted to in use.
+        what: What the files are, for the message (e.g. ``"analysis subset"``).
+    """
+    failures = [f"{path} ({problem})" for path in paths for _, problem in [_decode(path, mode)] if problem]
+    if failures:
+        raise UnreadableImageError(
+            f"data: {len(failures)} of {len(paths)} images of the {what} cannot be decoded: "
+            f"{'; '.join(failures[:_SHOW])}{' ...' if len(failures) > _SHOW else ''}; expected readable image files: "
+            "replace or remove them (the run measures every image of its analysis subset)"
+        )
+
+
+class SkipUnreadable(Dataset):
+    """A training dataset view that yields ``None`` for an item whose image cannot be decoded, warning once with the
+    file's name; `collate_readable` leaves such items out of their batch (``data.on_bad_image=skip``)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except UnreadableImageError as err:
+            warnings.warn(f"[tgo] skipped an unreadable training image: {err}", RuntimeWarning, stacklevel=2)
+            return None
+
+    def __getattr__(self, name: str) -> Any:  # labels, keys ... of the wrapped split
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def collate_readable(batch: Sequence[Any], collate: Callable[[Any], Any] = torch_default_collate) -> Any:
+    """``collate`` over the items that are not ``None`` (the unreadable ones `SkipUnreadable` left out)."""
+    return collate([item for item in batch if item is not None])
