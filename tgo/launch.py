@@ -6,6 +6,11 @@ Trainer believe an outside launcher created its processes) and an initialised de
 exit with the job. A Hydra multirun runs its jobs one after another in that same process, so without cleaning up
 the second job would join the first job's dead process group ("Connection closed by peer"). `distributed_job`
 scopes both to one job.
+
+On a SLURM task, requeue has one owner, Lightning (`slurm_requeue_plugins`): it listens for the signal submitit asks
+SLURM to send before a preemption or time-limit kill, checkpoints and requeues; the requeued job resumes
+(`is_requeued_slurm_job`, `tgo.resume.plan_start`). `LaunchChecks` refuses launcher settings SLURM cannot take before
+anything is submitted, and `check_accelerator` a GPU request on a machine without one.
 """
 
 from __future__ import annotations
