@@ -25,6 +25,12 @@ histograms and a custom-scalars layout (`custom_scalar_layout`): the per-point c
 one-line cards listed ``block_01 .. block_12, cls, patch_embed, pos_embed``, beside the per-point runs' charts.
 The figures include one depth profile per main observable (`tgo.viz.depth_profile_figure`, one line per observed
 epoch on a colour ramp), drawn from the records just written (so a resumed run's figures show its whole history).
+Every figure is one TensorBoard card, drawn to be read at the card's size (`tgo.viz.CARD_FIGSIZE`): one spectra
+card per point (``spectra/<NN>_<point>``), one layer x epoch heatmap per charted observable
+(``layer_epoch/<metric>``), the decay curves of every point (``decay/all_points``), the correlation matrices
+(``correlation/<NN>_<point>``) and the log-eigenvalue histograms (``spectrum_log10/<NN>_<point>``). Per-point tags
+carry the point runs' depth index (`callbacks.tensorboard_runs.point_run_names`), so TensorBoard's alphabetical
+lists show them in depth order.
 
 Figures are rendered off the training thread: once an observation is recorded and its scalars logged, its figures
 go to a bounded background `FigureWorker` (at most ``FIGURES_IN_FLIGHT`` observations queued or rendering; a further
@@ -52,7 +58,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.seed import isolate_rng
 
 from callbacks.figure_worker import FigureWorker
-from callbacks.tensorboard_runs import PointRuns
+from callbacks.tensorboard_runs import PointRuns, point_run_names
 from tgo import viz
 from tgo.observatory import (
     DEFAULT_VIEW,
@@ -406,29 +412,31 @@ class SpectralGeometryCallback(L.Callback):
         }
         recorded = list(recorded)
         names = list(own)
+        tag_names = point_run_names(names)  # <NN>_<point>: TensorBoard sorts tags as strings, so in depth order
 
         def job() -> Iterator[None]:  # one step per figure: the worker may pause between them
             for point, values in eigenvalues.items():
                 positive = values[np.isfinite(values) & (values > 0)]
                 if figures.histograms and positive.size:
-                    writer.add_histogram(f"spectrum_log10/{point}", np.log10(positive), global_step=epoch)
+                    writer.add_histogram(f"spectrum_log10/{tag_names[point]}", np.log10(positive), global_step=epoch)
                 if point in covariances:
-                    image = viz.correlation_image(covariances[point], max_dim=figures.heatmap_max_dim)
-                    writer.add_image(f"correlation/{point}", image, global_step=epoch, dataformats="HWC")
+                    image = viz.correlation_card(covariances[point], max_dim=figures.heatmap_max_dim)
+                    writer.add_image(f"correlation/{tag_names[point]}", image, global_step=epoch, dataformats="HWC")
             yield
-            if figures.spectra:
+            if figures.spectra:  # one card per point: a grid of every point is unreadable at a card's size
                 spectra = load_spectra(root, recorded, arrays=("eigenvalues",))
                 histories = {
                     name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
                     for name in names
                 }
-                self._add_figure(writer, "spectra/all_points", viz.spectra_grid_figure(histories), epoch)
-                yield
+                for name, image in viz.spectrum_cards(histories):
+                    writer.add_image(f"spectra/{tag_names[name]}", image, global_step=epoch, dataformats="HWC")
+                    yield
             if figures.decay:
-                decay = viz.decay_curves_figure(eigenvalues, title=f"epoch {epoch}")
+                decay = viz.decay_curves_figure(eigenvalues, title=f"spectral decay, epoch {epoch}")
                 self._add_figure(writer, "decay/all_points", decay, epoch)
                 yield
-            if figures.layer_epoch:  # the layer x epoch summaries: heatmap grid and one depth profile per observable
+            if figures.layer_epoch:  # the layer x epoch summaries: one heatmap and one depth profile per observable
                 series = load_series(root, metrics=CATALOGUE.charted)
                 epochs = sorted(
                     {int(e) for per_point in series.values() for es, _ in per_point.values() for e in es if e <= epoch}
@@ -436,9 +444,9 @@ class SpectralGeometryCallback(L.Callback):
                 tables = {
                     metric: _layer_epoch_table(series.get(metric, {}), names, epochs) for metric in CATALOGUE.charted
                 }
-                grid = viz.layer_epoch_grid_figure(tables, names, epochs)
-                self._add_figure(writer, "layer_epoch/all_observables", grid, epoch)
-                yield
+                for metric, image in viz.layer_epoch_cards(tables, names, epochs):
+                    writer.add_image(f"layer_epoch/{metric}", image, global_step=epoch, dataformats="HWC")
+                    yield
                 for metric, profiles in _depth_profiles(root, names, epoch).items():
                     figure = viz.depth_profile_figure(profiles, names, title=metric, fontsize=viz.CARD_FONTSIZE)
                     self._add_figure(writer, f"depth_profile/{metric}", figure, epoch)

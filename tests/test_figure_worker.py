@@ -23,7 +23,8 @@ QUICK = [
     "observation.figures.heatmaps=false",
     "observation.every_n_epochs=1",
 ]
-FIGURES = ("spectra/all_points", "decay/all_points", "layer_epoch/all_observables")
+FIGURES = ("spectra/00_patch_embed", "spectra/06_cls", "decay/all_points", "layer_epoch/effective_rank")
+"""A few of each kind of figure (one spectra card per point, one layer x epoch card per observable)."""
 
 
 def events(run_dir: Path) -> EventAccumulator:

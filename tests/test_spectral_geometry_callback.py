@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import TensorDataset
 
 from callbacks.spectral_geometry import NonFiniteActivationsError, SpectralGeometryCallback, nonfinite_notice
+from callbacks.tensorboard_runs import point_run_names
 from tests.conftest import compose_train
+from tgo import viz
 from tgo.errors import UserInputError
 from tgo.model import ViTClassifier
 from tgo.observatory import ObservationSettings, RecordPlan, ShardPlan, observe_and_record, vit_points
@@ -120,16 +124,42 @@ def test_tensorboard_figures_histograms_and_layout(tensorboard_run):
     events.Reload()
     images = set(events.Tags()["images"])
     points = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "block_04", "cls"]
+    names = point_run_names(points)
     for point in points:
-        assert f"correlation/{point}" in images
-        assert f"spectrum_log10/{point}" in events.Tags()["histograms"]
-    assert {"spectra/all_points", "decay/all_points", "layer_epoch/all_observables"} <= images
-    correlation = events.Images("correlation/block_02")[0]
-    assert (correlation.width, correlation.height) == (32, 32), "one pixel per feature pair"
+        assert f"correlation/{names[point]}" in images
+        assert f"spectrum_log10/{names[point]}" in events.Tags()["histograms"]
+        assert f"spectra/{names[point]}" in images
+    assert {"decay/all_points", *(f"layer_epoch/{metric}" for metric in CATALOGUE.charted)} <= images
+    correlation = events.Images("correlation/03_block_02")[0]
+    pixels = np.asarray(Image.open(io.BytesIO(correlation.encoded_image_string)).convert("RGB"))
+    k = -(-viz.CARD_PIXELS // 32)  # 32 features enlarged by a whole factor to a card's height
+    assert correlation.height == 32 * k and correlation.width > 32 * k, "the matrix, then its colour scale"
+    blocks = pixels[: 32 * k, : 32 * k].reshape(32, k, 32, k, 3)
+    assert (blocks == blocks[:, :1, :, :1]).all(), "every feature pair is one k x k square of one colour"
     # Figures are thinned to every 2nd observation (0, 2) plus the final one (3); scalars are never thinned.
-    assert [e.step for e in events.Images("spectra/all_points")] == [0, 2, 3]
+    assert [e.step for e in events.Images("spectra/03_block_02")] == [0, 2, 3]
     cls_run = point_run_events(tensorboard_run)["cls"]
     assert [e.step for e in cls_run.Scalars("geometry/effective_rank")] == [0, 1, 2, 3]
+
+
+def test_per_point_figure_tags_sort_in_depth_order_and_figures_fit_a_card(tensorboard_run):
+    """TensorBoard lists tags as sorted strings: the per-point tags carry the point's depth index, so they list from
+    the patch embedding to the CLS token (not ``block_01 .. cls, patch_embed, pos_embed``). Every card is drawn at
+    one size, 480 x 240 px, that TensorBoard's Time Series shows nearly unshrunk."""
+    events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"images": 0, "histograms": 0})
+    events.Reload()
+    depth = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "block_04", "cls"]
+    expected = [f"{i:02d}_{point}" for i, point in enumerate(depth)]
+    images, histograms = events.Tags()["images"], events.Tags()["histograms"]
+    for kind, tags in (("spectra", images), ("correlation", images), ("spectrum_log10", histograms)):
+        listed = sorted(t.split("/", 1)[1] for t in tags if t.startswith(f"{kind}/"))
+        assert listed == expected, kind
+    cards = [*(f"spectra/{name}" for name in expected), "decay/all_points"]
+    cards += [f"layer_epoch/{metric}" for metric in CATALOGUE.charted]
+    width, height = (round(size * viz.CARD_DPI) for size in viz.CARD_FIGSIZE)
+    for tag in cards:
+        for event in events.Images(tag):
+            assert (event.width, event.height) == (width, height) == (480, 240), tag
 
 
 def test_custom_scalar_layout_has_a_category_per_view(tensorboard_run):

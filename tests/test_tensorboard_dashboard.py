@@ -87,7 +87,7 @@ def test_point_runs_hold_standard_error_bands(dashboard_run):
     assert (lower[1], upper[1]) == (pytest.approx(value - se, rel=1e-6), pytest.approx(value + se, rel=1e-6))
 
 
-def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_depth_profiles(dashboard_run):
+def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_the_layer_epoch_cards(dashboard_run):
     ev = events(dashboard_run / "tensorboard")
     geometry = {t for t in ev.Tags()["scalars"] if t.startswith("geometry")}
     assert geometry == {"geometry/pass_seconds", "geometry/blocking_seconds"}, "per-point values live in point runs"
@@ -95,6 +95,10 @@ def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_depth_profiles
         images = ev.Images(f"depth_profile/{metric}")
         assert [e.step for e in images] == [0, 1], metric
         assert (images[-1].width, images[-1].height) == (480, 320), "sized for a TensorBoard card"
+    for metric in CATALOGUE.charted:  # one layer x epoch card per charted observable, not one grid of them all
+        images = ev.Images(f"layer_epoch/{metric}")
+        assert [e.step for e in images] == [0, 1], metric
+        assert (images[-1].width, images[-1].height) == (480, 240), metric
 
 
 def test_custom_scalar_charts_match_one_tag_in_every_point_run():

@@ -1,23 +1,104 @@
-"""Figures draw what the numbers say: log axes span the spectrum, not its round-off."""
+"""Figures draw what the numbers say, and TensorBoard's cards can be read at the size TensorBoard shows them."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from tgo import viz
 
+POINTS = ["patch_embed", "pos_embed", *(f"block_{i:02d}" for i in range(1, 13)), "cls"]
+"""The quickstart's 15 points in depth order: the most labels a card has to fit."""
 
-def test_round_off_below_the_numerical_floor_is_not_drawn_on_log_axes():
+
+def spectrum(decay: float, size: int = 96) -> np.ndarray:
+    return np.arange(1, size + 1, dtype=np.float64) ** -decay
+
+
+def test_round_off_below_the_numerical_floor_is_not_drawn():
     rank_two = np.array([4.0, 1.0, 3e-17, -2e-17, 1e-18, np.nan])  # a rank-2 covariance's eigenvalues as eigh returns
     fig = viz.spectrum_history_figure([(0, rank_two)], title="pos_embed")
     (line,) = fig.axes[0].get_lines()
-    assert list(line.get_xdata()) == [1, 2] and list(line.get_ydata()) == [4.0, 1.0]
+    np.testing.assert_allclose(line.get_xdata(), np.log10([1, 2]))
+    np.testing.assert_allclose(line.get_ydata(), np.log10([4.0, 1.0]))
     low, _ = fig.axes[0].get_ylim()
-    assert low > 1e-3  # the axis ends near the smallest real eigenvalue, not at 1e-17
+    assert low > -3  # the axis ends near the smallest real eigenvalue (log10), not at -17
 
 
 def test_decay_curves_start_at_one_and_keep_every_real_eigenvalue():
-    spectrum = np.array([2.0, 1.0, 0.5, 0.25, 1e-9])  # 1e-9 of the top is small but far above round-off
-    fig = viz.decay_curves_figure({"block_01": spectrum}, title="epoch 3")
+    values = np.array([2.0, 1.0, 0.5, 0.25, 1e-9])  # 1e-9 of the top is small but far above round-off
+    fig = viz.decay_curves_figure({"block_01": values}, title="epoch 3")
     (line,) = fig.axes[0].get_lines()
-    np.testing.assert_allclose(line.get_ydata(), np.log10(spectrum / 2.0))
+    np.testing.assert_allclose(line.get_ydata(), np.log10(values / 2.0))
+
+
+def card_figures() -> dict[str, Figure]:
+    """One of each TensorBoard card, with as many labels as the quickstart gives them (15 points, 8 epochs)."""
+    epochs = [0, 5, 10, 15, 20, 25, 30, 35]
+    history = [(e, spectrum(1.0 + 0.02 * e)) for e in epochs]
+    table = np.linspace(1.0, 0.001, len(POINTS) * len(epochs)).reshape(len(POINTS), len(epochs))
+    return {
+        "spectrum": viz.spectrum_history_figure(history, title="block_12"),
+        "decay": viz.decay_curves_figure({p: spectrum(0.5 + 0.1 * i) for i, p in enumerate(POINTS)}, title="epoch 35"),
+        "layer_epoch": viz.layer_epoch_heatmap_figure(
+            table, POINTS, epochs, title="mean_abs_offdiag_correlation", card=True
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["spectrum", "decay", "layer_epoch"])
+def test_cards_have_card_sized_text_that_nothing_clips(name):
+    """At the card's size every label is >= 0.85 x CARD_FONTSIZE (13.6 pt: ~13 px on a Time Series card, which
+    shows a 480 x 240 image at ~90 %), and the drawn text ends inside the canvas: no clipped axis label."""
+    fig = card_figures()[name]
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    assert canvas.get_width_height() == (480, 240)
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+    assert texts and min(t.get_fontsize() for t in texts) >= 0.85 * viz.CARD_FONTSIZE
+    drawn = fig.get_tightbbox(canvas.get_renderer())  # inches; what was drawn, tick labels in view included
+    width, height = fig.get_size_inches()
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, drawn
+
+
+def test_cards_at_most_eight_point_names_and_always_the_last():
+    names = [t.get_text() for t in card_figures()["layer_epoch"].axes[0].get_yticklabels()]
+    assert len(names) <= 8 and names[0] == "patch_embed" and names[-1] == "cls"
+
+
+def test_spectrum_cards_on_one_figure_equal_a_fresh_figure_per_point():
+    """Reusing a figure leaves nothing of the previous card: not its lines, not its axis limits."""
+    histories = {
+        "patch_embed": [(0, spectrum(0.5) * 1e3), (2, spectrum(2.0))],
+        "block_01": [(0, spectrum(1.0, size=10)), (2, spectrum(1.2, size=10))],
+    }
+    cards = dict(viz.spectrum_cards(histories))
+    assert list(cards) == list(histories)
+    fresh = viz.render_rgb(viz.spectrum_history_figure(histories["block_01"], title="block_01"))
+    assert cards["block_01"].shape == (240, 480, 3)
+    np.testing.assert_array_equal(cards["block_01"], fresh)
+
+
+def test_layer_epoch_cards_on_one_figure_equal_a_fresh_figure_per_observable():
+    epochs = [0, 2, 4]
+    tables = {"effective_rank": np.arange(45.0).reshape(15, 3) * 100, "stable_rank": np.full((15, 3), np.nan)}
+    tables["stable_rank"][3:, 1:] = np.arange(24.0).reshape(12, 2)
+    cards = dict(viz.layer_epoch_cards(tables, POINTS, epochs))
+    figure = viz.layer_epoch_heatmap_figure(tables["stable_rank"], POINTS, epochs, title="stable_rank", card=True)
+    fresh = viz.render_rgb(figure)
+    np.testing.assert_array_equal(cards["stable_rank"], fresh)
+
+
+def test_correlation_card_enlarges_small_matrices_by_a_whole_factor_and_adds_a_scale():
+    rng = np.random.default_rng(0)
+    cov = np.cov(rng.normal(size=(50, 24)).T)
+    exact = viz.correlation_image(cov)
+    card = viz.correlation_card(cov)
+    k = -(-viz.CARD_PIXELS // 24)
+    assert card.shape[0] == 24 * k >= viz.CARD_PIXELS and card.shape[1] > 24 * k
+    np.testing.assert_array_equal(card[: 24 * k, : 24 * k], np.kron(exact, np.ones((k, k, 1), dtype=np.uint8)))
+    large = viz.correlation_card(np.eye(300))
+    assert large.shape[0] == 300, "a matrix larger than a card keeps one pixel per entry"

@@ -7,7 +7,8 @@ rendered by TensorBoard's Agg canvas or ``fig.savefig`` and closed deterministic
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -18,11 +19,22 @@ from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
 from numpy.typing import ArrayLike
 
-SMALL = (4.5, 3.4)
 EPOCH_CMAP = "viridis"
 """Epoch colour ramp: dark purple (first observation) to yellow (last); every use draws a colourbar."""
 CARD_FONTSIZE = 16.0
-"""Text size (pt) of figures made for a TensorBoard card, which shows a 480 px wide image at ~60-75 % of its width."""
+"""Text size (pt) of figures made for a TensorBoard card; tick labels are 0.85 of it (13.6 pt, ~15 px drawn)."""
+CARD_FIGSIZE = (6.0, 3.0)
+CARD_DPI = 80
+"""A card figure is ``CARD_FIGSIZE * CARD_DPI`` = 480 x 240 px. TensorBoard's Time Series fits an image into a
+~450 x 210 px box (the card's width, a fixed height), so what sets the on-screen text size is the image's *height*:
+a 2:1 card is shown at ~90 % (tick labels ~13 px on screen), where a 3:2 one of the same width is shown at ~65 %
+and a 15-panel grid at ~25 % (6 pt text became ~2 px). The depth profiles keep 480 x 320 px: their rotated point
+names need the height."""
+CARD_PIXELS = 240
+"""Least side (px) of a correlation card: smaller matrices are enlarged by a whole factor (every entry a square).
+
+TensorBoard's Time Series fits an image into a ~450 x 210 px box, so a card taller than ~240 px is shrunk, and its
+text with it; 240 px keeps the colour scale's labels at about their drawn size."""
 
 
 def close(fig: Figure) -> None:
@@ -36,11 +48,16 @@ def render_rgb(fig: Figure) -> np.ndarray:
     Thread-safe where pyplot is not: no global figure manager, no backend switch (TensorBoard's ``add_figure``
     imports pyplot). The background figure worker writes this with ``add_image(..., dataformats="HWC")``.
     """
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    image = np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    image = _rgb(fig)
     close(fig)
     return image
+
+
+def _rgb(fig: Figure) -> np.ndarray:
+    """`render_rgb` without closing: for a figure that is drawn again with other data (`spectrum_cards`)."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
 def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,74 +76,172 @@ def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return index[keep], values[keep]
 
 
-def _draw_history(ax: Any, history: Sequence[tuple[int, np.ndarray]], *, log_axes: bool) -> int:
-    """Draws spectra oldest to newest, earlier ones fainter; log-scale axes, or log10 values on linear axes.
+def _draw_history(
+    ax: Any, history: Sequence[tuple[int, np.ndarray]], norm: Normalize, cmap: Colormap, *, lw: float = 1.0
+) -> None:
+    """Draws spectra as log10 values on linear axes, one line per epoch on the epoch ramp, the latest one thicker.
 
-    Returns:
-        The number of observations in ``history``.
+    log10 values on linear axes instead of log-scale axes: matplotlib's log-scale tick machinery costs ~0.1 s per
+    axes to render, which dominated an observation's figure time; the picture is the same. The colour says the
+    epoch (read on the colourbar the caller draws with ``norm`` and ``cmap``), not a legend: with ~8 observations
+    a legend would cover the spectra at a card's text size.
     """
-    count = len(history)
-    cmap = matplotlib.colormaps["viridis"]
     for i, (epoch, values) in enumerate(history):
         x, y = _positive(values)
         if y.size == 0:
             continue
-        position = (i + 1) / count
-        style = dict(
-            color=cmap(position),
-            alpha=0.25 + 0.75 * position,
-            lw=1.6 if i == count - 1 else 0.9,
-            label=f"epoch {epoch}" if i in (0, count - 1) else None,
+        latest = i == len(history) - 1
+        ax.plot(
+            np.log10(x),
+            np.log10(y),
+            color=cmap(norm(epoch)),
+            lw=2.0 * lw if latest else lw,
+            marker="o" if y.size == 1 else None,  # a single eigenvalue is a point, not a line
+            zorder=3 if latest else 2,
         )
-        if log_axes:
-            ax.loglog(x, y, **style)
+
+
+def _card_axes(fig: Figure, *, left: int = 72, right: int = 90) -> tuple[Any, Any]:
+    """The plot and colourbar axes of a card figure, at fixed pixel margins (no ``tight_layout``).
+
+    ``tight_layout`` draws the whole figure once more to measure its text, which would nearly double a card's
+    rendering time; a card's pixel size and text size are fixed, so fixed margins fit its labels. ``left`` is the
+    room for the y tick and axis labels, ``right`` that for the colourbar's tick and axis labels (px).
+    """
+    width, height = (size * fig.dpi for size in fig.get_size_inches())
+    bottom, top, bar, gap = 50, 30, 14, 10  # x ticks + x label; title; colourbar width and its gap to the plot
+    plot_height = (height - bottom - top) / height
+    ax = fig.add_axes((left / width, bottom / height, (width - left - right - bar - gap) / width, plot_height))
+    cax = fig.add_axes(((width - right - bar) / width, bottom / height, bar / width, plot_height))
+    return ax, cax
+
+
+def _card_colourbar(
+    fig: Figure, cax: Any, norm: Normalize, cmap: Colormap, ticks: Sequence[float], labels: Sequence[str], label: str
+) -> None:
+    """A colourbar on ``cax`` with the given ticks and labels at the card's text size."""
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    bar.set_ticks(list(ticks))
+    bar.set_ticklabels(list(labels))
+    bar.set_label(label, fontsize=CARD_FONTSIZE)
+    bar.ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
+
+
+def _thin(count: int, most: int) -> list[int]:
+    """Indices of at most ~``most`` of ``count`` tick labels, evenly spaced, always the first and the last.
+
+    The last is the one a reader looks for (the latest epoch, the CLS token); if the even spacing would put a
+    label right before it, that label gives way, so two labels never overlap.
+    """
+    if count <= 0:
+        return []
+    step = -(-count // most)
+    shown = list(range(0, count, step))
+    if shown[-1] != count - 1:
+        if count - 1 - shown[-1] <= step // 2 and len(shown) > 1:
+            shown[-1] = count - 1
         else:
-            ax.plot(np.log10(x), np.log10(y), **style)
-    return count
+            shown.append(count - 1)
+    return shown
+
+
+def _epoch_ticks(epochs: Sequence[int], most: int = 6) -> list[int]:
+    """At most ~``most`` of the observed epochs for a card's colourbar or axis (`_thin`)."""
+    ticks = sorted(set(epochs))
+    return [ticks[i] for i in _thin(len(ticks), most)]
 
 
 def spectrum_history_figure(
     history: Sequence[tuple[int, np.ndarray]], *, title: str, ylabel: str = "eigenvalue"
 ) -> Figure:
-    """Log-log rank plot of spectra over observations; earlier observations are drawn fainter.
+    """One point's spectra over the observed epochs, a TensorBoard card (log10 rank plot, epoch colourbar).
+
+    The callback logs one per point (``spectra/<NN>_<point>``, drawn by `spectrum_cards`) rather than all points
+    in one grid: a 15-panel grid shrunk to a card's width has 6 pt text, a card per point keeps ``CARD_FONTSIZE``.
 
     Args:
         history: ``(epoch, values)`` pairs in epoch order; values sorted descending.
         title: Figure title (usually the point name).
-        ylabel: Y-axis label (eigenvalue or singular value).
+        ylabel: What the values are (eigenvalue or singular value).
     """
-    fig = Figure(figsize=SMALL, dpi=90)
-    ax = fig.add_subplot()
-    count = _draw_history(ax, history, log_axes=True)
-    ax.set_xlabel("index i")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.2)
-    if count:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+    card = _SpectrumCard([epoch for epoch, _ in history], ylabel)
+    card.draw(history, title)
+    return card.fig
+
+
+def spectrum_cards(
+    histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue"
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Every point's `spectrum_history_figure`, rendered: ``(point, RGB image)`` in the order of ``histories``.
+
+    The cards are drawn on one figure whose lines and title are replaced from card to card: building a card's
+    axes and colourbar (and clearing them) costs about as much as drawing it, and an observation draws one card
+    per point. All cards share one epoch ramp, over every epoch of ``histories``, so a colour is the same epoch on
+    every card. A generator, so that the background figure worker may pause between cards.
+    """
+    card = _SpectrumCard(sorted({epoch for history in histories.values() for epoch, _ in history}), ylabel)
+    try:
+        for name, history in histories.items():
+            card.draw(history, name)
+            yield name, _rgb(card.fig)
+    finally:
+        close(card.fig)
+
+
+class _SpectrumCard:
+    """A spectrum card's figure, axes and epoch colourbar, built once; `draw` replaces its lines and title."""
+
+    def __init__(self, epochs: Sequence[int], ylabel: str) -> None:
+        self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
+        self.ax, cax = _card_axes(self.fig, right=70)
+        self.norm, self.cmap = epoch_colours(epochs)
+        ticks = _epoch_ticks(epochs)
+        _card_colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks], "epoch")
+        _card_text(self.ax, "", "log10 index i", f"log10 {ylabel}")
+
+    def draw(self, history: Sequence[tuple[int, np.ndarray]], title: str) -> None:
+        for line in list(self.ax.lines):
+            line.remove()
+        _draw_history(self.ax, history, self.norm, self.cmap, lw=1.6)
+        self.ax.relim()  # the limits of this card's lines only, not the union with the previous card's
+        self.ax.autoscale_view()
+        self.ax.set_title(title, fontsize=1.1 * CARD_FONTSIZE)
+
+
+def _card_text(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
+    """Title, axis labels, tick labels and grid of a card's plot axes at the card's text sizes."""
+    ax.set_title(title, fontsize=1.1 * CARD_FONTSIZE)
+    ax.set_xlabel(xlabel, fontsize=CARD_FONTSIZE)
+    ax.set_ylabel(ylabel, fontsize=CARD_FONTSIZE)
+    ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
+    ax.grid(True, alpha=0.25)
 
 
 def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Figure:
-    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, one line per point (depth coloured).
+    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, a TensorBoard card.
 
-    Plotted as log10 values on linear axes (cheap to render, same picture as a log-log plot).
+    One line per point, coloured by depth (plasma: dark = patch embedding, light = CLS), read on a colourbar
+    labelled with the point names: a legend of 15 names does not fit a card at a legible size. Plotted as log10
+    values on linear axes (cheap to render, the same picture as a log-log plot; see `_draw_history`).
+
+    Args:
+        spectra: point -> eigenvalues (sorted descending), in depth order.
+        title: Figure title (the epoch).
     """
-    fig = Figure(figsize=(5.5, 3.8), dpi=90)
-    fig.subplots_adjust(left=0.12, right=0.78, bottom=0.13, top=0.92)
-    ax = fig.add_subplot()
+    fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
+    ax, cax = _card_axes(fig, right=130)
     cmap = matplotlib.colormaps["plasma"]
     names = list(spectra)
+    norm = Normalize(vmin=-0.5, vmax=max(len(names), 1) - 0.5)
     for i, name in enumerate(names):
         x, y = _positive(spectra[name])
         if y.size:
-            ax.plot(np.log10(x), np.log10(y / y[0]), color=cmap(i / max(len(names) - 1, 1)), lw=1.0, label=name)
-    ax.set_xlabel("log10 index i")
-    ax.set_ylabel(r"log10 $\lambda_i / \lambda_1$")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.2)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            ax.plot(np.log10(x), np.log10(y / y[0]), color=cmap(norm(i)), lw=1.6, label=name)
+    ticks = _thin(len(names), 8)
+    _card_colourbar(fig, cax, norm, cmap, ticks, [names[i] for i in ticks], "")
+    bar_axis = cax.yaxis
+    bar_axis.set_inverted(True)  # depth reads downwards, as in the point list
+    _card_text(ax, title, "log10 index i", r"log10 $\lambda_i / \lambda_1$")
     return fig
 
 
@@ -159,19 +274,30 @@ def correlation_heatmap_figure(cov: np.ndarray, *, title: str, max_dim: int = 38
 
 
 def layer_epoch_heatmap_figure(
-    values: np.ndarray, points: Sequence[str], epochs: Sequence[int], *, title: str
+    values: np.ndarray, points: Sequence[str], epochs: Sequence[int], *, title: str, card: bool = False
 ) -> Figure:
     """Heatmap of one observable with points (depth) on the y axis and epochs on the x axis.
+
+    The report embeds it at a grid cell's width (matplotlib's default text, every point named); the callback logs
+    one per charted observable as a TensorBoard card (``card=True``, drawn by `layer_epoch_cards`): a fixed
+    480 x 240 px canvas at ``CARD_FONTSIZE``, at most 8 point names and 6 epochs labelled, so that nothing is
+    clipped or shrunk to 5 pt (as in the former single figure of every observable's panel).
 
     Args:
         values: Array [len(points), len(epochs)], NaN where missing.
         points: Point names in depth order.
         epochs: Observed epochs.
         title: The observable's name.
+        card: Draw for a TensorBoard card instead of the report.
     """
+    values = np.asarray(values, dtype=np.float64)
+    if card:
+        heatmap = _LayerEpochCard(points, epochs)
+        heatmap.draw(values, title)
+        return heatmap.fig
     fig = Figure(figsize=(max(4.0, 0.35 * len(epochs) + 2.5), max(3.0, 0.25 * len(points) + 1.2)), dpi=90)
     ax = fig.add_subplot()
-    image = ax.imshow(np.asarray(values, dtype=np.float64), aspect="auto", cmap="magma", interpolation="nearest")
+    image = ax.imshow(values, aspect="auto", cmap="magma", interpolation="nearest")
     fig.colorbar(image, ax=ax)
     ax.set_yticks(range(len(points)), labels=list(points), fontsize=6)
     step = max(1, len(epochs) // 12)
@@ -180,6 +306,47 @@ def layer_epoch_heatmap_figure(
     ax.set_title(title)
     fig.tight_layout()
     return fig
+
+
+def layer_epoch_cards(
+    tables: Mapping[str, np.ndarray], points: Sequence[str], epochs: Sequence[int]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Every observable's layer x epoch card (`layer_epoch_heatmap_figure`), rendered: ``(metric, RGB image)``.
+
+    Drawn on one figure whose image data, colour limits and title are replaced from card to card (see
+    `spectrum_cards` for why); each card's colourbar spans its own observable's range.
+    """
+    heatmap = _LayerEpochCard(points, epochs)
+    try:
+        for metric, values in tables.items():
+            heatmap.draw(np.asarray(values, dtype=np.float64), metric)
+            yield metric, _rgb(heatmap.fig)
+    finally:
+        close(heatmap.fig)
+
+
+class _LayerEpochCard:
+    """A layer x epoch card's figure, heatmap and colourbar, built once; `draw` replaces its data and title."""
+
+    def __init__(self, points: Sequence[str], epochs: Sequence[int]) -> None:
+        self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
+        self.ax, cax = _card_axes(self.fig, left=118, right=60)
+        blank = np.zeros((len(points), len(epochs)))
+        self.image = self.ax.imshow(blank, aspect="auto", cmap="magma", interpolation="nearest")
+        self.fig.colorbar(self.image, cax=cax).ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
+        rows = _thin(len(points), 8)
+        self.ax.set_yticks(rows, labels=[points[i] for i in rows])
+        columns = _thin(len(epochs), 6)
+        self.ax.set_xticks(columns, labels=[str(epochs[j]) for j in columns])
+        _card_text(self.ax, "", "epoch", "")
+        self.ax.grid(False)
+
+    def draw(self, values: np.ndarray, title: str) -> None:
+        self.image.set_data(values)
+        finite = values[np.isfinite(values)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        self.image.set_clim(low, high)  # what a fresh imshow scales to; the colourbar follows
+        self.ax.set_title(title, fontsize=1.1 * CARD_FONTSIZE)
 
 
 def observable_lines_figure(
@@ -219,37 +386,6 @@ def observable_lines_figure(
     return fig
 
 
-def _grid(count: int) -> tuple[int, int]:
-    columns = min(4, max(count, 1))
-    return -(-max(count, 1) // columns), columns
-
-
-def spectra_grid_figure(
-    histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue"
-) -> Figure:
-    """All points' spectrum histories in one figure (one log-log panel per point, earlier epochs fainter).
-
-    One figure per observation instead of one per point keeps TensorBoard logging cheap and shows the depth
-    progression at a glance. Panels plot log10 values on linear axes: matplotlib's log-scale tick machinery costs
-    ~0.1 s per panel to render, which dominated the observation's logging time.
-    """
-    rows, columns = _grid(len(histories))
-    fig = Figure(figsize=(3.0 * columns, 2.3 * rows), dpi=80)
-    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.06, top=0.95, wspace=0.25, hspace=0.5)
-    for panel, (name, history) in enumerate(histories.items()):
-        ax = fig.add_subplot(rows, columns, panel + 1)
-        _draw_history(ax, history, log_axes=False)
-        epochs = f" (epochs {history[0][0]}..{history[-1][0]})" if history else ""
-        ax.set_title(name + epochs, fontsize=8)
-        ax.tick_params(labelsize=6)
-        ax.grid(True, alpha=0.2)
-        if panel % columns == 0:
-            ax.set_ylabel(f"log10 {ylabel}", fontsize=7)
-        if panel >= len(histories) - columns:
-            ax.set_xlabel("log10 index", fontsize=7)
-    return fig
-
-
 def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
     """The correlation matrix as an RGB image (H, W, 3) uint8 in the RdBu_r map over [-1, 1], one pixel per entry.
 
@@ -260,20 +396,43 @@ def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
     return (rgba[..., :3] * 255).round().astype(np.uint8)
 
 
-def layer_epoch_grid_figure(tables: Mapping[str, np.ndarray], points: Sequence[str], epochs: Sequence[int]) -> Figure:
-    """One layer x epoch heatmap panel per observable (points on y, epochs on x), in a single figure."""
-    rows, columns = _grid(len(tables))
-    fig = Figure(figsize=(3.6 * columns, 0.18 * len(points) * rows + 1.2 * rows), dpi=80)
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.94, wspace=0.3, hspace=0.35)
-    step = max(1, len(epochs) // 8)
-    for panel, (metric, values) in enumerate(tables.items()):
-        ax = fig.add_subplot(rows, columns, panel + 1)
-        image = ax.imshow(np.asarray(values, dtype=np.float64), aspect="auto", cmap="magma", interpolation="nearest")
-        fig.colorbar(image, ax=ax)
-        ax.set_yticks(range(len(points)), labels=list(points) if panel % columns == 0 else [], fontsize=5)
-        ax.set_xticks(range(0, len(epochs), step), labels=[str(e) for e in list(epochs)[::step]], fontsize=6)
-        ax.set_title(metric, fontsize=8)
-    return fig
+def correlation_card(cov: np.ndarray, *, max_dim: int = 384, side: int = CARD_PIXELS) -> np.ndarray:
+    """`correlation_image` for a TensorBoard card: enlarged to at least ``side`` px, with a labelled colour scale.
+
+    TensorBoard shows an image no larger than it is, so a 96-feature matrix at one pixel per entry was a 96 px
+    thumbnail without a scale. The matrix is enlarged by a whole factor ``k`` (every entry a ``k x k`` square,
+    still exact, still numpy-cheap) and a colour-scale strip (-1 .. +1, drawn by matplotlib once per height and
+    cached) is appended on the right. The point is in the tag (``correlation/<NN>_<point>``).
+
+    Returns:
+        RGB ``uint8`` image ``(k*D, k*D + strip width, 3)``, the matrix in its first ``k*D`` columns.
+    """
+    image = correlation_image(cov, max_dim=max_dim)
+    k = max(1, -(-side // max(image.shape[0], 1)))
+    image = np.repeat(np.repeat(image, k, axis=0), k, axis=1)
+    return np.concatenate([image, _correlation_scale(image.shape[0])], axis=1)
+
+
+@functools.lru_cache(maxsize=8)
+def _correlation_scale(height: int) -> np.ndarray:
+    """The RdBu_r colour scale from -1 to +1 labelled ``correlation``, as an RGB strip ``height`` px high.
+
+    Its width and text grow with ``height`` beyond `CARD_PIXELS`: TensorBoard shrinks a taller card to the same
+    on-screen height, and the labels should stay as legible as on a `CARD_PIXELS` card. Cached per height
+    (read-only): an observation's correlation cards share one size, so it is drawn once a run.
+    """
+    scale = max(1.0, height / CARD_PIXELS)
+    fig = Figure(figsize=(120 * scale / CARD_DPI, height / CARD_DPI), dpi=CARD_DPI)
+    cax = fig.add_axes((0.12, 0.06, 0.15, 0.88))
+    bar = fig.colorbar(ScalarMappable(norm=Normalize(-1.0, 1.0), cmap=matplotlib.colormaps["RdBu_r"]), cax=cax)
+    bar.set_ticks([-1.0, -0.5, 0.0, 0.5, 1.0])
+    bar.ax.tick_params(labelsize=0.85 * CARD_FONTSIZE * scale)
+    bar.set_label("correlation", fontsize=CARD_FONTSIZE * scale)
+    strip = render_rgb(fig)
+    rows = np.full((height, strip.shape[1], 3), 255, dtype=np.uint8)  # canvas rounding may differ by a pixel
+    rows[: min(height, strip.shape[0])] = strip[:height]
+    rows.setflags(write=False)
+    return rows
 
 
 def epoch_colours(epochs: Sequence[int]) -> tuple[Normalize, Colormap]:
