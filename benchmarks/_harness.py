@@ -122,7 +122,7 @@ def quickstart_net(
     img_size: int = 24,
     arch: dict[str, int] | None = None,
 ) -> torch.nn.Module:
-    """The quickstart network (``conf/model/vit_quickstart.yaml``: width 96, depth 12, patch 4 at 24 px), random init.
+    """The quickstart network (``conf/model/vit_quickstart.yaml``: width 96, depth 12, patch 4), random init.
 
     Args:
         device: Where the network lives.

@@ -284,7 +284,8 @@ class ModelSpec:
 
 
 VIT_SMALL = ModelSpec("vit_small", "vit_small", 224, width=384, depth=12, tokens=197)
-QUICKSTART = ModelSpec("quickstart", "quickstart net", 24, width=96, depth=12, tokens=37)
+# conf/experiment/quickstart.yaml: 16 px digits, patch 4 -> 16 patches + CLS.
+QUICKSTART = ModelSpec("quickstart", "quickstart net", 16, width=96, depth=12, tokens=17)
 _TINY_TOKENS = (32 // h.TINY_PATCH) ** 2 + 1
 TINY = ModelSpec(
     "tiny", "tiny ViT", 32, width=h.TINY_ARCH["embed_dim"], depth=h.TINY_ARCH["depth"], tokens=_TINY_TOKENS
@@ -292,10 +293,10 @@ TINY = ModelSpec(
 QUICKSTART_TINY = ModelSpec(
     "quickstart",
     "quickstart net (tiny)",
-    24,
+    16,
     width=h.TINY_ARCH["embed_dim"],
     depth=h.TINY_ARCH["depth"],
-    tokens=37,
+    tokens=17,
     arch=h.TINY_ARCH,
 )
 
