@@ -201,3 +201,12 @@ def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path_fact
     StartPlan("last").prepare(run_dir, str(run_dir.last_checkpoint))
     assert not any(p.exists() for p in left)
     assert recorded_epochs(run_dir.root) == [0, 1, 2] and run_dir.last_checkpoint.is_file()
+
+
+def test_a_report_over_a_directory_of_runs_never_takes_a_set_aside_attempt_for_a_run(tmp_path_factory, tmp_path):
+    from tgo.report.runs import discover_runs
+
+    run_dir = RunDir(tmp_path / "runs" / "one")
+    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir.root)
+    set_aside_epochs(run_dir, [2], "test")  # set_aside/<time>/geometry/ holds records too
+    assert discover_runs([tmp_path / "runs"]) == [run_dir.root]

@@ -177,7 +177,8 @@ class RunDir:
         """Whether this is a run directory at all (config, checkpoints or manifest), with or without records."""
         return self.config.is_file() or self.checkpoints.is_dir() or self.manifest.is_file()
 
-    NON_RUN_SUBDIRS = frozenset({REPORT, ".hydra", TENSORBOARD, CHECKPOINTS, GEOMETRY})
+    SET_ASIDE = "set_aside"  # what a resume moved out of the way (tgo.resume): earlier attempts, never a run of its own
+    NON_RUN_SUBDIRS = frozenset({REPORT, ".hydra", TENSORBOARD, CHECKPOINTS, GEOMETRY, SET_ASIDE})
     """Subdirectories of a run that never hold other runs (skipped when searching for runs)."""
 
 

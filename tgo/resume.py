@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from tgo.errors import ConfigError
 from tgo.records import METRICS_COLUMNS, RunDir, atomic_write, read_metric_rows
 
-SET_ASIDE = "set_aside"
+SET_ASIDE = RunDir.SET_ASIDE
 GEOMETRY_CALLBACK = "SpectralGeometryCallback"
 HPC_PREFIX = "hpc_ckpt_"  # Lightning's SLURM requeue checkpoints, in the run directory (its default_root_dir)
 
