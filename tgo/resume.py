@@ -16,6 +16,7 @@ import csv
 import datetime as dt
 import io
 import json
+import pickle
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -156,7 +157,7 @@ def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Pat
             continue
         try:
             other = int(_load_lazily(path).get("global_step", 0))
-        except Exception:  # an unreadable checkpoint is not ours to judge here; resume does not use it
+        except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError):  # unreadable: not used, left
             continue
         if other > step:
             newer.append(path)
