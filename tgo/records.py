@@ -14,6 +14,17 @@ In a spectra file the arrays of the default view ``all`` are ``<point>/<array>``
 ``<point>/<view>/<array>``: ``eigenvalues`` float64 [D] descending, ``n_rows`` and ``n_nonfinite`` int64 scalars,
 ``mean`` float64 [D], ``covariance`` float64 [D, D] (only on the epochs the settings keep).
 
+The jackknife replicates behind the standard errors are kept too, on every observed epoch. The file names the
+metrics that have any once, as the top-level array ``jackknife_metrics`` (ASCII bytes ``S`` [M], recorded order; it
+loads without pickle), and each (point, view) that has any adds two arrays: ``jackknife`` float64 [M, G_max] (row
+``i``: the leave-one-out values of metric ``i`` of the file's list in group order, NaN padded after its ``G_i``; all
+NaN where this (point, view) has none of that metric) and ``jackknife_groups`` int64 [M] (``G_i``: the image groups,
+or the cross-validation folds of the decoding accuracies; 0 where it has none). The values are the float64 that were
+computed: ``tgo.spectral.jackknife_stderr`` of row ``i``'s first ``G_i`` values is that metric's ``stderr`` in
+``metrics.csv`` bit for bit. `load_jackknife` reads them (for paired standard errors of differences between epochs or
+points, whose replicates share the same image groups). `load_spectra` leaves them out unless asked for by name.
+Records written before the replicates existed, or without a jackknife, have none (`load_jackknife` gives ``{}``).
+
 Writes go through `atomic_write` (a temporary file in the same directory, fsync, ``os.replace``, directory fsync;
 the file gets the permissions of the user's umask), so a crash mid-write leaves the previous file intact. The spectra
 file of an epoch is written before its metrics; ``metrics.csv`` is rewritten whole with that epoch's old rows
@@ -52,6 +63,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_VIEW",
+    "JACKKNIFE_ARRAYS",
+    "JACKKNIFE_METRICS",
     "METRICS_COLUMNS",
     "RecordWriter",
     "RecordsError",
@@ -60,6 +73,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_json",
     "is_run_dir",
+    "load_jackknife",
     "load_metrics",
     "load_series",
     "load_spectra",
@@ -78,6 +92,12 @@ _SPECTRA_RE = re.compile(r"^epoch_(\d{4,})\.npz$")
 
 Series = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
 """metric -> point -> (epochs int64 [E], values float64 [E]), epochs ascending."""
+
+JACKKNIFE_ARRAYS: tuple[str, ...] = ("jackknife", "jackknife_groups")
+"""The per-(point, view) arrays holding the jackknife replicates (`load_jackknife`; `load_spectra` skips them)."""
+
+JACKKNIFE_METRICS = "jackknife_metrics"
+"""The top-level key of a spectra file naming the metrics of the rows of every (point, view)'s ``jackknife``."""
 
 
 class RecordsError(UserInputError):
@@ -283,18 +303,22 @@ class RecordWriter:
             step: Global optimizer step at observation time.
             results: ``{ObservationKey(point, view): PointResult}`` in point order (anything with
                 ``spectrum.eigenvalues``, ``spectrum.n_rows``, ``mean``, ``covariance`` and an ``observables``
-                mapping, optionally a ``stderr`` mapping); a bare point name as key means view ``all``.
+                mapping, optionally ``stderr`` and ``jackknife`` mappings); a bare point name as key means view
+                ``all``. The ``jackknife`` replicates are written on every epoch (`JACKKNIFE_METRICS`,
+                `JACKKNIFE_ARRAYS`).
             with_covariance: Also store each covariance (D x D floats: large, so only on chosen epochs) and each
                 result's ``kept_arrays`` (the probes' per-image vectors).
 
         Raises:
-            ValueError: negative epoch/step, or a point or view name unusable as an npz key.
+            ValueError: negative epoch/step, a point or view name unusable as an npz key, an array named like a
+                `JACKKNIFE_ARRAYS` member, or a jackknife metric name that is not ASCII.
         """
         epoch, step = int(epoch), int(step)
         if epoch < 0 or step < 0:
             raise ValueError(f"write_observation: epoch and step must be >= 0; got epoch={epoch}, step={step}")
         arrays: dict[str, np.ndarray] = {}
         rows: list[dict[str, str]] = []
+        replicates: dict[str, Mapping[str, Any]] = {}  # prefix -> {metric: leave-one-out values}
         for key, res in results.items():
             point, view = _key(key)
             for part in (point, view):
@@ -313,6 +337,10 @@ class RecordWriter:
             if with_covariance:
                 for name, array in (getattr(res, "kept_arrays", None) or {}).items():
                     arrays[f"{prefix}/{name}"] = np.asarray(array)
+            for name in JACKKNIFE_ARRAYS:
+                if f"{prefix}/{name}" in arrays:
+                    raise ValueError(f"write_observation: {prefix!r} has an array named {name!r}, a reserved name")
+            replicates[prefix] = getattr(res, "jackknife", None) or {}
             stderr = getattr(res, "stderr", None) or {}
             for metric, value in res.observables.items():
                 rows.append(
@@ -326,6 +354,7 @@ class RecordWriter:
                         "stderr": _format_value(stderr.get(metric, math.nan)),
                     }
                 )
+        arrays.update(_replicate_arrays(replicates))
 
         atomic_write(self.run.spectra(epoch), lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
 
@@ -336,6 +365,36 @@ class RecordWriter:
         writer.writeheader()
         writer.writerows(merged)
         atomic_write(self.run.metrics, text.getvalue())
+
+
+def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """`JACKKNIFE_METRICS` and the `JACKKNIFE_ARRAYS` of every prefix from ``{prefix: {metric: leave-one-out values}}``.
+
+    Nothing for a prefix without replicates (an empty set of values counts as none), nothing at all when no prefix has
+    any.
+    """
+    tables: dict[str, dict[str, np.ndarray]] = {}
+    for prefix, per in replicates.items():
+        rows = {str(m): np.asarray(v, dtype=np.float64).reshape(-1) for m, v in per.items()}
+        tables[prefix] = {m: v for m, v in rows.items() if v.size}
+    metrics = list(dict.fromkeys(m for per in tables.values() for m in per))  # first-recorded order
+    if not metrics:
+        return {}
+    unusable = [m for m in metrics if not m.isascii() or "\0" in m]  # 'S' arrays hold ASCII and drop trailing NULs
+    if unusable:
+        raise ValueError(f"write_observation: jackknife metric names must be ASCII without NUL; got {unusable!r}")
+    row = {m: i for i, m in enumerate(metrics)}
+    out: dict[str, np.ndarray] = {JACKKNIFE_METRICS: np.array([m.encode("ascii") for m in metrics], dtype=np.bytes_)}
+    for prefix, per in tables.items():
+        if not per:
+            continue
+        table = np.full((len(metrics), max(v.size for v in per.values())), np.nan, dtype=np.float64)
+        groups = np.zeros(len(metrics), dtype=np.int64)
+        for metric, values in per.items():
+            table[row[metric], : values.size] = values
+            groups[row[metric]] = values.size
+        out[f"{prefix}/jackknife"], out[f"{prefix}/jackknife_groups"] = table, groups
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------- reading
@@ -506,20 +565,27 @@ def load_series(
     }
 
 
+def _split_key(key: str) -> tuple[str, str, str] | None:
+    """``(point, view, array)`` of a spectra file's key, ``None`` for a key that is not a per-(point, view) array."""
+    parts = key.split("/")
+    if len(parts) == 2:
+        return parts[0], DEFAULT_VIEW, parts[1]
+    if len(parts) == 3:
+        return parts[0], parts[1], parts[2]
+    return None
+
+
 def _load_npz(path: Path, view: str, arrays: Iterable[str] | None) -> dict[str, dict[str, np.ndarray]]:
     wanted = None if arrays is None else set(arrays)
     points: dict[str, dict[str, np.ndarray]] = {}
     try:
         with np.load(path, allow_pickle=False) as data:
             for key in data.files:
-                parts = key.split("/")
-                if len(parts) == 2:
-                    point, key_view, name = parts[0], DEFAULT_VIEW, parts[1]
-                elif len(parts) == 3:
-                    point, key_view, name = parts
-                else:
-                    continue  # not a per-point array; tolerated for forward compatibility
-                if key_view != view or (wanted is not None and name not in wanted):
+                split = _split_key(key)
+                if split is None:
+                    continue  # not a per-point array (`JACKKNIFE_METRICS`, or later additions)
+                point, key_view, name = split
+                if key_view != view or (name not in wanted if wanted is not None else name in JACKKNIFE_ARRAYS):
                     continue
                 points.setdefault(point, {})[name] = data[key]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
@@ -576,7 +642,8 @@ def load_spectra(
         run_dir: A run directory.
         epochs: Epochs to load (all by default).
         view: Which view of the points.
-        arrays: Only these arrays (e.g. ``("eigenvalues",)``; covariances make files large); default all.
+        arrays: Only these arrays (e.g. ``("eigenvalues",)``; covariances make files large); default all but the
+            jackknife replicates (`JACKKNIFE_ARRAYS`, read with `load_jackknife`; named here, they are read too).
 
     Returns:
         Nested dict, epochs ascending, points in written order; ``n_rows``/``n_nonfinite`` are 0-d int64 arrays.
@@ -586,3 +653,134 @@ def load_spectra(
     """
     run = _require_records(run_dir)
     return {e: _load_npz(path, view, arrays) for e, path in _iter_spectra(run, epochs)}
+
+
+def _describe(array: np.ndarray | None) -> str:
+    """``dtype shape`` of an array for an error message, or ``missing``."""
+    return "missing" if array is None else f"{array.dtype} {array.shape}"
+
+
+_DAMAGED = "as tgo writes them (move the damaged file aside to report the other epochs)"
+
+
+def _jackknife_metric_names(path: Path, names: np.ndarray | None) -> list[str]:
+    """The file's `JACKKNIFE_METRICS` as strings, checked."""
+    decoded: list[str] | None = None
+    if names is not None and names.ndim == 1 and names.dtype.kind == "S":
+        with contextlib.suppress(UnicodeDecodeError):
+            decoded = [bytes(n).decode("ascii") for n in names.tolist()]
+    if decoded is None or len(set(decoded)) != len(decoded):
+        raise RecordsError(
+            f"{path}: the jackknife metric names are damaged ({JACKKNIFE_METRICS} {_describe(names)}); expected "
+            f"{JACKKNIFE_METRICS} ASCII bytes [M] of distinct names beside the jackknife arrays, {_DAMAGED}"
+        )
+    return decoded
+
+
+def _read_replicates(path: Path, view: str, wanted: set[str] | None) -> dict[str, dict[str, np.ndarray]]:
+    """``{metric: {point: float64 [G]}}`` of one spectra file and view, reading only the jackknife arrays; metrics
+    in the file's order, points in written order."""
+    names: np.ndarray | None = None
+    found: dict[str, dict[str, np.ndarray]] = {}  # point -> {name in JACKKNIFE_ARRAYS: array}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            for key in data.files:
+                split = _split_key(key)
+                if key == JACKKNIFE_METRICS:
+                    names = data[key]
+                elif split is not None and split[1] == view and split[2] in JACKKNIFE_ARRAYS:
+                    found.setdefault(split[0], {})[split[2]] = data[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise RecordsError(
+            f"{path}: unreadable spectra file ({type(err).__name__}: {err}); expected a complete .npz as tgo writes "
+            "it (move the damaged file aside to report the other epochs)"
+        ) from err
+    if not found:
+        return {}
+    metrics = _jackknife_metric_names(path, names)
+    m = len(metrics)
+    checked: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for point, arrays in found.items():
+        table, groups = arrays.get("jackknife"), arrays.get("jackknife_groups")
+        if (
+            table is None
+            or groups is None
+            or table.dtype != np.float64
+            or table.ndim != 2
+            or table.shape[0] != m
+            or groups.dtype.kind not in "iu"
+            or groups.shape != (m,)
+            or np.any(groups < 0)
+            or np.any(groups > table.shape[1])
+        ):
+            raise RecordsError(
+                f"{path}: the jackknife arrays of point {point}, view {view} are damaged (jackknife "
+                f"{_describe(table)}, jackknife_groups {_describe(groups)}, {m} {JACKKNIFE_METRICS}); expected "
+                f"jackknife float64 [M, G] and jackknife_groups int64 [M] of at most G each, {_DAMAGED}"
+            )
+        checked[point] = table, groups
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for i, metric in enumerate(metrics):
+        if wanted is not None and metric not in wanted:
+            continue
+        for point, (table, groups) in checked.items():
+            if groups[i] > 0:
+                out.setdefault(metric, {})[point] = table[i, : int(groups[i])].copy()
+    return out
+
+
+def load_jackknife(
+    run_dir: str | os.PathLike[str],
+    *,
+    view: str = DEFAULT_VIEW,
+    metrics: Sequence[str] | None = None,
+) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The jackknife replicates of one view of a run: ``{metric: {point: (epochs, replicates)}}``; numpy only.
+
+    Row ``j`` of a metric's replicates holds its ``G`` leave-one-out values at ``epochs[j]`` in group order (in fold
+    order for the decoding accuracies), so ``tgo.spectral.jackknife_stderr(replicates[j])`` is the recorded
+    ``stderr`` of that epoch, and since every epoch and point of a run uses the same image groups, the standard error
+    of a difference is ``jackknife_stderr(a[j] - b[k])`` of the two rows (paired). Only the jackknife arrays of each
+    spectra file are read (`JACKKNIFE_METRICS` and the view's `JACKKNIFE_ARRAYS`).
+
+    Args:
+        run_dir: A run directory.
+        view: Which view of the points (``all``: every row a point selects).
+        metrics: Only these metrics (default: all with replicates).
+
+    Returns:
+        metric -> point -> (epochs int64 ascending ``[E]``, replicates float64 ``[E, G]``), only the epochs that hold
+        replicates of that metric and point; metrics and points in recorded order. Old runs (recorded before the
+        replicates existed), and runs without a jackknife, give ``{}``.
+
+    Raises:
+        RecordsError: not a run directory, an unreadable or damaged spectra file, or a metric whose number of
+            replicates at a point differs between epochs (tgo never records that: the file named was written with
+            other jackknife settings).
+    """
+    run = _require_records(run_dir)
+    wanted = None if metrics is None else set(metrics)
+    collected: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    for epoch, path in run.spectra_files().items():
+        for metric, per_point in _read_replicates(path, view, wanted).items():
+            for point, values in per_point.items():
+                earlier = collected.setdefault(metric, {}).setdefault(point, {})
+                if earlier:
+                    first, first_values = next(iter(earlier.items()))
+                    if first_values.size != values.size:
+                        raise RecordsError(
+                            f"{path}: {values.size} jackknife replicates of {metric} at point {point}, view {view}, "
+                            f"but {first_values.size} in {run.spectra(first)}; the replicates of one run all come "
+                            "from its image groups (was one of these epochs observed with other jackknife settings?)"
+                        )
+                earlier[epoch] = values
+    return {
+        metric: {
+            point: (
+                np.array(list(per_epoch), dtype=np.int64),
+                np.stack(list(per_epoch.values())).astype(np.float64, copy=False),
+            )
+            for point, per_epoch in per_point.items()
+        }
+        for metric, per_point in collected.items()
+    }

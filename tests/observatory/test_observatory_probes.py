@@ -27,8 +27,9 @@ from tgo.observatory.images import ImageTable
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record, observe_dataset
 from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
-from tgo.records import RecordWriter, load_spectra
-from tgo.spectral import CATALOGUE
+from tgo.observatory.views import VIEWS
+from tgo.records import JACKKNIFE_ARRAYS, JACKKNIFE_METRICS, RecordWriter, load_jackknife, load_spectra
+from tgo.spectral import CATALOGUE, GroupedCovariance, jackknife_stderr
 
 N_IMAGES, N_CLASSES, GROUPS, FOLDS, BATCH = 24, 4, 3, 4, 10
 TOKENS = N_PATCHES + 1
@@ -407,8 +408,10 @@ def test_probes_disabled_records_only_the_all_view(tmp_path, observed):
     assert {key.view for key in results} == {"all"}
     probe_names = {o.name for o in CATALOGUE.probes}
     with np.load(tmp_path / "geometry" / "spectra" / "epoch_0000.npz") as npz:
-        assert all(len(key.split("/")) == 2 for key in npz.files), "no view other than all"
-        assert not any(key.split("/")[1] in ("vectors", "max_abs", "eigenvectors") for key in npz.files)
+        keys = [key for key in npz.files if key != JACKKNIFE_METRICS]  # the file's one top-level array
+        assert JACKKNIFE_METRICS in npz.files and len(keys) == len(npz.files) - 1
+        assert all(len(key.split("/")) == 2 for key in keys), "no view other than all"
+        assert not any(key.split("/")[1] in ("vectors", "max_abs", "eigenvectors") for key in keys)
     with_probes = observed[0].results
     for key, result in results.items():
         assert not probe_names & set(result.observables), key
@@ -427,3 +430,116 @@ def test_an_alias_view_keeps_no_second_copy_of_its_covariance(observed):
     patch = load_spectra(observed["run"], [0], view="patch")[0]["patch_embed"]
     assert "covariance" not in patch and "eigenvalues" in patch and "vectors" in patch
     assert "covariance" in load_spectra(observed["run"], [0])[0]["patch_embed"]
+
+
+# ----------------------------------------------------------------------------------- jackknife replicates
+DECODING = ("ncc_accuracy", "ridge_accuracy")  # delete-a-fold: one replicate per fold, not per image group
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_every_standard_error_keeps_its_leave_one_out_values(observed, epoch):
+    """Every finite standard error is ``jackknife_stderr`` of the replicates kept beside it, bit for bit, and every
+    kept replicate set gives its metric's standard error (NaN where a leave-one-out value is NaN)."""
+    checked = 0
+    for key, result in observed[epoch].results.items():
+        for metric, se in result.stderr.items():
+            if math.isfinite(se):
+                replicates = result.jackknife[metric]
+                assert replicates.dtype == np.float64, (key, metric)
+                assert replicates.shape == ((FOLDS,) if metric in DECODING else (GROUPS,)), (key, metric)
+                assert jackknife_stderr(replicates) == se, (key, metric)
+                checked += 1
+        for metric, replicates in result.jackknife.items():
+            assert metric in result.observables and metric not in CATALOGUE.diagnostics, (key, metric)
+            se = result.stderr[metric]
+            assert jackknife_stderr(replicates) == se or (math.isnan(se) and math.isnan(jackknife_stderr(replicates)))
+    assert checked > 1000  # 31 (point, view)s, ~30 geometry observables each, plus the probes'
+
+
+def test_an_alias_view_carries_its_originals_replicates(observed):
+    results = observed[0].results
+    aliases = [key for key, result in results.items() if result.alias_of is not None]
+    assert ObservationKey("patch_embed", "patch") in aliases and ObservationKey("cls", "cls") in aliases
+    for key in aliases:
+        alias, base = results[key], results[ObservationKey(key.point, results[key].alias_of)]
+        shared = set(base.jackknife) - {"between_image_fraction"}  # a probe of the all view only
+        assert shared and shared <= set(alias.jackknife), key
+        for metric in shared:
+            assert np.array_equal(alias.jackknife[metric], base.jackknife[metric], equal_nan=True), (key, metric)
+
+
+def test_the_records_keep_every_replicate_and_read_them_back_exactly(observed):
+    for view in VIEWS:
+        want: dict[str, dict[str, list[np.ndarray]]] = {}
+        for epoch in (0, 1):
+            for key, result in observed[epoch].results.items():
+                if key.view == view:
+                    for metric, replicates in result.jackknife.items():
+                        want.setdefault(metric, {}).setdefault(key.point, []).append(replicates)
+        got = load_jackknife(observed["run"], view=view)
+        assert list(got) == list(want), view  # metrics in recorded order
+        for metric, per_point in want.items():
+            assert list(got[metric]) == list(per_point), (view, metric)
+            for point, rows in per_point.items():
+                epochs, replicates = got[metric][point]
+                assert epochs.dtype == np.int64 and epochs.tolist() == [0, 1]
+                assert replicates.dtype == np.float64
+                assert np.array_equal(replicates, np.stack(rows), equal_nan=True), (view, metric, point)
+    only = load_jackknife(observed["run"], view="cls", metrics=["nc1", "no_such_metric"])
+    assert list(only) == ["nc1"] and list(only["nc1"]) == [*BLOCKS, "cls"]
+
+
+def test_the_metric_names_are_stored_once_per_file(observed):
+    """One ASCII list of the metrics per spectra file; each (point, view) keeps only its table and group counts."""
+    with np.load(observed["run"] / "geometry" / "spectra" / "epoch_0001.npz", allow_pickle=False) as npz:
+        names = npz[JACKKNIFE_METRICS]
+        tables = {key.rsplit("/", 1)[0]: npz[key] for key in npz.files if key.endswith("/jackknife")}
+        groups = {key.rsplit("/", 1)[0]: npz[key] for key in npz.files if key.endswith("/jackknife_groups")}
+        assert {key.rsplit("/", 1)[-1] for key in npz.files if "jackknife" in key} == {
+            JACKKNIFE_METRICS,
+            *JACKKNIFE_ARRAYS,
+        }
+        assert [key for key in npz.files if key.endswith(JACKKNIFE_METRICS)] == [JACKKNIFE_METRICS]  # once
+    assert names.dtype.kind == "S" and len(set(names.tolist())) == names.size
+    metrics = [n.decode("ascii") for n in names.tolist()]
+    keyed = {
+        (key.point if key.view == "all" else f"{key.point}/{key.view}"): r for key, r in observed[1].results.items()
+    }
+    assert tables.keys() == groups.keys() == {prefix for prefix, r in keyed.items() if r.jackknife}
+    for prefix, table in tables.items():
+        jackknife = keyed[prefix].jackknife
+        assert table.shape[0] == groups[prefix].shape[0] == len(metrics)
+        assert groups[prefix].tolist() == [jackknife[m].size if m in jackknife else 0 for m in metrics], prefix
+        assert set(jackknife) <= set(metrics)
+
+
+def test_paired_standard_errors_of_differences_come_from_the_replicates(observed):
+    """What the replicates are for: the jackknife of a difference between epochs (or points), group by group."""
+    (epochs, replicates) = load_jackknife(observed["run"], metrics=["effective_rank"])["effective_rank"]["block_02"]
+    change = jackknife_stderr(replicates[1] - replicates[0])
+    assert epochs.tolist() == [0, 1] and math.isfinite(change) and change > 0
+    cls, patch = (load_jackknife(observed["run"], view=v)["effective_rank"]["block_02"][1] for v in ("cls", "patch"))
+    assert math.isfinite(jackknife_stderr(cls[0] - patch[0]))
+
+
+def test_a_point_declared_undefined_keeps_no_replicates():
+    """Under ``nan_if_nonfinite`` a point that saw a non-finite row has NaN standard errors and no replicates."""
+    from tgo.observatory import summarize_accumulators
+
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(12, 3, 4)))
+    grouped = {}
+    for name, bad in (("clean", False), ("broken", True)):
+        acc = GroupedCovariance(GROUPS, 4)
+        acc.batch_groups = torch.arange(12) % GROUPS
+        rows = x.clone()
+        if bad:
+            rows[5, 1] = float("nan")
+        acc.update(rows)
+        grouped[name] = acc
+    results = summarize_accumulators(grouped, nan_if_nonfinite=True)
+    clean, broken = results["clean"], results["broken"]
+    assert clean.jackknife and all(r.shape == (GROUPS,) for r in clean.jackknife.values())
+    assert not broken.jackknife and all(math.isnan(v) for v in broken.stderr.values())
+    lenient = summarize_accumulators(grouped)["broken"]  # the finite rows' jackknife, as recorded without the flag
+    assert set(lenient.jackknife) == set(clean.jackknife)

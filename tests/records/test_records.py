@@ -13,17 +13,21 @@ import numpy as np
 import pytest
 
 from tgo.records import (
+    JACKKNIFE_ARRAYS,
+    JACKKNIFE_METRICS,
     METRICS_COLUMNS,
     RecordsError,
     RecordWriter,
     RunDir,
     atomic_write,
     is_run_dir,
+    load_jackknife,
     load_metrics,
     load_series,
     load_spectra,
     recorded_epochs,
 )
+from tgo.spectral import jackknife_stderr
 
 
 def spectra_path(run_dir: Path, epoch: int) -> Path:
@@ -336,6 +340,216 @@ def test_standard_errors_are_recorded_beside_values(tmp_path):
     assert np.isnan(stderr["stable_rank"]["cls"][1][0]) and np.isnan(stderr["effective_rank"]["block_01"][1][0])
     with pytest.raises(ValueError, match="column"):
         load_series(tmp_path, column="mean")
+
+
+# ------------------------------------------------------------------------------------------------ jackknife replicates
+def with_replicates(results: dict[str, SimpleNamespace], seed: int, groups: int = 4) -> dict[str, SimpleNamespace]:
+    """``fake_results`` with leave-one-out values (``groups`` per metric, 3 for the last: another jackknife's folds)
+    and their standard errors, as the observatory records them."""
+    rng = np.random.default_rng(100 + seed)
+    for r in results.values():
+        names = list(r.observables)
+        r.jackknife = {m: rng.normal(size=3 if m == names[-1] else groups) for m in names}
+        r.stderr = {m: jackknife_stderr(v) for m, v in r.jackknife.items()}
+    return results
+
+
+def test_replicates_are_stored_compactly_on_every_epoch(tmp_path):
+    """The metric names once per file (ASCII bytes); per (point, view) only the table and the group counts."""
+    results = with_replicates(fake_results(0), 0)
+    RecordWriter(tmp_path).write_observation(epoch=2, step=20, results=results, with_covariance=False)
+    with np.load(spectra_path(tmp_path, 2), allow_pickle=False) as data:
+        assert "cls/covariance" not in data.files  # not a kept epoch: the replicates are written anyway
+        names, table, groups = data[JACKKNIFE_METRICS], data["cls/jackknife"], data["cls/jackknife_groups"]
+    assert names.dtype.kind == "S" and names.tolist() == [b"effective_rank", b"stable_rank", b"spectral_flatness"]
+    assert table.dtype == np.float64 and table.shape == (3, 4)
+    assert groups.dtype == np.int64 and groups.tolist() == [4, 4, 3]
+    jk = results["cls"].jackknife
+    np.testing.assert_array_equal(table[0], jk["effective_rank"])
+    np.testing.assert_array_equal(table[2, :3], jk["spectral_flatness"])
+    assert np.isnan(table[2, 3])  # padding past the metric's G
+    # metrics.csv and every other array are what they would be without replicates
+    plain = tmp_path / "plain"
+    RecordWriter(plain).write_observation(epoch=2, step=20, results=fake_results(0), with_covariance=False)
+    with_stderr = [{**r, "stderr": "nan"} for r in read_csv_rows(tmp_path)]
+    assert with_stderr == read_csv_rows(plain)
+    with np.load(spectra_path(tmp_path, 2)) as data, np.load(spectra_path(plain, 2)) as before:
+        added = set(data.files) - set(before.files)
+        assert added == {JACKKNIFE_METRICS} | {f"{p}/{a}" for p in POINTS for a in JACKKNIFE_ARRAYS}
+        for key in before.files:
+            assert np.array_equal(data[key], before[key]), key
+
+
+def test_the_rows_follow_the_files_metric_list_whatever_a_point_has(tmp_path):
+    """Points and views with other metric sets share the file's list: rows NaN and groups 0 where one has none."""
+    from tgo.observatory import ObservationKey
+
+    rng = np.random.default_rng(7)
+    res = fake_results(0)
+    res["patch_embed"].jackknife = {"effective_rank": rng.normal(size=4), "stable_rank": rng.normal(size=4)}
+    res["block_01"].jackknife = {"nc1": rng.normal(size=5), "effective_rank": rng.normal(size=4)}
+    res["cls"].jackknife = {}  # no replicates: no arrays
+    cls_view = fake_results(1)["cls"]
+    cls_view.jackknife = {"ncc_accuracy": np.array([0.5, math.nan, 0.25]), "nc1": np.full(5, math.nan)}
+    results = {ObservationKey(p): r for p, r in res.items()} | {ObservationKey("block_01", "cls"): cls_view}
+    RecordWriter(tmp_path).write_observation(0, 0, results, with_covariance=False)
+    with np.load(spectra_path(tmp_path, 0), allow_pickle=False) as data:
+        assert data[JACKKNIFE_METRICS].tolist() == [b"effective_rank", b"stable_rank", b"nc1", b"ncc_accuracy"]
+        assert sorted(k for k in data.files if "jackknife" in k) == sorted(
+            [JACKKNIFE_METRICS]
+            + [f"{p}/{a}" for p in ("patch_embed", "block_01", "block_01/cls") for a in JACKKNIFE_ARRAYS]
+        )
+        assert data["patch_embed/jackknife_groups"].tolist() == [4, 4, 0, 0]
+        assert data["patch_embed/jackknife"].shape == (4, 4) and np.all(np.isnan(data["patch_embed/jackknife"][2:]))
+        assert data["block_01/jackknife_groups"].tolist() == [4, 0, 5, 0]
+        assert data["block_01/jackknife"].shape == (4, 5)
+        assert data["block_01/cls/jackknife_groups"].tolist() == [0, 0, 5, 3]
+    got = load_jackknife(tmp_path)
+    assert list(got) == ["effective_rank", "stable_rank", "nc1"]
+    assert list(got["effective_rank"]) == ["patch_embed", "block_01"] and list(got["stable_rank"]) == ["patch_embed"]
+    for metric, per_point in got.items():
+        for point, (epochs, replicates) in per_point.items():
+            assert epochs.tolist() == [0] and np.array_equal(replicates[0], res[point].jackknife[metric])
+    cls = load_jackknife(tmp_path, view="cls")
+    assert list(cls) == ["nc1", "ncc_accuracy"] and all(list(p) == ["block_01"] for p in cls.values())
+    # a NaN replicate, even a set of them all NaN, is kept as recorded: the groups count tells it from none
+    assert np.array_equal(cls["ncc_accuracy"]["block_01"][1][0], [0.5, math.nan, 0.25], equal_nan=True)
+    assert cls["nc1"]["block_01"][1].shape == (1, 5) and np.all(np.isnan(cls["nc1"]["block_01"][1]))
+
+
+def test_replicates_keep_every_float64_bit(tmp_path):
+    """Subnormals, signed zeros, infinities and NaN payloads come back as the same 64 bits."""
+    bits = np.array([0x0000000000000001, 0x8000000000000000, 0x7FF0000000000000, 0xFFF8000000000000], dtype=np.uint64)
+    values = np.concatenate([bits.view(np.float64), [1e-300, -math.pi, 0.1 + 0.2]])
+    res = fake_results(0, points=("block_01",))
+    res["block_01"].jackknife = {"effective_rank": values}
+    RecordWriter(tmp_path).write_observation(0, 0, res, with_covariance=False)
+    epochs, replicates = load_jackknife(tmp_path)["effective_rank"]["block_01"]
+    assert epochs.tolist() == [0] and replicates.dtype == np.float64
+    assert replicates.view(np.uint64).tolist() == [values.view(np.uint64).tolist()]
+
+
+def test_a_string_array_survives_loading_without_pickle(tmp_path):
+    path = tmp_path / "names.npz"
+    np.savez(path, names=np.array([b"effective_rank", b"nc1", b"ncc_accuracy"], dtype=np.bytes_))
+    with np.load(path, allow_pickle=False) as data:
+        names = data["names"]
+    assert names.dtype.kind == "S" and names.tolist() == [b"effective_rank", b"nc1", b"ncc_accuracy"]
+
+
+def test_the_metric_list_is_a_top_level_key_every_reader_skips(tmp_path):
+    from tgo.records import load_subspace_history
+
+    results = with_replicates(fake_results(0), 0)
+    for r in results.values():
+        r.arrays = {"eigenvectors": np.eye(DIM), "components_90": np.asarray(2)}
+    RecordWriter(tmp_path).write_observation(0, 0, results, with_covariance=True)
+    RecordWriter(tmp_path).write_observation(1, 1, results, with_covariance=False)
+    spectra = load_spectra(tmp_path)
+    assert list(spectra[0]) == list(POINTS) and JACKKNIFE_METRICS not in spectra[0]
+    assert not {JACKKNIFE_METRICS, *JACKKNIFE_ARRAYS} & {a for p in spectra[1].values() for a in p}
+    assert load_spectra(tmp_path, arrays=(JACKKNIFE_METRICS,)) == {0: {}, 1: {}}
+    init, prev = load_subspace_history(tmp_path, before_epoch=2)
+    assert list(init) == list(prev) == list(POINTS)
+    assert recorded_epochs(tmp_path) == [0, 1]
+
+
+def test_metric_names_must_be_ascii(tmp_path):
+    res = fake_results(0, points=("block_01",))
+    res["block_01"].jackknife = {"rang_effectif_é": np.ones(3)}
+    with pytest.raises(ValueError, match="must be ASCII"):
+        RecordWriter(tmp_path).write_observation(0, 0, res, with_covariance=False)
+    res["block_01"].jackknife = {"nc1\0": np.ones(3)}  # an 'S' array would drop the trailing NUL
+    with pytest.raises(ValueError, match=r"without NUL; got \['nc1\\x00'\]"):
+        RecordWriter(tmp_path).write_observation(0, 0, res, with_covariance=False)
+    assert not spectra_path(tmp_path, 0).exists()
+
+
+def test_replicates_round_trip_exactly_per_view(tmp_path):
+    from tgo.observatory import ObservationKey
+
+    writer = RecordWriter(tmp_path)
+    written = {e: with_replicates(fake_results(e), e) for e in (0, 3, 5)}
+    other = {e: with_replicates(fake_results(10 + e), 10 + e) for e in written}
+    for epoch, res in written.items():
+        results = {ObservationKey(p): r for p, r in res.items()}
+        results[ObservationKey("block_01", "cls")] = other[epoch]["cls"]
+        writer.write_observation(epoch, epoch, results, with_covariance=epoch == 0)
+    got = load_jackknife(tmp_path)
+    assert list(got) == ["effective_rank", "stable_rank", "spectral_flatness"]
+    assert list(got["stable_rank"]) == list(POINTS)
+    for metric, per_point in got.items():
+        for point, (epochs, replicates) in per_point.items():
+            assert epochs.dtype == np.int64 and epochs.tolist() == [0, 3, 5]
+            assert replicates.dtype == np.float64 and replicates.shape == (3, 3 if metric == "spectral_flatness" else 4)
+            for row, epoch in zip(replicates, epochs, strict=True):
+                assert np.array_equal(row, written[int(epoch)][point].jackknife[metric])  # bit-exact
+                assert jackknife_stderr(row) == written[int(epoch)][point].stderr[metric]
+    cls_view = load_jackknife(tmp_path, view="cls", metrics=["stable_rank"])
+    assert list(cls_view) == ["stable_rank"] and list(cls_view["stable_rank"]) == ["block_01"]
+    np.testing.assert_array_equal(cls_view["stable_rank"]["block_01"][1][1], other[3]["cls"].jackknife["stable_rank"])
+    assert load_jackknife(tmp_path, view="patch") == {}
+    # load_spectra leaves the replicates out unless they are named
+    assert not set(JACKKNIFE_ARRAYS) & set(load_spectra(tmp_path)[3]["cls"])
+    named = load_spectra(tmp_path, [3], arrays=("jackknife_groups",))[3]["cls"]
+    assert list(named) == ["jackknife_groups"] and named["jackknife_groups"].tolist() == [4, 4, 3]
+
+
+def test_old_records_and_points_without_replicates_read_as_none(tmp_path):
+    """Old runs: no replicates. Records written before they existed (or without a jackknife) give ``{}``."""
+    RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=True)
+    with np.load(spectra_path(tmp_path, 0)) as data:
+        assert not any("jackknife" in key for key in data.files)
+    assert load_jackknife(tmp_path) == {}
+    results = fake_results(1)
+    results["cls"].jackknife = {}  # a point without replicates writes no jackknife arrays
+    results["patch_embed"].jackknife = {"effective_rank": np.empty(0)}  # nor one whose replicates are empty
+    results["block_01"] = with_replicates({"block_01": results["block_01"]}, 1)["block_01"]
+    RecordWriter(tmp_path).write_observation(1, 1, results, with_covariance=False)
+    with np.load(spectra_path(tmp_path, 1)) as data:
+        assert [k for k in data.files if "jackknife" in k] == [JACKKNIFE_METRICS] + [
+            f"block_01/{a}" for a in JACKKNIFE_ARRAYS
+        ]
+    got = load_jackknife(tmp_path)
+    assert {point for per_point in got.values() for point in per_point} == {"block_01"}
+    assert got["effective_rank"]["block_01"][0].tolist() == [1]  # only the epoch that holds them
+    with pytest.raises(RecordsError, match="not a directory"):
+        load_jackknife(tmp_path / "elsewhere")
+
+
+def test_a_metric_whose_number_of_replicates_changes_is_refused(tmp_path):
+    writer = RecordWriter(tmp_path)
+    writer.write_observation(0, 0, with_replicates(fake_results(0), 0, groups=4), with_covariance=False)
+    writer.write_observation(1, 1, with_replicates(fake_results(1), 1, groups=5), with_covariance=False)
+    with pytest.raises(RecordsError, match=r"epoch_0001\.npz: 5 jackknife replicates of effective_rank"):
+        load_jackknife(tmp_path)
+
+
+def test_damaged_jackknife_arrays_are_refused(tmp_path):
+    RecordWriter(tmp_path).write_observation(0, 0, with_replicates(fake_results(0), 0), with_covariance=False)
+    path = spectra_path(tmp_path, 0)
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+
+    def refused(match: str, **changes: np.ndarray | None) -> None:
+        damaged = {k: v for k, v in ({**arrays, **changes}).items() if v is not None}
+        np.savez(path, **damaged)
+        with pytest.raises(RecordsError, match=match):
+            load_jackknife(tmp_path)
+
+    point = r"epoch_0000\.npz: the jackknife arrays of point cls, view all are damaged"
+    refused(point, **{"cls/jackknife_groups": np.array([4, 9, 3])})  # more replicates than the table holds
+    refused(point, **{"cls/jackknife_groups": np.array([4, 4])})  # not one per metric of the file
+    refused(point + r" \(jackknife missing", **{"cls/jackknife": None})
+    refused(point, **{"cls/jackknife": arrays["cls/jackknife"].astype(np.float32)})
+    names = r"epoch_0000\.npz: the jackknife metric names are damaged \(jackknife_metrics "
+    refused(names + "missing", **{JACKKNIFE_METRICS: None})
+    refused(names + "<U", **{JACKKNIFE_METRICS: np.array(["effective_rank", "stable_rank", "spectral_flatness"])})
+    refused(names, **{JACKKNIFE_METRICS: np.array([b"nc1", b"nc1", b"x"])})  # not distinct
+    refused(names, **{JACKKNIFE_METRICS: np.array([b"nc1", b"\xff", b"x"])})  # not ASCII
+    path.write_bytes(b"not a zip")
+    with pytest.raises(RecordsError, match="unreadable"):
+        load_jackknife(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------------------- layout

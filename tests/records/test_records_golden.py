@@ -5,7 +5,9 @@
 same seed are bit-identical on CPU, so with the jackknife off (``observation.groups=0``: one accumulator per point, as
 then) every float64 value (every observable, eigenvalue, mean and covariance) must be equal exactly. With the default
 jackknife the total covariance is the merge of the group accumulators, summed in another order: equal to 1e-12.
-Files may gain columns, metrics or arrays; none may lose or change one.
+Files may gain columns, metrics or arrays; none may lose or change one. The jackknife replicates are such an
+addition: the golden copy (no jackknife) has none, and those of the default jackknife run must reproduce every
+recorded standard error exactly.
 
 The copy is recorded with one torch thread (the fixture pins it: float sums depend on the thread count). To
 regenerate after an intended change of a number, run the fixture's configuration with one thread and write the new
@@ -25,7 +27,8 @@ import pytest
 import torch
 
 from tests.report.smoke import smoke_run_dir
-from tgo.records import load_spectra, read_metric_rows
+from tgo.records import load_jackknife, load_spectra, read_metric_rows
+from tgo.spectral import jackknife_stderr
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden_smoke"
 
@@ -100,3 +103,24 @@ def test_every_golden_spectrum_array_is_recorded_bit_for_bit(smoke_run: Path) ->
                 assert other.dtype == array.dtype and np.array_equal(other, array), (epoch, point, name)
                 compared += 1
     assert compared == 7 * (5 + 4 + 5)  # 7 points; covariance only at the first and last epoch
+
+
+def test_the_jackknife_replicates_are_additions_that_reproduce_every_recorded_stderr(
+    smoke_run: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    assert load_jackknife(GOLDEN) == {} and load_jackknife(smoke_run) == {}  # no jackknife, no replicates
+    run_dir = smoke_run_dir(tmp_path_factory)
+    replicates = {}
+    checked: dict[str, int] = {}
+    for row in read_metric_rows(run_dir):
+        stderr = float(row["stderr"])
+        if not math.isfinite(stderr):
+            continue
+        view = row["view"]
+        if view not in replicates:
+            replicates[view] = load_jackknife(run_dir, view=view)
+        epochs, values = replicates[view][row["metric"]][row["point"]]
+        (index,) = np.flatnonzero(epochs == int(row["epoch"]))
+        assert jackknife_stderr(values[index]) == stderr, row  # bit for bit, through the CSV's repr round trip
+        checked[row["epoch"]] = checked.get(row["epoch"], 0) + 1
+    assert sorted(checked) == ["0", "1", "2"] and min(checked.values()) > 100, checked  # epoch 1 keeps no covariance

@@ -74,6 +74,13 @@ class PointResult:
         kept_arrays: Arrays kept only where covariances are kept (the per-image vectors and their labels).
         alias_of: The view whose covariance this one is (e.g. ``patch`` at the patch embedding is ``all``): the
             records keep that covariance once, under the original view.
+        jackknife: ``{metric: float64 [G] leave-one-out values}`` (group order; fold order for the decoding
+            accuracies, whose ``G`` is the number of folds) of every metric whose standard error came from
+            replicates: ``tgo.spectral.jackknife_stderr(jackknife[m]) == stderr[m]`` bit for bit (both NaN where a
+            replicate is NaN). No entry where there is no jackknife (diagnostics, drift, massive activations, fewer
+            than 2 groups) or the point saw non-finite rows under ``nan_if_nonfinite``. An alias view carries its
+            original's. Kept so that paired standard errors of differences (epoch B - epoch A, one point - another)
+            can be taken replicate by replicate (`tgo.records.load_jackknife`).
     """
 
     spectrum: Spectrum
@@ -84,6 +91,7 @@ class PointResult:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     kept_arrays: dict[str, np.ndarray] = field(default_factory=dict)
     alias_of: str | None = None
+    jackknife: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
@@ -200,6 +208,7 @@ def summarize_accumulators(
                     base.covariance,
                     dict(base.stderr),
                     alias_of=vm.alias_of,
+                    jackknife=dict(base.jackknife),
                 )
             else:
                 summaries[view] = _summarize_view(vm, fit_range, nonfinite)
@@ -223,16 +232,24 @@ def _summarize_view(vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite:
     """Spectrum, catalogue observables and jackknife standard errors of one view."""
     diagnostics = CATALOGUE.diagnostics
     spectrum, observables = _observables(vm.total, fit_range)
-    replicates = [_observables(m, fit_range)[1] for m in vm.leave_out]
-    stderr = {
-        k: jackknife_stderr([r[k] for r in replicates]) if k not in diagnostics and replicates else math.nan
-        for k in observables
-    }
+    leave_out = [_observables(m, fit_range)[1] for m in vm.leave_out]
+    replicates = (
+        {k: np.array([r[k] for r in leave_out], dtype=np.float64) for k in observables if k not in diagnostics}
+        if len(leave_out) >= 2
+        else {}
+    )
+    stderr = {k: jackknife_stderr(replicates[k]) if k in replicates else math.nan for k in observables}
     if nonfinite:
         observables = {k: (v if k in diagnostics else math.nan) for k, v in observables.items()}
         stderr = dict.fromkeys(stderr, math.nan)
+        replicates = {}
     return PointResult(
-        spectrum=spectrum, observables=observables, mean=vm.total[1], covariance=vm.total[0], stderr=stderr
+        spectrum=spectrum,
+        observables=observables,
+        mean=vm.total[1],
+        covariance=vm.total[0],
+        stderr=stderr,
+        jackknife=replicates,
     )
 
 
@@ -250,15 +267,29 @@ def _add_probes(
 ) -> None:
     """Adds the probe metrics (and the arrays they keep) to the point's views, in place."""
 
-    def put(view: str, values: Mapping[str, float], stderr: Mapping[str, float] | None = None) -> None:
+    def put(
+        view: str,
+        values: Mapping[str, float],
+        stderr: Mapping[str, float] | None = None,
+        replicates: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         result = summaries[view]
         for metric, value in values.items():
             result.observables[metric] = math.nan if nonfinite else float(value)
             result.stderr[metric] = math.nan if nonfinite or stderr is None else float(stderr[metric])
+            if not nonfinite and replicates and metric in replicates:
+                result.jackknife[metric] = replicates[metric]
+            else:
+                result.jackknife.pop(metric, None)
 
     whole = summaries["all"]
-    fraction, fraction_se = between_image_fraction(views)
-    put("all", {"between_image_fraction": fraction}, {"between_image_fraction": fraction_se})
+    fraction, fraction_se, fraction_replicates = between_image_fraction(views)
+    put(
+        "all",
+        {"between_image_fraction": fraction},
+        {"between_image_fraction": fraction_se},
+        {"between_image_fraction": fraction_replicates} if fraction_replicates.size >= 2 else None,
+    )
     massive, peak = massive_metrics(vectors, whole.covariance)
     put("all", massive)
     whole.arrays["max_abs"] = peak
@@ -279,7 +310,7 @@ def _add_probes(
         if view not in summaries or kind not in vectors.values:
             continue
         x = vectors.values[kind].detach().cpu().numpy().astype(np.float64, copy=False)
-        values, stderr = class_metrics(
+        values, stderr, replicates = class_metrics(
             x,
             labels,
             image_groups=image_groups if groups else None,
@@ -287,7 +318,7 @@ def _add_probes(
             folds=probes.folds,
             ridge_alpha=probes.ridge_alpha,
         )
-        put(view, values, stderr)
+        put(view, values, stderr, replicates)
         summaries[view].kept_arrays["vectors"] = x.astype(np.float32)
         summaries[view].kept_arrays["labels"] = labels
 

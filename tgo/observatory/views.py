@@ -21,6 +21,9 @@ Every view is summarised by the catalogue, and every view's jackknife replicates
 so every view's observables, ``between_image_fraction`` and the class-conditional geometry have standard errors; the
 decoding accuracies have the delete-a-fold jackknife of their cross-validation. Subspace drift and massive
 activations have none (a maximum over rows and an eigenbasis of an earlier observation have no group replicates).
+The functions with a standard error also return its leave-one-out values (``G`` of them, in group or fold order),
+which the records keep so that a report can take paired jackknife standard errors of differences
+(`tgo.records.load_jackknife`).
 Probe metrics (catalogue entries of scope ``probe``) are added to the view they describe:
 ``between_image_fraction``, massive activations and subspace drift on ``all``; the class-conditional geometry
 and decoding probes on ``cls`` (CLS vectors) and ``patch`` (each image's mean patch token).
@@ -50,11 +53,13 @@ from .images import ImageVectors
 
 __all__ = [
     "VIEWS",
+    "Replicates",
     "SubspaceHistory",
     "ViewMoments",
     "between_image_fraction",
     "class_metrics",
     "drift_metrics",
+    "leave_one_fold_out",
     "massive_metrics",
     "point_views",
 ]
@@ -155,10 +160,19 @@ def _numpy(t: object) -> np.ndarray:
     return np.asarray(t.detach().cpu().numpy() if hasattr(t, "detach") else t, dtype=np.float64)
 
 
-def between_image_fraction(views: Mapping[str, ViewMoments]) -> tuple[float, float]:
-    """``tr(C_between) / (tr(C_between) + tr(C_within))`` and its jackknife standard error."""
+Replicates = dict[str, np.ndarray]
+"""``{metric: float64 [G] leave-one-out values}``, in group (or fold) order; ``jackknife_stderr`` of each is the
+metric's standard error. Only metrics with ``G >= 2`` values have an entry."""
+
+
+def between_image_fraction(views: Mapping[str, ViewMoments]) -> tuple[float, float, np.ndarray]:
+    """``tr(C_between) / (tr(C_between) + tr(C_within))``, its jackknife standard error and leave-one-out values.
+
+    Returns:
+        ``(value, stderr, replicates)``: the replicates float64 ``[G]`` (empty without jackknife).
+    """
     if "between_image" not in views:
-        return math.nan, math.nan
+        return math.nan, math.nan, np.empty(0)
 
     def fraction(b: Moments, w: Moments) -> float:
         tb, tw = float(np.trace(b[0])), float(np.trace(w[0]))
@@ -166,19 +180,34 @@ def between_image_fraction(views: Mapping[str, ViewMoments]) -> tuple[float, flo
 
     b, w = views["between_image"], views["within_image"]
     value = fraction(b.total, w.total)
-    replicates = [fraction(x, y) for x, y in zip(b.leave_out, w.leave_out, strict=True)]
-    return value, jackknife_stderr(replicates) if replicates else math.nan
+    replicates = np.array([fraction(x, y) for x, y in zip(b.leave_out, w.leave_out, strict=True)], dtype=np.float64)
+    return value, jackknife_stderr(replicates) if replicates.size else math.nan, replicates
 
 
 def _jackknifed(
     compute: Callable[[np.ndarray], dict[str, float]], image_groups: np.ndarray | None, groups: int, n_images: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Values on every image and delete-a-group standard errors of a function of an image subset (a mask)."""
+) -> tuple[dict[str, float], dict[str, float], Replicates]:
+    """Values on every image, delete-a-group standard errors and leave-one-out values of a function of an image
+    subset (a mask)."""
     values = compute(np.ones(n_images, dtype=bool))
     if image_groups is None or groups < 2:
-        return values, dict.fromkeys(values, math.nan)
-    replicates = [compute(image_groups != g) for g in range(groups)]
-    return values, {k: jackknife_stderr([r[k] for r in replicates]) for k in values}
+        return values, dict.fromkeys(values, math.nan), {}
+    subsets = [compute(image_groups != g) for g in range(groups)]
+    replicates = {k: np.array([r[k] for r in subsets], dtype=np.float64) for k in values}
+    return values, {k: jackknife_stderr(replicates[k]) for k in values}, replicates
+
+
+def leave_one_fold_out(per_fold: np.ndarray, fold_sizes: np.ndarray) -> np.ndarray:
+    """The delete-a-fold values of a pooled cross-validated accuracy (float64 ``[folds]``, fold order).
+
+    The same arithmetic as `tgo.spectral.probes.cross_validated_accuracy`, so ``jackknife_stderr`` of these values is
+    its standard error bit for bit: the fraction correct on the images outside fold ``f``,
+    ``(sum_h n_h a_h - n_f a_f) / (sum_h n_h - n_f)``.
+    """
+    acc = np.asarray(per_fold, dtype=np.float64)
+    sizes = np.asarray(fold_sizes, dtype=np.float64)
+    correct = acc * sizes
+    return np.asarray((correct.sum() - correct) / (sizes.sum() - sizes), dtype=np.float64)
 
 
 def class_metrics(
@@ -189,14 +218,16 @@ def class_metrics(
     groups: int,
     folds: int,
     ridge_alpha: float,
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], Replicates]:
     """Class-conditional geometry and held-out decoding of per-image vectors, with standard errors.
 
     Returns:
-        ``({metric: value}, {metric: stderr})`` for ``fisher_ratio``, ``nc1``, ``between_class_effective_rank``,
-        ``within_class_effective_rank`` (delete-a-group jackknife over the observation's image groups) and
-        ``ncc_accuracy``, ``ridge_accuracy`` (``folds``-fold class-stratified cross-validation; the standard error
-        is the delete-a-fold jackknife of the pooled accuracy).
+        ``({metric: value}, {metric: stderr}, {metric: leave-one-out values})`` for ``fisher_ratio``, ``nc1``,
+        ``between_class_effective_rank``, ``within_class_effective_rank`` (delete-a-group jackknife over the
+        observation's ``groups`` image groups) and ``ncc_accuracy``, ``ridge_accuracy`` (``folds``-fold
+        class-stratified cross-validation; the standard error is the delete-a-fold jackknife of the pooled accuracy,
+        so their leave-one-out values are one per non-empty fold, `leave_one_fold_out`). A metric without a
+        jackknife (one group, one fold, or nothing to decode) has no leave-one-out values.
     """
     labels = np.asarray(labels).astype(np.int64)
     names = ("fisher_ratio", "nc1", "between_class_effective_rank", "within_class_effective_rank")
@@ -205,13 +236,13 @@ def class_metrics(
     # information yet), nothing can be decoded; a tie-broken "accuracy" would read as chance, so it is NaN.
     if np.unique(labels).size < 2 or not np.all(np.isfinite(x)) or not np.any(x != x[:1]):
         nan = dict.fromkeys(names + decoding, math.nan)
-        return nan, dict(nan)
+        return nan, dict(nan), {}
 
     def geometry(mask: np.ndarray) -> dict[str, float]:
         g = class_geometry(x[mask], labels[mask])
         return dict(zip(names, (g.fisher_ratio, g.nc1, g.between_effective_rank, g.within_effective_rank), strict=True))
 
-    values, stderr = _jackknifed(geometry, image_groups, groups, x.shape[0])
+    values, stderr, replicates = _jackknifed(geometry, image_groups, groups, x.shape[0])
     fold_of = jackknife_groups(labels, folds)
     sizes = np.bincount(fold_of, minlength=folds)[np.unique(fold_of)]
     for name, per_fold in (
@@ -219,7 +250,9 @@ def class_metrics(
         ("ridge_accuracy", ridge_accuracy(x, labels, fold_of, ridge_alpha)),
     ):
         values[name], stderr[name] = cross_validated_accuracy(per_fold, sizes)
-    return values, stderr
+        if np.size(per_fold) >= 2:  # cross_validated_accuracy's stderr is NaN below two folds
+            replicates[name] = leave_one_fold_out(per_fold, sizes)
+    return values, stderr, replicates
 
 
 def massive_metrics(vectors: ImageVectors | None, covariance: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
