@@ -107,7 +107,7 @@ def test_a_flat_noisy_series_is_inconclusive(relative: float, direction: str):
     assert counts[INCONCLUSIVE] / TRIALS > 0.95, counts
     assert counts[REVERSES] == 0, counts
     trend = assess_trend(PAPER_EPOCHS, with_noise(np.full(PAPER_EPOCHS.size, 5.0), relative, 0), direction)  # type: ignore[arg-type]
-    assert trend.verdict == INCONCLUSIVE and "within 3 uncertainties" in trend.note
+    assert trend.verdict == INCONCLUSIVE and "within the threshold" in trend.note
 
 
 def test_recorded_standard_errors_larger_than_the_scatter_make_a_small_move_inconclusive():
@@ -115,10 +115,14 @@ def test_recorded_standard_errors_larger_than_the_scatter_make_a_small_move_inco
     assert assess_trend(EPOCHS, values, "rise").verdict == HOLDS
     judged = assess_trend(EPOCHS, values, "rise", stderr=np.full(EPOCHS.size, 5.0))
     assert judged.verdict == INCONCLUSIVE
-    assert judged.uncertainty.source == "jackknife"
-    assert judged.uncertainty.total == pytest.approx(5.0 * math.sqrt(2))
+    assert judged.uncertainty.source == "jackknife" and not judged.uncertainty.paired  # no replicates: unpaired
+    assert judged.uncertainty.jackknife == pytest.approx(5.0 * math.sqrt(2))  # each window's mean error, unpaired
+    assert judged.uncertainty.total == pytest.approx(
+        math.hypot(judged.uncertainty.jackknife, judged.uncertainty.training)
+    )
     unknown = assess_trend(EPOCHS, values, "rise", stderr=np.full(EPOCHS.size, np.nan))  # no jackknife recorded
-    assert unknown.verdict == HOLDS and unknown.uncertainty.source == "scatter"
+    assert unknown.verdict == HOLDS and unknown.uncertainty.source == "training"
+    assert unknown.uncertainty.training_source == "series"
 
 
 def test_too_few_observations_are_na_and_two_without_standard_errors_are_inconclusive():
@@ -147,7 +151,8 @@ def test_seed_to_seed_spread_counts_for_a_sweeps_mean():
     disagree = np.array([RISING + 5.0 * np.linspace(-1, 1, EPOCHS.size), RISING - 5.0 * np.linspace(-1, 1, 21)])
     assert assess_trend(EPOCHS, agree.mean(axis=0), "rise", replicates=agree).verdict == HOLDS
     judged = assess_trend(EPOCHS, disagree.mean(axis=0), "rise", replicates=disagree)
-    assert judged.verdict == INCONCLUSIVE and judged.uncertainty.source == "seed"
+    assert judged.verdict == INCONCLUSIVE and judged.uncertainty.source == "training"
+    assert judged.uncertainty.training_source.startswith("seeds")
 
 
 def test_spearman_matches_scipy_including_ties():
@@ -194,7 +199,7 @@ def test_a_cls_margin_inside_the_uncertainty_is_inconclusive():
     close = {"block_01": (EPOCHS, RISING), "cls": (EPOCHS, RISING + 0.1)}
     errors = {p: (EPOCHS, np.full(EPOCHS.size, 0.5)) for p in close}
     verdict, note = assess_extreme(close, "cls", "rise", stderr=errors)
-    assert verdict == INCONCLUSIVE and "cls ranks 1 of 2" in note and "within 3 uncertainties" in note
+    assert verdict == INCONCLUSIVE and "cls ranks 1 of 2" in note and "within the threshold" in note
 
 
 def test_cls_is_compared_only_with_points_of_the_papers_kinds():
@@ -286,7 +291,9 @@ def test_on_the_published_data_only_the_twelve_genuine_reversals_are_found():
     assert by_row[("spectra_flatten", "spectral_flatness", "block_12")].verdict == HOLDS
     cls = by_row[("cls_extreme", "effective_rank", "cls")]
     assert cls.verdict == HOLDS and cls.extreme is not None and (cls.extreme.rank, cls.extreme.of) == (1, 15)
-    assert all(f.trend is None or f.trend.uncertainty.source == "scatter" for f in findings)  # no stderr published
+    for f in findings:  # no standard errors are published: every term is the series' own training noise
+        assert f.trend is None or f.trend.uncertainty.training_source == "series"
+        assert f.trend is None or math.isnan(f.trend.uncertainty.jackknife)
 
 
 def test_a_claims_direction_is_its_observables_spread_in_the_catalogue():
@@ -306,17 +313,15 @@ def test_a_move_between_values_below_the_noise_floor_is_not_a_result():
     """Spectral flatness 1.15e-10 -> 1.87e-10 is +60% but both are zero to the catalogue: n/a, never 'holds'."""
     floor = CATALOGUE["spectral_flatness"].noise_floor
     assert floor > 1.87e-10
-    epochs = np.arange(0, 5)
+    epochs = np.arange(0, 9)
     tiny = np.linspace(1.15e-10, 1.87e-10, epochs.size)
     assert assess_trend(epochs, tiny, "rise").verdict == HOLDS  # the numbers alone would pass
     series = {"spectral_flatness": {"block_01": (epochs, tiny), "block_02": (epochs, 0.1 + 0.05 * epochs)}}
     findings = {f.point: f for f in evaluate_findings(series) if f.metric == "spectral_flatness"}
     below = findings["block_01"]
     assert below.verdict == NA and below.trend is not None and below.trend.verdict == NA
-    assert below.trend.first == pytest.approx(np.mean(tiny[:2])) and below.trend.last == pytest.approx(
-        np.mean(tiny[3:])
-    )
+    assert below.trend.first == pytest.approx(tiny[0]) and below.trend.last == pytest.approx(tiny[-1])
     assert "below the observable's noise floor" in below.note and f"({floor:g})" in below.note
-    assert findings["block_02"].verdict == HOLDS and findings["block_02"].note == ""
+    assert findings["block_02"].verdict == HOLDS and "below the observable" not in findings["block_02"].note
     one_end_above = {"spectral_flatness": {"block_01": (epochs, np.linspace(1e-10, 0.2, epochs.size))}}
     assert evaluate_findings(one_end_above)[0].verdict == HOLDS  # rising out of the floor is a result

@@ -94,8 +94,12 @@ def two_seeds(root: Path, fingerprints: tuple[str | None, str | None] = ("same",
             "spectral_anisotropy": {"block_01": lambda e: 1.0 - 0.03 * e, "cls": lambda e: 0.9 - 0.03 * e},
         },
     ]
+
+    def errors(c: dict) -> dict:  # a small jackknife standard error everywhere, as every run since the jackknife has
+        return {metric: dict.fromkeys(per_point, lambda e: 0.0 * e + 0.05) for metric, per_point in c.items()}
+
     return [
-        write_synthetic_run(root / "sweep" / str(i), c, epochs=EPOCHS, fingerprint=f)
+        write_synthetic_run(root / "sweep" / str(i), c, epochs=EPOCHS, fingerprint=f, stderr=errors(c))
         for i, (c, f) in enumerate(zip(curves, fingerprints, strict=False))
     ]
 
@@ -107,7 +111,7 @@ def test_several_runs_give_mean_and_std_bands_and_agreement_counts(tmp_path: Pat
     np.testing.assert_array_equal(epochs, EPOCHS)
     np.testing.assert_allclose(mean, 4.0 + EPOCHS)
     np.testing.assert_allclose(agg.high["effective_rank"]["cls"] - mean, np.std([0, 2], ddof=1))  # ±1 std
-    counts = verdict_agreement([evaluate_findings(r.series, r.points) for r in runs])
+    counts = verdict_agreement([evaluate_findings(r.series, r.points, stderr=r.stderr) for r in runs])
     assert counts[("rank_rises", "effective_rank", "block_01")]["holds"] == 1
     assert counts[("rank_rises", "effective_rank", "block_01")]["holds then reverses"] == 1
     assert counts[("rank_rises", "effective_rank", "cls")]["holds"] == 2

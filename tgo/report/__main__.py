@@ -14,7 +14,14 @@ from pathlib import Path
 from tgo.errors import UserInputError
 from tgo.records import RunDir
 from tgo.report.build import REFERENCE_MODES, build_published_report, build_report
-from tgo.report.verdicts import DEFAULT_MIN_WINDOW, DEFAULT_STABLE_TOLERANCE, DEFAULT_WINDOW, DEFAULT_Z, VerdictSettings
+from tgo.report.verdicts import (
+    DEFAULT_FDR,
+    DEFAULT_MIN_WINDOW,
+    DEFAULT_STABLE_TOLERANCE,
+    DEFAULT_WINDOW,
+    DEFAULT_Z,
+    VerdictSettings,
+)
 
 _TOLERANCE_REMOVED = (
     "--tolerance was removed: verdicts no longer compare single epochs against a fixed tolerance but window means "
@@ -71,7 +78,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--z",
         type=float,
         default=DEFAULT_Z,
-        help=f"standard errors a window-mean difference must exceed to count (default {DEFAULT_Z:g})",
+        help=f"standard errors a contrast must exceed to count, Student-t widened (default {DEFAULT_Z:g})",
+    )
+    parser.add_argument(
+        "--fdr",
+        type=float,
+        default=DEFAULT_FDR,
+        help=f"false-discovery rate controlled over each table's rows, Benjamini-Hochberg (default {DEFAULT_FDR:g})",
     )
     parser.add_argument(
         "--stable-tolerance",
@@ -92,7 +105,7 @@ def _settings(args: argparse.Namespace) -> VerdictSettings:
     if args.tolerance is not None:
         raise UserInputError(_TOLERANCE_REMOVED)
     try:
-        return VerdictSettings(args.window, args.min_window, args.z, args.stable_tolerance)
+        return VerdictSettings(args.window, args.min_window, args.z, args.stable_tolerance, args.fdr)
     except ValueError as err:
         raise UserInputError(f"verdict settings: {err}") from err
 

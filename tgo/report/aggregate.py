@@ -85,6 +85,9 @@ class Aggregate:
             of runs: the runs measure one analysis subset, so its sampling error is common to them.
         replicates: metric -> point -> (epochs, [runs, epochs] values): every run at the mean's epochs, from which
             the verdict rule takes the seed-to-seed spread (`tgo.report.verdicts`).
+        jackknife: metric -> point -> (epochs, [epochs, G]) leave-one-group-out values of the mean: the mean over
+            runs of each run's replicates (the runs share the analysis subset and so its groups), where every run
+            recorded them with the same ``G``; absent otherwise (the rule then pairs nothing: unpaired errors).
     """
 
     mean: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
@@ -94,6 +97,7 @@ class Aggregate:
     points: list[str]
     stderr: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     replicates: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    jackknife: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
 
     def bands(self, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """point -> (mean - std, mean + std) for `tgo.viz.observable_lines_figure` (the runs' spread)."""
@@ -169,7 +173,36 @@ def aggregate_runs(runs: Sequence[RunData]) -> Aggregate:
             agg.high.setdefault(metric, {})[point] = mu + sd
             agg.stderr.setdefault(metric, {})[point] = (epoch_array, _rms(se_stack))
             agg.replicates.setdefault(metric, {})[point] = (epoch_array, stack)
+            leave_out = _mean_replicates([r.jackknife.get(metric, {}).get(point) for r in runs], epochs)
+            if leave_out is not None:
+                agg.jackknife.setdefault(metric, {})[point] = (epoch_array, leave_out)
     return agg
+
+
+def _mean_replicates(
+    per_run: Sequence[tuple[np.ndarray, np.ndarray] | None], epochs: Sequence[float]
+) -> np.ndarray | None:
+    """``[E, G]`` mean over runs of the runs' leave-one-group-out values at ``epochs`` (NaN rows where a run lacks
+    an epoch); ``None`` unless every run has replicates with one common ``G``.
+
+    The jackknife of a mean of runs measured on the same groups of images is the mean of their replicates, group by
+    group: the leave-one-group-out value of the mean is the mean of the runs' leave-one-group-out values.
+    """
+    if not per_run or any(r is None for r in per_run):
+        return None
+    sizes = {np.asarray(r[1]).shape[1] for r in per_run if r is not None and np.asarray(r[1]).ndim == 2}
+    if len(sizes) != 1:
+        return None
+    groups = sizes.pop()
+    stack = np.full((len(per_run), len(epochs), groups), np.nan)
+    for i, r in enumerate(per_run):
+        assert r is not None
+        row_of = {float(e): j for j, e in enumerate(np.asarray(r[0]).tolist())}
+        for k, e in enumerate(epochs):
+            j = row_of.get(float(e))
+            if j is not None:
+                stack[i, k] = np.asarray(r[1])[j]
+    return stack.mean(axis=0)
 
 
 def single_aggregate(

@@ -26,7 +26,7 @@ from tgo.report.aggregate import (
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
-from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, JUDGED_COLUMNS, hypotheses_report
+from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, JUDGED_COLUMNS, hypotheses_report, judged_cells
 from tgo.report.reference import (
     PAPER_POINTS,
     compare_with_reference,
@@ -78,10 +78,11 @@ FINDINGS_COLUMNS: tuple[str, ...] = (
     "note",
     "agreement",
 )
-"""The columns of ``findings.csv``. ``first``/``last`` are window means, ``change = last - first``, ``uncertainty``
-its standard error (the largest of the sources; ``uncertainty_source`` names it), ``z = change / uncertainty``,
-``window`` the observations per window; ``peak_*`` describe the best window in the claimed direction and ``drop``
-how far the last window fell back from it; ``rank``/``of``/``margin`` are filled for the CLS claims (final window)."""
+"""The columns of ``findings.csv``: the judged columns (`JUDGED_COLUMNS`: window means, the change, its paired
+jackknife and training-noise standard errors, their combination ``uncertainty``, ``z``, ``p`` and the
+Benjamini-Hochberg ``q``), ``window`` the observations per window; ``peak_*`` describe the best window in the claimed
+direction and ``drop`` how far the last window fell back from it; ``rank``/``of``/``margin`` are filled for the CLS
+claims (final window), whose evidence columns are then those of the margin."""
 
 
 def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
@@ -117,7 +118,7 @@ def _plus_minus(value: float, uncertainty: Uncertainty) -> str:
 def _finding_cells(f: Finding) -> list[str]:
     t = f.trend
     if t is None:
-        return [f.statement, f.point, f.expected, "", "", "", "", "", "", f.verdict, f.note]
+        return [f.statement, f.point, f.expected, "", "", "", "", "", "", "", "", f.verdict, f.note]
     return [
         f.statement,
         f.point,
@@ -128,9 +129,17 @@ def _finding_cells(f: Finding) -> list[str]:
         _pct(t.relative_change),
         _fmt(t.spearman, 3),
         t.peak_window,
+        _z_text(f),
+        "" if not math.isfinite(f.q) else f"{f.q:.2g}",
         f.verdict,
         f.note,
     ]
+
+
+def _z_text(f: Finding) -> str:
+    """The row's z: of the margin for the CLS claims, of the change otherwise."""
+    z = f.extreme.z if f.extreme is not None else (f.trend.z if f.trend is not None else math.nan)
+    return "" if math.isnan(z) else f"{z:+.1f}"
 
 
 FINDING_HEADERS = [
@@ -143,6 +152,8 @@ FINDING_HEADERS = [
     "relative change",
     "Spearman (epoch)",
     "peak/trough window",
+    "z",
+    "q",
     "verdict",
     "note",
 ]
@@ -165,7 +176,9 @@ def _csv_number(value: float | int | None) -> str:
     return str(value) if isinstance(value, int) else repr(float(value))
 
 
-def findings_rows(findings: Sequence[Finding], agreement: dict | None = None, n_runs: int = 1) -> list[dict]:
+def findings_rows(
+    findings: Sequence[Finding], agreement: dict | None = None, n_runs: int = 1, z: float = DEFAULT_SETTINGS.z
+) -> list[dict]:
     """The findings as `FINDINGS_COLUMNS` dictionaries (numbers as exact ``repr`` strings, empty when absent)."""
     rows = []
     for f in findings:
@@ -174,15 +187,8 @@ def findings_rows(findings: Sequence[Finding], agreement: dict | None = None, n_
         row.update(verdict=f.verdict, note=f.note)
         t = f.trend
         if t is not None:
+            row.update(judged_cells(t, f.p, f.q, z))
             row.update(
-                first=_csv_number(t.first),
-                last=_csv_number(t.last),
-                change=_csv_number(t.change),
-                relative_change=_csv_number(t.relative_change),
-                uncertainty=_csv_number(t.uncertainty.total),
-                uncertainty_source=t.uncertainty.source,
-                z=_csv_number(t.z),
-                window=str(t.window),
                 spearman=_csv_number(t.spearman),
                 peak_epoch=_csv_number(t.peak_epoch),
                 peak_window=t.peak_window,
@@ -194,6 +200,20 @@ def findings_rows(findings: Sequence[Finding], agreement: dict | None = None, n_
             e = f.extreme
             row.update(rank=str(e.rank), of=str(e.of), margin=_csv_number(e.margin))
             row.update(margin_uncertainty=_csv_number(e.uncertainty.total))
+            if t is not None:  # the row is judged on the margin: its evidence columns are the margin's
+                u = e.uncertainty
+                row.update(
+                    jackknife_se=_csv_number(u.jackknife),
+                    jackknife_paired=("true" if u.paired else "false") if math.isfinite(u.jackknife) else "",
+                    training_se=_csv_number(u.training),
+                    training_source=u.training_source,
+                    training_dof=_csv_number(u.training_dof) if u.training_estimated else "",
+                    uncertainty=_csv_number(u.total),
+                    uncertainty_source=u.source,
+                    dof=_csv_number(u.dof) if math.isfinite(u.total) else "",
+                    threshold=_csv_number(u.threshold(z)),
+                    z=_csv_number(e.z),
+                )
         if agreement:
             row["agreement"] = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs)
         rows.append(row)
@@ -207,28 +227,36 @@ def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict]) -> None
         writer.writerows(rows)
 
 
-def _write_findings_csv(path: Path, findings: Sequence[Finding], agreement: dict | None, n_runs: int) -> None:
-    _write_csv(path, FINDINGS_COLUMNS, findings_rows(findings, agreement, n_runs))
+def _write_findings_csv(
+    path: Path, findings: Sequence[Finding], agreement: dict | None, n_runs: int, z: float = DEFAULT_SETTINGS.z
+) -> None:
+    _write_csv(path, FINDINGS_COLUMNS, findings_rows(findings, agreement, n_runs, z))
 
 
 def _rule_paragraph(settings: VerdictSettings, what: str) -> str:
-    z = f"{settings.z:g}"
+    """The verdict rule in words (docs/findings.md has it with its validation)."""
     return (
-        f"Each claim is tested on {what} with window means: {settings.describe()}. Every comparison is a "
-        f"difference of window means against its standard error U, the largest of (a) the epoch-to-epoch scatter "
-        f"of the series around the line through each observation's neighbours, scaled to the windows (and widened "
-        f"like a Student-t quantile for the few observations it is estimated from), (b) the mean "
-        f"recorded jackknife standard error of each window, and (c) for several runs, the seed-to-seed spread of "
-        f"the same difference over runs / sqrt(runs). Verdicts: 'holds then reverses' = the best window (peak; "
-        f"trough for falling claims) is not the last, the last window fell back from it by more than {z} U, and "
-        f"the peak is more than {z} U beyond the start of the series; 'holds' = otherwise the last window moved the "
-        f"claimed way from the first by more than {z} U; 'does not hold' = it moved the other way by more than "
-        f"{z} U; 'inconclusive' = the move is within {z} U (or no uncertainty can be estimated); 'n/a' = fewer "
-        f"than two observations, or first and last windows both below the observable's noise floor. Embeddings "
-        f"count as stable when change ± {z} U lies within ±{settings.stable_tolerance:.0%} of the first window. "
-        f"'CLS ends highest/lowest' is judged on the final window only: CLS's rank among embeddings, blocks and CLS "
-        f"and its margin over the best other point against {z} U (again on <metric>_vs_noise when recorded). "
-        f"Spearman is the rank correlation of the observable with epoch (descriptive only)."
+        f"Each claim is tested on {what}: {settings.describe()}. Every comparison is a contrast (the last window "
+        "minus the first, the peak window minus the last, CLS minus the best other point in the final window) "
+        "against its combined standard error U = sqrt(J^2 + T^2). J is the jackknife term, taken replicate by "
+        "replicate from the recorded leave-one-group-out values (paired: the same images at every epoch and point; "
+        "'unpaired' for records without replicates). T is the training-noise term: the run's epoch-to-epoch noise "
+        "(the median absolute pseudo-residual of the series, pooled over the points of the observable in units of "
+        "their jackknife errors, or a long series' own), and for several runs also the seed-to-seed spread of the "
+        "same contrast. With fewer than 6 observations T is not estimated and the row says so: such a verdict is "
+        "about this run on these images. A contrast counts when it exceeds the threshold (z = "
+        f"{settings.z:g}, Student-t widened for the degrees of freedom of U) and its Benjamini-Hochberg q-value over "
+        f"the table's rows is at most {settings.fdr:g}, so the expected share of false directional verdicts in the "
+        f"table stays below {settings.fdr:g}. Verdicts: 'holds then reverses' = the best window (peak; trough for "
+        "falling claims) is not the last, the last window fell back from it and the peak is beyond the start, both "
+        "beyond the threshold; 'holds' = otherwise the last window moved the claimed way from the first; 'does not "
+        "hold' = it moved the other way (a contradiction); 'inconclusive' = the move is within the threshold; 'n/a' "
+        "= fewer than two observations, or first and last windows both below the observable's noise floor. NC1, "
+        "the Fisher ratio and the massive-activation ratio are judged on the log of their values. Embeddings count "
+        f"as stable when the change lies within ±{settings.stable_tolerance:.0%} of the first window by more than "
+        "the threshold, and do not hold when it lies outside by more. 'CLS ends highest/lowest' is judged on the "
+        "final window: CLS's margin over the best other point (again on <metric>_vs_noise when recorded). Spearman "
+        "is the rank correlation of the observable with epoch (descriptive only)."
     )
 
 
@@ -251,7 +279,7 @@ def _findings_section(
     headers = [*FINDING_HEADERS, *(header for header, _ in extra)]
     rows = [[*_finding_cells(f), *(cell(f) for _, cell in extra)] for f in findings]
     section.tables.append(_claim_summary(findings))
-    section.tables.append(Table(headers, rows, left=[0, 1, 2, 8, 10, *range(11, len(headers))], verdict_column=9))
+    section.tables.append(Table(headers, rows, left=[0, 1, 2, 8, 12, *range(13, len(headers))], verdict_column=11))
     return section
 
 
@@ -393,7 +421,9 @@ def _single_observation_section(runs: Sequence[RunData]) -> Section:
 def _judge(agg: Aggregate, settings: VerdictSettings) -> list[Finding]:
     """The findings of an aggregate's mean, with its runs' standard errors and seed-to-seed spread."""
     replicates = agg.replicates if agg.n_runs > 1 else None
-    return evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, replicates=replicates, settings=settings)
+    return evaluate_findings(
+        agg.mean, agg.points, stderr=agg.stderr, replicates=replicates, leave_out=agg.jackknife, settings=settings
+    )
 
 
 def build_report(
@@ -545,7 +575,7 @@ def build_report(
     figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
     sections += _figure_sections(figure_refs, runs[0].name if several else None)
 
-    _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs))
+    _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs), settings.z)
     _write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
     return _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
 
@@ -562,7 +592,7 @@ def build_published_report(
 
     Writes ``findings.csv`` (the same columns as for a run), ``index.html`` (verdict counts, the findings table)
     and the observable figures. The published file holds no standard errors, so every uncertainty is the series'
-    epoch-to-epoch scatter (`tgo.report.verdicts`).
+    epoch-to-epoch noise (its own median absolute pseudo-residual, `tgo.report.training_noise`).
 
     Args:
         out: Report directory.
@@ -586,11 +616,11 @@ def build_published_report(
     data.paragraphs.append(
         f"{reference_path().name}: epochs {epochs[0]}..{epochs[-1]} ({len(epochs)}), points "
         f"{', '.join(PAPER_POINTS)}, observables {', '.join(paper)}. The file holds no standard errors, so every "
-        f"uncertainty below is the series' epoch-to-epoch scatter. Generated {datetime.now():%Y-%m-%d %H:%M}."
+        f"uncertainty below is the series' own epoch-to-epoch noise. Generated {datetime.now():%Y-%m-%d %H:%M}."
     )
     sections = [data, _findings_section(findings, settings, "the published series")]
     sections += _figure_sections(
         observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"), None
     )
-    _write_findings_csv(report_dir / "findings.csv", findings, None, 1)
+    _write_findings_csv(report_dir / "findings.csv", findings, None, 1, settings.z)
     return _write_page(report_dir, title or "TGO report: published TGO-I measurements", sections, embed)

@@ -6,35 +6,44 @@ plain arrays and returns frozen dataclasses, so the logic is tested on synthetic
 code judges one run, the mean of a sweep's runs, and the published TGO-I measurements.
 
 The rule (the statistics are in `tgo.report.verdicts`): a series is cut into windows of 10% of its observations
-(at least 2), and every comparison is a difference of window means against its uncertainty ``U`` (the largest of
-the epoch-to-epoch scatter, the jackknife standard errors and, for sweeps, the seed-to-seed spread), significant when
-it exceeds ``z * U`` (``z = 3``). With ``gain`` the series signed so that the claimed direction is up:
+(single observations for runs observed fewer than 10 times), and every comparison is a contrast of window means
+against its combined standard error ``U = sqrt(J^2 + T^2)`` (the paired jackknife term and the training-noise term),
+significant when it exceeds the Student-t widened threshold of ``z = 3`` and, over the whole table, its
+Benjamini-Hochberg q-value is at most 0.05 (`control_fdr_findings`). With ``gain`` the series signed so that the
+claimed direction is up:
 
 * ``holds then reverses``: the best window (the *peak*; a trough for falling claims) is not the last window, the
-  last window has fallen back from it by more than ``z * U``, and the peak is above the start of the series (its
-  first ``min_window`` observations) by more than ``z * U``: it went the claimed way and then gave a significant
+  last window has fallen back from it beyond the threshold, and the peak is above the start of the series (its
+  first ``min_window`` observations) beyond the threshold: it went the claimed way and then gave a significant
   part back. Start, not first window: a series can climb most of the way inside its first window (the TGO-I late
   blocks' stable rank goes 3 -> 12 in epochs 1-10).
-* ``holds``: otherwise, the last window is above the first window by more than ``z * U``.
-* ``does not hold``: the last window is *below* the first by more than ``z * U`` (it moved the other way).
-* ``inconclusive``: the move is inside the uncertainty (or no uncertainty can be estimated: fewer than three
-  observations and no jackknife).
+* ``holds``: otherwise, the last window is above the first window beyond the threshold.
+* ``does not hold``: the last window is *below* the first beyond the threshold (it moved the other way: the claim
+  is contradicted).
+* ``inconclusive``: the move is inside the threshold (or no uncertainty can be estimated: no jackknife and fewer
+  than 8 observations), or the row's q-value exceeds the false-discovery rate.
 * ``n/a``: fewer than two finite observations, or the first and last window means are both below the observable's
   noise floor (`tgo.spectral.catalogue.Observable.noise_floor`): a flatness going from 1e-10 to 2e-10 is a move
   between zeros, not a result.
 
-Embeddings count as stable (`assess_stable`) when the whole interval ``change ± z * U`` lies within
-``± stable_tolerance`` of the first window; outside it by more than ``z * U``: does not hold; otherwise
+Every row carries its evidence: the change, the paired jackknife and training-noise standard errors, their
+combination, its degrees of freedom, z, p and q (`Finding.p`, `Finding.q`; the CSV's columns). A row judged on the
+jackknife alone (training noise not estimated) says so in its note: it is a statement about this run on these
+images. Ratio-type observables (the catalogue's ``scale = "log"``) are judged on log ratios.
+
+Embeddings count as stable (`assess_stable`) when the whole interval ``change ± t U`` lies within
+``± stable_tolerance`` of the first window; outside it by more than ``t U``: does not hold; otherwise
 inconclusive. "CLS ends highest" (`assess_extreme`) is judged on the final window alone: CLS's rank among the
 paper's kinds of points (embeddings, blocks, CLS; user-added points are not compared) and its margin over the best
-other point, significant beyond ``z * U``; it is judged again on ``<metric>_vs_noise`` (the value divided by that of
+other point, a contrast of the margin series ``cls - rival`` paired replicate by replicate, significant beyond the
+threshold; it is judged again on ``<metric>_vs_noise`` (the value divided by that of
 isotropic Gaussian noise of the same shape) whenever a run recorded it.
 
 What the published TGO-I data show under this rule (``python -m tgo.report --published``; ``docs/findings.md``):
 of 107 rows, 92 hold, 12 hold then reverse, 1 is inconclusive and 2 do not hold. The 12 reversals are stable rank,
 participation ratio and anisotropy at blocks 9-12: best (anisotropy: lowest) window epochs 11-20, then a steady
-decline; the last window is 12-44% below the peak window (anisotropy: 32-76% above the trough window), 3.1 to 12
-uncertainties. Effective rank and entropy rise at every point; at blocks 11-12 they level off after epoch 50 and
+decline; the last window is 12-44% below the peak window (anisotropy: 32-76% above the trough window), 4.0 to 14
+standard errors (the series' own training noise: no standard errors are published). Effective rank and entropy rise at every point; at blocks 11-12 they level off after epoch 50 and
 their last window is within the scatter of their best (epochs 51-60), a plateau, not a reversal. Stable rank at
 block 8 rose within epochs 1-10 and then stayed flat, so its first and last windows do not differ beyond the
 uncertainty (inconclusive). The embeddings' effective rank does not stay within 10% (it nearly triples), and CLS
@@ -55,13 +64,17 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tgo.report.training_noise import MIN_OWN_DOF, pooled_dispersion
 from tgo.report.verdicts import (
     DEFAULT_SETTINGS,
     Measured,
     Uncertainty,
     VerdictSettings,
     Window,
+    contrast,
+    control_fdr,
     difference,
+    margin_series,
     measured,
     significant,
     tile_windows,
@@ -72,6 +85,7 @@ from tgo.spectral.catalogue import CATALOGUE, Observable, Spread
 
 __all__ = [
     "CLAIMS",
+    "DIRECTIONAL",
     "VERDICTS",
     "Claim",
     "Extreme",
@@ -81,13 +95,16 @@ __all__ = [
     "assess_stable",
     "assess_trend",
     "below_noise_floor",
+    "control_fdr_findings",
     "evaluate_findings",
     "judge_stable",
     "judge_trend",
     "judged",
     "measure_point",
     "point_role",
+    "scale_of",
     "spearman",
+    "with_pooled_noise",
 ]
 
 Direction = Literal["rise", "fall"]
@@ -107,12 +124,17 @@ _BLOCK_RE = re.compile(r"^block_\d+$")
 _DIRECTION_OF_SPREAD: dict[Spread, Direction] = {"rises": "rise", "falls": "fall"}
 _CLAIM_KINDS: tuple[str, ...] = ("trend", "stable", "extreme")
 _TOO_FEW = "fewer than two finite observations"
-_NO_UNCERTAINTY = "no uncertainty: fewer than 3 observations and no jackknife standard errors"
+_NO_UNCERTAINTY = (
+    "no uncertainty: no jackknife standard errors, and too few observations to estimate the training noise from the "
+    "series alone (it takes 8)"
+)
 
 # metric -> point -> (epochs, values); the same shape holds standard errors: (epochs, stderr)
 Series = Mapping[str, Mapping[str, tuple[ArrayLike, ArrayLike]]]
 # metric -> point -> (epochs [E], values of every run [R, E])
 Replicates = Mapping[str, Mapping[str, tuple[ArrayLike, np.ndarray]]]
+# metric -> point -> (epochs, leave-one-group-out jackknife values [E, G])
+LeaveOut = Mapping[str, Mapping[str, tuple[ArrayLike, np.ndarray]]]
 
 
 @dataclass(frozen=True)
@@ -222,6 +244,10 @@ class Trend:
         drop_uncertainty: Standard error of ``drop``.
         verdict: One of `VERDICTS`.
         note: Why, in words, where the numbers alone do not say it.
+        scale: ``linear``, or ``log`` when the observable is judged on the log of its values (then ``change`` and
+            ``drop`` are log ratios and ``first``, ``last``, ``peak_value`` geometric window means).
+        p: Two-sided p-value of the evidence for the verdict (`tgo.report.verdicts.Uncertainty.p`).
+        q: Benjamini-Hochberg q-value of ``p`` among the table's rows (NaN until a table controls it).
     """
 
     n: int
@@ -239,6 +265,9 @@ class Trend:
     drop_uncertainty: Uncertainty
     verdict: Verdict
     note: str = ""
+    scale: str = "linear"
+    p: float = math.nan
+    q: float = math.nan
 
     @property
     def z(self) -> float:
@@ -290,6 +319,8 @@ class Finding:
         verdict: One of `VERDICTS`.
         note: A short explanation where the numbers alone do not say it.
         extreme: For CLS claims, the rank and margin in the final window.
+        p: Two-sided p-value of the row's evidence (the change, a reversal, a stability band or a margin).
+        q: Its Benjamini-Hochberg q-value among the table's rows (`control_fdr_findings`).
     """
 
     claim: str
@@ -301,6 +332,8 @@ class Finding:
     verdict: Verdict
     note: str = ""
     extreme: Extreme | None = None
+    p: float = math.nan
+    q: float = math.nan
 
 
 def spearman(x: ArrayLike, y: ArrayLike) -> float:
@@ -348,10 +381,23 @@ def _z(value: float, uncertainty: Uncertainty) -> str:
     return f"(z={z:+.1f})" if not abs(z) >= 100 else f"(z={z:+.2g})"
 
 
+def _basis(uncertainty: Uncertainty) -> str:
+    """What a verdict rests on, when it is not every term: ``this run; training noise not estimated``."""
+    if uncertainty.training_estimated or not math.isfinite(uncertainty.total):
+        return ""
+    return "this run; training noise not estimated"
+
+
+def _joined(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 def _too_short(m: Measured) -> Trend:
     first = float(m.values[0]) if m.n else math.nan
     nan = math.nan
-    return Trend(m.n, m.n, first, first, nan, nan, Uncertainty(), nan, None, "", nan, nan, Uncertainty(), NA, _TOO_FEW)
+    return Trend(
+        m.n, m.n, first, first, nan, nan, Uncertainty(), nan, None, "", nan, nan, Uncertainty(), NA, _TOO_FEW, m.scale
+    )
 
 
 def _centre_epoch(m: Measured, window: Window) -> int:
@@ -368,8 +414,8 @@ def _trend_verdict(
     sign: float,
     peak_span: str,
     z: float,
-) -> tuple[Verdict, str]:
-    """The verdict and note of a trend from its three window differences (all in the claimed direction).
+) -> tuple[Verdict, str, float]:
+    """The verdict, note and p-value of a trend from its three window differences (all in the claimed direction).
 
     Args:
         gain: last - first window.
@@ -381,23 +427,31 @@ def _trend_verdict(
         sign: +1 for rising claims, -1 for falling ones (only for the words: peak/below or trough/above).
         peak_span: The peak window's epochs (``"11-20"``).
         z: The threshold.
+
+    Returns:
+        ``(verdict, note, p)``; ``p`` is the two-sided p-value of the change, or for a reversal the larger of those
+        of the rise to the peak and the drop after it (both must hold: an intersection-union test).
     """
     extreme_word, below = ("peak", "below") if sign > 0 else ("trough", "above")
     change = sign * gain
+    p_change = uncertainty.p(gain)
     if not math.isfinite(uncertainty.total):
-        return INCONCLUSIVE, _NO_UNCERTAINTY
+        return INCONCLUSIVE, _NO_UNCERTAINTY, math.nan
+    basis = _basis(uncertainty)
     if significant(drop, drop_uncertainty, z) and significant(rise, rise_uncertainty, z):
         back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
-        return REVERSES, f"{extreme_word} window epochs {peak_span}; the last window is {back}"
+        p = max(drop_uncertainty.p(drop), rise_uncertainty.p(rise))
+        return REVERSES, _joined(f"{extreme_word} window epochs {peak_span}; the last window is {back}", basis), p
+    moved = f"change {_pm(change, uncertainty, True)} {_z(change, uncertainty)}"
     if significant(gain, uncertainty, z):
         if not drop > 0:
-            return HOLDS, ""
+            return HOLDS, _joined(moved, basis), p_change
         back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
-        return HOLDS, f"levels off: best window epochs {peak_span}, the last is {back}, within {z:g} uncertainties"
-    moved = f"change {_pm(change, uncertainty, True)} {_z(change, uncertainty)}"
+        levels = f"levels off: best window epochs {peak_span}, the last is {back}, not a significant fall"
+        return HOLDS, _joined(moved, levels, basis), p_change
     if significant(-gain, uncertainty, z):
-        return FAILS, f"moved the other way: {moved}"
-    return INCONCLUSIVE, f"{moved} is within {z:g} uncertainties"
+        return FAILS, _joined(f"moved the other way: {moved}", basis), p_change
+    return INCONCLUSIVE, f"{moved} is within the threshold ({uncertainty.describe()})", p_change
 
 
 def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = DEFAULT_SETTINGS) -> Trend:
@@ -409,7 +463,7 @@ def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = D
         settings: Window width, minimum window and z.
 
     Returns:
-        The `Trend`, verdict and note included.
+        The `Trend`, verdict, note and p-value included (the q-value is set by `control_fdr_findings`).
 
     Raises:
         ValueError: an unknown direction.
@@ -420,17 +474,17 @@ def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = D
     width = window_width(m.n, settings)
     windows = tile_windows(m.n, width)
     first, last = windows[0], windows[-1]
-    change, uncertainty = difference((m, last), (m, first), z=settings.z)
+    change, uncertainty = difference(m, last, first)
     gains = [sign * m.mean(w) for w in windows]
     peak = windows[int(np.argmax(gains))]
     start = Window(0, min(int(settings.min_window), width))
     if peak != last:
-        raw_drop, drop_uncertainty = difference((m, peak), (m, last), z=settings.z)
-        raw_rise, rise_uncertainty = difference((m, peak), (m, start), z=settings.z)
+        raw_drop, drop_uncertainty = difference(m, peak, last)
+        raw_rise, rise_uncertainty = difference(m, peak, start)
         drop, rise = sign * raw_drop, sign * raw_rise
     else:
         drop, drop_uncertainty, rise, rise_uncertainty = 0.0, Uncertainty(), math.nan, Uncertainty()
-    verdict, note = _trend_verdict(
+    verdict, note, p = _trend_verdict(
         sign * change,
         uncertainty,
         drop,
@@ -441,23 +495,29 @@ def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = D
         window_epochs(m.epochs, peak),
         settings.z,
     )
-    first_mean, last_mean = m.mean(first), m.mean(last)
+    first_level, last_level = m.level(first), m.level(last)
+    if m.scale == "log":
+        relative = math.expm1(change)
+    else:
+        relative = change / abs(first_level) if first_level != 0 else math.nan
     return Trend(
         n=m.n,
         window=width,
-        first=first_mean,
-        last=last_mean,
+        first=first_level,
+        last=last_level,
         change=change,
-        relative_change=change / abs(first_mean) if first_mean != 0 else math.nan,
+        relative_change=relative,
         uncertainty=uncertainty,
         spearman=spearman(m.epochs, m.values),
         peak_epoch=_centre_epoch(m, peak),
         peak_window=window_epochs(m.epochs, peak),
-        peak_value=m.mean(peak),
+        peak_value=m.level(peak),
         drop=drop,
         drop_uncertainty=drop_uncertainty,
         verdict=verdict,
         note=note,
+        scale=m.scale,
+        p=p,
     )
 
 
@@ -468,6 +528,8 @@ def assess_trend(
     *,
     stderr: tuple[ArrayLike, ArrayLike] | ArrayLike | None = None,
     replicates: np.ndarray | None = None,
+    leave_out: tuple[ArrayLike, ArrayLike] | ArrayLike | None = None,
+    scale: str = "linear",
     settings: VerdictSettings = DEFAULT_SETTINGS,
 ) -> Trend:
     """Tests whether a series rises (or falls) over training, and whether it gave a peak back (`judge_trend`).
@@ -478,6 +540,8 @@ def assess_trend(
         direction: ``rise`` or ``fall``.
         stderr: Jackknife standard errors per observation, or ``(epochs, stderr)`` (NaN / ``None``: none).
         replicates: ``[runs, len(values)]`` per-run values when ``values`` is a sweep's mean.
+        leave_out: Jackknife leave-one-group-out values ``[len(values), G]`` or ``(epochs, [E, G])``.
+        scale: ``linear`` or ``log`` (`tgo.report.verdicts.measured`).
         settings: Window width, minimum window and z.
 
     Returns:
@@ -487,32 +551,42 @@ def assess_trend(
         ValueError: unknown direction, or arrays of different lengths.
     """
     _sign(direction)
-    return judge_trend(measured(epochs, values, stderr=stderr, replicates=replicates), direction, settings)
+    series = measured(epochs, values, stderr=stderr, replicates=replicates, leave_out=leave_out, scale=scale)
+    return judge_trend(series, direction, settings)
 
 
 def judge_stable(m: Measured, settings: VerdictSettings = DEFAULT_SETTINGS) -> Trend:
     """Whether a series stays within ``± stable_tolerance`` of its first window, beyond the uncertainty.
 
-    ``holds`` when ``|change| + z U <= tol`` (the whole uncertainty interval is inside the band), ``does not hold``
-    when ``|change| - z U > tol``, ``inconclusive`` in between; ``tol = stable_tolerance * |first|``. ``holds then
-    reverses`` is not used: a series that wandered and came back counts as stable.
+    ``holds`` when ``|change| + t U <= tol`` (the whole uncertainty interval is inside the band), ``does not hold``
+    when ``|change| - t U > tol``, ``inconclusive`` in between; ``tol = stable_tolerance * |first|`` and ``t U``
+    the Student-t widened threshold of the paired change (`tgo.report.verdicts.Uncertainty.threshold`). ``holds
+    then reverses`` is not used: a series that wandered and came back counts as stable.
     """
     trend = judge_trend(m, "rise", settings)
     if trend.verdict == NA:
         return trend
     tolerance = settings.stable_tolerance * abs(trend.first)
-    spread, z = trend.uncertainty.total, settings.z
+    if m.scale == "log":  # the band in log units: ln(1 ± tol), its narrower side
+        tolerance = -math.log1p(-min(settings.stable_tolerance, 1 - 1e-12))
+    uncertainty = trend.uncertainty
+    threshold = uncertainty.threshold(settings.z)
     band = f"±{settings.stable_tolerance:.0%} of the first window"
-    change = f"{_pm(trend.change, trend.uncertainty, True)} {_z(trend.change, trend.uncertainty)}"
-    if not math.isfinite(spread):
-        verdict, note = INCONCLUSIVE, _NO_UNCERTAINTY
-    elif abs(trend.change) + z * spread <= tolerance:
-        verdict, note = HOLDS, f"stable = within {band}"
-    elif abs(trend.change) - z * spread > tolerance:
-        verdict, note = FAILS, f"change {change} is outside {band} by more than {z:g} uncertainties"
+    change = f"{_pm(trend.change, uncertainty, True)} {_z(trend.change, uncertainty)}"
+    basis = _basis(uncertainty)
+    outside = abs(trend.change) - tolerance
+    if not math.isfinite(threshold):
+        verdict, note, p = INCONCLUSIVE, _NO_UNCERTAINTY, math.nan
+    elif abs(trend.change) + threshold <= tolerance:
+        verdict, note, p = HOLDS, _joined(f"stable = within {band}", basis), uncertainty.p(-outside)
+    elif outside > threshold:
+        relative = f" ({trend.relative_change:+.0%})" if math.isfinite(trend.relative_change) else ""
+        verdict, note = FAILS, _joined(f"change {change}{relative} is outside {band} beyond the threshold", basis)
+        p = uncertainty.p(outside)
     else:
-        verdict, note = INCONCLUSIVE, f"change {change}: neither inside nor outside {band} beyond {z:g} uncertainties"
-    return replace(trend, verdict=verdict, note=note)
+        verdict, note = INCONCLUSIVE, f"change {change}: neither inside nor outside {band} beyond the threshold"
+        p = uncertainty.p(outside) if outside > 0 else uncertainty.p(-outside)
+    return replace(trend, verdict=verdict, note=note, p=p)
 
 
 def assess_stable(
@@ -528,10 +602,11 @@ def assess_stable(
 
 
 def _restrict(m: Measured, epochs: np.ndarray) -> Measured:
-    """The observations of ``m`` at ``epochs`` (all present), keeping the scatter of the whole series."""
+    """The observations of ``m`` at ``epochs`` (all present), keeping the training noise of the whole series."""
     keep = np.isin(m.epochs, epochs)
     reps = None if m.replicates is None else m.replicates[:, keep]
-    return Measured(m.epochs[keep], m.values[keep], m.stderr[keep], reps, m.sigma, m.dof)
+    leave_out = None if m.leave_out is None else m.leave_out[keep]
+    return Measured(m.epochs[keep], m.values[keep], m.stderr[keep], reps, leave_out, m.noise, m.scale)
 
 
 def judge_extreme(
@@ -540,12 +615,15 @@ def judge_extreme(
     direction: Direction,
     settings: VerdictSettings = DEFAULT_SETTINGS,
     observable: Observable | None = None,
-) -> tuple[Verdict, str, Extreme | None]:
+) -> tuple[Verdict, str, Extreme | None, float]:
     """Whether ``target`` ends highest (``rise``) or lowest (``fall``) among comparable points, in the final window.
 
     Only points of the paper's kinds are compared (`point_role` not ``other``): a user-added point (an attention
     sub-layer, say) measures something else. The final window is the last `window_width` of the epochs every compared
-    point observed; the target's margin over the best other point must exceed ``z`` uncertainties either way.
+    point observed (the last observation when there are fewer than 20); the best other point there is the rival. The
+    margin is a contrast of the *margin series* ``target - rival`` (`tgo.report.verdicts.margin_series`): the two
+    points are measured on the same images, so its jackknife is paired replicate by replicate, and its training noise
+    is that of the margin series itself. It must exceed the threshold either way.
 
     Args:
         per_point: point -> series.
@@ -555,43 +633,50 @@ def judge_extreme(
         observable: The catalogue entry (for its noise floor), if any.
 
     Returns:
-        ``(verdict, note, extreme)``; the note names the target's rank, the margin and the best other point.
+        ``(verdict, note, extreme, p)``; the note names the target's rank, the margin and the best other point.
     """
     sign = _sign(direction)
     comparable = {p: m for p, m in per_point.items() if point_role(p) != "other" and m.n}
     if target not in comparable or len(comparable) < 2:
-        return NA, f"needs {target!r} and at least one other point of the paper's kinds", None
+        return NA, f"needs {target!r} and at least one other point of the paper's kinds", None, math.nan
     common = comparable[target].epochs
     for m in comparable.values():
         common = common[np.isin(common, m.epochs)]
     if common.size == 0:
-        return NA, "no epoch observed at every point", None
+        return NA, "no epoch observed at every point", None, math.nan
     restricted = {p: _restrict(m, common) for p, m in comparable.items()}
     width = window_width(common.size, settings)
     final = Window(common.size - width, common.size)
     gains = {p: sign * m.mean(final) for p, m in restricted.items()}
     rival = max((p for p in gains if p != target), key=lambda p: gains[p])
-    raw_margin, uncertainty = difference((restricted[target], final), (restricted[rival], final), z=settings.z)
+    margins = margin_series(comparable[target], comparable[rival])
+    at = np.isin(margins.epochs, common[final.start : final.stop])
+    raw_margin, uncertainty = contrast(margins, at / max(int(at.sum()), 1))
     margin = sign * raw_margin
     rank = 1 + sum(1 for p, g in gains.items() if p != target and g > gains[target])
     span = window_epochs(common, final)
-    value, rival_value = restricted[target].mean(final), restricted[rival].mean(final)
+    value, rival_value = restricted[target].level(final), restricted[rival].level(final)
     extreme = Extreme(rank, len(gains), span, value, rival, rival_value, margin, uncertainty)
     word = "highest" if sign > 0 else "lowest"
     if observable is not None and observable.below_noise_floor(extreme.value, extreme.rival_value):
-        return NA, f"final values are below the observable's noise floor ({observable.noise_floor:g})", extreme
+        return (
+            NA,
+            f"final values are below the observable's noise floor ({observable.noise_floor:g})",
+            extreme,
+            math.nan,
+        )
     note = (
         f"{target} ranks {rank} of {len(gains)} in the final window (epochs {span}), margin "
         f"{_pm(margin, uncertainty, True)} {_z(margin, uncertainty)} over {rival} ({'next' if rank == 1 else word})"
     )
-    z = settings.z
+    z, p = settings.z, uncertainty.p(margin)
     if not math.isfinite(uncertainty.total):
-        return INCONCLUSIVE, f"{note}; {_NO_UNCERTAINTY}", extreme
+        return INCONCLUSIVE, f"{note}; {_NO_UNCERTAINTY}", extreme, math.nan
     if significant(margin, uncertainty, z):
-        return HOLDS, note, extreme
+        return HOLDS, _joined(note, _basis(uncertainty)), extreme, p
     if significant(-margin, uncertainty, z):
-        return FAILS, note, extreme
-    return INCONCLUSIVE, f"{note}: within {z:g} uncertainties", extreme
+        return FAILS, _joined(note, _basis(uncertainty)), extreme, p
+    return INCONCLUSIVE, f"{note}: within the threshold ({uncertainty.describe()})", extreme, p
 
 
 def assess_extreme(
@@ -609,7 +694,7 @@ def assess_extreme(
         ``(verdict, note)``.
     """
     series = {p: measure_point(s, (stderr or {}).get(p), (replicates or {}).get(p)) for p, s in per_point.items()}
-    verdict, note, _ = judge_extreme(series, target, direction, settings)
+    verdict, note, _, _ = judge_extreme(series, target, direction, settings)
     return verdict, note
 
 
@@ -656,6 +741,8 @@ def measure_point(
     series: tuple[ArrayLike, ArrayLike],
     stderr: tuple[ArrayLike, ArrayLike] | None,
     replicates: tuple[ArrayLike, np.ndarray] | None,
+    leave_out: tuple[ArrayLike, np.ndarray] | None = None,
+    scale: str = "linear",
 ) -> Measured:
     """One point's series with its errors aligned by epoch (replicates realigned to the series' epochs).
 
@@ -663,6 +750,8 @@ def measure_point(
         series: ``(epochs, values)``.
         stderr: ``(epochs, jackknife standard error)`` aligned by epoch, or ``None``.
         replicates: ``(epochs, [runs, epochs] values)`` of a sweep, or ``None``.
+        leave_out: ``(epochs, [epochs, G] leave-one-group-out values)`` (`tgo.records.load_jackknife`), or ``None``.
+        scale: ``linear`` or ``log`` (the catalogue's `tgo.spectral.catalogue.Observable.scale`).
     """
     epochs, values = series
     reps = None
@@ -673,12 +762,67 @@ def measure_point(
         for i, e in enumerate(np.asarray(epochs, dtype=np.float64)):
             if float(e) in column:
                 reps[:, i] = matrix[:, column[float(e)]]
-    return measured(epochs, values, stderr=stderr, replicates=reps)
+    return measured(epochs, values, stderr=stderr, replicates=reps, leave_out=leave_out, scale=scale)
+
+
+def with_pooled_noise(per_point: Mapping[str, Measured]) -> dict[str, Measured]:
+    """The series, each with the training noise it is judged by: its own, or one pooled over the points.
+
+    A series with at least `MIN_OWN_DOF` degrees of freedom of its own (a long run) keeps its own estimate: it needs
+    no assumption shared with other points. The others, when they carry jackknife standard errors, share one
+    dispersion pooled over every such series of the observable (`tgo.report.training_noise.pooled_dispersion`): a
+    run observed 7 times leaves each series too little alone. Series without standard errors (the published data,
+    jackknife off) keep their own.
+    """
+    complete = {p: m for p, m in per_point.items() if m.n and np.all(np.isfinite(m.stderr)) and np.all(m.stderr > 0)}
+    if not complete:
+        return dict(per_point)
+    noise = pooled_dispersion([(m.epochs, m.values, m.stderr) for m in complete.values()])
+    return {
+        p: replace(m, noise=noise) if p in complete and not m.noise.dof >= MIN_OWN_DOF else m
+        for p, m in per_point.items()
+    }
+
+
+def scale_of(metric: str) -> str:
+    """The scale a metric is judged on: the catalogue's (``<metric>_vs_noise`` takes its metric's), else linear."""
+    observable = CATALOGUE.get(metric) or CATALOGUE.get(metric.removesuffix(NOISE_SUFFIX))
+    return observable.scale if observable is not None else "linear"
+
+
+DIRECTIONAL: tuple[str, ...] = (HOLDS, REVERSES, FAILS)
+"""The verdicts that claim a direction (subject to the false-discovery control)."""
+
+
+def control_fdr_findings(findings: Sequence[Finding], settings: VerdictSettings = DEFAULT_SETTINGS) -> list[Finding]:
+    """The rows with their Benjamini-Hochberg q-values; a directional verdict whose ``q > fdr`` reads inconclusive.
+
+    Every row with a p-value is one test of the family (the table); rows without one (``n/a``, no uncertainty) do
+    not count. The control only removes directional verdicts, never adds one.
+    """
+    q_values = control_fdr([f.p for f in findings])
+    out = []
+    for f, q in zip(findings, q_values, strict=True):
+        trend = replace(f.trend, q=float(q)) if f.trend is not None else None
+        row = replace(f, q=float(q), trend=trend)
+        if f.verdict in DIRECTIONAL and not q <= settings.fdr:
+            note = _joined(f.note, f"q = {q:.2g} > {settings.fdr:g}: not a discovery after false-discovery control")
+            row = replace(row, verdict=INCONCLUSIVE, note=note)
+        out.append(row)
+    return out
 
 
 def _row(claim: Claim, point: str, expected: str, trend: Trend, metric: str | None = None) -> Finding:
     return Finding(
-        claim.key, claim.statement, metric or claim.metric, point, expected, trend, trend.verdict, trend.note
+        claim.key,
+        claim.statement,
+        metric or claim.metric,
+        point,
+        expected,
+        trend,
+        trend.verdict,
+        trend.note,
+        p=trend.p,
     )
 
 
@@ -688,6 +832,7 @@ def evaluate_findings(
     *,
     stderr: Series | None = None,
     replicates: Replicates | None = None,
+    leave_out: LeaveOut | None = None,
     settings: VerdictSettings = DEFAULT_SETTINGS,
     claims: Sequence[Claim] = CLAIMS,
 ) -> list[Finding]:
@@ -703,22 +848,40 @@ def evaluate_findings(
         points: Points in depth order (default: the order of the first metric's series).
         stderr: metric -> point -> (epochs, jackknife standard error), aligned by epoch; NaN or missing: none.
         replicates: metric -> point -> (epochs, [runs, epochs] values) when ``series`` is the mean of a sweep.
+        leave_out: metric -> point -> (epochs, [epochs, G]) jackknife leave-one-group-out values (paired
+            uncertainties; `tgo.records.load_jackknife`), or ``None`` (then the recorded standard errors, unpaired).
         settings: The verdict rule's settings.
         claims: The claims to test (default `CLAIMS`).
 
     Returns:
-        Findings in claim order, then point order. A trend or stable row whose first and last windows are below the
-        observable's noise floor gets verdict ``n/a`` and a note saying so (`below_noise_floor`).
+        Findings in claim order, then point order, with q-values and the false-discovery control applied over all
+        rows (`control_fdr_findings`). A trend or stable row whose first and last windows are below the observable's
+        noise floor gets verdict ``n/a`` and a note saying so (`below_noise_floor`).
     """
     if points is None:
         points = list(next(iter(series.values()), {}))
 
+    cache: dict[str, dict[str, Measured]] = {}
+
+    def measures_of(metric: str) -> dict[str, Measured]:
+        """Every point's series of a metric, with the training noise pooled over them (`with_pooled_noise`)."""
+        if metric not in cache:
+            per_point = {
+                point: measure_point(
+                    series[metric][point],
+                    (stderr or {}).get(metric, {}).get(point),
+                    (replicates or {}).get(metric, {}).get(point),
+                    (leave_out or {}).get(metric, {}).get(point),
+                    scale_of(metric),
+                )
+                for point in points
+                if point in series[metric]
+            }
+            cache[metric] = with_pooled_noise(per_point)
+        return cache[metric]
+
     def measure(metric: str, point: str) -> Measured:
-        return measure_point(
-            series[metric][point],
-            (stderr or {}).get(metric, {}).get(point),
-            (replicates or {}).get(metric, {}).get(point),
-        )
+        return measures_of(metric)[point]
 
     findings: list[Finding] = []
     for claim in claims:
@@ -746,7 +909,7 @@ def evaluate_findings(
                     continue
                 compared = [p for p in points if p in series[metric]]
                 measures = {p: measure(metric, p) for p in compared}
-                verdict, note, extreme = judge_extreme(measures, "cls", direction, settings, CATALOGUE.get(metric))
+                verdict, note, extreme, p = judge_extreme(measures, "cls", direction, settings, CATALOGUE.get(metric))
                 statement = claim.statement + ("" if metric == claim.metric else " relative to isotropic noise")
                 findings.append(
                     Finding(
@@ -759,6 +922,7 @@ def evaluate_findings(
                         verdict,
                         note,
                         extreme,
+                        p,
                     )
                 )
-    return findings
+    return control_fdr_findings(findings, settings)

@@ -11,23 +11,27 @@ with the reasoning in words. ``docs/hypotheses.md`` explains every prediction, w
 and what the probes cannot decide.
 
 A prediction is judged at every point it is about with the findings' verdict rule (`tgo.report.findings.judge_trend`:
-window means of the first and last 10% of the observations, their difference against the largest of the jackknife,
-scatter and seed uncertainties, ``z = 3``; ``docs/findings.md``), and the rule's verdict is read as:
+the first and the last window, single observations for short runs; their contrast against the combined standard
+error of the paired jackknife and the training noise, Student-t widened at ``z = 3``; ``docs/findings.md``), and
+the rule's verdict is read as:
 
-* ``consistent``: the metric moved the predicted way by more than ``z`` uncertainties (rule: ``holds``);
-* ``inconsistent``: it moved the other way by more than ``z`` uncertainties (rule: ``does not hold``);
-* ``inconclusive``: the move is within ``z`` uncertainties, or there is no uncertainty (rule: ``inconclusive``);
+* ``consistent``: the metric moved the predicted way beyond the threshold (rule: ``holds``);
+* ``inconsistent``: it moved the other way beyond the threshold (rule: ``does not hold``): the data contradict the
+  prediction;
+* ``inconclusive``: the move is within the threshold, or there is no uncertainty (rule: ``inconclusive``), or the
+  row's Benjamini-Hochberg q-value over every prediction row exceeds the false-discovery rate (0.05);
 * ``n/a``: fewer than two finite observations, or both ends below the metric's noise floor (rule: ``n/a``).
 
 A series the rule calls ``holds then reverses`` (it went the predicted way, then gave a significant part back) is
 read by its first and last windows alone, like every other prediction (consistent, inconsistent or inconclusive by
-the same ``z`` test, `significant`), and its note keeps the reversal. The verdicts are per point and per prediction;
+the same test, `significant`), and its note keeps the reversal. The verdicts are per point and per prediction;
 nothing here combines them into a verdict on a hypothesis, because the hypotheses are not exclusive and several
 predictions are shared or only partly discriminating (``docs/hypotheses.md`` section 5).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +47,7 @@ from tgo.report.findings import (
     NA,
     REVERSES,
     Direction,
+    LeaveOut,
     Replicates,
     Series,
     Trend,
@@ -50,8 +55,9 @@ from tgo.report.findings import (
     judged,
     measure_point,
     point_role,
+    with_pooled_noise,
 )
-from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, significant
+from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, control_fdr, significant
 from tgo.spectral.catalogue import CATALOGUE, Observable
 
 __all__ = [
@@ -377,6 +383,8 @@ class PredictionResult:
         trend: The series' window statistics (`tgo.report.findings.Trend`).
         verdict: One of `PREDICTION_VERDICTS`.
         note: Why, where the numbers alone do not say it.
+        p: Two-sided p-value of the change from the first to the last window.
+        q: Its Benjamini-Hochberg q-value among every prediction row of the report (`evaluate_predictions`).
     """
 
     prediction: Prediction
@@ -384,6 +392,8 @@ class PredictionResult:
     trend: Trend
     verdict: str
     note: str = ""
+    p: float = math.nan
+    q: float = math.nan
 
 
 def judge_prediction(trend: Trend, expected: Expected, settings: VerdictSettings = DEFAULT_SETTINGS) -> tuple[str, str]:
@@ -409,12 +419,10 @@ def judge_prediction(trend: Trend, expected: Expected, settings: VerdictSettings
     gain = sign * trend.change
     reversal = f"went the predicted way and then reversed ({trend.note})"
     if significant(gain, trend.uncertainty, settings.z):
-        return CONSISTENT, f"{reversal}; the last window is still beyond the first by more than {settings.z:g} U"
+        return CONSISTENT, f"{reversal}; the last window is still beyond the first beyond the threshold"
     if significant(-gain, trend.uncertainty, settings.z):
-        return INCONSISTENT, f"{reversal}; the last window is beyond the first the other way by more than " + (
-            f"{settings.z:g} U"
-        )
-    return INCONCLUSIVE, f"{reversal}; the last window is within {settings.z:g} U of the first"
+        return INCONSISTENT, f"{reversal}; the last window is beyond the first the other way beyond the threshold"
+    return INCONCLUSIVE, f"{reversal}; the last window is within the threshold of the first"
 
 
 def evaluate_predictions(
@@ -423,6 +431,7 @@ def evaluate_predictions(
     *,
     stderr: Mapping[str, Series] | None = None,
     replicates: Mapping[str, Replicates] | None = None,
+    leave_out: Mapping[str, LeaveOut] | None = None,
     settings: VerdictSettings = DEFAULT_SETTINGS,
     predictions: Sequence[Prediction] = PREDICTIONS,
 ) -> dict[Prediction, list[PredictionResult]]:
@@ -433,6 +442,8 @@ def evaluate_predictions(
         points: Points in depth order.
         stderr: view -> metric -> point -> (epochs, jackknife standard error), or ``None``.
         replicates: view -> metric -> point -> (epochs, [runs, epochs]) for a sweep, or ``None``.
+        leave_out: view -> metric -> point -> (epochs, [epochs, G]) jackknife leave-one-group-out values, or
+            ``None`` (unpaired standard errors).
         settings: The verdict rule's settings.
         predictions: The predictions (default `PREDICTIONS`).
 
@@ -440,26 +451,59 @@ def evaluate_predictions(
         prediction -> one result per judged point, in depth order. A point is left out where the records do not hold
         the metric on that view or hold only non-finite values (it is undefined there: the between-image share at a
         point with one row per image); an empty list means ``not recorded`` (records written before the probes
-        existed, probes switched off, or a model without the view).
+        existed, probes switched off, or a model without the view). Every row carries its p-value and its
+        Benjamini-Hochberg q-value over all the rows returned; a consistent or inconsistent row whose ``q`` exceeds
+        ``settings.fdr`` reads inconclusive.
     """
     out: dict[Prediction, list[PredictionResult]] = {}
     for prediction in predictions:
         view, metric = prediction.view, prediction.metric
         per_point = series.get(view, {}).get(metric, {})
         results = []
-        for point in select_points(prediction.points, points):
-            if point not in per_point or not np.any(np.isfinite(np.asarray(per_point[point][1], dtype=float))):
-                continue  # not recorded here, or undefined here (between_image_fraction at a one-row-per-image point)
-            m = measure_point(
-                per_point[point],
-                (stderr or {}).get(view, {}).get(metric, {}).get(point),
-                (replicates or {}).get(view, {}).get(metric, {}).get(point),
-            )
+        judged_points = [
+            point
+            for point in select_points(prediction.points, points)
+            # not recorded here, or undefined here (between_image_fraction at a one-row-per-image point)
+            if point in per_point and np.any(np.isfinite(np.asarray(per_point[point][1], dtype=float)))
+        ]
+        measures = with_pooled_noise(
+            {
+                point: measure_point(
+                    per_point[point],
+                    (stderr or {}).get(view, {}).get(metric, {}).get(point),
+                    (replicates or {}).get(view, {}).get(metric, {}).get(point),
+                    (leave_out or {}).get(view, {}).get(metric, {}).get(point),
+                    prediction.observable.scale,
+                )
+                for point in judged_points
+            }
+        )
+        for point in judged_points:
+            m = measures[point]
             direction: Direction = "rise" if prediction.expected == "rises" else "fall"
             trend = judged(judge_trend(m, direction, settings), prediction.observable)
             verdict, note = judge_prediction(trend, prediction.expected, settings)
-            results.append(PredictionResult(prediction, point, replace(trend, note=note), verdict, note))
+            p = trend.uncertainty.p(trend.change) if trend.verdict != NA else math.nan
+            results.append(PredictionResult(prediction, point, replace(trend, note=note, p=p), verdict, note, p))
         out[prediction] = results
+    return _control_fdr_predictions(out, settings)
+
+
+def _control_fdr_predictions(
+    results: dict[Prediction, list[PredictionResult]], settings: VerdictSettings
+) -> dict[Prediction, list[PredictionResult]]:
+    """q-values over every prediction row; consistent/inconsistent rows with ``q > fdr`` read inconclusive."""
+    rows = [(prediction, i) for prediction, rs in results.items() for i in range(len(rs))]
+    q_values = control_fdr([results[prediction][i].p for prediction, i in rows])
+    out = {prediction: list(rs) for prediction, rs in results.items()}
+    for (prediction, i), q in zip(rows, q_values, strict=True):
+        r = out[prediction][i]
+        r = replace(r, q=float(q), trend=replace(r.trend, q=float(q)))
+        if r.verdict in (CONSISTENT, INCONSISTENT) and not q <= settings.fdr:
+            note = f"{r.note}; " if r.note else ""
+            note += f"q = {q:.2g} > {settings.fdr:g}: not a discovery after false-discovery control"
+            r = replace(r, verdict=INCONCLUSIVE, note=note, trend=replace(r.trend, note=note))
+        out[prediction][i] = r
     return out
 
 

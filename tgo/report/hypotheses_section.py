@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tgo.records import RecordsError, load_series, load_spectra
+from tgo.records import RecordsError, load_jackknife, load_series, load_spectra
 from tgo.report.aggregate import Aggregate, aggregate_runs
 from tgo.report.figures import FigureRef, save_figure
+from tgo.report.findings import Trend
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import (
     HYPOTHESES,
@@ -41,7 +42,15 @@ from tgo.report.runs import ReportInputError, RunData
 from tgo.report.verdicts import VerdictSettings
 from tgo.spectral.probes import cka_matrix, linear_cka
 
-__all__ = ["CONTEXT_METRICS", "HYPOTHESES_COLUMNS", "HypothesesReport", "hypotheses_report", "load_view_runs"]
+__all__ = [
+    "CONTEXT_METRICS",
+    "HYPOTHESES_COLUMNS",
+    "JUDGED_COLUMNS",
+    "HypothesesReport",
+    "hypotheses_report",
+    "judged_cells",
+    "load_view_runs",
+]
 
 JUDGED_COLUMNS: tuple[str, ...] = (
     "verdict",
@@ -49,12 +58,55 @@ JUDGED_COLUMNS: tuple[str, ...] = (
     "last",
     "change",
     "relative_change",
+    "scale",
+    "jackknife_se",
+    "jackknife_paired",
+    "training_se",
+    "training_source",
+    "training_dof",
     "uncertainty",
     "uncertainty_source",
+    "dof",
+    "threshold",
     "z",
+    "p",
+    "q",
     "window",
 )
-"""The columns of a judged trend, shared by ``findings.csv`` and ``hypotheses.csv`` (same meaning in both)."""
+"""The columns of a judged trend, shared by ``findings.csv`` and ``hypotheses.csv`` (same meaning in both): the
+window means ``first``/``last`` and ``change = last - first`` (a log ratio where ``scale`` is ``log``); its paired
+jackknife standard error (``jackknife_paired`` false: unpaired, from records without replicates), its training-noise
+standard error (``training_source`` pooled / series / seeds; empty: not estimated) and their combination
+``uncertainty = sqrt(jackknife_se^2 + training_se^2)`` with ``uncertainty_source`` the larger term; ``dof`` the
+Welch-Satterthwaite degrees of freedom and ``threshold`` the Student-t widened size a move must exceed;
+``z = change / uncertainty``; ``p`` the two-sided p-value of the row's evidence and ``q`` its Benjamini-Hochberg
+q-value over the table's rows (`tgo.report.verdicts`)."""
+
+
+def judged_cells(trend: Trend, p: float, q: float, z_threshold: float) -> dict[str, str]:
+    """The `JUDGED_COLUMNS` of one judged trend (numbers as exact ``repr`` strings, empty when absent)."""
+    u = trend.uncertainty
+    return {
+        "first": _csv_number(trend.first),
+        "last": _csv_number(trend.last),
+        "change": _csv_number(trend.change),
+        "relative_change": _csv_number(trend.relative_change),
+        "scale": trend.scale,
+        "jackknife_se": _csv_number(u.jackknife),
+        "jackknife_paired": ("true" if u.paired else "false") if math.isfinite(u.jackknife) else "",
+        "training_se": _csv_number(u.training),
+        "training_source": u.training_source,
+        "training_dof": _csv_number(u.training_dof) if u.training_estimated else "",
+        "uncertainty": _csv_number(u.total),
+        "uncertainty_source": u.source,
+        "dof": _csv_number(u.dof) if math.isfinite(u.total) else "",
+        "threshold": _csv_number(u.threshold(z_threshold)),
+        "z": _csv_number(trend.z),
+        "p": _csv_number(p),
+        "q": _csv_number(q),
+        "window": str(trend.window),
+    }
+
 
 HYPOTHESES_COLUMNS: tuple[str, ...] = (
     "hypothesis",
@@ -131,9 +183,12 @@ def load_view_runs(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
             try:
                 series = load_series(r.path, view=view, metrics=metrics)
                 stderr = load_series(r.path, view=view, metrics=metrics, column="stderr")
+                jackknife = load_jackknife(r.path, view=view, metrics=metrics)
             except RecordsError as err:
                 raise ReportInputError(str(err)) from err
-            per_run.append(RunData(r.path, r.name, series, r.points, r.epochs, r.fingerprint, stderr))
+            per_run.append(
+                RunData(r.path, r.name, series, r.points, r.epochs, r.fingerprint, stderr, jackknife=jackknife)
+            )
         out[view] = per_run
     return out
 
@@ -147,6 +202,7 @@ def _judge(
         points,
         stderr={v: a.stderr for v, a in aggregates.items()},
         replicates={v: a.replicates for v, a in aggregates.items()} if several else None,
+        leave_out={v: a.jackknife for v, a in aggregates.items()},
         settings=settings,
     )
 
@@ -172,6 +228,10 @@ def _change_cell(r: PredictionResult) -> str:
 def _z_cell(r: PredictionResult) -> str:
     z = r.trend.z
     return "" if not math.isfinite(z) and not math.isinf(z) else f"{z:+.1f}"
+
+
+def _q_cell(q: float) -> str:
+    return "" if not math.isfinite(q) else f"{q:.2g}"
 
 
 def _agreement_text(counter: Counter, n_runs: int) -> str:
@@ -223,7 +283,8 @@ def _point_table(
         "last (window mean)",
         "change ± standard error",
         "z",
-        "uncertainty from",
+        "q",
+        "terms",
         "verdict",
         "note",
     ]
@@ -234,7 +295,8 @@ def _point_table(
             _num(r.trend.last),
             _change_cell(r),
             _z_cell(r),
-            r.trend.uncertainty.source,
+            _q_cell(r.q),
+            r.trend.uncertainty.describe() if math.isfinite(r.trend.uncertainty.total) else "",
             r.verdict,
             r.note,
         ]
@@ -247,13 +309,15 @@ def _point_table(
     return Table(
         headers,
         rows,
-        left=[0, 5, 7, *([8] if agreement is not None else [])],
-        verdict_column=6,
+        left=[0, 6, 8, *([9] if agreement is not None else [])],
+        verdict_column=7,
         summary=f"{prediction.statement}: {summary_text(results)} (per point)",
     )
 
 
-def _csv_rows(results: dict[Prediction, list[PredictionResult]], agreement: dict | None, n_runs: int) -> list[dict]:
+def _csv_rows(
+    results: dict[Prediction, list[PredictionResult]], agreement: dict | None, n_runs: int, z: float
+) -> list[dict]:
     rows = []
     for prediction, per_point in results.items():
         base = dict.fromkeys(HYPOTHESES_COLUMNS, "")
@@ -270,16 +334,7 @@ def _csv_rows(results: dict[Prediction, list[PredictionResult]], agreement: dict
         for r in per_point:
             t = r.trend
             row = {**base, "point": r.point, "verdict": r.verdict, "note": r.note}
-            row.update(
-                first=_csv_number(t.first),
-                last=_csv_number(t.last),
-                change=_csv_number(t.change),
-                relative_change=_csv_number(t.relative_change),
-                uncertainty=_csv_number(t.uncertainty.total),
-                uncertainty_source=t.uncertainty.source,
-                z=_csv_number(t.z),
-                window=str(t.window),
-            )
+            row.update(judged_cells(t, r.p, r.q, z))
             if agreement is not None:
                 row["agreement"] = _agreement_text(agreement[(prediction, r.point)], n_runs)
             rows.append(row)
@@ -412,12 +467,14 @@ def hypotheses_report(
     )
     section.paragraphs.append(
         f"Each prediction is judged on {what} at every point it is about, with the findings' rule "
-        f"({settings.describe()}): consistent = the last window moved the predicted way from the first by more "
-        f"than {settings.z:g} standard errors U (the largest of jackknife, scatter and seed estimates); "
-        f"inconsistent = it moved the other way by more than {settings.z:g} U; inconclusive = within {settings.z:g} "
-        "U or no uncertainty; n/a = fewer than two finite observations. The hypotheses are not exclusive and share "
-        "some predictions, so the counts below are evidence for or against each prediction at each point, not a "
-        "verdict on a hypothesis."
+        f"({settings.describe()}): consistent = the last window moved the predicted way from the first beyond the "
+        f"threshold (z = {settings.z:g}, Student-t widened) of its combined standard error U = sqrt(J^2 + T^2), "
+        "J the paired jackknife term and T the training-noise term (columns 'terms'), and its Benjamini-Hochberg "
+        f"q-value over every prediction row is at most {settings.fdr:g}; inconsistent = it moved the other way by as "
+        "much; inconclusive = neither, or no uncertainty; n/a = fewer than two finite observations. A row whose note "
+        "says 'training noise not estimated' is judged on the jackknife alone: a statement about this run on these "
+        "images. The hypotheses are not exclusive and share some predictions, so the counts below are evidence for "
+        "or against each prediction at each point, not a verdict on a hypothesis."
     )
     view_runs = load_view_runs(runs)
     aggregates = {view: aggregate_runs(per_run) for view, per_run in view_runs.items()}
@@ -435,7 +492,7 @@ def hypotheses_report(
                         (prediction, r.point), Counter(dict.fromkeys(PREDICTION_VERDICTS, 0))
                     )
                     counter[r.verdict] += 1
-    rows = _csv_rows(results, agreement, len(runs))
+    rows = _csv_rows(results, agreement, len(runs), settings.z)
     if not any(results.values()):
         section.paragraphs.append(_NOT_RECORDED_TEXT)
         section.subsections.append(_cka_subsection(runs[0], figures_dir, several))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tgo.errors import UserInputError
-from tgo.records import DEFAULT_VIEW, RecordsError, RunDir, Series, load_series, load_spectra
+from tgo.records import DEFAULT_VIEW, RecordsError, RunDir, Series, load_jackknife, load_series, load_spectra
 
 __all__ = [
     "REPORT_VIEW",
@@ -51,6 +51,8 @@ class RunData:
         fingerprint: The analysis subset's fingerprint from the run's manifest, ``None`` if the run has none.
         stderr: The jackknife standard errors of the same series (same shape; NaN where none was recorded: old
             runs, jackknife disabled, diagnostics).
+        jackknife: metric -> point -> (epochs, [E, G] leave-one-group-out values) (`tgo.records.load_jackknife`;
+            empty for runs recorded before replicates were kept: their verdicts use unpaired standard errors).
     """
 
     path: Path
@@ -60,6 +62,7 @@ class RunData:
     epochs: list[int]
     fingerprint: str | None = None
     stderr: Series = field(default_factory=dict)
+    jackknife: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     _spectra: dict[int, dict[str, dict[str, np.ndarray]]] | None = field(default=None, repr=False)
 
     @property
@@ -189,6 +192,7 @@ def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunD
     try:
         series = load_series(run.root, view=REPORT_VIEW)
         stderr = load_series(run.root, view=REPORT_VIEW, column="stderr")
+        jackknife = load_jackknife(run.root, view=REPORT_VIEW)
     except RecordsError as err:
         raise ReportInputError(str(err)) from err
     if not series:
@@ -203,4 +207,5 @@ def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunD
         epochs=epochs,
         fingerprint=read_fingerprint(run.root),
         stderr=stderr,
+        jackknife=jackknife,
     )

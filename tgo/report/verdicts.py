@@ -1,49 +1,47 @@
-"""The statistics behind every verdict: window means of a series and the uncertainty of their differences.
+"""The statistics behind every verdict: contrasts of a series, their paired uncertainty, and the error-rate control.
 
-A claim such as "effective rank rises" is a statement about the *level* of a series at two times, and the recorded
-series are noisy: the published TGO-I values move 0.3-8% from one epoch to the next. Comparing two single epochs
-(or a single-epoch peak with the last epoch) therefore judges noise. Every verdict of `tgo.report.findings` is
-instead a difference of **window means** measured against its **uncertainty**, both computed here as small pure
-functions of arrays.
+A claim such as "effective rank rises" is a statement about the *level* of a series at two times. Every verdict of
+`tgo.report.findings` and `tgo.report.hypotheses` is a **contrast** ``D = sum_i c_i v_i`` of a series' observations
+(the last window minus the first, the peak window minus the last, CLS minus its best rival in the final window,
+...) judged against its **combined standard error** ``U``, computed here as small pure functions of arrays.
 
-Windows. A series of ``n`` finite observations is cut into consecutive windows of ``w`` observations
-(`window_width`: ``w = max(min_window, ceil(window * n))``, default 10% of the observations and at least 2, but
-never more than ``n // 2`` so the first and the last window never share an observation). Windows tile the series
-from the first observation (`tile_windows`); the last window is always the last ``w`` observations. Tiling, rather
-than sliding, keeps the choice of the peak window a maximum over ``n / w`` nearly independent means instead of over
-``n`` overlapping ones, which would favour a noise excursion.
+Windows. A series of ``n`` finite observations is cut into consecutive windows of ``w = ceil(window * n)``
+observations (`window_width`: default 10%, at least ``min_window = 1``, at most ``n // 2``). A run observed 7 times
+therefore compares single observations (epoch 30 against epoch 0, not the mean of epochs 0 and 5, which straddles
+the steepest part of the learning curve); the published 100 epochs compare means of 10.
 
-Uncertainty of a difference ``D = mean(B) - mean(A)`` of two windows (`Uncertainty`). Up to three estimates exist;
-the verdict uses the **largest** available one (`Uncertainty.total`):
+The two terms of ``U`` (`Uncertainty`), both real, added in quadrature, ``U = sqrt(J^2 + T^2)``:
 
-* **scatter** (always, from four observations on): the epoch-to-epoch scatter ``sigma`` of the series around a
-  smooth fit, times ``||c||``, the Euclidean norm of the contrast weights (``c = +1/|B|`` on ``B``,
-  ``-1/|A|`` on ``A``, which gives ``sigma * sqrt(1/|A| + 1/|B|)`` for disjoint windows and lets shared observations
-  cancel). The smooth fit is the straight line through each observation's two neighbours, so ``sigma`` is the
-  difference-based estimator of Gasser, Sroka and Jennen-Steinmetz (1986) (`scatter`): the pseudo-residual
-  ``e_i = v_i - (a_i v_{i-1} + b_i v_{i+1})`` (``a_i, b_i`` the linear-interpolation weights of the epochs) has
-  variance ``sigma^2 (1 + a_i^2 + b_i^2)`` for independent noise of variance ``sigma^2``, whatever the trend, so
-  ``sigma^2 = mean(e_i^2 / (1 + a_i^2 + b_i^2))``. It needs no model of the curve (a polynomial would have to
-  follow the steep first epochs and would count its misfit as noise) and its bias is the curve's local curvature,
-  which only makes the rule more cautious. It is one number per series: the window means' own scatter (ten
-  observations) would be too noisy an estimate of itself. Because ``sigma`` is itself estimated, from about
-  ``18 (n - 2) / 35`` degrees of freedom (`scatter_dof`), the term is widened by ``t_dof / z`` (`student_factor`,
-  1.05 for the published 100 epochs, about 4 for a 7-observation quickstart run), so that a scatter that came out
-  small by chance in a short series does not turn noise into a verdict.
-* **jackknife** (when the records hold standard errors): ``sqrt(j_A^2 + j_B^2)`` with ``j_A`` the mean recorded
-  jackknife standard error of window ``A``'s observations. The mean, not the mean divided by ``sqrt(|A|)``: every
-  epoch is measured on the same frozen analysis subset, so its sampling error is shared by neighbouring epochs and
-  averaging them does not shrink it. NaN standard errors (old runs, jackknife disabled, the published data) mean
-  "no jackknife information", and the scatter is used alone.
-* **seed** (several runs of a sweep): the standard deviation over runs of each run's own difference ``D_r``,
-  divided by ``sqrt(R)``: the standard error of the mean difference, paired by run so that a seed that sits high
-  throughout does not count as noise. For a sweep the scatter is that of the mean curve and the jackknife term is the
-  root mean square of the runs' standard errors, not divided by ``sqrt(R)`` either (the runs share one analysis
-  subset: the report refuses runs whose subsets differ).
+* **J, the paired jackknife term** (sampling of the analysis images). Every epoch and point is measured on the same
+  images, split into the same ``G`` jackknife groups, and the records keep every observation's ``G``
+  leave-one-group-out values (`tgo.records.load_jackknife`). The contrast is taken replicate by replicate,
+  ``D_(g) = sum_i c_i v_i,(g)``, and ``J = sqrt((G - 1)/G sum_g (D_(g) - D_(.))^2)`` (Efron and Tibshirani 1993,
+  ch. 11): what two epochs share (the same images) cancels, as it does in ``D``. Runs recorded before replicates
+  existed fall back to the earlier term, ``sqrt(j_B^2 + j_A^2)`` with ``j_B``, ``j_A`` the mean recorded standard
+  errors of the two windows (`_unpaired`: the windows as if independent), and say so (``J unpaired``). ``J`` has
+  ``G - 1`` degrees of freedom.
+* **T, the training-noise term** (another epoch of training would give another value). For one run:
+  ``sigma ||c j||`` with ``sigma`` the run's epoch-to-epoch noise in units of the jackknife standard errors ``j``,
+  pooled over the points of the observable, or ``sigma ||c||`` with a long series' own ``sigma``
+  (`tgo.report.training_noise`: the median absolute pseudo-residual, which a learning curve's few bends do not
+  inflate). With fewer than 6 observations ``T`` is **not estimated**, and the verdict is made on ``J`` alone, which
+  the row says ("this run; training noise not estimated"). For a sweep of ``R`` runs the seed-to-seed spread of the
+  run-wise contrasts, ``sd(D_r) / sqrt(R)`` with ``R - 1`` degrees of freedom (paired by run: a seed that sits high
+  throughout does not count), is pooled with the mean curve's own term by degrees of freedom; the seeds also see the
+  slow wander of whole trajectories that no single run can.
 
-The estimates overlap (a run's epoch-to-epoch noise is in its scatter and in the seed spread alike), so they are not
-added; the largest is kept, for one run and for a sweep alike (with one run the seed term is simply absent), and
-the table says which it was. A difference is significant when ``|D| > z * U`` (default ``z = 3``).
+A contrast is significant in a direction when ``D > t * U`` with ``t`` the Student-t quantile at the normal tail
+of ``z`` (default ``z = 3``) for the Welch-Satterthwaite degrees of freedom of ``U`` (`Uncertainty.dof`): an
+uncertainty estimated from few degrees of freedom is itself uncertain. Its two-sided p-value (`Uncertainty.p`)
+enters the **false-discovery control** of a table (`control_fdr`): the Benjamini-Hochberg q-values of all rows
+(`scipy.stats.false_discovery_control`), and a directional verdict needs both ``D > t U`` and ``q <= fdr``
+(default 0.05), so a table of many rows keeps its expected share of false directional verdicts below ``fdr``.
+
+Ratio-type observables that span decades (the catalogue's ``scale = "log"``: NC1, the Fisher ratio) are judged on
+the natural log of their values (and of every replicate), so their contrasts are log ratios.
+
+The rule is validated against known truth in `tgo.report.validation` (seeded synthetic trajectories with a shared
+subset term, independent epoch noise and a slow wander; the measured rates are in ``docs/findings.md``).
 """
 
 from __future__ import annotations
@@ -55,8 +53,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
+from scipy import stats
+
+from tgo.report.training_noise import TrainingNoise, series_noise
 
 __all__ = [
+    "DEFAULT_FDR",
     "DEFAULT_MIN_WINDOW",
     "DEFAULT_SETTINGS",
     "DEFAULT_STABLE_TOLERANCE",
@@ -66,10 +68,11 @@ __all__ = [
     "Uncertainty",
     "VerdictSettings",
     "Window",
+    "contrast",
+    "control_fdr",
     "difference",
+    "margin_series",
     "measured",
-    "scatter",
-    "scatter_dof",
     "significant",
     "student_factor",
     "tile_windows",
@@ -78,30 +81,35 @@ __all__ = [
 ]
 
 DEFAULT_WINDOW = 0.1
-DEFAULT_MIN_WINDOW = 2
+DEFAULT_MIN_WINDOW = 1
 DEFAULT_Z = 3.0
+DEFAULT_FDR = 0.05
 DEFAULT_STABLE_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
 class VerdictSettings:
-    """The settings of the verdict rule (``python -m tgo.report --window --min-window --z --stable-tolerance``).
+    """The settings of the verdict rule (``python -m tgo.report --window --min-window --z --fdr --stable-tolerance``).
 
     Attributes:
         window: Width of a window as a fraction of the observed epochs (default 0.1).
-        min_window: Fewest observations in a window (default 2; fewer only when the series is shorter than two
-            windows of this size).
-        z: How many uncertainties a difference must exceed to count (default 3).
+        min_window: Fewest observations in a window (default 1).
+        z: The per-row threshold as a normal quantile (default 3; widened to Student's t for the uncertainty's
+            degrees of freedom).
+        fdr: The false-discovery rate controlled over a table's rows (Benjamini-Hochberg; default 0.05; 1 turns the
+            control off).
         stable_tolerance: Largest relative change of an embedding still called stable (default 0.10).
 
     Raises:
-        ValueError: a window fraction outside ``(0, 1]``, ``min_window < 1``, ``z <= 0`` or a negative tolerance.
+        ValueError: a window fraction outside ``(0, 1]``, ``min_window < 1``, ``z <= 0``, ``fdr`` outside
+            ``(0, 1]`` or a negative tolerance.
     """
 
     window: float = DEFAULT_WINDOW
     min_window: int = DEFAULT_MIN_WINDOW
     z: float = DEFAULT_Z
     stable_tolerance: float = DEFAULT_STABLE_TOLERANCE
+    fdr: float = DEFAULT_FDR
 
     def __post_init__(self) -> None:
         if not 0 < self.window <= 1:
@@ -110,14 +118,17 @@ class VerdictSettings:
             raise ValueError(f"min_window must be a whole number of observations >= 1, got {self.min_window!r}")
         if not self.z > 0:
             raise ValueError(f"z must be > 0, got {self.z!r}")
+        if not 0 < self.fdr <= 1:
+            raise ValueError(f"fdr must be a rate in (0, 1], got {self.fdr!r}")
         if not self.stable_tolerance >= 0:
             raise ValueError(f"stable_tolerance must be >= 0, got {self.stable_tolerance!r}")
 
     def describe(self) -> str:
         """The settings in words, for the report page and the notes."""
         return (
-            f"windows of {self.window:.0%} of the observed epochs (at least {self.min_window} observations), "
-            f"z = {self.z:g}"
+            f"windows of {self.window:.0%} of the observed epochs (at least {self.min_window} observation"
+            f"{'s' if self.min_window != 1 else ''}), z = {self.z:g} (Student-t widened), false-discovery rate "
+            f"{self.fdr:g} over the table's rows (Benjamini-Hochberg)"
         )
 
 
@@ -178,19 +189,23 @@ class Measured:
 
     Attributes:
         epochs: Epochs, ascending (float64 so that fractional labels survive).
-        values: The judged values (a run's, or the mean over a sweep's runs).
-        stderr: Jackknife standard error per observation (NaN where none was recorded).
+        values: The judged values (a run's, or the mean over a sweep's runs; natural logs on a log scale).
+        stderr: Jackknife standard error per observation (NaN where none was recorded; on the judged scale).
         replicates: ``[R, n]`` values of each run of a sweep at the same epochs (``None`` for a single series).
-        sigma: Epoch-to-epoch scatter of ``values`` around a smooth fit (`scatter`; NaN below 3 observations).
-        dof: Effective degrees of freedom of ``sigma`` (`scatter_dof`).
+        leave_out: ``[n, G]`` leave-one-group-out jackknife values of every observation (``None``: not recorded,
+            the runs predate them or the jackknife was off); rows with a NaN mean "none at that epoch".
+        noise: The training noise of ``values`` (`tgo.report.training_noise`: the series' own, or pooled over the
+            points of its observable).
+        scale: ``linear`` or ``log`` (values, errors and replicates are logs).
     """
 
     epochs: np.ndarray
     values: np.ndarray
     stderr: np.ndarray
     replicates: np.ndarray | None
-    sigma: float
-    dof: float
+    leave_out: np.ndarray | None
+    noise: TrainingNoise
+    scale: str = "linear"
 
     @property
     def n(self) -> int:
@@ -198,14 +213,13 @@ class Measured:
         return int(self.values.size)
 
     def mean(self, window: Window) -> float:
-        """The mean of the values in a window."""
+        """The mean of the (judged-scale) values in a window."""
         return float(np.mean(self.values[window.start : window.stop]))
 
-    def jackknife(self, window: Window) -> float:
-        """The mean recorded standard error of a window's observations (NaN when none was recorded)."""
-        se = self.stderr[window.start : window.stop]
-        se = se[np.isfinite(se)]
-        return float(np.mean(se)) if se.size else math.nan
+    def level(self, window: Window) -> float:
+        """The window mean on the observable's own scale (the geometric mean on a log scale)."""
+        value = self.mean(window)
+        return math.exp(value) if self.scale == "log" else value
 
 
 def _aligned(epochs: np.ndarray, other_epochs: ArrayLike, other_values: ArrayLike) -> np.ndarray:
@@ -217,12 +231,28 @@ def _aligned(epochs: np.ndarray, other_epochs: ArrayLike, other_values: ArrayLik
     return np.array([table.get(float(e), math.nan) for e in epochs], dtype=np.float64)
 
 
+def _aligned_rows(epochs: np.ndarray, other_epochs: ArrayLike, rows: ArrayLike) -> np.ndarray | None:
+    """Rows ``[E, G]`` of ``rows`` at ``epochs`` (a NaN row where ``other_epochs`` lacks an epoch)."""
+    matrix = np.asarray(rows, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] == 0:
+        return None
+    index = {float(e): i for i, e in enumerate(np.asarray(other_epochs, dtype=np.float64).ravel())}
+    out = np.full((epochs.size, matrix.shape[1]), math.nan)
+    for i, e in enumerate(epochs):
+        j = index.get(float(e))
+        if j is not None:
+            out[i] = matrix[j]
+    return out
+
+
 def measured(
     epochs: ArrayLike,
     values: ArrayLike,
     *,
     stderr: tuple[ArrayLike, ArrayLike] | ArrayLike | None = None,
     replicates: np.ndarray | None = None,
+    leave_out: tuple[ArrayLike, ArrayLike] | ArrayLike | None = None,
+    scale: str = "linear",
 ) -> Measured:
     """Builds a `Measured` series: drops non-finite observations, sorts by epoch, aligns errors and replicates.
 
@@ -232,10 +262,15 @@ def measured(
         stderr: Jackknife standard errors, either per observation (same length as ``values``) or as
             ``(epochs, stderr)`` to be aligned by epoch; ``None`` means none were recorded.
         replicates: ``[R, len(values)]`` per-run values at the same epochs (a sweep), or ``None``.
+        leave_out: Jackknife leave-one-group-out values, ``[len(values), G]`` or ``(epochs, [E, G])`` to be aligned
+            by epoch; ``None``: not recorded.
+        scale: ``linear``, or ``log`` to judge the natural log of the values (non-positive values are dropped).
 
     Raises:
-        ValueError: epochs and values (or replicates) of different lengths.
+        ValueError: epochs and values (or replicates, or leave-out values) of different lengths, an unknown scale.
     """
+    if scale not in ("linear", "log"):
+        raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
     e = np.asarray(epochs, dtype=np.float64).ravel()
     v = np.asarray(values, dtype=np.float64).ravel()
     if e.shape != v.shape:
@@ -253,69 +288,105 @@ def measured(
         reps = np.asarray(replicates, dtype=np.float64)
         if reps.ndim != 2 or reps.shape[1] != v.size:
             raise ValueError(f"replicates must be [runs, {v.size}], got shape {reps.shape}")
+    loo = None
+    if leave_out is not None:
+        if isinstance(leave_out, tuple) and len(leave_out) == 2:
+            loo = _aligned_rows(e, leave_out[0], leave_out[1])
+        else:
+            loo = np.asarray(leave_out, dtype=np.float64)
+            if loo.ndim != 2 or loo.shape[0] != v.size:
+                raise ValueError(f"leave_out must be [{v.size}, groups], got shape {loo.shape}")
     keep = np.isfinite(e) & np.isfinite(v)
+    if scale == "log":
+        keep &= v > 0
     order = np.argsort(e[keep], kind="mergesort")
     e, v, se = e[keep][order], v[keep][order], se[keep][order]
     se = np.where(se >= 0, se, math.nan)  # a negative "standard error" is no information
     if reps is not None:
         reps = reps[:, keep][:, order]
-    return Measured(e, v, se, reps, scatter(e, v), scatter_dof(v.size))
+    if loo is not None:
+        loo = loo[keep][order]
+    if scale == "log":
+        with np.errstate(all="ignore"):
+            se = se / v  # the delta method: sd(log x) = sd(x) / x
+            v = np.log(v)
+            if reps is not None:
+                reps = np.where(reps > 0, np.log(np.where(reps > 0, reps, 1.0)), math.nan)
+            if loo is not None:
+                loo = np.where(loo > 0, np.log(np.where(loo > 0, loo, 1.0)), math.nan)
+    return Measured(e, v, se, reps, loo, series_noise(e, v), scale)
 
 
-def scatter(epochs: ArrayLike, values: ArrayLike) -> float:
-    """Epoch-to-epoch scatter of a series around the line through each observation's neighbours (NaN if n < 3).
+def student_factor(z: float, dof: float) -> float:
+    """``t_dof / z``: how much wider the Student-t quantile is than the normal one at the tail probability of ``z``.
 
-    ``e_i = v_i - (a_i v_{i-1} + b_i v_{i+1})`` with ``a_i = (t_{i+1} - t_i) / (t_{i+1} - t_{i-1})`` and
-    ``b_i = 1 - a_i``; for independent noise of standard deviation ``sigma`` around any curve that is straight over
-    three observations, ``E[e_i^2] = sigma^2 (1 + a_i^2 + b_i^2)``. Returns ``sqrt(mean(e_i^2 / (1 + a_i^2 +
-    b_i^2)))`` (Gasser, Sroka and Jennen-Steinmetz 1986), which works for unevenly spaced epochs too.
+    An uncertainty estimated from few degrees of freedom is itself uncertain: ``|D| > z * U_hat`` happens more often
+    than the normal tail says when ``U_hat`` came out small by chance. Multiplying by this factor restores the
+    intended tail probability (`scipy.stats.t.ppf`).
 
-    Args:
-        epochs: Ascending, distinct epochs.
-        values: Finite values at those epochs.
+    Returns:
+        A factor >= 1 (1 for ``dof`` infinite or NaN: known exactly; ``inf`` for ``dof < 1``).
     """
-    t = np.asarray(epochs, dtype=np.float64).ravel()
-    v = np.asarray(values, dtype=np.float64).ravel()
-    if v.size < 3:
-        return math.nan
-    span = t[2:] - t[:-2]
-    if np.any(span <= 0):
-        raise ValueError("scatter: epochs must be ascending and distinct")
-    a = (t[2:] - t[1:-1]) / span
-    b = 1.0 - a
-    residual = v[1:-1] - (a * v[:-2] + b * v[2:])
-    return float(np.sqrt(np.mean(residual**2 / (1.0 + a**2 + b**2))))
+    if not math.isfinite(dof):
+        return 1.0
+    if dof < 1:
+        return math.inf
+    tail = float(stats.norm.sf(z))
+    return max(1.0, float(stats.t.isf(tail, dof)) / z)
 
 
 @dataclass(frozen=True)
 class Uncertainty:
-    """The standard error of a difference of window means, by source (NaN where a source is absent).
+    """The standard error of a contrast, by term, and how it is judged (NaN where a term is absent).
 
     Attributes:
-        scatter: From the series' epoch-to-epoch scatter.
-        jackknife: From the recorded jackknife standard errors.
-        seed: From the spread of the same difference over the runs of a sweep.
+        jackknife: ``J``, the jackknife standard error of the contrast (paired when ``paired``).
+        paired: Whether ``J`` was taken replicate by replicate (False: from the recorded standard errors of the
+            observations, as if independent: runs that predate the replicates).
+        jackknife_dof: Its degrees of freedom (``G - 1``; ``inf`` when ``G`` is unknown).
+        training: ``T``, the training-noise standard error of the contrast (NaN: not estimated).
+        training_source: ``pooled`` (the run's epoch-to-epoch noise, pooled over the points of the observable),
+            ``series`` (the series' own), ``seeds`` (a sweep's seed-to-seed spread), ``seeds+pooled`` /
+            ``seeds+series`` (both, pooled by degrees of freedom), or ``""`` (not estimated).
+        training_dof: Its degrees of freedom.
     """
 
-    scatter: float = math.nan
     jackknife: float = math.nan
-    seed: float = math.nan
+    paired: bool = False
+    jackknife_dof: float = math.inf
+    training: float = math.nan
+    training_source: str = ""
+    training_dof: float = math.inf
 
-    def _available(self) -> dict[str, float]:
-        estimates = (("scatter", self.scatter), ("jackknife", self.jackknife), ("seed", self.seed))
-        return {name: value for name, value in estimates if math.isfinite(value)}
+    def _terms(self) -> list[tuple[str, float, float]]:
+        terms = [("jackknife", self.jackknife, self.jackknife_dof), ("training", self.training, self.training_dof)]
+        return [(name, value, dof) for name, value, dof in terms if math.isfinite(value)]
 
     @property
     def total(self) -> float:
-        """The largest available estimate (NaN when none is)."""
-        available = self._available()
-        return max(available.values()) if available else math.nan
+        """The combined standard error ``sqrt(J^2 + T^2)`` of the available terms (NaN when none is)."""
+        terms = self._terms()
+        return math.sqrt(sum(v * v for _, v, _ in terms)) if terms else math.nan
+
+    @property
+    def dof(self) -> float:
+        """Welch-Satterthwaite degrees of freedom of `total`: ``U^4 / sum (term^4 / dof)`` (inf: known exactly)."""
+        terms = [(v, d) for _, v, d in self._terms() if v > 0]
+        if not terms:
+            return math.inf
+        denominator = sum(v**4 / d for v, d in terms if math.isfinite(d))
+        return math.inf if denominator == 0 else sum(v * v for v, _ in terms) ** 2 / denominator
 
     @property
     def source(self) -> str:
-        """Which estimate ``total`` is (``scatter``, ``jackknife``, ``seed``; ``""`` when none is available)."""
-        available = self._available()
-        return max(available, key=lambda k: available[k]) if available else ""
+        """The term that dominates ``U`` (``jackknife``, ``training``; ``""`` when none is available)."""
+        terms = self._terms()
+        return max(terms, key=lambda t: t[1])[0] if terms else ""
+
+    @property
+    def training_estimated(self) -> bool:
+        """Whether a training-noise term went into ``U``."""
+        return math.isfinite(self.training)
 
     def z(self, difference: float) -> float:
         """``difference / total`` (NaN without an uncertainty; ±inf for a nonzero difference of a noiseless series)."""
@@ -326,98 +397,155 @@ class Uncertainty:
             return 0.0 if difference == 0 else math.copysign(math.inf, difference)
         return difference / total
 
+    def threshold(self, z: float) -> float:
+        """How large a contrast must be to count at normal quantile ``z``: ``U * t_dof / z * z``."""
+        return self.total * z * student_factor(z, self.dof)
 
-def scatter_dof(n: int) -> float:
-    """Effective degrees of freedom of `scatter` from ``n`` observations: ``18 (n - 2) / 35``.
+    def p(self, difference: float) -> float:
+        """Two-sided p-value of ``difference`` (Student-t with `dof`; NaN without an uncertainty)."""
+        z = self.z(difference)
+        if math.isnan(z):
+            return math.nan
+        if math.isinf(z):
+            return 0.0
+        dof = self.dof
+        tail = stats.norm.sf(abs(z)) if not math.isfinite(dof) else stats.t.sf(abs(z), max(dof, 1e-9))
+        return float(min(1.0, 2.0 * tail))
 
-    Neighbouring pseudo-residuals share observations, so ``n - 2`` of them carry the information of about half as
-    many independent squares (Gasser, Sroka and Jennen-Steinmetz 1986: the estimator's variance is ``35 sigma^4 /
-    (9 n)`` for evenly spaced epochs, against ``2 sigma^4 / nu`` for a chi-square with ``nu`` degrees of freedom).
+    def describe(self) -> str:
+        """``J 0.12 (paired) + T 0.05 (fit, 4 dof)``: the terms in words, for notes."""
+        parts = []
+        if math.isfinite(self.jackknife):
+            parts.append(f"J {self.jackknife:.2g} ({'paired' if self.paired else 'unpaired'})")
+        if math.isfinite(self.training):
+            parts.append(f"T {self.training:.2g} ({self.training_source}, {self.training_dof:.0f} dof)")
+        else:
+            parts.append("training noise not estimated")
+        return " + ".join(parts)
+
+
+def _jackknife_of(values: np.ndarray) -> float:
+    """Delete-a-group jackknife standard error of ``G`` leave-one-out values (NaN if any is NaN or G < 2)."""
+    g = values.size
+    if g < 2 or not np.all(np.isfinite(values)):
+        return math.nan
+    return float(math.sqrt((g - 1) / g * float(np.sum((values - values.mean()) ** 2))))
+
+
+def _unpaired(c: np.ndarray, stderr: np.ndarray) -> float:
+    """The jackknife term without replicates: ``sqrt(j_B^2 + j_A^2)`` (NaN where an error is missing).
+
+    ``j_B`` and ``j_A`` are the weighted mean recorded standard errors of the observations counted positively and
+    negatively (for a window difference, the mean error of each window). The mean, not the mean divided by
+    ``sqrt(|B|)``: neighbouring epochs share their sampling error (the same images), so averaging them does not
+    shrink it; and the two sides are combined as if independent, which is what pairing the replicates improves on.
     """
-    return 18.0 * (n - 2) / 35.0
+    terms = []
+    for side in (c > 0, c < 0):
+        if np.any(side):
+            se = stderr[side]
+            if not np.all(np.isfinite(se)):
+                return math.nan
+            weights = np.abs(c[side])
+            terms.append(float(weights @ se / weights.sum()))
+    return math.sqrt(sum(t * t for t in terms)) if terms else math.nan
 
 
-def student_factor(z: float, dof: float) -> float:
-    """``t_dof / z``: how much wider a Student-t quantile is than the normal one at the same tail probability.
-
-    An uncertainty estimated from few observations is itself uncertain: ``|D| > z * sigma_hat`` happens more often
-    than the normal tail says when ``sigma_hat`` came out small by chance. Multiplying the estimate by this factor
-    restores the intended tail probability. The quantile is the Cornish-Fisher expansion of Student's t in powers of
-    ``1 / dof`` (four terms; within 3% of the exact quantile for ``dof >= 3`` at ``z = 3``, and still wide below),
-    so the report needs no scipy.
-
-    Args:
-        z: The normal quantile (the verdict threshold).
-        dof: Degrees of freedom of the estimate (``inf`` or NaN: known exactly, factor 1).
-
-    Returns:
-        A factor >= 1 (``inf`` for ``dof < 1``: an estimate from less than one degree of freedom is no estimate).
-    """
-    if not math.isfinite(dof):
-        return 1.0
-    if dof < 1:
-        return math.inf
-    g1 = (z**3 + z) / 4
-    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-    g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-    t = z + g1 / dof + g2 / dof**2 + g3 / dof**3 + g4 / dof**4
-    return max(1.0, t / z)
-
-
-def _seed_term(per_run: np.ndarray) -> float:
-    """Standard error over runs of per-run differences (NaN with fewer than two finite runs)."""
+def _seed_term(per_run: np.ndarray) -> tuple[float, float]:
+    """Standard error over runs of per-run contrasts and its degrees of freedom (NaN with fewer than 2 runs)."""
     finite = per_run[np.isfinite(per_run)]
     if finite.size < 2:
-        return math.nan
-    return float(np.std(finite, ddof=1) / math.sqrt(finite.size))
+        return math.nan, 0.0
+    return float(np.std(finite, ddof=1) / math.sqrt(finite.size)), float(finite.size - 1)
 
 
-def _quadrature(*terms: float) -> float:
-    finite = [t for t in terms if math.isfinite(t)]
-    return math.sqrt(sum(t * t for t in finite)) if finite else math.nan
-
-
-def difference(
-    later: tuple[Measured, Window], earlier: tuple[Measured, Window], *, z: float = DEFAULT_Z
-) -> tuple[float, Uncertainty]:
-    """``mean(later window) - mean(earlier window)`` and its `Uncertainty` (see the module docstring).
-
-    Both windows may belong to the same series (a trend: first, peak and last windows) or to two series observed at
-    the same epochs by the same runs (the CLS point against another point in the final window).
+def contrast(m: Measured, weights: ArrayLike) -> tuple[float, Uncertainty]:
+    """``D = sum_i c_i v_i`` and its `Uncertainty` (see the module docstring).
 
     Args:
-        later: The series and window counted positively.
-        earlier: The series and window subtracted.
-        z: The verdict threshold, for the small-sample widening of the scatter term (`student_factor`).
+        m: The series.
+        weights: ``c`` ``[n]`` (a window difference: ``+1/|B|`` on window B, ``-1/|A|`` on A; a level: ``1/|B|``).
 
     Returns:
-        ``(difference, uncertainty)``.
+        ``(D, uncertainty)``.
     """
-    (x, b), (y, a) = later, earlier
-    value = x.mean(b) - y.mean(a)
-    if x is y:
-        c = b.weights(x.n) - a.weights(x.n)
-        scatter_term = x.sigma * student_factor(z, x.dof) * float(np.linalg.norm(c))
-    else:
-        widened_x, widened_y = x.sigma * student_factor(z, x.dof), y.sigma * student_factor(z, y.dof)
-        scatter_term = math.sqrt(widened_x**2 / b.size + widened_y**2 / a.size)
-    jackknife_term = _quadrature(x.jackknife(b), y.jackknife(a))
-    seed_term = math.nan
-    if x.replicates is not None and y.replicates is not None and x.replicates.shape[0] == y.replicates.shape[0]:
+    c = np.asarray(weights, dtype=np.float64).ravel()
+    if c.size != m.n:
+        raise ValueError(f"contrast: {c.size} weights for a series of {m.n} observations")
+    used = c != 0
+    value = float(c @ m.values)
+    jackknife, paired, jackknife_dof = math.nan, False, math.inf
+    if m.leave_out is not None and np.all(np.isfinite(m.leave_out[used])):
+        jackknife = _jackknife_of(c[used] @ m.leave_out[used])
+        paired, jackknife_dof = True, float(m.leave_out.shape[1] - 1)
+    if not math.isfinite(jackknife):
+        jackknife, paired, jackknife_dof = _unpaired(c, m.stderr), False, math.inf
+    fit = (math.nan, 0.0)  # the run's own training-noise term: sigma * ||c||, or sigma * ||c * j|| when pooled
+    if m.noise.estimated and not m.noise.relative:
+        fit = (m.noise.sigma * float(np.linalg.norm(c)), m.noise.dof)
+    elif m.noise.estimated and np.all(np.isfinite(m.stderr[used])):
+        fit = (m.noise.sigma * float(np.linalg.norm(c[used] * m.stderr[used])), m.noise.dof)
+    seed = (math.nan, 0.0)
+    if m.replicates is not None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            per_run = x.replicates[:, b.start : b.stop].mean(axis=1) - y.replicates[:, a.start : a.stop].mean(axis=1)
-        seed_term = _seed_term(per_run)
-    if not math.isfinite(scatter_term):
-        scatter_term = math.nan  # fewer than 4 observations: no usable scatter
-    return value, Uncertainty(scatter=scatter_term, jackknife=jackknife_term, seed=seed_term)
+            seed = _seed_term(m.replicates[:, used] @ c[used])
+    training, source, training_dof = math.nan, "", math.inf
+    own = m.noise.source
+    if math.isfinite(seed[0]) and math.isfinite(fit[0]):
+        dof = seed[1] + fit[1]
+        training = math.sqrt((seed[1] * seed[0] ** 2 + fit[1] * fit[0] ** 2) / dof)
+        source, training_dof = f"seeds+{own}", dof
+    elif math.isfinite(seed[0]):
+        training, source, training_dof = seed[0], "seeds", seed[1]
+    elif math.isfinite(fit[0]):
+        training, source, training_dof = fit[0], own, fit[1]
+    return value, Uncertainty(jackknife, paired, jackknife_dof, training, source, training_dof)
+
+
+def difference(m: Measured, later: Window, earlier: Window) -> tuple[float, Uncertainty]:
+    """``mean(later) - mean(earlier)`` of one series and its `Uncertainty` (`contrast` of the two windows)."""
+    return contrast(m, later.weights(m.n) - earlier.weights(m.n))
+
+
+def margin_series(x: Measured, y: Measured) -> Measured:
+    """The series ``x - y`` at the epochs both observed: the contrast of two points measured on the same images.
+
+    Values, leave-one-out values (when both have them with the same ``G``) and runs are subtracted epoch by epoch,
+    so every term of a later contrast is paired; the recorded standard errors combine as if independent (the
+    fallback). Its training noise is that of the difference series itself, or, when ``x`` carries a dispersion
+    pooled over its observable's points, that dispersion applied to the margin's standard errors.
+    """
+    if x.scale != y.scale:
+        raise ValueError(f"margin_series: series on different scales ({x.scale} vs {y.scale})")
+    common = x.epochs[np.isin(x.epochs, y.epochs)]
+    ix, iy = np.isin(x.epochs, common), np.isin(y.epochs, common)
+    values = x.values[ix] - y.values[iy]
+    stderr = np.sqrt(x.stderr[ix] ** 2 + y.stderr[iy] ** 2)
+    leave_out = None
+    if x.leave_out is not None and y.leave_out is not None and x.leave_out.shape[1] == y.leave_out.shape[1]:
+        leave_out = x.leave_out[ix] - y.leave_out[iy]
+    reps = None
+    if x.replicates is not None and y.replicates is not None and x.replicates.shape[0] == y.replicates.shape[0]:
+        reps = x.replicates[:, ix] - y.replicates[:, iy]
+    noise = x.noise if x.noise.relative else series_noise(common, values)
+    return Measured(common, values, stderr, reps, leave_out, noise, x.scale)
 
 
 def significant(value: float, uncertainty: Uncertainty, z: float) -> bool:
-    """Whether ``value > z * uncertainty`` (one-sided; False without an uncertainty)."""
-    total = uncertainty.total
-    return math.isfinite(total) and math.isfinite(value) and value > z * total
+    """Whether ``value > t * U`` (one direction; Student-t widened; False without an uncertainty)."""
+    threshold = uncertainty.threshold(z)
+    return math.isfinite(threshold) and math.isfinite(value) and value > threshold
+
+
+def control_fdr(p_values: Sequence[float]) -> np.ndarray:
+    """Benjamini-Hochberg q-values of a table's rows (NaN p-values stay NaN and do not count as tests)."""
+    p = np.asarray(p_values, dtype=np.float64)
+    q = np.full(p.shape, math.nan)
+    finite = np.isfinite(p)
+    if np.any(finite):
+        q[finite] = stats.false_discovery_control(np.clip(p[finite], 0.0, 1.0), method="bh")
+    return q
 
 
 def window_epochs(epochs: Sequence[float] | np.ndarray, window: Window) -> str:

@@ -104,6 +104,8 @@ class Observable:
             ``probe``: a hypothesis-probe metric computed by ``tgo.observatory.views`` from several views or the
             per-image vectors, recorded only on ``views``.
         views: For ``probe`` entries, the views that carry it.
+        scale: How verdicts compare its values: ``linear`` (differences), or ``log`` for positive ratio-type
+            quantities that move by decades (NC1, the Fisher ratio): their changes are judged as log ratios.
     """
 
     name: str
@@ -116,6 +118,7 @@ class Observable:
     doc: str = "docs/observables.md#3-the-observables"
     scope: Scope = "covariance"
     views: tuple[str, ...] = ()
+    scale: str = "linear"
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
@@ -128,6 +131,8 @@ class Observable:
             raise ValueError(f"Observable {self.name}: noise_floor must be >= 0; got {self.noise_floor!r}")
         if self.scope not in ("covariance", "probe"):
             raise ValueError(f"Observable {self.name}: scope must be 'covariance' or 'probe'; got {self.scope!r}")
+        if self.scale not in ("linear", "log"):
+            raise ValueError(f"Observable {self.name}: scale must be 'linear' or 'log'; got {self.scale!r}")
         if self.scope == "probe" and not self.views:
             raise ValueError(f"Observable {self.name}: a probe observable must name the views that carry it")
 
@@ -407,7 +412,13 @@ def _computed_by_views(inputs: SpectralInputs) -> float:
 
 
 def _probe(
-    name: str, formula: str, views: tuple[str, ...], *, spread: Spread | None = None, charted: bool = True
+    name: str,
+    formula: str,
+    views: tuple[str, ...],
+    *,
+    spread: Spread | None = None,
+    charted: bool = True,
+    scale: str = "linear",
 ) -> None:
     CATALOGUE.register(
         Observable(
@@ -419,14 +430,15 @@ def _probe(
             doc="docs/hypotheses.md",
             scope="probe",
             views=views,
+            scale=scale,
         )
     )
 
 
 _CLASS_VIEWS = ("cls", "patch")
 _probe("between_image_fraction", "tr C_between / (tr C_between + tr C_within) (law of total covariance)", ("all",))
-_probe("fisher_ratio", "tr S_B / tr S_W of the per-image vectors", _CLASS_VIEWS)
-_probe("nc1", "tr(Sigma_W Sigma_B^+) / C (Papyan et al. 2020)", _CLASS_VIEWS)
+_probe("fisher_ratio", "tr S_B / tr S_W of the per-image vectors", _CLASS_VIEWS, scale="log")
+_probe("nc1", "tr(Sigma_W Sigma_B^+) / C (Papyan et al. 2020)", _CLASS_VIEWS, scale="log")
 _probe("between_class_effective_rank", "effective rank of S_B (at most C - 1)", _CLASS_VIEWS, spread="rises")
 _probe("within_class_effective_rank", "effective rank of S_W", _CLASS_VIEWS, spread="rises")
 _probe("ncc_accuracy", "held-out nearest-class-centre accuracy (class-stratified folds)", _CLASS_VIEWS)
@@ -442,6 +454,6 @@ _probe(
 _probe(
     "subspace_overlap_init_k90", "as subspace_overlap_init with k = components_90 of the first", ("all",), charted=False
 )
-_probe("massive_activation_ratio", "max_d M_d / median_d M_d, M_d = max |x_d| over every row", ("all",))
+_probe("massive_activation_ratio", "max_d M_d / median_d M_d, M_d = max |x_d| over every row", ("all",), scale="log")
 _probe("massive_activation_dim", "argmax_d M_d (the dimension of that ratio)", ("all",), charted=False)
 _probe("massive_dim_variance_share", "C_dd / tr C for that dimension", ("all",), charted=False)

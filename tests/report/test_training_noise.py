@@ -1,0 +1,144 @@
+"""The training-noise estimate: the noise around a learning curve, not the curve's bend counted as noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import isotonic_regression
+
+from tgo.report.training_noise import (
+    MIN_OBSERVATIONS,
+    pooled_dispersion,
+    prefix_isotonic,
+    pseudo_residuals,
+    robust_scale,
+    series_noise,
+    shape_fit,
+)
+
+
+def saturating(t: np.ndarray, amplitude: float = 10.0) -> np.ndarray:
+    return amplitude * (1.0 - np.exp(-t / 0.15))
+
+
+# -------------------------------------------------------------------------------------------- the shape fit
+def test_prefix_isotonic_gives_every_prefixs_least_squares_fit():
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal(12).cumsum() * 0.3 + rng.standard_normal(12)
+    rss, levels = prefix_isotonic(y)
+    for m in range(1, 13):
+        fit = isotonic_regression(y[:m], increasing=True).x
+        assert rss[m] == pytest.approx(float(np.sum((y[:m] - fit) ** 2)), abs=1e-10)
+        assert levels[m] == np.unique(np.round(fit, 12)).size
+
+
+def test_the_shape_fit_is_the_best_unimodal_or_antimodal_fit_over_every_turning_point():
+    """Independent reference: scipy's isotonic regression at every cut, both shapes, best by brute force."""
+    rng = np.random.default_rng(6)
+    for _ in range(20):
+        y = rng.standard_normal(9) + np.sin(np.linspace(0, 3, 9)) * rng.uniform(0, 3)
+        best = math.inf
+        for sign in (1.0, -1.0):
+            for m in range(10):
+                up = isotonic_regression(sign * y[:m], increasing=True).x if m else np.zeros(0)
+                down = isotonic_regression(sign * y[m:], increasing=False).x if m < 9 else np.zeros(0)
+                best = min(best, float(np.sum((sign * y - np.concatenate([up, down])) ** 2)))
+        fit = shape_fit(y)
+        assert fit.rss == pytest.approx(best, abs=1e-10)
+        assert float(np.sum((y - fit.values) ** 2)) == pytest.approx(best, abs=1e-10)
+    rising = shape_fit(np.arange(7.0))
+    assert rising.rss == 0 and rising.levels == 7
+
+
+# -------------------------------------------------------------------------------------- the pooled estimate
+@pytest.mark.parametrize("amplitude", [10.0, 30.0])
+def test_the_pooled_estimate_follows_a_7_observation_saturating_run_where_pseudo_residuals_count_the_bend(
+    amplitude: float,
+):
+    """Known truth: 15 points, 7 observations each, a saturating rise with noise of 1 (in jackknife units).
+
+    The fit takes the bend, so the estimate is the noise (low by about a quarter: choosing the turning point
+    absorbs a little of it, and the validation's rates include that), while the mean square of the pseudo-residuals
+    (the earlier rule's scatter) is mostly the bend of the first epochs.
+    """
+    rng = np.random.default_rng(1)
+    t = np.linspace(0, 1, 7)
+    estimates, mean_squares = [], []
+    for _ in range(100):
+        series = [(t, saturating(t, amplitude) + rng.standard_normal(7), np.ones(7)) for _ in range(15)]
+        noise = pooled_dispersion(series)
+        if noise.estimated:
+            estimates.append(noise.sigma)
+        mean_squares.append(np.sqrt(np.mean(np.concatenate([pseudo_residuals(t, v) ** 2 for t, v, _ in series]))))
+    assert len(estimates) >= 50
+    assert 0.6 < np.median(estimates) < 1.05
+    assert np.median(mean_squares) > (1.3 if amplitude == 10 else 2.5)
+
+
+def test_a_smooth_run_that_the_fit_interpolates_leaves_the_training_noise_not_estimated():
+    t = np.linspace(0, 1, 7)
+    smooth = [(t, saturating(t, 100.0 + p), np.ones(7)) for p in range(15)]
+    noise = pooled_dispersion(smooth)
+    assert not noise.estimated and noise.series == 0
+
+
+def test_pooling_is_in_units_of_each_observations_jackknife_error():
+    rng = np.random.default_rng(2)
+    t = np.arange(20.0)
+    series = []
+    for scale in (0.1, 1.0, 10.0):  # three points on very different scales, each noisy by twice its error
+        j = np.full(20, scale)
+        series.append((t, 0.2 * scale * np.sin(t / 3) + 2 * j * rng.standard_normal(20), j))
+    noise = pooled_dispersion(series * 20)
+    assert noise.relative and noise.series == 60 and 0.75 * 2.0 < noise.sigma < 1.05 * 2.0
+
+
+def test_too_few_pooled_degrees_of_freedom_give_no_estimate():
+    few = [(np.arange(5.0), np.array([0.0, 2.0, 1.0, 3.0, 2.5]), np.ones(5))] * 3  # 3 x 1 dof: fewer than 10
+    noise = pooled_dispersion(few)
+    assert not noise.estimated and noise.dof == 3 and noise.series == 3
+    nan_errors = pooled_dispersion([(np.arange(8.0), np.arange(8.0)[::-1] % 3, np.full(8, math.nan))])
+    assert not nan_errors.estimated and nan_errors.series == 0
+
+
+# --------------------------------------------------------------------- a long series' own pseudo-residuals
+def test_pseudo_residuals_vanish_on_a_straight_line_even_with_uneven_epochs():
+    epochs = np.array([0.0, 1.0, 3.0, 4.0, 9.0, 10.0])
+    assert np.allclose(pseudo_residuals(epochs, 2.0 - 0.5 * epochs), 0.0, atol=1e-12)
+    with pytest.raises(ValueError, match="ascending"):
+        pseudo_residuals([0, 2, 1], [1.0, 2.0, 3.0])
+
+
+def test_pseudo_residuals_have_the_noises_standard_deviation():
+    rng = np.random.default_rng(0)
+    epochs = np.sort(rng.choice(200, 60, replace=False)).astype(float)
+    e = np.concatenate([pseudo_residuals(epochs, 3.0 * rng.standard_normal(60)) for _ in range(200)])
+    assert np.std(e) == pytest.approx(3.0, rel=0.03)
+
+
+def test_the_median_pseudo_residual_of_a_long_saturating_series_is_its_noise():
+    rng = np.random.default_rng(7)
+    t = np.arange(100.0)
+    estimates = [series_noise(t, saturating(t / 100, 50.0) + rng.standard_normal(100)).sigma for _ in range(200)]
+    assert np.median(estimates) == pytest.approx(1.0, rel=0.1)
+
+
+def test_the_degrees_of_freedom_match_the_spread_of_the_median_estimate():
+    """``N (18/35) / 2.72``, against 2 / Var(sigma_hat^2) measured over seeded series of pure noise: the formula
+    errs low (a wider Student-t threshold), by under a quarter."""
+    rng = np.random.default_rng(3)
+    n = 40
+    variances = [robust_scale(pseudo_residuals(np.arange(n), rng.standard_normal(n)))[0] ** 2 for _ in range(4000)]
+    _, dof = robust_scale(np.zeros(n - 2))
+    measured_dof = 2.0 / np.var(variances)
+    assert 0.75 * measured_dof < dof <= measured_dof
+
+
+def test_a_short_series_gives_no_estimate_of_its_own():
+    t = np.arange(MIN_OBSERVATIONS - 1.0)
+    assert not series_noise(t, t**2).estimated
+    assert not series_noise(np.arange(7.0), np.arange(7.0)).estimated  # 5 pseudo-residuals: less than one dof
+    long = series_noise(np.arange(30.0), np.random.default_rng(4).standard_normal(30))
+    assert long.estimated and long.source == "series" and long.dof == pytest.approx(28 * (18 / 35) / 2.7218, rel=1e-3)

@@ -1,0 +1,274 @@
+"""How much a run's recorded series wanders from epoch to epoch: the training-noise term of every verdict.
+
+Two epochs of one run differ for three reasons: the curve moved (what a verdict is about), the analysis images are
+a sample (the grouped jackknife measures that, `tgo.spectral.jackknife`), and training itself is noisy (another
+epoch, another batch order would give another value). The last is estimated here from the recorded series.
+
+**Pseudo-residuals.** For three consecutive observations, the middle one minus the straight line through its
+neighbours (`pseudo_residuals`, Gasser, Sroka and Jennen-Steinmetz, *Biometrika* 73, 1986) is pure noise wherever
+the curve is straight over the three, and carries the curve's bend where it is not. A learning curve bends in a
+few places (the first epochs of a saturating rise, the turn of a reversal) and is nearly straight elsewhere, so the
+**median** of their absolute values, not their mean square, estimates the noise (`robust_scale`; the median
+absolute deviation of Hampel, 1974): the bend at a minority of observations does not count as noise. (A mean of
+squares over 7 observations of a saturating curve is mostly the bend: the earlier rule's cause of "inconclusive"
+for moves of tens of standard errors.)
+
+**Pooled over the points of one observable** (`pooled_dispersion`), the estimate a short run is judged by. Each
+series is fitted by least squares with the best **unimodal or antimodal** sequence (`shape_fit`: rise then fall,
+or fall then rise, which includes every monotone, saturating, plateauing and two-phase curve and every single
+reversal), so the learning curve's bend is in the fit, not in the residuals. The residuals, in units of each
+observation's jackknife standard error ``j``, are pooled over the points: ``sigma^2 = sum (r / j)^2 / sum nu_p``
+with ``nu_p = n_p - levels_p`` (the levels of an isotonic fit are its degrees of freedom, Meyer and Woodroofe,
+*Ann. Statist.* 28, 2000). The model is ``sd(training noise) = sigma j``, a dispersion factor as in
+quasi-likelihood (McCullagh and Nelder, *Generalized Linear Models*, 1989, sec. 9.2). A series the fit
+interpolates (a smooth monotone curve: no observation contradicts its shape) carries no residual and no degree of
+freedom; when the pooled degrees of freedom are fewer than `MIN_POOLED_DOF` the training noise is **not
+estimated**, and the verdict is made on the jackknife alone and says so ("this run; training noise not estimated").
+Choosing the best turning point fits pure noise a little (for flat noise of 7 observations ``E[RSS]`` is about
+``sigma^2 (n - levels - 1)``), so the estimate errs low for flat series; the validation (`tgo.report.validation`)
+measures the rates with it.
+
+**A long series, or one without standard errors** (the published data), is judged by its own pseudo-residuals
+(`series_noise`): for three consecutive observations, the middle one minus the straight line through its neighbours
+(`pseudo_residuals`, Gasser, Sroka and Jennen-Steinmetz, *Biometrika* 73, 1986) is noise wherever the curve is
+straight over the three; their **median** absolute value (`robust_scale`, the median absolute deviation of Hampel,
+1974) is little affected by the few observations where a long curve bends (it follows a curve that wiggles, which a
+unimodal fit would count as noise).
+
+**Degrees of freedom** of the pseudo-residual estimate: ``N (18 / 35) / 2.72`` for ``N`` pseudo-residuals:
+neighbouring ones share observations (Gasser et al.: the variance of their mean square is ``35 sigma^4 / (9 N)``,
+about half the information of independent squares), and the median needs 2.72 times the data of a mean of squares
+(`_quantile_scale`). Series of fewer than `MIN_OBSERVATIONS` observations give no estimate of their own.
+
+What this cannot see: a slow wander of the whole trajectory (a seed that sits high throughout) looks like the curve.
+Only seeds measure it; a sweep's verdicts add their seed-to-seed spread (`tgo.report.verdicts`). The assumptions
+(a unimodal shape for a short run; training moving every point by about the same multiple of its sampling error)
+are tested against known truth in `tgo.report.validation`, with noise factors that differ fourfold between points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats
+
+__all__ = [
+    "MIN_OBSERVATIONS",
+    "MIN_OWN_DOF",
+    "MIN_POOLED_DOF",
+    "ShapeFit",
+    "TrainingNoise",
+    "pooled_dispersion",
+    "prefix_isotonic",
+    "pseudo_residuals",
+    "robust_scale",
+    "series_noise",
+    "shape_fit",
+]
+
+MIN_OBSERVATIONS = 6
+"""Fewest observations of a series whose pseudo-residuals are used (below, every one of them sits on a bend)."""
+
+MIN_OWN_DOF = 10.0
+"""A series with this many degrees of freedom of its own is judged by its own noise, not the pooled one."""
+
+MIN_POOLED_DOF = 10.0
+"""Fewest pooled degrees of freedom for a training-noise estimate (below, a Student-t threshold would be too wide to
+judge by, and the verdict rests on the jackknife alone)."""
+
+_NEIGHBOUR_SHARE = 18.0 / 35.0
+"""Information per pseudo-residual relative to an independent square (Gasser, Sroka and Jennen-Steinmetz 1986)."""
+
+
+@dataclass(frozen=True)
+class TrainingNoise:
+    """The epoch-to-epoch standard deviation of a series' training noise.
+
+    Attributes:
+        sigma: Standard deviation of one observation's training noise (NaN: not estimated); with ``relative``, in
+            units of that observation's jackknife standard error.
+        dof: Its degrees of freedom (``< 1``: not estimated).
+        relative: ``sigma`` is a dispersion factor pooled over several series (`pooled_dispersion`).
+        series: How many series the estimate used.
+    """
+
+    sigma: float = math.nan
+    dof: float = 0.0
+    relative: bool = False
+    series: int = 0
+
+    @property
+    def estimated(self) -> bool:
+        """Whether there is an estimate with at least one degree of freedom."""
+        return math.isfinite(self.sigma) and self.dof >= 1
+
+    @property
+    def source(self) -> str:
+        """``pooled`` (over the points of an observable) or ``series`` (its own pseudo-residuals)."""
+        return "pooled" if self.relative else "series"
+
+
+def pseudo_residuals(epochs: ArrayLike, values: ArrayLike) -> np.ndarray:
+    """Difference-based residuals of Gasser, Sroka and Jennen-Steinmetz (1986), scaled to the noise's variance.
+
+    ``e_i = (v_i - a_i v_{i-1} - b_i v_{i+1}) / sqrt(1 + a_i^2 + b_i^2)`` with ``a_i, b_i`` the weights of linear
+    interpolation between the neighbours' epochs (uneven spacing allowed): for independent noise of standard
+    deviation ``sigma`` around a curve that is straight over three observations, ``e_i`` has standard deviation
+    ``sigma``.
+
+    Raises:
+        ValueError: epochs not ascending and distinct.
+    """
+    t = np.asarray(epochs, dtype=np.float64).ravel()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size < 3:
+        return np.zeros(0)
+    span = t[2:] - t[:-2]
+    if np.any(span <= 0) or np.any(np.diff(t) <= 0):
+        raise ValueError("pseudo_residuals: epochs must be ascending and distinct")
+    a = (t[2:] - t[1:-1]) / span
+    b = 1.0 - a
+    return (v[1:-1] - (a * v[:-2] + b * v[2:])) / np.sqrt(1.0 + a * a + b * b)
+
+
+def _quantile_scale(p: float) -> tuple[float, float]:
+    """``(c, k)``: ``|X|`` of a standard normal has ``p``-quantile ``c``; the scale from it needs ``k`` times the data.
+
+    The sample quantile of ``N`` values has variance ``p (1 - p) / (N f(c)^2)`` with ``f = 2 phi`` the density of
+    ``|X|``, so ``(quantile / c)^2`` has variance ``p (1 - p) / (N phi(c)^2 c^2)`` against ``2 / N`` for a mean of
+    squares: ``k = p (1 - p) / (2 phi(c)^2 c^2)`` (2.72 for the median).
+    """
+    c = float(stats.norm.ppf(0.5 + p / 2))
+    return c, p * (1 - p) / (2 * float(stats.norm.pdf(c)) ** 2 * c * c)
+
+
+def robust_scale(pseudo: ArrayLike) -> tuple[float, float]:
+    """``(sigma, dof)`` from pseudo-residuals: ``median |e| / 0.6745`` and ``N (18 / 35) / 2.72`` (NaN, 0 if empty)."""
+    e = np.abs(np.asarray(pseudo, dtype=np.float64).ravel())
+    if e.size == 0:
+        return math.nan, 0.0
+    c, cost = _quantile_scale(0.5)
+    return float(np.median(e)) / c, e.size * _NEIGHBOUR_SHARE / cost
+
+
+def series_noise(epochs: ArrayLike, values: ArrayLike) -> TrainingNoise:
+    """One series' `TrainingNoise` from its own pseudo-residuals, in its own units (none below `MIN_OBSERVATIONS`)."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if v.size < MIN_OBSERVATIONS or not np.all(np.isfinite(v)):
+        return TrainingNoise()
+    sigma, dof = robust_scale(pseudo_residuals(epochs, v))
+    return TrainingNoise(sigma, dof, False, 1) if dof >= 1 else TrainingNoise(math.nan, dof, False, 1)
+
+
+def prefix_isotonic(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Residual sum of squares and level count of the non-decreasing least-squares fit of every prefix.
+
+    The pool-adjacent-violators algorithm read left to right holds, after observation ``i``, the isotonic regression
+    of ``values[: i + 1]`` as a stack of blocks (count, sum, sum of squares), so one pass gives every prefix's fit.
+
+    Returns:
+        ``(rss [n + 1], levels [n + 1])``: entry ``m`` describes the fit of the first ``m`` values.
+    """
+    y = np.asarray(values, dtype=np.float64).ravel()
+    rss = np.zeros(y.size + 1)
+    levels = np.zeros(y.size + 1, dtype=np.int64)
+    blocks: list[tuple[int, float, float]] = []
+    total = 0.0
+    for i, v in enumerate(y.tolist()):
+        count, s, sq = 1, v, v * v
+        while blocks and blocks[-1][1] * count >= s * blocks[-1][0]:  # previous mean >= this mean: pool them
+            c2, s2, q2 = blocks.pop()
+            total -= q2 - s2 * s2 / c2
+            count, s, sq = count + c2, s + s2, sq + q2
+        blocks.append((count, s, sq))
+        total += sq - s * s / count
+        rss[i + 1] = max(total, 0.0)
+        levels[i + 1] = len(blocks)
+    return rss, levels
+
+
+@dataclass(frozen=True)
+class ShapeFit:
+    """The best unimodal or antimodal least-squares fit of a series.
+
+    Attributes:
+        values: The fitted values.
+        rss: Residual sum of squares.
+        levels: Distinct levels of the fit.
+        shape: ``peak`` (rises, then falls) or ``trough`` (falls, then rises); a monotone series is either.
+        turn: Index of the first observation of the falling (rising) part.
+    """
+
+    values: np.ndarray
+    rss: float
+    levels: int
+    shape: str
+    turn: int
+
+
+def shape_fit(values: ArrayLike) -> ShapeFit:
+    """The unimodal or antimodal least-squares fit with the smallest residual sum of squares.
+
+    A peak is non-decreasing on ``values[:m]`` and non-increasing on ``values[m:]`` for the best ``m`` (every such
+    pair is unimodal, whichever side of the cut holds the maximum); a trough is the same for the negated series.
+    `prefix_isotonic` run forwards and backwards gives every cut's residual in O(n); the winner is refitted with
+    `scipy.optimize.isotonic_regression`. Ties go to fewer levels.
+    """
+    from scipy.optimize import isotonic_regression
+
+    y = np.asarray(values, dtype=np.float64).ravel()
+    n = y.size
+    best: tuple[float, int, str, int] = (math.inf, 0, "peak", n)
+    for shape, sign in (("peak", 1.0), ("trough", -1.0)):
+        rising_rss, rising_levels = prefix_isotonic(sign * y)
+        falling_rss, falling_levels = prefix_isotonic(sign * y[::-1])
+        rss = rising_rss + falling_rss[::-1]  # entry m: rising on [0, m), falling on [m, n)
+        levels = rising_levels + falling_levels[::-1]
+        for m in range(n + 1):
+            tolerance = 1e-12 * (1.0 + abs(rss[m]))
+            if rss[m] < best[0] - tolerance or (abs(rss[m] - best[0]) <= tolerance and levels[m] < best[1]):
+                best = (float(rss[m]), int(levels[m]), shape, m)
+    rss_best, levels_best, shape_best, turn = best
+    sign = 1.0 if shape_best == "peak" else -1.0
+    fitted = np.empty_like(y)
+    if turn:
+        fitted[:turn] = isotonic_regression(sign * y[:turn], increasing=True).x
+    if turn < n:
+        fitted[turn:] = isotonic_regression(sign * y[turn:], increasing=False).x
+    return ShapeFit(sign * fitted, rss_best, levels_best, shape_best, turn)
+
+
+def pooled_dispersion(series: Sequence[tuple[ArrayLike, ArrayLike, ArrayLike]]) -> TrainingNoise:
+    """One training-noise factor for the series of one observable in one run, in units of their jackknife errors.
+
+    ``sigma^2 = sum_p sum_t ((v_pt - fit_pt) / j_pt)^2 / sum_p (n_p - levels_p)`` over the series' shape-constrained
+    fits (`shape_fit`; see the module docstring); not estimated below `MIN_POOLED_DOF` degrees of freedom.
+
+    Args:
+        series: ``(epochs, values, stderr)`` per series, finite, in epoch order; series with a non-positive or
+            non-finite standard error, fewer than 3 observations, or that the fit interpolates are skipped.
+
+    Returns:
+        A relative `TrainingNoise` (``sigma`` in units of ``j``).
+    """
+    total, dof, used = 0.0, 0.0, 0
+    for _epochs, values, stderr in series:
+        v = np.asarray(values, dtype=np.float64).ravel()
+        j = np.asarray(stderr, dtype=np.float64).ravel()
+        if v.size < 3 or j.shape != v.shape:
+            continue
+        if not (np.all(np.isfinite(v)) and np.all(np.isfinite(j)) and np.all(j > 0)):
+            continue
+        fit = shape_fit(v)
+        if fit.levels >= v.size:
+            continue  # interpolated: no observation contradicts the shape, nothing to learn about the noise
+        total += float(np.sum(((v - fit.values) / j) ** 2))
+        dof += v.size - fit.levels
+        used += 1
+    if dof < MIN_POOLED_DOF:
+        return TrainingNoise(math.nan, dof, True, used)
+    return TrainingNoise(math.sqrt(total / dof), dof, True, used)

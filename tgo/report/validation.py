@@ -1,0 +1,210 @@
+"""The verdict rule against known truth: seeded synthetic trajectories whose true shape is known, and the rates.
+
+A rule that turns numbers into conclusions is validated like numerics. Each trial draws one recorded series the way
+a run produces it, judges it with the report's own rule (`tgo.report.findings.judge_trend`, claimed direction
+"rise") and compares the verdict with the truth it was drawn from. ``python -m tgo.report.validation`` prints the
+table that ``docs/findings.md`` shows; ``tests/report/test_validation.py`` pins the required rates.
+
+A trajectory of ``n`` observations at times ``t = 0 .. 1`` is ``v_t = A f(t) + subset_t + epoch_t + wander_t``:
+
+* ``f``, the shape (`SHAPES`): flat; a saturating rise; a rise to a plateau; a two-phase rise; a fall (the claim's
+  opposite); a rise then a fall (a genuine reversal: up 10 ``se`` by ``t = 0.3``, level to ``t = 0.45``, down 5 ``se``
+  by ``t = 0.8``, then level: the final window sits 5 ``se`` below the peak, like the published late blocks).
+* **shared subset term** (what the jackknife measures): ``G = 10`` group effects per epoch,
+  ``u_(g,t) = sqrt(rho) a_g + sqrt(1 - rho) b_(g,t)`` (``rho = 0.8``: the same images at every epoch), giving the
+  value an error of standard deviation ``s_J`` and every leave-one-group-out replicate its own, exactly as a
+  grouped jackknife of a mean would (`simulate`);
+* **independent epoch noise** of standard deviation ``sigma_e``;
+* **slow wander**: a Brownian path of standard deviation ``sigma_w`` at ``t = 1`` (a seed that drifts high), which
+  no single run can tell from the curve.
+
+The unit of every amplitude is ``se``, the true combined standard error of the last-minus-first contrast of single
+observations, ``sqrt(2 (1 - rho) s_J^2 + 2 sigma_e^2 + sigma_w^2)``. Three noise regimes (`REGIMES`) set how it
+divides: jackknife-dominated (``sigma_e = 0.5 s_J``), balanced (``sigma_e = s_J``) and training-dominated
+(``sigma_e = 3 s_J``); the wander is always ``sigma_w = 0.3 sigma_e``. The required rates (issue 19) and what
+the rule reaches are in ``docs/findings.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from tgo.report.findings import FAILS, HOLDS, INCONCLUSIVE, REVERSES, judge_trend, with_pooled_noise
+from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, measured
+
+__all__ = [
+    "LENGTHS",
+    "REGIMES",
+    "SHAPES",
+    "Regime",
+    "Shape",
+    "rates",
+    "simulate",
+    "validation_table",
+]
+
+GROUPS = 10
+SHARED = 0.8
+POINTS = 15
+POINT_SPREAD = 2.0
+"""Each point's epoch noise is the regime's times a factor log-uniform in ``[1 / 2, 2]``."""
+LENGTHS: tuple[int, ...] = (4, 7, 11, 31, 100)
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How the noise divides: ``sigma_e = epoch * s_J``, ``sigma_w = wander * sigma_e``."""
+
+    name: str
+    epoch: float
+    wander: float = 0.3
+
+
+REGIMES: tuple[Regime, ...] = (
+    Regime("jackknife-dominated", 0.5),
+    Regime("balanced", 1.0),
+    Regime("training-dominated", 3.0),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A true shape on ``t in [0, 1]`` in units of ``se``, and the verdict a correct rule reaches for it.
+
+    Attributes:
+        name: Its name in the table.
+        curve: ``t -> f(t)`` (already scaled: amplitudes are in ``se``).
+        truth: The right verdict for a claimed rise (``inconclusive`` for flat: no directional verdict is right).
+    """
+
+    name: str
+    curve: Callable[[np.ndarray], np.ndarray]
+    truth: str
+
+
+def _saturating(t: np.ndarray) -> np.ndarray:
+    return (1.0 - np.exp(-t / 0.15)) / (1.0 - math.exp(-1.0 / 0.15))
+
+
+SHAPES: tuple[Shape, ...] = (
+    Shape("flat", lambda t: 0.0 * t, INCONCLUSIVE),
+    Shape("saturating rise (10 se)", lambda t: 10.0 * _saturating(t), HOLDS),
+    Shape("rise to a plateau (10 se)", lambda t: 10.0 * np.minimum(t / 0.4, 1.0), HOLDS),
+    Shape(
+        "two-phase rise (10 se)",
+        lambda t: 5.0 * np.minimum(t / 0.2, 1.0) + 5.0 * np.clip((t - 0.6) / 0.4, 0.0, 1.0),
+        HOLDS,
+    ),
+    Shape("saturating fall (10 se)", lambda t: -10.0 * _saturating(t), FAILS),
+    Shape(
+        "rise 10 se, then fall 5 se",
+        lambda t: 10.0 * np.minimum(t / 0.3, 1.0) ** 0.5 - 5.0 * np.clip((t - 0.45) / 0.35, 0.0, 1.0),
+        REVERSES,
+    ),
+)
+
+
+def simulate(
+    shape: Shape, n: int, regime: Regime, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One synthetic run: ``(epochs, values, stderr, leave_out [n, G])`` (see the module docstring)."""
+    t = np.linspace(0.0, 1.0, n)
+    s_j = 1.0
+    sigma_e = regime.epoch * s_j
+    sigma_w = regime.wander * sigma_e
+    se = math.sqrt(2 * (1 - SHARED) * s_j**2 + 2 * sigma_e**2 + sigma_w**2)
+    shared = rng.standard_normal(GROUPS)
+    u = math.sqrt(SHARED) * shared[None, :] + math.sqrt(1 - SHARED) * rng.standard_normal((n, GROUPS))
+    scale = s_j * math.sqrt(GROUPS)
+    subset = scale * u.mean(axis=1)
+    # leave-one-group-out error: scale * mean of the other groups
+    subset_out = scale * (u.sum(axis=1, keepdims=True) - u) / (GROUPS - 1)
+    steps = rng.standard_normal(n - 1) * np.sqrt(np.diff(t))
+    wander = sigma_w * np.concatenate([[0.0], np.cumsum(steps)])
+    epoch_noise = sigma_e * rng.standard_normal(n)
+    clean = se * shape.curve(t) + epoch_noise + wander
+    values = clean + subset
+    leave_out = clean[:, None] + subset_out
+    g = GROUPS
+    stderr = np.sqrt((g - 1) / g * np.sum((leave_out - leave_out.mean(axis=1, keepdims=True)) ** 2, axis=1))
+    epochs = np.round(t * 5 * (n - 1)).astype(np.float64)  # every 5th epoch, like the default run
+    return epochs, values, stderr, leave_out
+
+
+def rates(
+    shape: Shape,
+    n: int,
+    regime: Regime,
+    *,
+    trials: int = 200,
+    seed: int = 0,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
+) -> dict[str, float]:
+    """The share of seeded series reaching each verdict, plus ``right`` (the truth) and ``directional``.
+
+    Every trial is one run of `POINTS` points observed alike (the same shape; epoch noise differing up to fourfold
+    between points, `POINT_SPREAD`), judged as the report judges a run: the training noise pooled over the points
+    (`tgo.report.findings.with_pooled_noise`). ``trials`` counts series, rounded up to whole runs.
+    """
+    rng = np.random.default_rng([seed, n, SHAPES.index(shape), REGIMES.index(regime)])
+    counts: dict[str, int] = {HOLDS: 0, REVERSES: 0, FAILS: 0, INCONCLUSIVE: 0}
+    runs = max(1, math.ceil(trials / POINTS))
+    for _ in range(runs):
+        per_point = {}
+        for p in range(POINTS):
+            factor = float(np.exp(rng.uniform(-1.0, 1.0) * math.log(POINT_SPREAD)))
+            epochs, values, stderr, leave_out = simulate(shape, n, replace(regime, epoch=regime.epoch * factor), rng)
+            per_point[f"p{p}"] = measured(epochs, values, stderr=stderr, leave_out=leave_out)
+        for m in with_pooled_noise(per_point).values():
+            verdict = judge_trend(m, "rise", settings).verdict
+            counts[verdict] = counts.get(verdict, 0) + 1
+    total = runs * POINTS
+    out = {k: v / total for k, v in counts.items()}
+    out["directional"] = out[HOLDS] + out[REVERSES] + out[FAILS]
+    out["right"] = out[shape.truth]
+    return out
+
+
+def validation_table(
+    lengths: Sequence[int] = LENGTHS, *, trials: int = 200, seed: int = 0
+) -> list[tuple[str, str, int, dict[str, float]]]:
+    """``(regime, shape, n, rates)`` for every regime, shape and length."""
+    return [
+        (regime.name, shape.name, n, rates(shape, n, regime, trials=trials, seed=seed))
+        for regime in REGIMES
+        for shape in SHAPES
+        for n in lengths
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Prints the validation table as Markdown (``python -m tgo.report.validation [--trials N]``)."""
+    parser = argparse.ArgumentParser(prog="python -m tgo.report.validation", description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200, help="seeded trials per cell (default 200)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    lengths = LENGTHS
+    print(
+        f"Share of {args.trials} seeded trials whose verdict is the truth (flat: share with *no* directional verdict)."
+    )
+    for regime in REGIMES:
+        print(f"\n**{regime.name}** (sigma_e = {regime.epoch:g} s_J, sigma_w = {regime.wander:g} sigma_e)\n")
+        print("| shape | truth | " + " | ".join(f"n = {n}" for n in lengths) + " |")
+        print("|---|---|" + "---:|" * len(lengths))
+        for shape in SHAPES:
+            cells = []
+            for n in lengths:
+                r = rates(shape, n, regime, trials=args.trials, seed=args.seed)
+                value = 1.0 - r["directional"] if shape.truth == INCONCLUSIVE else r["right"]
+                cells.append(f"{value:.0%}")
+            truth = "no direction" if shape.truth == INCONCLUSIVE else shape.truth
+            print(f"| {shape.name} | {truth} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
