@@ -43,8 +43,9 @@ What the published TGO-I data show under this rule (``python -m tgo.report --pub
 of 107 rows, 92 hold, 12 hold then reverse, 1 is inconclusive and 2 do not hold. The 12 reversals are stable rank,
 participation ratio and anisotropy at blocks 9-12: best (anisotropy: lowest) window epochs 11-20, then a steady
 decline; the last window is 12-44% below the peak window (anisotropy: 32-76% above the trough window), 4.0 to 14
-standard errors (the series' own training noise: no standard errors are published). Effective rank and entropy rise at every point; at blocks 11-12 they level off after epoch 50 and
-their last window is within the scatter of their best (epochs 51-60), a plateau, not a reversal. Stable rank at
+standard errors (the series' own training noise: no standard errors are published). Effective rank and entropy
+rise at every point; at blocks 11-12 they level off after epoch 50 and their last window is within the threshold of
+their best (epochs 51-60), a plateau, not a reversal. Stable rank at
 block 8 rose within epochs 1-10 and then stayed flat, so its first and last windows do not differ beyond the
 uncertainty (inconclusive). The embeddings' effective rank does not stay within 10% (it nearly triples), and CLS
 ends highest in effective rank and entropy and lowest in anisotropy.
