@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     lengths = LENGTHS
     print(
-        f"Share of {args.trials} seeded trials whose verdict is the truth (flat: share with *no* directional verdict)."
+        f"Share of {args.trials} seeded series whose verdict is the truth (flat: share with *no* directional verdict)."
     )
     for regime in REGIMES:
         print(f"\n**{regime.name}** (sigma_e = {regime.epoch:g} s_J, sigma_w = {regime.wander:g} sigma_e)\n")
