@@ -22,10 +22,12 @@ The two terms of ``U`` (`Uncertainty`), both real, added in quadrature, ``U = sq
   ``G - 1`` degrees of freedom.
 * **T, the training-noise term** (another epoch of training would give another value). For one run:
   ``sigma ||c j||`` with ``sigma`` the run's epoch-to-epoch noise in units of the jackknife standard errors ``j``,
-  pooled over the points of the observable, or ``sigma ||c||`` with a long series' own ``sigma``
-  (`tgo.report.training_noise`: the median absolute pseudo-residual, which a learning curve's few bends do not
-  inflate). With fewer than 6 observations ``T`` is **not estimated**, and the verdict is made on ``J`` alone, which
-  the row says ("this run; training noise not estimated"). For a sweep of ``R`` runs the seed-to-seed spread of the
+  pooled over the points of the observable from the residuals of each series around its best unimodal fit (which
+  follows a saturating learning curve instead of counting its bend as noise), or ``sigma ||c||`` with a long
+  series' own ``sigma`` (the median absolute pseudo-residual; `tgo.report.training_noise`). Where the observable's
+  series leave fewer than 10 degrees of freedom (a short, smooth run: no observation contradicts a unimodal curve)
+  ``T`` is **not estimated**, and the verdict is made on ``J`` alone, which the row says ("this run; training noise
+  not estimated"). For a sweep of ``R`` runs the seed-to-seed spread of the
   run-wise contrasts, ``sd(D_r) / sqrt(R)`` with ``R - 1`` degrees of freedom (paired by run: a seed that sits high
   throughout does not count), is pooled with the mean curve's own term by degrees of freedom; the seeds also see the
   slow wander of whole trajectories that no single run can.
