@@ -9,6 +9,7 @@ refuse to aggregate runs that differ in model, data or points, naming what diffe
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -190,21 +191,37 @@ def package_version() -> str:
     return NOT_RECORDED
 
 
-def package_commit() -> str | None:
+def package_commit(where: Path | None = None) -> str | None:
     """``git rev-parse HEAD`` of the repository holding the ``tgo`` package, with ``+dirty`` when the tree differs;
-    ``None`` when the package is not in a git checkout or git is missing."""
-    here = Path(__file__).resolve().parent
+    ``None`` when the package is not in a git checkout (an installed wheel) or git is missing.
+
+    Read-only: ``git status`` would otherwise refresh the index (taking ``.git/index.lock`` and rewriting
+    ``.git/index``) in a checkout the report does not own; ``--no-optional-locks`` (and ``GIT_OPTIONAL_LOCKS=0``
+    for older gits) tells git not to.
+
+    Args:
+        where: A directory inside the repository (default: the installed ``tgo.report`` package).
+    """
+    here = where if where is not None else Path(__file__).resolve().parent
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "--no-optional-locks", "rev-parse", "HEAD"],
             cwd=here,
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
+            env=env,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            env=env,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
