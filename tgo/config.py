@@ -58,6 +58,12 @@ def _int(value: Any) -> str | None:
     return None if isinstance(value, int) and not isinstance(value, bool) else f"expected an integer, got {value!r}"
 
 
+def _seed(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32:
+        return None
+    return f"expected an integer in [0, 2**32 - 1] (numpy's and torch's seed range), got {value!r}"
+
+
 def _positive_number(value: Any) -> str | None:
     return None if _is_number(value) and value > 0 else f"expected a positive number, got {value!r}"
 
@@ -91,7 +97,7 @@ def _limit(value: Any) -> str | None:
 
 # key -> rule; a key absent from the config is skipped (callbacks can be disabled with null).
 RULES: dict[str, Rule] = {
-    "seed": _int,
+    "seed": _seed,
     "trainer.max_epochs": _positive_int,
     "trainer.devices": _devices,
     "trainer.num_nodes": _positive_int,

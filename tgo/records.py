@@ -193,9 +193,25 @@ class RunDir:
         """Whether geometry records exist (a metrics file or at least one spectra file)."""
         return self.metrics.is_file() or bool(self.spectra_files())
 
+    MARKER = ".tgo-run"
+    """Written by ``tgo.train`` into every run directory it uses, before anything else of TGO's: a directory is
+    written to only when it is new, empty (but for Hydra's own files) or carries this marker."""
+
+    @property
+    def marker(self) -> Path:
+        """``.tgo-run``: the mark of a directory TGO made its run (`is_marked`)."""
+        return self.root / self.MARKER
+
+    def is_marked(self) -> bool:
+        """Whether TGO marked this directory as one of its runs."""
+        return self.marker.is_file()
+
     def looks_like_run(self) -> bool:
-        """Whether this is a run directory at all (config, checkpoints or manifest), with or without records."""
-        return self.config.is_file() or self.checkpoints.is_dir() or self.manifest.is_file()
+        """Whether this is a run directory at all (marker, config, checkpoints or manifest), with or without records.
+
+        Runs made before the marker existed are recognised by their ``config.yaml``, ``checkpoints/`` or manifest.
+        """
+        return self.is_marked() or self.config.is_file() or self.checkpoints.is_dir() or self.manifest.is_file()
 
     SET_ASIDE = "set_aside"  # what a resume moved out of the way (tgo.resume): earlier attempts, never a run of its own
     NON_RUN_SUBDIRS = frozenset({REPORT, ".hydra", TENSORBOARD, CHECKPOINTS, GEOMETRY, SET_ASIDE})

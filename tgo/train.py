@@ -7,9 +7,16 @@ Everything that can be wrong with the input is checked before ``trainer.fit`` st
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
+import math
+import os
+import shutil
 import sys
+import time
 import zipfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +38,15 @@ from tgo.observatory.pipeline import NonFiniteActivationsError
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
 from tgo.resume import check_same_analysis_subset, plan_start
+
+LAUNCHED_AT = time.time()
+"""When this process imported ``tgo.train``: before Hydra made (or reused) the run directory."""
+
+HYDRA_ENTRIES = frozenset({".hydra", "train.log"})
+"""What Hydra itself writes into a run directory before ``tgo.train`` runs (its config copies and the job log)."""
+
+MIN_FREE_BYTES = 64 * 2**20
+"""Less free space than this where the run directory goes is refused before any work: checkpoints would not fit."""
 
 
 def instantiate_named(group: DictConfig | None) -> list[Any]:
@@ -107,6 +123,104 @@ def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
         )
 
 
+def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at: float = LAUNCHED_AT) -> None:
+    """Refuses a run directory that is not TGO's to write into, and a resume of a directory that did not exist.
+
+    A directory is used when it is new or holds nothing but Hydra's own files (`HYDRA_ENTRIES`), or when it is a TGO
+    run (its `tgo.records.RunDir.marker`, or the files of a run made before the marker existed). Anything else is a
+    directory the user made: TGO would overwrite its ``config.yaml`` and mix its files with theirs. ``ckpt_path=last``
+    resumes the run *in* ``hydra.run.dir``: where that directory was only just made by this launch (a mistyped path),
+    there is nothing to resume, and training a new run there would let a user believe a long job resumed.
+
+    Raises:
+        ConfigError: naming the directory and what was expected.
+    """
+    run = RunDir(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"hydra.run.dir: '{output_dir}' is a file; expected a directory for the run (or a new path)")
+    if not output_dir.is_dir():
+        if ckpt_path == "last":
+            raise ConfigError(_nothing_to_resume(output_dir))
+        return
+    if is_tgo_run(run):
+        return
+    foreign = sorted(p.name for p in output_dir.iterdir() if p.name not in HYDRA_ENTRIES)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"hydra.run.dir: '{output_dir}' holds files TGO did not make ({shown}) and is not a TGO run (no "
+            f"{RunDir.MARKER}); expected a new or empty directory, or a run to resume: choose another directory"
+        )
+    if ckpt_path == "last" and _made_by_this_launch(output_dir, launched_at):
+        raise ConfigError(_nothing_to_resume(output_dir))
+
+
+def is_tgo_run(run: RunDir) -> bool:
+    """Whether TGO made this directory a run: its marker, or what a run made before the marker always has (the
+    analysis subset's manifest, ``checkpoints/last.ckpt`` or ``geometry/metrics.csv``). A ``config.yaml`` alone does
+    not count: it is a common name for a user's own file."""
+    return run.is_marked() or run.manifest.is_file() or run.last_checkpoint.is_file() or run.metrics.is_file()
+
+
+def _made_by_this_launch(output_dir: Path, launched_at: float) -> bool:
+    """Whether the directory (and Hydra's ``.hydra`` in it) appeared after this process started."""
+    made = [output_dir, output_dir / ".hydra"]
+    return all(not p.exists() or p.stat().st_mtime >= launched_at - 1e-3 for p in made)
+
+
+def _nothing_to_resume(output_dir: Path) -> str:
+    return (
+        f"ckpt_path=last: hydra.run.dir '{output_dir}' did not exist before this launch, so there is no run to "
+        "resume; expected the directory of an existing run (it holds checkpoints/last.ckpt), or leave ckpt_path "
+        "out to start a new run"
+    )
+
+
+def mark_run_directory(output_dir: Path) -> None:
+    """Writes the `tgo.records.RunDir.marker` (once; an existing marker is kept): this directory is a TGO run."""
+    run = RunDir(output_dir)
+    if run.is_marked():
+        return
+    stamp = {"tgo": "run directory", "created": datetime.now().astimezone().isoformat(timespec="seconds")}
+    atomic_write(run.marker, json.dumps(stamp) + "\n")
+
+
+def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
+    """Why the run directory named on the command line cannot be written, before Hydra touches it (``None``: fine).
+
+    Hydra makes the run directory (and writes its ``.hydra/`` and log there) before any of TGO's code runs, so a
+    path that is a file, a directory of the user's, a mistyped resume, a read-only or full filesystem would otherwise
+    end in Hydra's own traceback or leave Hydra's files in a directory TGO refuses. Checks ``hydra.run.dir=`` when
+    given, else the nearest existing directory above ``paths.log_dir`` (default ``./outputs``).
+    """
+    overrides = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
+    target = overrides.get("hydra.run.dir")
+    key = "hydra.run.dir"
+    if target is None:
+        key = "paths.log_dir"
+        target = overrides.get("paths.log_dir", os.path.join(os.environ.get("TGO_ROOT", "."), "outputs"))
+    path = Path(target)
+    if key == "hydra.run.dir":  # the run directory itself: the same refusals as `check_run_directory`, before Hydra
+        try:
+            check_run_directory(path, overrides.get("ckpt_path"), launched_at=math.inf)
+        except ConfigError as err:
+            return str(err)
+    if path.exists() and not path.is_dir():
+        return f"{key}: '{path}' is a file; expected a directory for the run (or a new path)"
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        return f"{key}: '{existing}' (above '{path}') is a file, so the run directory cannot be made; choose another"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{key}: '{existing}' is not writable (read-only filesystem or permissions); choose a writable path"
+    free = shutil.disk_usage(existing).free
+    if free < min_free:
+        return (
+            f"{key}: the filesystem of '{existing}' has {free / 2**20:.1f} MiB free, less than the "
+            f"{min_free / 2**20:.0f} MiB a run needs for its records and checkpoints; free space or choose another path"
+        )
+    return None
+
+
 def make_ddp_relaunch_job_local() -> None:
     """Makes Lightning's DDP re-launch of ``sys.argv`` run *this* multirun job, in *this* job's directory.
 
@@ -150,6 +264,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     validate_config(cfg)
     check_accelerator(cfg.trainer.accelerator)
     output_dir = Path(cfg.paths.output_dir)
+    check_run_directory(output_dir, cfg.get("ckpt_path"))
     start = plan_start(cfg.get("ckpt_path"), RunDir(output_dir), requeued=is_requeued_slurm_job())
     ckpt_path = resolve_ckpt_path(start.checkpoint, output_dir)
     if start.start_over is None:
@@ -172,6 +287,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
     if getattr(rank_zero_only, "rank", 0) == 0:
+        mark_run_directory(output_dir)
         start.prepare(RunDir(output_dir), ckpt_path)  # sets aside records the checkpoint does not know (tgo.resume)
         atomic_write(RunDir(output_dir).config, OmegaConf.to_yaml(cfg, resolve=False))
         groups = ObservationSettings.from_config(cfg.observation).groups if "observation" in cfg else 0
@@ -188,8 +304,18 @@ def run(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
+def main() -> float | None:
+    """``python -m tgo.train`` / ``tgo-train``: refuses an unwritable run directory in one line (`preflight`), then
+    runs the Hydra entry point (`hydra_main`)."""
+    problem = preflight(sys.argv[1:])
+    if problem is not None:
+        print(f"tgo.train: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    return hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def hydra_main(cfg: DictConfig) -> float | None:
     """Hydra entry point; bad input exits with status 2 and one line naming the key and what was expected."""
     logging.captureWarnings(True)  # warnings reach <run dir>/train.log with every other message (conf/hydra)
     try:
@@ -218,14 +344,20 @@ def error_line(error: BaseException) -> str | None:
 
 
 def _original_message(error: BaseException) -> str:
-    """The error's own message. A DataLoader worker re-raises an exception in the main process with the worker's
-    whole traceback as its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); the original
-    message is on its last line, after ``X: ``."""
+    """The error's own message, on one line. A DataLoader worker re-raises an exception in the main process with the
+    worker's whole traceback as its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); the
+    original message is on its last line, after ``X: ``. Any other message of several lines is joined with "; ", so
+    the line that names the culprit (an unknown observation point and its module) is kept."""
     message = str(error)
     if "\n" not in message:
         return message
-    last = message.strip().splitlines()[-1]
-    return last.partition(f"{type(error).__name__}: ")[2] or last
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if "Original Traceback" in message:
+        return lines[-1].partition(f"{type(error).__name__}: ")[2] or lines[-1]
+    joined = lines[0]
+    for previous, line in itertools.pairwise(lines):
+        joined += (" " if previous.endswith(":") else "; ") + line
+    return joined
 
 
 if __name__ == "__main__":
