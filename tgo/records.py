@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import zipfile
 import zlib
@@ -56,7 +58,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from tgo.errors import UserInputError
+from tgo.errors import RunEnvironmentError, UserInputError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -254,8 +256,13 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[
         The path written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        _raise_if_out_of_space(err, path, existed)
+        raise
     try:
         if hasattr(os, "fchmod"):  # POSIX
             os.fchmod(fd, 0o666 & ~_umask())
@@ -267,12 +274,45 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        _raise_if_out_of_space(err, path, existed)
         raise
     _fsync_dir(path.parent)
     return path
+
+
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
+"""How ``torch.save`` reports a failed write into a file object (a RuntimeError from its zip writer, no errno)."""
+
+
+def _raise_if_out_of_space(err: BaseException, path: Path, existed: bool) -> None:
+    """Turns a write that failed for want of space into one line naming the file, the free space and what survived.
+
+    An ``OSError`` says so by its errno; ``torch.save`` into a file object only says that its writer failed ("unexpected
+    pos"), so the device is asked for its free space. The temporary file is already removed, and ``os.replace`` never
+    ran: the previous file (if there was one) is exactly as it was.
+
+    Raises:
+        RunEnvironmentError: the write failed for want of space.
+    """
+    where = path.parent if path.parent.exists() else Path(os.path.abspath(os.sep))
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = -1
+    no_space = isinstance(err, OSError) and err.errno in _NO_SPACE
+    if not no_space and isinstance(err, RuntimeError) and any(s in str(err) for s in _TORCH_WRITE_FAILED):
+        no_space = 0 <= free < 16 * 2**20
+    if not no_space:
+        return
+    survived = f"the previous {path.name} is intact" if existed else f"no {path.name} existed before, none was written"
+    shown = f"{free / 2**20:.1f} MiB free" if free >= 0 else "free space unknown"
+    raise RunEnvironmentError(
+        f"{path}: no space left on the device ({shown}); {survived}: free space, then resume with ckpt_path=last"
+    ) from err
 
 
 def atomic_write_json(path: str | os.PathLike[str], payload: Any) -> Path:
