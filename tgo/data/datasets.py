@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from tgo.data.decode import to_mode
 from tgo.data.integrity import open_image
 from tgo.data.synthetic import SyntheticSpec, render_synthetic
 
@@ -60,7 +61,8 @@ class ImageSplit(Dataset):
         keys: One stable name per item (relative path or index), unique within the split.
         labels: One integer class label per item.
         mode: PIL mode every image is converted to before the transform ("RGB" or "L"), so the channel count is
-            decided in one place whatever the files contain (ImageNet has a few greyscale and CMYK JPEGs).
+            decided in one place whatever the files contain (ImageNet has a few greyscale and CMYK JPEGs); the
+            conversion keeps each kind's real dynamic range (16-bit, float, alpha, palette: `tgo.data.decode`).
         transform: Callable applied to the PIL image; ``None`` returns the PIL image itself.
     """
 
@@ -167,7 +169,7 @@ class ArrayImageSplit(ImageSplit):
         self.images = images
 
     def load(self, index: int) -> Image.Image:
-        return Image.fromarray(self.images[index]).convert(self.mode)
+        return to_mode(Image.fromarray(self.images[index]), self.mode)
 
     def content_hash(self, index: int) -> str:
         return array_sha256(self.images[index])
@@ -201,7 +203,7 @@ class SyntheticImageSplit(ImageSplit):
         return render_synthetic(self.spec, self.split, int(self.keys[index]))
 
     def load(self, index: int) -> Image.Image:
-        return Image.fromarray(self.render(index)).convert(self.mode)
+        return to_mode(Image.fromarray(self.render(index)), self.mode)
 
     def content_hash(self, index: int) -> str:
         return array_sha256(self.render(index))

@@ -8,7 +8,9 @@ Policy (``data.on_bad_image``):
   is left out of its batch with one warning naming it (`SkipUnreadable`, `collate_readable`). Skipping trades a
   slightly smaller epoch for a run that survives a damaged file among millions; the warnings count what was left out.
 
-Unreadable means anything Pillow cannot decode to the end: a zero-byte file, a truncated JPEG, text named ``.jpg``.
+Unreadable means anything Pillow cannot decode to the end: a zero-byte file, a truncated JPEG, text named ``.jpg``;
+and, under the same policy, a decoded image whose pixels have no known full scale (a float TIFF outside [0, 1], 32-bit
+integers beyond 16 bits; `tgo.data.decode` lists what every image kind becomes).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torch.utils.data import default_collate as torch_default_collate
 
+from tgo.data.decode import ImageKindError, to_mode
 from tgo.data.errors import DataConfigError
 
 BAD_IMAGE_POLICIES = ("error", "skip")
 _SHOW = 3
+_UNCONVERTIBLE = "cannot be converted faithfully to"
 
 
 class UnreadableImageError(DataConfigError):
@@ -36,14 +40,19 @@ class UnreadableImageError(DataConfigError):
 
 
 def _decode(path: Path, mode: str) -> tuple[Image.Image | None, str | None]:
-    """``(image, None)``, or ``(None, why)`` when Pillow cannot decode ``path`` to the end.
+    """``(image, None)``, or ``(None, why)`` when Pillow cannot decode ``path`` to the end or its pixels cannot be
+    converted to ``mode`` faithfully (`tgo.data.decode.to_mode`, the one conversion every split uses).
 
     Pillow decodes lazily and reports damage as several exception types (``UnidentifiedImageError`` for an empty or
     foreign file, ``OSError`` for a truncated one, ``SyntaxError``/``ValueError`` for some broken headers).
     """
     try:
         with Image.open(path) as image:
-            return image.convert(mode), None
+            image.load()
+            try:
+                return to_mode(image, mode), None
+            except ImageKindError as err:
+                return None, f"{_UNCONVERTIBLE} {mode}: {err}"
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
         if path.is_file() and path.stat().st_size == 0:
             return None, "an empty file (0 bytes)"
@@ -51,9 +60,15 @@ def _decode(path: Path, mode: str) -> tuple[Image.Image | None, str | None]:
 
 
 def open_image(path: Path, mode: str) -> Image.Image:
-    """Decodes ``path`` completely and converts it to ``mode``, or raises `UnreadableImageError` naming the file."""
+    """Decodes ``path`` completely and converts it to ``mode`` with its real dynamic range (`tgo.data.decode`), or
+    raises `UnreadableImageError` naming the file."""
     image, problem = _decode(path, mode)
     if image is None:
+        if problem is not None and problem.startswith(_UNCONVERTIBLE):
+            raise UnreadableImageError(
+                f"{path}: {problem}; expected an image with a known pixel scale: save it as an 8- or 16-bit image or "
+                "remove it (for training images data.on_bad_image=skip leaves such files out)"
+            )
         raise UnreadableImageError(
             f"{path}: cannot be decoded as an image ({problem}); expected a readable image file: replace or remove "
             "it (for training images data.on_bad_image=skip leaves unreadable ones out)"
