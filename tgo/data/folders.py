@@ -76,19 +76,52 @@ def list_class_folders(directory: Path) -> list[str]:
 
 
 def list_images(directory: Path) -> list[str]:
-    """All image files below ``directory`` (recursively, following symlinks), as sorted POSIX relative paths."""
+    """All image files below ``directory`` (recursively, following symlinks), as sorted POSIX relative paths.
+
+    Every directory is entered once, by its device and inode: a symlink that leads back to a directory above it (a
+    loop) or to a directory the tree already holds (its images would be counted twice) is refused naming the link.
+
+    Raises:
+        DataConfigError: a symlink loop, a directory reached twice, or an unreadable directory.
+    """
+    root = Path(directory)
     found: list[str] = []
-    pending = [Path(directory)]
+    seen: dict[tuple[int, int], Path] = {}
+    pending: list[tuple[Path, tuple[tuple[int, int], ...]]] = [(root, ())]
     while pending:
-        current = pending.pop()
-        with os.scandir(current) as entries:
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir():
-                    pending.append(Path(entry.path))
-                elif _is_image(entry.name):
-                    found.append(Path(entry.path).relative_to(directory).as_posix())
+        current, ancestors = pending.pop()
+        try:
+            info = current.stat()
+        except OSError as err:
+            raise DataConfigError(
+                f"'{current}': cannot be read ({err.strerror}); expected a directory of images"
+            ) from err
+        key = (info.st_dev, info.st_ino)
+        if key in ancestors:
+            raise DataConfigError(
+                f"'{current}' is a symlink loop: it leads back to '{seen[key]}' above it; expected a tree of image "
+                "files (remove the link)"
+            )
+        if key in seen:
+            raise DataConfigError(
+                f"'{current}' leads to '{seen[key]}', which the tree already holds: its images would be counted "
+                "twice; expected every image once (remove the link)"
+            )
+        seen[key] = current
+        try:
+            with os.scandir(current) as entries:
+                listed = list(entries)
+        except OSError as err:
+            raise DataConfigError(
+                f"'{current}': cannot be listed ({err.strerror}); expected a readable directory"
+            ) from err
+        for entry in listed:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                pending.append((Path(entry.path), (*ancestors, key)))
+            elif _is_image(entry.name):
+                found.append(Path(entry.path).relative_to(root).as_posix())
     return sorted(found)
 
 
