@@ -13,7 +13,7 @@ of an epoch is labelled with the epochs completed before it, with a warning.
 
 from __future__ import annotations
 
-import errno
+import argparse
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,15 +23,18 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from timm.models import load_state_dict as timm_load_state_dict
 
-from tgo.errors import RunEnvironmentError, UserInputError
+from tgo.errors import UserInputError
 from tgo.model import build_timm_model
 from tgo.records import atomic_write
+from tgo.safe_load import UnsafeCheckpointError, load_weights_only, unpickling_reason, unsafe_error
 
 __all__ = [
     "AtomicCheckpointIO",
     "CheckpointError",
     "CheckpointMismatchError",
     "ModelSource",
+    "UnsafeCheckpointError",
+    "check_weights_file",
     "checkpoint_epoch",
     "checkpoint_source",
     "find_checkpoints",
@@ -72,18 +75,26 @@ class ModelSource:
 def load_checkpoint_file(path: Path) -> dict[str, Any]:
     """Loads a checkpoint on the CPU (memory-mapped where possible, so reading metadata is cheap).
 
-    ``weights_only=False`` because Lightning checkpoints pickle hyper-parameters and loop state: only observe
-    checkpoints you trust, as with ``torch.load`` itself.
+    With ``weights_only=True`` (`tgo.safe_load`): a Lightning checkpoint of TGO's holds tensors and plain values
+    only, and a file whose unpickling would call or build anything else is refused without running any of it.
+
+    Raises:
+        CheckpointError: no such file, or not a readable checkpoint.
+        UnsafeCheckpointError: the file needs a global outside the weights-only set (named in the message).
     """
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        except RuntimeError:  # not a zip archive (legacy format): mmap unsupported
-            return torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = load_weights_only(path)
+    except UnsafeCheckpointError:
+        raise
     except Exception as err:
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({type(err).__name__}: {err})") from err
+        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({unpickling_reason(err)})") from err
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(
+            f"{path}: not a Lightning checkpoint (it holds a {type(checkpoint).__name__}, not a dict)"
+        )
+    return checkpoint
 
 
 def checkpoint_epoch(checkpoint: dict[str, Any]) -> tuple[int, bool]:
@@ -210,6 +221,9 @@ def net_from_checkpoint(path: Path) -> torch.nn.Module:
     return net
 
 
+_WEIGHTS = "a weights file (.safetensors, or a torch file of tensors)"
+
+
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     """A weights file as a clean state dict, read by timm (``.safetensors`` or a torch file; ``state_dict_ema`` /
     ``model_ema`` / ``state_dict`` / ``model`` wrappers unwrapped, DDP and ``torch.compile`` prefixes removed).
@@ -222,8 +236,31 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = timm_load_state_dict(str(path), use_ema=True, weights_only=True)
     except Exception as err:
-        raise CheckpointError(f"--weights {path}: not a readable weights file ({type(err).__name__}: {err})") from err
+        refusal = unsafe_error(path, err, label=f"--weights {path}", expected=_WEIGHTS)
+        if refusal is not None:
+            raise refusal from err
+        raise CheckpointError(f"--weights {path}: not a readable weights file ({unpickling_reason(err)})") from err
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+def check_weights_file(path: Path) -> None:
+    """Refuses a weights file that timm's loader would refuse, before any work: cheap (tensors memory-mapped, not
+    read). A ``.safetensors`` file holds no pickle and is read by timm later.
+
+    Raises:
+        CheckpointError: no such file, or not readable as weights.
+        UnsafeCheckpointError: its unpickling needs a global outside the weights-only set (named in the message).
+    """
+    if not path.is_file():
+        raise CheckpointError(f"--weights {path}: no such file")
+    if path.suffix == ".safetensors":
+        return
+    try:
+        load_weights_only(path, label=f"--weights {path}", expected=_WEIGHTS, allow=[argparse.Namespace])
+    except UnsafeCheckpointError:
+        raise
+    except Exception as err:
+        raise CheckpointError(f"--weights {path}: not a readable weights file ({unpickling_reason(err)})") from err
 
 
 def timm_net(
@@ -238,7 +275,6 @@ def timm_net(
     return net
 
 
-_NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -259,13 +295,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint: storage_options are not supported for local files")
-        target_path = Path(target.removeprefix("file://"))
-        try:
-            atomic_write(target_path, lambda fh: torch.save(checkpoint, fh))
-        except OSError as err:
-            if err.errno in _NO_SPACE:
-                raise RunEnvironmentError(
-                    f"checkpoint {target_path}: no space left on the device ({err.strerror}); "
-                    "the previous checkpoint is intact: free space, then resume with ckpt_path=last"
-                ) from err
-            raise
+        # A full device (ENOSPC, or torch.save's bare "unexpected pos") is one line from atomic_write, naming the file,
+        # the free space and whether a previous checkpoint survived (tgo.errors.RunEnvironmentError).
+        atomic_write(Path(target.removeprefix("file://")), lambda fh: torch.save(checkpoint, fh))

@@ -45,6 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tgo.checkpoints import (
     CheckpointMismatchError,
     ModelSource,
+    check_weights_file,
     checkpoint_source,
     find_checkpoints,
     net_from_checkpoint,
@@ -273,6 +274,8 @@ def observe_models(
     out = Path(out)
     if timm_name is None and (pretrained or weights is not None):
         raise ObserveError("--pretrained and --weights only apply to --timm NAME")
+    if weights is not None:
+        check_weights_file(Path(weights))  # a refused or unreadable file stops here, before the data is read
     sources, run_dir = _sources(checkpoint, checkpoints, run, timm_name, epoch)
     cfg = compose_observe_config(overrides, run_dir)
     settings = ObservationSettings.from_config(cfg.observation)

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from tgo.errors import ConfigError
 from tgo.records import METRICS_COLUMNS, RunDir, atomic_write, read_metric_rows
+from tgo.safe_load import UnsafeCheckpointError, load_weights_only
 
 SET_ASIDE = RunDir.SET_ASIDE
 GEOMETRY_CALLBACK = "SpectralGeometryCallback"
@@ -93,9 +93,34 @@ def _csv(rows: list[dict[str, str]]) -> str:
     return text.getvalue()
 
 
-def _load_lazily(checkpoint: str | Path) -> dict[str, Any]:
-    """A checkpoint's entries with its tensors memory-mapped, not read: only small entries are looked at here."""
-    return torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[str, Any]:
+    """A checkpoint's entries with its tensors memory-mapped, not read: only small entries are looked at here.
+
+    Read with ``weights_only=True`` (`tgo.safe_load`), so no file's pickled code ever runs.
+
+    Args:
+        checkpoint: The file.
+        label: How an error names it (default ``ckpt_path: '<file>'``: the checkpoint a resume starts from).
+
+    Raises:
+        UnsafeCheckpointError: the file needs a global outside the weights-only set, named in the one-line message
+            (`tgo.train` prints it and exits with status 2).
+        ConfigError: the file holds something other than a checkpoint's entries.
+    """
+    label = label or f"ckpt_path: '{checkpoint}'"
+    state = load_weights_only(checkpoint, label=label)
+    if not isinstance(state, dict):
+        raise ConfigError(
+            f"{label} holds a {type(state).__name__}, not a Lightning checkpoint; expected a checkpoint written by "
+            "tgo.train"
+        )
+    return state
+
+
+def check_checkpoint(checkpoint: str | Path) -> None:
+    """Stops a start from ``checkpoint`` with one line if TGO refuses to read it (`_load_lazily`): cheap (its tensors
+    are memory-mapped, not read), so it can come before any data is read or anything is moved."""
+    _load_lazily(checkpoint)
 
 
 def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
@@ -156,7 +181,10 @@ def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Pat
         if path.resolve() == restored:
             continue
         try:
-            other = int(_load_lazily(path).get("global_step", 0))
+            other = int(_load_lazily(path, label=str(path)).get("global_step", 0))
+        except UnsafeCheckpointError as err:  # not TGO's, and never run: left where it is
+            rank_zero_warn(f"[tgo] resume: skipped {err}; it is left where it is and not used", category=RuntimeWarning)
+            continue
         except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError):  # unreadable: not used, left
             continue
         if other > step:
@@ -203,6 +231,8 @@ class StartPlan:
         """
         if self.start_over is None and checkpoint_file is None:
             return
+        if self.start_over is None and checkpoint_file is not None:
+            check_checkpoint(checkpoint_file)  # a refused checkpoint stops the start before anything is removed
         remove_stale_temporaries(run)
         if self.start_over is not None:
             rank_zero_info(f"[tgo] {self.start_over}")

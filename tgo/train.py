@@ -37,7 +37,7 @@ from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job
 from tgo.observatory.pipeline import NonFiniteActivationsError
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
-from tgo.resume import check_same_analysis_subset, plan_start
+from tgo.resume import check_checkpoint, check_same_analysis_subset, plan_start
 
 LAUNCHED_AT = time.time()
 """When this process imported ``tgo.train``: before Hydra made (or reused) the run directory."""
@@ -103,6 +103,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
             f"ckpt_path: '{path}' {problem}; expected a complete Lightning checkpoint file "
             "(resume from another checkpoint of the run, or start a new run)"
         )
+    check_checkpoint(path)  # never unpickles anything but tensors and plain containers (tgo.safe_load)
     return str(path)
 
 
@@ -296,7 +297,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
         rank_zero_info(f"[tgo] analysis subset manifest: {manifest}")
         rank_zero_info(f"[tgo] TensorBoard: tensorboard --logdir {RunDir(output_dir).tensorboard.resolve()}")
     with distributed_job():  # a multirun's next job must not join this job's process group
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        # weights_only=True: Lightning's own load of the checkpoint never unpickles arbitrary objects either (TGO's
+        # checkpoints need nothing else; tgo.safe_load has already refused a file that would)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:
         summary = ", ".join(f"{k}={metrics[k]:.4f}" for k in ("val/acc_top1", "val/acc_top5") if k in metrics)

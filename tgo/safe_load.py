@@ -1,0 +1,143 @@
+"""Reading checkpoints without running them: every checkpoint TGO reads is unpickled with ``weights_only=True``.
+
+A ``.ckpt`` file is a pickle. Unpickled with ``weights_only=False`` it may call any function it names (a file someone
+handed over, or one dropped beside ``last.ckpt``, runs its code the moment TGO reads it). TGO's own checkpoints hold
+tensors, numbers, strings and builtin containers only (the random states are stored as builtins for that reason:
+``callbacks/random_state.py``), which torch's weights-only unpickler accepts without an allow-list. A file that needs
+any other global is refused with one line naming the file and the global (`UnsafeCheckpointError`); nothing of it
+is run.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tgo.errors import UserInputError
+
+__all__ = [
+    "SAFE_GLOBALS",
+    "UnsafeCheckpointError",
+    "load_weights_only",
+    "refused_global",
+    "unpickling_reason",
+    "unsafe_error",
+]
+
+TGO_CHECKPOINT = "a checkpoint written by tgo.train"
+
+SAFE_GLOBALS: list[Any] = []
+"""Globals allowed beyond torch's own weights-only set: TGO's own checkpoints need none (tested)."""
+
+# What torch's weights-only unpickler says when it refuses something a pickle names (torch 2.6 - 2.14):
+#   "Unsupported global: GLOBAL os.system was not an allowed global by default. ..."
+#   "Trying to load unsupported GLOBAL posix.system whose module posix is blocked."
+#   "Trying to call reduce for unrecognized function <built-in function exec>"
+#   "Can only build Tensor, Parameter, OrderedDict or types allowlisted via `add_safe_globals`, but got <class ..>"
+_REFUSALS = (
+    re.compile(r"GLOBAL (\S+)"),
+    re.compile(r"reduce for unrecognized function (.+?)(?: which belongs to .*)?$", re.MULTILINE),
+    re.compile(r"(?:create new object|build) .*but got (.+)$", re.MULTILINE),
+)
+_WEIGHTS_UNPICKLER = re.compile(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n|$)")
+
+
+class UnsafeCheckpointError(UserInputError):
+    """A checkpoint whose unpickling would call or build something other than tensors and plain values.
+
+    Attributes:
+        path: The refused file.
+        refused: What the unpickler refused, as torch names it (``os.system``, ``exec``, a class).
+    """
+
+    def __init__(self, message: str, *, path: Path | None = None, refused: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.refused = refused
+
+
+def refused_global(error: BaseException) -> str | None:
+    """What torch's weights-only unpickler refused, from an error or its cause chain; ``None`` when it refused
+    nothing (the file is damaged, or not a pickle: an error of another kind)."""
+    current: BaseException | None = error
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, pickle.UnpicklingError):
+            text = _core(str(current))
+            for pattern in _REFUSALS:
+                found = pattern.search(text)
+                if found:
+                    return found.group(1).rstrip(".")
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def unpickling_reason(error: BaseException) -> str:
+    """An unpickling error as one line (torch's weights-only message spans a dozen lines of advice)."""
+    text = _core(str(error)).strip() or type(error).__name__
+    return f"{type(error).__name__}: {' '.join(text.split())}"
+
+
+def _core(message: str) -> str:
+    found = _WEIGHTS_UNPICKLER.search(message)
+    return found.group(1) if found else message
+
+
+def unsafe_error(
+    path: str | Path, error: BaseException, *, label: str | None = None, expected: str = TGO_CHECKPOINT
+) -> UnsafeCheckpointError | None:
+    """The one-line refusal for ``error`` raised while loading ``path``, or ``None`` when it refused nothing.
+
+    Args:
+        path: The file being loaded.
+        error: What loading it raised.
+        label: How the line names the file (default: the path).
+        expected: What the file should have been.
+    """
+    refused = refused_global(error)
+    if refused is None:
+        return None
+    return UnsafeCheckpointError(
+        f"{label or path}: refused, not loaded: unpickling it would call or build {refused!r}, which is not a tensor "
+        f"or a plain value (TGO reads checkpoints with weights_only=True and never runs code from a file); expected "
+        f"{expected}",
+        path=Path(path),
+        refused=refused,
+    )
+
+
+def load_weights_only(
+    path: str | Path, *, label: str | None = None, expected: str = TGO_CHECKPOINT, allow: Sequence[Any] = ()
+) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True, mmap=True)``: tensors memory-mapped, not read
+    (a file in the legacy, non-zip format is read whole: it cannot be mapped).
+
+    Args:
+        path: The file.
+        label: How the refusal names the file (default: the path), e.g. ``ckpt_path: '<path>'``.
+        expected: What the refusal says the file should have been.
+        allow: More globals to allow for this file (on top of `SAFE_GLOBALS`), e.g. the ones timm's loader allows.
+
+    Raises:
+        UnsafeCheckpointError: the file needs a global outside torch's weights-only set (and `SAFE_GLOBALS`).
+        Exception: whatever ``torch.load`` raises for a file it cannot read (missing, empty, damaged).
+    """
+    try:
+        with torch.serialization.safe_globals([*SAFE_GLOBALS, *allow]):
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:  # not a zip archive (legacy format): mmap unsupported
+                if "mmap" not in str(err):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        refusal = unsafe_error(path, err, label=label, expected=expected)
+        if refusal is None:
+            raise
+        raise refusal from err
