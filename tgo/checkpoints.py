@@ -275,8 +275,6 @@ def timm_net(
     return net
 
 
-
-
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Saves local checkpoints so that a failure (disk full, a kill) never leaves a truncated file under the real name.
 
