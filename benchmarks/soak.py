@@ -241,7 +241,9 @@ def launch(
     log = trial_dir / f"launch_{index}.log"
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": pythonpath}
-    cmd = train_command(run_dir, max_epochs, resume=index > 0, overrides=overrides)
+    # A kill before Hydra made the run directory leaves nothing to resume (tgo.train refuses ckpt_path=last there, as
+    # it refuses a mistyped path): the relaunch is then the first launch again, as a person would do it.
+    cmd = train_command(run_dir, max_epochs, resume=index > 0 and run_dir.exists(), overrides=overrides)
     watcher = EventWatcher(run_dir, kill.kind) if kill is not None and kill.kind != "random" else None
     deadline = kill.fraction * expected_s if kill is not None and kill.kind == "random" else math.inf
     start = time.monotonic()
