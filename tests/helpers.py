@@ -49,3 +49,14 @@ class SignalAtBatch(L.Callback):
         batch_idx = args[-1]
         if trainer.current_epoch == self.epoch and batch_idx == self.batch:
             os.kill(os.getpid(), getattr(signal, self.signal_name))
+
+
+TINY_TIMM = [
+    "data.image_size=16",
+    "data.analysis.per_class=2",
+    "model.arch.patch_size=4",
+    "model.arch.depth=2",
+    "model.arch.embed_dim=16",
+    "model.arch.num_heads=2",
+]
+"""Overrides that make a timm ViT tiny enough for a test to observe in seconds (16 px, patch 4, depth 2, width 16)."""

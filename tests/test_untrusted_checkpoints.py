@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from tests.conftest import compose_train, run_cli
+from tests.helpers import TINY_TIMM
 from tests.report.smoke import smoke_run_dir
 from tgo.checkpoints import CheckpointError, load_checkpoint_file, load_weights_file, net_from_checkpoint
 from tgo.observe import main as observe_main
@@ -27,14 +28,6 @@ from tgo.records import RunDir
 from tgo.resume import SET_ASIDE, StartPlan, observed_in_checkpoint, set_aside_newer_checkpoints
 from tgo.safe_load import SAFE_GLOBALS, UnsafeCheckpointError, load_weights_only
 
-TINY_TIMM = [
-    "data.image_size=16",
-    "data.analysis.per_class=2",
-    "model.arch.patch_size=4",
-    "model.arch.depth=2",
-    "model.arch.embed_dim=16",
-    "model.arch.num_heads=2",
-]
 REFUSED = r"refused, not loaded: unpickling it would call or build '(builtins\.)?exec', which is not a tensor"
 
 

@@ -9,21 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import TINY_TIMM
 from tgo.checkpoints import CheckpointError, CheckpointMismatchError, checkpoint_epoch, find_checkpoints
 from tgo.observatory import ObservationSettingsError
 from tgo.observe import ObserveError, main
 from tgo.observe import observe_models as observe
 from tgo.records import load_spectra, read_metric_rows
 from tgo.report.build import build_report
-
-TINY_TIMM = [
-    "data.image_size=16",
-    "data.analysis.per_class=2",
-    "model.arch.patch_size=4",
-    "model.arch.depth=2",
-    "model.arch.embed_dim=16",
-    "model.arch.num_heads=2",
-]
 
 
 def metric_values(run_dir: Path, epoch: int) -> dict[tuple[str, str, str], float]:

@@ -204,25 +204,14 @@ def package_commit(where: Path | None = None) -> str | None:
     """
     here = where if where is not None else Path(__file__).resolve().parent
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+
+    def git(*args: str) -> str:
+        command = ["git", "--no-optional-locks", *args]
+        return subprocess.run(command, cwd=here, capture_output=True, text=True, timeout=10, check=True, env=env).stdout
+
     try:
-        head = subprocess.run(
-            ["git", "--no-optional-locks", "rev-parse", "HEAD"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-            env=env,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-            env=env,
-        ).stdout.strip()
+        head = git("rev-parse", "HEAD").strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no").strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return (head + ("+dirty" if dirty else "")) if head else None
