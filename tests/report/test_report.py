@@ -319,3 +319,34 @@ def test_a_run_with_standard_errors_shows_them_as_bands_and_in_the_table(tmp_pat
 def test_a_run_without_standard_errors_has_no_bands(tmp_path: Path):
     run = write_synthetic_run(tmp_path / "run", {"effective_rank": {"cls": lambda e: 1.0 + e}}, epochs=EPOCHS)
     assert "jackknife standard error" not in build_report([run], correlation=False).read_text().split("<h2")[-1]
+
+
+def test_a_sweeps_mean_carries_the_mean_of_its_runs_replicates_so_its_contrasts_stay_paired(tmp_path: Path):
+    """The leave-one-group-out value of a mean over runs (same images, same groups) is the mean of the runs'
+    leave-one-group-out values; runs without replicates, or with another G, leave the mean without them."""
+    from tgo.report.runs import RunData
+
+    epochs = np.array([0, 5, 10])
+    rng = np.random.default_rng(0)
+
+    def run(name: str, groups: int) -> RunData:
+        values = 1.0 + epochs / 10 + rng.standard_normal(3) * 0.01
+        leave_out = values[:, None] + rng.standard_normal((3, groups)) * 0.01
+        series = {"effective_rank": {"block_01": (epochs, values)}}
+        return RunData(
+            tmp_path / name, name, series, ["block_01"], list(epochs), "same",
+            {"effective_rank": {"block_01": (epochs, np.full(3, 0.01))}},
+            jackknife={"effective_rank": {"block_01": (epochs, leave_out)}},
+        )  # fmt: skip
+
+    a, b = run("a", 10), run("b", 10)
+    agg = aggregate_runs([a, b])
+    _, mean_leave_out = agg.jackknife["effective_rank"]["block_01"]
+    expected = (a.jackknife["effective_rank"]["block_01"][1] + b.jackknife["effective_rank"]["block_01"][1]) / 2
+    np.testing.assert_allclose(mean_leave_out, expected, rtol=0, atol=1e-15)
+    assert "effective_rank" not in aggregate_runs([a, run("c", 5)]).jackknife  # another G: nothing to pair
+    finding = evaluate_findings(
+        agg.mean, agg.points, stderr=agg.stderr, replicates=agg.replicates, leave_out=agg.jackknife
+    )[0]
+    assert finding.trend is not None and finding.trend.uncertainty.paired
+    assert finding.trend.uncertainty.training_source.startswith("seeds")
