@@ -39,7 +39,8 @@ def test_tgo1_is_the_published_protocol(compose_cfg):
     assert cfg.trainer.gradient_clip_val == 1.0
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.accelerator == "gpu"
     assert cfg.data.source == "imagenet100" and cfg.data.batch_size == 32
-    assert cfg.data.image_size == 224 and cfg.data.resize_size == 256 and cfg.data.crop_scale_min == 0.8
+    assert cfg.data.image_size == 224 and cfg.data.resize_size is None and cfg.data.crop_scale_min == 0.8
+    assert round(cfg.data.image_size / 0.875) == 256  # what resize_size null gives: the paper's 256 -> 224
     assert cfg.data.train_transform == "standard"
     assert (cfg.data.analysis.size, cfg.data.analysis.per_class, cfg.data.analysis.seed) == (1000, 10, 2025)
 

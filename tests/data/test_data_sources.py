@@ -119,3 +119,18 @@ def test_synthetic_requires_num_classes() -> None:
 def test_digits_subset_too_large_names_class() -> None:
     with pytest.raises(DataConfigError, match=r"data\.analysis\.per_class=100 needs 100 .* has 3[5-7]"):
         TGODataModule(source="digits", image_size=8, analysis_size=1000).validate()
+
+
+def test_the_eval_resize_follows_the_image_size_and_a_crop_that_discards_most_of_the_image_warns() -> None:
+    """``resize_size: 256`` with ``image_size: 32`` would measure the central eighth of each image (issue 21 item 4)."""
+    import warnings
+
+    from tgo.data.datamodule import warn_if_the_crop_discards_most_of_the_image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_if_the_crop_discards_most_of_the_image(224, None) == pytest.approx((224 / 256) ** 2)
+        assert warn_if_the_crop_discards_most_of_the_image(32, None) == pytest.approx((32 / 37) ** 2)
+        assert warn_if_the_crop_discards_most_of_the_image(224, 256) == pytest.approx((224 / 256) ** 2)
+    with pytest.warns(UserWarning, match=r"data.resize_size=256 with data.image_size=32: .* keeps 1.6% .* = 37"):
+        TGODataModule(source="synthetic", num_classes=4, image_size=32, resize_size=256)

@@ -12,6 +12,7 @@ batches with tensor ops; validation and analysis tensors are then exactly the ev
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,33 @@ def _positive(name: str, value: Any, allow_none: bool = False) -> None:
         expected = "a positive integer or null" if allow_none else "a positive integer"
         key = name.replace("analysis_", "analysis.", 1)  # the config nests these under data.analysis
         raise DataConfigError(f"data.{key}={value!r} is invalid; expected {expected}.")
+
+
+CROP_KEEPS_AT_LEAST = 0.5
+"""The share of a resized image's area below which the eval centre crop warns (the ImageNet 224 / 256 keeps 77%)."""
+
+
+def warn_if_the_crop_discards_most_of_the_image(image_size: int, resize_size: int | None) -> float:
+    """Warns in one line when an explicit ``resize_size`` makes the eval centre crop keep under half of each image.
+
+    ``resize_size: 256`` with ``image_size: 32`` measures the central 32 px of a 256 px resize: an eighth of each
+    side, 1.6% of the image. ``null`` (the configs' default) follows the image size, ``round(image_size / 0.875)``.
+
+    Returns:
+        The share of the resized image's area that the crop keeps (1 for ``null`` or a resize the crop keeps whole).
+    """
+    if resize_size is None:
+        return (image_size / round(image_size / 0.875)) ** 2
+    kept = min(1.0, image_size / resize_size) ** 2
+    if kept < CROP_KEEPS_AT_LEAST:
+        warnings.warn(
+            f"data.resize_size={resize_size} with data.image_size={image_size}: the eval centre crop keeps "
+            f"{kept:.1%} of each resized image; expected about round(image_size / 0.875) = "
+            f"{round(image_size / 0.875)} (data.resize_size=null follows the image size)",
+            UserWarning,
+            stacklevel=3,
+        )
+    return kept
 
 
 class TGODataModule(L.LightningDataModule):
@@ -180,6 +208,7 @@ class TGODataModule(L.LightningDataModule):
                 f"data.resize_size={resize_size} is smaller than data.image_size={image_size}; expected >= image_size "
                 "(the eval transform resizes the shorter side, then centre-crops image_size)."
             )
+        warn_if_the_crop_discards_most_of_the_image(image_size, resize_size)
         if channels not in (1, 3):
             raise DataConfigError(f"data.channels={channels!r} is invalid; expected 1 or 3.")
         if analysis_size is None and analysis_per_class is None and analysis_manifest is None:
