@@ -60,7 +60,7 @@ def test_smoke_run_records_each_epoch_once_per_point_and_metric(smoke_run):
 
 def test_checkpoint_holds_the_trained_model_and_callback_state(smoke_run):
     run_dir, _ = smoke_run
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["hyper_parameters"]["arch"]["depth"] == 4
     geometry_state = [v for k, v in checkpoint["callbacks"].items() if "SpectralGeometryCallback" in k]
     assert geometry_state and 1 in geometry_state[0]["observed_epochs"]
@@ -79,7 +79,7 @@ def test_resume_after_a_crash_continues_records_without_duplicates(tmp_path):
     counts = metric_epochs(run_dir)
     assert {e for e, *_ in counts} == {0, 1, 2, 3, 4}
     assert set(counts.values()) == {1}, "no epoch observed twice"
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["epoch"] == 3
 
 

@@ -101,7 +101,7 @@ def test_a_weights_file_that_does_not_fit_names_the_keys(tmp_path: Path):
 
 
 def test_a_checkpoint_that_does_not_fit_its_model_names_the_keys(smoke_run: Path, tmp_path: Path):
-    checkpoint = torch.load(smoke_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(smoke_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     checkpoint["hyper_parameters"]["arch"]["depth"] = 3  # the stored weights have 4 blocks
     bad = tmp_path / "bad.ckpt"
     torch.save(checkpoint, bad)

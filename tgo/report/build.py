@@ -26,7 +26,13 @@ from tgo.report.aggregate import (
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
-from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, JUDGED_COLUMNS, hypotheses_report, judged_cells
+from tgo.report.hypotheses_section import (
+    HYPOTHESES_COLUMNS,
+    JUDGED_COLUMNS,
+    hypotheses_report,
+    judged_cells,
+    uncertainty_cells,
+)
 from tgo.report.reference import (
     PAPER_POINTS,
     compare_with_reference,
@@ -201,19 +207,7 @@ def findings_rows(
             row.update(rank=str(e.rank), of=str(e.of), margin=_csv_number(e.margin))
             row.update(margin_uncertainty=_csv_number(e.uncertainty.total))
             if t is not None:  # the row is judged on the margin: its evidence columns are the margin's
-                u = e.uncertainty
-                row.update(
-                    jackknife_se=_csv_number(u.jackknife),
-                    jackknife_paired=("true" if u.paired else "false") if math.isfinite(u.jackknife) else "",
-                    training_se=_csv_number(u.training),
-                    training_source=u.training_source,
-                    training_dof=_csv_number(u.training_dof) if u.training_estimated else "",
-                    uncertainty=_csv_number(u.total),
-                    uncertainty_source=u.source,
-                    dof=_csv_number(u.dof) if math.isfinite(u.total) else "",
-                    threshold=_csv_number(u.threshold(z)),
-                    z=_csv_number(e.z),
-                )
+                row.update(uncertainty_cells(e.uncertainty, e.z, z))
         if agreement:
             row["agreement"] = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs)
         rows.append(row)

@@ -39,7 +39,7 @@ from tgo.report.hypotheses import (
 )
 from tgo.report.hypothesis_figures import Profile, cka_figure, profiles_figure
 from tgo.report.runs import ReportInputError, RunData
-from tgo.report.verdicts import VerdictSettings
+from tgo.report.verdicts import Uncertainty, VerdictSettings
 from tgo.spectral.probes import cka_matrix, linear_cka
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "hypotheses_report",
     "judged_cells",
     "load_view_runs",
+    "uncertainty_cells",
 ]
 
 JUDGED_COLUMNS: tuple[str, ...] = (
@@ -83,15 +84,9 @@ Welch-Satterthwaite degrees of freedom and ``threshold`` the Student-t widened s
 q-value over the table's rows (`tgo.report.verdicts`)."""
 
 
-def judged_cells(trend: Trend, p: float, q: float, z_threshold: float) -> dict[str, str]:
-    """The `JUDGED_COLUMNS` of one judged trend (numbers as exact ``repr`` strings, empty when absent)."""
-    u = trend.uncertainty
+def uncertainty_cells(u: Uncertainty, z: float, z_threshold: float) -> dict[str, str]:
+    """The uncertainty columns of `JUDGED_COLUMNS` for one contrast of signed size ``z`` (exact ``repr`` strings)."""
     return {
-        "first": _csv_number(trend.first),
-        "last": _csv_number(trend.last),
-        "change": _csv_number(trend.change),
-        "relative_change": _csv_number(trend.relative_change),
-        "scale": trend.scale,
         "jackknife_se": _csv_number(u.jackknife),
         "jackknife_paired": ("true" if u.paired else "false") if math.isfinite(u.jackknife) else "",
         "training_se": _csv_number(u.training),
@@ -101,7 +96,19 @@ def judged_cells(trend: Trend, p: float, q: float, z_threshold: float) -> dict[s
         "uncertainty_source": u.source,
         "dof": _csv_number(u.dof) if math.isfinite(u.total) else "",
         "threshold": _csv_number(u.threshold(z_threshold)),
-        "z": _csv_number(trend.z),
+        "z": _csv_number(z),
+    }
+
+
+def judged_cells(trend: Trend, p: float, q: float, z_threshold: float) -> dict[str, str]:
+    """The `JUDGED_COLUMNS` of one judged trend (numbers as exact ``repr`` strings, empty when absent)."""
+    return {
+        "first": _csv_number(trend.first),
+        "last": _csv_number(trend.last),
+        "change": _csv_number(trend.change),
+        "relative_change": _csv_number(trend.relative_change),
+        "scale": trend.scale,
+        **uncertainty_cells(trend.uncertainty, trend.z, z_threshold),
         "p": _csv_number(p),
         "q": _csv_number(q),
         "window": str(trend.window),

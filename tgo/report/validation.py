@@ -36,6 +36,7 @@ import numpy as np
 
 from tgo.report.findings import FAILS, HOLDS, INCONCLUSIVE, REVERSES, judge_trend, with_pooled_noise
 from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, measured
+from tgo.spectral.jackknife import jackknife_stderr
 
 __all__ = [
     "LENGTHS",
@@ -130,8 +131,7 @@ def simulate(
     clean = se * shape.curve(t) + epoch_noise + wander
     values = clean + subset
     leave_out = clean[:, None] + subset_out
-    g = GROUPS
-    stderr = np.sqrt((g - 1) / g * np.sum((leave_out - leave_out.mean(axis=1, keepdims=True)) ** 2, axis=1))
+    stderr = np.array([jackknife_stderr(row) for row in leave_out])
     epochs = np.round(t * 5 * (n - 1)).astype(np.float64)  # every 5th epoch, like the default run
     return epochs, values, stderr, leave_out
 

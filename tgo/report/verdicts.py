@@ -58,6 +58,7 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from tgo.report.training_noise import TrainingNoise, series_noise
+from tgo.spectral.jackknife import jackknife_stderr
 
 __all__ = [
     "DEFAULT_FDR",
@@ -400,7 +401,8 @@ class Uncertainty:
         return difference / total
 
     def threshold(self, z: float) -> float:
-        """How large a contrast must be to count at normal quantile ``z``: ``U * t_dof / z * z``."""
+        """How large a contrast must be to count at normal quantile ``z``: ``U`` times the Student-t quantile at the
+        same tail for `dof` (``z U`` when ``U`` is known exactly)."""
         return self.total * z * student_factor(z, self.dof)
 
     def p(self, difference: float) -> float:
@@ -424,14 +426,6 @@ class Uncertainty:
         else:
             parts.append("training noise not estimated")
         return " + ".join(parts)
-
-
-def _jackknife_of(values: np.ndarray) -> float:
-    """Delete-a-group jackknife standard error of ``G`` leave-one-out values (NaN if any is NaN or G < 2)."""
-    g = values.size
-    if g < 2 or not np.all(np.isfinite(values)):
-        return math.nan
-    return float(math.sqrt((g - 1) / g * float(np.sum((values - values.mean()) ** 2))))
 
 
 def _unpaired(c: np.ndarray, stderr: np.ndarray) -> float:
@@ -478,7 +472,7 @@ def contrast(m: Measured, weights: ArrayLike) -> tuple[float, Uncertainty]:
     value = float(c @ m.values)
     jackknife, paired, jackknife_dof = math.nan, False, math.inf
     if m.leave_out is not None and np.all(np.isfinite(m.leave_out[used])):
-        jackknife = _jackknife_of(c[used] @ m.leave_out[used])
+        jackknife = jackknife_stderr(c[used] @ m.leave_out[used])
         paired, jackknife_dof = True, float(m.leave_out.shape[1] - 1)
     if not math.isfinite(jackknife):
         jackknife, paired, jackknife_dof = _unpaired(c, m.stderr), False, math.inf
