@@ -179,9 +179,11 @@ def random_images(n: int, size: int, seed: int = 0, classes: int = 1) -> TensorD
 
 def compose_quickstart(output_dir: Path, overrides: Sequence[str] = ()) -> Any:
     """``conf/train.yaml`` with the quickstart experiment, composed as ``python -m tgo.train`` would."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_module
 
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    from tgo.config import CONFIG_MODULE
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         return compose("train", overrides=[f"paths.output_dir={output_dir}", *overrides])
 
 

@@ -279,7 +279,7 @@ def recorded_observations() -> Iterator[list[dict[str, float]]]:
     Read from ``SpectralGeometryCallback.last_pass_seconds`` / ``last_blocking_seconds`` (what it logs as
     ``geometry/pass_seconds`` and ``geometry/blocking_seconds``) right after each ``observe_epoch``.
     """
-    from callbacks.spectral_geometry import SpectralGeometryCallback
+    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
 
     calls: list[dict[str, float]] = []
     original = SpectralGeometryCallback.observe_epoch

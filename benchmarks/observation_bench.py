@@ -676,7 +676,7 @@ class EpochTimer(L.Callback):
 
 def training_overhead(table: Table, epochs: int, work: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Quickstart for ``epochs`` full epochs with an observation after every epoch; observing time / epoch time."""
-    from callbacks.spectral_geometry import SpectralGeometryCallback
+    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
     from tgo.train import run
 
     calls: list[dict[str, float]] = []
@@ -780,7 +780,7 @@ def figure_time(results: Any, renders: int, work: Path) -> float:
     """
     from torch.utils.tensorboard import SummaryWriter
 
-    from callbacks.spectral_geometry import SpectralGeometryCallback
+    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
     from tgo.records import RecordWriter, RunDir
 
     cb = SpectralGeometryCallback(settings={"every_n_epochs": 1})

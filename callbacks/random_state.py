@@ -5,7 +5,7 @@ order, other augmentations and other dropout masks from its first resumed epoch 
 uninterrupted run's (up to 17 % in effective rank at epoch 6 in the fault-injection soak).
 
 The states are taken when the checkpoint is saved (the end of an epoch, after that epoch's observation, which runs
-with its own random stream: `callbacks.spectral_geometry`) and put back when the checkpoint is restored. Lightning
+with its own random stream: `tgo.callbacks.spectral_geometry`) and put back when the checkpoint is restored. Lightning
 restores callbacks before it creates the first training iterator of the resumed fit (whose sampler and worker seeds
 draw from the global generator), so that iterator draws exactly what the uninterrupted run drew at the same epoch.
 

@@ -16,7 +16,7 @@ views (``cls``, ``patch``, ``between_image``, ``within_image``) as ``geometry_<v
 jackknife standard errors as ``geometry_stderr/...`` and ``geometry_stderr_<view>/...`` (`geometry_scalars`).
 
 TensorBoard gets the same values differently, because it colours lines by run and sorts names alphabetically: every
-point is its own run, ``<log dir>/points/<NN>_<point>`` (`callbacks.tensorboard_runs.PointRuns`, depth-ordered
+point is its own run, ``<log dir>/points/<NN>_<point>`` (`tgo.callbacks.tensorboard_runs.PointRuns`, depth-ordered
 names), holding the tags without the point, ``geometry/<metric>``, ``geometry_<view>/<metric>``,
 ``geometry_stderr[_<view>]/<metric>`` and ``geometry_band/<metric>/{lower,upper}`` (`point_scalars`). So one chart
 is one observable with every point as its own coloured, labelled line in depth order. The Lightning TensorBoard run
@@ -29,7 +29,7 @@ Every figure is one TensorBoard card, drawn to be read at the card's size (`tgo.
 card per point (``spectra/<NN>_<point>``), one layer x epoch heatmap per charted observable
 (``layer_epoch/<metric>``), the decay curves of every point (``decay/all_points``), the correlation matrices
 (``correlation/<NN>_<point>``) and the log-eigenvalue histograms (``spectrum_log10/<NN>_<point>``). Per-point tags
-carry the point runs' depth index (`callbacks.tensorboard_runs.point_run_names`), so TensorBoard's alphabetical
+carry the point runs' depth index (`tgo.callbacks.tensorboard_runs.point_run_names`), so TensorBoard's alphabetical
 lists show them in depth order.
 
 Figures are rendered off the training thread: once an observation is recorded and its scalars logged, its figures
@@ -57,8 +57,6 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.seed import isolate_rng
 
-from callbacks.figure_worker import FigureWorker
-from callbacks.tensorboard_runs import PointRuns, point_run_names
 from tgo import viz
 from tgo.observatory import (
     DEFAULT_VIEW,
@@ -78,6 +76,9 @@ from tgo.observatory import (
 from tgo.observatory.views import VIEWS
 from tgo.records import RecordWriter, RunDir, load_series, load_spectra, recorded_epochs
 from tgo.spectral import CATALOGUE
+
+from .figure_worker import FigureWorker
+from .tensorboard_runs import PointRuns, point_run_names
 
 __all__ = [
     "NonFiniteActivationsError",
@@ -143,7 +144,7 @@ def geometry_scalars(results: Results) -> dict[str, float]:
 def point_scalars(results: Results) -> dict[str, dict[str, float]]:
     """``{point: {tag: value}}``: `geometry_scalars` without the point in the tag, plus the ``all`` view's bands.
 
-    What each point's own TensorBoard run holds (`callbacks.tensorboard_runs.PointRuns`): the same tag in every run,
+    What each point's own TensorBoard run holds (`tgo.callbacks.tensorboard_runs.PointRuns`): the same tag in every run,
     so TensorBoard draws one chart per tag with one line per point. The bands ``geometry_band/<metric>/lower`` and
     ``/upper`` (value -/+ stderr of the charted observables, where both are finite) feed the custom-scalars Margin
     charts.
@@ -275,7 +276,7 @@ class SpectralGeometryCallback(L.Callback):
 
         The pass runs with the random generators isolated (its data loader draws a seed from torch's global
         generator): training draws the same random numbers however often it is observed, and a resumed run continues
-        the uninterrupted run's stream (`callbacks.random_state`).
+        the uninterrupted run's stream (`tgo.callbacks.random_state`).
         """
         held = self._figures.held() if self._figures is not None else contextlib.nullcontext()
         with held, isolate_rng():

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
+
+from tgo.config import CONFIG_MODULE
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -24,7 +26,7 @@ torch.set_num_threads(1)
 
 def compose_train(output_dir: Path, overrides: list[str] | None = None, *, hydra_cfg: bool = False) -> DictConfig:
     """Composes conf/train.yaml like ``python -m tgo.train`` would, with the run directory set to ``output_dir``."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         # Progress bars off: tqdm would interleave with pytest's own output (the CLI tests keep the default).
         return compose(
             "train",

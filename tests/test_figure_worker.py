@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from callbacks.figure_worker import FigureWorker
 from tests.conftest import compose_train
 from tests.helpers import SimulatedCrash
 from tgo import viz
+from tgo.callbacks.figure_worker import FigureWorker
 from tgo.records import read_metric_rows
 from tgo.train import run
 

@@ -13,10 +13,10 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import TensorDataset
 
-from callbacks.spectral_geometry import NonFiniteActivationsError, SpectralGeometryCallback, nonfinite_notice
-from callbacks.tensorboard_runs import point_run_names
 from tests.conftest import compose_train
 from tgo import viz
+from tgo.callbacks.spectral_geometry import NonFiniteActivationsError, SpectralGeometryCallback, nonfinite_notice
+from tgo.callbacks.tensorboard_runs import point_run_names
 from tgo.errors import UserInputError
 from tgo.model import ViTClassifier
 from tgo.observatory import ObservationSettings, RecordPlan, ShardPlan, observe_and_record, vit_points

@@ -23,6 +23,10 @@ from omegaconf.errors import MissingMandatoryValue
 from tgo.errors import ConfigError
 from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 
+CONFIG_MODULE = "tgo.conf"
+"""Where Hydra finds the config tree (``pkg://tgo.conf``): the repository's top-level ``conf/``, installed as package
+data, so ``tgo.train`` and ``tgo.observe`` compose the same configs from any directory and from an installed wheel."""
+
 _MISSING = object()
 
 SCHEDULES = ("cosine", "onecycle", "constant")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hydra.errors import HydraException
 from hydra.utils import instantiate
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -51,6 +51,7 @@ from tgo.checkpoints import (
     net_from_checkpoint,
     timm_net,
 )
+from tgo.config import CONFIG_MODULE
 from tgo.errors import UserInputError, find_user_error
 from tgo.observatory import (
     ObservationSettings,
@@ -69,8 +70,6 @@ __all__ = [
     "main",
     "observe_models",
 ]
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 class ObserveError(UserInputError):
@@ -102,7 +101,7 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
     """
     overrides = list(overrides)
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             cfg = compose("observe", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ObserveError(f"bad override ({err})") from err

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from tgo.checkpoints import AtomicCheckpointIO
-from tgo.config import validate_config
+from tgo.config import CONFIG_MODULE, validate_config
 from tgo.errors import ConfigError, UserInputError, find_error
 from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job, slurm_requeue_plugins
 from tgo.observatory.pipeline import NonFiniteActivationsError
@@ -317,7 +317,7 @@ def main() -> float | None:
     return hydra_main()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
     """Hydra entry point; bad input exits with status 2 and one line naming the key and what was expected."""
     logging.captureWarnings(True)  # warnings reach <run dir>/train.log with every other message (conf/hydra)

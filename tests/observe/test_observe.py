@@ -144,7 +144,7 @@ def test_a_run_saved_before_the_observation_group_keeps_its_settings(tmp_path: P
             "data": {"_target_": "tgo.data.TGODataModule", "source": "digits"},
             "callbacks": {
                 "spectral_geometry": {
-                    "_target_": "callbacks.spectral_geometry.SpectralGeometryCallback",
+                    "_target_": "tgo.callbacks.spectral_geometry.SpectralGeometryCallback",
                     "every_n_epochs": 1,
                     "gram_dtype": "float32",
                     "fit_range": [2, 9],

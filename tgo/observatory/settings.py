@@ -1,6 +1,6 @@
 """``ObservationSettings``: every knob of a geometry observation, validated in one place.
 
-The training callback (``callbacks.spectral_geometry``) and offline observation (``python -m tgo.observe``) read the
+The training callback (``tgo.callbacks.spectral_geometry``) and offline observation (``python -m tgo.observe``) read the
 same settings from the same config group, ``conf/observation/default.yaml`` (the ``observation`` node of both entry
 configs). Adding a setting means: a field here (with its check in ``__post_init__``), a line in that YAML file and a
 test; nothing else reads raw config keys.
