@@ -110,7 +110,7 @@ def _settings(args: argparse.Namespace) -> VerdictSettings:
         raise UserInputError(f"verdict settings: {err}") from err
 
 
-def _run(args: argparse.Namespace) -> Path:
+def _run(args: argparse.Namespace, summary: list[str]) -> Path:
     settings = _settings(args)
     if args.published:
         if args.runs:
@@ -131,18 +131,22 @@ def _run(args: argparse.Namespace) -> Path:
         embed=args.embed,
         settings=settings,
         correlation=not args.no_correlation,
+        messages=summary,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Builds the report; returns the exit status (0 ok, 2 bad input)."""
     args = parse_args(argv)
+    summary: list[str] = []
     try:
-        index = _run(args)
+        index = _run(args, summary)
     except UserInputError as error:
         print(f"tgo.report: error: {error}", file=sys.stderr)
         return 2
     print(f"[tgo] report: {index.resolve()}")
+    for line in summary:
+        print(f"[tgo] {line}")
     return 0
 
 

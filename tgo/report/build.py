@@ -37,6 +37,7 @@ from tgo.report.reference import (
     PAPER_POINTS,
     compare_with_reference,
     load_reference,
+    reference_caveat,
     reference_path,
 )
 from tgo.report.runinfo import (
@@ -62,8 +63,6 @@ __all__ = [
 
 REFERENCE_MODES = ("none", "tgo1")
 """``--reference``: ``none`` (default) draws the runs alone; ``tgo1`` adds the published TGO-I measurements."""
-PAPER_MODEL = "vit_small_patch16_224"
-PAPER_DATA = "imagenet100"
 FINDINGS_COLUMNS: tuple[str, ...] = (
     "claim",
     "statement",
@@ -309,24 +308,6 @@ def _use_reference(mode: str) -> bool:
     return mode == "tgo1"
 
 
-def _reference_caveat(infos: Sequence[RunInfo]) -> str | None:
-    """Why the published numbers are not this experiment's, or ``None`` when model and data are the paper's."""
-    differ = []
-    models = sorted({i.model or NOT_RECORDED for i in infos})
-    data = sorted({str(i.data or NOT_RECORDED) for i in infos})
-    if not all(m.startswith(PAPER_MODEL) for m in models):
-        differ.append(f"model {', '.join(models)} (paper: ViT-S/16, {PAPER_MODEL})")
-    if data != [PAPER_DATA]:
-        differ.append(f"data {', '.join(data)} (paper: ImageNet-100)")
-    if not differ:
-        return None
-    return (
-        "Caveat: these runs differ from the paper's experiment in " + " and ".join(differ) + ", so the published "
-        "values are a picture of the paper's trends, not numbers these runs should reproduce; compare shapes against "
-        "the fraction of training, not values."
-    )
-
-
 def _pct_or_missing(value: float | None) -> str:
     return NOT_RECORDED if value is None else f"{value:.2%}"
 
@@ -432,6 +413,7 @@ def build_report(
     embed: bool = False,
     settings: VerdictSettings = DEFAULT_SETTINGS,
     correlation: bool = True,
+    messages: list[str] | None = None,
 ) -> Path:
     """Writes ``<out>/index.html``, ``<out>/figures/*.png``, ``<out>/findings.csv`` and ``<out>/hypotheses.csv``.
 
@@ -443,12 +425,15 @@ def build_report(
         out: Report directory (default `default_out_dir`).
         reference: ``none`` (default) reports the runs alone; ``tgo1`` adds the published TGO-I measurements (a
             comparison table, a verdict column and a panel of their own beside each observable, with a caveat
-            when the model or data are not the paper's).
+            naming each way the runs differ from the paper's experiment: model, image size, data, epochs;
+            `tgo.report.reference.reference_caveat`).
         title: Page title (default names the runs).
         allow_different_subsets: Compare runs whose analysis subsets differ instead of refusing.
         embed: Inline the PNGs in ``index.html`` (they are still written beside it).
         settings: The verdict rule's window, minimum window, z and stable tolerance (`tgo.report.verdicts`).
         correlation: Draw correlation heatmaps (the slowest figures for wide models).
+        messages: When given, the lines a command line prints beside the page's path are appended to it (the
+            reference caveat, when there is one).
 
     Returns:
         The path of ``index.html``.
@@ -468,6 +453,9 @@ def build_report(
     notes = check_subsets(runs, allow_different=allow_different_subsets)
     agg: Aggregate = aggregate_runs(runs)
     paper = load_reference() if overlay else None
+    caveat = reference_caveat(infos, [r.epochs[-1] if r.epochs else None for r in runs]) if overlay else None
+    if caveat and messages is not None:
+        messages.append(caveat)
     single = len({e for r in runs for e in r.epochs}) == 1
 
     report_dir = Path(out) if out is not None else default_out_dir(paths)
@@ -535,10 +523,9 @@ def build_report(
             "the six observables share TGO's names and conventions. On the figures the paper has a panel of its own "
             "beside each observable, against the fraction of training."
         )
-        caveat = _reference_caveat(infos)
         if caveat:
-            ref.paragraphs.insert(0, caveat)
-            header.paragraphs.append(caveat)
+            ref.caveats.append(caveat)
+            header.caveats.append(caveat)
         ref.tables.append(
             Table(
                 ["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
@@ -567,9 +554,16 @@ def build_report(
     planned = {i.epochs for i in infos}
     run_epochs = planned.pop() if len(planned) == 1 else None
     figure_refs = depth_profile_figures(agg, figures_dir)
-    figure_refs += observable_figures(agg, figures_dir, reference=paper, run_epochs=run_epochs)
+    figure_refs += observable_figures(
+        agg, figures_dir, reference=paper, run_epochs=run_epochs, reference_differs=caveat is not None
+    )
     figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
-    sections += _figure_sections(figure_refs, runs[0].name if several else None)
+    figure_sections = _figure_sections(figure_refs, runs[0].name if several else None)
+    if caveat:
+        for section in figure_sections:
+            if section.anchor == "observables":  # the figures with the published panel beside the run's
+                section.caveats.append(caveat)
+    sections += figure_sections
 
     _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs), settings.z)
     _write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)

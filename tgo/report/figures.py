@@ -75,6 +75,7 @@ def observable_figures(
     reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]] | None = None,
     metrics: Sequence[str] | None = None,
     run_epochs: int | None = None,
+    reference_differs: bool = False,
 ) -> list[FigureRef]:
     """Each observable against epoch (one line per point) and as a layer x epoch heatmap.
 
@@ -91,6 +92,8 @@ def observable_figures(
             is drawn too.
         run_epochs: The runs' planned epochs: with ``reference``, the run is drawn against the fraction of
             training too.
+        reference_differs: The runs are not the published experiment (`tgo.report.reference.reference_caveat`):
+            the captions say to compare shapes, not values.
 
     Returns:
         Two `FigureRef` per drawn observable (lines, heatmap).
@@ -120,6 +123,8 @@ def observable_figures(
                 "; right panel = published TGO-I measurements (ViT-S/16, ImageNet-100) on their own y axis, both "
                 "against the fraction of training"
             )
+            if reference_differs:
+                caption += " (a different experiment from this one: compare shapes, not values; see the caveat)"
         refs.append(FigureRef("observables", save_figure(fig, figures_dir, f"lines_{metric}"), caption, wide=bool(ref)))
         epochs = sorted({int(e) for p in points for e in series[p][0]})
         values = np.full((len(points), len(epochs)), np.nan)

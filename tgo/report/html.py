@@ -31,7 +31,9 @@ figure { margin: 0; max-width: 560px; } figure img { max-width: 100%; border: 1p
 figure.wide { max-width: 100%; } h3 { font-size: 1.05em; margin-top: 1.4em; }
 details { margin: 0.3em 0; } summary { cursor: pointer; font-size: 0.85em; }
 figcaption { font-size: 0.75em; color: #555; }
-.note { font-size: 0.85em; color: #444; } code { background: #f4f4f4; padding: 0 3px; }
+.note { font-size: 0.85em; color: #444; }
+.caveat { font-size: 0.9em; background: #fff4ce; border-left: 4px solid #d99a00; padding: 4px 8px; }
+code { background: #f4f4f4; padding: 0 3px; }
 """
 
 _WIDE = ' class="wide"'
@@ -101,6 +103,7 @@ class Section:
         figures: Figures, laid out in a wrapping grid (a `FigureRef` with ``wide`` takes the page's width).
         subsections: Sections one heading level down, after the figures (listed under this one in the contents).
         figures_first: Put the figures before the tables (a figure that the tables below it detail).
+        caveats: Plain-text warnings drawn as a highlighted box before the paragraphs (escaped).
     """
 
     title: str
@@ -110,6 +113,7 @@ class Section:
     figures: list[FigureRef] = field(default_factory=list)
     subsections: list[Section] = field(default_factory=list)
     figures_first: bool = False
+    caveats: list[str] = field(default_factory=list)
 
 
 def _image_src(figure: FigureRef, report_dir: Path, embed: bool) -> str:
@@ -153,6 +157,7 @@ def _contents(sections: Sequence[Section]) -> str:
 
 def _render_section(s: Section, report_dir: Path, embed: bool, level: int) -> list[str]:
     parts = [f'<h{level} id="{s.anchor}">{html.escape(s.title)}</h{level}>']
+    parts += [f'<p class="caveat">{html.escape(c)}</p>' for c in s.caveats]
     parts += [f'<p class="note">{html.escape(p)}</p>' for p in s.paragraphs]
     figures = []
     if s.figures:

@@ -16,6 +16,10 @@ paper layer                TGO point
 The six observables already carry TGO's names and conventions (``effective_rank``, ``stable_rank``,
 ``participation_ratio``, ``spectral_entropy`` in nats, not normalised, ``spectral_flatness`` with the 1e-12 floor,
 ``spectral_anisotropy`` = lambda_1 / trace), so no conversion is applied. The paper has no epoch 0.
+
+The file holds values only; the experiment behind them (`TGO1_EXPERIMENT`: ViT-S/16, 224 px, ImageNet-100, 100
+epochs, the last epoch being the file's) is what `reference_caveat` compares a run with: a run that differs in any
+of these is overlaid with a caveat naming each difference, since its values cannot be expected to match.
 """
 
 from __future__ import annotations
@@ -32,16 +36,22 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tgo.report.runinfo import NOT_RECORDED, RunInfo
 from tgo.report.runs import ReportInputError
 
 __all__ = [
     "PAPER_POINTS",
     "REFERENCE_OBSERVABLES",
+    "TGO1_EXPERIMENT",
+    "Difference",
+    "Experiment",
     "ReferenceRow",
     "compare_with_reference",
     "is_tgo1_like",
     "load_reference",
     "paper_point_name",
+    "reference_caveat",
+    "reference_differences",
     "reference_path",
 ]
 
@@ -59,6 +69,147 @@ catalogue. Each is a `tgo.spectral.catalogue.CATALOGUE` name with the same conve
 the paper's series overlay ours and be judged by the same claims."""
 PAPER_POINTS: tuple[str, ...] = ("patch_embed", "pos_embed", *(f"block_{i:02d}" for i in range(1, 13)), "cls")
 """The 15 points of a TGO-I run (ViT-S/16), in depth order."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """The four facts that must match before values (not just shapes) of two experiments can be compared.
+
+    Attributes:
+        model: timm model name.
+        arch: Its architecture (``patch_size``, ``embed_dim``, ``depth``, ``num_heads``).
+        label: How the model is named in a caveat.
+        image_size: Input resolution in pixels.
+        data: Data source (a ``data.source`` name).
+        epochs: Training epochs.
+    """
+
+    model: str
+    arch: Mapping[str, int]
+    label: str
+    image_size: int
+    data: str
+    epochs: int
+
+
+TGO1_EXPERIMENT = Experiment(
+    model="vit_small_patch16_224",
+    arch={"patch_size": 16, "embed_dim": 384, "depth": 12, "num_heads": 6},
+    label="ViT-S/16",
+    image_size=224,
+    data="imagenet100",
+    epochs=100,
+)
+"""The published TGO-I experiment (``conf/experiment/tgo1.yaml``): the shipped file's epochs run 1..100 (tested)."""
+
+DATA_LABELS = {
+    "imagenet100": "ImageNet-100",
+    "digits": "scikit-learn digits",
+    "synthetic": "synthetic data",
+    "imagefolder": "an image folder",
+}
+"""How a caveat names each data source (any other reads ``<source> data``)."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One respect in which runs differ from the reference experiment.
+
+    Attributes:
+        field: ``model``, ``image size``, ``data`` or ``epochs``.
+        ours: The runs' value(s), as the caveat names them (``not recorded`` where a run does not say).
+        reference: The reference's value, as the caveat names it.
+    """
+
+    field: str
+    ours: str
+    reference: str
+
+
+def _model_matches(info: RunInfo, reference: Experiment) -> bool:
+    if info.model is None or not info.model.startswith(reference.model):
+        return False
+    return all(info.arch.get(key, value) == value for key, value in reference.arch.items())
+
+
+def _data_label(source: str) -> str:
+    return DATA_LABELS.get(source, f"{source} data")
+
+
+def _planned_epochs(info: RunInfo, last_epoch: int | None) -> int | None:
+    """A training run's planned epochs; an offline observation's, the epochs its checkpoint had completed."""
+    return info.epochs if info.kind == "training run" else last_epoch
+
+
+def reference_differences(
+    infos: Sequence[RunInfo],
+    last_epochs: Sequence[int | None] | None = None,
+    reference: Experiment = TGO1_EXPERIMENT,
+) -> list[Difference]:
+    """Where runs differ from the reference experiment, in model, image size, data and epochs (in that order).
+
+    A fact a run does not record counts as different (the caveat says "not recorded"): nothing says it matches.
+
+    Args:
+        infos: The runs' `tgo.report.runinfo.RunInfo`.
+        last_epochs: Each run's last observed epoch, the epoch count of an offline observation (whose config has
+            no ``trainer.max_epochs``).
+        reference: The reference experiment.
+
+    Returns:
+        One `Difference` per differing field; empty when every run matches the reference in all four.
+    """
+    lasts = list(last_epochs) if last_epochs is not None else [None] * len(infos)
+
+    def joined(values: Sequence[str]) -> str:
+        return " / ".join(dict.fromkeys(values))
+
+    found = []
+    if not all(_model_matches(i, reference) for i in infos):
+        found.append(Difference("model", joined([i.model or f"model {NOT_RECORDED}" for i in infos]), reference.label))
+    if any(i.image_size != reference.image_size for i in infos):
+        sizes = [f"{i.image_size} px" if i.image_size else f"image size {NOT_RECORDED}" for i in infos]
+        found.append(Difference("image size", joined(sizes), f"{reference.image_size} px"))
+    if any(i.data != reference.data for i in infos):
+        data = [_data_label(str(i.data)) if i.data else f"data {NOT_RECORDED}" for i in infos]
+        found.append(Difference("data", joined(data), _data_label(reference.data)))
+    epochs = [_planned_epochs(i, last) for i, last in zip(infos, lasts, strict=True)]
+    if any(e != reference.epochs for e in epochs):
+        text = [f"{e} epoch{'s' if e != 1 else ''}" if e is not None else f"epochs {NOT_RECORDED}" for e in epochs]
+        found.append(Difference("epochs", joined(text), f"{reference.epochs} epochs"))
+    return found
+
+
+def reference_caveat(
+    infos: Sequence[RunInfo],
+    last_epochs: Sequence[int | None] | None = None,
+    reference: Experiment = TGO1_EXPERIMENT,
+) -> str | None:
+    """The caveat beside an overlay of the published values: each way the runs differ from the reference, or
+    ``None`` when they match it in model, image size, data and epochs.
+
+    Example: ``Caveat: this run differs from the TGO-I experiment in model, image size, data and epochs. This run:
+    vit_tiny_patch16_224 (patch 4, dim 96), 32 px, synthetic data, 30 epochs; the reference: ViT-S/16, 224 px,
+    ImageNet-100, 100 epochs. Compare shapes, not values.``
+
+    Args:
+        infos: The runs' `tgo.report.runinfo.RunInfo`.
+        last_epochs: Each run's last observed epoch (see `reference_differences`).
+        reference: The reference experiment.
+    """
+    differences = reference_differences(infos, last_epochs, reference)
+    if not differences:
+        return None
+    several = len(infos) > 1
+    fields = [d.field for d in differences]
+    listed = fields[0] if len(fields) == 1 else ", ".join(fields[:-1]) + " and " + fields[-1]
+    return (
+        f"Caveat: {'these runs differ' if several else 'this run differs'} from the TGO-I experiment in {listed}. "
+        f"{'These runs' if several else 'This run'}: "
+        f"{', '.join(d.ours for d in differences)}; the reference: {', '.join(d.reference for d in differences)}. "
+        "Compare shapes, not values."
+    )
+
 
 _BLOCK = re.compile(r"^Layer_\d+_Block(\d+)$")
 
