@@ -195,6 +195,10 @@ def package_commit(where: Path | None = None) -> str | None:
     """``git rev-parse HEAD`` of the repository holding the ``tgo`` package, with ``+dirty`` when the tree differs;
     ``None`` when the package is not in a git checkout (an installed wheel) or git is missing.
 
+    An installed package is often inside somebody else's repository (a project's ``.venv``, or ``pip install
+    --target`` into a work tree): that repository's commit says nothing about TGO's code, so by default the commit is
+    read only when git tracks this very file (a checkout, or an editable install of one).
+
     Read-only: ``git status`` would otherwise refresh the index (taking ``.git/index.lock`` and rewriting
     ``.git/index``) in a checkout the report does not own; ``--no-optional-locks`` (and ``GIT_OPTIONAL_LOCKS=0``
     for older gits) tells git not to.
@@ -210,6 +214,8 @@ def package_commit(where: Path | None = None) -> str | None:
         return subprocess.run(command, cwd=here, capture_output=True, text=True, timeout=10, check=True, env=env).stdout
 
     try:
+        if where is None:
+            git("ls-files", "--error-unmatch", "--", Path(__file__).name)  # fails unless the checkout tracks tgo
         head = git("rev-parse", "HEAD").strip()
         dirty = git("status", "--porcelain", "--untracked-files=no").strip()
     except (OSError, subprocess.SubprocessError):
