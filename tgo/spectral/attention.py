@@ -19,8 +19,8 @@ How the softmax is evaluated (one exponential per weight, no ``log(0)``): for qu
 ``s_i = sum_j E_ij >= 1``), ``lse_i = logsumexp(l_i0, ..., l_i(p-1), m_i + log s_i)`` over the prefix keys and the patch
 block, and ``c_i = exp(m_i - lse_i)``. Then ``A_ij = c_i E_ij`` on patch keys, ``exp(l_ij - lse_i)`` on prefix keys,
 
-* the patch-renormalised weights ``A_ij / sum_{j patch} A_ij = E_ij / s_i`` never underflow (a head that puts all but
-  1e-400 of its mass on CLS still has a defined distance);
+* the patch-renormalised weights ``A_ij / sum_{j patch} A_ij = E_ij / s_i`` never underflow (a head whose patch weights
+  all underflow next to a CLS logit 1000 larger still has a defined distance);
 * the entropy is a sum of non-negative terms, ``H_i = -c_i (T_i + (m_i - lse_i) s_i) - sum_{j prefix} a_ij log a_ij``
   with ``T_i = sum_j E_ij (l_ij - m_i) <= 0`` (no cancellation, no ``0 log 0``);
 * the largest weight is ``max(c_i, max_{j prefix} a_ij)`` (``E`` peaks at 1).
