@@ -58,6 +58,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.seed import isolate_rng
 
 from tgo import viz
+from tgo.errors import UserInputError
 from tgo.observatory import (
     DEFAULT_VIEW,
     NonFiniteActivationsError,
@@ -71,7 +72,15 @@ from tgo.observatory import (
     observe_and_record,
     points_from_config,
     resolve_points,
-    unwrap_model,
+)
+from tgo.observatory.find_vit import ModelSpec
+from tgo.observatory.standalone import (
+    DEFAULT_BATCH_SIZE,
+    RunDirectoryError,
+    claim_run_directory,
+    observation_settings,
+    prepare_analysis,
+    vit_network,
 )
 from tgo.observatory.views import VIEWS
 from tgo.records import RecordWriter, RunDir, load_series, load_spectra, recorded_epochs
@@ -162,16 +171,56 @@ def point_scalars(results: Results) -> dict[str, dict[str, float]]:
 
 
 class SpectralGeometryCallback(L.Callback):
-    """Observes covariance spectra at the configured points of ``pl_module.net`` on the analysis subset.
+    """Observes covariance spectra at the configured points of the LightningModule's ViT on the analysis set.
+
+    In any Lightning training, in a few lines::
+
+        from tgo.callbacks import SpectralGeometryCallback
+        from tgo.data import stratified_subset
+        analysis = stratified_subset(val_set, per_class=10, seed=0)  # any labelled Dataset of (image, label)
+        geometry = SpectralGeometryCallback(analysis=analysis, every_n_epochs=5)  # finds the timm ViT in your module
+        trainer = L.Trainer(max_epochs=20, callbacks=[geometry])
+
+    Records go to ``<trainer.default_root_dir>/geometry/`` (``python -m tgo.report <default_root_dir>`` reads them).
+    In a directory that ``tgo.train`` did not make its run, TGO writes only ``geometry/`` and
+    ``analysis_subset.json`` there and refuses, before the first training step, a ``geometry/`` or manifest it did
+    not make, or the records of another training (`tgo.observatory.standalone.claim_run_directory`).
+
+    Everything is checked in ``setup``, before any training step, each problem in one line: no analysis set, one
+    that is not a map-style dataset of ``(image tensor, int label)``, no / several / a missing ViT, a network that
+    is not a ViT, bad settings (in the constructor). An analysis set whose classes have unequal counts warns once.
 
     Args:
         settings: `ObservationSettings`, or the ``observation`` config node / a mapping of its keys (validated;
             ``None`` means the defaults).
+        analysis: The analysis set: a map-style ``Dataset`` of ``(image, label)`` (`tgo.data.stratified_subset`
+            draws one), or a ``DataLoader`` over one (its dataset, batch size and workers are used). ``None``: the
+            DataModule's ``analysis_dataset`` (with its ``analysis_batch_size`` and ``num_workers``), as
+            ``python -m tgo.train`` uses it. The same set must be given on every rank.
+        model: The ViT inside the LightningModule: an attribute path (``"backbone"``, ``"encoder.vit"``), a
+            callable taking the LightningModule and returning it, or ``None``: the one timm ``VisionTransformer``
+            among its submodules (`tgo.observatory.find_vit`).
+        **setting_overrides: Any `ObservationSettings` key (``every_n_epochs=5``, ``groups=0``, ...), applied over
+            ``settings`` and validated the same way.
     """
 
-    def __init__(self, settings: ObservationSettings | Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: ObservationSettings | Mapping[str, Any] | None = None,
+        *,
+        analysis: Any = None,
+        model: ModelSpec = None,
+        **setting_overrides: Any,
+    ) -> None:
         super().__init__()
-        self.settings = ObservationSettings.from_config(settings)
+        self.settings = observation_settings(settings, setting_overrides)
+        if model is not None and not isinstance(model, str) and not callable(model):
+            raise UserInputError(
+                f"SpectralGeometryCallback: model={model!r}; expected None (find the ViT), an attribute path such as "
+                "'backbone', or a callable taking the LightningModule and returning the network"
+            )
+        self.analysis = analysis
+        self.model = model
         self.points: list[ObservationPoint] = []
         self.observed_epochs: list[int] = []
         self.last_pass_seconds: float | None = None  # stream + reduce + eigendecompose + records
@@ -180,16 +229,72 @@ class SpectralGeometryCallback(L.Callback):
         self._run: RunDir | None = None
         self._figures: FigureWorker | None = None  # rank 0's background figure renderer, started on first use
         self._point_runs: PointRuns | None = None  # rank 0's per-point TensorBoard runs, opened on first use
+        self._analysis: Any = None  # the checked analysis set (with .labels), settled in setup
+        self._analysis_batch_size = DEFAULT_BATCH_SIZE
+        self._analysis_num_workers = 0
+        self._warned_unstratified = False
+        self._claimed: RunDir | None = None  # the run directory checked (and its manifest written) at train start
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Resolves the observation points before training, so a bad module path fails before any update."""
+        """Finds the network, resolves the observation points and (to fit) checks the analysis set, before training,
+        so a bad input fails before any update."""
         net = self._network(pl_module)
         self.points = points_from_config(self.settings.points, net)
         resolve_points(net, self.points)
         self._run = RunDir(trainer.default_root_dir)
+        if stage == "fit":
+            self._settle_analysis(trainer)
+
+    def _settle_analysis(self, trainer: L.Trainer) -> None:
+        """The analysis set, checked, with its batch size and workers: ``analysis=`` or the DataModule's."""
+        if self.analysis is not None:
+            where = "SpectralGeometryCallback(analysis=...)"
+            dataset, batch_size, num_workers, notice = prepare_analysis(self.analysis, where=where)
+        else:
+            datamodule = getattr(trainer, "datamodule", None)
+            given = getattr(datamodule, "analysis_dataset", None) if datamodule is not None else None
+            if given is None:
+                held = f"{type(datamodule).__name__} has no analysis_dataset" if datamodule else "no DataModule"
+                raise UserInputError(
+                    f"SpectralGeometryCallback: no analysis set ({held}); pass analysis=<a Dataset of (image, label)>, "
+                    "e.g. tgo.data.stratified_subset(val_set, per_class=10), or give the DataModule an analysis_dataset"
+                )
+            dataset, _, _, notice = prepare_analysis(given, where="trainer.datamodule.analysis_dataset")
+            batch_size = getattr(datamodule, "analysis_batch_size", DEFAULT_BATCH_SIZE)
+            num_workers = getattr(datamodule, "num_workers", 0)
+        self._analysis = dataset
+        self._analysis_batch_size = int(batch_size or DEFAULT_BATCH_SIZE)
+        self._analysis_num_workers = int(num_workers or 0)
+        if notice and not self._warned_unstratified and trainer.is_global_zero:
+            warnings.warn(notice, UserWarning, stacklevel=2)
+            self._warned_unstratified = True
+
+    def _claim_run_directory(self, trainer: L.Trainer) -> None:
+        """Outside a ``tgo.train`` run directory: rank 0 checks that TGO may record into ``default_root_dir`` (and,
+        with ``analysis=``, writes its manifest); every rank raises together if not. Collective."""
+        assert self._run is not None
+        problem = None
+        if trainer.is_global_zero and not self._run.is_marked():
+            from tgo.data.subsets import analysis_manifest
+
+            manifest = None
+            if self.analysis is not None:
+                written_by = "tgo.callbacks.SpectralGeometryCallback(analysis=...)"
+                manifest = analysis_manifest(self._analysis, written_by=written_by, groups=self.settings.groups)
+            fresh = trainer.ckpt_path is None and not self.observed_epochs
+            try:
+                claim_run_directory(self._run.root, manifest=manifest, fresh=fresh, what="trainer.default_root_dir")
+            except RunDirectoryError as err:
+                problem = str(err)
+        problem = trainer.strategy.broadcast(problem, src=0)
+        if problem:
+            raise RunDirectoryError(problem)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._claimed != self._run:
+            self._claim_run_directory(trainer)
+            self._claimed = self._run
         if trainer.is_global_zero:
             self._add_custom_scalar_layout(trainer)
         completed = trainer.current_epoch
@@ -285,14 +390,15 @@ class SpectralGeometryCallback(L.Callback):
     def _observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
         assert self._run is not None, "setup() runs before any observation"
         start = time.perf_counter()
-        datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set by fit(datamodule=...)
-        dataset = datamodule.analysis_dataset
+        if self._analysis is None:  # observe_epoch called without a fit's setup
+            self._settle_analysis(trainer)
+        dataset = self._analysis
         plan = ShardPlan.for_rank(
             self.settings,
             rank=trainer.global_rank,
             world_size=trainer.world_size,
-            default_batch_size=getattr(datamodule, "analysis_batch_size", 64),
-            default_num_workers=getattr(datamodule, "num_workers", 0),
+            default_batch_size=self._analysis_batch_size,
+            default_num_workers=self._analysis_num_workers,
         )
         keep = self.settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)
         record = RecordPlan(writer=RecordWriter(self._run), epoch=epoch, step=trainer.global_step, with_covariance=keep)
@@ -462,11 +568,10 @@ class SpectralGeometryCallback(L.Callback):
         writer.add_image(tag, viz.render_rgb(fig), global_step=epoch, dataformats="HWC")
 
     # ----------------------------------------------------------------------------------------- helpers
-    @staticmethod
-    def _network(pl_module: L.LightningModule) -> torch.nn.Module:
-        """The timm network inside the LightningModule (never the DDP wrapper or a compiled copy)."""
-        module = unwrap_model(pl_module)
-        return unwrap_model(getattr(module, "net", module))
+    def _network(self, pl_module: L.LightningModule) -> torch.nn.Module:
+        """The network inside the LightningModule (``model=``, else its one timm ViT, else its ``net``), never the DDP
+        wrapper or a compiled copy."""
+        return vit_network(pl_module, self.model, self.settings, what="the LightningModule")
 
 
 def nonfinite_notice(run: RunDir) -> str | None:

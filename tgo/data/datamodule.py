@@ -46,7 +46,7 @@ from tgo.data.transforms import (
 from tgo.records import RunDir, atomic_write_json
 from tgo.spectral.jackknife import jackknife_groups as assign_jackknife_groups
 
-__all__ = ["TGODataModule"]
+__all__ = ["DEFAULT_ANALYSIS_PER_CLASS", "TGODataModule"]
 
 ANALYSIS_KEYS = ("size", "per_class", "seed", "manifest", "batch_size")
 # Largest float32 image store ``preload`` may build (train + val), so a synthetic source at ImageNet size fails with a
@@ -90,6 +90,18 @@ def warn_if_the_crop_discards_most_of_the_image(image_size: int, resize_size: in
     return kept
 
 
+DEFAULT_ANALYSIS_PER_CLASS = 10
+"""Analysis images per class when neither ``analysis_size`` nor ``analysis_per_class`` is given (the YAML default of
+``conf/data/imagefolder.yaml`` and ``imagenet100.yaml``: the paper's 10 per class)."""
+
+
+class _DefaultPerClass(int):
+    """The type of the ``analysis_per_class`` default: an int that `TGODataModule` can tell from an explicit 10."""
+
+
+_PER_CLASS_DEFAULT = _DefaultPerClass(DEFAULT_ANALYSIS_PER_CLASS)
+
+
 class TGODataModule(L.LightningDataModule):
     """Train/val loaders for one data source plus the frozen, stratified analysis subset.
 
@@ -122,6 +134,8 @@ class TGODataModule(L.LightningDataModule):
         seed: Synthetic generation seed; also the digits train/val split seed. Not the training seed.
         analysis_size: Number of analysis images (``None`` = ``analysis_per_class * num_classes``).
         analysis_per_class: Analysis images per class, from every class (``None`` = ``analysis_size / num_classes``).
+            Default `DEFAULT_ANALYSIS_PER_CLASS` (10, as ``conf/data/imagefolder.yaml`` and ``imagenet100.yaml``),
+            unless ``analysis_size`` alone is given: then the size decides (``per_class = size / num_classes``).
         analysis_seed: Seed of the per-class selection.
         analysis_manifest: Path of an earlier ``analysis_subset.json`` (or its run directory) to pin the exact subset;
             the data must still match it (keys, labels, hashes) or validation raises ``AnalysisManifestMismatch``.
@@ -153,8 +167,8 @@ class TGODataModule(L.LightningDataModule):
         train_size: int = 1000,
         val_size: int = 200,
         seed: int = 0,
-        analysis_size: int | None = 1000,
-        analysis_per_class: int | None = None,
+        analysis_size: int | None = None,
+        analysis_per_class: int | None = _PER_CLASS_DEFAULT,
         analysis_seed: int = 2025,
         analysis_manifest: str | None = None,
         analysis_batch_size: int | None = None,
@@ -172,6 +186,8 @@ class TGODataModule(L.LightningDataModule):
             analysis_seed = analysis.get("seed", analysis_seed)
             analysis_manifest = analysis.get("manifest", analysis_manifest)
             analysis_batch_size = analysis.get("batch_size", analysis_batch_size)
+        if analysis_per_class is _PER_CLASS_DEFAULT:  # not given: 10 per class, unless a size alone was given
+            analysis_per_class = None if analysis_size is not None else DEFAULT_ANALYSIS_PER_CLASS
         if source_spec(source).needs_root and (root is None or str(root).strip() == ""):
             raise DataConfigError(
                 f"data.root is required for source={source}; expected a directory with "

@@ -7,6 +7,9 @@
 * `pipeline` -- the whole observation across ranks, recorded (`observe_and_record`): the one entry point of the
   training callback and of ``python -m tgo.observe``.
 * `settings` -- every knob of an observation (`ObservationSettings`, the ``observation`` config group).
+* `find_vit` -- the timm ViT inside a user's module (`resolve_network`, `find_vit`).
+* `standalone` -- one observation in plain PyTorch, recorded or not (`observe_model`, also ``tgo.observe_model``;
+  imported on first use).
 
 Typical use (one process)::
 
@@ -17,6 +20,9 @@ Typical use (one process)::
                                  all_reduce_sum=lambda t: t, is_global_zero=True)
 """
 
+from typing import Any
+
+from .find_vit import ModelLookupError, find_vit, resolve_network
 from .pipeline import (
     NonFiniteActivationsError,
     RecordPlan,
@@ -47,6 +53,7 @@ __all__ = [
     "READS",
     "TOKENS",
     "FigureSettings",
+    "ModelLookupError",
     "NonFiniteActivationsError",
     "ObservationKey",
     "ObservationPoint",
@@ -61,11 +68,14 @@ __all__ = [
     "ShardSampler",
     "SupportsUpdate",
     "exact_inference",
+    "find_vit",
     "num_prefix_tokens_of",
     "observe_and_record",
     "observe_dataset",
+    "observe_model",
     "points_from_config",
     "reduce_accumulators",
+    "resolve_network",
     "resolve_points",
     "select_tokens",
     "shard_loader",
@@ -74,3 +84,11 @@ __all__ = [
     "unwrap_model",
     "vit_points",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "observe_model":  # tgo.data (and so Lightning) is imported only when it is used
+        from .standalone import observe_model
+
+        return observe_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
