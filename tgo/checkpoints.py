@@ -42,6 +42,8 @@ __all__ = [
     "load_state_dict_strict",
     "load_weights_file",
     "net_from_checkpoint",
+    "net_from_user_checkpoint",
+    "state_dict_prefix",
     "timm_net",
 ]
 
@@ -198,10 +200,12 @@ def net_from_checkpoint(path: Path) -> torch.nn.Module:
     """Rebuilds the timm network of a ViTClassifier checkpoint from its hyper-parameters and loads its weights."""
     checkpoint = load_checkpoint_file(path)
     hp = checkpoint.get("hyper_parameters") or {}
-    if "name" not in hp or "state_dict" not in checkpoint:
+    if "name" not in hp or "img_size" not in hp or "state_dict" not in checkpoint:
         raise CheckpointError(
             f"{path}: not a tgo.model.ViTClassifier checkpoint (needs hyper_parameters with the timm "
-            f"'name' and a state_dict); for a plain weights file use --timm NAME --weights FILE"
+            f"'name' and a state_dict); for a checkpoint of your own LightningModule add --timm NAME (with its "
+            f"model.arch.* arguments, and --prefix where the ViT's weights live if not found by itself); for a plain "
+            f"weights file use --timm NAME --weights FILE"
         )
     net = build_timm_model(
         hp["name"],
@@ -263,6 +267,14 @@ def check_weights_file(path: Path) -> None:
         raise CheckpointError(f"--weights {path}: not a readable weights file ({unpickling_reason(err)})") from err
 
 
+_HEADS = ("head", "head_dist")
+"""Classifier heads of the timm ViT families (``head_dist``: DeiT distilled); never observed, so not loaded."""
+
+
+def _without_head(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k.split(".", 1)[0] not in _HEADS}
+
+
 def timm_net(
     name: str, *, pretrained: bool, weights: Path | None, seed: int, img_size: int, in_chans: int, arch: dict[str, Any]
 ) -> torch.nn.Module:
@@ -270,9 +282,130 @@ def timm_net(
     torch.manual_seed(seed)
     net = build_timm_model(name, num_classes=0, img_size=img_size, in_chans=in_chans, pretrained=pretrained, **arch)
     if weights is not None:
-        state = {k: v for k, v in load_weights_file(weights).items() if not k.startswith("head.")}
+        state = _without_head(load_weights_file(weights))
         load_state_dict_strict(net, state, origin=f"--weights {weights}")
     return net
+
+
+def _under(state: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The entries of ``state`` under ``prefix``, with the prefix removed and the classifier head left out."""
+    return _without_head({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+
+
+def state_dict_prefix(state: dict[str, Any], model_keys: list[str], *, origin: str, model: str) -> str:
+    """The one prefix under which a state dict's keys are exactly a model's keys (a head left aside).
+
+    A user's LightningModule holds its ViT under an attribute of its choosing (``self.backbone``: keys
+    ``backbone.blocks.0...``), maybe several (``self.ema``, a teacher): the prefix is found, not assumed. Candidates are
+    the key prefixes that end at a ``.`` and leave a key of the model; a candidate is the prefix when the keys under it
+    are the model's keys, no more and no fewer.
+
+    Args:
+        state: The checkpoint's state dict.
+        model_keys: ``net.state_dict()`` keys of the timm model.
+        origin: The file, for messages.
+        model: The timm model's description (name and arguments), for messages.
+
+    Returns:
+        The prefix (``""`` for keys without one).
+
+    Raises:
+        CheckpointError: several prefixes fit (the message names them and asks for ``--prefix``).
+        CheckpointMismatchError: none fits (the message names the closest candidates and what they miss).
+    """
+    own = set(model_keys)
+    candidates: set[str] = set()
+    for key in state:
+        for k in own:
+            if key.endswith(k) and (len(key) == len(k) or key[-len(k) - 1] == "."):
+                candidates.add(key[: -len(k)])
+    exact = sorted(p for p in candidates if set(_under(state, p)) == own)
+    if len(exact) == 1:
+        return exact[0]
+    if exact:
+        named = ", ".join(repr(p) for p in exact)
+        raise CheckpointError(
+            f"{origin}: the weights of {model} are there under {len(exact)} prefixes ({named}); say which with "
+            f"--prefix (e.g. --prefix {exact[0]!r})"
+        )
+
+    def overlap(prefix: str) -> int:
+        return len(set(_under(state, prefix)) & own)
+
+    closest = sorted(candidates, key=lambda p: (-overlap(p), p))[:3]
+    if not closest:
+        first = ", ".join(list(state)[:5])
+        raise CheckpointMismatchError(
+            f"{origin}: no key of its state dict ends with a key of {model} (first keys: {first}); check the timm name "
+            f"and its model.arch.* arguments"
+        )
+    described = "; ".join(f"{p!r} ({_fit(_under(state, p), own)})" for p in closest)
+    raise CheckpointMismatchError(
+        f"{origin}: no prefix holds exactly the weights of {model}; closest: {described}; check the timm name and its "
+        f"model.arch.* arguments, or give --prefix"
+    )
+
+
+def _fit(keys: dict[str, Any], own: set[str]) -> str:
+    missing, unexpected = sorted(own - set(keys)), sorted(set(keys) - own)
+    parts = [f"{len(own) - len(missing)} of {len(own)} keys"]
+    if missing:
+        parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    if unexpected:
+        parts.append(f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}")
+    return ", ".join(parts)
+
+
+def net_from_user_checkpoint(
+    path: Path,
+    name: str,
+    *,
+    prefix: str | None,
+    img_size: int,
+    in_chans: int,
+    arch: dict[str, Any],
+) -> tuple[torch.nn.Module, str]:
+    """Rebuilds a timm ViT held by a user's own LightningModule from a checkpoint of it, offline.
+
+    The checkpoint is read with ``weights_only=True`` (`load_checkpoint_file`): nothing in it is run. It has no
+    TGO ``hyper_parameters`` describing the model, so the model is timm's ``name`` with the architecture arguments
+    ``arch`` (``model.arch.*``), at the data's ``img_size`` and ``in_chans``; its weights are the state dict's entries
+    under ``prefix`` (``backbone.`` for ``self.backbone``; ``""`` for none; ``None``: found by `state_dict_prefix`),
+    loaded strictly, the classifier head left out.
+
+    Args:
+        path: A Lightning checkpoint (its ``state_dict``), or a torch file holding a state dict.
+        name: The timm model name.
+        prefix: Where the ViT's weights live in the state dict, or ``None`` to find it.
+        img_size: Input resolution.
+        in_chans: Input channels.
+        arch: timm architecture arguments (``depth``, ``embed_dim``, ``reg_tokens``, ...).
+
+    Returns:
+        ``(net, prefix used)``.
+
+    Raises:
+        CheckpointError: unreadable file, no state dict, no key under an explicit prefix, or an ambiguous prefix.
+        CheckpointMismatchError: the weights do not fit the model (keys or shapes named).
+        UnsafeCheckpointError: the file's unpickling needs a global outside the weights-only set.
+    """
+    checkpoint = load_checkpoint_file(path)
+    state = checkpoint.get("state_dict", checkpoint)
+    if not isinstance(state, dict) or not any(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: holds no state dict of tensors (expected a Lightning checkpoint)")
+    net = timm_net(name, pretrained=False, weights=None, seed=0, img_size=img_size, in_chans=in_chans, arch=arch)
+    model = f"{name}{'' if not arch else ' ' + str(arch)}"
+    if prefix is None:
+        prefix = state_dict_prefix(state, list(net.state_dict()), origin=str(path), model=model)
+    weights = _under(state, prefix)
+    if not weights:
+        tops = sorted({k.split(".", 1)[0] + "." for k in state if "." in k})
+        raise CheckpointError(
+            f"{path}: no key of its state dict starts with --prefix {prefix!r}; its keys start with "
+            f"{', '.join(repr(t) for t in tops[:8])}"
+        )
+    load_state_dict_strict(net, weights, origin=f"{path} (weights under {prefix!r}, {model})")
+    return net, prefix
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -22,6 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from tgo.config import SCHEDULES, image_size_problem, model_problems, problems_error
 from tgo.errors import ConfigError
+from tgo.families import check_timm_name, check_vit
 
 __all__ = ["SCHEDULES", "ViTClassifier", "build_timm_model", "cosine_factor", "schedule_steps"]
 
@@ -49,11 +50,17 @@ def build_timm_model(
 
     Returns:
         The instantiated ``torch.nn.Module``.
+
+    Raises:
+        ConfigError: an unknown name, a missing weights file, or architecture arguments timm refuses.
+        UnsupportedModelError: a timm model that is not one of the supported Vision Transformer families
+            (`tgo.families`), refused before it is built.
     """
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
         hint = f" Did you mean: {', '.join(close)}?" if close else " See timm.list_models() for valid names."
         raise ConfigError(f"model.name: unknown timm model '{name}'.{hint}")
+    check_timm_name(name)
     kwargs: dict[str, Any] = dict(num_classes=num_classes, img_size=img_size, in_chans=in_chans, **overrides)
     if pretrained_file is not None:
         if not Path(pretrained_file).is_file():
@@ -61,12 +68,14 @@ def build_timm_model(
         kwargs["pretrained_cfg_overlay"] = dict(file=str(pretrained_file))
         pretrained = True
     try:
-        return timm.create_model(name, pretrained=pretrained, **kwargs)
+        model = timm.create_model(name, pretrained=pretrained, **kwargs)
     except (AssertionError, TypeError) as err:  # timm's own checks of architecture arguments (asserts, bad kwargs)
         raise ConfigError(
             f"model.arch: timm cannot build '{name}' with {dict(overrides)} ({err}); expected architecture "
             f"arguments that '{name}' accepts, e.g. an embed_dim divisible by num_heads"
         ) from err
+    check_vit(model)
+    return model
 
 
 class ViTClassifier(L.LightningModule):

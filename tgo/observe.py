@@ -8,6 +8,16 @@ and ``python -m tgo.report <out>`` works on them. Models come from one of::
     --checkpoints DIR        every *.ckpt of a run's checkpoints/ directory, in epoch order (a trajectory)
     --run RUN_DIR            the same as --checkpoints RUN_DIR/checkpoints
     --timm NAME              a timm model: random init (--seed), --weights FILE, or --pretrained (needs a hub)
+    --checkpoint FILE --timm NAME [--prefix backbone.]
+                             a checkpoint of your own LightningModule holding the timm ViT NAME (e.g. as
+                             self.backbone); also --checkpoints DIR --timm NAME for a trajectory of them
+
+A checkpoint of your own LightningModule has no TGO hyper-parameters describing its model, so the model is said on
+the command line: ``--timm NAME`` with its architecture arguments as ``model.arch.*`` overrides (e.g.
+``model.arch.depth=6 +model.arch.reg_tokens=4``), at the data's image size. Its weights are the state dict's entries
+under one prefix (``backbone.`` for ``self.backbone``): found by itself when exactly one prefix holds exactly the
+model's keys (`tgo.checkpoints.state_dict_prefix`), else named with ``--prefix`` (``--prefix ''`` for none). The
+file is read with ``weights_only=True``: nothing in it is run. The classifier head is not loaded (never observed).
 
 Data and observation settings come from ``conf/observe.yaml`` composed with Hydra's compose API, so any group of
 the config tree can be chosen with trailing overrides (``data=synthetic data.image_size=32``). When the model
@@ -29,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, cast
@@ -49,6 +59,7 @@ from tgo.checkpoints import (
     checkpoint_source,
     find_checkpoints,
     net_from_checkpoint,
+    net_from_user_checkpoint,
     timm_net,
 )
 from tgo.config import CONFIG_MODULE
@@ -67,6 +78,7 @@ __all__ = [
     "CheckpointMismatchError",
     "ObserveError",
     "compose_observe_config",
+    "count_text",
     "main",
     "observe_models",
 ]
@@ -151,6 +163,16 @@ def _run_dir_of(checkpoint_dir: Path) -> Path | None:
 
 
 # ----------------------------------------------------------------------------------------------------- observe
+def count_text(results: Mapping[Any, Any]) -> str:
+    """``15 points, 71 (point, view) records``: what one observation holds, points and views counted apart.
+
+    Args:
+        results: ``{ObservationKey(point, view): result}`` (`tgo.observatory.Results`).
+    """
+    points = {getattr(key, "point", key) for key in results}
+    return f"{len(points)} point{'s' if len(points) != 1 else ''}, {len(results)} (point, view) records"
+
+
 def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
@@ -165,10 +187,16 @@ def _check_out(out: Path) -> None:
 def _sources(
     checkpoint: str | None, checkpoints: str | None, run: str | None, timm_name: str | None, epoch: int
 ) -> tuple[list[ModelSource], Path | None]:
-    given = [x for x in (checkpoint, checkpoints, run, timm_name) if x is not None]
-    if len(given) != 1:
+    given = [x for x in (checkpoint, checkpoints, run) if x is not None]
+    if len(given) > 1 or (not given and timm_name is None):
         raise ObserveError(
-            "give exactly one model source: --checkpoint FILE, --checkpoints DIR, --run RUN_DIR or --timm NAME"
+            "give exactly one model source: --checkpoint FILE, --checkpoints DIR, --run RUN_DIR or --timm NAME "
+            "(--timm NAME with --checkpoint or --checkpoints: a checkpoint of your own LightningModule)"
+        )
+    if run is not None and timm_name is not None:
+        raise ObserveError(
+            "--run reads a TGO run, whose checkpoints name their model; --timm NAME goes with --checkpoint FILE or "
+            "--checkpoints DIR of your own LightningModule"
         )
     if checkpoint is not None:
         path = Path(checkpoint)
@@ -196,10 +224,24 @@ def _iter_nets(
     img_size: int,
     in_chans: int,
     arch: dict[str, Any],
+    prefix: str | None = None,
+    prefixes: dict[Path, str] | None = None,
 ) -> Iterator[tuple[ModelSource, torch.nn.Module]]:
-    """Loads one model at a time, so a trajectory of large checkpoints never holds two in memory."""
+    """Loads one model at a time, so a trajectory of large checkpoints never holds two in memory.
+
+    A checkpoint with ``timm_name`` is a user's own LightningModule's (`net_from_user_checkpoint`); the prefix its
+    weights were found under goes into ``prefixes``.
+    """
     for source in sources:
-        if source.kind == "checkpoint":
+        if source.kind == "checkpoint" and timm_name is not None:
+            assert source.path is not None
+            net, used = net_from_user_checkpoint(
+                source.path, timm_name, prefix=prefix, img_size=img_size, in_chans=in_chans, arch=arch
+            )
+            if prefixes is not None:
+                prefixes[source.path] = used
+            yield source, net
+        elif source.kind == "checkpoint":
             assert source.path is not None
             yield source, net_from_checkpoint(source.path)
         else:
@@ -246,21 +288,27 @@ def observe_models(
     seed: int = 0,
     epoch: int = 0,
     overrides: Sequence[str] = (),
+    prefix: str | None = None,
 ) -> list[ModelSource]:
     """Observes one model or a checkpoint trajectory and writes training-compatible records to ``out``.
 
     Args:
         out: Output directory: ``geometry/``, ``analysis_subset.json`` and ``config.yaml`` are written there.
-        checkpoint: A ViTClassifier checkpoint file.
+        checkpoint: A ViTClassifier checkpoint file (with ``timm_name``: a checkpoint of the user's own
+            LightningModule holding that timm model).
         checkpoints: A directory of checkpoints (all ``*.ckpt``, epoch order, duplicates once).
         run: A run directory (its ``checkpoints/``).
-        timm_name: A timm model name.
+        timm_name: A timm model name: observed alone (random, ``weights`` or ``pretrained``), or the model inside
+            the user checkpoints of ``checkpoint`` / ``checkpoints`` (its arguments as ``model.arch.*``
+            overrides).
         pretrained: Load the timm model's pretrained weights (needs a reachable hub or cache).
         weights: A local weights file for the timm model (``.safetensors`` or a torch state dict; ``head.*`` keys
             are ignored since the classifier is not observed).
         seed: Seed of a randomly initialised timm model.
         epoch: Epoch label of a timm model's observation.
         overrides: Hydra overrides of ``conf/observe.yaml`` (see `compose_observe_config`).
+        prefix: With user checkpoints: where the ViT's weights live in the state dict (``backbone.``; ``""``: no
+            prefix); ``None`` finds the one prefix that holds exactly the model's keys.
 
     Returns:
         The observed sources, in the order observed (epoch order).
@@ -271,8 +319,13 @@ def observe_models(
     import lightning as L
 
     out = Path(out)
-    if timm_name is None and (pretrained or weights is not None):
-        raise ObserveError("--pretrained and --weights only apply to --timm NAME")
+    user_checkpoints = timm_name is not None and (checkpoint is not None or checkpoints is not None)
+    if (timm_name is None or user_checkpoints) and (pretrained or weights is not None):
+        raise ObserveError("--pretrained and --weights only apply to --timm NAME without a checkpoint")
+    if prefix is not None and not user_checkpoints:
+        raise ObserveError(
+            "--prefix only applies to a checkpoint of your own LightningModule: --checkpoint FILE --timm NAME"
+        )
     if weights is not None:
         check_weights_file(Path(weights))  # a refused or unreadable file stops here, before the data is read
     sources, run_dir = _sources(checkpoint, checkpoints, run, timm_name, epoch)
@@ -311,6 +364,7 @@ def observe_models(
                     "timm": timm_name,
                     "pretrained": pretrained,
                     "weights": weights,
+                    "prefix": prefix,
                     "seed": seed,
                     "models": described,
                 }
@@ -328,6 +382,7 @@ def observe_models(
     arch_cfg = OmegaConf.to_container(cfg.model.arch, resolve=True) or {}
     assert isinstance(arch_cfg, dict)
     arch = {str(k): v for k, v in arch_cfg.items() if v is not None}
+    prefixes: dict[Path, str] = {}
     nets = _iter_nets(
         sources,
         timm_name=timm_name,
@@ -337,6 +392,8 @@ def observe_models(
         img_size=datamodule.image_size,
         in_chans=datamodule.in_chans,
         arch=arch,
+        prefix=prefix,
+        prefixes=prefixes,
     )
     for index, (source, net) in enumerate(nets):
         _check_fits_data(net, datamodule, source)
@@ -357,8 +414,10 @@ def observe_models(
             device=fabric.device,
         )
         if results is not None:
-            label = source.path.name if source.path is not None else timm_name
-            print(f"[tgo] observed {label} as epoch {source.epoch} ({len(results)} points)", file=sys.stderr)
+            label = source.path.name if source.path is not None else str(timm_name)
+            if source.path in prefixes:
+                label += f" ({timm_name}, weights under {prefixes[source.path]!r})"
+            print(f"[tgo] observed {label} as epoch {source.epoch} ({count_text(results)})", file=sys.stderr)
         del net
     fabric.barrier("tgo_observe_done")
     return sources
@@ -375,11 +434,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "data.image_size=32 observation.gram_dtype=float32 fabric.accelerator=gpu fabric.devices=2 "
         "fabric.strategy=ddp model.arch.depth=4",
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="a Lightning checkpoint of tgo.model.ViTClassifier")
-    source.add_argument("--checkpoints", help="a directory of checkpoints (every *.ckpt, in epoch order)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--checkpoint",
+        help="a Lightning checkpoint of tgo.model.ViTClassifier; with --timm NAME, of your own LightningModule",
+    )
+    source.add_argument(
+        "--checkpoints", help="a directory of checkpoints (every *.ckpt, in epoch order); also with --timm NAME"
+    )
     source.add_argument("--run", help="a run directory (observes its checkpoints/)")
-    source.add_argument("--timm", dest="timm_name", metavar="NAME", help="a timm model name")
+    parser.add_argument(
+        "--timm",
+        dest="timm_name",
+        metavar="NAME",
+        help="a timm model name: observed alone, or the model inside --checkpoint/--checkpoints of your own "
+        "LightningModule (its arguments as model.arch.* overrides)",
+    )
+    parser.add_argument(
+        "--prefix",
+        help="with --checkpoint FILE --timm NAME: where the ViT's weights live in the state dict, e.g. backbone. for "
+        "self.backbone ('' for none); default: the one prefix holding exactly the model's keys",
+    )
     parser.add_argument("--pretrained", action="store_true", help="with --timm: load pretrained weights (hub)")
     parser.add_argument("--weights", help="with --timm: a local weights file (.safetensors or torch state dict)")
     parser.add_argument("--seed", type=int, default=0, help="with --timm: seed of the random initialisation")
@@ -404,6 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             epoch=args.epoch,
             overrides=args.overrides,
+            prefix=args.prefix,
         )
     except Exception as error:
         user_error = find_user_error(error)  # Hydra's instantiate wraps the DataModule's own errors

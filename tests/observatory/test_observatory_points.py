@@ -38,13 +38,13 @@ def test_depth_12_gives_the_papers_15_points():
 
 def test_preset_on_variants_without_cls_or_pos_embed():
     pooled = vit_points(make_vit(class_token=False, global_pool="avg"))
-    assert pooled[-1] == ObservationPoint("cls", "fc_norm", "output", "all")  # what the head sees, one row per image
+    assert pooled[-1] == ObservationPoint("pooled", "fc_norm", "output", "all")  # what the head sees, one row per image
     no_pos = vit_points(make_vit(pos_embed="none"))
     assert no_pos[1] == ObservationPoint("pos_embed", "patch_drop", "input", "all")  # pos_drop is never called
 
 
 def test_preset_needs_a_vit():
-    with pytest.raises(TypeError, match="timm VisionTransformer"):
+    with pytest.raises(TypeError, match=r"only timm Vision Transformers are supported .*: Linear is not one"):
         vit_points(nn.Linear(3, 3))
 
 

@@ -10,7 +10,10 @@ covariance states) therefore *gathers* them exactly: adding zeros is exact. The 
 image was seen exactly once.
 
 Memory: ``n_images x D x 8`` bytes per vector kind and point (1,000 images x 384 x 8 = 3 MB; about 120 MB for the
-15 points of ViT-S, which has three kinds at 13 points), once on every rank and once in the reduction buffer.
+15 points of ViT-S, which has three kinds at 13 points), once on every rank and once in the reduction buffer. A
+model with more than one prefix token (registers, a distillation token) also keeps every prefix token of every
+image at its sequence points (``prefix`` tokens more vectors per image: 5 with 4 registers, ~15 MB more per point at
+1,000 images and D = 384), which the ``patch`` and ``prefix`` views need.
 """
 
 from __future__ import annotations
@@ -30,27 +33,38 @@ class TokenLayout:
         tokens: The point's token selection (``all``, ``cls``, ``patch``, ``mean``).
         prefix: Class + register tokens at the start of each image's rows (0 for the patch embedding and for
             selections without prefix tokens).
+        class_token: Whether the first prefix token is a class token (a model without one may still have register
+            tokens: those are ``prefix`` tokens, never ``cls``).
     """
 
     tokens: str
     prefix: int = 0
+    class_token: bool = True
 
     @property
     def kinds(self) -> tuple[str, ...]:
         """The per-image vectors this point provides.
 
         ``mean``: the mean of the image's rows (selections with several rows per image); ``cls``: the class token;
-        ``patch``: the mean of the patch tokens. A selection without prefix tokens (``patch``, or ``all`` at the patch
-        embedding) has ``patch`` equal to ``mean``, stored once as ``mean``.
+        ``patch``: the mean of the patch tokens; ``prefix``: every prefix token (``[prefix, D]`` per image), only where
+        there is more than a class token (registers, a distillation token), so that the ``patch`` view can remove
+        all of them and the ``prefix`` view hold them. A selection without prefix tokens (``patch``, or ``all`` at the
+        patch embedding) has ``patch`` equal to ``mean``, stored once as ``mean``.
         """
         kinds: list[str] = []
         if self.tokens in ("all", "patch"):
             kinds.append("mean")
-        if self.tokens == "cls" or (self.tokens == "all" and self.prefix >= 1):
+        if self.tokens == "cls" or (self.tokens == "all" and self.prefix >= 1 and self.class_token):
             kinds.append("cls")
         if self.tokens == "mean" or (self.tokens == "all" and self.prefix >= 1):
             kinds.append("patch")
+        if self.tokens == "all" and (self.prefix > 1 or (self.prefix == 1 and not self.class_token)):
+            kinds.append("prefix")
         return tuple(kinds)
+
+    def shape_of(self, kind: str, dim: int) -> tuple[int, ...]:
+        """The shape of one image's entry of a kind: ``(prefix, D)`` for ``prefix``, ``(D,)`` otherwise."""
+        return (self.prefix, dim) if kind == "prefix" else (dim,)
 
 
 class ImageVectors:
@@ -80,7 +94,8 @@ class ImageVectors:
         device = torch.device(device) if device is not None else torch.device("cpu")
         with torch.inference_mode(False):
             self.values = {
-                k: torch.zeros(self.n_images, self.dim, dtype=torch.float64, device=device) for k in layout.kinds
+                k: torch.zeros(self.n_images, *layout.shape_of(k, self.dim), dtype=torch.float64, device=device)
+                for k in layout.kinds
             }
             self.max_abs = torch.zeros(self.world_size, self.dim, dtype=torch.float64, device=device)
             self.rows_per_image = torch.zeros(self.world_size, dtype=torch.float64, device=device)
@@ -88,8 +103,9 @@ class ImageVectors:
 
     @property
     def packed_size(self) -> int:
-        """Length of the flat state: rows per image ``[W]``, ``max |x|`` ``[W, D]``, each kind ``[n_images, D]``."""
-        return self.world_size * (1 + self.dim) + len(self.values) * self.n_images * self.dim
+        """Length of the flat state: rows per image ``[W]``, ``max |x|`` ``[W, D]``, each kind ``[n_images, D]`` (or
+        ``[n_images, prefix, D]``)."""
+        return self.world_size * (1 + self.dim) + sum(t.numel() for t in self.values.values())
 
     def update(self, x: torch.Tensor) -> None:
         """Writes the vectors of the images of one batch at their subset indices (``batch_index``)."""
@@ -109,6 +125,8 @@ class ImageVectors:
             for kind, table in self.values.items():
                 if kind == "mean":
                     vec = rows.mean(dim=1, dtype=torch.float64)
+                elif kind == "prefix":  # [B, prefix, D]: every prefix token of each image
+                    vec = rows[:, :prefix].to(torch.float64)
                 elif kind == "cls" or self.layout.tokens == "mean":
                     vec = rows[:, 0].to(torch.float64)
                 else:  # patch tokens of a sequence with prefix tokens
@@ -117,23 +135,23 @@ class ImageVectors:
 
     def pack_into(self, out: torch.Tensor) -> None:
         """Writes the flat state into ``out`` (a float64 slice of the observation's reduction buffer)."""
-        w, d, n = self.world_size, self.dim, self.n_images
+        w, d = self.world_size, self.dim
         out[:w].copy_(self.rows_per_image)
         out[w : w + w * d].view(w, d).copy_(self.max_abs)
         offset = w + w * d
         for table in self.values.values():
-            out[offset : offset + n * d].view(n, d).copy_(table)
-            offset += n * d
+            out[offset : offset + table.numel()].view(table.shape).copy_(table)
+            offset += table.numel()
 
     def unpack_(self, flat: torch.Tensor) -> None:
         """Takes the summed state (views of ``flat``, which the reduction owns)."""
-        w, d, n = self.world_size, self.dim, self.n_images
+        w, d = self.world_size, self.dim
         self.rows_per_image = flat[:w]
         self.max_abs = flat[w : w + w * d].view(w, d)
         offset = w + w * d
-        for kind in self.values:
-            self.values[kind] = flat[offset : offset + n * d].view(n, d)
-            offset += n * d
+        for kind, table in self.values.items():
+            self.values[kind] = flat[offset : offset + table.numel()].view(table.shape)
+            offset += table.numel()
 
     # ------------------------------------------------------------------ after the reduction (rank 0)
     @property

@@ -4,7 +4,8 @@ A point is pure data (a frozen dataclass), so a run's points can come from a con
 logged. Nothing here touches activations: `tgo.observatory.probe` turns points into hooks.
 
 The ViT preset (`vit_points`) is the TGO paper's 15 points, derived from the model itself so that it works for any
-timm VisionTransformer (depth, width, patch size, resolution, register tokens).
+supported timm Vision Transformer family (`tgo.families`: depth, width, patch size, resolution, register and
+distillation tokens, pooling without a class token, EVA, BEiT).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from tgo.errors import UserInputError
+from tgo.families import UnsupportedModelError, check_vit
 
 
 class PointConfigError(UserInputError):
@@ -29,6 +31,7 @@ __all__ = [
     "READS",
     "TOKENS",
     "ObservationPoint",
+    "UnsupportedModelError",
     "points_from_config",
     "resolve_points",
     "select_tokens",
@@ -117,49 +120,51 @@ def unwrap_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def _require_vit(model: nn.Module) -> None:
-    missing = [a for a in ("patch_embed", "blocks", "norm") if not hasattr(model, a)]
-    if missing or not isinstance(getattr(model, "blocks", None), nn.Sequential | nn.ModuleList):
-        raise TypeError(
-            f"vit_points needs a timm VisionTransformer (attributes patch_embed, blocks, norm); "
-            f"{type(model).__name__} lacks {missing or ['blocks as a Sequential/ModuleList']}. "
-            f"Pass the timm backbone itself (e.g. lightning_module.net), or declare points explicitly."
-        )
+def _final_point(model: nn.Module) -> ObservationPoint:
+    """The final representation: the class token after ``norm`` where the head reads it, else the pooled vector."""
+    if getattr(model, "global_pool", "token") == "token" and getattr(model, "cls_token", None) is not None:
+        return ObservationPoint("cls", "norm", "output", "cls")
+    return ObservationPoint("pooled", "fc_norm", "output", "all")
 
 
 def vit_points(model: nn.Module) -> list[ObservationPoint]:
-    """The TGO paper's observation points for a timm VisionTransformer of any depth.
+    """The TGO paper's observation points for a timm Vision Transformer of any depth and family.
 
     ``patch_embed`` (patch embedding output, patch tokens only), ``pos_embed`` (input of ``pos_drop``: prefix tokens
     concatenated and position embedding added), ``block_01`` ... ``block_NN`` (each block's output, all tokens) and
-    ``cls`` (final norm output, token 0). That is 15 points for depth 12.
+    the final representation, ``cls`` (final norm output, token 0). That is 15 points for depth 12.
 
-    Two timm variants are mapped to the same meaning rather than silently producing nothing:
-    a model without a position embedding (``pos_embed='none'``) never calls ``pos_drop``, so ``pos_embed`` reads the
-    input of ``patch_drop`` (the same tensor); a model that pools without a class token (``global_pool`` 'avg',
-    'max', 'map', ...) has no CLS to read, so ``cls`` reads the output of ``fc_norm``, the pooled representation the
-    classifier head sees (one row per image, as for a CLS token).
+    Families and variants (`tgo.families`) are mapped to the same meaning rather than silently producing nothing:
+
+    * prefix tokens beyond the class token (registers, a distillation token) stay in the sequence points; the
+      observatory's ``patch`` view removes all of them and the ``prefix`` view holds them (`tgo.observatory.views`);
+    * a model that pools without reading a class token (``global_pool`` 'avg', 'max', 'map', ...: no class token,
+      SigLIP, EVA-02, BEiT) has no CLS to read, so its final point is ``pooled``: the output of ``fc_norm``, the
+      pooled representation the classifier head sees (one row per image, as for a CLS token). It is named for what
+      it reads, so no record calls a mean of patch tokens ``cls``;
+    * a VisionTransformer without a position embedding (``pos_embed='none'``) never calls ``pos_drop``, so
+      ``pos_embed`` reads the input of ``patch_drop`` (the same tensor). EVA and BEiT always call ``pos_drop``.
 
     Args:
-        model: A timm VisionTransformer, possibly wrapped by DDP or ``torch.compile``.
+        model: A timm Vision Transformer, possibly wrapped by DDP or ``torch.compile``.
 
     Returns:
-        The points in depth order (patch_embed, pos_embed, blocks, cls).
+        The points in depth order (patch_embed, pos_embed, blocks, cls or pooled).
+
+    Raises:
+        UnsupportedModelError: not a supported timm Vision Transformer (one line naming the supported families).
     """
     model = unwrap_model(model)
-    _require_vit(model)
-    depth = len(model.blocks)  # type: ignore[arg-type]  # nn.Sequential of blocks (checked by _require_vit)
+    family = check_vit(model)
+    depth = len(model.blocks)  # type: ignore[arg-type]  # a Sequential / ModuleList in every supported family
     width = max(2, len(str(depth)))
-    pos_module = "pos_drop" if getattr(model, "pos_embed", None) is not None else "patch_drop"
+    no_pos_drop = family in ("VisionTransformer", "DeiT distilled") and getattr(model, "pos_embed", None) is None
     points = [
         ObservationPoint("patch_embed", "patch_embed", "output", "all"),
-        ObservationPoint("pos_embed", pos_module, "input", "all"),
+        ObservationPoint("pos_embed", "patch_drop" if no_pos_drop else "pos_drop", "input", "all"),
     ]
     points += [ObservationPoint(f"block_{i + 1:0{width}d}", f"blocks.{i}", "output", "all") for i in range(depth)]
-    if getattr(model, "global_pool", "token") == "token" and getattr(model, "cls_token", None) is not None:
-        points.append(ObservationPoint("cls", "norm", "output", "cls"))
-    else:
-        points.append(ObservationPoint("cls", "fc_norm", "output", "all"))
+    points.append(_final_point(model))
     return points
 
 
@@ -196,6 +201,7 @@ def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None =
 
     Raises:
         ValueError: unknown preset or key, malformed extra entry, or duplicate point names.
+        UnsupportedModelError: the ``vit`` preset on a model that is not a supported timm Vision Transformer.
     """
     spec = _to_container(spec)
     if spec is None:

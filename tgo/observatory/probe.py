@@ -37,11 +37,17 @@ def num_prefix_tokens_of(model: nn.Module) -> int:
     return 1 if getattr(model, "cls_token", None) is not None else 0
 
 
+# Modules of a timm ViT after the pooling: one vector per image, no token sequence and so no prefix tokens.
+_POOLED_ROOTS = ("attn_pool", "fc_norm", "head_drop", "head")
+
+
 def prefix_tokens_of_point(model: nn.Module, point: ObservationPoint, num_prefix_tokens: int) -> int:
-    """Prefix tokens in what the point's module emits: none inside the patch embedding (patch tokens only)."""
-    patch_embed = getattr(model, "patch_embed", None)
-    in_patch_embed = point.module == "patch_embed" or point.module.startswith("patch_embed.")
-    if isinstance(patch_embed, nn.Module) and in_patch_embed:
+    """Prefix tokens in what the point's module emits: none inside the patch embedding (patch tokens only) and none
+    after the pooling (``fc_norm``, the head: one vector per image)."""
+    root = point.module.split(".")[0]
+    if root == "patch_embed" and isinstance(getattr(model, "patch_embed", None), nn.Module):
+        return 0
+    if root in _POOLED_ROOTS and isinstance(getattr(model, root, None), nn.Module):
         return 0
     return num_prefix_tokens
 

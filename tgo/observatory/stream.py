@@ -230,9 +230,15 @@ def stream_activations(
     modules = resolve_points(net, points)
     device = torch.device(device) if device is not None else _model_device(net)
     probe_prefix = num_prefix_tokens_of(net)
+    class_token = getattr(net, "cls_token", None) is not None
     lazy = {
         p.name: _LazyAccumulator(
-            p.name, gram_dtype, device, groups, images, TokenLayout(p.tokens, _prefix_of(net, p, probe_prefix))
+            p.name,
+            gram_dtype,
+            device,
+            groups,
+            images,
+            TokenLayout(p.tokens, _prefix_of(net, p, probe_prefix), class_token),
         )
         for p in points
     }

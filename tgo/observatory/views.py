@@ -5,8 +5,11 @@ each point gets, where its rows allow:
 
 * ``all``: every row the point selects (the paper's covariance);
 * ``cls``: the CLS token of each image (one row per image; the covariance of the per-image CLS vectors);
-* ``patch``: the patch tokens, ``all`` minus the CLS rows (`tgo.spectral.jackknife.remove`; the same as ``all``
-  where the point has no prefix token);
+* ``prefix``: every prefix token of each image (class, register and distillation tokens; ``prefix`` rows per
+  image), only at points of a model with more than one prefix token, or with registers and no class token (with
+  the class token alone it is ``cls``);
+* ``patch``: the patch tokens, ``all`` minus every prefix row (the CLS rows, or the ``prefix`` rows where there are
+  more; `tgo.spectral.jackknife.remove`; the same as ``all`` where the point has no prefix token);
 * ``between_image`` / ``within_image``: the law of total covariance over images. With ``N`` rows, ``n`` images of
   ``T`` rows each, image means ``m_i`` and the pooled mean ``m``::
 
@@ -64,8 +67,8 @@ __all__ = [
     "point_views",
 ]
 
-VIEWS: tuple[str, ...] = ("all", "cls", "patch", "between_image", "within_image")
-"""Every view a point can have, in record order."""
+VIEWS: tuple[str, ...] = ("all", "cls", "prefix", "patch", "between_image", "within_image")
+"""Every view a point can have, in record order (``prefix`` only with more than one prefix token)."""
 
 
 @dataclass
@@ -134,12 +137,25 @@ def point_views(
     layout, per_image = vectors.layout, vectors.tokens_per_image
     if layout.tokens == "cls":  # the point's rows are the CLS vectors: the same covariance, not recomputed
         views["cls"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")
-    elif "cls" in vectors.values and per_image > layout.prefix:
-        cls_total, cls_groups = _grouped(_numpy(vectors.values["cls"]), image_groups, groups)
-        views["cls"] = ViewMoments(cls_total, leave_one_group_out(cls_total, cls_groups) if groups else [])
-        if layout.prefix == 1:
-            patch_total = remove(all_total, cls_total)
-            patch_groups = [remove(a, c) for a, c in zip(all_groups, cls_groups, strict=True)]
+    elif per_image > layout.prefix:
+        if "cls" in vectors.values:
+            cls_total, cls_groups = _grouped(_numpy(vectors.values["cls"]), image_groups, groups)
+            views["cls"] = ViewMoments(cls_total, leave_one_group_out(cls_total, cls_groups) if groups else [])
+            if layout.prefix == 1:
+                patch_total = remove(all_total, cls_total)
+                patch_groups = [remove(a, c) for a, c in zip(all_groups, cls_groups, strict=True)]
+                views["patch"] = ViewMoments(
+                    patch_total, leave_one_group_out(patch_total, patch_groups) if groups else []
+                )
+        if "prefix" in vectors.values:  # registers / a distillation token: every prefix row leaves the patch view
+            rows = _numpy(vectors.values["prefix"])  # [n_images, prefix, D]
+            per_row = None if image_groups is None else np.repeat(np.asarray(image_groups), rows.shape[1])
+            prefix_total, prefix_groups = _grouped(rows.reshape(-1, rows.shape[-1]), per_row, groups)
+            views["prefix"] = ViewMoments(
+                prefix_total, leave_one_group_out(prefix_total, prefix_groups) if groups else []
+            )
+            patch_total = remove(all_total, prefix_total)
+            patch_groups = [remove(a, p) for a, p in zip(all_groups, prefix_groups, strict=True)]
             views["patch"] = ViewMoments(patch_total, leave_one_group_out(patch_total, patch_groups) if groups else [])
     if "patch" not in views and (layout.tokens in ("patch", "mean") or (layout.tokens == "all" and not layout.prefix)):
         views["patch"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")

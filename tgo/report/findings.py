@@ -842,7 +842,8 @@ def evaluate_findings(
     Trend claims give one row per point. The embeddings-stable claim gives one row per embedding point (expected
     ``stable``) and one per block (expected ``rises``). The CLS claims give one row at ``cls``, and a second one on
     ``<metric>_vs_noise`` when the series hold it (the same claim judged on noise-normalised values; skipped
-    silently otherwise). Metrics a run did not record are skipped.
+    silently otherwise); a model whose final point is ``pooled`` (no class token read by its head) gets one ``n/a``
+    row per CLS claim at ``pooled`` saying so. Metrics a run did not record are skipped.
 
     Args:
         series: metric -> point -> (epochs, values).
@@ -926,4 +927,11 @@ def evaluate_findings(
                         p,
                     )
                 )
+        elif claim.kind == "extreme" and "pooled" in per_point:  # tgo.observatory.vit_points: no class token read
+            note = (
+                "not judged: the model's head reads no class token; its final point is 'pooled' (the output of "
+                "fc_norm), not the CLS token this claim is about"
+            )
+            expected = "highest" if direction == "rise" else "lowest"
+            findings.append(Finding(claim.key, claim.statement, claim.metric, "pooled", expected, None, NA, note))
     return control_fdr_findings(findings, settings)
