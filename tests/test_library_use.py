@@ -411,3 +411,26 @@ def test_observe_model_equals_the_callbacks_epoch_zero_record_for_the_same_weigh
 def test_import_tgo_stays_light() -> None:
     code = "import sys, tgo, tgo.callbacks; assert 'torch' not in sys.modules and 'lightning' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_user_run_resumed_from_its_checkpoint_continues_its_records(tmp_path: Path) -> None:
+    analysis = stratified_subset(images(8), per_class=2)
+
+    def run(epochs: int, ckpt_path: str | None) -> None:
+        t = L.Trainer(
+            max_epochs=epochs,
+            default_root_dir=tmp_path,
+            callbacks=[SpectralGeometryCallback(analysis=analysis, every_n_epochs=1, **FAST)],
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_train_batches=1,
+            limit_val_batches=0,
+        )
+        t.fit(Classifier(), DataLoader(images(8, seed=1), batch_size=4), ckpt_path=ckpt_path)
+
+    run(1, None)
+    (checkpoint,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    run(2, str(checkpoint))
+    assert recorded_epochs(tmp_path) == [0, 1, 2]
