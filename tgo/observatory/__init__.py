@@ -7,7 +7,7 @@
 * `pipeline` -- the whole observation across ranks, recorded (`observe_and_record`): the one entry point of the
   training callback and of ``python -m tgo.observe``.
 * `settings` -- every knob of an observation (`ObservationSettings`, the ``observation`` config group).
-* `find_vit` -- the timm ViT inside a user's module (`resolve_network`, `find_vit`).
+* `find_vit` -- the timm ViT inside a user's module (`resolve_network`; ``find_vit.find_vit``).
 * `standalone` -- one observation in plain PyTorch, recorded or not (`observe_model`, also ``tgo.observe_model``;
   imported on first use).
 
@@ -22,7 +22,7 @@ Typical use (one process)::
 
 from typing import Any
 
-from .find_vit import ModelLookupError, find_vit, resolve_network
+from .find_vit import ModelLookupError, resolve_network  # not find_vit: that name stays the module's
 from .pipeline import (
     NonFiniteActivationsError,
     RecordPlan,
@@ -68,7 +68,6 @@ __all__ = [
     "ShardSampler",
     "SupportsUpdate",
     "exact_inference",
-    "find_vit",
     "num_prefix_tokens_of",
     "observe_and_record",
     "observe_dataset",
