@@ -39,6 +39,7 @@ FENCE = re.compile(r"^```(?P<lang>[\w+-]*)\s*$")
 CALLBACK_SNIPPET = """\
 from tgo.callbacks import SpectralGeometryCallback
 from tgo.data import stratified_subset
+
 analysis = stratified_subset(val_set, per_class=10, seed=0)  # any labelled Dataset of (image, label)
 geometry = SpectralGeometryCallback(analysis=analysis, every_n_epochs=5)  # finds the timm ViT in your module
 trainer = L.Trainer(max_epochs=20, callbacks=[geometry])
