@@ -82,6 +82,7 @@ from tgo.observatory.standalone import (
     prepare_analysis,
     vit_network,
 )
+from tgo.observatory.stream import token_layouts
 from tgo.observatory.views import VIEWS
 from tgo.records import RecordWriter, RunDir, load_series, load_spectra, recorded_epochs
 from tgo.spectral import CATALOGUE
@@ -229,6 +230,7 @@ class SpectralGeometryCallback(L.Callback):
         self._run: RunDir | None = None
         self._figures: FigureWorker | None = None  # rank 0's background figure renderer, started on first use
         self._point_runs: PointRuns | None = None  # rank 0's per-point TensorBoard runs, opened on first use
+        self._views = tuple(view for view in VIEWS if view != "prefix")  # the views recorded, known in setup
         self._analysis: Any = None  # the checked analysis set (with .labels), settled in setup
         self._analysis_batch_size = DEFAULT_BATCH_SIZE
         self._analysis_num_workers = 0
@@ -242,6 +244,8 @@ class SpectralGeometryCallback(L.Callback):
         net = self._network(pl_module)
         self.points = points_from_config(self.settings.points, net)
         resolve_points(net, self.points)
+        prefix = any("prefix" in layout.kinds for layout in token_layouts(net, self.points).values())
+        self._views = tuple(view for view in VIEWS if view != "prefix" or prefix)
         self._run = RunDir(trainer.default_root_dir)
         if stage == "fit":
             self._settle_analysis(trainer)
@@ -466,7 +470,8 @@ class SpectralGeometryCallback(L.Callback):
         The per-point runs already give every tag its own chart of coloured lines, one per point; this layout is
         kept because it is the curated page: only the charted observables (the Time Series page also lists standard
         errors, bands and diagnostics), in catalogue order rather than alphabetically, and standard-error bands,
-        which no other page draws. Per view one category of Multiline charts, one per charted observable of that
+        which no other page draws. Per view the model records (``prefix`` only with registers or a distillation
+        token, known in ``setup``) one category of Multiline charts, one per charted observable of that
         view (its probes included), each matching exactly ``geometry[_<view>]/<metric>`` (TensorBoard anchors the
         regex at the start of the tag; the ``$`` keeps ``effective_rank`` from also matching
         ``effective_rank_vs_noise``) and drawing one line per point run; with the probes off, only the ``all``
@@ -476,7 +481,7 @@ class SpectralGeometryCallback(L.Callback):
         """
         layout: dict[str, dict[str, list[Any]]] = {}
         probes = self.settings.probes.enabled  # without probes only the all view and no probe metric is recorded
-        for view in VIEWS if probes else (DEFAULT_VIEW,):
+        for view in self._views if probes else (DEFAULT_VIEW,):
             own = view != DEFAULT_VIEW  # the all view keeps the category and chart titles of before views existed
             category = f"TGO geometry, {view} view (one line per point)" if own else "TGO geometry (one line per point)"
             layout[category] = {

@@ -116,6 +116,26 @@ def test_custom_scalar_charts_match_one_tag_in_every_point_run():
     ]
 
 
+@pytest.mark.parametrize(("reg_tokens", "has_prefix"), [(0, False), (4, True)])
+def test_the_prefix_view_gets_charts_only_where_the_model_records_it(reg_tokens: int, has_prefix: bool):
+    import lightning as L
+    import timm
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = timm.create_model(
+                "vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2,
+                reg_tokens=reg_tokens,
+            )  # fmt: skip
+
+    callback = SpectralGeometryCallback()
+    callback.setup(L.Trainer(logger=False, enable_checkpointing=False), Module(), stage="validate")
+    categories = callback.custom_scalar_layout()
+    assert ("TGO geometry, prefix view (one line per point)" in categories) is has_prefix
+    assert "TGO geometry, patch view (one line per point)" in categories
+
+
 def test_run_names_pad_to_the_deepest_index_for_any_point_list():
     registers = point_run_names(["patch_embed", "pos_embed", "registers", "block_01", "cls"])
     assert list(registers.values()) == ["00_patch_embed", "01_pos_embed", "02_registers", "03_block_01", "04_cls"]

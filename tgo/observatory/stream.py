@@ -36,7 +36,7 @@ from .images import ImageTable, ImageVectors, TokenLayout
 from .points import ObservationPoint, resolve_points, unwrap_model
 from .probe import Probe, num_prefix_tokens_of, prefix_tokens_of_point
 
-__all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
+__all__ = ["exact_inference", "reduce_accumulators", "stream_activations", "token_layouts"]
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
@@ -230,18 +230,8 @@ def stream_activations(
     modules = resolve_points(net, points)
     device = torch.device(device) if device is not None else _model_device(net)
     probe_prefix = num_prefix_tokens_of(net)
-    class_token = getattr(net, "cls_token", None) is not None
-    lazy = {
-        p.name: _LazyAccumulator(
-            p.name,
-            gram_dtype,
-            device,
-            groups,
-            images,
-            TokenLayout(p.tokens, _prefix_of(net, p, probe_prefix), class_token),
-        )
-        for p in points
-    }
+    layouts = token_layouts(net, points)
+    lazy = {p.name: _LazyAccumulator(p.name, gram_dtype, device, groups, images, layouts[p.name]) for p in points}
     if images is not None:
         images.order = [p.name for p in points]
     modes = [(m, m.training) for m in net.modules()]  # per module: a deliberately frozen submodule stays frozen
@@ -282,6 +272,16 @@ def stream_activations(
         for m, mode in modes:
             m.training = mode
     return {p.name: lazy[p.name].acc for p in points}
+
+
+def token_layouts(model: nn.Module, points: Sequence[ObservationPoint]) -> dict[str, TokenLayout]:
+    """What each point's rows are per image (prefix tokens, class token), known before any forward: the stream's
+    per-image vectors follow it, and so do the views a point will have (a ``prefix`` view only where
+    ``"prefix" in layout.kinds``)."""
+    net = unwrap_model(model)
+    prefix = num_prefix_tokens_of(net)
+    class_token = getattr(net, "cls_token", None) is not None
+    return {p.name: TokenLayout(p.tokens, _prefix_of(net, p, prefix), class_token) for p in points}
 
 
 def _prefix_of(net: nn.Module, point: ObservationPoint, prefix: int) -> int:
