@@ -21,9 +21,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from tgo.errors import UserInputError
 
 __all__ = [
+    "ATTENTION_DTYPES",
     "COVARIANCE_POLICIES",
     "GRAM_DTYPES",
     "NONFINITE_POLICIES",
+    "AttentionSettings",
     "FigureSettings",
     "ObservationSettings",
     "ObservationSettingsError",
@@ -33,6 +35,7 @@ __all__ = [
 GRAM_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
 NONFINITE_POLICIES: tuple[str, ...] = ("warn", "error")
 COVARIANCE_POLICIES: tuple[str, ...] = ("first_last", "all", "none")
+ATTENTION_DTYPES: tuple[str, ...] = ("auto", "float64", "float32")
 PREFIX = "observation"
 
 
@@ -137,6 +140,36 @@ class ProbeSettings:
 
 
 @dataclass(frozen=True)
+class AttentionSettings:
+    """The attention-geometry family (``tgo.observatory.families.attention``), measured in the same pass.
+
+    Attributes:
+        enabled: Recompute every block's attention weights from its ``q`` and ``k`` and record entropy, sink and self
+            mass, peak weight, mean attention distance and head diversity per block (view ``attention`` of each
+            ``block_NN``; ``docs/observables.md``, "Attention geometry").
+        dtype: Precision of the recomputed logits and weights (sums are float64 either way): ``float64`` (exact to
+            ~1e-15), ``float32`` (tested within 1e-6 of float64 on every metric, measured <= 4e-8, 1.4e-5 px on the
+            distance), or ``auto``: float64 on a GPU, float32 on a CPU, where torch's float64 ``exp`` makes the
+            recomputation ~1.7x dearer (``docs/observables.md``, "Precision and cost").
+    """
+
+    enabled: bool = True
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ObservationSettingsError(f"{PREFIX}.attention.enabled: expected true or false, got {self.enabled!r}")
+        _one_of("attention.dtype", self.dtype, ATTENTION_DTYPES)
+
+    def torch_dtype(self, device: torch.device | str | None) -> torch.dtype:
+        """The compute dtype on ``device`` (``auto``: float64 on CUDA and other accelerators, float32 on CPU)."""
+        if self.dtype != "auto":
+            return GRAM_DTYPES[self.dtype]
+        kind = torch.device(device).type if device is not None else "cpu"
+        return torch.float32 if kind == "cpu" else torch.float64
+
+
+@dataclass(frozen=True)
 class ObservationSettings:
     """How, where and when the geometry is observed.
 
@@ -160,6 +193,7 @@ class ObservationSettings:
             accumulator per point, standard errors NaN); otherwise at least 2.
         figures: TensorBoard figure settings (`FigureSettings`).
         probes: The hypothesis probes (`ProbeSettings`).
+        attention: The attention-geometry family (`AttentionSettings`).
     """
 
     every_n_epochs: int = 5
@@ -173,6 +207,7 @@ class ObservationSettings:
     groups: int = 10
     figures: FigureSettings = field(default_factory=FigureSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
+    attention: AttentionSettings = field(default_factory=AttentionSettings)
 
     def __post_init__(self) -> None:
         _positive_int("every_n_epochs", self.every_n_epochs)
@@ -223,6 +258,11 @@ class ObservationSettings:
             object.__setattr__(self, "probes", ProbeSettings(**self.probes))
         elif not isinstance(self.probes, ProbeSettings):
             raise ObservationSettingsError(f"{PREFIX}.probes: expected a mapping, got {self.probes!r}")
+        if isinstance(self.attention, Mapping):
+            _reject_unknown(AttentionSettings, self.attention, f"{PREFIX}.attention")
+            object.__setattr__(self, "attention", AttentionSettings(**self.attention))
+        elif not isinstance(self.attention, AttentionSettings):
+            raise ObservationSettingsError(f"{PREFIX}.attention: expected a mapping, got {self.attention!r}")
 
     @classmethod
     def from_config(cls, node: Any) -> ObservationSettings:
