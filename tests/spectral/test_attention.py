@@ -175,6 +175,49 @@ def test_float16_and_float32_inputs_are_widened():
         assert got16.values[name] == pytest.approx(want.values[name], rel=2e-2), name
 
 
+# ---------------------------------------------------------------------------------------------- the float32 bound
+FLOAT32_BOUND = 1e-6
+"""``observation.attention.dtype: float32`` (the CPU default of ``auto``): every metric within this fraction of its
+range of the float64 value (``docs/observables.md``, "Precision and cost")."""
+
+
+def _metric_range(name: str, acc: AttentionAccumulator) -> float:
+    """The width of a metric's range: ln N for the entropies, H for effective heads, max distance, else 1."""
+    if name in ("attention_entropy", "cls_attention_entropy"):
+        return math.log(acc.num_tokens)
+    if name == "effective_heads":
+        return float(acc.num_heads)
+    if name == "mean_attention_distance":
+        return float(patch_distances(acc.grid, acc.patch_size).max())
+    return 1.0
+
+
+@pytest.mark.parametrize("scale", [1.0, 8.0, 30.0])  # near-uniform (random init) to peaked attention
+def test_float32_recomputation_is_within_the_documented_bound_of_float64(scale: float):
+    """ViT-S/16 at 224 px shapes (6 heads, CLS + 14 x 14 patches, d_h = 64), with a CLS sink and local structure."""
+    rng = torch.Generator().manual_seed(7)
+    b, h, grid, d = 3, 6, (14, 14), 64
+    n = 1 + grid[0] * grid[1]
+    q = torch.randn(b, h, n, d, generator=rng, dtype=torch.float64)
+    k = torch.randn(b, h, n, d, generator=rng, dtype=torch.float64)
+    k[:, :, 0] += 0.5 * q.mean(dim=2)  # the CLS key aligned with the mean query: an attention sink
+    q, k = scale * q / d**0.25, k / d**0.25
+    groups = torch.tensor([0, 1, 2])
+    exact = AttentionAccumulator(h, n, 1, grid, 16, groups=3)
+    exact.update(q, k, groups)
+    fast = AttentionAccumulator(h, n, 1, grid, 16, groups=3, compute_dtype=torch.float32)
+    fast.update(q.float(), k.float(), groups)
+    want, got = exact.summary(), fast.summary()
+    for name in ATTENTION_METRICS:
+        if name == "register_mass":
+            continue
+        bound = FLOAT32_BOUND * _metric_range(name, exact)
+        assert abs(got.values[name] - want.values[name]) <= bound, (name, got.values[name], want.values[name])
+        np.testing.assert_allclose(got.replicates[name], want.replicates[name], rtol=0, atol=bound, err_msg=name)
+        if name in HEAD_METRICS:
+            np.testing.assert_allclose(got.per_head[name], want.per_head[name], rtol=0, atol=bound, err_msg=name)
+
+
 # ---------------------------------------------------------------------------------------------- closed forms
 def _mean_pairwise_distance(grid: tuple[int, int], patch: int) -> float:
     cells = list(itertools.product(range(grid[0]), range(grid[1])))
