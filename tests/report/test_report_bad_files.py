@@ -58,3 +58,27 @@ def test_a_damaged_record_file_is_one_line_naming_it_with_status_2(
     assert err.count("\n") == 1 and err.startswith(f"tgo.report: error: {path}: "), err
     assert re.search(what, err), err
     assert not (run.report / "index.html").exists(), "no report from damaged records"
+
+
+def test_a_report_never_replaces_files_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    run = _run(tmp_path)
+    theirs = run.report / "index.html"
+    theirs.parent.mkdir()
+    theirs.write_text("<html>my own notes</html>")
+    assert main([str(run.root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "already holds files TGO did not write (index.html)" in err
+    assert theirs.read_text() == "<html>my own notes</html>", "nothing replaced"
+    assert sorted(p.name for p in run.report.iterdir()) == ["index.html"], "nothing written beside it"
+
+    mine = tmp_path / "mine"
+    assert main([str(run.root), "--out", str(mine), "--no-correlation"]) == 0
+    assert (mine / ".tgo-report").is_file()
+    assert main([str(run.root), "--out", str(mine), "--no-correlation"]) == 0, "a report replaces its own report"
+
+    (mine / ".tgo-report").unlink()  # a report written before the marker existed: only report files, TGO's page
+    assert main([str(run.root), "--out", str(mine), "--no-correlation"]) == 0
+    (mine / "notes.txt").write_text("mine")
+    (mine / ".tgo-report").unlink()
+    assert main([str(run.root), "--out", str(mine), "--no-correlation"]) == 2
+    assert "(notes.txt)" in capsys.readouterr().err

@@ -25,7 +25,7 @@ from tgo.report.aggregate import (
 )
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
-from tgo.report.html import Section, Table, render_page
+from tgo.report.html import GENERATOR, Section, Table, render_page
 from tgo.report.hypotheses_section import (
     HYPOTHESES_COLUMNS,
     JUDGED_COLUMNS,
@@ -211,6 +211,35 @@ def findings_rows(
             row["agreement"] = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs)
         rows.append(row)
     return rows
+
+
+REPORT_MARKER = ".tgo-report"
+"""Written into every report directory: a later report may replace what is there, nothing else may be replaced."""
+_REPORT_FILES = frozenset({REPORT_MARKER, "index.html", "findings.csv", "hypotheses.csv", "figures"})
+
+
+def claim_report_dir(report_dir: Path) -> None:
+    """Makes ``report_dir`` a report directory, or refuses (one line, before anything is written) a directory that
+    holds files TGO did not write there: a report never replaces a file it did not create.
+
+    A directory is TGO's when it is empty, carries `REPORT_MARKER`, or holds only what a report writes with a page
+    that says it is a TGO report (reports written before the marker existed).
+    """
+    if report_dir.exists() and not report_dir.is_dir():
+        raise ReportInputError(f"report output {report_dir} is a file; expected a directory (give another --out)")
+    entries = {entry.name for entry in report_dir.iterdir()} if report_dir.is_dir() else set()
+    if entries and REPORT_MARKER not in entries:
+        index = report_dir / "index.html"
+        page = index.read_text(errors="replace") if index.is_file() else ""
+        older = entries <= _REPORT_FILES and ("TGO report" in page or f'content="{GENERATOR}"' in page)
+        if not older:
+            foreign = ", ".join(sorted(entries - _REPORT_FILES) or sorted(entries))
+            raise ReportInputError(
+                f"report output {report_dir} already holds files TGO did not write ({foreign}); give another --out "
+                "or an empty directory (a report never replaces a file it did not create)"
+            )
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / REPORT_MARKER).touch()
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict]) -> None:
@@ -460,7 +489,7 @@ def build_report(
 
     report_dir = Path(out) if out is not None else default_out_dir(paths)
     figures_dir = report_dir / "figures"
-    report_dir.mkdir(parents=True, exist_ok=True)
+    claim_report_dir(report_dir)
 
     findings = _judge(agg, settings)
     several = len(runs) > 1
@@ -598,7 +627,7 @@ def build_published_report(
     """
     paper = load_reference()
     report_dir = Path(out)
-    report_dir.mkdir(parents=True, exist_ok=True)
+    claim_report_dir(report_dir)
     findings = evaluate_findings(paper, PAPER_POINTS, settings=settings)
     data = Section("Published TGO-I measurements", "data")
     first_metric = next(iter(paper.values()))

@@ -123,6 +123,10 @@ def _image_src(figure: FigureRef, report_dir: Path, embed: bool) -> str:
     return f"data:image/png;base64,{data}"
 
 
+GENERATOR = "tgo.report"
+"""The page's ``<meta name="generator">``: how a later report knows an ``index.html`` is TGO's to replace."""
+
+
 def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, embed: bool = False) -> str:
     """The whole report page.
 
@@ -136,7 +140,8 @@ def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, em
         HTML text (UTF-8 safe; everything user-provided is escaped).
     """
     parts = [
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="generator" content="{GENERATOR}"><title>{html.escape(title)}</title>'
         f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>{_contents(sections)}"
     ]
     for s in sections:
