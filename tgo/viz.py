@@ -504,3 +504,125 @@ def depth_profile_figure(
     epoch_colourbar(fig, ax, norm, cmap, epochs, fontsize=fontsize)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------------------------ attention geometry
+def attention_heads_figure(
+    values: ArrayLike,
+    blocks: Sequence[str],
+    *,
+    title: str,
+    reference: float | None = None,
+    card: bool = False,
+) -> Figure:
+    """One attention metric per block and head: a blocks (y, depth downwards) x heads (x) heatmap.
+
+    Which heads of which block attend far or near, to the CLS sink or to themselves, peaked or flat, at a glance.
+    The report embeds it at a grid cell's width with every value written in (up to 16 x 16 cells); the callback logs
+    one per head metric as a TensorBoard card (``card=True``, drawn by `attention_cards`: 480 x 240 px at
+    ``CARD_FONTSIZE``, at most 8 block names labelled, no values written).
+
+    Args:
+        values: ``[len(blocks), H]`` per-head values (NaN where a block lacks one: a metric undefined there).
+        blocks: Block (point) names in depth order.
+        title: The metric's name (and the epoch).
+        reference: The metric's value under uniform attention (the noise reference), named in the colourbar label.
+        card: Draw for a TensorBoard card instead of the report.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[0] != len(blocks):
+        raise ValueError(f"attention_heads_figure: values must be [{len(blocks)} blocks, heads], got {values.shape}")
+    if card:
+        heatmap = _AttentionHeadsCard(blocks, values.shape[1])
+        heatmap.draw(values, title, reference)
+        return heatmap.fig
+    heads = values.shape[1]
+    fig = Figure(figsize=(max(3.6, 0.42 * heads + 2.6), max(3.0, 0.28 * len(blocks) + 1.3)), dpi=90)
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["magma"].with_extremes(bad="#dddddd")
+    image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap=cmap, interpolation="nearest")
+    bar = fig.colorbar(image, ax=ax)
+    if reference is not None and np.isfinite(reference):
+        bar.set_label(f"uniform attention: {reference:.4g}", fontsize=7)
+    ax.set_yticks(range(len(blocks)), labels=list(blocks), fontsize=6)
+    ax.set_xticks(range(heads), labels=[str(h) for h in range(heads)], fontsize=7)
+    ax.set_xlabel("head")
+    ax.set_title(title, fontsize=9)
+    if len(blocks) <= 16 and heads <= 16:
+        finite = values[np.isfinite(values)]
+        middle = float(np.mean([finite.min(), finite.max()])) if finite.size else 0.0
+        for i in range(values.shape[0]):
+            for j in range(heads):
+                v = values[i, j]
+                text = "n/a" if not np.isfinite(v) else f"{v:.3g}"
+                shade = "black" if not np.isfinite(v) or v > middle else "white"
+                ax.text(j, i, text, ha="center", va="center", fontsize=5, color=shade)
+    fig.tight_layout()
+    return fig
+
+
+class _AttentionHeadsCard:
+    """A blocks x heads card's figure, heatmap and colourbar, built once; `draw` replaces its data and title."""
+
+    def __init__(self, blocks: Sequence[str], heads: int) -> None:
+        self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
+        self.ax, cax = _card_axes(self.fig, left=118, right=60)
+        cmap = matplotlib.colormaps["magma"].with_extremes(bad="#dddddd")
+        self.image = self.ax.imshow(np.zeros((len(blocks), heads)), aspect="auto", cmap=cmap, interpolation="nearest")
+        self.fig.colorbar(self.image, cax=cax).ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
+        rows = _thin(len(blocks), 8)
+        self.ax.set_yticks(rows, labels=[blocks[i] for i in rows])
+        columns = _thin(heads, 12)
+        self.ax.set_xticks(columns, labels=[str(j) for j in columns])
+        _card_text(self.ax, "", "head", "")
+        self.ax.grid(False)
+
+    def draw(self, values: np.ndarray, title: str, reference: float | None = None) -> None:
+        self.image.set_data(np.ma.masked_invalid(values))
+        finite = values[np.isfinite(values)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        self.image.set_clim(low, high if high > low else low + 1e-12)
+        suffix = f" (uniform {reference:.3g})" if reference is not None and np.isfinite(reference) else ""
+        self.ax.set_title(title + suffix, fontsize=1.1 * CARD_FONTSIZE)
+
+
+def attention_cards(
+    per_head: Mapping[str, ArrayLike],
+    blocks: Sequence[str],
+    *,
+    references: Mapping[str, float] | None = None,
+    profiles: Mapping[str, Mapping[int, tuple[np.ndarray, np.ndarray]]] | None = None,
+) -> Iterator[tuple[str, np.ndarray]]:
+    """The attention family's TensorBoard cards, rendered: ``(tag, RGB image)``, one card at a time.
+
+    First one blocks x heads card per head metric (``attention_heads/<metric>``, `attention_heads_figure`, all drawn
+    on one figure whose data are replaced from card to card), then one depth profile per metric of ``profiles``
+    (``attention_depth/<metric>``, `depth_profile_figure`: the block means over depth, one line per observed epoch,
+    +-1 jackknife standard error). The callback writes each with
+    ``writer.add_image(tag, image, global_step=epoch, dataformats="HWC")``; a generator, so that the background
+    figure worker may pause between cards.
+
+    Args:
+        per_head: metric -> ``[len(blocks), H]`` per-head values at this observation
+            (`tgo.observatory.families.attention.head_tables`).
+        blocks: Block names in depth order.
+        references: metric -> its value under uniform attention (named in the card's title).
+        profiles: metric -> epoch -> (block means ``[len(blocks)]``, standard errors), e.g. from
+            ``tgo.observatory.families.attention.depth_profiles(run_dir, blocks, epoch)``.
+    """
+    if per_head and blocks:
+        heads = max(np.asarray(v).shape[1] for v in per_head.values())
+        card = _AttentionHeadsCard(blocks, heads)
+        try:
+            for metric, values in per_head.items():
+                table = np.full((len(blocks), heads), np.nan)
+                given = np.asarray(values, dtype=np.float64)
+                table[:, : given.shape[1]] = given
+                card.draw(table, metric, (references or {}).get(metric))
+                yield f"attention_heads/{metric}", _rgb(card.fig)
+        finally:
+            close(card.fig)
+    for metric, by_epoch in (profiles or {}).items():
+        if by_epoch:
+            figure = depth_profile_figure(by_epoch, blocks, title=metric, fontsize=CARD_FONTSIZE)
+            yield f"attention_depth/{metric}", render_rgb(figure)
