@@ -2,10 +2,10 @@
 
 The fast tests read pyproject.toml (every package under tgo/, plus callbacks/ and conf/ mapped to tgo.callbacks and
 tgo.conf, is listed, and every config and resource is package data) and the built wheel (it installs ``tgo`` and
-nothing else). The slow one builds the wheel, installs it with ``pip install --target`` and runs ``tgo-train``,
-``tgo-observe`` and ``tgo-report`` from a directory outside the checkout that holds a ``callbacks/`` and a ``conf/``
-of its own, with the checkout unimportable, after proving in that environment that every module and config comes
-from the installed copy.
+nothing else). The slow one builds the wheel, installs it with ``pip install --target`` and runs the README's smoke
+pipeline (its block marked ``runnable: wheel``: ``tgo-train``, ``tgo-report``), then ``tgo-observe``, from a
+directory outside the checkout that holds a ``callbacks/`` and a ``conf/`` of its own, with the checkout
+unimportable, after proving in that environment that every module and config comes from the installed copy.
 
 The wheel is built from a copy of the files a build reads (pyproject.toml, README, the package directories), not in
 the checkout: setuptools builds in-tree, so a build there would write build/ and tgo.egg-info/ into a work tree
@@ -27,6 +27,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.test_readme import BLOCKS as README_BLOCKS
 
 try:
     import tomllib
@@ -256,19 +258,22 @@ def test_the_installed_wheel_trains_observes_and_reports_from_outside_the_checko
     assert probe["composed experiment"] == "smoke"
     assert probe["callback target"] == "tgo.callbacks.spectral_geometry.SpectralGeometryCallback"
 
-    run_dir, observed = tmp_path / "run", tmp_path / "observed"
-    train = run([str(scripts["tgo-train"]), "experiment=smoke", f"hydra.run.dir={run_dir}"])
+    # The README's smoke pipeline (its block marked `runnable: wheel`), as a reader who installed TGO runs it.
+    (readme_block,) = [block for block in README_BLOCKS if block.wheel]
+    (cwd / "readme_block.sh").write_text(readme_block.code)
+    train = run(["bash", "-euo", "pipefail", "readme_block.sh"])
+    run_dir, observed = cwd / "runs" / "smoke", tmp_path / "observed"
     assert any(line.startswith("[tgo] done:") for line in tgo_lines(train.stdout + train.stderr))
     for record in ("config.yaml", "analysis_subset.json", "geometry/metrics.csv", "checkpoints/last.ckpt"):
         assert (run_dir / record).is_file(), record
     assert sorted((run_dir / "geometry" / "spectra").iterdir()), "no spectra recorded"
     assert "tgo.callbacks.spectral_geometry.SpectralGeometryCallback" in (run_dir / "config.yaml").read_text()
     assert not (cwd / "outputs").exists()
+    assert (run_dir / "report" / "index.html").is_file(), "the README block's report"
 
     run([str(scripts["tgo-observe"]), "--run", str(run_dir), "--out", str(observed)])
     assert (observed / "geometry" / "metrics.csv").is_file() and sorted((observed / "geometry" / "spectra").iterdir())
 
-    run([str(scripts["tgo-report"]), str(run_dir), "--no-correlation"])
     page = (run_dir / "report" / "index.html").read_text()
     assert (run_dir / "report" / "findings.csv").is_file() and sorted((run_dir / "report" / "figures").iterdir())
     version = PYPROJECT["project"]["version"]

@@ -8,6 +8,9 @@ the block.
   ``python``, ``tgo-train``, ``tgo-observe`` and ``tgo-report`` are those of this environment (``make`` installs
   them). A block should take seconds.
 * ``<!-- runnable slow -->``: the same, for a block expected to take over 20 s; its test is marked ``slow``.
+* ``<!-- runnable: wheel -->`` (a bash block): run by ``tests/test_packaging.py`` instead, with the built wheel
+  installed outside the checkout, from a directory outside it: the way a reader who did ``pip install .`` runs it
+  (and the suite trains the smoke experiment once for both).
 * ``<!-- runnable: prelude=NAME -->`` (a python block; ``slow`` may come before the colon): a snippet that leaves
   part of the context to the reader (a validation set, a LightningModule). `PRELUDES` ``[NAME]`` runs before it and
   `EPILOGUES` ``[NAME]`` after it, in the same script; the epilogue finishes the job the snippet starts (e.g. a short
@@ -118,23 +121,26 @@ class Block:
     code: str
     slow: bool = False
     prelude: str | None = None
+    wheel: bool = False
 
     @property
     def id(self) -> str:
         return f"README.md:{self.line}:{self.lang}" + (f":{self.prelude}" if self.prelude else "")
 
 
-def _options(text: str, line: int) -> tuple[bool, str | None]:
-    """``slow`` and ``prelude=NAME`` from a marker's text after ``runnable``."""
-    slow, prelude = False, None
+def _options(text: str, line: int) -> tuple[bool, str | None, bool]:
+    """``slow``, ``prelude=NAME`` and ``wheel`` from a marker's text after ``runnable``."""
+    slow, prelude, wheel = False, None, False
     for token in text.replace(":", " ").split():
         if token == "slow":
             slow = True
+        elif token == "wheel":
+            wheel = True
         elif token.startswith("prelude="):
             prelude = token.split("=", 1)[1]
         else:
-            raise ValueError(f"README.md:{line}: unknown runnable option {token!r} (use slow, prelude=NAME)")
-    return slow, prelude
+            raise ValueError(f"README.md:{line}: unknown runnable option {token!r} (use slow, prelude=NAME, wheel)")
+    return slow, prelude, wheel
 
 
 def parse_blocks(text: str) -> list[Block]:
@@ -146,7 +152,7 @@ def parse_blocks(text: str) -> list[Block]:
     """
     lines = text.splitlines()
     blocks: list[Block] = []
-    pending: tuple[int, bool, str | None] | None = None
+    pending: tuple[int, bool, str | None, bool] | None = None
     i = 0
     while i < len(lines):
         marker = MARKER.match(lines[i])
@@ -166,10 +172,12 @@ def parse_blocks(text: str) -> list[Block]:
                 lang = fence.group("lang")
                 if lang not in ("python", "bash"):
                     raise ValueError(f"README.md:{start + 1}: runnable blocks are python or bash, not {lang!r}")
-                _, slow, prelude = pending
+                _, slow, prelude, wheel = pending
+                if wheel and lang != "bash":
+                    raise ValueError(f"README.md:{pending[0]}: a wheel block is bash")
                 if prelude is not None and (lang != "python" or prelude not in PRELUDES or prelude not in EPILOGUES):
                     raise ValueError(f"README.md:{pending[0]}: no python prelude named {prelude!r}")
-                blocks.append(Block(start + 1, lang, "\n".join(lines[start + 1 : end]) + "\n", slow, prelude))
+                blocks.append(Block(start + 1, lang, "\n".join(lines[start + 1 : end]) + "\n", slow, prelude, wheel))
                 pending = None
             i = end + 1
             continue
@@ -185,7 +193,7 @@ BLOCKS = parse_blocks(README.read_text(encoding="utf-8"))
 
 
 def _params() -> list:
-    return [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.slow else []) for b in BLOCKS]
+    return [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.slow else []) for b in BLOCKS if not b.wheel]
 
 
 def _script(block: Block) -> str:
@@ -213,6 +221,7 @@ def test_a_runnable_readme_block_runs(block: Block, tmp_path: Path):
 
 def test_the_readme_marks_blocks_of_both_kinds():
     assert BLOCKS, "no README block is marked <!-- runnable -->: the docs test would test nothing"
+    assert [b.id for b in BLOCKS if b.wheel], "the smoke pipeline block is run with the installed wheel"
     assert {b.lang for b in BLOCKS} == {"python", "bash"}
     assert any(not b.slow for b in BLOCKS), "every runnable block is slow"
 
