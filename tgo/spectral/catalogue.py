@@ -457,3 +457,47 @@ _probe(
 _probe("massive_activation_ratio", "max_d M_d / median_d M_d, M_d = max |x_d| over every row", ("all",), scale="log")
 _probe("massive_activation_dim", "argmax_d M_d (the dimension of that ratio)", ("all",), charted=False)
 _probe("massive_dim_variance_share", "C_dd / tr C for that dimension", ("all",), charted=False)
+
+
+# ----------------------------------------------------------------------------------------------- attention geometry
+ATTENTION_VIEW = "attention"
+"""The view of a block point that carries its attention geometry (`tgo.observatory.families.attention`)."""
+
+
+def _attention(name: str, formula: str, *, spread: Spread | None = None, charted: bool = True) -> None:
+    CATALOGUE.register(
+        Observable(
+            name,
+            _computed_by_views,
+            formula,
+            spread,
+            charted=charted,
+            doc="docs/observables.md#7-attention-geometry",
+            scope="probe",
+            views=(ATTENTION_VIEW,),
+        )
+    )
+
+
+# Head means (the per-head values are kept in the spectra file); "spread" = attention spread over more keys or heads.
+_attention("attention_entropy", "mean over patch queries of -sum_j A_ij ln A_ij (nats), head mean", spread="rises")
+_attention("attention_entropy_normalized", "attention_entropy / ln N (N keys)", spread="rises", charted=False)
+_attention("cls_attention_entropy", "-sum_j A_0j ln A_0j of the CLS query (nats), head mean", spread="rises")
+_attention("cls_attention_entropy_normalized", "cls_attention_entropy / ln N", spread="rises", charted=False)
+_attention("cls_mass", "mean over patch queries of A_i,CLS (the attention sink), head mean")
+_attention("register_mass", "mean over patch queries of sum_{j register} A_ij, head mean", charted=False)
+_attention("self_mass", "mean over patch queries of A_ii, head mean")
+_attention("max_weight", "mean over patch queries of max_j A_ij, head mean", spread="falls")
+_attention(
+    "mean_attention_distance",
+    "mean over patch queries of sum_{j patch} A_ij d_ij / sum_{j patch} A_ij (pixels; prefix keys excluded), head mean",
+    spread="rises",
+)
+_attention("effective_heads", "(tr S)^2 / tr S^2, S the cosine similarity of the heads' attention maps", spread="rises")
+_attention("mean_head_similarity", "mean_{h != h'} S_hh'", spread="falls", charted=False)
+_attention("attention_entropy_noise", "ln N: the entropy of uniform attention over the N keys", charted=False)
+_attention(
+    "mean_attention_distance_noise",
+    "mean pairwise patch-centre distance: the distance of uniform attention (pixels)",
+    charted=False,
+)
