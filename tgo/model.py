@@ -22,7 +22,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from tgo.config import SCHEDULES, image_size_problem, model_problems, problems_error
 from tgo.errors import ConfigError
-from tgo.families import check_timm_name, check_vit
+from tgo.vit_families import check_timm_name, check_vit
 
 __all__ = ["SCHEDULES", "ViTClassifier", "build_timm_model", "cosine_factor", "schedule_steps"]
 
@@ -54,7 +54,7 @@ def build_timm_model(
     Raises:
         ConfigError: an unknown name, a missing weights file, or architecture arguments timm refuses.
         UnsupportedModelError: a timm model that is not one of the supported Vision Transformer families
-            (`tgo.families`), refused before it is built.
+            (`tgo.vit_families`), refused before it is built.
     """
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)

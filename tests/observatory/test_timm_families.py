@@ -23,7 +23,7 @@ from torch.utils.data import TensorDataset
 
 from tgo.checkpoints import timm_net
 from tgo.errors import UserInputError
-from tgo.families import UnsupportedModelError, check_timm_name
+from tgo.vit_families import UnsupportedModelError, check_timm_name
 from tgo.model import build_timm_model
 from tgo.observatory import ObservationKey, points_from_config, vit_points
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record

@@ -40,10 +40,10 @@ class ModelLookupError(UserInputError):
 
 def is_vit(module: nn.Module) -> bool:
     """Whether ``module`` (after unwrapping DDP / compile) is a timm Vision Transformer the points fit: one of the
-    families of `tgo.families` where that module exists, else a timm ``VisionTransformer`` (or a subclass)."""
+    families of `tgo.vit_families` where that module exists, else a timm ``VisionTransformer`` (or a subclass)."""
     inner = unwrap_model(module)
     try:
-        from tgo.families import vit_family
+        from tgo.vit_families import vit_family
     except ImportError:  # the families table is optional here: the ViT class alone is the baseline
         from timm.models.vision_transformer import VisionTransformer
 

@@ -1,10 +1,10 @@
 """Observation points: which module of a model is read, input or output, and which of its tokens.
 
 A point is pure data (a frozen dataclass), so a run's points can come from a config file, be compared, hashed and
-logged. Nothing here touches activations: `tgo.observatory.probe` turns points into hooks.
+logged. Nothing here touches activations: `tgo.observatory.hooks` turns points into hooks.
 
 The ViT preset (`vit_points`) is the TGO paper's 15 points, derived from the model itself so that it works for any
-supported timm Vision Transformer family (`tgo.families`: depth, width, patch size, resolution, register and
+supported timm Vision Transformer family (`tgo.vit_families`: depth, width, patch size, resolution, register and
 distillation tokens, pooling without a class token, EVA, BEiT).
 """
 
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tgo.errors import UserInputError
-from tgo.families import UnsupportedModelError, check_vit
+from tgo.vit_families import UnsupportedModelError, check_vit
 
 
 class PointConfigError(UserInputError):
@@ -28,6 +28,7 @@ class PointConfigError(UserInputError):
 
 
 __all__ = [
+    "LAYOUTS",
     "READS",
     "TOKENS",
     "ObservationPoint",
@@ -41,9 +42,14 @@ __all__ = [
 
 Read = Literal["output", "input"]
 Tokens = Literal["all", "cls", "patch", "mean"]
+Layout = Literal["auto", "tokens", "grid", "heads", "vector"]
 
 READS: tuple[str, ...] = ("output", "input")
 TOKENS: tuple[str, ...] = ("all", "cls", "patch", "mean")
+LAYOUTS: tuple[str, ...] = ("auto", "tokens", "grid", "heads", "vector")
+"""What the dimensions of a hooked tensor mean (`tgo.observatory.hooks.check_layout` enforces it): ``tokens``
+``[B, N, D]``, ``grid`` ``[B, h, w, D]``, ``heads`` ``[B, H, N, d]``, ``vector`` ``[B, D]``, ``auto`` ``[B, N, D]`` or
+``[B, D]``."""
 
 # Point names become npz keys ("<point>/eigenvalues"), CSV cells and TensorBoard tags: keep them to a charset that is
 # safe in all three (no '/', no ',', no whitespace).
@@ -63,12 +69,17 @@ class ObservationPoint:
             ``pos_drop``).
         tokens: ``"all"`` every token; ``"cls"`` token 0 only; ``"patch"`` the tokens after the prefix (class and
             register) tokens; ``"mean"`` the mean of the patch tokens, one row per image.
+        layout: What the tensor's dimensions are (`LAYOUTS`): ``auto`` (default) reads ``[B, N, D]`` tokens or a
+            ``[B, D]`` vector and refuses anything else in one line; ``heads`` reads ``[B, H, N, d]`` (timm
+            attention's q, k, v at ``attn.q_norm`` / ``attn.k_norm``) as tokens of ``H * d`` features; ``grid`` reads
+            a channels-last ``[B, h, w, D]`` token grid; ``tokens`` / ``vector`` insist on ``[B, N, D]`` / ``[B, D]``.
     """
 
     name: str
     module: str
     read: Read = "output"
     tokens: Tokens = "all"
+    layout: Layout = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
@@ -86,6 +97,15 @@ class ObservationPoint:
         if self.tokens not in TOKENS:
             raise PointConfigError(
                 f"ObservationPoint {self.name!r}: tokens must be one of {TOKENS}; got {self.tokens!r}"
+            )
+        if self.layout not in LAYOUTS:
+            raise PointConfigError(
+                f"ObservationPoint {self.name!r}: layout must be one of {LAYOUTS}; got {self.layout!r}"
+            )
+        if self.layout == "vector" and self.tokens != "all":
+            raise PointConfigError(
+                f"ObservationPoint {self.name!r}: a [B, D] vector has one row per image; tokens must be 'all', got "
+                f"{self.tokens!r}"
             )
 
     def to_dict(self) -> dict[str, str]:
@@ -134,7 +154,7 @@ def vit_points(model: nn.Module) -> list[ObservationPoint]:
     concatenated and position embedding added), ``block_01`` ... ``block_NN`` (each block's output, all tokens) and
     the final representation, ``cls`` (final norm output, token 0). That is 15 points for depth 12.
 
-    Families and variants (`tgo.families`) are mapped to the same meaning rather than silently producing nothing:
+    Families and variants (`tgo.vit_families`) are mapped to the same meaning rather than silently producing nothing:
 
     * prefix tokens beyond the class token (registers, a distillation token) stay in the sequence points; the
       observatory's ``patch`` view removes all of them and the ``prefix`` view holds them (`tgo.observatory.views`);
@@ -159,8 +179,11 @@ def vit_points(model: nn.Module) -> list[ObservationPoint]:
     depth = len(model.blocks)  # type: ignore[arg-type]  # a Sequential / ModuleList in every supported family
     width = max(2, len(str(depth)))
     no_pos_drop = family in ("VisionTransformer", "DeiT distilled") and getattr(model, "pos_embed", None) is None
+    # A patch embedding with dynamic_img_size emits a channels-last [B, h, w, D] grid; every later stage [B, N, D] or
+    # (the pooled point) [B, D], which layout "auto" reads.
+    grid = getattr(getattr(model, "patch_embed", None), "flatten", True) is False
     points = [
-        ObservationPoint("patch_embed", "patch_embed", "output", "all"),
+        ObservationPoint("patch_embed", "patch_embed", "output", "all", "grid" if grid else "auto"),
         ObservationPoint("pos_embed", "patch_drop" if no_pos_drop else "pos_drop", "input", "all"),
     ]
     points += [ObservationPoint(f"block_{i + 1:0{width}d}", f"blocks.{i}", "output", "all") for i in range(depth)]
@@ -170,7 +193,7 @@ def vit_points(model: nn.Module) -> list[ObservationPoint]:
 
 _PRESETS = {"vit": vit_points}
 _CONFIG_KEYS = {"preset", "extra"}
-_POINT_KEYS = {"name", "module", "read", "tokens"}
+_POINT_KEYS = {"name", "module", "read", "tokens", "layout"}
 
 
 def _to_container(spec: Any) -> Any:
@@ -187,8 +210,8 @@ def _to_container(spec: Any) -> Any:
 def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None = None) -> list[ObservationPoint]:
     """Build observation points from a Hydra/OmegaConf-friendly structure.
 
-    The structure is ``{preset: vit | null, extra: [{name, module, read, tokens}, ...]}`` so users add points (say a
-    block's attention output, ``{name: attn_06, module: blocks.5.attn}``) from the command line or a config file
+    The structure is ``{preset: vit | null, extra: [{name, module, read, tokens, layout}, ...]}`` so users add points
+    (say a block's attention output, ``{name: attn_06, module: blocks.5.attn}``) from the command line or a config file
     without code. Unknown keys are errors rather than silently ignored, because a misspelt ``extra`` would otherwise
     drop the user's points without a word.
 

@@ -1,0 +1,372 @@
+"""The seam of a measurement family: what it hooks, what it sums across ranks, what it records.
+
+A **measurement family** is one kind of measurement taken in the observation pass next to the covariances (the
+per-image vectors behind the views and probes, attention statistics, a user's own). It declares everything once, and
+the pipeline (`tgo.observatory.pipeline`), the stream (`tgo.observatory.stream`) and the summary
+(`tgo.observatory.results`) loop over the enabled families without naming any:
+
+1. `MeasurementFamily` (stateless; one instance registered with `register_family`): its ``name``, the catalogue
+   ``observables`` it records, whether the `ObservationSettings` enable it (``enabled``), the tensors it reads
+   (``hooks`` -> `HookSpec`: module, input/output and layout, checked by the hook machinery), ``start`` (one
+   `FamilyState` per observation and rank) and ``read_history`` (what it needs from earlier records, read on rank 0).
+2. `FamilyState` (rank-local): ``begin_batch`` (the `BatchInfo` of each batch: subset indices, labels, jackknife
+   groups), ``update(key, x, batch)`` (each hooked tensor, layout-checked, outside inference mode), ``end_stream``
+   (the feature dimension of every point, also on a rank that saw no images), ``summables`` (states that are *sums*
+   over ranks: they travel packed in the observation's second collective, so an observation makes two collectives
+   whatever the families), ``check`` (after the reduction, on every rank), and on rank 0 ``views`` (further
+   covariances of a point: `ViewMoments`) and ``summarize_point`` (its `Metric` and `Array` contributions to the
+   point's views).
+
+Exactness across ranks: a state is summed element-wise, so it must be a sum over images (counts, sums, per-image rows
+written at the image's subset index with zeros elsewhere: `BatchInfo.index`). Standard errors come from the same image
+groups as the covariances' jackknife (`BatchInfo.groups`, `FamilyContext.group_of_item`; `jackknife_ratio`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tgo.spectral import CATALOGUE, Observable, jackknife_stderr
+from tgo.spectral.jackknife import Moments
+
+from ..hooks import HookSpec, prefix_tokens_of_point
+from ..points import ObservationPoint
+from ..settings import ObservationSettings
+from ..views import ViewMoments
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..results import PointResult
+
+__all__ = [
+    "Array",
+    "BatchInfo",
+    "Contribution",
+    "FamilyContext",
+    "FamilyState",
+    "HookSpec",
+    "MeasurementFamily",
+    "Metric",
+    "PointSummary",
+    "SummedTensors",
+    "ViewMoments",
+    "enabled_families",
+    "jackknife_ratio",
+    "register_family",
+    "registered_families",
+    "unregister_family",
+]
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """The images of one batch of this rank's shard.
+
+    Attributes:
+        index: int64 ``[B]``: each image's index in the analysis subset (the row a per-image state writes).
+        labels: ``[B]`` class labels (``-1`` where the dataset has none).
+        groups: int64 ``[B]``: each image's jackknife group (all 0 without a jackknife).
+    """
+
+    index: torch.Tensor
+    labels: torch.Tensor
+    groups: torch.Tensor
+
+
+@dataclass(frozen=True)
+class FamilyContext:
+    """What a family may know when one observation starts, on one rank.
+
+    Attributes:
+        net: The network (wrappers removed) as it runs in the pass.
+        points: The observation points, in depth order.
+        modules: ``{point name: module}``.
+        settings: The observation's settings.
+        device: Where the pass runs; summables must live here (the collective tensors go there).
+        rank: This rank.
+        world_size: Number of ranks.
+        n_images: Size of the analysis subset (over all ranks).
+        groups: Jackknife groups ``G`` (0: none).
+        group_of_item: int64 ``[n_images]``: the jackknife group of every image (zeros without a jackknife).
+        num_prefix_tokens: Class + register tokens of the model's sequence.
+    """
+
+    net: nn.Module
+    points: tuple[ObservationPoint, ...]
+    modules: Mapping[str, nn.Module]
+    settings: ObservationSettings
+    device: torch.device
+    rank: int
+    world_size: int
+    n_images: int
+    groups: int
+    group_of_item: np.ndarray
+    num_prefix_tokens: int
+
+    def prefix_of(self, point: ObservationPoint) -> int:
+        """Prefix tokens at the start of the rows of the point's module (0 at the patch embedding and after pooling)."""
+        return prefix_tokens_of_point(self.net, point, self.num_prefix_tokens)
+
+    @property
+    def jackknife_groups(self) -> int:
+        """Groups a per-group state needs: ``G``, or 1 without a jackknife."""
+        return max(self.groups, 1)
+
+
+@dataclass(frozen=True)
+class PointSummary:
+    """What ``summarize_point`` sees of one point, on rank 0 after the reduction.
+
+    Attributes:
+        point: The point.
+        results: ``{view: PointResult}`` with the catalogue's covariance observables (read them, do not change them).
+        views: ``{view: ViewMoments}``, the moments behind ``results``.
+        image_groups: The jackknife group of every image, ``None`` without a jackknife.
+        groups: ``G`` (0: none).
+        history: What the family's ``read_history`` returned.
+        settings: The observation's settings.
+    """
+
+    point: ObservationPoint
+    results: Mapping[str, PointResult]
+    views: Mapping[str, ViewMoments]
+    image_groups: np.ndarray | None
+    groups: int
+    history: Any
+    settings: ObservationSettings
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One recorded value of a (point, view): a catalogue entry of the family.
+
+    Attributes:
+        view: The view it describes (the point is the summary's).
+        name: A catalogue name (the family's ``observables``).
+        value: The value (NaN where undefined).
+        stderr: Its jackknife standard error (NaN: none).
+        replicates: float64 ``[G]`` leave-one-group-out values whose ``jackknife_stderr`` is ``stderr`` (recorded for
+            paired standard errors of differences), or ``None``.
+    """
+
+    view: str
+    name: str
+    value: float
+    stderr: float = math.nan
+    replicates: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Array:
+    """One array recorded with a (point, view) in the spectra file (``<point>[/<view>]/<name>``).
+
+    Attributes:
+        view: The view.
+        name: The array's name (not ``eigenvalues``, ``mean``, ``covariance``, ``n_rows``, ``jackknife``...).
+        array: The values.
+        kept: Only at the epochs that keep covariances (large arrays, e.g. per-image vectors).
+    """
+
+    view: str
+    name: str
+    array: np.ndarray
+    kept: bool = False
+
+
+Contribution = Sequence[Metric | Array]
+"""What ``summarize_point`` returns, in record order."""
+
+
+class FamilyState:
+    """One family's rank-local state during one observation; every method has a do-nothing default but ``update``.
+
+    Call order on every rank: ``begin_batch`` and the hooks' ``update`` per batch, ``end_stream``, then the
+    reduction of ``summables()`` (every rank, the same sizes and order), ``check``; on rank 0 ``views`` and
+    ``summarize_point`` per point.
+    """
+
+    def begin_batch(self, batch: BatchInfo) -> None:
+        """Called before each batch's forward."""
+
+    def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
+        """One hooked tensor (the `HookSpec` with this ``key``), detached and checked against its layout."""
+        raise NotImplementedError(f"{type(self).__name__}.update")
+
+    def end_stream(self, dims: Mapping[str, int]) -> None:
+        """After the pass: ``{point name: feature dimension}`` of every point, also on a rank that saw no images,
+        so that every rank's summables have the same sizes."""
+
+    def summables(self) -> Sequence[Any]:
+        """States summed over ranks (`tgo.spectral.accumulator.Summable`: ``packed_size``, ``pack_into``,
+        ``unpack_``; float64, on the context's device), in an order identical on every rank."""
+        return ()
+
+    def check(self) -> None:
+        """After the reduction, on every rank (so a refusal raises everywhere together)."""
+
+    def views(
+        self,
+        point: ObservationPoint,
+        all_view: ViewMoments,
+        group_moments: Sequence[Moments],
+        image_groups: np.ndarray | None,
+    ) -> Mapping[str, ViewMoments]:
+        """Rank 0: further views of a point (``{view: ViewMoments}``), summarised by the catalogue like ``all``.
+
+        Args:
+            point: The point.
+            all_view: Its ``all`` view (total moments and leave-one-group-out moments).
+            group_moments: The moments of each jackknife group's rows (empty without a jackknife).
+            image_groups: The jackknife group of every image (``None`` without a jackknife).
+        """
+        return {}
+
+    def summarize_point(self, summary: PointSummary) -> Contribution:
+        """Rank 0: this family's metrics and arrays of one point (called in a thread pool, one point per task)."""
+        return ()
+
+
+class MeasurementFamily:
+    """A measurement family's declaration (stateless; subclass it and `register_family` one instance).
+
+    Attributes:
+        name: Unique; names the family in messages.
+        observables: The catalogue entries it records (scope ``probe``, naming their views); `register_family` adds
+            those not yet in `tgo.spectral.CATALOGUE`, in this order, and `unregister_family` removes them again.
+    """
+
+    name: str = ""
+    observables: tuple[Observable, ...] = ()
+
+    def enabled(self, settings: ObservationSettings) -> bool:
+        """Whether an observation with these settings takes this family's measurements."""
+        return True
+
+    def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
+        """The tensors it reads; each arrives at ``FamilyState.update(spec.key, x, batch)``."""
+        return ()
+
+    def start(self, context: FamilyContext) -> FamilyState:
+        """A fresh rank-local state for one observation."""
+        raise NotImplementedError(f"{type(self).__name__}.start")
+
+    def read_history(self, run_dir: Path, epoch: int) -> Any:
+        """Rank 0, before summarising: what it needs from the records of epochs before ``epoch`` (``None``: nothing).
+        It reaches ``PointSummary.history``."""
+        return None
+
+
+# ----------------------------------------------------------------------------------------------------- registry
+_REGISTRY: dict[str, MeasurementFamily] = {}
+_ADDED: dict[str, list[str]] = {}  # family -> catalogue names its registration added
+
+
+def register_family(family: MeasurementFamily) -> MeasurementFamily:
+    """Adds a family (and its catalogue entries that are not there yet); families run in registration order.
+
+    Register at import time of the code that runs observations, so every process has it (DDP re-launches the script).
+
+    Raises:
+        ValueError: the name is taken or empty, or an observable's name is taken by a different catalogue entry.
+    """
+    if not family.name or family.name in _REGISTRY:
+        raise ValueError(f"register_family: the family name {family.name!r} is empty or already registered")
+    added = []
+    for observable in family.observables:
+        existing = CATALOGUE.get(observable.name)
+        if existing is None:
+            CATALOGUE.register(observable)
+            added.append(observable.name)
+        elif existing is not observable:
+            for name in added:
+                CATALOGUE.unregister(name)
+            raise ValueError(f"register_family({family.name!r}): observable {observable.name!r} is already catalogued")
+    _REGISTRY[family.name] = family
+    _ADDED[family.name] = added
+    return family
+
+
+def unregister_family(name: str) -> MeasurementFamily:
+    """Removes a family and the catalogue entries its registration added (plug-ins and tests)."""
+    family = _REGISTRY.pop(name)
+    for observable in _ADDED.pop(name, []):
+        CATALOGUE.unregister(observable)
+    return family
+
+
+def registered_families() -> tuple[MeasurementFamily, ...]:
+    """Every registered family, in registration order."""
+    return tuple(_REGISTRY.values())
+
+
+def enabled_families(settings: ObservationSettings) -> tuple[MeasurementFamily, ...]:
+    """The families an observation with these settings runs, in registration order."""
+    return tuple(f for f in _REGISTRY.values() if f.enabled(settings))
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+@dataclass
+class SummedTensors:
+    """Named float64 tensors summed over ranks: a ready-made summable for states that are sums.
+
+    Example:
+        >>> sums = SummedTensors.zeros({"norm": (G, P), "count": (G, P)}, device)
+        >>> sums["norm"][g, p] += ...
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def zeros(cls, shapes: Mapping[str, tuple[int, ...]], device: torch.device | str | None = None) -> SummedTensors:
+        """Zero tensors of the given shapes (created outside inference mode, so they can be updated in place)."""
+        with torch.inference_mode(False):
+            return cls({k: torch.zeros(s, dtype=torch.float64, device=device) for k, s in shapes.items()})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    @property
+    def packed_size(self) -> int:
+        return sum(t.numel() for t in self.tensors.values())
+
+    def pack_into(self, out: torch.Tensor) -> None:
+        offset = 0
+        for t in self.tensors.values():
+            out[offset : offset + t.numel()].view(t.shape).copy_(t)
+            offset += t.numel()
+
+    def unpack_(self, flat: torch.Tensor, *, copy: bool = False) -> None:
+        offset = 0
+        for name, t in self.tensors.items():
+            part = flat[offset : offset + t.numel()].view(t.shape)
+            self.tensors[name] = part.clone() if copy else part
+            offset += t.numel()
+
+
+def jackknife_ratio(numerator: np.ndarray, denominator: np.ndarray) -> tuple[float, float, np.ndarray | None]:
+    """``sum(num) / sum(den)`` of per-group sums, its delete-a-group jackknife standard error and replicates.
+
+    Args:
+        numerator: float64 ``[G]`` per-group sums (``G = 1`` without a jackknife).
+        denominator: float64 ``[G]`` per-group weights (e.g. row counts).
+
+    Returns:
+        ``(value, stderr, replicates)``: NaN value where the denominator is 0; stderr NaN and replicates ``None``
+        below two groups.
+    """
+    num, den = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
+    total_num, total_den = float(num.sum()), float(den.sum())
+    value = total_num / total_den if total_den > 0 else math.nan
+    if num.size < 2:
+        return value, math.nan, None
+    left = total_den - den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        replicates = np.where(left > 0, (total_num - num) / np.where(left > 0, left, 1.0), np.nan)
+    return value, jackknife_stderr(replicates), replicates

@@ -1,0 +1,304 @@
+"""The hook machinery: forward hooks that hand a module's tensor, checked against its declared layout, to a consumer.
+
+Every tensor TGO reads from a model is declared by a `HookSpec`: which module, its input or output, and its
+**layout** (`LAYOUTS`), which `check_layout` enforces on the first tensor that arrives. A declaration that does not
+match the tensor is refused in one line, never read wrongly: timm's ``Attention`` hands q and k to ``q_norm`` /
+``k_norm`` as ``[B, H, N, d]``; read as tokens ``[B, N, D]`` its "token 0" would be head 0's first token.
+
+`ActivationHooks` registers the hooks of a list of ``(HookSpec, consume)`` bindings and removes them on exit (hooks
+exist only inside its ``with`` block, so training pays nothing for them). `ActivationHooks.for_points` binds
+observation points to accumulators: each point's tensor becomes token rows (`token_rows`), its tokens are selected
+(`tgo.observatory.points.select_tokens`) and the rows go to the point's ``update``. Activations are never stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .points import LAYOUTS, ObservationPoint, PointConfigError, resolve_points, select_tokens, unwrap_model
+
+__all__ = [
+    "LAYOUTS",
+    "ActivationHooks",
+    "HookSpec",
+    "LayoutError",
+    "SupportsUpdate",
+    "check_layout",
+    "first_tensor",
+    "num_prefix_tokens_of",
+    "point_rows",
+    "point_spec",
+    "prefix_tokens_of_point",
+    "token_rows",
+]
+
+Layout = Literal["auto", "tokens", "grid", "heads", "vector"]
+Read = Literal["output", "input"]
+
+
+class LayoutError(PointConfigError):
+    """A hooked tensor does not have its declared layout (one line naming the hook, the layout and the shape)."""
+
+
+class SupportsUpdate(Protocol):
+    """Anything with ``update(x)``; `tgo.spectral.StreamingCovariance` in practice."""
+
+    def update(self, x: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One tensor a measurement reads: a module's output or first input, and what its dimensions mean.
+
+    Attributes:
+        key: The name the consumer knows it by (a point name, or e.g. ``block_03.q``); unique within one family.
+        module: Dotted path as in ``model.named_modules()``.
+        read: ``output`` (forward hook) or ``input`` (first positional argument, forward pre-hook).
+        layout: ``tokens`` ``[B, N, D]``; ``grid`` ``[B, h, w, D]`` channels-last token grid (a patch embedding with
+            ``dynamic_img_size``); ``heads`` ``[B, H, N, d]`` (timm attention's q, k, v); ``vector`` ``[B, D]``, one
+            row per image; ``auto``: ``[B, N, D]`` or ``[B, D]``, anything else refused (a 4-d tensor could be a grid
+            or heads).
+    """
+
+    key: str
+    module: str
+    read: Read = "output"
+    layout: Layout = "auto"
+
+    def __post_init__(self) -> None:
+        if self.read not in ("output", "input"):
+            raise PointConfigError(f"HookSpec {self.key!r}: read must be 'output' or 'input'; got {self.read!r}")
+        if self.layout not in LAYOUTS:
+            raise PointConfigError(f"HookSpec {self.key!r}: layout must be one of {LAYOUTS}; got {self.layout!r}")
+
+
+_DIMS: dict[str, tuple[int, ...]] = {"auto": (2, 3), "tokens": (3,), "grid": (4, 5), "heads": (4,), "vector": (2,)}
+_SHAPES = {
+    "auto": "[B, N, D] or [B, D]",
+    "tokens": "[B, N, D]",
+    "grid": "[B, h, w, D]",
+    "heads": "[B, H, N, d]",
+    "vector": "[B, D]",
+}
+
+
+def check_layout(x: torch.Tensor, layout: str, where: str) -> torch.Tensor:
+    """Returns ``x`` if its number of dimensions fits ``layout``; raises `LayoutError` in one line otherwise.
+
+    Args:
+        x: The hooked tensor.
+        layout: One of `LAYOUTS`.
+        where: How the message names the hook (``point 'block_03' (blocks.2.attn.q_norm output)``).
+    """
+    if x.dim() not in _DIMS[layout]:
+        hint = (
+            "; declare layout 'heads' for [B, H, N, d] (timm attention's q, k, v) or 'grid' for [B, h, w, D]"
+            if layout == "auto" and x.dim() == 4
+            else ""
+        )
+        raise LayoutError(
+            f"{where}: got a tensor of shape {tuple(x.shape)}, but layout {layout!r} reads {_SHAPES[layout]}{hint}"
+        )
+    return x
+
+
+def token_rows(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The tensor as token rows ``[B, N, D]`` (or ``[B, D]`` for a vector): a grid is flattened row-major, heads are
+    concatenated per token (``[B, H, N, d] -> [B, N, H * d]``, the order timm's attention projects them in)."""
+    if layout == "grid":
+        return x.flatten(1, -2)
+    if layout == "heads":
+        return x.transpose(1, 2).flatten(2)
+    return x
+
+
+def num_prefix_tokens_of(model: nn.Module) -> int:
+    """Class + register tokens at the start of a timm ViT's token sequence.
+
+    timm exposes ``num_prefix_tokens``; without it, one prefix token is assumed when the model has a ``cls_token``.
+    """
+    model = unwrap_model(model)
+    n = getattr(model, "num_prefix_tokens", None)
+    if n is not None:
+        return int(n)
+    return 1 if getattr(model, "cls_token", None) is not None else 0
+
+
+# Modules of a timm ViT after the pooling: one vector per image, no token sequence and so no prefix tokens.
+_POOLED_ROOTS = ("attn_pool", "fc_norm", "head_drop", "head")
+
+
+def prefix_tokens_of_point(model: nn.Module, point: ObservationPoint, num_prefix_tokens: int) -> int:
+    """Prefix tokens in what the point's module emits: none inside the patch embedding (patch tokens only) and none
+    after the pooling (``fc_norm``, the head: one vector per image)."""
+    root = point.module.split(".")[0]
+    if root == "patch_embed" and isinstance(getattr(model, "patch_embed", None), nn.Module):
+        return 0
+    if root in _POOLED_ROOTS and isinstance(getattr(model, root, None), nn.Module):
+        return 0
+    return num_prefix_tokens
+
+
+def point_spec(point: ObservationPoint) -> HookSpec:
+    """The `HookSpec` of an observation point (keyed by its name)."""
+    return HookSpec(point.name, point.module, point.read, point.layout)
+
+
+def point_rows(x: torch.Tensor, point: ObservationPoint, num_prefix_tokens: int) -> torch.Tensor:
+    """The rows a point observes of its (layout-checked) tensor: token rows, then its token selection.
+
+    Args:
+        x: The tensor its `HookSpec` delivered.
+        point: The point.
+        num_prefix_tokens: Prefix tokens in the point's rows (`prefix_tokens_of_point`).
+    """
+    return select_tokens(token_rows(x, point.layout), point.tokens, num_prefix_tokens)
+
+
+def first_tensor(value: Any) -> torch.Tensor:
+    """A module's output or input as one tensor: the first tensor of a tuple/list (e.g. modules returning extras)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                return v
+    if isinstance(value, Mapping):
+        for v in value.values():
+            if isinstance(v, torch.Tensor):
+                return v
+    raise TypeError(f"a hooked module gave a {type(value).__name__}, expected a tensor (or a tuple holding one)")
+
+
+Consume = Callable[[torch.Tensor], None]
+"""What a hook calls with the detached, layout-checked tensor (outside inference mode)."""
+
+
+class ActivationHooks:
+    """Context manager that registers forward hooks for ``(HookSpec, consume)`` bindings and removes them on exit.
+
+    Hooks go on the original module (`unwrap_model`), so a DDP wrapper or a ``torch.compile``'d model is handled by
+    hooking what the wrapper wraps. Forward hooks read outputs, forward pre-hooks read inputs (first positional
+    argument). Each tensor is detached and checked against its spec's layout (`check_layout`) before ``consume``
+    sees it. All handles are removed on exit, also when the body raises.
+
+    When the forward runs under ``torch.inference_mode``, ``consume`` is called outside it, so state it updates stays
+    ordinary tensors (in-place updates on inference tensors are forbidden once inference mode is left).
+
+    Args:
+        model: The model to hook (possibly wrapped).
+        bindings: ``(spec, consume)`` pairs; several may name one module.
+        modules: ``{module path: module}`` if the caller already resolved them; looked up here otherwise.
+
+    Example:
+        >>> with ActivationHooks.for_points(model, points, accumulators):
+        ...     model(images)
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        bindings: Sequence[tuple[HookSpec, Consume]],
+        *,
+        modules: Mapping[str, nn.Module] | None = None,
+    ) -> None:
+        self.model = unwrap_model(model)
+        self.bindings = list(bindings)
+        named = dict(modules) if modules is not None else dict(self.model.named_modules())
+        unknown = sorted({s.module for s, _ in self.bindings if s.module not in named})
+        if unknown:  # before any hook is registered, so a bad path fails with nothing to undo
+            raise PointConfigError(f"ActivationHooks: {type(self.model).__name__} has no module(s) {unknown}")
+        self._modules = {s.module: named[s.module] for s, _ in self.bindings}
+        self._handles: list[RemovableHandle] = []
+
+    @classmethod
+    def for_points(
+        cls,
+        model: nn.Module,
+        points: Sequence[ObservationPoint],
+        accumulators: Mapping[str, SupportsUpdate],
+        *,
+        num_prefix_tokens: int | None = None,
+        modules: Mapping[str, nn.Module] | None = None,
+    ) -> ActivationHooks:
+        """Hooks that feed each point's selected rows (`point_rows`) to ``accumulators[point.name].update``.
+
+        Args:
+            model: The model to hook (possibly wrapped).
+            points: Observation points; names must be unique.
+            accumulators: ``{point.name: accumulator}``; every point needs one.
+            num_prefix_tokens: Prefix (class + register) token count; default from the model (`num_prefix_tokens_of`).
+            modules: ``{point name: module}`` if the caller already resolved the points (`resolve_points`).
+        """
+        net = unwrap_model(model)
+        points = list(points)
+        missing = [p.name for p in points if p.name not in accumulators]
+        if missing:
+            raise ValueError(f"ActivationHooks: no accumulator for point(s) {missing}")
+        resolved = dict(modules) if modules is not None else resolve_points(net, points)
+        prefix = num_prefix_tokens_of(net) if num_prefix_tokens is None else num_prefix_tokens
+
+        def binding(point: ObservationPoint) -> tuple[HookSpec, Consume]:
+            update, n_prefix = accumulators[point.name].update, prefix_tokens_of_point(net, point, prefix)
+            return point_spec(point), lambda x: update(point_rows(x, point, n_prefix))
+
+        return cls(net, [binding(p) for p in points], modules={p.module: resolved[p.name] for p in points})
+
+    @staticmethod
+    def _make_hook(spec: HookSpec, consume: Consume) -> Any:
+        where = f"{spec.key!r} ({spec.module} {spec.read})"
+
+        def deliver(value: Any) -> None:
+            x = check_layout(first_tensor(value).detach(), spec.layout, where)
+            if torch.is_inference_mode_enabled():
+                # State created or updated in place under inference mode becomes "inference tensors", which can never
+                # be updated in place again (merge, all-reduce, a later pass). Reading x outside is allowed.
+                with torch.inference_mode(False):
+                    consume(x)
+            else:
+                consume(x)
+
+        if spec.read == "input":
+
+            def pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+                deliver(args if args else kwargs)
+
+            return pre_hook
+
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            deliver(output)
+
+        return hook
+
+    def __enter__(self) -> ActivationHooks:
+        try:
+            for spec, consume in self.bindings:
+                module, hook = self._modules[spec.module], self._make_hook(spec, consume)
+                if spec.read == "input":
+                    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+                else:
+                    handle = module.register_forward_hook(hook)
+                self._handles.append(handle)
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove every hook registered here (idempotent)."""
+        while self._handles:
+            self._handles.pop().remove()
+
+    @property
+    def active(self) -> bool:
+        """Whether hooks are currently registered."""
+        return bool(self._handles)
