@@ -51,9 +51,10 @@ def test_every_prediction_names_a_catalogue_metric_on_a_view_that_carries_it():
     assert PREDICTIONS, "no predictions declared"
     for p in PREDICTIONS:
         observable = CATALOGUE[p.metric]  # KeyError names the metric
-        assert p.view in VIEWS, p
         if observable.scope == "probe":
-            assert p.view in observable.views, p
+            assert p.view in observable.views, p  # a view of VIEWS, or a family's own (attention)
+        else:
+            assert p.view in VIEWS, p
         assert p.hypothesis in HYPOTHESES and p.points in POINT_SELECTORS and p.expected in ("rises", "falls")
         assert len(p.reasoning) > 40, p
     keys = [(p.hypothesis, p.metric, p.view) for p in PREDICTIONS]
@@ -72,6 +73,47 @@ def test_the_predictions_discriminate_the_hypotheses_where_the_brief_says():
         assert table[("semantic_expansion", metric, "cls")] == "rises"
     for metric in ("total_correlation", "offdiag_energy_fraction", "mean_abs_offdiag_correlation"):
         assert table[("redundancy_reduction", metric, "all")] == "falls"
+
+
+def test_each_hypothesis_predicts_something_for_attention_and_they_differ():
+    """Issue 22 item 3: patch queries (token diversification), the CLS query (semantic expansion), the heads
+    (redundancy reduction); each on the blocks' attention view, judged by the same rule."""
+    table = {(p.hypothesis, p.metric): p for p in PREDICTIONS if p.view == "attention"}
+    assert table[("token_diversification", "attention_entropy")].expected == "falls"
+    assert table[("token_diversification", "mean_attention_distance")].expected == "falls"
+    assert table[("semantic_expansion", "cls_attention_entropy")].expected == "falls"
+    assert table[("redundancy_reduction", "effective_heads")].expected == "rises"
+    assert table[("redundancy_reduction", "mean_head_similarity")].expected == "falls"
+    assert {p.points for p in table.values()} == {"blocks"}
+    by_hypothesis: dict[str, set[str]] = {}
+    for hypothesis, metric in table:
+        by_hypothesis.setdefault(hypothesis, set()).add(metric)
+    assert set(by_hypothesis) == set(HYPOTHESES)
+    for a, b in [("token_diversification", "semantic_expansion"), ("semantic_expansion", "redundancy_reduction")]:
+        assert not by_hypothesis[a] & by_hypothesis[b], "an attention prediction shared by two hypotheses"
+    for p in table.values():
+        assert CATALOGUE[p.metric].scope == "probe" and "attention" in CATALOGUE[p.metric].views
+
+
+def test_attention_predictions_are_judged_by_the_verdict_rule():
+    heads = next(p for p in PREDICTIONS if p.metric == "effective_heads")
+    entropy = next(p for p in PREDICTIONS if p.metric == "attention_entropy")
+    values, errors = series(
+        {
+            ("attention", "effective_heads", "block_01"): (lambda e: 1.5 + 0.2 * e, 0.02),  # rises: consistent
+            ("attention", "effective_heads", "block_02"): (lambda e: 3.5 - 0.2 * e, 0.02),  # falls: inconsistent
+            ("attention", "effective_heads", "block_03"): (flat(2.0), 0.5),  # flat: inconclusive
+            ("attention", "attention_entropy", "block_01"): (lambda e: 2.8 - 0.1 * e, 0.01),
+        }
+    )
+    results = evaluate_predictions(values, POINTS, stderr=errors, predictions=[heads, entropy])
+    assert [(r.point, r.verdict) for r in results[heads]] == [
+        ("block_01", CONSISTENT),
+        ("block_02", INCONSISTENT),
+        ("block_03", "inconclusive"),
+    ]
+    assert [(r.point, r.verdict) for r in results[entropy]] == [("block_01", CONSISTENT)]
+    assert all(np.isfinite(r.q) for rs in results.values() for r in rs)
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ from typing import Literal
 
 import numpy as np
 
-from tgo.observatory.views import VIEWS
+from tgo.records import VIEWS
 from tgo.report.findings import (
     FAILS,
     HOLDS,
@@ -113,7 +113,8 @@ HYPOTHESES: dict[str, Hypothesis] = {
             "The tokens of an image become more distinguishable from one another and occupy more directions: the "
             "variance that spreads is token-level variance inside images.",
             "the within-image and patch-token ranks staying flat or falling while the pooled rank rises, or the "
-            "between-image share of the variance rising (the new variance is between images, not between tokens).",
+            "between-image share of the variance rising (the new variance is between images, not between tokens), "
+            "or the patch queries' attention staying uniform or reaching farther (every token gets the same context).",
         ),
         Hypothesis(
             "semantic_expansion",
@@ -121,7 +122,8 @@ HYPOTHESES: dict[str, Hypothesis] = {
             "The model discovers more meaningful (class-relevant) feature directions: the new directions separate "
             "images by content, so per-image vectors become more class-separable and the class means spread out.",
             "class separability (Fisher ratio, held-out NCC and ridge accuracy) flat or falling and NC1 rising at "
-            "points whose rank rises, or the image means (between-image view) concentrating on fewer directions.",
+            "points whose rank rises, or the image means (between-image view) concentrating on fewer directions, or "
+            "the CLS query's attention staying uniform (the CLS token does not gather from informative patches).",
         ),
         Hypothesis(
             "redundancy_reduction",
@@ -129,7 +131,8 @@ HYPOTHESES: dict[str, Hypothesis] = {
             "Training re-expresses the information in a less redundant basis: feature dimensions decorrelate, so "
             "the same variance is spread over more independent directions.",
             "total correlation, off-diagonal energy and mean |correlation| rising (the features become more "
-            "redundant) while the rank rises.",
+            "redundant) while the rank rises, or the heads of a block attending more alike (they duplicate one "
+            "another).",
         ),
     )
 }
@@ -174,7 +177,8 @@ class Prediction:
     Attributes:
         hypothesis: Key of a `HYPOTHESES` entry.
         metric: A catalogue entry (`tgo.spectral.catalogue.CATALOGUE`).
-        view: The view it is read on (`tgo.observatory.views.VIEWS`; for a probe metric one of the entry's views).
+        view: The view it is read on (`tgo.observatory.views.VIEWS`; for a probe metric one of the entry's views,
+            e.g. ``attention``, the view of a block's attention geometry).
         points: A `POINT_SELECTORS` name.
         expected: ``rises`` or ``falls`` from the first to the last window of the run.
         reasoning: Why the hypothesis predicts it (one or two sentences, printed on the page).
@@ -198,8 +202,8 @@ class Prediction:
         observable = CATALOGUE.get(self.metric)
         if observable is None:
             raise ValueError(f"{where}: {self.metric!r} is not in the observable catalogue")
-        if self.view not in VIEWS:
-            raise ValueError(f"{where}: unknown view; known: {', '.join(VIEWS)}")
+        if self.view not in VIEWS and not (observable.scope == "probe" and self.view in observable.views):
+            raise ValueError(f"{where}: unknown view; known: {', '.join(VIEWS)} and the views of probe metrics")
         if observable.scope == "probe" and self.view not in observable.views:
             raise ValueError(f"{where}: the probe {self.metric} is recorded on {', '.join(observable.views)} only")
         if self.points not in POINT_SELECTORS:
@@ -253,6 +257,26 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "If the new variance is between the tokens of an image, the within-image trace grows faster than the "
         "between-image trace, so the share between image means cannot rise (it falls, or stays put if both grow "
         "alike: then the test is inconclusive).",
+    ),
+    Prediction(
+        _TD,
+        "attention_entropy",
+        "attention",
+        "blocks",
+        "falls",
+        "Attention is where the tokens of an image are mixed: uniform attention adds the same average to every token "
+        "and pulls them together (Dong et al. 2021), so tokens can become more distinguishable only if each patch "
+        "query attends selectively: the patch queries' entropy falls below ln N.",
+    ),
+    Prediction(
+        _TD,
+        "mean_attention_distance",
+        "attention",
+        "blocks",
+        "falls",
+        "Selective attention separates tokens only if different tokens select different keys; a token's own "
+        "neighbourhood is the key set that differs most from token to token, so token-specific mixing is local: the "
+        "distance falls below that of uniform attention (the mean pairwise patch distance).",
     ),
     # ---------------------------------------------------------------------------------------- semantic expansion
     Prediction(
@@ -324,6 +348,16 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "C_between is the covariance of the image means; semantic directions differ between images, so the image "
         "means spread over more directions.",
     ),
+    Prediction(
+        _SE,
+        "cls_attention_entropy",
+        "attention",
+        "blocks",
+        "falls",
+        "The CLS token is what the classifier reads; to carry class content it must gather from the patches that "
+        "hold it (the object, not the background: trained ViTs' CLS attention outlines objects, Caron et al. 2021) "
+        "instead of averaging every patch, so the CLS query's entropy falls.",
+    ),
     # -------------------------------------------------------------------------------------- redundancy reduction
     Prediction(
         _RR,
@@ -368,6 +402,25 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "blocks and cls",
         "falls",
         "The same for the CLS vectors, the representation the classifier reads.",
+    ),
+    Prediction(
+        _RR,
+        "effective_heads",
+        "attention",
+        "blocks",
+        "rises",
+        "Heads with the same attention map mix the same tokens with the same weights: their outputs are linear maps "
+        "of one mixture A X and carry no more than one head would (redundant, prunable heads: Michel et al. 2019). "
+        "A less redundant block has heads that attend differently: more distinct heads.",
+    ),
+    Prediction(
+        _RR,
+        "mean_head_similarity",
+        "attention",
+        "blocks",
+        "falls",
+        "The same statement as the mean cosine similarity of the heads' attention maps, which, unlike the effective "
+        "number of heads, is not dominated by the most similar pairs.",
     ),
 )
 """Every prediction, grouped by hypothesis in `HYPOTHESES` order (reasoning in ``docs/hypotheses.md``)."""

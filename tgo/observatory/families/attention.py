@@ -1,0 +1,367 @@
+"""The attention family: every block's attention geometry, exact, in the same pass as the covariances.
+
+timm's fused attention (``scaled_dot_product_attention``) never materialises the attention weights. The family hooks
+the outputs of every block's ``attn.q_norm`` and ``attn.k_norm`` (identities when ``qk_norm`` is off, but their
+hooks still fire), which are ``q`` and ``k`` (``[B, H, N, d_h]``) exactly as the kernel multiplies them, and
+`tgo.spectral.attention.AttentionAccumulator` recomputes ``softmax(q k^T / sqrt(d_h))`` batch by batch (float64 by
+default on a GPU, float32 on a CPU: ``observation.attention.dtype``) and keeps only per-group float64 sums. Those sums
+travel in the observation's second collective (`FamilyState.summables`), so the family adds no collective, and every
+metric is a ratio of sums with a delete-a-group jackknife over the same image groups as the covariances.
+
+**Which blocks.** At every observation point whose module has an ``attn`` that is timm's standard ``Attention``
+(`attention_refusal`: the class, ``qkv`` / ``q_norm`` / ``k_norm``, the default scale ``d_h^-1/2``, a fixed patch
+grid), one accumulator. Anything else (EVA's rotary attention, which rotates ``q`` and ``k`` after ``q_norm`` /
+``k_norm``; a dynamic image size) is skipped with one warning line naming the blocks and why; the rest of the
+observation is unaffected. The observation pass calls the model without an attention mask (timm's ViT forward passes
+none), so the softmax has no bias. After the reduction every measured block must have seen every analysis image
+(`AttentionState.check`, on every rank): a block whose hooks did not fire is an error in one line.
+
+**Records.** Each block's metrics go to its view ``attention`` (`tgo.spectral.catalogue.ATTENTION_VIEW`): the head
+means of `tgo.spectral.attention.ATTENTION_METRICS` with their standard errors and leave-one-group-out replicates,
+the two noise references (``attention_entropy_noise = ln N``, ``mean_attention_distance_noise``), and the arrays
+``heads_<metric>`` (float64 ``[H]``, per head) and ``similarity`` (``[H, H]``) in the spectra file. Formulas and
+conventions (the CLS column, the prefix keys, the distance's renormalisation): ``docs/observables.md`` section 7.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tgo.spectral import CATALOGUE
+from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, AttentionSummary
+from tgo.spectral.catalogue import ATTENTION_VIEW
+
+from ..settings import ObservationSettings
+from .base import (
+    Array,
+    BatchInfo,
+    Contribution,
+    FamilyContext,
+    FamilyState,
+    HookSpec,
+    MeasurementFamily,
+    Metric,
+    PointSummary,
+)
+
+__all__ = [
+    "ATTENTION",
+    "ATTENTION_CHARTED",
+    "ATTENTION_RECORDED",
+    "ATTENTION_VIEW",
+    "AttentionBlock",
+    "AttentionFamily",
+    "AttentionState",
+    "attention_plan",
+    "attention_refusal",
+    "depth_profiles",
+    "head_tables",
+]
+
+ATTENTION_RECORDED: tuple[str, ...] = (*ATTENTION_METRICS, "attention_entropy_noise", "mean_attention_distance_noise")
+"""Every metric the family records on a block's ``attention`` view, in record order."""
+
+ATTENTION_CHARTED: tuple[str, ...] = tuple(name for name in ATTENTION_RECORDED if CATALOGUE[name].charted)
+"""The charted ones (TensorBoard's scalars chart and the report's depth profiles): the catalogue's ``charted``."""
+
+_NOISE = {"attention_entropy_noise": "attention_entropy", "mean_attention_distance_noise": "mean_attention_distance"}
+
+
+@dataclass(frozen=True)
+class AttentionBlock:
+    """One measured block: the point it is recorded under and its attention's geometry.
+
+    Attributes:
+        point: The observation point (its ``attention`` view holds the metrics).
+        module: Dotted path of the block's ``attn`` module.
+        num_heads: ``H``.
+        num_tokens: ``N`` (prefix + patches).
+        num_prefix_tokens: Class, register and distillation tokens.
+        class_token: Whether token 0 is a class token.
+        grid: ``(h, w)`` patches.
+        patch_size: ``(height, width)`` of a patch in pixels.
+    """
+
+    point: str
+    module: str
+    num_heads: int
+    num_tokens: int
+    num_prefix_tokens: int
+    class_token: bool
+    grid: tuple[int, int]
+    patch_size: tuple[int, int]
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return int(value[0]), int(value[1])
+    return None
+
+
+def attention_refusal(attn: Any) -> str | None:
+    """Why ``attn`` is not timm's standard ``Attention`` whose ``q_norm`` / ``k_norm`` outputs enter the softmax as
+    they are, or ``None`` when it is.
+
+    Checked: the class is ``Attention`` from ``timm``, it has ``qkv``, ``q_norm``, ``k_norm`` modules and integer
+    ``num_heads`` / ``head_dim``, and its scale is the default ``head_dim ** -0.5`` (the fused kernel ignores any
+    other). EVA's attention (rotary position embeddings rotate q and k after the norms), attention pooling and custom
+    classes fail the first check.
+    """
+    cls = type(attn)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__name__ != "Attention" or not cls.__module__.startswith("timm."):
+        return f"{name} is not timm's standard Attention (its q and k may be changed after q_norm/k_norm)"
+    for attribute in ("qkv", "q_norm", "k_norm"):
+        if not isinstance(getattr(attn, attribute, None), nn.Module):
+            return f"{name} has no {attribute} module"
+    heads, head_dim = getattr(attn, "num_heads", None), getattr(attn, "head_dim", None)
+    if not isinstance(heads, int) or not isinstance(head_dim, int) or heads < 1 or head_dim < 1:
+        return f"{name} has no integer num_heads / head_dim"
+    scale = getattr(attn, "scale", None)
+    if not isinstance(scale, float) or not math.isclose(scale, head_dim**-0.5, rel_tol=1e-12):
+        return f"{name} has scale {scale!r}, not head_dim ** -0.5 = {head_dim**-0.5!r}"
+    return None
+
+
+def _grid_of(net: nn.Module) -> tuple[tuple[int, int], tuple[int, int]] | str:
+    """``(grid, patch_size)`` of the model's patch embedding, or why there is none."""
+    embed = getattr(net, "patch_embed", None)
+    if not isinstance(embed, nn.Module):
+        return "the model has no patch_embed"
+    if getattr(embed, "dynamic_img_size", False):
+        return "the patch embedding has dynamic_img_size (the grid changes with the image)"
+    grid, patch = _pair(getattr(embed, "grid_size", None)), _pair(getattr(embed, "patch_size", None))
+    if grid is None or patch is None:
+        return "the patch embedding has no fixed grid_size and patch_size"
+    return grid, patch
+
+
+def attention_plan(context: FamilyContext) -> tuple[list[AttentionBlock], list[str]]:
+    """The blocks the family measures and, for the others with an ``attn``, one line each on why not.
+
+    A point is measured when its module has an ``attn`` passing `attention_refusal` and the model has a fixed patch
+    grid; several points on one block module share the first one's measurement. Depends on the model alone, so it is
+    the same on every rank.
+
+    Returns:
+        ``(blocks, refusals)``: the measured blocks in point order, and ``"<point>: <why>"`` lines.
+    """
+    blocks: list[AttentionBlock] = []
+    refusals: list[str] = []
+    grid = _grid_of(context.net)
+    class_token = getattr(context.net, "cls_token", None) is not None
+    prefix = int(context.num_prefix_tokens)
+    seen: set[str] = set()
+    names = {id(m): n for n, m in context.net.named_modules()}
+    for point in context.points:
+        module = context.modules.get(point.name)
+        attn = getattr(module, "attn", None)
+        if not isinstance(attn, nn.Module) or point.module in seen:
+            continue
+        seen.add(point.module)
+        why = attention_refusal(attn) or (grid if isinstance(grid, str) else None)
+        if why is not None:
+            refusals.append(f"{point.name}: {why}")
+            continue
+        assert not isinstance(grid, str)
+        (h, w), patch = grid
+        blocks.append(
+            AttentionBlock(
+                point=point.name,
+                module=names.get(id(attn), f"{point.module}.attn"),
+                num_heads=int(getattr(attn, "num_heads")),  # noqa: B009 (checked by attention_refusal)
+                num_tokens=prefix + h * w,
+                num_prefix_tokens=prefix,
+                class_token=class_token and prefix >= 1,
+                grid=(h, w),
+                patch_size=patch,
+            )
+        )
+    return blocks, refusals
+
+
+def _refusal_line(refusals: Sequence[str]) -> str:
+    """One line for every skipped block: identical reasons are named once with their blocks."""
+    by_reason: dict[str, list[str]] = {}
+    for line in refusals:
+        point, _, why = line.partition(": ")
+        by_reason.setdefault(why, []).append(point)
+    parts = [f"{', '.join(points)} ({why})" for why, points in by_reason.items()]
+    return "[tgo] observation.attention: not measured at " + "; ".join(parts)
+
+
+class AttentionState(FamilyState):
+    """One rank's attention accumulators during one observation (one per measured block, in point order)."""
+
+    def __init__(self, context: FamilyContext, blocks: Sequence[AttentionBlock]) -> None:
+        self.n_images = int(context.n_images)
+        self.groups = int(context.groups)
+        dtype = context.settings.attention.torch_dtype(context.device)
+        self.blocks = {b.point: b for b in blocks}
+        self.accumulators = {
+            b.point: AttentionAccumulator(
+                b.num_heads,
+                b.num_tokens,
+                b.num_prefix_tokens,
+                b.grid,
+                b.patch_size,
+                self.groups,
+                class_token=b.class_token,
+                compute_dtype=dtype,
+                device=context.device,
+            )
+            for b in blocks
+        }
+        self._q: dict[str, torch.Tensor] = {}
+
+    def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
+        point, _, which = key.rpartition(".")
+        if which == "q":
+            self._q[point] = x
+            return
+        q = self._q.pop(point, None)
+        if q is None:
+            raise RuntimeError(f"[tgo] attention at {point}: k_norm fired without q_norm before it in the same forward")
+        acc = self.accumulators[point]
+        try:
+            acc.update(q, x, batch.groups if self.groups else None)
+        except ValueError as err:
+            raise ValueError(f"[tgo] attention at {point}: {err}") from None
+
+    def summables(self) -> Sequence[Any]:
+        return list(self.accumulators.values())
+
+    def check(self) -> None:
+        missing = {
+            point: acc.n_images + acc.n_nonfinite
+            for point, acc in self.accumulators.items()
+            if acc.n_images + acc.n_nonfinite != self.n_images
+        }
+        if missing:
+            seen = ", ".join(f"{point} {n}" for point, n in missing.items())
+            raise RuntimeError(
+                f"[tgo] observation.attention: the q_norm/k_norm hooks saw {seen} of {self.n_images} images (a "
+                "forward that bypasses them, e.g. a custom Attention.forward); set observation.attention.enabled=false"
+            )
+
+    def summarize_point(self, summary: PointSummary) -> Contribution:
+        acc = self.accumulators.get(summary.point.name)
+        if acc is None:
+            return ()
+        return attention_contribution(acc.summary())
+
+
+def attention_contribution(s: AttentionSummary) -> list[Metric | Array]:
+    """The `Metric` and `Array` records of one block's `AttentionSummary` (view ``attention``).
+
+    A block that saw a non-finite ``q`` / ``k`` (dropped images, ``n_nonfinite > 0``) records NaN metrics, as a point
+    with non-finite activations does: the values would describe only the finite part.
+    """
+    nonfinite = s.n_nonfinite > 0
+    out: list[Metric | Array] = []
+    for name in ATTENTION_METRICS:
+        replicates = s.replicates[name] if s.groups >= 2 and not nonfinite else None
+        value = math.nan if nonfinite else s.values[name]
+        stderr = math.nan if nonfinite else s.stderr[name]
+        out.append(Metric(ATTENTION_VIEW, name, value, stderr, replicates))
+    out += [Metric(ATTENTION_VIEW, name, s.reference[base]) for name, base in _NOISE.items()]
+    for name in HEAD_METRICS:
+        heads = np.full_like(s.per_head[name], np.nan) if nonfinite else s.per_head[name]
+        out.append(Array(ATTENTION_VIEW, f"heads_{name}", np.asarray(heads, dtype=np.float64)))
+    out.append(Array(ATTENTION_VIEW, "similarity", np.asarray(s.similarity, dtype=np.float64)))
+    return out
+
+
+class AttentionFamily(MeasurementFamily):
+    """Attention geometry of every standard timm ``Attention`` block (``observation.attention``)."""
+
+    name = "attention"
+    observables = tuple(CATALOGUE[name] for name in ATTENTION_RECORDED)
+
+    def enabled(self, settings: ObservationSettings) -> bool:
+        return settings.attention.enabled
+
+    def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
+        blocks, _ = attention_plan(context)
+        specs: list[HookSpec] = []
+        for b in blocks:
+            specs.append(HookSpec(f"{b.point}.q", f"{b.module}.q_norm", "output", "heads"))
+            specs.append(HookSpec(f"{b.point}.k", f"{b.module}.k_norm", "output", "heads"))
+        return specs
+
+    def start(self, context: FamilyContext) -> AttentionState:
+        blocks, refusals = attention_plan(context)
+        if refusals and context.rank == 0:
+            warnings.warn(_refusal_line(refusals), RuntimeWarning, stacklevel=2)
+        return AttentionState(context, blocks)
+
+
+ATTENTION = AttentionFamily()
+"""The one instance, registered by `tgo.observatory.families`."""
+
+
+# ----------------------------------------------------------------------------------------------- figures' inputs
+def head_tables(
+    heads: Mapping[str, Mapping[str, np.ndarray]], blocks: Sequence[str], metrics: Sequence[str] = HEAD_METRICS
+) -> dict[str, np.ndarray]:
+    """``{metric: [len(blocks), H_max]}`` per-head tables (NaN padded) for `tgo.viz.attention_cards` and the report.
+
+    Args:
+        heads: point -> array name -> array, as `tgo.records.load_spectra(run, [epoch], view="attention")` gives
+            one epoch (``heads_<metric>`` arrays), or as built from a `Results`' ``arrays``.
+        blocks: Block names in depth order (the rows).
+        metrics: Head metrics to tabulate (those recorded nowhere are left out).
+    """
+    out: dict[str, np.ndarray] = {}
+    for metric in metrics:
+        rows = [np.asarray(heads.get(b, {}).get(f"heads_{metric}", ()), dtype=np.float64).reshape(-1) for b in blocks]
+        width = max((r.size for r in rows), default=0)
+        if width == 0 or all(not np.any(np.isfinite(r)) for r in rows):
+            continue
+        table = np.full((len(blocks), width), np.nan)
+        for i, row in enumerate(rows):
+            table[i, : row.size] = row
+        out[metric] = table
+    return out
+
+
+def depth_profiles(
+    run_dir: str | os.PathLike[str], blocks: Sequence[str], up_to: int, metrics: Sequence[str] = ATTENTION_CHARTED
+) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """``{metric: {epoch: (block values [len(blocks)], standard errors)}}`` of the ``attention`` view's records at
+    epochs ``<= up_to`` (for `tgo.viz.attention_cards`' ``profiles``); metrics not recorded are left out."""
+    from tgo.records import load_series
+
+    values = load_series(run_dir, view=ATTENTION_VIEW, metrics=metrics)
+    errors = load_series(run_dir, view=ATTENTION_VIEW, metrics=metrics, column="stderr")
+    out: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+    for metric in (m for m in metrics if m in values):
+        epochs = sorted({int(e) for es, _ in values[metric].values() for e in es if e <= up_to})
+        if epochs:
+            table, se = _table(values[metric], blocks, epochs), _table(errors.get(metric, {}), blocks, epochs)
+            out[metric] = {e: (table[:, j], se[:, j]) for j, e in enumerate(epochs)}
+    return out
+
+
+def _table(
+    per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: Sequence[str], epochs: Sequence[int]
+) -> np.ndarray:
+    """``[len(points), len(epochs)]`` values of one metric, NaN where a point has no value at an epoch."""
+    table = np.full((len(points), len(epochs)), np.nan)
+    column = {int(e): j for j, e in enumerate(epochs)}
+    for i, point in enumerate(points):
+        for e, v in zip(*per_point.get(point, ((), ())), strict=False):
+            if int(e) in column:
+                table[i, column[int(e)]] = v
+    return table
