@@ -27,6 +27,7 @@ def _result(
     observables: Mapping[str, float],
     stderr: Mapping[str, float] | None = None,
     kept: Mapping[str, np.ndarray] | None = None,
+    arrays: Mapping[str, np.ndarray] | None = None,
 ) -> SimpleNamespace:
     """What `RecordWriter.write_observation` reads of a `tgo.observatory.PointResult` (a diagonal covariance)."""
     spectrum = SimpleNamespace(eigenvalues=eigs, n_rows=100, n_nonfinite=0)
@@ -37,6 +38,7 @@ def _result(
         observables=dict(observables),
         stderr=dict(stderr or {}),
         kept_arrays=dict(kept or {}),
+        arrays=dict(arrays or {}),
     )
 
 
@@ -63,6 +65,7 @@ def write_synthetic_run(
     views: Mapping[str, Mapping[str, Mapping[str, Curve]]] | None = None,
     view_stderr: Mapping[str, Mapping[str, Mapping[str, Curve]]] | None = None,
     vectors: Mapping[str, Mapping[str, VectorsAt]] | None = None,
+    arrays: Mapping[str, Mapping[str, Callable[[int], Mapping[str, np.ndarray]]]] | None = None,
 ) -> Path:
     """Writes metrics, spectra (covariance at the first and last epoch) and a manifest for known curves.
 
@@ -82,6 +85,8 @@ def write_synthetic_run(
         vectors: view -> point -> function of the epoch giving the per-image vectors and labels, stored as
             ``<point>/<view>/vectors`` and ``.../labels`` at the epochs that keep covariances (the first and last),
             as the probes store them.
+        arrays: view -> point -> function of the epoch giving further arrays of that (point, view), stored at every
+            epoch (``<point>/<view>/<name>``; e.g. the attention family's ``heads_<metric>``).
 
     Returns:
         ``run_dir``.
@@ -101,17 +106,20 @@ def write_synthetic_run(
             results[(point, DEFAULT_VIEW)] = _result(eigs, observed, _at(errors, point, i))
             if other_view is not None:
                 results[(point, other_view)] = _result(eigs, {m: -v for m, v in observed.items()})
-            view_names = list(dict.fromkeys([*view_values, *(vectors or {})]))
+            view_names = list(dict.fromkeys([*view_values, *(vectors or {}), *(arrays or {})]))
             for view in view_names:
                 in_view = _at(view_values.get(view, {}), point, i)
                 at_point = (vectors or {}).get(view, {}).get(point)
-                if not in_view and at_point is None:
+                extra = (arrays or {}).get(view, {}).get(point)
+                if not in_view and at_point is None and extra is None:
                     continue
                 kept: dict[str, np.ndarray] = {}
                 if at_point is not None:
                     x, labels = at_point(int(epoch))
                     kept = {"vectors": np.asarray(x, dtype=np.float32), "labels": np.asarray(labels, dtype=np.int64)}
-                results[(point, view)] = _result(eigs, in_view, _at(view_errors.get(view, {}), point, i), kept)
+                results[(point, view)] = _result(
+                    eigs, in_view, _at(view_errors.get(view, {}), point, i), kept, extra(int(epoch)) if extra else None
+                )
         writer.write_observation(int(epoch), 10 * int(epoch), results, with_covariance=i in (0, len(epochs_arr) - 1))
     if fingerprint is not None:
         RunDir(run_dir).manifest.write_text(json.dumps({"version": 1, "fingerprint": fingerprint, "items": []}))

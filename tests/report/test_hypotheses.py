@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +32,7 @@ from tgo.report.hypotheses import (
 from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, hypotheses_report
 from tgo.report.runs import load_run_data
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty
+from tgo.spectral.attention import HEAD_METRICS
 from tgo.spectral.catalogue import CATALOGUE
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -318,3 +320,70 @@ def test_the_smoke_run_is_judged_on_its_recorded_probes(smoke_run: Path, tmp_pat
         "figures/cka_cls.png",
         "figures/cka_patch.png",
     }
+
+
+# ---------------------------------------------------------------------------------------------- attention in the report
+BLOCKS = ["block_01", "block_02", "block_03"]
+
+
+def attention_run(root: Path) -> Path:
+    """A synthetic run with the attention view of three blocks: heads diverge, patch attention sharpens."""
+    all_curves: dict[str, dict[str, Callable[[np.ndarray], np.ndarray]]] = {
+        "effective_rank": {p: line(2.0 + i, 0.3) for i, p in enumerate(POINTS)}
+    }
+    attention = {
+        "attention_entropy": {b: line(2.8, -0.1) for b in BLOCKS},
+        "cls_attention_entropy": {b: flat(2.8) for b in BLOCKS},
+        "mean_attention_distance": {b: line(14.0, -0.5) for b in BLOCKS},
+        "effective_heads": {b: line(1.2, 0.2) for b in BLOCKS},
+        "mean_head_similarity": {b: line(0.9, -0.03) for b in BLOCKS},
+        "cls_mass": {b: flat(0.06) for b in BLOCKS},
+        "self_mass": {b: flat(0.06) for b in BLOCKS},
+        "max_weight": {b: line(0.1, 0.01) for b in BLOCKS},
+        "attention_entropy_noise": {b: flat(math.log(17)) for b in BLOCKS},
+        "mean_attention_distance_noise": {b: flat(14.3) for b in BLOCKS},
+    }
+    errors = {m: {b: flat(0.01) for b in BLOCKS} for m in attention if not m.endswith("_noise")}
+    heads = {
+        b: (lambda epoch, i=i: {f"heads_{m}": np.linspace(0.1, 1.0, 4) * (1 + epoch + i) for m in HEAD_METRICS})
+        for i, b in enumerate(BLOCKS)
+    }
+    return write_synthetic_run(
+        root,
+        all_curves,
+        epochs=EPOCHS.tolist(),
+        views={"attention": attention},
+        view_stderr={"attention": errors},
+        arrays={"attention": heads},
+    )
+
+
+def test_the_report_judges_and_draws_the_attention_view(tmp_path: Path):
+    index = build_report([attention_run(tmp_path / "run")], correlation=False)
+    html = index.read_text()
+    assert 'id="hypotheses-attention"' in html and "Attention geometry of the blocks" in html
+    assert "attention_entropy_noise = 2.833" in html
+    images = images_of(index)
+    for metric in ("attention_entropy", "mean_attention_distance", "effective_heads", "cls_mass"):
+        assert f"figures/depth_{metric}.png" in images, metric
+    for metric in ("attention_entropy", "cls_attention_entropy", "cls_mass", "self_mass", "mean_attention_distance"):
+        assert f"figures/attention_heads_{metric}.png" in images, metric
+    for image in images:
+        assert (index.parent / image).read_bytes()[:8] == PNG_MAGIC
+    rows = read_rows(index.parent / "hypotheses.csv")
+    by_key = {(r["metric"], r["view"], r["point"]): r["verdict"] for r in rows}
+    for b in BLOCKS:
+        assert by_key[("attention_entropy", "attention", b)] == CONSISTENT
+        assert by_key[("mean_attention_distance", "attention", b)] == CONSISTENT
+        assert by_key[("effective_heads", "attention", b)] == CONSISTENT
+        assert by_key[("mean_head_similarity", "attention", b)] == CONSISTENT
+        assert by_key[("cls_attention_entropy", "attention", b)] == "inconclusive"  # flat
+    assert ("attention_entropy", "attention", "cls") not in by_key  # the predictions are about blocks
+
+
+def test_records_without_attention_say_so(tmp_path: Path):
+    index = build_report([probe_run(tmp_path / "run")], correlation=False)
+    html = index.read_text()
+    assert "Not recorded: these records hold no attention view" in html
+    rows = read_rows(index.parent / "hypotheses.csv")
+    assert {r["verdict"] for r in rows if r["view"] == "attention"} == {NOT_RECORDED}

@@ -15,14 +15,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from tgo import viz
+from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
 from tgo.records import RecordsError, load_jackknife, load_series, load_spectra
 from tgo.report.aggregate import Aggregate, aggregate_runs
-from tgo.report.figures import FigureRef, save_figure
+from tgo.report.figures import FigureRef, depth_profile_figures, save_figure
 from tgo.report.findings import Trend
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import (
@@ -142,6 +144,15 @@ and massive-activation probes alone, but they tell how much the principal subspa
 dominates (``docs/hypotheses.md``)."""
 
 CKA_VIEWS: tuple[str, ...] = ("cls", "patch")
+_ATTENTION_NOISE = ("attention_entropy_noise", "mean_attention_distance_noise")
+_ATTENTION_HEADS = (
+    "attention_entropy",
+    "cls_attention_entropy",
+    "cls_mass",
+    "self_mass",
+    "max_weight",
+    "mean_attention_distance",
+)
 _NOT_RECORDED_TEXT = (
     "Not recorded: these records hold none of the views and probe metrics the predictions need (views cls, patch, "
     "between_image, within_image; catalogue entries of scope 'probe'). They were written before the hypothesis "
@@ -174,6 +185,8 @@ def _needed() -> dict[str, list[str]]:
             needed[p.view].append(p.metric)
     needed.setdefault("all", [])
     needed["all"] += [m for m in CONTEXT_METRICS if m not in needed["all"]]
+    needed.setdefault(ATTENTION_VIEW, [])
+    needed[ATTENTION_VIEW] += [m for m in (*ATTENTION_CHARTED, *_ATTENTION_NOISE) if m not in needed[ATTENTION_VIEW]]
     return needed
 
 
@@ -420,6 +433,57 @@ def _cka_subsection(run: RunData, figures_dir: Path, several: bool) -> Section:
     return section
 
 
+def _attention_subsection(run: RunData, agg: Aggregate | None, figures_dir: Path, several: bool) -> Section:
+    """Depth profiles of the blocks' attention metrics and block x head heatmaps at the last epoch."""
+    section = Section("Attention geometry of the blocks", "hypotheses-attention", figures_first=True)
+    section.paragraphs.append(
+        "Per block, from q and k as the block's attention uses them (softmax(q k^T / sqrt(d_h)) recomputed exactly, "
+        "docs/observables.md section 7): attention_entropy = the patch queries' entropy and cls_attention_entropy "
+        "the CLS query's (nats; uniform attention over N keys gives ln N, attention_entropy_noise); cls_mass = the "
+        "patch queries' mass on the CLS key (the sink), self_mass on themselves, max_weight their largest weight; "
+        "mean_attention_distance = the pixel distance of the patch keys, weights renormalised over the patches (the "
+        "CLS and register keys have no position; uniform attention gives mean_attention_distance_noise); "
+        "effective_heads = the participation ratio of the heads' attention-map similarity (1: identical heads, H: "
+        "disjoint). Values are head means with ±1 jackknife standard error bands"
+        + (" (for several runs: ± 1 standard deviation over runs)." if several else ".")
+    )
+    if agg is None or not any(agg.mean.get(m) for m in ATTENTION_CHARTED):
+        section.paragraphs.append(
+            "Not recorded: these records hold no attention view (recorded with observation.attention.enabled, at "
+            "blocks whose attention is timm's standard Attention); re-observing the checkpoints with "
+            "python -m tgo.observe --run RUN_DIR records it."
+        )
+        return section
+    noise = []
+    for metric in _ATTENTION_NOISE:
+        values = [v for _, (_, vs) in agg.mean.get(metric, {}).items() for v in vs if np.isfinite(v)]
+        if values:
+            noise.append(f"{metric} = {values[0]:.4g}")
+    if noise:
+        section.paragraphs.append("Noise references (uniform attention): " + ", ".join(noise) + ".")
+    for ref in depth_profile_figures(agg, figures_dir, metrics=ATTENTION_CHARTED):
+        section.figures.append(replace(ref, section="hypotheses", caption=f"attention: {ref.caption}"))
+    epochs = sorted(e for e in run.run.spectra_files())
+    if not epochs:
+        return section
+    last = epochs[-1]
+    try:
+        arrays = load_spectra(run.path, [last], view=ATTENTION_VIEW, arrays=[f"heads_{m}" for m in _ATTENTION_HEADS])
+    except RecordsError as err:
+        raise ReportInputError(str(err)) from err
+    blocks = [p for p in run.points if p in arrays[last]]
+    for metric, table in head_tables(arrays[last], blocks, _ATTENTION_HEADS).items():
+        fig = viz.attention_heads_figure(table, blocks, title=f"{metric} per head, epoch {last}")
+        path = save_figure(fig, figures_dir, f"attention_heads_{metric}")
+        caption = (
+            f"{metric} of every head (x) of every block (y, depth downwards) at epoch {last}"
+            + (f" (run {run.name})" if several else "")
+            + "; grey: undefined there"
+        )
+        section.figures.append(FigureRef("hypotheses", path, caption))
+    return section
+
+
 def _context_subsection(agg: Aggregate, points: Sequence[str]) -> Section | None:
     """First -> last value of the drift and massive-activation probes per point (None when none is recorded)."""
     metrics = [m for m in CONTEXT_METRICS if agg.mean.get(m)]
@@ -562,6 +626,7 @@ def hypotheses_report(
             if judged_points:
                 sub.tables.append(_point_table(p, judged_points, agreement, len(runs)))
         section.subsections.append(sub)
+    section.subsections.append(_attention_subsection(runs[0], aggregates.get(ATTENTION_VIEW), figures_dir, several))
     section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
     context = _context_subsection(aggregates["all"], points)
     if context is not None:
