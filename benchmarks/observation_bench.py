@@ -20,6 +20,9 @@ median or a ratio measured in this one run (see ``benchmarks/_harness.py`` for h
    against the same pass without (target <= 1.10x), the image table's bytes against the covariance state and the
    all-reduce bytes with and without, rank 0's summary with and without the probes, and the per-image vectors a
    kept epoch writes to its spectra file (at this run's image count and at 1,000 images).
+9. The attention family (``observation.attention``; ``benchmarks/attention_bench.py``): the streaming pass with every
+   block's attention recomputed against the same pass without, float32 (the CPU default) and float64 (target
+   <= 1.15x), and rank 0's summary with the attention summaries against the covariances' alone.
 
 Every "ours" figure of rows 1-6 runs the default ``ObservationSettings``, so G = 10 jackknife groups and the probes on;
 each such row says the groups in its detail.
@@ -58,6 +61,7 @@ import lightning as L
 import torch
 
 from benchmarks import _harness as h
+from benchmarks.attention_bench import attention_rows
 
 GOAL = 1.10
 BLOCKING_TARGET = 1.15
@@ -108,6 +112,9 @@ ROWS: dict[str, tuple[str, ...]] = {
     "8.3": ("vit_small", "probes"),
     "8.4": ("vit_small", "probes"),
     "8.5": ("vit_small", "probes"),
+    "9.1": ("vit_small", "attention"),
+    "9.2": ("vit_small", "attention"),
+    "9.3": ("vit_small", "attention"),
 }
 """Every row of the table, in display order, with the ``--skip`` sections it needs.
 
@@ -125,6 +132,7 @@ SECTIONS: tuple[str, ...] = (
     "gpu",
     "jackknife",
     "probes",
+    "attention",
 )
 
 
@@ -1564,6 +1572,11 @@ def run_sections(
         if probes:
             print(f"== rows 8: the hypothesis probes on {spec.label} (CPU)", flush=True)
             res["probes"] = probe_rows(table, spec, net, profile, cpu, work)
+        if "attention" not in skip:
+            print(f"== rows 9: the attention family on {spec.label} (CPU)", flush=True)
+            res["attention"] = attention_rows(
+                table, spec, net, images, profile.vit_batch, profile.groups_repeats, ("9.1", "9.2", "9.3")
+            )
         results["vit_small"] = res
         del net
     qs_batch = profile.quickstart_batch or 128
