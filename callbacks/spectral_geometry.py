@@ -9,63 +9,34 @@ Epoch k means "after k completed training epochs". Observations happen at ``on_t
 epoch a crashed run did not record before its checkpoint) and at ``on_train_epoch_end``. The records on disk are the
 source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
 
-Scalars go to every Lightning logger of the trainer (``log_metrics``: CSV, W&B, MLflow alike) with the epoch as
-step: the ``all`` view as ``geometry/<metric>/<point>`` (every observable, its probe metrics included), the other
-views (``cls``, ``patch``, ``between_image``, ``within_image``) as ``geometry_<view>/<metric>/<point>`` (only
-``CATALOGUE.charted_on(view)``: the charted covariance observables and the view's charted probes), and their
-jackknife standard errors as ``geometry_stderr/...`` and ``geometry_stderr_<view>/...`` (`geometry_scalars`).
-
-TensorBoard gets the same values differently, because it colours lines by run and sorts names alphabetically: every
-point is its own run, ``<log dir>/points/<NN>_<point>`` (`tgo.callbacks.tensorboard_runs.PointRuns`, depth-ordered
-names), holding the tags without the point, ``geometry/<metric>``, ``geometry_<view>/<metric>``,
-``geometry_stderr[_<view>]/<metric>`` and ``geometry_band/<metric>/{lower,upper}`` (`point_scalars`). So one chart
-is one observable with every point as its own coloured, labelled line in depth order. The Lightning TensorBoard run
-itself keeps only the run-level scalars (``geometry/pass_seconds``, ``geometry/blocking_seconds``), the figures,
-histograms and a custom-scalars layout (`custom_scalar_layout`): the per-point copies there would be ~300
-one-line cards listed ``block_01 .. block_12, cls, patch_embed, pos_embed``, beside the per-point runs' charts.
-The figures include one depth profile per main observable (`tgo.viz.depth_profile_figure`, one line per observed
-epoch on a colour ramp), drawn from the records just written (so a resumed run's figures show its whole history).
-Every figure is one TensorBoard card, drawn to be read at the card's size (`tgo.viz.CARD_FIGSIZE`): one spectra
-card per point (``spectra/<NN>_<point>``), one layer x epoch heatmap per charted observable
-(``layer_epoch/<metric>``), the decay curves of every point (``decay/all_points``), the correlation matrices
-(``correlation/<NN>_<point>``) and the log-eigenvalue histograms (``spectrum_log10/<NN>_<point>``). Per-point tags
-carry the point runs' depth index (`tgo.callbacks.tensorboard_runs.point_run_names`), so TensorBoard's alphabetical
-lists show them in depth order.
-
-Figures are rendered off the training thread: once an observation is recorded and its scalars logged, its figures
-go to a bounded background `FigureWorker` (at most ``FIGURES_IN_FLIGHT`` observations queued or rendering; a further
-one waits), which draws them with matplotlib's object API and an Agg canvas and writes them through the same
-TensorBoard writer. The worker is drained and the writer flushed at ``on_fit_end``, ``on_exception`` and ``teardown``,
-so every figure is written before ``fit`` returns or re-raises; a hard crash loses at most the figures in flight,
-never records. ``geometry/blocking_seconds`` logs the time the observation held the training thread (the pass,
+How an observation is shown is `tgo.callbacks.dashboard`'s: the scalars go to every Lightning logger (the
+``geometry[_<view>]/<metric>/<point>`` tags of `geometry_scalars`, re-exported here), to TensorBoard as one run per
+point, a custom-scalars layout and figures rendered off the training thread. This module decides which observations
+get figures (every ``figures.every_n_observations``-th recorded one, and the last) and when the figures in flight
+are drained: at ``on_fit_end``, ``on_exception`` and ``teardown``, so every figure is written before ``fit`` returns
+or re-raises. ``geometry/blocking_seconds`` logs the time the observation held the training thread (the pass,
 the scalars and the hand-off), beside ``geometry/pass_seconds``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.seed import isolate_rng
 
-from tgo import viz
 from tgo.errors import UserInputError
 from tgo.observatory import (
-    DEFAULT_VIEW,
     NonFiniteActivationsError,
-    ObservationKey,
     ObservationPoint,
     ObservationSettings,
-    PointResult,
     RecordPlan,
     Results,
     ShardPlan,
@@ -84,91 +55,31 @@ from tgo.observatory.standalone import (
 )
 from tgo.observatory.stream import token_layouts
 from tgo.observatory.views import VIEWS
-from tgo.records import RecordWriter, RunDir, load_series, load_spectra, recorded_epochs
-from tgo.spectral import CATALOGUE
+from tgo.records import RecordWriter, RunDir, load_spectra, recorded_epochs
 
-from .figure_worker import FigureWorker
-from .tensorboard_runs import PointRuns, point_run_names
+from .dashboard import (
+    DEPTH_PROFILES,
+    FIGURE_DRAIN_TIMEOUT_S,
+    TensorBoardDashboard,
+    custom_scalar_layout,
+    draw_figures,
+    geometry_scalars,
+    geometry_tag,
+    logged_metrics,
+    point_scalars,
+    tensorboard_logger,
+)
 
 __all__ = [
+    "DEPTH_PROFILES",
     "NonFiniteActivationsError",
     "SpectralGeometryCallback",
     "geometry_scalars",
     "geometry_tag",
     "logged_metrics",
+    "nonfinite_notice",
     "point_scalars",
 ]
-
-FIGURES_IN_FLIGHT = 2
-"""Observations whose figures may be queued or rendering at once; the next observation's hand-off waits for one."""
-DEPTH_PROFILES = ("effective_rank", "participation_ratio", "stable_rank", "spectral_anisotropy")
-"""The observables drawn against depth in TensorBoard, one figure each. The report also draws spectral entropy (the
-log of the effective rank: the same profile) and flatness; TensorBoard keeps to four because every figure costs
-background rendering time at each observation."""
-FIGURE_DRAIN_TIMEOUT_S = 600.0
-"""How long the end of ``fit`` (or an exception) waits for the figures in flight before warning and going on."""
-
-
-def geometry_tag(metric: str, key: ObservationKey, *, kind: str = "geometry") -> str:
-    """The logger key of one observable: ``geometry/<metric>/<point>``, ``geometry_<view>/<metric>/<point>``.
-
-    The ``all`` view keeps the unsuffixed prefix (the key of records and dashboards from before views existed).
-    ``kind="geometry_stderr"`` names its jackknife standard error (``geometry_stderr_<view>/...`` for other views).
-    """
-    return f"{_tag_prefix(key.view, kind)}/{metric}/{key.point}"
-
-
-def _tag_prefix(view: str, kind: str = "geometry") -> str:
-    return kind if view == DEFAULT_VIEW else f"{kind}_{view}"
-
-
-def logged_metrics(key: ObservationKey, result: PointResult) -> list[str]:
-    """The metrics of one (point, view) that go to the loggers, in record order.
-
-    Every observable of the ``all`` view (its probe metrics included); of the other views only those charted on it
-    (`tgo.spectral.Catalogue.charted_on`): about half the scalars of logging every record (1148 against 2280 per
-    observation of the smoke experiment's 7 points, values and standard errors together).
-    """
-    if key.view == DEFAULT_VIEW:
-        return list(result.observables)
-    charted = set(CATALOGUE.charted_on(key.view))
-    return [metric for metric in result.observables if metric in charted]
-
-
-def _metric_scalars(results: Results) -> Iterator[tuple[str, str, float]]:
-    """``(point, <prefix>/<metric>, value)`` of every `logged_metrics` value (NaN included) and its finite stderr."""
-    for key, result in results.items():
-        metrics = logged_metrics(key, result)
-        for metric in metrics:
-            yield key.point, f"{_tag_prefix(key.view)}/{metric}", float(result.observables[metric])
-        for metric in metrics:
-            if math.isfinite(se := result.stderr.get(metric, math.nan)):
-                yield key.point, f"{_tag_prefix(key.view, 'geometry_stderr')}/{metric}", float(se)
-
-
-def geometry_scalars(results: Results) -> dict[str, float]:
-    """``{logger key: value}`` of one observation: every `logged_metrics` value (NaN included) and its finite stderr."""
-    return {f"{tag}/{point}": value for point, tag, value in _metric_scalars(results)}
-
-
-def point_scalars(results: Results) -> dict[str, dict[str, float]]:
-    """``{point: {tag: value}}``: `geometry_scalars` without the point in the tag, plus the ``all`` view's bands.
-
-    What each point's own TensorBoard run holds (`tgo.callbacks.tensorboard_runs.PointRuns`): the same tag in every run,
-    so TensorBoard draws one chart per tag with one line per point. The bands ``geometry_band/<metric>/lower`` and
-    ``/upper`` (value -/+ stderr of the charted observables, where both are finite) feed the custom-scalars Margin
-    charts.
-    """
-    scalars: dict[str, dict[str, float]] = {point: {} for point in results.by_point()}
-    for point, tag, value in _metric_scalars(results):
-        scalars.setdefault(point, {})[tag] = value
-    for point, result in results.by_point().items():
-        for metric in CATALOGUE.charted:
-            value, se = result.observables.get(metric, math.nan), result.stderr.get(metric, math.nan)
-            if math.isfinite(value) and math.isfinite(se):
-                scalars[point][f"geometry_band/{metric}/lower"] = value - se
-                scalars[point][f"geometry_band/{metric}/upper"] = value + se
-    return scalars
 
 
 class SpectralGeometryCallback(L.Callback):
@@ -228,8 +139,7 @@ class SpectralGeometryCallback(L.Callback):
         self.last_logging_seconds: float | None = None  # logger scalars and handing the figures to the worker
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
         self._run: RunDir | None = None
-        self._figures: FigureWorker | None = None  # rank 0's background figure renderer, started on first use
-        self._point_runs: PointRuns | None = None  # rank 0's per-point TensorBoard runs, opened on first use
+        self._dashboard: TensorBoardDashboard | None = None  # rank 0's per-point runs and figure worker, on first use
         self._views = tuple(view for view in VIEWS if view != "prefix")  # the views recorded, known in setup
         self._analysis: Any = None  # the checked analysis set (with .labels), settled in setup
         self._analysis_batch_size = DEFAULT_BATCH_SIZE
@@ -327,26 +237,18 @@ class SpectralGeometryCallback(L.Callback):
         """Drains the figures (`drain_figures`) and closes the per-point runs; idempotent (every end of ``fit``
         calls it). ``False`` if figures were still rendering at the timeout."""
         drained = self.drain_figures(trainer)
-        runs, self._point_runs = self._point_runs, None
-        if runs is not None:
-            runs.close()
+        dashboard, self._dashboard = self._dashboard, None
+        if dashboard is not None:
+            dashboard.close_point_runs()
         return drained
 
     def drain_figures(self, trainer: L.Trainer | None = None, timeout: float = FIGURE_DRAIN_TIMEOUT_S) -> bool:
         """Waits for every queued figure, stops the worker and flushes TensorBoard. ``False`` if it timed out."""
-        worker, self._figures = self._figures, None
-        drained = True
-        if worker is not None:
-            drained = worker.close(timeout)
-            if not drained:
-                warnings.warn(
-                    f"[tgo] TensorBoard figures still rendering after {timeout:.0f} s; going on without them "
-                    "(the records are complete)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        tensorboard = self._tensorboard(trainer) if trainer is not None else None
-        if tensorboard is not None and worker is not None:
+        if self._dashboard is None:
+            return True
+        drained, running = self._dashboard.drain_figures(timeout)
+        tensorboard = tensorboard_logger(trainer) if trainer is not None else None
+        if tensorboard is not None and running:
             tensorboard.experiment.flush()
         return drained
 
@@ -387,7 +289,7 @@ class SpectralGeometryCallback(L.Callback):
         generator): training draws the same random numbers however often it is observed, and a resumed run continues
         the uninterrupted run's stream (`tgo.callbacks.random_state`).
         """
-        held = self._figures.held() if self._figures is not None else contextlib.nullcontext()
+        held = self._dashboard.held() if self._dashboard is not None else contextlib.nullcontext()
         with held, isolate_rng():
             self._observe_epoch(trainer, pl_module, epoch)
 
@@ -434,143 +336,39 @@ class SpectralGeometryCallback(L.Callback):
 
     # ----------------------------------------------------------------------------------------- logging
     def _log(self, trainer: L.Trainer, epoch: int, results: Results) -> None:
-        """Scalars to every logger (to TensorBoard as per-point runs); figures and histograms to TensorBoard only."""
+        """Scalars to every logger (to TensorBoard as per-point runs); figures, when due, to TensorBoard only."""
         run_level = {"geometry/pass_seconds": float(self.last_pass_seconds or 0.0)}
         scalars = {**geometry_scalars(results), **run_level}
         for logger in trainer.loggers:
             logger.log_metrics(run_level if isinstance(logger, TensorBoardLogger) else scalars, step=epoch)
-        tensorboard = self._tensorboard(trainer)
+        tensorboard = tensorboard_logger(trainer)
         if tensorboard is not None:
-            if self._point_runs is None:
-                self._point_runs = PointRuns(tensorboard.log_dir, [point.name for point in self.points])
-            self._point_runs.write(point_scalars(results), step=epoch)
+            if self._dashboard is None:
+                self._dashboard = TensorBoardDashboard(tensorboard.log_dir, [point.name for point in self.points])
+            self._dashboard.write_scalars(results, epoch)
         assert self._run is not None
         recorded = recorded_epochs(self._run.root)  # read once: the thinning index and the figures' history
         index = recorded.index(epoch)  # the run's n-th observation, resumed runs included
         due = index % self.settings.figures.every_n_observations == 0 or epoch == trainer.max_epochs
-        if tensorboard is not None and due:
-            if self._figures is None:
-                self._figures = FigureWorker(FIGURES_IN_FLIGHT, name="tgo-geometry-figures")
-            job = self._figure_job(tensorboard.experiment, epoch, results, recorded)
-            self._figures.submit(job, label=f"geometry figures of epoch {epoch}")
-
-    @staticmethod
-    def _tensorboard(trainer: L.Trainer) -> TensorBoardLogger | None:
-        loggers: list[Logger] = list(trainer.loggers)
-        return next((lg for lg in loggers if isinstance(lg, TensorBoardLogger)), None)
+        if self._dashboard is not None and tensorboard is not None and due:
+            self._dashboard.submit_figures(
+                tensorboard.experiment, self._run.root, epoch, results, recorded, self.settings.figures
+            )
 
     def _add_custom_scalar_layout(self, trainer: L.Trainer) -> None:
-        tensorboard = self._tensorboard(trainer)
+        tensorboard = tensorboard_logger(trainer)
         if tensorboard is not None:
             tensorboard.experiment.add_custom_scalars(self.custom_scalar_layout())
 
     def custom_scalar_layout(self) -> dict[str, dict[str, list[Any]]]:
-        """TensorBoard's custom-scalars layout: ``{category: {chart title: [chart kind, [tag regexes]]}}``.
-
-        The per-point runs already give every tag its own chart of coloured lines, one per point; this layout is
-        kept because it is the curated page: only the charted observables (the Time Series page also lists standard
-        errors, bands and diagnostics), in catalogue order rather than alphabetically, and standard-error bands,
-        which no other page draws. Per view the model records (``prefix`` only with registers or a distillation
-        token, known in ``setup``) one category of Multiline charts, one per charted observable of that
-        view (its probes included), each matching exactly ``geometry[_<view>]/<metric>`` (TensorBoard anchors the
-        regex at the start of the tag; the ``$`` keeps ``effective_rank`` from also matching
-        ``effective_rank_vs_noise``) and drawing one line per point run; with the probes off, only the ``all``
-        view's charted covariance observables. With jackknife groups, one more category of ``value -/+ 1 s.e.``
-        Margin charts, one per charted observable of the ``all`` view, each band a point run's; added in reverse
-        catalogue order, because TensorBoard lists a category's Margin charts last-added first.
-        """
-        layout: dict[str, dict[str, list[Any]]] = {}
-        probes = self.settings.probes.enabled  # without probes only the all view and no probe metric is recorded
-        for view in self._views if probes else (DEFAULT_VIEW,):
-            own = view != DEFAULT_VIEW  # the all view keeps the category and chart titles of before views existed
-            category = f"TGO geometry, {view} view (one line per point)" if own else "TGO geometry (one line per point)"
-            layout[category] = {
-                f"{metric} ({view})" if own else metric: ["Multiline", [f"{_tag_prefix(view)}/{metric}$"]]
-                for metric in (CATALOGUE.charted_on(view) if probes else CATALOGUE.charted)
-            }
-        if self.settings.groups:
-            layout["TGO geometry \u00b1 1 jackknife s.e. (one band per point)"] = {
-                metric: [
-                    "Margin",
-                    [f"geometry/{metric}", f"geometry_band/{metric}/lower", f"geometry_band/{metric}/upper"],
-                ]
-                for metric in reversed(CATALOGUE.charted)  # TensorBoard lists Margin charts last-added first
-            }
-        return layout
+        """TensorBoard's custom-scalars layout of this callback's recorded views and settings
+        (`tgo.callbacks.dashboard.custom_scalar_layout`)."""
+        return custom_scalar_layout(self._views, probes=self.settings.probes.enabled, groups=self.settings.groups)
 
     def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
-        """Draws and writes one observation's figures on the calling thread (what the worker runs, in one call)."""
-        for _ in self._figure_job(writer, epoch, results, recorded)():
-            pass
-
-    def _figure_job(
-        self, writer: Any, epoch: int, results: Results, recorded: list[int]
-    ) -> Callable[[], Iterator[None]]:
-        """One observation's figures as a job for the background worker, drawn from what was just recorded.
-
-        The arrays it needs are copied now (the job owns them); the history (spectra of the ``recorded`` epochs,
-        the metrics series up to ``epoch``) is read from the records by the job: they hold the whole history, also
-        of a resumed run, and are written atomically, so a later observation being recorded meanwhile is harmless.
-        """
+        """Draws and writes one observation's figures on the calling thread (`tgo.callbacks.dashboard.draw_figures`)."""
         assert self._run is not None
-        root = self._run.root
-        figures = self.settings.figures
-        own = results.by_point()  # the default view of every point, in depth order
-        eigenvalues = {point: np.array(result.spectrum.eigenvalues, copy=True) for point, result in own.items()}
-        covariances = {
-            point: np.array(result.covariance, copy=True)
-            for point, result in own.items()
-            if figures.heatmaps and np.all(np.isfinite(result.covariance))
-        }
-        recorded = list(recorded)
-        names = list(own)
-        tag_names = point_run_names(names)  # <NN>_<point>: TensorBoard sorts tags as strings, so in depth order
-
-        def job() -> Iterator[None]:  # one step per figure: the worker may pause between them
-            for point, values in eigenvalues.items():
-                positive = values[np.isfinite(values) & (values > 0)]
-                if figures.histograms and positive.size:
-                    writer.add_histogram(f"spectrum_log10/{tag_names[point]}", np.log10(positive), global_step=epoch)
-                if point in covariances:
-                    image = viz.correlation_card(covariances[point], max_dim=figures.heatmap_max_dim)
-                    writer.add_image(f"correlation/{tag_names[point]}", image, global_step=epoch, dataformats="HWC")
-            yield
-            if figures.spectra:  # one card per point: a grid of every point is unreadable at a card's size
-                spectra = load_spectra(root, recorded, arrays=("eigenvalues",))
-                histories = {
-                    name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
-                    for name in names
-                }
-                for name, image in viz.spectrum_cards(histories):
-                    writer.add_image(f"spectra/{tag_names[name]}", image, global_step=epoch, dataformats="HWC")
-                    yield
-            if figures.decay:
-                decay = viz.decay_curves_figure(eigenvalues, title=f"spectral decay, epoch {epoch}")
-                self._add_figure(writer, "decay/all_points", decay, epoch)
-                yield
-            if figures.layer_epoch:  # the layer x epoch summaries: one heatmap and one depth profile per observable
-                series = load_series(root, metrics=CATALOGUE.charted)
-                epochs = sorted(
-                    {int(e) for per_point in series.values() for es, _ in per_point.values() for e in es if e <= epoch}
-                )
-                tables = {
-                    metric: _layer_epoch_table(series.get(metric, {}), names, epochs) for metric in CATALOGUE.charted
-                }
-                for metric, image in viz.layer_epoch_cards(tables, names, epochs):
-                    writer.add_image(f"layer_epoch/{metric}", image, global_step=epoch, dataformats="HWC")
-                    yield
-                for metric, profiles in _depth_profiles(root, names, epoch).items():
-                    figure = viz.depth_profile_figure(profiles, names, title=metric, fontsize=viz.CARD_FONTSIZE)
-                    self._add_figure(writer, f"depth_profile/{metric}", figure, epoch)
-                    yield
-            writer.flush()
-
-        return job
-
-    @staticmethod
-    def _add_figure(writer: Any, tag: str, fig: Any, epoch: int) -> None:
-        """Renders with the figure's own Agg canvas (never pyplot: this runs on the worker thread)."""
-        writer.add_image(tag, viz.render_rgb(fig), global_step=epoch, dataformats="HWC")
+        draw_figures(writer, self._run.root, epoch, results, recorded, self.settings.figures)
 
     # ----------------------------------------------------------------------------------------- helpers
     def _network(self, pl_module: L.LightningModule) -> torch.nn.Module:
@@ -597,35 +395,3 @@ def nonfinite_notice(run: RunDir) -> str | None:
         f"[tgo] this run recorded non-finite activations in {len(found)} observation(s) (rows excluded, observables "
         f"NaN): {listed}. Check the learning rate or the data; observation.nonfinite=error stops at the first one"
     )
-
-
-def _depth_profiles(
-    root: Any, points: list[str], up_to: int, metrics: tuple[str, ...] = DEPTH_PROFILES
-) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """``{metric: {epoch: (values [P], stderrs [P])}}`` of the recorded epochs ``<= up_to``, for the depth profiles.
-
-    Read from the records (the whole history, also of a resumed run), NaN where a point has no value; metrics
-    that were not recorded are left out.
-    """
-    values = load_series(root, metrics=metrics)
-    stderrs = load_series(root, metrics=metrics, column="stderr")
-    profiles: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-    for metric in (m for m in metrics if m in values):
-        epochs = sorted({int(e) for es, _ in values[metric].values() for e in es if e <= up_to})
-        value_table = _layer_epoch_table(values[metric], points, epochs)
-        stderr_table = _layer_epoch_table(stderrs.get(metric, {}), points, epochs)
-        profiles[metric] = {e: (value_table[:, j], stderr_table[:, j]) for j, e in enumerate(epochs)}
-    return profiles
-
-
-def _layer_epoch_table(
-    per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: list[str], epochs: list[int]
-) -> np.ndarray:
-    """``[len(points), len(epochs)]`` values of one metric, NaN where a point has no value at an epoch."""
-    table = np.full((len(points), len(epochs)), np.nan)
-    column = {e: j for j, e in enumerate(epochs)}
-    for i, point in enumerate(points):
-        for e, v in zip(*per_point.get(point, ((), ())), strict=False):
-            if int(e) in column:  # epochs recorded after the figure's own are not drawn
-                table[i, column[int(e)]] = v
-    return table

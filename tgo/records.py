@@ -75,6 +75,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_json",
     "is_run_dir",
+    "layer_epoch_table",
     "load_jackknife",
     "load_metrics",
     "load_series",
@@ -619,6 +620,25 @@ def load_series(
         }
         for metric, per_point in collected.items()
     }
+
+
+def layer_epoch_table(
+    per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: Sequence[str], epochs: Sequence[int]
+) -> np.ndarray:
+    """One metric's series as a ``[len(points), len(epochs)]`` float64 table: row = point, column = epoch.
+
+    ``per_point`` is one metric of a `Series` (`load_series`'s ``{point: (epochs, values)}``, or any mapping of that
+    layout, such as the report's mean over runs). NaN where a point has no value at an epoch, or is not in
+    ``per_point``; values at epochs not in ``epochs`` are left out (a figure drawn at epoch ``e`` shows no later one).
+    The one table behind every layer x epoch heatmap and depth profile, TensorBoard's and the report's.
+    """
+    table = np.full((len(points), len(epochs)), np.nan)
+    column = {int(e): j for j, e in enumerate(epochs)}
+    for i, point in enumerate(points):
+        for e, v in zip(*per_point.get(point, ((), ())), strict=False):
+            if int(e) in column:
+                table[i, column[int(e)]] = v
+    return table
 
 
 def _split_key(key: str) -> tuple[str, str, str] | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tgo import viz
+from tgo.records import layer_epoch_table
 from tgo.report import plots
 from tgo.report.aggregate import Aggregate
 from tgo.report.runs import RunData
@@ -127,12 +128,7 @@ def observable_figures(
                 caption += " (a different experiment from this one: compare shapes, not values; see the caveat)"
         refs.append(FigureRef("observables", save_figure(fig, figures_dir, f"lines_{metric}"), caption, wide=bool(ref)))
         epochs = sorted({int(e) for p in points for e in series[p][0]})
-        values = np.full((len(points), len(epochs)), np.nan)
-        column = {e: j for j, e in enumerate(epochs)}
-        for i, p in enumerate(points):
-            for e, v in zip(*series[p], strict=False):
-                values[i, column[int(e)]] = v
-        fig = viz.layer_epoch_heatmap_figure(values, points, epochs, title=title)
+        fig = viz.layer_epoch_heatmap_figure(layer_epoch_table(series, points, epochs), points, epochs, title=title)
         refs.append(
             FigureRef(
                 "heatmaps",
@@ -238,19 +234,10 @@ def depth_profile_figures(
         points = [p for p in aggregate.points if p in per_point]
         epochs = sorted({int(e) for p in points for e in per_point[p][0]})
         bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
-        profiles: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for epoch in epochs:
-            values = np.full(len(points), np.nan)
-            se = np.full(len(points), np.nan)
-            for i, p in enumerate(points):
-                ep, vals = per_point[p]
-                hit = np.nonzero(np.asarray(ep) == epoch)[0]
-                if hit.size:
-                    values[i] = vals[hit[0]]
-                    if p in bands:
-                        low, high = bands[p]
-                        se[i] = (high[hit[0]] - low[hit[0]]) / 2.0
-            profiles[epoch] = (values, se)
+        half_widths = {p: (per_point[p][0], (high - low) / 2.0) for p, (low, high) in bands.items() if p in per_point}
+        values = layer_epoch_table(per_point, points, epochs)
+        se = layer_epoch_table(half_widths, points, epochs)
+        profiles = {epoch: (values[:, j], se[:, j]) for j, epoch in enumerate(epochs)}
         title = metric + (f" (mean of {aggregate.n_runs} runs)" if several else "")
         fig = plots.depth_profile_figure(profiles, points, title=title)
         band = "mean ± 1 standard deviation over runs" if several else "value ± 1 jackknife standard error"
