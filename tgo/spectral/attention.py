@@ -12,7 +12,7 @@ ratio of sums, recomputed without group ``g`` for the delete-a-group jackknife (
 
 Token layout (timm's ``VisionTransformer``): ``[CLS?, registers..., patches (row-major over the grid)]``; the first
 ``num_prefix_tokens`` tokens are the prefix (the class token first when there is one), the remaining ``h * w`` are
-patches. Formulas, ranges, known answers and the handling of the prefix: ``docs/attention_observables_draft.md``.
+patches. Formulas, ranges, known answers and the handling of the prefix: ``docs/observables.md``, section 7.
 
 How the softmax is evaluated (one exponential per weight, no ``log(0)``): for query ``i`` with logits ``l_ij``, let
 ``m_i = max_{j patch} l_ij``, ``E_ij = exp(l_ij - m_i)`` over the patch keys (so ``max_j E_ij = 1`` and
@@ -294,7 +294,8 @@ class AttentionAccumulator:
         patch.sub_(m)  # l - m <= 0 on patch keys, in place
         e = torch.exp(patch)  # [b, H, N, P], max 1 per row
         s = e.sum(dim=-1, keepdim=True)  # >= 1
-        t = (e.unsqueeze(-2) @ patch.unsqueeze(-1)).squeeze(-1)  # sum_j E (l - m) <= 0 (batched row dots: no temporary)
+        # sum_j E (l - m) <= 0: a contraction (as [b H N, 1, P] @ [b H N, P, 1] row dots it was ~30x slower on CPU)
+        t = torch.einsum("bhnp,bhnp->bhn", e, patch).unsqueeze(-1)
         log_patch = m + torch.log(s)  # log of the patch block's unnormalised mass
         lse = torch.logsumexp(torch.cat([pre, log_patch], dim=-1), dim=-1, keepdim=True) if p else log_patch
         c = torch.exp(m - lse)  # A = c E on patch keys
