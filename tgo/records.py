@@ -68,6 +68,7 @@ __all__ = [
     "JACKKNIFE_ARRAYS",
     "JACKKNIFE_METRICS",
     "METRICS_COLUMNS",
+    "VIEWS",
     "RecordWriter",
     "RecordsError",
     "RunDir",
@@ -86,6 +87,10 @@ __all__ = [
 ]
 
 DEFAULT_VIEW = "all"
+"""The view of every row a point selects (the only view the paper measured); what readers default to."""
+VIEWS: tuple[str, ...] = ("all", "cls", "prefix", "patch", "between_image", "within_image")
+"""Every view a point can have, in record order (``prefix`` only with more than one prefix token). Defined here, in
+the torch-free records module, so that the observatory and the report read the same names."""
 METRICS_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "view", "metric", "value", "stderr")
 _LEGACY_COLUMNS: dict[tuple[str, ...], dict[str, str]] = {  # header -> the values its missing columns read as
     ("epoch", "step", "point", "metric", "value"): {"view": DEFAULT_VIEW, "stderr": "nan"},

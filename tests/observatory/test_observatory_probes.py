@@ -23,8 +23,9 @@ from torch.utils.data import TensorDataset
 from tests.observatory.observatory_helpers import N_PATCHES, WIDTH, images, make_vit
 from tests.spectral import probe_reference as ref
 from tgo.observatory import ObservationKey
-from tgo.observatory.images import ImageTable
-from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record, observe_dataset
+from tgo.observatory.families import IMAGE_VECTORS
+from tgo.observatory.families.image_vectors import ImageTable
+from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record, observe_dataset, start_families
 from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
 from tgo.observatory.views import VIEWS
@@ -323,7 +324,7 @@ def test_at_the_first_observation_the_subspace_is_the_initial_one(observed):
 
 def test_subspace_overlap_is_undefined_beyond_the_rank_of_the_covariance():
     """k above n_rows - 1 would compare arbitrary eigenvectors of zero eigenvalues: NaN, not a number."""
-    from tgo.observatory.views import SubspaceHistory, drift_metrics
+    from tgo.observatory.families.image_vectors import SubspaceHistory, drift_metrics
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(6, 12))  # 6 rows: rank 5
@@ -375,28 +376,23 @@ def test_an_image_streamed_twice_or_never_is_refused():
 def test_two_processes_that_both_stream_everything_are_refused():
     """Two ranks that each believe they are the only one (both stream the whole subset) count every image twice."""
     net, data = make_vit().eval(), _dataset()
+    plan, points = ShardPlan(batch_size=BATCH), vit_points(net)[:1]
+    families = start_families(
+        [IMAGE_VECTORS], net, points, settings=SETTINGS, plan=plan, n_images=N_IMAGES, group_of_item=None
+    )
     with pytest.raises(RuntimeError, match="24 of 24 analysis images were not streamed exactly once"):
-        observe_dataset(
-            net,
-            data,
-            vit_points(net)[:1],
-            plan=ShardPlan(batch_size=BATCH),
-            all_reduce_sum=lambda t: t.mul_(2),
-            images=ImageTable(N_IMAGES),
-        )
+        observe_dataset(net, data, points, plan=plan, all_reduce_sum=lambda t: t.mul_(2), families=families)
 
 
 def test_a_rank_that_never_reports_leaves_images_unseen_and_is_refused():
     net, data = make_vit().eval(), _dataset()
+    plan, points = ShardPlan(rank=0, world_size=2, batch_size=BATCH), vit_points(net)[:1]
+    families = start_families(
+        [IMAGE_VECTORS], net, points, settings=SETTINGS, plan=plan, n_images=N_IMAGES, group_of_item=None
+    )
     with pytest.raises(RuntimeError, match="12 of 24 analysis images"):
-        observe_dataset(
-            net,
-            data,
-            vit_points(net)[:1],
-            plan=ShardPlan(rank=0, world_size=2, batch_size=BATCH),
-            all_reduce_sum=lambda t: t,  # rank 1's half never arrives
-            images=ImageTable(N_IMAGES, world_size=2),
-        )
+        # rank 1's half never arrives
+        observe_dataset(net, data, points, plan=plan, all_reduce_sum=lambda t: t, families=families)
 
 
 # ----------------------------------------------------------------------------------- probes off

@@ -23,12 +23,12 @@ from torch.utils.data import TensorDataset
 
 from tgo.checkpoints import timm_net
 from tgo.errors import UserInputError
-from tgo.vit_families import UnsupportedModelError, check_timm_name
 from tgo.model import build_timm_model
 from tgo.observatory import ObservationKey, points_from_config, vit_points
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordWriter, load_metrics, load_series, load_spectra
+from tgo.vit_families import UnsupportedModelError, check_timm_name
 
 IMG, PATCH, N_PATCHES = 16, 4, 16
 TINY: dict[str, Any] = dict(img_size=IMG, patch_size=PATCH, embed_dim=16, depth=2, num_heads=2)

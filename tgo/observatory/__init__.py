@@ -1,7 +1,10 @@
-"""Where and how a model is observed: points, the probe, the streaming pass, the multi-rank pipeline, settings.
+"""Where and how a model is observed: points, hooks, measurement families, the streaming pass, the pipeline, settings.
 
-* `points` -- which module is read, input or output, which tokens (`ObservationPoint`, `vit_points`).
-* `probe` -- forward hooks that stream a point's activations into its accumulator (`Probe`).
+* `points` -- which module is read, input or output, which tokens, which layout (`ObservationPoint`, `vit_points`).
+* `hooks` -- forward hooks that hand a module's layout-checked tensor to a consumer (`ActivationHooks`, `HookSpec`).
+* `families` -- the seam of every measurement beside the covariances (`MeasurementFamily`); built in:
+  `families.image_vectors` (per-image vectors: views, class geometry, decoding, massive activations, drift).
+* `views` -- view algebra: which moments make which view of a point (`point_views`).
 * `stream` -- one rank's pass over its images, sums only (`stream_activations`, `reduce_accumulators`).
 * `results` -- rank 0's spectra and observables per (point, view) (`summarize_accumulators`, `ObservationKey`).
 * `pipeline` -- the whole observation across ranks, recorded (`observe_and_record`): the one entry point of the
@@ -23,6 +26,7 @@ Typical use (one process)::
 from typing import Any
 
 from .find_vit import ModelLookupError, resolve_network  # not find_vit: that name stays the module's
+from .hooks import ActivationHooks, HookSpec, LayoutError, SupportsUpdate, num_prefix_tokens_of
 from .pipeline import (
     NonFiniteActivationsError,
     RecordPlan,
@@ -33,6 +37,7 @@ from .pipeline import (
     shard_loader,
 )
 from .points import (
+    LAYOUTS,
     READS,
     TOKENS,
     ObservationPoint,
@@ -43,16 +48,19 @@ from .points import (
     unwrap_model,
     vit_points,
 )
-from .probe import Probe, SupportsUpdate, num_prefix_tokens_of
 from .results import DEFAULT_VIEW, ObservationKey, PointResult, Results, summarize_accumulators
 from .settings import FigureSettings, ObservationSettings, ObservationSettingsError
 from .stream import exact_inference, reduce_accumulators, stream_activations
 
 __all__ = [
     "DEFAULT_VIEW",
+    "LAYOUTS",
     "READS",
     "TOKENS",
+    "ActivationHooks",
     "FigureSettings",
+    "HookSpec",
+    "LayoutError",
     "ModelLookupError",
     "NonFiniteActivationsError",
     "ObservationKey",
@@ -61,7 +69,6 @@ __all__ = [
     "ObservationSettingsError",
     "PointConfigError",
     "PointResult",
-    "Probe",
     "RecordPlan",
     "Results",
     "ShardPlan",

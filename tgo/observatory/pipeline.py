@@ -2,7 +2,9 @@
 
 `observe_and_record` is the single code path shared by the geometry callback (during training) and
 ``python -m tgo.observe`` (after the fact), so both produce identical records. It knows nothing about Lightning: the
-caller passes its rank, world size, a sum all-reduce and the `ObservationSettings`.
+caller passes its rank, world size, a sum all-reduce and the `ObservationSettings`. It names no measurement: the
+covariance of every point is its core, and everything else comes from the families the settings enable
+(`tgo.observatory.families.enabled_families`), which it starts, streams, reduces, checks and summarises in a loop.
 """
 
 from __future__ import annotations
@@ -16,13 +18,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
-from tgo.observatory.images import ImageTable
-from tgo.observatory.points import ObservationPoint
+from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily, enabled_families
+from tgo.observatory.hooks import num_prefix_tokens_of
+from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_model
 from tgo.observatory.results import Results, summarize_accumulators
 from tgo.observatory.settings import ObservationSettings
 from tgo.observatory.stream import reduce_accumulators, stream_activations
-from tgo.observatory.views import SubspaceHistory
-from tgo.records import RecordWriter, load_subspace_history
+from tgo.records import RecordWriter
 from tgo.spectral import jackknife_groups
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
@@ -148,6 +150,41 @@ def observation_loader(
     return shard_loader(dataset, plan, group_of_item)
 
 
+def start_families(
+    families: Sequence[MeasurementFamily],
+    model: torch.nn.Module,
+    points: Sequence[ObservationPoint],
+    *,
+    settings: ObservationSettings,
+    plan: ShardPlan,
+    n_images: int,
+    group_of_item: np.ndarray | None,
+    device: torch.device | str | None = None,
+) -> list[FamilyRun]:
+    """Each family's fresh state for one observation on this rank (`FamilyRun.start`), in the order given."""
+    if not families:
+        return []
+    net = unwrap_model(model)
+    points = tuple(points)
+    target = torch.device(device) if device is not None else next((p.device for p in net.parameters()), None)
+    context = FamilyContext(
+        net=net,
+        points=points,
+        modules=resolve_points(net, points),
+        settings=settings,
+        device=target if target is not None else torch.device("cpu"),
+        rank=plan.rank,
+        world_size=plan.world_size,
+        n_images=int(n_images),
+        groups=settings.groups,
+        group_of_item=(
+            np.asarray(group_of_item, dtype=np.int64) if group_of_item is not None else np.zeros(n_images, np.int64)
+        ),
+        num_prefix_tokens=num_prefix_tokens_of(net),
+    )
+    return [FamilyRun.start(family, context) for family in families]
+
+
 def observe_dataset(
     model: torch.nn.Module,
     dataset: Dataset,
@@ -158,16 +195,16 @@ def observe_dataset(
     device: torch.device | str | None = None,
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
-    images: ImageTable | None = None,
+    families: Sequence[FamilyRun] = (),
     group_of_item: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
     Every rank makes exactly the same collective calls (two, inside ``allreduce_accumulators``), whatever the
-    size of its shard, so ranks with fewer or no batches cannot hang the others.
+    size of its shard and whatever the families, so ranks with fewer or no batches cannot hang the others.
 
     Args:
-        model: The network to observe (a timm model; wrappers are unwrapped by the probe).
+        model: The network to observe (a timm model; wrappers are unwrapped by the hooks).
         dataset: The analysis subset (identical on every rank).
         points: The observation points, in depth order.
         plan: This rank's shard.
@@ -175,7 +212,8 @@ def observe_dataset(
         device: Where activations and accumulators live.
         gram_dtype: Gram product precision (float64 exact, float32 faster).
         groups: Jackknife groups (0: none); the group states travel in the same two collectives.
-        images: Per-image vectors of the hypothesis probes (same collectives), or ``None``.
+        families: Started measurement families (`start_families`): their summables travel in the second collective
+            and each family's ``check`` runs after it, on every rank.
         group_of_item: The jackknife group of every image, if the caller already has it (`group_of_items`).
 
     Returns:
@@ -184,13 +222,13 @@ def observe_dataset(
     """
     if groups and group_of_item is None:
         group_of_item = group_of_items(dataset, groups)
-    loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=images is not None)
+    loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
     accumulators = stream_activations(
-        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, images=images
+        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families
     )
-    reduce_accumulators(accumulators, all_reduce_sum, images)
-    if images is not None:
-        images.check_visits()
+    reduce_accumulators(accumulators, all_reduce_sum, [s for run in families for s in run.state.summables()])
+    for run in families:
+        run.state.check()
     return accumulators
 
 
@@ -246,11 +284,17 @@ def observe_and_record(
     Returns:
         The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
     """
-    images = None
-    if settings.probes.enabled:
-        target = device if device is not None else next((p.device for p in model.parameters()), "cpu")
-        images = ImageTable(len(dataset), rank=plan.rank, world_size=plan.world_size, device=target)  # type: ignore[arg-type]
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
+    families = start_families(
+        enabled_families(settings),
+        model,
+        points,
+        settings=settings,
+        plan=plan,
+        n_images=len(dataset),  # type: ignore[arg-type]  # map-style: Sized
+        group_of_item=image_groups,
+        device=device,
+    )
     accumulators = observe_dataset(
         model,
         dataset,
@@ -260,7 +304,7 @@ def observe_and_record(
         device=device,
         gram_dtype=settings.torch_gram_dtype,
         groups=settings.groups,
-        images=images,
+        families=families,
         group_of_item=image_groups,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
@@ -278,19 +322,15 @@ def observe_and_record(
             RuntimeWarning,
             stacklevel=2,
         )
-    history = None
-    if images is not None:
-        init, prev = load_subspace_history(record.writer.run_dir, record.epoch)
-        history = SubspaceHistory(init=init, prev=prev)
+    for run in families:  # what each family needs from earlier records (subspace drift: earlier eigenvectors)
+        run.history = run.family.read_history(record.writer.run_dir, record.epoch)
     results = summarize_accumulators(
         accumulators,
         points,
         nan_if_nonfinite=True,
         fit_range=settings.fit_range,
-        images=images,
+        families=families,
         image_groups=image_groups,
-        probes=settings.probes,
-        history=history,
     )
     record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)
     return results
@@ -305,4 +345,5 @@ __all__ = [
     "observe_and_record",
     "observe_dataset",
     "shard_loader",
+    "start_families",
 ]

@@ -7,7 +7,8 @@ covariances of the same point and are keyed, recorded and charted the same way, 
 `ObservationKey` is that identity; records store it as two columns.
 
 `summarize_accumulators` is the rank-0 step after the reduction: covariance -> float64 eigendecomposition ->
-`tgo.spectral.summarize`.
+`tgo.spectral.summarize`, for the ``all`` view of every point and every view the enabled measurement families add
+(`tgo.observatory.families`), whose metrics and arrays then join the views they describe.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tgo.records import DEFAULT_VIEW
 from tgo.spectral import (
     CATALOGUE,
     GroupedCovariance,
@@ -34,23 +36,11 @@ from tgo.spectral import (
 from tgo.spectral.jackknife import Moments, combine
 from tgo.spectral.jackknife import moments as jackknife_moments
 
-from .images import ImageTable, ImageVectors
+from .families.base import Array, Contribution, FamilyRun, Metric, PointSummary
 from .points import ObservationPoint
-from .settings import ProbeSettings
-from .views import (
-    SubspaceHistory,
-    ViewMoments,
-    between_image_fraction,
-    class_metrics,
-    drift_metrics,
-    massive_metrics,
-    point_views,
-)
+from .views import ViewMoments, all_view, order_views
 
 __all__ = ["DEFAULT_VIEW", "ObservationKey", "PointResult", "Results", "summarize_accumulators"]
-
-DEFAULT_VIEW = "all"
-"""The view of every row a point selects (the only view the paper measured)."""
 
 
 class ObservationKey(NamedTuple):
@@ -98,6 +88,18 @@ class PointResult:
         """Rows (tokens x images) that entered the covariance."""
         return int(self.spectrum.n_rows)
 
+    @classmethod
+    def metrics_only(cls) -> PointResult:
+        """A view without a covariance of its own, holding only a family's metrics and arrays (e.g. ``attention``):
+        empty spectrum, mean and covariance, no catalogue observables."""
+        empty = np.empty(0, dtype=np.float64)
+        return cls(Spectrum(empty, 0, 0, 0, math.nan), {}, empty, np.empty((0, 0), dtype=np.float64))
+
+    @property
+    def has_covariance(self) -> bool:
+        """False for a `metrics_only` view."""
+        return self.covariance.size > 0 or self.spectrum.n_rows > 0
+
 
 class Results(dict[ObservationKey, PointResult]):
     """One observation: ``{ObservationKey: PointResult}`` in point (depth) order, views of a point together.
@@ -143,41 +145,41 @@ def summarize_accumulators(
     *,
     nan_if_nonfinite: bool = False,
     fit_range: Sequence[int] | None = None,
-    images: ImageTable | None = None,
+    families: Sequence[FamilyRun] = (),
     image_groups: np.ndarray | None = None,
-    probes: ProbeSettings | None = None,
-    history: SubspaceHistory | None = None,
 ) -> Results:
     """Eigendecompose (float64) and compute the observables of every point and view; call on one rank after reduction.
 
     A `GroupedCovariance` (jackknife groups) is summarised from the exact merge of its groups, and each of its ``G``
     leave-one-group-out merges gives the catalogue's observables once more, from which every geometry observable
     gets its delete-a-group jackknife standard error (`tgo.spectral.jackknife_stderr`); diagnostics get none.
-    With the per-image vectors (``images``, the hypothesis probes) every point also gets the views and probe metrics
-    of `tgo.observatory.views`, with standard errors from the same image groups.
+    Each enabled family (its reduced state) adds the views it defines (``FamilyState.views``), summarised the same
+    way, and then its metrics and arrays (``FamilyState.summarize_point``), with standard errors from the same image
+    groups.
 
     Args:
         accumulators: Reduced accumulators ``{point name: StreamingCovariance | GroupedCovariance}``.
-        points: Order of the result (default: the accumulators' order); every point needs an accumulator.
-        nan_if_nonfinite: A point that saw any non-finite row gets NaN geometry observables and standard errors
-            (the catalogue's diagnostics stay real so the record says why). The accumulator excludes such rows, so
-            without this the observables would quietly describe only the finite part. Spectrum, mean and covariance
-            of the finite rows are kept either way, for diagnosis.
+        points: Order of the result (default: the accumulators' order); every point needs an accumulator. Required
+            with ``families``.
+        nan_if_nonfinite: A point that saw any non-finite row gets NaN geometry observables and standard errors,
+            its family metrics too (the catalogue's diagnostics stay real so the record says why). The accumulator
+            excludes such rows, so without this the observables would quietly describe only the finite part.
+            Spectrum, mean and covariance of the finite rows are kept either way, for diagnosis.
         fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
-        images: The reduced per-image vectors (``None``: the ``all`` view only).
-        image_groups: Jackknife group of every analysis image (needed with ``images`` and jackknife groups).
-        probes: Probe settings (subspace ``k``, ridge strength, folds); default `ProbeSettings()`.
-        history: Eigenvectors of earlier observations for subspace drift (``None``: drift is NaN).
+        families: The observation's families with their reduced states and histories (``()``: the ``all`` view).
+        image_groups: Jackknife group of every analysis image (needed with families and jackknife groups).
 
     Returns:
-        ``{ObservationKey(point, view): PointResult}`` in point order, views of a point in `VIEWS` order.
+        ``{ObservationKey(point, view): PointResult}`` in point order, views of a point in `tgo.records.VIEWS` order
+        (then any other family view).
     """
+    if families and points is None:
+        raise ValueError("summarize_accumulators: families need the observation points")
+    point_of = {p.name: p for p in points} if points is not None else {}
     names = [p.name for p in points] if points is not None else list(accumulators)
     missing = [n for n in names if n not in accumulators]
     if missing:
         raise ValueError(f"summarize_accumulators: no accumulator for point(s) {missing}")
-    probes = probes or ProbeSettings()
-    labels = images.labels.detach().cpu().numpy().astype(np.int64) if images is not None else None
     # Every torch op first (the accumulators' sums to float64 numpy moments), then the numpy work of all points in a
     # thread pool, one point per task, under a one-thread BLAS: numpy's BLAS pool (OpenBLAS threads) and torch's
     # OpenMP pool otherwise spin against each other on the same cores (measured on 2 CPU cores: 15 points of D=384
@@ -194,8 +196,14 @@ def summarize_accumulators(
 
     def summarize_point(name: str) -> dict[str, PointResult]:
         moments, group_moments = moments_of[name]
-        vectors = images.points.get(name) if images is not None else None
-        views = point_views(moments, group_moments, vectors, image_groups=image_groups if group_moments else None)
+        groups_of_images = image_groups if group_moments else None
+        views = {"all": all_view(moments, group_moments)}
+        for run in families:
+            for view, vm in run.state.views(point_of[name], views["all"], group_moments, groups_of_images).items():
+                if view in views:
+                    raise ValueError(f"family {run.family.name!r}: point {name!r} already has a view {view!r}")
+                views[view] = vm
+        views = order_views(views)
         nonfinite = nan_if_nonfinite and moments[3] > 0
         summaries: dict[str, PointResult] = {}
         for view, vm in views.items():
@@ -212,10 +220,17 @@ def summarize_accumulators(
                 )
             else:
                 summaries[view] = _summarize_view(vm, fit_range, nonfinite)
-        if vectors is not None:
-            _add_probes(
-                name, summaries, views, vectors, labels, image_groups, len(group_moments), probes, history, nonfinite
+        for run in families:
+            summary = PointSummary(
+                point=point_of[name],
+                results=summaries,
+                views=views,
+                image_groups=groups_of_images,
+                groups=len(group_moments),
+                history=run.history,
+                settings=run.context.settings,
             )
+            _contribute(run.family.name, name, summaries, run.state.summarize_point(summary), nonfinite)
         return summaries
 
     workers = max(1, min(len(names), os.cpu_count() or 1))
@@ -253,74 +268,30 @@ def _summarize_view(vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite:
     )
 
 
-def _add_probes(
-    name: str,
-    summaries: dict[str, PointResult],
-    views: Mapping[str, ViewMoments],
-    vectors: ImageVectors,
-    labels: np.ndarray | None,
-    image_groups: np.ndarray | None,
-    groups: int,
-    probes: ProbeSettings,
-    history: SubspaceHistory | None,
-    nonfinite: bool,
+def _contribute(
+    family: str, point: str, summaries: dict[str, PointResult], contribution: Contribution, nonfinite: bool
 ) -> None:
-    """Adds the probe metrics (and the arrays they keep) to the point's views, in place."""
+    """Adds a family's metrics and arrays to the point's views, in place and in the order given.
 
-    def put(
-        view: str,
-        values: Mapping[str, float],
-        stderr: Mapping[str, float] | None = None,
-        replicates: Mapping[str, np.ndarray] | None = None,
-    ) -> None:
-        result = summaries[view]
-        for metric, value in values.items():
-            result.observables[metric] = math.nan if nonfinite else float(value)
-            result.stderr[metric] = math.nan if nonfinite or stderr is None else float(stderr[metric])
-            if not nonfinite and replicates and metric in replicates:
-                result.jackknife[metric] = replicates[metric]
-            else:
-                result.jackknife.pop(metric, None)
-
-    whole = summaries["all"]
-    fraction, fraction_se, fraction_replicates = between_image_fraction(views)
-    put(
-        "all",
-        {"between_image_fraction": fraction},
-        {"between_image_fraction": fraction_se},
-        {"between_image_fraction": fraction_replicates} if fraction_replicates.size >= 2 else None,
-    )
-    massive, peak = massive_metrics(vectors, whole.covariance)
-    put("all", massive)
-    whole.arrays["max_abs"] = peak
-    drift, kept, k90 = drift_metrics(
-        name,
-        whole.covariance,
-        whole.observables.get("components_90", math.nan),
-        history,
-        probes.subspace_k,
-        whole.n_rows,
-    )
-    put("all", drift)
-    whole.arrays["eigenvectors"] = kept
-    whole.arrays["components_90"] = np.asarray(k90, dtype=np.int64)
-    if labels is None:
-        return
-    for view, kind in (("cls", "cls"), ("patch", "patch" if "patch" in vectors.values else "mean")):
-        if view not in summaries or kind not in vectors.values:
+    A view the point does not have (no covariance: e.g. ``attention``) is created as a `PointResult.metrics_only`
+    view after the others. With ``nonfinite`` (the point saw non-finite rows) every metric is NaN without a standard
+    error or replicates.
+    """
+    for item in contribution:
+        if item.view not in summaries:
+            summaries[item.view] = PointResult.metrics_only()
+        result = summaries[item.view]
+        if isinstance(item, Array):
+            (result.kept_arrays if item.kept else result.arrays)[item.name] = item.array
             continue
-        x = vectors.values[kind].detach().cpu().numpy().astype(np.float64, copy=False)
-        values, stderr, replicates = class_metrics(
-            x,
-            labels,
-            image_groups=image_groups if groups else None,
-            groups=groups,
-            folds=probes.folds,
-            ridge_alpha=probes.ridge_alpha,
-        )
-        put(view, values, stderr, replicates)
-        summaries[view].kept_arrays["vectors"] = x.astype(np.float32)
-        summaries[view].kept_arrays["labels"] = labels
+        if not isinstance(item, Metric):
+            raise TypeError(f"family {family!r}: summarize_point must give Metric or Array items, got {item!r}")
+        result.observables[item.name] = math.nan if nonfinite else float(item.value)
+        result.stderr[item.name] = math.nan if nonfinite else float(item.stderr)
+        if not nonfinite and item.replicates is not None:
+            result.jackknife[item.name] = np.asarray(item.replicates, dtype=np.float64)
+        else:
+            result.jackknife.pop(item.name, None)
 
 
 def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:

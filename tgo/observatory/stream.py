@@ -1,4 +1,4 @@
-"""The streaming pass of one rank: run images through a model with the probe attached, sums only.
+"""The streaming pass of one rank: run images through a model with its hooks attached, sums only.
 
 `stream_activations` is local to a rank: it returns one `StreamingCovariance` per point (in point order) holding this
 rank's shard. `tgo.observatory.pipeline` combines ranks (`reduce_accumulators`, every rank, same order) and then,
@@ -9,7 +9,7 @@ Choices worth knowing:
 * Exact numerics: eval mode, ``torch.inference_mode``, autocast disabled for every device type, IEEE float32 in every
   matmul/conv backend (no TF32, no oneDNN bf16), previous settings restored. bf16/TF32 in the forward or the Gram
   product costs 1e-3..1e-6 relative error on the observables. The forward runs in inference mode, but accumulator
-  updates run outside it (see `Probe`), so the returned accumulators hold ordinary tensors that can be merged,
+  updates run outside it (see `ActivationHooks`), so the returned accumulators hold ordinary tensors that can be merged,
   reduced and updated later.
 * Wrappers: the forward runs on the *original* module (`unwrap_model`). For DDP this avoids the wrapper's collectives
   in a pass where ranks see different numbers of batches. For ``torch.compile`` it is the only way the hooks are
@@ -31,12 +31,14 @@ import torch
 from torch import nn
 
 from tgo.spectral import GroupedCovariance, StreamingCovariance, allreduce_accumulators, strict_fp32_math
+from tgo.spectral.accumulator import Summable
 
-from .images import ImageTable, ImageVectors, TokenLayout
+from .families.base import BatchInfo, FamilyRun
+from .families.image_vectors import token_layouts
+from .hooks import ActivationHooks, Consume, HookSpec, num_prefix_tokens_of
 from .points import ObservationPoint, resolve_points, unwrap_model
-from .probe import Probe, num_prefix_tokens_of, prefix_tokens_of_point
 
-__all__ = ["exact_inference", "reduce_accumulators", "stream_activations", "token_layouts"]
+__all__ = ["exact_inference", "reduce_accumulators", "stream_activations", "token_layouts"]  # token_layouts: re-export
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
@@ -73,28 +75,15 @@ class _LazyAccumulator:
     """Creates the point's accumulator on the first update, when the feature dimension is known.
 
     With ``groups > 0`` it is a `GroupedCovariance` and every update is split by ``batch_groups`` (the group id of
-    each image of the current batch, set by the streaming loop before the forward). With an `ImageTable` the same
-    rows also give the point's per-image vectors (`tgo.observatory.images`).
+    each image of the current batch, set by the streaming loop before the forward).
     """
 
-    def __init__(
-        self,
-        name: str,
-        gram_dtype: torch.dtype,
-        device: torch.device,
-        groups: int = 0,
-        images: ImageTable | None = None,
-        layout: TokenLayout | None = None,
-    ) -> None:
+    def __init__(self, name: str, gram_dtype: torch.dtype, device: torch.device, groups: int = 0) -> None:
         self.name, self.gram_dtype, self.device, self.groups = name, gram_dtype, device, groups
-        self.images, self.layout = images, layout
         self.acc: Accumulator | None = None
-        self.vectors: ImageVectors | None = None
         self.batch_groups: torch.Tensor | None = None
 
     def make(self, dim: int) -> Accumulator:
-        if self.images is not None and self.layout is not None:
-            self.vectors = self.images.add_point(self.name, dim, self.layout)
         if self.groups:
             return GroupedCovariance(self.groups, dim, gram_dtype=self.gram_dtype, device=self.device)
         return StreamingCovariance(dim, gram_dtype=self.gram_dtype, device=self.device)
@@ -105,9 +94,6 @@ class _LazyAccumulator:
         if isinstance(self.acc, GroupedCovariance):
             self.acc.batch_groups = self.batch_groups
         self.acc.update(x)
-        if self.vectors is not None:
-            self.vectors.batch_index = self.images.batch_index if self.images is not None else None
-            self.vectors.update(x)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -125,12 +111,12 @@ def _groups_of(batch: Any) -> torch.Tensor:
     raise TypeError("stream_activations: with groups > 0 every batch must be (images, labels, group ids)")
 
 
-def _index_of(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(subset indices, labels)`` of a batch ``(images, labels, groups, indices)`` (per-image vectors need both)."""
+def _batch_info(batch: Any) -> BatchInfo:
+    """The `BatchInfo` of a batch ``(images, labels, groups, indices)`` (what measurement families see)."""
     if isinstance(batch, (tuple, list)) and len(batch) >= 4 and isinstance(batch[3], torch.Tensor):
-        return batch[3], batch[1]
+        return BatchInfo(index=batch[3], labels=batch[1], groups=batch[2])
     raise TypeError(
-        "stream_activations: with an image table every batch must be (images, labels, group ids, subset indices)"
+        "stream_activations: with measurement families every batch must be (images, labels, group ids, subset indices)"
     )
 
 
@@ -181,7 +167,7 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
             dims.setdefault(self.name, int(x.shape[-1]))
 
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    with Probe(model, points, {p.name: _Shape(p.name) for p in points}):
+    with ActivationHooks.for_points(model, points, {p.name: _Shape(p.name) for p in points}):
         model(torch.zeros(1, in_chans, h, w, device=device, dtype=dtype))
     return dims
 
@@ -193,6 +179,16 @@ def _never_called(points: Sequence[ObservationPoint]) -> str:
     )
 
 
+def _family_bindings(runs: Sequence[FamilyRun], batch: list[BatchInfo]) -> list[tuple[HookSpec, Consume]]:
+    """Each family hook delivers to ``state.update(key, x, current batch)``."""
+
+    def binding(run: FamilyRun, spec: HookSpec) -> tuple[HookSpec, Consume]:
+        update, key = run.state.update, spec.key
+        return spec, lambda x: update(key, x, batch[0])
+
+    return [binding(run, spec) for run in runs for spec in run.hooks]
+
+
 def stream_activations(
     model: nn.Module,
     batches: Iterable[Any],
@@ -201,7 +197,7 @@ def stream_activations(
     device: torch.device | str | None = None,
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
-    images: ImageTable | None = None,
+    families: Sequence[FamilyRun] = (),
 ) -> dict[str, Any]:
     """Stream this rank's batches through the model and accumulate every point's activations.
 
@@ -214,8 +210,9 @@ def stream_activations(
         gram_dtype: Dtype of the per-batch Gram product inside `StreamingCovariance` (float64 exact; float32 ~1e-8).
         groups: Jackknife groups ``G`` (0: none). Each image's rows go to its group's accumulator only, so the Gram
             work is unchanged.
-        images: Where the per-image vectors of every point go (the hypothesis probes); batches must then be
-            ``(images, labels, group ids, subset indices)``. Filled in point order on every rank.
+        families: The observation's measurement families (`tgo.observatory.families`); batches must then be
+            ``(images, labels, group ids, subset indices)``. Each gets ``begin_batch`` before every forward, its
+            hooks' tensors during it and ``end_stream`` with every point's dimension after the pass.
 
     Returns:
         ``{point.name: StreamingCovariance}`` (``groups == 0``) or ``{point.name: GroupedCovariance}`` in point
@@ -224,21 +221,21 @@ def stream_activations(
     Raises:
         ValueError: unknown module paths or duplicate names (before any forward).
         RuntimeError: a point's module is never called by the model's forward (its records would silently be empty).
+        tgo.observatory.hooks.LayoutError: a hooked tensor does not have its declared layout.
     """
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
     device = torch.device(device) if device is not None else _model_device(net)
-    probe_prefix = num_prefix_tokens_of(net)
-    layouts = token_layouts(net, points)
-    lazy = {p.name: _LazyAccumulator(p.name, gram_dtype, device, groups, images, layouts[p.name]) for p in points}
-    if images is not None:
-        images.order = [p.name for p in points]
+    lazy = {p.name: _LazyAccumulator(p.name, gram_dtype, device, groups) for p in points}
+    current: list[BatchInfo] = []
+    prefix = num_prefix_tokens_of(net)
+    point_hooks = ActivationHooks.for_points(net, points, lazy, num_prefix_tokens=prefix, modules=modules)
+    hooks = ActivationHooks(net, point_hooks.bindings + _family_bindings(families, current))
     modes = [(m, m.training) for m in net.modules()]  # per module: a deliberately frozen submodule stays frozen
     try:
         net.eval()
-        probe = Probe(net, points, lazy, num_prefix_tokens=probe_prefix, modules=modules)
-        with exact_inference(device.type), probe:
+        with exact_inference(device.type), hooks:
             n_batches = 0
             for batch in batches:
                 pixels = _images_of(batch).to(device, non_blocking=True)
@@ -246,10 +243,10 @@ def stream_activations(
                     ids = _groups_of(batch)
                     for acc in lazy.values():
                         acc.batch_groups = ids
-                if images is not None:
-                    index, labels = _index_of(batch)
-                    images.record_batch(index, labels)
-                    images.batch_index = index
+                if families:
+                    current[:] = [_batch_info(batch)]
+                    for run in families:
+                        run.state.begin_batch(current[0])
                 net(pixels)
                 n_batches += 1
         missing = [p for p in points if lazy[p.name].acc is None]
@@ -271,28 +268,17 @@ def stream_activations(
     finally:
         for m, mode in modes:
             m.training = mode
-    return {p.name: lazy[p.name].acc for p in points}
-
-
-def token_layouts(model: nn.Module, points: Sequence[ObservationPoint]) -> dict[str, TokenLayout]:
-    """What each point's rows are per image (prefix tokens, class token), known before any forward: the stream's
-    per-image vectors follow it, and so do the views a point will have (a ``prefix`` view only where
-    ``"prefix" in layout.kinds``)."""
-    net = unwrap_model(model)
-    prefix = num_prefix_tokens_of(net)
-    class_token = getattr(net, "cls_token", None) is not None
-    return {p.name: TokenLayout(p.tokens, _prefix_of(net, p, prefix), class_token) for p in points}
-
-
-def _prefix_of(net: nn.Module, point: ObservationPoint, prefix: int) -> int:
-    """Prefix tokens at the start of the rows the point selects (only ``tokens="all"`` keeps them)."""
-    return prefix_tokens_of_point(net, point, prefix) if point.tokens == "all" else 0
+    accumulators = {p.name: lazy[p.name].acc for p in points}
+    dims_of = {name: int(acc.dim) for name, acc in accumulators.items() if acc is not None}
+    for run in families:
+        run.state.end_stream(dims_of)
+    return accumulators
 
 
 def reduce_accumulators(
     accumulators: Mapping[str, Accumulator],
     all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
-    images: ImageTable | None = None,
+    extras: Sequence[Summable] = (),
 ) -> None:
     """Combine every rank's accumulators in place (two sum collectives in total, whatever the number of points).
 
@@ -304,9 +290,10 @@ def reduce_accumulators(
             accumulators of every point travel in the same two collectives.
         all_reduce_sum: Returns the element-wise sum over ranks, e.g.
             ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``; identity for a single process.
-        images: The per-image vectors, gathered in the same second collective.
+        extras: Further summed states (the measurement families' ``summables()``, in family order), gathered in the
+            same second collective.
     """
     flat: list[StreamingCovariance] = []
     for acc in accumulators.values():
         flat.extend(acc.groups if isinstance(acc, GroupedCovariance) else [acc])
-    allreduce_accumulators(flat, all_reduce_sum, [images] if images is not None else [])
+    allreduce_accumulators(flat, all_reduce_sum, list(extras))

@@ -508,6 +508,8 @@ def allreduce_accumulators(
     accs: Sequence[StreamingCovariance],
     all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
     extras: Sequence[Summable] = (),
+    *,
+    device: torch.device | str | None = None,
 ) -> None:
     """Combine every rank's accumulators in place with exactly two sum collectives.
 
@@ -526,16 +528,19 @@ def allreduce_accumulators(
         all_reduce_sum: Callable returning the element-wise sum of its tensor argument over all ranks. It may work in
             place (``trainer.strategy.reduce(t, reduce_op="sum")`` does); only its return value is used.
         extras: Further float64 states summed in the same second collective (packed after the accumulators, then
-            unpacked as views of the summed buffer), e.g. the per-image vectors of the hypothesis probes. Every rank
-            must pass the same sizes in the same order.
+            unpacked as views of the summed buffer), e.g. the measurement families' states. Every rank must pass the
+            same sizes in the same order. They are reduced also when there are no accumulators (the first collective
+            is then empty), so the count stays two.
+        device: Where the collective tensors live when there are no accumulators (default CPU; otherwise the
+            accumulators' device).
 
     Raises:
         ValueError: If the accumulators live on different devices.
     """
-    accs = list(accs)
-    if not accs:
-        return  # every rank has the same (empty) point list, so every rank skips both collectives consistently
-    device = accs[0].device
+    accs, extras = list(accs), list(extras)
+    if not accs and not extras:
+        return  # every rank has the same (empty) lists, so every rank skips both collectives consistently
+    device = accs[0].device if accs else torch.device(device if device is not None else "cpu")
     if any(acc.device != device for acc in accs):
         devices = sorted({str(a.device) for a in accs})
         raise ValueError(f"allreduce_accumulators: accumulators on several devices {devices}")
@@ -549,7 +554,7 @@ def allreduce_accumulators(
         else:
             weighted = torch.zeros(acc.dim, dtype=torch.float64, device=device)
         parts.append(torch.cat([count, weighted]))
-    total = all_reduce_sum(torch.cat(parts))
+    total = all_reduce_sum(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=device))
     offset = 0
     for acc in accs:
         n_all = float(total[offset].item())

@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ __all__ = [
     "BatchInfo",
     "Contribution",
     "FamilyContext",
+    "FamilyRun",
     "FamilyState",
     "HookSpec",
     "MeasurementFamily",
@@ -58,6 +59,7 @@ __all__ = [
     "SummedTensors",
     "ViewMoments",
     "enabled_families",
+    "family_metric",
     "jackknife_ratio",
     "register_family",
     "registered_families",
@@ -263,6 +265,29 @@ class MeasurementFamily:
         return None
 
 
+@dataclass
+class FamilyRun:
+    """One family in one observation on one rank: its declaration, context, state, hooks and (rank 0) history.
+
+    Made by the pipeline (`FamilyRun.start`); what the stream, the reduction and the summary loop over.
+    """
+
+    family: MeasurementFamily
+    context: FamilyContext
+    state: FamilyState
+    hooks: tuple[HookSpec, ...]
+    history: Any = None
+
+    @classmethod
+    def start(cls, family: MeasurementFamily, context: FamilyContext) -> FamilyRun:
+        """The family's fresh state and hooks for this observation (keys unique within the family)."""
+        hooks = tuple(family.hooks(context))
+        keys = [h.key for h in hooks]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"family {family.name!r}: hook keys must be unique; got {keys}")
+        return cls(family, context, family.start(context), hooks)
+
+
 # ----------------------------------------------------------------------------------------------------- registry
 _REGISTRY: dict[str, MeasurementFamily] = {}
 _ADDED: dict[str, list[str]] = {}  # family -> catalogue names its registration added
@@ -312,6 +337,36 @@ def enabled_families(settings: ObservationSettings) -> tuple[MeasurementFamily, 
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
+def _from_the_family(inputs: Any) -> float:
+    raise TypeError("a family's metric is computed by its FamilyState.summarize_point, not from one covariance")
+
+
+def family_metric(
+    name: str,
+    formula: str,
+    views: tuple[str, ...] = ("all",),
+    *,
+    spread: Literal["rises", "falls"] | None = None,
+    charted: bool = True,
+    scale: str = "linear",
+    doc: str = "docs/extending.md#e-add-a-measurement-family",
+) -> Observable:
+    """A catalogue entry for a family's metric (scope ``probe``, recorded on ``views``), for ``observables``.
+
+    Args:
+        name: The metric name in records and tags.
+        formula: One line saying what it is.
+        views: The views that carry it.
+        spread: ``rises`` / ``falls`` when it is a spread measure (verdicts need it), else ``None``.
+        charted: Drawn in dashboards and reports.
+        scale: ``linear`` or ``log`` (ratios compared as log ratios by the verdicts).
+        doc: Where it is documented.
+    """
+    return Observable(
+        name, _from_the_family, formula, spread, charted=charted, doc=doc, scope="probe", views=views, scale=scale
+    )
+
+
 @dataclass
 class SummedTensors:
     """Named float64 tensors summed over ranks: a ready-made summable for states that are sums.

@@ -1,0 +1,148 @@
+"""The measurement-family seam: the family tester on the image-vector family and on a toy family, the registry,
+and the reduction of family states when there are no covariances."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import timm
+import torch
+from torch.utils.data import TensorDataset
+
+from tgo.observatory.families import (
+    IMAGE_VECTORS,
+    FamilyContext,
+    FamilyState,
+    MeasurementFamily,
+    Metric,
+    PointSummary,
+    SummedTensors,
+    family_metric,
+    jackknife_ratio,
+    register_family,
+    registered_families,
+    unregister_family,
+)
+from tgo.observatory.families.testing import check_family, simulated_ranks
+from tgo.observatory.hooks import point_rows, point_spec
+from tgo.spectral import CATALOGUE, jackknife_stderr
+from tgo.spectral.accumulator import allreduce_accumulators
+
+N_IMAGES = 7  # 3 + 2 + 2 images on 3 simulated ranks
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(
+        "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3
+    ).eval()
+
+
+def _data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randn(N_IMAGES, 3, 16, 16, generator=g), torch.arange(N_IMAGES) % 3)
+
+
+# ----------------------------------------------------------------------------------- a toy family, in a few lines
+class MeanNormState(FamilyState):
+    """Per point and jackknife group: the sum of the rows' norms and the row count (sums: exact over ranks)."""
+
+    def __init__(self, context: FamilyContext) -> None:
+        self.points = {p.name: p for p in context.points}
+        self.prefix = {p.name: context.prefix_of(p) for p in context.points}
+        self.column = {p.name: i for i, p in enumerate(context.points)}
+        shape = (context.jackknife_groups, len(context.points))
+        self.sums = SummedTensors.zeros({"norm": shape, "rows": shape}, context.device)
+
+    def update(self, key: str, x: torch.Tensor, batch) -> None:
+        rows = point_rows(x, self.points[key], self.prefix[key])
+        norms = rows.double().norm(dim=-1).reshape(rows.shape[0], -1)  # [B, rows per image]
+        groups, column = batch.groups.long(), self.column[key]
+        self.sums["norm"][:, column].index_add_(0, groups, norms.sum(dim=1))
+        self.sums["rows"][:, column].index_add_(0, groups, torch.full_like(norms[:, 0], norms.shape[1]))
+
+    def summables(self):
+        return [self.sums]
+
+    def summarize_point(self, summary: PointSummary):
+        column = self.column[summary.point.name]
+        norm, rows = (self.sums[k][:, column].cpu().numpy() for k in ("norm", "rows"))
+        value, stderr, replicates = jackknife_ratio(norm, rows)
+        return [Metric("all", "mean_token_norm", value, stderr, replicates)]
+
+
+class MeanNormFamily(MeasurementFamily):
+    name = "mean_norm"
+    observables = (family_metric("mean_token_norm", "mean_rows ||x||_2", spread=None),)
+
+    def hooks(self, context):
+        return [point_spec(p) for p in context.points]
+
+    def start(self, context):
+        return MeanNormState(context)
+
+
+@pytest.fixture
+def mean_norm():
+    family = register_family(MeanNormFamily())
+    try:
+        yield family
+    finally:
+        unregister_family(family.name)
+
+
+def test_the_toy_family_passes_the_family_tester(tmp_path, mean_norm):
+    check = check_family(mean_norm, _net(), _data(), tmp_path, settings={"groups": 3, "probes": {"enabled": False}})
+    assert check.calls and all(len(c) == 2 for c in check.calls)
+    block = check.single[0][("block_01", "all")]
+    # the value is the mean row norm, its standard error the jackknife of the group replicates
+    assert block.observables["mean_token_norm"] > 0 and math.isfinite(block.stderr["mean_token_norm"])
+    assert jackknife_stderr(block.jackknife["mean_token_norm"]) == block.stderr["mean_token_norm"]
+    assert {m for _, _, m in check.metrics} == {"mean_token_norm"}
+
+
+def test_the_image_vector_family_passes_the_family_tester(tmp_path):
+    settings = {"groups": 3, "probes": {"folds": 3, "subspace_k": 4}}
+    check = check_family(IMAGE_VECTORS, _net(), _data(), tmp_path, settings=settings)
+    views = {view for _, view, _ in check.metrics}
+    assert views == {"all", "cls", "patch"}
+    resumed = check.resumed[("block_02", "all")]
+    assert resumed.observables["subspace_overlap_prev"] == pytest.approx(1.0)  # the same weights, from the records
+
+
+def test_the_registry_adds_and_removes_the_catalogue_entries():
+    assert registered_families()[0] is IMAGE_VECTORS
+    family = register_family(MeanNormFamily())
+    try:
+        assert "mean_token_norm" in CATALOGUE and CATALOGUE["mean_token_norm"].scope == "probe"
+        with pytest.raises(ValueError, match="already registered"):
+            register_family(MeanNormFamily())
+    finally:
+        unregister_family(family.name)
+    assert "mean_token_norm" not in CATALOGUE
+
+
+def test_family_states_are_reduced_without_covariances_in_two_collectives():
+    """allreduce_accumulators with extras only still sums them (and still makes two collectives)."""
+
+    def work(rank, all_reduce_sum):
+        sums = SummedTensors.zeros({"x": (2,)})
+        sums["x"][rank % 2] = rank + 1.0
+        allreduce_accumulators([], all_reduce_sum, [sums])
+        return sums["x"].clone()
+
+    out, calls = simulated_ranks(3, work)
+    assert all(len(c) == 2 for c in calls)
+    for x in out:
+        np.testing.assert_array_equal(x.numpy(), [1.0 + 3.0, 2.0])
+
+
+def test_jackknife_ratio_matches_the_definition():
+    num, den = np.array([1.0, 2.0, 4.0]), np.array([1.0, 1.0, 2.0])
+    value, stderr, replicates = jackknife_ratio(num, den)
+    assert value == 7.0 / 4.0
+    np.testing.assert_allclose(replicates, [6.0 / 3.0, 5.0 / 3.0, 3.0 / 2.0])
+    assert stderr == jackknife_stderr(replicates)
+    assert jackknife_ratio(num[:1], den[:1])[1:] == (pytest.approx(math.nan, nan_ok=True), None)
