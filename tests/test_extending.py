@@ -4,7 +4,9 @@
     and charted; (b) an observation point added through ``observation.points.extra`` (a Hydra override, no code) is
     recorded with the right number of rows and the right width; (c) a data source added to the source table gives a
     ``TGODataModule`` with an analysis subset; (d) ``conf/observation/default.yaml`` and ``ObservationSettings`` hold
-    the same settings with the same defaults, so a setting cannot be added in one place only.
+    the same settings with the same defaults, so a setting cannot be added in one place only; (e) a measurement
+    family defined here in a few lines, registered with ``register_family``, is recorded by ``tgo.observe_model`` with
+    jackknife standard errors and is in the catalogue.
 
 The global state a recipe changes (the catalogue, the source table) is restored afterwards, so other tests are
 unaffected.
@@ -344,3 +346,77 @@ def test_a_file_source_requires_its_root_before_anything_is_scanned(tmp_path: Pa
             register_source("toy_files", build_toy_source)
     finally:
         unregister_source("toy_files")
+
+
+# ----------------------------------------------------------------------------------- (e) add a measurement family
+def test_recipe_e_a_measurement_family_defined_in_user_code_is_recorded(tmp_path):
+    """The toy family of recipe (e), exactly as the page writes it, through ``tgo.observe_model``."""
+    import tgo
+    from tgo.observatory.families import (
+        BatchInfo,
+        FamilyContext,
+        FamilyState,
+        MeasurementFamily,
+        Metric,
+        PointSummary,
+        SummedTensors,
+        family_metric,
+        jackknife_ratio,
+        register_family,
+        unregister_family,
+    )
+    from tgo.observatory.hooks import point_rows, point_spec
+    from tgo.records import load_jackknife, load_metrics
+
+    class MeanNormState(FamilyState):
+        def __init__(self, context: FamilyContext) -> None:
+            self.points = {p.name: p for p in context.points}
+            self.prefix = {p.name: context.prefix_of(p) for p in context.points}
+            self.column = {p.name: i for i, p in enumerate(context.points)}
+            shape = (context.jackknife_groups, len(context.points))
+            self.sums = SummedTensors.zeros({"norm": shape, "rows": shape}, context.device)
+
+        def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
+            rows = point_rows(x, self.points[key], self.prefix[key])
+            norms = rows.double().norm(dim=-1).reshape(rows.shape[0], -1)  # [B, rows per image]
+            groups, c = batch.groups.long(), self.column[key]
+            self.sums["norm"][:, c].index_add_(0, groups, norms.sum(dim=1))
+            self.sums["rows"][:, c].index_add_(0, groups, torch.full_like(norms[:, 0], norms.shape[1]))
+
+        def summables(self):
+            return [self.sums]
+
+        def summarize_point(self, summary: PointSummary):
+            c = self.column[summary.point.name]
+            value, stderr, replicates = jackknife_ratio(*(self.sums[k][:, c].cpu().numpy() for k in ("norm", "rows")))
+            return [Metric("all", "mean_token_norm", value, stderr, replicates)]
+
+    class MeanNormFamily(MeasurementFamily):
+        name = "mean_norm"
+        observables = (family_metric("mean_token_norm", "mean_rows ||x||_2"),)
+
+        def enabled(self, settings):
+            return True
+
+        def hooks(self, context):
+            return [point_spec(p) for p in context.points]
+
+        def start(self, context):
+            return MeanNormState(context)
+
+    labelled = TensorDataset(random_images().tensors[0], torch.arange(N_IMAGES) % 3)
+    register_family(MeanNormFamily())
+    try:
+        assert CATALOGUE["mean_token_norm"].views == ("all",)
+        results = tgo.observe_model(tiny_vit(), labelled, out=tmp_path / "run", groups=3, probes={"enabled": False})
+    finally:
+        unregister_family("mean_norm")
+    assert "mean_token_norm" not in CATALOGUE
+    rows = load_metrics(tmp_path / "run")
+    mine = rows[rows.metric == "mean_token_norm"]
+    assert set(mine.point) == {p for p, _ in results} and set(mine.view) == {"all"}
+    assert (mine.value > 0).all() and np.isfinite(mine.stderr).all() and (mine.stderr > 0).all()
+    block = results["block_01"]
+    assert mine[mine.point == "block_01"].value.item() == block.observables["mean_token_norm"]
+    replicates = load_jackknife(tmp_path / "run")["mean_token_norm"]["block_01"][1][0]
+    assert replicates.shape == (3,)
