@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 if TYPE_CHECKING:
     from tgo.observatory import ObservationSettings, Results
-    from tgo.observatory.images import ImageTable
+    from tgo.observatory.families import FamilyRun
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -244,11 +244,11 @@ def naive_observation(
 ) -> None:
     """Store every point's activations (same hooks, same exact-inference context), then ``torch.cat`` +
     ``torch.cov`` + float64 ``eigvalsh`` per point: the obvious approach the streaming accumulators replace."""
-    from tgo.observatory import Probe, exact_inference
+    from tgo.observatory import ActivationHooks, exact_inference
 
     stores = {p.name: _Store() for p in points}
     net.eval()
-    with exact_inference(device.type), Probe(net, points, stores):
+    with exact_inference(device.type), ActivationHooks.for_points(net, points, stores):
         for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
             net(images.to(device, non_blocking=True))
     for p in points:
@@ -263,10 +263,10 @@ def hooked_noop_forward(
     net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int, device: torch.device
 ) -> None:
     """The forward with the 15 hooks attached but doing nothing: what hooking and the exact context cost alone."""
-    from tgo.observatory import Probe, exact_inference
+    from tgo.observatory import ActivationHooks, exact_inference
 
     net.eval()
-    with exact_inference(device.type), Probe(net, points, {p.name: _Noop() for p in points}):
+    with exact_inference(device.type), ActivationHooks.for_points(net, points, {p.name: _Noop() for p in points}):
         for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
             net(images.to(device, non_blocking=True))
     synchronize(device)
@@ -280,7 +280,7 @@ def stream_pass(
     device: torch.device,
     groups: int,
     gram_dtype: torch.dtype = torch.float64,
-    images: ImageTable | None = None,
+    families: Sequence[FamilyRun] = (),
 ) -> dict[str, Any]:
     """The streaming pass alone (forward + hooks + Gram updates) as ``observe_dataset`` runs it, without the reduce.
 
@@ -295,9 +295,9 @@ def stream_pass(
         device: Where the pass runs.
         groups: Jackknife groups ``G`` (0: none).
         gram_dtype: Gram precision.
-        images: A fresh ``ImageTable`` of ``len(dataset)`` images: the hypothesis probes' per-image vectors are
-            written into it (batches then carry subset indices, as ``observe_dataset`` makes them); ``None``: probes
-            off.
+        families: Started measurement families (``tgo.observatory.pipeline.start_families`` for ``len(dataset)``
+            images; the image-vector family's table is ``run.state.table``): batches then carry subset indices, as
+            ``observe_dataset`` makes them; ``()``: none.
 
     Returns:
         The accumulators, one per point (not reduced).
@@ -308,9 +308,9 @@ def stream_pass(
 
     plan = ShardPlan(batch_size=batch_size)
     group_of_item = group_of_items(dataset, groups) if groups else None
-    loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=images is not None)
+    loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
     accumulators = stream_activations(
-        net, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, images=images
+        net, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families
     )
     synchronize(device)
     return accumulators

@@ -1143,7 +1143,7 @@ def jackknife_summary_row(table: Table, row: str, spec: ModelSpec, grouped: Any,
 # ---------------------------------------------------------------------------------------------------- row 8
 def _probe_targets_pass() -> dict[str, tuple[Any, str]]:
     """What `_harness.timed_calls` wraps to split a streaming pass: every hook's update, and the probes' parts."""
-    from tgo.observatory.images import ImageTable, ImageVectors
+    from tgo.observatory.families.image_vectors import ImageTable, ImageVectors
     from tgo.observatory.stream import _LazyAccumulator
 
     return {
@@ -1164,18 +1164,29 @@ def probe_pass(net: torch.nn.Module, dataset: Any, batch: int, device: torch.dev
         Timings, the split, and under ``"last"`` the accumulators of the last run of each (``"on"`` with its
         ``ImageTable``), not reduced; drop ``"last"`` before writing JSON.
     """
-    from tgo.observatory import vit_points
-    from tgo.observatory.images import ImageTable
+    from tgo.observatory import ShardPlan, vit_points
+    from tgo.observatory.families import IMAGE_VECTORS
+    from tgo.observatory.pipeline import group_of_items, start_families
 
     points, groups = vit_points(net), h.default_groups()
     last: dict[str, Any] = {}
+    group_of_item = group_of_items(dataset, groups) if groups else None
 
     def off() -> None:
         last["off"] = h.stream_pass(net, dataset, points, batch, device, groups)
 
     def on() -> None:
-        table = ImageTable(len(dataset), device=device)
-        last["on"] = (h.stream_pass(net, dataset, points, batch, device, groups, images=table), table)
+        (run,) = start_families(
+            [IMAGE_VECTORS],
+            net,
+            points,
+            settings=h.observation_settings(),
+            plan=ShardPlan(batch_size=batch),
+            n_images=len(dataset),
+            group_of_item=group_of_item,
+            device=device,
+        )
+        last["on"] = (h.stream_pass(net, dataset, points, batch, device, groups, families=[run]), run)
 
     res = h.interleaved(off, {"probes": on}, repeats)
     with h.timed_calls(_probe_targets_pass()) as calls:
@@ -1236,13 +1247,14 @@ def probe_state_row(table: Table, row: str, spec: ModelSpec, raw: dict[str, Any]
     a counting identity sum, so rows 8.4-8.5 summarise reduced accumulators)."""
     from tgo.observatory.stream import reduce_accumulators
 
-    accs_on, images = raw["last"]["on"]
+    accs_on, run = raw["last"]["on"]
+    images = run.state.table
     accs_off = raw["last"]["off"]
     counters = {"on": h.SumCounter(), "off": h.SumCounter()}
     start = time.perf_counter()
-    reduce_accumulators(accs_on, counters["on"], images)
+    reduce_accumulators(accs_on, counters["on"], run.state.summables())
     reduce_on = time.perf_counter() - start
-    images.check_visits()
+    run.state.check()
     start = time.perf_counter()
     reduce_accumulators(accs_off, counters["off"])
     reduce_off = time.perf_counter() - start
@@ -1284,9 +1296,10 @@ def probe_state_row(table: Table, row: str, spec: ModelSpec, raw: dict[str, Any]
 def _probe_targets_summary() -> dict[str, tuple[Any, str]]:
     """What `_harness.timed_calls` wraps to split rank 0's summary (names ``summarize_accumulators`` calls)."""
     from tgo.observatory import results
+    from tgo.observatory.families import image_vectors
 
-    names = ("point_views", "_summarize_view", "class_metrics", "drift_metrics", "massive_metrics")
-    return {name.lstrip("_"): (results, name) for name in names}
+    names = ("point_views", "class_metrics", "drift_metrics", "massive_metrics")
+    return {"summarize_view": (results, "_summarize_view"), **{name: (image_vectors, name) for name in names}}
 
 
 def probe_summary_row(
@@ -1306,11 +1319,11 @@ def probe_summary_row(
         before writing JSON).
     """
     from tgo.observatory import summarize_accumulators
+    from tgo.observatory.families.image_vectors import SubspaceHistory
     from tgo.observatory.pipeline import group_of_items
-    from tgo.observatory.views import SubspaceHistory
 
-    accs, images = raw["last"]["on"]
-    points = None  # the accumulators' order: the point order
+    accs, run = raw["last"]["on"]
+    points = list(run.context.points)
     settings = h.observation_settings()
     groups = settings.groups
     image_groups = group_of_items(dataset, groups) if groups else None
@@ -1325,10 +1338,8 @@ def probe_summary_row(
             points,
             nan_if_nonfinite=True,
             fit_range=settings.fit_range,
-            images=images,
+            families=[run],
             image_groups=image_groups,
-            probes=settings.probes,
-            history=history[0],
         )
 
     def timed(fn: Any) -> tuple[float, Any]:
@@ -1342,7 +1353,7 @@ def probe_summary_row(
         for key, r in first.items()
         if key.view == "all" and "eigenvectors" in r.arrays
     }
-    history[0] = SubspaceHistory(init=kept, prev=kept)
+    history[0] = run.history = SubspaceHistory(init=kept, prev=kept)
     off()
     warm: dict[str, list[float]] = {"off": [], "on": []}
     last: dict[str, Any] = {}
