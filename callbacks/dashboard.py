@@ -50,9 +50,9 @@ import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from tgo import viz
-from tgo.observatory import DEFAULT_VIEW, ObservationKey, PointResult, Results
+from tgo.observatory import ObservationKey, PointResult, Results
 from tgo.observatory.settings import FigureSettings
-from tgo.records import layer_epoch_table, load_series, load_spectra
+from tgo.records import DEFAULT_VIEW, layer_epoch_table, load_series, load_spectra
 from tgo.spectral import CATALOGUE
 
 from .figure_worker import FigureWorker

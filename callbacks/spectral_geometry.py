@@ -54,8 +54,7 @@ from tgo.observatory.standalone import (
     vit_network,
 )
 from tgo.observatory.stream import token_layouts
-from tgo.observatory.views import VIEWS
-from tgo.records import RecordWriter, RunDir, load_spectra, recorded_epochs
+from tgo.records import VIEWS, RecordWriter, RunDir, load_spectra, recorded_epochs
 
 from .dashboard import (
     DEPTH_PROFILES,

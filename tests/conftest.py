@@ -45,6 +45,34 @@ def run_cli(
     )
 
 
+SMOKE = ["experiment=smoke", "observation.figures.heatmaps=false"]
+"""The shared smoke run's overrides: 2 epochs of the 4-block ViT on digits, observed at epochs 0, 1 and 2 (~30 s)."""
+_SMOKE: dict[str, tuple[Path, dict[str, float]]] = {}
+
+
+def _smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
+    if "run" not in _SMOKE:
+        from tgo.train import run
+
+        run_dir = tmp_path_factory.mktemp("smoke") / "run"
+        metrics = run(compose_train(run_dir, SMOKE))
+        _SMOKE["run"] = (run_dir, dict(metrics))
+    return _SMOKE["run"]
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished ``experiment=smoke`` run directory (`SMOKE`), trained once per session (per pytest-xdist worker)
+    for every test that reads one: read it, or copy it (``shutil.copytree``) to change it."""
+    return _smoke(tmp_path_factory)[0]
+
+
+@pytest.fixture(scope="session")
+def smoke_metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[str, float]:
+    """What ``tgo.train.run`` returned for `smoke_run` (the trainer's final callback metrics)."""
+    return _smoke(tmp_path_factory)[1]
+
+
 @pytest.fixture
 def compose_cfg(tmp_path: Path):
     """Returns a function composing the config with overrides into ``tmp_path/run``."""

@@ -12,7 +12,6 @@ import torch
 
 from tests.conftest import compose_train
 from tests.helpers import SimulatedCrash
-from tests.report.smoke import smoke_run_dir
 from tgo.observe import observe_models
 from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
 from tgo.resume import (
@@ -115,9 +114,9 @@ def test_ckpt_path_last_where_nothing_was_saved_yet_starts_from_scratch(tmp_path
     assert plan.checkpoint is None and "holds no checkpoint (nothing was saved yet)" in str(plan.start_over)
 
 
-def test_set_aside_epochs_moves_rows_and_spectra_and_keeps_the_rest(tmp_path_factory, tmp_path):
+def test_set_aside_epochs_moves_rows_and_spectra_and_keeps_the_rest(smoke_run, tmp_path):
     run_dir = tmp_path / "copy"
-    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir)
+    shutil.copytree(smoke_run, run_dir)
     before = read_metric_rows(run_dir)
     target = set_aside_epochs(RunDir(run_dir), [2], "test")
     assert target is not None and recorded_epochs(run_dir) == [0, 1]
@@ -132,8 +131,8 @@ def _manifest(run_dir: RunDir, **changes: object) -> dict:
     return {**manifest, **changes}
 
 
-def test_a_resume_with_the_same_subset_passes_and_any_change_is_named(tmp_path_factory):
-    run_dir = RunDir(smoke_run_dir(tmp_path_factory))
+def test_a_resume_with_the_same_subset_passes_and_any_change_is_named(smoke_run):
+    run_dir = RunDir(smoke_run)
     same = _manifest(run_dir)
     check_same_analysis_subset(run_dir, same)
     items = same["items"]
@@ -180,9 +179,9 @@ def test_an_interrupted_run_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
                 assert np.array_equal(spectra_interrupted[epoch][point][name], array), (epoch, point, name)
 
 
-def test_checkpoints_newer_than_the_restored_one_are_set_aside_and_older_ones_kept(tmp_path_factory, tmp_path):
+def test_checkpoints_newer_than_the_restored_one_are_set_aside_and_older_ones_kept(smoke_run, tmp_path):
     run_dir = RunDir(tmp_path / "copy")
-    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir.root)
+    shutil.copytree(smoke_run, run_dir.root)
     torch.save({"global_step": 10**6}, run_dir.checkpoints / "best_epoch_009.ckpt")  # saved after last.ckpt
     torch.save({"global_step": 0}, run_dir.checkpoints / "best_epoch_000_old.ckpt")
     assert [p.name for p in set_aside_newer_checkpoints(run_dir, run_dir.last_checkpoint)] == ["best_epoch_009.ckpt"]
@@ -191,9 +190,9 @@ def test_checkpoints_newer_than_the_restored_one_are_set_aside_and_older_ones_ke
     assert (aside / "checkpoints" / "best_epoch_009.ckpt").is_file()
 
 
-def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path_factory, tmp_path):
+def test_a_resume_removes_the_temporary_files_a_killed_writer_left(smoke_run, tmp_path):
     run_dir = RunDir(tmp_path / "copy")
-    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir.root)
+    shutil.copytree(smoke_run, run_dir.root)
     left = [run_dir.geometry / ".metrics.csv.x1.tmp", run_dir.spectra_dir / ".epoch_0003.npz.x2.tmp"]
     left.append(run_dir.checkpoints / ".last.ckpt.x3.tmp")
     for path in left:
@@ -203,10 +202,10 @@ def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path_fact
     assert recorded_epochs(run_dir.root) == [0, 1, 2] and run_dir.last_checkpoint.is_file()
 
 
-def test_a_report_over_a_directory_of_runs_never_takes_a_set_aside_attempt_for_a_run(tmp_path_factory, tmp_path):
+def test_a_report_over_a_directory_of_runs_never_takes_a_set_aside_attempt_for_a_run(smoke_run, tmp_path):
     from tgo.report.runs import discover_runs
 
     run_dir = RunDir(tmp_path / "runs" / "one")
-    shutil.copytree(smoke_run_dir(tmp_path_factory), run_dir.root)
+    shutil.copytree(smoke_run, run_dir.root)
     set_aside_epochs(run_dir, [2], "test")  # set_aside/<time>/geometry/ holds records too
     assert discover_runs([tmp_path / "runs"]) == [run_dir.root]

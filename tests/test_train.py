@@ -27,15 +27,8 @@ def metric_epochs(run_dir: Path) -> Counter:
     return Counter((int(r["epoch"]), r["point"], r["view"], r["metric"]) for r in rows)
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> tuple[Path, dict]:
-    run_dir = tmp_path_factory.mktemp("smoke") / "run"
-    metrics = run(compose_train(run_dir, ["experiment=smoke"]))
-    return run_dir, metrics
-
-
-def test_smoke_run_writes_everything_a_user_reads(smoke_run):
-    run_dir, metrics = smoke_run
+def test_smoke_run_writes_everything_a_user_reads(smoke_run, smoke_metrics):
+    run_dir, metrics = smoke_run, smoke_metrics
     assert 0.0 <= metrics["val/acc_top1"] <= 1.0 and "val/acc_top5" in metrics
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert any(p.name.startswith("best_epoch_") for p in (run_dir / "checkpoints").iterdir()), "best checkpoint"
@@ -48,7 +41,7 @@ def test_smoke_run_writes_everything_a_user_reads(smoke_run):
 
 
 def test_smoke_run_records_each_epoch_once_per_point_and_metric(smoke_run):
-    run_dir, _ = smoke_run
+    run_dir = smoke_run
     counts = metric_epochs(run_dir)
     assert set(counts.values()) == {1}
     assert {epoch for epoch, *_ in counts} == {0, 1, 2}
@@ -59,7 +52,7 @@ def test_smoke_run_records_each_epoch_once_per_point_and_metric(smoke_run):
 
 
 def test_checkpoint_holds_the_trained_model_and_callback_state(smoke_run):
-    run_dir, _ = smoke_run
+    run_dir = smoke_run
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["epoch"] == 1 and checkpoint["hyper_parameters"]["arch"]["depth"] == 4
     geometry_state = [v for k, v in checkpoint["callbacks"].items() if "SpectralGeometryCallback" in k]
@@ -96,7 +89,7 @@ def test_resume_observes_a_due_epoch_that_a_crash_left_unrecorded(tmp_path):
 
 
 def test_a_fresh_run_refuses_a_directory_that_holds_a_run(smoke_run):
-    run_dir, _ = smoke_run
+    run_dir = smoke_run
     before = (run_dir / "geometry" / "metrics.csv").read_bytes()
     with pytest.raises(ConfigError, match=r"already holds a run.*ckpt_path=last"):
         run(compose_train(run_dir, ["experiment=smoke"]))
@@ -110,7 +103,7 @@ def test_ckpt_path_last_without_a_checkpoint_is_a_clear_error(tmp_path):
 
 def test_an_empty_truncated_or_damaged_checkpoint_is_refused_before_training(smoke_run, tmp_path):
     """torch.load gives a bare EOFError for an empty file, and loads a damaged archive without complaint."""
-    data = (smoke_run[0] / "checkpoints" / "last.ckpt").read_bytes()
+    data = (smoke_run / "checkpoints" / "last.ckpt").read_bytes()
     damaged = bytearray(data)
     damaged[len(data) // 2 : len(data) // 2 + 64] = bytes(64)
     cases = {"empty": (b"", "is empty"), "truncated": (data[: len(data) // 2], "is not a torch.save archive")}
@@ -120,13 +113,13 @@ def test_an_empty_truncated_or_damaged_checkpoint_is_refused_before_training(smo
         path.write_bytes(content)
         with pytest.raises(ConfigError, match=rf"^ckpt_path: '{path}' {problem}.*; expected a complete Lightning"):
             resolve_ckpt_path(str(path), tmp_path)
-    assert resolve_ckpt_path("last", smoke_run[0]) == str(smoke_run[0] / "checkpoints" / "last.ckpt")
+    assert resolve_ckpt_path("last", smoke_run) == str(smoke_run / "checkpoints" / "last.ckpt")
 
 
 def test_extending_a_finished_run_is_refused_because_its_schedule_is_fixed(smoke_run, tmp_path):
     """``max_epochs`` 2 -> 4 with ``ckpt_path=last`` used to die on OneCycleLR's step count in the third epoch."""
     run_dir = tmp_path / "run"
-    shutil.copytree(smoke_run[0], run_dir)
+    shutil.copytree(smoke_run, run_dir)
     before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
     message = (
         r"trainer\.max_epochs: the checkpoint's onecycle learning-rate schedule spans 12 optimizer steps but this "

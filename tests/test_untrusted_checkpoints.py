@@ -21,7 +21,6 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from tests.conftest import compose_train, run_cli
 from tests.helpers import TINY_TIMM
-from tests.report.smoke import smoke_run_dir
 from tgo.checkpoints import CheckpointError, load_checkpoint_file, load_weights_file, net_from_checkpoint
 from tgo.observe import main as observe_main
 from tgo.records import RunDir
@@ -68,16 +67,10 @@ def files(root: Path) -> dict[Path, bytes]:
     }
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shared smoke run (trained once per session): TGO's own checkpoints."""
-    return smoke_run_dir(tmp_path_factory)
-
-
 @pytest.fixture
-def run_copy(smoke: Path, tmp_path: Path) -> RunDir:
+def run_copy(smoke_run: Path, tmp_path: Path) -> RunDir:
     run = RunDir(tmp_path / "run")
-    shutil.copytree(smoke, run.root)
+    shutil.copytree(smoke_run, run.root)
     return run
 
 
@@ -88,11 +81,11 @@ def one_line(text: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- TGO's own checkpoints
-def test_tgo_checkpoints_need_nothing_beyond_the_weights_only_set(smoke: Path):
+def test_tgo_checkpoints_need_nothing_beyond_the_weights_only_set(smoke_run: Path):
     """Hyper-parameters, loop, optimizer and scheduler states, random states and the geometry callback's state all
     load with ``weights_only=True`` and no allow-list."""
     assert SAFE_GLOBALS == []
-    paths = sorted(RunDir(smoke).checkpoints.glob("*.ckpt"))
+    paths = sorted(RunDir(smoke_run).checkpoints.glob("*.ckpt"))
     assert [p.name for p in paths] == ["best_epoch_000.ckpt", "last.ckpt"]
     for path in paths:
         assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == [], path
@@ -108,7 +101,7 @@ def test_tgo_checkpoints_need_nothing_beyond_the_weights_only_set(smoke: Path):
         assert geometry["observed_epochs"]
         assert load_checkpoint_file(path).keys() == checkpoint.keys()
         assert isinstance(net_from_checkpoint(path), torch.nn.Module)
-    assert observed_in_checkpoint(RunDir(smoke).last_checkpoint) == [0, 1, 2]
+    assert observed_in_checkpoint(RunDir(smoke_run).last_checkpoint) == [0, 1, 2]
 
 
 # ------------------------------------------------------------------------------------------- the loaders
@@ -120,9 +113,9 @@ def test_tgo_checkpoints_need_nothing_beyond_the_weights_only_set(smoke: Path):
         (TouchesAFile, False, r"(builtins\.)?getattr|pathlib\.\w+"),  # Path.touch pickles as getattr(Path, 'touch')
     ],
 )
-def test_every_loader_refuses_a_payload_naming_the_file_and_the_global(smoke, tmp_path, payload, legacy, refused):
+def test_every_loader_refuses_a_payload_naming_the_file_and_the_global(smoke_run, tmp_path, payload, legacy, refused):
     marker = tmp_path / "payload_ran"
-    bad = poison(RunDir(smoke).last_checkpoint, tmp_path / "bad.ckpt", marker, payload, legacy=legacy)
+    bad = poison(RunDir(smoke_run).last_checkpoint, tmp_path / "bad.ckpt", marker, payload, legacy=legacy)
     for load, label in (
         (load_checkpoint_file, str(bad)),
         (net_from_checkpoint, str(bad)),
@@ -154,12 +147,12 @@ def test_a_damaged_file_is_still_an_unreadable_checkpoint_not_a_refusal(tmp_path
         load_checkpoint_file(tensor)
 
 
-def test_lightnings_own_load_with_weights_only_true_refuses_whatever_the_environment(smoke, tmp_path, monkeypatch):
+def test_lightnings_own_load_with_weights_only_true_refuses_whatever_the_environment(smoke_run, tmp_path, monkeypatch):
     """What ``trainer.fit(ckpt_path=..., weights_only=True)`` does. With ``weights_only=None`` Lightning leaves the
     choice to torch, whose default (``True`` since 2.6) ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` turns off; an explicit
     ``True`` holds."""
     marker = tmp_path / "payload_ran"
-    bad = poison(RunDir(smoke).last_checkpoint, tmp_path / "bad.ckpt", marker)
+    bad = poison(RunDir(smoke_run).last_checkpoint, tmp_path / "bad.ckpt", marker)
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     with pytest.raises(Exception, match="Unsupported global"):
         TorchCheckpointIO().load_checkpoint(bad, weights_only=True)
@@ -221,7 +214,7 @@ def test_prepare_refuses_a_poisoned_checkpoint_before_touching_anything(run_copy
 
 
 # ------------------------------------------------------------------------------------------- observe
-def test_observe_checkpoint_refuses_a_poisoned_file_in_one_line_with_status_2(smoke, tmp_path):
+def test_observe_checkpoint_refuses_a_poisoned_file_in_one_line_with_status_2(smoke_run, tmp_path):
     """The real ``python -m tgo.observe --checkpoint`` CLI."""
     import subprocess
     import sys
@@ -229,7 +222,7 @@ def test_observe_checkpoint_refuses_a_poisoned_file_in_one_line_with_status_2(sm
     from tests.conftest import REPO
 
     marker = tmp_path / "payload_ran"
-    bad = poison(RunDir(smoke).last_checkpoint, tmp_path / "bad.ckpt", marker)
+    bad = poison(RunDir(smoke_run).last_checkpoint, tmp_path / "bad.ckpt", marker)
     out = tmp_path / "observed"
     result = subprocess.run(
         [sys.executable, "-m", "tgo.observe", "--checkpoint", str(bad), "--out", str(out)],
@@ -255,9 +248,9 @@ def test_observe_of_a_run_with_a_poisoned_checkpoint_names_it_in_one_line(run_co
     assert not marker.exists() and not (tmp_path / "observed").exists()
 
 
-def test_observe_timm_weights_refuses_a_poisoned_file_in_one_line(smoke, tmp_path, capsys):
+def test_observe_timm_weights_refuses_a_poisoned_file_in_one_line(smoke_run, tmp_path, capsys):
     marker = tmp_path / "payload_ran"
-    bad = poison(RunDir(smoke).last_checkpoint, tmp_path / "weights.pth", marker)
+    bad = poison(RunDir(smoke_run).last_checkpoint, tmp_path / "weights.pth", marker)
     argv = ["--timm", "vit_tiny_patch16_224", "--weights", str(bad), "--out", str(tmp_path / "observed"), *TINY_TIMM]
     assert observe_main(argv) == 2
     line = one_line(capsys.readouterr().err)

@@ -26,7 +26,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.report.smoke import smoke_run_dir
 from tgo.records import load_jackknife, load_spectra, read_metric_rows
 from tgo.spectral import jackknife_stderr
 
@@ -34,7 +33,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden_smoke"
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def golden_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The smoke experiment as recorded before the jackknife existed (one accumulator per point)."""
     from tests.conftest import compose_train
     from tgo.train import run
@@ -72,8 +71,8 @@ def _values(run_dir: Path) -> dict[tuple[str, str, str, str], float]:
     return {(r["epoch"], r["point"], r["view"], r["metric"]): float(r["value"]) for r in read_metric_rows(run_dir)}
 
 
-def test_every_golden_metric_is_recorded_bit_for_bit(smoke_run: Path) -> None:
-    golden, now = _values(GOLDEN), _values(smoke_run)
+def test_every_golden_metric_is_recorded_bit_for_bit(golden_run: Path) -> None:
+    golden, now = _values(GOLDEN), _values(golden_run)
     assert len(golden) == 420
     missing = sorted(set(golden) - set(now))
     assert not missing, f"metrics no longer recorded: {missing[:5]}"
@@ -85,15 +84,15 @@ def test_every_golden_metric_is_recorded_bit_for_bit(smoke_run: Path) -> None:
     assert not changed, f"{len(changed)} recorded values changed, e.g. {changed[:3]}"
 
 
-def test_the_default_jackknife_run_changes_no_value_beyond_rounding(tmp_path_factory: pytest.TempPathFactory) -> None:
-    golden, now = _values(GOLDEN), _values(smoke_run_dir(tmp_path_factory))
+def test_the_default_jackknife_run_changes_no_value_beyond_rounding(smoke_run: Path) -> None:
+    golden, now = _values(GOLDEN), _values(smoke_run)
     assert set(golden) <= set(now)
     for key, value in golden.items():
         assert now[key] == pytest.approx(value, rel=1e-12, abs=1e-12, nan_ok=True), key
 
 
-def test_every_golden_spectrum_array_is_recorded_bit_for_bit(smoke_run: Path) -> None:
-    golden, now = load_spectra(GOLDEN), load_spectra(smoke_run)
+def test_every_golden_spectrum_array_is_recorded_bit_for_bit(golden_run: Path) -> None:
+    golden, now = load_spectra(GOLDEN), load_spectra(golden_run)
     assert sorted(golden) == sorted(now) == [0, 1, 2]
     compared = 0
     for epoch, points in golden.items():
@@ -106,10 +105,10 @@ def test_every_golden_spectrum_array_is_recorded_bit_for_bit(smoke_run: Path) ->
 
 
 def test_the_jackknife_replicates_are_additions_that_reproduce_every_recorded_stderr(
-    smoke_run: Path, tmp_path_factory: pytest.TempPathFactory
+    golden_run: Path, smoke_run: Path
 ) -> None:
-    assert load_jackknife(GOLDEN) == {} and load_jackknife(smoke_run) == {}  # no jackknife, no replicates
-    run_dir = smoke_run_dir(tmp_path_factory)
+    assert load_jackknife(GOLDEN) == {} and load_jackknife(golden_run) == {}  # no jackknife, no replicates
+    run_dir = smoke_run
     replicates = {}
     checked: dict[str, int] = {}
     for row in read_metric_rows(run_dir):

@@ -9,7 +9,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import compose_train
-from tgo.callbacks.spectral_geometry import DEPTH_PROFILES, SpectralGeometryCallback
+from tgo.callbacks.dashboard import DEPTH_PROFILES
+from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
 from tgo.callbacks.tensorboard_runs import PointRuns, point_run_names
 from tgo.records import read_metric_rows
 from tgo.spectral import CATALOGUE
