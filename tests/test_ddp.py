@@ -163,7 +163,7 @@ def _observe_with_probes(rank: int, world_size: int, all_reduce_sum, run_dir: Pa
         return all_reduce_sum(tensor)
 
     net = _tiny_vit()
-    settings = ObservationSettings(groups=3, probes={"enabled": enabled, "folds": 3})
+    settings = ObservationSettings(groups=3, probes={"enabled": enabled, "folds": 3}, attention={"enabled": False})
     results = observe_and_record(
         net,
         _labelled_images(PROBE_IMAGES),

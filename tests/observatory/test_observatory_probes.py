@@ -36,7 +36,9 @@ N_IMAGES, N_CLASSES, GROUPS, FOLDS, BATCH = 24, 4, 3, 4, 10
 TOKENS = N_PATCHES + 1
 BLOCKS = ("block_01", "block_02", "block_03", "block_04")
 SEQUENCE_POINTS = ("pos_embed", *BLOCKS)  # CLS + patch tokens
-SETTINGS = ObservationSettings(groups=GROUPS, probes={"folds": FOLDS, "subspace_k": 5})
+SETTINGS = ObservationSettings(
+    groups=GROUPS, probes={"folds": FOLDS, "subspace_k": 5}, attention={"enabled": False}
+)  # the attention family: tests/observatory/test_attention_family.py
 
 
 def _dataset() -> TensorDataset:

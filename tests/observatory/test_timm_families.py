@@ -25,6 +25,7 @@ from tgo.checkpoints import timm_net
 from tgo.errors import UserInputError
 from tgo.model import build_timm_model
 from tgo.observatory import ObservationKey, points_from_config, vit_points
+from tgo.observatory.families.attention import attention_refusal
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordWriter, load_metrics, load_series, load_spectra
@@ -119,7 +120,9 @@ def test_every_view_has_the_right_rows_and_finite_observables(observed):
     cls, prefix = observed["net"].cls_token is not None, p > 1 or (p == 1 and observed["net"].cls_token is None)
     views = {key.view for key in results if key.point == "block_01"}
     want = {"all", "patch", "between_image", "within_image"} | ({"cls"} if cls else set())
-    assert views == want | ({"prefix"} if prefix else set())
+    standard = attention_refusal(observed["net"].blocks[0].attn) is None  # timm's Attention: the attention family
+    assert standard == (family.id not in ("eva02", "eva_rope_register_no_class_token", "beit")), family.id
+    assert views == want | ({"prefix"} if prefix else set()) | ({"attention"} if standard else set())
     for point in ("pos_embed", "block_01", "block_02"):
         assert results[ObservationKey(point, "all")].n_rows == b * n
         assert results[ObservationKey(point, "patch")].n_rows == b * (n - p)
@@ -140,7 +143,9 @@ def test_the_records_hold_every_view_and_read_back(observed):
     family, results, run = observed["family"], observed["results"], observed["run"]
     frame = load_metrics(run)
     assert set(zip(frame["point"], frame["view"], strict=True)) == {(k.point, k.view) for k in results}
-    for view in {k.view for k in results}:
+    blocks = sorted(k.point for k in results if k.view == "attention")
+    assert sorted(load_series(run, view="attention").get("attention_entropy", {})) == blocks
+    for view in {k.view for k in results} - {"attention"}:  # the attention view has no covariance
         series = load_series(run, view=view)
         spectra = load_spectra(run, view=view)[0]
         points = {k.point for k in results if k.view == view}

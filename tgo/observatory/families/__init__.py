@@ -1,13 +1,14 @@
 """Measurement families: the seam through which every measurement beside the covariances enters an observation.
 
 The protocol is `base` (`MeasurementFamily`, `FamilyState`, `HookSpec`, `BatchInfo`, `FamilyContext`,
-`PointSummary`, `Metric`, `Array`, the registry). The built-in family is `image_vectors` (the per-image vectors:
-views, class geometry, decoding, massive activations, subspace drift); `attention` (attention geometry recomputed
-from every block's q and k) is written against the same protocol. `testing.check_family` checks any family for
+`PointSummary`, `Metric`, `Array`, the registry). The built-in families are `image_vectors` (the per-image vectors:
+views, class geometry, decoding, massive activations, subspace drift) and `attention` (attention geometry recomputed
+from every block's q and k, view ``attention``). `testing.check_family` checks any family for
 multi-rank exactness, its collective count, records and resume. Recipe: ``docs/extending.md`` (e) "Add a measurement
 family".
 """
 
+from .attention import ATTENTION
 from .base import (
     Array,
     BatchInfo,
@@ -30,11 +31,12 @@ from .base import (
 )
 from .image_vectors import IMAGE_VECTORS
 
-# The built-in families, in record order; their catalogue entries are declared in tgo.spectral.catalogue. (The
-# attention family, `families.attention.ATTENTION`, joins them here once the tests that list every view expect it.)
+# The built-in families, in record order; their catalogue entries are declared in tgo.spectral.catalogue.
 register_family(IMAGE_VECTORS)
+register_family(ATTENTION)
 
 __all__ = [
+    "ATTENTION",
     "IMAGE_VECTORS",
     "Array",
     "BatchInfo",

@@ -113,14 +113,17 @@ def attention_refusal(attn: Any) -> str | None:
     """Why ``attn`` is not timm's standard ``Attention`` whose ``q_norm`` / ``k_norm`` outputs enter the softmax as
     they are, or ``None`` when it is.
 
-    Checked: the class is ``Attention`` from ``timm``, it has ``qkv``, ``q_norm``, ``k_norm`` modules and integer
-    ``num_heads`` / ``head_dim``, and its scale is the default ``head_dim ** -0.5`` (the fused kernel ignores any
-    other). EVA's attention (rotary position embeddings rotate q and k after the norms), attention pooling and custom
-    classes fail the first check.
+    Checked: it is ``timm.layers.Attention`` (or a subclass keeping its ``forward``), it has ``qkv``, ``q_norm``,
+    ``k_norm`` modules and integer ``num_heads`` / ``head_dim``, and its scale is the default ``head_dim ** -0.5``
+    (the fused kernel ignores any other). EVA's attention (rotary position embeddings rotate q and k after the
+    norms), BEiT's (a relative position bias is added to the logits), attention pooling and custom classes fail the
+    first check.
     """
+    from timm.layers import Attention
+
     cls = type(attn)
     name = f"{cls.__module__}.{cls.__qualname__}"
-    if cls.__name__ != "Attention" or not cls.__module__.startswith("timm."):
+    if not isinstance(attn, Attention) or cls.forward is not Attention.forward:
         return f"{name} is not timm's standard Attention (its q and k may be changed after q_norm/k_norm)"
     for attribute in ("qkv", "q_norm", "k_norm"):
         if not isinstance(getattr(attn, attribute, None), nn.Module):
