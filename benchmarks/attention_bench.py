@@ -7,9 +7,9 @@
 9.3 rank 0's summary: the covariance summary (``summarize_accumulators`` of the same pass) with and without the
     attention summaries of every block (`tgo.observatory.families.attention.attention_contribution`).
 
-The attention hooks are bound around the harness's streaming pass with `tgo.observatory.hooks.ActivationHooks`,
-exactly the hooks and updates the family makes in an observation, each batch's images getting their jackknife group
-in loader order (the loader visits group by group). Interleaved ``off, on, off, on, ..., off`` (`_harness.interleaved`).
+The family is started and streamed as an observation does it (`tgo.observatory.pipeline.start_families`, the
+harness's ``stream_pass(..., families=[run])``: the same hooks, loader and accumulator updates), the covariances at
+the default settings. Interleaved ``off, on, off, on, ..., off`` (`_harness.interleaved`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from benchmarks import _harness as h
@@ -28,42 +27,18 @@ ATTENTION_TARGET = 1.15
 """Target of row 9.1 (the issue's): the streaming pass with the attention family / without."""
 
 
-def _attention_state(net: torch.nn.Module, points: Sequence[Any], n_images: int, groups: int, dtype: str) -> Any:
-    """The family's plan, state and hook specs for one pass on the CPU (as an observation builds them)."""
-    from tgo.observatory.families.attention import ATTENTION
-    from tgo.observatory.families.base import FamilyContext
-    from tgo.observatory.hooks import num_prefix_tokens_of
-    from tgo.observatory.points import resolve_points
-
-    settings = h.observation_settings().replace(attention={"enabled": True, "dtype": dtype})
-    group_of_item = np.zeros(n_images, dtype=np.int64)
-    context = FamilyContext(
-        net=net,
-        points=tuple(points),
-        modules=resolve_points(net, list(points)),
-        settings=settings,
-        device=torch.device("cpu"),
-        rank=0,
-        world_size=1,
-        n_images=n_images,
-        groups=groups,
-        group_of_item=group_of_item,
-        num_prefix_tokens=num_prefix_tokens_of(net),
-    )
-    return ATTENTION.start(context), ATTENTION.hooks(context)
-
-
 def attention_pass(
     net: torch.nn.Module, dataset: Any, batch: int, dtype: str, repeats: int
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """``(off, on)``: the harness's streaming pass, and the same with the attention family's hooks bound around it."""
-    from tgo.observatory import vit_points
-    from tgo.observatory.families.base import BatchInfo
-    from tgo.observatory.hooks import ActivationHooks
-    from tgo.observatory.pipeline import group_of_items
+    """``(off, on)``: the harness's streaming pass, and the same with the attention family started and streamed as an
+    observation does (`tgo.observatory.pipeline.start_families`, ``stream_pass(..., families=[run])``)."""
+    from tgo.observatory import ShardPlan, vit_points
+    from tgo.observatory.families import ATTENTION
+    from tgo.observatory.pipeline import group_of_items, start_families
 
     points, groups = vit_points(net), h.default_groups()
-    order = np.sort(group_of_items(dataset, groups)) if groups else np.zeros(len(dataset), dtype=np.int64)
+    group_of_item = group_of_items(dataset, groups) if groups else None
+    settings = h.observation_settings().replace(attention={"enabled": True, "dtype": dtype})
     cpu = torch.device("cpu")
     last: dict[str, Any] = {}
 
@@ -72,24 +47,19 @@ def attention_pass(
         return last["off"]
 
     def on() -> Any:
-        state, specs = _attention_state(net, points, len(dataset), groups, dtype)
-        seen = {"offset": 0, "batch": None}
-
-        def begin(module: Any, args: Any) -> None:  # each forward: its images' groups, in loader order
-            b = int(args[0].shape[0])
-            ids = torch.as_tensor(order[seen["offset"] : seen["offset"] + b])
-            seen["batch"] = BatchInfo(torch.arange(b), torch.zeros(b, dtype=torch.long), ids)
-            seen["offset"] += b
-
-        bindings = [(s, (lambda key: lambda x: state.update(key, x, seen["batch"]))(s.key)) for s in specs]
-        handle = net.register_forward_pre_hook(begin)
-        try:
-            with ActivationHooks(net, bindings):
-                accs = h.stream_pass(net, dataset, points, batch, cpu, groups)
-        finally:
-            handle.remove()
-        state.check()
-        last["on"] = (accs, state)
+        (run,) = start_families(
+            [ATTENTION],
+            net,
+            points,
+            settings=settings,
+            plan=ShardPlan(batch_size=batch),
+            n_images=len(dataset),
+            group_of_item=group_of_item,
+            device=cpu,
+        )
+        accs = h.stream_pass(net, dataset, points, batch, cpu, groups, families=[run])
+        run.state.check()
+        last["on"] = (accs, run.state)
         return last["on"]
 
     on.last = last  # type: ignore[attr-defined]
