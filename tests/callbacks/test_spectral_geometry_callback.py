@@ -353,7 +353,8 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
         logged = list(csv.DictReader(fh))
     columns = set(logged[0])
     records = read_metric_rows(tmp_path)
-    assert {r["view"] for r in records} == set(VIEWS) - {"prefix"}  # one prefix token: its view is cls
+    views = (set(VIEWS) - {"prefix"}) | {"attention"}  # one prefix token: its view is cls; the attention family's
+    assert {r["view"] for r in records} == views
     for row in records:
         for column, recorded in ((logger_tag(row), row["value"]), (logger_tag(row, "geometry_stderr"), row["stderr"])):
             if column is None or (column.startswith("geometry_stderr") and recorded == "nan"):
