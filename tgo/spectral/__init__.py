@@ -9,10 +9,13 @@ Pure numerics (torch + numpy, no Lightning). The flow for one observation point:
     spectrum = eigendecompose(cov, acc.n, acc.n_nonfinite)
     row = summarize(cov, spectrum)                  # {name: float}, one per CATALOGUE entry
 
-Formulas, conventions and degenerate cases: ``docs/observables.md``.
+Attention geometry (`AttentionAccumulator`: entropy, sink and self mass, peak weight, distance, head diversity from a
+layer's q and k, summed per jackknife group) follows the same pattern. Formulas, conventions and degenerate cases:
+``docs/observables.md``.
 """
 
 from tgo.spectral.accumulator import StreamingCovariance, allreduce_accumulators, strict_fp32_math
+from tgo.spectral.attention import ATTENTION_METRICS, AttentionAccumulator, AttentionSummary
 from tgo.spectral.catalogue import CATALOGUE, Catalogue, Observable, SpectralInputs
 from tgo.spectral.decomposition import Spectrum, eigendecompose
 from tgo.spectral.jackknife import (
@@ -42,8 +45,11 @@ from tgo.spectral.observables import (
 from tgo.spectral.summary import summarize
 
 __all__ = [
+    "ATTENTION_METRICS",
     "CATALOGUE",
     "FLATNESS_FLOOR",
+    "AttentionAccumulator",
+    "AttentionSummary",
     "Catalogue",
     "GroupedCovariance",
     "Observable",
