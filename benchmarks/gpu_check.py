@@ -377,6 +377,9 @@ def load_observed(checkpoint: Path) -> Observed:
 
     cfg = compose_observe_config([], run_dir_of(checkpoint))
     settings = ObservationSettings.from_config(cfg.observation)
+    # The attention family's dtype "auto" recomputes in float32 on a CPU and in float64 on a GPU; the check compares
+    # the devices at float64 round-off (TOLERANCE), so both sides recompute attention in float64.
+    settings = dataclasses.replace(settings, attention=dataclasses.replace(settings.attention, dtype="float64"))
     datamodule = instantiate(cfg.data).validate()
     loader = DataLoader(datamodule.analysis_dataset, batch_size=64, num_workers=int(datamodule.num_workers))
     batches = list(loader)

@@ -51,6 +51,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from tgo import viz
 from tgo.observatory import ObservationKey, PointResult, Results
+from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
+from tgo.observatory.families.attention import depth_profiles as attention_depth_profiles
 from tgo.observatory.settings import FigureSettings
 from tgo.records import DEFAULT_VIEW, layer_epoch_table, load_series, load_spectra
 from tgo.spectral import CATALOGUE
@@ -147,7 +149,9 @@ def point_scalars(results: Results) -> dict[str, dict[str, float]]:
     return scalars
 
 
-def custom_scalar_layout(views: Sequence[str], *, probes: bool, groups: int) -> dict[str, dict[str, list[Any]]]:
+def custom_scalar_layout(
+    views: Sequence[str], *, probes: bool, groups: int, attention: bool = False
+) -> dict[str, dict[str, list[Any]]]:
     """TensorBoard's custom-scalars layout: ``{category: {chart title: [chart kind, [tag regexes]]}}``.
 
     The per-point runs already give every tag its own chart of coloured lines, one per point; this layout is
@@ -161,6 +165,9 @@ def custom_scalar_layout(views: Sequence[str], *, probes: bool, groups: int) -> 
     ``all`` view's charted covariance observables. With jackknife ``groups``, one more category of
     ``value -/+ 1 s.e.`` Margin charts, one per charted observable of the ``all`` view, each band a point run's;
     added in reverse catalogue order, because TensorBoard lists a category's Margin charts last-added first.
+    With ``attention`` (the attention family records some block), one category of the charted attention metrics,
+    ``geometry_attention/<metric>``, one line per block (`ATTENTION_CHARTED`: the covariance observables have no
+    value on that view).
     """
     layout: dict[str, dict[str, list[Any]]] = {}
     for view in views if probes else (DEFAULT_VIEW,):  # without probes only the all view and no probe metric
@@ -169,6 +176,11 @@ def custom_scalar_layout(views: Sequence[str], *, probes: bool, groups: int) -> 
         layout[category] = {
             f"{metric} ({view})" if own else metric: ["Multiline", [f"{_tag_prefix(view)}/{metric}$"]]
             for metric in (CATALOGUE.charted_on(view) if probes else CATALOGUE.charted)
+        }
+    if attention:
+        layout["TGO attention geometry (one line per block)"] = {
+            f"{metric} (attention)": ["Multiline", [f"{_tag_prefix(ATTENTION_VIEW)}/{metric}$"]]
+            for metric in ATTENTION_CHARTED
         }
     if groups:
         layout["TGO geometry \u00b1 1 jackknife s.e. (one band per point)"] = {
@@ -207,6 +219,8 @@ def figure_job(
     }
     recorded = list(recorded)
     names = list(own)
+    attention = {key.point: dict(result.arrays) for key, result in results.items() if key.view == ATTENTION_VIEW}
+    blocks = list(attention)  # the blocks the attention family recorded, in depth order
     tag_names = point_run_names(names)  # <NN>_<point>: TensorBoard sorts tags as strings, so in depth order
 
     def job() -> Iterator[None]:  # one step per figure: the worker may pause between them
@@ -243,6 +257,13 @@ def figure_job(
             for metric, profiles in depth_profiles(root, names, epoch).items():
                 figure = viz.depth_profile_figure(profiles, names, title=metric, fontsize=viz.CARD_FONTSIZE)
                 _add_figure(writer, f"depth_profile/{metric}", figure, epoch)
+                yield
+        if figures.layer_epoch and blocks:  # attention: block x head heatmaps, then its depth profiles
+            cards = viz.attention_cards(
+                head_tables(attention, blocks), blocks, profiles=attention_depth_profiles(root, blocks, epoch)
+            )
+            for tag, image in cards:
+                writer.add_image(tag, image, global_step=epoch, dataformats="HWC")
                 yield
         writer.flush()
 

@@ -44,6 +44,7 @@ from tgo.observatory import (
     points_from_config,
     resolve_points,
 )
+from tgo.observatory.families.attention import attention_refusal
 from tgo.observatory.find_vit import ModelSpec
 from tgo.observatory.standalone import (
     DEFAULT_BATCH_SIZE,
@@ -140,6 +141,7 @@ class SpectralGeometryCallback(L.Callback):
         self._run: RunDir | None = None
         self._dashboard: TensorBoardDashboard | None = None  # rank 0's per-point runs and figure worker, on first use
         self._views = tuple(view for view in VIEWS if view != "prefix")  # the views recorded, known in setup
+        self._attention = False  # whether the attention family records some block, known in setup
         self._analysis: Any = None  # the checked analysis set (with .labels), settled in setup
         self._analysis_batch_size = DEFAULT_BATCH_SIZE
         self._analysis_num_workers = 0
@@ -155,6 +157,10 @@ class SpectralGeometryCallback(L.Callback):
         resolve_points(net, self.points)
         prefix = any("prefix" in layout.kinds for layout in token_layouts(net, self.points).values())
         self._views = tuple(view for view in VIEWS if view != "prefix" or prefix)
+        blocks = getattr(net, "blocks", ())
+        self._attention = self.settings.attention.enabled and any(
+            attention_refusal(getattr(block, "attn", None)) is None for block in blocks
+        )
         self._run = RunDir(trainer.default_root_dir)
         if stage == "fit":
             self._settle_analysis(trainer)
@@ -362,7 +368,9 @@ class SpectralGeometryCallback(L.Callback):
     def custom_scalar_layout(self) -> dict[str, dict[str, list[Any]]]:
         """TensorBoard's custom-scalars layout of this callback's recorded views and settings
         (`tgo.callbacks.dashboard.custom_scalar_layout`)."""
-        return custom_scalar_layout(self._views, probes=self.settings.probes.enabled, groups=self.settings.groups)
+        return custom_scalar_layout(
+            self._views, probes=self.settings.probes.enabled, groups=self.settings.groups, attention=self._attention
+        )
 
     def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
         """Draws and writes one observation's figures on the calling thread (`tgo.callbacks.dashboard.draw_figures`)."""

@@ -12,6 +12,7 @@ from tests.conftest import compose_train
 from tgo.callbacks.dashboard import DEPTH_PROFILES
 from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
 from tgo.callbacks.tensorboard_runs import PointRuns, point_run_names
+from tgo.observatory.families.attention import ATTENTION_CHARTED
 from tgo.records import read_metric_rows
 from tgo.spectral import CATALOGUE
 from tgo.train import run
@@ -96,6 +97,10 @@ def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_the_layer_epoc
         images = ev.Images(f"depth_profile/{metric}")
         assert [e.step for e in images] == [0, 1], metric
         assert (images[-1].width, images[-1].height) == (480, 320), "sized for a TensorBoard card"
+    image_tags = set(ev.Tags()["images"])
+    for metric in ATTENTION_CHARTED:  # the attention family: a depth profile of each charted metric
+        assert [e.step for e in ev.Images(f"attention_depth/{metric}")] == [0, 1], metric
+    assert {t for t in image_tags if t.startswith("attention_heads/")}, "block x head heatmaps"
     for metric in CATALOGUE.charted:  # one layer x epoch card per charted observable, not one grid of them all
         images = ev.Images(f"layer_epoch/{metric}")
         assert [e.step for e in images] == [0, 1], metric
@@ -134,6 +139,9 @@ def test_the_prefix_view_gets_charts_only_where_the_model_records_it(reg_tokens:
     callback.setup(L.Trainer(logger=False, enable_checkpointing=False), Module(), stage="validate")
     categories = callback.custom_scalar_layout()
     assert ("TGO geometry, prefix view (one line per point)" in categories) is has_prefix
+    attention = categories["TGO attention geometry (one line per block)"]
+    assert attention["attention_entropy (attention)"] == ["Multiline", ["geometry_attention/attention_entropy$"]]
+    assert set(attention) == {f"{metric} (attention)" for metric in ATTENTION_CHARTED}
     assert "TGO geometry, patch view (one line per point)" in categories
 
 

@@ -344,7 +344,7 @@ def depth_profiles(
 ) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """``{metric: {epoch: (block values [len(blocks)], standard errors)}}`` of the ``attention`` view's records at
     epochs ``<= up_to`` (for `tgo.viz.attention_cards`' ``profiles``); metrics not recorded are left out."""
-    from tgo.records import load_series
+    from tgo.records import layer_epoch_table, load_series
 
     values = load_series(run_dir, view=ATTENTION_VIEW, metrics=metrics)
     errors = load_series(run_dir, view=ATTENTION_VIEW, metrics=metrics, column="stderr")
@@ -352,19 +352,7 @@ def depth_profiles(
     for metric in (m for m in metrics if m in values):
         epochs = sorted({int(e) for es, _ in values[metric].values() for e in es if e <= up_to})
         if epochs:
-            table, se = _table(values[metric], blocks, epochs), _table(errors.get(metric, {}), blocks, epochs)
+            table = layer_epoch_table(values[metric], blocks, epochs)
+            se = layer_epoch_table(errors.get(metric, {}), blocks, epochs)
             out[metric] = {e: (table[:, j], se[:, j]) for j, e in enumerate(epochs)}
     return out
-
-
-def _table(
-    per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: Sequence[str], epochs: Sequence[int]
-) -> np.ndarray:
-    """``[len(points), len(epochs)]`` values of one metric, NaN where a point has no value at an epoch."""
-    table = np.full((len(points), len(epochs)), np.nan)
-    column = {int(e): j for j, e in enumerate(epochs)}
-    for i, point in enumerate(points):
-        for e, v in zip(*per_point.get(point, ((), ())), strict=False):
-            if int(e) in column:
-                table[i, column[int(e)]] = v
-    return table
