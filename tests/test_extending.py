@@ -42,6 +42,18 @@ from tgo.observatory import (
     observe_and_record,
     points_from_config,
 )
+from tgo.observatory.families import (
+    BatchInfo,
+    FamilyContext,
+    FamilyState,
+    MeasurementFamily,
+    Metric,
+    PointSummary,
+    SummedTensors,
+    family_metric,
+    jackknife_ratio,
+)
+from tgo.observatory.hooks import point_rows, point_spec
 from tgo.observe import compose_observe_config
 from tgo.records import RecordWriter, load_series, load_spectra, recorded_epochs
 from tgo.spectral import CATALOGUE, Observable, SpectralInputs, StreamingCovariance, eigendecompose, summarize
@@ -349,60 +361,51 @@ def test_a_file_source_requires_its_root_before_anything_is_scanned(tmp_path: Pa
 
 
 # ----------------------------------------------------------------------------------- (e) add a measurement family
+# The toy family of recipe (e), exactly as the page writes it (tests/observatory/test_families.py runs the family
+# tester on it).
+class MeanNormState(FamilyState):
+    def __init__(self, context: FamilyContext) -> None:
+        self.points = {p.name: p for p in context.points}
+        self.prefix = {p.name: context.prefix_of(p) for p in context.points}
+        self.column = {p.name: i for i, p in enumerate(context.points)}
+        shape = (context.jackknife_groups, len(context.points))
+        self.sums = SummedTensors.zeros({"norm": shape, "rows": shape}, context.device)
+
+    def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
+        rows = point_rows(x, self.points[key], self.prefix[key])
+        norms = rows.double().norm(dim=-1).reshape(rows.shape[0], -1)  # [B, rows per image]
+        groups, c = batch.groups.long(), self.column[key]
+        self.sums["norm"][:, c].index_add_(0, groups, norms.sum(dim=1))
+        self.sums["rows"][:, c].index_add_(0, groups, torch.full_like(norms[:, 0], norms.shape[1]))
+
+    def summables(self):
+        return [self.sums]
+
+    def summarize_point(self, summary: PointSummary):
+        c = self.column[summary.point.name]
+        value, stderr, replicates = jackknife_ratio(*(self.sums[k][:, c].cpu().numpy() for k in ("norm", "rows")))
+        return [Metric("all", "mean_token_norm", value, stderr, replicates)]
+
+
+class MeanNormFamily(MeasurementFamily):
+    name = "mean_norm"
+    observables = (family_metric("mean_token_norm", "mean_rows ||x||_2"),)
+
+    def enabled(self, settings):
+        return True
+
+    def hooks(self, context):
+        return [point_spec(p) for p in context.points]
+
+    def start(self, context):
+        return MeanNormState(context)
+
+
 def test_recipe_e_a_measurement_family_defined_in_user_code_is_recorded(tmp_path):
     """The toy family of recipe (e), exactly as the page writes it, through ``tgo.observe_model``."""
     import tgo
-    from tgo.observatory.families import (
-        BatchInfo,
-        FamilyContext,
-        FamilyState,
-        MeasurementFamily,
-        Metric,
-        PointSummary,
-        SummedTensors,
-        family_metric,
-        jackknife_ratio,
-        register_family,
-        unregister_family,
-    )
-    from tgo.observatory.hooks import point_rows, point_spec
+    from tgo.observatory.families import register_family, unregister_family
     from tgo.records import load_jackknife, load_metrics
-
-    class MeanNormState(FamilyState):
-        def __init__(self, context: FamilyContext) -> None:
-            self.points = {p.name: p for p in context.points}
-            self.prefix = {p.name: context.prefix_of(p) for p in context.points}
-            self.column = {p.name: i for i, p in enumerate(context.points)}
-            shape = (context.jackknife_groups, len(context.points))
-            self.sums = SummedTensors.zeros({"norm": shape, "rows": shape}, context.device)
-
-        def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
-            rows = point_rows(x, self.points[key], self.prefix[key])
-            norms = rows.double().norm(dim=-1).reshape(rows.shape[0], -1)  # [B, rows per image]
-            groups, c = batch.groups.long(), self.column[key]
-            self.sums["norm"][:, c].index_add_(0, groups, norms.sum(dim=1))
-            self.sums["rows"][:, c].index_add_(0, groups, torch.full_like(norms[:, 0], norms.shape[1]))
-
-        def summables(self):
-            return [self.sums]
-
-        def summarize_point(self, summary: PointSummary):
-            c = self.column[summary.point.name]
-            value, stderr, replicates = jackknife_ratio(*(self.sums[k][:, c].cpu().numpy() for k in ("norm", "rows")))
-            return [Metric("all", "mean_token_norm", value, stderr, replicates)]
-
-    class MeanNormFamily(MeasurementFamily):
-        name = "mean_norm"
-        observables = (family_metric("mean_token_norm", "mean_rows ||x||_2"),)
-
-        def enabled(self, settings):
-            return True
-
-        def hooks(self, context):
-            return [point_spec(p) for p in context.points]
-
-        def start(self, context):
-            return MeanNormState(context)
 
     labelled = TensorDataset(random_images().tensors[0], torch.arange(N_IMAGES) % 3)
     register_family(MeanNormFamily())

@@ -11,22 +11,16 @@ import timm
 import torch
 from torch.utils.data import TensorDataset
 
+from tests.test_extending import MeanNormFamily
 from tgo.observatory.families import (
     IMAGE_VECTORS,
-    FamilyContext,
-    FamilyState,
-    MeasurementFamily,
-    Metric,
-    PointSummary,
     SummedTensors,
-    family_metric,
     jackknife_ratio,
     register_family,
     registered_families,
     unregister_family,
 )
 from tgo.observatory.families.testing import check_family, simulated_ranks
-from tgo.observatory.hooks import point_rows, point_spec
 from tgo.spectral import CATALOGUE, jackknife_stderr
 from tgo.spectral.accumulator import allreduce_accumulators
 
@@ -45,43 +39,7 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(N_IMAGES, 3, 16, 16, generator=g), torch.arange(N_IMAGES) % 3)
 
 
-# ----------------------------------------------------------------------------------- a toy family, in a few lines
-class MeanNormState(FamilyState):
-    """Per point and jackknife group: the sum of the rows' norms and the row count (sums: exact over ranks)."""
-
-    def __init__(self, context: FamilyContext) -> None:
-        self.points = {p.name: p for p in context.points}
-        self.prefix = {p.name: context.prefix_of(p) for p in context.points}
-        self.column = {p.name: i for i, p in enumerate(context.points)}
-        shape = (context.jackknife_groups, len(context.points))
-        self.sums = SummedTensors.zeros({"norm": shape, "rows": shape}, context.device)
-
-    def update(self, key: str, x: torch.Tensor, batch) -> None:
-        rows = point_rows(x, self.points[key], self.prefix[key])
-        norms = rows.double().norm(dim=-1).reshape(rows.shape[0], -1)  # [B, rows per image]
-        groups, column = batch.groups.long(), self.column[key]
-        self.sums["norm"][:, column].index_add_(0, groups, norms.sum(dim=1))
-        self.sums["rows"][:, column].index_add_(0, groups, torch.full_like(norms[:, 0], norms.shape[1]))
-
-    def summables(self):
-        return [self.sums]
-
-    def summarize_point(self, summary: PointSummary):
-        column = self.column[summary.point.name]
-        norm, rows = (self.sums[k][:, column].cpu().numpy() for k in ("norm", "rows"))
-        value, stderr, replicates = jackknife_ratio(norm, rows)
-        return [Metric("all", "mean_token_norm", value, stderr, replicates)]
-
-
-class MeanNormFamily(MeasurementFamily):
-    name = "mean_norm"
-    observables = (family_metric("mean_token_norm", "mean_rows ||x||_2", spread=None),)
-
-    def hooks(self, context):
-        return [point_spec(p) for p in context.points]
-
-    def start(self, context):
-        return MeanNormState(context)
+# The toy family: recipe (e) of docs/extending.md, defined once in tests/test_extending.py.
 
 
 @pytest.fixture
