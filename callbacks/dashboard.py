@@ -258,7 +258,7 @@ def figure_job(
                 figure = viz.depth_profile_figure(profiles, names, title=metric, fontsize=viz.CARD_FONTSIZE)
                 _add_figure(writer, f"depth_profile/{metric}", figure, epoch)
                 yield
-        if figures.layer_epoch and blocks:  # attention: block x head heatmaps, then its depth profiles
+        if figures.attention and blocks:  # attention: block x head heatmaps, then its depth profiles
             cards = viz.attention_cards(
                 head_tables(attention, blocks), blocks, profiles=attention_depth_profiles(root, blocks, epoch)
             )

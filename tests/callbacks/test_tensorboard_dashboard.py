@@ -44,7 +44,7 @@ def dashboard_run(tmp_path_factory) -> Path:
     run(
         compose_train(
             run_dir,
-            [*quick, *figures_off],
+            [*quick, *figures_off, "observation.figures.attention=true"],
         )
     )
     return run_dir

@@ -87,6 +87,9 @@ class FigureSettings:
         heatmaps: Correlation matrices as exact per-pixel images.
         decay: Spectral decay curves of every point at this observation.
         layer_epoch: Layer x epoch heatmaps of the charted observables.
+        attention: The attention family's cards (block x head heatmaps and depth profiles, ~15 cards, ~2.4 s of
+            background rendering per observation of a 12-block network on a CPU core); its scalars are logged either
+            way.
         heatmap_max_dim: Largest number of features drawn in a correlation image.
     """
 
@@ -96,12 +99,13 @@ class FigureSettings:
     heatmaps: bool = True
     decay: bool = True
     layer_epoch: bool = True
+    attention: bool = True
     heatmap_max_dim: int = 384
 
     def __post_init__(self) -> None:
         _positive_int("figures.every_n_observations", self.every_n_observations)
         _positive_int("figures.heatmap_max_dim", self.heatmap_max_dim)
-        for name in ("spectra", "histograms", "heatmaps", "decay", "layer_epoch"):
+        for name in ("spectra", "histograms", "heatmaps", "decay", "layer_epoch", "attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ObservationSettingsError(
                     f"{PREFIX}.figures.{name}: expected true or false, got {getattr(self, name)!r}"
