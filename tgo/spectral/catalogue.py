@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -407,32 +407,40 @@ for _name in BASELINED:
 
 
 # ----------------------------------------------------------------------------------------------- hypothesis probes
-def _computed_by_views(inputs: SpectralInputs) -> float:
-    raise TypeError("probe observables are computed by tgo.observatory.views, not from one covariance")
+def _computed_by_its_family(inputs: SpectralInputs) -> float:
+    raise TypeError(
+        "a probe observable is computed by its measurement family (tgo.observatory.families), not from one covariance"
+    )
 
 
-def _probe(
+def probe_observable(
     name: str,
     formula: str,
-    views: tuple[str, ...],
+    views: tuple[str, ...] = ("all",),
     *,
     spread: Spread | None = None,
     charted: bool = True,
     scale: str = "linear",
-) -> None:
-    CATALOGUE.register(
-        Observable(
-            name,
-            _computed_by_views,
-            formula,
-            spread,
-            charted=charted,
-            doc="docs/hypotheses.md",
-            scope="probe",
-            views=views,
-            scale=scale,
-        )
+    doc: str = "docs/hypotheses.md",
+) -> Observable:
+    """A catalogue entry of scope ``probe``: a metric a measurement family records on ``views`` (never computed
+    from one covariance). The image-vector and attention families' entries below and
+    `tgo.observatory.families.family_metric` are all made here."""
+    return Observable(
+        name,
+        _computed_by_its_family,
+        formula,
+        spread,
+        charted=charted,
+        doc=doc,
+        scope="probe",
+        views=views,
+        scale=scale,
     )
+
+
+def _probe(name: str, formula: str, views: tuple[str, ...], **options: Any) -> None:
+    CATALOGUE.register(probe_observable(name, formula, views, **options))
 
 
 _CLASS_VIEWS = ("cls", "patch")
@@ -464,18 +472,9 @@ ATTENTION_VIEW = "attention"
 """The view of a block point that carries its attention geometry (`tgo.observatory.families.attention`)."""
 
 
-def _attention(name: str, formula: str, *, spread: Spread | None = None, charted: bool = True) -> None:
+def _attention(name: str, formula: str, **options: Any) -> None:
     CATALOGUE.register(
-        Observable(
-            name,
-            _computed_by_views,
-            formula,
-            spread,
-            charted=charted,
-            doc="docs/observables.md#7-attention-geometry",
-            scope="probe",
-            views=(ATTENTION_VIEW,),
-        )
+        probe_observable(name, formula, (ATTENTION_VIEW,), doc="docs/observables.md#7-attention-geometry", **options)
     )
 
 

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from tgo.spectral import CATALOGUE, Observable, jackknife_stderr
+from tgo.spectral.catalogue import probe_observable
 from tgo.spectral.jackknife import Moments
 
 from ..hooks import HookSpec, prefix_tokens_of_point
@@ -337,10 +338,6 @@ def enabled_families(settings: ObservationSettings) -> tuple[MeasurementFamily, 
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-def _from_the_family(inputs: Any) -> float:
-    raise TypeError("a family's metric is computed by its FamilyState.summarize_point, not from one covariance")
-
-
 def family_metric(
     name: str,
     formula: str,
@@ -362,9 +359,7 @@ def family_metric(
         scale: ``linear`` or ``log`` (ratios compared as log ratios by the verdicts).
         doc: Where it is documented.
     """
-    return Observable(
-        name, _from_the_family, formula, spread, charted=charted, doc=doc, scope="probe", views=views, scale=scale
-    )
+    return probe_observable(name, formula, views, spread=spread, charted=charted, scale=scale, doc=doc)
 
 
 @dataclass
