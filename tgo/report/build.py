@@ -9,8 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -23,9 +22,10 @@ from tgo.report.aggregate import (
     single_aggregate,
     verdict_agreement,
 )
-from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
-from tgo.report.findings import VERDICTS, Finding, evaluate_findings
+from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, save_figure, spectrum_figures
+from tgo.report.findings import Finding, evaluate_findings
 from tgo.report.html import GENERATOR, Section, Table, render_page
+from tgo.report.hypotheses import Prediction, PredictionResult
 from tgo.report.hypotheses_section import (
     HYPOTHESES_COLUMNS,
     JUDGED_COLUMNS,
@@ -49,6 +49,8 @@ from tgo.report.runinfo import (
     read_run_info,
 )
 from tgo.report.runs import ReportInputError, RunData, discover_runs, load_run_data, run_names
+from tgo.report.story import build_story, story_caption, story_figure
+from tgo.report.summary import verdict_summary_section
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
 
 __all__ = [
@@ -162,17 +164,6 @@ FINDING_HEADERS = [
     "verdict",
     "note",
 ]
-
-
-def _claim_summary(findings: Sequence[Finding]) -> Table:
-    per_statement: dict[str, Counter] = {}
-    for f in findings:
-        per_statement.setdefault(f.statement, Counter())[f.verdict] += 1
-    rows = [
-        [statement, *(str(c.get(v, 0)) for v in VERDICTS), str(sum(c.values()))]
-        for statement, c in per_statement.items()
-    ]
-    return Table(["claim", *VERDICTS, "points"], rows, left=[0])
 
 
 def _csv_number(value: float | int | None) -> str:
@@ -302,8 +293,16 @@ def _findings_section(
     section.paragraphs.append(_rule_paragraph(settings, what))
     headers = [*FINDING_HEADERS, *(header for header, _ in extra)]
     rows = [[*_finding_cells(f), *(cell(f) for _, cell in extra)] for f in findings]
-    section.tables.append(_claim_summary(findings))
-    section.tables.append(Table(headers, rows, left=[0, 1, 2, 8, 12, *range(13, len(headers))], verdict_column=11))
+    section.tables.append(
+        Table(
+            headers,
+            rows,
+            left=[0, 1, 2, 8, 12, *range(13, len(headers))],
+            verdict_column=11,
+            summary=f"Every finding, one row per claim and point ({len(rows)} rows; the counts are under Verdicts "
+            "at a glance)",
+        )
+    )
     return section
 
 
@@ -395,7 +394,10 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
 
 def _header_section(runs: Sequence[RunData], infos: Sequence[RunInfo], notes: Sequence[str]) -> Section:
     section = Section("At a glance", "header")
-    section.tables.append(Table(["", "value"], [list(row) for row in header_rows(runs, infos)], left=[0, 1]))
+    rows = header_rows(runs, infos)
+    half = -(-len(rows) // 2)  # two (field, value) pairs per line: the header takes half the page's height
+    pairs = [[*rows[i], *(rows[half + i] if half + i < len(rows) else ("", ""))] for i in range(half)]
+    section.tables.append(Table(["field", "value", "field", "value"], pairs, left=[0, 1, 2, 3]))
     section.paragraphs += list(notes)
     return section
 
@@ -422,6 +424,23 @@ def _single_observation_section(runs: Sequence[RunData]) -> Section:
         f"RUN) to test the claims."
     )
     return section
+
+
+def _story_section(
+    runs: Sequence[RunData],
+    agg: Aggregate,
+    findings: Sequence[Finding],
+    predictions: Mapping[Prediction, Sequence[PredictionResult]],
+    figures_dir: Path,
+) -> list[Section]:
+    """The story figure (`tgo.report.story`) as the page's first section; none when no panel can be drawn."""
+    story = build_story(runs, agg, findings, predictions)
+    if not story.panels:
+        return []
+    path = save_figure(story_figure(story), figures_dir, "story")
+    return [
+        Section("The story in one figure", "story", figures=[FigureRef("story", path, story_caption(story), wide=True)])
+    ]
 
 
 def _judge(agg: Aggregate, settings: VerdictSettings) -> list[Finding]:
@@ -541,7 +560,7 @@ def build_report(
         find.paragraphs.append(
             "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
         )
-    sections = [header, find, summary]
+    ref: Section | None = None
     if paper is not None:
         ref_rows = compare_with_reference(agg.mean, paper, agg.points)
         ref = Section("Comparison with the published TGO-I measurements", "reference")
@@ -571,14 +590,14 @@ def build_report(
                     for r in ref_rows
                 ],
                 left=[0, 1],
+                summary=f"The last observed value of every point and observable beside the paper's ({len(ref_rows)} "
+                "rows)",
             )
         )
-        sections.append(ref)
 
     hypotheses = hypotheses_report(runs, figures_dir, settings, what="the mean over runs" if several else "this run")
     if single:
         _single_observation_hypotheses(hypotheses.section)
-    sections.append(hypotheses.section)
 
     planned = {i.epochs for i in infos}
     run_epochs = planned.pop() if len(planned) == 1 else None
@@ -592,7 +611,18 @@ def build_report(
         for section in figure_sections:
             if section.anchor == "observables":  # the figures with the published panel beside the run's
                 section.caveats.append(caveat)
-    sections += figure_sections
+    depth = [s for s in figure_sections if s.anchor == "depth"]
+    later = [s for s in figure_sections if s.anchor != "depth"]
+
+    # Pictures before tables: the header, the story, what the verdicts found, the figures (the hypotheses' with
+    # their folded tables), then the full tables.
+    sections = [header, *_story_section(runs, agg, findings, hypotheses.results, figures_dir)]
+    if not single:
+        sections.append(verdict_summary_section(findings, hypotheses.results))
+    sections += [*depth, hypotheses.section, *later, find]
+    if ref is not None:
+        sections.append(ref)
+    sections.append(summary)
 
     _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs), settings.z)
     _write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
@@ -637,7 +667,11 @@ def build_published_report(
         f"{', '.join(PAPER_POINTS)}, observables {', '.join(paper)}. The file holds no standard errors, so every "
         f"uncertainty below is the series' own epoch-to-epoch noise. Generated {datetime.now():%Y-%m-%d %H:%M}."
     )
-    sections = [data, _findings_section(findings, settings, "the published series")]
+    sections = [
+        data,
+        verdict_summary_section(findings, {}),
+        _findings_section(findings, settings, "the published series"),
+    ]
     sections += _figure_sections(
         observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"), None
     )

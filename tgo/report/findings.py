@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -249,6 +249,12 @@ class Trend:
             ``drop`` are log ratios and ``first``, ``last``, ``peak_value`` geometric window means).
         p: Two-sided p-value of the evidence for the verdict (`tgo.report.verdicts.Uncertainty.p`).
         q: Benjamini-Hochberg q-value of ``p`` among the table's rows (NaN until a table controls it).
+        first_window: The first window's epochs (``"0-5"``; empty for a series too short to judge).
+        last_window: The last window's epochs.
+        first_uncertainty: Standard error of the first window's mean on the judged scale (of its log on a log
+            scale), from the same series and terms as ``uncertainty`` (its ``jackknife`` the paired term, taken
+            replicate by replicate), so a figure's band around ``first`` comes from the verdict's own numbers.
+        last_uncertainty: The same for the last window.
     """
 
     n: int
@@ -269,6 +275,10 @@ class Trend:
     scale: str = "linear"
     p: float = math.nan
     q: float = math.nan
+    first_window: str = ""
+    last_window: str = ""
+    first_uncertainty: Uncertainty = field(default_factory=Uncertainty)
+    last_uncertainty: Uncertainty = field(default_factory=Uncertainty)
 
     @property
     def z(self) -> float:
@@ -519,6 +529,10 @@ def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = D
         note=note,
         scale=m.scale,
         p=p,
+        first_window=window_epochs(m.epochs, first),
+        last_window=window_epochs(m.epochs, last),
+        first_uncertainty=contrast(m, first.weights(m.n))[1],
+        last_uncertainty=contrast(m, last.weights(m.n))[1],
     )
 
 

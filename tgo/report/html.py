@@ -1,8 +1,8 @@
 """A small, dependency-free HTML writer for the report: inline CSS, no scripts, no CDN, so it opens offline.
 
 Figures are referenced as ``figures/<name>.png`` beside ``index.html`` or, with ``embed=True``, inlined as base64
-data URIs so the single file can be mailed around. A section may hold subsections (``<h3>``, listed under it in the
-contents), and a table may be folded into a ``<details>`` element whose one-line summary stays visible.
+data URIs so the single file can be mailed around. A section may hold subsections (``<h3>``, linked from a line at its
+top), and a table may be folded into a ``<details>`` element whose one-line summary stays visible.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ figcaption { font-size: 0.75em; color: #555; }
 .note { font-size: 0.85em; color: #444; }
 .caveat { font-size: 0.9em; background: #fff4ce; border-left: 4px solid #d99a00; padding: 4px 8px; }
 code { background: #f4f4f4; padding: 0 3px; }
+nav.contents { font-size: 0.85em; line-height: 1.6; } .sub-contents { font-size: 0.8em; }
 """
 
 _WIDE = ' class="wide"'
@@ -101,7 +102,7 @@ class Section:
         paragraphs: Plain-text paragraphs (escaped).
         tables: Tables, in order.
         figures: Figures, laid out in a wrapping grid (a `FigureRef` with ``wide`` takes the page's width).
-        subsections: Sections one heading level down, after the figures (listed under this one in the contents).
+        subsections: Sections one heading level down, after the figures (linked from a line under its heading).
         figures_first: Put the figures before the tables (a figure that the tables below it detail).
         caveats: Plain-text warnings drawn as a highlighted box before the paragraphs (escaped).
     """
@@ -132,7 +133,7 @@ def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, em
 
     Args:
         title: Page title and heading.
-        sections: Sections in order (a contents list links to each).
+        sections: Sections in order (a line of links under the title reaches each).
         report_dir: The report directory (to read PNGs when embedding).
         embed: Inline figures as base64 instead of linking ``figures/*.png``.
 
@@ -151,17 +152,19 @@ def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, em
 
 
 def _contents(sections: Sequence[Section]) -> str:
-    """The nested list of links to every section and subsection."""
+    """One line of links to the sections (a subsection is reached from its section's own line of links), so the
+    page's first screen is the header and the story figure rather than a table of contents."""
     if not sections:
         return ""
-    items = "".join(
-        f'<li><a href="#{s.anchor}">{html.escape(s.title)}</a>{_contents(s.subsections)}</li>' for s in sections
-    )
-    return f"<ul>{items}</ul>"
+    items = " · ".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in sections)
+    return f'<nav class="contents">{items}</nav>'
 
 
 def _render_section(s: Section, report_dir: Path, embed: bool, level: int) -> list[str]:
     parts = [f'<h{level} id="{s.anchor}">{html.escape(s.title)}</h{level}>']
+    if s.subsections:
+        links = " · ".join(f'<a href="#{sub.anchor}">{html.escape(sub.title)}</a>' for sub in s.subsections)
+        parts.append(f'<p class="sub-contents">In this section: {links}</p>')
     parts += [f'<p class="caveat">{html.escape(c)}</p>' for c in s.caveats]
     parts += [f'<p class="note">{html.escape(p)}</p>' for p in s.paragraphs]
     figures = []

@@ -1,0 +1,163 @@
+"""The story figure and the page around it: drawn from the records, marked with the verdicts the tables reach, first
+on the page (and on a TensorBoard card), with the verdict summary naming the worst contradictions before the tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.report.synthetic import write_run_config, write_synthetic_run
+from tgo.report.aggregate import aggregate_runs
+from tgo.report.build import build_report
+from tgo.report.findings import evaluate_findings
+from tgo.report.hypotheses_section import hypotheses_report
+from tgo.report.runs import load_run_data
+from tgo.report.story import STORY_PANELS, build_story, run_story_figure, story_figure
+from tgo.report.summary import contradictions
+from tgo.report.verdicts import DEFAULT_SETTINGS
+
+POINTS = ("patch_embed", "pos_embed", "block_01", "block_02", "cls")
+BLOCKS_AND_CLS = ("block_01", "block_02", "cls")
+
+
+def _const(c: float):
+    return lambda e: c + 0.0 * e
+
+
+def _story_run(path: Path) -> Path:
+    """A run whose every story panel is recorded, with known moves: effective rank rises everywhere but at CLS (where
+    it falls: a contradiction of the claim), the between-image share rises (a contradiction of its prediction)."""
+    rank = {p: (lambda e, i=i: 2.0 + (i + 1) * 0.5 * e) for i, p in enumerate(POINTS[:-1])}
+    rank["cls"] = lambda e: 9.0 - 0.4 * e
+    curves = {
+        "effective_rank": rank,
+        "mean_abs_offdiag_correlation": {p: (lambda e: 0.5 - 0.02 * e) for p in POINTS},
+        "between_image_fraction": {p: (lambda e: 0.1 + 0.01 * e) for p in POINTS[:-1]},
+    }
+    stderr = {
+        "effective_rank": {p: _const(0.05) for p in POINTS},
+        "mean_abs_offdiag_correlation": {p: _const(0.002) for p in POINTS},
+        "between_image_fraction": {p: _const(0.004) for p in POINTS[:-1]},
+    }
+    views = {
+        "cls": {
+            "ncc_accuracy": {p: (lambda e: 0.2 + 0.07 * e) for p in BLOCKS_AND_CLS},
+            "fisher_ratio": {p: (lambda e: 0.2 * np.exp(0.3 * e)) for p in BLOCKS_AND_CLS},
+        },
+        "between_image": {"total_variance": {p: (lambda e: 0.5 + 40.0 * e) for p in POINTS}},
+        "within_image": {"total_variance": {p: (lambda e: 50.0 + 60.0 * e) for p in POINTS}},
+        "attention": {"attention_entropy": {p: (lambda e: 2.8 - 0.1 * e) for p in ("block_01", "block_02")}},
+    }
+    view_stderr = {
+        "cls": {
+            "ncc_accuracy": {p: _const(0.01) for p in BLOCKS_AND_CLS},
+            "fisher_ratio": {p: (lambda e: 0.01 * np.exp(0.3 * e)) for p in BLOCKS_AND_CLS},
+        },
+        "between_image": {"total_variance": {p: _const(1.0) for p in POINTS}},
+        "within_image": {"total_variance": {p: _const(1.0) for p in POINTS}},
+        "attention": {"attention_entropy": {p: _const(0.01) for p in ("block_01", "block_02")}},
+    }
+    write_synthetic_run(path, curves, stderr=stderr, views=views, view_stderr=view_stderr)
+    return write_run_config(path)
+
+
+@pytest.fixture(scope="module")
+def story_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    run = _story_run(tmp_path_factory.mktemp("story") / "run")
+    return run, build_report([run], correlation=False)
+
+
+def _story_of(run: Path):
+    data = load_run_data(run)
+    agg = aggregate_runs([data])
+    findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
+    figures = run / "scratch_figures"
+    predictions = hypotheses_report([data], figures, DEFAULT_SETTINGS).results
+    return build_story([data], agg, findings, predictions), findings, predictions
+
+
+def test_the_against_depth_panels_draw_the_window_means_the_hypotheses_table_judges(story_report):
+    run, index = story_report
+    with open(index.parent / "hypotheses.csv") as fh:
+        table = {(r["metric"], r["view"], r["point"]): r for r in csv.DictReader(fh) if r["point"]}
+    story, _, _ = _story_of(run)
+    panels = {p.key: p for p in story.panels}
+    assert [p.key for p in story.panels] == ["effective_rank", "variance_split", *(m for m, _, _ in STORY_PANELS)]
+    axes = {ax.get_title(): ax for ax in story_figure(story).axes}
+    for metric, view, _ in STORY_PANELS:
+        panel = panels[metric]
+        ax = axes[panel.title]
+        first, last = panel.lines
+        for i, point in enumerate(panel.points):
+            row = table[(metric, view, point)]
+            assert first.y[i] == float(row["first"]) and last.y[i] == float(row["last"]), (metric, point)
+        assert (first.label, last.label) == ("first window, epochs 0-1", "last window, epochs 9-10")
+        drawn = next(line for line in ax.lines if line.get_label() == first.label)
+        blocks = [i for i, p in enumerate(panel.points) if p != "cls"]
+        np.testing.assert_array_equal(drawn.get_ydata(), first.y[blocks])  # CLS is its own marker
+    fisher = panels["fisher_ratio"]
+    assert fisher.log  # a ratio: the catalogue's log scale, and a geometric band around the geometric window mean
+    level, low, high = fisher.lines[1].y[0], fisher.lines[1].low[0], fisher.lines[1].high[0]
+    assert math.isclose(math.log(high / level), math.log(level / low), rel_tol=1e-12)
+
+
+def test_each_panel_is_marked_with_what_its_verdicts_found(story_report):
+    run, _ = story_report
+    story, findings, _predictions = _story_of(run)
+    panels = {p.key: p for p in story.panels}
+    rank = panels["effective_rank"].mark
+    assert rank is not None
+    assert rank.text.startswith("rises with training: holds 4/5 (z ") and "does not hold 1: cls (z -" in rank.text
+    cls_row = next(f for f in findings if f.statement == "effective rank rises" and f.point == "cls")
+    assert f"{cls_row.trend.z:+.0f}" in rank.text
+    split = panels["variance_split"].mark
+    assert split is not None and "consistent 0/4" in split.text and "inconsistent 4:" in split.text
+    assert split.colour == "#d62728"  # contradicted at most points: red
+    accuracy = panels["ncc_accuracy"].mark
+    assert accuracy is not None and accuracy.text.startswith("predicted rises: consistent 3/3")
+    assert accuracy.colour == "#2e9e44"
+    assert panels["effective_rank"].cls == POINTS.index("cls")
+
+
+def test_the_report_opens_with_pictures_and_folds_its_full_tables(story_report):
+    _run, index = story_report
+    html = index.read_text()
+    order = ['id="header"', 'id="story"', 'id="summary"', 'id="depth"', 'id="hypotheses"', 'id="findings"']
+    positions = [html.index(anchor) for anchor in order]
+    assert positions == sorted(positions), "header, story, verdict summary, figures, then the full tables"
+    assert (index.parent / "figures" / "story.png").is_file()
+    findings = html[html.index('id="findings"') : html.index('id="runs"')]
+    assert "<details><summary>Every finding, one row per claim and point" in findings
+    summary = html[html.index('id="summary"') : html.index('id="depth"')]
+    assert "<table" in summary and "the strongest" in summary
+    # the worst contradiction is named first: CLS, whose effective rank falls, ends far from the highest
+    first_row = summary[summary.index("<tbody>") : summary.index("</tr>", summary.index("<tbody>"))]
+    assert "CLS ends highest in effective rank" in first_row and ">cls<" in first_row and "does not hold" in first_row
+
+
+def test_contradictions_are_ranked_by_the_strength_of_the_evidence(story_report):
+    run, _ = story_report
+    _, findings, predictions = _story_of(run)
+    ranked = contradictions(findings, predictions)
+    assert ranked, "the run holds contradictions by construction"
+    strengths = [abs(c.z) for c in ranked]
+    assert strengths == sorted(strengths, reverse=True)
+    assert {c.source for c in ranked} == {"finding", "prediction"}
+    assert any(c.what.endswith("between_image_fraction (all view) falls") for c in ranked)
+
+
+def test_the_tensorboard_card_is_480_pixels_wide_and_says_what_is_missing(tmp_path: Path, story_report):
+    run, _ = story_report
+    card = run_story_figure(run)
+    assert card is not None
+    width, _ = card.get_size_inches() * card.dpi
+    assert round(width) == 480 and len([ax for ax in card.axes if ax.get_visible() and ax.get_title()]) == 6
+    bare = write_synthetic_run(tmp_path / "bare", {"effective_rank": {"block_01": lambda e: 2.0 + e}})
+    fig = run_story_figure(bare)
+    assert fig is not None and "not drawn:" in fig._suptitle.get_text()  # type: ignore[union-attr]
+    assert run_story_figure(write_synthetic_run(tmp_path / "none", {"stable_rank": {"block_01": _const(1.0)}})) is None

@@ -1,0 +1,560 @@
+"""The story figure: TGO-I's question answered in one picture, drawn from the records, each panel marked with its
+verdict.
+
+TGO-I asks whether training spreads a ViT's variance over more directions, where in depth, and why. One figure
+answers the first two and shows the evidence the three explanations argue about:
+
+1. effective rank against depth, one line per observation (the spreading, and where it happens);
+2. the variance between image means and around them (within images) against epoch at the deepest block, on a log
+   axis: which of the two grows first;
+3. and 4. class separability of the CLS vectors against depth (nearest-class-centre accuracy; Fisher ratio on a
+   log axis): semantic expansion;
+5. mean |off-diagonal correlation| against depth: redundancy reduction;
+6. the patch queries' attention entropy against depth (once the attention family is recorded): token
+   diversification.
+
+Panels 3-6 draw exactly what the Hypotheses tables judge: the first and the last window means of the verdict rule
+with ±1 of their paired jackknife standard errors, both taken from the verdict's own `tgo.report.findings.Trend`, so
+the figure and the table can never disagree. Each panel carries a mark saying what the verdicts found there
+("holds 15/15 (z +46 to +137)"; the contradicting points named), coloured like the verdict tables. A panel whose records are missing (probes
+or attention switched off, an old run) is left out, and the figure says which.
+
+The same figure is the report's first figure (`story_figure`, page width) and TensorBoard's first image card
+(``card=True``: 480 px wide, readable at that width; `run_story_figure` loads and judges a run directory, for the
+callback's background figure worker). Nothing here decides a verdict: the marks are the verdicts it is given.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+from tgo.records import RecordsError, load_series
+from tgo.report.aggregate import Aggregate, aggregate_runs
+from tgo.report.findings import FAILS, HOLDS, INCONCLUSIVE, NA, REVERSES, Finding, Trend
+from tgo.report.hypotheses import CONSISTENT, INCONSISTENT, Prediction, PredictionResult
+from tgo.report.hypothesis_figures import VERDICT_COLOURS
+from tgo.report.runs import RunData
+from tgo.spectral.catalogue import CATALOGUE
+from tgo.viz import epoch_colourbar, epoch_colours
+
+__all__ = [
+    "STORY_PANELS",
+    "Mark",
+    "Panel",
+    "Story",
+    "build_story",
+    "run_story_figure",
+    "story_caption",
+    "story_figure",
+]
+
+STORY_PANELS: tuple[tuple[str, str, str], ...] = (
+    ("ncc_accuracy", "cls", "CLS nearest-class-centre accuracy"),
+    ("fisher_ratio", "cls", "CLS Fisher ratio (between / within class)"),
+    ("mean_abs_offdiag_correlation", "all", "mean |correlation| between features"),
+    ("attention_entropy", "attention", "attention entropy of the patch queries (nats)"),
+)
+"""The against-depth panels after the first two: (metric, view, title); each is a Hypotheses prediction's metric and
+view, drawn as that prediction's judged windows."""
+VARIANCE_VIEWS = ("between_image", "within_image")
+"""The views whose total variance (trace) the second panel draws: the law of total covariance's two parts."""
+FIRST_COLOUR, LAST_COLOUR = "#e08a2c", "#1f3b73"
+CLS_COLOUR = "#111111"
+VARIANCE_COLOURS = {"between_image": "#c2410c", "within_image": "#1d4ed8"}
+_FINDING_COLOURS = {
+    HOLDS: VERDICT_COLOURS["consistent"],
+    REVERSES: "#d98c1f",
+    INCONCLUSIVE: VERDICT_COLOURS["inconclusive"],
+    FAILS: VERDICT_COLOURS["inconsistent"],
+    NA: VERDICT_COLOURS["n/a"],
+}
+
+
+@dataclass(frozen=True)
+class Mark:
+    """What the verdicts found on a panel: one or two short lines, and the colour of the verdict that dominates."""
+
+    text: str
+    colour: str
+
+
+@dataclass(frozen=True)
+class Line:
+    """One drawn line: x positions (point indices or epochs), values, ±1 standard-error band edges (NaN: none)."""
+
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    colour: str
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel of the story figure.
+
+    Attributes:
+        key: Its metric (or ``variance_split``).
+        title: The question it answers, in words.
+        lines: What is drawn.
+        points: Point names of the x axis (against depth), or empty (against epoch).
+        log: A log y axis (the catalogue's ``log`` scale, or a variance spanning decades).
+        mark: What the verdicts found (``None``: nothing judged, e.g. a single observation).
+        epochs: The epochs of the lines on an epoch colour ramp (the first panel's colourbar).
+        cls: Index of the CLS point on the x axis, drawn in its own colour and marker (``None``: not drawn).
+    """
+
+    key: str
+    title: str
+    lines: list[Line]
+    points: list[str] = field(default_factory=list)
+    log: bool = False
+    mark: Mark | None = None
+    epochs: list[int] = field(default_factory=list)
+    cls: int | None = None
+
+
+@dataclass(frozen=True)
+class Story:
+    """The story figure's content: its panels and what could not be drawn (and why)."""
+
+    panels: list[Panel]
+    missing: list[str]
+    band: str
+
+
+def _short(point: str) -> str:
+    """Axis labels that fit a card: ``patch``, ``pos``, ``1`` .. ``12``, ``CLS``."""
+    if point.startswith("block_"):
+        return str(int(point.removeprefix("block_")))
+    return {"patch_embed": "patch", "pos_embed": "pos", "cls": "CLS", "pooled": "pool"}.get(point, point)
+
+
+def _signed(z: float) -> str:
+    return "" if not math.isfinite(z) else f"{z:+.0f}" if abs(z) >= 10 else f"{z:+.1f}"
+
+
+def _z_range(zs: Sequence[float]) -> str:
+    finite = [z for z in zs if math.isfinite(z)]
+    if not finite:
+        return ""
+    low, high = min(finite), max(finite)
+    return (
+        f"z {_signed(low)}"
+        if len(finite) == 1 or _signed(low) == _signed(high)
+        else f"z {_signed(low)} to {_signed(high)}"
+    )
+
+
+def _mark(
+    what: str, verdicts: Sequence[tuple[str, str, float]], good: str, bad: str, colours: Mapping[str, str]
+) -> Mark | None:
+    """A panel's mark from (point, verdict, z) rows: how many agree (their z range), the contradictions by name.
+
+    Args:
+        what: The claim or prediction in a few words (``"rises"``, ``"predicted falls"``).
+        verdicts: One row per judged point.
+        good: The verdict that agrees (``holds`` / ``consistent``).
+        bad: The verdict that contradicts (``does not hold`` / ``inconsistent``).
+        colours: Verdict -> colour.
+
+    Returns:
+        ``rises: holds 15/15 (z +46 to +137)`` and, on a second line, ``does not hold 2: CLS, pos (z -5 to -3)`` and
+        the count of other verdicts; ``None`` when no point was judged.
+    """
+    judged = [(p, v, z) for p, v, z in verdicts if v != NA]
+    if not judged:
+        return None
+    n = len(judged)
+    agree = [z for _, v, z in judged if v == good]
+    against = [(p, z) for p, v, z in judged if v == bad]
+    other = n - len(agree) - len(against)
+    first = f"{what}: {good} {len(agree)}/{n}" + (f" ({_z_range(agree)})" if agree else "")
+    second = []
+    if against:
+        named = ", ".join(p for p, _ in against[:3]) + (", ..." if len(against) > 3 else "")
+        second.append(f"{bad} {len(against)}: {named} ({_z_range([z for _, z in against])})")
+    if other:
+        second.append(f"{other} inconclusive or reversing")
+    if len(against) > len(agree):
+        colour = colours[bad]
+    elif len(agree) == n:
+        colour = colours[good]
+    elif against:
+        colour = _FINDING_COLOURS[REVERSES]
+    else:
+        colour = colours[INCONCLUSIVE]
+    return Mark("\n".join([first, "; ".join(second)] if second else [first]), colour)
+
+
+def _finding_mark(findings: Sequence[Finding], statement: str, what: str) -> Mark | None:
+    rows = [
+        (f.point, f.verdict, f.trend.z if f.trend is not None else math.nan)
+        for f in findings
+        if f.statement == statement
+    ]
+    return _mark(what, rows, HOLDS, FAILS, _FINDING_COLOURS)
+
+
+def _prediction_mark(results: Sequence[PredictionResult], expected: str) -> Mark | None:
+    rows = [(r.point, r.verdict, r.trend.z) for r in results]
+    colours = {**VERDICT_COLOURS, INCONCLUSIVE: VERDICT_COLOURS["inconclusive"]}
+    return _mark(f"predicted {expected}", rows, CONSISTENT, INCONSISTENT, colours)
+
+
+def _band(level: float, se: float, scale: str) -> tuple[float, float]:
+    """±1 standard error around a window mean on the judged scale (a factor exp(±se) on a log scale)."""
+    if not (math.isfinite(level) and math.isfinite(se)):
+        return math.nan, math.nan
+    if scale == "log":
+        return level * math.exp(-se), level * math.exp(se)
+    return level - se, level + se
+
+
+def _window_lines(results: Sequence[PredictionResult], points: Sequence[str]) -> list[Line]:
+    """The first and the last window means of a prediction at its judged points (the table's numbers)."""
+    index = {p: i for i, p in enumerate(points)}
+    judged = [r for r in results if r.point in index and math.isfinite(r.trend.first)]
+    if not judged:
+        return []
+    x = np.array([index[r.point] for r in judged], dtype=np.float64)
+    lines = []
+    for label, colour, level, se, span in (
+        ("first", FIRST_COLOUR, "first", "first_uncertainty", "first_window"),
+        ("last", LAST_COLOUR, "last", "last_uncertainty", "last_window"),
+    ):
+        trends: list[Trend] = [r.trend for r in judged]
+        y = np.array([getattr(t, level) for t in trends])
+        bands = [_band(getattr(t, level), getattr(t, se).jackknife, t.scale) for t in trends]
+        windows = {getattr(t, span) for t in trends if getattr(t, span)}
+        span_text = windows.pop() if len(windows) == 1 else ""
+        name = f"{label} window" + (f", epoch{'s' if '-' in span_text else ''} {span_text}" if span_text else "")
+        low, high = (np.array(b) for b in zip(*bands, strict=True))
+        lines.append(Line(name, x, y, low, high, colour))
+    return lines
+
+
+def _depth_panel(agg: Aggregate, findings: Sequence[Finding], band_is_spread: bool) -> Panel | None:
+    metric = "effective_rank"
+    per_point = agg.mean.get(metric)
+    if not per_point:
+        return None
+    points = [p for p in agg.points if p in per_point]
+    epochs = sorted({int(e) for p in points for e in per_point[p][0]})
+    bands = agg.bands(metric) if band_is_spread else agg.stderr_bands(metric)
+    lines = []
+    for epoch in epochs:
+        x, y, low, high = [], [], [], []
+        for i, p in enumerate(points):
+            e, v = per_point[p]
+            hit = np.flatnonzero(np.asarray(e) == epoch)
+            if hit.size:
+                x.append(i)
+                y.append(float(v[hit[0]]))
+                lo, hi = bands.get(p, (np.full(len(v), np.nan), np.full(len(v), np.nan)))
+                low.append(float(lo[hit[0]]))
+                high.append(float(hi[hit[0]]))
+        lines.append(Line(f"epoch {epoch}", np.array(x, float), np.array(y), np.array(low), np.array(high), "", epoch))
+    mark = _finding_mark(findings, "effective rank rises", "rises with training")
+    return Panel(
+        metric,
+        "effective rank against depth, one line per epoch",
+        lines,
+        points,
+        mark=mark,
+        epochs=epochs,
+        cls=points.index("cls") if "cls" in points else None,
+    )
+
+
+def _variance_panel(
+    variance: Aggregate | None, point: str | None, results: Sequence[PredictionResult], band_is_spread: bool
+) -> Panel | None:
+    if variance is None or point is None:
+        return None
+    lines = []
+    for view in VARIANCE_VIEWS:
+        series = variance.mean.get(view, {}).get(point)
+        if series is None:
+            return None
+        epochs, values = (np.asarray(a, dtype=np.float64) for a in series)
+        bands = variance.bands(view) if band_is_spread else variance.stderr_bands(view)
+        low, high = bands.get(point, (np.full(values.size, np.nan), np.full(values.size, np.nan)))
+        word = "between images (image means)" if view == "between_image" else "within images (around the mean)"
+        lines.append(Line(word, epochs, values, np.asarray(low), np.asarray(high), VARIANCE_COLOURS[view]))
+    rows = [(r.point, r.verdict, r.trend.z) for r in results]
+    mark = _mark("between-image share, predicted to fall", rows, CONSISTENT, INCONSISTENT, VERDICT_COLOURS)
+    return Panel(
+        "variance_split",
+        f"variance between and within images, {point}",
+        lines,
+        log=True,
+        mark=mark,
+    )
+
+
+def _load_variance(runs: Sequence[RunData]) -> Aggregate | None:
+    """The total variance of the between- and within-image views, one pseudo-metric per view (``None``: none)."""
+    per_run = []
+    for r in runs:
+        series, stderr = {}, {}
+        for view in VARIANCE_VIEWS:
+            try:
+                values = load_series(r.path, view=view, metrics=["total_variance"]).get("total_variance")
+                errors = load_series(r.path, view=view, metrics=["total_variance"], column="stderr")
+            except RecordsError:
+                return None
+            if not values:
+                return None
+            series[view] = values
+            stderr[view] = errors.get("total_variance", {})
+        per_run.append(RunData(r.path, r.name, series, r.points, r.epochs, r.fingerprint, stderr))
+    return aggregate_runs(per_run) if per_run else None
+
+
+def build_story(
+    runs: Sequence[RunData],
+    agg: Aggregate,
+    findings: Sequence[Finding],
+    predictions: Mapping[Prediction, Sequence[PredictionResult]],
+) -> Story:
+    """The story figure's panels from a report's runs and the verdicts it reached.
+
+    Args:
+        runs: The report's runs (the variance split is read from their records).
+        agg: The runs' aggregate of the ``all`` view (effective rank and its bands).
+        findings: The findings (the effective-rank claim marks the first panel).
+        predictions: The Hypotheses results (the other panels draw and mark their windows).
+    """
+    several = agg.n_runs > 1
+    by_key = {(p.metric, p.view): (p, r) for p, r in predictions.items()}
+    panels: list[Panel] = []
+    missing: list[str] = []
+    depth = _depth_panel(agg, findings, several)
+    if depth is not None:
+        panels.append(depth)
+    else:
+        missing.append("effective rank (not recorded)")
+    blocks = [p for p in agg.points if p.startswith("block_")]
+    deepest = blocks[-1] if blocks else None
+    share = by_key.get(("between_image_fraction", "all"))
+    variance = _variance_panel(_load_variance(runs), deepest, list(share[1]) if share else [], several)
+    if variance is not None:
+        panels.append(variance)
+    else:
+        missing.append("variance between / within images (views not recorded)")
+    for metric, view, title in STORY_PANELS:
+        found = by_key.get((metric, view))
+        lines = _window_lines(found[1], agg.points) if found else []
+        if not found or not lines:
+            missing.append(f"{title} (not recorded)")
+            continue
+        prediction, results = found
+        judged_points = [r.point for r in results]
+        points = [p for p in agg.points if p in judged_points]
+        lines = _window_lines(results, points)
+        observable = CATALOGUE.get(metric)
+        panels.append(
+            Panel(
+                metric,
+                title,
+                lines,
+                points,
+                log=observable is not None and observable.scale == "log",
+                mark=_prediction_mark(results, prediction.expected),
+                cls=points.index("cls") if "cls" in points else None,
+            )
+        )
+    band = "mean ± 1 standard deviation over runs" if several else "±1 jackknife standard error"
+    return Story(panels, missing, band)
+
+
+@dataclass(frozen=True)
+class _Style:
+    """Text sizes and line widths of one layout (the report page, or a 480 px TensorBoard card)."""
+
+    title: float
+    ticks: float
+    label: float
+    mark: float
+    legend: float
+    suptitle: float
+
+
+_PAGE = _Style(title=10.0, ticks=8.0, label=8.0, mark=7.5, legend=7.0, suptitle=11.0)
+_CARD = _Style(title=9.5, ticks=7.5, label=7.5, mark=7.5, legend=7.0, suptitle=8.5)
+
+
+def _log_axis(ax: Axes) -> None:
+    """A log y axis labelled in plain numbers (``0.2``, ``3``) rather than powers of ten."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
+def _headroom(ax: Axes, lines: int) -> None:
+    """Raises the top of the y axis so the mark (``lines`` lines of text at the top left) covers no data."""
+    share = 0.16 * lines
+    low, high = ax.get_ylim()
+    if ax.get_yscale() == "log":
+        ax.set_ylim(low, high * (high / low) ** share)
+    else:
+        ax.set_ylim(low, high + share * (high - low))
+
+
+def _draw_depth_lines(ax: Axes, panel: Panel, style: _Style) -> None:
+    norm, cmap = epoch_colours(panel.epochs) if panel.epochs else (None, None)
+    for line in panel.lines:
+        colour: Any = line.colour
+        if norm is not None and cmap is not None and line.epoch is not None:
+            colour = cmap(norm(line.epoch))
+        keep = np.ones(line.x.size, dtype=bool) if panel.cls is None else line.x != panel.cls
+        ax.plot(line.x[keep], line.y[keep], color=colour, lw=1.4, marker="o", ms=2.5, label=line.label)
+        if np.any(keep & np.isfinite(line.low) & np.isfinite(line.high)):
+            ax.fill_between(line.x[keep], line.low[keep], line.high[keep], color=colour, alpha=0.2, lw=0)
+        if panel.cls is not None and np.any(~keep):
+            i = int(np.flatnonzero(~keep)[0])
+            err = None
+            if np.isfinite(line.low[i]) and np.isfinite(line.high[i]):
+                err = [[line.y[i] - line.low[i]], [line.high[i] - line.y[i]]]
+            ax.errorbar(
+                line.x[i], line.y[i], yerr=err, color=colour, marker="s", ms=5, mec=CLS_COLOUR, mew=1.0, capsize=2
+            )
+    if panel.cls is not None:
+        ax.axvline(panel.cls - 0.5, color="#999999", lw=0.6, ls=":")
+    ax.set_xticks(range(len(panel.points)), labels=[_short(p) for p in panel.points], fontsize=style.ticks)
+    ax.set_xlim(-0.5, len(panel.points) - 0.5)
+    if norm is not None and cmap is not None:
+        epoch_colourbar(ax.figure, ax, norm, cmap, panel.epochs, fontsize=style.label)  # type: ignore[arg-type]
+    else:
+        ax.legend(fontsize=style.legend, loc="center right", frameon=False)
+
+
+def _draw_epoch_lines(ax: Axes, panel: Panel, style: _Style) -> None:
+    for line in panel.lines:
+        ax.plot(line.x, line.y, color=line.colour, lw=1.6, marker="o", ms=3, label=line.label)
+        if np.any(np.isfinite(line.low) & np.isfinite(line.high)):
+            ax.fill_between(line.x, line.low, line.high, color=line.colour, alpha=0.2, lw=0)
+    ax.set_xlabel("epoch", fontsize=style.label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize=style.legend, loc="lower right", frameon=False)
+
+
+def story_figure(story: Story, *, card: bool = False) -> Figure:
+    """Draws the story: 3 x 2 panels at the report's page width, or one column on a 480 px TensorBoard card.
+
+    Args:
+        story: What to draw (`build_story`).
+        card: Lay it out for a TensorBoard image card: 480 px wide at 80 dpi, one panel per row, so every label
+            keeps ~9 px text.
+    """
+    style = _CARD if card else _PAGE
+    count = max(len(story.panels), 1)
+    columns = 1 if card else min(3, count)
+    rows = math.ceil(count / columns)
+    size = (6.0, 2.2 * rows + 0.6) if card else (5.0 * columns, 3.7 * rows + 0.5)
+    fig = Figure(figsize=size, dpi=80 if card else 90, layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for ax, panel in zip(axes.flat, story.panels, strict=False):
+        if panel.points:
+            _draw_depth_lines(ax, panel, style)
+        else:
+            _draw_epoch_lines(ax, panel, style)
+        if panel.log:
+            _log_axis(ax)
+        text = panel.mark.text if panel.mark is not None else "one observation: nothing judged"
+        _headroom(ax, text.count("\n") + 1)
+        ax.set_title(panel.title, fontsize=style.title)
+        ax.tick_params(axis="both", labelsize=style.ticks)
+        ax.grid(True, alpha=0.25)
+        colour = panel.mark.colour if panel.mark is not None else VERDICT_COLOURS["n/a"]
+        ax.text(
+            0.015,
+            0.975,
+            text,
+            transform=ax.transAxes,
+            va="top",
+            ha="left",
+            fontsize=style.mark,
+            color="white",
+            bbox={"boxstyle": "round,pad=0.3", "facecolor": colour, "edgecolor": "none", "alpha": 0.92},
+            zorder=5,
+        )
+    for ax in list(axes.flat)[len(story.panels) :]:
+        ax.set_visible(False)
+    title = "Does training spread the variance over more directions, where, and why?"
+    if card:
+        title = "Does training spread variance, where, and why?"
+    if story.missing:
+        title += "\nnot drawn: " + "; ".join(story.missing)
+    fig.suptitle(title, fontsize=style.suptitle)
+    return fig
+
+
+def story_caption(story: Story) -> str:
+    """The story figure's caption on the report page: what each panel draws and what its mark is."""
+    parts = [
+        "The TGO-I story in one figure, drawn from this report's records. Panel marks state the verdicts of the "
+        "tables below (green: agrees everywhere judged; red: contradicted at most points; amber: mixed; blue: "
+        "inconclusive)."
+    ]
+    for panel in story.panels:
+        if panel.key == "effective_rank":
+            parts.append(
+                "Effective rank against depth, one line per observed epoch (colourbar), bands "
+                f"{story.band}; CLS is the square after the dotted line; mark: the findings' 'effective rank rises'."
+            )
+        elif panel.key == "variance_split":
+            parts.append(
+                f"{panel.title}: the trace of the covariance of the image means (between images) and of the tokens "
+                f"around their image mean (within images), log axis, bands {story.band}; mark: the prediction that "
+                "the between-image share falls, over every point it is judged at."
+            )
+        else:
+            parts.append(
+                f"{panel.title} against depth: the first and the last window means the Hypotheses table judges, "
+                f"bands ±1 paired jackknife standard error of each window mean (for several runs the mean's, taken "
+                "replicate by replicate)" + (", log axis" if panel.log else "") + "."
+            )
+    if story.missing:
+        parts.append("Not drawn: " + "; ".join(story.missing) + ".")
+    return " ".join(parts)
+
+
+def run_story_figure(run_dir: str | os.PathLike[str], *, card: bool = True) -> Figure | None:
+    """The story figure of one run directory as its records stand now (the callback's TensorBoard card).
+
+    Loads the records, judges them with the report's default rule (the same verdicts a report of the run would
+    show at this point of training) and draws the figure; ``None`` when the run has no effective-rank records yet.
+    """
+    from tgo.report.findings import evaluate_findings
+    from tgo.report.hypotheses import evaluate_predictions
+    from tgo.report.hypotheses_section import load_view_runs
+    from tgo.report.runs import load_run_data
+
+    run = load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run")
+    agg = aggregate_runs([run])
+    if "effective_rank" not in agg.mean:
+        return None
+    findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
+    views = {view: aggregate_runs(per_run) for view, per_run in load_view_runs([run]).items()}
+    predictions = evaluate_predictions(
+        {v: a.mean for v, a in views.items()},
+        agg.points,
+        stderr={v: a.stderr for v, a in views.items()},
+        leave_out={v: a.jackknife for v, a in views.items()},
+    )
+    story = build_story([run], agg, findings, predictions)
+    return story_figure(story, card=card)
