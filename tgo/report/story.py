@@ -16,8 +16,8 @@ answers the first two and shows the evidence the three explanations argue about:
 Panels 3-6 draw exactly what the Hypotheses tables judge: the first and the last window means of the verdict rule
 with ±1 of their paired jackknife standard errors, both taken from the verdict's own `tgo.report.findings.Trend`, so
 the figure and the table can never disagree. Each panel carries a mark saying what the verdicts found there
-("holds 15/15 (z +46 to +137)"; the contradicting points named), coloured like the verdict tables. A panel whose records are missing (probes
-or attention switched off, an old run) is left out, and the figure says which.
+("holds 15/15 (z +46 to +137)"; the contradicting points named), coloured like the verdict tables. A panel whose
+records are missing (probes or attention switched off, an old run) is left out, and the figure says which.
 
 The same figure is the report's first figure (`story_figure`, page width) and TensorBoard's first image card
 (``card=True``: 480 px wide, readable at that width; `run_story_figure` loads and judges a run directory, for the
