@@ -1,4 +1,4 @@
-"""How an observation is presented to the loggers and to TensorBoard: tags, per-point runs, layout, figures.
+"""How an observation is presented to the loggers and to TensorBoard: tags, per-point runs, figures.
 
 `tgo.callbacks.spectral_geometry` decides *when* an observation is made and *which* observations get figures; this
 module decides *how* each one is shown. Nothing here changes a record: the scalars are the recorded values and the
@@ -12,28 +12,45 @@ jackknife standard errors as ``geometry_stderr/...`` and ``geometry_stderr_<view
 
 TensorBoard gets the same values differently, because it colours lines by run and sorts names alphabetically: every
 point is its own run, ``<log dir>/points/<NN>_<point>`` (`tgo.callbacks.tensorboard_runs.PointRuns`, depth-ordered
-names), holding the tags without the point, ``geometry/<metric>``, ``geometry_<view>/<metric>``,
-``geometry_stderr[_<view>]/<metric>`` and ``geometry_band/<metric>/{lower,upper}`` (`point_scalars`). So one chart
-is one observable with every point as its own coloured, labelled line in depth order. The Lightning TensorBoard run
-itself keeps only the run-level scalars (``geometry/pass_seconds``, ``geometry/blocking_seconds``), the figures,
-histograms and a custom-scalars layout (`custom_scalar_layout`): the per-point copies there would be ~300
-one-line cards listed ``block_01 .. block_12, cls, patch_embed, pos_embed``, beside the per-point runs' charts.
+names), holding the tags without the point, ``geometry/<metric>``, ``geometry_<view>/<metric>`` and
+``geometry_stderr[_<view>]/<metric>`` (`point_scalars`): one chart per observable, every point its own line, the
+exact recorded values to hover over. The Lightning TensorBoard run itself keeps only the run-level scalars
+(``geometry/pass_seconds``, ``geometry/blocking_seconds``, ``geometry/figure_seconds``), the figures and histograms.
 
-The figures include one depth profile per main observable (`tgo.viz.depth_profile_figure`, one line per observed
-epoch on a colour ramp), drawn from the records just written (so a resumed run's figures show its whole history).
-Every figure is one TensorBoard card, drawn to be read at the card's size (`tgo.viz.CARD_FIGSIZE`): one spectra
-card per point (``spectra/<NN>_<point>``), one layer x epoch heatmap per charted observable
-(``layer_epoch/<metric>``), the decay curves of every point (``decay/all_points``), the correlation matrices
-(``correlation/<NN>_<point>``) and the log-eigenvalue histograms (``spectrum_log10/<NN>_<point>``). Per-point tags
-carry the point runs' depth index (`tgo.callbacks.tensorboard_runs.point_run_names`), so TensorBoard's alphabetical
-lists show them in depth order.
+**What TensorBoard opens on.** TensorBoard's scalar charts smooth (0.6) and scale their y axis ignoring the top and
+bottom 5 % of the values by default, so a chart of 15 points whose last blocks stand apart draws them off its top;
+neither can be set by the writer (Custom Scalars even ignores ``?smoothing=0``), and whether a chart clips depends on
+the data. So the views that matter are *images* (`tgo.dashboard_cards`), which show every recorded value, and TGO
+writes no custom-scalars layout: its charts smoothed and clipped (effective and stable rank, the between-image
+share, the Fisher ratio, NC1 on the default run) and the images now give its catalogue order and its standard-error
+bands. The Time Series page lists tag groups (the tag up to its first ``/``) in natural order, digits first, and
+opens only the first two; TGO's image groups are numbered in reading order so that it opens on them:
+
+* ``0_story/story`` (`STORY_TAG`): the story card, drawn first by a story function when one is given (`figure_job`'s
+  ``story``);
+* ``1_depth_profile/<metric>`` (`DEPTH_PROFILES`, and the ``all``-view probes of `PROBE_PROFILES`),
+  ``1_depth_profile_<view>/<metric>`` (the probes on their views, e.g. ``1_depth_profile_cls/ncc_accuracy``) and
+  ``1_depth_profile_attention/<metric>`` (the attention family's block means): one observable against depth, one
+  line per observed epoch on the epoch ramp, +-1 jackknife s.e.;
+* ``2_vs_epoch/<metric>`` (`BAND_FIGURES`): one observable against epoch, one line per point in its own depth colour
+  (TensorBoard's 7 run colours repeat over 15 point runs), +-1 s.e.
+
+Ratio-type observables (catalogue ``scale == "log"``) are drawn on log axes. The detail cards follow under their
+own names: ``attention_heads/<metric>`` (block x head heatmaps), ``decay/all_points``, ``layer_epoch/<metric>``
+(point x epoch heatmaps), ``spectra/<NN>_<point>`` (one point's spectra over epochs), ``correlation/<NN>_<point>``
+(off by default) and the ``spectrum_log10/<NN>_<point>`` histograms; then the scalar groups (``geometry*``,
+``train``, ``val``, ``val_epoch``). Per-point tags carry the point runs' depth index
+(`tgo.callbacks.tensorboard_runs.point_run_names`), so TensorBoard's alphabetical lists show them in depth order.
+Every figure is drawn from the records just written (so a resumed run's figures show its whole history), and each
+kind has its switch in ``observation.figures`` (`tgo.observatory.settings.FigureSettings`).
 
 Figures are rendered off the training thread: `TensorBoardDashboard.submit_figures` hands one observation's figures
 (`figure_job`) to a bounded background `tgo.callbacks.figure_worker.FigureWorker` (at most ``FIGURES_IN_FLIGHT``
 observations queued or rendering; a further one waits), which draws them with matplotlib's object API and an Agg
-canvas and writes them through the same TensorBoard writer. `TensorBoardDashboard.close` drains the worker and closes
-the per-point runs; the callback calls it at every end of ``fit``, so every figure is written before ``fit`` returns
-or re-raises; a hard crash loses at most the figures in flight, never records.
+canvas and writes them through the same TensorBoard writer, then ``geometry/figure_seconds`` (the job's own
+rendering time, pauses excluded). `TensorBoardDashboard.close_point_runs` and `TensorBoardDashboard.drain_figures`
+end it; the callback calls them at every end of ``fit``, so every figure is written before ``fit`` returns or
+re-raises; a hard crash loses at most the figures in flight, never records.
 """
 
 from __future__ import annotations
@@ -41,31 +58,41 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
+from matplotlib.figure import Figure
 
-from tgo import viz
+from tgo import dashboard_cards, viz
 from tgo.observatory import ObservationKey, PointResult, Results
 from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
-from tgo.observatory.families.attention import depth_profiles as attention_depth_profiles
 from tgo.observatory.settings import FigureSettings
-from tgo.records import DEFAULT_VIEW, layer_epoch_table, load_series, load_spectra
+from tgo.records import DEFAULT_VIEW, load_spectra, read_metric_rows
 from tgo.spectral import CATALOGUE
 
 from .figure_worker import FigureWorker
 from .tensorboard_runs import PointRuns, point_run_names
 
 __all__ = [
+    "BAND_FIGURES",
+    "BAND_GROUP",
+    "DEPTH_GROUP",
     "DEPTH_PROFILES",
     "FIGURES_IN_FLIGHT",
     "FIGURE_DRAIN_TIMEOUT_S",
+    "PROBE_PROFILES",
+    "STORY_TAG",
+    "Story",
+    "StoryFunction",
     "TensorBoardDashboard",
-    "custom_scalar_layout",
+    "band_tag",
+    "depth_profile_tag",
     "depth_profiles",
     "draw_figures",
     "figure_job",
@@ -73,17 +100,51 @@ __all__ = [
     "geometry_tag",
     "logged_metrics",
     "point_scalars",
+    "recorded_tables",
     "tensorboard_logger",
 ]
 
 FIGURES_IN_FLIGHT = 2
 """Observations whose figures may be queued or rendering at once; the next observation's hand-off waits for one."""
-DEPTH_PROFILES = ("effective_rank", "participation_ratio", "stable_rank", "spectral_anisotropy")
-"""The observables drawn against depth in TensorBoard, one figure each. The report also draws spectral entropy (the
-log of the effective rank: the same profile) and flatness; TensorBoard keeps to four because every figure costs
-background rendering time at each observation."""
+STORY_TAG = "0_story/story"
+"""The story card's tag: its group ``0_story`` sorts first on TensorBoard's Time Series page (digits before letters,
+``0`` before ``1_depth_profile``), so it is the first card a user sees. Written at step = the observation's epoch."""
+DEPTH_GROUP = "1_depth_profile"
+"""The depth profiles' tag group (``1_depth_profile_<view>`` for views other than ``all``): the second group, which
+TensorBoard opens with the story."""
+BAND_GROUP = "2_vs_epoch"
+"""The against-epoch cards' tag group."""
+DEPTH_PROFILES = (
+    "effective_rank",
+    "participation_ratio",
+    "stable_rank",
+    "spectral_anisotropy",
+    "mean_abs_offdiag_correlation",
+)
+"""The covariance observables drawn against depth in TensorBoard (``1_depth_profile/<metric>``), one card each. The
+report also draws spectral entropy (the log of the effective rank: the same profile) and flatness; TensorBoard keeps
+to these because every card costs background rendering time at each observation."""
+PROBE_PROFILES: tuple[tuple[str, str], ...] = (
+    ("all", "between_image_fraction"),
+    ("cls", "ncc_accuracy"),
+    ("cls", "ridge_accuracy"),
+    ("cls", "fisher_ratio"),
+    ("cls", "nc1"),
+)
+"""``(view, metric)`` of the probe metrics drawn against depth (``1_depth_profile[_<view>]/<metric>``) where they
+were recorded: the between-image share of the variance, and how well the CLS token separates the classes (held-out
+nearest-class-centre and ridge accuracy, Fisher ratio and NC1 on log axes)."""
+BAND_FIGURES = ("effective_rank", "participation_ratio", "stable_rank", "spectral_anisotropy")
+"""The observables drawn against epoch (``2_vs_epoch/<metric>``), one line per point with its +-1 s.e. band."""
 FIGURE_DRAIN_TIMEOUT_S = 600.0
 """How long the end of ``fit`` (or an exception) waits for the figures in flight before warning and going on."""
+
+Story = Callable[[], "Figure | None"]
+"""`figure_job`'s story slot: draws the story figure (object-API ``Figure``, no pyplot: it runs on the figure
+worker's thread), or returns ``None`` for no card."""
+StoryFunction = Callable[[Path, int], "Figure | None"]
+"""What `TensorBoardDashboard` and the callback take: ``story(run_dir, epoch)``, the run directory whose records hold
+the history up to ``epoch`` (the observation being drawn), returning the story figure or ``None``."""
 
 
 # ------------------------------------------------------------------------------------------------ scalars
@@ -130,70 +191,65 @@ def geometry_scalars(results: Results) -> dict[str, float]:
 
 
 def point_scalars(results: Results) -> dict[str, dict[str, float]]:
-    """``{point: {tag: value}}``: `geometry_scalars` without the point in the tag, plus the ``all`` view's bands.
+    """``{point: {tag: value}}``: `geometry_scalars` without the point in the tag.
 
     What each point's own TensorBoard run holds (`tgo.callbacks.tensorboard_runs.PointRuns`): the same tag in every run,
-    so TensorBoard draws one chart per tag with one line per point. The bands ``geometry_band/<metric>/lower`` and
-    ``/upper`` (value -/+ stderr of the charted observables, where both are finite) feed the custom-scalars Margin
-    charts.
+    so TensorBoard draws one chart per tag with one line per point.
     """
     scalars: dict[str, dict[str, float]] = {point: {} for point in results.by_point()}
     for point, tag, value in _metric_scalars(results):
         scalars.setdefault(point, {})[tag] = value
-    for point, result in results.by_point().items():
-        for metric in CATALOGUE.charted:
-            value, se = result.observables.get(metric, math.nan), result.stderr.get(metric, math.nan)
-            if math.isfinite(value) and math.isfinite(se):
-                scalars[point][f"geometry_band/{metric}/lower"] = value - se
-                scalars[point][f"geometry_band/{metric}/upper"] = value + se
     return scalars
 
 
-def custom_scalar_layout(
-    views: Sequence[str], *, probes: bool, groups: int, attention: bool = False
-) -> dict[str, dict[str, list[Any]]]:
-    """TensorBoard's custom-scalars layout: ``{category: {chart title: [chart kind, [tag regexes]]}}``.
-
-    The per-point runs already give every tag its own chart of coloured lines, one per point; this layout is
-    kept because it is the curated page: only the charted observables (the Time Series page also lists standard
-    errors, bands and diagnostics), in catalogue order rather than alphabetically, and standard-error bands,
-    which no other page draws. Per recorded view (``views``: ``prefix`` only with registers or a distillation
-    token, known in the callback's ``setup``) one category of Multiline charts, one per charted observable of that
-    view (its probes included), each matching exactly ``geometry[_<view>]/<metric>`` (TensorBoard anchors the
-    regex at the start of the tag; the ``$`` keeps ``effective_rank`` from also matching
-    ``effective_rank_vs_noise``) and drawing one line per point run; with the probes off (``probes=False``), only the
-    ``all`` view's charted covariance observables. With jackknife ``groups``, one more category of
-    ``value -/+ 1 s.e.`` Margin charts, one per charted observable of the ``all`` view, each band a point run's;
-    added in reverse catalogue order, because TensorBoard lists a category's Margin charts last-added first.
-    With ``attention`` (the attention family records some block), one category of the charted attention metrics,
-    ``geometry_attention/<metric>``, one line per block (`ATTENTION_CHARTED`: the covariance observables have no
-    value on that view).
-    """
-    layout: dict[str, dict[str, list[Any]]] = {}
-    for view in views if probes else (DEFAULT_VIEW,):  # without probes only the all view and no probe metric
-        own = view != DEFAULT_VIEW  # the all view keeps the category and chart titles of before views existed
-        category = f"TGO geometry, {view} view (one line per point)" if own else "TGO geometry (one line per point)"
-        layout[category] = {
-            f"{metric} ({view})" if own else metric: ["Multiline", [f"{_tag_prefix(view)}/{metric}$"]]
-            for metric in (CATALOGUE.charted_on(view) if probes else CATALOGUE.charted)
-        }
-    if attention:
-        layout["TGO attention geometry (one line per block)"] = {
-            f"{metric} (attention)": ["Multiline", [f"{_tag_prefix(ATTENTION_VIEW)}/{metric}$"]]
-            for metric in ATTENTION_CHARTED
-        }
-    if groups:
-        layout["TGO geometry \u00b1 1 jackknife s.e. (one band per point)"] = {
-            metric: [
-                "Margin",
-                [f"geometry/{metric}", f"geometry_band/{metric}/lower", f"geometry_band/{metric}/upper"],
-            ]
-            for metric in reversed(CATALOGUE.charted)  # TensorBoard lists Margin charts last-added first
-        }
-    return layout
-
-
 # ------------------------------------------------------------------------------------------------ figures
+def depth_profile_tag(metric: str, view: str = DEFAULT_VIEW) -> str:
+    """``1_depth_profile/<metric>`` (the ``all`` view) or ``1_depth_profile_<view>/<metric>``."""
+    return f"{DEPTH_GROUP}/{metric}" if view == DEFAULT_VIEW else f"{DEPTH_GROUP}_{view}/{metric}"
+
+
+def band_tag(metric: str) -> str:
+    """``2_vs_epoch/<metric>``: one observable of the ``all`` view against epoch."""
+    return f"{BAND_GROUP}/{metric}"
+
+
+def recorded_tables(
+    root: str | os.PathLike[str], wanted: Sequence[tuple[str, str]], points: Sequence[str], up_to: int
+) -> dict[tuple[str, str], tuple[list[int], np.ndarray, np.ndarray]]:
+    """``{(view, metric): (epochs, values [P, E], stderrs [P, E])}`` of the recorded epochs ``<= up_to``.
+
+    One read of ``metrics.csv`` for every table a figure job draws (the file holds every view and epoch; reading it
+    once per table cost more than drawing). Rows follow ``points`` (NaN where a point has no value at an epoch);
+    each table's epochs are those at which its metric was recorded; metrics never recorded are left out.
+    """
+    wanted_keys = set(wanted)
+    row_of = {point: i for i, point in enumerate(points)}
+    cells: dict[tuple[str, str], list[tuple[int, int, float, float]]] = {}
+    for row in read_metric_rows(root):
+        key = (row["view"], row["metric"])
+        if key in wanted_keys and row["point"] in row_of and int(row["epoch"]) <= up_to:
+            cells.setdefault(key, []).append(
+                (row_of[row["point"]], int(row["epoch"]), float(row["value"]), float(row["stderr"]))
+            )
+    tables: dict[tuple[str, str], tuple[list[int], np.ndarray, np.ndarray]] = {}
+    for key in wanted:
+        if key not in cells:
+            continue
+        epochs = sorted({e for _, e, _, _ in cells[key]})
+        column = {e: j for j, e in enumerate(epochs)}
+        values = np.full((len(points), len(epochs)), np.nan)
+        stderrs = np.full((len(points), len(epochs)), np.nan)
+        for i, e, value, se in cells[key]:
+            values[i, column[e]], stderrs[i, column[e]] = value, se
+        tables[key] = (epochs, values, stderrs)
+    return tables
+
+
+def _profiles(table: tuple[list[int], np.ndarray, np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    epochs, values, stderrs = table
+    return {e: (values[:, j], stderrs[:, j]) for j, e in enumerate(epochs)}
+
+
 def figure_job(
     writer: Any,
     root: str | os.PathLike[str],
@@ -201,6 +257,8 @@ def figure_job(
     results: Results,
     recorded: Sequence[int],
     figures: FigureSettings,
+    *,
+    story: Story | None = None,
 ) -> Callable[[], Iterator[None]]:
     """One observation's figures as a job for the background worker, drawn from what was just recorded.
 
@@ -208,7 +266,21 @@ def figure_job(
     run directory ``root``, the metrics series up to ``epoch``) is read from the records by the job: they hold the
     whole history, also of a resumed run, and are written atomically, so a later observation being recorded meanwhile
     is harmless. ``writer`` is a TensorBoard ``SummaryWriter``; the job yields once per figure (the worker may pause
-    between them) and flushes the writer at the end.
+    between them), then writes ``geometry/figure_seconds`` (its rendering time, pauses excluded) and flushes.
+
+    Every image is written at ``global_step=epoch``, in the order a reader wants them (the story, the depth
+    profiles, the against-epoch cards, then the detail cards); the tags are listed in the module docstring.
+
+    Args:
+        writer: The TensorBoard ``SummaryWriter`` of the Lightning run.
+        root: The run directory (its records).
+        epoch: The observation's epoch (the step of every card).
+        results: The observation just recorded.
+        recorded: The epochs recorded so far (the spectra cards' history).
+        figures: Which kinds to draw (`FigureSettings`).
+        story: The story slot: called first, on the worker's thread, when ``figures.story``; the figure it returns
+            is written as `STORY_TAG`. ``None`` (or a ``None`` result) writes no story card; an exception is warned
+            about and the other figures are still drawn.
     """
     own = results.by_point()  # the default view of every point, in depth order
     eigenvalues = {point: np.array(result.spectrum.eigenvalues, copy=True) for point, result in own.items()}
@@ -223,51 +295,115 @@ def figure_job(
     blocks = list(attention)  # the blocks the attention family recorded, in depth order
     tag_names = point_run_names(names)  # <NN>_<point>: TensorBoard sorts tags as strings, so in depth order
 
-    def job() -> Iterator[None]:  # one step per figure: the worker may pause between them
-        for point, values in eigenvalues.items():
-            positive = values[np.isfinite(values) & (values > 0)]
-            if figures.histograms and positive.size:
-                writer.add_histogram(f"spectrum_log10/{tag_names[point]}", np.log10(positive), global_step=epoch)
-            if point in covariances:
-                image = viz.correlation_card(covariances[point], max_dim=figures.heatmap_max_dim)
-                writer.add_image(f"correlation/{tag_names[point]}", image, global_step=epoch, dataformats="HWC")
-        yield
+    def image(tag: str, rgb: np.ndarray) -> None:
+        writer.add_image(tag, rgb, global_step=epoch, dataformats="HWC")
+
+    def steps() -> Iterator[None]:  # one step per figure: the worker may pause between them
+        if story is not None and figures.story:
+            try:
+                drawn = story()
+            except Exception as error:  # the story must not cost the other figures
+                warnings.warn(f"[tgo] story card of epoch {epoch} failed: {error!r}", RuntimeWarning, stacklevel=1)
+                drawn = None
+            if drawn is not None:
+                image(STORY_TAG, viz.render_rgb(drawn))
+            yield
+        main = [(DEFAULT_VIEW, metric) for metric in DEPTH_PROFILES] if figures.depth_profiles else []
+        probes = list(PROBE_PROFILES) if figures.depth_profiles else []
+        bands = [(DEFAULT_VIEW, metric) for metric in BAND_FIGURES] if figures.bands else []
+        charted = [(DEFAULT_VIEW, metric) for metric in CATALOGUE.charted] if figures.layer_epoch else []
+        wanted = list(dict.fromkeys([*main, *probes, *bands, *charted]))
+        tables = recorded_tables(root, wanted, names, epoch) if wanted else {}
+        profiles = {key: _profiles(tables[key]) for key in [*main, *probes] if key in tables}
+        titles = {
+            f"{view}/{metric}": metric if view == DEFAULT_VIEW else f"{metric} ({view})" for view, metric in profiles
+        }
+        cards = dashboard_cards.depth_profile_cards(
+            {f"{view}/{metric}": by_epoch for (view, metric), by_epoch in profiles.items()}, names, titles=titles
+        )
+        for key, rgb in cards:
+            view, metric = key.split("/", 1)
+            image(depth_profile_tag(metric, view), rgb)
+            yield
+        if figures.attention and blocks:  # the attention family's depth profiles (block means), beside the others
+            attention_tables = recorded_tables(root, [(ATTENTION_VIEW, m) for m in ATTENTION_CHARTED], blocks, epoch)
+            by_metric = {f"{ATTENTION_VIEW}/{m}": _profiles(t) for (_, m), t in attention_tables.items()}
+            titles = {key: f"{key.split('/', 1)[1]} (block mean)" for key in by_metric}
+            for key, rgb in dashboard_cards.depth_profile_cards(by_metric, blocks, titles=titles):
+                image(depth_profile_tag(key.split("/", 1)[1], ATTENTION_VIEW), rgb)
+                yield
+        on_epochs: dict[tuple[int, ...], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        for view, metric in (key for key in bands if key in tables):  # one figure per set of epochs (usually one)
+            epochs, values, stderrs = tables[(view, metric)]
+            on_epochs.setdefault(tuple(epochs), {})[metric] = (values, stderrs)
+        for epochs_drawn, by_metric in on_epochs.items():
+            for metric, rgb in dashboard_cards.epoch_band_cards(by_metric, names, list(epochs_drawn)):
+                image(band_tag(metric), rgb)
+                yield
+        if figures.attention and blocks:  # block x head heatmaps
+            for tag, rgb in viz.attention_cards(head_tables(attention, blocks), blocks):
+                image(tag, rgb)
+                yield
+        if figures.layer_epoch:  # one point x epoch heatmap per charted observable, on the union of their epochs
+            epochs = sorted({e for key in charted if key in tables for e in tables[key][0]})
+            heatmaps = {m: _on_epochs(tables.get((DEFAULT_VIEW, m)), len(names), epochs) for _, m in charted}
+            for metric, rgb in viz.layer_epoch_cards(heatmaps, names, epochs):
+                image(f"layer_epoch/{metric}", rgb)
+                yield
         if figures.spectra:  # one card per point: a grid of every point is unreadable at a card's size
             spectra = load_spectra(root, recorded, arrays=("eigenvalues",))
             histories = {
                 name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
                 for name in names
             }
-            for name, image in viz.spectrum_cards(histories):
-                writer.add_image(f"spectra/{tag_names[name]}", image, global_step=epoch, dataformats="HWC")
+            for name, rgb in viz.spectrum_cards(histories):
+                image(f"spectra/{tag_names[name]}", rgb)
                 yield
         if figures.decay:
-            decay = viz.decay_curves_figure(eigenvalues, title=f"spectral decay, epoch {epoch}")
-            _add_figure(writer, "decay/all_points", decay, epoch)
+            image(
+                "decay/all_points",
+                viz.render_rgb(viz.decay_curves_figure(eigenvalues, title=f"spectral decay, epoch {epoch}")),
+            )
             yield
-        if figures.layer_epoch:  # the layer x epoch summaries: one heatmap and one depth profile per observable
-            series = load_series(root, metrics=CATALOGUE.charted)
-            epochs = sorted(
-                {int(e) for per_point in series.values() for es, _ in per_point.values() for e in es if e <= epoch}
-            )
-            tables = {metric: layer_epoch_table(series.get(metric, {}), names, epochs) for metric in CATALOGUE.charted}
-            for metric, image in viz.layer_epoch_cards(tables, names, epochs):
-                writer.add_image(f"layer_epoch/{metric}", image, global_step=epoch, dataformats="HWC")
-                yield
-            for metric, profiles in depth_profiles(root, names, epoch).items():
-                figure = viz.depth_profile_figure(profiles, names, title=metric, fontsize=viz.CARD_FONTSIZE)
-                _add_figure(writer, f"depth_profile/{metric}", figure, epoch)
-                yield
-        if figures.attention and blocks:  # attention: block x head heatmaps, then its depth profiles
-            cards = viz.attention_cards(
-                head_tables(attention, blocks), blocks, profiles=attention_depth_profiles(root, blocks, epoch)
-            )
-            for tag, image in cards:
-                writer.add_image(tag, image, global_step=epoch, dataformats="HWC")
-                yield
+        for point, values in eigenvalues.items():
+            positive = values[np.isfinite(values) & (values > 0)]
+            if figures.histograms and positive.size:
+                writer.add_histogram(f"spectrum_log10/{tag_names[point]}", np.log10(positive), global_step=epoch)
+            if point in covariances:
+                image(
+                    f"correlation/{tag_names[point]}",
+                    viz.correlation_card(covariances[point], max_dim=figures.heatmap_max_dim),
+                )
+        yield
+
+    def job() -> Iterator[None]:
+        seconds = 0.0
+        drawing = steps()
+        while True:
+            start = time.perf_counter()
+            try:
+                next(drawing)
+            except StopIteration:
+                break
+            finally:
+                seconds += time.perf_counter() - start
+            yield
+        writer.add_scalar("geometry/figure_seconds", seconds, global_step=epoch)
         writer.flush()
 
     return job
+
+
+def _on_epochs(table: tuple[list[int], np.ndarray, np.ndarray] | None, rows: int, epochs: Sequence[int]) -> np.ndarray:
+    """A `recorded_tables` table's values ``[rows, len(epochs)]`` on ``epochs`` (NaN where it has none)."""
+    out = np.full((rows, len(epochs)), np.nan)
+    if table is None:
+        return out
+    column = {e: j for j, e in enumerate(table[0])}
+    for k, e in enumerate(epochs):
+        if e in column:
+            out[:, k] = table[1][:, column[e]]
+    return out
 
 
 def draw_figures(
@@ -277,34 +413,29 @@ def draw_figures(
     results: Results,
     recorded: Sequence[int],
     figures: FigureSettings,
+    *,
+    story: Story | None = None,
 ) -> None:
     """Draws and writes one observation's figures on the calling thread (what the worker runs, in one call)."""
-    for _ in figure_job(writer, root, epoch, results, recorded, figures)():
+    for _ in figure_job(writer, root, epoch, results, recorded, figures, story=story)():
         pass
 
 
-def _add_figure(writer: Any, tag: str, fig: Any, epoch: int) -> None:
-    """Renders with the figure's own Agg canvas (never pyplot: this runs on the worker thread)."""
-    writer.add_image(tag, viz.render_rgb(fig), global_step=epoch, dataformats="HWC")
-
-
 def depth_profiles(
-    root: str | os.PathLike[str], points: Sequence[str], up_to: int, metrics: Sequence[str] = DEPTH_PROFILES
+    root: str | os.PathLike[str],
+    points: Sequence[str],
+    up_to: int,
+    metrics: Sequence[str] = DEPTH_PROFILES,
+    *,
+    view: str = DEFAULT_VIEW,
 ) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
     """``{metric: {epoch: (values [P], stderrs [P])}}`` of the recorded epochs ``<= up_to``, for the depth profiles.
 
-    Read from the records (the whole history, also of a resumed run), NaN where a point has no value; metrics
-    that were not recorded are left out.
+    Read from the records of ``view`` (the whole history, also of a resumed run), NaN where a point has no value;
+    metrics that were not recorded are left out.
     """
-    values = load_series(root, metrics=metrics)
-    stderrs = load_series(root, metrics=metrics, column="stderr")
-    profiles: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-    for metric in (m for m in metrics if m in values):
-        epochs = sorted({int(e) for es, _ in values[metric].values() for e in es if e <= up_to})
-        value_table = layer_epoch_table(values[metric], points, epochs)
-        stderr_table = layer_epoch_table(stderrs.get(metric, {}), points, epochs)
-        profiles[metric] = {e: (value_table[:, j], stderr_table[:, j]) for j, e in enumerate(epochs)}
-    return profiles
+    tables = recorded_tables(root, [(view, metric) for metric in metrics], points, up_to)
+    return {metric: _profiles(table) for (_, metric), table in tables.items()}
 
 
 # ------------------------------------------------------------------------------------------------ the writer side
@@ -322,11 +453,16 @@ class TensorBoardDashboard:
     Args:
         log_dir: The Lightning ``TensorBoardLogger.log_dir`` (the per-point runs go under ``<log_dir>/points/``).
         points: The observation points' names in depth order.
+        story: The story function (`StoryFunction`, ``story(run_dir, epoch)``), drawn first in every figure job as
+            `STORY_TAG`; ``None``: no story card.
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str], points: Sequence[str]) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike[str], points: Sequence[str], *, story: StoryFunction | None = None
+    ) -> None:
         self.log_dir = log_dir
         self.points = list(points)
+        self.story = story
         self._point_runs: PointRuns | None = None
         self._figures: FigureWorker | None = None
 
@@ -348,7 +484,9 @@ class TensorBoardDashboard:
         """Hands one observation's `figure_job` to the background worker (waits while ``FIGURES_IN_FLIGHT`` are)."""
         if self._figures is None:
             self._figures = FigureWorker(FIGURES_IN_FLIGHT, name="tgo-geometry-figures")
-        job = figure_job(writer, root, epoch, results, recorded, figures)
+        story = self.story
+        slot = None if story is None else (lambda: story(Path(root), epoch))
+        job = figure_job(writer, root, epoch, results, recorded, figures, story=slot)
         self._figures.submit(job, label=f"geometry figures of epoch {epoch}")
 
     def held(self) -> contextlib.AbstractContextManager[Any]:

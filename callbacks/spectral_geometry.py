@@ -11,11 +11,11 @@ source of truth for what was already observed, so a resumed run neither repeats 
 
 How an observation is shown is `tgo.callbacks.dashboard`'s: the scalars go to every Lightning logger (the
 ``geometry[_<view>]/<metric>/<point>`` tags of `geometry_scalars`, re-exported here), to TensorBoard as one run per
-point, a custom-scalars layout and figures rendered off the training thread. This module decides which observations
-get figures (every ``figures.every_n_observations``-th recorded one, and the last) and when the figures in flight
-are drained: at ``on_fit_end``, ``on_exception`` and ``teardown``, so every figure is written before ``fit`` returns
-or re-raises. ``geometry/blocking_seconds`` logs the time the observation held the training thread (the pass,
-the scalars and the hand-off), beside ``geometry/pass_seconds``.
+point and figures rendered off the training thread (the story card first, when a ``story`` function is given).
+This module decides which observations get figures (every ``figures.every_n_observations``-th recorded one, and the
+last) and when the figures in flight are drained: at ``on_fit_end``, ``on_exception`` and ``teardown``, so every
+figure is written before ``fit`` returns or re-raises. ``geometry/blocking_seconds`` logs the time the observation
+held the training thread (the pass, the scalars and the hand-off), beside ``geometry/pass_seconds``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from tgo.observatory import (
     points_from_config,
     resolve_points,
 )
-from tgo.observatory.families.attention import attention_refusal
 from tgo.observatory.find_vit import ModelSpec
 from tgo.observatory.standalone import (
     DEFAULT_BATCH_SIZE,
@@ -54,14 +53,13 @@ from tgo.observatory.standalone import (
     prepare_analysis,
     vit_network,
 )
-from tgo.observatory.stream import token_layouts
-from tgo.records import VIEWS, RecordWriter, RunDir, load_spectra, recorded_epochs
+from tgo.records import RecordWriter, RunDir, load_spectra, recorded_epochs
 
 from .dashboard import (
     DEPTH_PROFILES,
     FIGURE_DRAIN_TIMEOUT_S,
+    StoryFunction,
     TensorBoardDashboard,
-    custom_scalar_layout,
     draw_figures,
     geometry_scalars,
     geometry_tag,
@@ -112,6 +110,9 @@ class SpectralGeometryCallback(L.Callback):
         model: The ViT inside the LightningModule: an attribute path (``"backbone"``, ``"encoder.vit"``), a
             callable taking the LightningModule and returning it, or ``None``: the one timm ``VisionTransformer``
             among its submodules (`tgo.observatory.find_vit`).
+        story: The story card's function, ``story(run_dir, epoch) -> matplotlib Figure | None``
+            (`tgo.callbacks.dashboard.StoryFunction`): drawn first at every figure observation, on the figure
+            worker's thread, as ``0_story/story`` (TensorBoard's first card). ``None``: no story card.
         **setting_overrides: Any `ObservationSettings` key (``every_n_epochs=5``, ``groups=0``, ...), applied over
             ``settings`` and validated the same way.
     """
@@ -122,6 +123,7 @@ class SpectralGeometryCallback(L.Callback):
         *,
         analysis: Any = None,
         model: ModelSpec = None,
+        story: StoryFunction | None = None,
         **setting_overrides: Any,
     ) -> None:
         super().__init__()
@@ -133,6 +135,7 @@ class SpectralGeometryCallback(L.Callback):
             )
         self.analysis = analysis
         self.model = model
+        self.story = story
         self.points: list[ObservationPoint] = []
         self.observed_epochs: list[int] = []
         self.last_pass_seconds: float | None = None  # stream + reduce + eigendecompose + records
@@ -140,8 +143,6 @@ class SpectralGeometryCallback(L.Callback):
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
         self._run: RunDir | None = None
         self._dashboard: TensorBoardDashboard | None = None  # rank 0's per-point runs and figure worker, on first use
-        self._views = tuple(view for view in VIEWS if view != "prefix")  # the views recorded, known in setup
-        self._attention = False  # whether the attention family records some block, known in setup
         self._analysis: Any = None  # the checked analysis set (with .labels), settled in setup
         self._analysis_batch_size = DEFAULT_BATCH_SIZE
         self._analysis_num_workers = 0
@@ -155,12 +156,6 @@ class SpectralGeometryCallback(L.Callback):
         net = self._network(pl_module)
         self.points = points_from_config(self.settings.points, net)
         resolve_points(net, self.points)
-        prefix = any("prefix" in layout.kinds for layout in token_layouts(net, self.points).values())
-        self._views = tuple(view for view in VIEWS if view != "prefix" or prefix)
-        blocks = getattr(net, "blocks", ())
-        self._attention = self.settings.attention.enabled and any(
-            attention_refusal(getattr(block, "attn", None)) is None for block in blocks
-        )
         self._run = RunDir(trainer.default_root_dir)
         if stage == "fit":
             self._settle_analysis(trainer)
@@ -214,8 +209,6 @@ class SpectralGeometryCallback(L.Callback):
         if self._claimed != self._run:
             self._claim_run_directory(trainer)
             self._claimed = self._run
-        if trainer.is_global_zero:
-            self._add_custom_scalar_layout(trainer)
         completed = trainer.current_epoch
         if self._should_observe(completed, trainer):
             self.observe_epoch(trainer, pl_module, completed)
@@ -349,7 +342,8 @@ class SpectralGeometryCallback(L.Callback):
         tensorboard = tensorboard_logger(trainer)
         if tensorboard is not None:
             if self._dashboard is None:
-                self._dashboard = TensorBoardDashboard(tensorboard.log_dir, [point.name for point in self.points])
+                points = [point.name for point in self.points]
+                self._dashboard = TensorBoardDashboard(tensorboard.log_dir, points, story=self.story)
             self._dashboard.write_scalars(results, epoch)
         assert self._run is not None
         recorded = recorded_epochs(self._run.root)  # read once: the thinning index and the figures' history
@@ -359,18 +353,6 @@ class SpectralGeometryCallback(L.Callback):
             self._dashboard.submit_figures(
                 tensorboard.experiment, self._run.root, epoch, results, recorded, self.settings.figures
             )
-
-    def _add_custom_scalar_layout(self, trainer: L.Trainer) -> None:
-        tensorboard = tensorboard_logger(trainer)
-        if tensorboard is not None:
-            tensorboard.experiment.add_custom_scalars(self.custom_scalar_layout())
-
-    def custom_scalar_layout(self) -> dict[str, dict[str, list[Any]]]:
-        """TensorBoard's custom-scalars layout of this callback's recorded views and settings
-        (`tgo.callbacks.dashboard.custom_scalar_layout`)."""
-        return custom_scalar_layout(
-            self._views, probes=self.settings.probes.enabled, groups=self.settings.groups, attention=self._attention
-        )
 
     def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
         """Draws and writes one observation's figures on the calling thread (`tgo.callbacks.dashboard.draw_figures`)."""

@@ -24,7 +24,10 @@ from tgo.config import SCHEDULES, image_size_problem, model_problems, problems_e
 from tgo.errors import ConfigError
 from tgo.vit_families import check_timm_name, check_vit
 
-__all__ = ["SCHEDULES", "ViTClassifier", "build_timm_model", "cosine_factor", "schedule_steps"]
+__all__ = ["SCHEDULES", "VAL_EPOCH_METRICS", "ViTClassifier", "build_timm_model", "cosine_factor", "schedule_steps"]
+
+VAL_EPOCH_METRICS = ("val/loss", "val/acc_top1", "val/acc_top5")
+"""The validation metrics logged a second time against the epoch, as ``val_epoch/<name>`` (`ViTClassifier`)."""
 
 
 def build_timm_model(
@@ -198,6 +201,28 @@ class ViTClassifier(L.LightningModule):
         self.log("val/loss", self._loss(logits, labels), prog_bar=True, on_epoch=True, sync_dist=True)
         self.log("val/acc_top1", self.val_top1, prog_bar=True, on_epoch=True)
         self.log("val/acc_top5", self.val_top5, on_epoch=True)
+
+    def on_validation_end(self) -> None:
+        """Logs the epoch's validation metrics once more with the *epoch* as step: ``val_epoch/loss``,
+        ``val_epoch/acc_top1``, ``val_epoch/acc_top5``, to every logger.
+
+        Lightning logs ``val/...`` at the optimiser step; the geometry is logged at the epoch (epoch k = after k
+        completed epochs), so in TensorBoard and in CSV files the two would not share an axis. The values are the
+        ones Lightning just logged (``trainer.callback_metrics``, reduced over the epoch and the ranks), at step
+        ``current_epoch + 1``. Only a validation at the end of a training epoch counts (not the sanity check, not
+        ``trainer.validate``, not a mid-epoch ``val_check_interval`` one); rank 0 logs.
+        """
+        trainer = self.trainer
+        if trainer.sanity_checking or trainer.state.fn != "fit" or not trainer.is_last_batch:
+            return
+        metrics = {
+            f"val_epoch/{name.split('/', 1)[1]}": float(value)
+            for name in VAL_EPOCH_METRICS
+            if (value := trainer.callback_metrics.get(name)) is not None
+        }
+        if metrics and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.current_epoch + 1)
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         hp = self._hp

@@ -1,50 +1,247 @@
-"""`tgo.callbacks.dashboard` on its own: the layout, the dashboard's lifecycle, and what the callback re-exports.
+"""`tgo.callbacks.dashboard` on its own: the figure job's cards and tags, the story slot, the dashboard's lifecycle.
 
 What TensorBoard ends up showing for a real training is tested in `test_tensorboard_dashboard.py` and
-`test_spectral_geometry_callback.py`; these tests need no training.
+`test_spectral_geometry_callback.py`; these tests need no training: a few synthetic observations are recorded into
+a run directory and drawn from there, as the callback's background worker does.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
+from matplotlib.figure import Figure
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
 
+from tests.conftest import compose_train
+from tgo import dashboard_cards
 from tgo.callbacks import dashboard, spectral_geometry
-from tgo.callbacks.dashboard import TensorBoardDashboard, custom_scalar_layout
-from tgo.spectral import CATALOGUE
-
-
-@pytest.mark.parametrize(
-    "name", ["DEPTH_PROFILES", "geometry_scalars", "geometry_tag", "logged_metrics", "point_scalars"]
+from tgo.callbacks.dashboard import (
+    BAND_FIGURES,
+    DEPTH_PROFILES,
+    PROBE_PROFILES,
+    STORY_TAG,
+    TensorBoardDashboard,
+    band_tag,
+    depth_profile_tag,
+    draw_figures,
 )
-def test_the_callback_module_re_exports_the_presentation_names(name: str):
-    assert getattr(spectral_geometry, name) is getattr(dashboard, name)
-    assert name in spectral_geometry.__all__
+from tgo.observatory import ObservationKey, ObservationSettings, Results
+from tgo.observatory.settings import FigureSettings
+from tgo.records import RecordWriter, RunDir
+
+POINTS = ("patch_embed", "pos_embed", "block_01", "block_02", "cls")
+EPOCHS = (0, 1, 2)
+DIM = 6
+ONLY_NEW = FigureSettings(spectra=False, histograms=False, decay=False, layer_epoch=False, attention=False)
+"""The story, the depth profiles and the against-epoch cards, nothing else."""
 
 
-def test_the_layout_has_one_multiline_category_per_recorded_view_in_order():
-    views = ("all", "cls", "prefix", "patch")
-    layout = custom_scalar_layout(views, probes=True, groups=0)
-    assert list(layout) == [
-        "TGO geometry (one line per point)",
-        "TGO geometry, cls view (one line per point)",
-        "TGO geometry, prefix view (one line per point)",
-        "TGO geometry, patch view (one line per point)",
-    ]
-    prefix = layout["TGO geometry, prefix view (one line per point)"]
-    assert prefix == {f"{m} (prefix)": ["Multiline", [f"geometry_prefix/{m}$"]] for m in CATALOGUE.charted_on("prefix")}
+def synthetic_results(epoch: int) -> Results:
+    """One observation shaped like `tgo.observatory.Results`: the covariance observables and their standard errors on
+    the ``all`` view of every point, the probe metrics of `PROBE_PROFILES` on their views (no CLS probes at the patch
+    embedding, as in a real ViT)."""
+    rng = np.random.default_rng(epoch)
+    results = Results()
+    for depth, point in enumerate(POINTS):
+        rows = rng.normal(size=(40, DIM)) * (1.0 + 0.3 * np.arange(DIM))
+        cov = np.cov(rows, rowvar=False)
+        spectrum = SimpleNamespace(eigenvalues=np.linalg.eigvalsh(cov)[::-1].copy(), n_rows=40, n_nonfinite=0)
+        observables = {metric: 1.0 + depth + 0.5 * epoch for metric in DEPTH_PROFILES}
+        observables["between_image_fraction"] = 0.1 * depth
+        stderr = {metric: 0.05 for metric in observables}
+        base = dict(spectrum=spectrum, mean=rows.mean(0), covariance=cov, arrays={})
+        results[ObservationKey(point)] = SimpleNamespace(observables=observables, stderr=stderr, **base)
+        if point != "patch_embed":
+            probes = {"ncc_accuracy": 0.2 + 0.1 * epoch, "ridge_accuracy": 0.3, "fisher_ratio": 10.0**epoch, "nc1": 5.0}
+            results[ObservationKey(point, "cls")] = SimpleNamespace(
+                observables=probes, stderr={m: 0.01 for m in probes}, **base
+            )
+    return results
 
 
-def test_the_layout_without_probes_charts_the_all_view_and_with_groups_adds_margins():
-    layout = custom_scalar_layout(("all", "cls"), probes=False, groups=4)
-    assert list(layout) == [
-        "TGO geometry (one line per point)",
-        "TGO geometry \u00b1 1 jackknife s.e. (one band per point)",
-    ]
-    assert list(layout["TGO geometry (one line per point)"]) == list(CATALOGUE.charted)
-    margins = layout["TGO geometry \u00b1 1 jackknife s.e. (one band per point)"]
-    assert list(margins) == list(reversed(CATALOGUE.charted)), "TensorBoard lists Margin charts last-added first"
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[Path, dict[int, Results]]:
+    """A run directory holding the synthetic observations of `EPOCHS`."""
+    run = RunDir(tmp_path_factory.mktemp("dashboard") / "run")
+    observations = {epoch: synthetic_results(epoch) for epoch in EPOCHS}
+    for epoch, results in observations.items():
+        RecordWriter(run).write_observation(epoch, 10 * epoch, results, with_covariance=False)
+    return run.root, observations
+
+
+class RecordingWriter:
+    """A ``SummaryWriter`` stand-in that keeps every call: ``(kind, tag, value, step)`` in call order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any, int]] = []
+
+    def add_image(self, tag: str, image: np.ndarray, global_step: int, dataformats: str) -> None:
+        assert dataformats == "HWC" and image.dtype == np.uint8 and image.shape[2] == 3
+        self.calls.append(("image", tag, image, global_step))
+
+    def add_histogram(self, tag: str, values: np.ndarray, global_step: int) -> None:
+        self.calls.append(("histogram", tag, values, global_step))
+
+    def add_scalar(self, tag: str, value: float, global_step: int) -> None:
+        self.calls.append(("scalar", tag, value, global_step))
+
+    def flush(self) -> None:
+        pass
+
+    def images(self) -> dict[str, tuple[np.ndarray, int]]:
+        return {tag: (image, step) for kind, tag, image, step in self.calls if kind == "image"}
+
+
+def dummy_story() -> Figure:
+    fig = Figure(figsize=(6.0, 3.0), dpi=80)
+    fig.add_subplot().plot([0, 1], [1, 0])
+    return fig
+
+
+def test_the_callback_module_re_exports_the_presentation_names():
+    for name in ("DEPTH_PROFILES", "geometry_scalars", "geometry_tag", "logged_metrics", "point_scalars"):
+        assert getattr(spectral_geometry, name) is getattr(dashboard, name)
+        assert name in spectral_geometry.__all__
+
+
+def test_every_new_card_is_written_with_its_tag_at_the_epoch(recorded, tmp_path: Path):
+    """Depth profiles of the main observables and of the probes on their views, the against-epoch cards: each one
+    image at step = the epoch, in a real event file, at its card size; then the job's own rendering time."""
+    root, observations = recorded
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for epoch in (1, 2):
+        draw_figures(writer, root, epoch, observations[epoch], EPOCHS[: epoch + 1], ONLY_NEW)
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0, "scalars": 0}).Reload()
+    expected = {depth_profile_tag(metric) for metric in DEPTH_PROFILES}
+    expected |= {depth_profile_tag(metric, view) for view, metric in PROBE_PROFILES}
+    expected |= {band_tag(metric) for metric in BAND_FIGURES}
+    assert set(events.Tags()["images"]) == expected, "no story without a story function"
+    assert "1_depth_profile/effective_rank" in expected and "1_depth_profile_cls/ncc_accuracy" in expected
+    assert "1_depth_profile/between_image_fraction" in expected and "2_vs_epoch/stable_rank" in expected
+    for tag in expected:
+        cards = events.Images(tag)
+        assert [e.step for e in cards] == [1, 2], tag
+        size = dashboard_cards.BAND_PIXELS if tag.startswith("2_vs_epoch/") else dashboard_cards.PROFILE_PIXELS
+        assert (cards[-1].width, cards[-1].height) == size, tag
+    seconds = events.Scalars("geometry/figure_seconds")
+    assert [e.step for e in seconds] == [1, 2] and all(e.value > 0 for e in seconds)
+
+
+def test_every_switch_leaves_its_cards_out(recorded):
+    root, observations = recorded
+    off = FigureSettings(
+        story=False, depth_profiles=False, bands=False, spectra=False, histograms=False, decay=False, layer_epoch=False
+    )
+    writer = RecordingWriter()
+    draw_figures(writer, root, 2, observations[2], EPOCHS, off, story=dummy_story)
+    assert writer.images() == {}, "every card has its switch"
+    assert [tag for kind, tag, _, _ in writer.calls] == ["geometry/figure_seconds"]
+
+
+def test_ratio_type_observables_are_drawn_on_log_axes(recorded, monkeypatch):
+    """The catalogue's ``scale == "log"`` observables (Fisher ratio, NC1) get log axes, the others linear."""
+    assert dashboard_cards.log_scale("fisher_ratio") and dashboard_cards.log_scale("nc1")
+    assert not dashboard_cards.log_scale("effective_rank") and not dashboard_cards.log_scale("ncc_accuracy")
+    assert not dashboard_cards.log_scale("not_in_the_catalogue")
+    log = dashboard_cards.depth_profile_figure({0: (np.array([1.0, 10.0, 100.0]), np.full(3, 0.5))}, ["a", "b", "cls"],
+                                               title="fisher_ratio", log=True)  # fmt: skip
+    assert log.axes[0].get_yscale() == "log"
+    assert log.axes[0].get_ylim()[1] >= 100.0, "nothing is left off the axes"
+    epochs, values = [0, 1], np.array([[1.0, 2.0], [3.0, 40.0]])
+    band = dashboard_cards.epoch_band_figure(epochs, values, np.full((2, 2), 0.1), ["a", "cls"], title="x", log=True)
+    assert band.axes[0].get_yscale() == "log"
+    linear = dashboard_cards.epoch_band_figure(epochs, values, values * 0, ["a", "cls"], title="x", log=False)
+    assert linear.axes[0].get_yscale() == "linear" and linear.axes[0].get_ylim()[1] >= 40.0
+
+    drawn: dict[str, bool] = {}
+    for card in (dashboard_cards._DepthProfileCard, dashboard_cards._EpochBandCard):
+        original = card.draw
+
+        def spy(self: Any, *args: Any, _original: Any = original, _kind: str = card.__name__, **kwargs: Any) -> None:
+            drawn[f"{_kind}:{args[-1]}"] = kwargs["log"]
+            _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(card, "draw", spy)
+    root, observations = recorded
+    draw_figures(RecordingWriter(), root, 2, observations[2], EPOCHS, ONLY_NEW)
+    assert drawn["_DepthProfileCard:fisher_ratio (cls)"] and drawn["_DepthProfileCard:nc1 (cls)"]
+    assert not drawn["_DepthProfileCard:effective_rank"] and not drawn["_DepthProfileCard:ncc_accuracy (cls)"]
+    assert not any(log for key, log in drawn.items() if key.startswith("_EpochBandCard:")), "no band metric is a ratio"
+
+
+def test_the_story_slot_is_drawn_first_at_the_epoch(recorded):
+    root, observations = recorded
+    writer = RecordingWriter()
+    draw_figures(writer, root, 2, observations[2], EPOCHS, ONLY_NEW, story=dummy_story)
+    images = [(tag, step) for kind, tag, _, step in writer.calls if kind == "image"]
+    assert images[0] == (STORY_TAG, 2), "the first card written is the story"
+    assert STORY_TAG == "0_story/story" and sorted(tag for tag, _ in images)[0] == STORY_TAG, "and it sorts first"
+    story_image, _ = writer.images()[STORY_TAG]
+    assert story_image.shape == (240, 480, 3), "the figure as drawn"
+    assert len(images) > 1, "the other cards follow"
+
+
+def test_the_story_slot_is_optional_switchable_and_cannot_cost_the_other_cards(recorded):
+    root, observations = recorded
+    calls = []
+
+    def story() -> Figure:
+        calls.append(1)
+        return dummy_story()
+
+    for settings, given in ((ONLY_NEW, lambda: None), (FigureSettings(**{**vars(ONLY_NEW), "story": False}), story)):
+        writer = RecordingWriter()
+        draw_figures(writer, root, 2, observations[2], EPOCHS, settings, story=given)
+        assert STORY_TAG not in writer.images() and writer.images(), "no story card, the others drawn"
+    assert calls == [], "figures.story=false does not call the story function"
+
+    def broken() -> Figure:
+        raise RuntimeError("no records yet")
+
+    writer = RecordingWriter()
+    with pytest.warns(RuntimeWarning, match="story card of epoch 2 failed.*no records yet"):
+        draw_figures(writer, root, 2, observations[2], EPOCHS, ONLY_NEW, story=broken)
+    assert STORY_TAG not in writer.images() and depth_profile_tag("effective_rank") in writer.images()
+
+
+def test_the_dashboard_hands_the_story_function_the_run_directory_and_epoch(recorded, tmp_path: Path):
+    root, observations = recorded
+    seen: list[tuple[Path, int]] = []
+
+    def story(run_dir: Path, epoch: int) -> Figure:
+        seen.append((run_dir, epoch))
+        return dummy_story()
+
+    board = TensorBoardDashboard(tmp_path / "tb", list(POINTS), story=story)
+    writer = RecordingWriter()
+    board.submit_figures(writer, root, 1, observations[1], EPOCHS[:2], ONLY_NEW)
+    assert board.drain_figures() == (True, True)
+    assert seen == [(Path(root), 1)] and writer.images()[STORY_TAG][1] == 1
+    callback = spectral_geometry.SpectralGeometryCallback(story=story)
+    assert callback.story is story, "the callback passes its story function to its dashboard"
+
+
+def test_depth_profiles_read_each_view_from_the_records(recorded):
+    root, _ = recorded
+    profiles = dashboard.depth_profiles(root, list(POINTS), 1, ["fisher_ratio", "absent"], view="cls")
+    assert list(profiles) == ["fisher_ratio"] and sorted(profiles["fisher_ratio"]) == [0, 1]
+    values, stderrs = profiles["fisher_ratio"][1]
+    assert math.isnan(values[0]) and values[1:].tolist() == [10.0] * 4, "NaN where a point has no value"
+    assert stderrs[1:].tolist() == [0.01] * 4
+
+
+def test_the_smoke_experiment_leaves_the_costly_cards_out(tmp_path: Path):
+    figures = ObservationSettings.from_config(compose_train(tmp_path, ["experiment=smoke"]).observation).figures
+    assert not (figures.story or figures.depth_profiles or figures.bands or figures.attention or figures.heatmaps)
+    defaults = FigureSettings()
+    assert defaults.story and defaults.depth_profiles and defaults.bands and not defaults.heatmaps
 
 
 def test_a_dashboard_opens_nothing_until_used_and_closes_idempotently(tmp_path: Path):

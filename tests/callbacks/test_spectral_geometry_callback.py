@@ -61,6 +61,7 @@ def tensorboard_run(tmp_path_factory) -> Path:
                 "observation.every_n_epochs=1",
                 "observation.figures.heatmaps=true",
                 "observation.figures.every_n_observations=2",
+                "logger=[tensorboard,csv]",
             ],
         )
     )
@@ -115,6 +116,7 @@ def test_tensorboard_point_runs_carry_every_view(tensorboard_run):
     assert {t for t in main.Tags()["scalars"] if t.startswith("geometry")} == {
         "geometry/pass_seconds",
         "geometry/blocking_seconds",
+        "geometry/figure_seconds",
     }
 
 
@@ -161,42 +163,28 @@ def test_per_point_figure_tags_sort_in_depth_order_and_figures_fit_a_card(tensor
             assert (event.width, event.height) == (width, height) == (480, 240), tag
 
 
-def test_custom_scalar_layout_has_a_category_per_view(tensorboard_run):
-    """One Multiline chart per metric charted on each view (probes included); one Margin chart per observable."""
-    from tensorboard.plugins.custom_scalar import layout_pb2
-
+def test_no_custom_scalars_layout_is_written(tensorboard_run):
+    """Custom Scalars smooths (0.6, ignoring ``?smoothing=0``) and ignores outliers by default, and a layout cannot
+    change either: its charts clipped the default run's effective rank, stable rank, between-image share, Fisher ratio
+    and NC1. The image cards show every value instead; no layout, so no Custom Scalars page."""
     events = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"tensors": 0}).Reload()
-    (config,) = events.Tensors("custom_scalars__config__")
-    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
-    categories = {c.title: c.chart for c in layout.category}
-    recorded = [view for view in VIEWS if view != "prefix"]  # the smoke ViT has one prefix token: no prefix view
-    multiline = {
-        "all": "TGO geometry (one line per point)",
-        **{view: f"TGO geometry, {view} view (one line per point)" for view in recorded[1:]},
-    }
-    assert list(categories)[: len(recorded)] == list(multiline.values())
-    assert "TGO geometry, prefix view (one line per point)" not in categories
-    for view, title in multiline.items():
-        prefix = "geometry" if view == "all" else f"geometry_{view}"
-        regexes = [list(chart.multiline.tag) for chart in categories[title]]
-        assert regexes == [[f"{prefix}/{metric}$"] for metric in CATALOGUE.charted_on(view)]
-    assert "geometry/between_image_fraction$" in {c.multiline.tag[0] for c in categories[multiline["all"]]}
-    assert "geometry_cls/fisher_ratio$" in {c.multiline.tag[0] for c in categories[multiline["cls"]]}
-    margin = categories["TGO geometry \u00b1 1 jackknife s.e. (one band per point)"]
-    assert [c.title for c in margin] == list(reversed(CATALOGUE.charted)), "listed last-added first"
-    series = margin[-1].margin.series[0]  # listed last, shown first
-    assert (series.value, series.lower, series.upper) == (
-        "geometry/effective_rank",
-        "geometry_band/effective_rank/lower",
-        "geometry_band/effective_rank/upper",
-    )
+    assert "custom_scalars__config__" not in events.Tags()["tensors"]
 
 
-def test_custom_scalar_layout_without_probes_charts_the_all_view_only():
-    layout = SpectralGeometryCallback(settings={"probes": {"enabled": False}, "groups": 0}).custom_scalar_layout()
-    assert layout == {
-        "TGO geometry (one line per point)": {m: ["Multiline", [f"geometry/{m}$"]] for m in CATALOGUE.charted}
-    }
+def test_validation_is_logged_against_the_epoch_too(tensorboard_run):
+    """``val_epoch/<metric>`` at step = epoch (after k completed epochs, the geometry's axis) holds the values that
+    ``val/<metric>`` holds at the optimiser step of that epoch's validation, in TensorBoard and in the CSV logger."""
+    main = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0}).Reload()
+    for metric in ("loss", "acc_top1", "acc_top5"):
+        by_step = [e.value for e in main.Scalars(f"val/{metric}")]
+        by_epoch = main.Scalars(f"val_epoch/{metric}")
+        assert [e.step for e in by_epoch] == [1, 2, 3], "one value per completed epoch, no sanity check"
+        assert [e.value for e in by_epoch] == pytest.approx(by_step, rel=1e-6), metric
+    with open(tensorboard_run / "csv" / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    csv_epoch = {int(r["step"]): float(r["val_epoch/acc_top1"]) for r in rows if r.get("val_epoch/acc_top1")}
+    csv_step = [float(r["val/acc_top1"]) for r in rows if r.get("val/acc_top1")]
+    assert sorted(csv_epoch) == [1, 2, 3] and [csv_epoch[e] for e in (1, 2, 3)] == pytest.approx(csv_step, rel=1e-6)
 
 
 def test_final_eigenvalues_equal_an_independent_numpy_recomputation(tensorboard_run):
@@ -367,8 +355,8 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
     assert "train/loss" in " ".join(columns)
 
 
-def test_standard_errors_reach_the_point_runs_with_bands(tensorboard_run):
-    """Every finite jackknife stderr is logged beside its value; TensorBoard gets value -/+ stderr for its charts."""
+def test_standard_errors_reach_the_point_runs(tensorboard_run):
+    """Every finite jackknife stderr is logged beside its value (the image cards draw the bands)."""
     runs = point_run_events(tensorboard_run)
     tags = {point: set(ev.Tags()["scalars"]) for point, ev in runs.items()}
     rows = [r for r in read_metric_rows(tensorboard_run) if r["stderr"] != "nan"]
@@ -386,11 +374,4 @@ def test_standard_errors_reach_the_point_runs_with_bands(tensorboard_run):
         assert {t for t in tags[point] if t.startswith("geometry_stderr")} == expected[point], "finite stderrs only"
     assert {"geometry_stderr_within_image/effective_rank", "geometry_stderr_cls/fisher_ratio"} <= tags["block_04"]
     assert "geometry_stderr/between_image_fraction" in tags["block_02"]
-    row = next(r for r in rows if r["metric"] == "effective_rank" and r["point"] == "cls" and r["view"] == "all")
-    lower = {e.step: e.value for e in runs["cls"].Scalars("geometry_band/effective_rank/lower")}
-    upper = {e.step: e.value for e in runs["cls"].Scalars("geometry_band/effective_rank/upper")}
-    value, se = float(row["value"]), float(row["stderr"])
-    epoch = int(row["epoch"])
-    assert (lower[epoch], upper[epoch]) == (pytest.approx(value - se, rel=1e-6), pytest.approx(value + se, rel=1e-6))
-    assert "geometry_band/power_law_alpha/upper" in tags["block_01"]
-    assert not any(t.startswith("geometry_band_") for ts in tags.values() for t in ts), "bands of the all view only"
+    assert not any(t.startswith("geometry_band") for ts in tags.values() for t in ts), "bands are drawn, not logged"

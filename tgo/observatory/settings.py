@@ -80,11 +80,20 @@ def _reject_unknown(cls: type, given: Mapping[str, Any], prefix: str) -> None:
 class FigureSettings:
     """Which TensorBoard figures the callback draws, and how often (scalars are never thinned).
 
+    Every figure is an image card rendered on a background thread at each figure observation
+    (``tgo.callbacks.dashboard.figure_job``); the switches below exist because each costs rendering time.
+
     Attributes:
         every_n_observations: Draw figures at every N-th observation (and always at the last epoch).
-        spectra: One grid of every point's eigenvalue spectra over epochs.
+        story: The story card (``0_story/story``, TensorBoard's first card) when the callback has a story function.
+        depth_profiles: Depth profiles (one line per observed epoch, +-1 jackknife s.e.) of the main observables
+            and the probe metrics on their views (``1_depth_profile[_<view>]/<metric>``, ~10 cards, ~0.1-0.2 s each).
+        bands: The main observables against epoch, one line per point, +-1 s.e. (``2_vs_epoch/<metric>``, 4 cards).
+        spectra: One card per point of its eigenvalue spectra over epochs.
         histograms: log10-eigenvalue histograms per point.
-        heatmaps: Correlation matrices as exact per-pixel images.
+        heatmaps: Correlation matrices as exact per-pixel images, at the epochs that keep covariances (off by
+            default: 15 cards of 96-384 px squares that say less than the ``mean_abs_offdiag_correlation`` depth
+            profile, which the report complements with |r| histograms).
         decay: Spectral decay curves of every point at this observation.
         layer_epoch: Layer x epoch heatmaps of the charted observables.
         attention: The attention family's cards (block x head heatmaps and depth profiles, ~15 cards, ~2.4 s of
@@ -94,9 +103,12 @@ class FigureSettings:
     """
 
     every_n_observations: int = 1
+    story: bool = True
+    depth_profiles: bool = True
+    bands: bool = True
     spectra: bool = True
     histograms: bool = True
-    heatmaps: bool = True
+    heatmaps: bool = False
     decay: bool = True
     layer_epoch: bool = True
     attention: bool = True
@@ -105,7 +117,17 @@ class FigureSettings:
     def __post_init__(self) -> None:
         _positive_int("figures.every_n_observations", self.every_n_observations)
         _positive_int("figures.heatmap_max_dim", self.heatmap_max_dim)
-        for name in ("spectra", "histograms", "heatmaps", "decay", "layer_epoch", "attention"):
+        for name in (
+            "story",
+            "depth_profiles",
+            "bands",
+            "spectra",
+            "histograms",
+            "heatmaps",
+            "decay",
+            "layer_epoch",
+            "attention",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ObservationSettingsError(
                     f"{PREFIX}.figures.{name}: expected true or false, got {getattr(self, name)!r}"

@@ -1,0 +1,337 @@
+"""TensorBoard cards that cannot clip or smooth: depth profiles and against-epoch bands of recorded values, as images.
+
+TensorBoard's scalar charts smooth (0.6 by default, and Custom Scalars ignores ``?smoothing=0``) and leave out the
+top and bottom 5 % of a chart's values when scaling its y axis ("Ignore outliers in chart scaling", on by default),
+so a chart of 15 points whose last blocks stand apart draws those blocks off its top. An image shows what was drawn:
+these cards plot the recorded values themselves, every one on the axes (matplotlib scales to all of them), with the
+jackknife band of +-1 standard error. Both kinds are drawn for many observables per observation, so each builds its
+figure, axes and colourbar once (`depth_profile_cards`, `epoch_band_cards`) and replaces only the lines from card to
+card, at fixed pixel margins (no ``tight_layout``, which draws a figure twice).
+
+* **Depth profile** (`depth_profile_figure`): one observable against depth (points in depth order on x), one line
+  per observed epoch on the epoch ramp (`tgo.viz.epoch_colours`: dark = first, yellow = latest, read on the
+  colourbar), +-1 s.e. band. The depth story of one observable in one picture.
+* **Against-epoch band** (`epoch_band_figure`): one observable against epoch, one line per point on a depth ramp
+  (`depth_colours`: dark blue = patch embedding to dark red = last block, CLS black and thicker, read on a colourbar
+  naming the points), +-1 s.e. band. TensorBoard colours scalar lines by run from a palette of 7 colours, so 15
+  point runs repeat colours; here every point has its own.
+
+Ratio-type observables (catalogue ``scale == "log"``: the Fisher ratio, NC1, the massive-activation ratio) are drawn
+on a log axis (`log_scale`). Every function uses matplotlib's object API (no pyplot), so cards can be drawn on the
+background figure worker's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import ListedColormap, Normalize
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from tgo import viz
+
+__all__ = [
+    "BAND_PIXELS",
+    "CLS_POINT",
+    "DEPTH_CMAP",
+    "PROFILE_PIXELS",
+    "depth_colours",
+    "depth_profile_cards",
+    "depth_profile_figure",
+    "epoch_band_cards",
+    "epoch_band_figure",
+    "log_scale",
+]
+
+PROFILE_PIXELS = (480, 320)
+"""A depth-profile card's size (px): the rotated point names need the height (as `tgo.viz.depth_profile_figure`)."""
+BAND_PIXELS = (480, 240)
+"""An against-epoch card's size (px): TensorBoard's ~450 x 210 px image box shows a 2:1 card at ~90 %."""
+DEPTH_CMAP = "turbo"
+DEPTH_RAMP = (0.05, 0.95)
+"""The depth ramp of the points other than CLS: the part of ``turbo`` that changes hue fastest, so neighbouring
+blocks stay apart and no point is as pale as the page."""
+CLS_POINT = "cls"
+"""The final norm's token 0 (what the classifier reads): black and thicker, not one more colour of the ramp."""
+_FONT = viz.CARD_FONTSIZE
+_TICK = 0.85 * viz.CARD_FONTSIZE
+
+Profiles = Mapping[int, tuple[np.ndarray, np.ndarray]]
+"""epoch -> (values [P], standard errors [P]) over the points in depth order (NaN where none)."""
+
+
+def log_scale(metric: str) -> bool:
+    """Whether ``metric`` is drawn on a log axis: its catalogue entry's ``scale`` is ``log`` (ratio-type observables
+    that move by decades). Names outside the catalogue are linear."""
+    from tgo.spectral import CATALOGUE  # lazy: the catalogue imports the numerics
+
+    observable = CATALOGUE.get(metric)
+    return observable is not None and observable.scale == "log"
+
+
+def depth_colours(points: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
+    """``{point: RGBA}``: the points other than CLS on the depth ramp in the given (depth) order, CLS black."""
+    others = [p for p in points if p != CLS_POINT]
+    cmap = matplotlib.colormaps[DEPTH_CMAP]
+    low, high = DEPTH_RAMP
+    colours = {p: cmap(low + (high - low) * i / max(len(others) - 1, 1)) for i, p in enumerate(others)}
+    return {p: (0.0, 0.0, 0.0, 1.0) if p == CLS_POINT else colours[p] for p in points}
+
+
+def _thin(count: int, most: int) -> list[int]:
+    """At most ~``most`` of ``count`` evenly spaced indices, always the first and the last (which no label crowds)."""
+    if count <= 0:
+        return []
+    step = -(-count // most)
+    shown = list(range(0, count, step))
+    if shown[-1] != count - 1:
+        if count - 1 - shown[-1] <= step // 2 and len(shown) > 1:
+            shown[-1] = count - 1
+        else:
+            shown.append(count - 1)
+    return shown
+
+
+def _axes(fig: Figure, *, left: int, right: int, bottom: int, top: int = 30) -> tuple[Any, Any]:
+    """The plot and colourbar axes of a card at fixed pixel margins; ``right`` is the colourbar's label room."""
+    width, height = (size * fig.dpi for size in fig.get_size_inches())
+    bar, gap = 14, 10
+    plot_height = (height - bottom - top) / height
+    ax = fig.add_axes((left / width, bottom / height, (width - left - right - bar - gap) / width, plot_height))
+    cax = fig.add_axes(((width - right - bar) / width, bottom / height, bar / width, plot_height))
+    return ax, cax
+
+
+def _colourbar(fig: Figure, cax: Any, norm: Normalize, cmap: Any, ticks: Sequence[float], labels: Sequence[str]) -> Any:
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    bar.set_ticks(list(ticks))
+    bar.set_ticklabels(list(labels))
+    bar.ax.tick_params(labelsize=_TICK)
+    return bar
+
+
+def _clear(ax: Any) -> None:
+    for artist in [*ax.lines, *ax.collections]:
+        artist.remove()
+
+
+def _band_polygons(x: np.ndarray, values: np.ndarray, se: np.ndarray, *, log: bool) -> list[np.ndarray]:
+    """The ``values -/+ se`` band as polygons, one per run of points where both edges are finite (and, on a log
+    axis, the lower edge is above zero: a band reaching zero or below is left out there)."""
+    low, high = values - se, values + se
+    good = np.isfinite(low) & np.isfinite(high) & np.isfinite(x)
+    if log:
+        good &= low > 0
+    polygons = []
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], good.astype(np.int8), [0]])))
+    for start, stop in zip(edges[::2], edges[1::2], strict=True):
+        xs = x[start:stop]
+        polygons.append(
+            np.column_stack([np.concatenate([xs, xs[::-1]]), np.concatenate([low[start:stop], high[start:stop][::-1]])])
+        )
+    return polygons
+
+
+def _bands(ax: Any, polygons: list[np.ndarray], colours: list[Any], alpha: float) -> None:
+    """Every band of a card as one collection (15 ``fill_between`` calls cost as much as drawing the card)."""
+    if polygons:
+        collection = PolyCollection(polygons, facecolors=colours, alpha=alpha, linewidths=0)
+        ax.add_collection(collection, autolim=True)
+
+
+def _scale(ax: Any, log: bool) -> None:
+    """Linear or log y axis, limits from every line and band drawn now (nothing is left off the axes).
+
+    A log axis is labelled at 1, 2 and 5 of every decade in plain numbers (``0.2``, ``1``, ``50``), no minor labels:
+    matplotlib's default ``4x10^0`` minor labels are unreadable at a card's size.
+    """
+    ax.set_yscale("log" if log else "linear")
+    if log:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.relim()
+    ax.autoscale_view()
+    if not log:  # a flat profile still gets a readable span
+        low, high = ax.get_ylim()
+        if not high > low:
+            ax.set_ylim(low - 0.5, high + 0.5)
+
+
+# ------------------------------------------------------------------------------------------------ depth profiles
+class _DepthProfileCard:
+    """One depth-profile figure (axes, point labels, epoch colourbar) built once; `draw` replaces the lines."""
+
+    def __init__(self, points: Sequence[str], epochs: Sequence[int]) -> None:
+        width, height = PROFILE_PIXELS
+        self.fig = Figure(figsize=(width / viz.CARD_DPI, height / viz.CARD_DPI), dpi=viz.CARD_DPI)
+        self.ax, cax = _axes(self.fig, left=74, right=56, bottom=108)
+        self.points = list(points)
+        self.norm, self.cmap = viz.epoch_colours(list(epochs))
+        ticks = [sorted(set(epochs))[i] for i in _thin(len(set(epochs)), 6)]
+        _colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks]).set_label(
+            "epoch", fontsize=_FONT
+        )
+        x = np.arange(len(self.points))
+        step = 2 if len(self.points) > 10 else 1
+        labels = [p if i % step == 0 or i == len(self.points) - 1 else "" for i, p in enumerate(self.points)]
+        self.ax.set_xticks(x, labels=labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=_TICK)
+        for label in self.ax.get_xticklabels():
+            if label.get_text() == CLS_POINT:
+                label.set_fontweight("bold")
+        self.ax.set_xlim(-0.4, len(self.points) - 0.6)
+        self.ax.tick_params(axis="y", labelsize=_TICK)
+        self.ax.grid(True, alpha=0.25)
+
+    def draw(self, profiles: Profiles, title: str, *, log: bool) -> None:
+        _clear(self.ax)
+        x = np.arange(len(self.points), dtype=np.float64)
+        polygons, colours = [], []
+        for epoch in sorted(profiles):
+            values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
+            colour = self.cmap(self.norm(epoch))
+            self.ax.plot(x, values, color=colour, lw=2.2, marker="o", ms=5)
+            band = _band_polygons(x, values, se, log=log)
+            polygons += band
+            colours += [colour] * len(band)
+        _bands(self.ax, polygons, colours, 0.2)
+        _scale(self.ax, log)
+        self.ax.set_title(title + (", log axis" if log else ""), fontsize=1.1 * _FONT)
+
+
+def depth_profile_figure(profiles: Profiles, points: Sequence[str], *, title: str, log: bool = False) -> Figure:
+    """One observable against depth, a TensorBoard card (`PROFILE_PIXELS`): one line per epoch, +-1 s.e. band.
+
+    Args:
+        profiles: epoch -> (values, standard errors) over ``points`` (NaN where none; a band where both are finite).
+        points: Point names in depth order (the x axis; CLS named in bold).
+        title: The observable (and its view).
+        log: A log y axis (`log_scale`); a band that reaches zero is left out where it does.
+    """
+    card = _DepthProfileCard(points, sorted(profiles))
+    card.draw(profiles, title, log=log)
+    return card.fig
+
+
+def depth_profile_cards(
+    profiles: Mapping[str, Profiles], points: Sequence[str], *, titles: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, np.ndarray]]:
+    """`depth_profile_figure` of every entry of ``profiles``, rendered: ``(key, RGB image)``, one at a time.
+
+    Drawn on one figure whose lines are replaced from card to card, all on one epoch ramp (the union of the epochs),
+    so a colour is the same epoch on every card. A key's log axis follows `log_scale` of its metric: keys are metric
+    names, or ``"<view>/<metric>"``. A generator, so that the background figure worker may pause between cards.
+
+    Args:
+        profiles: key -> epoch -> (values, standard errors) over ``points``; empty entries are skipped.
+        points: Point names in depth order.
+        titles: key -> title (default: the key).
+    """
+    epochs = sorted({e for by_epoch in profiles.values() for e in by_epoch})
+    if not epochs:
+        return
+    card = _DepthProfileCard(points, epochs)
+    try:
+        for key, by_epoch in profiles.items():
+            if by_epoch:
+                card.draw(by_epoch, (titles or {}).get(key, key), log=log_scale(key.rsplit("/", 1)[-1]))
+                yield key, _rgb(card.fig)
+    finally:
+        viz.close(card.fig)
+
+
+# ------------------------------------------------------------------------------------------------ against epoch
+class _EpochBandCard:
+    """One against-epoch figure (axes, depth colourbar naming the points) built once; `draw` replaces the lines."""
+
+    def __init__(self, points: Sequence[str], epochs: Sequence[int]) -> None:
+        width, height = BAND_PIXELS
+        self.fig = Figure(figsize=(width / viz.CARD_DPI, height / viz.CARD_DPI), dpi=viz.CARD_DPI)
+        self.ax, cax = _axes(self.fig, left=74, right=118, bottom=50)
+        self.points = list(points)
+        self.colours = depth_colours(self.points)
+        cmap = ListedColormap([self.colours[p] for p in self.points] or ["black"])
+        norm = Normalize(vmin=-0.5, vmax=max(len(self.points), 1) - 0.5)
+        ticks = _thin(len(self.points), 8)
+        bar = _colourbar(self.fig, cax, norm, cmap, ticks, [self.points[i] for i in ticks])
+        bar.ax.invert_yaxis()  # the patch embedding on top, CLS at the bottom: reading order
+        for label in bar.ax.get_yticklabels():
+            if label.get_text() == CLS_POINT:
+                label.set_fontweight("bold")
+        shown = [sorted(set(epochs))[i] for i in _thin(len(set(epochs)), 7)]
+        self.ax.set_xticks(shown, labels=[str(e) for e in shown])
+        self.ax.set_xlabel("epoch", fontsize=_FONT)
+        self.ax.tick_params(labelsize=_TICK)
+        self.ax.grid(True, alpha=0.25)
+
+    def draw(self, epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, title: str, *, log: bool) -> None:
+        _clear(self.ax)
+        x = np.asarray(list(epochs), dtype=np.float64)
+        polygons, colours = [], []
+        for i, point in enumerate(self.points):
+            cls = point == CLS_POINT
+            colour = self.colours[point]
+            row, se = values[i], stderrs[i]
+            if not np.any(np.isfinite(row)):
+                continue
+            self.ax.plot(x, row, color=colour, lw=2.6 if cls else 1.6, marker="s" if cls else "o", ms=3.5,
+                         zorder=3 if cls else 2)  # fmt: skip
+            band = _band_polygons(x, row, se, log=log)
+            polygons += band
+            colours += [colour] * len(band)
+        _bands(self.ax, polygons, colours, 0.12)
+        _scale(self.ax, log)
+        self.ax.set_title(title + (", log axis" if log else ""), fontsize=1.1 * _FONT)
+
+
+def epoch_band_figure(
+    epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, points: Sequence[str], *, title: str, log: bool
+) -> Figure:
+    """One observable against epoch, a TensorBoard card (`BAND_PIXELS`): one line per point, +-1 s.e. band.
+
+    Args:
+        epochs: The observed epochs (x).
+        values: ``[len(points), len(epochs)]`` (`tgo.records.layer_epoch_table`), NaN where none.
+        stderrs: The same table of jackknife standard errors (a band where finite).
+        points: Point names in depth order (the colours, `depth_colours`).
+        title: The observable.
+        log: A log y axis (`log_scale`).
+    """
+    card = _EpochBandCard(points, epochs)
+    card.draw(epochs, values, stderrs, title, log=log)
+    return card.fig
+
+
+def epoch_band_cards(
+    tables: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    points: Sequence[str],
+    epochs: Sequence[int],
+    *,
+    titles: Mapping[str, str] | None = None,
+) -> Iterator[tuple[str, np.ndarray]]:
+    """`epoch_band_figure` of every entry of ``tables`` (key -> (values, stderrs) ``[P, E]``), rendered, on one figure
+    whose lines are replaced from card to card; log axes as `depth_profile_cards`. A generator."""
+    if not epochs or not tables:
+        return
+    card = _EpochBandCard(points, epochs)
+    try:
+        for key, (values, stderrs) in tables.items():
+            card.draw(epochs, values, stderrs, (titles or {}).get(key, key), log=log_scale(key.rsplit("/", 1)[-1]))
+            yield key, _rgb(card.fig)
+    finally:
+        viz.close(card.fig)
+
+
+def _rgb(fig: Figure) -> np.ndarray:
+    """The figure drawn by an Agg canvas as RGB ``uint8`` ``(H, W, 3)``, without clearing it (it is drawn again)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
