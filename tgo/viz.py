@@ -8,6 +8,7 @@ rendered by TensorBoard's Agg canvas or ``fig.savefig`` and closed deterministic
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -15,12 +16,24 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Colormap, Normalize
+from matplotlib.colors import Colormap, ListedColormap, LogNorm, Normalize
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import LogFormatter
 from numpy.typing import ArrayLike
 
 EPOCH_CMAP = "viridis"
 """Epoch colour ramp: dark purple (first observation) to yellow (last); every use draws a colourbar."""
+DEPTH_CMAP = "turbo"
+DEPTH_RAMP = (0.05, 0.95)
+"""Depth colour ramp of the points other than CLS, from dark blue (patch embedding) over green and yellow to dark red
+(the last block): the part of ``turbo`` that changes hue fastest, so neighbouring blocks stay apart (plasma's
+last blocks were three shades of pale yellow) and no point is as pale as the page."""
+CLS_POINT = "cls"
+CLS_STYLE: dict[str, Any] = {"color": "black", "marker": "s"}
+"""The CLS token (the final norm's token 0, what the classifier reads) is not one more block on the depth ramp: it is
+drawn in black with square markers in every figure with one line per point, and named in bold on depth axes."""
 CARD_FONTSIZE = 16.0
 """Text size (pt) of figures made for a TensorBoard card; tick labels are 0.85 of it (13.6 pt, ~15 px drawn)."""
 CARD_FIGSIZE = (6.0, 3.0)
@@ -60,20 +73,115 @@ def _rgb(fig: Figure) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """1-based indices and values of the spectrum above its numerical floor, for log axes.
+def roundoff_floor(values: ArrayLike) -> float:
+    """The numerical floor of a covariance spectrum: ``lambda_max * D * eps`` (float64 ``eps``, ``D`` the number of
+    eigenvalues; numpy's ``matrix_rank`` tolerance, and `tgo.spectral.observables`' test for "no variance").
 
-    Eigenvalues below ``lambda_max * n * eps`` (float64) are zero to working precision: a rank-deficient covariance
-    (fewer rows than features, a constant embedding) returns them as +-1e-17 round-off, which would stretch a log
-    axis over 15 empty decades. They are left out, like non-positive and non-finite values.
+    Eigenvalues at or below it are zero to working precision: a rank-deficient covariance (fewer rows than features,
+    a patch embedding of rank 48 in 96 dimensions, a constant embedding) returns them as +-1e-15 round-off, which
+    would stretch a log axis over 15 empty decades. Spectrum figures leave them out and their captions say so.
     """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    finite = values[np.isfinite(values)]
+    top = float(finite.max()) if finite.size else 0.0
+    return max(top, 0.0) * values.size * float(np.finfo(np.float64).eps)
+
+
+def above_roundoff(values: ArrayLike) -> np.ndarray:
+    """Boolean mask of the eigenvalues above `roundoff_floor` (finite and positive): the ones a spectrum draws."""
+    values = np.asarray(values, dtype=np.float64).ravel()
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (values > roundoff_floor(values))
+
+
+def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1-based indices and values of the spectrum above its numerical floor (`above_roundoff`), for log axes."""
     values = np.asarray(values, dtype=np.float64)
     index = np.arange(1, values.size + 1)
-    finite = np.isfinite(values)
-    top = float(np.max(values[finite])) if finite.any() else 0.0
-    floor = max(top, 0.0) * values.size * np.finfo(np.float64).eps
-    keep = finite & (values > floor)
+    keep = above_roundoff(values)
     return index[keep], values[keep]
+
+
+def is_log_scale(metric: str | None) -> bool:
+    """Whether the catalogue draws ``metric`` on a log axis: its ``scale`` is ``log`` (ratio-type observables that
+    move by decades: NC1, the Fisher ratio, the massive-activation ratio); unknown names are linear.
+
+    Read from `tgo.spectral.catalogue.CATALOGUE` at call time (so a plug-in's observable counts), imported here
+    lazily: importing `tgo.viz` stays free of torch.
+    """
+    if not metric:
+        return False
+    from tgo.spectral.catalogue import CATALOGUE  # lazy: the catalogue imports torch
+
+    observable = CATALOGUE.get(metric) or CATALOGUE.get(metric.removesuffix("_vs_noise"))
+    return observable is not None and observable.scale == "log"
+
+
+class _PlainLogFormatter(LogFormatter):
+    """`LogFormatter`'s choice of which ticks to label, written as plain numbers (``0.3``, not ``3e-01``)."""
+
+    def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+        return f"{x:g}"
+
+
+def log_axis(ax: Any, axis: str = "y", *, labelsize: float | None = None) -> None:
+    """Puts ``axis`` on a log scale with plain number labels (``0.2``, ``3``, ``10``, not ``3 x 10^0``).
+
+    Where the values span less than about a decade, matplotlib labels some minor ticks: they get the plain labels
+    and the major ticks' size too, so a short log axis stays readable.
+    """
+    getattr(ax, f"set_{axis}scale")("log")
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(_PlainLogFormatter(labelOnlyBase=False))
+    target.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1.2, 0.6)))
+    if labelsize is not None:
+        ax.tick_params(axis=axis, which="both", labelsize=labelsize)
+
+
+DEPTH_MAX_LUMINANCE = 0.7
+"""The brightest a depth colour may be (relative luminance, white = 1): turbo's lime and yellow are darkened to it,
+keeping their hue, so that a thin line stays visible on the white page."""
+
+
+def _legible(colour: Any) -> tuple[float, float, float]:
+    """``colour`` scaled towards black until its relative luminance is at most `DEPTH_MAX_LUMINANCE`."""
+    rgb = np.asarray(matplotlib.colors.to_rgb(colour), dtype=np.float64)
+    luminance = float(rgb @ np.array([0.2126, 0.7152, 0.0722]))
+    if luminance > DEPTH_MAX_LUMINANCE:
+        rgb = rgb * (DEPTH_MAX_LUMINANCE / luminance)
+    return float(rgb[0]), float(rgb[1]), float(rgb[2])
+
+
+def depth_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Line colour and marker of each point of a figure with one line per point (`DEPTH_CMAP`, `CLS_STYLE`).
+
+    The points other than CLS share the depth ramp in the given (depth) order; CLS is black with square markers.
+
+    Returns:
+        point -> ``{"color": ..., "marker": ...}`` in the order of ``names``.
+    """
+    others = [n for n in names if n != CLS_POINT]
+    cmap = matplotlib.colormaps[DEPTH_CMAP]
+    low, high = DEPTH_RAMP
+    styles = {
+        name: {"color": _legible(cmap(low + (high - low) * i / max(len(others) - 1, 1))), "marker": "o"}
+        for i, name in enumerate(others)
+    }
+    return {name: dict(CLS_STYLE) if name == CLS_POINT else styles[name] for name in names}
+
+
+def mark_cls_axis(ax: Any, points: Sequence[str], *, separator: bool = True) -> None:
+    """On an axis with one tick per point (depth), names CLS in bold and separates it from the blocks by a dotted
+    line: it is the final norm's token 0, not one more block."""
+    if CLS_POINT not in points:
+        return
+    i = list(points).index(CLS_POINT)
+    for label in ax.get_xticklabels():
+        if label.get_text() == CLS_POINT:
+            label.set_fontweight("bold")
+            label.set_color(CLS_STYLE["color"])
+    if separator and i > 0:
+        ax.axvline(i - 0.5, color="#777777", lw=0.8, ls=":", zorder=1)
 
 
 def _draw_history(
@@ -151,35 +259,73 @@ def _epoch_ticks(epochs: Sequence[int], most: int = 6) -> list[int]:
     return [ticks[i] for i in _thin(len(ticks), most)]
 
 
+def class_count_label(classes: int) -> str:
+    """The label of the class-count line on a spectrum: ``C = 10 classes``."""
+    return f"C = {classes} class{'es' if classes != 1 else ''}"
+
+
+def mark_class_count(ax: Any, classes: int | None, *, log10: bool = False, fontsize: float | None = None) -> None:
+    """A vertical dashed line at index ``C`` (the analysis subset's class count), labelled `class_count_label`.
+
+    A spectrum of class-structured vectors (the CLS token) has a kink near ``C`` eigenvalues: the class means span
+    at most ``C - 1`` directions. ``None`` or a count below 1 (unknown) draws nothing.
+
+    Args:
+        ax: The spectrum's axes (index on x).
+        classes: The class count.
+        log10: The x axis holds ``log10`` of the index (the TensorBoard cards) instead of the index on a log axis.
+        fontsize: Label size (``None``: 7 pt).
+    """
+    if classes is None or classes < 1:
+        return
+    x = math.log10(classes) if log10 else float(classes)
+    ax.axvline(x, color="#444444", lw=1.0, ls="--", zorder=1.5, gid="class-count")
+    ax.text(
+        x,
+        0.97,
+        " " + class_count_label(classes),
+        transform=ax.get_xaxis_transform(),
+        ha="left",
+        va="top",
+        fontsize=fontsize or 7,
+        color="#444444",
+        gid="class-count",
+    )
+
+
 def spectrum_history_figure(
-    history: Sequence[tuple[int, np.ndarray]], *, title: str, ylabel: str = "eigenvalue"
+    history: Sequence[tuple[int, np.ndarray]], *, title: str, ylabel: str = "eigenvalue", classes: int | None = None
 ) -> Figure:
     """One point's spectra over the observed epochs, a TensorBoard card (log10 rank plot, epoch colourbar).
 
     The callback logs one per point (``spectra/<NN>_<point>``, drawn by `spectrum_cards`) rather than all points
     in one grid: a 15-panel grid shrunk to a card's width has 6 pt text, a card per point keeps ``CARD_FONTSIZE``.
+    Eigenvalues at or below the round-off floor (`roundoff_floor`) are left out.
 
     Args:
         history: ``(epoch, values)`` pairs in epoch order; values sorted descending.
         title: Figure title (usually the point name).
         ylabel: What the values are (eigenvalue or singular value).
+        classes: The analysis subset's class count, marked by a dashed line (`mark_class_count`); ``None``: unknown.
     """
-    card = _SpectrumCard([epoch for epoch, _ in history], ylabel)
+    card = _SpectrumCard([epoch for epoch, _ in history], ylabel, classes)
     card.draw(history, title)
     return card.fig
 
 
 def spectrum_cards(
-    histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue"
+    histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue", classes: int | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
     """Every point's `spectrum_history_figure`, rendered: ``(point, RGB image)`` in the order of ``histories``.
 
     The cards are drawn on one figure whose lines and title are replaced from card to card: building a card's
     axes and colourbar (and clearing them) costs about as much as drawing it, and an observation draws one card
     per point. All cards share one epoch ramp, over every epoch of ``histories``, so a colour is the same epoch on
-    every card. A generator, so that the background figure worker may pause between cards.
+    every card. A generator, so that the background figure worker may pause between cards. ``classes`` (the
+    analysis subset's class count, ``None``: unknown) is marked on every card.
     """
-    card = _SpectrumCard(sorted({epoch for history in histories.values() for epoch, _ in history}), ylabel)
+    epochs = sorted({epoch for history in histories.values() for epoch, _ in history})
+    card = _SpectrumCard(epochs, ylabel, classes)
     try:
         for name, history in histories.items():
             card.draw(history, name)
@@ -191,20 +337,22 @@ def spectrum_cards(
 class _SpectrumCard:
     """A spectrum card's figure, axes and epoch colourbar, built once; `draw` replaces its lines and title."""
 
-    def __init__(self, epochs: Sequence[int], ylabel: str) -> None:
+    def __init__(self, epochs: Sequence[int], ylabel: str, classes: int | None = None) -> None:
         self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
         self.ax, cax = _card_axes(self.fig, right=70)
         self.norm, self.cmap = epoch_colours(epochs)
+        self.classes = classes
         ticks = _epoch_ticks(epochs)
         _card_colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks], "epoch")
         _card_text(self.ax, "", "log10 index i", f"log10 {ylabel}")
 
     def draw(self, history: Sequence[tuple[int, np.ndarray]], title: str) -> None:
-        for line in list(self.ax.lines):
-            line.remove()
+        for artist in [*self.ax.lines, *self.ax.texts]:
+            artist.remove()
         _draw_history(self.ax, history, self.norm, self.cmap, lw=1.6)
         self.ax.relim()  # the limits of this card's lines only, not the union with the previous card's
         self.ax.autoscale_view()
+        mark_class_count(self.ax, self.classes, log10=True, fontsize=0.85 * CARD_FONTSIZE)
         self.ax.set_title(title, fontsize=1.1 * CARD_FONTSIZE)
 
 
@@ -220,9 +368,10 @@ def _card_text(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
 def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Figure:
     """Spectral decay ``lambda_i / lambda_1`` per point at one observation, a TensorBoard card.
 
-    One line per point, coloured by depth (plasma: dark = patch embedding, light = CLS), read on a colourbar
-    labelled with the point names: a legend of 15 names does not fit a card at a legible size. Plotted as log10
-    values on linear axes (cheap to render, the same picture as a log-log plot; see `_draw_history`).
+    One line per point, coloured by depth (`depth_styles`: the depth ramp, CLS black and thicker), read on a
+    colourbar of the same colours labelled with the point names: a legend of 15 names does not fit a card at a
+    legible size. Plotted as log10 values on linear axes (cheap to render, the same picture as a log-log plot; see
+    `_draw_history`); eigenvalues at or below the round-off floor (`roundoff_floor`) are left out.
 
     Args:
         spectra: point -> eigenvalues (sorted descending), in depth order.
@@ -230,13 +379,22 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
     """
     fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
     ax, cax = _card_axes(fig, right=130)
-    cmap = matplotlib.colormaps["plasma"]
     names = list(spectra)
+    styles = depth_styles(names)
+    cmap = ListedColormap([styles[n]["color"] for n in names] or ["black"])
     norm = Normalize(vmin=-0.5, vmax=max(len(names), 1) - 0.5)
-    for i, name in enumerate(names):
+    for name in names:
         x, y = _positive(spectra[name])
         if y.size:
-            ax.plot(np.log10(x), np.log10(y / y[0]), color=cmap(norm(i)), lw=1.6, label=name)
+            cls = name == CLS_POINT
+            ax.plot(
+                np.log10(x),
+                np.log10(y / y[0]),
+                color=styles[name]["color"],
+                lw=2.4 if cls else 1.6,
+                label=name,
+                zorder=3 if cls else 2,
+            )
     ticks = _thin(len(names), 8)
     _card_colourbar(fig, cax, norm, cmap, ticks, [names[i] for i in ticks], "")
     bar_axis = cax.yaxis
@@ -273,8 +431,117 @@ def correlation_heatmap_figure(cov: np.ndarray, *, title: str, max_dim: int = 38
     return fig
 
 
+FIRST_COLOUR, LAST_COLOUR = "#e08a2c", "#1f3b73"
+"""The first and the last observation (or window) in figures that compare the two: orange and dark blue."""
+
+
+def offdiag_abs_correlations(cov: ArrayLike) -> np.ndarray:
+    """``|corr_ij|`` for every ordered pair ``i != j`` of the dimensions that have variance, as a flat array.
+
+    The same pairs `tgo.spectral.observables.mean_abs_offdiag_correlation` averages: a dimension with
+    ``C_ii <= max(diag C) * D * eps`` (float64) has no variance and is left out, and correlations are clipped to
+    ``[-1, 1]`` against round-off, so ``values.mean()`` is that observable. Empty for fewer than two such dimensions
+    or a non-finite covariance.
+    """
+    mat = np.asarray(cov, dtype=np.float64)
+    if mat.ndim != 2 or mat.shape[0] != mat.shape[1] or not np.all(np.isfinite(mat)):
+        return np.zeros(0)
+    var = np.diag(mat).copy()
+    keep = var > max(float(var.max(initial=0.0)) * var.size * float(np.finfo(np.float64).eps), 0.0)
+    if keep.sum() < 2:
+        return np.zeros(0)
+    std = np.sqrt(var[keep])
+    corr = np.abs(np.clip(mat[np.ix_(keep, keep)] / np.outer(std, std), -1.0, 1.0))
+    return corr[~np.eye(corr.shape[0], dtype=bool)]
+
+
+def correlation_histograms_figure(
+    covariances: Mapping[str, Mapping[str, ArrayLike]], *, title: str, columns: int = 5, bins: int = 40
+) -> Figure:
+    """Small multiples of the ``|off-diagonal correlation|`` histograms, one panel per point, first vs last.
+
+    What a correlation matrix of 96 x 96 features shows a reader, in numbers: how correlated the feature pairs are
+    and whether training made them less so (the paper's "the covariance becomes diagonal"). Each panel overlays the
+    histograms of ``|corr_ij|`` (`offdiag_abs_correlations`; share of pairs per bin) of each given observation and
+    marks each one's mean ``|r|`` with a dashed line and in the panel's text: that mean is the recorded observable
+    ``mean_abs_offdiag_correlation`` (the same pairs, the same float64 arithmetic).
+
+    Args:
+        covariances: point -> label (``epoch 0``, ``epoch 30``: the first and the last observation, in that order;
+            at most two) -> ``[D, D]`` covariance.
+        title: The figure's title.
+        columns: Panels per row.
+        bins: Histogram bins over ``[0, 1]``.
+
+    Returns:
+        The figure; each mean line has ``gid`` ``"<point>|<label>"`` and its x value is the mean.
+    """
+    names = list(covariances)
+    count = max(len(names), 1)
+    rows = -(-count // max(1, columns))
+    columns = -(-count // rows)
+    fig = Figure(figsize=(2.35 * columns + 0.3, 1.85 * rows + 0.75), dpi=100, layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    labels: list[str] = []
+    for ax, name in zip(axes.flat, names, strict=False):
+        means = []
+        for k, (label, cov) in enumerate(covariances[name].items()):
+            colour = FIRST_COLOUR if k == 0 else LAST_COLOUR
+            values = offdiag_abs_correlations(cov)
+            if label not in labels:
+                labels.append(label)
+            if values.size == 0:
+                means.append("n/a")
+                continue
+            weights = np.full(values.size, 1.0 / values.size)
+            if k == 0:
+                ax.hist(values, bins=edges, weights=weights, color=colour, alpha=0.35, lw=0)
+            else:
+                ax.hist(values, bins=edges, weights=weights, histtype="step", color=colour, lw=1.3)
+            mean = float(values.mean())
+            ax.axvline(mean, color=colour, lw=1.1, ls="--", gid=f"{name}|{label}")
+            means.append(f"{mean:.3f}")
+        ax.text(
+            0.97, 0.95, "mean |r|\n" + " \u2192 ".join(means), transform=ax.transAxes, ha="right", va="top", fontsize=7
+        )
+        ax.set_title(name, fontsize=8, fontweight="bold" if name == CLS_POINT else None)
+        ax.set_xlim(0.0, 1.0)
+        ax.tick_params(labelsize=6)
+        ax.grid(True, alpha=0.2)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("|correlation| of a feature pair", fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("share of pairs", fontsize=7)
+    handles = [
+        Patch(facecolor=FIRST_COLOUR, alpha=0.35, label=labels[0] if labels else "first"),
+        *([Line2D([], [], color=LAST_COLOUR, lw=1.3, label=labels[1])] if len(labels) > 1 else []),
+        Line2D([], [], color="#555555", lw=1.1, ls="--", label="mean |r| = mean_abs_offdiag_correlation"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def _log_norm(values: np.ndarray) -> LogNorm | None:
+    """A log colour scale over the positive finite values (``None`` when there are none)."""
+    positive = values[np.isfinite(values) & (values > 0)]
+    if positive.size == 0:
+        return None
+    low, high = float(positive.min()), float(positive.max())
+    return LogNorm(vmin=low, vmax=high if high > low else low * 10.0)
+
+
 def layer_epoch_heatmap_figure(
-    values: np.ndarray, points: Sequence[str], epochs: Sequence[int], *, title: str, card: bool = False
+    values: np.ndarray,
+    points: Sequence[str],
+    epochs: Sequence[int],
+    *,
+    title: str,
+    card: bool = False,
+    log: bool | None = None,
 ) -> Figure:
     """Heatmap of one observable with points (depth) on the y axis and epochs on the x axis.
 
@@ -289,16 +556,21 @@ def layer_epoch_heatmap_figure(
         epochs: Observed epochs.
         title: The observable's name.
         card: Draw for a TensorBoard card instead of the report.
+        log: A log colour scale (ratio-type observables); ``None``: the catalogue's scale of ``title``
+            (`is_log_scale`). On a card the colours are log10 of the values and the title says so.
     """
     values = np.asarray(values, dtype=np.float64)
+    log = is_log_scale(title) if log is None else log
     if card:
         heatmap = _LayerEpochCard(points, epochs)
-        heatmap.draw(values, title)
+        heatmap.draw(values, title, log=log)
         return heatmap.fig
     fig = Figure(figsize=(max(4.0, 0.35 * len(epochs) + 2.5), max(3.0, 0.25 * len(points) + 1.2)), dpi=90)
     ax = fig.add_subplot()
-    image = ax.imshow(values, aspect="auto", cmap="magma", interpolation="nearest")
-    fig.colorbar(image, ax=ax)
+    norm = _log_norm(values) if log else None
+    shown = np.where(values > 0, values, np.nan) if norm is not None else values
+    image = ax.imshow(shown, aspect="auto", cmap="magma", interpolation="nearest", norm=norm)
+    fig.colorbar(image, ax=ax, label="log scale" if norm is not None else None)
     ax.set_yticks(range(len(points)), labels=list(points), fontsize=6)
     step = max(1, len(epochs) // 12)
     ax.set_xticks(range(0, len(epochs), step), labels=[str(e) for e in list(epochs)[::step]], fontsize=7)
@@ -314,12 +586,13 @@ def layer_epoch_cards(
     """Every observable's layer x epoch card (`layer_epoch_heatmap_figure`), rendered: ``(metric, RGB image)``.
 
     Drawn on one figure whose image data, colour limits and title are replaced from card to card (see
-    `spectrum_cards` for why); each card's colourbar spans its own observable's range.
+    `spectrum_cards` for why); each card's colourbar spans its own observable's range, in log10 for the
+    catalogue's ratio-type observables (`is_log_scale`).
     """
     heatmap = _LayerEpochCard(points, epochs)
     try:
         for metric, values in tables.items():
-            heatmap.draw(np.asarray(values, dtype=np.float64), metric)
+            heatmap.draw(np.asarray(values, dtype=np.float64), metric, log=is_log_scale(metric))
             yield metric, _rgb(heatmap.fig)
     finally:
         close(heatmap.fig)
@@ -341,7 +614,11 @@ class _LayerEpochCard:
         _card_text(self.ax, "", "epoch", "")
         self.ax.grid(False)
 
-    def draw(self, values: np.ndarray, title: str) -> None:
+    def draw(self, values: np.ndarray, title: str, *, log: bool = False) -> None:
+        if log:  # log10 of the values on the card's linear scale: cheap, and the title says it
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values = np.where(values > 0, np.log10(np.where(values > 0, values, 1.0)), np.nan)
+            title = f"{title} (log10)"
         self.image.set_data(values)
         finite = values[np.isfinite(values)]
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -355,29 +632,47 @@ def observable_lines_figure(
     title: str,
     bands: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
     reference: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
+    log: bool | None = None,
 ) -> Figure:
     """One observable against epoch, one line per point, optional spread bands and dashed reference lines.
+
+    Points are coloured by depth (`depth_styles`), CLS black with square markers; a ratio-type observable (the
+    catalogue's ``scale = "log"``) gets a log y axis.
 
     Args:
         series: point -> (epochs, values).
         title: The observable's name.
         bands: point -> (low, high) per epoch (for multi-run aggregates).
         reference: point -> (epochs, values) drawn dashed (e.g. the published TGO-I measurements).
+        log: A log y axis; ``None``: the catalogue's scale of ``title`` (`is_log_scale`).
     """
     fig = Figure(figsize=(6.0, 4.0), dpi=90)
     ax = fig.add_subplot()
-    cmap = matplotlib.colormaps["plasma"]
     names = list(series)
-    for i, name in enumerate(names):
-        color = cmap(i / max(len(names) - 1, 1))
+    styles = depth_styles(names)
+    for name in names:
+        style = styles[name]
+        color = style["color"]
         epochs, values = series[name]
-        ax.plot(epochs, values, color=color, lw=1.2, label=name)
+        cls = name == CLS_POINT
+        ax.plot(
+            epochs,
+            values,
+            color=color,
+            lw=1.8 if cls else 1.2,
+            label=name,
+            marker=style["marker"] if cls else None,
+            ms=4,
+            zorder=3 if cls else 2,
+        )
         if bands and name in bands:
             low, high = bands[name]
             ax.fill_between(epochs, low, high, color=color, alpha=0.15, lw=0)
         if reference and name in reference:
             ref_epochs, ref_values = reference[name]
             ax.plot(ref_epochs, ref_values, color=color, lw=0.8, ls="--")
+    if is_log_scale(title) if log is None else log:
+        log_axis(ax)
     ax.set_xlabel("epoch")
     ax.set_title(title + (" (dashed: reference)" if reference else ""))
     ax.grid(True, alpha=0.2)
@@ -465,6 +760,7 @@ def depth_profile_figure(
     *,
     title: str,
     fontsize: float | None = None,
+    log: bool | None = None,
 ) -> Figure:
     """An observable against depth (points in depth order on x), one line per epoch on the epoch colour ramp.
 
@@ -479,6 +775,9 @@ def depth_profile_figure(
         points: Point names in depth order.
         title: The observable's name.
         fontsize: Text size for every label (``None``: matplotlib's defaults, point labels at 7 pt).
+        log: A log y axis; ``None``: the catalogue's scale of ``title`` (`is_log_scale`: ratio-type observables).
+
+    CLS is marked apart from the blocks: square markers, its name in bold, a dotted line before it (`mark_cls_axis`).
     """
     card = fontsize is not None
     small = None if fontsize is None else 0.85 * fontsize  # tick labels
@@ -487,15 +786,22 @@ def depth_profile_figure(
     epochs = sorted(profiles)
     norm, cmap = epoch_colours(epochs)
     x = np.arange(len(points))
+    cls = [i for i, name in enumerate(points) if name == CLS_POINT]
+    blocks = [i for i in range(len(points)) if i not in cls]
     for epoch in epochs:
         values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
         color = cmap(norm(epoch))
-        ax.plot(x, values, color=color, lw=2.2 if card else 1.2, marker="o", ms=5 if card else 3)
+        ax.plot(x, values, color=color, lw=2.2 if card else 1.2, marker="o", ms=5 if card else 3, markevery=blocks)
+        if cls:
+            ax.plot(x[cls], values[cls], color=color, ls="none", marker="s", ms=7 if card else 5, mec="black", mew=0.8)
         if np.any(np.isfinite(se)):
             ax.fill_between(x, values - se, values + se, color=color, alpha=0.2, lw=0)
+    if is_log_scale(title) if log is None else log:
+        log_axis(ax, labelsize=small)
     step = 2 if card and len(points) > 10 else 1
     labels = [name if i % step == 0 or i == len(points) - 1 else "" for i, name in enumerate(points)]
     ax.set_xticks(x, labels=labels, rotation=45 if card else 60, ha="right", fontsize=small or 7)
+    mark_cls_axis(ax, points)
     if not card:  # on a card the point names say it, and the axis label would squeeze the plot
         ax.set_xlabel("point (depth order)")
     ax.set_title(title, fontsize=None if fontsize is None else 1.15 * fontsize)

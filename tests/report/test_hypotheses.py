@@ -304,7 +304,7 @@ def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path):
     index = build_report([tmp_path / "sweep"], correlation=False)
     html = index.read_text()
     assert "runs agreeing (of 2)" in html and "consistent 2/2" in html
-    assert "mean ± 1 standard deviation over 2 runs" in html
+    assert "±1 paired jackknife standard error of each window mean (of the mean over 2 runs)" in html
     rows = read_rows(index.parent / "hypotheses.csv")
     assert {r["agreement"] for r in rows if r["verdict"] == CONSISTENT} == {"consistent 2/2"}
 

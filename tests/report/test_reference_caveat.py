@@ -119,7 +119,8 @@ def test_every_difference_is_named_on_the_page_and_in_the_summary(tmp_path: Path
     run = _run(tmp_path / "quick", **quick)
     expected = (
         "Caveat: this run differs from the TGO-I experiment in model, image size, data and epochs. This run: "
-        "vit_tiny_patch16_224 (patch 4, dim 96, depth 12, heads 3), 32 px, synthetic data, 30 epochs; the reference: "
+        "ViT, 12 blocks, width 96, 3 heads, patch 4, 32 px images (timm vit_tiny_patch16_224 with overrides), 32 px, "
+        "synthetic data, 30 epochs; the reference: "
         "ViT-S/16, 224 px, ImageNet-100, 100 epochs. Compare shapes, not values."
     )
     out = tmp_path / "out"

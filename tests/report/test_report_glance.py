@@ -39,7 +39,7 @@ def test_the_header_says_what_the_run_is(tmp_path: Path):
     run = _run(tmp_path / "run", max_epochs=30, seed=7)
     info = read_run_info(run)
     assert (info.data, info.image_size, info.epochs, info.seed, info.subset_size) == ("digits", 24, 30, 7, 200)
-    assert info.model == "vit_tiny_patch16_224 (patch 4, dim 96)"
+    assert info.model == "ViT, width 96, patch 4, 24 px images (timm vit_tiny_patch16_224 with overrides)"
     assert (info.top1, info.top5) == (0.9749, 1.0)
     rows = dict(header_rows([load_run_data(run)], [info]))
     assert rows["final val top-1"] == "97.49%" and rows["final val top-5"] == "100.00%"
@@ -47,7 +47,10 @@ def test_the_header_says_what_the_run_is(tmp_path: Path):
     assert rows["analysis subset"] == "200 images, fingerprint same"
     assert rows["git commit (run)"] == NOT_RECORDED and rows["tgo version"]
     header = _header(build_report([run], correlation=False))
-    assert header["model"] == "vit_tiny_patch16_224 (patch 4, dim 96)" and header["data source"] == "digits"
+    assert (
+        header["model"] == "ViT, width 96, patch 4, 24 px images (timm vit_tiny_patch16_224 with overrides)"
+        and header["data source"] == "digits"
+    )
     assert header["epochs observed"] == "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 (11 observations)"
     assert "git commit (report)" in header
 
@@ -72,8 +75,10 @@ def test_a_single_observation_is_drawn_with_markers_and_explained(tmp_path: Path
     assert "n/a at" not in hypotheses  # no table of n/a rows
     assert "at the single observation, one marker per point" in html
     assert "Observables against depth" in html and (index.parent / "figures" / "depth_effective_rank.png").is_file()
-    fig = lines_figure({"cls": (np.array([30]), np.array([1.0]))}, title="one")
-    assert fig.axes[0].lines[0].get_marker() == "o"
+    fig = lines_figure(
+        {"block_01": (np.array([30]), np.array([1.0])), "cls": (np.array([30]), np.array([2.0]))}, title="one"
+    )
+    assert [line.get_marker() for line in fig.axes[0].lines] == ["o", "s"]  # a marker alone; CLS a square
 
 
 def test_a_sweep_gets_depth_profiles_and_a_header_of_every_seed(tmp_path: Path):
@@ -131,7 +136,7 @@ def test_the_published_overlay_is_opt_in_with_a_caveat_when_the_experiment_diffe
 def test_captions_and_axes_say_what_is_drawn(tmp_path: Path):
     run = _run(tmp_path / "run")
     html = build_report([run]).read_text()
-    assert "all 4 features" in html and "first 192" not in html  # the real number of features drawn
+    assert "every pair i != j of the 4 features" in html and "first 192" not in html  # the features drawn
     assert "later epochs darker" not in html and "dark = first, yellow = last; colourbar" in html
     fig = lines_figure({"cls": (np.arange(3), np.arange(3.0))}, title="t")
     ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 2]

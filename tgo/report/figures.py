@@ -2,8 +2,9 @@
 
 Each function writes files under ``<report>/figures/`` and returns `FigureRef` entries (path relative to the
 report, caption) that `tgo.report.html` lays out. Which observables are drawn is the catalogue's ``charted`` flag
-(`tgo.spectral.catalogue.CATALOGUE`), the same one TensorBoard's charts read, so the two never disagree. Nothing
-here decides what a finding is.
+(`tgo.spectral.catalogue.CATALOGUE`), the same one TensorBoard's charts read, so the two never disagree; so is the
+axis scale (an observable whose ``scale`` is ``log``, a ratio such as NC1, is drawn on log axes). Nothing here
+decides what a finding is.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tgo import viz
 from tgo.records import layer_epoch_table
 from tgo.report import plots
 from tgo.report.aggregate import Aggregate
+from tgo.report.runinfo import class_count
 from tgo.report.runs import RunData
 from tgo.spectral.catalogue import CATALOGUE
 from tgo.spectral.observables import singular_values
@@ -26,7 +28,9 @@ from tgo.spectral.observables import singular_values
 __all__ = [
     "DEPTH_PROFILE_METRICS",
     "FigureRef",
+    "correlation_figure",
     "depth_profile_figures",
+    "log_scaled",
     "observable_figures",
     "save_figure",
     "spectrum_figures",
@@ -58,6 +62,11 @@ class FigureRef:
     path: str
     caption: str
     wide: bool = False
+
+
+def log_scaled(metric: str) -> bool:
+    """Whether ``metric`` is drawn on log axes: the catalogue's ``scale`` is ``log`` (`tgo.viz.is_log_scale`)."""
+    return viz.is_log_scale(metric)
 
 
 def save_figure(fig: object, figures_dir: Path, name: str) -> str:
@@ -110,11 +119,17 @@ def observable_figures(
         ref = {p: reference[metric][p] for p in points if reference and p in reference.get(metric, {})} or None
         title = f"{metric}" + (f" (mean of {aggregate.n_runs} runs)" if several else "")
         bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
-        fig = plots.lines_figure(series, title=title, bands=bands or None, reference=ref, run_epochs=run_epochs)
+        log = log_scaled(metric)
+        fig = plots.lines_figure(
+            series, title=title, bands=bands or None, reference=ref, run_epochs=run_epochs, log=log
+        )
         n_obs = max(len(series[p][0]) for p in points)
-        caption = f"{metric} against epoch, one line per point (colour = depth)"
+        colours = "colour = depth" + ("; cls black, squares" if viz.CLS_POINT in points else "")
+        caption = f"{metric} against epoch, one line per point ({colours})"
         if n_obs == 1:
-            caption = f"{metric} at the single observation, one marker per point (colour = depth)"
+            caption = f"{metric} at the single observation, one marker per point ({colours})"
+        if log:
+            caption += "; log y axis (a ratio: the verdicts compare log ratios)"
         if several:
             caption += f"; line = mean of {aggregate.n_runs} runs, band = mean ± 1 standard deviation"
         elif bands:
@@ -128,47 +143,79 @@ def observable_figures(
                 caption += " (a different experiment from this one: compare shapes, not values; see the caveat)"
         refs.append(FigureRef("observables", save_figure(fig, figures_dir, f"lines_{metric}"), caption, wide=bool(ref)))
         epochs = sorted({int(e) for p in points for e in series[p][0]})
-        fig = viz.layer_epoch_heatmap_figure(layer_epoch_table(series, points, epochs), points, epochs, title=title)
+        fig = viz.layer_epoch_heatmap_figure(
+            layer_epoch_table(series, points, epochs), points, epochs, title=title, log=log
+        )
         refs.append(
             FigureRef(
                 "heatmaps",
                 save_figure(fig, figures_dir, f"layer_epoch_{metric}"),
-                f"{metric}: points (depth) x epoch" + (" (mean over runs)" if several else ""),
+                f"{metric}: points (depth) x epoch"
+                + (" (mean over runs)" if several else "")
+                + ("; log colour scale" if log else ""),
             )
         )
     return refs
 
 
+def _left_out(histories: Sequence[tuple[int, np.ndarray]]) -> tuple[int, int]:
+    """The most eigenvalues an epoch of a history leaves out as round-off (`tgo.viz.above_roundoff`), of how many."""
+    counts = [(int(np.size(v) - np.count_nonzero(viz.above_roundoff(v))), int(np.size(v))) for _, v in histories]
+    return max(counts) if counts else (0, 0)
+
+
+def _roundoff_text(histories: Sequence[tuple[int, np.ndarray]]) -> str:
+    left, size = _left_out(histories)
+    if left == 0:
+        return "no eigenvalue is at the round-off floor lambda_1 * D * eps (float64), none is left out"
+    return (
+        f"eigenvalues at or below lambda_1 * D * eps (float64 round-off of a rank-deficient covariance, D = {size}) "
+        f"are left out: up to {left} of {size} at an epoch"
+    )
+
+
 def spectrum_figures(
-    run: RunData, figures_dir: Path, *, heatmap_max_dim: int = 192, correlation: bool = True
+    run: RunData, figures_dir: Path, *, heatmap_max_dim: int | None = None, correlation: bool = True
 ) -> list[FigureRef]:
-    """Spectra over epochs, decay curves and correlation heatmaps of one run (from its spectra files).
+    """Spectra over epochs, decay curves and correlation histograms of one run (from its spectra files).
 
     Args:
         run: The run (for several runs, the report draws the first one's spectra).
         figures_dir: Where PNGs go.
-        heatmap_max_dim: Show at most this many features in correlation heatmaps.
-        correlation: Draw correlation heatmaps where covariances were stored (first and last observation).
+        heatmap_max_dim: Not used any more (the correlation figure reads every feature, as the recorded
+            ``mean_abs_offdiag_correlation`` does); kept so that callers passing it keep working.
+        correlation: Draw the ``|off-diagonal correlation|`` histograms where covariances were stored (first and
+            last observation; section ``correlation``).
 
     Returns:
-        Per point eigenvalue and singular value histories, decay curves at the first and last epoch, and
-        correlation heatmaps at the first and last epoch that stored covariances.
+        Per point eigenvalue and singular value histories (round-off eigenvalues left out, the analysis subset's
+        class count marked), decay curves at the first and last epoch, and one small-multiples figure of the
+        ``|off-diagonal correlation|`` histograms at the first and last epoch that stored covariances.
     """
+    del heatmap_max_dim
     spectra = run.spectra()
     if not spectra:
         return []
     epochs = sorted(spectra)
     points = [p for p in run.points if any(p in spectra[e] for e in epochs)]
+    classes = class_count(run.path)
+    marked = (
+        f"; dashed line: C = {classes} classes (the analysis subset's class count: class-structured vectors such as "
+        f"the CLS token's have a kink near C eigenvalues)"
+        if classes
+        else ""
+    )
     refs: list[FigureRef] = []
     for point in points:
         eig_history = [(e, spectra[e][point]["eigenvalues"]) for e in epochs if point in spectra[e]]
-        fig = plots.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues")
+        fig = plots.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues", classes=classes)
+        roundoff = _roundoff_text(eig_history)
         refs.append(
             FigureRef(
                 "spectra",
                 save_figure(fig, figures_dir, f"eigenvalues_{point}"),
                 f"{point}: covariance eigenvalues by index (log-log), one line per epoch, colour = epoch (dark = "
-                f"first, yellow = last; colourbar) (run {run.name})",
+                f"first, yellow = last; colourbar); {roundoff}{marked} (run {run.name})",
             )
         )
         sv_history = [
@@ -176,12 +223,17 @@ def spectrum_figures(
             for e in epochs
             if point in spectra[e]
         ]
-        fig = plots.spectrum_history_figure(sv_history, title=f"{point}: singular values", ylabel="singular value")
+        keep = [viz.above_roundoff(values) for _, values in eig_history]
+        fig = plots.spectrum_history_figure(
+            sv_history, title=f"{point}: singular values", ylabel="singular value", classes=classes, keep=keep
+        )
         refs.append(
             FigureRef(
                 "spectra",
                 save_figure(fig, figures_dir, f"singular_values_{point}"),
-                f"{point}: singular values sqrt(eigenvalue), colour = epoch (colourbar) (run {run.name})",
+                f"{point}: singular values sqrt(eigenvalue), colour = epoch (colourbar)"
+                + ("; those of the round-off eigenvalues are left out" if _left_out(eig_history)[0] else "")
+                + f"{marked} (run {run.name})",
             )
         )
     for epoch in dict.fromkeys((epochs[0], epochs[-1])):
@@ -192,29 +244,54 @@ def spectrum_figures(
                 "decay",
                 save_figure(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
                 f"spectral decay lambda_i / lambda_1 at epoch {epoch} (log-log), one line per point (colour = "
-                f"depth); ratios below {plots.DECAY_FLOOR:g} (round-off) are not drawn (run {run.name})",
+                f"depth{'; cls black' if viz.CLS_POINT in decay else ''}); ratios below {plots.DECAY_FLOOR:g} "
+                f"(round-off) are not drawn (run {run.name})",
             )
         )
     if correlation:
-        with_cov = [e for e in epochs if any("covariance" in arrays for arrays in spectra[e].values())]
-        for epoch in dict.fromkeys(with_cov[:1] + with_cov[-1:]):
-            for point in points:
-                cov = spectra[epoch].get(point, {}).get("covariance")
-                if cov is None or not np.all(np.isfinite(cov)):
-                    continue
-                fig = viz.correlation_heatmap_figure(
-                    cov, title=f"{point} correlation, epoch {epoch}", max_dim=heatmap_max_dim
-                )
-                shown = min(int(cov.shape[0]), heatmap_max_dim)
-                which = f"all {shown}" if shown == cov.shape[0] else f"first {shown} of {cov.shape[0]}"
-                refs.append(
-                    FigureRef(
-                        "correlation",
-                        save_figure(fig, figures_dir, f"correlation_{point}_{epoch:04d}"),
-                        f"{point}: feature correlation at epoch {epoch} ({which} features; run {run.name})",
-                    )
-                )
+        ref = correlation_figure(run, figures_dir)
+        if ref is not None:
+            refs.append(ref)
     return refs
+
+
+def correlation_figure(run: RunData, figures_dir: Path) -> FigureRef | None:
+    """The ``|off-diagonal correlation|`` histograms of every point at the first and the last epoch that stored
+    covariances, one panel per point (`tgo.viz.correlation_histograms_figure`), or ``None`` where none did.
+
+    Each panel's mean ``|r|`` is the recorded observable ``mean_abs_offdiag_correlation`` of that point and epoch.
+    """
+    spectra = run.spectra()
+    epochs = sorted(spectra)
+    with_cov = [e for e in epochs if any("covariance" in arrays for arrays in spectra[e].values())]
+    if not with_cov:
+        return None
+    chosen = list(dict.fromkeys(with_cov[:1] + with_cov[-1:]))
+    panels: dict[str, dict[str, np.ndarray]] = {}
+    for point in run.points:
+        found = {
+            f"epoch {e}": spectra[e][point]["covariance"]
+            for e in chosen
+            if "covariance" in spectra[e].get(point, {}) and np.all(np.isfinite(spectra[e][point]["covariance"]))
+        }
+        if found:
+            panels[point] = found
+    if not panels:
+        return None
+    which = " and ".join(str(e) for e in chosen)
+    fig = viz.correlation_histograms_figure(
+        panels, title=f"|off-diagonal correlation| of feature pairs, epoch {which} (run {run.name})"
+    )
+    dims = sorted({int(np.shape(c)[0]) for found in panels.values() for c in found.values()})
+    caption = (
+        f"How correlated the features are, per point: the histogram of |corr_ij| over every pair i != j of the "
+        f"{'/'.join(str(d) for d in dims)} features at epoch {chosen[0]}"
+        + (f" (orange) and epoch {chosen[-1]} (dark blue outline)" if len(chosen) > 1 else "")
+        + " (share of pairs per bin; features without variance left out); dashed lines and the panel's text: the "
+        "mean |r|, which is the recorded observable mean_abs_offdiag_correlation (lower = less correlated features, "
+        f"a covariance closer to diagonal) (run {run.name})"
+    )
+    return FigureRef("correlation", save_figure(fig, figures_dir, "correlation_histograms"), caption, wide=True)
 
 
 def depth_profile_figures(
@@ -239,14 +316,21 @@ def depth_profile_figures(
         se = layer_epoch_table(half_widths, points, epochs)
         profiles = {epoch: (values[:, j], se[:, j]) for j, epoch in enumerate(epochs)}
         title = metric + (f" (mean of {aggregate.n_runs} runs)" if several else "")
-        fig = plots.depth_profile_figure(profiles, points, title=title)
+        log = log_scaled(metric)
+        fig = plots.depth_profile_figure(profiles, points, title=title, log=log)
         band = "mean ± 1 standard deviation over runs" if several else "value ± 1 jackknife standard error"
         refs.append(
             FigureRef(
                 "depth",
                 save_figure(fig, figures_dir, f"depth_{metric}"),
                 f"{metric} against depth (points in depth order), one line per observed epoch, colour = epoch "
-                f"(colourbar); band = {band} where recorded",
+                f"(colourbar); band = {band} where recorded"
+                + (
+                    "; cls (bold, square markers) is the final CLS token, not a block"
+                    if viz.CLS_POINT in points
+                    else ""
+                )
+                + ("; log y axis" if log else ""),
             )
         )
     return refs

@@ -53,6 +53,7 @@ __all__ = [
     "judged_cells",
     "load_view_runs",
     "uncertainty_cells",
+    "window_band",
 ]
 
 JUDGED_COLUMNS: tuple[str, ...] = (
@@ -268,8 +269,25 @@ def _undefined_points(prediction: Prediction, aggregates: dict[str, Aggregate], 
     ]
 
 
-def _profile(prediction: Prediction, results: Sequence[PredictionResult], agg: Aggregate, several: bool) -> Profile:
-    """The depth profile panel of one prediction: its judged points at every epoch, bands at the first and last."""
+def window_band(level: float, uncertainty: Uncertainty, scale: str) -> tuple[float, float]:
+    """The ±1 paired standard-error band of a window mean: ``level ± J`` (``exp(log level ± J)`` on a log scale).
+
+    ``level`` is a `Trend`'s ``first`` or ``last`` (the table's window mean), ``uncertainty`` its
+    ``first_uncertainty`` or ``last_uncertainty``: the verdict's own contrast "window mean", whose jackknife term
+    ``J`` is taken replicate by replicate from the recorded leave-one-group-out values (the unpaired fallback, the
+    window's mean recorded standard error, for records without replicates). NaN edges where ``J`` is unknown.
+    """
+    se = uncertainty.jackknife
+    if not (math.isfinite(se) and math.isfinite(level)) or (scale == "log" and level <= 0):
+        return math.nan, math.nan
+    if scale == "log":
+        return level * math.exp(-se), level * math.exp(se)
+    return level - se, level + se
+
+
+def _profile(prediction: Prediction, results: Sequence[PredictionResult], agg: Aggregate) -> Profile:
+    """The depth profile panel of one prediction: its judged points' first- and last-window means (the numbers its
+    table judges, from each result's `Trend`) with ±1 paired standard-error bands, every observed epoch thin."""
     per_point = agg.mean[prediction.metric]
     points = [r.point for r in results]
     epochs = sorted({int(e) for p in points for e in per_point[p][0]})
@@ -279,19 +297,47 @@ def _profile(prediction: Prediction, results: Sequence[PredictionResult], agg: A
     high = np.full((2, len(points)), np.nan)
     for i, p in enumerate(points):
         e, v = per_point[p]
-        if several:
-            lo, hi = agg.low[prediction.metric][p], agg.high[prediction.metric][p]
-        else:
-            se = agg.stderr.get(prediction.metric, {}).get(p, (e, np.full(len(v), np.nan)))[1]
-            lo, hi = v - se, v + se
         for k, epoch in enumerate(e):
             values[column[int(epoch)], i] = v[k]
-        for row, epoch in enumerate((epochs[0], epochs[-1])):
-            hits = np.flatnonzero(np.asarray(e) == epoch)
-            if hits.size:
-                low[row, i], high[row, i] = lo[hits[0]], hi[hits[0]]
+    for i, r in enumerate(results):
+        t = r.trend
+        low[0, i], high[0, i] = window_band(t.first, t.first_uncertainty, t.scale)
+        low[1, i], high[1, i] = window_band(t.last, t.last_uncertainty, t.scale)
+    spans = [[r.trend.first_window for r in results], [r.trend.last_window for r in results]]
+    windows = ("/".join(dict.fromkeys(w for w in spans[0] if w)), "/".join(dict.fromkeys(w for w in spans[1] if w)))
     title = f"{prediction.metric} ({prediction.view})\npredicted: {prediction.expected}"
-    return Profile(title, points, epochs, values, low, high, [r.verdict for r in results])
+    return Profile(
+        title,
+        points,
+        epochs,
+        values,
+        np.array([r.trend.first for r in results], dtype=np.float64),
+        np.array([r.trend.last for r in results], dtype=np.float64),
+        low,
+        high,
+        [r.verdict for r in results],
+        windows=windows,
+        log=prediction.observable.scale == "log",
+    )
+
+
+def _profiles_caption(title: str, profiles: Sequence[Profile], band: str) -> str:
+    """What a hypothesis figure draws, with its windows' epochs and which panels have log axes."""
+    windows = list(dict.fromkeys(p.windows for p in profiles))
+    if len(windows) == 1:
+        first, last = windows[0]
+        which = f"the first window (epochs {first}, orange) and the last (epochs {last}, dark blue)"
+    else:
+        which = "the first window (orange) and the last (dark blue), each panel naming its windows' epochs"
+    logs = [p.title.split(" ", 1)[0] for p in profiles if p.log]
+    return (
+        f"{title}: each prediction's metric across points (depth), as its table judges it: the mean over {which} "
+        f"of the verdict rule, bands {band} (the J term of the verdicts, replicate by replicate); every observed "
+        "epoch in thin grey; markers on the last window's profile are the verdict at that point (green consistent, "
+        "red inconsistent, blue inconclusive, grey n/a; cls a square)"
+        + (f"; log y axis for the ratios ({', '.join(dict.fromkeys(logs))})" if logs else "")
+        + "."
+    )
 
 
 def _point_table(
@@ -584,7 +630,9 @@ def hypotheses_report(
     section.tables.append(
         Table(["hypothesis", "prediction", "points", *PREDICTION_VERDICTS, "summary"], overview, left=[0, 1, 2, 7])
     )
-    band = f"mean ± 1 standard deviation over {len(runs)} runs" if several else "±1 jackknife standard error"
+    band = "±1 paired jackknife standard error of each window mean" + (
+        f" (of the mean over {len(runs)} runs)" if several else ""
+    )
     for hypothesis in HYPOTHESES.values():
         sub = Section(hypothesis.title, f"hypothesis-{hypothesis.key.replace('_', '-')}", figures_first=True)
         sub.paragraphs.append(f"Hypothesis: {hypothesis.statement}")
@@ -608,19 +656,11 @@ def hypotheses_report(
         )
         drawn = [p for p, r in mine.items() if r]
         if drawn:
-            profiles = [_profile(p, mine[p], aggregates[p.view], several) for p in drawn]
+            profiles = [_profile(p, mine[p], aggregates[p.view]) for p in drawn]
             fig = profiles_figure(profiles, title=hypothesis.title, band=band)
             path = save_figure(fig, figures_dir, f"hypothesis_{hypothesis.key}")
             sub.figures.append(
-                FigureRef(
-                    "hypotheses",
-                    path,
-                    f"{hypothesis.title}: each prediction's metric across points (depth) at the first epoch "
-                    f"(orange) and the last (dark blue), epochs between in grey, bands {band}; markers on the last "
-                    "profile are the verdict at that point (green consistent, red inconsistent, blue "
-                    "inconclusive, grey n/a).",
-                    wide=True,
-                )
+                FigureRef("hypotheses", path, _profiles_caption(hypothesis.title, profiles, band), wide=True)
             )
         for p, judged_points in mine.items():
             if judged_points:

@@ -1,7 +1,8 @@
 """The Hypotheses section's figures: depth profiles of each prediction's metric, and CKA matrices between points.
 
 Drawn with matplotlib's object API (no pyplot state), like `tgo.viz`; every function takes plain arrays and returns a
-``Figure`` that `tgo.report.figures` saves. Nothing here decides a verdict: the profile figure colours the markers
+``Figure`` that `tgo.report.figures` saves. Nothing here decides a verdict: the profile figure draws the window means
+and standard errors it is given (those the verdicts judged, `tgo.report.hypotheses_section`) and colours the markers
 with the verdicts it is given.
 """
 
@@ -17,7 +18,9 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-__all__ = ["VERDICT_COLOURS", "Profile", "cka_figure", "profiles_figure"]
+from tgo.viz import CLS_POINT, FIRST_COLOUR, LAST_COLOUR, log_axis, mark_cls_axis
+
+__all__ = ["FIRST_GID", "LAST_GID", "VERDICT_COLOURS", "Profile", "cka_figure", "profiles_figure"]
 
 VERDICT_COLOURS: dict[str, str] = {
     "consistent": "#2e9e44",
@@ -26,88 +29,126 @@ VERDICT_COLOURS: dict[str, str] = {
     "n/a": "#b0b0b0",
 }
 """Marker colour of each verdict (the page's table colours, darker)."""
-_FIRST, _LAST, _BETWEEN = "#e08a2c", "#1f3b73", "#9a9a9a"
+_FIRST, _LAST, _BETWEEN = FIRST_COLOUR, LAST_COLOUR, "#9a9a9a"
+FIRST_GID, LAST_GID = "first-window", "last-window"
+"""The ``gid`` of the lines that draw a panel's first- and last-window means (their y data are the means)."""
 
 
 @dataclass(frozen=True)
 class Profile:
-    """One panel: a metric across points (depth) at every observed epoch.
+    """One panel: a prediction's metric across points (depth), as judged: the first- and last-window means.
 
     Attributes:
         title: Panel title (metric, view, predicted direction).
         points: Point names, x axis in depth order.
         epochs: Observed epochs, ascending.
-        values: ``[len(epochs), len(points)]`` values (NaN where a point lacks an epoch).
-        low: Lower band edge of the first and last epoch (``[2, len(points)]``), or ``None`` for no band.
-        high: Upper band edge, same shape.
-        verdicts: The verdict at each point (marker colour on the last epoch's profile).
+        values: ``[len(epochs), len(points)]`` every observation (thin lines; NaN where a point lacks an epoch).
+        first: ``[len(points)]`` the first-window mean at each point: the table's ``first (window mean)``.
+        last: ``[len(points)]`` the last-window mean: the table's ``last (window mean)``.
+        low: ``[2, len(points)]`` lower band edges of the first and the last window mean, or ``None``: no band.
+        high: Upper band edges, same shape.
+        verdicts: The verdict at each point (marker colour on the last window's profile).
+        windows: The first and the last window's epochs (``("0-5", "25-30")``; several ranges joined by ``/``
+            where points differ).
+        log: Draw on a log y axis (a ratio-type observable, judged on log ratios).
     """
 
     title: str
     points: Sequence[str]
     epochs: Sequence[int]
     values: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
     low: np.ndarray | None
     high: np.ndarray | None
     verdicts: Sequence[str]
+    windows: tuple[str, str] = ("", "")
+    log: bool = False
 
 
 def _draw_profile(ax: Axes, profile: Profile) -> None:
     x = np.arange(len(profile.points), dtype=np.float64)
     values = np.asarray(profile.values, dtype=np.float64)
     single = len(x) == 1  # one point: lines and bands are invisible, so draw error bars side by side
-    for row in values[1:-1]:
+    for row in values:
         ax.plot(x, row, color=_BETWEEN, lw=0.6, alpha=0.35, marker="." if single else None)
-    ends = [(0, values[0], _FIRST)] + ([(1, values[-1], _LAST)] if values.shape[0] > 1 else [])
-    for i, row, colour in ends:
+    ends = [(0, np.asarray(profile.first, dtype=np.float64), _FIRST, FIRST_GID)]
+    ends.append((1, np.asarray(profile.last, dtype=np.float64), _LAST, LAST_GID))
+    for i, row, colour, gid in ends:
         lo = hi = None
         if profile.low is not None and profile.high is not None:
             lo, hi = profile.low[i], profile.high[i]
         if single:
             shift = -0.08 if i == 0 else 0.08
             err = None if lo is None or hi is None else np.abs(np.array([[row[0] - lo[0]], [hi[0] - row[0]]]))
-            ax.errorbar(x + shift, row, yerr=err, fmt="o", color=colour, ms=4, capsize=3)
+            ax.errorbar(x + shift, row, yerr=err, fmt="o", color=colour, ms=4, capsize=3, gid=gid)
             continue
-        ax.plot(x, row, color=colour, lw=1.4, marker="o" if i == 0 else None, ms=3)
+        ax.plot(x, row, color=colour, lw=1.4, marker="o" if i == 0 else None, ms=3, gid=gid)
         if lo is not None and hi is not None and np.any(np.isfinite(lo) & np.isfinite(hi)):
             ax.fill_between(x, lo, hi, color=colour, alpha=0.18, lw=0)
     colours = [VERDICT_COLOURS.get(v, VERDICT_COLOURS["n/a"]) for v in profile.verdicts]
-    last_x = x + (0.08 if single and values.shape[0] > 1 else 0.0)
-    ax.scatter(last_x, values[-1], c=colours, s=28, zorder=3, edgecolors="white", linewidths=0.6)
+    last_x = x + (0.08 if single else 0.0)
+    markers = ["s" if p == CLS_POINT else "o" for p in profile.points]
+    for shape in dict.fromkeys(markers):
+        pick = [k for k, m in enumerate(markers) if m == shape]
+        ax.scatter(
+            last_x[pick],
+            np.asarray(profile.last, dtype=np.float64)[pick],
+            c=[colours[k] for k in pick],
+            s=34 if shape == "s" else 28,
+            marker=shape,
+            zorder=3,
+            edgecolors="black" if shape == "s" else "white",
+            linewidths=0.6,
+        )
     ax.set_xticks(x, labels=list(profile.points), rotation=55, ha="right", fontsize=6)
+    mark_cls_axis(ax, profile.points, separator=not single)
     ax.tick_params(axis="y", labelsize=6)
+    if profile.log:
+        log_axis(ax, labelsize=6)
     ax.set_xlim(-0.5, len(x) - 0.5)
-    ax.set_title(profile.title, fontsize=7.5)
+    first, last = profile.windows
+    windows = f"\nwindows: epochs {first} vs {last}" if first and last else ""
+    ax.set_title(profile.title + windows + (" (log axis)" if profile.log else ""), fontsize=7.5)
     ax.grid(True, alpha=0.2)
 
 
 def profiles_figure(profiles: Sequence[Profile], *, title: str, band: str, columns: int = 4) -> Figure:
-    """One panel per prediction, its metric against depth at the first and the last epoch.
+    """One panel per prediction, its metric against depth: the first- and the last-window means it was judged on.
 
-    Intermediate epochs are thin grey lines; the first epoch is orange with dots, the last dark blue, each with its
-    band; the markers on the last profile are coloured by the prediction's verdict at that point.
+    Every observed epoch is a thin grey line; the first window's mean is orange with dots, the last's dark blue,
+    each with its band; the markers on the last profile are coloured by the prediction's verdict at that point (CLS
+    a square). Each panel's title names its windows' epochs. A ratio-type metric is drawn on a log axis.
 
     Args:
         profiles: The panels, in order.
         title: The figure's title (the hypothesis).
-        band: What the bands are, for the legend (``±1 jackknife standard error``).
+        band: What the bands are, for the title (``±1 paired jackknife standard error of each window mean``).
         columns: Panels per row.
     """
     count = max(len(profiles), 1)
     rows = math.ceil(count / max(1, columns))
     columns = math.ceil(count / rows)  # balanced rows: 5 panels are 3 + 2, not 4 + 1
-    fig = Figure(figsize=(3.1 * columns, 2.55 * rows + 0.8), dpi=100, layout="constrained")
+    fig = Figure(figsize=(3.1 * columns, 2.7 * rows + 0.9), dpi=100, layout="constrained")
     axes = fig.subplots(rows, columns, squeeze=False)
     for ax, profile in zip(axes.flat, profiles, strict=False):
         _draw_profile(ax, profile)
     for ax in list(axes.flat)[len(profiles) :]:
         ax.set_visible(False)
-    first = profiles[0].epochs[0] if profiles and len(profiles[0].epochs) else ""
-    last = profiles[0].epochs[-1] if profiles and len(profiles[0].epochs) else ""
+    windows = {p.windows for p in profiles}
+    first, last = next(iter(windows)) if len(windows) == 1 else ("", "")
     handles = [
-        Line2D([], [], color=_FIRST, lw=1.4, marker="o", ms=3, label=f"first epoch ({first})"),
-        Line2D([], [], color=_LAST, lw=1.4, label=f"last epoch ({last})"),
-        Line2D([], [], color=_BETWEEN, lw=0.6, label="epochs between"),
+        Line2D(
+            [],
+            [],
+            color=_FIRST,
+            lw=1.4,
+            marker="o",
+            ms=3,
+            label="first window mean" + (f" (epochs {first})" if first else ""),
+        ),
+        Line2D([], [], color=_LAST, lw=1.4, label="last window mean" + (f" (epochs {last})" if last else "")),
+        Line2D([], [], color=_BETWEEN, lw=0.6, label="every observed epoch"),
         *(
             Line2D([], [], color="white", marker="o", markerfacecolor=c, ms=6, label=v)
             for v, c in VERDICT_COLOURS.items()

@@ -27,6 +27,8 @@ __all__ = [
     "NOT_RECORDED",
     "RunInfo",
     "check_comparable",
+    "class_count",
+    "describe_model",
     "package_commit",
     "package_version",
     "read_run_info",
@@ -43,7 +45,9 @@ class RunInfo:
     """The header facts of one run (``None``: the run does not record it).
 
     Attributes:
-        model: Model name with its architecture overrides (``vit_tiny_patch16_224 (patch 4, dim 96, depth 12)``).
+        model: The model as what it is, from the recorded architecture (`describe_model`: ``ViT, 12 blocks, width 96,
+            3 heads, patch 4, 16 px images (timm vit_tiny_patch16_224 with overrides)``); the model's name alone
+            where the config records no architecture overrides (``vit_small_patch16_224``).
         data: Data source (``digits``, ``imagenet100``).
         data_size: Training set size if the config names one (most sources do not).
         image_size: Input resolution.
@@ -56,6 +60,9 @@ class RunInfo:
         kind: ``training run`` or ``offline observation``.
         commit: The git commit the run directory records, if any.
         source: For an observation, what was observed (checkpoint paths or timm name).
+        arch: The recorded architecture overrides (``model.arch``: ``patch_size``, ``embed_dim``, ...).
+        name: The model's name (timm's, ``checkpoint`` for an observation of checkpoints), as recorded.
+        classes: The analysis subset's class count (``analysis_subset.json``), ``None`` when it does not say.
     """
 
     model: str | None = None
@@ -72,6 +79,8 @@ class RunInfo:
     commit: str | None = None
     source: str | None = None
     arch: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+    classes: int | None = None
 
 
 def _get(cfg: Any, *keys: str) -> Any:
@@ -130,12 +139,65 @@ def _model_name(cfg: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
     return name, arch
 
 
-def _describe_model(name: str | None, arch: Mapping[str, Any]) -> str | None:
+_ARCH_WORDS: tuple[tuple[str, Any], ...] = (
+    ("depth", lambda v: f"{v} block{'s' if v != 1 else ''}"),
+    ("embed_dim", lambda v: f"width {v}"),
+    ("num_heads", lambda v: f"{v} head{'s' if v != 1 else ''}"),
+    ("patch_size", lambda v: f"patch {v}"),
+)
+"""The architecture overrides a model description names, in this order, and how."""
+
+
+def describe_model(name: str | None, arch: Mapping[str, Any], image_size: int | None = None) -> str | None:
+    """The model as what it is: ``ViT, 12 blocks, width 96, 3 heads, patch 4, 16 px images (timm
+    vit_tiny_patch16_224 with overrides)``.
+
+    A timm name describes the architecture timm builds by that name; a run that overrides it (``model.arch``:
+    depth, width, heads, patch) is another network, and the name alone would misname it (the quickstart's
+    ``vit_tiny_patch16_224`` is a 12-block, width-96, patch-4 ViT on 16 px images). Without overrides the name is
+    the description.
+
+    Args:
+        name: The recorded model name (``None``: not recorded).
+        arch: The recorded architecture overrides.
+        image_size: The input resolution, named with the overrides.
+
+    Returns:
+        The description, or ``None`` without a name.
+    """
     if name is None:
         return None
-    short = {"patch_size": "patch", "embed_dim": "dim", "depth": "depth", "num_heads": "heads"}
-    parts = [f"{short[k]} {arch[k]}" for k in short if k in arch]
-    return name + (f" ({', '.join(parts)})" if parts else "")
+    parts = [words(arch[key]) for key, words in _ARCH_WORDS if arch.get(key) is not None]
+    if not parts:
+        return name
+    if image_size:
+        parts.append(f"{image_size} px images")
+    family = "ViT" if name.startswith(("vit", "deit")) or name == "checkpoint" else "model"
+    origin = f"timm {name} with overrides" if name != "checkpoint" else "checkpoint"
+    return f"{family}, {', '.join(parts)} ({origin})"
+
+
+def class_count(run_dir: str | Path) -> int | None:
+    """The analysis subset's class count, from the run's ``analysis_subset.json`` (``num_classes``, else its class
+    names, else the distinct labels of its items); ``None`` when the run has no manifest or it does not say."""
+    manifest_path = RunDir(run_dir).manifest
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    count = manifest.get("num_classes")
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return count
+    names = manifest.get("class_names")
+    if isinstance(names, list) and names:
+        return len(names)
+    labels = {item.get("label") for item in manifest.get("items") or [] if isinstance(item, Mapping)}
+    labels.discard(None)
+    return len(labels) or None
 
 
 def read_run_info(run_dir: str | Path) -> RunInfo:
@@ -145,7 +207,7 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
     info = RunInfo()
     name, arch = _model_name(cfg)
     info.arch = dict(arch)
-    info.model = _describe_model(name, arch)
+    info.name = name
     info.data = _get(cfg, "data", "source")
     info.image_size = _get(cfg, "data", "image_size")
     info.seed = cfg.get("seed") if isinstance(cfg.get("seed"), int) else _get(cfg, "source", "seed")
@@ -178,6 +240,8 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
             info.data = info.data or manifest.get("source")
             image_size = _get(manifest, "source_info", "image_size")
             info.image_size = info.image_size or image_size
+    info.model = describe_model(name, arch, info.image_size if isinstance(info.image_size, int) else None)
+    info.classes = class_count(run.root)
     return info
 
 
