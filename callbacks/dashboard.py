@@ -312,8 +312,9 @@ def figure_job(
         probes = list(PROBE_PROFILES) if figures.depth_profiles else []
         bands = [(DEFAULT_VIEW, metric) for metric in BAND_FIGURES] if figures.bands else []
         charted = [(DEFAULT_VIEW, metric) for metric in CATALOGUE.charted] if figures.layer_epoch else []
-        wanted = list(dict.fromkeys([*main, *probes, *bands, *charted]))
-        tables = recorded_tables(root, wanted, names, epoch) if wanted else {}
+        attended = [(ATTENTION_VIEW, metric) for metric in ATTENTION_CHARTED] if figures.attention and blocks else []
+        wanted = list(dict.fromkeys([*main, *probes, *bands, *charted, *attended]))
+        tables = recorded_tables(root, wanted, names, epoch) if wanted else {}  # one read of metrics.csv
         profiles = {key: _profiles(tables[key]) for key in [*main, *probes] if key in tables}
         titles = {
             f"{view}/{metric}": metric if view == DEFAULT_VIEW else f"{metric} ({view})" for view, metric in profiles
@@ -325,9 +326,12 @@ def figure_job(
             view, metric = key.split("/", 1)
             image(depth_profile_tag(metric, view), rgb)
             yield
-        if figures.attention and blocks:  # the attention family's depth profiles (block means), beside the others
-            attention_tables = recorded_tables(root, [(ATTENTION_VIEW, m) for m in ATTENTION_CHARTED], blocks, epoch)
-            by_metric = {f"{ATTENTION_VIEW}/{m}": _profiles(t) for (_, m), t in attention_tables.items()}
+        if attended:  # the attention family's depth profiles (block means), beside the others
+            rows = [names.index(block) for block in blocks]
+            by_metric: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+            for view, metric in (pair for pair in attended if pair in tables):
+                epochs, values, stderrs = tables[(view, metric)]
+                by_metric[f"{view}/{metric}"] = _profiles((epochs, values[rows], stderrs[rows]))
             titles = {key: f"{key.split('/', 1)[1]} (block mean)" for key in by_metric}
             for key, rgb in dashboard_cards.depth_profile_cards(by_metric, blocks, titles=titles):
                 image(depth_profile_tag(key.split("/", 1)[1], ATTENTION_VIEW), rgb)
@@ -336,8 +340,8 @@ def figure_job(
         for view, metric in (key for key in bands if key in tables):  # one figure per set of epochs (usually one)
             epochs, values, stderrs = tables[(view, metric)]
             on_epochs.setdefault(tuple(epochs), {})[metric] = (values, stderrs)
-        for epochs_drawn, by_metric in on_epochs.items():
-            for metric, rgb in dashboard_cards.epoch_band_cards(by_metric, names, list(epochs_drawn)):
+        for epochs_drawn, band_tables in on_epochs.items():
+            for metric, rgb in dashboard_cards.epoch_band_cards(band_tables, names, list(epochs_drawn)):
                 image(band_tag(metric), rgb)
                 yield
         if figures.attention and blocks:  # block x head heatmaps
