@@ -60,7 +60,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,7 @@ __all__ = [
     "FIGURES_IN_FLIGHT",
     "FIGURE_DRAIN_TIMEOUT_S",
     "PROBE_PROFILES",
+    "STORY_GROUP",
     "STORY_TAG",
     "Story",
     "StoryFunction",
@@ -106,9 +107,13 @@ __all__ = [
 
 FIGURES_IN_FLIGHT = 2
 """Observations whose figures may be queued or rendering at once; the next observation's hand-off waits for one."""
-STORY_TAG = "0_story/story"
-"""The story card's tag: its group ``0_story`` sorts first on TensorBoard's Time Series page (digits before letters,
-``0`` before ``1_depth_profile``), so it is the first card a user sees. Written at step = the observation's epoch."""
+STORY_GROUP = "0_story"
+"""The story's tag group: it sorts first on TensorBoard's Time Series page (digits before letters, ``0`` before
+``1_depth_profile``), so its cards are the first a user sees. Written at step = the observation's epoch."""
+STORY_TAG = f"{STORY_GROUP}/story"
+"""The tag of a story drawn as one figure. TensorBoard fits an image into a ~450 x 210 px box on a default card, so a
+tall figure is shown small (480 x 1104 px at ~19 %); a story may instead be several card-sized figures, one card
+each (`Story`)."""
 DEPTH_GROUP = "1_depth_profile"
 """The depth profiles' tag group (``1_depth_profile_<view>`` for views other than ``all``): the second group, which
 TensorBoard opens with the story."""
@@ -139,12 +144,15 @@ BAND_FIGURES = ("effective_rank", "participation_ratio", "stable_rank", "spectra
 FIGURE_DRAIN_TIMEOUT_S = 600.0
 """How long the end of ``fit`` (or an exception) waits for the figures in flight before warning and going on."""
 
-Story = Callable[[], "Figure | None"]
-"""`figure_job`'s story slot: draws the story figure (object-API ``Figure``, no pyplot: it runs on the figure
-worker's thread), or returns ``None`` for no card."""
-StoryFunction = Callable[[Path, int], "Figure | None"]
+Story = Callable[[], "Figure | Mapping[str, Figure] | None"]
+"""`figure_job`'s story slot: draws the story (object-API ``Figure`` s, no pyplot: it runs on the figure worker's
+thread) as one figure (written as `STORY_TAG`), or as ``{name: figure}``, one card ``0_story/<name>`` each (in the
+group TensorBoard lists them by name, two to a row, so ``1_spread``, ``2_where`` ... keep their order), or returns
+``None`` for no card."""
+StoryFunction = Callable[[Path, int], "Figure | Mapping[str, Figure] | None"]
 """What `TensorBoardDashboard` and the callback take: ``story(run_dir, epoch)``, the run directory whose records hold
-the history up to ``epoch`` (the observation being drawn), returning the story figure or ``None``."""
+the history up to ``epoch`` (the observation being drawn; with figures still rendering, a later observation may
+already be recorded too), returning what a `Story` returns."""
 
 
 # ------------------------------------------------------------------------------------------------ scalars
@@ -278,9 +286,10 @@ def figure_job(
         results: The observation just recorded.
         recorded: The epochs recorded so far (the spectra cards' history).
         figures: Which kinds to draw (`FigureSettings`).
-        story: The story slot: called first, on the worker's thread, when ``figures.story``; the figure it returns
-            is written as `STORY_TAG`. ``None`` (or a ``None`` result) writes no story card; an exception is warned
-            about and the other figures are still drawn.
+        story: The story slot (`Story`): called first, on the worker's thread, when ``figures.story``; the figure
+            it returns is written as `STORY_TAG` (a ``{name: figure}`` as ``0_story/<name>``). ``None`` (or a
+            ``None`` result) writes no story card; an exception is warned about and the other figures are still
+            drawn.
     """
     own = results.by_point()  # the default view of every point, in depth order
     eigenvalues = {point: np.array(result.spectrum.eigenvalues, copy=True) for point, result in own.items()}
@@ -305,8 +314,11 @@ def figure_job(
             except Exception as error:  # the story must not cost the other figures
                 warnings.warn(f"[tgo] story card of epoch {epoch} failed: {error!r}", RuntimeWarning, stacklevel=1)
                 drawn = None
-            if drawn is not None:
-                image(STORY_TAG, viz.render_rgb(drawn))
+            story_cards: dict[str, Figure] = {STORY_TAG: drawn} if isinstance(drawn, Figure) else {}
+            if isinstance(drawn, Mapping):
+                story_cards = {f"{STORY_GROUP}/{name}": panel for name, panel in drawn.items()}
+            for story_tag, panel in story_cards.items():
+                image(story_tag, viz.render_rgb(panel))
             yield
         main = [(DEFAULT_VIEW, metric) for metric in DEPTH_PROFILES] if figures.depth_profiles else []
         probes = list(PROBE_PROFILES) if figures.depth_profiles else []

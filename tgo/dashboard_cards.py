@@ -11,14 +11,15 @@ card, at fixed pixel margins (no ``tight_layout``, which draws a figure twice).
 * **Depth profile** (`depth_profile_figure`): one observable against depth (points in depth order on x), one line
   per observed epoch on the epoch ramp (`tgo.viz.epoch_colours`: dark = first, yellow = latest, read on the
   colourbar), +-1 s.e. band. The depth story of one observable in one picture.
-* **Against-epoch band** (`epoch_band_figure`): one observable against epoch, one line per point on a depth ramp
-  (`depth_colours`: dark blue = patch embedding to dark red = last block, CLS black and thicker, read on a colourbar
-  naming the points), +-1 s.e. band. TensorBoard colours scalar lines by run from a palette of 7 colours, so 15
-  point runs repeat colours; here every point has its own.
+* **Against-epoch band** (`epoch_band_figure`): one observable against epoch, one line per point on the depth ramp
+  (`tgo.viz.depth_styles`: dark blue = patch embedding to dark red = last block, CLS black with squares, read on a
+  colourbar naming the points), +-1 s.e. band. TensorBoard colours scalar lines by run from a palette of 7 colours,
+  so 15 point runs repeat colours; here every point has its own.
 
-Ratio-type observables (catalogue ``scale == "log"``: the Fisher ratio, NC1, the massive-activation ratio) are drawn
-on a log axis (`log_scale`). Every function uses matplotlib's object API (no pyplot), so cards can be drawn on the
-background figure worker's thread.
+The styles are the report's (`tgo.viz`): CLS marked apart from the blocks (`tgo.viz.mark_cls_axis`), ratio-type
+observables (catalogue ``scale == "log"``: the Fisher ratio, NC1, the massive-activation ratio) on a log axis with
+plain-number labels (`log_scale`, `tgo.viz.log_axis`). Every function uses matplotlib's object API (no pyplot), so
+cards can be drawn on the background figure worker's thread.
 """
 
 from __future__ import annotations
@@ -26,22 +27,17 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import matplotlib
 import numpy as np
 from matplotlib.cm import ScalarMappable
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import ListedColormap, Normalize
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from tgo import viz
 
 __all__ = [
     "BAND_PIXELS",
-    "CLS_POINT",
-    "DEPTH_CMAP",
     "PROFILE_PIXELS",
-    "depth_colours",
     "depth_profile_cards",
     "depth_profile_figure",
     "epoch_band_cards",
@@ -53,12 +49,6 @@ PROFILE_PIXELS = (480, 320)
 """A depth-profile card's size (px): the rotated point names need the height (as `tgo.viz.depth_profile_figure`)."""
 BAND_PIXELS = (480, 240)
 """An against-epoch card's size (px): TensorBoard's ~450 x 210 px image box shows a 2:1 card at ~90 %."""
-DEPTH_CMAP = "turbo"
-DEPTH_RAMP = (0.05, 0.95)
-"""The depth ramp of the points other than CLS: the part of ``turbo`` that changes hue fastest, so neighbouring
-blocks stay apart and no point is as pale as the page."""
-CLS_POINT = "cls"
-"""The final norm's token 0 (what the classifier reads): black and thicker, not one more colour of the ramp."""
 _FONT = viz.CARD_FONTSIZE
 _TICK = 0.85 * viz.CARD_FONTSIZE
 
@@ -68,20 +58,8 @@ Profiles = Mapping[int, tuple[np.ndarray, np.ndarray]]
 
 def log_scale(metric: str) -> bool:
     """Whether ``metric`` is drawn on a log axis: its catalogue entry's ``scale`` is ``log`` (ratio-type observables
-    that move by decades). Names outside the catalogue are linear."""
-    from tgo.spectral import CATALOGUE  # lazy: the catalogue imports the numerics
-
-    observable = CATALOGUE.get(metric)
-    return observable is not None and observable.scale == "log"
-
-
-def depth_colours(points: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
-    """``{point: RGBA}``: the points other than CLS on the depth ramp in the given (depth) order, CLS black."""
-    others = [p for p in points if p != CLS_POINT]
-    cmap = matplotlib.colormaps[DEPTH_CMAP]
-    low, high = DEPTH_RAMP
-    colours = {p: cmap(low + (high - low) * i / max(len(others) - 1, 1)) for i, p in enumerate(others)}
-    return {p: (0.0, 0.0, 0.0, 1.0) if p == CLS_POINT else colours[p] for p in points}
+    that move by decades; `tgo.viz.is_log_scale`). Names outside the catalogue are linear."""
+    return viz.is_log_scale(metric)
 
 
 def _thin(count: int, most: int) -> list[int]:
@@ -146,16 +124,12 @@ def _bands(ax: Any, polygons: list[np.ndarray], colours: list[Any], alpha: float
 
 
 def _scale(ax: Any, log: bool) -> None:
-    """Linear or log y axis, limits from every line and band drawn now (nothing is left off the axes).
-
-    A log axis is labelled at 1, 2 and 5 of every decade in plain numbers (``0.2``, ``1``, ``50``), no minor labels:
-    matplotlib's default ``4x10^0`` minor labels are unreadable at a card's size.
-    """
-    ax.set_yscale("log" if log else "linear")
+    """Linear or log y axis (`tgo.viz.log_axis`: plain-number labels), limits from every line and band drawn now
+    (nothing is left off the axes)."""
     if log:
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        viz.log_axis(ax, labelsize=_TICK)
+    else:
+        ax.set_yscale("linear")
     ax.relim()
     ax.autoscale_view()
     if not log:  # a flat profile still gets a readable span
@@ -182,21 +156,24 @@ class _DepthProfileCard:
         step = 2 if len(self.points) > 10 else 1
         labels = [p if i % step == 0 or i == len(self.points) - 1 else "" for i, p in enumerate(self.points)]
         self.ax.set_xticks(x, labels=labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=_TICK)
-        for label in self.ax.get_xticklabels():
-            if label.get_text() == CLS_POINT:
-                label.set_fontweight("bold")
+        self.cls = [i for i, p in enumerate(self.points) if p == viz.CLS_POINT]
+        self.blocks = [i for i in range(len(self.points)) if i not in self.cls]
         self.ax.set_xlim(-0.4, len(self.points) - 0.6)
         self.ax.tick_params(axis="y", labelsize=_TICK)
         self.ax.grid(True, alpha=0.25)
 
     def draw(self, profiles: Profiles, title: str, *, log: bool) -> None:
         _clear(self.ax)
+        viz.mark_cls_axis(self.ax, self.points)  # its dotted line before CLS went with the previous card's lines
         x = np.arange(len(self.points), dtype=np.float64)
         polygons, colours = [], []
         for epoch in sorted(profiles):
             values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
             colour = self.cmap(self.norm(epoch))
-            self.ax.plot(x, values, color=colour, lw=2.2, marker="o", ms=5)
+            self.ax.plot(x, values, color=colour, lw=2.2, marker="o", ms=5, markevery=self.blocks)
+            if self.cls:  # CLS as the report draws it: a square with a black edge
+                self.ax.plot(x[self.cls], values[self.cls], color=colour, ls="none", marker="s", ms=7, mec="black",
+                             mew=0.8)  # fmt: skip
             band = _band_polygons(x, values, se, log=log)
             polygons += band
             colours += [colour] * len(band)
@@ -255,14 +232,15 @@ class _EpochBandCard:
         self.fig = Figure(figsize=(width / viz.CARD_DPI, height / viz.CARD_DPI), dpi=viz.CARD_DPI)
         self.ax, cax = _axes(self.fig, left=74, right=118, bottom=50)
         self.points = list(points)
-        self.colours = depth_colours(self.points)
+        self.styles = viz.depth_styles(self.points)
+        self.colours = {p: style["color"] for p, style in self.styles.items()}
         cmap = ListedColormap([self.colours[p] for p in self.points] or ["black"])
         norm = Normalize(vmin=-0.5, vmax=max(len(self.points), 1) - 0.5)
         ticks = _thin(len(self.points), 8)
         bar = _colourbar(self.fig, cax, norm, cmap, ticks, [self.points[i] for i in ticks])
         bar.ax.invert_yaxis()  # the patch embedding on top, CLS at the bottom: reading order
         for label in bar.ax.get_yticklabels():
-            if label.get_text() == CLS_POINT:
+            if label.get_text() == viz.CLS_POINT:
                 label.set_fontweight("bold")
         shown = [sorted(set(epochs))[i] for i in _thin(len(set(epochs)), 7)]
         self.ax.set_xticks(shown, labels=[str(e) for e in shown])
@@ -275,13 +253,13 @@ class _EpochBandCard:
         x = np.asarray(list(epochs), dtype=np.float64)
         polygons, colours = [], []
         for i, point in enumerate(self.points):
-            cls = point == CLS_POINT
+            cls = point == viz.CLS_POINT
             colour = self.colours[point]
             row, se = values[i], stderrs[i]
             if not np.any(np.isfinite(row)):
                 continue
-            self.ax.plot(x, row, color=colour, lw=2.6 if cls else 1.6, marker="s" if cls else "o", ms=3.5,
-                         zorder=3 if cls else 2)  # fmt: skip
+            self.ax.plot(x, row, color=colour, lw=2.6 if cls else 1.6, marker=self.styles[point]["marker"],
+                         ms=4.5 if cls else 3.5, zorder=3 if cls else 2)  # fmt: skip
             band = _band_polygons(x, row, se, log=log)
             polygons += band
             colours += [colour] * len(band)
@@ -299,7 +277,7 @@ def epoch_band_figure(
         epochs: The observed epochs (x).
         values: ``[len(points), len(epochs)]`` (`tgo.records.layer_epoch_table`), NaN where none.
         stderrs: The same table of jackknife standard errors (a band where finite).
-        points: Point names in depth order (the colours, `depth_colours`).
+        points: Point names in depth order (the colours, `tgo.viz.depth_styles`).
         title: The observable.
         log: A log y axis (`log_scale`).
     """

@@ -188,6 +188,16 @@ def test_the_story_slot_is_drawn_first_at_the_epoch(recorded):
     assert len(images) > 1, "the other cards follow"
 
 
+def test_a_story_of_several_card_sized_figures_is_one_card_each_in_the_story_group(recorded):
+    """TensorBoard shrinks a tall image into a ~450 x 210 px card; a story may come as ``{name: figure}`` instead."""
+    root, observations = recorded
+    writer = RecordingWriter()
+    panels = {"1_spread": dummy_story(), "2_where": dummy_story()}
+    draw_figures(writer, root, 1, observations[1], EPOCHS[:2], ONLY_NEW, story=lambda: panels)
+    images = [(tag, step) for kind, tag, _, step in writer.calls if kind == "image"]
+    assert images[:2] == [("0_story/1_spread", 1), ("0_story/2_where", 1)] and STORY_TAG not in writer.images()
+
+
 def test_the_story_slot_is_optional_switchable_and_cannot_cost_the_other_cards(recorded):
     root, observations = recorded
     calls = []
