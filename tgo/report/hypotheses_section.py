@@ -39,7 +39,7 @@ from tgo.report.hypotheses import (
     summary_text,
     verdict_counts,
 )
-from tgo.report.hypothesis_figures import Profile, cka_figure, profiles_figure
+from tgo.report.hypothesis_figures import Profile, cka_figure, epochs_label, profiles_figure
 from tgo.report.runs import ReportInputError, RunData
 from tgo.report.verdicts import Uncertainty, VerdictSettings
 from tgo.spectral.probes import cka_matrix, linear_cka
@@ -326,7 +326,7 @@ def _profiles_caption(title: str, profiles: Sequence[Profile], band: str) -> str
     windows = list(dict.fromkeys(p.windows for p in profiles))
     if len(windows) == 1:
         first, last = windows[0]
-        which = f"the first window (epochs {first}, orange) and the last (epochs {last}, dark blue)"
+        which = f"the first window ({epochs_label(first)}, orange) and the last ({epochs_label(last)}, dark blue)"
     else:
         which = "the first window (orange) and the last (dark blue), each panel naming its windows' epochs"
     logs = [p.title.split(" ", 1)[0] for p in profiles if p.log]

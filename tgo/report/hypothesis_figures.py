@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 
 from tgo.viz import CLS_POINT, FIRST_COLOUR, LAST_COLOUR, log_axis, mark_cls_axis
 
-__all__ = ["FIRST_GID", "LAST_GID", "VERDICT_COLOURS", "Profile", "cka_figure", "profiles_figure"]
+__all__ = ["FIRST_GID", "LAST_GID", "VERDICT_COLOURS", "Profile", "cka_figure", "epochs_label", "profiles_figure"]
 
 VERDICT_COLOURS: dict[str, str] = {
     "consistent": "#2e9e44",
@@ -66,6 +66,13 @@ class Profile:
     log: bool = False
 
 
+def epochs_label(span: str) -> str:
+    """``epochs 0-5`` for a window of several observations, ``epoch 30`` for a single one (``""`` for none)."""
+    if not span:
+        return ""
+    return f"epoch{'s' if '-' in span or '/' in span else ''} {span}"
+
+
 def _draw_profile(ax: Axes, profile: Profile) -> None:
     x = np.arange(len(profile.points), dtype=np.float64)
     values = np.asarray(profile.values, dtype=np.float64)
@@ -108,7 +115,7 @@ def _draw_profile(ax: Axes, profile: Profile) -> None:
         log_axis(ax, labelsize=6)
     ax.set_xlim(-0.5, len(x) - 0.5)
     first, last = profile.windows
-    windows = f"\nwindows: epochs {first} vs {last}" if first and last else ""
+    windows = f"\nwindows: {epochs_label(first)} vs {epochs_label(last)}" if first and last else ""
     ax.set_title(profile.title + windows + (" (log axis)" if profile.log else ""), fontsize=7.5)
     ax.grid(True, alpha=0.2)
 
@@ -145,9 +152,9 @@ def profiles_figure(profiles: Sequence[Profile], *, title: str, band: str, colum
             lw=1.4,
             marker="o",
             ms=3,
-            label="first window mean" + (f" (epochs {first})" if first else ""),
+            label="first window mean" + (f" ({epochs_label(first)})" if first else ""),
         ),
-        Line2D([], [], color=_LAST, lw=1.4, label="last window mean" + (f" (epochs {last})" if last else "")),
+        Line2D([], [], color=_LAST, lw=1.4, label="last window mean" + (f" ({epochs_label(last)})" if last else "")),
         Line2D([], [], color=_BETWEEN, lw=0.6, label="every observed epoch"),
         *(
             Line2D([], [], color="white", marker="o", markerfacecolor=c, ms=6, label=v)
