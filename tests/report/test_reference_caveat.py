@@ -75,6 +75,9 @@ def test_a_run_of_the_paper_experiment_gets_no_caveat(tmp_path: Path, capsys: py
     assert reference_caveat([_paperlike(arch={"patch_size": 16, "embed_dim": 384})]) is None
     run = _run(tmp_path / "paper")
     assert reference_differences([read_run_info(run)], [10]) == []
+    explicit = read_run_info(_run(tmp_path / "explicit", arch=PAPER_ARCH))  # the header describes it ("ViT, 12
+    assert explicit.model is not None and explicit.model.startswith("ViT")  # blocks, ..."); the caveat compares
+    assert reference_differences([explicit], [10]) == []  # the recorded name and overrides, not that description
     out = tmp_path / "out"
     assert main([str(run), "--reference", "tgo1", "--out", str(out), "--no-correlation"]) == 0
     html = (out / "index.html").read_text()

@@ -314,7 +314,7 @@ def _figure_sections(figure_refs: Sequence[FigureRef], spectra_run: str | None) 
         "spectra": "Eigenvalue and singular value spectra over epochs"
         + (f" (run {spectra_run})" if spectra_run else ""),
         "decay": "Spectral decay curves",
-        "correlation": "Correlation heatmaps at the first and last observation",
+        "correlation": "Feature correlations at the first and last observation (|off-diagonal correlation| per point)",
     }
     sections = []
     for key, heading in titles.items():

@@ -404,7 +404,7 @@ def _joined(*parts: str) -> str:
 
 
 def _too_short(m: Measured) -> Trend:
-    first = float(m.values[0]) if m.n else math.nan
+    first = m.level(Window(0, 1)) if m.n else math.nan  # on the observable's own scale, as every Trend's levels
     nan = math.nan
     return Trend(
         m.n, m.n, first, first, nan, nan, Uncertainty(), nan, None, "", nan, nan, Uncertainty(), NA, _TOO_FEW, m.scale

@@ -127,7 +127,9 @@ class Difference:
 
 
 def _model_matches(info: RunInfo, reference: Experiment) -> bool:
-    if info.model is None or not info.model.startswith(reference.model):
+    """The same timm model (by its recorded name, not the header's description) with no differing override."""
+    name = info.name or info.model
+    if name is None or not name.startswith(reference.model):
         return False
     return all(info.arch.get(key, value) == value for key, value in reference.arch.items())
 
