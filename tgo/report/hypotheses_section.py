@@ -37,7 +37,6 @@ from tgo.report.hypotheses import (
     evaluate_predictions,
     select_points,
     summary_text,
-    verdict_counts,
 )
 from tgo.report.hypothesis_figures import Profile, cka_figure, epochs_label, profiles_figure
 from tgo.report.runs import ReportInputError, RunData
@@ -615,20 +614,9 @@ def hypotheses_report(
         section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
         return HypothesesReport(section, rows, results)
 
-    overview = []
-    for prediction, per_point in results.items():
-        counts = verdict_counts(per_point)
-        overview.append(
-            [
-                HYPOTHESES[prediction.hypothesis].title,
-                prediction.statement,
-                prediction.points,
-                *(str(counts[v]) if per_point else "" for v in PREDICTION_VERDICTS),
-                summary_text(per_point),
-            ]
-        )
-    section.tables.append(
-        Table(["hypothesis", "prediction", "points", *PREDICTION_VERDICTS, "summary"], overview, left=[0, 1, 2, 7])
+    section.paragraphs.append(
+        "The verdict counts of every prediction are under 'Verdicts at a glance' at the top of the page; each "
+        "hypothesis below draws its predictions first, then folds the table of every judged point."
     )
     band = "±1 paired jackknife standard error of each window mean" + (
         f" (of the mean over {len(runs)} runs)" if several else ""
