@@ -29,18 +29,25 @@ from tgo.spectral import (
     GroupedCovariance,
     Spectrum,
     StreamingCovariance,
-    eigendecompose,
-    jackknife_stderr,
-    summarize,
 )
-from tgo.spectral.jackknife import Moments, combine
+from tgo.spectral.decomposition import eigendecompose_many
+from tgo.spectral.jackknife import Moments, combine, jackknife_stderrs
 from tgo.spectral.jackknife import moments as jackknife_moments
+from tgo.spectral.summary import summarize_many
 
 from .families.base import Array, Contribution, FamilyRun, Metric, PointSummary
 from .points import ObservationPoint
 from .views import ViewMoments, all_view, order_views
 
-__all__ = ["DEFAULT_VIEW", "ObservationKey", "PointResult", "Results", "summarize_accumulators"]
+__all__ = [
+    "DEFAULT_VIEW",
+    "ObservationKey",
+    "PointResult",
+    "Results",
+    "summarize_accumulators",
+    "summarize_view",
+    "summary_workers",
+]
 
 
 class ObservationKey(NamedTuple):
@@ -129,14 +136,6 @@ def _moments(acc: StreamingCovariance) -> tuple[np.ndarray, np.ndarray, int, int
     cov = acc.covariance().detach().cpu().numpy().astype(np.float64, copy=False)
     mean = acc.mean().detach().cpu().numpy().astype(np.float64, copy=False)
     return cov, mean, int(acc.n), int(acc.n_nonfinite)
-
-
-def _observables(
-    moments: tuple[np.ndarray, np.ndarray, int, int], fit_range: Sequence[int] | None
-) -> tuple[Spectrum, dict[str, float]]:
-    cov, _, n_rows, n_nonfinite = moments
-    spectrum = eigendecompose(cov, n_rows=n_rows, n_nonfinite=n_nonfinite)
-    return spectrum, summarize(cov, spectrum, fit_range=fit_range)
 
 
 def summarize_accumulators(
@@ -233,7 +232,7 @@ def summarize_accumulators(
             _contribute(run.family.name, name, summaries, run.state.summarize_point(summary), nonfinite)
         return summaries
 
-    workers = max(1, min(len(names), os.cpu_count() or 1))
+    workers = summary_workers(len(names))
     with _single_threaded_blas(), ThreadPoolExecutor(max_workers=workers) as pool:
         per_point = list(pool.map(summarize_point, names))
     out = Results()
@@ -243,17 +242,35 @@ def summarize_accumulators(
     return out
 
 
-def _summarize_view(vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite: bool) -> PointResult:
-    """Spectrum, catalogue observables and jackknife standard errors of one view."""
+def summarize_view(vm: ViewMoments, *, fit_range: Sequence[int] | None = None, nonfinite: bool = False) -> PointResult:
+    """Spectrum, catalogue observables and jackknife standard errors of one view: a pure function of its moments.
+
+    The ``1 + G`` covariances (the total and each leave-one-group-out subset) are decomposed in one stacked LAPACK
+    call (`tgo.spectral.decomposition.eigendecompose_many`), each gives the catalogue's observables once
+    (`tgo.spectral.summary.summarize_many`, as array functions over the stack), and the standard errors of all
+    geometry observables are taken at once from the ``[K, G]`` table of replicates
+    (`tgo.spectral.jackknife.jackknife_stderrs`, equal to `jackknife_stderr` of each row bit for bit). Every step
+    gives the bits of its one-at-a-time form (``tests/spectral/test_spectral_stack.py``). Deterministic: the same
+    moments give the same bits on any rank, so (point, view) tasks can be split across ranks.
+
+    Args:
+        vm: The view's moments (total and leave-one-group-out; an alias is summarised by its original).
+        fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
+        nonfinite: The point saw non-finite rows (under ``nan_if_nonfinite``): NaN geometry and standard errors.
+    """
     diagnostics = CATALOGUE.diagnostics
-    spectrum, observables = _observables(vm.total, fit_range)
-    leave_out = [_observables(m, fit_range)[1] for m in vm.leave_out]
-    replicates = (
-        {k: np.array([r[k] for r in leave_out], dtype=np.float64) for k in observables if k not in diagnostics}
-        if len(leave_out) >= 2
-        else {}
-    )
-    stderr = {k: jackknife_stderr(replicates[k]) if k in replicates else math.nan for k in observables}
+    moments = [vm.total, *vm.leave_out]
+    spectra = eigendecompose_many([m[0] for m in moments], [m[2] for m in moments], [m[3] for m in moments])
+    rows = summarize_many([m[0] for m in moments], spectra, fit_range=fit_range)
+    spectrum, observables, leave_out = spectra[0], rows[0], rows[1:]
+    replicates: dict[str, np.ndarray] = {}
+    stderr = dict.fromkeys(observables, math.nan)
+    if len(leave_out) >= 2:
+        names = [k for k in observables if k not in diagnostics]
+        table = np.array([[r[k] for r in leave_out] for k in names], dtype=np.float64).reshape(len(names), -1)
+        for name, row, se in zip(names, table, jackknife_stderrs(table), strict=True):
+            replicates[name] = row.copy()
+            stderr[name] = float(se)
     if nonfinite:
         observables = {k: (v if k in diagnostics else math.nan) for k, v in observables.items()}
         stderr = dict.fromkeys(stderr, math.nan)
@@ -266,6 +283,11 @@ def _summarize_view(vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite:
         stderr=stderr,
         jackknife=replicates,
     )
+
+
+def _summarize_view(vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite: bool) -> PointResult:
+    """`summarize_view`, under the name ``benchmarks/observation_bench.py`` (row 8.4) times."""
+    return summarize_view(vm, fit_range=fit_range, nonfinite=nonfinite)
 
 
 def _contribute(
@@ -292,6 +314,11 @@ def _contribute(
             result.jackknife[item.name] = np.asarray(item.replicates, dtype=np.float64)
         else:
             result.jackknife.pop(item.name, None)
+
+
+def summary_workers(tasks: int) -> int:
+    """Threads of the summary's pool for ``tasks`` independent tasks: one per core, at most one per task."""
+    return max(1, min(int(tasks), os.cpu_count() or 1))
 
 
 def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-__all__ = ["Spectrum", "as_float64_matrix", "eigendecompose"]
+__all__ = ["Spectrum", "as_float64_matrix", "eigendecompose", "eigendecompose_many"]
 
 
 def as_float64_matrix(cov: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -87,16 +88,57 @@ def eigendecompose(cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int
     Raises:
         ValueError: If ``cov`` is not square 2-D, or the counts are negative.
     """
-    mat = as_float64_matrix(cov)
-    n_rows, n_nonfinite = int(n_rows), int(n_nonfinite)
-    if n_rows < 0 or n_nonfinite < 0:
-        raise ValueError(f"eigendecompose: counts must be >= 0, got n_rows={n_rows}, n_nonfinite={n_nonfinite}")
-    dim = mat.shape[0]
-    if n_rows < 2 or not np.all(np.isfinite(mat)):
-        eigs = np.full(dim, np.nan)
-        eigs.setflags(write=False)
-        return Spectrum(eigs, n_rows, n_nonfinite, 0, math.nan)
-    eigs = np.linalg.eigvalsh((mat + mat.T) / 2)[::-1].copy()
+    return eigendecompose_many([cov], [n_rows], [n_nonfinite])[0]
+
+
+def eigendecompose_many(
+    covs: Sequence[np.ndarray | torch.Tensor], n_rows: Sequence[int], n_nonfinite: Sequence[int] | None = None
+) -> list[Spectrum]:
+    """`eigendecompose` of several covariances, every defined one of a shape in one stacked LAPACK call.
+
+    ``numpy.linalg.eigvalsh`` of a ``[S, D, D]`` stack runs the same LAPACK routine on each matrix as ``S`` separate
+    calls (bit for bit, ``tests/spectral/test_spectral_decomposition.py``) without ``S`` Python round trips: the
+    rank-0 summary decomposes a point's ``G + 1`` jackknife covariances of a view together.
+
+    Args:
+        covs: ``[D, D]`` covariances (numpy or torch, any dtype/device; shapes may differ).
+        n_rows: Rows that entered each covariance.
+        n_nonfinite: Rows dropped from each for holding NaN/Inf (``None``: 0).
+
+    Returns:
+        One :class:`Spectrum` per covariance, in order, each equal to ``eigendecompose`` of it.
+
+    Raises:
+        ValueError: If a covariance is not square 2-D, a count is negative, or the lengths differ.
+    """
+    mats = [as_float64_matrix(c) for c in covs]
+    rows = [int(n) for n in n_rows]
+    dropped = [0] * len(mats) if n_nonfinite is None else [int(n) for n in n_nonfinite]
+    if not len(mats) == len(rows) == len(dropped):
+        raise ValueError(f"eigendecompose_many: {len(mats)} covariances, {len(rows)} and {len(dropped)} counts")
+    for n, bad in zip(rows, dropped, strict=True):
+        if n < 0 or bad < 0:
+            raise ValueError(f"eigendecompose: counts must be >= 0, got n_rows={n}, n_nonfinite={bad}")
+    out: list[Spectrum | None] = [None] * len(mats)
+    by_dim: dict[int, list[int]] = {}
+    for i, (mat, n) in enumerate(zip(mats, rows, strict=True)):
+        if n < 2 or not np.all(np.isfinite(mat)):
+            eigs = np.full(mat.shape[0], np.nan)
+            eigs.setflags(write=False)
+            out[i] = Spectrum(eigs, n, dropped[i], 0, math.nan)
+        else:
+            by_dim.setdefault(mat.shape[0], []).append(i)
+    for members in by_dim.values():
+        stack = np.stack([mats[i] for i in members])
+        values = np.linalg.eigvalsh((stack + stack.transpose(0, 2, 1)) / 2)
+        for i, ascending in zip(members, values, strict=True):
+            out[i] = _spectrum(ascending, rows[i], dropped[i])
+    return [s for s in out if s is not None]
+
+
+def _spectrum(ascending: np.ndarray, n_rows: int, n_nonfinite: int) -> Spectrum:
+    """The `Spectrum` of one matrix's ascending ``eigvalsh`` output: descending, clamped, structural zeros exact."""
+    eigs = ascending[::-1].copy()
     negative = eigs < 0
     n_clamped = int(negative.sum())
     most_negative = float(eigs[negative].min()) if n_clamped else 0.0

@@ -32,6 +32,7 @@ __all__ = [
     "combine",
     "jackknife_groups",
     "jackknife_stderr",
+    "jackknife_stderrs",
     "leave_one_group_out",
     "moments",
     "remove",
@@ -260,3 +261,26 @@ def jackknife_stderr(leave_one_out: Sequence[float] | np.ndarray) -> float:
     if g < 2 or not np.all(np.isfinite(values)):
         return math.nan
     return float(math.sqrt((g - 1) / g * float(np.sum((values - values.mean()) ** 2))))
+
+
+def jackknife_stderrs(leave_one_out: np.ndarray) -> np.ndarray:
+    """`jackknife_stderr` of every row of a ``[K, G]`` array at once (``K`` observables, ``G`` replicates each).
+
+    The same operations row by row (numpy reduces each contiguous row with the same pairwise summation as a 1-D
+    array), so ``jackknife_stderrs(v)[k] == jackknife_stderr(v[k])`` bit for bit (both NaN where a row holds a
+    non-finite value or ``G < 2``).
+
+    Returns:
+        float64 ``[K]``.
+    """
+    values = np.ascontiguousarray(leave_one_out, dtype=np.float64)
+    if values.ndim != 2:
+        raise ValueError(f"jackknife_stderrs: expected [K, G] leave-one-out values, got shape {values.shape}")
+    k, g = values.shape
+    if g < 2:
+        return np.full(k, math.nan)
+    with np.errstate(invalid="ignore", over="ignore"):  # rows with inf or NaN are NaN below, as jackknife_stderr's
+        squares = (values - values.mean(axis=1, keepdims=True)) ** 2
+        out = np.sqrt((g - 1) / g * squares.sum(axis=1))
+    out[~np.all(np.isfinite(values), axis=1)] = math.nan
+    return out

@@ -23,13 +23,17 @@ from tgo.spectral.decomposition import as_float64_matrix
 
 __all__ = [
     "FLATNESS_FLOOR",
+    "EigenvalueStack",
+    "EigenvalueStats",
     "components_for_variance",
     "cumulative_explained_variance",
     "decay_curve",
     "default_fit_range",
     "effective_rank",
     "mean_abs_offdiag_correlation",
+    "mean_abs_offdiag_correlations",
     "offdiag_energy_fraction",
+    "offdiag_energy_fractions",
     "participation_ratio",
     "power_law_fit",
     "singular_values",
@@ -38,6 +42,7 @@ __all__ = [
     "spectral_flatness",
     "stable_rank",
     "total_correlation",
+    "total_correlations",
 ]
 
 FLATNESS_FLOOR = 1e-12
@@ -70,13 +75,255 @@ def _defined_total(e: np.ndarray) -> float | None:
     return total if total > 0 else None
 
 
-def _entropy(e: np.ndarray) -> float:
-    """Shannon entropy (nats) of ``p = e / sum(e)``, ``0 log 0 = 0``; NaN when undefined."""
-    total = _defined_total(e)
-    if total is None:
-        return math.nan
-    p = e[e > 0] / total
-    return float(-(p * np.log(p)).sum())
+class EigenvalueStats:
+    """One spectrum, validated once, and the intermediate results several observables share, each computed once.
+
+    Every public function of this module that reads only eigenvalues is a property or method of this class, so a
+    caller that needs many observables of one spectrum (`tgo.spectral.summarize`: about twenty) builds it once and
+    pays for the validation, the total, the entropy and the cumulative shares once instead of once per observable,
+    with the same operations on the same arrays, hence the same bits.
+
+    Args:
+        eigs: Non-negative eigenvalues, any order (NaN marks an undefined spectrum).
+    """
+
+    def __init__(self, eigs: np.ndarray | torch.Tensor | list[float]) -> None:
+        self.e = _eigs(eigs)
+        self._have_total = False
+        self._total: float | None = None
+        self._max: np.float64 | None = None
+        self._entropy: float | None = None
+        self._cumulative: np.ndarray | None = None
+
+    @property
+    def total(self) -> float | None:
+        """``sum(e)``, or ``None`` for an undefined spectrum (NaN) or zero total variance."""
+        if not self._have_total:
+            self._total, self._have_total = _defined_total(self.e), True
+        return self._total
+
+    @property
+    def top(self) -> np.float64:
+        """``max(e)`` as numpy returns it."""
+        if self._max is None:
+            self._max = self.e.max()
+        return self._max
+
+    @property
+    def entropy(self) -> float:
+        """Shannon entropy (nats) of ``p = e / sum(e)``, ``0 log 0 = 0``; NaN when undefined."""
+        if self._entropy is None:
+            total = self.total
+            if total is None:
+                self._entropy = math.nan
+            else:
+                p = self.e[self.e > 0] / total
+                self._entropy = float(-(p * np.log(p)).sum())
+        return self._entropy
+
+    @property
+    def effective_rank(self) -> float:
+        """`effective_rank`."""
+        h = self.entropy
+        return math.exp(h) if not math.isnan(h) else math.nan
+
+    @property
+    def stable_rank(self) -> float:
+        """`stable_rank`."""
+        total = self.total
+        return total / float(self.top) if total is not None else math.nan
+
+    @property
+    def participation_ratio(self) -> float:
+        """`participation_ratio`."""
+        if self.total is None:
+            return math.nan
+        q = self.e / self.top
+        return float(q.sum() ** 2 / (q * q).sum())
+
+    def spectral_entropy(self, normalized: bool = False) -> float:
+        """`spectral_entropy`."""
+        h = self.entropy
+        if not normalized:
+            return h
+        return h / math.log(self.e.size) if self.e.size > 1 else math.nan
+
+    @property
+    def spectral_anisotropy(self) -> float:
+        """`spectral_anisotropy`."""
+        total = self.total
+        return float(self.top) / total if total is not None else math.nan
+
+    def spectral_flatness(self, floor: float = FLATNESS_FLOOR) -> float:
+        """`spectral_flatness`."""
+        if self.total is None:
+            return math.nan
+        geometric = math.exp(float(np.mean(np.log(np.maximum(self.e, floor)))))
+        return geometric / float(self.e.mean())
+
+    def components_for_variance(self, fraction: float) -> int | float:
+        """`components_for_variance`."""
+        if not 0 < fraction <= 1:
+            raise ValueError(f"components_for_variance: fraction must be in (0, 1], got {fraction}")
+        total = self.total
+        if total is None:
+            return math.nan
+        if self._cumulative is None:
+            self._cumulative = np.cumsum(np.sort(self.e)[::-1]) / total
+        k = int(np.searchsorted(self._cumulative, fraction - 1e-12, side="left")) + 1
+        return min(k, self.e.size)
+
+    def power_law_fit(self, start: int | None = None, stop: int | None = None) -> tuple[float, float]:
+        """`power_law_fit`."""
+        e = self.e
+        d_start, d_stop = default_fit_range(e.size)
+        start = d_start if start is None else int(start)
+        stop = d_stop if stop is None else int(stop)
+        if start < 1 or stop < start:
+            raise ValueError(
+                f"power_law_fit: need 1 <= start <= stop (1-based, inclusive), got start={start}, stop={stop}"
+            )
+        if self.total is None:
+            return math.nan, math.nan
+        e = np.sort(e)[::-1]
+        tol = float(e[0]) * e.size * _EPS
+        idx = np.arange(start, min(stop, e.size) + 1)
+        lam = e[idx - 1]
+        keep = lam > tol
+        if keep.sum() < 2:
+            return math.nan, math.nan
+        x = np.log(idx[keep].astype(np.float64))
+        y = np.log(lam[keep])
+        xc, yc = x - x.mean(), y - y.mean()
+        slope = float((xc * yc).sum() / (xc * xc).sum())
+        ss_res = float(((yc - slope * xc) ** 2).sum())
+        ss_tot = float((yc * yc).sum())
+        r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else math.nan)
+        return -slope, r2
+
+
+class EigenvalueStack:
+    """`EigenvalueStats` of ``S`` spectra at once: the eigenvalue observables as array functions over ``[S, D]``.
+
+    For the rank-0 summary, which needs every observable of a view's ``G + 1`` jackknife spectra. Each method does
+    the operations of the one-spectrum function on every row (numpy reduces each contiguous row of a 2-D array with
+    the same pairwise summation as a 1-D array, and the element-wise functions do not depend on where an element
+    sits), so ``stack.effective_rank[i] == effective_rank(eigs[i])`` bit for bit;
+    ``tests/spectral/test_spectral_stack.py`` checks every method against its function on random, rank-deficient and
+    tied spectra. Scalars that the one-spectrum functions combine as Python or numpy scalars are combined the same way
+    here, row by row.
+
+    Args:
+        eigs: float64 ``[S, D]``, every row descending, non-negative, finite, with a positive sum (what
+            `tgo.spectral.eigendecompose` gives a defined covariance; `usable` says whether a stack is).
+    """
+
+    def __init__(self, eigs: np.ndarray) -> None:
+        self.e = np.ascontiguousarray(eigs, dtype=np.float64)  # C order: numpy reduces rows in memory order
+        if self.e.ndim != 2 or self.e.shape[1] == 0:
+            raise ValueError(f"EigenvalueStack: expected [S, D] eigenvalues, got shape {self.e.shape}")
+        self.rows, self.dim = self.e.shape
+        self.total = self.e.sum(axis=1)
+        self.top = self.e.max(axis=1)
+        if not self.usable(self.e, self.total):
+            raise ValueError("EigenvalueStack: rows must be finite, non-negative, descending, with a positive sum")
+        self._entropy: np.ndarray | None = None
+        self._cumulative: np.ndarray | None = None
+
+    @staticmethod
+    def usable(eigs: np.ndarray, total: np.ndarray | None = None) -> bool:
+        """Whether ``eigs`` ``[S, D]`` meets the stack's requirements (else use `EigenvalueStats` row by row)."""
+        e = np.asarray(eigs)
+        if e.ndim != 2 or e.size == 0 or not np.all(np.isfinite(e)) or np.any(e < 0):
+            return False
+        totals = e.sum(axis=1) if total is None else total
+        return bool(np.all(totals > 0)) and bool(np.all(e[:, :-1] >= e[:, 1:]))
+
+    def _positive_groups(self) -> list[tuple[np.ndarray, int]]:
+        """``(rows, k)``: the rows whose first ``k`` eigenvalues are the positive ones (descending: a prefix)."""
+        counts = (self.e > 0).sum(axis=1)
+        return [(np.flatnonzero(counts == k), int(k)) for k in np.unique(counts)]
+
+    @property
+    def entropy(self) -> np.ndarray:
+        """float64 ``[S]``: `EigenvalueStats.entropy` of every row."""
+        if self._entropy is None:
+            h = np.empty(self.rows)
+            for rows, k in self._positive_groups():
+                p = np.ascontiguousarray(self.e[rows, :k]) / self.total[rows, None]
+                h[rows] = -(p * np.log(p)).sum(axis=1)
+            self._entropy = h
+        return self._entropy
+
+    @property
+    def effective_rank(self) -> list[float]:
+        return [math.exp(float(h)) for h in self.entropy]
+
+    @property
+    def stable_rank(self) -> list[float]:
+        return [float(t) / float(m) for t, m in zip(self.total, self.top, strict=True)]
+
+    @property
+    def participation_ratio(self) -> list[float]:
+        q = self.e / self.top[:, None]
+        sums, squares = q.sum(axis=1), (q * q).sum(axis=1)
+        return [float(sums[i] ** 2 / squares[i]) for i in range(self.rows)]
+
+    def spectral_entropy(self, normalized: bool = False) -> list[float]:
+        h = [float(v) for v in self.entropy]
+        if not normalized:
+            return h
+        return [v / math.log(self.dim) for v in h] if self.dim > 1 else [math.nan] * self.rows
+
+    @property
+    def spectral_anisotropy(self) -> list[float]:
+        return [float(m) / float(t) for t, m in zip(self.total, self.top, strict=True)]
+
+    def spectral_flatness(self, floor: float = FLATNESS_FLOOR) -> list[float]:
+        logs = np.log(np.maximum(self.e, floor)).mean(axis=1)
+        means = self.e.mean(axis=1)
+        return [math.exp(float(g)) / float(m) for g, m in zip(logs, means, strict=True)]
+
+    def components_for_variance(self, fraction: float) -> list[int]:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"components_for_variance: fraction must be in (0, 1], got {fraction}")
+        if self._cumulative is None:
+            totals = np.array([float(t) for t in self.total])
+            self._cumulative = np.cumsum(np.sort(self.e, axis=1)[:, ::-1], axis=1) / totals[:, None]
+        # cumulative shares never decrease, so searchsorted(left) is the count of those below the target
+        below = (self._cumulative < fraction - 1e-12).sum(axis=1)
+        return [min(int(k) + 1, self.dim) for k in below]
+
+    def power_law_fit(self, start: int | None = None, stop: int | None = None) -> list[tuple[float, float]]:
+        d_start, d_stop = default_fit_range(self.dim)
+        start = d_start if start is None else int(start)
+        stop = d_stop if stop is None else int(stop)
+        if start < 1 or stop < start:
+            raise ValueError(
+                f"power_law_fit: need 1 <= start <= stop (1-based, inclusive), got start={start}, stop={stop}"
+            )
+        e = np.sort(self.e, axis=1)[:, ::-1]
+        tol = e[:, 0] * self.dim * _EPS
+        idx = np.arange(start, min(stop, self.dim) + 1)
+        lam = e[:, idx - 1]
+        kept = (lam > tol[:, None]).sum(axis=1)  # lam descends, so the kept indices are a prefix
+        out: list[tuple[float, float]] = [(math.nan, math.nan)] * self.rows
+        for m in np.unique(kept):
+            if m < 2:
+                continue
+            rows = np.flatnonzero(kept == m)
+            x = np.log(idx[:m].astype(np.float64))
+            y = np.log(np.ascontiguousarray(lam[rows, :m]))
+            xc, yc = x - x.mean(), y - y.mean(axis=1, keepdims=True)
+            slopes = (xc * yc).sum(axis=1) / (xc * xc).sum()
+            slope = np.array([float(v) for v in slopes])
+            ss_res = ((yc - slope[:, None] * xc) ** 2).sum(axis=1)
+            ss_tot = (yc * yc).sum(axis=1)
+            for row, b, res, tot in zip(rows, slope, ss_res, ss_tot, strict=True):
+                res, tot = float(res), float(tot)
+                r2 = 1.0 - res / tot if tot > 0 else (1.0 if res == 0 else math.nan)
+                out[row] = (-float(b), r2)
+        return out
 
 
 def effective_rank(eigs: np.ndarray) -> float:
@@ -90,8 +337,7 @@ def effective_rank(eigs: np.ndarray) -> float:
     Returns:
         The effective rank; NaN for zero total variance or an undefined spectrum.
     """
-    h = _entropy(_eigs(eigs))
-    return math.exp(h) if not math.isnan(h) else math.nan
+    return EigenvalueStats(eigs).effective_rank
 
 
 def stable_rank(eigs: np.ndarray) -> float:
@@ -103,9 +349,7 @@ def stable_rank(eigs: np.ndarray) -> float:
     Returns:
         The stable rank; NaN for zero total variance or an undefined spectrum.
     """
-    e = _eigs(eigs)
-    total = _defined_total(e)
-    return total / float(e.max()) if total is not None else math.nan
+    return EigenvalueStats(eigs).stable_rank
 
 
 def participation_ratio(eigs: np.ndarray) -> float:
@@ -119,11 +363,7 @@ def participation_ratio(eigs: np.ndarray) -> float:
     Returns:
         The participation ratio; NaN for zero total variance or an undefined spectrum.
     """
-    e = _eigs(eigs)
-    if _defined_total(e) is None:
-        return math.nan
-    q = e / e.max()
-    return float(q.sum() ** 2 / (q * q).sum())
+    return EigenvalueStats(eigs).participation_ratio
 
 
 def spectral_entropy(eigs: np.ndarray, normalized: bool = False) -> float:
@@ -140,11 +380,7 @@ def spectral_entropy(eigs: np.ndarray, normalized: bool = False) -> float:
     Returns:
         The entropy; NaN for zero total variance, an undefined spectrum, or ``normalized`` with ``D == 1``.
     """
-    e = _eigs(eigs)
-    h = _entropy(e)
-    if not normalized:
-        return h
-    return h / math.log(e.size) if e.size > 1 else math.nan
+    return EigenvalueStats(eigs).spectral_entropy(normalized)
 
 
 def spectral_anisotropy(eigs: np.ndarray) -> float:
@@ -156,9 +392,7 @@ def spectral_anisotropy(eigs: np.ndarray) -> float:
     Returns:
         The anisotropy; NaN for zero total variance or an undefined spectrum.
     """
-    e = _eigs(eigs)
-    total = _defined_total(e)
-    return float(e.max()) / total if total is not None else math.nan
+    return EigenvalueStats(eigs).spectral_anisotropy
 
 
 def spectral_flatness(eigs: np.ndarray, floor: float = FLATNESS_FLOOR) -> float:
@@ -176,11 +410,7 @@ def spectral_flatness(eigs: np.ndarray, floor: float = FLATNESS_FLOOR) -> float:
     Returns:
         The flatness; NaN for zero total variance or an undefined spectrum.
     """
-    e = _eigs(eigs)
-    if _defined_total(e) is None:
-        return math.nan
-    geometric = math.exp(float(np.mean(np.log(np.maximum(e, floor)))))
-    return geometric / float(e.mean())
+    return EigenvalueStats(eigs).spectral_flatness(floor)
 
 
 def components_for_variance(eigs: np.ndarray, fraction: float) -> int | float:
@@ -201,13 +431,7 @@ def components_for_variance(eigs: np.ndarray, fraction: float) -> int | float:
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"components_for_variance: fraction must be in (0, 1], got {fraction}")
-    e = _eigs(eigs)
-    total = _defined_total(e)
-    if total is None:
-        return math.nan
-    cumulative = np.cumsum(np.sort(e)[::-1]) / total
-    k = int(np.searchsorted(cumulative, fraction - 1e-12, side="left")) + 1
-    return min(k, e.size)
+    return EigenvalueStats(eigs).components_for_variance(fraction)
 
 
 def default_fit_range(dim: int) -> tuple[int, int]:
@@ -245,29 +469,7 @@ def power_law_fit(eigs: np.ndarray, start: int | None = None, stop: int | None =
     Raises:
         ValueError: If ``start < 1`` or ``stop < start``.
     """
-    e = _eigs(eigs)
-    d_start, d_stop = default_fit_range(e.size)
-    start = d_start if start is None else int(start)
-    stop = d_stop if stop is None else int(stop)
-    if start < 1 or stop < start:
-        raise ValueError(f"power_law_fit: need 1 <= start <= stop (1-based, inclusive), got start={start}, stop={stop}")
-    if _defined_total(e) is None:
-        return math.nan, math.nan
-    e = np.sort(e)[::-1]
-    tol = float(e[0]) * e.size * _EPS
-    idx = np.arange(start, min(stop, e.size) + 1)
-    lam = e[idx - 1]
-    keep = lam > tol
-    if keep.sum() < 2:
-        return math.nan, math.nan
-    x = np.log(idx[keep].astype(np.float64))
-    y = np.log(lam[keep])
-    xc, yc = x - x.mean(), y - y.mean()
-    slope = float((xc * yc).sum() / (xc * xc).sum())
-    ss_res = float(((yc - slope * xc) ** 2).sum())
-    ss_tot = float((yc * yc).sum())
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else math.nan)
-    return -slope, r2
+    return EigenvalueStats(eigs).power_law_fit(start, stop)
 
 
 def _offdiag(mat: np.ndarray) -> np.ndarray:
@@ -358,6 +560,61 @@ def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float
     if float(diag.min()) <= 0:
         return math.nan
     return float(0.5 * (np.sum(np.log(diag)) - np.sum(np.log(e))))
+
+
+def offdiag_energy_fractions(covs: np.ndarray) -> list[float]:
+    """`offdiag_energy_fraction` of every finite ``[D, D]`` matrix of a ``[S, D, D]`` stack (bit for bit)."""
+    mats = np.asarray(covs, dtype=np.float64)
+    scales = np.abs(mats).max(axis=(1, 2))
+    out = [math.nan] * mats.shape[0]
+    rows = np.flatnonzero(scales != 0)
+    if rows.size:
+        scaled = np.ascontiguousarray(mats[rows]) / np.array([float(v) for v in scales[rows]])[:, None, None]
+        off = scaled.copy()
+        off[:, np.arange(mats.shape[1]), np.arange(mats.shape[1])] = 0.0
+        fractions = (off**2).sum(axis=(1, 2)) / (scaled**2).sum(axis=(1, 2))
+        for i, v in zip(rows, fractions, strict=True):
+            out[i] = float(v)
+    return out
+
+
+def mean_abs_offdiag_correlations(covs: np.ndarray) -> list[float]:
+    """`mean_abs_offdiag_correlation` of every finite matrix of a ``[S, D, D]`` stack (bit for bit)."""
+    mats = np.asarray(covs, dtype=np.float64)
+    count, dim = mats.shape[0], mats.shape[1]
+    var = np.diagonal(mats, axis1=1, axis2=2)
+    keep = var > np.maximum(var.max(axis=1) * dim * _EPS, 0.0)[:, None]
+    if count == 0 or not np.all(keep == keep[:1]):
+        return [mean_abs_offdiag_correlation(m) for m in mats]
+    k = int(keep[0].sum())
+    if k < 2:
+        return [math.nan] * count
+    # C order before any reduction (fancy indexing may lay the copy out otherwise, and numpy reduces in memory order)
+    sub = mats if k == dim else np.ascontiguousarray(mats[:, keep[0]][:, :, keep[0]])
+    std = np.sqrt(np.ascontiguousarray(var[:, keep[0]]))
+    corr = np.clip(sub / (std[:, :, None] * std[:, None, :]), -1.0, 1.0)
+    corr[:, np.arange(k), np.arange(k)] = 0.0
+    sums = np.abs(corr).sum(axis=(1, 2))
+    return [float(v / (k * (k - 1))) for v in sums]
+
+
+def total_correlations(covs: np.ndarray, eigs: np.ndarray) -> list[float]:
+    """`total_correlation` of every finite matrix of a ``[S, D, D]`` stack and its eigenvalues ``[S, D]`` (any
+    order within a row; bit for bit)."""
+    mats = np.asarray(covs, dtype=np.float64)
+    e = np.asarray(eigs, dtype=np.float64)
+    top = e.max(axis=1)
+    diag = np.diagonal(mats, axis1=1, axis2=2)
+    ok = (top > 0) & (e.min(axis=1) > top * e.shape[1] * _EPS) & (diag.min(axis=1) > 0)
+    out = [math.nan] * mats.shape[0]
+    rows = np.flatnonzero(ok)
+    if rows.size:
+        logs_diag = np.log(np.ascontiguousarray(diag[rows]))
+        logs_eigs = np.log(np.ascontiguousarray(e[rows]))
+        values = 0.5 * (logs_diag.sum(axis=1) - logs_eigs.sum(axis=1))
+        for i, v in zip(rows, values, strict=True):
+            out[i] = float(v)
+    return out
 
 
 def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig") -> np.ndarray:
