@@ -13,28 +13,28 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.conftest import compose_train
+from tests.conftest import NO_FIGURES, compose_train
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record, observe_dataset
 from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordWriter, load_series, load_spectra
 from tgo.spectral import GroupedCovariance
-from tgo.train import run
 
 EPOCH0 = [
     "experiment=smoke",
     "trainer.max_epochs=1",
     "trainer.limit_train_batches=1",
     "trainer.limit_val_batches=1",
-    "observation.figures.spectra=false",
-    "observation.figures.heatmaps=false",
     "data.analysis.per_class=7",
+    *NO_FIGURES,  # the records are compared, not figures (rendered on rank 0 only, they were most of a run's time)
 ]  # 70 images: 35 per rank on 2 ranks
 
 
 @pytest.mark.slow
 def test_two_process_ddp_equals_one_process(tmp_path):
     """Epoch 0 (before any update, same seed) of a 2-process DDP run against a 1-process run."""
+    from tgo.train import run  # not at the top: the processes mp.spawn starts import this module, Lightning-free
+
     single, double = tmp_path / "single", tmp_path / "ddp"
     run(compose_train(single, EPOCH0))
     run(compose_train(double, [*EPOCH0, "trainer.devices=2", "trainer.strategy=ddp_spawn"]))

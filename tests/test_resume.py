@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import compose_train
+from tests.conftest import NO_FIGURES, compose_train
 from tests.helpers import SimulatedCrash
 from tgo.observe import observe_models
 from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
@@ -28,8 +28,7 @@ from tgo.train import run
 
 FAST = [
     "experiment=smoke",
-    "observation.figures.heatmaps=false",
-    "observation.figures.spectra=false",
+    *NO_FIGURES,  # records and checkpoints are what a resume must get right (tests/callbacks/ cover the figures)
     "trainer.limit_train_batches=2",
     "trainer.limit_val_batches=1",
 ]
