@@ -20,6 +20,12 @@ from tgo.records import load_spectra, read_metric_rows, recorded_epochs
 from tgo.train import run
 
 SBATCH_SNAPSHOT = Path(__file__).parent / "fixtures" / "sbatch_tgo1_2x8.sh"
+LIGHT = ["observation.groups=0", "observation.probes.enabled=false"]
+"""No jackknife and no probes: for the tests of where jobs run and what they leave, not of the numbers an observation
+computes (test_ddp.py compares those across processes with both on): the same launches, seconds shorter."""
+JOB = [*(o for o in EPOCH0 if not o.startswith("data.analysis.per_class=")), "data.analysis.per_class=2", *LIGHT]
+"""`EPOCH0` observing 20 images with `LIGHT`: for the tests that check only which records and checkpoints a job
+leaves where."""
 
 
 @pytest.mark.slow
@@ -27,7 +33,7 @@ def test_a_multirun_of_two_ddp_jobs_runs_each_job_in_its_own_directory(tmp_path)
     """Lightning's DDP launcher leaves a process group and LOCAL_RANK behind; the second job must not reuse them."""
     sweep = tmp_path / "sweep"
     ddp = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp"]
-    result = run_cli(["-m", *EPOCH0, *ddp, "seed=0,1", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=400)
+    result = run_cli(["-m", *EPOCH0, *LIGHT, *ddp, "seed=0,1", f"hydra.sweep.dir={sweep}"], cwd=tmp_path, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
     for job, seed in (("0", 0), ("1", 1)):
@@ -35,7 +41,7 @@ def test_a_multirun_of_two_ddp_jobs_runs_each_job_in_its_own_directory(tmp_path)
         assert recorded_epochs(run_dir) == [0, 1], job
         assert (run_dir / "checkpoints" / "last.ckpt").is_file(), job
         single = tmp_path / f"single_{seed}"
-        run(compose_train(single, [*EPOCH0, f"seed={seed}"]))
+        run(compose_train(single, [*EPOCH0, *LIGHT, f"seed={seed}"]))
         one, two = load_spectra(single, epochs=[0])[0], load_spectra(run_dir, epochs=[0])[0]
         assert list(one) == list(two)
         for name in one:
@@ -114,7 +120,7 @@ def test_submitit_local_launcher_runs_a_two_job_sweep(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     sweep = tmp_path / "sweep"
     result = run_cli(
-        ["-m", "hydra/launcher=submitit_local", *EPOCH0, "seed=0,1", f"hydra.sweep.dir={sweep}"], tmp_path, timeout=400
+        ["-m", "hydra/launcher=submitit_local", *JOB, "seed=0,1", f"hydra.sweep.dir={sweep}"], tmp_path, timeout=400
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
@@ -166,7 +172,7 @@ def test_a_preempted_slurm_job_checkpoints_requeues_and_resumes_in_its_directory
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {requeued}\nkill -9 $PPID\n')
     (bin_dir / "scontrol").chmod(0o755)
     run_dir = tmp_path / "run"
-    args = [*EPOCH0, "trainer.max_epochs=2", "trainer.limit_train_batches=4", f"hydra.run.dir={run_dir}"]
+    args = [*JOB, "trainer.max_epochs=2", "trainer.limit_train_batches=4", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, **SLURM_TASK, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     env.pop("SUBMITIT_PREEMPT_SIGNAL", None)
     preempt = ["+callbacks.preempt._target_=tests.helpers.SignalAtBatch", "+callbacks.preempt.epoch=1"]
