@@ -271,7 +271,10 @@ def test_the_installed_wheel_trains_observes_and_reports_from_outside_the_checko
     assert not (cwd / "outputs").exists()
     assert (run_dir / "report" / "index.html").is_file(), "the README block's report"
 
-    run([str(scripts["tgo-observe"]), "--run", str(run_dir), "--out", str(observed)])
+    # One checkpoint (the console script and the installed configs are what this checks; --run's trajectory of the
+    # run's checkpoints is tests/observe/'s).
+    last = run_dir / "checkpoints" / "last.ckpt"
+    run([str(scripts["tgo-observe"]), "--checkpoint", str(last), "--out", str(observed)])
     assert (observed / "geometry" / "metrics.csv").is_file() and sorted((observed / "geometry" / "spectra").iterdir())
 
     page = (run_dir / "report" / "index.html").read_text()
