@@ -62,6 +62,7 @@ import torch
 
 from benchmarks import _harness as h
 from benchmarks.attention_bench import attention_rows
+from tgo.observatory.settings import FigureSettings
 
 GOAL = 1.10
 BLOCKING_TARGET = 1.15
@@ -77,6 +78,11 @@ EXTRAPOLATED_IMAGES = 1000
 MB = 1024**2
 NO_GROUPS = "float64 G=0"
 """The variant of rows 1a/1b run with ``groups=0`` for rows 7 (float64 Gram, otherwise default settings)."""
+FIGURE_SWITCHES = tuple(f.name for f in dataclasses.fields(FigureSettings) if isinstance(f.default, bool))
+"""Every ``observation.figures`` kind that can be switched off (``story``, ``spectra``, ...)."""
+SMOKE_FIGURES = ("spectra", "histograms", "decay")
+"""The kinds ``--smoke`` draws in rows 5.3-5.4 (one per-point card of each sort; the others are off): drawing every
+kind would cost the smoke run most of its time and exercise nothing of the benchmark's own code more."""
 
 
 # ---------------------------------------------------------------------------------------------------- declared rows
@@ -331,6 +337,7 @@ class Profile:
         epochs: Training epochs of row 4.
         training_overrides: Hydra overrides of row 4 on top of the quickstart experiment.
         renders: Figure renders per network in rows 5.3-5.4.
+        figures: The figure kinds rows 5.3-5.4 draw (`FIGURE_SWITCHES`; ``None``: the library's defaults).
         gpu_images: Images of the GPU rows.
         gpu_batch: Batch size of the GPU rows.
         fresh_memory_processes: One process per memory measurement (``False``: all in one; numbers then unclean).
@@ -362,6 +369,7 @@ class Profile:
     spectral_args: tuple[str, ...]
     threads: int | None = None
     probe_cold: bool = True
+    figures: tuple[str, ...] | None = None
 
 
 DEFAULT = Profile(
@@ -408,6 +416,7 @@ SMOKE = Profile(
         "data.analysis.per_class=1",
         "trainer.limit_train_batches=2",
         "trainer.limit_val_batches=1",
+        *(f"observation.figures.{name}=false" for name in FIGURE_SWITCHES),  # rendered on a thread: rows 5 time them
     ),
     renders=1,
     gpu_images=8,
@@ -419,6 +428,7 @@ SMOKE = Profile(
     # average 3, 0.005 s with 1).
     threads=1,
     probe_cold=False,
+    figures=SMOKE_FIGURES,
 )
 PROFILES: dict[str, Profile] = {p.name: p for p in (DEFAULT, QUICK, SMOKE)}
 
@@ -780,18 +790,22 @@ def _training_rows(table: Table, calls: list[dict[str, float]], groups: int) -> 
 
 
 # ---------------------------------------------------------------------------------------------------- row 5
-def figure_time(results: Any, renders: int, work: Path) -> float:
+def figure_time(results: Any, renders: int, work: Path, figures: Sequence[str] | None = None) -> float:
     """Median seconds of ``SpectralGeometryCallback._log_figures`` for one observation (history growing per render).
 
     The callback draws from the run's records, so each render is preceded (untimed, as in training where it belongs
-    to the pass) by recording the observation under the next epoch: the history grows by one per render.
+    to the pass) by recording the observation under the next epoch: the history grows by one per render. ``figures``
+    names the kinds drawn, every other one off (``None``: the library's default kinds).
     """
     from torch.utils.tensorboard import SummaryWriter
 
     from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
     from tgo.records import RecordWriter, RunDir
 
-    cb = SpectralGeometryCallback(settings={"every_n_epochs": 1})
+    settings: dict[str, Any] = {"every_n_epochs": 1}
+    if figures is not None:
+        settings["figures"] = {name: name in figures for name in FIGURE_SWITCHES}
+    cb = SpectralGeometryCallback(settings=settings)
     run = RunDir(tempfile.mkdtemp(dir=work))
     cb._run = run
     records = RecordWriter(run)
@@ -831,13 +845,18 @@ def eig_and_figure_rows(
         return
     for row, section, spec in (("5.3", "vit_small", profile.vit), ("5.4", "quickstart", profile.quickstart)):
         if observed.get(section) is not None:
-            seconds = figure_time(observed[section], profile.renders, work)
+            seconds = figure_time(observed[section], profile.renders, work, profile.figures)
+            kinds = (
+                "spectra, histograms, correlation heatmaps, decay, layer x epoch heatmaps"
+                if profile.figures is None
+                else f"only {', '.join(profile.figures)}"
+            )
             table.add(
                 row,
                 f"TensorBoard figures per observation, {spec.points} x {spec.width}",
                 seconds,
                 "s",
-                f"spectra, histograms, correlation heatmaps, decay, layer x epoch heatmaps; "
+                f"{kinds}; "
                 f"median of {profile.renders}; drawn from the G={results[section]['groups']} observation of rows "
                 f"{'1a' if section == 'vit_small' else '1b'}",
             )
