@@ -89,3 +89,76 @@ def compose_cfg(tmp_path: Path):
         return compose_train(tmp_path / "run", list(overrides), hydra_cfg=hydra_cfg)
 
     return _compose
+
+
+# ------------------------------------------------------------------------------------------ longest modules first
+HEAVY_MODULES = {
+    "tests/test_scaleout.py": 120,
+    "tests/test_packaging.py": 100,
+    "tests/report/test_report.py": 70,
+    "tests/test_readme.py": 60,
+    "tests/test_ddp.py": 60,
+    "tests/test_resume.py": 50,
+    "tests/callbacks/test_figure_worker.py": 50,
+    "tests/report/test_reference_caveat.py": 50,
+    "tests/test_benchmarks.py": 50,
+    "tests/test_untrusted_checkpoints.py": 40,
+    "tests/test_train.py": 40,
+    "tests/test_examples.py": 40,
+    "tests/test_soak.py": 35,
+    "tests/report/test_report_glance.py": 35,
+    "tests/callbacks/test_spectral_geometry_callback.py": 30,
+    "tests/observatory/test_attention_family.py": 30,
+    "tests/observe/test_observe.py": 25,
+    "tests/test_gpu_check.py": 25,
+    "tests/test_run_directory.py": 20,
+    "tests/spectral/test_spectral_jackknife.py": 20,
+}
+"""Rough seconds of each long test module on the quiet 2-core machine (``make test``), for ordering only: a module
+not listed counts 30 s per ``slow`` test. A wrong number costs some balance at the end of the run, never a result."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Starts the long modules first on every pytest-xdist worker (longest processing time first).
+
+    ``--dist worksteal`` first hands worker ``i`` of ``W`` the next ``remaining // (W - i)`` collected tests in order,
+    and an idle worker later steals the *last* half of another's queue; in collection order the longest modules came
+    last, so a worker could start a 100-s test while the other ran out of work. Here the heavy modules are dealt to
+    the workers' shares by their `HEAVY_MODULES` seconds (each to the least loaded share), each share starting with
+    its heavy modules and filled up with the other tests in collection order. Modules stay whole (their module
+    fixtures are built once per worker) and keep their own test order; every worker collects the same order.
+    """
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def seconds(path: str) -> float:
+        slow = sum(1 for item in modules[path] if item.get_closest_marker("slow") is not None)
+        return HEAVY_MODULES.get(path, 30.0 * slow)
+
+    heavy = sorted((p for p in modules if seconds(p) > 0), key=lambda p: (-seconds(p), p))
+    light = [group for path, group in modules.items() if path not in heavy]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for path in heavy:
+        share = loads.index(min(loads))
+        shares[share].extend(modules[path])
+        loads[share] += seconds(path)
+    ends: list[int] = []
+    remaining = len(items)
+    for i in range(workers):  # where each worker's first batch ends: xdist hands worker i remaining // (W - i)
+        remaining -= remaining // (workers - i)
+        ends.append(len(items) - remaining)
+    ordered: list[pytest.Item] = []
+    for share, end in zip(shares, ends, strict=True):
+        ordered += share
+        for group in list(light):  # whole modules that still fit this share (first fit), so none is split at its end
+            if len(ordered) + len(group) <= end:
+                ordered += group
+                light.remove(group)
+        if len(ordered) < end and light:  # no module fits the gap exactly: the next one is split, as xdist would
+            take = end - len(ordered)
+            ordered += light[0][:take]
+            light[0] = light[0][take:]
+    items[:] = ordered + [item for group in light for item in group]
