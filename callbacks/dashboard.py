@@ -26,8 +26,10 @@ share, the Fisher ratio, NC1 on the default run) and the images now give its cat
 bands. The Time Series page lists tag groups (the tag up to its first ``/``) in natural order, digits first, and
 opens only the first two; TGO's image groups are numbered in reading order so that it opens on them:
 
-* ``0_story/story`` (`STORY_TAG`): the story card, drawn first by a story function when one is given (`figure_job`'s
-  ``story``);
+* ``0_story/<n>_<panel>``: the story (`tgo_story`, the report's first figure as one 480 x 240 card per panel:
+  effective rank against depth, the variance split, CLS separability, mean |correlation|, attention entropy, each
+  marked with its verdicts so far), drawn first by the story function (`figure_job`'s ``story``; a function
+  returning one figure writes `STORY_TAG`);
 * ``1_depth_profile/<metric>`` (`DEPTH_PROFILES`, and the ``all``-view probes of `PROBE_PROFILES`),
   ``1_depth_profile_<view>/<metric>`` (the probes on their views, e.g. ``1_depth_profile_cls/ncc_accuracy``) and
   ``1_depth_profile_attention/<metric>`` (the attention family's block means): one observable against depth, one
@@ -103,6 +105,7 @@ __all__ = [
     "point_scalars",
     "recorded_tables",
     "tensorboard_logger",
+    "tgo_story",
 ]
 
 FIGURES_IN_FLIGHT = 2
@@ -153,6 +156,15 @@ StoryFunction = Callable[[Path, int], "Figure | Mapping[str, Figure] | None"]
 """What `TensorBoardDashboard` and the callback take: ``story(run_dir, epoch)``, the run directory whose records hold
 the history up to ``epoch`` (the observation being drawn; with figures still rendering, a later observation may
 already be recorded too), returning what a `Story` returns."""
+
+
+def tgo_story(run_dir: Path, epoch: int) -> Mapping[str, Figure] | None:
+    """TGO's story function, the callback's default: `tgo.report.story.run_story_cards` of the records up to
+    ``epoch`` (the report's story panels and verdicts at this point of training; imported on first use, on the figure
+    worker's thread, so the training process pays for the report's modules only once a figure is drawn)."""
+    from tgo.report.story import run_story_cards
+
+    return run_story_cards(run_dir, epoch)
 
 
 # ------------------------------------------------------------------------------------------------ scalars

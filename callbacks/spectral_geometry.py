@@ -66,6 +66,7 @@ from .dashboard import (
     logged_metrics,
     point_scalars,
     tensorboard_logger,
+    tgo_story,
 )
 
 __all__ = [
@@ -110,9 +111,10 @@ class SpectralGeometryCallback(L.Callback):
         model: The ViT inside the LightningModule: an attribute path (``"backbone"``, ``"encoder.vit"``), a
             callable taking the LightningModule and returning it, or ``None``: the one timm ``VisionTransformer``
             among its submodules (`tgo.observatory.find_vit`).
-        story: The story card's function, ``story(run_dir, epoch) -> matplotlib Figure | None``
+        story: The story's function, ``story(run_dir, epoch) -> Figure | {name: Figure} | None``
             (`tgo.callbacks.dashboard.StoryFunction`): drawn first at every figure observation, on the figure
-            worker's thread, as ``0_story/story`` (TensorBoard's first card). ``None``: no story card.
+            worker's thread, as ``0_story/...`` (TensorBoard's first cards). ``None``: TGO's story
+            (`tgo.callbacks.dashboard.tgo_story`); ``observation.figures.story=false`` draws none.
         **setting_overrides: Any `ObservationSettings` key (``every_n_epochs=5``, ``groups=0``, ...), applied over
             ``settings`` and validated the same way.
     """
@@ -135,7 +137,7 @@ class SpectralGeometryCallback(L.Callback):
             )
         self.analysis = analysis
         self.model = model
-        self.story = story
+        self.story = story if story is not None else tgo_story
         self.points: list[ObservationPoint] = []
         self.observed_epochs: list[int] = []
         self.last_pass_seconds: float | None = None  # stream + reduce + eigendecompose + records

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 from tests.report.synthetic import write_run_config, write_synthetic_run
+from tgo.callbacks import SpectralGeometryCallback
+from tgo.callbacks.dashboard import tgo_story
 from tgo.report.aggregate import aggregate_runs
 from tgo.report.build import build_report
 from tgo.report.findings import evaluate_findings
 from tgo.report.hypotheses_section import hypotheses_report
 from tgo.report.runs import load_run_data
-from tgo.report.story import STORY_PANELS, build_story, run_story_figure, story_figure
+from tgo.report.story import STORY_PANELS, build_story, run_story, run_story_cards, story_figure
 from tgo.report.summary import contradictions
 from tgo.report.verdicts import DEFAULT_SETTINGS
 
@@ -151,13 +153,29 @@ def test_contradictions_are_ranked_by_the_strength_of_the_evidence(story_report)
     assert any(c.what.endswith("between_image_fraction (all view) falls") for c in ranked)
 
 
-def test_the_tensorboard_card_is_480_pixels_wide_and_says_what_is_missing(tmp_path: Path, story_report):
+def test_tensorboard_gets_one_480_by_240_card_per_panel_from_the_records_up_to_its_epoch(tmp_path: Path, story_report):
     run, _ = story_report
-    card = run_story_figure(run)
-    assert card is not None
-    width, _ = card.get_size_inches() * card.dpi
-    assert round(width) == 480 and len([ax for ax in card.axes if ax.get_visible() and ax.get_title()]) == 6
+    cards = run_story_cards(run)
+    assert cards is not None and list(cards) == [
+        "1_effective_rank",
+        "2_variance_split",
+        *(f"{i}_{metric}" for i, (metric, _, _) in enumerate(STORY_PANELS, start=3)),
+    ]
+    for fig in cards.values():
+        assert tuple(np.round(fig.get_size_inches() * fig.dpi)) == (480, 240)  # TensorBoard's card, not a fifth of it
+    early = run_story(run, epoch=4)
+    assert early is not None and early.panels[0].epochs == [0, 1, 2, 3, 4]  # a later observation is not drawn yet
+    split = early.panels[1]
+    assert all(line.x.max() == 4 for line in split.lines)
     bare = write_synthetic_run(tmp_path / "bare", {"effective_rank": {"block_01": lambda e: 2.0 + e}})
-    fig = run_story_figure(bare)
-    assert fig is not None and "not drawn:" in fig._suptitle.get_text()  # type: ignore[union-attr]
-    assert run_story_figure(write_synthetic_run(tmp_path / "none", {"stable_rank": {"block_01": _const(1.0)}})) is None
+    story = run_story(bare)
+    assert story is not None and [p.key for p in story.panels] == ["effective_rank"]
+    assert "variance between / within images (views not recorded)" in story.missing
+    assert "not drawn: " in story_figure(story)._suptitle.get_text()  # type: ignore[union-attr]
+    assert run_story_cards(write_synthetic_run(tmp_path / "none", {"stable_rank": {"block_01": _const(1.0)}})) is None
+
+
+def test_the_callback_draws_tgos_story_unless_given_another():
+    assert SpectralGeometryCallback().story is tgo_story
+    mine = SpectralGeometryCallback(story=lambda run_dir, epoch: None)
+    assert mine.story is not tgo_story

@@ -19,17 +19,19 @@ the figure and the table can never disagree. Each panel carries a mark saying wh
 ("holds 15/15 (z +46 to +137)"; the contradicting points named), coloured like the verdict tables. A panel whose
 records are missing (probes or attention switched off, an old run) is left out, and the figure says which.
 
-The same figure is the report's first figure (`story_figure`, page width) and TensorBoard's first image card
-(``card=True``: 480 px wide, readable at that width; `run_story_figure` loads and judges a run directory, for the
-callback's background figure worker). Nothing here decides a verdict: the marks are the verdicts it is given.
+The same panels are the report's first figure (`story_figure`, page width) and TensorBoard's first image cards
+(`story_cards`: one 480 x 240 px card per panel, readable at TensorBoard's card size; `run_story_cards` loads and
+judges a run directory up to an epoch, for the callback's background figure worker). Nothing here decides a
+verdict: the marks are the verdicts it is given.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,8 +54,10 @@ __all__ = [
     "Panel",
     "Story",
     "build_story",
-    "run_story_figure",
+    "run_story",
+    "run_story_cards",
     "story_caption",
+    "story_cards",
     "story_figure",
 ]
 
@@ -304,7 +308,7 @@ def _variance_panel(
     )
 
 
-def _load_variance(runs: Sequence[RunData]) -> Aggregate | None:
+def _load_variance(runs: Sequence[RunData], epoch: int | None = None) -> Aggregate | None:
     """The total variance of the between- and within-image views, one pseudo-metric per view (``None``: none)."""
     per_run = []
     for r in runs:
@@ -317,8 +321,8 @@ def _load_variance(runs: Sequence[RunData]) -> Aggregate | None:
                 return None
             if not values:
                 return None
-            series[view] = values
-            stderr[view] = errors.get("total_variance", {})
+            series[view] = _until({"v": values}, epoch).get("v", {})
+            stderr[view] = _until({"v": errors.get("total_variance", {})}, epoch).get("v", {})
         per_run.append(RunData(r.path, r.name, series, r.points, r.epochs, r.fingerprint, stderr))
     return aggregate_runs(per_run) if per_run else None
 
@@ -328,6 +332,8 @@ def build_story(
     agg: Aggregate,
     findings: Sequence[Finding],
     predictions: Mapping[Prediction, Sequence[PredictionResult]],
+    *,
+    epoch: int | None = None,
 ) -> Story:
     """The story figure's panels from a report's runs and the verdicts it reached.
 
@@ -336,6 +342,7 @@ def build_story(
         agg: The runs' aggregate of the ``all`` view (effective rank and its bands).
         findings: The findings (the effective-rank claim marks the first panel).
         predictions: The Hypotheses results (the other panels draw and mark their windows).
+        epoch: Read the records only up to this epoch (``None``: all of them).
     """
     several = agg.n_runs > 1
     by_key = {(p.metric, p.view): (p, r) for p, r in predictions.items()}
@@ -349,7 +356,7 @@ def build_story(
     blocks = [p for p in agg.points if p.startswith("block_")]
     deepest = blocks[-1] if blocks else None
     share = by_key.get(("between_image_fraction", "all"))
-    variance = _variance_panel(_load_variance(runs), deepest, list(share[1]) if share else [], several)
+    variance = _variance_panel(_load_variance(runs, epoch), deepest, list(share[1]) if share else [], several)
     if variance is not None:
         panels.append(variance)
     else:
@@ -390,10 +397,16 @@ class _Style:
     mark: float
     legend: float
     suptitle: float
+    mark_width: int
+    """Characters per line of a mark before it wraps (the panel's width at the mark's text size)."""
 
 
-_PAGE = _Style(title=10.0, ticks=8.0, label=8.0, mark=7.5, legend=7.0, suptitle=11.0)
-_CARD = _Style(title=9.5, ticks=7.5, label=7.5, mark=7.5, legend=7.0, suptitle=8.5)
+_PAGE = _Style(title=10.0, ticks=8.0, label=8.0, mark=7.5, legend=7.0, suptitle=11.0, mark_width=78)
+_CARD = _Style(title=10.0, ticks=8.0, label=8.0, mark=8.0, legend=7.5, suptitle=9.0, mark_width=64)
+CARD_SIZE = (6.0, 3.0)
+CARD_DPI = 80
+"""A story card is 480 x 240 px: TensorBoard fits an image into a card of about 450 x 210 px, so one panel per card
+keeps its text readable (a 480 x 1100 px figure of all six is shown at a fifth of its size)."""
 
 
 def _log_axis(ax: Axes) -> None:
@@ -452,55 +465,62 @@ def _draw_epoch_lines(ax: Axes, panel: Panel, style: _Style) -> None:
     ax.legend(fontsize=style.legend, loc="lower right", frameon=False)
 
 
-def story_figure(story: Story, *, card: bool = False) -> Figure:
-    """Draws the story: 3 x 2 panels at the report's page width, or one column on a 480 px TensorBoard card.
+def _draw_panel(ax: Axes, panel: Panel, style: _Style) -> None:
+    """One panel: its lines, log axis, title and the verdict mark in its top left corner (above the data)."""
+    if panel.points:
+        _draw_depth_lines(ax, panel, style)
+    else:
+        _draw_epoch_lines(ax, panel, style)
+    if panel.log:
+        _log_axis(ax)
+    text = panel.mark.text if panel.mark is not None else "one observation: nothing judged"
+    text = "\n".join(textwrap.fill(line, style.mark_width, subsequent_indent="  ") for line in text.split("\n"))
+    _headroom(ax, text.count("\n") + 1)
+    ax.set_title(panel.title, fontsize=style.title)
+    ax.tick_params(axis="both", labelsize=style.ticks)
+    ax.grid(True, alpha=0.25)
+    colour = panel.mark.colour if panel.mark is not None else VERDICT_COLOURS["n/a"]
+    ax.text(
+        0.015,
+        0.975,
+        text,
+        transform=ax.transAxes,
+        va="top",
+        ha="left",
+        fontsize=style.mark,
+        color="white",
+        bbox={"boxstyle": "round,pad=0.3", "facecolor": colour, "edgecolor": "none", "alpha": 0.92},
+        zorder=5,
+    )
 
-    Args:
-        story: What to draw (`build_story`).
-        card: Lay it out for a TensorBoard image card: 480 px wide at 80 dpi, one panel per row, so every label
-            keeps ~9 px text.
-    """
-    style = _CARD if card else _PAGE
+
+def story_figure(story: Story) -> Figure:
+    """Draws the story for the report's page: 3 x 2 panels (fewer when some are not recorded) at page width."""
     count = max(len(story.panels), 1)
-    columns = 1 if card else min(3, count)
+    columns = min(3, count)
     rows = math.ceil(count / columns)
-    size = (6.0, 2.2 * rows + 0.6) if card else (5.0 * columns, 3.7 * rows + 0.5)
-    fig = Figure(figsize=size, dpi=80 if card else 90, layout="constrained")
+    fig = Figure(figsize=(5.0 * columns, 3.7 * rows + 0.5), dpi=90, layout="constrained")
     axes = fig.subplots(rows, columns, squeeze=False)
     for ax, panel in zip(axes.flat, story.panels, strict=False):
-        if panel.points:
-            _draw_depth_lines(ax, panel, style)
-        else:
-            _draw_epoch_lines(ax, panel, style)
-        if panel.log:
-            _log_axis(ax)
-        text = panel.mark.text if panel.mark is not None else "one observation: nothing judged"
-        _headroom(ax, text.count("\n") + 1)
-        ax.set_title(panel.title, fontsize=style.title)
-        ax.tick_params(axis="both", labelsize=style.ticks)
-        ax.grid(True, alpha=0.25)
-        colour = panel.mark.colour if panel.mark is not None else VERDICT_COLOURS["n/a"]
-        ax.text(
-            0.015,
-            0.975,
-            text,
-            transform=ax.transAxes,
-            va="top",
-            ha="left",
-            fontsize=style.mark,
-            color="white",
-            bbox={"boxstyle": "round,pad=0.3", "facecolor": colour, "edgecolor": "none", "alpha": 0.92},
-            zorder=5,
-        )
+        _draw_panel(ax, panel, _PAGE)
     for ax in list(axes.flat)[len(story.panels) :]:
         ax.set_visible(False)
     title = "Does training spread the variance over more directions, where, and why?"
-    if card:
-        title = "Does training spread variance, where, and why?"
     if story.missing:
         title += "\nnot drawn: " + "; ".join(story.missing)
-    fig.suptitle(title, fontsize=style.suptitle)
+    fig.suptitle(title, fontsize=_PAGE.suptitle)
     return fig
+
+
+def story_cards(story: Story) -> dict[str, Figure]:
+    """The story as TensorBoard cards, one 480 x 240 px panel each, named ``<n>_<panel>`` in the figure's order (the
+    dashboard writes them as ``0_story/<name>``, TensorBoard's first group)."""
+    cards = {}
+    for i, panel in enumerate(story.panels, start=1):
+        fig = Figure(figsize=CARD_SIZE, dpi=CARD_DPI, layout="constrained")
+        _draw_panel(fig.add_subplot(), panel, _CARD)
+        cards[f"{i}_{panel.key}"] = fig
+    return cards
 
 
 def story_caption(story: Story) -> str:
@@ -533,28 +553,55 @@ def story_caption(story: Story) -> str:
     return " ".join(parts)
 
 
-def run_story_figure(run_dir: str | os.PathLike[str], *, card: bool = True) -> Figure | None:
-    """The story figure of one run directory as its records stand now (the callback's TensorBoard card).
+def _until(series: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], epoch: int | None) -> dict:
+    """``metric -> point -> (epochs, rows)`` restricted to the epochs up to ``epoch`` (all of them for ``None``)."""
+    if epoch is None:
+        return {m: dict(per_point) for m, per_point in series.items()}
+    out: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for metric, per_point in series.items():
+        for point, (epochs, rows) in per_point.items():
+            keep = np.asarray(epochs) <= epoch
+            if np.any(keep):
+                out.setdefault(metric, {})[point] = (np.asarray(epochs)[keep], np.asarray(rows)[keep])
+    return out
 
-    Loads the records, judges them with the report's default rule (the same verdicts a report of the run would
-    show at this point of training) and draws the figure; ``None`` when the run has no effective-rank records yet.
-    """
+
+def _run_until(run: RunData, epoch: int | None) -> RunData:
+    """The run as its records stood after ``epoch`` (a later observation may be recorded while a card is drawn)."""
+    return replace(
+        run,
+        series=_until(run.series, epoch),
+        stderr=_until(run.stderr, epoch),
+        jackknife=_until(run.jackknife, epoch),
+        epochs=[e for e in run.epochs if epoch is None or e <= epoch],
+    )
+
+
+def run_story(run_dir: str | os.PathLike[str], epoch: int | None = None) -> Story | None:
+    """The story of one run directory from its records up to ``epoch``, judged with the report's default rule (the
+    verdicts a report of the run would show at that point of training); ``None`` without effective-rank records."""
     from tgo.report.findings import evaluate_findings
     from tgo.report.hypotheses import evaluate_predictions
     from tgo.report.hypotheses_section import load_view_runs
     from tgo.report.runs import load_run_data
 
-    run = load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run")
+    run = _run_until(load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run"), epoch)
     agg = aggregate_runs([run])
     if "effective_rank" not in agg.mean:
         return None
     findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
-    views = {view: aggregate_runs(per_run) for view, per_run in load_view_runs([run]).items()}
+    views = {view: aggregate_runs([_run_until(r, epoch) for r in rs]) for view, rs in load_view_runs([run]).items()}
     predictions = evaluate_predictions(
         {v: a.mean for v, a in views.items()},
         agg.points,
         stderr={v: a.stderr for v, a in views.items()},
         leave_out={v: a.jackknife for v, a in views.items()},
     )
-    story = build_story([run], agg, findings, predictions)
-    return story_figure(story, card=card)
+    return build_story([run], agg, findings, predictions, epoch=epoch)
+
+
+def run_story_cards(run_dir: str | os.PathLike[str], epoch: int | None = None) -> dict[str, Figure] | None:
+    """The callback's story (`tgo.callbacks.SpectralGeometryCallback`'s default ``story``): `story_cards` of
+    `run_story`, drawn on the figure worker's thread at every figure observation."""
+    story = run_story(run_dir, epoch)
+    return None if story is None else story_cards(story)
