@@ -384,7 +384,9 @@ def figure_job(
                 name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
                 for name in names
             }
-            for name, rgb in viz.spectrum_cards(histories):
+            from tgo.report.runinfo import class_count  # the report's reader of the manifest, on first use
+
+            for name, rgb in viz.spectrum_cards(histories, classes=class_count(root)):
                 image(f"spectra/{tag_names[name]}", rgb)
                 yield
         if figures.decay:

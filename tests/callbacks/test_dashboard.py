@@ -262,3 +262,31 @@ def test_a_dashboard_opens_nothing_until_used_and_closes_idempotently(tmp_path: 
     board.close_point_runs()
     board.close_point_runs()
     assert not (tmp_path / "points").exists(), "no run is opened before a scalar is written"
+
+
+def test_the_spectra_cards_mark_the_analysis_subsets_class_count(recorded, tmp_path: Path, monkeypatch):
+    """The TensorBoard spectra cards draw the report's "C = N classes" line, from the run's manifest."""
+    root, observations = recorded
+    seen: list[int | None] = []
+    original = dashboard.viz.spectrum_cards
+
+    def spy(histories: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("classes"))
+        return original(histories, **kwargs)
+
+    monkeypatch.setattr(dashboard.viz, "spectrum_cards", spy)
+    off = dict(depth_profiles=False, bands=False, histograms=False, decay=False, layer_epoch=False, attention=False)
+    spectra_only = FigureSettings(story=False, **off)
+    draw_figures(RecordingWriter(), root, 2, observations[2], EPOCHS, spectra_only)
+    run = RunDir(tmp_path / "with_manifest")
+    run.root.mkdir()
+    for path in RunDir(root).geometry.rglob("*"):
+        target = run.geometry / path.relative_to(RunDir(root).geometry)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_file():
+            target.write_bytes(path.read_bytes())
+    run.manifest.write_text('{"version": 1, "num_classes": 10, "items": []}')
+    writer = RecordingWriter()
+    draw_figures(writer, run.root, 2, observations[2], EPOCHS, spectra_only)
+    assert seen == [None, 10], "no manifest: no line; a manifest of 10 classes: C = 10 on every card"
+    assert any(tag.startswith("spectra/") for tag in writer.images())
