@@ -386,7 +386,7 @@ def figure_job(
             }
             from tgo.report.runinfo import class_count  # the report's reader of the manifest, on first use
 
-            for name, rgb in viz.spectrum_cards(histories, classes=class_count(root)):
+            for name, rgb in viz.spectrum_cards(histories, classes=class_count(Path(root))):
                 image(f"spectra/{tag_names[name]}", rgb)
                 yield
         if figures.decay:
