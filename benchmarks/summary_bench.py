@@ -1,0 +1,288 @@
+"""Rows 10: rank 0's summary against its LAPACK floor (issue 24, item 1).
+
+``python -m benchmarks.summary_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs them
+with the rest of the table.
+
+**The summary** is ``summarize_accumulators`` exactly as ``observe_and_record`` calls it, with the default
+``ObservationSettings`` (G = 10 jackknife groups, the image-vector probes and the attention family on), on the
+reduced state of one real streaming pass (`reduced_state`), the noise-baseline cache warm and a subspace history
+(an epoch after the first, as training observes).
+
+**The floor** is the float64 eigendecompositions that summary needs, and nothing else: every matrix it hands to
+LAPACK's symmetric eigensolvers (``numpy.linalg.eigvalsh`` / ``eigh``), captured from one summary call
+(`capture_decompositions`), decomposed again with the same function and the same threads (`_harness` wraps
+nothing; the same one-thread BLAS and the same point-per-task thread pool as the summary). The row is
+``summary / floor``, both medians of interleaved repeats in one process, at D = 96 (the quickstart network on its
+analysis subset) and D = 384 (``vit_small_patch16_224``): target <= 1.5x.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks import _harness as h
+
+TARGET = 1.5
+"""Target of rows 10.1-10.2: summary / floor."""
+
+
+@dataclass
+class ReducedState:
+    """What rank 0 holds after the reduction of one observation, ready to be summarised."""
+
+    label: str
+    dim: int
+    images: int
+    accumulators: dict[str, Any]
+    points: list[Any]
+    families: list[Any]
+    image_groups: np.ndarray | None
+    settings: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def summarize(self) -> Any:
+        """``summarize_accumulators`` as ``observe_and_record`` calls it."""
+        from tgo.observatory import summarize_accumulators
+
+        return summarize_accumulators(
+            self.accumulators,
+            self.points,
+            nan_if_nonfinite=True,
+            fit_range=self.settings.fit_range,
+            families=self.families,
+            image_groups=self.image_groups,
+        )
+
+
+def reduced_state(kind: str, images: int | None, batch: int | None = None, seed: int = 0) -> ReducedState:
+    """One real streaming pass of ``kind`` (`_harness.MODEL_KINDS`) with the default settings, reduced in place.
+
+    Args:
+        kind: ``quickstart`` (D = 96, its analysis subset of real digits), ``vit_small`` (D = 384, random images with
+            10 classes) or ``tiny`` (``--smoke``).
+        images: Images (``None``: the quickstart's whole analysis subset; required for the others).
+        batch: Images per forward (default: the configured analysis batch, or 32).
+        seed: Seed of the random initialisation.
+    """
+    from tgo.observatory import ShardPlan, vit_points
+    from tgo.observatory.families import enabled_families
+    from tgo.observatory.families.image_vectors import SubspaceHistory
+    from tgo.observatory.pipeline import group_of_items, start_families
+    from tgo.observatory.stream import reduce_accumulators
+
+    cpu = torch.device("cpu")
+    if kind == "quickstart":
+        dataset, configured = h.quickstart_analysis_images(images)
+        net = h.quickstart_net(cpu, seed, img_size=int(dataset.tensors[0].shape[-1]))
+    else:
+        if images is None:
+            raise ValueError(f"reduced_state: {kind} needs an image count")
+        size = 224 if kind == "vit_small" else 32
+        dataset, configured = h.random_images(images, size, classes=10), 32
+        net = h.build_model(kind, cpu, size, seed)
+    batch = batch or configured
+    settings = h.observation_settings()
+    points = vit_points(net)
+    groups = settings.groups
+    image_groups = group_of_items(dataset, groups) if groups else None
+    families = start_families(
+        enabled_families(settings),
+        net,
+        points,
+        settings=settings,
+        plan=ShardPlan(batch_size=batch),
+        n_images=len(dataset),
+        group_of_item=image_groups,
+        device=cpu,
+    )
+    accs = h.stream_pass(net, dataset, points, batch, cpu, groups, families=families)
+    reduce_accumulators(accs, lambda t: t, [s for run in families for s in run.state.summables()])
+    for run in families:
+        run.state.check()
+    dim = int(next(iter(accs.values())).dim)
+    state = ReducedState(kind, dim, len(dataset), dict(accs), list(points), list(families), image_groups, settings)
+    first = state.summarize()  # fills the noise cache; its eigenvectors are the history of the next epoch
+    kept = {
+        key.point: (r.arrays["eigenvectors"], int(r.arrays["components_90"]))
+        for key, r in first.items()
+        if key.view == "all" and "eigenvectors" in r.arrays
+    }
+    for run in families:
+        if run.family.name == "image_vectors":
+            run.history = SubspaceHistory(init=kept, prev=kept)
+    return state
+
+
+# ---------------------------------------------------------------------------------------------------- the floor
+@dataclass(frozen=True)
+class Decomposition:
+    """One LAPACK call the summary made: which function (``eigvalsh`` or ``eigh``) on which matrix (a copy)."""
+
+    function: str
+    matrix: np.ndarray
+
+
+@contextlib.contextmanager
+def capture_decompositions() -> Iterator[list[Decomposition]]:
+    """Records every ``numpy.linalg.eigvalsh`` / ``eigh`` call while the block runs (every matrix of a stacked call
+    separately), restoring numpy on exit. The summary's modules look the functions up on ``numpy.linalg`` at call
+    time, so every call of every thread is seen."""
+    calls: list[Decomposition] = []
+    saved = {name: getattr(np.linalg, name) for name in ("eigvalsh", "eigh")}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(a: Any, *args: Any, **kwargs: Any) -> Any:
+            arr = np.asarray(a)
+            for matrix in arr.reshape(-1, *arr.shape[-2:]):
+                calls.append(Decomposition(name, np.array(matrix, dtype=np.float64, order="C")))
+            return fn(a, *args, **kwargs)
+
+        return recorded
+
+    for name, fn in saved.items():
+        setattr(np.linalg, name, wrap(name, fn))
+    try:
+        yield calls
+    finally:
+        for name, fn in saved.items():
+            setattr(np.linalg, name, fn)
+
+
+def floor_run(calls: Sequence[Decomposition], workers: int | None = None) -> Callable[[], None]:
+    """The floor as a callable: every captured decomposition again, one LAPACK call per matrix, dealt evenly (by
+    ``D^3``) over the summary's worker threads under its one-thread BLAS."""
+    from tgo.observatory.results import _single_threaded_blas
+
+    n_workers = workers or max(1, min(len(calls), os.cpu_count() or 1))
+    shares: list[list[Decomposition]] = [[] for _ in range(n_workers)]
+    load = [0.0] * n_workers
+    for call in sorted(calls, key=lambda c: -c.matrix.shape[0]):
+        k = load.index(min(load))
+        shares[k].append(call)
+        load[k] += float(call.matrix.shape[0]) ** 3
+
+    def share(items: list[Decomposition]) -> None:
+        for call in items:
+            getattr(np.linalg, call.function)(call.matrix)
+
+    def run() -> None:
+        with _single_threaded_blas(), ThreadPoolExecutor(max_workers=n_workers) as pool:
+            list(pool.map(share, shares))
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------- the rows
+@dataclass(frozen=True)
+class Sizes:
+    """What rows 10 measure in one mode: ``(row, kind, images)`` per row, and the interleaved repeats."""
+
+    rows: tuple[tuple[str, str, int | None], ...]
+    repeats: int
+
+
+SIZES = {
+    "default": Sizes((("10.1", "quickstart", None), ("10.2", "vit_small", 64)), repeats=3),
+    "quick": Sizes((("10.1", "quickstart", None), ("10.2", "vit_small", 32)), repeats=2),
+    "smoke": Sizes((("10.1", "tiny", 8), ("10.2", "tiny", 12)), repeats=1),
+}
+"""Row 10.1 is D = 96 (the quickstart network on its whole 200-image analysis subset), row 10.2 D = 384
+(vit_small_patch16_224); ``--smoke`` runs both on the 2-block width-32 ViT in seconds (its numbers mean nothing)."""
+
+ROWS = ("10.1", "10.2")
+
+
+def measure(state: ReducedState, repeats: int) -> dict[str, Any]:
+    """Summary / floor on one reduced state: the floor's decompositions captured from one summary call, then
+    ``floor, summary, floor, ...`` interleaved (`_harness.interleaved`, after one warm-up of each), medians."""
+    state.summarize()  # warm: the noise cache is full and the subspace history set since reduced_state
+    with capture_decompositions() as calls:
+        results = state.summarize()
+    floor = floor_run(calls)
+    timed = h.interleaved(floor, {"summary": state.summarize}, repeats)
+    kinds: dict[str, int] = {}
+    for call in calls:
+        key = f"{call.function} {call.matrix.shape[0]}^2"
+        kinds[key] = kinds.get(key, 0) + 1
+    views = sum(1 for r in results.values() if r.has_covariance and r.alias_of is None)
+    return {
+        "label": state.label,
+        "dim": state.dim,
+        "images": state.images,
+        "points": len(state.points),
+        "groups": int(state.settings.groups),
+        "families": [run.family.name for run in state.families],
+        "results": len(results),
+        "views_decomposed": views,
+        "decompositions": len(calls),
+        "decompositions_by_kind": kinds,
+        "ratio": timed["summary"]["ratio"],
+        "ratios": timed["summary"]["ratios"],
+        "summary_s": timed["summary"]["median_s"],
+        "floor_s": timed["baseline"]["median_s"],
+        "repeats": repeats,
+    }
+
+
+def summary_rows(table: Any, mode: str, rows: Sequence[str] = ROWS) -> dict[str, Any]:
+    """Rows 10.1-10.2 into ``table`` (``benchmarks.observation_bench.Table``): rank 0's summary / its floor.
+
+    Args:
+        table: The table rows are added to (``add(row, measurement, value, unit, detail, text=..., **raw)``).
+        mode: ``default``, ``quick`` or ``smoke`` (`SIZES`).
+        rows: The row names, in `SIZES` order.
+    """
+    sizes = SIZES[mode]
+    out: dict[str, Any] = {}
+    for row, (_, kind, images) in zip(rows, sizes.rows, strict=True):
+        state = reduced_state(kind, images)
+        raw = measure(state, sizes.repeats)
+        del state
+        met = "met" if raw["ratio"] <= TARGET else "MISSED"
+        kinds = ", ".join(f"{n} x {k}" for k, n in raw["decompositions_by_kind"].items())
+        table.add(
+            row,
+            f"rank-0 summary / its LAPACK floor, {raw['points']} x {raw['dim']}^2, G={raw['groups']}, probes on",
+            raw["ratio"],
+            "x",
+            f"{kind} {raw['images']} img, families {'+'.join(raw['families'])}: summary {raw['summary_s']:.3f} s, "
+            f"floor {raw['floor_s']:.3f} s = the {raw['decompositions']} float64 eigendecompositions it makes "
+            f"({kinds}) again on the summary's threads, median of {raw['repeats']} interleaved pairs; "
+            f"{raw['views_decomposed']} (point, view) spectra x {raw['groups'] + 1}; target <= {TARGET:.1f}x {met}",
+            summary=raw,
+        )
+        out[row] = raw
+    return out
+
+
+class _PrintTable:
+    """The table interface `summary_rows` needs, printing (for ``python -m benchmarks.summary_bench``)."""
+
+    def add(self, row: str, measurement: str, value: float, unit: str = "", detail: str = "", **_: Any) -> None:
+        print(f"[{row}] {measurement}: {value:.3f}{unit}  {detail}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.summary_bench [--quick | --smoke]``: rows 10 alone."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.summary_bench", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="vit_small on 32 images, 2 repeats")
+    mode.add_argument("--smoke", action="store_true", help="a tiny ViT, seconds; measures nothing")
+    args = parser.parse_args(argv)
+    print(h.environment_line(h.environment()), flush=True)
+    summary_rows(_PrintTable(), "smoke" if args.smoke else "quick" if args.quick else "default")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
