@@ -23,6 +23,9 @@ median or a ratio measured in this one run (see ``benchmarks/_harness.py`` for h
 9. The attention family (``observation.attention``; ``benchmarks/attention_bench.py``): the streaming pass with every
    block's attention recomputed against the same pass without, float32 (the CPU default) and float64 (target
    <= 1.15x), and rank 0's summary with the attention summaries against the covariances' alone.
+10. Rank 0's summary against its floor (``benchmarks/summary_bench.py``): the default summary (G = 10, probes and
+   attention on) / the float64 eigendecompositions it makes, on the same threads, at D = 96 and D = 384 (target
+   <= 1.5x).
 
 Every "ours" figure of rows 1-6 runs the default ``ObservationSettings``, so G = 10 jackknife groups and the probes on;
 each such row says the groups in its detail.
@@ -62,6 +65,7 @@ import torch
 
 from benchmarks import _harness as h
 from benchmarks.attention_bench import attention_rows
+from benchmarks.summary_bench import summary_rows
 from tgo.observatory.settings import FigureSettings
 
 GOAL = 1.10
@@ -121,6 +125,8 @@ ROWS: dict[str, tuple[str, ...]] = {
     "9.1": ("vit_small", "attention"),
     "9.2": ("vit_small", "attention"),
     "9.3": ("vit_small", "attention"),
+    "10.1": ("summary",),
+    "10.2": ("summary",),
 }
 """Every row of the table, in display order, with the ``--skip`` sections it needs.
 
@@ -139,6 +145,7 @@ SECTIONS: tuple[str, ...] = (
     "jackknife",
     "probes",
     "attention",
+    "summary",
 )
 
 
@@ -1642,6 +1649,9 @@ def run_sections(
     eig_and_figure_rows(table, profile, results, observed, skip, work)
     if "gpu" not in skip:
         results["gpu"] = gpu_rows(table, profile, profile.repeats, work)
+    if "summary" not in skip:
+        print("== rows 10: rank 0's summary against its LAPACK floor (benchmarks/summary_bench.py)", flush=True)
+        results["summary"] = summary_rows(table, profile.name)
 
 
 def _jackknife_rows(
