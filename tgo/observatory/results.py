@@ -260,8 +260,9 @@ def summarize_view(vm: ViewMoments, *, fit_range: Sequence[int] | None = None, n
     """
     diagnostics = CATALOGUE.diagnostics
     moments = [vm.total, *vm.leave_out]
-    spectra = eigendecompose_many([m[0] for m in moments], [m[2] for m in moments], [m[3] for m in moments])
-    rows = summarize_many([m[0] for m in moments], spectra, fit_range=fit_range)
+    covs = np.stack([m[0] for m in moments])  # one [1 + G, D, D] copy that both steps read
+    spectra = eigendecompose_many(covs, [m[2] for m in moments], [m[3] for m in moments])
+    rows = summarize_many(covs, spectra, fit_range=fit_range, spectra_of_covs=True)
     spectrum, observables, leave_out = spectra[0], rows[0], rows[1:]
     replicates: dict[str, np.ndarray] = {}
     stderr = dict.fromkeys(observables, math.nan)

@@ -64,17 +64,22 @@ def _grouped(x: np.ndarray, image_groups: np.ndarray | None, groups: int) -> tup
 def _population(m: Moments) -> np.ndarray:
     """``M2 / n`` from unbiased moments (NaN below 2 rows)."""
     cov, _, n, _ = m
-    return cov * (n - 1) / n if n >= 2 else np.full_like(cov, np.nan)
+    if n < 2:
+        return np.full_like(cov, np.nan)
+    out = cov * (n - 1)
+    out /= n
+    return out
 
 
 def _law_of_total_covariance(all_rows: Moments, image_means: Moments, rows_per_image: int) -> tuple[Moments, Moments]:
     """``(between, within)`` moments of a set of images from its pooled-row and image-mean moments."""
-    cov_all, mean, n_rows, nonfinite = all_rows
+    _, mean, n_rows, nonfinite = all_rows
     n_images = image_means[2]
     between = _population(image_means)
-    total = cov_all * (n_rows - 1) / n_rows if n_rows >= 2 else np.full_like(cov_all, np.nan)
-    within = total - between
-    within = (within + within.T) / 2
+    within = _population(all_rows)  # the pooled rows' M2 / N, less the between part, symmetrised
+    within -= between
+    within = within + within.T
+    within /= 2
     return (between, mean, n_images, 0), (within, mean, n_rows - n_images + 1, nonfinite)
 
 

@@ -92,7 +92,9 @@ def eigendecompose(cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int
 
 
 def eigendecompose_many(
-    covs: Sequence[np.ndarray | torch.Tensor], n_rows: Sequence[int], n_nonfinite: Sequence[int] | None = None
+    covs: Sequence[np.ndarray | torch.Tensor] | np.ndarray,
+    n_rows: Sequence[int],
+    n_nonfinite: Sequence[int] | None = None,
 ) -> list[Spectrum]:
     """`eigendecompose` of several covariances, every defined one of a shape in one stacked LAPACK call.
 
@@ -101,7 +103,8 @@ def eigendecompose_many(
     rank-0 summary decomposes a point's ``G + 1`` jackknife covariances of a view together.
 
     Args:
-        covs: ``[D, D]`` covariances (numpy or torch, any dtype/device; shapes may differ).
+        covs: ``[D, D]`` covariances (numpy or torch, any dtype/device; shapes may differ), or one float64
+            ``[S, D, D]`` array (decomposed without another copy when every matrix is defined).
         n_rows: Rows that entered each covariance.
         n_nonfinite: Rows dropped from each for holding NaN/Inf (``None``: 0).
 
@@ -128,8 +131,9 @@ def eigendecompose_many(
             out[i] = Spectrum(eigs, n, dropped[i], 0, math.nan)
         else:
             by_dim.setdefault(mat.shape[0], []).append(i)
+    whole = isinstance(covs, np.ndarray) and covs.ndim == 3 and covs.dtype == np.float64
     for members in by_dim.values():
-        stack = np.stack([mats[i] for i in members])
+        stack = np.asarray(covs) if whole and len(members) == len(mats) else np.stack([mats[i] for i in members])
         values = np.linalg.eigvalsh((stack + stack.transpose(0, 2, 1)) / 2)
         for i, ascending in zip(members, values, strict=True):
             out[i] = _spectrum(ascending, rows[i], dropped[i])

@@ -153,17 +153,33 @@ def moments(acc: StreamingCovariance) -> Moments:
     on the rank-0 summary of G + 1 covariances per point those cost more than the eigendecompositions when torch's
     thread pool and numpy's BLAS share the cores. NaN covariance below 2 rows, NaN mean without rows.
     """
-    state = acc.state_dict()
-    n, nonfinite, dim = int(state["n"]), int(state["n_nonfinite"]), acc.dim
-    if n == 0 or state["shift"] is None:
+    n, nonfinite, dim = int(acc.n), int(acc.n_nonfinite), acc.dim
+    if n == 0 or acc.shift is None:
         return np.full((dim, dim), np.nan), np.full(dim, np.nan), 0, nonfinite
-    s1 = state["sum"].numpy().astype(np.float64, copy=False)
-    s2 = state["sum_outer"].numpy().astype(np.float64, copy=False)
-    mean = state["shift"].numpy().astype(np.float64, copy=False) + s1 / n
+    # The accumulator's own float64 sums, read without the copies state_dict makes (nothing here writes to them).
+    s1 = _numpy64(acc._s1)
+    s2 = _numpy64(acc._s2)
+    mean = _numpy64(acc.shift) + s1 / n
     if n < 2:
         return np.full((dim, dim), np.nan), mean, n, nonfinite
-    cov = (s2 - np.outer(s1, s1) / n) / (n - 1)
-    return (cov + cov.T) / 2, mean, n, nonfinite
+    # (s2 - outer(s1, s1) / n) / (n - 1), then (C + C^T) / 2: the same operations, in place on one temporary
+    cov = np.outer(s1, s1)
+    cov /= n
+    np.subtract(s2, cov, out=cov)
+    cov /= n - 1
+    return _symmetric(cov), mean, n, nonfinite
+
+
+def _numpy64(t: torch.Tensor) -> np.ndarray:
+    """A float64 numpy view (or copy, if it has to move or convert) of a tensor."""
+    return t.detach().cpu().numpy().astype(np.float64, copy=False)
+
+
+def _symmetric(mat: np.ndarray, divisor: float = 2) -> np.ndarray:
+    """``(M + M^T) / divisor`` (a new array; ``M`` is left as it is)."""
+    out = mat + mat.T
+    out /= divisor
+    return out
 
 
 def combine(groups: Sequence[Moments]) -> Moments:
@@ -180,16 +196,20 @@ def combine(groups: Sequence[Moments]) -> Moments:
         return np.full((dim, dim), np.nan), np.full(dim, np.nan), 0, nonfinite
     mean = sum((g[2] * g[1] for g in groups if g[2] > 0), np.zeros(dim)) / n
     m2 = np.zeros((dim, dim))
+    term = np.empty((dim, dim))
     for cov, g_mean, g_n, _ in groups:
         if g_n == 0:
             continue
         if g_n >= 2:
-            m2 += cov * (g_n - 1)
+            np.multiply(cov, g_n - 1, out=term)
+            m2 += term
         d = g_mean - mean
-        m2 += g_n * np.outer(d, d)
+        np.multiply.outer(d, d, out=term)
+        term *= g_n
+        m2 += term
     if n < 2:
         return np.full((dim, dim), np.nan), mean, n, nonfinite
-    return (m2 + m2.T) / (2 * (n - 1)), mean, n, nonfinite
+    return _symmetric(m2, 2 * (n - 1)), mean, n, nonfinite
 
 
 def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Moments]:
@@ -209,7 +229,11 @@ def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Momen
     Returns:
         One `Moments` per group, in group order; a subset with fewer than 2 rows gets a NaN covariance.
     """
-    return [remove(total, group) for group in groups]
+    if not groups:
+        return []
+    cov, _, n, _ = total
+    m2 = cov * (n - 1) if n >= 2 else np.zeros_like(cov)  # the total's scatter, shared by every subset
+    return [_remove(total, group, m2) for group in groups]
 
 
 def remove(total: Moments, part: Moments) -> Moments:
@@ -220,6 +244,12 @@ def remove(total: Moments, part: Moments) -> Moments:
     scatter, so the rest should not be a tiny part of the total (a group of 1/G of the rows, or the CLS tokens of a
     ViT sequence, 1 row in 197).
     """
+    cov, _, n, _ = total
+    return _remove(total, part, cov * (n - 1) if n >= 2 else np.zeros_like(cov))
+
+
+def _remove(total: Moments, part: Moments, m2: np.ndarray) -> Moments:
+    """`remove` with the total's ``M2 = (n - 1) C`` given (``m2`` is not written to)."""
     cov, mean, n, nonfinite = total
     p_cov, p_mean, p_n, p_nonfinite = part
     rest = n - p_n
@@ -227,13 +257,16 @@ def remove(total: Moments, part: Moments) -> Moments:
         return cov, mean, n, nonfinite - p_nonfinite
     if rest < 1:
         return np.full_like(cov, np.nan), np.full_like(mean, np.nan), rest, nonfinite - p_nonfinite
-    m2 = cov * (n - 1) if n >= 2 else np.zeros_like(cov)
-    p_m2 = p_cov * (p_n - 1) if p_n >= 2 else np.zeros_like(cov)
     d = p_mean - mean
     r_mean = (n * mean - p_n * p_mean) / rest
-    r_m2 = m2 - p_m2 - (n * p_n / rest) * np.outer(d, d)
-    r_cov = (r_m2 + r_m2.T) / (2 * (rest - 1)) if rest >= 2 else np.full_like(cov, np.nan)
-    return r_cov, r_mean, rest, nonfinite - p_nonfinite
+    if rest < 2:
+        return np.full_like(cov, np.nan), r_mean, rest, nonfinite - p_nonfinite
+    # m2 - p_m2 - (n p_n / rest) outer(d, d), then (M + M^T) / (2 (rest - 1)): the same operations, in place
+    r_m2 = m2 - p_cov * (p_n - 1) if p_n >= 2 else m2 - np.zeros_like(cov)
+    term = np.multiply.outer(d, d)
+    term *= n * p_n / rest
+    r_m2 -= term
+    return _symmetric(r_m2, 2 * (rest - 1)), r_mean, rest, nonfinite - p_nonfinite
 
 
 def row_moments(rows: np.ndarray) -> Moments:
@@ -246,8 +279,9 @@ def row_moments(rows: np.ndarray) -> Moments:
     if n < 2:
         return np.full((dim, dim), np.nan), mean, n, 0
     dev = x - mean
-    cov = dev.T @ dev / (n - 1)
-    return (cov + cov.T) / 2, mean, n, 0
+    cov = dev.T @ dev
+    cov /= n - 1
+    return _symmetric(cov), mean, n, 0
 
 
 def jackknife_stderr(leave_one_out: Sequence[float] | np.ndarray) -> float:

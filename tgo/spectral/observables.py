@@ -563,16 +563,23 @@ def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float
 
 
 def offdiag_energy_fractions(covs: np.ndarray) -> list[float]:
-    """`offdiag_energy_fraction` of every finite ``[D, D]`` matrix of a ``[S, D, D]`` stack (bit for bit)."""
-    mats = np.asarray(covs, dtype=np.float64)
-    scales = np.abs(mats).max(axis=(1, 2))
-    out = [math.nan] * mats.shape[0]
+    """`offdiag_energy_fraction` of every finite ``[D, D]`` matrix of a ``[S, D, D]`` stack (bit for bit).
+
+    One scaled copy, squared in place: its sum is the denominator, and with the diagonal zeroed the numerator
+    (the squares of `offdiag_energy_fraction`'s two arrays, element for element).
+    """
+    mats = np.ascontiguousarray(covs, dtype=np.float64)
+    count, dim = mats.shape[0], mats.shape[1]
+    scales = np.maximum(mats.max(axis=(1, 2)), -mats.min(axis=(1, 2)))  # max |C_ij|, without an |C| copy
+    out = [math.nan] * count
     rows = np.flatnonzero(scales != 0)
     if rows.size:
-        scaled = np.ascontiguousarray(mats[rows]) / np.array([float(v) for v in scales[rows]])[:, None, None]
-        off = scaled.copy()
-        off[:, np.arange(mats.shape[1]), np.arange(mats.shape[1])] = 0.0
-        fractions = (off**2).sum(axis=(1, 2)) / (scaled**2).sum(axis=(1, 2))
+        src = mats if rows.size == count else mats[rows]
+        squares = src / np.array([float(v) for v in scales[rows]])[:, None, None]
+        np.square(squares, out=squares)
+        total = squares.sum(axis=(1, 2))
+        squares[:, np.arange(dim), np.arange(dim)] = 0.0
+        fractions = squares.sum(axis=(1, 2)) / total
         for i, v in zip(rows, fractions, strict=True):
             out[i] = float(v)
     return out
@@ -580,7 +587,7 @@ def offdiag_energy_fractions(covs: np.ndarray) -> list[float]:
 
 def mean_abs_offdiag_correlations(covs: np.ndarray) -> list[float]:
     """`mean_abs_offdiag_correlation` of every finite matrix of a ``[S, D, D]`` stack (bit for bit)."""
-    mats = np.asarray(covs, dtype=np.float64)
+    mats = np.ascontiguousarray(covs, dtype=np.float64)
     count, dim = mats.shape[0], mats.shape[1]
     var = np.diagonal(mats, axis1=1, axis2=2)
     keep = var > np.maximum(var.max(axis=1) * dim * _EPS, 0.0)[:, None]
@@ -592,9 +599,13 @@ def mean_abs_offdiag_correlations(covs: np.ndarray) -> list[float]:
     # C order before any reduction (fancy indexing may lay the copy out otherwise, and numpy reduces in memory order)
     sub = mats if k == dim else np.ascontiguousarray(mats[:, keep[0]][:, :, keep[0]])
     std = np.sqrt(np.ascontiguousarray(var[:, keep[0]]))
-    corr = np.clip(sub / (std[:, :, None] * std[:, None, :]), -1.0, 1.0)
+    corr = np.empty_like(sub)
+    np.multiply(std[:, :, None], std[:, None, :], out=corr)  # np.outer(std, std) of every matrix
+    np.divide(sub, corr, out=corr)
+    np.clip(corr, -1.0, 1.0, out=corr)
+    np.abs(corr, out=corr)
     corr[:, np.arange(k), np.arange(k)] = 0.0
-    sums = np.abs(corr).sum(axis=(1, 2))
+    sums = corr.sum(axis=(1, 2))
     return [float(v / (k * (k - 1))) for v in sums]
 
 

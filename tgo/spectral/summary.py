@@ -209,10 +209,11 @@ def _defined(mat: np.ndarray, spectrum: Spectrum) -> bool:
 
 
 def summarize_many(
-    covs: Sequence[np.ndarray | torch.Tensor],
+    covs: Sequence[np.ndarray | torch.Tensor] | np.ndarray,
     spectra: Sequence[Spectrum],
     *,
     fit_range: Sequence[int] | None = None,
+    spectra_of_covs: bool = False,
 ) -> list[dict[str, float]]:
     """`summarize` of several covariances of one view (a total and its jackknife subsets): the same dicts, bit for
     bit, with the built-in observables computed as array functions over the ``[S, D]`` eigenvalue stack and the
@@ -222,9 +223,11 @@ def summarize_many(
     variance) are summarised one by one, as is every entry registered after the built-in ones.
 
     Args:
-        covs: ``[D, D]`` covariances.
+        covs: ``[D, D]`` covariances, or one float64 ``[S, D, D]`` array (used without another copy).
         spectra: Their `Spectrum` s, in the same order.
         fit_range: As for `summarize`.
+        spectra_of_covs: The spectra are `tgo.spectral.eigendecompose_many` of exactly these covariances, so a
+            defined spectrum of ``n_rows >= 2`` means a finite covariance (saves a pass over every matrix).
 
     Returns:
         One ``{name: float}`` per covariance, in order.
@@ -233,12 +236,20 @@ def summarize_many(
     if len(covs) != len(spectra):
         raise ValueError(f"summarize_many: {len(covs)} covariances but {len(spectra)} spectra")
     mats = [as_float64_matrix(c) for c in covs]
-    defined = [_defined(m, s) for m, s in zip(mats, spectra, strict=True)]
+    if spectra_of_covs:
+        for m, s in zip(mats, spectra, strict=True):
+            if m.shape[0] != s.dim:
+                raise ValueError(f"summarize: covariance is {m.shape[0]}x{m.shape[0]} but the spectrum has {s.dim}")
+        defined = [s.n_rows >= 2 and s.is_defined for s in spectra]
+    else:
+        defined = [_defined(m, s) for m, s in zip(mats, spectra, strict=True)]
     evaluators = _evaluators()
     out: list[dict[str, float] | None] = [None] * len(mats)
     rows = [i for i, ok in enumerate(defined) if ok and mats[i].shape == mats[0].shape]
     if len(rows) >= 2:
-        stacked = _stacked(np.stack([mats[i] for i in rows]), [spectra[i] for i in rows], fit, evaluators)
+        whole = isinstance(covs, np.ndarray) and covs.ndim == 3 and covs.dtype == np.float64 and len(rows) == len(mats)
+        stack = np.asarray(covs) if whole else np.stack([mats[i] for i in rows])
+        stacked = _stacked(stack, [spectra[i] for i in rows], fit, evaluators)
         if stacked is not None:
             for i, values in zip(rows, stacked, strict=True):
                 out[i] = values
@@ -252,11 +263,17 @@ def summarize_many(
 class _Stack:
     """What the built-in observables of a stack of defined covariances share, each computed on first use."""
 
-    def __init__(self, covs: np.ndarray, spectra: Sequence[Spectrum], fit: tuple[int, int] | None) -> None:
+    def __init__(
+        self,
+        covs: np.ndarray,
+        spectra: Sequence[Spectrum],
+        fit: tuple[int, int] | None,
+        eigs: np.ndarray,
+        diagonal_eigs: np.ndarray,
+    ) -> None:
         self.covs, self.spectra, self.fit = covs, spectra, fit
-        self.eigs = np.stack([np.asarray(s.eigenvalues, dtype=np.float64) for s in spectra])
+        self.eigs, self.diagonal_eigs = eigs, diagonal_eigs
         self.stats = obs.EigenvalueStack(self.eigs)
-        self.diagonal_eigs = np.sort(np.clip(np.diagonal(covs, axis1=1, axis2=2), 0.0, None), axis=1)[:, ::-1]
         self._diagonal: obs.EigenvalueStack | None = None
         self._power_law: list[tuple[float, float]] | None = None
 
@@ -327,10 +344,12 @@ def _stacked(
 ) -> list[dict[str, float]] | None:
     """Every observable of a stack of defined covariances, or ``None`` when the stack cannot take them."""
     eigs = np.stack([np.asarray(s.eigenvalues, dtype=np.float64) for s in spectra])
-    diagonal = np.sort(np.clip(np.diagonal(covs, axis1=1, axis2=2), 0.0, None), axis=1)[:, ::-1]
+    # SpectralInputs.diagonal_spectrum of every covariance: the variances, clipped at 0, descending
+    variances = np.ascontiguousarray(np.diagonal(covs, axis1=1, axis2=2))
+    diagonal = np.ascontiguousarray(np.sort(np.clip(variances, 0.0, None), axis=1)[:, ::-1])
     if not (obs.EigenvalueStack.usable(eigs) and obs.EigenvalueStack.usable(diagonal)):
         return None
-    stack = _Stack(covs, spectra, fit)
+    stack = _Stack(covs, spectra, fit, eigs, diagonal)
     columns: dict[str, Sequence[float]] = {}
     for o, fast in evaluators:
         if fast is not None:
