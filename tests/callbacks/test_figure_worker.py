@@ -21,7 +21,8 @@ QUICK = [
     "trainer.limit_train_batches=1",
     "trainer.limit_val_batches=1",
     "observation.figures.heatmaps=false",
-    "observation.every_n_epochs=1",
+    "observation.figures.histograms=false",  # the kinds FIGURES checks stay on (the smoke experiment leaves the
+    "observation.every_n_epochs=1",  # story, profiles, bands and attention cards out)
 ]
 FIGURES = ("spectra/00_patch_embed", "spectra/06_cls", "decay/all_points", "layer_epoch/effective_rank")
 """A few of each kind of figure (one spectra card per point, one layer x epoch card per observable)."""

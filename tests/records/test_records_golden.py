@@ -35,7 +35,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden_smoke"
 @pytest.fixture(scope="module")
 def golden_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The smoke experiment as recorded before the jackknife existed (one accumulator per point)."""
-    from tests.conftest import compose_train
+    from tests.conftest import NO_FIGURES, compose_train
     from tgo.train import run
 
     run_dir = tmp_path_factory.mktemp("golden") / "run"
@@ -45,13 +45,7 @@ def golden_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         run(
             compose_train(
                 run_dir,
-                [
-                    "experiment=smoke",
-                    "observation.groups=0",
-                    "observation.figures.heatmaps=false",
-                    "observation.figures.spectra=false",
-                    "observation.figures.layer_epoch=false",
-                ],
+                ["experiment=smoke", "observation.groups=0", *NO_FIGURES],  # figures never change a record
             )
         )
     return run_dir
