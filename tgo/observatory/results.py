@@ -193,7 +193,8 @@ def summarize_accumulators(
         else:
             moments_of[name] = (_moments(acc), [])
 
-    def summarize_point(name: str) -> dict[str, PointResult]:
+    def views_of(name: str) -> dict[str, ViewMoments]:
+        """Phase 1, one task per point: the moments of every view the point has."""
         moments, group_moments = moments_of[name]
         groups_of_images = image_groups if group_moments else None
         views = {"all": all_view(moments, group_moments)}
@@ -202,8 +203,14 @@ def summarize_accumulators(
                 if view in views:
                     raise ValueError(f"family {run.family.name!r}: point {name!r} already has a view {view!r}")
                 views[view] = vm
-        views = order_views(views)
-        nonfinite = nan_if_nonfinite and moments[3] > 0
+        return order_views(views)
+
+    def nonfinite_at(name: str) -> bool:
+        return nan_if_nonfinite and moments_of[name][0][3] > 0
+
+    def finish_point(name: str) -> dict[str, PointResult]:
+        """Phase 3, one task per point: alias views, then every family's metrics and arrays."""
+        views, group_moments = point_views[name], moments_of[name][1]
         summaries: dict[str, PointResult] = {}
         for view, vm in views.items():
             if vm.alias_of is not None:
@@ -218,23 +225,34 @@ def summarize_accumulators(
                     jackknife=dict(base.jackknife),
                 )
             else:
-                summaries[view] = _summarize_view(vm, fit_range, nonfinite)
+                summaries[view] = spectral[(name, view)]
         for run in families:
             summary = PointSummary(
                 point=point_of[name],
                 results=summaries,
                 views=views,
-                image_groups=groups_of_images,
+                image_groups=image_groups if group_moments else None,
                 groups=len(group_moments),
                 history=run.history,
                 settings=run.context.settings,
             )
-            _contribute(run.family.name, name, summaries, run.state.summarize_point(summary), nonfinite)
+            _contribute(run.family.name, name, summaries, run.state.summarize_point(summary), nonfinite_at(name))
         return summaries
 
-    workers = summary_workers(len(names))
-    with _single_threaded_blas(), ThreadPoolExecutor(max_workers=workers) as pool:
-        per_point = list(pool.map(summarize_point, names))
+    # Three phases on one pool, each a list of independent, deterministic tasks whose results are taken in task
+    # order: the views of each point, then every (point, view) spectrum (the bulk of the LAPACK work, in tasks small
+    # enough to keep every worker busy to the end), then each point's aliases and family metrics.
+    with _single_threaded_blas(), ThreadPoolExecutor(max_workers=summary_workers(len(names))) as pool:
+        point_views = dict(zip(names, pool.map(views_of, names), strict=True))
+        tasks = [(name, view) for name in names for view, vm in point_views[name].items() if vm.alias_of is None]
+        spectral = dict(
+            zip(
+                tasks,
+                pool.map(lambda t: _summarize_view(point_views[t[0]][t[1]], fit_range, nonfinite_at(t[0])), tasks),
+                strict=True,
+            )
+        )
+        per_point = list(pool.map(finish_point, names))
     out = Results()
     for name, summaries in zip(names, per_point, strict=True):
         for view, result in summaries.items():
