@@ -62,20 +62,6 @@ def log_scale(metric: str) -> bool:
     return viz.is_log_scale(metric)
 
 
-def _thin(count: int, most: int) -> list[int]:
-    """At most ~``most`` of ``count`` evenly spaced indices, always the first and the last (which no label crowds)."""
-    if count <= 0:
-        return []
-    step = -(-count // most)
-    shown = list(range(0, count, step))
-    if shown[-1] != count - 1:
-        if count - 1 - shown[-1] <= step // 2 and len(shown) > 1:
-            shown[-1] = count - 1
-        else:
-            shown.append(count - 1)
-    return shown
-
-
 def _axes(fig: Figure, *, left: int, right: int, bottom: int, top: int = 30) -> tuple[Any, Any]:
     """The plot and colourbar axes of a card at fixed pixel margins; ``right`` is the colourbar's label room."""
     width, height = (size * fig.dpi for size in fig.get_size_inches())
@@ -148,7 +134,7 @@ class _DepthProfileCard:
         self.ax, cax = _axes(self.fig, left=74, right=56, bottom=108)
         self.points = list(points)
         self.norm, self.cmap = viz.epoch_colours(list(epochs))
-        ticks = [sorted(set(epochs))[i] for i in _thin(len(set(epochs)), 6)]
+        ticks = [sorted(set(epochs))[i] for i in viz.thin_indices(len(set(epochs)), 6)]
         _colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks]).set_label(
             "epoch", fontsize=_FONT
         )
@@ -236,13 +222,13 @@ class _EpochBandCard:
         self.colours = {p: style["color"] for p, style in self.styles.items()}
         cmap = ListedColormap([self.colours[p] for p in self.points] or ["black"])
         norm = Normalize(vmin=-0.5, vmax=max(len(self.points), 1) - 0.5)
-        ticks = _thin(len(self.points), 8)
+        ticks = viz.thin_indices(len(self.points), 8)
         bar = _colourbar(self.fig, cax, norm, cmap, ticks, [self.points[i] for i in ticks])
         bar.ax.invert_yaxis()  # the patch embedding on top, CLS at the bottom: reading order
         for label in bar.ax.get_yticklabels():
             if label.get_text() == viz.CLS_POINT:
                 label.set_fontweight("bold")
-        shown = [sorted(set(epochs))[i] for i in _thin(len(set(epochs)), 7)]
+        shown = [sorted(set(epochs))[i] for i in viz.thin_indices(len(set(epochs)), 7)]
         self.ax.set_xticks(shown, labels=[str(e) for e in shown])
         self.ax.set_xlabel("epoch", fontsize=_FONT)
         self.ax.tick_params(labelsize=_TICK)

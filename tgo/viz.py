@@ -235,7 +235,7 @@ def _card_colourbar(
     bar.ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
 
 
-def _thin(count: int, most: int) -> list[int]:
+def thin_indices(count: int, most: int) -> list[int]:
     """Indices of at most ~``most`` of ``count`` tick labels, evenly spaced, always the first and the last.
 
     The last is the one a reader looks for (the latest epoch, the CLS token); if the even spacing would put a
@@ -254,9 +254,9 @@ def _thin(count: int, most: int) -> list[int]:
 
 
 def _epoch_ticks(epochs: Sequence[int], most: int = 6) -> list[int]:
-    """At most ~``most`` of the observed epochs for a card's colourbar or axis (`_thin`)."""
+    """At most ~``most`` of the observed epochs for a card's colourbar or axis (`thin_indices`)."""
     ticks = sorted(set(epochs))
-    return [ticks[i] for i in _thin(len(ticks), most)]
+    return [ticks[i] for i in thin_indices(len(ticks), most)]
 
 
 def class_count_label(classes: int) -> str:
@@ -395,7 +395,7 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
                 label=name,
                 zorder=3 if cls else 2,
             )
-    ticks = _thin(len(names), 8)
+    ticks = thin_indices(len(names), 8)
     _card_colourbar(fig, cax, norm, cmap, ticks, [names[i] for i in ticks], "")
     bar_axis = cax.yaxis
     bar_axis.set_inverted(True)  # depth reads downwards, as in the point list
@@ -607,9 +607,9 @@ class _LayerEpochCard:
         blank = np.zeros((len(points), len(epochs)))
         self.image = self.ax.imshow(blank, aspect="auto", cmap="magma", interpolation="nearest")
         self.fig.colorbar(self.image, cax=cax).ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
-        rows = _thin(len(points), 8)
+        rows = thin_indices(len(points), 8)
         self.ax.set_yticks(rows, labels=[points[i] for i in rows])
-        columns = _thin(len(epochs), 6)
+        columns = thin_indices(len(epochs), 6)
         self.ax.set_xticks(columns, labels=[str(epochs[j]) for j in columns])
         _card_text(self.ax, "", "epoch", "")
         self.ax.grid(False)
@@ -876,9 +876,9 @@ class _AttentionHeadsCard:
         cmap = matplotlib.colormaps["magma"].with_extremes(bad="#dddddd")
         self.image = self.ax.imshow(np.zeros((len(blocks), heads)), aspect="auto", cmap=cmap, interpolation="nearest")
         self.fig.colorbar(self.image, cax=cax).ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
-        rows = _thin(len(blocks), 8)
+        rows = thin_indices(len(blocks), 8)
         self.ax.set_yticks(rows, labels=[blocks[i] for i in rows])
-        columns = _thin(heads, 12)
+        columns = thin_indices(heads, 12)
         self.ax.set_xticks(columns, labels=[str(j) for j in columns])
         _card_text(self.ax, "", "head", "")
         self.ax.grid(False)

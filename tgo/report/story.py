@@ -37,16 +37,17 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+from matplotlib.ticker import MaxNLocator
 
 from tgo.records import RecordsError, load_series
 from tgo.report.aggregate import Aggregate, aggregate_runs
 from tgo.report.findings import FAILS, HOLDS, INCONCLUSIVE, NA, REVERSES, Finding, Trend
 from tgo.report.hypotheses import CONSISTENT, INCONSISTENT, Prediction, PredictionResult
+from tgo.report.hypotheses_section import window_band
 from tgo.report.hypothesis_figures import VERDICT_COLOURS
 from tgo.report.runs import RunData
 from tgo.spectral.catalogue import CATALOGUE
-from tgo.viz import epoch_colourbar, epoch_colours
+from tgo.viz import CLS_STYLE, FIRST_COLOUR, LAST_COLOUR, epoch_colourbar, epoch_colours, log_axis
 
 __all__ = [
     "STORY_PANELS",
@@ -71,8 +72,7 @@ STORY_PANELS: tuple[tuple[str, str, str], ...] = (
 view, drawn as that prediction's judged windows."""
 VARIANCE_VIEWS = ("between_image", "within_image")
 """The views whose total variance (trace) the second panel draws: the law of total covariance's two parts."""
-FIRST_COLOUR, LAST_COLOUR = "#e08a2c", "#1f3b73"
-CLS_COLOUR = "#111111"
+CLS_COLOUR = CLS_STYLE["color"]
 VARIANCE_COLOURS = {"between_image": "#c2410c", "within_image": "#1d4ed8"}
 _FINDING_COLOURS = {
     HOLDS: VERDICT_COLOURS["consistent"],
@@ -217,15 +217,6 @@ def _prediction_mark(results: Sequence[PredictionResult], expected: str) -> Mark
     return _mark(f"predicted {expected}", rows, CONSISTENT, INCONSISTENT, colours)
 
 
-def _band(level: float, se: float, scale: str) -> tuple[float, float]:
-    """±1 standard error around a window mean on the judged scale (a factor exp(±se) on a log scale)."""
-    if not (math.isfinite(level) and math.isfinite(se)):
-        return math.nan, math.nan
-    if scale == "log":
-        return level * math.exp(-se), level * math.exp(se)
-    return level - se, level + se
-
-
 def _window_lines(results: Sequence[PredictionResult], points: Sequence[str]) -> list[Line]:
     """The first and the last window means of a prediction at its judged points (the table's numbers)."""
     index = {p: i for i, p in enumerate(points)}
@@ -240,7 +231,7 @@ def _window_lines(results: Sequence[PredictionResult], points: Sequence[str]) ->
     ):
         trends: list[Trend] = [r.trend for r in judged]
         y = np.array([getattr(t, level) for t in trends])
-        bands = [_band(getattr(t, level), getattr(t, se).jackknife, t.scale) for t in trends]
+        bands = [window_band(getattr(t, level), getattr(t, se), t.scale) for t in trends]
         windows = {getattr(t, span) for t in trends if getattr(t, span)}
         span_text = windows.pop() if len(windows) == 1 else ""
         name = f"{label} window" + (f", epoch{'s' if '-' in span_text else ''} {span_text}" if span_text else "")
@@ -409,14 +400,6 @@ CARD_DPI = 80
 keeps its text readable (a 480 x 1100 px figure of all six is shown at a fifth of its size)."""
 
 
-def _log_axis(ax: Axes) -> None:
-    """A log y axis labelled in plain numbers (``0.2``, ``3``) rather than powers of ten."""
-    ax.set_yscale("log")
-    ax.yaxis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-
-
 def _headroom(ax: Axes, lines: int) -> None:
     """Raises the top of the y axis so the mark (``lines`` lines of text at the top left) covers no data."""
     share = 0.16 * lines
@@ -472,7 +455,7 @@ def _draw_panel(ax: Axes, panel: Panel, style: _Style) -> None:
     else:
         _draw_epoch_lines(ax, panel, style)
     if panel.log:
-        _log_axis(ax)
+        log_axis(ax)
     text = panel.mark.text if panel.mark is not None else "one observation: nothing judged"
     text = "\n".join(textwrap.fill(line, style.mark_width, subsequent_indent="  ") for line in text.split("\n"))
     _headroom(ax, text.count("\n") + 1)
