@@ -29,7 +29,8 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 
 # Two pytest-xdist workers (TEST_WORKERS=1 for one process). Work stealing balances the long end-to-end tests
-# (7 min 16 s here, against 6.5-8.3 min with whole files per worker); a module fixture may be built on both workers.
+# with the heavy modules dealt first (tests/conftest.py; 8 min 21 s here, docs/benchmarks.md); a module fixture may be
+# built on both workers.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(ARGS)
