@@ -30,6 +30,7 @@ __all__ = [
     "decay_curve",
     "default_fit_range",
     "effective_rank",
+    "fit_range_of",
     "mean_abs_offdiag_correlation",
     "mean_abs_offdiag_correlations",
     "offdiag_energy_fraction",
@@ -176,13 +177,7 @@ class EigenvalueStats:
     def power_law_fit(self, start: int | None = None, stop: int | None = None) -> tuple[float, float]:
         """`power_law_fit`."""
         e = self.e
-        d_start, d_stop = default_fit_range(e.size)
-        start = d_start if start is None else int(start)
-        stop = d_stop if stop is None else int(stop)
-        if start < 1 or stop < start:
-            raise ValueError(
-                f"power_law_fit: need 1 <= start <= stop (1-based, inclusive), got start={start}, stop={stop}"
-            )
+        start, stop = fit_range_of(e.size, start, stop)
         if self.total is None:
             return math.nan, math.nan
         e = np.sort(e)[::-1]
@@ -295,13 +290,7 @@ class EigenvalueStack:
         return [min(int(k) + 1, self.dim) for k in below]
 
     def power_law_fit(self, start: int | None = None, stop: int | None = None) -> list[tuple[float, float]]:
-        d_start, d_stop = default_fit_range(self.dim)
-        start = d_start if start is None else int(start)
-        stop = d_stop if stop is None else int(stop)
-        if start < 1 or stop < start:
-            raise ValueError(
-                f"power_law_fit: need 1 <= start <= stop (1-based, inclusive), got start={start}, stop={stop}"
-            )
+        start, stop = fit_range_of(self.dim, start, stop)
         e = np.sort(self.e, axis=1)[:, ::-1]
         tol = e[:, 0] * self.dim * _EPS
         idx = np.arange(start, min(stop, self.dim) + 1)
@@ -447,6 +436,20 @@ def default_fit_range(dim: int) -> tuple[int, int]:
         ``(start, stop)``.
     """
     return 1, max(2, dim // 2)
+
+
+def fit_range_of(dim: int, start: int | None, stop: int | None) -> tuple[int, int]:
+    """The fit range :func:`power_law_fit` uses: the given bounds, `default_fit_range` where one is ``None``.
+
+    Raises:
+        ValueError: not ``1 <= start <= stop``.
+    """
+    d_start, d_stop = default_fit_range(dim)
+    start = d_start if start is None else int(start)
+    stop = d_stop if stop is None else int(stop)
+    if start < 1 or stop < start:
+        raise ValueError(f"power_law_fit: need 1 <= start <= stop (1-based, inclusive), got start={start}, stop={stop}")
+    return start, stop
 
 
 def power_law_fit(eigs: np.ndarray, start: int | None = None, stop: int | None = None) -> tuple[float, float]:
