@@ -17,7 +17,7 @@ from tgo.callbacks.dashboard import tgo_story
 from tgo.report.aggregate import aggregate_runs
 from tgo.report.build import build_report
 from tgo.report.findings import evaluate_findings
-from tgo.report.hypotheses_section import hypotheses_report
+from tgo.report.hypotheses_section import judge_views, load_view_runs
 from tgo.report.runs import load_run_data
 from tgo.report.story import STORY_PANELS, build_story, run_story, run_story_cards, story_figure
 from tgo.report.summary import contradictions
@@ -78,8 +78,8 @@ def _story_of(run: Path):
     data = load_run_data(run)
     agg = aggregate_runs([data])
     findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
-    figures = run / "scratch_figures"
-    predictions = hypotheses_report([data], figures, DEFAULT_SETTINGS).results
+    views = {view: aggregate_runs(per_run) for view, per_run in load_view_runs([data]).items()}
+    predictions = judge_views(views, agg.points, DEFAULT_SETTINGS)  # the Hypotheses section's own verdicts
     return build_story([data], agg, findings, predictions), findings, predictions
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -40,7 +40,7 @@ from tgo.report.hypotheses import (
 )
 from tgo.report.hypothesis_figures import Profile, cka_figure, epochs_label, profiles_figure
 from tgo.report.runs import ReportInputError, RunData
-from tgo.report.verdicts import Uncertainty, VerdictSettings
+from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
 from tgo.spectral.probes import cka_matrix, linear_cka
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "JUDGED_COLUMNS",
     "HypothesesReport",
     "hypotheses_report",
+    "judge_views",
     "judged_cells",
     "load_view_runs",
     "uncertainty_cells",
@@ -213,9 +214,10 @@ def load_view_runs(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
     return out
 
 
-def _judge(
-    aggregates: dict[str, Aggregate], points: Sequence[str], settings: VerdictSettings
+def judge_views(
+    aggregates: Mapping[str, Aggregate], points: Sequence[str], settings: VerdictSettings = DEFAULT_SETTINGS
 ) -> dict[Prediction, list[PredictionResult]]:
+    """Every prediction judged on the runs' per-view aggregates (the section's verdicts; the story's marks)."""
     several = next(iter(aggregates.values())).n_runs > 1
     return evaluate_predictions(
         {v: a.mean for v, a in aggregates.items()},
@@ -596,13 +598,13 @@ def hypotheses_report(
     aggregates = {view: aggregate_runs(per_run) for view, per_run in view_runs.items()}
     points = list(runs[0].points) if len(runs) == 1 else next(iter(aggregates.values())).points
     several = len(runs) > 1
-    results = _judge(aggregates, points, settings)
+    results = judge_views(aggregates, points, settings)
     agreement: dict | None = None
     if several:
         agreement = {}
         for i in range(len(runs)):
             alone = {view: aggregate_runs([per_run[i]]) for view, per_run in view_runs.items()}
-            for prediction, per_point in _judge(alone, points, settings).items():
+            for prediction, per_point in judge_views(alone, points, settings).items():
                 for r in per_point:
                     counter = agreement.setdefault(
                         (prediction, r.point), Counter(dict.fromkeys(PREDICTION_VERDICTS, 0))

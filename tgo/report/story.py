@@ -202,19 +202,19 @@ def _mark(
     return Mark("\n".join([first, "; ".join(second)] if second else [first]), colour)
 
 
-def _finding_mark(findings: Sequence[Finding], statement: str, what: str) -> Mark | None:
+def _finding_mark(findings: Sequence[Finding], claim: str, metric: str, what: str) -> Mark | None:
+    """The mark of one trend claim (``rank_rises`` on ``effective_rank``) over the points it was judged at."""
     rows = [
         (f.point, f.verdict, f.trend.z if f.trend is not None else math.nan)
         for f in findings
-        if f.statement == statement
+        if f.claim == claim and f.metric == metric
     ]
     return _mark(what, rows, HOLDS, FAILS, _FINDING_COLOURS)
 
 
 def _prediction_mark(results: Sequence[PredictionResult], expected: str) -> Mark | None:
     rows = [(r.point, r.verdict, r.trend.z) for r in results]
-    colours = {**VERDICT_COLOURS, INCONCLUSIVE: VERDICT_COLOURS["inconclusive"]}
-    return _mark(f"predicted {expected}", rows, CONSISTENT, INCONSISTENT, colours)
+    return _mark(f"predicted {expected}", rows, CONSISTENT, INCONSISTENT, VERDICT_COLOURS)
 
 
 def _window_lines(results: Sequence[PredictionResult], points: Sequence[str]) -> list[Line]:
@@ -261,7 +261,7 @@ def _depth_panel(agg: Aggregate, findings: Sequence[Finding], band_is_spread: bo
                 low.append(float(lo[hit[0]]))
                 high.append(float(hi[hit[0]]))
         lines.append(Line(f"epoch {epoch}", np.array(x, float), np.array(y), np.array(low), np.array(high), "", epoch))
-    mark = _finding_mark(findings, "effective rank rises", "rises with training")
+    mark = _finding_mark(findings, "rank_rises", "effective_rank", "rises with training")
     return Panel(
         metric,
         "effective rank against depth, one line per epoch",
@@ -353,15 +353,13 @@ def build_story(
     else:
         missing.append("variance between / within images (views not recorded)")
     for metric, view, title in STORY_PANELS:
-        found = by_key.get((metric, view))
-        lines = _window_lines(found[1], agg.points) if found else []
-        if not found or not lines:
-            missing.append(f"{title} (not recorded)")
-            continue
-        prediction, results = found
-        judged_points = [r.point for r in results]
+        prediction, results = by_key.get((metric, view), (None, []))
+        judged_points = {r.point for r in results}
         points = [p for p in agg.points if p in judged_points]
         lines = _window_lines(results, points)
+        if prediction is None or not lines:
+            missing.append(f"{title} (not recorded)")
+            continue
         observable = CATALOGUE.get(metric)
         panels.append(
             Panel(
@@ -564,8 +562,7 @@ def run_story(run_dir: str | os.PathLike[str], epoch: int | None = None) -> Stor
     """The story of one run directory from its records up to ``epoch``, judged with the report's default rule (the
     verdicts a report of the run would show at that point of training); ``None`` without effective-rank records."""
     from tgo.report.findings import evaluate_findings
-    from tgo.report.hypotheses import evaluate_predictions
-    from tgo.report.hypotheses_section import load_view_runs
+    from tgo.report.hypotheses_section import judge_views, load_view_runs
     from tgo.report.runs import load_run_data
 
     run = _run_until(load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run"), epoch)
@@ -574,12 +571,7 @@ def run_story(run_dir: str | os.PathLike[str], epoch: int | None = None) -> Stor
         return None
     findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
     views = {view: aggregate_runs([_run_until(r, epoch) for r in rs]) for view, rs in load_view_runs([run]).items()}
-    predictions = evaluate_predictions(
-        {v: a.mean for v, a in views.items()},
-        agg.points,
-        stderr={v: a.stderr for v, a in views.items()},
-        leave_out={v: a.jackknife for v, a in views.items()},
-    )
+    predictions = judge_views(views, agg.points)
     return build_story([run], agg, findings, predictions, epoch=epoch)
 
 
