@@ -759,29 +759,24 @@ def depth_profile_figure(
     points: Sequence[str],
     *,
     title: str,
-    fontsize: float | None = None,
     log: bool | None = None,
 ) -> Figure:
     """An observable against depth (points in depth order on x), one line per epoch on the epoch colour ramp.
 
     The figure that tells TGO's depth story at a glance: how each observation's profile over the layers moves as
-    training goes on. The report embeds it at page width (matplotlib's default text); TensorBoard shows it on a
-    card less than half its pixel width, so the callback passes ``fontsize=CARD_FONTSIZE``, which also draws a
-    smaller canvas, thicker lines, every second point label when there are many points and no x-axis label.
+    training goes on, at the report's page width (TensorBoard's card-sized version is
+    `tgo.dashboard_cards.depth_profile_figure`).
 
     Args:
         profiles: epoch -> (values [P], standard errors [P], NaN where none) over ``points``; a band of
             +-1 standard error is drawn where it is finite.
         points: Point names in depth order.
         title: The observable's name.
-        fontsize: Text size for every label (``None``: matplotlib's defaults, point labels at 7 pt).
         log: A log y axis; ``None``: the catalogue's scale of ``title`` (`is_log_scale`: ratio-type observables).
 
     CLS is marked apart from the blocks: square markers, its name in bold, a dotted line before it (`mark_cls_axis`).
     """
-    card = fontsize is not None
-    small = None if fontsize is None else 0.85 * fontsize  # tick labels
-    fig = Figure(figsize=(6.0, 4.0) if card else (max(6.0, 0.38 * len(points) + 2.5), 4.0), dpi=80 if card else 90)
+    fig = Figure(figsize=(max(6.0, 0.38 * len(points) + 2.5), 4.0), dpi=90)
     ax = fig.add_subplot()
     epochs = sorted(profiles)
     norm, cmap = epoch_colours(epochs)
@@ -791,23 +786,19 @@ def depth_profile_figure(
     for epoch in epochs:
         values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
         color = cmap(norm(epoch))
-        ax.plot(x, values, color=color, lw=2.2 if card else 1.2, marker="o", ms=5 if card else 3, markevery=blocks)
+        ax.plot(x, values, color=color, lw=1.2, marker="o", ms=3, markevery=blocks)
         if cls:
-            ax.plot(x[cls], values[cls], color=color, ls="none", marker="s", ms=7 if card else 5, mec="black", mew=0.8)
+            ax.plot(x[cls], values[cls], color=color, ls="none", marker="s", ms=5, mec="black", mew=0.8)
         if np.any(np.isfinite(se)):
             ax.fill_between(x, values - se, values + se, color=color, alpha=0.2, lw=0)
     if is_log_scale(title) if log is None else log:
-        log_axis(ax, labelsize=small)
-    step = 2 if card and len(points) > 10 else 1
-    labels = [name if i % step == 0 or i == len(points) - 1 else "" for i, name in enumerate(points)]
-    ax.set_xticks(x, labels=labels, rotation=45 if card else 60, ha="right", fontsize=small or 7)
+        log_axis(ax)
+    ax.set_xticks(x, labels=list(points), rotation=60, ha="right", fontsize=7)
     mark_cls_axis(ax, points)
-    if not card:  # on a card the point names say it, and the axis label would squeeze the plot
-        ax.set_xlabel("point (depth order)")
-    ax.set_title(title, fontsize=None if fontsize is None else 1.15 * fontsize)
-    ax.tick_params(axis="y", labelsize=small)
+    ax.set_xlabel("point (depth order)")
+    ax.set_title(title)
     ax.grid(True, alpha=0.25)
-    epoch_colourbar(fig, ax, norm, cmap, epochs, fontsize=fontsize)
+    epoch_colourbar(fig, ax, norm, cmap, epochs)
     fig.tight_layout()
     return fig
 
@@ -897,14 +888,12 @@ def attention_cards(
     blocks: Sequence[str],
     *,
     references: Mapping[str, float] | None = None,
-    profiles: Mapping[str, Mapping[int, tuple[np.ndarray, np.ndarray]]] | None = None,
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """The attention family's TensorBoard cards, rendered: ``(tag, RGB image)``, one card at a time.
+    """The attention family's block x head cards, rendered: ``(tag, RGB image)``, one card at a time.
 
-    First one blocks x heads card per head metric (``attention_heads/<metric>``, `attention_heads_figure`, all drawn
-    on one figure whose data are replaced from card to card), then one depth profile per metric of ``profiles``
-    (``attention_depth/<metric>``, `depth_profile_figure`: the block means over depth, one line per observed epoch,
-    +-1 jackknife standard error). The callback writes each with
+    One blocks x heads card per head metric (``attention_heads/<metric>``, `attention_heads_figure`, all drawn on one
+    figure whose data are replaced from card to card); the attention depth profiles are the dashboard's
+    ``1_depth_profile_attention/<metric>`` cards (`tgo.dashboard_cards`). The callback writes each with
     ``writer.add_image(tag, image, global_step=epoch, dataformats="HWC")``; a generator, so that the background
     figure worker may pause between cards.
 
@@ -913,8 +902,6 @@ def attention_cards(
             (`tgo.observatory.families.attention.head_tables`).
         blocks: Block names in depth order.
         references: metric -> its value under uniform attention (named in the card's title).
-        profiles: metric -> epoch -> (block means ``[len(blocks)]``, standard errors), e.g. from
-            ``tgo.observatory.families.attention.depth_profiles(run_dir, blocks, epoch)``.
     """
     if per_head and blocks:
         heads = max(np.asarray(v).shape[1] for v in per_head.values())
@@ -928,7 +915,3 @@ def attention_cards(
                 yield f"attention_heads/{metric}", _rgb(card.fig)
         finally:
             close(card.fig)
-    for metric, by_epoch in (profiles or {}).items():
-        if by_epoch:
-            figure = depth_profile_figure(by_epoch, blocks, title=metric, fontsize=CARD_FONTSIZE)
-            yield f"attention_depth/{metric}", render_rgb(figure)

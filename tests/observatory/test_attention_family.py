@@ -269,8 +269,8 @@ def test_records_hold_the_attention_view_and_the_report_draws_it(tmp_path: Path)
     assert tables["mean_attention_distance"].shape == (2, HEADS)
     profiles = depth_profiles(run, blocks, up_to=2)
     assert set(profiles) == set(ATTENTION_CHARTED) and sorted(profiles["effective_heads"]) == [0, 1, 2]
-    cards = dict(viz.attention_cards(tables, blocks, profiles=profiles))
-    assert {f"attention_heads/{m}" for m in tables} | {f"attention_depth/{m}" for m in profiles} == set(cards)
+    cards = dict(viz.attention_cards(tables, blocks))
+    assert {f"attention_heads/{m}" for m in tables} == set(cards)
     assert all(image.ndim == 3 and image.shape[2] == 3 and image.dtype == np.uint8 for image in cards.values())
     # the report: its attention subsection and the attention predictions judged at the blocks
     index = build_report([run], correlation=False)

@@ -174,16 +174,12 @@ def _roundoff_text(histories: Sequence[tuple[int, np.ndarray]]) -> str:
     )
 
 
-def spectrum_figures(
-    run: RunData, figures_dir: Path, *, heatmap_max_dim: int | None = None, correlation: bool = True
-) -> list[FigureRef]:
+def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = True) -> list[FigureRef]:
     """Spectra over epochs, decay curves and correlation histograms of one run (from its spectra files).
 
     Args:
         run: The run (for several runs, the report draws the first one's spectra).
         figures_dir: Where PNGs go.
-        heatmap_max_dim: Not used any more (the correlation figure reads every feature, as the recorded
-            ``mean_abs_offdiag_correlation`` does); kept so that callers passing it keep working.
         correlation: Draw the ``|off-diagonal correlation|`` histograms where covariances were stored (first and
             last observation; section ``correlation``).
 
@@ -192,7 +188,6 @@ def spectrum_figures(
         class count marked), decay curves at the first and last epoch, and one small-multiples figure of the
         ``|off-diagonal correlation|`` histograms at the first and last epoch that stored covariances.
     """
-    del heatmap_max_dim
     spectra = run.spectra()
     if not spectra:
         return []
