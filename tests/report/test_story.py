@@ -80,7 +80,7 @@ def _story_of(run: Path):
     findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
     views = {view: aggregate_runs(per_run) for view, per_run in load_view_runs([data]).items()}
     predictions = judge_views(views, agg.points, DEFAULT_SETTINGS)  # the Hypotheses section's own verdicts
-    return build_story([data], agg, findings, predictions), findings, predictions
+    return build_story(agg, views, findings, predictions), findings, predictions
 
 
 def test_the_against_depth_panels_draw_the_window_means_the_hypotheses_table_judges(story_report):

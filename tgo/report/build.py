@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -25,10 +25,10 @@ from tgo.report.aggregate import (
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, save_figure, spectrum_figures
 from tgo.report.findings import Finding, evaluate_findings
 from tgo.report.html import GENERATOR, Section, Table, render_page
-from tgo.report.hypotheses import Prediction, PredictionResult
 from tgo.report.hypotheses_section import (
     HYPOTHESES_COLUMNS,
     JUDGED_COLUMNS,
+    HypothesesReport,
     hypotheses_report,
     judged_cells,
     uncertainty_cells,
@@ -427,14 +427,10 @@ def _single_observation_section(runs: Sequence[RunData]) -> Section:
 
 
 def _story_section(
-    runs: Sequence[RunData],
-    agg: Aggregate,
-    findings: Sequence[Finding],
-    predictions: Mapping[Prediction, Sequence[PredictionResult]],
-    figures_dir: Path,
+    agg: Aggregate, findings: Sequence[Finding], hypotheses: HypothesesReport, figures_dir: Path
 ) -> list[Section]:
     """The story figure (`tgo.report.story`) as the page's first section; none when no panel can be drawn."""
-    story = build_story(runs, agg, findings, predictions)
+    story = build_story(agg, hypotheses.aggregates, findings, hypotheses.results)
     if not story.panels:
         return []
     path = save_figure(story_figure(story), figures_dir, "story")
@@ -616,7 +612,7 @@ def build_report(
 
     # Pictures before tables: the header, the story, what the verdicts found, the figures (the hypotheses' with
     # their folded tables), then the full tables.
-    sections = [header, *_story_section(runs, agg, findings, hypotheses.results, figures_dir)]
+    sections = [header, *_story_section(agg, findings, hypotheses, figures_dir)]
     if not single:
         sections.append(verdict_summary_section(findings, hypotheses.results))
     sections += [*depth, hypotheses.section, *later, find]

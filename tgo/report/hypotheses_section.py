@@ -170,11 +170,18 @@ class HypothesesReport:
         section: The page section (with one subsection per hypothesis, CKA and context).
         rows: ``hypotheses.csv`` rows (`HYPOTHESES_COLUMNS` dictionaries of strings).
         results: prediction -> its per-point results (empty list: not recorded).
+        aggregates: view -> the runs' aggregate of the metrics the section read on it (`load_view_runs`), for the
+            story figure (`tgo.report.story`), which draws from the same series the verdicts judged.
     """
 
     section: Section
     rows: list[dict[str, str]]
     results: dict[Prediction, list[PredictionResult]] = field(default_factory=dict)
+    aggregates: dict[str, Aggregate] = field(default_factory=dict)
+
+
+SPLIT_VIEWS: tuple[str, ...] = ("between_image", "within_image")
+"""The views whose total variance is read too: the variance between image means and within images."""
 
 
 def _needed() -> dict[str, list[str]]:
@@ -188,6 +195,9 @@ def _needed() -> dict[str, list[str]]:
     needed["all"] += [m for m in CONTEXT_METRICS if m not in needed["all"]]
     needed.setdefault(ATTENTION_VIEW, [])
     needed[ATTENTION_VIEW] += [m for m in (*ATTENTION_CHARTED, *_ATTENTION_NOISE) if m not in needed[ATTENTION_VIEW]]
+    for view in SPLIT_VIEWS:  # the law of total covariance's two traces (the story's variance split)
+        needed.setdefault(view, [])
+        needed[view] += [] if "total_variance" in needed[view] else ["total_variance"]
     return needed
 
 
@@ -614,7 +624,7 @@ def hypotheses_report(
     if not any(results.values()):
         section.paragraphs.append(_NOT_RECORDED_TEXT)
         section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
-        return HypothesesReport(section, rows, results)
+        return HypothesesReport(section, rows, results, aggregates)
 
     section.paragraphs.append(
         "The verdict counts of every prediction are under 'Verdicts at a glance' at the top of the page; each "
@@ -661,4 +671,4 @@ def hypotheses_report(
     context = _context_subsection(aggregates["all"], points)
     if context is not None:
         section.subsections.append(context)
-    return HypothesesReport(section, rows, results)
+    return HypothesesReport(section, rows, results, aggregates)

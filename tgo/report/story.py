@@ -39,11 +39,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from tgo.records import RecordsError, load_series
 from tgo.report.aggregate import Aggregate, aggregate_runs
 from tgo.report.findings import FAILS, HOLDS, INCONCLUSIVE, NA, REVERSES, Finding, Trend
 from tgo.report.hypotheses import CONSISTENT, INCONSISTENT, Prediction, PredictionResult
-from tgo.report.hypotheses_section import window_band
+from tgo.report.hypotheses_section import SPLIT_VIEWS, window_band
 from tgo.report.hypothesis_figures import VERDICT_COLOURS
 from tgo.report.runs import RunData
 from tgo.spectral.catalogue import CATALOGUE
@@ -70,8 +69,6 @@ STORY_PANELS: tuple[tuple[str, str, str], ...] = (
 )
 """The against-depth panels after the first two: (metric, view, title); each is a Hypotheses prediction's metric and
 view, drawn as that prediction's judged windows."""
-VARIANCE_VIEWS = ("between_image", "within_image")
-"""The views whose total variance (trace) the second panel draws: the law of total covariance's two parts."""
 CLS_COLOUR = CLS_STYLE["color"]
 VARIANCE_COLOURS = {"between_image": "#c2410c", "within_image": "#1d4ed8"}
 _FINDING_COLOURS = {
@@ -274,17 +271,19 @@ def _depth_panel(agg: Aggregate, findings: Sequence[Finding], band_is_spread: bo
 
 
 def _variance_panel(
-    variance: Aggregate | None, point: str | None, results: Sequence[PredictionResult], band_is_spread: bool
+    views: Mapping[str, Aggregate], point: str | None, results: Sequence[PredictionResult], band_is_spread: bool
 ) -> Panel | None:
-    if variance is None or point is None:
+    if point is None:
         return None
     lines = []
-    for view in VARIANCE_VIEWS:
-        series = variance.mean.get(view, {}).get(point)
-        if series is None:
+    for view in SPLIT_VIEWS:
+        variance = views.get(view)
+        series = variance.mean.get("total_variance", {}).get(point) if variance is not None else None
+        if variance is None or series is None:
             return None
         epochs, values = (np.asarray(a, dtype=np.float64) for a in series)
-        bands = variance.bands(view) if band_is_spread else variance.stderr_bands(view)
+        metric = "total_variance"
+        bands = variance.bands(metric) if band_is_spread else variance.stderr_bands(metric)
         low, high = bands.get(point, (np.full(values.size, np.nan), np.full(values.size, np.nan)))
         word = "between images (image means)" if view == "between_image" else "within images (around the mean)"
         lines.append(Line(word, epochs, values, np.asarray(low), np.asarray(high), VARIANCE_COLOURS[view]))
@@ -299,41 +298,20 @@ def _variance_panel(
     )
 
 
-def _load_variance(runs: Sequence[RunData], epoch: int | None = None) -> Aggregate | None:
-    """The total variance of the between- and within-image views, one pseudo-metric per view (``None``: none)."""
-    per_run = []
-    for r in runs:
-        series, stderr = {}, {}
-        for view in VARIANCE_VIEWS:
-            try:
-                values = load_series(r.path, view=view, metrics=["total_variance"]).get("total_variance")
-                errors = load_series(r.path, view=view, metrics=["total_variance"], column="stderr")
-            except RecordsError:
-                return None
-            if not values:
-                return None
-            series[view] = _until({"v": values}, epoch).get("v", {})
-            stderr[view] = _until({"v": errors.get("total_variance", {})}, epoch).get("v", {})
-        per_run.append(RunData(r.path, r.name, series, r.points, r.epochs, r.fingerprint, stderr))
-    return aggregate_runs(per_run) if per_run else None
-
-
 def build_story(
-    runs: Sequence[RunData],
     agg: Aggregate,
+    views: Mapping[str, Aggregate],
     findings: Sequence[Finding],
     predictions: Mapping[Prediction, Sequence[PredictionResult]],
-    *,
-    epoch: int | None = None,
 ) -> Story:
-    """The story figure's panels from a report's runs and the verdicts it reached.
+    """The story figure's panels from a report's aggregates and the verdicts it reached.
 
     Args:
-        runs: The report's runs (the variance split is read from their records).
         agg: The runs' aggregate of the ``all`` view (effective rank and its bands).
+        views: The Hypotheses section's per-view aggregates (`HypothesesReport.aggregates`): the variance split's
+            total variances of the between- and within-image views.
         findings: The findings (the effective-rank claim marks the first panel).
         predictions: The Hypotheses results (the other panels draw and mark their windows).
-        epoch: Read the records only up to this epoch (``None``: all of them).
     """
     several = agg.n_runs > 1
     by_key = {(p.metric, p.view): (p, r) for p, r in predictions.items()}
@@ -347,7 +325,7 @@ def build_story(
     blocks = [p for p in agg.points if p.startswith("block_")]
     deepest = blocks[-1] if blocks else None
     share = by_key.get(("between_image_fraction", "all"))
-    variance = _variance_panel(_load_variance(runs, epoch), deepest, list(share[1]) if share else [], several)
+    variance = _variance_panel(views, deepest, list(share[1]) if share else [], several)
     if variance is not None:
         panels.append(variance)
     else:
@@ -572,7 +550,7 @@ def run_story(run_dir: str | os.PathLike[str], epoch: int | None = None) -> Stor
     findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
     views = {view: aggregate_runs([_run_until(r, epoch) for r in rs]) for view, rs in load_view_runs([run]).items()}
     predictions = judge_views(views, agg.points)
-    return build_story([run], agg, findings, predictions, epoch=epoch)
+    return build_story(agg, views, findings, predictions)
 
 
 def run_story_cards(run_dir: str | os.PathLike[str], epoch: int | None = None) -> dict[str, Figure] | None:
