@@ -9,6 +9,10 @@ Pure numerics (torch + numpy, no Lightning). The flow for one observation point:
     spectrum = eigendecompose(cov, acc.n, acc.n_nonfinite)
     row = summarize(cov, spectrum)                  # {name: float}, one per CATALOGUE entry
 
+The float64 eigensolver is numpy's LAPACK unless one is passed (``eigendecompose(..., eigvalsh=...)``):
+`resolve_eigvalsh` turns the setting ``observation.summary.eigensolver`` into a batched CUDA one or the faster of the
+two per shape (``tgo.spectral.eigensolver``).
+
 Attention geometry (`AttentionAccumulator`: entropy, sink and self mass, peak weight, distance, head diversity from a
 layer's q and k, summed per jackknife group) follows the same pattern. Formulas, conventions and degenerate cases:
 ``docs/observables.md``.
@@ -18,6 +22,7 @@ from tgo.spectral.accumulator import StreamingCovariance, allreduce_accumulators
 from tgo.spectral.attention import ATTENTION_METRICS, AttentionAccumulator, AttentionSummary
 from tgo.spectral.catalogue import CATALOGUE, Catalogue, Observable, SpectralInputs
 from tgo.spectral.decomposition import Spectrum, eigendecompose
+from tgo.spectral.eigensolver import Eigvalsh, cpu_eigvalsh, resolve_eigvalsh
 from tgo.spectral.jackknife import (
     GroupedCovariance,
     jackknife_groups,
@@ -51,6 +56,7 @@ __all__ = [
     "AttentionAccumulator",
     "AttentionSummary",
     "Catalogue",
+    "Eigvalsh",
     "GroupedCovariance",
     "Observable",
     "SpectralInputs",
@@ -58,6 +64,7 @@ __all__ = [
     "StreamingCovariance",
     "allreduce_accumulators",
     "components_for_variance",
+    "cpu_eigvalsh",
     "cumulative_explained_variance",
     "decay_curve",
     "default_fit_range",
@@ -70,6 +77,7 @@ __all__ = [
     "offdiag_energy_fraction",
     "participation_ratio",
     "power_law_fit",
+    "resolve_eigvalsh",
     "singular_values",
     "spectral_anisotropy",
     "spectral_entropy",

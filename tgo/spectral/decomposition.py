@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tgo.spectral.eigensolver import Eigvalsh, cpu_eigvalsh
+
 __all__ = ["Spectrum", "as_float64_matrix", "eigendecompose", "eigendecompose_many"]
 
 
@@ -65,7 +67,9 @@ class Spectrum:
         return bool(np.all(np.isfinite(self.eigenvalues)))
 
 
-def eigendecompose(cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int = 0) -> Spectrum:
+def eigendecompose(
+    cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int = 0, *, eigvalsh: Eigvalsh | None = None
+) -> Spectrum:
     """Eigenvalues of a covariance in float64, descending, with negative round-off clamped and reported.
 
     The matrix is symmetrised (``(C + C^T) / 2``) and passed to ``numpy.linalg.eigvalsh`` in float64 whatever its
@@ -81,6 +85,7 @@ def eigendecompose(cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int
         cov: ``[D, D]`` covariance (numpy or torch, any dtype/device).
         n_rows: Rows that entered the covariance.
         n_nonfinite: Rows that were dropped for holding NaN/Inf (bookkeeping only).
+        eigvalsh: The eigensolver (`tgo.spectral.eigensolver`; ``None``: `cpu_eigvalsh`, numpy's LAPACK).
 
     Returns:
         The :class:`Spectrum`.
@@ -88,32 +93,40 @@ def eigendecompose(cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int
     Raises:
         ValueError: If ``cov`` is not square 2-D, or the counts are negative.
     """
-    return eigendecompose_many([cov], [n_rows], [n_nonfinite])[0]
+    return eigendecompose_many([cov], [n_rows], [n_nonfinite], eigvalsh=eigvalsh)[0]
 
 
 def eigendecompose_many(
     covs: Sequence[np.ndarray | torch.Tensor] | np.ndarray,
     n_rows: Sequence[int],
     n_nonfinite: Sequence[int] | None = None,
+    *,
+    eigvalsh: Eigvalsh | None = None,
 ) -> list[Spectrum]:
-    """`eigendecompose` of several covariances, every defined one of a shape in one stacked LAPACK call.
+    """`eigendecompose` of several covariances, every defined one of a shape in one stacked eigensolver call.
 
     ``numpy.linalg.eigvalsh`` of a ``[S, D, D]`` stack runs the same LAPACK routine on each matrix as ``S`` separate
     calls (bit for bit, ``tests/spectral/test_spectral_decomposition.py``) without ``S`` Python round trips: the
-    rank-0 summary decomposes a point's ``G + 1`` jackknife covariances of a view together.
+    rank-0 summary decomposes a point's ``G + 1`` jackknife covariances of a view together. The stacked call is the
+    seam where another solver can take over (``eigvalsh``, e.g. a batched CUDA one; `tgo.spectral.eigensolver`):
+    it receives the symmetrised float64 stack, and the clamping and structural zeros below are the same either way.
 
     Args:
         covs: ``[D, D]`` covariances (numpy or torch, any dtype/device; shapes may differ), or one float64
             ``[S, D, D]`` array (decomposed without another copy when every matrix is defined).
         n_rows: Rows that entered each covariance.
         n_nonfinite: Rows dropped from each for holding NaN/Inf (``None``: 0).
+        eigvalsh: Float64 ``[S, D, D]`` -> ``[S, D]`` ascending eigenvalues of each stack (`Eigvalsh`; ``None``:
+            `cpu_eigvalsh`, i.e. ``numpy.linalg.eigvalsh``, the records' reference bits).
 
     Returns:
         One :class:`Spectrum` per covariance, in order, each equal to ``eigendecompose`` of it.
 
     Raises:
-        ValueError: If a covariance is not square 2-D, a count is negative, or the lengths differ.
+        ValueError: If a covariance is not square 2-D, a count is negative, the lengths differ, or ``eigvalsh``
+            returns an array that is not ``[S, D]``.
     """
+    solve = cpu_eigvalsh if eigvalsh is None else eigvalsh
     mats = [as_float64_matrix(c) for c in covs]
     rows = [int(n) for n in n_rows]
     dropped = [0] * len(mats) if n_nonfinite is None else [int(n) for n in n_nonfinite]
@@ -134,7 +147,9 @@ def eigendecompose_many(
     whole = isinstance(covs, np.ndarray) and covs.ndim == 3 and covs.dtype == np.float64
     for members in by_dim.values():
         stack = np.asarray(covs) if whole and len(members) == len(mats) else np.stack([mats[i] for i in members])
-        values = np.linalg.eigvalsh((stack + stack.transpose(0, 2, 1)) / 2)
+        values = np.asarray(solve((stack + stack.transpose(0, 2, 1)) / 2), dtype=np.float64)
+        if values.shape != stack.shape[:2]:
+            raise ValueError(f"eigendecompose_many: eigvalsh gave shape {values.shape} for a stack {stack.shape}")
         for i, ascending in zip(members, values, strict=True):
             out[i] = _spectrum(ascending, rows[i], dropped[i])
     return [s for s in out if s is not None]
