@@ -28,11 +28,16 @@ What it does, in order (see docs/benchmarks.md, "GPU acceptance"):
    * **float32 device vs CPU** (no target, printed for reading): the real float32 observation on the device against
      the same on the CPU; IEEE float32 kernels differ at ~1e-7..1e-5 of the observables, TF32 at ~1e-3.
 
-Eigendecomposition: the library decomposes every covariance on the CPU in float64 (``tgo.spectral.eigendecompose``:
-numpy/LAPACK ``eigvalsh``, points in a thread pool), where 15 (x 11 with the jackknife) 384 x 384 matrices take well
-under a second; torch's float64 ``linalg.eigh`` on a GPU loops one solver call per matrix above 32 x 32. The check
-counts any GPU float64 eigensolver call during the timed observations and fails the eigendecomposition row if there
-is one.
+5. Eigensolver: the summary decomposes each (point, view)'s ``G + 1`` covariances in one stacked float64 call
+   (`tgo.spectral.decomposition.eigendecompose_many`; for tgo1 stacks of 11 matrices of 384 x 384), with the solver
+   of ``observation.summary.eigensolver`` (`tgo.spectral.eigensolver`: CPU LAPACK, a batched CUDA ``eigvalsh``, or
+   ``auto``, the faster per shape). The check captures every stack one observation of the whole analysis subset
+   hands to that solver (`captured_stacks`) and solves them all again (`eigensolver_check`), timed as medians of
+   interleaved runs: with CPU LAPACK (``numpy.linalg.eigvalsh``) on the summary's thread pool under its one-thread
+   BLAS, and with one batched float64 ``torch.linalg.eigvalsh`` per stack on the device from the same pool
+   (host-device copies included). It prints both times, which is faster, what ``auto`` chooses for each shape, and
+   checks the GPU's eigenvalues against LAPACK's to ``1e-9`` relative to each spectrum's largest (an equality row).
+   On a CPU the capture and the CPU timing run, the GPU column reads ``n/a`` and neither row has a verdict.
 
 Exit status: 1 when an equality check fails (the observation would not be exact on this machine); timing targets
 missed are printed as FAIL but exit 0 unless ``--strict``; 2 for bad usage (``--device cuda`` without a CUDA GPU).
@@ -75,8 +80,6 @@ PASS_TARGET_S = 0.25
 OBSERVATION_TARGET_S = 0.40
 """The whole exact observation (pass, reduce, eigendecomposition + observables, records) under the same conditions."""
 MB = 1024**2
-EIGENSOLVERS = ("eigh", "eigvalsh", "eig", "eigvals")
-"""``torch.linalg`` functions counted when called on a float64 GPU tensor during the timed observations."""
 
 
 # ---------------------------------------------------------------------------------------------------- profiles
@@ -197,34 +200,6 @@ def plain_precision() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def count_gpu_eigensolvers() -> Iterator[list[str]]:
-    """Counts ``torch.linalg`` eigensolver calls on float64 GPU tensors while the block runs (names, one per call).
-
-    The library decomposes on the CPU; this makes the claim checked rather than asserted. The functions are wrapped
-    on ``torch.linalg`` (where callers look them up at call time) and restored on exit.
-    """
-    calls: list[str] = []
-    saved = {name: getattr(torch.linalg, name) for name in EIGENSOLVERS}
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            a = args[0] if args else kwargs.get("A", kwargs.get("input"))
-            if isinstance(a, torch.Tensor) and a.is_cuda and a.dtype == torch.float64:
-                calls.append(f"torch.linalg.{name}{tuple(a.shape)}")
-            return fn(*args, **kwargs)
-
-        return counted
-
-    for name, fn in saved.items():
-        setattr(torch.linalg, name, wrap(name, fn))
-    try:
-        yield calls
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.linalg, name, fn)
-
-
-@contextlib.contextmanager
 def counted_matrices(module: Any) -> Iterator[list[int]]:
     """The covariances each ``module.eigendecompose_many`` call decomposes while the block runs (one count per call).
 
@@ -241,6 +216,36 @@ def counted_matrices(module: Any) -> Iterator[list[int]]:
     module.eigendecompose_many = counted
     try:
         yield counts
+    finally:
+        module.eigendecompose_many = original
+
+
+@contextlib.contextmanager
+def captured_stacks(module: Any) -> Iterator[list[np.ndarray]]:
+    """Copies of every stack the summary hands to its eigensolver while the block runs (symmetrised float64
+    ``[S, D, D]``, the defined matrices of one dimension of one ``eigendecompose_many`` call).
+
+    ``module.eigendecompose_many`` (where the summary looks it up at call time) is wrapped to pass a recording
+    eigensolver around whichever one it was given (``eigvalsh=``; none: `tgo.spectral.eigensolver.cpu_eigvalsh`), so
+    the stacks are the real ones whatever ``observation.summary.eigensolver`` chose; restored on exit.
+    """
+    from tgo.spectral.eigensolver import cpu_eigvalsh
+
+    stacks: list[np.ndarray] = []
+    original = module.eigendecompose_many
+
+    def capturing(covs: Any, *args: Any, eigvalsh: Any = None, **kwargs: Any) -> Any:
+        solve = eigvalsh or cpu_eigvalsh
+
+        def recording(stack: np.ndarray) -> np.ndarray:
+            stacks.append(np.array(stack, dtype=np.float64, order="C", copy=True))
+            return solve(stack)
+
+        return original(covs, *args, eigvalsh=recording, **kwargs)
+
+    module.eigendecompose_many = capturing
+    try:
+        yield stacks
     finally:
         module.eigendecompose_many = original
 
@@ -523,8 +528,8 @@ def time_observation(observed: Observed, device: torch.device, work: Path, repea
 
     Phases come from `_harness.PhaseTimer` (stream = forward + hooks + Gram updates, synchronised; reduce; eig +
     observables; records); ``whole`` is the wall time of ``observe_and_record`` until the device is idle. Every
-    eigendecomposition call is timed with `_harness.timed_calls` (summed over the summary's thread pool), and GPU
-    float64 eigensolver calls are counted. A plain inference forward over the same loader is timed for scale.
+    eigendecomposition call is timed with `_harness.timed_calls` (summed over the summary's thread pool). A plain
+    inference forward over the same loader is timed for scale.
     """
     from tgo.observatory import results as results_module
 
@@ -541,7 +546,7 @@ def time_observation(observed: Observed, device: torch.device, work: Path, repea
     eig_matrices: list[list[int]] = []
     peaks: list[float] = []  # torch.cuda.max_memory_allocated of each timed observation
     above: list[float] = []  # the same above what was allocated when it started (model, earlier results)
-    with count_gpu_eigensolvers() as gpu_eig, synchronized_stream(device), timer.attached():
+    with synchronized_stream(device), timer.attached():
         for _ in range(repeats):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -571,10 +576,132 @@ def time_observation(observed: Observed, device: torch.device, work: Path, repea
         "forward_s": forward,
         "eig_calls": sum(eig_matrices[-1]),
         "eig_call_seconds": statistics.median(sum(c) for c in eig_calls),
-        "gpu_eigensolver_calls": gpu_eig,
+        "eig_stacked_calls": len(eig_matrices[-1]),
+        "eigensolver_setting": str(observed.settings.summary.eigensolver),
         "peak_mb": max(peaks, default=math.nan),
         "peak_above_model_mb": max(above, default=math.nan),
     }
+
+
+def eigensolver_check(observed: Observed, device: torch.device, work: Path, repeats: int) -> dict[str, Any]:
+    """The summary's eigendecompositions at their real shapes, CPU LAPACK against the batched GPU solver (module, 5.).
+
+    One observation of the whole analysis subset on ``device`` gives the stacks (`captured_stacks`), which
+    `compare_eigensolvers` solves again on the summary's thread pool (`tgo.observatory.results.summary_workers` of
+    the points), against `tgo.spectral.eigensolver.GpuEigvalsh` on ``device`` when it is a CUDA device.
+    """
+    from tgo.observatory import results as results_module
+    from tgo.observatory.results import summary_workers
+    from tgo.spectral.eigensolver import GpuEigvalsh
+
+    net = copy.deepcopy(observed.net).to(device)
+    try:
+        with captured_stacks(results_module) as stacks:
+            h.observation(net, observed.images, observed.points, observed.batch_size, device, observed.settings, work)
+    finally:
+        del net
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if not stacks:
+        raise RuntimeError("eigensolver_check: the observation handed no stack to its eigensolver")
+    gpu = GpuEigvalsh(device) if device.type == "cuda" else None
+    return compare_eigensolvers(stacks, summary_workers(len(observed.points)), repeats, gpu)
+
+
+def compare_eigensolvers(
+    stacks: Sequence[np.ndarray],
+    workers: int,
+    repeats: int,
+    gpu: Callable[[np.ndarray], np.ndarray] | None,
+) -> dict[str, Any]:
+    """CPU LAPACK against ``gpu`` on the same stacks, the way the summary would run them, and their agreement.
+
+    Both solve every stack on a pool of ``workers`` threads under one-thread BLAS (as ``summarize_accumulators``
+    runs its (point, view) tasks): `tgo.spectral.eigensolver.cpu_eigvalsh` and ``gpu``, each once untimed (a
+    warm-up whose values are compared) and then as ``repeats`` interleaved pairs (`_harness.interleaved`, medians).
+    ``gpu`` is also timed from one thread (its own speed, without the pool). Its eigenvalues are compared with
+    LAPACK's relative to the largest absolute eigenvalue of each spectrum, and a fresh `FastestEigvalsh` (the
+    ``auto`` rule, the CPU weighted by ``workers``) is run over the stacks to show what it chooses per shape.
+
+    Args:
+        stacks: Symmetrised float64 ``[S, D, D]`` stacks (`captured_stacks`).
+        workers: Threads of the pool.
+        repeats: Timed pairs.
+        gpu: The GPU eigensolver (`GpuEigvalsh`), or ``None`` off CUDA: only the CPU is timed.
+
+    Returns:
+        ``{"stacks", "matrices", "shapes", "workers", "lapack", "repeats", "cpu_s", "gpu_s", "gpu_one_thread_s",
+        "faster", "speedup", "worst", "where", "compared", "auto"}``; the GPU entries are ``None`` without ``gpu``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tgo.observatory.results import _single_threaded_blas
+    from tgo.spectral.eigensolver import FastestEigvalsh, cpu_eigvalsh
+
+    shapes: dict[str, int] = {}
+    for stack in stacks:
+        key = f"{stack.shape[0]} x {stack.shape[1]}^2"
+        shapes[key] = shapes.get(key, 0) + 1
+
+    def pooled(solve: Callable[[np.ndarray], np.ndarray]) -> Callable[[], list[np.ndarray]]:
+        def run() -> list[np.ndarray]:
+            with _single_threaded_blas(), ThreadPoolExecutor(max_workers=workers) as pool:
+                return list(pool.map(solve, stacks))
+
+        return run
+
+    cpu_run = pooled(cpu_eigvalsh)
+    reference = cpu_run()  # also the warm-up
+    out: dict[str, Any] = {
+        "stacks": len(stacks),
+        "matrices": sum(int(s.shape[0]) for s in stacks),
+        "shapes": shapes,
+        "workers": workers,
+        "lapack": numpy_lapack(),
+        "repeats": repeats,
+        "cpu_s": None,
+        "gpu_s": None,
+        "gpu_one_thread_s": None,
+        "faster": None,
+        "speedup": None,
+        "worst": None,
+        "where": None,
+        "compared": 0,
+        "auto": {},
+    }
+    if gpu is None:
+        out["cpu_s"] = h.median_time(cpu_run, repeats)
+        return out
+    gpu_run = pooled(gpu)
+    values = gpu_run()  # also the warm-up (the solver's initialisation)
+    timed = h.interleaved(cpu_run, {"gpu": gpu_run}, repeats, warmup=False)
+    cpu_s, gpu_s = timed["baseline"]["median_s"], timed["gpu"]["median_s"]
+    worst, where, compared = 0.0, "nowhere (bit-identical)", 0
+    for i, (got, ref) in enumerate(zip(values, reference, strict=True)):
+        if np.shape(got) != ref.shape:
+            worst, where = math.inf, f"stack {i}: shape {np.shape(got)} for {ref.shape}"
+            continue
+        scale = np.max(np.abs(ref), axis=1)
+        diff = np.max(np.abs(np.asarray(got) - ref), axis=1) / np.where(scale > 0, scale, 1.0)
+        diff = np.where(np.isnan(diff), math.inf, diff)
+        compared += int(ref.size)
+        j = int(np.argmax(diff))
+        if float(diff[j]) > worst:
+            worst, where = float(diff[j]), f"stack {i} ({ref.shape[0]} x {ref.shape[1]}^2), matrix {j}"
+    chooser = FastestEigvalsh({"cpu": cpu_eigvalsh, "gpu": gpu}, parallel={"cpu": workers})
+    pooled(chooser)()
+    out.update(
+        cpu_s=cpu_s,
+        gpu_s=gpu_s,
+        gpu_one_thread_s=h.median_time(lambda: [gpu(s) for s in stacks], repeats),
+        faster="gpu" if gpu_s < cpu_s else "cpu",
+        speedup=max(cpu_s, gpu_s) / min(cpu_s, gpu_s) if min(cpu_s, gpu_s) > 0 else math.inf,
+        worst=worst,
+        where=where,
+        compared=compared,
+        auto={f"{s} x {d}^2": c.describe() for (s, d), c in chooser.choices().items()},
+    )
+    return out
 
 
 def numpy_lapack() -> str:
@@ -611,11 +738,13 @@ class Row:
 ROW_NAMES = (
     "pass seconds",
     "eigendecomposition seconds",
+    "eigensolver: CPU vs GPU time",
     "whole observation seconds",
     "blocking seconds",
     "peak GPU memory",
     "guard: TF32 + bf16 autocast",
     "device: float64 vs CPU float64",
+    "eigensolver: GPU vs CPU values",
     "float32 device vs CPU",
 )
 """Every row, in table order (``tests/test_gpu_check.py`` checks the printed table against it)."""
@@ -643,6 +772,7 @@ def build_rows(
     guard: dict[str, Any],
     agreement: dict[str, Any],
     f32: dict[str, Any] | None,
+    eig: dict[str, Any],
 ) -> list[Row]:
     """The table's rows from the measurements (see `ROW_NAMES`)."""
     judged = profile.judged and device.type == "cuda"
@@ -660,20 +790,48 @@ def build_rows(
             f"{timing['forward_s']:.3f} s{scope}",
         )
     ]
-    gpu_eig = timing["gpu_eigensolver_calls"]
-    eig = ph.get("eig_observables", math.nan)
+    summary = ph.get("eig_observables", math.nan)
     rows.append(
         Row(
             "eigendecomposition seconds",
-            f"{eig:.3f} s",
-            "no GPU float64 eigh",
-            ("FAIL" if gpu_eig else "info") if device.type == "cuda" else "info",
-            f"on the CPU: numpy.linalg.eigvalsh float64 ({numpy_lapack()}), {timing['eig_calls']} matrices in a "
-            f"thread pool ({timing['eig_call_seconds']:.3f} s summed over threads), with every observable and the "
-            f"jackknife; GPU float64 eigensolver calls: {len(gpu_eig)}"
-            + (f" ({', '.join(gpu_eig[:3])})" if gpu_eig else ""),
+            f"{summary:.3f} s",
+            "none (inside the 0.4 s)",
+            "info",
+            f"the summary phase (summarize_accumulators) with observation.summary.eigensolver="
+            f"{timing['eigensolver_setting']}: {timing['eig_calls']} matrices in {timing['eig_stacked_calls']} stacked "
+            f"float64 eigendecompositions ({timing['eig_call_seconds']:.3f} s summed over its threads), with every "
+            f"observable, the jackknife and the probes",
         )
     )
+    shapes = ", ".join(f"{n} x ({k})" for k, n in eig["shapes"].items())
+    cpu_side = (
+        f"CPU LAPACK (numpy.linalg.eigvalsh, {eig['lapack']}) on {eig['workers']} threads of one-thread BLAS "
+        f"{eig['cpu_s']:.3f} s"
+    )
+    work = f"the summary's {eig['stacks']} stacks ({shapes}), median of {eig['repeats']}"
+    if eig["gpu_s"] is None:
+        rows.append(
+            Row(
+                "eigensolver: CPU vs GPU time",
+                f"{eig['cpu_s']:.3f} | n/a s",
+                "none (faster used)",
+                "n/a",
+                f"{work}: {cpu_side}; GPU n/a (CPU run; auto is the CPU off CUDA)",
+            )
+        )
+    else:
+        auto = "; ".join(f"{k}: {v}" for k, v in eig["auto"].items())
+        rows.append(
+            Row(
+                "eigensolver: CPU vs GPU time",
+                f"{eig['cpu_s']:.3f} | {eig['gpu_s']:.3f} s",
+                "none (faster used)",
+                "info",
+                f"{work}: {cpu_side}, batched float64 torch.linalg.eigvalsh on {device} from the same pool "
+                f"{eig['gpu_s']:.3f} s (one thread {eig['gpu_one_thread_s']:.3f} s; copies included): "
+                f"{eig['faster'].upper()} faster ({eig['speedup']:.1f}x); auto chooses {auto}",
+            )
+        )
     whole = timing["whole_s"]
     rows.append(
         Row(
@@ -741,6 +899,27 @@ def build_rows(
             f"{agreement['where']} ({agreement['compared']} values){on_cpu}",
         )
     )
+    if eig["worst"] is None:
+        rows.append(
+            Row(
+                "eigensolver: GPU vs CPU values",
+                "-",
+                f"<= {TOLERANCE:.0e}",
+                "n/a",
+                f"CPU run: no GPU eigensolver to compare ({eig['matrices']} matrices captured)",
+                kind="exact",
+            )
+        )
+    else:
+        rows.append(
+            _exact_row(
+                "eigensolver: GPU vs CPU values",
+                eig,
+                f"batched float64 torch.linalg.eigvalsh on {device} vs numpy.linalg.eigvalsh, {eig['matrices']} "
+                f"matrices of the summary, relative to each spectrum's largest eigenvalue; worst at {eig['where']} "
+                f"({eig['compared']} values)",
+            )
+        )
     if f32 is None:
         rows.append(Row("float32 device vs CPU", "-", "none (read it)", "n/a", "CPU run: one device", kind="info"))
     else:
@@ -899,9 +1078,11 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         guard = guard_check(observed, device, work, count)
         agreement = device_check(observed, device, work, count)
         f32 = float32_agreement(observed, device, work, count)
+        print("== eigensolver: CPU LAPACK vs batched GPU eigvalsh", flush=True)
+        eig = eigensolver_check(observed, device, work, profile.repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = build_rows(profile, device, trained, timing, guard, agreement, f32)
+    rows = build_rows(profile, device, trained, timing, guard, agreement, f32, eig)
     status = exit_status(rows, args.strict)
     table = render(rows)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -926,6 +1107,7 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         "guard": guard,
         "device_check": agreement,
         "float32_device_vs_cpu": f32,
+        "eigensolver": eig,
         "rows": [dataclasses.asdict(r) for r in rows],
         "exit_status": status,
     }

@@ -57,10 +57,13 @@ def test_tiny_cpu_run_prints_every_row_and_the_equality_checks_pass(tiny_run) ->
     assert list(lines) == list(gpu_check.ROW_NAMES), proc.stdout[-4000:]
     for name in ("guard: TF32 + bf16 autocast", "device: float64 vs CPU float64"):
         assert " PASS " in lines[name], lines[name]
-    # The eigendecomposition row says where it ran; timing rows have no verdict off the H200.
-    assert "on the CPU: numpy.linalg.eigvalsh float64" in lines["eigendecomposition seconds"]
-    assert "GPU float64 eigensolver calls: 0" in lines["eigendecomposition seconds"]
+    # The eigendecomposition row says which eigensolver setting the summary ran with; timing rows have no verdict
+    # off the H200. The eigensolver rows capture the summary's stacks and time LAPACK on them; the GPU side is n/a.
+    assert "observation.summary.eigensolver=auto" in lines["eigendecomposition seconds"]
     assert " n/a " in lines["pass seconds"]
+    assert "| n/a s" in lines["eigensolver: CPU vs GPU time"] and " n/a " in lines["eigensolver: CPU vs GPU time"]
+    assert "CPU LAPACK" in lines["eigensolver: CPU vs GPU time"]
+    assert " n/a " in lines["eigensolver: GPU vs CPU values"]
 
     results = json.loads((out / "results.json").read_text())
     assert results["exit_status"] == 0
@@ -68,6 +71,9 @@ def test_tiny_cpu_run_prints_every_row_and_the_equality_checks_pass(tiny_run) ->
     assert results["guard"]["worst"] <= gpu_check.TOLERANCE
     assert results["device_check"]["worst"] <= gpu_check.TOLERANCE
     assert results["guard"]["compared"] > 100  # eigenvalues and observables of every point and view
+    eig = results["eigensolver"]
+    assert eig["stacks"] > 0 and eig["matrices"] > eig["stacks"]  # stacked: G + 1 matrices a (point, view)
+    assert eig["cpu_s"] > 0 and eig["gpu_s"] is None and eig["worst"] is None
     epochs = [o["epoch"] for o in results["training"]["observations"]]
     assert epochs == [0, 2]  # the callback observed during training; blocking comes from its own timing
     assert Path(results["checkpoint"]).is_file()  # the saved checkpoint is kept in the run directory
@@ -169,3 +175,71 @@ def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert status == 2
     missing = tmp_path / "nope.ckpt"
     assert captured.err.strip().splitlines() == [f"gpu_check: error: --checkpoint {missing}: no such file"]
+
+
+def _stacks(count: int = 3, size: int = 4, dim: int = 12) -> list:
+    """Symmetrised sample covariances in ``[size, dim, dim]`` stacks, as the summary hands them to its eigensolver."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(count):
+        x = rng.standard_normal((size, 3 * dim, dim)) * np.exp(rng.uniform(-3, 3, dim))
+        covs = np.einsum("sni,snj->sij", x, x) / (3 * dim - 1)
+        out.append((covs + covs.transpose(0, 2, 1)) / 2)
+    return out
+
+
+def _rows(eig: dict, device: str) -> list:
+    """The table's rows around an eigensolver result, every other measurement a placeholder."""
+    timing = {
+        "images": 32,
+        "phases_s": {},
+        "points": 5,
+        "batch_size": 16,
+        "repeats": 1,
+        "forward_s": 0.0,
+        "eig_calls": 0,
+        "eig_stacked_calls": 0,
+        "eig_call_seconds": 0.0,
+        "eigensolver_setting": "auto",
+        "whole_s": 0.0,
+        "peak_mb": 0.0,
+        "peak_above_model_mb": 0.0,
+    }
+    exact = {"worst": 0.0, "images": 32, "where": "nowhere", "compared": 1}
+    return gpu_check.build_rows(gpu_check.TINY, torch.device(device), None, timing, exact, exact, None, eig)
+
+
+def test_the_eigensolver_check_times_both_and_an_unequal_gpu_solver_fails_with_exit_1() -> None:
+    """`compare_eigensolvers` with stand-ins for the GPU solver (no GPU here): one off by 1e-12 passes, one off by
+    1e-7 fails the equality row and the exit status is 1; what ``auto`` would choose is reported per shape."""
+    import numpy as np
+
+    stacks = _stacks()
+    close = gpu_check.compare_eigensolvers(stacks, 2, 1, lambda s: np.linalg.eigvalsh(s) * (1 + 1e-12))
+    assert 0 < close["worst"] <= gpu_check.TOLERANCE
+    assert close["cpu_s"] > 0 and close["gpu_s"] > 0 and close["faster"] in ("cpu", "gpu")
+    assert close["matrices"] == 12 and close["shapes"] == {"4 x 12^2": 3} and close["compared"] == 12 * 12
+    assert list(close["auto"]) == ["4 x 12^2"]
+    rows = {r.name: r for r in _rows(close, "cuda")}
+    assert [r.name for r in _rows(close, "cuda")] == list(gpu_check.ROW_NAMES)
+    assert rows["eigensolver: GPU vs CPU values"].verdict == "PASS"
+    timing_row = rows["eigensolver: CPU vs GPU time"]
+    assert timing_row.verdict == "info" and f"{close['faster'].upper()} faster" in timing_row.detail
+    assert gpu_check.exit_status(list(rows.values()), strict=False) == 0
+
+    off = gpu_check.compare_eigensolvers(stacks, 2, 1, lambda s: np.linalg.eigvalsh(s) * (1 + 1e-7))
+    assert off["worst"] == pytest.approx(1e-7, rel=1e-3)
+    failed = _rows(off, "cuda")
+    assert next(r for r in failed if r.name == "eigensolver: GPU vs CPU values").verdict == "FAIL"
+    assert gpu_check.exit_status(failed, strict=False) == 1
+
+
+def test_off_cuda_the_eigensolver_check_times_the_cpu_only_and_has_no_verdict() -> None:
+    cpu_only = gpu_check.compare_eigensolvers(_stacks(), 2, 1, None)
+    assert cpu_only["cpu_s"] > 0 and cpu_only["gpu_s"] is None and cpu_only["worst"] is None
+    rows = {r.name: r for r in _rows(cpu_only, "cpu")}
+    assert rows["eigensolver: CPU vs GPU time"].value.endswith("| n/a s")
+    assert rows["eigensolver: CPU vs GPU time"].verdict == rows["eigensolver: GPU vs CPU values"].verdict == "n/a"
+    assert gpu_check.exit_status(list(rows.values()), strict=True) == 0
