@@ -326,7 +326,7 @@ class PhaseTimer:
         self.samples: dict[str, list[float]] = {k: [] for k in self.PHASES}
         self.keep_accumulators = keep_accumulators
         self.accumulators: Any = None
-        """With ``keep_accumulators``: the reduced accumulators the last ``summarize_accumulators`` call received."""
+        """With ``keep_accumulators``: the reduced accumulators the last summary (``summarize_shared``) received."""
 
     def reset(self) -> None:
         """Forgets the samples so far (warm-up runs), keeping the attached state."""
@@ -353,12 +353,12 @@ class PhaseTimer:
         saved = (
             pipeline.stream_activations,
             pipeline.reduce_accumulators,
-            pipeline.summarize_accumulators,
+            pipeline.summarize_shared,
             RecordWriter.write_observation,
         )
         pipeline.stream_activations = self._wrap("stream", saved[0])
         pipeline.reduce_accumulators = self._wrap("reduce", saved[1])
-        pipeline.summarize_accumulators = self._wrap("eig_observables", saved[2])
+        pipeline.summarize_shared = self._wrap("eig_observables", saved[2])
         RecordWriter.write_observation = self._wrap("records", saved[3])
         try:
             yield
@@ -366,7 +366,7 @@ class PhaseTimer:
             (
                 pipeline.stream_activations,
                 pipeline.reduce_accumulators,
-                pipeline.summarize_accumulators,
+                pipeline.summarize_shared,
                 RecordWriter.write_observation,
             ) = saved
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,11 +21,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily, enabled_families
 from tgo.observatory.hooks import num_prefix_tokens_of
 from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_model
-from tgo.observatory.results import Results, summarize_accumulators
+from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings
+from tgo.observatory.share import GatherBytes, SummaryShare, summarize_shared
 from tgo.observatory.stream import reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
 from tgo.spectral import jackknife_groups
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tgo.spectral.eigensolver import Eigvalsh
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -253,7 +257,33 @@ class RecordPlan:
     with_covariance: bool = False
 
 
-def observe_and_record(
+@dataclass
+class ReducedObservation:
+    """One observation after the stream and the reduction, before its summary: what every rank holds.
+
+    Made by `reduce_observation` (on the training thread: it holds the collectives of the pass) and finished by
+    `summarize_and_record` (there, or on a background thread: `tgo.callbacks.spectral_geometry`).
+
+    Attributes:
+        accumulators: The reduced accumulators, one per point, identical on every rank.
+        points: The observation points, in depth order.
+        families: The started families with their reduced states.
+        image_groups: The jackknife group of every image (``None`` without a jackknife).
+        settings: The observation's settings.
+        record: Where and under which epoch the result is recorded.
+        nonfinite: ``{point: rows with NaN/Inf}`` of the points that saw any.
+    """
+
+    accumulators: dict[str, Any]
+    points: tuple[ObservationPoint, ...]
+    families: list[FamilyRun]
+    image_groups: np.ndarray | None
+    settings: ObservationSettings
+    record: RecordPlan
+    nonfinite: dict[str, int]
+
+
+def reduce_observation(
     model: torch.nn.Module,
     dataset: Dataset,
     points: Sequence[ObservationPoint],
@@ -264,25 +294,11 @@ def observe_and_record(
     all_reduce_sum: SumFn,
     is_global_zero: bool,
     device: torch.device | str | None = None,
-) -> Results | None:
-    """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
+) -> ReducedObservation:
+    """The stream and the reduction of one observation (its two collectives), on every rank. Collective.
 
-    Collective: every rank must call it. Non-finite activations raise on every rank together (the counts are
-    reduced first), so an ``error`` policy cannot leave one rank waiting in a collective.
-
-    Args:
-        model: The network to observe.
-        dataset: The analysis subset (identical on every rank).
-        points: The observation points, in depth order (resolved once by the caller).
-        settings: Gram precision, non-finite policy and fit range are read from here.
-        plan: This rank's shard.
-        record: Where and under which epoch the result is recorded.
-        all_reduce_sum: Element-wise sum over ranks (identity on one process).
-        is_global_zero: Whether this process records.
-        device: Where activations and accumulators live.
-
-    Returns:
-        The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
+    Non-finite activations raise on every rank together (the counts are reduced first), so an ``error`` policy
+    cannot leave one rank waiting in a collective; under ``warn`` rank 0 warns here, when they are found.
     """
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
     families = start_families(
@@ -313,37 +329,122 @@ def observe_and_record(
             f"epoch {record.epoch}: non-finite activations (rows per point): {bad}; "
             "set observation.nonfinite=warn to record NaN observables and continue"
         )
-    if not is_global_zero:
-        return None
-    if bad:
+    if bad and is_global_zero:
         warnings.warn(
             f"[tgo] epoch {record.epoch}: non-finite activations at {bad} (rows excluded); their "
             "observables are recorded as NaN",
             RuntimeWarning,
             stacklevel=2,
         )
-    for run in families:  # what each family needs from earlier records (subspace drift: earlier eigenvectors)
-        run.history = run.family.read_history(record.writer.run_dir, record.epoch)
-    results = summarize_accumulators(
-        accumulators,
-        points,
+    return ReducedObservation(accumulators, tuple(points), families, image_groups, settings, record, bad)
+
+
+def summarize_and_record(
+    reduced: ReducedObservation,
+    *,
+    share: SummaryShare,
+    eigvalsh: Eigvalsh | None = None,
+) -> Results | None:
+    """The summary of a reduced observation (shared by the ranks where ``share`` says so) and, on rank 0, its
+    records. Collective when shared (`tgo.observatory.share.summarize_shared`: one gather); otherwise only rank 0
+    needs to call it.
+
+    Returns:
+        The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
+    """
+    record = reduced.record
+    if share.rank == 0:  # what each family needs from earlier records (subspace drift: earlier eigenvectors)
+        for run in reduced.families:
+            run.history = run.family.read_history(record.writer.run_dir, record.epoch)
+    results = summarize_shared(
+        reduced.accumulators,
+        reduced.points,
+        share=share,
         nan_if_nonfinite=True,
-        fit_range=settings.fit_range,
-        families=families,
-        image_groups=image_groups,
+        fit_range=reduced.settings.fit_range,
+        families=reduced.families,
+        image_groups=reduced.image_groups,
+        eigvalsh=eigvalsh,
     )
-    record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)
+    if results is not None:
+        record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)
     return results
+
+
+def observe_and_record(
+    model: torch.nn.Module,
+    dataset: Dataset,
+    points: Sequence[ObservationPoint],
+    *,
+    settings: ObservationSettings,
+    plan: ShardPlan,
+    record: RecordPlan,
+    all_reduce_sum: SumFn,
+    is_global_zero: bool,
+    device: torch.device | str | None = None,
+    gather: GatherBytes | None = None,
+    eigvalsh: Eigvalsh | None = None,
+) -> Results | None:
+    """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
+
+    Collective: every rank must call it (`reduce_observation`, then `summarize_and_record`).
+
+    Args:
+        model: The network to observe.
+        dataset: The analysis subset (identical on every rank).
+        points: The observation points, in depth order (resolved once by the caller).
+        settings: Gram precision, non-finite policy and fit range are read from here.
+        plan: This rank's shard.
+        record: Where and under which epoch the result is recorded.
+        all_reduce_sum: Element-wise sum over ranks (identity on one process).
+        is_global_zero: Whether this process records.
+        device: Where activations and accumulators live.
+        gather: With several ranks and ``settings.summary.share``: the gather to rank 0
+            (`tgo.observatory.share.process_group_gather`), and every rank summarises its share of the points.
+            ``None``: rank 0 summarises every point.
+        eigvalsh: The stacked float64 eigensolver (`tgo.spectral.eigensolver`; ``None``: numpy's LAPACK).
+
+    Returns:
+        The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
+    """
+    reduced = reduce_observation(
+        model,
+        dataset,
+        points,
+        settings=settings,
+        plan=plan,
+        record=record,
+        all_reduce_sum=all_reduce_sum,
+        is_global_zero=is_global_zero,
+        device=device,
+    )
+    share = summary_share(settings, plan, gather, is_global_zero)
+    if not share.is_shared and not is_global_zero:
+        return None
+    return summarize_and_record(reduced, share=share, eigvalsh=eigvalsh)
+
+
+def summary_share(
+    settings: ObservationSettings, plan: ShardPlan, gather: GatherBytes | None, is_global_zero: bool
+) -> SummaryShare:
+    """This rank's part in the summary: dealt over the ranks with a gather and ``summary.share``, else rank 0 alone."""
+    if gather is not None and settings.summary.share and plan.world_size > 1:
+        return SummaryShare(rank=plan.rank, world_size=plan.world_size, gather=gather)
+    return SummaryShare(rank=0 if is_global_zero else plan.rank, world_size=1)
 
 
 __all__ = [
     "NonFiniteActivationsError",
     "RecordPlan",
+    "ReducedObservation",
     "ShardPlan",
     "ShardSampler",
     "observation_loader",
     "observe_and_record",
     "observe_dataset",
+    "reduce_observation",
     "shard_loader",
     "start_families",
+    "summarize_and_record",
+    "summary_share",
 ]

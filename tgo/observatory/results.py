@@ -16,10 +16,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -31,11 +31,14 @@ from tgo.spectral import (
     StreamingCovariance,
 )
 from tgo.spectral.decomposition import eigendecompose_many
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tgo.spectral.eigensolver import Eigvalsh
 from tgo.spectral.jackknife import Moments, combine, jackknife_stderrs
 from tgo.spectral.jackknife import moments as jackknife_moments
 from tgo.spectral.summary import summarize_many
 
-from .families.base import Array, Contribution, FamilyRun, Metric, PointSummary
+from .families.base import Array, Contribution, FamilyRun, HistorySummary, Metric, PointSummary
 from .points import ObservationPoint
 from .views import ViewMoments, all_view, order_views
 
@@ -44,6 +47,7 @@ __all__ = [
     "ObservationKey",
     "PointResult",
     "Results",
+    "relate_histories",
     "summarize_accumulators",
     "summarize_view",
     "summary_workers",
@@ -146,8 +150,11 @@ def summarize_accumulators(
     fit_range: Sequence[int] | None = None,
     families: Sequence[FamilyRun] = (),
     image_groups: np.ndarray | None = None,
+    only: Collection[str] | None = None,
+    relate_history: bool = True,
+    eigvalsh: Eigvalsh | None = None,
 ) -> Results:
-    """Eigendecompose (float64) and compute the observables of every point and view; call on one rank after reduction.
+    """Eigendecompose (float64) and compute the observables of every point and view; call after the reduction.
 
     A `GroupedCovariance` (jackknife groups) is summarised from the exact merge of its groups, and each of its ``G``
     leave-one-group-out merges gives the catalogue's observables once more, from which every geometry observable
@@ -167,6 +174,10 @@ def summarize_accumulators(
         fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
         families: The observation's families with their reduced states and histories (``()``: the ``all`` view).
         image_groups: Jackknife group of every analysis image (needed with families and jackknife groups).
+        only: Summarise only these points (a rank's share, `tgo.observatory.share`); ``None``: every point.
+        relate_history: Add each family's ``relate_history`` contribution (rank 0, `relate_histories`); a rank's
+            share leaves it to rank 0, which holds the records.
+        eigvalsh: The stacked float64 eigensolver (`tgo.spectral.eigensolver`; ``None``: numpy's LAPACK).
 
     Returns:
         ``{ObservationKey(point, view): PointResult}`` in point order, views of a point in `tgo.records.VIEWS` order
@@ -176,6 +187,11 @@ def summarize_accumulators(
         raise ValueError("summarize_accumulators: families need the observation points")
     point_of = {p.name: p for p in points} if points is not None else {}
     names = [p.name for p in points] if points is not None else list(accumulators)
+    if only is not None:
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise ValueError(f"summarize_accumulators: only= names unknown point(s) {unknown}")
+        names = [n for n in names if n in only]
     missing = [n for n in names if n not in accumulators]
     if missing:
         raise ValueError(f"summarize_accumulators: no accumulator for point(s) {missing}")
@@ -233,7 +249,6 @@ def summarize_accumulators(
                 views=views,
                 image_groups=image_groups if group_moments else None,
                 groups=len(group_moments),
-                history=run.history,
                 settings=run.context.settings,
             )
             _contribute(run.family.name, name, summaries, run.state.summarize_point(summary), nonfinite_at(name))
@@ -248,7 +263,9 @@ def summarize_accumulators(
         spectral = dict(
             zip(
                 tasks,
-                pool.map(lambda t: _summarize_view(point_views[t[0]][t[1]], fit_range, nonfinite_at(t[0])), tasks),
+                pool.map(
+                    lambda t: _summarize_view(point_views[t[0]][t[1]], fit_range, nonfinite_at(t[0]), eigvalsh), tasks
+                ),
                 strict=True,
             )
         )
@@ -257,10 +274,44 @@ def summarize_accumulators(
     for name, summaries in zip(names, per_point, strict=True):
         for view, result in summaries.items():
             out[ObservationKey(name, view)] = result
+    if relate_history and families:
+        relate_histories(out, [point_of[n] for n in names], families, nan_if_nonfinite=nan_if_nonfinite)
     return out
 
 
-def summarize_view(vm: ViewMoments, *, fit_range: Sequence[int] | None = None, nonfinite: bool = False) -> PointResult:
+def relate_histories(
+    results: Results, points: Sequence[ObservationPoint], families: Sequence[FamilyRun], *, nan_if_nonfinite: bool
+) -> None:
+    """Rank 0: every family's ``relate_history`` contribution (what compares with earlier records), in place.
+
+    The last step of a summary, after every point's views and ``summarize_point`` contributions, wherever those were
+    computed (one process, or each rank's share gathered by `tgo.observatory.share`): the same inputs in the same
+    order, so the same bits. A point that saw non-finite rows (under ``nan_if_nonfinite``) gets NaN metrics, as in
+    ``summarize_point``.
+    """
+    for point in points:
+        summaries = {key.view: result for key, result in results.items() if key.point == point.name}
+        nonfinite = nan_if_nonfinite and summaries["all"].spectrum.n_nonfinite > 0
+        for run in families:
+            summary = HistorySummary(point, summaries, run.history, run.context.settings)
+            _contribute(run.family.name, point.name, summaries, run.state.relate_history(summary), nonfinite)
+        created = [view for view in summaries if ObservationKey(point.name, view) not in results]
+        for view in created:  # a view only the history step contributes to: after the point's other views
+            results[ObservationKey(point.name, view)] = summaries[view]
+        if created:
+            order = {p.name: i for i, p in enumerate(points)}
+            items = sorted(results.items(), key=lambda item: order.get(item[0].point, len(order)))
+            results.clear()
+            results.update(items)
+
+
+def summarize_view(
+    vm: ViewMoments,
+    *,
+    fit_range: Sequence[int] | None = None,
+    nonfinite: bool = False,
+    eigvalsh: Eigvalsh | None = None,
+) -> PointResult:
     """Spectrum, catalogue observables and jackknife standard errors of one view: a pure function of its moments.
 
     The ``1 + G`` covariances (the total and each leave-one-group-out subset) are decomposed in one stacked LAPACK
@@ -275,11 +326,12 @@ def summarize_view(vm: ViewMoments, *, fit_range: Sequence[int] | None = None, n
         vm: The view's moments (total and leave-one-group-out; an alias is summarised by its original).
         fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
         nonfinite: The point saw non-finite rows (under ``nan_if_nonfinite``): NaN geometry and standard errors.
+        eigvalsh: The stacked float64 eigensolver (``None``: numpy's LAPACK).
     """
     diagnostics = CATALOGUE.diagnostics
     moments = [vm.total, *vm.leave_out]
     covs = np.stack([m[0] for m in moments])  # one [1 + G, D, D] copy that both steps read
-    spectra = eigendecompose_many(covs, [m[2] for m in moments], [m[3] for m in moments])
+    spectra = eigendecompose_many(covs, [m[2] for m in moments], [m[3] for m in moments], eigvalsh=eigvalsh)
     rows = summarize_many(covs, spectra, fit_range=fit_range, spectra_of_covs=True)
     spectrum, observables, leave_out = spectra[0], rows[0], rows[1:]
     replicates: dict[str, np.ndarray] = {}
@@ -304,9 +356,11 @@ def summarize_view(vm: ViewMoments, *, fit_range: Sequence[int] | None = None, n
     )
 
 
-def _summarize_view(vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite: bool) -> PointResult:
+def _summarize_view(
+    vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite: bool, eigvalsh: Eigvalsh | None = None
+) -> PointResult:
     """`summarize_view`, under the name ``benchmarks/observation_bench.py`` (row 8.4) times."""
-    return summarize_view(vm, fit_range=fit_range, nonfinite=nonfinite)
+    return summarize_view(vm, fit_range=fit_range, nonfinite=nonfinite, eigvalsh=eigvalsh)
 
 
 def _contribute(

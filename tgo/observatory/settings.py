@@ -23,6 +23,7 @@ from tgo.errors import UserInputError
 __all__ = [
     "ATTENTION_DTYPES",
     "COVARIANCE_POLICIES",
+    "EIGENSOLVERS",
     "GRAM_DTYPES",
     "NONFINITE_POLICIES",
     "AttentionSettings",
@@ -30,6 +31,7 @@ __all__ = [
     "ObservationSettings",
     "ObservationSettingsError",
     "ProbeSettings",
+    "SummarySettings",
 ]
 
 GRAM_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
@@ -195,6 +197,39 @@ class AttentionSettings:
         return torch.float32 if kind == "cpu" else torch.float64
 
 
+EIGENSOLVERS = ("auto", "cpu", "gpu")
+"""Where the summary's float64 eigendecompositions run (`SummarySettings.eigensolver`)."""
+
+
+@dataclass(frozen=True)
+class SummarySettings:
+    """Where and when the summary of a reduced observation (eigendecompositions, observables, records) runs.
+
+    Attributes:
+        background: Training waits only for the stream and the reduction; the summary, the records and the scalars
+            complete on a background thread (at most one observation in flight, then training waits), flushed before
+            ``fit`` returns or re-raises. ``false``: the observation completes before training resumes.
+        share: With several ranks, every rank summarises its share of the points (each rank holds the same reduced
+            state) and rank 0 gathers the results in one collective; records are bitwise those of one process.
+            ``false``: rank 0 summarises every point.
+        eigensolver: ``cpu`` (numpy/LAPACK float64 ``eigvalsh``), ``gpu`` (torch float64 ``eigvalsh`` on the
+            observation's CUDA device), or ``auto``: the faster of the two for each matrix shape, timed once per
+            process where a CUDA device is present, else ``cpu``.
+    """
+
+    background: bool = True
+    share: bool = True
+    eigensolver: str = "auto"
+
+    def __post_init__(self) -> None:
+        for key in ("background", "share"):
+            if not isinstance(getattr(self, key), bool):
+                raise ObservationSettingsError(
+                    f"{PREFIX}.summary.{key}: expected true or false, got {getattr(self, key)!r}"
+                )
+        _one_of("summary.eigensolver", self.eigensolver, EIGENSOLVERS)
+
+
 @dataclass(frozen=True)
 class ObservationSettings:
     """How, where and when the geometry is observed.
@@ -220,6 +255,7 @@ class ObservationSettings:
         figures: TensorBoard figure settings (`FigureSettings`).
         probes: The hypothesis probes (`ProbeSettings`).
         attention: The attention-geometry family (`AttentionSettings`).
+        summary: Where and when the summary runs (`SummarySettings`).
     """
 
     every_n_epochs: int = 5
@@ -234,6 +270,7 @@ class ObservationSettings:
     figures: FigureSettings = field(default_factory=FigureSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     attention: AttentionSettings = field(default_factory=AttentionSettings)
+    summary: SummarySettings = field(default_factory=SummarySettings)
 
     def __post_init__(self) -> None:
         _positive_int("every_n_epochs", self.every_n_epochs)
@@ -289,6 +326,11 @@ class ObservationSettings:
             object.__setattr__(self, "attention", AttentionSettings(**self.attention))
         elif not isinstance(self.attention, AttentionSettings):
             raise ObservationSettingsError(f"{PREFIX}.attention: expected a mapping, got {self.attention!r}")
+        if isinstance(self.summary, Mapping):
+            _reject_unknown(SummarySettings, self.summary, f"{PREFIX}.summary")
+            object.__setattr__(self, "summary", SummarySettings(**self.summary))
+        elif not isinstance(self.summary, SummarySettings):
+            raise ObservationSettingsError(f"{PREFIX}.summary: expected a mapping, got {self.summary!r}")
 
     @classmethod
     def from_config(cls, node: Any) -> ObservationSettings:

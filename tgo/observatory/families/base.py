@@ -13,9 +13,10 @@ the pipeline (`tgo.observatory.pipeline`), the stream (`tgo.observatory.stream`)
    groups), ``update(key, x, batch)`` (each hooked tensor, layout-checked, outside inference mode), ``end_stream``
    (the feature dimension of every point, also on a rank that saw no images), ``summables`` (states that are *sums*
    over ranks: they travel packed in the observation's second collective, so an observation makes two collectives
-   whatever the families), ``check`` (after the reduction, on every rank), and on rank 0 ``views`` (further
+   whatever the families), ``check`` (after the reduction, on every rank), then ``views`` (further
    covariances of a point: `ViewMoments`) and ``summarize_point`` (its `Metric` and `Array` contributions to the
-   point's views).
+   point's views; on the rank that summarises the point) and ``relate_history`` (rank 0: what compares with the
+   earlier records ``read_history`` read).
 
 Exactness across ranks: a state is summed element-wise, so it must be a sum over images (counts, sums, per-image rows
 written at the image's subset index with zeros elsewhere: `BatchInfo.index`). Standard errors come from the same image
@@ -53,6 +54,7 @@ __all__ = [
     "FamilyContext",
     "FamilyRun",
     "FamilyState",
+    "HistorySummary",
     "HookSpec",
     "MeasurementFamily",
     "Metric",
@@ -125,7 +127,11 @@ class FamilyContext:
 
 @dataclass(frozen=True)
 class PointSummary:
-    """What ``summarize_point`` sees of one point, on rank 0 after the reduction.
+    """What ``summarize_point`` sees of one point, after the reduction, on the rank that summarises the point.
+
+    With several ranks each rank summarises its share of the points (`tgo.observatory.share`), so this holds only
+    what every rank has: the reduced state's moments and the point's own view summaries. What needs earlier records
+    (``read_history``, on rank 0's disk) goes in ``FamilyState.relate_history`` instead.
 
     Attributes:
         point: The point.
@@ -133,7 +139,6 @@ class PointSummary:
         views: ``{view: ViewMoments}``, the moments behind ``results``.
         image_groups: The jackknife group of every image, ``None`` without a jackknife.
         groups: ``G`` (0: none).
-        history: What the family's ``read_history`` returned.
         settings: The observation's settings.
     """
 
@@ -142,6 +147,23 @@ class PointSummary:
     views: Mapping[str, ViewMoments]
     image_groups: np.ndarray | None
     groups: int
+    settings: ObservationSettings
+
+
+@dataclass(frozen=True)
+class HistorySummary:
+    """What ``relate_history`` sees of one point, on rank 0 once every point is summarised.
+
+    Attributes:
+        point: The point.
+        results: ``{view: PointResult}``: the point's views with every family's ``summarize_point`` contribution
+            (covariance, mean, spectrum, observables and arrays; read them, do not change them).
+        history: What the family's ``read_history`` returned.
+        settings: The observation's settings.
+    """
+
+    point: ObservationPoint
+    results: Mapping[str, PointResult]
     history: Any
     settings: ObservationSettings
 
@@ -232,7 +254,13 @@ class FamilyState:
         return {}
 
     def summarize_point(self, summary: PointSummary) -> Contribution:
-        """Rank 0: this family's metrics and arrays of one point (called in a thread pool, one point per task)."""
+        """This family's metrics and arrays of one point, from the reduced state alone (called in a thread pool, one
+        point per task, on whichever rank summarises the point: it must give the same bits on any rank)."""
+        return ()
+
+    def relate_history(self, summary: HistorySummary) -> Contribution:
+        """Rank 0, after every point is summarised: the metrics and arrays of one point that compare it with earlier
+        records (``read_history``), appended after every family's ``summarize_point`` contribution."""
         return ()
 
 
@@ -262,7 +290,7 @@ class MeasurementFamily:
 
     def read_history(self, run_dir: Path, epoch: int) -> Any:
         """Rank 0, before summarising: what it needs from the records of epochs before ``epoch`` (``None``: nothing).
-        It reaches ``PointSummary.history``."""
+        It reaches ``HistorySummary.history`` (``FamilyState.relate_history``)."""
         return None
 
 

@@ -67,6 +67,7 @@ from .base import (
     Contribution,
     FamilyContext,
     FamilyState,
+    HistorySummary,
     HookSpec,
     MeasurementFamily,
     Metric,
@@ -540,7 +541,7 @@ class ImageVectorState(FamilyState):
         return {view: moments for view, moments in views.items() if view != "all"}
 
     def summarize_point(self, summary: PointSummary) -> Contribution:
-        name, vectors = summary.point.name, self.table.points[summary.point.name]
+        vectors = self.table.points[summary.point.name]
         whole = summary.results["all"]
         out: list[Metric | Array] = []
         fraction, fraction_se, fraction_replicates = between_image_fraction(summary.views)
@@ -556,16 +557,6 @@ class ImageVectorState(FamilyState):
         massive, peak = massive_metrics(vectors, whole.covariance)
         out += [Metric("all", metric, value) for metric, value in massive.items()]
         out.append(Array("all", "max_abs", peak))
-        drift, kept, k90 = drift_metrics(
-            name,
-            whole.covariance,
-            whole.observables.get("components_90", math.nan),
-            summary.history,
-            self.probes.subspace_k,
-            whole.n_rows,
-        )
-        out += [Metric("all", metric, value) for metric, value in drift.items()]
-        out += [Array("all", "eigenvectors", kept), Array("all", "components_90", np.asarray(k90, dtype=np.int64))]
         labels = self.table.labels.detach().cpu().numpy().astype(np.int64)
         for view, kind in (("cls", "cls"), ("patch", "patch" if "patch" in vectors.values else "mean")):
             if view not in summary.results or kind not in vectors.values:
@@ -581,6 +572,21 @@ class ImageVectorState(FamilyState):
             )
             out += [Metric(view, m, v, stderr[m], replicates.get(m)) for m, v in values.items()]
             out += [Array(view, "vectors", x.astype(np.float32), kept=True), Array(view, "labels", labels, kept=True)]
+        return out
+
+    def relate_history(self, summary: HistorySummary) -> Contribution:
+        """Subspace drift against the first and the previous recorded observation (`drift_metrics`), on rank 0."""
+        whole = summary.results["all"]
+        drift, kept, k90 = drift_metrics(
+            summary.point.name,
+            whole.covariance,
+            whole.observables.get("components_90", math.nan),
+            summary.history,
+            self.probes.subspace_k,
+            whole.n_rows,
+        )
+        out: list[Metric | Array] = [Metric("all", metric, value) for metric, value in drift.items()]
+        out += [Array("all", "eigenvectors", kept), Array("all", "components_90", np.asarray(k90, dtype=np.int64))]
         return out
 
 

@@ -1,0 +1,288 @@
+"""The summary shared by the ranks: each summarises its share of the points, rank 0 gathers the results.
+
+After the reduction every rank holds the same reduced state (`tgo.observatory.stream.reduce_accumulators`), and the
+summary of a point is a deterministic function of that state (`tgo.observatory.results.summarize_accumulators`: the
+same moments give the same bits on any rank). So instead of every rank waiting for rank 0 to summarise all points,
+
+1. the points are dealt over the ranks (`deal_points`: largest first onto the least-loaded rank, at most
+   ``ceil(P / W)`` points per rank), each point whole: its views, their spectra and standard errors, and every
+   family's ``summarize_point`` contribution, which reads the point's own view summaries;
+2. each rank summarises its points and encodes them (`encode_results`: a ``numpy.savez`` archive of plain arrays
+   and a JSON index; nothing is pickled, and `decode_results` loads it with ``allow_pickle=False``);
+3. one gather brings every share to rank 0 (`process_group_gather`: the sizes, then the padded bytes), which
+   decodes them in point order and adds what compares with earlier records (`relate_histories`: only rank 0 has the
+   records), then records. A share that failed travels as its error, so no rank is left waiting in the gather.
+
+Records are bitwise those of a one-process summary (``tests/observatory/test_share.py``, 1 vs 2 and 3 gloo
+processes): every array and float travels as its bytes.
+
+The *point* is the unit, not the (point, view): a family's ``summarize_point`` reads all the point's view summaries,
+so dealing views apart would need a second gather before it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from tgo.spectral import Spectrum
+
+from .results import ObservationKey, PointResult, Results, relate_histories, summarize_accumulators
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tgo.spectral.eigensolver import Eigvalsh
+
+    from .families import FamilyRun
+    from .points import ObservationPoint
+
+__all__ = [
+    "GatherBytes",
+    "SharedSummaryError",
+    "SummaryShare",
+    "deal_points",
+    "decode_results",
+    "encode_results",
+    "process_group_gather",
+    "summarize_shared",
+]
+
+GatherBytes = Callable[[bytes], "list[bytes] | None"]
+"""Collective: every rank passes its payload; rank 0 gets every rank's payload in rank order, the others ``None``."""
+
+FORMAT = "tgo-share-1"
+"""The encoding's name and version, checked on decode."""
+
+
+class SharedSummaryError(RuntimeError):
+    """A rank's share of the summary failed (raised on rank 0, naming the rank and its error)."""
+
+
+@dataclass(frozen=True)
+class SummaryShare:
+    """This rank's part in a shared summary.
+
+    Attributes:
+        rank: This rank.
+        world_size: Number of ranks.
+        gather: The gather to rank 0 (`process_group_gather`); ``None`` with one rank.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    gather: GatherBytes | None = None
+
+    @property
+    def is_shared(self) -> bool:
+        """Several ranks and a gather: the points are dealt."""
+        return self.world_size > 1 and self.gather is not None
+
+
+def point_cost(acc: Any) -> float:
+    """The relative cost of a point's summary: ``(G + 1) D^3`` (its eigendecompositions dominate)."""
+    groups = len(getattr(acc, "groups", ()) or ())
+    return float(groups + 1) * float(acc.dim) ** 3
+
+
+def deal_points(costs: Mapping[str, float], world_size: int) -> list[list[str]]:
+    """Each rank's points: the dearest first onto the least-loaded rank that has room (ties: the lower rank).
+
+    At most ``ceil(P / W)`` points per rank; with equal costs rank ``r`` gets points ``r, r + W, ...``. Every rank
+    computes the same deal from the same (reduced) state. Each rank's points keep the given (depth) order.
+    """
+    if world_size < 1:
+        raise ValueError(f"deal_points: world_size must be >= 1, got {world_size}")
+    names = list(costs)
+    room = math.ceil(len(names) / world_size) if names else 0
+    load = [0.0] * world_size
+    dealt: list[list[str]] = [[] for _ in range(world_size)]
+    for name in sorted(names, key=lambda n: -costs[n]):  # stable: equal costs in point order
+        rank = min((r for r in range(world_size) if len(dealt[r]) < room), key=lambda r: (load[r], r))
+        dealt[rank].append(name)
+        load[rank] += costs[name]
+    order = {name: i for i, name in enumerate(names)}
+    return [sorted(points, key=order.__getitem__) for points in dealt]
+
+
+# ----------------------------------------------------------------------------------------------------- encoding
+def encode_results(results: Results) -> bytes:
+    """``results`` as bytes: every array and float as its bits, no pickled object (`decode_results` reverses it)."""
+    arrays: dict[str, np.ndarray] = {}
+    index: list[dict[str, Any]] = []
+
+    def put(array: Any) -> str:
+        key = f"a{len(arrays)}"
+        arrays[key] = np.asarray(array)
+        return key
+
+    def named(values: Mapping[str, Any]) -> dict[str, Any]:
+        return {"names": list(values), "values": put(np.array(list(values.values()), dtype=np.float64))}
+
+    for key, result in results.items():
+        entry: dict[str, Any] = {"point": key.point, "view": key.view, "alias_of": result.alias_of}
+        if result.alias_of is None:
+            s = result.spectrum
+            entry["spectrum"] = {
+                "eigenvalues": put(s.eigenvalues),
+                "counts": [int(s.n_rows), int(s.n_nonfinite), int(s.n_clamped)],
+                "most_negative": put(np.float64(s.most_negative)),
+            }
+            entry["mean"], entry["covariance"] = put(result.mean), put(result.covariance)
+        entry["observables"], entry["stderr"] = named(result.observables), named(result.stderr)
+        entry["arrays"] = {name: put(a) for name, a in result.arrays.items()}
+        entry["kept_arrays"] = {name: put(a) for name, a in result.kept_arrays.items()}
+        entry["jackknife"] = {name: put(a) for name, a in result.jackknife.items()}
+        index.append(entry)
+    return _archive({"format": FORMAT, "results": index}, arrays)
+
+
+def encode_failure(rank: int, error: BaseException) -> bytes:
+    """A share that failed: its rank and error, for rank 0 to raise (`SharedSummaryError`)."""
+    text = "".join(traceback.format_exception_only(type(error), error)).strip()
+    return _archive({"format": FORMAT, "failed": {"rank": int(rank), "error": text}}, {})
+
+
+def decode_results(payload: bytes) -> Results:
+    """The `Results` of an `encode_results` payload (the same bits; alias views share their original's arrays).
+
+    Raises:
+        SharedSummaryError: the payload is a failed share (`encode_failure`).
+        ValueError: the payload is not a TGO share.
+    """
+    with np.load(io.BytesIO(payload), allow_pickle=False) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    header = json.loads(bytes(arrays.pop("index")).decode("utf-8"))
+    if header.get("format") != FORMAT:
+        raise ValueError(f"decode_results: not a {FORMAT} payload (format {header.get('format')!r})")
+    if "failed" in header:
+        failed = header["failed"]
+        raise SharedSummaryError(f"rank {failed['rank']}'s share of the summary failed: {failed['error']}")
+
+    def named(spec: Mapping[str, Any]) -> dict[str, float]:
+        return dict(zip(spec["names"], (float(v) for v in arrays[spec["values"]]), strict=True))
+
+    out = Results()
+    for entry in header["results"]:
+        base = out.get(ObservationKey(entry["point"], entry["alias_of"])) if entry["alias_of"] else None
+        if base is not None:
+            spectrum, mean, covariance = base.spectrum, base.mean, base.covariance
+        else:
+            s = entry["spectrum"]
+            eigenvalues = arrays[s["eigenvalues"]]
+            eigenvalues.setflags(write=False)
+            n_rows, n_nonfinite, n_clamped = s["counts"]
+            most_negative = float(arrays[s["most_negative"]])
+            spectrum = Spectrum(eigenvalues, n_rows, n_nonfinite, n_clamped, most_negative)
+            mean, covariance = arrays[entry["mean"]], arrays[entry["covariance"]]
+        out[ObservationKey(entry["point"], entry["view"])] = PointResult(
+            spectrum=spectrum,
+            observables=named(entry["observables"]),
+            mean=mean,
+            covariance=covariance,
+            stderr=named(entry["stderr"]),
+            arrays={name: arrays[key] for name, key in entry["arrays"].items()},
+            kept_arrays={name: arrays[key] for name, key in entry["kept_arrays"].items()},
+            alias_of=entry["alias_of"],
+            jackknife={name: arrays[key] for name, key in entry["jackknife"].items()},
+        )
+    return out
+
+
+def _archive(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    index = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
+    np.savez(buffer, index=index, **dict(arrays))  # type: ignore[arg-type]  # numpy stubs: keywords are arrays
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------------------------------- the summary
+def summarize_shared(
+    accumulators: Mapping[str, Any],
+    points: Sequence[ObservationPoint],
+    *,
+    share: SummaryShare,
+    nan_if_nonfinite: bool = False,
+    fit_range: Sequence[int] | None = None,
+    families: Sequence[FamilyRun] = (),
+    image_groups: np.ndarray | None = None,
+    eigvalsh: Eigvalsh | None = None,
+) -> Results | None:
+    """The summary of a reduced observation, each rank summarising its share (`deal_points`). Collective.
+
+    With one rank (or no gather) it is `summarize_accumulators` on rank 0. Otherwise every rank summarises its
+    points, every rank takes part in the one gather (a failed share travels as its error), and rank 0 merges the
+    shares in point order and adds the history step (`relate_histories`, from its ``FamilyRun.history``).
+
+    Returns:
+        The whole `Results` on rank 0, ``None`` on the other ranks.
+
+    Raises:
+        SharedSummaryError: on rank 0, when a rank's share failed.
+    """
+    kwargs: dict[str, Any] = {
+        "nan_if_nonfinite": nan_if_nonfinite,
+        "fit_range": fit_range,
+        "families": families,
+        "image_groups": image_groups,
+        "eigvalsh": eigvalsh,
+    }
+    if not share.is_shared:
+        return summarize_accumulators(accumulators, points, **kwargs) if share.rank == 0 else None
+    assert share.gather is not None
+    dealt = deal_points({p.name: point_cost(accumulators[p.name]) for p in points}, share.world_size)
+    own: Results | None = None
+    try:
+        own = summarize_accumulators(accumulators, points, only=dealt[share.rank], relate_history=False, **kwargs)
+        payload = b"" if share.rank == 0 else encode_results(own)  # rank 0 keeps its own share as it is
+    except Exception as error:  # every rank must still reach the gather
+        own, payload = None, encode_failure(share.rank, error)
+    gathered = share.gather(payload)
+    if share.rank != 0:
+        return None
+    assert gathered is not None and len(gathered) == share.world_size
+    parts = [own if rank == 0 and own is not None else decode_results(data) for rank, data in enumerate(gathered)]
+    by_point: dict[str, list[tuple[ObservationKey, PointResult]]] = {}
+    for part in parts:
+        for key, result in part.items():
+            by_point.setdefault(key.point, []).append((key, result))
+    merged = Results()
+    for point in points:
+        merged.update(by_point.get(point.name, []))
+    if families:
+        relate_histories(merged, points, families, nan_if_nonfinite=nan_if_nonfinite)
+    return merged
+
+
+def process_group_gather(group: Any = None) -> GatherBytes:
+    """A `GatherBytes` over a ``torch.distributed`` process group of CPU tensors (gloo): two messages, the sizes
+    (``all_gather`` of one int64 each) and the bytes padded to the largest (``gather`` to the group's first rank).
+
+    TGO gathers over its own gloo group (`tgo.callbacks.spectral_geometry` makes it at setup), never over the
+    training's (NCCL) group: a background summary gathers on its own thread while training runs its collectives.
+    """
+    import torch.distributed as dist
+
+    def gather(payload: bytes) -> list[bytes] | None:
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64), group=group)
+        capacity = max(int(size) for size in sizes)
+        buffer = torch.zeros(max(capacity, 1), dtype=torch.uint8)
+        if payload:
+            buffer[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        root = dist.get_global_rank(group, 0) if group is not None else 0
+        received = [torch.empty_like(buffer) for _ in range(world)] if rank == 0 else None
+        dist.gather(buffer, received, dst=root, group=group)
+        if rank != 0:
+            return None
+        assert received is not None
+        return [bytes(t[: int(size)].numpy().tobytes()) for t, size in zip(received, sizes, strict=True)]
+
+    return gather
