@@ -14,8 +14,18 @@ How an observation is shown is `tgo.callbacks.dashboard`'s: the scalars go to ev
 point and figures rendered off the training thread (the story card first, when a ``story`` function is given).
 This module decides which observations get figures (every ``figures.every_n_observations``-th recorded one, and the
 last) and when the figures in flight are drained: at ``on_fit_end``, ``on_exception`` and ``teardown``, so every
-figure is written before ``fit`` returns or re-raises. ``geometry/blocking_seconds`` logs the time the observation
-held the training thread (the pass, the scalars and the hand-off), beside ``geometry/pass_seconds``.
+figure is written before ``fit`` returns or re-raises.
+
+The training thread waits only for the stream and the reduction (`tgo.observatory.pipeline.reduce_observation`).
+With ``summary.background`` (the default) the summary and the records run on a background thread
+(`tgo.callbacks.summary_worker`), shared by the ranks with ``summary.share`` (each rank its points, one gather over a
+gloo group this callback makes at setup). At most one summary is in flight: the next observation waits for it. Its
+scalars and figures are logged back on the training thread, at the first batch end after it finished (or the next
+observation, or the end of ``fit``); step = epoch, so they land where an inline summary would have put them. A
+checkpoint of later weights waits for the summary in flight; a checkpoint of the observed weights themselves lists
+that epoch as ``pending_epochs``, and a resume from it observes the epoch again if its records are missing (the
+records on disk decide). ``geometry/blocking_seconds`` logs the time the observation held the training thread,
+beside ``geometry/pass_seconds`` (stream + reduce) and ``geometry/summary_seconds`` (summary + records).
 """
 
 from __future__ import annotations
@@ -40,11 +50,12 @@ from tgo.observatory import (
     RecordPlan,
     Results,
     ShardPlan,
-    observe_and_record,
     points_from_config,
     resolve_points,
 )
 from tgo.observatory.find_vit import ModelSpec
+from tgo.observatory.pipeline import reduce_observation, summarize_and_record, summary_share
+from tgo.observatory.share import GatherBytes, process_group_gather
 from tgo.observatory.standalone import (
     DEFAULT_BATCH_SIZE,
     RunDirectoryError,
@@ -68,6 +79,7 @@ from .dashboard import (
     tensorboard_logger,
     tgo_story,
 )
+from .summary_worker import SummaryWorker
 
 __all__ = [
     "DEPTH_PROFILES",
@@ -140,9 +152,13 @@ class SpectralGeometryCallback(L.Callback):
         self.story = story if story is not None else tgo_story
         self.points: list[ObservationPoint] = []
         self.observed_epochs: list[int] = []
-        self.last_pass_seconds: float | None = None  # stream + reduce + eigendecompose + records
+        self.last_pass_seconds: float | None = None  # the stream and the reduction (the pass's collectives)
+        self.last_summary_seconds: float | None = None  # summary + records (in the background, or inline)
         self.last_logging_seconds: float | None = None  # logger scalars and handing the figures to the worker
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
+        self._summaries = SummaryWorker()  # the summary in flight (observation.summary.background)
+        self._gather: GatherBytes | None = None  # the shared summary's gather over TGO's own gloo group
+        self._eigvalsh: Any = None  # the summary's eigensolver (observation.summary.eigensolver), on first use
         self._run: RunDir | None = None
         self._dashboard: TensorBoardDashboard | None = None  # rank 0's per-point runs and figure worker, on first use
         self._analysis: Any = None  # the checked analysis set (with .labels), settled in setup
@@ -161,6 +177,19 @@ class SpectralGeometryCallback(L.Callback):
         self._run = RunDir(trainer.default_root_dir)
         if stage == "fit":
             self._settle_analysis(trainer)
+            self._gather = self._gather or self._summary_gather(trainer)
+
+    def _summary_gather(self, trainer: L.Trainer) -> GatherBytes | None:
+        """With several ranks and ``summary.share``: the gather of the shared summary, over a gloo group of its own
+        (made here, on every rank: ``new_group`` is collective), so a background summary never enters the training's
+        (NCCL) collectives. ``None`` on one process or without ``torch.distributed``."""
+        if trainer.world_size < 2 or not self.settings.summary.share:
+            return None
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return process_group_gather(dist.new_group(backend="gloo"))
 
     def _settle_analysis(self, trainer: L.Trainer) -> None:
         """The analysis set, checked, with its batch size and workers: ``analysis=`` or the DataModule's."""
@@ -220,7 +249,22 @@ class SpectralGeometryCallback(L.Callback):
         if self._should_observe(completed, trainer):
             self.observe_epoch(trainer, pl_module, completed)
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._summaries.pending is not None and self._summaries.done:
+            self.collect_summary(trainer)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of later weights than the summary in flight waits for it, so that no checkpoint ever
+        follows an observation whose records could still be lost with weights it no longer holds. A checkpoint of
+        the observed weights themselves does not wait: it says which epoch is pending (``pending_epochs``), and a
+        resume from it re-observes that epoch if its records are missing."""
+        pending = self._summaries.pending
+        if pending is not None and pending.step < trainer.global_step:
+            self.collect_summary(trainer)
+            checkpoint.setdefault("callbacks", {})[self.state_key] = self.state_dict()
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.collect_summary(trainer)
         self.finish_tensorboard(trainer)
         if trainer.is_global_zero and self._run is not None:
             notice = nonfinite_notice(self._run)
@@ -228,10 +272,31 @@ class SpectralGeometryCallback(L.Callback):
                 warnings.warn(notice, RuntimeWarning, stacklevel=2)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._flush_after_failure(trainer)
         self.finish_tensorboard(trainer)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._flush_after_failure(trainer)
         self.finish_tensorboard(trainer)
+        self._summaries.close()
+
+    def collect_summary(self, trainer: L.Trainer, timeout: float | None = None) -> bool:
+        """Waits for the summary in flight (if any) and, on rank 0, logs it: its scalars to every logger, its
+        TensorBoard runs and figures. Re-raises the summary's exception. ``False`` if nothing was pending."""
+        collected = self._summaries.result(timeout)
+        if collected is None:
+            return False
+        pending, results = collected
+        self._finish(trainer, pending.epoch, results, pending.seconds)
+        return True
+
+    def _flush_after_failure(self, trainer: L.Trainer) -> None:
+        """At an exception or teardown: the summary in flight is still recorded (within the figure drain timeout);
+        its own failure is reported, not raised over the exception already in flight."""
+        try:
+            self.collect_summary(trainer, timeout=FIGURE_DRAIN_TIMEOUT_S)
+        except Exception as error:
+            warnings.warn(f"[tgo] the summary in flight did not complete: {error!r}", RuntimeWarning, stacklevel=2)
 
     def finish_tensorboard(self, trainer: L.Trainer | None = None) -> bool:
         """Drains the figures (`drain_figures`) and closes the per-point runs; idempotent (every end of ``fit``
@@ -253,10 +318,19 @@ class SpectralGeometryCallback(L.Callback):
         return drained
 
     def state_dict(self) -> dict[str, Any]:
-        return {"observed_epochs": list(self.observed_epochs)}
+        """``observed_epochs``: epochs whose records are written; ``pending_epochs``: the epoch whose summary was
+        still in flight when the checkpoint was taken (its records may be missing if the run died then)."""
+        pending = self._summaries.pending
+        return {"observed_epochs": list(self.observed_epochs), "pending_epochs": [pending.epoch] if pending else []}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.observed_epochs = sorted(set(self.observed_epochs) | set(state_dict.get("observed_epochs", [])))
+        pending = [int(e) for e in state_dict.get("pending_epochs", [])]
+        if pending:
+            rank_zero_info(
+                f"[tgo] this checkpoint was saved while the summary of epoch {pending} was in flight; an epoch whose "
+                "records are missing is observed again from these weights"
+            )
 
     # ----------------------------------------------------------------------------------------- schedule
     def _is_due(self, completed: int, trainer: L.Trainer) -> bool:
@@ -295,6 +369,7 @@ class SpectralGeometryCallback(L.Callback):
 
     def _observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
         assert self._run is not None, "setup() runs before any observation"
+        self.collect_summary(trainer)  # at most one summary in flight: here training waits for the one before
         start = time.perf_counter()
         if self._analysis is None:  # observe_epoch called without a fit's setup
             self._settle_analysis(trainer)
@@ -308,7 +383,7 @@ class SpectralGeometryCallback(L.Callback):
         )
         keep = self.settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)
         record = RecordPlan(writer=RecordWriter(self._run), epoch=epoch, step=trainer.global_step, with_covariance=keep)
-        results = observe_and_record(
+        reduced = reduce_observation(
             self._network(pl_module),
             dataset,
             self.points,
@@ -320,24 +395,60 @@ class SpectralGeometryCallback(L.Callback):
             device=pl_module.device,
         )
         self.last_pass_seconds = time.perf_counter() - start
-        if results is not None:
-            logging_start = time.perf_counter()
-            self._log(trainer, epoch, results)
-            self.last_logging_seconds = time.perf_counter() - logging_start
-            self.last_blocking_seconds = time.perf_counter() - start
+        share = summary_share(self.settings, plan, self._gather, trainer.is_global_zero)
+        eigvalsh = self._summary_eigvalsh(pl_module.device)
+        background = self.settings.summary.background
+        if share.is_shared or trainer.is_global_zero:
+
+            def job() -> Results | None:
+                return summarize_and_record(reduced, share=share, eigvalsh=eigvalsh)
+
+            if background:
+                self._summaries.submit(epoch, trainer.global_step, job)
+            else:
+                summary_start = time.perf_counter()
+                results = job()
+                self._finish(trainer, epoch, results, time.perf_counter() - summary_start)
+        else:
+            self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
+        self.last_blocking_seconds = time.perf_counter() - start
+        if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics({"geometry/blocking_seconds": self.last_blocking_seconds}, step=epoch)
+            where = "in the background" if background else f"in {self.last_summary_seconds or 0.0:.2f} s"
             rank_zero_info(
-                f"[tgo] geometry observed at epoch {epoch} over {len(dataset)} images in "
-                f"{self.last_pass_seconds:.2f} s (+{self.last_logging_seconds:.2f} s logging; figures in background)"
+                f"[tgo] geometry of epoch {epoch} streamed and reduced over {len(dataset)} images in "
+                f"{self.last_pass_seconds:.2f} s; summary {where}"
+                + (f" shared by {share.world_size} ranks" if share.is_shared else "")
             )
+        if not background and not share.is_shared:
+            trainer.strategy.barrier("tgo_geometry_observed")
+
+    def _summary_eigvalsh(self, device: torch.device) -> Any:
+        """The summary's eigensolver (``summary.eigensolver``), resolved once for the observation's device."""
+        if self._eigvalsh is None:
+            from tgo.spectral.eigensolver import resolve_eigvalsh
+
+            self._eigvalsh = resolve_eigvalsh(self.settings.summary.eigensolver, device)
+        return self._eigvalsh
+
+    def _finish(self, trainer: L.Trainer, epoch: int, results: Results | None, seconds: float | None) -> None:
+        """An observation's summary is recorded: on rank 0 its scalars and figures are logged (training thread)."""
+        self.last_summary_seconds = seconds
         self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
-        trainer.strategy.barrier("tgo_geometry_observed")
+        if results is None:
+            return
+        logging_start = time.perf_counter()
+        self._log(trainer, epoch, results)
+        self.last_logging_seconds = time.perf_counter() - logging_start
 
     # ----------------------------------------------------------------------------------------- logging
     def _log(self, trainer: L.Trainer, epoch: int, results: Results) -> None:
         """Scalars to every logger (to TensorBoard as per-point runs); figures, when due, to TensorBoard only."""
-        run_level = {"geometry/pass_seconds": float(self.last_pass_seconds or 0.0)}
+        run_level = {
+            "geometry/pass_seconds": float(self.last_pass_seconds or 0.0),
+            "geometry/summary_seconds": float(self.last_summary_seconds or 0.0),
+        }
         scalars = {**geometry_scalars(results), **run_level}
         for logger in trainer.loggers:
             logger.log_metrics(run_level if isinstance(logger, TensorBoardLogger) else scalars, step=epoch)

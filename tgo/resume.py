@@ -124,11 +124,17 @@ def check_checkpoint(checkpoint: str | Path) -> None:
 
 
 def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
-    """The epochs the geometry callback had observed when ``checkpoint`` was saved (``None``: no such callback)."""
+    """The epochs the geometry callback had observed when ``checkpoint`` was saved (``None``: no such callback).
+
+    An epoch whose summary was still in flight (``pending_epochs``, `observation.summary.background`) counts: it
+    observed the checkpoint's own weights, so records of it written after the checkpoint are that checkpoint's, not
+    newer ones; if the run died before they were written, the resumed run observes that epoch again.
+    """
     state = _load_lazily(checkpoint)
     for key, value in (state.get("callbacks") or {}).items():
         if GEOMETRY_CALLBACK in str(key) and isinstance(value, dict):
-            return sorted(int(e) for e in value.get("observed_epochs", []))
+            epochs = [*value.get("observed_epochs", []), *value.get("pending_epochs", [])]
+            return sorted({int(e) for e in epochs})
     return None
 
 

@@ -115,6 +115,7 @@ def test_tensorboard_point_runs_carry_every_view(tensorboard_run):
     main = EventAccumulator(str(tensorboard_run / "tensorboard"), size_guidance={"scalars": 0}).Reload()
     assert {t for t in main.Tags()["scalars"] if t.startswith("geometry")} == {
         "geometry/pass_seconds",
+        "geometry/summary_seconds",
         "geometry/blocking_seconds",
         "geometry/figure_seconds",
     }

@@ -82,7 +82,12 @@ def test_point_runs_hold_each_points_records(dashboard_run):
 def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_the_image_cards(dashboard_run):
     ev = events(dashboard_run / "tensorboard")
     geometry = {t for t in ev.Tags()["scalars"] if t.startswith("geometry")}
-    assert geometry == {"geometry/pass_seconds", "geometry/blocking_seconds", "geometry/figure_seconds"}
+    assert geometry == {
+        "geometry/pass_seconds",
+        "geometry/summary_seconds",
+        "geometry/blocking_seconds",
+        "geometry/figure_seconds",
+    }
     image_tags = set(ev.Tags()["images"])
     profiles = {depth_profile_tag(m) for m in DEPTH_PROFILES} | {depth_profile_tag(m, v) for v, m in PROBE_PROFILES}
     for tag in profiles:  # the main observables and the probes on their views, against depth

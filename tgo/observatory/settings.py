@@ -210,8 +210,9 @@ class SummarySettings:
             complete on a background thread (at most one observation in flight, then training waits), flushed before
             ``fit`` returns or re-raises. ``false``: the observation completes before training resumes.
         share: With several ranks, every rank summarises its share of the points (each rank holds the same reduced
-            state) and rank 0 gathers the results in one collective; records are bitwise those of one process.
-            ``false``: rank 0 summarises every point.
+            state) and rank 0 gathers the results in one collective; records are bitwise those of one process
+            (with the ``cpu`` eigensolver: ``auto`` on CUDA may choose differently on two ranks, each to 1e-9 of
+            LAPACK). ``false``: rank 0 summarises every point.
         eigensolver: ``cpu`` (numpy/LAPACK float64 ``eigvalsh``), ``gpu`` (torch float64 ``eigvalsh`` on the
             observation's CUDA device), or ``auto``: the faster of the two for each matrix shape, timed once per
             process where a CUDA device is present, else ``cpu``.

@@ -1,0 +1,195 @@
+"""The summary off the training path (issue 24, item 3): training waits for the stream and the reduction only.
+
+Specification:
+
+* `SummaryWorker` runs one summary at a time, hands its result or its exception back, and refuses a second;
+* in a fit, ``geometry/blocking_seconds`` excludes the summary, and every observation's records are written before
+  ``fit`` returns, identical to the records of the same fit with ``summary.background=false``;
+* when training raises, the summary in flight is still recorded before ``fit`` re-raises;
+* a checkpoint of later weights waits for the summary in flight; a checkpoint of the observed weights lists the
+  epoch as pending, and a resume from it observes that epoch again when its records are missing, giving the same
+  records.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+import tgo.callbacks.spectral_geometry as geometry_module
+from tgo.callbacks import SpectralGeometryCallback
+from tgo.callbacks.summary_worker import SummaryWorker
+from tgo.data import stratified_subset
+from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
+from tgo.resume import observed_in_checkpoint, set_aside_epochs
+from tgo.safe_load import load_weights_only
+
+SUMMARY_DELAY_S = 0.6
+FAST: dict[str, Any] = {"groups": 2, "probes": {"folds": 2}, "figures": {"heatmaps": False}, "every_n_epochs": 1}
+
+
+# ----------------------------------------------------------------------------------------------------- the worker
+def test_the_worker_runs_one_summary_at_a_time_and_hands_back_its_result_or_error():
+    worker = SummaryWorker()
+    gate = threading.Event()
+    pending = worker.submit(3, 30, lambda: (gate.wait(5), "results")[1])
+    assert worker.pending is pending and not worker.done
+    with pytest.raises(RuntimeError, match="epoch 3 is still pending"):
+        worker.submit(4, 40, lambda: None)
+    with pytest.raises(TimeoutError, match="epoch 3 is still running"):
+        worker.result(timeout=0.01)
+    assert worker.pending is pending, "a timeout keeps it pending"
+    gate.set()
+    got, value = worker.result()
+    assert (got.epoch, got.step, value) == (3, 30, "results") and got.seconds is not None
+    assert worker.pending is None and worker.result() is None
+
+    def boom() -> None:
+        raise ValueError("eigensolver failed")
+
+    worker.submit(5, 50, boom)
+    with pytest.raises(ValueError, match="eigensolver failed"):
+        worker.result()
+    assert worker.pending is None, "a failed summary is no longer pending"
+    worker.close()
+
+
+# ----------------------------------------------------------------------------------------------------- in a fit
+CLASSES, IMG = 4, 16
+
+
+def _images(n: int, seed: int = 0) -> TensorDataset:
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 3, IMG, IMG, generator=generator), torch.arange(n) % CLASSES)
+
+
+class _Classifier(L.LightningModule):
+    def __init__(self, fail_at_epoch: int | None = None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = timm.create_model(
+            "vit_tiny_patch16_224", img_size=IMG, patch_size=4, depth=2, embed_dim=16, num_heads=2,
+            num_classes=CLASSES,
+        )  # fmt: skip
+        self.fail_at_epoch = fail_at_epoch
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.current_epoch == self.fail_at_epoch:
+            raise RuntimeError("training failed")
+        x, y = batch
+        return F.cross_entropy(self.backbone(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.fixture
+def slow_summary(monkeypatch):
+    """Every summary takes at least `SUMMARY_DELAY_S` longer; returns the epochs summarised, in order."""
+    done: list[int] = []
+    real = geometry_module.summarize_and_record
+
+    def slow(reduced, **kwargs):
+        time.sleep(SUMMARY_DELAY_S)
+        results = real(reduced, **kwargs)
+        done.append(reduced.record.epoch)
+        return results
+
+    monkeypatch.setattr(geometry_module, "summarize_and_record", slow)
+    return done
+
+
+def _fit(
+    root: Path,
+    *,
+    epochs: int = 2,
+    module: L.LightningModule | None = None,
+    checkpoints: bool = False,
+    ckpt_path: str | None = None,
+    **settings: Any,
+) -> tuple[SpectralGeometryCallback, L.Trainer]:
+    callback = SpectralGeometryCallback(analysis=stratified_subset(_images(16), per_class=4), **{**FAST, **settings})
+    extra = [ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_epochs=1)] if checkpoints else []
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        default_root_dir=root,
+        callbacks=[callback, *extra],
+        accelerator="cpu",
+        logger=L.pytorch.loggers.CSVLogger(root, name="logs"),
+        enable_checkpointing=checkpoints,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_train_batches=1,
+        limit_val_batches=0,
+    )
+    trainer.fit(module or _Classifier(), DataLoader(_images(8, seed=1), batch_size=4), ckpt_path=ckpt_path)
+    return callback, trainer
+
+
+def _records(root: Path) -> tuple[list[tuple[str, ...]], dict[int, dict[str, dict[str, np.ndarray]]]]:
+    rows = [tuple(row.values()) for row in read_metric_rows(root)]
+    return rows, load_spectra(root)
+
+
+def test_training_waits_only_for_the_pass_and_every_record_is_written_before_fit_returns(tmp_path, slow_summary):
+    callback, _ = _fit(tmp_path / "background")
+    assert slow_summary == [0, 1, 2] and recorded_epochs(tmp_path / "background") == [0, 1, 2]
+    assert callback.last_blocking_seconds < SUMMARY_DELAY_S <= callback.last_summary_seconds
+    assert callback._summaries.pending is None
+    logged = (tmp_path / "background" / "logs" / "version_0" / "metrics.csv").read_text()
+    assert "geometry/effective_rank/block_02" in logged and "geometry/summary_seconds" in logged
+    inline, _ = _fit(tmp_path / "inline", summary={"background": False})
+    assert inline.last_blocking_seconds >= SUMMARY_DELAY_S
+    rows, spectra = _records(tmp_path / "background")
+    rows_inline, spectra_inline = _records(tmp_path / "inline")
+    assert rows == rows_inline
+    for epoch, points in spectra_inline.items():
+        for name, arrays in points.items():
+            for key, array in arrays.items():
+                assert np.asarray(spectra[epoch][name][key]).tobytes() == np.asarray(array).tobytes(), (epoch, key)
+
+
+def test_the_summary_in_flight_is_recorded_before_a_training_failure_is_raised(tmp_path, slow_summary):
+    with pytest.raises(RuntimeError, match="training failed"):
+        _fit(tmp_path, epochs=3, module=_Classifier(fail_at_epoch=1))
+    assert slow_summary == [0, 1] and recorded_epochs(tmp_path) == [0, 1]
+
+
+def test_checkpoints_wait_for_later_weights_and_list_the_pending_epoch_and_a_resume_observes_it_again(
+    tmp_path, slow_summary
+):
+    _fit(tmp_path / "run", epochs=3, checkpoints=True, every_n_epochs=2)
+    ckpts = {int(p.stem.split("=")[1].split("-")[0]): p for p in (tmp_path / "run" / "ckpt").glob("*.ckpt")}
+    assert sorted(ckpts) == [0, 1, 2]  # saved after training epochs 1, 2, 3 (0-based names)
+    states = {e: load_weights_only(p)["callbacks"] for e, p in ckpts.items()}
+    geometry = {e: next(v for k, v in s.items() if "SpectralGeometryCallback" in k) for e, s in states.items()}
+    # after epoch 1: epoch 0's summary (step 0) was older than the weights (step 1): the checkpoint waited for it
+    assert geometry[0] == {"observed_epochs": [0], "pending_epochs": []}
+    # after epoch 2: the observation of these very weights was in flight
+    assert geometry[1] == {"observed_epochs": [0], "pending_epochs": [2]}
+    assert observed_in_checkpoint(ckpts[1]) == [0, 2], "the pending epoch's records belong to this checkpoint"
+    original = load_spectra(tmp_path / "run")[2]
+    # The run died before epoch 2's records were written: they are missing when it resumes from that checkpoint.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "run", resumed)
+    set_aside_epochs(RunDir(resumed), [2, 3], "simulated: killed before the summary of epoch 2 was written")
+    assert recorded_epochs(resumed) == [0]
+    slow_summary.clear()
+    _fit(resumed, epochs=3, every_n_epochs=2, ckpt_path=str(resumed / "ckpt" / ckpts[1].name))
+    assert slow_summary == [2, 3] and recorded_epochs(resumed) == [0, 2, 3]
+    again = load_spectra(resumed)[2]
+    for name, arrays in original.items():
+        for key, array in arrays.items():
+            assert np.asarray(again[name][key]).tobytes() == np.asarray(array).tobytes(), (name, key)
