@@ -32,12 +32,27 @@ EPOCH0 = [
 
 @pytest.mark.slow
 def test_two_process_ddp_equals_one_process(tmp_path):
-    """Epoch 0 (before any update, same seed) of a 2-process DDP run against a 1-process run."""
+    """Epoch 0 (before any update, same seed) of a 2-process DDP run against a 1-process run; and the default
+    summary (in the background, shared by the 2 ranks, gathered over TGO's gloo group) records bitwise what rank 0
+    alone records inline from the same reduction."""
     from tgo.train import run  # not at the top: the processes mp.spawn starts import this module, Lightning-free
 
-    single, double = tmp_path / "single", tmp_path / "ddp"
+    single, double, inline = tmp_path / "single", tmp_path / "ddp", tmp_path / "ddp_inline"
+    ddp = ["trainer.devices=2", "trainer.strategy=ddp_spawn"]
     run(compose_train(single, EPOCH0))
-    run(compose_train(double, [*EPOCH0, "trainer.devices=2", "trainer.strategy=ddp_spawn"]))
+    run(compose_train(double, [*EPOCH0, *ddp]))
+    run(
+        compose_train(
+            inline, [*EPOCH0, *ddp, "observation.summary.background=false", "observation.summary.share=false"]
+        )
+    )
+    assert (double / "geometry" / "metrics.csv").read_bytes() == (inline / "geometry" / "metrics.csv").read_bytes()
+    shared_spectra = load_spectra(double)
+    for epoch, points in load_spectra(inline).items():
+        for name, arrays in points.items():
+            for key, array in arrays.items():
+                shared = shared_spectra[epoch][name][key]
+                assert np.asarray(shared).tobytes() == np.asarray(array).tobytes(), (epoch, name, key)
     one, two = load_spectra(single)[0], load_spectra(double)[0]
     assert list(one) == list(two)
     for name in one:
