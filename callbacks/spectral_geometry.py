@@ -55,7 +55,7 @@ from tgo.observatory import (
 )
 from tgo.observatory.find_vit import ModelSpec
 from tgo.observatory.pipeline import reduce_observation, summarize_and_record, summary_share
-from tgo.observatory.share import GatherBytes, process_group_gather
+from tgo.observatory.share import GatherBytes, summary_gather
 from tgo.observatory.standalone import (
     DEFAULT_BATCH_SIZE,
     RunDirectoryError,
@@ -181,15 +181,9 @@ class SpectralGeometryCallback(L.Callback):
 
     def _summary_gather(self, trainer: L.Trainer) -> GatherBytes | None:
         """With several ranks and ``summary.share``: the gather of the shared summary, over a gloo group of its own
-        (made here, on every rank: ``new_group`` is collective), so a background summary never enters the training's
-        (NCCL) collectives. ``None`` on one process or without ``torch.distributed``."""
-        if trainer.world_size < 2 or not self.settings.summary.share:
-            return None
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            return None
-        return process_group_gather(dist.new_group(backend="gloo"))
+        (`tgo.observatory.share.summary_gather`, made here on every rank), so a background summary never enters the
+        training's (NCCL) collectives."""
+        return summary_gather(trainer.world_size, self.settings.summary.share)
 
     def _settle_analysis(self, trainer: L.Trainer) -> None:
         """The analysis set, checked, with its batch size and workers: ``analysis=`` or the DataModule's."""

@@ -72,7 +72,9 @@ from tgo.observatory import (
     points_from_config,
     resolve_points,
 )
+from tgo.observatory.share import summary_gather
 from tgo.records import RecordWriter, RunDir, atomic_write
+from tgo.spectral.eigensolver import resolve_eigvalsh
 
 __all__ = [
     "CheckpointMismatchError",
@@ -383,6 +385,8 @@ def observe_models(
     assert isinstance(arch_cfg, dict)
     arch = {str(k): v for k, v in arch_cfg.items() if v is not None}
     prefixes: dict[Path, str] = {}
+    gather = summary_gather(fabric.world_size, settings.summary.share)  # every rank: makes TGO's gloo group
+    eigvalsh = resolve_eigvalsh(settings.summary.eigensolver, fabric.device)
     nets = _iter_nets(
         sources,
         timm_name=timm_name,
@@ -412,6 +416,8 @@ def observe_models(
             all_reduce_sum=lambda t: cast(torch.Tensor, fabric.all_reduce(t, reduce_op="sum")),
             is_global_zero=fabric.is_global_zero,
             device=fabric.device,
+            gather=gather,
+            eigvalsh=eigvalsh,
         )
         if results is not None:
             label = source.path.name if source.path is not None else str(timm_name)

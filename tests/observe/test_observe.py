@@ -156,3 +156,25 @@ def test_a_run_saved_before_the_observation_group_keeps_its_settings(tmp_path: P
     )
     obs = compose_observe_config(["observation.fit_range=[1,5]"], run).observation
     assert (obs.gram_dtype, list(obs.keep_covariance), list(obs.fit_range)) == ("float32", [0, 4], [1, 5])
+
+
+@pytest.mark.slow
+def test_two_processes_share_the_summary_and_agree_with_one_process(tmp_path: Path):
+    """``fabric.devices=2``: each process summarises its share of the points, gathered over TGO's gloo group to rank
+    0, which records them; every record agrees with one process's (the 2-rank sums are added in another order; the
+    shared summary itself is bitwise: tests/observatory/test_share.py, tests/test_ddp.py)."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "tgo.observe", "--timm", "vit_tiny_patch16_224", "--seed", "3"]
+    command += ["--out", str(tmp_path / "two"), *TINY_TIMM, "fabric.devices=2", "fabric.strategy=ddp"]
+    done = subprocess.run(
+        [*command, "fabric.accelerator=cpu"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["--timm", "vit_tiny_patch16_224", "--seed", "3", "--out", str(tmp_path / "one"), *TINY_TIMM]) == 0
+    two, one = metric_values(tmp_path / "two", 0), metric_values(tmp_path / "one", 0)
+    assert list(two) == list(one) and any(key[1] == "cls" for key in one)
+    for key, value in one.items():  # attention: float32 weights on a CPU (observation.attention.dtype=auto)
+        rel = 1e-6 if key[1] == "attention" else 1e-9
+        assert two[key] == pytest.approx(value, rel=rel, abs=1e-12, nan_ok=True), key

@@ -52,6 +52,7 @@ __all__ = [
     "encode_results",
     "process_group_gather",
     "summarize_shared",
+    "summary_gather",
 ]
 
 GatherBytes = Callable[[bytes], "list[bytes] | None"]
@@ -286,3 +287,16 @@ def process_group_gather(group: Any = None) -> GatherBytes:
         return [bytes(t[: int(size)].numpy().tobytes()) for t, size in zip(received, sizes, strict=True)]
 
     return gather
+
+
+def summary_gather(world_size: int, share: bool) -> GatherBytes | None:
+    """The gather of a shared summary over a new gloo group of TGO's own, or ``None`` (one process, ``share`` off,
+    or no initialised ``torch.distributed``). Collective where it makes the group: call it on every rank, once
+    (``new_group`` is collective), before any observation."""
+    if world_size < 2 or not share:
+        return None
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return process_group_gather(dist.new_group(backend="gloo"))

@@ -45,6 +45,7 @@ from tgo.observatory.points import points_from_config, resolve_points
 from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordsError, RecordWriter, RunDir, atomic_write_json, read_metric_rows, recorded_epochs
+from tgo.spectral.eigensolver import resolve_eigvalsh
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -275,6 +276,7 @@ def observe_model(
             all_reduce_sum=lambda t: t,
             is_global_zero=True,
             device=device,
+            eigvalsh=resolve_eigvalsh(settings.summary.eigensolver, device),
         )
         assert results is not None  # one process is rank 0
         return results
