@@ -350,6 +350,10 @@ class SpectralGeometryCallback(L.Callback):
     def observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
         """Runs one observation on every rank; rank 0 records and logs. Collective: call on all ranks.
 
+        Returns once the stream and the reduction are done: with ``summary.background`` the summary and the records
+        complete on the summary thread (`collect_summary` waits for them and logs; the next observation, a
+        checkpoint of later weights and the end of ``fit`` do so by themselves).
+
         Earlier observations' figures still rendering are paused meanwhile (between figures), so they do not
         contend with the pass for the GIL; they resume when the observation returns.
 
