@@ -18,14 +18,22 @@ One trial:
      its checkpoint not yet written);
    * ``geometry_tmp``: while a records write is in flight (a ``.tmp`` file exists in ``geometry/``);
    * ``ckpt_tmp``: while a checkpoint is being saved (a ``.tmp`` file exists in ``checkpoints/``);
-   * ``ckpt_replaced``: right after the n-th replacement of ``checkpoints/last.ckpt``.
+   * ``ckpt_replaced``: right after the n-th replacement of ``checkpoints/last.ckpt``;
+   * ``summary``: while an observation's summary runs in the background (``observation.summary.background``, which
+     every launch sets): 0-0.3 s (drawn per kill) after the n-th ``[tgo] geometry of epoch K ... summary in the
+     background`` line appears in the launch's output (``launch_K.log``, polled like the files). The summary of the
+     smoke experiment takes 0.5-6 s, so the kill lands with it in flight, before or after the ``last.ckpt`` that
+     follows the observation (that checkpoint lists the epoch as ``pending_epochs``).
 
-   File events are seen by polling the run directory every couple of milliseconds, so a kill lands within a few
-   milliseconds of the event: during a short write it may miss, and the log says whether the ``.tmp`` file was
-   still there when the process died.
-2. Launches ``python -m tgo.train experiment=smoke`` (figures off, fewer batches, ``--max-epochs``) in its own
-   process group and kills the whole group with ``SIGKILL`` at the planned moment, as a node failure or a batch
-   system does; then relaunches with ``ckpt_path=last``, killing again while kills remain, until a launch exits 0.
+   File and log events are seen by polling every couple of milliseconds, so a kill lands within a few milliseconds
+   of the event: during a short write it may miss, and the log says whether the ``.tmp`` file was still there when
+   the process died; for ``summary``, whether epoch K's records were already in ``metrics.csv`` and whether
+   ``last.ckpt`` had been replaced since the line. ``--kinds`` restricts the plans to some kinds (e.g. a soak of
+   ``summary`` kills only).
+2. Launches ``python -m tgo.train experiment=smoke`` (figures off, fewer batches, ``--max-epochs``, the summary in
+   the background) in its own process group and kills the whole group with ``SIGKILL`` at the planned moment, as a
+   node failure or a batch system does; then relaunches with ``ckpt_path=last``, killing again while kills remain,
+   until a launch exits 0.
    A launch that exits non-zero without being killed (or more launches than kills + 3) means a human was needed.
 3. Checks the finished run directory (`check_records`, `check_last_record`, `leftover_files`):
 
@@ -54,6 +62,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -71,10 +80,12 @@ import numpy as np
 from tgo.records import RecordsError, RunDir, read_metric_rows
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("random", "run_dir", "spectra", "metrics", "geometry_tmp", "ckpt_tmp", "ckpt_replaced")
-FILE_KINDS = KINDS[1:]
+KINDS = ("random", "run_dir", "spectra", "metrics", "geometry_tmp", "ckpt_tmp", "ckpt_replaced", "summary")
+FILE_KINDS = KINDS[1:-1]
+LOG_KINDS = ("summary",)
 FAST = (
     "experiment=smoke",
+    "observation.summary.background=true",  # the default, named so that the soak kills what it says it kills
     "trainer.limit_train_batches=2",
     "trainer.limit_val_batches=1",
     "observation.figures.spectra=false",
@@ -87,37 +98,57 @@ FAST = (
 of a launch is then Python start-up and the observations, i.e. the moments worth killing)."""
 RTOL = 1e-10
 POLL_S = 0.002
+SUMMARY_DELAY_S = 0.3
+"""A ``summary`` kill lands ``fraction * SUMMARY_DELAY_S`` after its line: well inside the summary (0.5-6 s in the
+smoke experiment), and on either side of the ``last.ckpt`` saved some tens of milliseconds after an observation."""
+SUMMARY_LINE = re.compile(r"\[tgo\] geometry of epoch (\d+) streamed and reduced .*?; summary in the background")
 EXTRA_LAUNCHES = 3  # launches allowed beyond one per planned kill before the trial counts as needing a human
 
 
 # --------------------------------------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
 class Kill:
-    """One planned kill: its ``kind`` (`KINDS`), the ``nth`` file event of that kind to kill at, and for ``random``
-    the ``fraction`` of the expected run time after the launch at which to kill."""
+    """One planned kill: its ``kind`` (`KINDS`), the ``nth`` file or log event of that kind to kill at, and the
+    ``fraction`` of the expected run time after the launch at which to kill (``random``) or of `SUMMARY_DELAY_S`
+    after the event (``summary``)."""
 
     kind: str
     nth: int = 1
     fraction: float = 0.0
 
+    @property
+    def delay_s(self) -> float:
+        """Seconds from the event to the kill (``summary`` only)."""
+        return self.fraction * SUMMARY_DELAY_S if self.kind == "summary" else 0.0
+
     def describe(self, expected_s: float) -> str:
-        """``random@12.3s`` or ``spectra#2``."""
-        return f"random@{self.fraction * expected_s:.1f}s" if self.kind == "random" else f"{self.kind}#{self.nth}"
+        """``random@12.3s``, ``spectra#2`` or ``summary#2+0.12s``."""
+        if self.kind == "random":
+            return f"random@{self.fraction * expected_s:.1f}s"
+        if self.kind == "summary":
+            return f"summary#{self.nth}+{self.delay_s:.2f}s"
+        return f"{self.kind}#{self.nth}"
 
 
-def plan_trial(rng: random.Random, max_epochs: int) -> list[Kill]:
-    """1-3 kills, each of a random kind; the n-th event is drawn from the events a launch can still produce.
+def plan_trial(rng: random.Random, max_epochs: int, kinds: Sequence[str] = KINDS) -> list[Kill]:
+    """1-3 kills, each of a random kind of ``kinds``; the n-th event is drawn from the events a launch can still
+    produce.
 
     A first launch observes epochs 0 .. max_epochs and saves max_epochs checkpoints; a relaunch has fewer left, so
     its n is drawn from the first two events (an n it never reaches lets it finish, which the log shows). Only the
-    first launch creates the run directory, so only its kill can be ``run_dir``.
+    first launch creates the run directory, so only its kill can be ``run_dir`` (``kinds=("run_dir",)`` plans one
+    kill).
     """
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"kinds: {unknown or 'none'}; expected some of {KINDS}")
+    later = tuple(k for k in kinds if k != "run_dir")
     kills = []
-    for i in range(rng.randint(1, 3)):
-        kind = rng.choice(KINDS if i == 0 else tuple(k for k in KINDS if k != "run_dir"))
+    for i in range(rng.randint(1, 3) if later else 1):
+        kind = rng.choice(tuple(kinds) if i == 0 else later)
         if kind == "run_dir":
             events = 1
-        elif kind in ("spectra", "metrics", "geometry_tmp"):
+        elif kind in ("spectra", "metrics", "geometry_tmp", "summary"):
             events = max_epochs + 1
         else:
             events = max(max_epochs, 1)
@@ -190,6 +221,59 @@ class EventWatcher:
         return self.count
 
 
+class LogWatcher:
+    """Counts the ``... summary in the background`` lines (`SUMMARY_LINE`) a launch writes to its log, by reading
+    what was appended since the last `poll`; remembers the epoch of the last one, and what ``last.ckpt`` was then.
+
+    Create it once the log holds the command line and before the launch starts: what is already there is not an
+    event. Lightning's progress bar may share a line with the message, so matches are searched in the text, not
+    per line; a message split across two reads is found whole in the second.
+    """
+
+    def __init__(self, log: Path, run_dir: Path) -> None:
+        self.log, self.run, self.count = log, RunDir(run_dir), 0
+        self.epoch: int | None = None
+        self._checkpoint_then: tuple[int, int, int] | None = None
+        self._offset = log.stat().st_size if log.exists() else 0
+        self._pending = ""  # the text after the last match, which may hold the start of the next one
+
+    def poll(self) -> int:
+        """Reads the new output and returns the number of summary lines seen so far."""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except OSError:
+            return self.count
+        if not chunk:
+            return self.count
+        self._offset += len(chunk)
+        text = self._pending + chunk.decode(errors="replace")
+        end = 0
+        for match in SUMMARY_LINE.finditer(text):
+            self.count += 1
+            self.epoch, end = int(match.group(1)), match.end()
+            self._checkpoint_then = _signature(self.run.last_checkpoint)
+        self._pending = text[end:][-4096:]
+        return self.count
+
+    def landed(self) -> str:
+        """Where the kill landed, once the process is dead: whether the last line's epoch had its records in
+        ``metrics.csv`` and whether ``last.ckpt`` had been replaced since that line."""
+        if self.epoch is None:
+            return "no summary line seen"
+        try:
+            in_metrics = self.epoch in {int(r["epoch"]) for r in read_metric_rows(self.run.root)}
+        except (RecordsError, OSError, ValueError, KeyError):
+            in_metrics = False
+        records = "already in" if in_metrics else "not yet in"
+        replaced = _signature(self.run.last_checkpoint) != self._checkpoint_then
+        return (
+            f"epoch {self.epoch}'s records {records} metrics.csv, last.ckpt "
+            f"{'replaced' if replaced else 'not replaced'} since its line"
+        )
+
+
 # --------------------------------------------------------------------------------------------------------- launches
 @dataclass
 class Launch:
@@ -244,33 +328,41 @@ def launch(
     # A kill before Hydra made the run directory leaves nothing to resume (tgo.train refuses ckpt_path=last there, as
     # it refuses a mistyped path): the relaunch is then the first launch again, as a person would do it.
     cmd = train_command(run_dir, max_epochs, resume=index > 0 and run_dir.exists(), overrides=overrides)
-    watcher = EventWatcher(run_dir, kill.kind) if kill is not None and kill.kind != "random" else None
     deadline = kill.fraction * expected_s if kill is not None and kill.kind == "random" else math.inf
     start = time.monotonic()
     landed: str | None = None
     with open(log, "wb") as out:
         out.write((" ".join(cmd) + "\n").encode())
         out.flush()
+        watcher: EventWatcher | LogWatcher | None = None
+        if kill is not None and kill.kind in LOG_KINDS:
+            watcher = LogWatcher(log, run_dir)
+        elif kill is not None and kill.kind != "random":
+            watcher = EventWatcher(run_dir, kill.kind)
         proc = subprocess.Popen(
             cmd, cwd=trial_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             while proc.poll() is None:
                 elapsed = time.monotonic() - start
-                due = elapsed >= deadline or (watcher is not None and kill is not None and watcher.poll() >= kill.nth)
+                if watcher is not None and kill is not None and deadline == math.inf and watcher.poll() >= kill.nth:
+                    deadline = elapsed + kill.delay_s  # the event: kill now, or after the summary kill's delay
+                due = elapsed >= deadline
                 if due or elapsed > timeout_s:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
                     if not due:
                         landed = f"timeout after {elapsed:.0f}s"
+                    elif isinstance(watcher, LogWatcher):
+                        landed = f"at {elapsed:.1f}s, {watcher.landed()}"
                     elif watcher is not None and watcher.last_tmp is not None:
                         still = Path(watcher.last_tmp).exists()
                         landed = f"at {elapsed:.1f}s, {'.tmp still there' if still else '.tmp already gone'}"
                     else:
                         landed = f"at {elapsed:.1f}s"
                     break
-                if watcher is None:
+                if watcher is None or deadline < math.inf:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=max(0.0, min(deadline, timeout_s + 1) - elapsed))
                 else:
@@ -565,9 +657,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--override", action="append", default=[], help="extra Hydra override for every launch (repeatable)"
     )
+    parser.add_argument(
+        "--kinds",
+        type=lambda text: tuple(k.strip() for k in text.split(",") if k.strip()),
+        default=KINDS,
+        help=f"comma-separated kill kinds the plans draw from (default all: {','.join(KINDS)})",
+    )
     args = parser.parse_args(argv)
     if args.trials < 1 or args.max_epochs < 1 or args.expected_seconds <= 0:
         parser.error("--trials and --max-epochs must be >= 1 and --expected-seconds > 0")
+    unknown = [k for k in args.kinds if k not in KINDS]
+    if unknown or not args.kinds:
+        parser.error(f"--kinds: {', '.join(unknown) or 'none given'}; expected some of {', '.join(KINDS)}")
     return args
 
 
@@ -576,9 +677,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tgo-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    plans = [plan_trial(rng, args.max_epochs) for _ in range(args.trials)]
+    plans = [plan_trial(rng, args.max_epochs, args.kinds) for _ in range(args.trials)]
+    kinds = "" if set(args.kinds) == set(KINDS) else f", kinds {','.join(args.kinds)}"
     print(
-        f"TGO fault-injection soak: {args.trials} trials, seed {args.seed}, max_epochs {args.max_epochs}, "
+        f"TGO fault-injection soak: {args.trials} trials, seed {args.seed}, max_epochs {args.max_epochs}{kinds}, "
         f"work directory {workdir}",
         flush=True,
     )
@@ -602,8 +704,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"    {problem}", flush=True)
     landed = Counter(k.kind for t in trials for k, ln in zip(t.kills, t.launches, strict=False) if ln.killed)
     n_launches = sum(len(t.launches) for t in trials)
-    kinds = ", ".join(f"{k} {landed[k]}" for k in KINDS if landed[k])
-    print(f"\n{sum(landed.values())} kills landed ({kinds}), {n_launches} launches, {time.monotonic() - start:.0f} s")
+    by_kind = ", ".join(f"{k} {landed[k]}" for k in KINDS if landed[k])
+    print(f"\n{sum(landed.values())} kills landed ({by_kind}), {n_launches} launches, {time.monotonic() - start:.0f} s")
     print(table(trials))
     failed = [t for t in trials if not t.ok]
     (workdir / "results.json").write_text(

@@ -2,8 +2,10 @@
 
 The soak is only worth its minutes if its checker would notice a broken run, so the checker is fed hand-made run
 directories with a lost, a duplicated and an unscheduled epoch, a damaged file, a leftover ``.tmp`` and a last record
-that differs from its checkpoint. The end-to-end test runs one real trial (a ``kill -9`` right after epoch 0's
-records, before any checkpoint, so the relaunch must set the attempt aside and start over) in a fresh interpreter.
+that differs from its checkpoint. The ``summary`` kill's trigger (the ``summary in the background`` line in a launch's
+log) is fed a hand-written log and a stand-in launch that prints the line. The end-to-end test runs one real trial
+(a ``kill -9`` right after epoch 0's records, before any checkpoint, so the relaunch must set the attempt aside and
+start over) in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -149,12 +151,92 @@ def test_plans_are_reproducible_from_the_seed():
     assert all(k.kind != "run_dir" for kills in first for k in kills[1:])  # only a first launch creates the run dir
 
 
+def test_summary_kills_are_planned_and_kinds_can_be_forced():
+    import random
+
+    assert "summary" in soak.KINDS and "summary" not in soak.FILE_KINDS
+    assert "observation.summary.background=true" in soak.FAST  # the soak kills the summary it says it kills
+    assert "summary" in {k.kind for seed in range(20) for k in soak.plan_trial(random.Random(seed), 3)}
+    rng = random.Random(0)
+    only = [soak.plan_trial(rng, 3, ("summary",)) for _ in range(20)]
+    assert {k.kind for kills in only for k in kills} == {"summary"}
+    assert all(1 <= k.nth <= 4 for kills in only for k in kills)  # epochs 0 .. 3 each log one summary line
+    assert all(1 <= k.nth <= 2 for kills in only for k in kills[1:])
+    kill = soak.Kill("summary", nth=2, fraction=0.5)
+    assert kill.delay_s == pytest.approx(soak.SUMMARY_DELAY_S / 2) and kill.describe(30.0) == "summary#2+0.15s"
+    assert soak.Kill("spectra", nth=2, fraction=0.5).delay_s == 0.0
+    assert [(k.kind, k.nth) for k in soak.plan_trial(random.Random(1), 3, ("run_dir",))] == [("run_dir", 1)]
+    with pytest.raises(ValueError, match="summry"):
+        soak.plan_trial(random.Random(1), 3, ("summry",))
+    assert soak.parse_args(["--kinds", "summary, ckpt_replaced"]).kinds == ("summary", "ckpt_replaced")
+    assert soak.parse_args([]).kinds == soak.KINDS
+    with pytest.raises(SystemExit) as usage:
+        soak.parse_args(["--kinds", "summary,nope"])
+    assert usage.value.code == 2
+
+
+SUMMARY_LINE = "[tgo] geometry of epoch {} streamed and reduced over 50 images in 0.84 s; summary in the background"
+
+
+def test_the_summary_trigger_counts_the_lines_a_launch_appends_to_its_log(tmp_path):
+    """The command line already in the log is no event; a line behind a progress bar counts; a line split across two
+    writes counts once, when it is complete; the report says whether the epoch's records and a new last.ckpt are
+    there."""
+    run = _write_run(tmp_path / "run", [0], [0])
+    log = tmp_path / "launch_1.log"
+    log.write_text(f"python -m tgo.train ... # {SUMMARY_LINE.format(9)}\n")
+    watcher = soak.LogWatcher(log, run.root)
+    assert watcher.poll() == 0 and watcher.landed() == "no summary line seen"
+
+    def append(text: str) -> None:
+        with open(log, "a") as fh:
+            fh.write(text)
+
+    append("Sanity Checking DataLoader 0: 100%|##########| 1/1 [00:00<00:00]   " + SUMMARY_LINE.format(0) + "\n")
+    assert watcher.poll() == 1 and watcher.epoch == 0
+    assert watcher.landed() == "epoch 0's records already in metrics.csv, last.ckpt not replaced since its line"
+    line = SUMMARY_LINE.format(1)
+    append("Epoch 0: 100%|##########| 2/2 " + line[:30])
+    assert watcher.poll() == 1
+    append(line[30:] + "\n")
+    assert watcher.poll() == 2 and watcher.epoch == 1 and watcher.poll() == 2
+    run.checkpoints.mkdir()
+    run.last_checkpoint.write_bytes(b"weights of epoch 1")
+    assert watcher.landed() == "epoch 1's records not yet in metrics.csv, last.ckpt replaced since its line"
+    append(SUMMARY_LINE.format(2).replace("in the background", "in 0.20 s") + "\n")  # an inline summary: no event
+    assert watcher.poll() == 2
+
+
+def test_a_summary_kill_lands_its_delay_after_the_line(tmp_path, monkeypatch):
+    """A stand-in launch prints the line and sleeps: it is killed (the whole process group) about the kill's delay
+    after the line, and the launch says where it landed."""
+    script = f"import time; print({SUMMARY_LINE.format(2)!r}, flush=True); time.sleep(60)"
+    monkeypatch.setattr(soak, "train_command", lambda *args, **kwargs: [sys.executable, "-c", script])
+    kill = soak.Kill("summary", nth=1, fraction=0.5)
+    result = soak.launch(tmp_path, 0, 3, kill, 30.0, timeout_s=30.0)
+    assert result.killed and result.returncode == -9 and result.planned == "summary#1+0.15s"
+    assert result.landed is not None and result.landed.startswith("at ")
+    assert result.landed.endswith("epoch 2's records not yet in metrics.csv, last.ckpt not replaced since its line")
+    assert result.seconds < 20
+
+
 @pytest.mark.slow
 def test_one_real_trial_survives_a_kill_before_the_first_checkpoint(tmp_path):
-    """``--seed 4`` plans one kill for its first trial, right after epoch 0's spectra file appears (``spectra#1``):
-    the run has records and no checkpoint, so ``ckpt_path=last`` must set that attempt aside and start over by
-    itself, and the finished run must pass every check."""
-    args = ["--trials", "1", "--seed", "4", "--max-epochs", "1", "--workdir", str(tmp_path / "soak")]
+    """``--kinds spectra --seed 4`` plans one kill for its first trial, right after epoch 0's spectra file appears
+    (``spectra#1``): the run has records and no checkpoint, so ``ckpt_path=last`` must set that attempt aside and
+    start over by itself, and the finished run must pass every check."""
+    args = [
+        "--trials",
+        "1",
+        "--seed",
+        "4",
+        "--kinds",
+        "spectra",
+        "--max-epochs",
+        "1",
+        "--workdir",
+        str(tmp_path / "soak"),
+    ]
     # One batch, 20 analysis images, no jackknife or probes: the resume machinery is the same, a launch seconds shorter.
     lighter = ["trainer.limit_train_batches=1", "data.analysis.per_class=2", "observation.groups=0"]
     figures = [o for o in NO_FIGURES if o not in soak.FAST]  # every figure off, not only those soak.FAST names
