@@ -253,7 +253,10 @@ class SpectralGeometryCallback(L.Callback):
         the observed weights themselves does not wait: it says which epoch is pending (``pending_epochs``), and a
         resume from it re-observes that epoch if its records are missing."""
         pending = self._summaries.pending
-        if pending is not None and pending.step < trainer.global_step:
+        # The last epoch's checkpoint waits too: a resume from it finds max_epochs reached and observes nothing.
+        end = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None  # -1: no end
+        last = end is not None and pending is not None and pending.epoch >= end
+        if pending is not None and (pending.step < trainer.global_step or last):
             self.collect_summary(trainer)
             checkpoint.setdefault("callbacks", {})[self.state_key] = self.state_dict()
 
@@ -344,6 +347,8 @@ class SpectralGeometryCallback(L.Callback):
 
     def _already_observed(self, epoch: int) -> bool:
         on_disk = recorded_epochs(self._run.root) if self._run is not None else []
+        if epoch in on_disk:  # e.g. the pending epoch of the checkpoint resumed from: later checkpoints list it
+            self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
         return epoch in self.observed_epochs or epoch in on_disk
 
     # ----------------------------------------------------------------------------------------- observation

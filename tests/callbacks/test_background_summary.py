@@ -180,6 +180,8 @@ def test_checkpoints_wait_for_later_weights_and_list_the_pending_epoch_and_a_res
     # after epoch 2: the observation of these very weights was in flight
     assert geometry[1] == {"observed_epochs": [0], "pending_epochs": [2]}
     assert observed_in_checkpoint(ckpts[1]) == [0, 2], "the pending epoch's records belong to this checkpoint"
+    # after epoch 3, the last: a resume from it would find max_epochs reached and observe nothing, so it waited
+    assert geometry[2] == {"observed_epochs": [0, 2, 3], "pending_epochs": []}
     original = load_spectra(tmp_path / "run")[2]
     # The run died before epoch 2's records were written: they are missing when it resumes from that checkpoint.
     resumed = tmp_path / "resumed"
@@ -193,3 +195,18 @@ def test_checkpoints_wait_for_later_weights_and_list_the_pending_epoch_and_a_res
     for name, arrays in original.items():
         for key, array in arrays.items():
             assert np.asarray(again[name][key]).tobytes() == np.asarray(array).tobytes(), (name, key)
+
+
+def test_a_resume_whose_pending_epoch_was_recorded_lists_it_as_observed_in_its_own_checkpoints(tmp_path, slow_summary):
+    """The run died after the pending epoch's records were written: the resumed run keeps them, and its checkpoints
+    list that epoch as observed (a later resume must not set its records aside as newer than the checkpoint)."""
+    _fit(tmp_path, epochs=3, checkpoints=True, every_n_epochs=2)
+    pending_ckpt = next((tmp_path / "ckpt").glob("epoch=1-*.ckpt"))  # saved with pending_epochs [2]
+    set_aside_epochs(RunDir(tmp_path), [3], "simulated: killed after epoch 2's records, before epoch 3")
+    pending_ckpt = shutil.copy(pending_ckpt, tmp_path / "resume_from.ckpt")
+    shutil.rmtree(tmp_path / "ckpt")
+    slow_summary.clear()
+    _fit(tmp_path, epochs=4, checkpoints=True, every_n_epochs=2, ckpt_path=str(pending_ckpt))
+    assert slow_summary == [4] and recorded_epochs(tmp_path) == [0, 2, 4]
+    for path in (tmp_path / "ckpt").glob("*.ckpt"):
+        assert 2 in observed_in_checkpoint(path), path.name
