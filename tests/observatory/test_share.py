@@ -258,3 +258,17 @@ def test_shared_summary_records_are_bitwise_one_process(tmp_path: Path, world_si
         assert count["gathers"] == 2, "one gather per observation"
         assert all(0 < n <= math.ceil(total / world_size) for n in count["points"]), (rank, count)
     assert sum(c["points"][0] for c in counts) == total
+
+
+def test_the_summary_pool_uses_this_process_s_cores_shared_by_the_node_s_ranks(monkeypatch):
+    from tgo.observatory.results import summary_workers
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert summary_workers(100) == cores and summary_workers(1) == 1 and summary_workers(0) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert summary_workers(100) == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # torchrun: 8 ranks on this node summarise at once
+    assert summary_workers(100) == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert summary_workers(100) == 1

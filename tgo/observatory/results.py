@@ -390,8 +390,21 @@ def _contribute(
 
 
 def summary_workers(tasks: int) -> int:
-    """Threads of the summary's pool for ``tasks`` independent tasks: one per core, at most one per task."""
-    return max(1, min(int(tasks), os.cpu_count() or 1))
+    """Threads of the summary's pool for ``tasks`` independent tasks: one per core this process may use, at most one
+    per task.
+
+    The cores are the process's CPU affinity (a batch system's binding gives each rank its own), shared by the
+    ``LOCAL_WORLD_SIZE`` ranks of a node when a launcher (torchrun) says so: with the summary in the background and
+    shared by the ranks, every rank of a node summarises at once, beside the training's data loaders.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    local_ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local_ranks.isdigit() and int(local_ranks) > 1:
+        cores = max(1, cores // int(local_ranks))
+    return max(1, min(int(tasks), cores))
 
 
 def _single_threaded_blas() -> contextlib.AbstractContextManager[Any]:
