@@ -26,6 +26,11 @@ median or a ratio measured in this one run (see ``benchmarks/_harness.py`` for h
 10. Rank 0's summary against its floor (``benchmarks/summary_bench.py``): the default summary (G = 10, probes and
    attention on) / the float64 eigendecompositions it makes, on the same threads, at D = 96 and D = 384 (target
    <= 1.5x).
+11. Observation at cluster scale (``benchmarks/scale_bench.py``): the callback in a short vit_small fit,
+   ``geometry/blocking_seconds`` / ``geometry/pass_seconds`` with the summary in the background (target <= 1.15x)
+   and inline; the summary shared by W = 2 and 3 gloo processes against one process (per-rank seconds and CPU
+   share, the gather's seconds and bytes); the inputs of a cluster projection (pass seconds per image, summary
+   seconds per rank, reduce bytes).
 
 Every "ours" figure of rows 1-6 runs the default ``ObservationSettings``, so G = 10 jackknife groups and the probes on;
 each such row says the groups in its detail.
@@ -65,6 +70,8 @@ import torch
 
 from benchmarks import _harness as h
 from benchmarks.attention_bench import attention_rows
+from benchmarks.scale_bench import ROWS as SCALE_ROWS
+from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
 from tgo.observatory.settings import FigureSettings
 
@@ -127,6 +134,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "9.3": ("vit_small", "attention"),
     "10.1": ("summary",),
     "10.2": ("summary",),
+    **{row: ("scale",) for row in SCALE_ROWS},
 }
 """Every row of the table, in display order, with the ``--skip`` sections it needs.
 
@@ -146,6 +154,7 @@ SECTIONS: tuple[str, ...] = (
     "probes",
     "attention",
     "summary",
+    "scale",
 )
 
 
@@ -1652,6 +1661,9 @@ def run_sections(
     if "summary" not in skip:
         print("== rows 10: rank 0's summary against its LAPACK floor (benchmarks/summary_bench.py)", flush=True)
         results["summary"] = summary_rows(table, profile.name)
+    if "scale" not in skip:
+        print("== rows 11: observation at cluster scale (benchmarks/scale_bench.py)", flush=True)
+        results["scale"] = scale_rows(table, profile.name, work)
 
 
 def _jackknife_rows(

@@ -1,0 +1,804 @@
+"""Rows 11: observation at cluster scale (issue 24, items 2, 3 and 5's inputs).
+
+``python -m benchmarks.scale_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs them
+with the rest of the table (``--skip scale`` leaves them out).
+
+**Rows 11.1-11.2, the summary off the training path (item 3).** ``SpectralGeometryCallback`` in a real, short
+Lightning fit of ``vit_small_patch16_224`` on random 224 px images (10 classes, SGD, no validation, no checkpoints,
+a TensorBoard logger), ``every_n_epochs=1``, the default settings (G = 10, probes and attention on, figures as
+configured) on a random 10-class analysis set. A subclass of the callback only stamps its hooks (it calls the real
+``observe_epoch`` / ``_observe_epoch`` / ``collect_summary``). The row is ``geometry/blocking_seconds`` (the
+callback's ``last_blocking_seconds``: what the observation held the training thread) over
+``geometry/pass_seconds`` (``last_pass_seconds``: the stream and the reduction), median of the observations after
+epoch 0; **target <= 1.15x** with ``summary.background=true`` (11.1). 11.2 is the same fit with
+``summary.background=false`` for contrast (the summary, records, scalars and figure hand-off inline). The details
+also give what ``blocking_seconds`` leaves out: the wait for the previous summary at the next observation, the
+scalars and figure hand-off at the batch end that collects a summary, and training steps slowed by the summary
+thread sharing the cores.
+
+**Rows 11.3-11.5, the summary shared by W ranks (item 2).** W gloo processes (``torch.multiprocessing.spawn``,
+``MASTER_PORT`` a free port) on this machine each build the same network (seed 0) and images, stream their shard
+and all-reduce over gloo (``reduce_observation``, the real path), so every rank holds the same reduced state. Then,
+interleaved on that one state, ``summarize_and_record`` with ``SummaryShare(0, 1)`` on rank 0 alone (the
+one-process summary, the other ranks idle in a barrier) and with ``SummaryShare(rank, W, gather)`` on every rank
+(``process_group_gather`` over a gloo group of its own), epochs 0 (warm-up: noise caches) to ``repeats``, so every
+timed summary relates to earlier records as a later epoch does. Each rank times its own share
+(``summarize_accumulators(only=...)``, wall and process CPU), the encoding, and the gather; a barrier just before
+the gather separates waiting for the slowest share from the gather itself. On a 2-core machine W processes each
+run a 2-thread summary pool: W >= 2 oversubscribes the cores, so the wall-clock speedup here says little; the
+per-rank CPU share of the one-process summary (about 1/W) and the gather's seconds and bytes are what carries over
+to W machines.
+
+**Rows 11.6-11.8, the inputs of a cluster projection (item 5).** Pass seconds per image (from 11.1's fit, stream
+and reduce apart), the summary seconds per rank for W = 1, 2, 3 (measured, and the uncontended estimate
+``one-process wall x CPU share``), and the reduce bytes per observation (both all-reduce collectives as counted in
+the W-process run: the packed covariance state, plus the families' summables, which grow with the images).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import _harness as h
+
+BLOCKING_TARGET = 1.15
+"""Target of row 11.1: ``geometry/blocking_seconds`` / ``geometry/pass_seconds`` with the summary in the background."""
+PROBE_CLASSES = 10
+"""Labels dealt round robin to the random images (the probes' class geometry needs classes)."""
+MB = 1024**2
+ROWS = ("11.1", "11.2", "11.3", "11.4", "11.5", "11.6", "11.7", "11.8")
+SHARE_TIMEOUT_S = 900
+"""The gloo timeout of the W-process runs: a lost rank fails the row instead of hanging the benchmark."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What rows 11 measure in one mode.
+
+    Attributes:
+        kind: The network (`_harness.build_model`): ``vit_small`` (D = 384), ``tiny`` for ``--smoke``.
+        image_size: Input resolution.
+        images: Analysis images of every observation.
+        batch: Images per observation forward.
+        train_batch: Training batch of the fits.
+        epochs: Training epochs of the fits (observations at 0 .. epochs).
+        background_batches: Training batches per epoch of 11.1's fit: enough for the summary to finish in the epoch
+            (11.2's fit trains one batch per epoch: its summary is inline).
+        figures: The configured figures (``False``: every kind off, ``--smoke``).
+        worlds: The W of rows 11.3-11.4 (``--smoke``: W = 2 only).
+        repeats: Timed summaries per variant in the W-process runs (after one warm-up each).
+    """
+
+    kind: str
+    image_size: int
+    images: int
+    batch: int
+    train_batch: int
+    epochs: int
+    background_batches: int
+    figures: bool
+    worlds: tuple[int, ...]
+    repeats: int
+
+
+SIZES = {
+    "default": Sizes("vit_small", 224, 64, 32, 2, 3, 10, True, (2, 3), 3),
+    "quick": Sizes("vit_small", 224, 32, 32, 2, 2, 8, True, (2, 3), 2),
+    "smoke": Sizes("tiny", 32, 8, 4, 2, 1, 2, False, (2,), 1),
+}
+"""Rows 1a's image counts (64, quick 32) at vit_small; ``--smoke`` a 2-block width-32 ViT in seconds (its numbers
+mean nothing)."""
+
+
+def _label(sizes: Sizes) -> str:
+    return f"{sizes.kind} {sizes.image_size}px"
+
+
+def _settings(sizes: Sizes, background: bool) -> dict[str, Any]:
+    """The callback's observation settings: the defaults, every epoch, the observation batch, ``background``."""
+    from tgo.observatory.settings import FigureSettings
+
+    settings: dict[str, Any] = {
+        "every_n_epochs": 1,
+        "batch_size": sizes.batch,
+        "summary": {"background": background},
+    }
+    if not sizes.figures:
+        switches = [f.name for f in dataclasses.fields(FigureSettings) if isinstance(f.default, bool)]
+        settings["figures"] = {name: False for name in switches}
+    return settings
+
+
+# ---------------------------------------------------------------------------------------------------- rows 11.1-11.2
+def _classifier(kind: str, image_size: int) -> Any:
+    """A user's LightningModule around the network (SGD on cross-entropy): the callback finds its one timm ViT."""
+    import lightning as L
+    import torch.nn.functional as F
+
+    class Classifier(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = h.build_model(kind, "cpu", image_size, seed=0).train()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            images, labels = batch
+            return F.cross_entropy(self.net(images), labels)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    return Classifier()
+
+
+def _timed_callback(settings: dict[str, Any], analysis: Any) -> Any:
+    """The real callback, its hooks stamped: observations, summary collections (where and how long), batches."""
+    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
+
+    class TimedGeometry(SpectralGeometryCallback):
+        def __init__(self) -> None:
+            super().__init__(settings, analysis=analysis)
+            self.stamps: dict[str, list[dict[str, Any]]] = {"observations": [], "collects": [], "batches": []}
+            self._where = "batch end"
+            self._batch: tuple[float, bool] = (0.0, False)
+
+        def observe_epoch(self, trainer: Any, pl_module: Any, epoch: int) -> None:
+            self._where = "next observation"
+            start = time.perf_counter()
+            super().observe_epoch(trainer, pl_module, epoch)
+            wall = time.perf_counter() - start
+            self._where = "batch end"
+            inline = not self.settings.summary.background
+            self.stamps["observations"].append(
+                {
+                    "epoch": epoch,
+                    "pass_s": self.last_pass_seconds,
+                    "blocking_s": self.last_blocking_seconds,
+                    "observe_wall_s": wall,
+                    "summary_s": self.last_summary_seconds if inline else None,
+                    "logging_s": self.last_logging_seconds if inline else None,
+                }
+            )
+
+        def collect_summary(self, trainer: Any, timeout: float | None = None) -> bool:
+            pending = self._summaries.pending
+            start = time.perf_counter()
+            collected = super().collect_summary(trainer, timeout)
+            if collected and pending is not None:
+                self.stamps["collects"].append(
+                    {
+                        "epoch": pending.epoch,
+                        "where": self._where,
+                        "training_thread_s": time.perf_counter() - start,
+                        "summary_s": self.last_summary_seconds,
+                        "logging_s": self.last_logging_seconds,
+                    }
+                )
+            return collected
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            busy = self._summaries.pending is not None and not self._summaries.done
+            self._batch = (time.perf_counter(), busy)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+            start, busy = self._batch
+            self.stamps["batches"].append({"seconds": time.perf_counter() - start, "summary_in_flight": busy})
+            super().on_train_batch_end(trainer, pl_module, *args)
+
+        def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+            self._where = "fit end"
+            super().on_fit_end(trainer, pl_module)
+
+    return TimedGeometry()
+
+
+def callback_fit(sizes: Sizes, background: bool, work: Path) -> dict[str, Any]:
+    """One short fit with the timed callback; its stamps, the stream / reduce split of every pass, the fit's wall."""
+    import lightning as L
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch.utils.data import DataLoader
+
+    from tgo.callbacks.figure_worker import FigureWorker
+    from tgo.observatory import pipeline
+
+    root = Path(tempfile.mkdtemp(prefix=f"fit_{'bg' if background else 'inline'}_", dir=work))
+    batches = sizes.background_batches if background else 1
+    analysis = h.random_images(sizes.images, sizes.image_size, seed=1, classes=PROBE_CLASSES)
+    train = h.random_images(sizes.train_batch * batches, sizes.image_size, seed=2, classes=PROBE_CLASSES)
+    callback = _timed_callback(_settings(sizes, background), analysis)
+    trainer = L.Trainer(
+        max_epochs=sizes.epochs,
+        default_root_dir=root,
+        callbacks=[callback],
+        accelerator="cpu",
+        devices=1,
+        logger=TensorBoardLogger(root, name="tb"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_train_batches=batches,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
+    module = _classifier(sizes.kind, sizes.image_size)
+    start = time.perf_counter()
+    phases = {
+        "stream": (pipeline, "stream_activations"),
+        "reduce": (pipeline, "reduce_accumulators"),
+        "figure_submit": (FigureWorker, "submit"),  # the hand-off, which waits while 2 observations' figures are
+    }
+    with h.timed_calls(phases) as split:
+        trainer.fit(module, DataLoader(train, batch_size=sizes.train_batch, shuffle=False))
+    return {
+        "background": background,
+        "fit_s": time.perf_counter() - start,
+        "train_batches_per_epoch": batches,
+        "stream_s": split["stream"],
+        "reduce_s": split["reduce"],
+        "figure_submit_s": split["figure_submit"],
+        **callback.stamps,
+    }
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _warm(observations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The observations after epoch 0 (epoch 0's summary also computes the noise baselines), else all."""
+    return [o for o in observations if o["epoch"] > 0] or observations
+
+
+def blocking_rows(table: Any, sizes: Sizes, work: Path) -> dict[str, Any]:
+    """Rows 11.1 (``summary.background=true``) and 11.2 (``false``)."""
+    out: dict[str, Any] = {}
+    for row, background in (("11.1", True), ("11.2", False)):
+        fit = callback_fit(sizes, background, work)
+        warm = _warm(fit["observations"])
+        ratios = [o["blocking_s"] / o["pass_s"] for o in warm]
+        ratio = _median(ratios)
+        blocking, pass_s = _median([o["blocking_s"] for o in warm]), _median([o["pass_s"] for o in warm])
+        n = len(fit["observations"])
+        stream = _median(fit["stream_s"][-len(warm) :])
+        reduce = _median(fit["reduce_s"][-len(warm) :])
+        submits = fit["figure_submit_s"]
+        handoff = (
+            f"of which the figure hand-off {_median(submits):.2f} s, worst {max(submits):.2f} s: it waits while "
+            f"2 observations' figures are in flight"
+            if submits
+            else "no figures"
+        )
+        where = (
+            f"{_label(sizes)}, {sizes.images} img (batch {sizes.batch}), G=10, probes on, figures "
+            f"{'as configured' if sizes.figures else 'off'}; {n} observations in a {fit['fit_s']:.0f} s fit"
+        )
+        head = (
+            f"median of {len(warm)} after epoch 0 (worst {max(ratios, default=float('nan')):.3f}x): blocking "
+            f"{blocking:.2f} s vs pass {pass_s:.2f} s (stream {stream:.2f} + reduce {reduce:.3f} s)"
+        )
+        if background:
+            met = "met" if ratio <= BLOCKING_TARGET else "MISSED"
+            collects = fit["collects"]
+            summary = _median([c["summary_s"] for c in _warm(collects) if c["summary_s"] is not None])
+            logging_s = _median([c["logging_s"] or 0.0 for c in collects])
+            waited = ", ".join(
+                f"{c['training_thread_s']:.2f} s for epoch {c['epoch']}'s"
+                for c in collects
+                if c["where"] == "next observation"
+            )
+            busy = [b["seconds"] for b in fit["batches"] if b["summary_in_flight"]]
+            idle = [b["seconds"] for b in fit["batches"] if not b["summary_in_flight"]]
+            places = ", ".join(
+                f"{sum(c['where'] == w for c in collects)} at {w}" for w in ("batch end", "next observation", "fit end")
+            )
+            detail = (
+                f"target <= {BLOCKING_TARGET:.2f}x {met}; {head}; summary {summary:.2f} s after epoch 0 on the "
+                f"background thread "
+                f"(collected {places}; the next observation waited {waited or 'never'}, outside blocking_seconds, "
+                f"epoch 0's computing the noise baselines); at collection the training thread logs scalars + hands off "
+                f"figures: {logging_s:.2f} s ({handoff}; outside blocking_seconds); training step "
+                f"{_median(busy):.2f} s with a "
+                f"summary in flight ({len(busy)}) vs {_median(idle):.2f} s without ({len(idle)}; "
+                f"{(_median(busy) - _median(idle)) * len(busy):+.1f} s of training in the fit), batch "
+                f"{sizes.train_batch}; {where}"
+            )
+            measurement = "callback in a fit, summary.background=true: blocking / pass"
+        else:
+            summary = _median([o["summary_s"] or 0.0 for o in warm])
+            logging_s = _median([o["logging_s"] or 0.0 for o in warm])
+            detail = (
+                f"contrast for 11.1; {head}; blocking = pass + summary and records {summary:.2f} s + scalars and "
+                f"figure hand-off {logging_s:.2f} s ({handoff}); {where}"
+            )
+            measurement = "callback in a fit, summary.background=false: blocking / pass"
+        table.add(row, f"{_label(sizes)}: {measurement}", ratio, "x", detail, ratios=ratios, fit=fit)
+        out[row] = fit
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- rows 11.3-11.5
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _timed_phases(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[tuple[float, float]]]]:
+    """Like `_harness.timed_calls`, each call's ``(wall, process CPU)`` seconds (CPU of every thread of the process)."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+    saved = {name: vars(owner)[attr] for name, (owner, attr) in targets.items()}
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                samples[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+
+        return timed
+
+    for name, (owner, attr) in targets.items():
+        setattr(owner, attr, wrap(name, saved[name]))
+    try:
+        yield samples
+    finally:
+        for name, (owner, attr) in targets.items():
+            setattr(owner, attr, saved[name])
+
+
+def _share_worker(rank: int, world: int, port: int, out: str, spec: dict[str, Any]) -> None:
+    """One rank of a W-process run (``torch.multiprocessing.spawn``): its timings to ``out/rank<r>.json``."""
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(int(spec["threads"]))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=SHARE_TIMEOUT_S))
+    try:
+        result = _share_rank(rank, world, Path(out), spec)
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """Stream this rank's shard, all-reduce, then the one-process (rank 0) and the shared summary, interleaved."""
+    import torch.distributed as dist
+
+    from tgo.observatory import RecordPlan, ShardPlan, vit_points
+    from tgo.observatory import share as share_module
+    from tgo.observatory.pipeline import reduce_observation, summarize_and_record
+    from tgo.observatory.share import SummaryShare, deal_points, point_cost, process_group_gather
+    from tgo.records import RecordWriter
+
+    group = dist.new_group(backend="gloo")
+    net = h.build_model(spec["kind"], "cpu", spec["image_size"], seed=0)
+    dataset = h.random_images(spec["images"], spec["image_size"], seed=1, classes=PROBE_CLASSES)
+    points = vit_points(net)
+    settings = h.observation_settings()
+    collectives: list[int] = []
+
+    def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+        collectives.append(t.numel() * t.element_size())
+        dist.all_reduce(t)
+        return t
+
+    writers = {"alone": RecordWriter(out / "alone"), "shared": RecordWriter(out / "shared")}
+    start = time.perf_counter()
+    reduced = reduce_observation(
+        net,
+        dataset,
+        points,
+        settings=settings,
+        plan=ShardPlan(rank=rank, world_size=world, batch_size=spec["batch"]),
+        record=RecordPlan(writers["shared"], epoch=0, step=0),
+        all_reduce_sum=all_reduce_sum,
+        is_global_zero=rank == 0,
+    )
+    pass_s = time.perf_counter() - start
+    summables = {
+        run.family.name: 8 * sum(int(s.packed_size) for s in run.state.summables()) for run in reduced.families
+    }
+    dealt = deal_points({p.name: point_cost(reduced.accumulators[p.name]) for p in points}, world)[rank]
+
+    gathers: list[dict[str, Any]] = []
+    gather_bytes = process_group_gather(group)
+
+    def gather(payload: bytes) -> list[bytes] | None:
+        t0 = time.perf_counter()
+        dist.barrier(group=group)  # the wait for the slowest share, apart from the gather itself
+        t1 = time.perf_counter()
+        got = gather_bytes(payload)
+        gathers.append(
+            {
+                "wait_s": t1 - t0,
+                "gather_s": time.perf_counter() - t1,
+                "payload_bytes": len(payload),
+                "received_bytes": [len(g) for g in got] if got is not None else None,
+            }
+        )
+        return got
+
+    composition: dict[str, int] = {}
+    real_encode = share_module.encode_results
+
+    def encode(results: Any) -> bytes:  # what the payload carries, by kind of array (costs a sum of nbytes)
+        composition.clear()
+        composition.update(_composition(results))
+        return real_encode(results)
+
+    share_module.encode_results = encode  # type: ignore[assignment]
+    phases = {
+        "own": (share_module, "summarize_accumulators"),
+        "encode": (share_module, "encode_results"),
+        "decode": (share_module, "decode_results"),
+        "relate": (share_module, "relate_histories"),
+        "records": (RecordWriter, "write_observation"),
+    }
+    runs: list[dict[str, Any]] = []
+    with _timed_phases(phases) as samples:
+        for epoch in range(int(spec["repeats"]) + 1):  # epoch 0: warm-up (noise caches), no history yet
+            order = ("alone", "shared") if epoch % 2 == 0 else ("shared", "alone")
+            for variant in order:
+                for values in samples.values():
+                    values.clear()
+                gathers.clear()
+                dist.barrier(group=group)
+                if variant == "alone" and rank != 0:
+                    continue
+                record = RecordPlan(writers[variant], epoch=epoch, step=epoch)
+                share = SummaryShare(0, 1) if variant == "alone" else SummaryShare(rank, world, gather)
+                wall, cpu = time.perf_counter(), time.process_time()
+                summarize_and_record(dataclasses.replace(reduced, record=record), share=share)
+                runs.append(
+                    {
+                        "epoch": epoch,
+                        "variant": variant,
+                        "wall_s": time.perf_counter() - wall,
+                        "cpu_s": time.process_time() - cpu,
+                        "phases": {name: [list(s) for s in values] for name, values in samples.items()},
+                        "gather": dict(gathers[0]) if gathers else None,
+                    }
+                )
+    share_module.encode_results = real_encode  # type: ignore[assignment]
+    dist.barrier(group=group)
+    return {
+        "rank": rank,
+        "world": world,
+        "images": len(range(rank, int(spec["images"]), world)),
+        "payload_composition": composition,
+        "points": dealt,
+        "n_points": len(points),
+        "dim": int(next(iter(reduced.accumulators.values())).dim),
+        "pass_s": pass_s,
+        "collective_bytes": collectives,
+        "summable_bytes": summables,
+        "runs": runs,
+    }
+
+
+def _composition(results: Any) -> dict[str, int]:
+    """Bytes of the arrays a share carries, by kind: every view's covariance and mean, spectra, the rest."""
+    out = {"covariance": 0, "mean": 0, "eigenvalues": 0, "arrays": 0, "kept_arrays": 0, "jackknife": 0}
+    for result in results.values():
+        if result.alias_of is None:
+            out["covariance"] += int(result.covariance.nbytes)
+            out["mean"] += int(result.mean.nbytes)
+            out["eigenvalues"] += int(result.spectrum.eigenvalues.nbytes)
+        for kind in ("arrays", "kept_arrays", "jackknife"):
+            out[kind] += sum(int(getattr(a, "nbytes", 0)) for a in getattr(result, kind).values())
+    return out
+
+
+def shared_summary(sizes: Sizes, world: int, work: Path) -> list[dict[str, Any]]:
+    """A W-process run (`_share_worker`); every rank's result, in rank order."""
+    import torch.multiprocessing as mp
+
+    out = Path(tempfile.mkdtemp(prefix=f"share_w{world}_", dir=work))
+    spec = {
+        "kind": sizes.kind,
+        "image_size": sizes.image_size,
+        "images": sizes.images,
+        "batch": sizes.batch,
+        "repeats": sizes.repeats,
+        "threads": max(1, torch.get_num_threads() // world),  # the stream's threads: the cores split over the ranks
+    }
+    mp.spawn(_share_worker, args=(world, _free_port(), str(out), spec), nprocs=world, join=True)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+def _timed(ranks: list[dict[str, Any]], rank: int, variant: str) -> list[dict[str, Any]]:
+    """The timed runs (epoch >= 1) of one rank and variant, in epoch order."""
+    return [r for r in ranks[rank]["runs"] if r["variant"] == variant and r["epoch"] > 0]
+
+
+def _phase(run: dict[str, Any], name: str, index: int = 0) -> float:
+    """Seconds (``index`` 0 wall, 1 CPU) of one phase in one run, summed over its calls."""
+    return sum(s[index] for s in run["phases"][name])
+
+
+def share_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of rows 11.3-11.7 from one W-process run."""
+    world = len(ranks)
+    alone = _timed(ranks, 0, "alone")
+    shared = [_timed(ranks, r, "shared") for r in range(world)]
+    pairs = [a["wall_s"] / s["wall_s"] for a, s in zip(alone, shared[0], strict=True)]
+    alone_wall = _median([a["wall_s"] for a in alone])
+    alone_cpu = _median([a["cpu_s"] for a in alone])
+    alone_own = _median([_phase(a, "own") for a in alone])
+    alone_own_cpu = _median([_phase(a, "own", 1) for a in alone])
+    per_rank = []
+    for rank, runs in enumerate(shared):
+        own_cpu = _median([_phase(r, "own", 1) for r in runs])
+        per_rank.append(
+            {
+                "rank": rank,
+                "points": len(ranks[rank]["points"]),
+                "own_s": _median([_phase(r, "own") for r in runs]),
+                "own_cpu_s": own_cpu,
+                "cpu_share": own_cpu / alone_own_cpu if alone_own_cpu else float("nan"),
+                "encode_s": _median([_phase(r, "encode") for r in runs]),
+                "wait_s": _median([r["gather"]["wait_s"] for r in runs]),
+                "gather_s": _median([r["gather"]["gather_s"] for r in runs]),
+                "payload_bytes": _median([r["gather"]["payload_bytes"] for r in runs]),
+                "wall_s": _median([r["wall_s"] for r in runs]),
+            }
+        )
+    received = shared[0][-1]["gather"]["received_bytes"] if shared[0] else []
+    rank0 = shared[0]
+    return {
+        "world": world,
+        "dim": ranks[0]["dim"],
+        "n_points": ranks[0]["n_points"],
+        "speedup": _median(pairs),
+        "speedups": pairs,
+        "alone_wall_s": alone_wall,
+        "alone_cpu_s": alone_cpu,
+        "alone_own_s": alone_own,
+        "alone_own_cpu_s": alone_own_cpu,
+        "alone_records_s": _median([_phase(a, "records") for a in alone]),
+        "shared_wall_s": _median([r["wall_s"] for r in rank0]),
+        "decode_s": _median([_phase(r, "decode") for r in rank0]),
+        "relate_s": _median([_phase(r, "relate") for r in rank0]),
+        "records_s": _median([_phase(r, "records") for r in rank0]),
+        "per_rank": per_rank,
+        "gathered_payload_bytes": sum(received),
+        "gather_wire_bytes": (world - 1) * max(received, default=0),
+        "max_own_cpu_share": max(p["cpu_share"] for p in per_rank),
+        "estimated_rank_s": alone_own * max(p["cpu_share"] for p in per_rank),
+        "collective_bytes": ranks[0]["collective_bytes"],
+        "summable_bytes": ranks[0]["summable_bytes"],
+        "pass_s": [r["pass_s"] for r in ranks],
+        "rank_images": [r["images"] for r in ranks],
+        "payload_composition": [r["payload_composition"] for r in ranks[1:]],
+        "repeats": len(pairs),
+    }
+
+
+def _payloads_text(s: dict[str, Any]) -> str:
+    sizes = ", ".join(f"{p['payload_bytes'] / MB:.2f}" for p in s["per_rank"][1:])
+    covariance = sum(c.get("covariance", 0) for c in s["payload_composition"])
+    arrays = sum(sum(c.values()) for c in s["payload_composition"])
+    return f"{sizes} MB (arrays {arrays / MB:.2f} MB, of which every view's D x D covariance {covariance / MB:.2f} MB)"
+
+
+def _ranks_text(s: dict[str, Any]) -> str:
+    return "; ".join(
+        f"r{p['rank']} {p['points']} pts: own {p['own_s']:.2f} s wall / {p['own_cpu_s']:.2f} s CPU "
+        f"(= {p['cpu_share']:.2f} of the one-process CPU), encode {p['encode_s']:.3f} s, waits {p['wait_s']:.2f} s"
+        for p in s["per_rank"]
+    )
+
+
+def share_rows(table: Any, sizes: Sizes, work: Path) -> dict[int, dict[str, Any]]:
+    """Rows 11.3-11.5: one W-process run per W of `Sizes.worlds` (W = 3 skipped where absent)."""
+    cores = os.cpu_count() or 1
+    summaries: dict[int, dict[str, Any]] = {}
+    for row, world in (("11.3", 2), ("11.4", 3)):
+        if world not in sizes.worlds:
+            table.skip([row], f"{_label(sizes)}: shared summary, W={world} gloo processes", "--smoke runs W=2 only")
+            continue
+        s = share_summary(shared_summary(sizes, world, work))
+        summaries[world] = s
+        loaded = (
+            f"{world} processes x a {cores}-thread summary pool on {cores} cores: oversubscribed, the wall speedup "
+            "says little; the CPU share is what W machines would each do"
+            if world > 1 and cores < 2 * world
+            else f"{world} processes on {cores} cores"
+        )
+        table.add(
+            row,
+            f"{_label(sizes)}: shared summary, W={world} gloo processes: rank-0 one-process / shared wall",
+            s["speedup"],
+            "x",
+            f"{s['n_points']} x {s['dim']}^2, G=10, probes on, {sizes.images} img; median of {s['repeats']} "
+            f"interleaved pairs; one process: summary+records {s['alone_wall_s']:.2f} s wall / "
+            f"{s['alone_cpu_s']:.2f} s CPU (summarize_accumulators {s['alone_own_s']:.2f} s / "
+            f"{s['alone_own_cpu_s']:.2f} s CPU, records {s['alone_records_s']:.3f} s); shared, rank 0 "
+            f"{s['shared_wall_s']:.2f} s: {_ranks_text(s)}; rank 0 then decodes {s['decode_s']:.3f} s, relates "
+            f"histories {s['relate_s']:.3f} s, records {s['records_s']:.3f} s; {loaded}",
+            text=f"{s['speedup']:.3f}x (CPU share {s['max_own_cpu_share']:.2f})",
+            share=s,
+        )
+    if not summaries:
+        table.skip(["11.5"], "shared summary: the gather", "no W-process run")
+        return summaries
+    worlds = sorted(summaries)
+    gathers = " / ".join(f"{summaries[w]['per_rank'][0]['gather_s']:.3f}" for w in worlds)
+    parts = "; ".join(
+        f"W={w}: payloads {_payloads_text(summaries[w])}, rank 0 keeps its own; "
+        f"{summaries[w]['gathered_payload_bytes'] / MB:.2f} MB gathered, "
+        f"{summaries[w]['gather_wire_bytes'] / MB:.2f} MB on the wire padded to the largest"
+        for w in worlds
+    )
+    table.add(
+        "11.5",
+        f"{_label(sizes)}: shared summary's gather at rank 0, W={' / '.join(map(str, worlds))}",
+        summaries[worlds[0]]["per_rank"][0]["gather_s"],
+        "s",
+        f"process_group_gather over gloo on one machine (sizes all_gather + padded gather), timed after a barrier "
+        f"(the wait for the slowest share is in 11.3-11.4); {parts}",
+        text=f"{gathers} s",
+        gathers={w: {"seconds": summaries[w]["per_rank"][0]["gather_s"]} for w in worlds},
+    )
+    return summaries
+
+
+# ---------------------------------------------------------------------------------------------------- rows 11.6-11.8
+def projection_rows(
+    table: Any, sizes: Sizes, fits: dict[str, Any], summaries: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """Rows 11.6-11.8: pass seconds per image, summary seconds per rank for W = 1, 2, 3, reduce bytes."""
+    fit = fits["11.1"]
+    warm = _warm(fit["observations"])
+    pass_s = _median([o["pass_s"] for o in warm])
+    stream = _median(fit["stream_s"][-len(warm) :])
+    reduce = _median(fit["reduce_s"][-len(warm) :])
+    per_image = pass_s / sizes.images
+    table.add(
+        "11.6",
+        f"{_label(sizes)}: projection input, pass seconds per image (1 process)",
+        per_image,
+        "s",
+        f"from 11.1's fit: pass {pass_s:.2f} s over {sizes.images} img, batch {sizes.batch}, G=10, probes on = "
+        f"stream {stream / sizes.images * 1e3:.1f} ms/img + reduce {reduce:.3f} s per observation (identity sum "
+        f"on 1 process, {torch.get_num_threads()} torch threads; the W-process runs' sharded passes, stream + "
+        f"gloo all-reduce: {_pass_text(summaries)})",
+        text=f"{per_image * 1e3:.1f} ms/img",
+        per_image_s=per_image,
+        stream_s=stream,
+        reduce_s=reduce,
+    )
+    out: dict[str, Any] = {"pass_per_image_s": per_image, "stream_s": stream, "reduce_s": reduce}
+    if not summaries:
+        table.skip(["11.7", "11.8"], "projection inputs from the W-process runs", "no W-process run")
+        return out
+    first = summaries[min(summaries)]
+    worlds = sorted(summaries)
+    estimates = {1: first["alone_own_s"], **{w: summaries[w]["estimated_rank_s"] for w in worlds}}
+    alone = " / ".join(f"{summaries[w]['alone_own_s']:.2f}" for w in worlds)
+    measured = " / ".join(f"{max(p['own_s'] for p in summaries[w]['per_rank']):.2f}" for w in worlds)
+    shares = " / ".join(f"{summaries[w]['max_own_cpu_share']:.2f}" for w in worlds)
+    merge = " / ".join(
+        f"{summaries[w]['decode_s'] + summaries[w]['relate_s'] + summaries[w]['records_s']:.3f}" for w in worlds
+    )
+    table.add(
+        "11.7",
+        f"{_label(sizes)}: projection input, summary seconds per rank, W={'/'.join(map(str, estimates))}",
+        estimates[max(estimates)],
+        "s",
+        f"summarize_accumulators of the dearest rank's share, estimated uncontended = the one-process summary "
+        f"timed in the same W-process run ({alone} s; W=1 is the first) x the dearest rank's CPU share ({shares}) "
+        f"at W={'/'.join(map(str, worlds))}; measured here, oversubscribed: {measured} s; plus rank 0's decode + "
+        f"relate + records ({merge} s) and the gather (11.5)",
+        text=" / ".join(f"{estimates[w]:.2f}" for w in estimates) + " s",
+        estimates=estimates,
+    )
+    collectives = first["collective_bytes"]
+    summable = sum(first["summable_bytes"].values())
+    total = sum(collectives)
+    families = ", ".join(f"{name} {b / MB:.2f} MB" for name, b in first["summable_bytes"].items())
+    covariance = total - summable
+    table.add(
+        "11.8",
+        f"{_label(sizes)}: projection input, reduce bytes per observation (both all-reduces)",
+        total / MB,
+        "MB",
+        f"{len(collectives)} collectives of {', '.join(f'{b / MB:.2f}' for b in collectives)} MB: covariance "
+        f"state + shift agreement {covariance / MB:.2f} MB (fixed: {first['n_points']} points x G x (2+D+D^2) x 8 "
+        f"B), families' summables {summable / MB:.2f} MB at {sizes.images} img ({families}; "
+        f"{summable / sizes.images / 1024:.1f} KB/img, they grow with the images); gathered payload in 11.5",
+        collective_bytes=collectives,
+        summable_bytes=first["summable_bytes"],
+    )
+    out.update(summary_per_rank_s=estimates, reduce_bytes=total, summable_bytes=summable)
+    return out
+
+
+def _pass_text(summaries: dict[int, dict[str, Any]]) -> str:
+    if not summaries:
+        return "none"
+    return ", ".join(
+        f"W={w} {max(s['pass_s']):.2f} s for {max(s['rank_images'])} img/rank, 1 torch thread each "
+        f"= {max(t / n for t, n in zip(s['pass_s'], s['rank_images'], strict=True)) * 1e3:.0f} ms/img/rank"
+        for w, s in sorted(summaries.items())
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- the rows
+def scale_rows(table: Any, mode: str, work: Path | None = None) -> dict[str, Any]:
+    """Rows 11.1-11.8 into ``table`` (``benchmarks.observation_bench.Table``).
+
+    Args:
+        table: ``add(row, measurement, value, unit, detail, text=..., **raw)`` and ``skip(rows, measurement,
+            reason)``.
+        mode: ``default``, ``quick`` or ``smoke`` (`SIZES`).
+        work: A scratch folder (``None``: a temporary one).
+    """
+    sizes = SIZES[mode]
+    scratch = Path(tempfile.mkdtemp(prefix="tgo_scale_", dir=work))
+    fits = blocking_rows(table, sizes, scratch)
+    summaries = share_rows(table, sizes, scratch)
+    projection = projection_rows(table, sizes, fits, summaries)
+    return {
+        "sizes": dataclasses.asdict(sizes),
+        "fits": fits,
+        "shared": {str(w): s for w, s in summaries.items()},
+        "projection": projection,
+    }
+
+
+class _PrintTable:
+    """The table interface `scale_rows` needs, printing (for ``python -m benchmarks.scale_bench``)."""
+
+    def add(
+        self, row: str, measurement: str, value: float, unit: str = "", detail: str = "", text: str = "", **_: Any
+    ) -> None:
+        print(f"[{row}] {measurement}: {text or f'{value:.3f}{unit}'}  {detail}", flush=True)
+
+    def skip(self, rows: Sequence[str], measurement: str, reason: str, detail: str = "") -> None:
+        print(f"[{', '.join(rows)}] {measurement}: skipped ({reason})", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.scale_bench [--quick | --smoke]``: rows 11 alone."""
+    import argparse
+    import shutil
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_bench", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="vit_small on 32 images, 2 epochs, 2 repeats")
+    mode.add_argument("--smoke", action="store_true", help="a tiny ViT, seconds; measures nothing")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "tgo", "callbacks"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    print(h.environment_line(h.environment()), flush=True)
+    work = Path(tempfile.mkdtemp(prefix="tgo_scale_bench_"))
+    try:
+        scale_rows(_PrintTable(), "smoke" if args.smoke else "quick" if args.quick else "default", work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"load average {os.getloadavg()[0]:.2f} at end", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
