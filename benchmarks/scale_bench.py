@@ -24,10 +24,12 @@ one-process summary, the other ranks idle in a barrier) and with ``SummaryShare(
 (``process_group_gather`` over a gloo group of its own), epochs 0 (warm-up: noise caches) to ``repeats``, so every
 timed summary relates to earlier records as a later epoch does. Each rank times its own share
 (``summarize_accumulators(only=...)``, wall and process CPU), the encoding, and the gather; a barrier just before
-the gather separates waiting for the slowest share from the gather itself. On a 2-core machine W processes each
-run a 2-thread summary pool: W >= 2 oversubscribes the cores, so the wall-clock speedup here says little; the
-per-rank CPU share of the one-process summary (about 1/W) and the gather's seconds and bytes are what carries over
-to W machines.
+the gather separates waiting for the slowest share from the gather itself. The shared summaries run with
+``LOCAL_WORLD_SIZE=W``, as torchrun sets it on one node, so each rank's summary pool takes its share of the cores
+(`tgo.observatory.results.summary_workers`); the one-process summary takes every core. On 2 cores, W = 2 then
+uses the same cores as one process (the wall ratio is the sharing's cost, ideal 1.0x) and W = 3 oversubscribes
+them (one thread per rank); what carries over to W machines is the per-rank CPU share of the one-process summary
+(about 1/W) and the gather's seconds and bytes.
 
 **Rows 11.6-11.8, the inputs of a cluster projection (item 5).** Pass seconds per image (from 11.1's fit, stream
 and reduce apart), the summary seconds per rank for W = 1, 2, 3 (measured, and the uncontended estimate
@@ -463,6 +465,13 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
                 dist.barrier(group=group)
                 if variant == "alone" and rank != 0:
                     continue
+                # The shared summary as torchrun launches W ranks on one node (LOCAL_WORLD_SIZE=W: each rank's pool
+                # takes its share of the cores); the one-process summary as a lone process, every core.
+                if variant == "shared":
+                    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+                else:
+                    os.environ.pop("LOCAL_WORLD_SIZE", None)
+                pool = _pool_threads(len(points))
                 record = RecordPlan(writers[variant], epoch=epoch, step=epoch)
                 share = SummaryShare(0, 1) if variant == "alone" else SummaryShare(rank, world, gather)
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -475,6 +484,7 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
                         "cpu_s": time.process_time() - cpu,
                         "phases": {name: [list(s) for s in values] for name, values in samples.items()},
                         "gather": dict(gathers[0]) if gathers else None,
+                        "pool_threads": pool,
                     }
                 )
     share_module.encode_results = real_encode  # type: ignore[assignment]
@@ -492,6 +502,15 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
         "summable_bytes": summables,
         "runs": runs,
     }
+
+
+def _pool_threads(tasks: int) -> int | None:
+    """The summary pool's threads for ``tasks`` points, as ``summarize_accumulators`` will size it (``None``: the
+    library no longer says)."""
+    from tgo.observatory import results
+
+    workers = getattr(results, "summary_workers", None)
+    return int(workers(tasks)) if callable(workers) else None
 
 
 def _composition(results: Any) -> dict[str, int]:
@@ -589,7 +608,26 @@ def share_summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "rank_images": [r["images"] for r in ranks],
         "payload_composition": [r["payload_composition"] for r in ranks[1:]],
         "repeats": len(pairs),
+        "alone_pool_threads": alone[0]["pool_threads"] if alone else None,
+        "shared_pool_threads": rank0[0]["pool_threads"] if rank0 else None,
     }
+
+
+def _cores_text(s: dict[str, Any], world: int, cores: int) -> str:
+    """How the summary pools sat on the cores, and so what the wall ratio means."""
+    alone, shared = s["alone_pool_threads"], s["shared_pool_threads"]
+    if alone is None or shared is None:
+        return f"{world} processes on {cores} cores"
+    pools = (
+        f"summary pools: one process {alone} threads, shared {shared} per rank x {world} ranks "
+        f"(LOCAL_WORLD_SIZE={world}, as torchrun on one node) on {cores} cores"
+    )
+    if shared * world > cores:
+        return f"{pools}: oversubscribed, the wall ratio says little; the CPU share is what W machines would each do"
+    return (
+        f"{pools}: the same cores as the one process, so the wall ratio is the sharing's cost (ideal 1.0x); the CPU "
+        "share is what W machines would each do"
+    )
 
 
 def _payloads_text(s: dict[str, Any]) -> str:
@@ -617,12 +655,7 @@ def share_rows(table: Any, sizes: Sizes, work: Path) -> dict[int, dict[str, Any]
             continue
         s = share_summary(shared_summary(sizes, world, work))
         summaries[world] = s
-        loaded = (
-            f"{world} processes x a {cores}-thread summary pool on {cores} cores: oversubscribed, the wall speedup "
-            "says little; the CPU share is what W machines would each do"
-            if world > 1 and cores < 2 * world
-            else f"{world} processes on {cores} cores"
-        )
+        loaded = _cores_text(s, world, cores)
         table.add(
             row,
             f"{_label(sizes)}: shared summary, W={world} gloo processes: rank-0 one-process / shared wall",
