@@ -24,8 +24,11 @@ scalars and figures are logged back on the training thread, at the first batch e
 observation, or the end of ``fit``); step = epoch, so they land where an inline summary would have put them. A
 checkpoint of later weights waits for the summary in flight; a checkpoint of the observed weights themselves lists
 that epoch as ``pending_epochs``, and a resume from it observes the epoch again if its records are missing (the
-records on disk decide). ``geometry/blocking_seconds`` logs the time the observation held the training thread,
-beside ``geometry/pass_seconds`` (stream + reduce) and ``geometry/summary_seconds`` (summary + records).
+records on disk decide). ``geometry/blocking_seconds`` logs, once an observation is complete, every second it held
+the training thread: the stream, the reduction and the hand-off, and with the summary in the background also the
+wait for it where it was collected (a summary slower than the training between two observations shows here) and
+the logging of its scalars and figures; beside ``geometry/pass_seconds`` (stream + reduce) and
+``geometry/summary_seconds`` (summary + records, off the training thread).
 """
 
 from __future__ import annotations
@@ -280,11 +283,13 @@ class SpectralGeometryCallback(L.Callback):
     def collect_summary(self, trainer: L.Trainer, timeout: float | None = None) -> bool:
         """Waits for the summary in flight (if any) and, on rank 0, logs it: its scalars to every logger, its
         TensorBoard runs and figures. Re-raises the summary's exception. ``False`` if nothing was pending."""
+        start = time.perf_counter()
         collected = self._summaries.result(timeout)
         if collected is None:
             return False
         pending, results = collected
         self._finish(trainer, pending.epoch, results, pending.seconds)
+        self._log_blocking(trainer, pending.epoch, pending.held_seconds + time.perf_counter() - start)
         return True
 
     def _flush_after_failure(self, trainer: L.Trainer) -> None:
@@ -407,17 +412,16 @@ class SpectralGeometryCallback(L.Callback):
                 return summarize_and_record(reduced, share=share, eigvalsh=eigvalsh)
 
             if background:
-                self._summaries.submit(epoch, trainer.global_step, job)
+                pending = self._summaries.submit(epoch, trainer.global_step, job)
+                pending.held_seconds = time.perf_counter() - start
             else:
                 summary_start = time.perf_counter()
                 results = job()
                 self._finish(trainer, epoch, results, time.perf_counter() - summary_start)
+                self._log_blocking(trainer, epoch, time.perf_counter() - start)
         else:
             self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
-        self.last_blocking_seconds = time.perf_counter() - start
         if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics({"geometry/blocking_seconds": self.last_blocking_seconds}, step=epoch)
             where = "in the background" if background else f"in {self.last_summary_seconds or 0.0:.2f} s"
             rank_zero_info(
                 f"[tgo] geometry of epoch {epoch} streamed and reduced over {len(dataset)} images in "
@@ -434,6 +438,15 @@ class SpectralGeometryCallback(L.Callback):
 
             self._eigvalsh = resolve_eigvalsh(self.settings.summary.eigensolver, device)
         return self._eigvalsh
+
+    def _log_blocking(self, trainer: L.Trainer, epoch: int, seconds: float) -> None:
+        """``geometry/blocking_seconds`` of one observation, once it is complete: every second it held the training
+        thread (the stream, the reduction and the hand-off; with the summary in the background also the wait for
+        it where the training thread collected it, and the logging of its scalars and figures then)."""
+        self.last_blocking_seconds = seconds
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics({"geometry/blocking_seconds": seconds}, step=epoch)
 
     def _finish(self, trainer: L.Trainer, epoch: int, results: Results | None, seconds: float | None) -> None:
         """An observation's summary is recorded: on rank 0 its scalars and figures are logged (training thread)."""

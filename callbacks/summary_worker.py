@@ -34,6 +34,8 @@ class PendingSummary:
         future: Its result (rank 0: the `Results`; other ranks: ``None``).
         submitted: ``time.perf_counter()`` at submission.
         seconds: How long the job ran, once it finished.
+        held_seconds: How long the observation held the training thread before it handed the summary over (the
+            caller's to set: the stream, the reduction and the hand-off).
     """
 
     epoch: int
@@ -41,6 +43,7 @@ class PendingSummary:
     future: Future[Any]
     submitted: float = field(default_factory=time.perf_counter)
     seconds: float | None = None
+    held_seconds: float = 0.0
 
 
 class SummaryWorker:

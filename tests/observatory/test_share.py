@@ -122,6 +122,17 @@ def test_a_payload_decodes_to_the_same_bits_without_pickle():
     assert alias.spectrum is back[ObservationKey("block_01", "all")].spectrum  # aliases share their original's
 
 
+def test_without_covariances_only_the_all_view_s_travels():
+    results = Results()
+    results[ObservationKey("block_01", "all")] = _result([3.0, 1.0, 0.0])
+    results[ObservationKey("block_01", "cls")] = _result([2.0, 1.0, 0.5])
+    light = decode_results(encode_results(results, covariances=False))
+    assert light["block_01"].covariance.tobytes() == results["block_01"].covariance.tobytes()
+    assert light[ObservationKey("block_01", "cls")].covariance.shape == (0, 0)
+    assert light[ObservationKey("block_01", "cls")].has_covariance  # its spectrum is there
+    assert len(encode_results(results, covariances=False)) < len(encode_results(results))
+
+
 def test_a_failed_share_names_its_rank():
     with pytest.raises(SharedSummaryError, match=r"rank 2's share .*ValueError: bad point"):
         decode_results(encode_failure(2, ValueError("bad point")))
@@ -213,13 +224,13 @@ def _share_worker(rank: int, world_size: int, port: int, out: str) -> None:
             points,
             settings=settings,
             plan=ShardPlan(rank, world_size, 4),
-            record=RecordPlan(RecordWriter(root / "shared"), epoch=epoch, step=epoch, with_covariance=True),
+            record=RecordPlan(RecordWriter(root / "shared"), epoch=epoch, step=epoch, with_covariance=epoch == 0),
             all_reduce_sum=lambda t: (dist.all_reduce(t), t)[1],
             is_global_zero=rank == 0,
         )
         summarize_and_record(reduced, share=SummaryShare(rank, world_size, counted_gather))
         if rank == 0:  # the same reduced state, summarised by one process
-            alone = RecordPlan(RecordWriter(root / "alone"), epoch=epoch, step=epoch, with_covariance=True)
+            alone = RecordPlan(RecordWriter(root / "alone"), epoch=epoch, step=epoch, with_covariance=epoch == 0)
             summarize_and_record(reduce_like(reduced, alone), share=SummaryShare(0, 1, None))
     torch.save({"points": counted["points"], "gathers": counted["gathers"], "total": len(points)}, root / f"r{rank}.pt")
     dist.destroy_process_group()

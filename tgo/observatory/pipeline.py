@@ -365,6 +365,7 @@ def summarize_and_record(
         families=reduced.families,
         image_groups=reduced.image_groups,
         eigvalsh=eigvalsh,
+        covariances=record.with_covariance,
     )
     if results is not None:
         record.writer.write_observation(record.epoch, record.step, results, with_covariance=record.with_covariance)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from tgo.records import DEFAULT_VIEW
 from tgo.spectral import Spectrum
 
 from .results import ObservationKey, PointResult, Results, relate_histories, summarize_accumulators
@@ -113,8 +114,16 @@ def deal_points(costs: Mapping[str, float], world_size: int) -> list[list[str]]:
 
 
 # ----------------------------------------------------------------------------------------------------- encoding
-def encode_results(results: Results) -> bytes:
-    """``results`` as bytes: every array and float as its bits, no pickled object (`decode_results` reverses it)."""
+def encode_results(results: Results, *, covariances: bool = True) -> bytes:
+    """``results`` as bytes: every array and float as its bits, no pickled object (`decode_results` reverses it).
+
+    Args:
+        results: A rank's share.
+        covariances: Every view's ``D x D`` covariance travels; ``False``: only the ``all`` view's (rank 0 draws
+            and relates it), the others decode as an empty ``(0, 0)`` array. The covariances are ~97% of the bytes
+            (vit_small, G = 10: 40 MB of a 2-rank gather), and the records keep them only at the epochs that keep
+            covariances (`tgo.observatory.pipeline.RecordPlan.with_covariance`).
+    """
     arrays: dict[str, np.ndarray] = {}
     index: list[dict[str, Any]] = []
 
@@ -135,7 +144,8 @@ def encode_results(results: Results) -> bytes:
                 "counts": [int(s.n_rows), int(s.n_nonfinite), int(s.n_clamped)],
                 "most_negative": put(np.float64(s.most_negative)),
             }
-            entry["mean"], entry["covariance"] = put(result.mean), put(result.covariance)
+            covariance = result.covariance if covariances or key.view == DEFAULT_VIEW else np.empty((0, 0))
+            entry["mean"], entry["covariance"] = put(result.mean), put(covariance)
         entry["observables"], entry["stderr"] = named(result.observables), named(result.stderr)
         entry["arrays"] = {name: put(a) for name, a in result.arrays.items()}
         entry["kept_arrays"] = {name: put(a) for name, a in result.kept_arrays.items()}
@@ -214,12 +224,16 @@ def summarize_shared(
     families: Sequence[FamilyRun] = (),
     image_groups: np.ndarray | None = None,
     eigvalsh: Eigvalsh | None = None,
+    covariances: bool = True,
 ) -> Results | None:
     """The summary of a reduced observation, each rank summarising its share (`deal_points`). Collective.
 
     With one rank (or no gather) it is `summarize_accumulators` on rank 0. Otherwise every rank summarises its
     points, every rank takes part in the one gather (a failed share travels as its error), and rank 0 merges the
     shares in point order and adds the history step (`relate_histories`, from its ``FamilyRun.history``).
+
+    ``covariances=False`` (an epoch whose records keep no covariance): the other ranks' views other than ``all``
+    reach rank 0 without their covariance (`encode_results`); everything recorded is unchanged.
 
     Returns:
         The whole `Results` on rank 0, ``None`` on the other ranks.
@@ -241,7 +255,8 @@ def summarize_shared(
     own: Results | None = None
     try:
         own = summarize_accumulators(accumulators, points, only=dealt[share.rank], relate_history=False, **kwargs)
-        payload = b"" if share.rank == 0 else encode_results(own)  # rank 0 keeps its own share as it is
+        # rank 0 keeps its own share as it is
+        payload = b"" if share.rank == 0 else encode_results(own, covariances=covariances)
     except Exception as error:  # every rank must still reach the gather
         own, payload = None, encode_failure(share.rank, error)
     gathered = share.gather(payload)
