@@ -211,16 +211,17 @@ class EigenvalueStack:
     Args:
         eigs: float64 ``[S, D]``, every row descending, non-negative, finite, with a positive sum (what
             `tgo.spectral.eigendecompose` gives a defined covariance; `usable` says whether a stack is).
+        checked: The caller has already found ``eigs`` `usable` (the check is not repeated).
     """
 
-    def __init__(self, eigs: np.ndarray) -> None:
+    def __init__(self, eigs: np.ndarray, *, checked: bool = False) -> None:
         self.e = np.ascontiguousarray(eigs, dtype=np.float64)  # C order: numpy reduces rows in memory order
         if self.e.ndim != 2 or self.e.shape[1] == 0:
             raise ValueError(f"EigenvalueStack: expected [S, D] eigenvalues, got shape {self.e.shape}")
         self.rows, self.dim = self.e.shape
         self.total = self.e.sum(axis=1)
         self.top = self.e.max(axis=1)
-        if not self.usable(self.e, self.total):
+        if not checked and not self.usable(self.e, self.total):
             raise ValueError("EigenvalueStack: rows must be finite, non-negative, descending, with a positive sum")
         self._entropy: np.ndarray | None = None
         self._cumulative: np.ndarray | None = None

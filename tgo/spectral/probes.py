@@ -4,8 +4,9 @@ Pure float64 numpy on small matrices that rank 0 already holds after an observat
 a few ``[D, k]`` eigenvector blocks); formulas and reasoning: ``docs/hypotheses.md``.
 
 * class-conditional geometry of per-image vectors (semantic expansion): `class_geometry` (Fisher ratio, NC1,
-  effective ranks of the between- and within-class scatter), `ncc_accuracy` and `ridge_accuracy` (held-out linear
-  decodability);
+  effective ranks of the between- and within-class scatter; `class_geometries` of several subsets at once, bit for
+  bit, from `ClassLayout` s), `ncc_accuracy` and `ridge_accuracy` (held-out linear decodability, every fold at once
+  from a `FoldLayout`);
 * subspace drift: `subspace_overlap` (mean cos^2 of the principal angles between two eigenspaces);
 * massive activations: `massive_activations` (largest per-dimension max |x| over the median one);
 * representation similarity between points: `linear_cka`.
@@ -13,22 +14,30 @@ a few ``[D, k]`` eigenvector blocks); formulas and reasoning: ``docs/hypotheses.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-
-from tgo.spectral.observables import effective_rank
+from scipy.linalg import lapack
 
 __all__ = [
     "ClassGeometry",
+    "ClassLayout",
+    "FoldLayout",
     "MassiveActivations",
+    "class_geometries",
     "class_geometry",
+    "class_layout",
     "cross_validated_accuracy",
+    "fold_layout",
     "linear_cka",
     "massive_activations",
     "ncc_accuracy",
+    "one_thread_blas",
     "ridge_accuracy",
     "subspace_overlap",
     "top_eigenvectors",
@@ -71,6 +80,64 @@ class ClassGeometry:
     n_classes: int
 
 
+@dataclass(frozen=True)
+class ClassLayout:
+    """How one subset of the images splits into classes: integers only, the same for every set of vectors.
+
+    Built by `class_layout` from the labels (once per subset; the summary's points share them), read by
+    `class_geometries`.
+
+    Attributes:
+        rows: ``[n]`` indices of the subset's images, ascending (the rows ``x[mask]`` would keep).
+        first: ``[C]`` index of each class's first image in the subset (its reference vector), classes ascending.
+        refs: ``[n]`` ``first`` of each image's class.
+        index: ``[n]`` position of each image's class among the subset's classes.
+        counts: int64 ``[C]`` images per class.
+        onehot: float64 ``[n, C]`` class indicator of each image.
+        base_refs: ``[N]`` the reference vector of every image's class among *all* ``N`` images (the same for every
+            subset of one set of labels).
+        moved: Positions in ``rows`` whose reference differs from ``base_refs`` (a class whose first image the subset
+            leaves out): every other image's deviation from its reference is that of the whole set.
+    """
+
+    rows: np.ndarray
+    first: np.ndarray
+    refs: np.ndarray
+    index: np.ndarray
+    counts: np.ndarray
+    onehot: np.ndarray
+    base_refs: np.ndarray
+    moved: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(images, classes)``."""
+        return int(self.rows.size), int(self.counts.size)
+
+
+def class_layout(labels: np.ndarray, rows: np.ndarray | None = None) -> ClassLayout:
+    """The `ClassLayout` of the images ``rows`` (a boolean mask or ascending indices; ``None``: all of them)."""
+    labels = np.asarray(labels).reshape(-1)
+    if rows is None:
+        taken = np.arange(labels.size)
+    else:
+        rows = np.asarray(rows)
+        taken = np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64).reshape(-1)
+    _, first, index, counts = np.unique(labels[taken], return_index=True, return_inverse=True, return_counts=True)
+    index = index.reshape(-1)
+    onehot = np.zeros((taken.size, counts.size))
+    onehot[np.arange(taken.size), index] = 1.0
+    first = taken[first]
+    refs = first[index]
+    _, first_all, class_all = np.unique(labels, return_index=True, return_inverse=True)
+    base_refs = first_all[class_all.reshape(-1)]
+    moved = np.flatnonzero(refs != base_refs[taken])
+    out = ClassLayout(taken, first, refs, index, counts, onehot, base_refs, moved)
+    for array in (out.rows, out.first, out.refs, out.index, out.counts, out.onehot, out.base_refs, out.moved):
+        array.setflags(write=False)  # shared between calls (and threads) once cached
+    return out
+
+
 def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
     """`ClassGeometry` of per-image vectors ``x`` ``[n, D]`` with integer ``labels`` ``[n]``.
 
@@ -83,46 +150,129 @@ def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
         raise ValueError(f"class_geometry: {x.shape[0]} vectors but {labels.size} labels")
     if not np.all(np.isfinite(x)):
         return ClassGeometry(math.nan, math.nan, math.nan, math.nan, int(np.unique(labels).size))
-    classes, first, index, counts = np.unique(labels, return_index=True, return_inverse=True, return_counts=True)
-    n, d = x.shape
-    c = classes.size
-    # Each class is shifted by its first vector and the means by the first class mean: identical vectors then give
-    # deviations of exactly 0 (a plain mean of k equal floats need not equal them, which would turn a collapsed
-    # class into round-off scatter with a finite Fisher ratio and a meaningless within-class effective rank).
-    ref = x[first]
-    dev = x - ref[index]
-    onehot = np.zeros((n, c))
-    onehot[np.arange(n), index] = 1.0
-    offsets = (onehot.T @ dev) / counts[:, None]  # class sums as one product (exact zeros stay zeros)
-    means = ref + offsets
-    spread = means - means[0]
-    mu = means[0] + counts @ spread / n
-    dev_b = (means - mu) * np.sqrt(counts)[:, None]
-    dev_w = dev - offsets[index]
-    s_w = dev_w.T @ dev_w
-    tr_b, tr_w = float(np.sum(dev_b**2)), float(np.trace(s_w))
-    fisher = tr_b / tr_w if tr_w > 0 else (math.inf if tr_b > 0 else math.nan)
-    nc1 = math.nan
+    return class_geometries(x, [class_layout(labels)])[0]
+
+
+def class_geometries(x: np.ndarray, layouts: Sequence[ClassLayout]) -> list[ClassGeometry]:
+    """`class_geometry` of several subsets of the same finite vectors ``x`` ``[N, D]`` (`ClassLayout` s, e.g. all
+    images and each leave-one-group-out subset), bit for bit.
+
+    Every value is computed by the operations of `class_geometry` on the same operands: the deviations of a subset
+    are gathered from those of all images (a difference of the same two vectors) except where its class reference
+    moved; the ``[n, D]`` products run subset by subset (small enough to stay in cache), and the ``svd`` and
+    ``eigvalsh`` calls of subsets of one ``(images, classes)`` shape are stacked (numpy runs the same LAPACK
+    routine on each matrix of a stack, and reduces each contiguous row of a stack as it reduces one matrix);
+    ``tests/spectral/test_probe_stacks.py`` checks every value against the one-subset formulas.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    deviations: dict[bytes, np.ndarray] = {}
+    out: list[ClassGeometry | None] = [None] * len(layouts)
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for i, layout in enumerate(layouts):
+        buckets.setdefault(layout.shape, []).append(i)
+    for members in buckets.values():
+        for i, g in zip(members, _geometry_stack(x, [layouts[i] for i in members], deviations), strict=True):
+            out[i] = g
+    return [g for g in out if g is not None]
+
+
+def _geometry_stack(
+    x: np.ndarray, layouts: Sequence[ClassLayout], deviations: dict[bytes, np.ndarray]
+) -> list[ClassGeometry]:
+    """`class_geometries` of subsets of one shape ``(n, C)`` (``deviations``: ``x - x[base_refs]`` by base)."""
+    n, c = layouts[0].shape
+    size, d = len(layouts), x.shape[1]
+    means = np.empty((size, c, d))
+    s_w = np.empty((size, d, d))
+    dev_w = np.empty((size, n, d))
+    for s, lay in enumerate(layouts):
+        # Each class is shifted by its first vector and the means by the first class mean: identical vectors then
+        # give deviations of exactly 0 (a plain mean of k equal floats need not equal them, which would turn a
+        # collapsed class into round-off scatter with a finite Fisher ratio and a meaningless within-class rank).
+        key = lay.base_refs.tobytes()
+        if key not in deviations:
+            deviations[key] = x - x[lay.base_refs]
+        dev = np.take(deviations[key], lay.rows, axis=0, out=dev_w[s])
+        if lay.moved.size:
+            dev[lay.moved] = x[lay.rows[lay.moved]] - x[lay.refs[lay.moved]]
+        offsets = (lay.onehot.T @ dev) / lay.counts[:, None]  # class sums as one product (exact zeros stay zeros)
+        np.add(x[lay.first], offsets, out=means[s])
+        dev -= offsets[lay.index]
+        np.matmul(dev.T, dev, out=s_w[s])
+    counts = np.stack([lay.counts for lay in layouts])  # int64 [S, C]
+    spread = means - means[:, :1]
+    mu = means[:, 0] + (counts[:, None, :] @ spread)[:, 0] / n
+    dev_b = (means - mu[:, None, :]) * np.sqrt(counts)[:, :, None]
+    tr_b = np.sum(dev_b**2, axis=(1, 2))
+    tr_w = [float(t) for t in np.trace(s_w, axis1=1, axis2=2)]
+    nc1 = [math.nan] * size
     if c >= 2:
         # Sigma_B = A^T A / C with A the centred class means [C, D]: its eigenpairs come from the thin SVD of A
         # (O(C^2 D), not O(D^3)), eigenvalues s^2 / C, eigenvectors the right singular vectors.
-        centred = means - (means[0] + spread.mean(axis=0))
+        centred = means - (means[:, :1] + spread.mean(axis=1)[:, None, :])
         _, sv, vt = np.linalg.svd(centred, full_matrices=False)
         e = sv**2 / c
-        keep = e > max(float(e.max()), 0.0) * max(d, c) * _EPS
-        if keep.any():
-            # tr(Sigma_W Sigma_B^+) = sum_k (v_k^T Sigma_W v_k) / e_k over the kept eigenpairs, Sigma_W = S_W / n.
-            along = np.sum((dev_w @ vt[keep].T) ** 2, axis=0) / n
-            nc1 = float(np.sum(along / e[keep]) / c)
+        # tr(Sigma_W Sigma_B^+) = sum_k (v_k^T Sigma_W v_k) / e_k over the kept eigenpairs, Sigma_W = S_W / n; the
+        # subsets that keep the same eigenpairs (usually all) as one stack.
+        keep = e > np.maximum(e.max(axis=1), 0.0)[:, None] * max(d, c) * _EPS
+        patterns: dict[bytes, list[int]] = {}
+        for s in range(size):
+            if keep[s].any():
+                patterns.setdefault(keep[s].tobytes(), []).append(s)
+        for members in patterns.values():
+            kept = keep[members[0]]
+            rows = slice(None) if len(members) == size else members  # a view, not a copy, when all share it
+            along = np.sum((dev_w[rows] @ vt[rows][:, kept].transpose(0, 2, 1)) ** 2, axis=1) / n
+            for s, value in zip(members, np.sum(along / e[rows][:, kept], axis=1) / c, strict=True):
+                nc1[s] = float(value)
     # The non-zero eigenvalues of S_B = B^T B are those of B B^T ([C, C]), cheaper when C < D.
-    between = _psd_eigenvalues(dev_b @ dev_b.T) if c < d else _psd_eigenvalues(dev_b.T @ dev_b)
-    return ClassGeometry(
-        fisher_ratio=fisher,
-        nc1=nc1,
-        between_effective_rank=effective_rank(between) if c >= 2 else math.nan,
-        within_effective_rank=effective_rank(_psd_eigenvalues(s_w)) if tr_w > 0 else math.nan,
-        n_classes=int(c),
+    between = (
+        _psd_eigenvalue_stack(dev_b @ dev_b.transpose(0, 2, 1))
+        if c < d
+        else _psd_eigenvalue_stack(dev_b.transpose(0, 2, 1) @ dev_b)
     )
+    scattered = [s for s, t in enumerate(tr_w) if t > 0]
+    # dev^T dev is numpy's symmetric rank-k product (BLAS syrk, the upper triangle copied to the lower), so it is
+    # exactly symmetric and class_geometry's (S + S^T) / 2 would give it back bit for bit: skipped.
+    within = (
+        _psd_eigenvalue_stack(s_w if len(scattered) == size else s_w[scattered], symmetric=True)
+        if scattered
+        else np.empty((0, d))
+    )
+    between_rank = _effective_ranks(between) if c >= 2 else [math.nan] * size
+    within_rank = [math.nan] * size
+    for s, rank in zip(scattered, _effective_ranks(within), strict=True):
+        within_rank[s] = rank
+    out = []
+    for s in range(size):
+        b, w = float(tr_b[s]), tr_w[s]
+        fisher = b / w if w > 0 else (math.inf if b > 0 else math.nan)
+        out.append(ClassGeometry(fisher, nc1[s], between_rank[s], within_rank[s], int(c)))
+    return out
+
+
+def _psd_eigenvalue_stack(mats: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
+    """`_psd_eigenvalues` of every matrix of a ``[S, k, k]`` stack, in one ``eigvalsh`` call (``symmetric``: the
+    matrices are exactly symmetric, so the symmetrisation, an identity on them, is skipped)."""
+    sym = mats if symmetric else (mats + mats.transpose(0, 2, 1)) / 2
+    return np.clip(np.linalg.eigvalsh(sym)[:, ::-1], 0.0, None)
+
+
+def _effective_ranks(eigs: np.ndarray) -> list[float]:
+    """`effective_rank` of every row of ``[S, k]`` finite, descending, non-negative eigenvalues: the operations of
+    `tgo.spectral.observables.EigenvalueStack.entropy` (bit for bit those of one spectrum), without its checks."""
+    eigs = np.ascontiguousarray(eigs, dtype=np.float64)
+    out = [math.nan] * eigs.shape[0]
+    if not eigs.shape[0]:
+        return out
+    totals = eigs.sum(axis=1)
+    positive = (eigs > 0).sum(axis=1)
+    for k in np.unique(positive[totals > 0]):
+        rows = np.flatnonzero((positive == k) & (totals > 0))
+        p = np.ascontiguousarray(eigs[rows, :k]) / totals[rows, None]
+        for row, h in zip(rows, -(p * np.log(p)).sum(axis=1), strict=True):
+            out[row] = math.exp(float(h))
+    return out
 
 
 def _fold_split(folds: np.ndarray, fold: int) -> tuple[np.ndarray, np.ndarray]:
@@ -130,32 +280,182 @@ def _fold_split(folds: np.ndarray, fold: int) -> tuple[np.ndarray, np.ndarray]:
     return ~test, test
 
 
-def ncc_accuracy(x: np.ndarray, labels: np.ndarray, folds: np.ndarray) -> np.ndarray:
+@dataclass(frozen=True)
+class FoldLayout:
+    """The folds of a cross-validation as padded ``[F, m]`` tables (integers only), built by `fold_layout`.
+
+    Attributes:
+        folds: The fold ids, ascending (``np.unique(folds)``; the order of every per-fold result).
+        classes: The class labels, ascending.
+        rows: ``[F, m]`` indices of each fold's images, ascending, padded with ``N`` (a zero row appended to ``x``).
+        valid: ``[F, m]`` where ``rows`` is an image.
+        labels: ``[F, m]`` label of each image of ``rows`` (``classes[0] - 1`` on padding: never a class).
+        onehot: float64 ``[F, m, C]`` class indicator of each image of ``rows`` (zeros on padding).
+        sizes: int64 ``[F]`` images per fold.
+        counts: int64 ``[F, C]`` images per fold and class.
+        fold_of: ``[N]`` position of each image's fold in ``folds``.
+        class_of: ``[N]`` position of each image's class in ``classes``.
+    """
+
+    folds: np.ndarray
+    classes: np.ndarray
+    rows: np.ndarray
+    valid: np.ndarray
+    labels: np.ndarray
+    onehot: np.ndarray
+    sizes: np.ndarray
+    counts: np.ndarray
+    fold_of: np.ndarray
+    class_of: np.ndarray
+
+    @property
+    def train_counts(self) -> np.ndarray:
+        """int64 ``[F, C]`` training images per fold and class (those outside the fold)."""
+        return np.asarray(self.counts.sum(axis=0)[None, :] - self.counts)
+
+
+def fold_layout(labels: np.ndarray, folds: np.ndarray) -> FoldLayout:
+    """The `FoldLayout` of a fold assignment ``folds`` ``[N]`` of images with ``labels`` ``[N]``."""
+    labels, folds = np.asarray(labels).reshape(-1), np.asarray(folds).reshape(-1)
+    if labels.size != folds.size:
+        raise ValueError(f"fold_layout: {labels.size} labels but {folds.size} fold ids")
+    fold_ids, fold_of = np.unique(folds, return_inverse=True)
+    classes, class_of = np.unique(labels, return_inverse=True)
+    fold_of, class_of = fold_of.reshape(-1), class_of.reshape(-1)
+    sizes = np.bincount(fold_of, minlength=fold_ids.size).astype(np.int64)
+    width = int(sizes.max()) if sizes.size else 0
+    rows = np.full((fold_ids.size, width), labels.size, dtype=np.int64)
+    order = np.argsort(fold_of, kind="stable")  # by fold, ascending image index within a fold
+    slot = np.arange(labels.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    rows[fold_of[order], slot] = order
+    valid = rows < labels.size
+    padded_class = np.append(class_of, 0)[rows]
+    onehot = np.zeros((*rows.shape, classes.size))
+    onehot[valid, padded_class[valid]] = 1.0
+    counts = np.zeros((fold_ids.size, classes.size), dtype=np.int64)
+    np.add.at(counts, (fold_of, class_of), 1)
+    never = classes[0] - 1 if classes.size else -1
+    out = FoldLayout(
+        folds=fold_ids,
+        classes=classes,
+        rows=rows,
+        valid=valid,
+        labels=np.where(valid, np.append(labels, never)[rows], never),
+        onehot=onehot,
+        sizes=sizes,
+        counts=counts,
+        fold_of=fold_of,
+        class_of=class_of,
+    )
+    for array in (out.folds, out.classes, out.rows, out.valid, out.labels, out.onehot, out.sizes, out.counts):
+        array.setflags(write=False)
+    for array in (out.fold_of, out.class_of):
+        array.setflags(write=False)
+    return out
+
+
+@dataclass
+class _FoldSums:
+    """Per-fold sufficient statistics of ``x - m`` (``m`` the mean of all images): sums, class sums, products."""
+
+    shifted: np.ndarray  # [N + 1, D] x - m, with the zero padding row appended
+    blocks: np.ndarray  # [F, m, D] each fold's rows of `shifted`
+    sums: np.ndarray  # [F, D]
+    class_sums: np.ndarray  # [F, D, C]
+    train_sums: np.ndarray  # [F, D] over the other folds
+    train_class_sums: np.ndarray  # [F, D, C]
+    train_sizes: np.ndarray  # float64 [F]
+
+
+def _fold_sums(x: np.ndarray, layout: FoldLayout) -> _FoldSums:
+    shifted = x - x.mean(axis=0)
+    shifted = np.concatenate([shifted, np.zeros((1, x.shape[1]))])
+    blocks = shifted[layout.rows]
+    sums = blocks.sum(axis=1)
+    class_sums = blocks.transpose(0, 2, 1) @ layout.onehot
+    return _FoldSums(
+        shifted=shifted,
+        blocks=blocks,
+        sums=sums,
+        class_sums=class_sums,
+        train_sums=sums.sum(axis=0) - sums,
+        train_class_sums=class_sums.sum(axis=0) - class_sums,
+        train_sizes=(layout.sizes.sum() - layout.sizes).astype(np.float64),
+    )
+
+
+def _degenerate_folds(x: np.ndarray, layout: FoldLayout) -> list[int]:
+    """The folds (positions) whose training images are all the same vector (nothing to learn from, exactly)."""
+    differs = np.any(x != x[0], axis=1)
+    outside = int(differs.sum()) - np.bincount(layout.fold_of, weights=differs, minlength=layout.folds.size)
+    out = [int(f) for f in np.flatnonzero(outside == 0)]
+    own = int(layout.fold_of[0])  # the fold of image 0: its training images may all equal another vector
+    if own not in out:
+        train = layout.fold_of != own
+        if train.any():
+            xt = x[train]
+            if np.all(xt == xt[0]):
+                out.append(own)
+    return sorted(out)
+
+
+def _fold_accuracies(scores: np.ndarray, layout: FoldLayout) -> np.ndarray:
+    """Per-fold accuracy of ``[F, m, C]`` class scores, classes absent from a fold's training never predicted."""
+    present = layout.train_counts > 0
+    scores = np.where(present[:, None, :], scores, -np.inf)
+    correct = (layout.classes[np.argmax(scores, axis=2)] == layout.labels) & layout.valid
+    return np.asarray(correct.sum(axis=1) / layout.sizes, dtype=np.float64)
+
+
+def ncc_accuracy(
+    x: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, layout: FoldLayout | None = None
+) -> np.ndarray:
     """Held-out nearest-class-centre accuracy of every fold: centres from the other folds, Euclidean distance.
 
-    A class absent from the training folds cannot be predicted (its images count as errors).
+    A class absent from the training folds cannot be predicted (its images count as errors). All folds at once from
+    per-fold class sums (`FoldLayout`): a fold's training centres are the class sums of all images minus the fold's,
+    over the class counts, in coordinates centred on the mean of all images (residual-stream vectors have means far
+    above their spread, and the distance expansion ``||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2`` would otherwise
+    compare large nearly equal numbers; its first term is common to every class and dropped). A fold whose training
+    vectors are all identical is computed on its own, as `_ncc_fold`.
+
+    Args:
+        layout: ``fold_layout(labels, folds)``, if already built (the summary builds it once for every point).
 
     Returns:
         float64 ``[n_folds]`` accuracies, in the order of ``np.unique(folds)``.
     """
     x, labels, folds = _as_rows(x), np.asarray(labels).reshape(-1), np.asarray(folds).reshape(-1)
-    out = []
-    for fold in np.unique(folds):
-        train, test = _fold_split(folds, fold)
-        classes, index = np.unique(labels[train], return_inverse=True)
-        # Centred on the training mean first: residual-stream vectors have means far above their spread, and the
-        # distance expansion below would otherwise compare large nearly equal numbers.
-        shift = x[train].mean(axis=0)
-        onehot = np.zeros((index.size, classes.size))
-        onehot[np.arange(index.size), index] = 1.0
-        centres = (onehot.T @ (x[train] - shift)) / np.bincount(index)[:, None]
-        # ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2; the first term is common to every class, so it is dropped.
-        score = (x[test] - shift) @ centres.T * 2 - np.sum(centres**2, axis=1)
-        out.append(float(np.mean(classes[np.argmax(score, axis=1)] == labels[test])))
-    return np.asarray(out)
+    layout = fold_layout(labels, folds) if layout is None else layout
+    out = _fold_accuracies(_ncc_scores(x, layout), layout)
+    for f in _degenerate_folds(x, layout):
+        out[f] = _ncc_fold(x, labels, folds, layout.folds[f])
+    return out
 
 
-def ridge_accuracy(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+def _ncc_scores(x: np.ndarray, layout: FoldLayout) -> np.ndarray:
+    """``[F, m, C]`` scores ``2 x.c - ||c||^2`` of each fold's images against its training class centres ``c``
+    (coordinates centred on the mean of all images; rows of padding and absent classes are meaningless)."""
+    sums = _fold_sums(x, layout)
+    centres = sums.train_class_sums / np.maximum(layout.train_counts, 1)[:, None, :]  # [F, D, C]
+    return np.asarray((sums.blocks @ centres) * 2 - np.sum(centres**2, axis=1)[:, None, :])
+
+
+def _ncc_fold(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, fold: int) -> float:
+    """`ncc_accuracy` of one fold, directly from its training vectors."""
+    train, test = _fold_split(folds, fold)
+    classes, index = np.unique(labels[train], return_inverse=True)
+    shift = x[train].mean(axis=0)
+    onehot = np.zeros((index.size, classes.size))
+    onehot[np.arange(index.size), index] = 1.0
+    centres = (onehot.T @ (x[train] - shift)) / np.bincount(index)[:, None]
+    score = (x[test] - shift) @ centres.T * 2 - np.sum(centres**2, axis=1)
+    return float(np.mean(classes[np.argmax(score, axis=1)] == labels[test]))
+
+
+def ridge_accuracy(
+    x: np.ndarray, labels: np.ndarray, folds: np.ndarray, alpha: float = 1.0, *, layout: FoldLayout | None = None
+) -> np.ndarray:
     """Held-out accuracy of a closed-form ridge probe on one-hot targets, per fold.
 
     On each fold the training vectors are centred and ``W = (X^T X + lam I)^-1 X^T Y`` with
@@ -164,31 +464,94 @@ def ridge_accuracy(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, alpha: 
     test image ``x`` scores ``y_bar + (x - mu) W`` and is assigned the class of its largest score (the argmax of
     scikit-learn's ``RidgeClassifier(alpha=lam)``).
 
+    All folds at once from per-fold sufficient statistics of the vectors centred on the mean of all images (the
+    `FoldLayout`'s blocks): a fold's training scatter ``X^T X`` is the products of all images minus the fold's,
+    less ``n_t mu mu^T``; ``X^T (Y - y_bar)`` the class sums minus the fold's, less ``sum(x) y_bar^T``; each
+    system is solved by Cholesky (`_spd_solve`). A fold whose training vectors are all identical (``lam = 0``:
+    nothing to learn beyond the class frequencies) is computed on its own, as `_ridge_fold`.
+
+    Args:
+        layout: ``fold_layout(labels, folds)``, if already built (the summary builds it once for every point).
+
     Returns:
         float64 ``[n_folds]`` accuracies, in the order of ``np.unique(folds)``.
     """
     if not alpha > 0:
         raise ValueError(f"ridge_accuracy: alpha must be > 0, got {alpha!r}")
     x, labels, folds = _as_rows(x), np.asarray(labels).reshape(-1), np.asarray(folds).reshape(-1)
-    out = []
-    for fold in np.unique(folds):
-        train, test = _fold_split(folds, fold)
-        classes, index = np.unique(labels[train], return_inverse=True)
-        xt = x[train]
-        mu = xt.mean(axis=0)
-        xc = xt - mu
-        gram = xc.T @ xc
-        lam = alpha * float(np.trace(gram)) / x.shape[1]
-        y = np.zeros((xt.shape[0], classes.size))
-        y[np.arange(xt.shape[0]), index] = 1.0
-        prior = y.mean(axis=0)  # the intercept: with centred X the least-squares intercept is the mean target
-        if lam <= 0:  # every training vector identical: nothing to learn beyond the class frequencies
-            out.append(float(np.mean(labels[test] == classes[np.argmax(prior)])))
+    layout = fold_layout(labels, folds) if layout is None else layout
+    degenerate = _degenerate_folds(x, layout)
+    out = _fold_accuracies(_ridge_scores(x, layout, alpha, skip=degenerate), layout)
+    for f in degenerate:
+        out[f] = _ridge_fold(x, labels, folds, layout.folds[f], alpha)
+    return out
+
+
+def _ridge_scores(x: np.ndarray, layout: FoldLayout, alpha: float, skip: Sequence[int] = ()) -> np.ndarray:
+    """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W`` of each fold's images (rows of padding and absent classes
+    are meaningless; the folds ``skip`` are not solved, their scores are ``y_bar``).
+
+    A fold with at least ``D`` training images solves the ``[D, D]`` normal equations from the sufficient
+    statistics; one with fewer solves the same ridge in its dual form, ``W = X^T (X X^T + lam I)^-1 (Y - y_bar)``
+    (``[n_t, n_t]``, from its centred training vectors), the same ``W`` in exact arithmetic.
+    """
+    d = x.shape[1]
+    sums = _fold_sums(x, layout)
+    n_t = sums.train_sizes
+    mean = sums.train_sums / n_t[:, None]  # the training mean of each fold (centred coordinates)
+    prior = layout.train_counts / n_t[:, None]  # the intercept: with centred X the least-squares one is the mean target
+    solved = [f for f in range(n_t.size) if f not in skip]
+    primal = [f for f in solved if n_t[f] >= d]
+    w = np.zeros((n_t.size, d, layout.classes.size))
+    if primal:
+        products = sums.blocks.transpose(0, 2, 1) @ sums.blocks  # [F, D, D] each fold's x^T x
+        total = products.sum(axis=0)
+        diagonal = np.arange(d)
+        for f in primal:  # fold by fold: each [D, D] system stays in cache from its gram to its solve
+            gram = np.subtract(total, products[f], out=products[f])
+            gram -= np.outer(sums.train_sums[f], mean[f])
+            lam = alpha * float(np.trace(gram)) / d
+            gram[diagonal, diagonal] += lam
+            target = sums.train_class_sums[f] - np.outer(sums.train_sums[f], prior[f])
+            w[f] = _spd_solve(gram, target)
+    for f in solved:
+        if f in primal:
             continue
-        w = np.linalg.solve(gram + lam * np.eye(x.shape[1]), xc.T @ (y - prior))
-        score = prior + (x[test] - mu) @ w
-        out.append(float(np.mean(classes[np.argmax(score, axis=1)] == labels[test])))
-    return np.asarray(out)
+        train = np.flatnonzero(layout.fold_of != f)
+        xc = sums.shifted[train] - mean[f]
+        kernel = xc @ xc.T
+        lam = alpha * float(np.trace(kernel)) / d
+        kernel[np.arange(train.size), np.arange(train.size)] += lam
+        targets = -np.broadcast_to(prior[f], (train.size, prior.shape[1]))
+        targets[np.arange(train.size), layout.class_of[train]] += 1.0
+        w[f] = xc.T @ _spd_solve(kernel, targets)
+    return np.asarray(prior[:, None, :] + (sums.blocks - mean[:, None, :]) @ w)
+
+
+def _spd_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a^-1 b`` for a symmetric positive definite ``a``: LAPACK's Cholesky solve (``dposv``, half the work of
+    ``numpy.linalg.solve``'s LU), or that LU where the factorisation fails (``a`` numerically not positive)."""
+    _, solution, info = lapack.dposv(a, b, lower=1)
+    return np.asarray(solution) if info == 0 else np.linalg.solve(a, b)
+
+
+def _ridge_fold(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, fold: int, alpha: float) -> float:
+    """`ridge_accuracy` of one fold, directly from its training vectors."""
+    train, test = _fold_split(folds, fold)
+    classes, index = np.unique(labels[train], return_inverse=True)
+    xt = x[train]
+    mu = xt.mean(axis=0)
+    xc = xt - mu
+    gram = xc.T @ xc
+    lam = alpha * float(np.trace(gram)) / x.shape[1]
+    y = np.zeros((xt.shape[0], classes.size))
+    y[np.arange(xt.shape[0]), index] = 1.0
+    prior = y.mean(axis=0)
+    if lam <= 0:  # every training vector identical: nothing to learn beyond the class frequencies
+        return float(np.mean(labels[test] == classes[np.argmax(prior)]))
+    w = np.linalg.solve(gram + lam * np.eye(x.shape[1]), xc.T @ (y - prior))
+    score = prior + (x[test] - mu) @ w
+    return float(np.mean(classes[np.argmax(score, axis=1)] == labels[test]))
 
 
 def cross_validated_accuracy(per_fold: np.ndarray, fold_sizes: np.ndarray) -> tuple[float, float]:
@@ -208,11 +571,33 @@ def cross_validated_accuracy(per_fold: np.ndarray, fold_sizes: np.ndarray) -> tu
     return total, float(math.sqrt((g - 1) / g * np.sum((leave_out - leave_out.mean()) ** 2)))
 
 
+@functools.lru_cache(maxsize=1)
+def _blas_controller() -> Any:
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - scikit-learn, a dependency, requires threadpoolctl
+        return None
+    return ThreadpoolController()  # finds the loaded BLAS libraries once (~1 ms); each limit after is ~50 us
+
+
+def one_thread_blas() -> contextlib.AbstractContextManager[Any]:
+    """numpy's BLAS on one thread for the enclosed block (a no-op inside the summary's pool, which already is).
+
+    For decompositions that run outside that pool (`top_eigenvectors` for subspace drift, on rank 0 after every
+    point's tasks): OpenBLAS's threads make a ``96 x 96`` ``eigh`` 10-200x slower than one thread (they spin
+    against torch's OpenMP pool and each other on a few cores), and the eigenpairs are the same bits either way.
+    """
+    controller = _blas_controller()
+    return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="blas")
+
+
 def top_eigenvectors(cov: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` leading eigenvectors of a symmetric matrix as float64 ``[D, k]`` columns (largest first)."""
+    """The ``k`` leading eigenvectors of a symmetric matrix as float64 ``[D, k]`` columns (largest first), computed
+    under `one_thread_blas`."""
     mat = np.asarray(cov, dtype=np.float64)
     k = max(0, min(int(k), mat.shape[0]))
-    _, vectors = np.linalg.eigh((mat + mat.T) / 2)
+    with one_thread_blas():
+        _, vectors = np.linalg.eigh((mat + mat.T) / 2)
     return np.ascontiguousarray(vectors[:, ::-1][:, :k])
 
 

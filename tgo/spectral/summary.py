@@ -273,14 +273,14 @@ class _Stack:
     ) -> None:
         self.covs, self.spectra, self.fit = covs, spectra, fit
         self.eigs, self.diagonal_eigs = eigs, diagonal_eigs
-        self.stats = obs.EigenvalueStack(self.eigs)
+        self.stats = obs.EigenvalueStack(self.eigs, checked=True)  # `_stacked` checked both stacks
         self._diagonal: obs.EigenvalueStack | None = None
         self._power_law: list[tuple[float, float]] | None = None
 
     @property
     def diagonal(self) -> obs.EigenvalueStack:
         if self._diagonal is None:
-            self._diagonal = obs.EigenvalueStack(self.diagonal_eigs)
+            self._diagonal = obs.EigenvalueStack(self.diagonal_eigs, checked=True)
         return self._diagonal
 
     @property
@@ -359,4 +359,5 @@ def _stacked(
                 float(o.compute(SpectralInputs(covariance=c, spectrum=s, fit_range=fit)))
                 for c, s in zip(covs, spectra, strict=True)
             ]
-    return [{o.name: float(columns[o.name][i]) for o, _ in evaluators} for i in range(len(spectra))]
+    names = [o.name for o, _ in evaluators]
+    return [dict(zip(names, map(float, row), strict=True)) for row in zip(*(columns[n] for n in names), strict=True)]

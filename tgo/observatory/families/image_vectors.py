@@ -34,8 +34,9 @@ resumed run or a later ``tgo.observe`` compares against what the records hold.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,15 @@ from tgo.records import load_subspace_history
 from tgo.spectral import CATALOGUE, jackknife_groups, jackknife_stderr
 from tgo.spectral.jackknife import Moments
 from tgo.spectral.probes import (
-    class_geometry,
+    ClassLayout,
+    FoldLayout,
+    class_geometries,
+    class_layout,
     cross_validated_accuracy,
+    fold_layout,
     massive_activations,
     ncc_accuracy,
+    one_thread_blas,
     ridge_accuracy,
     subspace_overlap,
     top_eigenvectors,
@@ -358,19 +364,6 @@ def between_image_fraction(views: Mapping[str, ViewMoments]) -> tuple[float, flo
     return value, jackknife_stderr(replicates) if replicates.size else math.nan, replicates
 
 
-def _jackknifed(
-    compute: Callable[[np.ndarray], dict[str, float]], image_groups: np.ndarray | None, groups: int, n_images: int
-) -> tuple[dict[str, float], dict[str, float], Replicates]:
-    """Values on every image, delete-a-group standard errors and leave-one-out values of a function of an image
-    subset (a mask)."""
-    values = compute(np.ones(n_images, dtype=bool))
-    if image_groups is None or groups < 2:
-        return values, dict.fromkeys(values, math.nan), {}
-    subsets = [compute(image_groups != g) for g in range(groups)]
-    replicates = {k: np.array([r[k] for r in subsets], dtype=np.float64) for k in values}
-    return values, {k: jackknife_stderr(replicates[k]) for k in values}, replicates
-
-
 def leave_one_fold_out(per_fold: np.ndarray, fold_sizes: np.ndarray) -> np.ndarray:
     """The delete-a-fold values of a pooled cross-validated accuracy (float64 ``[folds]``, fold order).
 
@@ -384,6 +377,42 @@ def leave_one_fold_out(per_fold: np.ndarray, fold_sizes: np.ndarray) -> np.ndarr
     return np.asarray((correct.sum() - correct) / (sizes.sum() - sizes), dtype=np.float64)
 
 
+@dataclass(frozen=True)
+class _ClassPlan:
+    """The integer structure `class_metrics` needs for one set of labels, image groups and folds.
+
+    Every point and view of an observation has the same labels and groups, so the summary builds it once
+    (`_class_plan`, cached) instead of once per (point, view): the class layout of all images and of each
+    leave-one-group-out subset, and the fold layout with its fold sizes.
+    """
+
+    layouts: tuple[ClassLayout, ...]  # all images, then each group's leave-out subset in group order
+    folds: FoldLayout
+    fold_of: np.ndarray
+    sizes: np.ndarray
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_plan(labels: bytes, groups_of: bytes | None, groups: int, folds: int) -> _ClassPlan:
+    y = np.frombuffer(labels, dtype=np.int64)
+    subsets = [None]
+    if groups_of is not None:
+        image_groups = np.frombuffer(groups_of, dtype=np.int64)
+        subsets += [image_groups != g for g in range(groups)]
+    fold_of = jackknife_groups(y, folds)
+    fold_of.setflags(write=False)
+    sizes = np.bincount(fold_of, minlength=folds)[np.unique(fold_of)]
+    sizes.setflags(write=False)
+    return _ClassPlan(tuple(class_layout(y, rows) for rows in subsets), fold_layout(y, fold_of), fold_of, sizes)
+
+
+def _class_plan(labels: np.ndarray, image_groups: np.ndarray | None, groups: int, folds: int) -> _ClassPlan:
+    """`_ClassPlan` of int64 ``labels`` (leave-one-group-out subsets only with ``image_groups`` and ``groups >= 2``)."""
+    jackknifed = image_groups is not None and groups >= 2
+    groups_of = np.ascontiguousarray(image_groups, dtype=np.int64).tobytes() if jackknifed else None
+    return _cached_plan(np.ascontiguousarray(labels, dtype=np.int64).tobytes(), groups_of, int(groups), int(folds))
+
+
 def class_metrics(
     x: np.ndarray,
     labels: np.ndarray,
@@ -394,6 +423,11 @@ def class_metrics(
     ridge_alpha: float,
 ) -> tuple[dict[str, float], dict[str, float], Replicates]:
     """Class-conditional geometry and held-out decoding of per-image vectors, with standard errors.
+
+    The ``1 + G`` class geometries (all images and each leave-one-group-out subset) are computed together
+    (`tgo.spectral.probes.class_geometries`, bit for bit `class_geometry` of each subset) and the decoding probes
+    take every fold at once from per-fold sums (`tgo.spectral.probes.ncc_accuracy`, ``ridge_accuracy``); the
+    integer structure of the labels, groups and folds is built once per observation (`_class_plan`).
 
     Returns:
         ``({metric: value}, {metric: stderr}, {metric: leave-one-out values})`` for ``fisher_ratio``, ``nc1``,
@@ -411,21 +445,25 @@ def class_metrics(
     if np.unique(labels).size < 2 or not np.all(np.isfinite(x)) or not np.any(x != x[:1]):
         nan = dict.fromkeys(names + decoding, math.nan)
         return nan, dict(nan), {}
-
-    def geometry(mask: np.ndarray) -> dict[str, float]:
-        g = class_geometry(x[mask], labels[mask])
-        return dict(zip(names, (g.fisher_ratio, g.nc1, g.between_effective_rank, g.within_effective_rank), strict=True))
-
-    values, stderr, replicates = _jackknifed(geometry, image_groups, groups, x.shape[0])
-    fold_of = jackknife_groups(labels, folds)
-    sizes = np.bincount(fold_of, minlength=folds)[np.unique(fold_of)]
+    x = np.asarray(x, dtype=np.float64)
+    plan = _class_plan(labels, image_groups, groups, folds)
+    geometries = [
+        dict(zip(names, (g.fisher_ratio, g.nc1, g.between_effective_rank, g.within_effective_rank), strict=True))
+        for g in class_geometries(x, plan.layouts)
+    ]
+    values = geometries[0]
+    if len(geometries) > 1:
+        replicates = {k: np.array([r[k] for r in geometries[1:]], dtype=np.float64) for k in values}
+        stderr = {k: jackknife_stderr(replicates[k]) for k in values}
+    else:
+        replicates, stderr = {}, dict.fromkeys(values, math.nan)
     for name, per_fold in (
-        ("ncc_accuracy", ncc_accuracy(x, labels, fold_of)),
-        ("ridge_accuracy", ridge_accuracy(x, labels, fold_of, ridge_alpha)),
+        ("ncc_accuracy", ncc_accuracy(x, labels, plan.fold_of, layout=plan.folds)),
+        ("ridge_accuracy", ridge_accuracy(x, labels, plan.fold_of, ridge_alpha, layout=plan.folds)),
     ):
-        values[name], stderr[name] = cross_validated_accuracy(per_fold, sizes)
+        values[name], stderr[name] = cross_validated_accuracy(per_fold, plan.sizes)
         if np.size(per_fold) >= 2:  # cross_validated_accuracy's stderr is NaN below two folds
-            replicates[name] = leave_one_fold_out(per_fold, sizes)
+            replicates[name] = leave_one_fold_out(per_fold, plan.sizes)
     return values, stderr, replicates
 
 
@@ -479,16 +517,19 @@ def drift_metrics(
     }
     usable = {label: e for label, e in earlier.items() if e is not None and e[0].shape[0] == covariance.shape[0]}
     needed = max([k, k90] + [e[1] for e in usable.values()])
-    vectors = top_eigenvectors(covariance, needed)
     out = dict(nan)
     if "init" not in earlier or earlier["init"] is None:
         out["subspace_overlap_init"] = 1.0 if k <= rank else math.nan
         out["subspace_overlap_init_k90"] = 1.0 if 0 < k90 <= rank else math.nan
-    for label, (earlier_vectors, earlier_k90) in usable.items():
-        if earlier_vectors.shape[1] >= k and k <= rank:
-            out[f"subspace_overlap_{label}"] = subspace_overlap(earlier_vectors, vectors, k)
-        if 0 < earlier_k90 <= min(earlier_vectors.shape[1], rank):
-            out[f"subspace_overlap_{label}_k90"] = subspace_overlap(earlier_vectors, vectors, earlier_k90)
+    # Rank 0 runs this after the summary's pool, where numpy's BLAS has its own threads again: on one thread, as in
+    # the pool (the same bits; a [D, D] eigh or a [k, D] x [D, k] product is far slower on contended threads).
+    with one_thread_blas():
+        vectors = top_eigenvectors(covariance, needed)
+        for label, (earlier_vectors, earlier_k90) in usable.items():
+            if earlier_vectors.shape[1] >= k and k <= rank:
+                out[f"subspace_overlap_{label}"] = subspace_overlap(earlier_vectors, vectors, k)
+            if 0 < earlier_k90 <= min(earlier_vectors.shape[1], rank):
+                out[f"subspace_overlap_{label}_k90"] = subspace_overlap(earlier_vectors, vectors, earlier_k90)
     return out, np.ascontiguousarray(vectors[:, : max(k, k90)]), k90
 
 
