@@ -441,10 +441,10 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
     composition: dict[str, int] = {}
     real_encode = share_module.encode_results
 
-    def encode(results: Any) -> bytes:  # what the payload carries, by kind of array (costs a sum of nbytes)
+    def encode(results: Any, **kwargs: Any) -> bytes:  # what the share holds, by kind of array (a sum of nbytes)
         composition.clear()
         composition.update(_composition(results))
-        return real_encode(results)
+        return real_encode(results, **kwargs)
 
     share_module.encode_results = encode  # type: ignore[assignment]
     phases = {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
 from tests.conftest import NO_FIGURES, compose_train
+from tests.processes import free_port, tiny_vit
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record, observe_dataset
 from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
@@ -74,21 +74,6 @@ def test_two_process_ddp_equals_one_process(tmp_path):
             assert se_two[metric][name][1][0] == pytest.approx(values[0], rel=1e-10), (metric, name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tiny_vit() -> torch.nn.Module:
-    import timm
-
-    torch.manual_seed(0)
-    return timm.create_model(
-        "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3
-    ).eval()
-
-
 def _images(count: int) -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
     return TensorDataset(torch.randn(count, 3, 16, 16, generator=generator), torch.zeros(count, dtype=torch.long))
@@ -113,7 +98,7 @@ def _worker(rank: int, world_size: int, port: int, count: int, groups: int, out:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    net = _tiny_vit()
+    net = tiny_vit()
     accumulators = observe_dataset(
         net,
         _images(count),
@@ -133,9 +118,9 @@ def _worker(rank: int, world_size: int, port: int, count: int, groups: int, out:
 @pytest.mark.slow
 def test_uneven_and_empty_shards_count_every_image_once(tmp_path: Path, world_size: int, count: int, groups: int):
     out = str(tmp_path / "rank0.pt")
-    mp.spawn(_worker, args=(world_size, _free_port(), count, groups, out), nprocs=world_size, join=True)
+    mp.spawn(_worker, args=(world_size, free_port(), count, groups, out), nprocs=world_size, join=True)
     result = torch.load(out, weights_only=False)
-    net = _tiny_vit()
+    net = tiny_vit()
     reference = _states(
         observe_dataset(
             net, _images(count), vit_points(net), plan=ShardPlan(0, 1, 2), all_reduce_sum=lambda t: t, groups=groups
@@ -177,7 +162,7 @@ def _observe_with_probes(rank: int, world_size: int, all_reduce_sum, run_dir: Pa
         calls.append(tensor.numel())
         return all_reduce_sum(tensor)
 
-    net = _tiny_vit()
+    net = tiny_vit()
     settings = ObservationSettings(groups=3, probes={"enabled": enabled, "folds": 3}, attention={"enabled": False})
     results = observe_and_record(
         net,
@@ -229,7 +214,7 @@ def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: 
 
     out = tmp_path / "ddp" / "rank0.pt"
     out.parent.mkdir()
-    mp.spawn(_probe_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_probe_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
     ddp = torch.load(out, weights_only=False)
     calls_on, calls_off = ddp["calls"]
     assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, probes on or off"

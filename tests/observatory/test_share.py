@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
+from tests.processes import free_port, tiny_vit
 from tgo.observatory import share as share_module
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation, summarize_and_record
 from tgo.observatory.points import vit_points
@@ -174,21 +174,6 @@ class _FakePoint:
 
 
 # ----------------------------------------------------------------------------------------------------- processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tiny_vit() -> torch.nn.Module:
-    import timm
-
-    torch.manual_seed(0)
-    return timm.create_model(
-        "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3
-    ).eval()
-
-
 def _images() -> TensorDataset:
     generator = torch.Generator().manual_seed(1)
     images = torch.randn(IMAGES, 3, 16, 16, generator=generator)
@@ -213,7 +198,7 @@ def _share_worker(rank: int, world_size: int, port: int, out: str) -> None:
         return gather(payload)
 
     share_module.summarize_accumulators = summarize
-    net, dataset = _tiny_vit(), _images()
+    net, dataset = tiny_vit(), _images()
     points = vit_points(net)
     settings = ObservationSettings(groups=3, probes={"folds": 3})
     root = Path(out)
@@ -252,7 +237,7 @@ def _files(run: Path) -> dict[str, bytes]:
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_shared_summary_records_are_bitwise_one_process(tmp_path: Path, world_size: int):
-    mp.spawn(_share_worker, args=(world_size, _free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    mp.spawn(_share_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size, join=True)
     shared, alone = _files(tmp_path / "shared"), _files(tmp_path / "alone")
     assert sorted(shared) == sorted(alone) and any(name.endswith(".csv") for name in shared)
     for name, data in alone.items():
