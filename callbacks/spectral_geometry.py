@@ -34,6 +34,7 @@ the logging of its scalars and figures; beside ``geometry/pass_seconds`` (stream
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 from collections.abc import Mapping
@@ -56,6 +57,7 @@ from tgo.observatory import (
     points_from_config,
     resolve_points,
 )
+from tgo.observatory.families import TrainingInfo
 from tgo.observatory.find_vit import ModelSpec
 from tgo.observatory.pipeline import reduce_observation, summarize_and_record, summary_share
 from tgo.observatory.share import GatherBytes, summary_gather
@@ -160,6 +162,9 @@ class SpectralGeometryCallback(L.Callback):
         self.last_logging_seconds: float | None = None  # logger scalars and handing the figures to the worker
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
         self._summaries = SummaryWorker()  # the summary in flight (observation.summary.background)
+        # Training-time collectors, by name: statistics gathered between observations (the optimisation families
+        # read them through `TrainingInfo.collectors`).
+        self.collectors: dict[str, Any] = {}
         self._gather: GatherBytes | None = None  # the shared summary's gather over TGO's own gloo group
         self._eigvalsh: Any = None  # the summary's eigensolver (observation.summary.eigensolver), on first use
         self._run: RunDir | None = None
@@ -401,6 +406,7 @@ class SpectralGeometryCallback(L.Callback):
             all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
             is_global_zero=trainer.is_global_zero,
             device=pl_module.device,
+            training=self._training_info(trainer, pl_module, epoch),
         )
         self.last_pass_seconds = time.perf_counter() - start
         share = summary_share(self.settings, plan, self._gather, trainer.is_global_zero)
@@ -430,6 +436,23 @@ class SpectralGeometryCallback(L.Callback):
             )
         if not background and not share.is_shared:
             trainer.strategy.barrier("tgo_geometry_observed")
+
+    def _training_info(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> TrainingInfo:
+        """What the optimisation families read of the training loop at this observation (`TrainingInfo`): the first
+        optimizer and its current learning rate, the module's loss (``tgo_loss(logits, labels)`` when it defines
+        one, else cross-entropy) and the training-time collectors."""
+        optimizers = trainer.optimizers
+        optimizer = optimizers[0] if optimizers else None
+        lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else math.nan
+        loss = getattr(pl_module, "tgo_loss", None) or torch.nn.functional.cross_entropy
+        return TrainingInfo(
+            epoch=int(epoch),
+            global_step=int(trainer.global_step),
+            optimizer=optimizer,
+            learning_rate=lr,
+            loss=loss,
+            collectors=dict(self.collectors),
+        )
 
     def _summary_eigvalsh(self, device: torch.device) -> Any:
         """The summary's eigensolver (``summary.eigensolver``), resolved once for the observation's device."""

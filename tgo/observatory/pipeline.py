@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
-from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily, enabled_families
+from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily, TrainingInfo, enabled_families
 from tgo.observatory.hooks import num_prefix_tokens_of
 from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_model
 from tgo.observatory.results import Results
@@ -164,8 +164,13 @@ def start_families(
     n_images: int,
     group_of_item: np.ndarray | None,
     device: torch.device | str | None = None,
+    dataset: Dataset | None = None,
+    training: TrainingInfo | None = None,
 ) -> list[FamilyRun]:
-    """Each family's fresh state for one observation on this rank (`FamilyRun.start`), in the order given."""
+    """Each family's fresh state for one observation on this rank (`FamilyRun.start`), in the order given.
+
+    ``dataset`` (the analysis subset) and ``training`` (`TrainingInfo`, ``None`` offline) reach the families'
+    `FamilyContext`."""
     if not families:
         return []
     net = unwrap_model(model)
@@ -185,6 +190,8 @@ def start_families(
             np.asarray(group_of_item, dtype=np.int64) if group_of_item is not None else np.zeros(n_images, np.int64)
         ),
         num_prefix_tokens=num_prefix_tokens_of(net),
+        dataset=dataset,
+        training=training,
     )
     return [FamilyRun.start(family, context) for family in families]
 
@@ -294,11 +301,14 @@ def reduce_observation(
     all_reduce_sum: SumFn,
     is_global_zero: bool,
     device: torch.device | str | None = None,
+    training: TrainingInfo | None = None,
 ) -> ReducedObservation:
     """The stream and the reduction of one observation (its two collectives), on every rank. Collective.
 
-    Non-finite activations raise on every rank together (the counts are reduced first), so an ``error`` policy
-    cannot leave one rank waiting in a collective; under ``warn`` rank 0 warns here, when they are found.
+    ``training`` (`TrainingInfo`: the optimizer, the learning rate, the training-time collectors) reaches the
+    families; ``None`` offline. Non-finite activations raise on every rank together (the counts are reduced first),
+    so an ``error`` policy cannot leave one rank waiting in a collective; under ``warn`` rank 0 warns here, when they
+    are found.
     """
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
     families = start_families(
@@ -310,6 +320,8 @@ def reduce_observation(
         n_images=len(dataset),  # type: ignore[arg-type]  # map-style: Sized
         group_of_item=image_groups,
         device=device,
+        dataset=dataset,
+        training=training,
     )
     accumulators = observe_dataset(
         model,
@@ -385,6 +397,7 @@ def observe_and_record(
     device: torch.device | str | None = None,
     gather: GatherBytes | None = None,
     eigvalsh: Eigvalsh | None = None,
+    training: TrainingInfo | None = None,
 ) -> Results | None:
     """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
 
@@ -404,6 +417,7 @@ def observe_and_record(
             (`tgo.observatory.share.process_group_gather`), and every rank summarises its share of the points.
             ``None``: rank 0 summarises every point.
         eigvalsh: The stacked float64 eigensolver (`tgo.spectral.eigensolver`; ``None``: numpy's LAPACK).
+        training: What the training loop knows, for the optimisation families (`TrainingInfo`; ``None`` offline).
 
     Returns:
         The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
@@ -418,6 +432,7 @@ def observe_and_record(
         all_reduce_sum=all_reduce_sum,
         is_global_zero=is_global_zero,
         device=device,
+        training=training,
     )
     share = summary_share(settings, plan, gather, is_global_zero)
     if not share.is_shared and not is_global_zero:

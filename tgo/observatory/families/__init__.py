@@ -10,6 +10,7 @@ family".
 
 from .attention import ATTENTION
 from .base import (
+    NETWORK_VIEW,
     Array,
     BatchInfo,
     Contribution,
@@ -22,6 +23,7 @@ from .base import (
     Metric,
     PointSummary,
     SummedTensors,
+    TrainingInfo,
     ViewMoments,
     enabled_families,
     family_metric,
@@ -39,6 +41,7 @@ register_family(ATTENTION)
 __all__ = [
     "ATTENTION",
     "IMAGE_VECTORS",
+    "NETWORK_VIEW",
     "Array",
     "BatchInfo",
     "Contribution",
@@ -51,6 +54,7 @@ __all__ = [
     "Metric",
     "PointSummary",
     "SummedTensors",
+    "TrainingInfo",
     "ViewMoments",
     "enabled_families",
     "family_metric",

@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..results import PointResult
 
 __all__ = [
+    "NETWORK_VIEW",
     "Array",
     "BatchInfo",
     "Contribution",
@@ -60,6 +61,7 @@ __all__ = [
     "Metric",
     "PointSummary",
     "SummedTensors",
+    "TrainingInfo",
     "ViewMoments",
     "enabled_families",
     "family_metric",
@@ -85,6 +87,34 @@ class BatchInfo:
     groups: torch.Tensor
 
 
+NETWORK_VIEW = "network"
+"""The view that carries a family's network-wide metrics (one value per observation, not per point: the gradient
+noise scale, the Hessian's spectrum): recorded on the last observation point (`FamilyContext.network_point`), the
+network's output end."""
+
+
+@dataclass(frozen=True)
+class TrainingInfo:
+    """What the training loop knows at an observation, for families that measure optimisation (``None`` offline).
+
+    Attributes:
+        epoch: The epoch label of the observation.
+        global_step: Optimizer steps taken so far.
+        optimizer: The first optimizer (its state: e.g. AdamW's second moments), or ``None``.
+        learning_rate: The first parameter group's current learning rate (NaN without an optimizer).
+        loss: ``loss(logits, labels) -> scalar``: the training objective on a batch (cross-entropy by default).
+        collectors: ``{name: object}``: statistics gathered during training since the previous observation by the
+            geometry callback's training-time collectors (e.g. the gradient noise scale's gradient norms).
+    """
+
+    epoch: int
+    global_step: int
+    optimizer: Any = None
+    learning_rate: float = math.nan
+    loss: Any = None
+    collectors: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class FamilyContext:
     """What a family may know when one observation starts, on one rank.
@@ -101,6 +131,10 @@ class FamilyContext:
         groups: Jackknife groups ``G`` (0: none).
         group_of_item: int64 ``[n_images]``: the jackknife group of every image (zeros without a jackknife).
         num_prefix_tokens: Class + register tokens of the model's sequence.
+        dataset: The analysis subset (identical on every rank): for families that run their own forwards on a fixed
+            batch of it (curvature), ``None`` where the caller has none.
+        training: What the training loop knows (`TrainingInfo`); ``None`` offline (``tgo.observe``) and in tests
+            without a trainer.
     """
 
     net: nn.Module
@@ -114,6 +148,13 @@ class FamilyContext:
     groups: int
     group_of_item: np.ndarray
     num_prefix_tokens: int
+    dataset: Any = None
+    training: TrainingInfo | None = None
+
+    @property
+    def network_point(self) -> ObservationPoint:
+        """The point whose `NETWORK_VIEW` carries network-wide metrics: the last point, the network's output end."""
+        return self.points[-1]
 
     def prefix_of(self, point: ObservationPoint) -> int:
         """Prefix tokens at the start of the rows of the point's module (0 at the patch embedding and after pooling)."""
