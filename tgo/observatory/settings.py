@@ -11,6 +11,7 @@ raised before any work starts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -27,11 +28,15 @@ __all__ = [
     "GRAM_DTYPES",
     "NONFINITE_POLICIES",
     "AttentionSettings",
+    "CurvatureSettings",
     "FigureSettings",
+    "NoiseScaleSettings",
     "ObservationSettings",
     "ObservationSettingsError",
+    "PhaseSettings",
     "ProbeSettings",
     "SummarySettings",
+    "WeightSettings",
 ]
 
 GRAM_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
@@ -197,6 +202,152 @@ class AttentionSettings:
         return torch.float32 if kind == "cpu" else torch.float64
 
 
+@dataclass(frozen=True)
+class NoiseScaleSettings:
+    """The gradient noise scale (``tgo.observatory.families.noise_scale``), gathered during training.
+
+    Attributes:
+        enabled: Record the simple noise scale ``B_simple = tr(Sigma) / |G|^2`` (McCandlish et al. 2018) of the
+            training steps since the previous observation, from two batch sizes the training already has (the
+            per-rank and the all-reduced gradient under DDP, the micro-batches and their sum with gradient
+            accumulation; ``docs/observables.md``, "Gradient noise scale"). Training only: offline nothing is
+            recorded. With one device and no accumulation there is one batch size: NaN, said once in the log.
+        jackknife_blocks: Blocks of consecutive steps of the delete-a-block jackknife standard error (at least 2;
+            fewer steps than blocks: one step per block).
+        per_block: Also record ``B_simple`` of each block's parameters (view ``gradient`` of every ``block_NN``).
+    """
+
+    enabled: bool = True
+    jackknife_blocks: int = 10
+    per_block: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("enabled", "per_block"):
+            value = getattr(self, key)
+            if not isinstance(value, bool):
+                raise ObservationSettingsError(f"{PREFIX}.noise_scale.{key}: expected true or false, got {value!r}")
+        if not _is_int(self.jackknife_blocks) or self.jackknife_blocks < 2:
+            raise ObservationSettingsError(
+                f"{PREFIX}.noise_scale.jackknife_blocks: expected an integer >= 2, got {self.jackknife_blocks!r}"
+            )
+
+
+@dataclass(frozen=True)
+class WeightSettings:
+    """The weight-geometry family (``tgo.observatory.families.weights``): every block's linear maps and the patch
+    embedding, read from the weights at each observation (no hooks, nothing summed over ranks).
+
+    Attributes:
+        enabled: Record the float64 singular values, stable and effective rank, spectral norm and WeightWatcher's
+            power-law exponent (with its KS distance) of ``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2`` of every
+            block and of the patch embedding (views ``weights_<map>``; ``docs/observables.md``, "Weight geometry").
+        relative_update: Also record ``||W_t - W_prev||_F / ||W_prev||_F`` against the previous recorded
+            observation, which needs its weights: rank 0 keeps the latest two observations' weights in
+            ``geometry/weights/`` (about 4 bytes per weight each: 85 MB for ViT-S/16). ``false`` keeps none and
+            records NaN.
+    """
+
+    enabled: bool = True
+    relative_update: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("enabled", "relative_update"):
+            value = getattr(self, key)
+            if not isinstance(value, bool):
+                raise ObservationSettingsError(f"{PREFIX}.weights.{key}: expected true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PhaseSettings:
+    """The training-phase family (``tgo.observatory.families.phases``): each observation's change since the previous
+    one labelled collapse, compression-seeking, entropy-seeking or unresolved (``tgo.spectral.phases``).
+
+    Attributes:
+        enabled: Record ``phase_code``, ``rank_change_z`` and ``alpha_change_z`` on every point's view ``all`` from
+            the paired changes of ``effective_rank`` and ``power_law_alpha`` (``docs/observables.md``, "Training
+            phases"). Reads the previous observation's records; nothing is hooked or summed.
+        z: Normal quantile of a significant change (widened to Student's t for the jackknife's ``G - 1`` degrees of
+            freedom), the verdict rule's default 3.
+        collapse_drop: Smallest relative loss of effective rank between two observations that is a collapse, in
+            ``(0, 1)``.
+    """
+
+    enabled: bool = True
+    z: float = 3.0
+    collapse_drop: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ObservationSettingsError(f"{PREFIX}.phases.enabled: expected true or false, got {self.enabled!r}")
+        for key, ok, expected in (
+            ("z", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+            ("collapse_drop", lambda v: 0 < v < 1, "a number in (0, 1)"),
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
+                raise ObservationSettingsError(f"{PREFIX}.phases.{key}: expected {expected}, got {value!r}")
+            object.__setattr__(self, key, float(value))
+
+
+@dataclass(frozen=True)
+class CurvatureSettings:
+    """The curvature family (``tgo.observatory.families.curvature``): the loss Hessian on a fixed batch.
+
+    Attributes:
+        enabled: Record the Hessian's top eigenvalues (Lanczos), its trace (Hutchinson, with its standard error) and
+            the optimizer's preconditioned sharpness against its edge-of-stability threshold (view ``network``;
+            ``docs/observables.md``, "Curvature"). Off by default: each measurement costs
+            ``lanczos_iterations * 2 + trace_probes`` Hessian-vector products at most, ~10x a forward each.
+        every_n_observations: Measure at every N-th observation (epoch ``e`` counts as ``ceil(e / every_n_epochs)``;
+            epoch 0 always; every observation offline).
+        images: The curvature batch: the first N images of the analysis subset in a class-stratified, seeded order.
+        batch_size: Images per forward of a Hessian-vector product (memory; the result is the same).
+        top_k: Top eigenvalues of ``H`` recorded.
+        trace_probes: Rademacher probes of the Hutchinson trace (at least 2, for its standard error).
+        lanczos_iterations: At most this many Lanczos steps per run.
+        lanczos_tol: Stop once every top-k residual ``||H y - theta y||`` is ``<= tol * |theta_1|``.
+        seed: Seed of the batch order, the Lanczos start vectors and the probes.
+        dtype: Precision of the Hessian-vector products: ``float64``, ``float32`` (~2e-6 relative to float64 on
+            vit_small, 2.5x cheaper on a CPU), or ``auto``: float64 on a GPU, float32 on a CPU.
+    """
+
+    enabled: bool = False
+    every_n_observations: int = 1
+    images: int = 64
+    batch_size: int = 32
+    top_k: int = 5
+    trace_probes: int = 16
+    lanczos_iterations: int = 30
+    lanczos_tol: float = 1e-3
+    seed: int = 0
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ObservationSettingsError(f"{PREFIX}.curvature.enabled: expected true or false, got {self.enabled!r}")
+        for key in ("every_n_observations", "images", "batch_size", "top_k", "lanczos_iterations"):
+            _positive_int(f"curvature.{key}", getattr(self, key))
+        if not _is_int(self.trace_probes) or self.trace_probes < 2:
+            raise ObservationSettingsError(
+                f"{PREFIX}.curvature.trace_probes: expected an integer >= 2, got {self.trace_probes!r}"
+            )
+        tol = self.lanczos_tol
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < float(tol) < 1:
+            raise ObservationSettingsError(f"{PREFIX}.curvature.lanczos_tol: expected a number in (0, 1), got {tol!r}")
+        object.__setattr__(self, "lanczos_tol", float(tol))
+        if not _is_int(self.seed) or self.seed < 0:
+            raise ObservationSettingsError(f"{PREFIX}.curvature.seed: expected an integer >= 0, got {self.seed!r}")
+        _one_of("curvature.dtype", self.dtype, ATTENTION_DTYPES)
+
+    def torch_dtype(self, device: torch.device | str | None) -> torch.dtype:
+        """The Hessian-vector products' dtype on ``device`` (``auto``: float64 on CUDA and other accelerators, whose
+        float64 peak is the float32 one on an H200; float32 on a CPU, where float64 costs 2.5x)."""
+        if self.dtype != "auto":
+            return GRAM_DTYPES[self.dtype]
+        kind = torch.device(device).type if device is not None else "cpu"
+        return torch.float32 if kind == "cpu" else torch.float64
+
+
 EIGENSOLVERS = ("auto", "cpu", "gpu")
 """Where the summary's float64 eigendecompositions run (`SummarySettings.eigensolver`)."""
 
@@ -256,7 +407,11 @@ class ObservationSettings:
         figures: TensorBoard figure settings (`FigureSettings`).
         probes: The hypothesis probes (`ProbeSettings`).
         attention: The attention-geometry family (`AttentionSettings`).
+        noise_scale: The gradient noise scale, gathered during training (`NoiseScaleSettings`).
         summary: Where and when the summary runs (`SummarySettings`).
+        phases: The training-phase labels (`PhaseSettings`).
+        weights: The weight-geometry family (`WeightSettings`).
+        curvature: The loss Hessian's curvature on a fixed batch (`CurvatureSettings`).
     """
 
     every_n_epochs: int = 5
@@ -271,7 +426,11 @@ class ObservationSettings:
     figures: FigureSettings = field(default_factory=FigureSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     attention: AttentionSettings = field(default_factory=AttentionSettings)
+    noise_scale: NoiseScaleSettings = field(default_factory=NoiseScaleSettings)
     summary: SummarySettings = field(default_factory=SummarySettings)
+    phases: PhaseSettings = field(default_factory=PhaseSettings)
+    weights: WeightSettings = field(default_factory=WeightSettings)
+    curvature: CurvatureSettings = field(default_factory=CurvatureSettings)
 
     def __post_init__(self) -> None:
         _positive_int("every_n_epochs", self.every_n_epochs)
@@ -327,11 +486,31 @@ class ObservationSettings:
             object.__setattr__(self, "attention", AttentionSettings(**self.attention))
         elif not isinstance(self.attention, AttentionSettings):
             raise ObservationSettingsError(f"{PREFIX}.attention: expected a mapping, got {self.attention!r}")
+        if isinstance(self.noise_scale, Mapping):
+            _reject_unknown(NoiseScaleSettings, self.noise_scale, f"{PREFIX}.noise_scale")
+            object.__setattr__(self, "noise_scale", NoiseScaleSettings(**self.noise_scale))
+        elif not isinstance(self.noise_scale, NoiseScaleSettings):
+            raise ObservationSettingsError(f"{PREFIX}.noise_scale: expected a mapping, got {self.noise_scale!r}")
         if isinstance(self.summary, Mapping):
             _reject_unknown(SummarySettings, self.summary, f"{PREFIX}.summary")
             object.__setattr__(self, "summary", SummarySettings(**self.summary))
         elif not isinstance(self.summary, SummarySettings):
             raise ObservationSettingsError(f"{PREFIX}.summary: expected a mapping, got {self.summary!r}")
+        if isinstance(self.phases, Mapping):
+            _reject_unknown(PhaseSettings, self.phases, f"{PREFIX}.phases")
+            object.__setattr__(self, "phases", PhaseSettings(**self.phases))
+        elif not isinstance(self.phases, PhaseSettings):
+            raise ObservationSettingsError(f"{PREFIX}.phases: expected a mapping, got {self.phases!r}")
+        if isinstance(self.weights, Mapping):
+            _reject_unknown(WeightSettings, self.weights, f"{PREFIX}.weights")
+            object.__setattr__(self, "weights", WeightSettings(**self.weights))
+        elif not isinstance(self.weights, WeightSettings):
+            raise ObservationSettingsError(f"{PREFIX}.weights: expected a mapping, got {self.weights!r}")
+        if isinstance(self.curvature, Mapping):
+            _reject_unknown(CurvatureSettings, self.curvature, f"{PREFIX}.curvature")
+            object.__setattr__(self, "curvature", CurvatureSettings(**self.curvature))
+        elif not isinstance(self.curvature, CurvatureSettings):
+            raise ObservationSettingsError(f"{PREFIX}.curvature: expected a mapping, got {self.curvature!r}")
 
     @classmethod
     def from_config(cls, node: Any) -> ObservationSettings:

@@ -32,16 +32,28 @@ from .base import (
     registered_families,
     unregister_family,
 )
+from .curvature import CURVATURE
 from .image_vectors import IMAGE_VECTORS
+from .noise_scale import NOISE_SCALE
+from .phases import PHASES
+from .weights import WEIGHTS
 
 # The built-in families, in record order; their catalogue entries are declared in tgo.spectral.catalogue.
 register_family(IMAGE_VECTORS)
 register_family(ATTENTION)
+register_family(WEIGHTS)
+register_family(NOISE_SCALE)
+register_family(CURVATURE)
+register_family(PHASES)
 
 __all__ = [
     "ATTENTION",
+    "CURVATURE",
     "IMAGE_VECTORS",
     "NETWORK_VIEW",
+    "NOISE_SCALE",
+    "PHASES",
+    "WEIGHTS",
     "Array",
     "BatchInfo",
     "Contribution",

@@ -1,0 +1,384 @@
+"""Training phases: each change of a point's geometry between two observations labelled as a phase of learning.
+
+Li et al. (*Tracing the Representation Geometry of Language Models from Pretraining to Post-training*, NeurIPS 2025,
+arXiv:2509.23024) follow two spectral measures of a network's representations through training, the effective rank
+(RankMe, ``exp`` of the entropy of the normalised eigenvalues: TGO's ``effective_rank``) and the decay exponent of the
+eigenspectrum (alpha-ReQ, the power law ``lambda_i ~ i^-alpha``: TGO's ``power_law_alpha``), and find three phases
+in pretraining: a warm-up **collapse** (the effective rank falls fast), an **entropy-seeking** phase (the variance
+spreads over more directions: rank rises, alpha falls) and a **compression-seeking** phase ("anisotropic
+consolidation": variance kept along the dominant directions and contracted along the others: rank falls, alpha
+rises). This module labels the change between two observations of one point with one of them, judged against the
+noise of the measurement, and merges runs of equal labels into phases.
+
+**The changes and their noise.** Both observations measure the same analysis images, dealt into the same ``G``
+jackknife groups, and the records keep each observation's ``G`` leave-one-group-out values. The change
+``d = after - before`` therefore has a *paired* delete-a-group jackknife standard error, taken replicate by replicate
+(``jackknife_stderr(after_(g) - before_(g))``, `paired_change`): what the two observations share (the images)
+cancels, as it does in ``d`` (the same pairing as the verdicts' ``J`` term, `tgo.report.verdicts`). Its ``z = d / se``.
+A change is **significant** in its direction when ``|z|`` exceeds the critical value ``c = z_rule * t_{G-1}(tail of
+z_rule) / z_rule``: the verdict rule's normal quantile (default ``z_rule = 3``) widened to Student's t for the
+``G - 1`` degrees of freedom of the jackknife standard error, exactly as `tgo.report.verdicts.student_factor` widens
+it (a test holds the two equal; this module stays free of the report). With ``G = 10`` and ``z_rule = 3``: ``c =
+4.09``.
+
+**The rule** (`classify`), from the significant directions ``s_rank, s_alpha`` in ``{-1, 0, +1}``:
+
+========================  =========================================================================  ==========
+label                     when                                                                       phase_code
+========================  =========================================================================  ==========
+``collapse``              rank falls significantly and by at least ``collapse_drop`` (default 50%)   -2
+                          of its earlier value, whatever alpha does
+``compression-seeking``   rank falls or alpha rises significantly, and neither moves the other way    -1
+``entropy-seeking``       rank rises or alpha falls significantly, and neither moves the other way    +1
+``unresolved``            neither changes significantly, or they contradict each other (rank and     0
+                          alpha both significantly up, or both down)
+``undefined``             a value or its replicates are missing (first observation, no jackknife)    NaN
+========================  =========================================================================  ==========
+
+Why these lines. *One* significant change decides when the other is inside the noise: the two measures describe
+the same spreading (their catalogue entries are ``spread`` "rises" / "falls"), and a move far outside the noise must
+not read as "unresolved" merely because its partner is noisier (alpha's fit over ``fit_range`` is). Two significant
+changes that disagree (rank and alpha both rising: the head of the spectrum and its fitted tail move apart) are the
+only way a large move is unresolved, and the label's reason says so. **Collapse versus compression**: both lose
+rank; Li et al.'s warm-up collapse is fast and large, compression-seeking a gradual consolidation over many
+checkpoints. Between two observations the distinction is the size of the loss: a collapse at least halves the
+effective rank (``collapse_drop = 0.5``: a point's variance leaves half of its effective directions between two
+observations), a smaller significant loss is compression-seeking. A collapse is judged on the rank alone (the
+collapse of RankMe is what Li et al. describe; alpha's fitted range may then do anything), so it is never
+unresolved. The threshold is per observation, not per step: with observations far apart in steps a slow compression
+can exceed it (the observation schedule sets what "fast" can resolve).
+
+The rates of the rule on seeded synthetic trajectories with known truth (null, each phase, 3, 7 and 21 observations)
+are asserted in ``tests/spectral/test_phases.py`` and listed in ``docs/observables.md``, "Training phases".
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats
+
+from tgo.spectral.jackknife import jackknife_stderr
+
+__all__ = [
+    "COLLAPSE",
+    "COMPRESSION",
+    "DEFAULT_COLLAPSE_DROP",
+    "DEFAULT_PHASE_Z",
+    "ENTROPY",
+    "LABELS",
+    "PHASE_CODES",
+    "UNDEFINED",
+    "UNRESOLVED",
+    "Change",
+    "Phase",
+    "PhaseLabel",
+    "PhaseRule",
+    "Trajectory",
+    "classify",
+    "label_trajectory",
+    "merge_phases",
+    "paired_change",
+]
+
+COLLAPSE = "collapse"
+COMPRESSION = "compression-seeking"
+UNRESOLVED = "unresolved"
+ENTROPY = "entropy-seeking"
+UNDEFINED = "undefined"
+LABELS: tuple[str, ...] = (COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY, UNDEFINED)
+"""Every label, from the most to the least compressing (then ``undefined``): the order of legends and colour maps."""
+PHASE_CODES: dict[str, float] = {COLLAPSE: -2.0, COMPRESSION: -1.0, UNRESOLVED: 0.0, ENTROPY: 1.0, UNDEFINED: math.nan}
+"""The recorded ``phase_code`` of each label: its sign is the direction of the spread (+1 spreading, -1 and -2
+compressing), so a chart of the code over epochs reads like the phases."""
+
+DEFAULT_PHASE_Z = 3.0
+"""The default normal quantile (the verdict rule's ``z``, `tgo.report.verdicts.DEFAULT_Z`)."""
+DEFAULT_COLLAPSE_DROP = 0.5
+"""The default smallest relative loss of effective rank between two observations that is a collapse."""
+
+
+@dataclass(frozen=True)
+class PhaseRule:
+    """The significance level and the collapse threshold of `classify`.
+
+    Attributes:
+        z: Normal quantile of a significant change (widened to Student's t for the jackknife's ``G - 1`` dof).
+        collapse_drop: Smallest relative loss of effective rank, ``(before - after) / before``, that is a collapse
+            (in ``(0, 1)``).
+
+    Raises:
+        ValueError: ``z <= 0`` or ``collapse_drop`` outside ``(0, 1)``.
+    """
+
+    z: float = DEFAULT_PHASE_Z
+    collapse_drop: float = DEFAULT_COLLAPSE_DROP
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.z, (int, float)) and math.isfinite(self.z) and self.z > 0):
+            raise ValueError(f"z must be a finite number > 0, got {self.z!r}")
+        if not (isinstance(self.collapse_drop, (int, float)) and 0 < self.collapse_drop < 1):
+            raise ValueError(f"collapse_drop must be in (0, 1), got {self.collapse_drop!r}")
+
+    def critical(self, dof: float) -> float:
+        """``|z|`` a change must exceed: ``z`` widened to Student's t at the same tail for ``dof`` (``inf`` below 1
+        dof; ``z`` itself for an infinite ``dof``)."""
+        return _critical(float(self.z), float(dof))
+
+
+@functools.lru_cache(maxsize=256)
+def _critical(z: float, dof: float) -> float:
+    """`PhaseRule.critical` (cached: a run's pairs share one ``G``, and scipy's t quantile is ~0.1 ms)."""
+    if not math.isfinite(dof):
+        return z
+    if dof < 1:
+        return math.inf
+    return max(z, float(stats.t.isf(stats.norm.sf(z), dof)))
+
+
+@dataclass(frozen=True)
+class Change:
+    """One paired change ``after - before`` of a value measured twice on the same jackknife groups.
+
+    Attributes:
+        before: The earlier value.
+        after: The later value.
+        stderr: The paired jackknife standard error of ``after - before`` (NaN: none).
+        dof: Its degrees of freedom, ``G - 1`` (0 without replicates).
+    """
+
+    before: float
+    after: float
+    stderr: float
+    dof: float
+
+    @property
+    def difference(self) -> float:
+        """``after - before``."""
+        return self.after - self.before
+
+    @property
+    def z(self) -> float:
+        """``difference / stderr``: NaN without a standard error; 0 for no change with a zero standard error, and
+        ``±inf`` for a change with a zero one (as `tgo.report.verdicts.Uncertainty.z`)."""
+        d, se = self.difference, self.stderr
+        if not (math.isfinite(d) and math.isfinite(se)):
+            return math.nan
+        if se == 0:
+            return 0.0 if d == 0 else math.copysign(math.inf, d)
+        return d / se
+
+    @property
+    def relative(self) -> float:
+        """``difference / |before|`` (NaN where ``before`` is 0 or undefined)."""
+        return self.difference / abs(self.before) if math.isfinite(self.before) and self.before != 0 else math.nan
+
+    def direction(self, rule: PhaseRule) -> int:
+        """``+1`` / ``-1`` when the change is significant upwards / downwards under ``rule``, else 0."""
+        z = self.z
+        if math.isnan(z) or abs(z) <= rule.critical(self.dof):
+            return 0
+        return 1 if z > 0 else -1
+
+
+def paired_change(
+    before: float, after: float, before_replicates: ArrayLike | None, after_replicates: ArrayLike | None
+) -> Change:
+    """The change ``after - before`` and its paired jackknife standard error.
+
+    Args:
+        before: The earlier value.
+        after: The later value.
+        before_replicates: float64 ``[G]`` leave-one-group-out values of the earlier observation (``None``: none).
+        after_replicates: The same of the later one, over the same groups in the same order.
+
+    Returns:
+        The `Change`; its ``stderr`` is NaN (and ``dof`` 0) without replicates, with replicates of different
+        lengths or fewer than two, or with a non-finite replicate.
+    """
+    if before_replicates is None or after_replicates is None:
+        return Change(float(before), float(after), math.nan, 0.0)
+    a = np.asarray(before_replicates, dtype=np.float64).ravel()
+    b = np.asarray(after_replicates, dtype=np.float64).ravel()
+    if a.size != b.size or a.size < 2 or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+        return Change(float(before), float(after), math.nan, 0.0)
+    return Change(float(before), float(after), jackknife_stderr(b - a), float(a.size - 1))
+
+
+@dataclass(frozen=True)
+class PhaseLabel:
+    """The label of one change and its evidence.
+
+    Attributes:
+        label: One of `LABELS`.
+        rank: The change of the effective rank.
+        alpha: The change of the decay exponent.
+        reason: One line saying why (the significant directions, a contradiction, what is missing).
+    """
+
+    label: str
+    rank: Change
+    alpha: Change
+    reason: str
+
+    @property
+    def code(self) -> float:
+        """The recorded ``phase_code`` (`PHASE_CODES`)."""
+        return PHASE_CODES[self.label]
+
+
+def _describe(name: str, change: Change, rule: PhaseRule) -> str:
+    word = {1: "rises", -1: "falls", 0: "inside the noise"}[change.direction(rule)]
+    return f"{name} {word} (z = {change.z:+.1f})"
+
+
+def classify(rank: Change, alpha: Change, rule: PhaseRule | None = None) -> PhaseLabel:
+    """The phase label of one pair of changes (module docstring: the rule and why).
+
+    Args:
+        rank: The paired change of ``effective_rank``.
+        alpha: The paired change of ``power_law_alpha``.
+        rule: Significance and collapse threshold (default `PhaseRule()`).
+
+    Returns:
+        The `PhaseLabel`.
+    """
+    rule = rule or PhaseRule()
+    values = (rank.before, rank.after, alpha.before, alpha.after)
+    if not all(math.isfinite(v) for v in values):
+        return PhaseLabel(UNDEFINED, rank, alpha, "a value is undefined (NaN)")
+    if math.isnan(rank.z) or math.isnan(alpha.z):
+        return PhaseLabel(UNDEFINED, rank, alpha, "no paired standard error (no jackknife replicates)")
+    s_rank, s_alpha = rank.direction(rule), alpha.direction(rule)
+    words = f"{_describe('rank', rank, rule)}, {_describe('alpha', alpha, rule)}"
+    if s_rank < 0 and rank.relative <= -rule.collapse_drop:
+        return PhaseLabel(
+            COLLAPSE,
+            rank,
+            alpha,
+            f"rank falls by {-rank.relative:.0%} (z = {rank.z:+.1f}), at least {rule.collapse_drop:.0%}; "
+            f"{_describe('alpha', alpha, rule)}",
+        )
+    spreading = s_rank > 0 or s_alpha < 0
+    compressing = s_rank < 0 or s_alpha > 0
+    if spreading and compressing:
+        return PhaseLabel(UNRESOLVED, rank, alpha, f"contradictory: {words}")
+    if spreading:
+        return PhaseLabel(ENTROPY, rank, alpha, words)
+    if compressing:
+        return PhaseLabel(COMPRESSION, rank, alpha, words)
+    return PhaseLabel(UNRESOLVED, rank, alpha, f"inside the noise: {words}")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One point's recorded series of both measures, ready to be labelled.
+
+    Attributes:
+        epochs: int64 ``[E]`` observation labels, ascending.
+        rank: float64 ``[E]`` effective ranks.
+        alpha: float64 ``[E]`` decay exponents.
+        rank_replicates: float64 ``[E, G]`` leave-one-group-out ranks (``None``: not recorded; a NaN row: none at
+            that observation).
+        alpha_replicates: The same of alpha.
+        steps: int64 ``[E]`` global steps (``None``: unknown).
+    """
+
+    epochs: np.ndarray
+    rank: np.ndarray
+    alpha: np.ndarray
+    rank_replicates: np.ndarray | None = None
+    alpha_replicates: np.ndarray | None = None
+    steps: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = np.asarray(self.epochs).size
+        for name in ("rank", "alpha"):
+            if np.asarray(getattr(self, name)).shape != (n,):
+                raise ValueError(
+                    f"Trajectory: {name} must have shape ({n},), got {np.asarray(getattr(self, name)).shape}"
+                )
+        for name in ("rank_replicates", "alpha_replicates"):
+            reps = getattr(self, name)
+            if reps is not None and (np.ndim(reps) != 2 or np.shape(reps)[0] != n):
+                raise ValueError(f"Trajectory: {name} must have shape ({n}, G), got {np.shape(reps)}")
+
+    def _row(self, replicates: np.ndarray | None, i: int) -> np.ndarray | None:
+        return None if replicates is None else np.asarray(replicates[i], dtype=np.float64)
+
+    def change(self, i: int, j: int) -> tuple[Change, Change]:
+        """The paired changes of rank and alpha from observation ``i`` to observation ``j``."""
+        rank = paired_change(
+            self.rank[i], self.rank[j], self._row(self.rank_replicates, i), self._row(self.rank_replicates, j)
+        )
+        alpha = paired_change(
+            self.alpha[i], self.alpha[j], self._row(self.alpha_replicates, i), self._row(self.alpha_replicates, j)
+        )
+        return rank, alpha
+
+
+def label_trajectory(trajectory: Trajectory, rule: PhaseRule | None = None) -> list[PhaseLabel]:
+    """The label of every consecutive pair of observations (``E - 1`` labels; pair ``i`` is ``i -> i + 1``)."""
+    return [classify(*trajectory.change(i, i + 1), rule) for i in range(np.asarray(trajectory.epochs).size - 1)]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A run of consecutive pairs with one label, and the change over the whole run.
+
+    Attributes:
+        label: The pairs' label.
+        start: Index of the first observation of the run.
+        stop: Index of its last observation (``stop - start`` pairs).
+        start_epoch: Epoch label of ``start``.
+        end_epoch: Epoch label of ``stop``.
+        evidence: The label of the run's whole change (observation ``start`` to ``stop``): its rank and alpha
+            changes with their paired z-scores (its own label may differ from ``label`` for an unresolved run whose
+            small moves add up).
+    """
+
+    label: str
+    start: int
+    stop: int
+    start_epoch: int
+    end_epoch: int
+    evidence: PhaseLabel
+
+    @property
+    def pairs(self) -> int:
+        """Consecutive pairs in the run."""
+        return self.stop - self.start
+
+
+def merge_phases(
+    trajectory: Trajectory, labels: Sequence[PhaseLabel] | Sequence[str], rule: PhaseRule | None = None
+) -> list[Phase]:
+    """Runs of equal consecutive labels as `Phase`s, in order (pair ``i`` joins observations ``i`` and ``i + 1``).
+
+    Args:
+        trajectory: The series the labels came from.
+        labels: ``E - 1`` labels (`PhaseLabel` or label strings) of its consecutive pairs.
+        rule: The rule that labels each phase's whole change (its ``evidence``).
+
+    Raises:
+        ValueError: not ``E - 1`` labels.
+    """
+    names = [lab.label if isinstance(lab, PhaseLabel) else str(lab) for lab in labels]
+    epochs = np.asarray(trajectory.epochs)
+    if len(names) != max(epochs.size - 1, 0):
+        raise ValueError(
+            f"merge_phases: {len(names)} labels for {epochs.size} observations (expected {epochs.size - 1})"
+        )
+    phases: list[Phase] = []
+    start = 0
+    for i in range(1, len(names) + 1):
+        if i == len(names) or names[i] != names[start]:
+            evidence = classify(*trajectory.change(start, i), rule)
+            phases.append(Phase(names[start], start, i, int(epochs[start]), int(epochs[i]), evidence))
+            start = i
+    return phases
