@@ -1,0 +1,215 @@
+"""Weight-matrix geometry: singular values, stable and effective rank, WeightWatcher's power-law exponent, updates.
+
+The numerics of the ``weights`` measurement family (`tgo.observatory.families.weights`); every function is a pure
+function of float64 numpy arrays, so it gives the same bits on any rank.
+
+* **Singular values** come from ``np.linalg.svd(W, compute_uv=False)`` in float64 (LAPACK ``gesdd``), not from the
+  eigenvalues of the Gram matrix ``W^T W``: squaring first loses every singular value below ``sqrt(eps) * sigma_1``
+  (about ``1e-8 * sigma_1``) to round-off, the SVD keeps them to ``eps * sigma_1``.
+* **Stable rank** ``||W||_F^2 / ||W||_2^2 = sum sigma_i^2 / sigma_1^2`` and **effective rank**
+  ``exp(H(p))``, ``p_i = sigma_i^2 / sum sigma^2`` (Roy & Vetterli 2007 applied to ``W^T W``, whose eigenvalues are
+  ``sigma_i^2``): exactly `tgo.spectral.observables.stable_rank` and `effective_rank` of the covariance spectra,
+  applied to the eigenvalues of ``W^T W``, so a weight's and an activation's ranks read on one scale.
+* **The power-law exponent** ``alpha`` of the empirical spectral density (ESD) of ``W^T W`` (Martin & Mahoney 2021),
+  fitted as WeightWatcher 0.7 fits it by default (`fit_power_law`, its ``WWFit``): the continuous power-law maximum
+  likelihood estimate with ``xmin`` chosen by minimising the Kolmogorov-Smirnov distance (Clauset, Shalizi & Newman
+  2009), standard error ``(alpha - 1) / sqrt(n_tail)``.
+* **Relative update** ``||W_t - W_prev||_F / ||W_prev||_F`` (`relative_update`).
+
+Formulas, ranges and known answers: ``docs/observables.md``, "Weight geometry".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .observables import effective_rank, stable_rank
+
+__all__ = [
+    "ESD_THRESHOLD",
+    "MIN_FIT_EIGENVALUES",
+    "PowerLawFit",
+    "WeightGeometry",
+    "fit_power_law",
+    "relative_update",
+    "singular_values",
+    "weight_geometry",
+    "weight_matrix",
+]
+
+ESD_THRESHOLD = 1e-5
+"""Eigenvalues of ``W^T W`` at or below this are left out of the power-law fit: WeightWatcher's ``EVALS_THRESH``
+(its ``fit_powerlaw`` fits ``evals[evals > 1e-5]``). An absolute threshold, as there: it drops the numerically zero
+eigenvalues of a rank-deficient map, and a map scaled down so far that real eigenvalues fall below it is fitted on
+the rest, exactly as WeightWatcher would."""
+
+MIN_FIT_EIGENVALUES = 20
+"""Fewer eigenvalues above `ESD_THRESHOLD` than this give no exponent (NaN). WeightWatcher switches to another,
+bias-corrected estimator below 20 (its ``SMALL_N_CUTOFF``); TGO records no exponent there rather than a second
+estimator whose values do not compare with the first. Every map of a ViT (``min(out, in) >= 192``) is far above."""
+
+_CHUNK = 1 << 21  # elements of one [rows, N] block of the xmin scan (16 MiB of float64)
+
+
+def weight_matrix(weight: np.ndarray) -> np.ndarray:
+    """The 2-D matrix of a layer's weight: ``[out, in]`` as it is, a convolution's ``[out, in, kh, kw]`` as
+    ``[out, in * kh * kw]`` (the linear map from a flattened patch to the output channels: for a ViT's patch
+    embedding, whose stride equals its kernel, exactly the map it applies to every patch).
+
+    Raises:
+        ValueError: fewer than 2 dimensions.
+    """
+    w = np.asarray(weight)
+    if w.ndim < 2:
+        raise ValueError(f"weight_matrix: expected a weight of >= 2 dimensions, got shape {w.shape}")
+    return w.reshape(w.shape[0], -1)
+
+
+def singular_values(matrix: np.ndarray) -> np.ndarray:
+    """float64 singular values of ``matrix``, descending (``min(m, n)`` of them); all NaN if it is not finite."""
+    w = np.asarray(matrix, dtype=np.float64)
+    if w.ndim != 2:
+        raise ValueError(f"singular_values: expected a 2-D matrix, got shape {w.shape}")
+    if not np.isfinite(w).all():
+        return np.full(min(w.shape), np.nan)
+    return np.linalg.svd(w, compute_uv=False)  # LAPACK returns them descending
+
+
+@dataclass(frozen=True)
+class PowerLawFit:
+    """A continuous power-law fit ``p(x) ~ x^-alpha`` for ``x >= xmin`` of a spectrum's upper tail.
+
+    Attributes:
+        alpha: The maximum-likelihood exponent at the chosen ``xmin`` (NaN: no fit).
+        stderr: Its asymptotic standard error ``(alpha - 1) / sqrt(n_tail)`` (Clauset et al. 2009, eq. 3.2).
+        ks: The Kolmogorov-Smirnov distance between the tail's empirical CDF and the fitted one (in ``[0, 1)``).
+        xmin: The chosen lower end of the tail (one of the eigenvalues).
+        n_tail: Eigenvalues ``>= xmin`` in the fit.
+        n_fitted: Eigenvalues above `ESD_THRESHOLD` (the candidates).
+    """
+
+    alpha: float
+    stderr: float
+    ks: float
+    xmin: float
+    n_tail: int
+    n_fitted: int
+
+    @classmethod
+    def none(cls, n_fitted: int = 0) -> PowerLawFit:
+        """No fit (too few eigenvalues, a degenerate or non-finite spectrum)."""
+        return cls(math.nan, math.nan, math.nan, math.nan, 0, int(n_fitted))
+
+
+def fit_power_law(
+    eigenvalues: np.ndarray, *, threshold: float = ESD_THRESHOLD, min_eigenvalues: int = MIN_FIT_EIGENVALUES
+) -> PowerLawFit:
+    """WeightWatcher's default power-law fit of an ESD (``weightwatcher`` 0.7, ``WW_powerlaw.WWFit``).
+
+    Of the eigenvalues ``x_(1) <= ... <= x_(N)`` above ``threshold``, every one but the largest is a candidate
+    ``xmin = x_(i)``. Its tail ``x_(i..N)`` (``n = N - i + 1`` values) gives the continuous power-law MLE
+    ``alpha_i = 1 + n / sum_j ln(x_(j) / x_(i))`` and the Kolmogorov-Smirnov distance
+    ``D_i = max_j |1 - (x_(j) / x_(i))^(1 - alpha_i) - k_j / n|`` (``k_j = 0 .. n - 1``: the empirical CDF just below
+    each tail value, as WeightWatcher and the ``powerlaw`` package take it). The fit is the candidate of least
+    ``D_i`` (the first on a tie), with ``stderr = (alpha - 1) / sqrt(n)``. The log-ratios are summed directly
+    (``sum ln(x_(j) / x_(i))``) rather than as WeightWatcher's ``sum ln x_(j) - n ln x_(i)``, which loses digits to
+    cancellation on a tight tail; the two agree to ~1e-13.
+
+    Args:
+        eigenvalues: The ESD (any order; NaN anywhere: no fit).
+        threshold: Eigenvalues ``<= threshold`` are left out (`ESD_THRESHOLD`).
+        min_eigenvalues: Fewer candidates than this: no fit (`MIN_FIT_EIGENVALUES`).
+
+    Returns:
+        The `PowerLawFit` (`PowerLawFit.none` when there is none).
+    """
+    e = np.asarray(eigenvalues, dtype=np.float64).reshape(-1)
+    if not np.isfinite(e).all():
+        return PowerLawFit.none()
+    x = np.sort(e[e > threshold])
+    n_all = int(x.size)
+    if n_all < max(int(min_eigenvalues), 2):
+        return PowerLawFit.none(n_all)
+    logs = np.log(x)
+    candidates = n_all - 1
+    alphas = np.full(candidates, np.nan)
+    distances = np.ones(candidates)  # an invalid candidate (a tail of equal values) never wins: every valid D < 1
+    rows = max(1, _CHUNK // n_all)
+    j = np.arange(n_all)
+    for start in range(0, candidates, rows):
+        i = np.arange(start, min(start + rows, candidates))
+        ratio = logs[None, :] - logs[i, None]  # ln(x_j / x_i), [rows, N]
+        in_tail = j[None, :] >= i[:, None]
+        ratio = np.where(in_tail, ratio, 0.0)
+        n = (n_all - i).astype(np.float64)
+        sums = ratio.sum(axis=1)
+        ok = sums > 0
+        tail_alpha = np.where(ok, 1.0 + n / np.where(ok, sums, 1.0), np.nan)
+        fitted = -np.expm1((1.0 - np.where(ok, tail_alpha, 2.0))[:, None] * ratio)  # 1 - (x_j / x_i)^(1 - alpha)
+        empirical = (j[None, :] - i[:, None]) / n[:, None]
+        gap = np.where(in_tail, np.abs(fitted - empirical), 0.0).max(axis=1)
+        alphas[i] = tail_alpha
+        distances[i] = np.where(ok, gap, 1.0)
+    best = int(np.argmin(distances))
+    if not math.isfinite(alphas[best]):
+        return PowerLawFit.none(n_all)
+    n_tail = n_all - best
+    alpha = float(alphas[best])
+    return PowerLawFit(
+        alpha=alpha,
+        stderr=(alpha - 1.0) / math.sqrt(n_tail),
+        ks=float(distances[best]),
+        xmin=float(x[best]),
+        n_tail=n_tail,
+        n_fitted=n_all,
+    )
+
+
+@dataclass(frozen=True)
+class WeightGeometry:
+    """The geometry of one weight matrix.
+
+    Attributes:
+        singular_values: float64, descending.
+        stable_rank: ``sum sigma^2 / sigma_1^2`` (NaN for a zero matrix).
+        effective_rank: ``exp(H(sigma^2 / sum sigma^2))`` (NaN for a zero matrix).
+        spectral_norm: ``sigma_1 = ||W||_2``.
+        fit: The power-law fit of the ESD of ``W^T W`` (eigenvalues ``sigma^2``).
+    """
+
+    singular_values: np.ndarray
+    stable_rank: float
+    effective_rank: float
+    spectral_norm: float
+    fit: PowerLawFit
+
+
+def weight_geometry(matrix: np.ndarray) -> WeightGeometry:
+    """Everything `WeightGeometry` holds, from one float64 SVD of ``matrix`` (2-D; a weight: `weight_matrix`)."""
+    sv = singular_values(matrix)
+    if sv.size == 0 or not np.isfinite(sv).all():
+        nan = math.nan
+        return WeightGeometry(sv, nan, nan, nan, PowerLawFit.none())
+    eigenvalues = sv * sv  # the eigenvalues of W^T W, each to ~eps relative (squaring a float64 is exact to 1 ulp)
+    return WeightGeometry(
+        singular_values=sv,
+        stable_rank=stable_rank(eigenvalues),
+        effective_rank=effective_rank(eigenvalues),
+        spectral_norm=float(sv[0]),
+        fit=fit_power_law(eigenvalues),
+    )
+
+
+def relative_update(current: np.ndarray, previous: np.ndarray) -> float:
+    """``||W_t - W_prev||_F / ||W_prev||_F`` in float64 (NaN: shapes differ, a zero or non-finite ``W_prev``)."""
+    a = np.asarray(current, dtype=np.float64)
+    b = np.asarray(previous, dtype=np.float64)
+    if a.shape != b.shape:
+        return math.nan
+    base = float(np.linalg.norm(b.reshape(-1)))
+    if not (math.isfinite(base) and base > 0):
+        return math.nan
+    return float(np.linalg.norm((a - b).reshape(-1))) / base
