@@ -86,10 +86,12 @@ def test_a_convolution_is_the_matrix_it_applies_to_every_flattened_patch():
     w = weight_matrix(conv.weight.detach().numpy())
     assert w.shape == (8, 48)
     out = conv(image).detach().numpy()[0]
+    assert conv.bias is not None
+    bias = conv.bias.detach().numpy()
     for r in range(2):
         for c in range(2):
             patch = image[0, :, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4].numpy().reshape(-1)
-            np.testing.assert_allclose(w @ patch + conv.bias.detach().numpy(), out[:, r, c], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(w @ patch + bias, out[:, r, c], rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="dimensions"):
         weight_matrix(np.ones(3))
 
@@ -260,15 +262,13 @@ def test_equal_to_the_weightwatcher_package_on_a_torch_model():
         warnings.simplefilter("ignore")
         ww = pytest.importorskip("weightwatcher", reason="weightwatcher is not installed (pip install weightwatcher)")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48), torch.nn.Linear(48, 200)
-    )
+    layers = [torch.nn.Linear(64, 96), torch.nn.Linear(96, 48), torch.nn.Linear(48, 200)]
+    model = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], layers[2])
     with torch.no_grad():
-        model[2].weight.copy_(torch.distributions.StudentT(2.5).sample(model[2].weight.shape))
+        layers[1].weight.copy_(torch.distributions.StudentT(2.5).sample(layers[1].weight.shape))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table = ww.WeightWatcher(model=model).analyze(svd_method="accurate")
-    layers = [model[0], model[2], model[3]]
     assert len(table) == len(layers)
     for (_, row), layer in zip(table.iterrows(), layers, strict=True):
         g = weight_geometry(layer.weight.detach().double().numpy())
