@@ -33,6 +33,7 @@ from tgo.report.hypotheses_section import (
     judged_cells,
     uncertainty_cells,
 )
+from tgo.report.phases import phases_section
 from tgo.report.reference import (
     PAPER_POINTS,
     compare_with_reference,
@@ -615,7 +616,8 @@ def build_report(
     sections = [header, *_story_section(agg, findings, hypotheses, figures_dir)]
     if not single:
         sections.append(verdict_summary_section(findings, hypotheses.results))
-    sections += [*depth, hypotheses.section, *later, find]
+    phases = phases_section(runs, figures_dir, settings.z)
+    sections += [*depth, hypotheses.section, *([phases] if phases else []), *later, find]
     if ref is not None:
         sections.append(ref)
     sections.append(summary)
