@@ -84,6 +84,7 @@ from .dashboard import (
     tensorboard_logger,
     tgo_story,
 )
+from .gradient_noise import NOISE_COLLECTOR, GradientNoiseCollector
 from .summary_worker import SummaryWorker
 
 __all__ = [
@@ -186,6 +187,29 @@ class SpectralGeometryCallback(L.Callback):
         if stage == "fit":
             self._settle_analysis(trainer)
             self._gather = self._gather or self._summary_gather(trainer)
+            if self.settings.noise_scale.enabled and NOISE_COLLECTOR not in self.collectors:
+                self.collectors[NOISE_COLLECTOR] = GradientNoiseCollector(self.settings.noise_scale)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The gradient-noise collector attaches (under DDP its communication hook: the model is wrapped by now)."""
+        noise = self.collectors.get(NOISE_COLLECTOR)
+        if noise is not None:
+            noise.attach(trainer, pl_module, self._network(pl_module))
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
+        noise = self.collectors.get(NOISE_COLLECTOR)
+        if noise is not None:
+            noise.on_train_batch_start(batch)
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        noise = self.collectors.get(NOISE_COLLECTOR)
+        if noise is not None:
+            noise.on_after_backward()
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        noise = self.collectors.get(NOISE_COLLECTOR)
+        if noise is not None:
+            noise.on_before_optimizer_step(trainer)
 
     def _summary_gather(self, trainer: L.Trainer) -> GatherBytes | None:
         """With several ranks and ``summary.share``: the gather of the shared summary, over a gloo group of its own

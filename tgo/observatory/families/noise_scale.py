@@ -1,0 +1,165 @@
+"""The gradient noise scale family (``noise_scale``): ``B_simple`` of the training steps since the last observation.
+
+It takes no measurement in the observation pass: the training-time collector (`callbacks.gradient_noise`, owned by
+the geometry callback) gathered the squared gradient norms at two batch sizes on every step, and ``start`` takes them
+(`TrainingInfo.collectors`, key ``noise_scale``) and resets the collector, on the training thread. The per-step rows
+are each rank's contribution to a sum (``summables``: under DDP the W local squared norms are averaged there), so the
+reduced state is identical on every rank and so is ``summarize_point``. Numerics: `tgo.optimisation.noise_scale`.
+
+Records, on view ``network`` of `FamilyContext.network_point`: ``gradient_noise_scale`` (with its delete-a-block
+jackknife over consecutive steps: standard error and replicates), ``gradient_norm_sq``, ``gradient_trace_covariance``
+(with standard errors), ``gradient_noise_steps`` (steps averaged) and ``gradient_noise_excluded`` (steps left out:
+non-finite gradients, e.g. AMP's skipped steps); with ``noise_scale.per_block`` also ``gradient_noise_scale`` of each
+block's parameters on view ``gradient`` of its ``block_NN`` point. Where training has one batch size only the values
+are NaN with 0 steps (the collector said why in the log). Offline (``tgo.observe``, ``training`` None) nothing is
+recorded: no training, no gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tgo.optimisation.noise_scale import noise_scale_estimate
+
+from ..points import ObservationPoint
+from ..settings import ObservationSettings
+from .base import (
+    NETWORK_VIEW,
+    Contribution,
+    FamilyContext,
+    FamilyState,
+    MeasurementFamily,
+    Metric,
+    PointSummary,
+    SummedTensors,
+    family_metric,
+)
+
+__all__ = ["GRADIENT_VIEW", "NOISE_SCALE", "NoiseScaleFamily", "NoiseScaleState"]
+
+GRADIENT_VIEW = "gradient"
+"""The view of a block point that carries the gradient statistics of that block's parameters."""
+
+COLLECTOR = "noise_scale"  # callbacks.gradient_noise.NOISE_COLLECTOR (the family does not import the callbacks)
+_DOC = "docs/observables.md#gradient-noise-scale"
+_BLOCK_MODULE = re.compile(r"^blocks\.(\d+)$")
+
+
+class NoiseScaleState(FamilyState):
+    """The steps of one observation: this rank's contribution, summed over ranks in the observation's collective."""
+
+    def __init__(self, context: FamilyContext) -> None:
+        self.context = context
+        self.blocks = context.settings.noise_scale.jackknife_blocks
+        self.per_block = context.settings.noise_scale.per_block
+        collector = context.training.collectors.get(COLLECTOR) if context.training is not None else None
+        self.active = collector is not None
+        self.sums: SummedTensors | None = None
+        if collector is None:
+            return
+        steps = collector.take()
+        self.mode = steps.mode
+        device = context.device
+        with torch.inference_mode(False):
+            self.sums = SummedTensors(
+                {
+                    "small": steps.small.to(device=device, dtype=torch.float64).clone(),
+                    "big": steps.big.to(device=device, dtype=torch.float64).clone(),
+                    "inv": steps.inv.to(device=device, dtype=torch.float64).clone(),
+                }
+            )
+
+    def update(self, key: str, x: torch.Tensor, batch: Any) -> None:  # pragma: no cover - no hooks
+        raise AssertionError("the noise-scale family reads no tensors in the pass")
+
+    def summables(self) -> Sequence[Any]:
+        return [self.sums] if self.sums is not None else []
+
+    def _columns(self, point: ObservationPoint) -> list[tuple[str, int]]:
+        out = []
+        if point.name == self.context.network_point.name:
+            out.append((NETWORK_VIEW, 0))
+        match = _BLOCK_MODULE.match(point.module)
+        if self.per_block and match and point.read == "output":
+            out.append((GRADIENT_VIEW, 1 + int(match.group(1))))
+        return out
+
+    def summarize_point(self, summary: PointSummary) -> Contribution:
+        if self.sums is None:
+            return ()
+        columns = [(v, c) for v, c in self._columns(summary.point) if c < self.sums["small"].shape[1]]
+        if not columns:
+            return ()
+        small, big, inv = (self.sums[k].cpu().numpy() for k in ("small", "big", "inv"))
+        estimate = noise_scale_estimate(small, big, inv[:, 0], inv[:, 1], blocks=self.blocks)
+        out: list[Metric] = []
+        for view, c in columns:
+            replicates = estimate.noise_scale_replicates[c]
+            stderr = float(estimate.noise_scale_stderr[c])
+            out.append(
+                Metric(
+                    view,
+                    "gradient_noise_scale",
+                    float(estimate.noise_scale[c]),
+                    stderr,
+                    replicates.copy() if replicates.size >= 2 and math.isfinite(stderr) else None,
+                )
+            )
+            if view != NETWORK_VIEW:
+                continue
+            out += [
+                Metric(
+                    view,
+                    "gradient_norm_sq",
+                    float(estimate.gradient_norm_sq[c]),
+                    float(estimate.gradient_norm_sq_stderr[c]),
+                ),
+                Metric(
+                    view,
+                    "gradient_trace_covariance",
+                    float(estimate.trace_covariance[c]),
+                    float(estimate.trace_covariance_stderr[c]),
+                ),
+                Metric(view, "gradient_noise_steps", float(estimate.steps)),
+                Metric(view, "gradient_noise_excluded", float(estimate.excluded)),
+            ]
+        return out
+
+
+class NoiseScaleFamily(MeasurementFamily):
+    """``observation.noise_scale``: the simple gradient noise scale of the training steps between observations."""
+
+    name = "noise_scale"
+    observables = (
+        family_metric(
+            "gradient_noise_scale",
+            "B_simple = mean_steps tr(Sigma)_est / mean_steps |G|^2_est (examples)",
+            (NETWORK_VIEW, GRADIENT_VIEW),
+            scale="log",
+            doc=_DOC,
+        ),
+        family_metric(
+            "gradient_norm_sq", "mean_steps (B_b |G_b|^2 - B_s |G_s|^2) / (B_b - B_s)", (NETWORK_VIEW,), doc=_DOC
+        ),
+        family_metric(
+            "gradient_trace_covariance", "mean_steps (|G_s|^2 - |G_b|^2) / (1/B_s - 1/B_b)", (NETWORK_VIEW,), doc=_DOC
+        ),
+        family_metric("gradient_noise_steps", "optimizer steps averaged", (NETWORK_VIEW,), charted=False, doc=_DOC),
+        family_metric(
+            "gradient_noise_excluded", "steps left out (non-finite gradients)", (NETWORK_VIEW,), charted=False, doc=_DOC
+        ),
+    )
+
+    def enabled(self, settings: ObservationSettings) -> bool:
+        return settings.noise_scale.enabled
+
+    def start(self, context: FamilyContext) -> FamilyState:
+        return NoiseScaleState(context)
+
+
+NOISE_SCALE = NoiseScaleFamily()
