@@ -1334,7 +1334,7 @@ def _probe_targets_summary() -> dict[str, tuple[Any, str]]:
     from tgo.observatory.families import image_vectors
 
     names = ("point_views", "class_metrics", "drift_metrics", "massive_metrics")
-    return {"summarize_view": (results, "_summarize_view"), **{name: (image_vectors, name) for name in names}}
+    return {"summarize_views": (results, "_summarize_views"), **{name: (image_vectors, name) for name in names}}
 
 
 def probe_summary_row(
@@ -1421,7 +1421,8 @@ def probe_summary_row(
         f"= {med['on'] / max(med['off'], 1e-12):.1f}x; {views['on']} / {views['off']} (point, view) results, "
         f"noise cache warm, median of {max(repeats, 1)}; one probes call of {split_total:.2f} s wall, its calls summed "
         f"over the point threads: view spectra + "
-        f"observables {split['summarize_view']:.2f} s ({split_calls['summarize_view']} views x {spectra} spectra), "
+        f"observables {split['summarize_views']:.2f} s ({views['on']} results, {split_calls['summarize_views']} "
+        f"chunks of views x {spectra} spectra), "
         f"view moments {split['point_views']:.2f} s, class geometry + decoding "
         f"{split['class_metrics']:.2f} s ({split_calls['class_metrics']} calls), drift {split['drift_metrics']:.2f} s, "
         f"massive {split['massive_metrics']:.3f} s; {cold_text}",

@@ -50,7 +50,9 @@ __all__ = [
     "relate_histories",
     "summarize_accumulators",
     "summarize_view",
+    "summarize_views",
     "summary_workers",
+    "view_chunks",
 ]
 
 
@@ -257,18 +259,23 @@ def summarize_accumulators(
     # Three phases on one pool, each a list of independent, deterministic tasks whose results are taken in task
     # order: the views of each point, then every (point, view) spectrum (the bulk of the LAPACK work, in tasks small
     # enough to keep every worker busy to the end), then each point's aliases and family metrics.
-    with _single_threaded_blas(), ThreadPoolExecutor(max_workers=summary_workers(len(names))) as pool:
+    workers = summary_workers(len(names))
+    with _single_threaded_blas(), ThreadPoolExecutor(max_workers=workers) as pool:
         point_views = dict(zip(names, pool.map(views_of, names), strict=True))
         tasks = [(name, view) for name in names for view, vm in point_views[name].items() if vm.alias_of is None]
-        spectral = dict(
-            zip(
-                tasks,
-                pool.map(
-                    lambda t: _summarize_view(point_views[t[0]][t[1]], fit_range, nonfinite_at(t[0]), eigvalsh), tasks
-                ),
-                strict=True,
-            )
+        vms = [point_views[name][view] for name, view in tasks]
+        chunks = view_chunks([(int(vm.total[0].shape[0]), 1 + len(vm.leave_out)) for vm in vms], workers)
+        done = pool.map(
+            lambda chunk: _summarize_views(
+                [vms[i] for i in chunk], fit_range, [nonfinite_at(tasks[i][0]) for i in chunk], eigvalsh
+            ),
+            chunks,
         )
+        spectral = {
+            tasks[i]: result
+            for chunk, results in zip(chunks, done, strict=True)
+            for i, result in zip(chunk, results, strict=True)
+        }
         per_point = list(pool.map(finish_point, names))
     out = Results()
     for name, summaries in zip(names, per_point, strict=True):
@@ -328,12 +335,82 @@ def summarize_view(
         nonfinite: The point saw non-finite rows (under ``nan_if_nonfinite``): NaN geometry and standard errors.
         eigvalsh: The stacked float64 eigensolver (``None``: numpy's LAPACK).
     """
+    return summarize_views([vm], fit_range=fit_range, nonfinite=[nonfinite], eigvalsh=eigvalsh)[0]
+
+
+def summarize_views(
+    vms: Sequence[ViewMoments],
+    *,
+    fit_range: Sequence[int] | None = None,
+    nonfinite: Sequence[bool] | None = None,
+    eigvalsh: Eigvalsh | None = None,
+) -> list[PointResult]:
+    """`summarize_view` of several views at once: equal, bit for bit, to one call per view.
+
+    The ``1 + G`` covariances of every view of one size are decomposed in one stacked call and their observables
+    taken as array functions over that one stack: LAPACK runs the same routine on each matrix of a stack, and every
+    array function reduces each matrix's contiguous rows as it reduces one (``tests/spectral/test_spectral_stack.py``).
+    At small ``D`` (the quickstart's 96) the per-call Python work of a view's few small matrices, not LAPACK, was most
+    of the summary; one stack per chunk of views removes it (`view_chunks` sizes the chunks).
+
+    Args:
+        vms: The views' moments (none an alias: an alias is summarised by its original).
+        fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
+        nonfinite: Per view, its point saw non-finite rows (under ``nan_if_nonfinite``); ``None``: none did.
+        eigvalsh: The stacked float64 eigensolver (``None``: numpy's LAPACK).
+    """
+    flags = [False] * len(vms) if nonfinite is None else [bool(f) for f in nonfinite]
+    if len(flags) != len(vms):
+        raise ValueError(f"summarize_views: {len(vms)} views but {len(flags)} nonfinite flags")
+    moments = [[vm.total, *vm.leave_out] for vm in vms]
+    by_dim: dict[int, list[int]] = {}
+    for v, ms in enumerate(moments):
+        by_dim.setdefault(int(ms[0][0].shape[0]), []).append(v)
+    spectra_of: list[list[Spectrum]] = [[] for _ in vms]
+    rows_of: list[list[dict[str, float]]] = [[] for _ in vms]
+    for members in by_dim.values():
+        flat = [m for v in members for m in moments[v]]
+        covs = np.stack([m[0] for m in flat])  # one [S, D, D] copy that both steps read
+        spectra = eigendecompose_many(covs, [m[2] for m in flat], [m[3] for m in flat], eigvalsh=eigvalsh)
+        rows = summarize_many(covs, spectra, fit_range=fit_range, spectra_of_covs=True)
+        start = 0
+        for v in members:
+            stop = start + len(moments[v])
+            spectra_of[v], rows_of[v] = spectra[start:stop], rows[start:stop]
+            start = stop
+    return [_view_result(vm, spectra_of[v], rows_of[v], flags[v]) for v, vm in enumerate(vms)]
+
+
+def view_chunks(sizes: Sequence[tuple[int, int]], workers: int, budget_bytes: int = 24 << 20) -> list[list[int]]:
+    """Consecutive chunks of views for `summarize_views` tasks: views of one size together, each chunk's stacked
+    covariances within ``budget_bytes`` (a view's stack alone may exceed it), and at least ``2 * workers`` chunks
+    where there are enough views, so every worker stays busy to the end.
+
+    Args:
+        sizes: ``(D, matrices)`` of each view, in task order.
+        workers: Threads of the summary's pool.
+        budget_bytes: Most float64 bytes of one chunk's ``[S, D, D]`` stack.
+    """
+    total = sum(d * d * 8 * m for d, m in sizes)
+    target = min(budget_bytes, max(1, -(-total // max(2 * workers, 1))))
+    chunks: list[list[int]] = []
+    held, dim = 0, None
+    for i, (d, m) in enumerate(sizes):
+        cost = d * d * 8 * m
+        if not chunks or d != dim or (held + cost > target and held > 0):
+            chunks.append([])
+            held, dim = 0, d
+        chunks[-1].append(i)
+        held += cost
+    return chunks
+
+
+def _view_result(
+    vm: ViewMoments, spectra: Sequence[Spectrum], rows: Sequence[dict[str, float]], nonfinite: bool
+) -> PointResult:
+    """One view's `PointResult` from its ``1 + G`` spectra and observable rows (total first)."""
     diagnostics = CATALOGUE.diagnostics
-    moments = [vm.total, *vm.leave_out]
-    covs = np.stack([m[0] for m in moments])  # one [1 + G, D, D] copy that both steps read
-    spectra = eigendecompose_many(covs, [m[2] for m in moments], [m[3] for m in moments], eigvalsh=eigvalsh)
-    rows = summarize_many(covs, spectra, fit_range=fit_range, spectra_of_covs=True)
-    spectrum, observables, leave_out = spectra[0], rows[0], rows[1:]
+    spectrum, observables, leave_out = spectra[0], rows[0], list(rows[1:])
     replicates: dict[str, np.ndarray] = {}
     stderr = dict.fromkeys(observables, math.nan)
     if len(leave_out) >= 2:
@@ -356,11 +433,14 @@ def summarize_view(
     )
 
 
-def _summarize_view(
-    vm: ViewMoments, fit_range: Sequence[int] | None, nonfinite: bool, eigvalsh: Eigvalsh | None = None
-) -> PointResult:
-    """`summarize_view`, under the name ``benchmarks/observation_bench.py`` (row 8.4) times."""
-    return summarize_view(vm, fit_range=fit_range, nonfinite=nonfinite, eigvalsh=eigvalsh)
+def _summarize_views(
+    vms: Sequence[ViewMoments],
+    fit_range: Sequence[int] | None,
+    nonfinite: Sequence[bool],
+    eigvalsh: Eigvalsh | None = None,
+) -> list[PointResult]:
+    """`summarize_views`, under the name ``benchmarks/observation_bench.py`` (row 8.4) times."""
+    return summarize_views(vms, fit_range=fit_range, nonfinite=nonfinite, eigvalsh=eigvalsh)
 
 
 def _contribute(

@@ -595,8 +595,25 @@ def mean_abs_offdiag_correlations(covs: np.ndarray) -> list[float]:
     count, dim = mats.shape[0], mats.shape[1]
     var = np.diagonal(mats, axis1=1, axis2=2)
     keep = var > np.maximum(var.max(axis=1) * dim * _EPS, 0.0)[:, None]
-    if count == 0 or not np.all(keep == keep[:1]):
-        return [mean_abs_offdiag_correlation(m) for m in mats]
+    if count == 0:
+        return []
+    if not np.all(keep == keep[:1]):  # the matrices of each pattern of kept variances together
+        out = [math.nan] * count
+        patterns: dict[bytes, list[int]] = {}
+        for i in range(count):
+            patterns.setdefault(keep[i].tobytes(), []).append(i)
+        for members in patterns.values():
+            part = mats[members] if len(members) > 1 else mats[members[0]][None]
+            for i, v in zip(members, _mean_abs_offdiag_one_pattern(part, var[members], keep[members[0]]), strict=True):
+                out[i] = v
+        return out
+    return _mean_abs_offdiag_one_pattern(mats, var, keep[0])
+
+
+def _mean_abs_offdiag_one_pattern(mats: np.ndarray, var: np.ndarray, kept: np.ndarray) -> list[float]:
+    """`mean_abs_offdiag_correlations` of C-contiguous matrices ``[S, D, D]`` whose kept variances are all ``kept``."""
+    count, dim = mats.shape[0], mats.shape[1]
+    keep = np.broadcast_to(kept, (count, dim))
     k = int(keep[0].sum())
     if k < 2:
         return [math.nan] * count

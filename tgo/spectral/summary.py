@@ -249,8 +249,14 @@ def summarize_many(
     if len(rows) >= 2:
         whole = isinstance(covs, np.ndarray) and covs.ndim == 3 and covs.dtype == np.float64 and len(rows) == len(mats)
         stack = np.asarray(covs) if whole else np.stack([mats[i] for i in rows])
-        stacked = _stacked(stack, [spectra[i] for i in rows], fit, evaluators)
-        if stacked is not None:
+        eigs, diagonal = _stack_spectra(stack, [spectra[i] for i in rows])
+        usable = _usable_rows(eigs) & _usable_rows(diagonal)  # the others, e.g. zero variance, one by one below
+        if usable.sum() >= 2:
+            if not usable.all():
+                keep = np.flatnonzero(usable)
+                rows = [rows[k] for k in keep]
+                stack, eigs, diagonal = stack[keep], eigs[keep], diagonal[keep]
+            stacked = _stacked(stack, [spectra[i] for i in rows], fit, evaluators, eigs, diagonal)
             for i, values in zip(rows, stacked, strict=True):
                 out[i] = values
     for i, row in enumerate(out):
@@ -339,16 +345,34 @@ def _stack_table() -> dict[str, Callable[[_Stack], Sequence[float]]]:
 _STACK = _stack_table()
 
 
-def _stacked(
-    covs: np.ndarray, spectra: Sequence[Spectrum], fit: tuple[int, int] | None, evaluators: Sequence[Evaluator]
-) -> list[dict[str, float]] | None:
-    """Every observable of a stack of defined covariances, or ``None`` when the stack cannot take them."""
+def _stack_spectra(covs: np.ndarray, spectra: Sequence[Spectrum]) -> tuple[np.ndarray, np.ndarray]:
+    """``[S, D]`` eigenvalues of a stack and its diagonal spectra (`SpectralInputs.diagonal_spectrum` of every
+    covariance: the variances, clipped at 0, descending)."""
     eigs = np.stack([np.asarray(s.eigenvalues, dtype=np.float64) for s in spectra])
-    # SpectralInputs.diagonal_spectrum of every covariance: the variances, clipped at 0, descending
     variances = np.ascontiguousarray(np.diagonal(covs, axis1=1, axis2=2))
     diagonal = np.ascontiguousarray(np.sort(np.clip(variances, 0.0, None), axis=1)[:, ::-1])
-    if not (obs.EigenvalueStack.usable(eigs) and obs.EigenvalueStack.usable(diagonal)):
-        return None
+    return eigs, diagonal
+
+
+def _usable_rows(eigs: np.ndarray) -> np.ndarray:
+    """Per row of ``[S, D]``, `tgo.spectral.observables.EigenvalueStack.usable` of that row alone: finite,
+    non-negative, descending, with a positive total."""
+    e = np.asarray(eigs, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(e).all(axis=1) & (e >= 0).all(axis=1) & (e[:, :-1] >= e[:, 1:]).all(axis=1)
+        return ok & (e.sum(axis=1) > 0)
+
+
+def _stacked(
+    covs: np.ndarray,
+    spectra: Sequence[Spectrum],
+    fit: tuple[int, int] | None,
+    evaluators: Sequence[Evaluator],
+    eigs: np.ndarray,
+    diagonal: np.ndarray,
+) -> list[dict[str, float]]:
+    """Every observable of a stack of defined covariances whose spectra and diagonal spectra (`_stack_spectra`) are
+    all usable (`_usable_rows`)."""
     stack = _Stack(covs, spectra, fit, eigs, diagonal)
     columns: dict[str, Sequence[float]] = {}
     for o, fast in evaluators:
