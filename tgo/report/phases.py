@@ -142,7 +142,7 @@ def phase_map_figure(run_name: str, points: Sequence[PointPhases], figures_dir: 
     order = [COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY]
     cmap = ListedColormap([PHASE_COLOURS[k] for k in order]).with_extremes(bad="white")
     norm = BoundaryNorm([-2.5, -1.5, -0.5, 0.5, 1.5], cmap.N)
-    fig = Figure(figsize=(max(6.0, 0.35 * len(epochs) + 3.5), 0.32 * len(points) + 1.9), layout="constrained")
+    fig = Figure(figsize=(max(7.0, 0.35 * len(epochs) + 5.0), 0.32 * len(points) + 1.9), layout="constrained")
     ax = fig.add_subplot()
     ax.pcolormesh(
         edges,
@@ -160,7 +160,7 @@ def phase_map_figure(run_name: str, points: Sequence[PointPhases], figures_dir: 
     ax.set_xticks(ticks)
     handles = [Patch(facecolor=PHASE_COLOURS[k], edgecolor="#999", label=k) for k in order]
     handles.append(Patch(facecolor="white", edgecolor="#999", label=UNDEFINED))
-    fig.legend(handles=handles, loc="outside upper center", ncol=5, fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
     path = save_figure(fig, figures_dir, f"phases_{run_name}")
     caption = (
         f"Training phases of {run_name}: each cell labels the change of effective rank and alpha between two "
