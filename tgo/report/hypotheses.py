@@ -39,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 
+import tgo.observatory.families  # noqa: F401  # registers the families' catalogue entries the predictions name
 from tgo.records import VIEWS
 from tgo.report.findings import (
     FAILS,
@@ -151,12 +152,18 @@ def _blocks_and_cls(points: Sequence[str]) -> list[str]:
     return [p for p in points if point_role(p) in ("block", "cls")]
 
 
+def _network(points: Sequence[str]) -> list[str]:
+    return list(points[-1:])
+
+
 POINT_SELECTORS: dict[str, Callable[[Sequence[str]], list[str]]] = {
     "every point": _every,
     "blocks": _blocks,
     "blocks and cls": _blocks_and_cls,
+    "network": _network,
 }
-"""Which points a prediction is about, by name (in depth order; points without the metric and view are skipped)."""
+"""Which points a prediction is about, by name (in depth order; points without the metric and view are skipped).
+``network``: the last point, whose view ``network`` carries the network-wide metrics (curvature, noise scale)."""
 
 
 def select_points(selector: str, points: Sequence[str]) -> list[str]:
@@ -278,6 +285,26 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "neighbourhood is the key set that differs most from token to token, so token-specific mixing is local: the "
         "distance falls below that of uniform attention (the mean pairwise patch distance).",
     ),
+    Prediction(
+        _TD,
+        "power_law_alpha",
+        "within_image",
+        "every point",
+        "falls",
+        "The entropy-seeking phase of the tokens inside an image (Li et al. 2025): tokens that become more "
+        "distinguishable spread C_within's variance over more directions, so its eigenvalues decay more slowly (with "
+        "the within-image rank rising, the pair is an entropy-seeking phase of that view).",
+    ),
+    Prediction(
+        _TD,
+        "weight_stable_rank",
+        "weights_qkv",
+        "blocks",
+        "falls",
+        "Selective, token-specific attention needs large query-key logits along a few learned directions: the "
+        "largest singular values of W_qkv grow against the rest, so ||W||_F^2 / ||W||_2^2 falls (uniform attention "
+        "needs none).",
+    ),
     # ---------------------------------------------------------------------------------------- semantic expansion
     Prediction(
         _SE,
@@ -358,6 +385,45 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "hold it (the object, not the background: trained ViTs' CLS attention outlines objects, Caron et al. 2021) "
         "instead of averaging every patch, so the CLS query's entropy falls.",
     ),
+    Prediction(
+        _SE,
+        "power_law_alpha",
+        "between_image",
+        "every point",
+        "falls",
+        "Semantic directions differ between images, so the image means' spectrum decays more slowly: the "
+        "between-image view in an entropy-seeking phase (rank up with it), where token diversification puts it "
+        "inside images.",
+    ),
+    Prediction(
+        _SE,
+        "weight_alpha",
+        "weights_fc1",
+        "blocks",
+        "falls",
+        "Learned features are correlations built into the weights: the empirical spectral density of W^T W grows a "
+        "heavy power-law tail (Martin & Mahoney 2021: alpha falls from the random-matrix bulk towards 2-4 as a "
+        "layer learns), and the MLPs, most of a block's parameters, are where new class-relevant directions are "
+        "written.",
+    ),
+    Prediction(
+        _SE,
+        "weight_alpha",
+        "weights_fc2",
+        "blocks",
+        "falls",
+        "The same for the MLP's output map, which writes the new directions into the residual stream.",
+    ),
+    Prediction(
+        _SE,
+        "hessian_top_eigenvalue",
+        "network",
+        "network",
+        "rises",
+        "The Hessian's top outliers come from the class structure of the gradients (one per class: Papyan 2019, "
+        "2020) and grow as the class means separate. Weak evidence when consistent (progressive sharpening raises "
+        "lambda_1 in most training, Cohen et al. 2021); informative when it falls.",
+    ),
     # -------------------------------------------------------------------------------------- redundancy reduction
     Prediction(
         _RR,
@@ -421,6 +487,24 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "falls",
         "The same statement as the mean cosine similarity of the heads' attention maps, which, unlike the effective "
         "number of heads, is not dominated by the most similar pairs.",
+    ),
+    Prediction(
+        _RR,
+        "weight_stable_rank",
+        "weights_fc2",
+        "blocks",
+        "rises",
+        "A map whose output variance is concentrated on a few singular directions writes correlated coordinates "
+        "into the residual stream; decorrelated outputs need the MLP's write map to use more directions, so its "
+        "stable rank rises (semantic expansion's heavier tail would make it fall).",
+    ),
+    Prediction(
+        _RR,
+        "weight_stable_rank",
+        "weights_proj",
+        "blocks",
+        "rises",
+        "The same for the attention block's output projection, the other map that writes into the residual stream.",
     ),
 )
 """Every prediction, grouped by hypothesis in `HYPOTHESES` order (reasoning in ``docs/hypotheses.md``)."""
