@@ -53,7 +53,7 @@ MEASURES: tuple[str, str] = ("effective_rank", "power_law_alpha")
 """The two catalogue observables whose paired changes are labelled (rank first)."""
 PHASE_METRICS: tuple[str, ...] = ("phase_code", "rank_change_z", "alpha_change_z")
 """What the family records on every point's view ``all``, in record order."""
-_DOC = "docs/observables.md#training-phases"
+_DOC = "docs/observables.md#8-training-phases"
 
 
 @dataclass(frozen=True)
