@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from tgo.errors import UserInputError
+from tgo.observatory.families.weight_history import WEIGHTS_DIR, weight_files
 from tgo.observatory.find_vit import ModelSpec, require_vit, resolve_network
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
 from tgo.observatory.points import points_from_config, resolve_points
@@ -124,6 +125,13 @@ def _foreign_in_geometry(run: RunDir) -> list[str]:
         elif entry.name == run.SPECTRA and entry.is_dir():
             own = set(run.spectra_files().values())
             foreign += [f"{run.GEOMETRY}/{run.SPECTRA}/{p.name}" for p in sorted(entry.iterdir()) if p not in own]
+        elif entry.name == WEIGHTS_DIR and entry.is_dir():  # the weights family's kept weights (weight_history)
+            own = set(weight_files(run.root, verified=True).values())
+            foreign += [
+                f"{run.GEOMETRY}/{WEIGHTS_DIR}/{p.name}"
+                for p in sorted(entry.iterdir())
+                if p not in own and not (p.name.startswith(".") and p.name.endswith(".tmp"))
+            ]
         elif not (entry.name.startswith(".") and entry.name.endswith(".tmp")):  # atomic_write's leftovers
             foreign.append(f"{run.GEOMETRY}/{entry.name}")
     return foreign

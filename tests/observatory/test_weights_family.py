@@ -1,0 +1,315 @@
+"""The weights family through the real observation pipeline: every recorded metric and array equals numpy float64
+brute force on the model's own weights, the seam's checks pass (3 simulated ranks, two collectives, records, resume),
+and the relative update across real observations equals ``||W_1 - W_0||_F / ||W_0||_F`` however the epoch is
+reached: uninterrupted, re-observed after a crash, after a resume set an epoch aside, or offline."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from tests.processes import tiny_vit
+from tests.spectral.test_weight_spectra import _wwfit_reference
+from tgo.observatory.families import WEIGHTS, registered_families
+from tgo.observatory.families.testing import check_family
+from tgo.observatory.families.weight_history import (
+    WEIGHTS_FORMAT,
+    read_weight_history,
+    weight_files,
+    weights_dir,
+)
+from tgo.observatory.families.weights import WEIGHT_METRICS, WEIGHT_VIEWS, weight_plan
+from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation, summarize_and_record
+from tgo.observatory.points import ObservationPoint, vit_points
+from tgo.observatory.settings import ObservationSettings, ObservationSettingsError, WeightSettings
+from tgo.observatory.share import SummaryShare
+from tgo.observatory.standalone import observe_model
+from tgo.records import RecordWriter, RunDir, load_spectra, read_metric_rows
+from tgo.resume import set_aside_epochs
+from tgo.spectral import CATALOGUE
+
+# Only this family (and the covariances): the other families' cost is not what is tested here.
+LEAN = {"groups": 3, "probes": {"enabled": False}, "attention": {"enabled": False}}
+
+MAPS = {  # view -> (point, parameter) of the tiny ViT
+    "weights_patch": [("patch_embed", "patch_embed.proj.weight")],
+    **{
+        WEIGHT_VIEWS[name]: [(f"block_{b + 1:02d}", f"blocks.{b}.{path}.weight") for b in range(2)]
+        for name, path in (("qkv", "attn.qkv"), ("proj", "attn.proj"), ("fc1", "mlp.fc1"), ("fc2", "mlp.fc2"))
+    },
+}
+
+
+def images(count: int = 10) -> TensorDataset:
+    x = torch.randn(count, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    return TensorDataset(x, torch.arange(count) % 3)
+
+
+def matrices(net: torch.nn.Module) -> dict[tuple[str, str], np.ndarray]:
+    """``{(point, view): float64 [out, in * kh * kw]}`` of the model's maps, by brute force."""
+    params = dict(net.named_parameters())
+    out = {}
+    for view, where in MAPS.items():
+        for point, name in where:
+            w = params[name].detach().double().numpy()
+            out[(point, view)] = w.reshape(w.shape[0], -1)
+    return out
+
+
+def rows_of(run: Path, epoch: int) -> dict[tuple[str, str, str], tuple[float, float]]:
+    return {
+        (r["point"], r["view"], r["metric"]): (float(r["value"]), float(r["stderr"]))
+        for r in read_metric_rows(run)
+        if int(r["epoch"]) == epoch
+    }
+
+
+def same(a: dict, b: dict) -> bool:
+    """Equal rows, NaN equal to NaN."""
+    return list(a) == list(b) and np.array_equal(np.array(list(a.values())), np.array(list(b.values())), equal_nan=True)
+
+
+def perturb(net: torch.nn.Module, seed: int, scale: float = 0.01) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator))
+
+
+def observe(net: torch.nn.Module, run: Path, epoch: int, settings=None) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return observe_model(net, images(), out=run, epoch=epoch, step=epoch, settings=settings or LEAN)
+
+
+def test_it_is_registered_after_attention_with_its_catalogue_entries():
+    names = [f.name for f in registered_families()]
+    assert names.index("weights") == names.index("attention") + 1
+    for metric in WEIGHT_METRICS:
+        assert CATALOGUE[metric].scope == "probe" and set(CATALOGUE[metric].views) == set(WEIGHT_VIEWS.values())
+
+
+def test_every_recorded_metric_equals_numpy_brute_force(tmp_path: Path):
+    """Stable rank ||W||_F^2/||W||_2^2, effective rank from eigvalsh(W^T W), spectral norm np.linalg.norm(W, 2),
+    alpha / KS / standard error from the literal WWFit loop, singular values from np.linalg.svd: every map of a
+    tiny ViT, as read back from metrics.csv and the spectra file."""
+    net = tiny_vit()
+    observe(net, tmp_path, 0)
+    rows = rows_of(tmp_path, 0)
+    spectra = {view: load_spectra(tmp_path, [0], view=view)[0] for view in MAPS}
+    recorded = {(p, v) for p, v, m in rows if m in WEIGHT_METRICS}
+    assert recorded == set(matrices(net))  # exactly these maps: patch embedding and 4 per block; pos_embed, cls none
+    for (point, view), w in matrices(net).items():
+        sv = np.linalg.svd(w, compute_uv=False)
+        eig = np.clip(np.linalg.eigvalsh(w.T @ w), 0, None)
+        p = eig[eig > 0] / eig.sum()
+        alpha, ks, sigma, _ = _wwfit_reference(sv**2)
+        want = {
+            "weight_stable_rank": np.linalg.norm(w, "fro") ** 2 / np.linalg.norm(w, 2) ** 2,
+            "weight_effective_rank": math.exp(-(p * np.log(p)).sum()),
+            "weight_alpha": alpha,
+            "weight_alpha_ks": ks,
+            "weight_spectral_norm": np.linalg.norm(w, 2),
+        }
+        for metric, value in want.items():
+            got, stderr = rows[(point, view, metric)]
+            assert got == pytest.approx(value, rel=1e-9), (point, view, metric)
+            assert (stderr == pytest.approx(sigma, rel=1e-9)) if metric == "weight_alpha" else math.isnan(stderr)
+        assert math.isnan(rows[(point, view, "weight_relative_update")][0])  # the first observation
+        assert [m for q, v, m in rows if (q, v) == (point, view)] == list(WEIGHT_METRICS)  # record order
+        np.testing.assert_allclose(spectra[view][point]["singular_values"], sv, rtol=1e-12, atol=1e-14 * sv[0])
+
+
+def test_the_family_tester_accepts_it(tmp_path: Path):
+    """3 simulated ranks with uneven shards equal one process, two collectives, every metric and array recorded,
+    epoch 1 observed from a copy of the records of epoch 0 equals the uninterrupted epoch 1 bit for bit."""
+    check = check_family(WEIGHTS, tiny_vit(), images(10), tmp_path, settings=LEAN, world_size=3)
+    assert {view for _, view, _ in check.metrics} == set(WEIGHT_VIEWS.values())
+    assert {metric for _, _, metric in check.metrics} == set(WEIGHT_METRICS)
+    assert all(len(calls) == 2 for calls in check.calls)
+    # the tester's model does not change between its two epochs: the relative update is exactly 0 there
+    assert check.resumed[("block_01", "weights_qkv")].observables["weight_relative_update"] == 0.0
+
+
+def test_the_relative_update_across_real_observations_is_brute_force(tmp_path: Path):
+    """Weights changed between observations: ||W_1 - W_0||_F / ||W_0||_F of every map, from the kept float32 copies;
+    only the two latest observations' weights are kept."""
+    net = tiny_vit()
+    observe(net, tmp_path, 0)
+    before = matrices(net)
+    perturb(net, 1)
+    observe(net, tmp_path, 1)
+    after = matrices(net)
+    rows = rows_of(tmp_path, 1)
+    for key, w in after.items():
+        want = np.linalg.norm(w - before[key]) / np.linalg.norm(before[key])
+        assert rows[(*key, "weight_relative_update")][0] == pytest.approx(want, rel=1e-12), key
+        assert 0.01 < want < 1
+    perturb(net, 2)
+    observe(net, tmp_path, 2)
+    assert sorted(weight_files(tmp_path)) == [1, 2]  # epoch 0's weights are no longer needed
+    rows = rows_of(tmp_path, 2)
+    for key, w in matrices(net).items():
+        want = np.linalg.norm(w - after[key]) / np.linalg.norm(after[key])
+        assert rows[(*key, "weight_relative_update")][0] == pytest.approx(want, rel=1e-12), key
+
+
+def test_an_epoch_re_observed_after_a_crash_or_set_aside_compares_with_the_recorded_one(tmp_path: Path):
+    """A crash after this family kept epoch 1's weights but before its metrics were written, and a resume that set
+    epoch 1 aside: both observe epoch 1 again (of retrained weights) against epoch 0, the latest recorded epoch, not
+    against the stale file of epoch 1; offline (a fresh directory, epochs in order) the same values come back."""
+    net = tiny_vit()
+    observe(net, tmp_path / "run", 0)
+    w0 = {k: p.detach().clone() for k, p in net.state_dict().items()}
+    perturb(net, 1)
+    observe(net, tmp_path / "run", 1)
+    uninterrupted = rows_of(tmp_path / "run", 1)
+
+    crashed = tmp_path / "crashed"  # epoch 1's weights kept, its records gone: the crash before metrics.csv
+    shutil.copytree(tmp_path / "run", crashed)
+    RunDir(crashed).spectra(1).unlink()
+    rows = [r for r in read_metric_rows(crashed) if r["epoch"] == "0"]
+    from tgo.observatory.families.testing import _write_rows
+
+    _write_rows(crashed, rows)
+    assert read_weight_history(crashed, 1).previous_epoch == 0 and 1 in weight_files(crashed)
+    retrained = tiny_vit()
+    retrained.load_state_dict(w0)
+    perturb(retrained, 7)  # the resumed run retrains epoch 1: other weights than the lost attempt's
+    observe(retrained, crashed, 1)
+    again = rows_of(crashed, 1)
+    for key, w in matrices(retrained).items():
+        w_0 = matrices(_loaded(w0))[key]
+        want = np.linalg.norm(w - w_0) / np.linalg.norm(w_0)
+        assert again[(*key, "weight_relative_update")][0] == pytest.approx(want, rel=1e-12)
+
+    aside = tmp_path / "aside"  # a resume set epoch 1's records aside (recorded after the checkpoint)
+    shutil.copytree(tmp_path / "run", aside)
+    set_aside_epochs(RunDir(aside), [1], "test")
+    observe(retrained, aside, 1)
+    assert same(rows_of(aside, 1), again)
+
+    offline = tmp_path / "offline"  # tgo.observe over the checkpoints: a fresh directory, the epochs in order
+    observe(_loaded(w0), offline, 0)
+    observe(net, offline, 1)
+    assert same(rows_of(offline, 1), uninterrupted)
+
+
+def _loaded(state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    net = tiny_vit()
+    net.load_state_dict(state)
+    return net
+
+
+def test_the_weights_are_copied_when_the_observation_starts(tmp_path: Path):
+    """The summary may run on a background thread while training updates the weights: what is recorded is the
+    weights at the start (the stream), not at the summary."""
+    net = tiny_vit()
+    settings = ObservationSettings.from_config(LEAN)
+    points = vit_points(net)
+    record = RecordPlan(RecordWriter(tmp_path), epoch=0, step=0, with_covariance=False)
+    reduced = reduce_observation(
+        net,
+        images(),
+        points,
+        settings=settings,
+        plan=ShardPlan(0, 1, 4),
+        record=record,
+        all_reduce_sum=lambda t: t,
+        is_global_zero=True,
+    )
+    at_start = matrices(net)
+    perturb(net, 3, scale=1.0)  # training goes on
+    results = summarize_and_record(reduced, share=SummaryShare())
+    assert results is not None
+    for (point, view), w in at_start.items():
+        want = np.linalg.norm(w, 2)
+        assert results[(point, view)].observables["weight_spectral_norm"] == pytest.approx(want, rel=1e-12)
+    with np.load(weight_files(tmp_path)[0], allow_pickle=False) as kept:
+        assert str(kept["format"]) == WEIGHTS_FORMAT and int(kept["epoch"]) == 0
+        for (point, view), w in at_start.items():
+            name = next(k for k, v in WEIGHT_VIEWS.items() if v == view)
+            copy = kept[f"{point}/{name}"]
+            assert copy.dtype == np.float32 and np.array_equal(copy.reshape(copy.shape[0], -1), w.astype(np.float32))
+
+
+def test_which_maps_and_one_record_per_module():
+    """Patch embedding and the four maps of every block; points on other modules, and a second point on the same
+    block, record nothing."""
+    net = tiny_vit()
+    points = [*vit_points(net), ObservationPoint("block_01_in", "blocks.0", "input", "all")]
+    settings = ObservationSettings.from_config(LEAN)
+    from tgo.observatory.pipeline import start_families
+
+    runs = start_families(
+        [WEIGHTS],
+        net,
+        points,
+        settings=settings,
+        plan=ShardPlan(0, 1, 4),
+        n_images=10,
+        group_of_item=np.zeros(10, dtype=np.int64),
+        device=torch.device("cpu"),
+    )
+    plan = weight_plan(runs[0].context)
+    assert [(m.point, m.name, m.module) for m in plan] == [
+        ("patch_embed", "patch", "patch_embed.proj"),
+        *[
+            (f"block_0{b + 1}", name, f"blocks.{b}.{path}")
+            for b in range(2)
+            for name, path in (("qkv", "attn.qkv"), ("proj", "attn.proj"), ("fc1", "mlp.fc1"), ("fc2", "mlp.fc2"))
+        ],
+    ]
+
+
+def test_relative_update_off_keeps_no_weights_and_records_nan(tmp_path: Path):
+    net = tiny_vit()
+    off = {**LEAN, "weights": {"relative_update": False}}
+    observe(net, tmp_path, 0, off)
+    perturb(net, 1)
+    observe(net, tmp_path, 1, off)
+    assert not weights_dir(tmp_path).exists()
+    rows = rows_of(tmp_path, 1)
+    assert math.isnan(rows[("block_01", "weights_fc1", "weight_relative_update")][0])
+    assert not math.isnan(rows[("block_01", "weights_fc1", "weight_alpha")][0])
+    observe(net, tmp_path / "disabled", 0, {**LEAN, "weights": {"enabled": False}})
+    assert not any(r["view"].startswith("weights_") for r in read_metric_rows(tmp_path / "disabled"))
+
+
+def test_files_tgo_did_not_write_are_never_touched(tmp_path: Path):
+    """A foreign file in geometry/weights is refused up front by observe_model (one line); one named like TGO's that
+    appears later is neither read, replaced nor deleted."""
+    net = tiny_vit()
+    observe(net, tmp_path / "run", 0)
+    foreign = weights_dir(tmp_path / "run") / "notes.txt"
+    foreign.write_text("mine")
+    with pytest.raises(Exception, match=r"geometry/ holds files TGO did not make .*weights/notes.txt"):
+        observe(net, tmp_path / "run", 1)
+    foreign.unlink()
+    fake = weights_dir(tmp_path / "run") / "epoch_000000.npz"
+    np.savez(fake, x=np.zeros(3))  # replaces TGO's file of epoch 0 with one TGO did not write
+    with pytest.raises(Exception, match="holds files TGO did not make"):
+        observe(net, tmp_path / "run", 1)
+    assert read_weight_history(tmp_path / "run", 1).previous_path is None  # never read as epoch 0's weights
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ({"weights": {"enabled": 1}}, r"observation\.weights\.enabled: expected true or false, got 1"),
+        ({"weights": {"relative_update": "yes"}}, r"observation\.weights\.relative_update: expected true or false"),
+        ({"weights": {"maps": ["qkv"]}}, r"observation\.weights"),
+        ({"weights": 3}, r"observation\.weights: expected a mapping, got 3"),
+    ],
+)
+def test_bad_settings_are_refused_in_one_line(node, message):
+    with pytest.raises(ObservationSettingsError, match=message):
+        ObservationSettings.from_config(node)
+    assert ObservationSettings().weights == WeightSettings(enabled=True, relative_update=True)
