@@ -47,8 +47,11 @@ def test_smoke_run_records_each_epoch_once_per_point_and_metric(smoke_run):
     assert {epoch for epoch, *_ in counts} == {0, 1, 2}
     assert len({point for _, point, *_ in counts}) == 7, "patch_embed, pos_embed, block_01..04, cls"
     views = {point: {view for _, p, view, _ in counts if p == point} for _, point, *_ in counts}
-    assert views["block_01"] == {"all", "cls", "patch", "between_image", "within_image", "attention"}
-    assert views["cls"] == {"all", "cls"} and views["patch_embed"] == {"all", "patch", "between_image", "within_image"}
+    weights = {"weights_qkv", "weights_proj", "weights_fc1", "weights_fc2"}  # the weights family's views
+    noise = {"gradient"}  # the noise-scale family: each block's B_simple (NaN here: one device, no accumulation)
+    assert views["block_01"] == {"all", "cls", "patch", "between_image", "within_image", "attention"} | weights | noise
+    assert views["cls"] == {"all", "cls", "network"}  # network: the noise scale's network-wide metrics
+    assert views["patch_embed"] == {"all", "patch", "between_image", "within_image", "weights_patch"}
 
 
 def test_checkpoint_holds_the_trained_model_and_callback_state(smoke_run):
