@@ -122,7 +122,9 @@ def test_every_view_has_the_right_rows_and_finite_observables(observed):
     want = {"all", "patch", "between_image", "within_image"} | ({"cls"} if cls else set())
     standard = attention_refusal(observed["net"].blocks[0].attn) is None  # timm's Attention: the attention family
     assert standard == (family.id not in ("eva02", "eva_rope_register_no_class_token", "beit")), family.id
-    assert views == want | ({"prefix"} if prefix else set()) | ({"attention"} if standard else set())
+    weights = {v for v in views if v.startswith("weights_")}  # the weights family: the block's Linear maps
+    assert weights and weights <= {"weights_qkv", "weights_proj", "weights_fc1", "weights_fc2"}
+    assert views - weights == want | ({"prefix"} if prefix else set()) | ({"attention"} if standard else set())
     for point in ("pos_embed", "block_01", "block_02"):
         assert results[ObservationKey(point, "all")].n_rows == b * n
         assert results[ObservationKey(point, "patch")].n_rows == b * (n - p)
@@ -145,7 +147,7 @@ def test_the_records_hold_every_view_and_read_back(observed):
     assert set(zip(frame["point"], frame["view"], strict=True)) == {(k.point, k.view) for k in results}
     blocks = sorted(k.point for k in results if k.view == "attention")
     assert sorted(load_series(run, view="attention").get("attention_entropy", {})) == blocks
-    for view in {k.view for k in results} - {"attention"}:  # the attention view has no covariance
+    for view in {k.view for k, r in results.items() if r.has_covariance}:  # attention, weights_*: no covariance
         series = load_series(run, view=view)
         spectra = load_spectra(run, view=view)[0]
         points = {k.point for k in results if k.view == view}
