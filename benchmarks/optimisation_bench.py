@@ -1,0 +1,158 @@
+"""Rows 12: the training-time cost of the optimisation observables (issue 25; target: <= 2% per epoch).
+
+12.1  seconds per training epoch of the quickstart network (``accumulate_grad_batches=2``, random images at 24 px,
+      batch 32, AdamW), no TGO callback: the baseline.
+12.2  the same epoch with the gradient-noise collector attached (`callbacks.gradient_noise`, accumulation mode: one
+      copy of the gradients, a subtraction, a copy and two fused norms per backward): ratio to 12.1.
+12.3  the same epoch with the geometry callback observing once at its end, the weights family on vs off
+      (``observation.weights.enabled``; skipped if the setting does not exist): ratio on / off.
+
+Interleaved repeats (``B V B V ...``, `benchmarks._harness.interleaved`), ratios measured in one run. ``--smoke``
+shrinks everything so a test runs it in seconds (its numbers mean nothing).
+
+    python -m benchmarks.optimisation_bench [--smoke] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from benchmarks import _harness as h
+
+ROWS = ("12.1", "12.2", "12.3")
+
+
+class _Module(L.LightningModule):
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net.train()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class _Collect(L.Callback):
+    """The collector alone, its hooks forwarded as `SpectralGeometryCallback` forwards them."""
+
+    def __init__(self) -> None:
+        from callbacks.gradient_noise import GradientNoiseCollector
+        from tgo.observatory.settings import NoiseScaleSettings
+
+        self.collector = GradientNoiseCollector(NoiseScaleSettings())
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.collector.attach(trainer, pl_module, pl_module.net)  # type: ignore[arg-type]
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *a: Any) -> None:
+        self.collector.on_train_batch_start(batch)
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.collector.on_after_backward()
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        self.collector.on_before_optimizer_step(trainer)
+
+
+def _epoch(smoke: bool, callbacks: list[L.Callback], root: Path) -> None:
+    arch = {"depth": 2, "embed_dim": 32, "num_heads": 2} if smoke else None
+    net = h.quickstart_net(img_size=24, arch=arch)
+    data = h.random_images(64 if smoke else 1024, 24, seed=1, classes=10)
+    trainer = L.Trainer(
+        max_epochs=1,
+        accumulate_grad_batches=2,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        accelerator="auto",
+        devices=1,
+    )
+    trainer.fit(_Module(net), DataLoader(data, batch_size=8 if smoke else 32, shuffle=False))
+
+
+def _geometry(weights: bool, smoke: bool) -> L.Callback | None:
+    from callbacks.spectral_geometry import SpectralGeometryCallback
+    from tgo.observatory.settings import ObservationSettings
+
+    if "weights" not in {f.name for f in dataclasses.fields(ObservationSettings)}:
+        return None
+    analysis = h.random_images(20 if smoke else 100, 24, seed=2, classes=10)
+    return SpectralGeometryCallback(
+        analysis=analysis, every_n_epochs=1, groups=0, weights={"enabled": weights}, figures={"heatmaps": False}
+    )
+
+
+def _rounded(values: Any) -> list[float]:
+    return [round(float(v), 4) for v in values]
+
+
+def measure(smoke: bool, repeats: int) -> list[dict[str, Any]]:
+    """The rows: ``{"row", "value", "unit", "detail"}`` (``value`` None with ``skipped`` where not measured)."""
+    tmp = Path(tempfile.mkdtemp(prefix="tgo_optimisation_bench_"))
+    counter = iter(range(10**6))
+
+    def fresh() -> Path:
+        return tmp / f"run_{next(counter)}"
+
+    timed = h.interleaved(
+        lambda: _epoch(smoke, [], fresh()), {"noise": lambda: _epoch(smoke, [_Collect()], fresh())}, repeats
+    )
+    rows: list[dict[str, Any]] = [
+        {"row": "12.1", "value": timed["baseline"]["median_s"], "unit": "s/epoch", "detail": "no TGO callback"},
+        {
+            "row": "12.2",
+            "value": timed["noise"]["ratio"],
+            "unit": "x",
+            "detail": f"collector / baseline; repeats {_rounded(timed['noise']['ratios'])}",
+        },
+    ]
+    if _geometry(True, smoke) is None:
+        rows.append({"row": "12.3", "value": None, "skipped": "observation.weights does not exist"})
+        return rows
+    with_weights = h.interleaved(
+        lambda: _epoch(smoke, [_geometry(False, smoke)], fresh()),  # type: ignore[list-item]
+        {"weights": lambda: _epoch(smoke, [_geometry(True, smoke)], fresh())},  # type: ignore[list-item]
+        repeats,
+    )
+    rows.append(
+        {
+            "row": "12.3",
+            "value": with_weights["weights"]["ratio"],
+            "unit": "x",
+            "detail": f"epoch + observation, weights on / off; repeats {_rounded(with_weights['weights']['ratios'])}",
+        }
+    )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Prints rows 12 and returns them."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="toy sizes, one repeat: checks the bench runs")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    rows = measure(args.smoke, 1 if args.smoke else args.repeats)
+    for row in rows:
+        value = row["value"]
+        shown = f"{value:.4f} {row['unit']}" if value is not None else f"skipped: {row['skipped']}"
+        print(f"{row['row']:>5}  {shown}  {row.get('detail', '')}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
