@@ -8,8 +8,9 @@ with the rest of the table.
 reduced state of one real streaming pass (`reduced_state`), the noise-baseline cache warm and a subspace history
 (an epoch after the first, as training observes).
 
-**The floor** is the float64 eigendecompositions that summary needs, and nothing else: every matrix it hands to
-LAPACK's symmetric eigensolvers (``numpy.linalg.eigvalsh`` / ``eigh``), captured from one summary call
+**The floor** is the float64 decompositions that summary needs, and nothing else: every matrix it hands to
+LAPACK's symmetric eigensolvers (``numpy.linalg.eigvalsh`` / ``eigh``) and to its SVD (``numpy.linalg.svd``: the
+class probes' between-class spectra, the weights family's singular values), captured from one summary call
 (`capture_decompositions`), decomposed again with the same function and the same threads (`_harness` wraps
 nothing; the same one-thread BLAS and the same point-per-task thread pool as the summary). The row is
 ``summary / floor``, both medians of interleaved repeats in one process, at D = 96 (the quickstart network on its
@@ -124,25 +125,35 @@ def reduced_state(kind: str, images: int | None, batch: int | None = None, seed:
 # ---------------------------------------------------------------------------------------------------- the floor
 @dataclass(frozen=True)
 class Decomposition:
-    """One LAPACK call the summary made: which function (``eigvalsh`` or ``eigh``) on which matrix (a copy)."""
+    """One LAPACK call the summary made: which function (``eigvalsh``, ``eigh`` or ``svd``) on which matrix (a
+    copy), with which keywords (``svd``'s ``compute_uv``, ``full_matrices``)."""
 
     function: str
     matrix: np.ndarray
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def cost(self) -> float:
+        """LAPACK's work, up to a constant: ``m n min(m, n)`` (``D^3`` for a square matrix)."""
+        m, n = self.matrix.shape
+        return float(m) * float(n) * float(min(m, n))
 
 
 @contextlib.contextmanager
 def capture_decompositions() -> Iterator[list[Decomposition]]:
-    """Records every ``numpy.linalg.eigvalsh`` / ``eigh`` call while the block runs (every matrix of a stacked call
-    separately), restoring numpy on exit. The summary's modules look the functions up on ``numpy.linalg`` at call
-    time, so every call of every thread is seen."""
+    """Records every ``numpy.linalg.eigvalsh`` / ``eigh`` / ``svd`` call while the block runs (every matrix of a
+    stacked call separately; ``svd``: the class probes' between-class spectra and the weight family's singular
+    values), restoring numpy on exit. The summary's modules look the functions up on ``numpy.linalg`` at call time,
+    so every call of every thread is seen."""
     calls: list[Decomposition] = []
-    saved = {name: getattr(np.linalg, name) for name in ("eigvalsh", "eigh")}
+    saved = {name: getattr(np.linalg, name) for name in ("eigvalsh", "eigh", "svd")}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def recorded(a: Any, *args: Any, **kwargs: Any) -> Any:
             arr = np.asarray(a)
+            keywords = tuple(sorted(kwargs.items()))
             for matrix in arr.reshape(-1, *arr.shape[-2:]):
-                calls.append(Decomposition(name, np.array(matrix, dtype=np.float64, order="C")))
+                calls.append(Decomposition(name, np.array(matrix, dtype=np.float64, order="C"), keywords))
             return fn(a, *args, **kwargs)
 
         return recorded
@@ -164,14 +175,14 @@ def floor_run(calls: Sequence[Decomposition], workers: int | None = None) -> Cal
     n_workers = workers or max(1, min(len(calls), os.cpu_count() or 1))
     shares: list[list[Decomposition]] = [[] for _ in range(n_workers)]
     load = [0.0] * n_workers
-    for call in sorted(calls, key=lambda c: -c.matrix.shape[0]):
+    for call in sorted(calls, key=lambda c: -c.cost):
         k = load.index(min(load))
         shares[k].append(call)
-        load[k] += float(call.matrix.shape[0]) ** 3
+        load[k] += call.cost
 
     def share(items: list[Decomposition]) -> None:
         for call in items:
-            getattr(np.linalg, call.function)(call.matrix)
+            getattr(np.linalg, call.function)(call.matrix, **dict(call.kwargs))
 
     def run() -> None:
         with _single_threaded_blas(), ThreadPoolExecutor(max_workers=n_workers) as pool:
@@ -210,7 +221,8 @@ def measure(state: ReducedState, repeats: int) -> dict[str, Any]:
     timed = h.interleaved(floor, {"summary": state.summarize}, repeats)
     kinds: dict[str, int] = {}
     for call in calls:
-        key = f"{call.function} {call.matrix.shape[0]}^2"
+        m, n = call.matrix.shape
+        key = f"{call.function} {m}^2" if m == n else f"{call.function} {m}x{n}"
         kinds[key] = kinds.get(key, 0) + 1
     views = sum(1 for r in results.values() if r.has_covariance and r.alias_of is None)
     return {
@@ -254,7 +266,7 @@ def summary_rows(table: Any, mode: str, rows: Sequence[str] = ROWS) -> dict[str,
             raw["ratio"],
             "x",
             f"{kind} {raw['images']} img, families {'+'.join(raw['families'])}: summary {raw['summary_s']:.3f} s, "
-            f"floor {raw['floor_s']:.3f} s = the {raw['decompositions']} float64 eigendecompositions it makes "
+            f"floor {raw['floor_s']:.3f} s = the {raw['decompositions']} float64 decompositions it makes "
             f"({kinds}) again on the summary's threads, median of {raw['repeats']} interleaved pairs; "
             f"{raw['views_decomposed']} (point, view) spectra x {raw['groups'] + 1}; target <= {TARGET:.1f}x {met}",
             summary=raw,

@@ -74,6 +74,8 @@ from matplotlib.figure import Figure
 from tgo import dashboard_cards, viz
 from tgo.observatory import ObservationKey, PointResult, Results
 from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
+from tgo.observatory.families.base import NETWORK_VIEW
+from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.observatory.settings import FigureSettings
 from tgo.records import DEFAULT_VIEW, load_spectra, read_metric_rows
 from tgo.spectral import CATALOGUE
@@ -129,6 +131,20 @@ DEPTH_PROFILES = (
     "spectral_anisotropy",
     "mean_abs_offdiag_correlation",
 )
+PHASE_TAG = "layer_epoch/phase"
+"""The training phases' card: every point's phase label at every observation (`tgo.dashboard_cards.phase_map_card`)."""
+WEIGHT_PROFILES = ("weight_alpha", "weight_stable_rank", "weight_relative_update")
+"""The weight-spectrum metrics drawn against depth for each block map (``1_depth_profile_weights_<map>/<metric>``):
+the heavy-tail exponent, the stable rank and the relative update since the previous observation."""
+WEIGHT_PROFILE_VIEWS = tuple(view for name, view in WEIGHT_VIEWS.items() if name != "patch")
+"""The block maps' views (qkv, proj, fc1, fc2): the patch embedding is one matrix, not a profile over depth."""
+
+
+def network_metrics() -> list[str]:
+    """The charted catalogue metrics recorded on the `NETWORK_VIEW` (noise scale, curvature), catalogue order."""
+    return [o.name for o in CATALOGUE if o.scope == "probe" and NETWORK_VIEW in o.views and o.charted]
+
+
 """The covariance observables drawn against depth in TensorBoard (``1_depth_profile/<metric>``), one card each. The
 report also draws spectral entropy (the log of the effective rank: the same profile) and flatness; TensorBoard keeps
 to these because every card costs background rendering time at each observation."""
@@ -337,7 +353,15 @@ def figure_job(
         bands = [(DEFAULT_VIEW, metric) for metric in BAND_FIGURES] if figures.bands else []
         charted = [(DEFAULT_VIEW, metric) for metric in CATALOGUE.charted] if figures.layer_epoch else []
         attended = [(ATTENTION_VIEW, metric) for metric in ATTENTION_CHARTED] if figures.attention and blocks else []
-        wanted = list(dict.fromkeys([*main, *probes, *bands, *charted, *attended]))
+        weighted = {view for key, _ in results.items() if (view := key.view) in WEIGHT_PROFILE_VIEWS}
+        weight_keys = (
+            [(view, metric) for view in WEIGHT_PROFILE_VIEWS if view in weighted for metric in WEIGHT_PROFILES]
+            if figures.optimisation
+            else []
+        )
+        network = [(NETWORK_VIEW, metric) for metric in network_metrics()] if figures.optimisation and names else []
+        phased = [(DEFAULT_VIEW, "phase_code")] if figures.layer_epoch and "phase_code" in CATALOGUE else []
+        wanted = list(dict.fromkeys([*main, *probes, *bands, *charted, *attended, *weight_keys, *network, *phased]))
         tables = recorded_tables(root, wanted, names, epoch) if wanted else {}  # one read of metrics.csv
         profiles = {key: _profiles(tables[key]) for key in [*main, *probes] if key in tables}
         titles = {
@@ -360,6 +384,31 @@ def figure_job(
             for key, rgb in dashboard_cards.depth_profile_cards(by_metric, blocks, titles=titles):
                 image(depth_profile_tag(key.split("/", 1)[1], ATTENTION_VIEW), rgb)
                 yield
+        if weight_keys:  # each block map's weight spectra against depth, over the points that carry the map
+            by_key: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+            mapped: dict[str, list[str]] = {}
+            for view, metric in (pair for pair in weight_keys if pair in tables):
+                epochs, values, stderrs = tables[(view, metric)]
+                rows = [i for i, point in enumerate(names) if ObservationKey(point, view) in results]
+                mapped[view] = [names[i] for i in rows]
+                by_key[f"{view}/{metric}"] = _profiles((epochs, values[rows], stderrs[rows]))
+            for view in dict.fromkeys(key.split("/", 1)[0] for key in by_key):
+                mine = {key: table for key, table in by_key.items() if key.startswith(f"{view}/")}
+                titles = {key: f"{key.split('/', 1)[1]} ({view.removeprefix('weights_')} weights)" for key in mine}
+                for key, rgb in dashboard_cards.depth_profile_cards(mine, mapped[view], titles=titles):
+                    image(depth_profile_tag(key.split("/", 1)[1], view), rgb)
+                    yield
+        if network:  # network-wide metrics (the last point's network view) against epoch
+            last = len(names) - 1
+            network_tables = {}
+            for view, metric in (key for key in network if key in tables):
+                epochs, values, stderrs = tables[(view, metric)]
+                if np.any(np.isfinite(values[last])):
+                    network_tables[metric] = (list(epochs), values[last : last + 1], stderrs[last : last + 1])
+            for metric, (network_epochs, values, stderrs) in network_tables.items():
+                for _, rgb in dashboard_cards.epoch_band_cards({metric: (values, stderrs)}, names[-1:], network_epochs):
+                    image(band_tag(metric), rgb)
+                    yield
         on_epochs: dict[tuple[int, ...], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         for view, metric in (key for key in bands if key in tables):  # one figure per set of epochs (usually one)
             epochs, values, stderrs = tables[(view, metric)]
@@ -371,6 +420,11 @@ def figure_job(
         if figures.attention and blocks:  # block x head heatmaps
             for tag, rgb in viz.attention_cards(head_tables(attention, blocks), blocks):
                 image(tag, rgb)
+                yield
+        if phased and phased[0] in tables:  # the phases family's labels as one discrete point x epoch map
+            phase_epochs, codes, _ = tables[phased[0]]
+            if np.any(np.isfinite(codes)):
+                image(PHASE_TAG, dashboard_cards.phase_map_card(codes, names, phase_epochs))
                 yield
         if figures.layer_epoch:  # one point x epoch heatmap per charted observable, on the union of their epochs
             epochs = sorted({e for key in charted if key in tables for e in tables[key][0]})

@@ -299,3 +299,63 @@ def _rgb(fig: Figure) -> np.ndarray:
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+# ------------------------------------------------------------------------------------------------ training phases
+PHASE_PIXELS = (640, 400)
+"""Width and height of the phase map card."""
+
+
+def phase_map_card(codes: np.ndarray, points: Sequence[str], epochs: Sequence[int]) -> np.ndarray:
+    """The training phases as a point x epoch map of discrete colours, rendered (RGB ``uint8``).
+
+    ``codes[p, e]`` is the recorded ``phase_code`` of point ``p`` at epoch ``epochs[e]``: the label of the change from
+    the previous observation to that one (-2 collapse, -1 compression-seeking, 0 unresolved, +1 entropy-seeking; NaN
+    at the first observation or undefined), drawn in the report's colours (`tgo.report.phases.PHASE_COLOURS`) over
+    the interval it labels. A continuous heatmap would read the codes as magnitudes; these are categories.
+    """
+    from matplotlib.colors import BoundaryNorm
+    from matplotlib.patches import Patch
+
+    from tgo.report.phases import PHASE_COLOURS
+    from tgo.spectral.phases import COLLAPSE, COMPRESSION, ENTROPY, UNRESOLVED
+
+    order = [COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY]
+    width, height = PHASE_PIXELS
+    fig = Figure(figsize=(width / viz.CARD_DPI, height / viz.CARD_DPI), dpi=viz.CARD_DPI)
+    try:
+        ax, cax = _axes(fig, left=120, right=150, bottom=50)
+        cax.set_axis_off()  # the legend names the colours, in the room the colourbar would take
+        edges = np.asarray(list(epochs), dtype=np.float64)
+        values = np.asarray(codes, dtype=np.float64)[:, 1:] if len(edges) > 1 else np.full((len(points), 1), np.nan)
+        x = edges if len(edges) > 1 else np.array([edges[0] - 0.5, edges[0] + 0.5]) if len(edges) else np.arange(2.0)
+        cmap = ListedColormap([PHASE_COLOURS[k] for k in order]).with_extremes(bad="white")
+        ax.pcolormesh(
+            x,
+            np.arange(len(points) + 1),
+            np.ma.masked_invalid(values),
+            cmap=cmap,
+            norm=BoundaryNorm([-2.5, -1.5, -0.5, 0.5, 1.5], cmap.N),
+            edgecolors="white",
+            linewidth=0.5,
+        )
+        ax.set_ylim(len(points), 0)  # the patch embedding on top: reading order
+        ticks = viz.thin_indices(len(points), 16)
+        ax.set_yticks([i + 0.5 for i in ticks], labels=[points[i] for i in ticks], fontsize=_TICK)
+        shown = [int(edges[i]) for i in viz.thin_indices(len(edges), 8)] if len(edges) > 1 else []
+        ax.set_xticks(shown, labels=[str(e) for e in shown])
+        ax.set_xlabel("epoch (a cell: the change since the previous observation)", fontsize=_TICK)
+        ax.tick_params(labelsize=_TICK)
+        ax.set_title("training phases", fontsize=_FONT)
+        box = cax.get_position()
+        fig.legend(
+            handles=[Patch(facecolor=PHASE_COLOURS[k], edgecolor="grey", label=k.replace("-", "-\n")) for k in order],
+            loc="center left",
+            bbox_to_anchor=(box.x0 - 0.02, 0.5),
+            fontsize=0.8 * _TICK,
+            frameon=False,
+            handlelength=1.0,
+        )
+        return _rgb(fig)
+    finally:
+        viz.close(fig)

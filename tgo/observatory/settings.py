@@ -106,6 +106,9 @@ class FigureSettings:
         attention: The attention family's cards (block x head heatmaps and depth profiles, ~15 cards, ~2.4 s of
             background rendering per observation of a 12-block network on a CPU core); its scalars are logged either
             way.
+        optimisation: The optimisation observatory's cards: depth profiles of the blocks' weight spectra per map
+            (``1_depth_profile_weights_<map>/<metric>``, 12 cards) and the network-wide metrics (noise scale,
+            curvature) against epoch (``2_vs_epoch/<metric>``); their scalars are logged either way.
         heatmap_max_dim: Largest number of features drawn in a correlation image.
     """
 
@@ -119,6 +122,7 @@ class FigureSettings:
     decay: bool = True
     layer_epoch: bool = True
     attention: bool = True
+    optimisation: bool = True
     heatmap_max_dim: int = 384
 
     def __post_init__(self) -> None:
@@ -134,6 +138,7 @@ class FigureSettings:
             "decay",
             "layer_epoch",
             "attention",
+            "optimisation",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ObservationSettingsError(

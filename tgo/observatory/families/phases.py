@@ -136,6 +136,7 @@ class PhaseFamily(MeasurementFamily):
         family_metric(
             "phase_code",
             "phase of the change since the previous observation: -2 collapse, -1 compression, 0 unresolved, +1 entropy",
+            charted=False,  # a category, not a magnitude: TensorBoard draws it as the phase map card, not a heatmap
             doc=_DOC,
         ),
         family_metric("rank_change_z", "paired z of effective_rank(now) - effective_rank(previous)", doc=_DOC),
