@@ -109,6 +109,13 @@ def _bands(ax: Any, polygons: list[np.ndarray], colours: list[Any], alpha: float
         ax.add_collection(collection, autolim=True)
 
 
+def _positive(values: Any) -> bool:
+    """Whether every finite value is > 0: a log axis can show them (a ratio estimated below 0, e.g. the noise scale
+    from too few steps, is drawn on a linear axis instead, not left off)."""
+    v = np.asarray(values, dtype=np.float64)
+    return bool(np.all(v[np.isfinite(v)] > 0))
+
+
 def _scale(ax: Any, log: bool) -> None:
     """Linear or log y axis (`tgo.viz.log_axis`: plain-number labels), limits from every line and band drawn now
     (nothing is left off the axes)."""
@@ -150,6 +157,7 @@ class _DepthProfileCard:
 
     def draw(self, profiles: Profiles, title: str, *, log: bool) -> None:
         _clear(self.ax)
+        log = log and all(_positive(values) for values, _ in profiles.values())
         viz.mark_cls_axis(self.ax, self.points)  # its dotted line before CLS went with the previous card's lines
         x = np.arange(len(self.points), dtype=np.float64)
         polygons, colours = [], []
@@ -236,6 +244,7 @@ class _EpochBandCard:
 
     def draw(self, epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, title: str, *, log: bool) -> None:
         _clear(self.ax)
+        log = log and _positive(values)
         x = np.asarray(list(epochs), dtype=np.float64)
         polygons, colours = [], []
         for i, point in enumerate(self.points):

@@ -8,7 +8,15 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import compose_train
-from tgo.callbacks.dashboard import BAND_FIGURES, DEPTH_PROFILES, PROBE_PROFILES, depth_profile_tag
+from tgo.callbacks.dashboard import (
+    BAND_FIGURES,
+    DEPTH_PROFILES,
+    PHASE_TAG,
+    PROBE_PROFILES,
+    WEIGHT_PROFILE_VIEWS,
+    WEIGHT_PROFILES,
+    depth_profile_tag,
+)
 from tgo.callbacks.tensorboard_runs import PointRuns, point_run_names
 from tgo.observatory.families.attention import ATTENTION_CHARTED
 from tgo.records import read_metric_rows
@@ -38,7 +46,8 @@ def dashboard_run(tmp_path_factory) -> Path:
     """Observations at epochs 0 and 1; of the figures the depth profiles, the against-epoch cards, the layer x epoch
     heatmaps and the attention family's cards."""
     run_dir = tmp_path_factory.mktemp("dashboard") / "run"
-    quick = ["experiment=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    quick = ["experiment=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+    quick.append("+trainer.accumulate_grad_batches=2")  # two batch sizes on one device: the noise scale is defined
     figures_off = [f"observation.figures.{name}=false" for name in ("spectra", "decay", "heatmaps", "histograms")]
     run(
         compose_train(
@@ -106,6 +115,14 @@ def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_the_image_card
         images = ev.Images(f"layer_epoch/{metric}")
         assert [e.step for e in images] == [0, 1], metric
         assert (images[-1].width, images[-1].height) == (480, 240), metric
+    for view in WEIGHT_PROFILE_VIEWS:  # the weights family: each block map's spectra against depth
+        for metric in WEIGHT_PROFILES:
+            images = ev.Images(depth_profile_tag(metric, view))
+            assert [e.step for e in images] == ([1] if metric == "weight_relative_update" else [0, 1]), (view, metric)
+            assert (images[-1].width, images[-1].height) == (480, 320), (view, metric)
+    assert [e.step for e in ev.Images(PHASE_TAG)] == [1], "phases label a change: none at the first observation"
+    assert [e.step for e in ev.Images("2_vs_epoch/gradient_noise_scale")] == [1], "the steps before epoch 1"
+    assert "layer_epoch/phase_code" not in image_tags, "a category: the phase map, not a continuous heatmap"
     assert "0_story/story" not in image_tags, "tgo.train gives the callback no story function yet"
     assert sorted(image_tags)[0].startswith("1_depth_profile/"), "the first group TensorBoard opens"
 
