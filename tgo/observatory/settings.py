@@ -215,7 +215,7 @@ class NoiseScaleSettings:
         enabled: Record the simple noise scale ``B_simple = tr(Sigma) / |G|^2`` (McCandlish et al. 2018) of the
             training steps since the previous observation, from two batch sizes the training already has (the
             per-rank and the all-reduced gradient under DDP, the micro-batches and their sum with gradient
-            accumulation; ``docs/observables.md``, "Gradient noise scale"). Training only: offline nothing is
+            accumulation; ``docs/observables.md``, section 10). Training only: offline nothing is
             recorded. With one device and no accumulation there is one batch size: NaN, said once in the log.
         jackknife_blocks: Blocks of consecutive steps of the delete-a-block jackknife standard error (at least 2;
             fewer steps than blocks: one step per block).

@@ -46,7 +46,7 @@ GRADIENT_VIEW = "gradient"
 """The view of a block point that carries the gradient statistics of that block's parameters."""
 
 COLLECTOR = "noise_scale"  # callbacks.gradient_noise.NOISE_COLLECTOR (the family does not import the callbacks)
-_DOC = "docs/observables.md#gradient-noise-scale"
+_DOC = "docs/observables.md#10-gradient-noise-scale"
 _BLOCK_MODULE = re.compile(r"^blocks\.(\d+)$")
 
 
