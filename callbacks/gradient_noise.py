@@ -176,7 +176,10 @@ class GradientNoiseCollector:
         current = self._column_sums(params, list(torch._foreach_norm(grads)))
         if self._micro == 0 or len(self._previous) != len(grads):
             diff = current
-            self._previous = [g.detach().clone() for g in grads]
+            if [b.shape for b in self._previous] == [g.shape for g in grads]:
+                torch._foreach_copy_(self._previous, grads)  # the copy kept from earlier steps: no allocation
+            else:
+                self._previous = [g.detach().clone() for g in grads]
         else:
             torch._foreach_sub_(self._previous, grads)  # previous - current = -(this micro-batch's share)
             diff = self._column_sums(params, list(torch._foreach_norm(self._previous)))
