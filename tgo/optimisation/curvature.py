@@ -197,6 +197,12 @@ class HessianOperator:
 
 
 # ----------------------------------------------------------------------------------------------------- Lanczos
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``a . b`` by numpy's own loop (``einsum``), not a threaded BLAS ``ddot`` whose sum order depends on the thread
+    count: a rank's Lanczos and probes must give another rank's bits whatever its cores."""
+    return float(np.einsum("i,i->", a, b))
+
+
 @dataclass(frozen=True)
 class LanczosResult:
     """The top Ritz pairs' values of a symmetric operator.
@@ -236,17 +242,17 @@ def lanczos(matvec: MatVec, dim: int, *, k: int, iterations: int, tol: float, se
     k, steps_max = min(k, dim), min(max(iterations, k), dim)
     basis = np.zeros((steps_max + 1, dim), dtype=np.float64)
     q = np.random.default_rng(seed).standard_normal(dim)
-    basis[0] = q / np.linalg.norm(q)
+    basis[0] = q / math.sqrt(_dot(q, q))
     alphas: list[float] = []
     betas: list[float] = []
     theta, residuals = np.full(k, np.nan), np.full(k, np.nan)
     converged = False
     for j in range(steps_max):
         w = np.asarray(matvec(basis[j]), dtype=np.float64)
-        alphas.append(float(basis[j] @ w))
+        alphas.append(_dot(basis[j], w))
         for _ in range(2):
-            w = w - basis[: j + 1].T @ (basis[: j + 1] @ w)
-        beta = float(np.linalg.norm(w))
+            w = w - np.einsum("ki,k->i", basis[: j + 1], np.einsum("ki,i->k", basis[: j + 1], w))
+        beta = math.sqrt(_dot(w, w))
         values, vectors = eigh_tridiagonal(np.asarray(alphas), np.asarray(betas)) if j else (np.asarray(alphas), None)
         top = np.argsort(values)[::-1][:k]
         theta = np.full(k, np.nan)
@@ -278,7 +284,7 @@ def hutchinson_samples(matvec: MatVec, dim: int, probes: Sequence[int], seed: in
     out = np.empty(len(probes), dtype=np.float64)
     for j, i in enumerate(probes):
         z = rademacher_probe(dim, seed, i)
-        out[j] = float(z @ np.asarray(matvec(z), dtype=np.float64))
+        out[j] = _dot(z, np.asarray(matvec(z), dtype=np.float64))
     return out
 
 

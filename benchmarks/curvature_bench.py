@@ -1,0 +1,260 @@
+"""Rows 13: the cost of one curvature measurement (``observation.curvature``, issue 25 item 3).
+
+``python -m benchmarks.curvature_bench [--quick | --smoke]`` prints the rows. A measurement is at most
+``2 * lanczos_iterations + trace_probes`` Hessian-vector products (HVPs) of the loss on ``images`` images (the
+plain and the preconditioned Lanczos runs, each stopping early once converged, and the probes; 76 at the defaults)
+plus the Lanczos bookkeeping (a few ``dim``-long dot products per step), so its cost is ``HVPs x seconds per HVP``:
+
+13.1 seconds per measurement at ``vit_small_patch16_224``, 224 px, on this CPU, default settings (float32 HVPs on a
+     CPU, ``dtype: auto``), **extrapolated**: one HVP over a few images is timed (one forward chunk) and scaled by
+     ``images / timed images`` and by the HVP count (timing all 76 at 64 images would take hours here);
+13.2 FLOPs per HVP per image at vit_small (``torch.utils.flop_counter.FlopCounterMode`` on one real HVP: every
+     matmul and convolution of the forward, the backward with its graph and the double backward; 2 FLOPs per
+     multiply-add), with its ratio to one forward;
+13.3 the **projected** H200 seconds per measurement at the GPU default (float64): 13.2's FLOPs x 64 images x 76
+     HVPs over an assumed sustained rate (`H200_PEAK` x `SUSTAINED`); a projection from the FLOP count, not a
+     measurement (no GPU here);
+13.4 seconds per measurement of the quickstart network (12 blocks, width 96, 16 px: ``conf/model/vit_quickstart``),
+     measured end to end (`tgo.observatory.families.curvature.CurvatureState` on an Adam state, default settings);
+13.5 13.4 over the compute of one quickstart training epoch (1,797 / 64 = 28 steps of forward + backward + AdamW on
+     64 images, timed here): the cost the family would add to an epoch at ``every_n_epochs: 1``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+H200_PEAK = {"float64": 67e12, "float32": 67e12}
+"""NVIDIA H200 SXM data sheet peaks, dense: FP64 Tensor Core 67 TFLOPS, FP32 67 TFLOPS (TF32 Tensor Core 989
+TFLOPS is with sparsity; the HVPs here are IEEE float32 or float64)."""
+SUSTAINED = 0.4
+"""Assumed fraction of the peak an HVP sustains (small matmuls of one 197-token ViT-S chunk, attention unfused,
+autograd's double backward): an assumption, stated in every projected row."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much each row measures."""
+
+    name: str
+    timed_images: int  # images of the one timed vit_small HVP (13.1)
+    vit_small: bool  # False: the smoke run's tiny network stands in
+    quickstart: dict[str, Any]  # curvature settings overriding the defaults in 13.4 (smoke: a toy measurement)
+    depth: int = 12  # blocks of the quickstart network (smoke: 2)
+    epoch_steps: int = math.ceil(1797 / 64)  # training steps of 13.5's epoch
+
+
+PROFILES = {
+    "default": Profile("default", 8, True, {}),
+    "quick": Profile("quick", 2, True, {}),
+    "smoke": Profile("smoke", 1, False, {"images": 2, "lanczos_iterations": 2, "trace_probes": 2, "top_k": 1}, 1, 1),
+}
+
+
+def _net(name: str, **arch: Any) -> torch.nn.Module:
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model(name, **arch).eval()
+
+
+def hvp_seconds(net: torch.nn.Module, images: int, size: int, dtype: torch.dtype, repeats: int = 1) -> float:
+    """Median seconds of one HVP over ``images`` random images (one forward chunk) after one warm-up."""
+    from tgo.optimisation.curvature import HessianOperator
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(images, 3, size, size, generator=g)
+    op = HessianOperator(net, x, torch.arange(images) % 10, dtype=dtype, batch_size=images)
+    v = np.random.default_rng(0).standard_normal(op.dim)
+    op.matvec(v)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        op.matvec(v)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def hvp_flops(net: torch.nn.Module, size: int) -> tuple[float, float]:
+    """``(FLOPs of one HVP, FLOPs of one forward)`` for one image (`FlopCounterMode`, float32)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tgo.optimisation.curvature import HessianOperator
+
+    x = torch.randn(1, 3, size, size)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        net(x)
+    forward = float(counter.get_total_flops())
+    op = HessianOperator(net, x, torch.zeros(1, dtype=torch.int64), dtype=torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        op.matvec(np.ones(op.dim))
+    return float(counter.get_total_flops()), forward
+
+
+def max_products(settings: Any) -> int:
+    """HVPs of one measurement at most (Adam: both Lanczos runs to their step limit, and the probes)."""
+    return 2 * settings.lanczos_iterations + settings.trace_probes
+
+
+def quickstart_measurement(profile: Profile) -> tuple[float, int, float]:
+    """``(seconds, HVPs, epoch seconds)``: one curvature measurement of the quickstart network on an AdamW state at
+    the default settings (the profile's overrides), and one quickstart epoch's training compute."""
+    from torch.utils.data import TensorDataset
+
+    from tgo.observatory.families import FamilyContext, TrainingInfo
+    from tgo.observatory.families.curvature import CurvatureState
+    from tgo.observatory.points import vit_points
+    from tgo.observatory.settings import ObservationSettings
+
+    net = _net(
+        "vit_tiny_patch16_224",
+        img_size=16,
+        patch_size=4,
+        embed_dim=96,
+        depth=profile.depth,
+        num_heads=3,
+        num_classes=10,
+    ).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=0.05)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 3, 16, 16, generator=g), torch.arange(64) % 10
+    steps = profile.epoch_steps
+    start = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y, label_smoothing=0.1).backward()
+        opt.step()
+    epoch = time.perf_counter() - start
+    net.eval()
+    settings = ObservationSettings.from_config({"curvature": {"enabled": True, **profile.quickstart}})
+    data = TensorDataset(torch.randn(200, 3, 16, 16, generator=g), torch.arange(200) % 10)
+    points = tuple(vit_points(net))
+    context = FamilyContext(
+        net=net,
+        points=points,
+        modules={},
+        settings=settings,
+        device=torch.device("cpu"),
+        rank=0,
+        world_size=1,
+        n_images=len(data),
+        groups=0,
+        group_of_item=np.zeros(len(data), np.int64),
+        num_prefix_tokens=1,
+        dataset=data,
+        training=TrainingInfo(epoch=0, global_step=steps, optimizer=opt, learning_rate=2e-3),
+    )
+    counted: list[int] = []
+    from tgo.optimisation import curvature as numerics
+
+    original = numerics.HessianOperator.matvec
+
+    def matvec(self: Any, v: np.ndarray) -> np.ndarray:
+        counted.append(1)
+        return original(self, v)
+
+    numerics.HessianOperator.matvec = matvec  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        CurvatureState(context)
+        seconds = time.perf_counter() - start
+    finally:
+        numerics.HessianOperator.matvec = original  # type: ignore[method-assign]
+    return seconds, len(counted), epoch
+
+
+def curvature_rows(table: Any, profile_name: str) -> dict[str, Any]:
+    """Rows 13.1-13.5 into ``table`` (``add(row, measurement, value, unit, detail)``); returns what was measured."""
+    from tgo.observatory.settings import ObservationSettings
+
+    profile = PROFILES[profile_name]
+    s = ObservationSettings().curvature
+    products = max_products(s)
+    if profile.vit_small:
+        net, size, label = _net("vit_small_patch16_224", num_classes=10), 224, "vit_small 224 px"
+    else:
+        net, size, label = (
+            _net("vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2),
+            16,
+            "smoke: 2-block width-32 ViT at 16 px",
+        )
+    cpu = s.torch_dtype("cpu")
+    per_hvp = hvp_seconds(net, profile.timed_images, size, cpu)
+    seconds = per_hvp * s.images / profile.timed_images * products
+    table.add(
+        "13.1",
+        f"curvature measurement, {label}, CPU ({str(cpu).removeprefix('torch.')}), extrapolated",
+        seconds,
+        " s",
+        f"one HVP over {profile.timed_images} images {per_hvp:.2f} s x {s.images}/{profile.timed_images} images x "
+        f"{products} HVPs (2 x {s.lanczos_iterations} Lanczos steps + {s.trace_probes} probes, at most)",
+    )
+    hvp, forward = hvp_flops(net, size)
+    table.add(
+        "13.2",
+        f"FLOPs per HVP per image, {label}",
+        hvp / 1e9,
+        " GFLOP",
+        f"{hvp / forward:.2f}x one forward ({forward / 1e9:.2f} GFLOP); FlopCounterMode, 2 FLOPs per multiply-add",
+    )
+    gpu = s.torch_dtype("cuda")
+    rate = H200_PEAK[str(gpu).removeprefix("torch.")] * SUSTAINED
+    projected = hvp * s.images * products / rate
+    table.add(
+        "13.3",
+        f"PROJECTED H200 seconds per measurement, {label} ({str(gpu).removeprefix('torch.')})",
+        projected,
+        " s",
+        f"{hvp / 1e9:.1f} GFLOP x {s.images} images x {products} HVPs / ({rate / 1e12:.1f} TFLOP/s: {SUSTAINED:.0%} of "
+        f"the data sheet's {H200_PEAK['float64'] / 1e12:.0f} TFLOPS FP64 Tensor Core = FP32 peak); not measured",
+    )
+    q_seconds, q_products, epoch = quickstart_measurement(profile)
+    q_images = profile.quickstart.get("images", s.images)
+    table.add(
+        "13.4",
+        f"curvature measurement, quickstart network ({profile.depth} x 96, 16 px), {q_images} images, AdamW state, "
+        f"CPU ({str(cpu).removeprefix('torch.')})",
+        q_seconds,
+        " s",
+        f"{q_products} HVPs measured end to end ({q_seconds / max(q_products, 1):.3f} s each)",
+    )
+    table.add(
+        "13.5",
+        "quickstart: one curvature measurement / one training epoch's compute",
+        q_seconds / epoch,
+        "x",
+        f"epoch {epoch:.2f} s ({profile.epoch_steps} steps of forward + backward + AdamW on 64 images at 16 px)",
+    )
+    return {"vit_small_seconds": seconds, "hvp_flops": hvp, "projected_h200": projected, "quickstart": q_seconds}
+
+
+class _PrintTable:
+    """The table interface `curvature_rows` needs, printing."""
+
+    def add(self, row: str, measurement: str, value: float, unit: str = "", detail: str = "", **_: Any) -> None:
+        print(f"[{row}] {measurement}: {value:.4g}{unit}  {detail}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.curvature_bench [--quick | --smoke]``: rows 13."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.curvature_bench", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="vit_small HVP timed on 2 images")
+    mode.add_argument("--smoke", action="store_true", help="a tiny ViT, seconds; measures nothing")
+    args = parser.parse_args(argv)
+    curvature_rows(_PrintTable(), "smoke" if args.smoke else "quick" if args.quick else "default")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
