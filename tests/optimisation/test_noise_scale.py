@@ -128,3 +128,13 @@ def test_one_step_blocks_under_cover_correlated_steps():
     value, se, _ = block_jackknife_ratio(trace, g2, blocks=400)
     coverage = float(np.mean(np.abs(value - truth) <= stats.norm.ppf(0.975) * se))
     assert coverage < 0.8, coverage
+
+
+def test_no_resolved_gradient_signal_gives_no_noise_scale():
+    """|G|^2_est averaged to <= 0 (one noisy step): B_simple is undefined, not negative; |G|^2 is still recorded."""
+    small, big = np.array([[4.0], [4.4]]), np.array([[1.9], [2.1]])  # |G|^2_est = 2 big - small < 0 at a = 1/3, c = 1/6
+    a, c = np.full(2, 1 / 3), np.full(2, 1 / 6)
+    estimate = noise_scale_estimate(small, big, a, c, blocks=2)
+    assert estimate.gradient_norm_sq[0] <= 0
+    assert np.isnan(estimate.noise_scale[0]) and np.isnan(estimate.noise_scale_stderr[0])
+    assert estimate.steps == 2

@@ -95,7 +95,8 @@ class NoiseScaleEstimate:
     """``B_simple`` and its parts over the steps between two observations, per column (network, then blocks).
 
     Attributes:
-        noise_scale: ``[K]`` ``B_simple = mean tr(Sigma)_est / mean |G|^2_est`` (in examples).
+        noise_scale: ``[K]`` ``B_simple = mean tr(Sigma)_est / mean |G|^2_est`` (in examples); NaN where the mean
+            ``|G|^2_est`` is <= 0 (no gradient signal resolved: ``gradient_norm_sq`` says so).
         noise_scale_stderr: ``[K]`` its delete-a-block jackknife standard error.
         noise_scale_replicates: ``[K, n_blocks]`` the leave-one-block-out values.
         gradient_norm_sq: ``[K]`` mean ``|G|^2_est`` over the steps.
@@ -138,6 +139,14 @@ def noise_scale_estimate(
     small, big, a, c = small[finite], big[finite], a[finite], c[finite]
     g2, trace = step_estimates(small, big, a, c)
     value, stderr, replicates = block_jackknife_ratio(trace, g2, blocks)
+    # |G|^2_est is unbiased, not positive: averaged to <= 0 (a few steps, the signal inside its noise) it resolves no
+    # gradient, and B_simple is undefined rather than negative or huge; a replicate that loses the signal likewise.
+    resolved = g2.sum(axis=0) > 0 if g2.size else np.zeros(value.shape, dtype=bool)
+    value = np.where(resolved, value, math.nan)
+    stderr = np.where(resolved, stderr, math.nan)
+    with np.errstate(invalid="ignore"):
+        replicates = np.where(np.isfinite(replicates) & (replicates > 0), replicates, math.nan)
+    stderr = np.where(np.all(np.isfinite(replicates), axis=1) | ~resolved, stderr, math.nan)
     ones = np.ones_like(g2)
     g2_mean, g2_se, _ = block_jackknife_ratio(g2, ones, blocks)
     tr_mean, tr_se, _ = block_jackknife_ratio(trace, ones, blocks)

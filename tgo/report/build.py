@@ -33,6 +33,7 @@ from tgo.report.hypotheses_section import (
     judged_cells,
     uncertainty_cells,
 )
+from tgo.report.optimisation import optimisation_section
 from tgo.report.phases import phases_section
 from tgo.report.reference import (
     PAPER_POINTS,
@@ -617,7 +618,9 @@ def build_report(
     if not single:
         sections.append(verdict_summary_section(findings, hypotheses.results))
     phases = phases_section(runs, figures_dir, settings.z)
-    sections += [*depth, hypotheses.section, *([phases] if phases else []), *later, find]
+    optimisation = optimisation_section(runs, figures_dir)
+    sections += [*depth, hypotheses.section, *([phases] if phases else [])]
+    sections += [*([optimisation] if optimisation else []), *later, find]
     if ref is not None:
         sections.append(ref)
     sections.append(summary)
