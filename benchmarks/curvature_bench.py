@@ -52,6 +52,9 @@ class Profile:
     epoch_steps: int = math.ceil(1797 / 64)  # training steps of 13.5's epoch
 
 
+ROWS = ("13.1", "13.2", "13.3", "13.4", "13.5")
+"""The curvature rows, in display order."""
+
 PROFILES = {
     "default": Profile("default", 8, True, {}),
     "quick": Profile("quick", 2, True, {}),

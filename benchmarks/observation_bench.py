@@ -70,6 +70,10 @@ import torch
 
 from benchmarks import _harness as h
 from benchmarks.attention_bench import attention_rows
+from benchmarks.curvature_bench import ROWS as CURVATURE_ROWS
+from benchmarks.curvature_bench import curvature_rows
+from benchmarks.optimisation_bench import ROWS as OPTIMISATION_ROWS
+from benchmarks.optimisation_bench import optimisation_rows
 from benchmarks.scale_bench import ROWS as SCALE_ROWS
 from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
@@ -135,6 +139,8 @@ ROWS: dict[str, tuple[str, ...]] = {
     "10.1": ("summary",),
     "10.2": ("summary",),
     **{row: ("scale",) for row in SCALE_ROWS},
+    **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
+    **{row: ("curvature",) for row in CURVATURE_ROWS},
 }
 """Every row of the table, in display order, with the ``--skip`` sections it needs.
 
@@ -155,6 +161,8 @@ SECTIONS: tuple[str, ...] = (
     "attention",
     "summary",
     "scale",
+    "optimisation",
+    "curvature",
 )
 
 
@@ -1665,6 +1673,12 @@ def run_sections(
     if "scale" not in skip:
         print("== rows 11: observation at cluster scale (benchmarks/scale_bench.py)", flush=True)
         results["scale"] = scale_rows(table, profile.name, work)
+    if "optimisation" not in skip:
+        print("== rows 12: training-time cost of the noise scale and the weights (optimisation_bench.py)", flush=True)
+        results["optimisation"] = optimisation_rows(table, profile.name)
+    if "curvature" not in skip:
+        print("== rows 13: curvature per evaluation, CPU and projected H200 (curvature_bench.py)", flush=True)
+        results["curvature"] = curvature_rows(table, profile.name)
 
 
 def _jackknife_rows(

@@ -139,6 +139,26 @@ def measure(smoke: bool, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+_MEASUREMENTS = {
+    "12.1": "quickstart training epoch (accumulation 2), no TGO callback",
+    "12.2": "quickstart epoch with the gradient-noise collector / without",
+    "12.3": "quickstart epoch + one observation, weights family on / off",
+}
+
+
+def optimisation_rows(table: Any, profile_name: str) -> list[dict[str, Any]]:
+    """Rows 12 into ``table`` (``benchmarks.observation_bench.Table``): 5 interleaved repeats by default, 3 with
+    ``quick``, 1 at toy sizes with ``smoke``."""
+    smoke = profile_name == "smoke"
+    rows = measure(smoke, {"default": 5, "quick": 3}.get(profile_name, 1))
+    for row in rows:
+        if row["value"] is None:
+            table.skip([row["row"]], _MEASUREMENTS[row["row"]], row["skipped"])
+        else:
+            table.add(row["row"], _MEASUREMENTS[row["row"]], row["value"], row["unit"], row.get("detail", ""))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     """Prints rows 12 and returns them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -391,13 +391,13 @@ def figure_job(
                 epochs, values, stderrs = tables[(view, metric)]
                 rows = [i for i, point in enumerate(names) if ObservationKey(point, view) in results]
                 mapped[view] = [names[i] for i in rows]
-                drawn = {
+                finite = {
                     e: table
                     for e, table in _profiles((epochs, values[rows], stderrs[rows])).items()
                     if np.any(np.isfinite(table[0]))  # e.g. no relative update at the first observation
                 }
-                if drawn:
-                    by_key[f"{view}/{metric}"] = drawn
+                if finite:
+                    by_key[f"{view}/{metric}"] = finite
             for view in dict.fromkeys(key.split("/", 1)[0] for key in by_key):
                 mine = {key: table for key, table in by_key.items() if key.startswith(f"{view}/")}
                 titles = {key: f"{key.split('/', 1)[1]} ({view.removeprefix('weights_')} weights)" for key in mine}
