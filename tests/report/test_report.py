@@ -68,7 +68,8 @@ def test_report_of_the_smoke_run(smoke_run: Path, capsys: pytest.CaptureFixture[
     for image in images:  # every referenced figure exists and is a non-empty PNG
         assert image.is_file() and image.stat().st_size > 1000 and image.read_bytes()[:8] == PNG_MAGIC, image
     kinds = {p.stem.split("_")[0] for p in images}
-    assert {"story", "lines", "layer", "eigenvalues", "singular", "decay", "correlation"} <= kinds
+    assert {"story", "lines", "layer", "eigenvalues", "singular", "decay", "correlation", "optimisation"} <= kinds
+    assert 'id="optimisation"' in html and "Optimisation geometry" in html  # the weights family's spectra
     assert "Findings" in html and "effective rank rises" in html and "verdict" in html
     assert "http://" not in html and "https://" not in html  # nothing to fetch: opens offline
     assert "published TGO-I" not in html  # the overlay is opt-in (--reference tgo1)
