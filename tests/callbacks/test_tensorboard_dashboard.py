@@ -121,7 +121,7 @@ def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_the_image_card
             assert [e.step for e in images] == ([1] if metric == "weight_relative_update" else [0, 1]), (view, metric)
             assert (images[-1].width, images[-1].height) == (480, 320), (view, metric)
     assert [e.step for e in ev.Images(PHASE_TAG)] == [1], "phases label a change: none at the first observation"
-    assert [e.step for e in ev.Images("2_vs_epoch/gradient_noise_scale")] == [1], "the steps before epoch 1"
+    assert [e.step for e in ev.Images("2_vs_epoch/gradient_trace_covariance")] == [1], "the steps before epoch 1"
     assert "layer_epoch/phase_code" not in image_tags, "a category: the phase map, not a continuous heatmap"
     assert "0_story/story" not in image_tags, "tgo.train gives the callback no story function yet"
     assert sorted(image_tags)[0].startswith("1_depth_profile/"), "the first group TensorBoard opens"

@@ -81,7 +81,8 @@ def test_the_default_run_reads_right_in_numbers(default_run: Path):
         "holds then reverses": 1,
     }
     rows = [r for results in predictions.values() for r in results]
-    assert Counter(r.verdict for r in rows) == {"consistent": 185, "inconsistent": 11, "inconclusive": 22}
+    # 218 rows before issue 25's predictions on the weight spectra and the decay exponents (curvature is off)
+    assert Counter(r.verdict for r in rows) == {"consistent": 210, "inconsistent": 12, "inconclusive": 24}
     for f in findings:
         if f.verdict == INCONCLUSIVE and f.trend is not None:
             z = f.extreme.z if f.extreme is not None else f.trend.z

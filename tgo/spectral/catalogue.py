@@ -106,6 +106,11 @@ class Observable:
         views: For ``probe`` entries, the views that carry it.
         scale: How verdicts compare its values: ``linear`` (differences), or ``log`` for positive ratio-type
             quantities that move by decades (NC1, the Fisher ratio): their changes are judged as log ratios.
+        stderr: What its recorded standard error is: ``jackknife`` (delete-a-group over the analysis images, its
+            ``G`` leave-one-group-out replicates kept beside it; every covariance observable), ``blocks`` (a
+            delete-a-block jackknife over training steps, its replicates kept: the gradient noise scale), ``fit``
+            (the estimator's own error on a fixed input, no replicates: the weights' power-law fit) or ``probes``
+            (a Monte-Carlo error, no replicates: Hutchinson's trace).
     """
 
     name: str
@@ -119,6 +124,7 @@ class Observable:
     scope: Scope = "covariance"
     views: tuple[str, ...] = ()
     scale: str = "linear"
+    stderr: str = "jackknife"
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
@@ -422,6 +428,7 @@ def probe_observable(
     charted: bool = True,
     scale: str = "linear",
     doc: str = "docs/hypotheses.md",
+    stderr: str = "jackknife",
 ) -> Observable:
     """A catalogue entry of scope ``probe``: a metric a measurement family records on ``views`` (never computed
     from one covariance). The image-vector and attention families' entries below and
@@ -436,6 +443,7 @@ def probe_observable(
         scope="probe",
         views=views,
         scale=scale,
+        stderr=stderr,
     )
 
 

@@ -416,6 +416,7 @@ def family_metric(
     charted: bool = True,
     scale: str = "linear",
     doc: str = "docs/extending.md#e-add-a-measurement-family",
+    stderr: str = "jackknife",
 ) -> Observable:
     """A catalogue entry for a family's metric (scope ``probe``, recorded on ``views``), for ``observables``.
 
@@ -427,8 +428,10 @@ def family_metric(
         charted: Drawn in dashboards and reports.
         scale: ``linear`` or ``log`` (ratios compared as log ratios by the verdicts).
         doc: Where it is documented.
+        stderr: What its standard error is (`tgo.spectral.Observable.stderr`): ``jackknife`` (over image groups,
+            replicates kept), ``blocks`` (over training steps, replicates kept), ``fit`` or ``probes`` (none kept).
     """
-    return probe_observable(name, formula, views, spread=spread, charted=charted, scale=scale, doc=doc)
+    return probe_observable(name, formula, views, spread=spread, charted=charted, scale=scale, doc=doc, stderr=stderr)
 
 
 @dataclass

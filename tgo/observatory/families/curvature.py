@@ -246,7 +246,15 @@ class CurvatureFamily(MeasurementFamily):
 
     name = "curvature"
     observables = tuple(
-        family_metric(name, _FORMULAS[name], (NETWORK_VIEW,), charted=True, doc=_DOC) for name in CURVATURE_METRICS
+        family_metric(
+            name,
+            _FORMULAS[name],
+            (NETWORK_VIEW,),
+            charted=True,
+            doc=_DOC,
+            stderr="probes",  # Hutchinson's trace
+        )
+        for name in CURVATURE_METRICS
     )
 
     def enabled(self, settings: ObservationSettings) -> bool:

@@ -142,12 +142,21 @@ class NoiseScaleFamily(MeasurementFamily):
             (NETWORK_VIEW, GRADIENT_VIEW),
             scale="log",
             doc=_DOC,
+            stderr="blocks",
         ),
         family_metric(
-            "gradient_norm_sq", "mean_steps (B_b |G_b|^2 - B_s |G_s|^2) / (B_b - B_s)", (NETWORK_VIEW,), doc=_DOC
+            "gradient_norm_sq",
+            "mean_steps (B_b |G_b|^2 - B_s |G_s|^2) / (B_b - B_s)",
+            (NETWORK_VIEW,),
+            doc=_DOC,
+            stderr="blocks",
         ),
         family_metric(
-            "gradient_trace_covariance", "mean_steps (|G_s|^2 - |G_b|^2) / (1/B_s - 1/B_b)", (NETWORK_VIEW,), doc=_DOC
+            "gradient_trace_covariance",
+            "mean_steps (|G_s|^2 - |G_b|^2) / (1/B_s - 1/B_b)",
+            (NETWORK_VIEW,),
+            doc=_DOC,
+            stderr="blocks",
         ),
         family_metric("gradient_noise_steps", "optimizer steps averaged", (NETWORK_VIEW,), charted=False, doc=_DOC),
         family_metric(

@@ -100,6 +100,7 @@ _OBSERVABLES = (
         "WeightWatcher power-law exponent of the ESD of W^T W (MLE, xmin by least KS; Martin & Mahoney 2021)",
         _VIEWS,
         doc=_DOC,
+        stderr="fit",  # (alpha - 1) / sqrt(n_tail): the estimator's error on this matrix, no replicates
     ),
     family_metric("weight_alpha_ks", "Kolmogorov-Smirnov distance of that power-law fit", _VIEWS, doc=_DOC),
     family_metric("weight_spectral_norm", "sigma_1 = ||W||_2", _VIEWS, scale="log", doc=_DOC),
