@@ -68,7 +68,7 @@ class _Collect(L.Callback):
 def _epoch(smoke: bool, callbacks: list[L.Callback], root: Path) -> None:
     arch = {"depth": 2, "embed_dim": 32, "num_heads": 2} if smoke else None
     net = h.quickstart_net(img_size=24, arch=arch)
-    data = h.random_images(64 if smoke else 1024, 24, seed=1, classes=10)
+    data = h.random_images(32 if smoke else 1024, 24, seed=1, classes=10)
     trainer = L.Trainer(
         max_epochs=1,
         accumulate_grad_batches=2,
@@ -90,9 +90,13 @@ def _geometry(weights: bool, smoke: bool) -> L.Callback | None:
 
     if "weights" not in {f.name for f in dataclasses.fields(ObservationSettings)}:
         return None
+    from tgo.observatory.settings import FigureSettings
+
     analysis = h.random_images(20 if smoke else 100, 24, seed=2, classes=10)
+    switches = [f.name for f in dataclasses.fields(FigureSettings) if isinstance(f.default, bool)]
+    figures = dict.fromkeys(switches, False) if smoke else {"heatmaps": False}  # smoke: the API, not the drawing
     return SpectralGeometryCallback(
-        analysis=analysis, every_n_epochs=1, groups=0, weights={"enabled": weights}, figures={"heatmaps": False}
+        analysis=analysis, every_n_epochs=1, groups=0, weights={"enabled": weights}, figures=figures
     )
 
 
