@@ -51,7 +51,7 @@ import shutil
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -815,6 +815,7 @@ def load_jackknife(
     *,
     view: str = DEFAULT_VIEW,
     metrics: Sequence[str] | None = None,
+    epochs: Collection[int] | None = None,
 ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """The jackknife replicates of one view of a run: ``{metric: {point: (epochs, replicates)}}``; numpy only.
 
@@ -828,6 +829,8 @@ def load_jackknife(
         run_dir: A run directory.
         view: Which view of the points (``all``: every row a point selects).
         metrics: Only these metrics (default: all with replicates).
+        epochs: Only these epochs' spectra files (default: every recorded epoch): a reader of one earlier epoch
+            (the phases family, every observation) then opens one file, not the run's whole history.
 
     Returns:
         metric -> point -> (epochs int64 ascending ``[E]``, replicates float64 ``[E, G]``), only the epochs that hold
@@ -842,7 +845,10 @@ def load_jackknife(
     run = _require_records(run_dir)
     wanted = None if metrics is None else set(metrics)
     collected: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    chosen = None if epochs is None else {int(e) for e in epochs}
     for epoch, path in run.spectra_files().items():
+        if chosen is not None and epoch not in chosen:
+            continue
         for metric, per_point in _read_replicates(path, view, wanted).items():
             for point, values in per_point.items():
                 earlier = collected.setdefault(metric, {}).setdefault(point, {})

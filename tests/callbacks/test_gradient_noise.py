@@ -92,6 +92,21 @@ def brute_steps(net0: torch.nn.Module, data: TensorDataset, micro: int, micro_pe
     return rows
 
 
+def _trainer(root, geometry: SpectralGeometryCallback, **options) -> L.Trainer:
+    """One quiet CPU epoch with the geometry callback (``options``: accumulation, batch limits)."""
+    return L.Trainer(
+        max_epochs=1,
+        callbacks=[geometry],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        accelerator="cpu",
+        **options,
+    )
+
+
 def test_accumulation_norms_equal_brute_force_and_a_fit_records_the_noise_scale(tmp_path, caplog):
     module = Classifier()
     start = copy.deepcopy(module.net)
@@ -104,17 +119,7 @@ def test_accumulation_norms_equal_brute_force_and_a_fit_records_the_noise_scale(
         taken.append((list(collector._rows), list(collector._inv)))
         return original(self, trainer, pl_module, epoch)
 
-    trainer = L.Trainer(
-        max_epochs=1,
-        accumulate_grad_batches=2,
-        callbacks=[geometry],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-    )
+    trainer = _trainer(tmp_path, geometry, accumulate_grad_batches=2)
     SpectralGeometryCallback._training_info = spy  # type: ignore[method-assign]
     try:
         trainer.fit(module, DataLoader(_data(), batch_size=BATCH, shuffle=False))
@@ -148,17 +153,7 @@ def test_accumulation_norms_equal_brute_force_and_a_fit_records_the_noise_scale(
 
 def test_one_device_without_accumulation_says_why_once_and_records_nan(tmp_path, caplog):
     geometry = SpectralGeometryCallback(analysis=_data(6, seed=9), every_n_epochs=1, groups=0, **QUIET)
-    trainer = L.Trainer(
-        max_epochs=1,
-        limit_train_batches=2,
-        callbacks=[geometry],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-    )
+    trainer = _trainer(tmp_path, geometry, limit_train_batches=2)
     with caplog.at_level(logging.INFO):
         trainer.fit(Classifier(), DataLoader(_data(), batch_size=BATCH))
     said = [r for r in caplog.records if "gradient noise scale not measured" in r.getMessage()]

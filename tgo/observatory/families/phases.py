@@ -84,7 +84,7 @@ def read_phase_history(run_dir: Path, epoch: int) -> PhaseHistory:
         if row["view"] == DEFAULT_VIEW and row["metric"] in MEASURES and int(row["epoch"]) == previous:
             values.setdefault(row["point"], {})[row["metric"]] = float(row["value"])
     replicates: dict[str, dict[str, np.ndarray]] = {}
-    for metric, per_point in load_jackknife(run_dir, metrics=MEASURES).items():
+    for metric, per_point in load_jackknife(run_dir, metrics=MEASURES, epochs=[previous]).items():
         for point, (epochs, rows) in per_point.items():
             hit = np.flatnonzero(epochs == previous)
             if hit.size:
