@@ -186,8 +186,12 @@ def _network_figure(run: RunData, values: dict, stderrs: dict, figures_dir: Path
         if metric == "sharpness_over_threshold":
             ax.axhline(1.0, ls="--", lw=1.0, color="#b03a2e")
         finite = y[np.isfinite(y)]
-        if CATALOGUE[metric].scale == "log" and finite.size and finite.min() > 0:
+        if metric == _SHARPNESS and _THRESHOLD in values:  # the threshold, 38 / lr, grows by decades as lr decays
+            finite = np.concatenate([finite, values[_THRESHOLD][1][np.isfinite(values[_THRESHOLD][1])]])
+        logged = CATALOGUE[metric].scale == "log" or metric in (_SHARPNESS, "sharpness_over_threshold")
+        if logged and finite.size and finite.min() > 0:
             ax.set_yscale("log")
+        ax.xaxis.get_major_locator().set_params(integer=True)  # epochs
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("epoch", fontsize=8)
         ax.grid(True, alpha=0.25)
