@@ -353,7 +353,7 @@ def figure_job(
         bands = [(DEFAULT_VIEW, metric) for metric in BAND_FIGURES] if figures.bands else []
         charted = [(DEFAULT_VIEW, metric) for metric in CATALOGUE.charted] if figures.layer_epoch else []
         attended = [(ATTENTION_VIEW, metric) for metric in ATTENTION_CHARTED] if figures.attention and blocks else []
-        weighted = {view for key, _ in results.items() if (view := key.view) in WEIGHT_PROFILE_VIEWS}
+        weighted = {key.view for key in results}
         weight_keys = (
             [(view, metric) for view in WEIGHT_PROFILE_VIEWS if view in weighted for metric in WEIGHT_PROFILES]
             if figures.optimisation

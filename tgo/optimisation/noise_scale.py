@@ -73,20 +73,22 @@ def block_jackknife_ratio(
         blocks: Blocks of consecutive steps (fewer steps: one step per block).
 
     Returns:
-        ``(value [K], stderr [K], replicates [K, n_blocks])``; NaN standard errors below two blocks.
+        ``(value [K], stderr [K], replicates [K, n_blocks])``; NaN standard errors below two blocks. A ratio whose
+        denominator sums to <= 0 is NaN: the denominator estimates a positive quantity (``|G|^2``), and averaged to
+        <= 0 it has resolved none, so the ratio is undefined rather than negative or huge.
     """
     num, den = np.asarray(numerator, dtype=np.float64), np.asarray(denominator, dtype=np.float64)
     steps, columns = num.shape
     with np.errstate(invalid="ignore", divide="ignore"):
-        value = num.sum(axis=0) / den.sum(axis=0) if steps else np.full(columns, math.nan)
+        total = den.sum(axis=0)
+        value = np.where(total > 0, num.sum(axis=0) / total, math.nan) if steps else np.full(columns, math.nan)
         parts = _blocks(steps, blocks)
         if len(parts) < 2:
             return value, np.full(columns, math.nan), np.full((columns, len(parts)), math.nan)
         block_num = np.stack([num[p].sum(axis=0) for p in parts], axis=1)  # [K, n_blocks]
         block_den = np.stack([den[p].sum(axis=0) for p in parts], axis=1)
-        replicates = (block_num.sum(axis=1, keepdims=True) - block_num) / (
-            block_den.sum(axis=1, keepdims=True) - block_den
-        )
+        left = block_den.sum(axis=1, keepdims=True) - block_den
+        replicates = np.where(left > 0, (block_num.sum(axis=1, keepdims=True) - block_num) / left, math.nan)
     return value, jackknife_stderrs(replicates), replicates
 
 
@@ -138,15 +140,7 @@ def noise_scale_estimate(
     finite &= a > c
     small, big, a, c = small[finite], big[finite], a[finite], c[finite]
     g2, trace = step_estimates(small, big, a, c)
-    value, stderr, replicates = block_jackknife_ratio(trace, g2, blocks)
-    # |G|^2_est is unbiased, not positive: averaged to <= 0 (a few steps, the signal inside its noise) it resolves no
-    # gradient, and B_simple is undefined rather than negative or huge; a replicate that loses the signal likewise.
-    resolved = g2.sum(axis=0) > 0 if g2.size else np.zeros(value.shape, dtype=bool)
-    value = np.where(resolved, value, math.nan)
-    stderr = np.where(resolved, stderr, math.nan)
-    with np.errstate(invalid="ignore"):
-        replicates = np.where(np.isfinite(replicates) & (replicates > 0), replicates, math.nan)
-    stderr = np.where(np.all(np.isfinite(replicates), axis=1) | ~resolved, stderr, math.nan)
+    value, stderr, replicates = block_jackknife_ratio(trace, g2, blocks)  # NaN where |G|^2 is not resolved
     ones = np.ones_like(g2)
     g2_mean, g2_se, _ = block_jackknife_ratio(g2, ones, blocks)
     tr_mean, tr_se, _ = block_jackknife_ratio(trace, ones, blocks)

@@ -230,10 +230,16 @@ class EigenvalueStack:
     def usable(eigs: np.ndarray, total: np.ndarray | None = None) -> bool:
         """Whether ``eigs`` ``[S, D]`` meets the stack's requirements (else use `EigenvalueStats` row by row)."""
         e = np.asarray(eigs)
-        if e.ndim != 2 or e.size == 0 or not np.all(np.isfinite(e)) or np.any(e < 0):
-            return False
-        totals = e.sum(axis=1) if total is None else total
-        return bool(np.all(totals > 0)) and bool(np.all(e[:, :-1] >= e[:, 1:]))
+        return e.ndim == 2 and e.size > 0 and bool(EigenvalueStack.usable_rows(e, total).all())
+
+    @staticmethod
+    def usable_rows(eigs: np.ndarray, total: np.ndarray | None = None) -> np.ndarray:
+        """Per row of ``[S, D]``, whether it meets the stack's requirements: finite, non-negative, descending, with
+        a positive total (the rows that do not are summarised one by one)."""
+        e = np.asarray(eigs, dtype=np.float64)
+        with np.errstate(invalid="ignore"):
+            ok = np.isfinite(e).all(axis=1) & (e >= 0).all(axis=1) & (e[:, :-1] >= e[:, 1:]).all(axis=1)
+            return ok & ((e.sum(axis=1) if total is None else np.asarray(total)) > 0)
 
     def _positive_groups(self) -> list[tuple[np.ndarray, int]]:
         """``(rows, k)``: the rows whose first ``k`` eigenvalues are the positive ones (descending: a prefix)."""
@@ -613,13 +619,12 @@ def mean_abs_offdiag_correlations(covs: np.ndarray) -> list[float]:
 def _mean_abs_offdiag_one_pattern(mats: np.ndarray, var: np.ndarray, kept: np.ndarray) -> list[float]:
     """`mean_abs_offdiag_correlations` of C-contiguous matrices ``[S, D, D]`` whose kept variances are all ``kept``."""
     count, dim = mats.shape[0], mats.shape[1]
-    keep = np.broadcast_to(kept, (count, dim))
-    k = int(keep[0].sum())
+    k = int(kept.sum())
     if k < 2:
         return [math.nan] * count
     # C order before any reduction (fancy indexing may lay the copy out otherwise, and numpy reduces in memory order)
-    sub = mats if k == dim else np.ascontiguousarray(mats[:, keep[0]][:, :, keep[0]])
-    std = np.sqrt(np.ascontiguousarray(var[:, keep[0]]))
+    sub = mats if k == dim else np.ascontiguousarray(mats[:, kept][:, :, kept])
+    std = np.sqrt(np.ascontiguousarray(var[:, kept]))
     corr = np.empty_like(sub)
     np.multiply(std[:, :, None], std[:, None, :], out=corr)  # np.outer(std, std) of every matrix
     np.divide(sub, corr, out=corr)

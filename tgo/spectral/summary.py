@@ -250,7 +250,8 @@ def summarize_many(
         whole = isinstance(covs, np.ndarray) and covs.ndim == 3 and covs.dtype == np.float64 and len(rows) == len(mats)
         stack = np.asarray(covs) if whole else np.stack([mats[i] for i in rows])
         eigs, diagonal = _stack_spectra(stack, [spectra[i] for i in rows])
-        usable = _usable_rows(eigs) & _usable_rows(diagonal)  # the others, e.g. zero variance, one by one below
+        # the rows the stack cannot take (e.g. zero variance) are summarised one by one below
+        usable = obs.EigenvalueStack.usable_rows(eigs) & obs.EigenvalueStack.usable_rows(diagonal)
         if usable.sum() >= 2:
             if not usable.all():
                 keep = np.flatnonzero(usable)
@@ -354,15 +355,6 @@ def _stack_spectra(covs: np.ndarray, spectra: Sequence[Spectrum]) -> tuple[np.nd
     return eigs, diagonal
 
 
-def _usable_rows(eigs: np.ndarray) -> np.ndarray:
-    """Per row of ``[S, D]``, `tgo.spectral.observables.EigenvalueStack.usable` of that row alone: finite,
-    non-negative, descending, with a positive total."""
-    e = np.asarray(eigs, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(e).all(axis=1) & (e >= 0).all(axis=1) & (e[:, :-1] >= e[:, 1:]).all(axis=1)
-        return ok & (e.sum(axis=1) > 0)
-
-
 def _stacked(
     covs: np.ndarray,
     spectra: Sequence[Spectrum],
@@ -372,7 +364,7 @@ def _stacked(
     diagonal: np.ndarray,
 ) -> list[dict[str, float]]:
     """Every observable of a stack of defined covariances whose spectra and diagonal spectra (`_stack_spectra`) are
-    all usable (`_usable_rows`)."""
+    all usable (`tgo.spectral.observables.EigenvalueStack.usable_rows`)."""
     stack = _Stack(covs, spectra, fit, eigs, diagonal)
     columns: dict[str, Sequence[float]] = {}
     for o, fast in evaluators:
