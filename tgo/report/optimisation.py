@@ -253,7 +253,7 @@ def optimisation_section(runs: Sequence[RunData], figures_dir: Path) -> Section 
             ratio = last[_SHARPNESS][1] / last[_THRESHOLD][1]
             where = "at" if abs(ratio - 1) < 0.1 else "above" if ratio > 1 else "below"
             section.paragraphs.append(
-                f"At epoch {int(last[_SHARPNESS][0])} the preconditioned sharpness is {ratio:.2f} times the "
+                f"At epoch {int(last[_SHARPNESS][0])} the preconditioned sharpness is {ratio:.2g} times the "
                 f"edge-of-stability threshold for the current learning rate: {where} the edge of stability."
             )
         if "gradient_noise_scale" not in last:
