@@ -475,6 +475,12 @@ def observation(
 
 
 # ---------------------------------------------------------------------------------------------------- timing
+MEASURING = True
+"""``False`` under ``--smoke``, whose timings mean nothing: `interleaved` (and row 1's own warm-up) then runs no
+warm-up and no ``gc.collect()`` before each timed call. With torch, timm and Lightning loaded, one collection takes
+0.3-0.8 s on the 2-core machine: 50 of them were most of the smoke run's CPU time."""
+
+
 def interleaved(
     baseline: Callable[[], Any], variants: dict[str, Callable[[], Any]], repeats: int, warmup: bool = True
 ) -> dict[str, dict[str, float]]:
@@ -485,7 +491,7 @@ def interleaved(
         time divided by the mean of the two baseline runs around it (``ratios``: each repeat's, ``runs``: each
         repeat's seconds); ``"baseline"`` holds the baseline's median.
     """
-    if warmup:
+    if warmup and MEASURING:
         baseline()
         for fn in variants.values():
             fn()
@@ -494,7 +500,8 @@ def interleaved(
     ratios: dict[str, list[float]] = {k: [] for k in variants}
 
     def timed(fn: Callable[[], Any]) -> float:
-        gc.collect()
+        if MEASURING:
+            gc.collect()
         start = time.perf_counter()
         fn()
         return time.perf_counter() - start
@@ -586,15 +593,24 @@ def run_memory_child(args: Sequence[str], timeout: float = 600) -> list[dict[str
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def run_memory_children(specs: Sequence[Sequence[str]], *, fresh: bool = True) -> list[dict[str, Any]]:
+def run_memory_children(
+    specs: Sequence[Sequence[str]], *, fresh: bool = True, in_process: bool = False
+) -> list[dict[str, Any]]:
     """One measurement per spec (``MODEL SIZE IMAGES BATCH VARIANT``), in spec order.
 
     Args:
         specs: The measurements.
         fresh: One process per spec, so nothing freed by an earlier variant lingers in the heap and peaks are clean.
-            ``False`` runs every spec in one process: ``--smoke`` only, where the code path matters and the numbers
-            do not, and each interpreter start (torch + timm imports) costs seconds.
+            ``False`` runs every spec in one process: the code path matters and the numbers do not, and each
+            interpreter start (torch + timm imports) costs seconds.
+        in_process: Every spec in this process (``--smoke``): no interpreter start at all (6-8 s of CPU on the
+            2-core machine, and the child's cold noise-baseline cache), the same `_memory_child.measure` per spec;
+            the peaks then sit on this process's heap and mean nothing.
     """
+    if in_process:
+        from benchmarks._memory_child import measure
+
+        return [measure(m, int(size), int(images), int(batch), variant) for m, size, images, batch, variant in specs]
     if fresh:
         return [run_memory_child(spec)[-1] for spec in specs]
     return run_memory_child([arg for spec in specs for arg in spec])
@@ -616,7 +632,8 @@ class PeakRSS:
     """
 
     def __enter__(self) -> PeakRSS:
-        gc.collect()
+        if MEASURING:  # --smoke measures nothing (and may measure in its own, large heap: `run_memory_children`)
+            gc.collect()
         self._kernel = False
         try:
             self.start = _status_kb("VmRSS") * 1024

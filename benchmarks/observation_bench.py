@@ -365,6 +365,7 @@ class Profile:
         gpu_images: Images of the GPU rows.
         gpu_batch: Batch size of the GPU rows.
         fresh_memory_processes: One process per memory measurement (``False``: all in one; numbers then unclean).
+        memory_in_process: The memory measurements in this process, no child at all (``--smoke``: nothing measured).
         spectral_args: Arguments of ``benchmarks/spectral_bench.py``.
         threads: Torch threads of this process and, through ``OMP_NUM_THREADS``, of its children (``None``: torch's
             choice; ``--threads`` sets this process only).
@@ -394,6 +395,7 @@ class Profile:
     threads: int | None = None
     probe_cold: bool = True
     figures: tuple[str, ...] | None = None
+    memory_in_process: bool = False
 
 
 DEFAULT = Profile(
@@ -453,6 +455,7 @@ SMOKE = Profile(
     threads=1,
     probe_cold=False,
     figures=SMOKE_FIGURES,
+    memory_in_process=True,
 )
 PROFILES: dict[str, Profile] = {p.name: p for p in (DEFAULT, QUICK, SMOKE)}
 
@@ -508,9 +511,10 @@ def overhead(
     if naive:
         variants["naive"] = lambda: (h.naive_observation(net, dataset, points, batch, device), h.synchronize(device))
     baseline = lambda: h.plain_forward(net, dataset, batch, device)
-    baseline()  # warm-up (also of the noise-baseline cache), then one of each (timers reset: only timed runs count)
-    for fn in variants.values():
-        fn()
+    if h.MEASURING:  # warm-up (also of the noise-baseline cache), then one of each (timers reset: only timed runs)
+        baseline()
+        for fn in variants.values():
+            fn()
     for timer in timers.values():
         timer.reset()
     res = h.interleaved(baseline, variants, repeats, warmup=False)
@@ -633,7 +637,7 @@ def memory_rows(
     scaled = [(n, v) for n in profile.scaling for v in ("ours", "naive")]
     specs = [_memory_spec(vit, vit_images, profile.vit_batch, v) for v in variants]
     specs += [_memory_spec(small, n, qs_batch, v) for n, v in scaled]
-    measured = h.run_memory_children(specs, fresh=profile.fresh_memory_processes)
+    measured = h.run_memory_children(specs, fresh=profile.fresh_memory_processes, in_process=profile.memory_in_process)
     peaks = dict(zip(variants, measured[: len(variants)], strict=False))
     raw: dict[str, Any] = {vit.kind: peaks, "quickstart_scaling": measured[len(variants) :]}
     mb = {v: p["peak_delta_bytes"] / MB for v, p in peaks.items()}
@@ -1721,6 +1725,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the benchmarks, prints the table, writes ``results.json``; 1 when a row or the engine benchmark failed."""
     args = parse(argv)
     profile = profile_of(args)
+    h.MEASURING = profile.name != "smoke"
     if profile.threads:
         os.environ["OMP_NUM_THREADS"] = str(profile.threads)  # for the children; this process is set just below
     if args.threads or profile.threads:
