@@ -556,11 +556,15 @@ class TensorBoardDashboard:
         self._point_runs: PointRuns | None = None
         self._figures: FigureWorker | None = None
 
-    def write_scalars(self, results: Results, epoch: int) -> None:
-        """Writes one observation's `point_scalars` into the per-point runs at step ``epoch`` (and flushes them)."""
+    def write_scalars(self, results: Results, epoch: int, *, prefix: str = "") -> None:
+        """Writes one observation's `point_scalars` into the per-point runs at step ``epoch`` (and flushes them);
+        each tag prefixed with ``prefix`` (the step series: ``steps_``, at step = the optimizer step)."""
         if self._point_runs is None:
             self._point_runs = PointRuns(self.log_dir, self.points)
-        self._point_runs.write(point_scalars(results), step=epoch)
+        scalars = point_scalars(results)
+        if prefix:
+            scalars = {point: {prefix + tag: value for tag, value in tags.items()} for point, tags in scalars.items()}
+        self._point_runs.write(scalars, step=epoch)
 
     def submit_figures(
         self,

@@ -9,6 +9,15 @@ Epoch k means "after k completed training epochs". Observations happen at ``on_t
 epoch a crashed run did not record before its checkpoint) and at ``on_train_epoch_end``. The records on disk are the
 source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
 
+With ``observation.early`` a second series is observed too (`tgo.records.RunDir.step_series`): after optimizer step
+0 and the log-spaced steps of `tgo.observatory.settings.EarlySettings.steps`, at the first ``on_train_batch_end``
+that sees that global step (so after the optimizer step, whatever the gradient accumulation). Whether a step is due
+is arithmetic on the global step (the same on every rank); whether it is still unrecorded is rank 0's decision,
+broadcast only at due steps, so the schedule adds no collective to the other steps. Its observations skip the two
+families that read the training between observations (the noise scale, whose window stays the epoch series', and
+curvature) and keep no covariances; their scalars go to every logger as ``steps_geometry[_<view>]/...`` at
+step = the global step, and to TensorBoard's per-point runs as ``steps_geometry/<metric>`` (view ``all``).
+
 How an observation is shown is `tgo.callbacks.dashboard`'s: the scalars go to every Lightning logger (the
 ``geometry[_<view>]/<metric>/<point>`` tags of `geometry_scalars`, re-exported here), to TensorBoard as one run per
 point and figures rendered off the training thread (the story card first, when a ``story`` function is given).
@@ -69,7 +78,7 @@ from tgo.observatory.standalone import (
     prepare_analysis,
     vit_network,
 )
-from tgo.records import RecordWriter, RunDir, load_spectra, recorded_epochs
+from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_spectra, recorded_epochs
 
 from .dashboard import (
     DEPTH_PROFILES,
@@ -158,6 +167,9 @@ class SpectralGeometryCallback(L.Callback):
         self.story = story if story is not None else tgo_story
         self.points: list[ObservationPoint] = []
         self.observed_epochs: list[int] = []
+        self.observed_steps: list[int] = []  # the step series (observation.early)
+        self._early: frozenset[int] | None = None  # its due steps, fixed at each fit's train start
+        self._steps_checked: set[int] = set()  # due steps already decided in this process (gradient accumulation)
         self.last_pass_seconds: float | None = None  # the stream and the reduction (the pass's collectives)
         self.last_summary_seconds: float | None = None  # summary + records (in the background, or inline)
         self.last_logging_seconds: float | None = None  # logger scalars and handing the figures to the worker
@@ -266,9 +278,12 @@ class SpectralGeometryCallback(L.Callback):
         if self._claimed != self._run:
             self._claim_run_directory(trainer)
             self._claimed = self._run
+        self._early, self._steps_checked = None, set()  # this fit's step schedule (its loader's length)
         completed = trainer.current_epoch
         if self._should_observe(completed, trainer):
             self.observe_epoch(trainer, pl_module, completed)
+        if self._should_observe_step(trainer):  # step 0, or a resumed run's due step not yet recorded
+            self.observe_step(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         completed = trainer.current_epoch + 1
@@ -278,6 +293,8 @@ class SpectralGeometryCallback(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         if self._summaries.pending is not None and self._summaries.done:
             self.collect_summary(trainer)
+        if self._should_observe_step(trainer):
+            self.observe_step(trainer, pl_module)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of later weights than the summary in flight waits for it, so that no checkpoint ever
@@ -308,6 +325,9 @@ class SpectralGeometryCallback(L.Callback):
         self._flush_after_failure(trainer)
         self.finish_tensorboard(trainer)
         self._summaries.close()
+        noise = self.collectors.get(NOISE_COLLECTOR)
+        if noise is not None and stage == "fit":  # its gradient hooks leave the parameters with the fit
+            noise.detach()
 
     def collect_summary(self, trainer: L.Trainer, timeout: float | None = None) -> bool:
         """Waits for the summary in flight (if any) and, on rank 0, logs it: its scalars to every logger, its
@@ -317,8 +337,8 @@ class SpectralGeometryCallback(L.Callback):
         if collected is None:
             return False
         pending, results = collected
-        self._finish(trainer, pending.epoch, results, pending.seconds)
-        self._log_blocking(trainer, pending.epoch, pending.held_seconds + time.perf_counter() - start)
+        self._finish(trainer, pending.series, pending.key, results, pending.seconds)
+        self._log_blocking(trainer, pending.series, pending.key, pending.held_seconds + time.perf_counter() - start)
         return True
 
     def _flush_after_failure(self, trainer: L.Trainer) -> None:
@@ -350,18 +370,26 @@ class SpectralGeometryCallback(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """``observed_epochs``: epochs whose records are written; ``pending_epochs``: the epoch whose summary was
-        still in flight when the checkpoint was taken (its records may be missing if the run died then)."""
+        still in flight when the checkpoint was taken (its records may be missing if the run died then);
+        ``observed_steps`` / ``pending_steps``: the same of the step series (``observation.early``)."""
         pending = self._summaries.pending
-        return {"observed_epochs": list(self.observed_epochs), "pending_epochs": [pending.epoch] if pending else []}
+        return {
+            "observed_epochs": list(self.observed_epochs),
+            "pending_epochs": [pending.epoch] if pending and pending.series == "epoch" else [],
+            "observed_steps": list(self.observed_steps),
+            "pending_steps": [pending.step] if pending and pending.series == "step" else [],
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.observed_epochs = sorted(set(self.observed_epochs) | set(state_dict.get("observed_epochs", [])))
-        pending = [int(e) for e in state_dict.get("pending_epochs", [])]
-        if pending:
-            rank_zero_info(
-                f"[tgo] this checkpoint was saved while the summary of epoch {pending} was in flight; an epoch whose "
-                "records are missing is observed again from these weights"
-            )
+        self.observed_steps = sorted(set(self.observed_steps) | set(state_dict.get("observed_steps", [])))
+        for series in ("epoch", "step"):
+            pending = [int(e) for e in state_dict.get(f"pending_{series}s", [])]
+            if pending:
+                rank_zero_info(
+                    f"[tgo] this checkpoint was saved while the summary of {series} {pending} was in flight; an "
+                    f"observation whose records are missing is observed again from these weights"
+                )
 
     # ----------------------------------------------------------------------------------------- schedule
     def _is_due(self, completed: int, trainer: L.Trainer) -> bool:
@@ -379,11 +407,56 @@ class SpectralGeometryCallback(L.Callback):
         decision = not self._already_observed(completed) if trainer.is_global_zero else False
         return bool(trainer.strategy.broadcast(decision, src=0))
 
-    def _already_observed(self, epoch: int) -> bool:
-        on_disk = recorded_epochs(self._run.root) if self._run is not None else []
+    def _already_observed(self, epoch: int, series: str = "epoch") -> bool:
+        """Whether the observation of ``epoch`` (of ``series``: the step in the step series) is recorded, in memory
+        or on disk (rank 0's disk; an on-disk one is remembered: later checkpoints list it)."""
+        observed = self.observed_steps if series == "step" else self.observed_epochs
+        on_disk = recorded_epochs(RunDir(self._run.root, series)) if self._run is not None else []
         if epoch in on_disk:  # e.g. the pending epoch of the checkpoint resumed from: later checkpoints list it
-            self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
-        return epoch in self.observed_epochs or epoch in on_disk
+            self._mark_observed(series, epoch)
+        return epoch in observed or epoch in on_disk
+
+    def _mark_observed(self, series: str, key: int) -> None:
+        if series == "step":
+            self.observed_steps = sorted(set(self.observed_steps) | {key})
+        else:
+            self.observed_epochs = sorted(set(self.observed_epochs) | {key})
+
+    def early_steps(self, trainer: L.Trainer) -> frozenset[int]:
+        """The step series' due steps (``observation.early``; empty when off), fixed at the start of each fit.
+
+        Raises:
+            UserInputError: ``early.until_step`` is null but the training loader has no length (an iterable dataset):
+                the first epoch's steps are unknown.
+        """
+        if self._early is None:
+            early = self.settings.early
+            if not early.enabled:
+                self._early = frozenset()
+            else:
+                until = early.until_step if early.until_step is not None else self._first_epoch_steps(trainer)
+                self._early = frozenset(early.steps(until))
+        return self._early
+
+    @staticmethod
+    def _first_epoch_steps(trainer: L.Trainer) -> int:
+        batches = trainer.num_training_batches
+        if not math.isfinite(batches):
+            raise UserInputError(
+                "observation.early.until_step: null means the first epoch's optimizer steps, but the training "
+                "dataloader has no length; set observation.early.until_step=<the last step to observe>"
+            )
+        return max(1, math.ceil(int(batches) / max(1, int(trainer.accumulate_grad_batches))))
+
+    def _should_observe_step(self, trainer: L.Trainer) -> bool:
+        """The current global step is due in the step series and not yet recorded (rank 0 decides, broadcast at due
+        steps only); a due step is decided once per process, however many micro-batches end at it."""
+        step = int(trainer.global_step)
+        if step not in self.early_steps(trainer) or step in self._steps_checked:  # arithmetic: same on every rank
+            return False
+        self._steps_checked.add(step)
+        decision = not self._already_observed(step, "step") if trainer.is_global_zero else False
+        return bool(trainer.strategy.broadcast(decision, src=0))
 
     # ----------------------------------------------------------------------------------------- observation
     def observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
@@ -400,11 +473,28 @@ class SpectralGeometryCallback(L.Callback):
         generator): training draws the same random numbers however often it is observed, and a resumed run continues
         the uninterrupted run's stream (`tgo.callbacks.random_state`).
         """
+        self._observe(trainer, pl_module, "epoch", epoch)
+
+    def observe_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Runs one observation of the step series (``observation.early``) of the current weights, keyed by
+        ``trainer.global_step``, as `observe_epoch` does (collective; rank 0 records and logs)."""
+        self._observe(trainer, pl_module, "step", int(trainer.global_step))
+
+    def _observe(self, trainer: L.Trainer, pl_module: L.LightningModule, series: str, key: int) -> None:
         held = self._dashboard.held() if self._dashboard is not None else contextlib.nullcontext()
         with held, isolate_rng():
-            self._observe_epoch(trainer, pl_module, epoch)
+            self._observe_series(trainer, pl_module, series, key)
 
-    def _observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
+    def _step_settings(self) -> ObservationSettings:
+        """The step series' settings: the epoch series' without the families that read the training between two
+        observations (the noise scale's window and curvature belong to the epoch series) and without covariances."""
+        return self.settings.replace(
+            noise_scale={**self.settings.noise_scale.__dict__, "enabled": False},
+            curvature={**self.settings.curvature.__dict__, "enabled": False},
+            keep_covariance="none",
+        )
+
+    def _observe_series(self, trainer: L.Trainer, pl_module: L.LightningModule, series: str, key: int) -> None:
         assert self._run is not None, "setup() runs before any observation"
         self.collect_summary(trainer)  # at most one summary in flight: here training waits for the one before
         start = time.perf_counter()
@@ -418,13 +508,18 @@ class SpectralGeometryCallback(L.Callback):
             default_batch_size=self._analysis_batch_size,
             default_num_workers=self._analysis_num_workers,
         )
-        keep = self.settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)
-        record = RecordPlan(writer=RecordWriter(self._run), epoch=epoch, step=trainer.global_step, with_covariance=keep)
+        if series == "step":
+            settings, epoch, keep = self._step_settings(), int(trainer.current_epoch), False
+        else:
+            settings, epoch = self.settings, key
+            keep = settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)
+        writer = RecordWriter(RunDir(self._run.root, series))
+        record = RecordPlan(writer=writer, epoch=epoch, step=trainer.global_step, with_covariance=keep)
         reduced = reduce_observation(
             self._network(pl_module),
             dataset,
             self.points,
-            settings=self.settings,
+            settings=settings,
             plan=plan,
             record=record,
             all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
@@ -442,19 +537,19 @@ class SpectralGeometryCallback(L.Callback):
                 return summarize_and_record(reduced, share=share, eigvalsh=eigvalsh)
 
             if background:
-                pending = self._summaries.submit(epoch, trainer.global_step, job)
+                pending = self._summaries.submit(epoch, trainer.global_step, job, series=series)
                 pending.held_seconds = time.perf_counter() - start
             else:
                 summary_start = time.perf_counter()
                 results = job()
-                self._finish(trainer, epoch, results, time.perf_counter() - summary_start)
-                self._log_blocking(trainer, epoch, time.perf_counter() - start)
+                self._finish(trainer, series, key, results, time.perf_counter() - summary_start)
+                self._log_blocking(trainer, series, key, time.perf_counter() - start)
         else:
-            self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
+            self._mark_observed(series, key)
         if trainer.is_global_zero:
             where = "in the background" if background else f"in {self.last_summary_seconds or 0.0:.2f} s"
             rank_zero_info(
-                f"[tgo] geometry of epoch {epoch} streamed and reduced over {len(dataset)} images in "
+                f"[tgo] geometry of {record.label} streamed and reduced over {len(dataset)} images in "
                 f"{self.last_pass_seconds:.2f} s; summary {where}"
                 + (f" shared by {share.world_size} ranks" if share.is_shared else "")
             )
@@ -486,41 +581,35 @@ class SpectralGeometryCallback(L.Callback):
             self._eigvalsh = resolve_eigvalsh(self.settings.summary.eigensolver, device)
         return self._eigvalsh
 
-    def _log_blocking(self, trainer: L.Trainer, epoch: int, seconds: float) -> None:
+    def _log_blocking(self, trainer: L.Trainer, series: str, key: int, seconds: float) -> None:
         """``geometry/blocking_seconds`` of one observation, once it is complete: every second it held the training
         thread (the stream, the reduction and the hand-off; with the summary in the background also the wait for
         it where the training thread collected it, and the logging of its scalars and figures then)."""
         self.last_blocking_seconds = seconds
         if trainer.is_global_zero:
+            tag = f"{_series_prefix(series)}geometry/blocking_seconds"
             for logger in trainer.loggers:
-                logger.log_metrics({"geometry/blocking_seconds": seconds}, step=epoch)
+                logger.log_metrics({tag: seconds}, step=key)
 
-    def _finish(self, trainer: L.Trainer, epoch: int, results: Results | None, seconds: float | None) -> None:
+    def _finish(
+        self, trainer: L.Trainer, series: str, key: int, results: Results | None, seconds: float | None
+    ) -> None:
         """An observation's summary is recorded: on rank 0 its scalars and figures are logged (training thread)."""
         self.last_summary_seconds = seconds
-        self.observed_epochs = sorted(set(self.observed_epochs) | {epoch})
+        self._mark_observed(series, key)
         if results is None:
             return
         logging_start = time.perf_counter()
-        self._log(trainer, epoch, results)
+        if series == "step":
+            self._log_step(trainer, key, results)
+        else:
+            self._log(trainer, key, results)
         self.last_logging_seconds = time.perf_counter() - logging_start
 
     # ----------------------------------------------------------------------------------------- logging
     def _log(self, trainer: L.Trainer, epoch: int, results: Results) -> None:
         """Scalars to every logger (to TensorBoard as per-point runs); figures, when due, to TensorBoard only."""
-        run_level = {
-            "geometry/pass_seconds": float(self.last_pass_seconds or 0.0),
-            "geometry/summary_seconds": float(self.last_summary_seconds or 0.0),
-        }
-        scalars = {**geometry_scalars(results), **run_level}
-        for logger in trainer.loggers:
-            logger.log_metrics(run_level if isinstance(logger, TensorBoardLogger) else scalars, step=epoch)
-        tensorboard = tensorboard_logger(trainer)
-        if tensorboard is not None:
-            if self._dashboard is None:
-                points = [point.name for point in self.points]
-                self._dashboard = TensorBoardDashboard(tensorboard.log_dir, points, story=self.story)
-            self._dashboard.write_scalars(results, epoch)
+        tensorboard = self._log_scalars(trainer, epoch, results, series="epoch")
         assert self._run is not None
         recorded = recorded_epochs(self._run.root)  # read once: the thinning index and the figures' history
         index = recorded.index(epoch)  # the run's n-th observation, resumed runs included
@@ -529,6 +618,35 @@ class SpectralGeometryCallback(L.Callback):
             self._dashboard.submit_figures(
                 tensorboard.experiment, self._run.root, epoch, results, recorded, self.settings.figures
             )
+
+    def _log_step(self, trainer: L.Trainer, step: int, results: Results) -> None:
+        """The step series' scalars at step = the global step: every logger gets `geometry_scalars` as
+        ``steps_geometry[_<view>]/...``; TensorBoard's per-point runs the view ``all`` as ``steps_geometry/<metric>``
+        (one chart per metric, one line per point, against the optimizer step). No figures: the report draws the
+        series (its early-training section)."""
+        self._log_scalars(trainer, step, results, series="step")
+
+    def _log_scalars(self, trainer: L.Trainer, key: int, results: Results, *, series: str) -> Any:
+        """One observation's scalars at step ``key``: `geometry_scalars` and the run-level timings to every logger but
+        TensorBoard, which gets the timings and, in its per-point runs, the scalars (the step series: view ``all``
+        only), each tag prefixed as the series says (`_series_prefix`). Returns the TensorBoard logger, if any."""
+        prefix = _series_prefix(series)
+        run_level = {
+            f"{prefix}geometry/pass_seconds": float(self.last_pass_seconds or 0.0),
+            f"{prefix}geometry/summary_seconds": float(self.last_summary_seconds or 0.0),
+        }
+        scalars = {**{prefix + tag: value for tag, value in geometry_scalars(results).items()}, **run_level}
+        for logger in trainer.loggers:
+            logger.log_metrics(run_level if isinstance(logger, TensorBoardLogger) else scalars, step=key)
+        tensorboard = tensorboard_logger(trainer)
+        if tensorboard is not None:
+            if self._dashboard is None:
+                points = [point.name for point in self.points]
+                self._dashboard = TensorBoardDashboard(tensorboard.log_dir, points, story=self.story)
+            if series == "step":
+                results = Results({k: value for k, value in results.items() if k.view == DEFAULT_VIEW})
+            self._dashboard.write_scalars(results, key, prefix=prefix)
+        return tensorboard
 
     def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
         """Draws and writes one observation's figures on the calling thread (`tgo.callbacks.dashboard.draw_figures`)."""
@@ -540,6 +658,11 @@ class SpectralGeometryCallback(L.Callback):
         """The network inside the LightningModule (``model=``, else its one timm ViT, else its ``net``), never the DDP
         wrapper or a compiled copy."""
         return vit_network(pl_module, self.model, self.settings, what="the LightningModule")
+
+
+def _series_prefix(series: str) -> str:
+    """The logger-key prefix of a record series: none for the epoch series, ``steps_`` for the step series."""
+    return "steps_" if series == "step" else ""
 
 
 def nonfinite_notice(run: RunDir) -> str | None:

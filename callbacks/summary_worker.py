@@ -29,13 +29,14 @@ class PendingSummary:
     """One summary in flight.
 
     Attributes:
-        epoch: The observation's epoch.
+        epoch: The completed epochs of the observed weights.
         step: The optimiser step of the observed weights.
         future: Its result (rank 0: the `Results`; other ranks: ``None``).
         submitted: ``time.perf_counter()`` at submission.
         seconds: How long the job ran, once it finished.
         held_seconds: How long the observation held the training thread before it handed the summary over (the
             caller's to set: the stream, the reduction and the hand-off).
+        series: Its record series (`tgo.records.SERIES`): ``epoch``, or ``step`` (``observation.early``).
     """
 
     epoch: int
@@ -44,6 +45,17 @@ class PendingSummary:
     submitted: float = field(default_factory=time.perf_counter)
     seconds: float | None = None
     held_seconds: float = 0.0
+    series: str = "epoch"
+
+    @property
+    def key(self) -> int:
+        """The observation's key in its series: the epoch, or the step."""
+        return self.step if self.series == "step" else self.epoch
+
+    @property
+    def label(self) -> str:
+        """``epoch 5`` or ``step 32``."""
+        return f"{self.series} {self.key}"
 
 
 class SummaryWorker:
@@ -54,17 +66,17 @@ class SummaryWorker:
         self._executor: ThreadPoolExecutor | None = None
         self.pending: PendingSummary | None = None
 
-    def submit(self, epoch: int, step: int, job: Callable[[], Any]) -> PendingSummary:
-        """Starts ``job`` (the summary of ``epoch``) in the background.
+    def submit(self, epoch: int, step: int, job: Callable[[], Any], *, series: str = "epoch") -> PendingSummary:
+        """Starts ``job`` (the summary of the observation at ``epoch`` / ``step`` of ``series``) in the background.
 
         Raises:
             RuntimeError: a summary is still pending (collect it with `result` first).
         """
         if self.pending is not None:
-            raise RuntimeError(f"{self.name}: the summary of epoch {self.pending.epoch} is still pending")
+            raise RuntimeError(f"{self.name}: the summary of {self.pending.label} is still pending")
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
-        pending = PendingSummary(epoch, step, Future())
+        pending = PendingSummary(epoch, step, Future(), series=series)
 
         def timed() -> Any:
             start = time.perf_counter()
@@ -95,7 +107,7 @@ class SummaryWorker:
         try:
             value = pending.future.result(timeout)
         except FutureTimeout as err:
-            raise TimeoutError(f"{self.name}: the summary of epoch {pending.epoch} is still running") from err
+            raise TimeoutError(f"{self.name}: the summary of {pending.label} is still running") from err
         finally:
             if pending.future.done():
                 self.pending = None

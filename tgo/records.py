@@ -9,6 +9,16 @@ This module owns the layout of a run directory; every other module asks `RunDir`
     <run>/report/                            ``python -m tgo.report`` output
     <run>/geometry/metrics.csv               epoch,step,point,view,metric,value,stderr   (one row per observable)
     <run>/geometry/spectra/epoch_EEEE.npz    per (point, view): eigenvalues, n_rows, n_nonfinite, mean, [covariance]
+    <run>/geometry/steps/metrics.csv         the step series (``observation.early``): the same layout, keyed by step
+    <run>/geometry/steps/spectra/step_SSSSSS.npz
+
+A run has one or two *series* of observations (`RunDir.series`). The epoch series (``geometry/``) is keyed by the
+completed training epochs of the observed weights; the step series (``geometry/steps/``, only with
+``observation.early``: log-spaced optimizer steps early in training, so that a warm-up collapse is not missed between
+epochs) is keyed by the global optimizer step. Each series is a complete record of its own: ``metrics.csv`` has the
+same columns in both (``epoch`` is the completed epochs there too, ``step`` the optimizer step), and every reader here
+takes a `RunDir` of either series (``RunDir(run, series="step")`` or ``RunDir(run).step_series``); given a path, it
+reads the epoch series. "Epoch" in the names below is the series' key: the step in the step series.
 
 In a spectra file the arrays of the default view ``all`` are ``<point>/<array>`` and those of another view are
 ``<point>/<view>/<array>``: ``eigenvalues`` float64 [D] descending, ``n_rows`` and ``n_nonfinite`` int64 scalars,
@@ -68,11 +78,14 @@ __all__ = [
     "JACKKNIFE_ARRAYS",
     "JACKKNIFE_METRICS",
     "METRICS_COLUMNS",
+    "SERIES",
     "VIEWS",
     "RecordWriter",
     "RecordsError",
     "RunDir",
+    "RunPath",
     "Series",
+    "as_run_dir",
     "atomic_write",
     "atomic_write_json",
     "is_run_dir",
@@ -96,7 +109,10 @@ _LEGACY_COLUMNS: dict[tuple[str, ...], dict[str, str]] = {  # header -> the valu
     ("epoch", "step", "point", "metric", "value"): {"view": DEFAULT_VIEW, "stderr": "nan"},
     ("epoch", "step", "point", "view", "metric", "value"): {"stderr": "nan"},
 }
-_SPECTRA_RE = re.compile(r"^epoch_(\d{4,})\.npz$")
+SERIES: tuple[str, ...] = ("epoch", "step")
+"""The record series of a run (`RunDir.series`), each named after its key column of ``metrics.csv``."""
+_SPECTRA_RE = {series: re.compile(rf"^{series}_(\d{{4,}})\.npz$") for series in SERIES}
+_KEY_DIGITS = {"epoch": 4, "step": 6}
 
 Series = dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
 """metric -> point -> (epochs int64 [E], values float64 [E]), epochs ascending."""
@@ -117,12 +133,18 @@ class RecordsError(UserInputError):
 class RunDir:
     """The paths of one run directory (training run or offline observation); nothing is created.
 
+    Args:
+        root: The run directory.
+        series: ``epoch`` (``geometry/``, keyed by completed epochs) or ``step`` (``geometry/steps/``, the early
+            observations keyed by optimizer step); the paths under ``geometry`` and the key of its records follow it.
+
     Example:
         >>> run = RunDir("outputs/quickstart/runs/2026-11-30_07-00-00")
-        >>> run.metrics, run.spectra(5), run.last_checkpoint
+        >>> run.metrics, run.spectra(5), run.last_checkpoint, run.step_series.spectra(32)
     """
 
     root: Path
+    series: str = "epoch"
 
     CONFIG = "config.yaml"
     MANIFEST = "analysis_subset.json"
@@ -134,8 +156,28 @@ class RunDir:
     METRICS = "metrics.csv"
     SPECTRA = "spectra"
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    STEPS = "steps"
+
+    def __init__(self, root: str | os.PathLike[str], series: str = "epoch") -> None:
+        if series not in SERIES:
+            raise ValueError(f"RunDir: series must be one of {list(SERIES)}, got {series!r}")
         object.__setattr__(self, "root", Path(root))
+        object.__setattr__(self, "series", series)
+
+    @property
+    def key(self) -> str:
+        """The column of ``metrics.csv`` that keys this series' observations (``epoch`` or ``step``)."""
+        return self.series
+
+    @property
+    def step_series(self) -> RunDir:
+        """The step series of this run (``geometry/steps/``)."""
+        return RunDir(self.root, "step")
+
+    @property
+    def epoch_series(self) -> RunDir:
+        """The epoch series of this run (``geometry/``)."""
+        return RunDir(self.root, "epoch")
 
     @property
     def config(self) -> Path:
@@ -169,8 +211,8 @@ class RunDir:
 
     @property
     def geometry(self) -> Path:
-        """``geometry/``."""
-        return self.root / self.GEOMETRY
+        """``geometry/`` (the step series: ``geometry/steps/``)."""
+        return self.root / self.GEOMETRY if self.series == "epoch" else self.root / self.GEOMETRY / self.STEPS
 
     @property
     def metrics(self) -> Path:
@@ -183,16 +225,18 @@ class RunDir:
         return self.geometry / self.SPECTRA
 
     def spectra(self, epoch: int) -> Path:
-        """``geometry/spectra/epoch_EEEE.npz`` (epoch zero-padded to 4 digits)."""
-        return self.spectra_dir / f"epoch_{int(epoch):04d}.npz"
+        """``geometry/spectra/epoch_EEEE.npz`` (epoch zero-padded to 4 digits; the step series:
+        ``geometry/steps/spectra/step_SSSSSS.npz``)."""
+        return self.spectra_dir / f"{self.series}_{int(epoch):0{_KEY_DIGITS[self.series]}d}.npz"
 
     def spectra_files(self) -> dict[int, Path]:
-        """``{epoch: path}`` of every spectra file, epochs ascending."""
+        """``{epoch: path}`` of every spectra file, epochs (steps) ascending."""
         if not self.spectra_dir.is_dir():
             return {}
         found = {}
+        pattern = _SPECTRA_RE[self.series]
         for p in self.spectra_dir.iterdir():
-            m = _SPECTRA_RE.match(p.name)
+            m = pattern.match(p.name)
             if m and p.is_file():
                 found[int(m.group(1))] = p
         return dict(sorted(found.items()))
@@ -224,6 +268,15 @@ class RunDir:
     SET_ASIDE = "set_aside"  # what a resume moved out of the way (tgo.resume): earlier attempts, never a run of its own
     NON_RUN_SUBDIRS = frozenset({REPORT, ".hydra", TENSORBOARD, CHECKPOINTS, GEOMETRY, SET_ASIDE})
     """Subdirectories of a run that never hold other runs (skipped when searching for runs)."""
+
+
+RunPath = str | os.PathLike[str] | RunDir
+"""A run directory as a path (its epoch series) or a `RunDir` (either series)."""
+
+
+def as_run_dir(run_dir: RunPath) -> RunDir:
+    """``run_dir`` as a `RunDir`: a path is its epoch series; a `RunDir` keeps its series."""
+    return run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
 
 
 # ----------------------------------------------------------------------------------------------------------- writing
@@ -349,8 +402,8 @@ class RecordWriter:
         >>> RecordWriter(run_dir).write_observation(epoch=3, step=1200, results=results, with_covariance=False)
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str] | RunDir) -> None:
-        self.run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    def __init__(self, run_dir: RunPath) -> None:
+        self.run = as_run_dir(run_dir)
 
     @property
     def run_dir(self) -> Path:
@@ -417,11 +470,13 @@ class RecordWriter:
                     }
                 )
         arrays.update(_replicate_arrays(replicates))
+        key = self.run.key  # the step series replaces and orders by step
+        observed = {"epoch": epoch, "step": step}[key]
 
-        atomic_write(self.run.spectra(epoch), lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
+        atomic_write(self.run.spectra(observed), lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
 
-        kept = [r for r in read_metric_rows(self.run_dir) if int(r["epoch"]) != epoch]
-        merged = sorted(kept + rows, key=lambda r: int(r["epoch"]))  # stable: within an epoch, written order
+        kept = [r for r in read_metric_rows(self.run) if int(r[key]) != observed]
+        merged = sorted(kept + rows, key=lambda r: int(r[key]))  # stable: within an epoch, written order
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, fieldnames=METRICS_COLUMNS, lineterminator="\n")
         writer.writeheader()
@@ -460,7 +515,7 @@ def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, 
 
 
 # ----------------------------------------------------------------------------------------------------------- reading
-def read_metric_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, str]]:
+def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
     """The rows of ``metrics.csv`` as dicts of strings (empty if there is no file yet); needs no pandas.
 
     Rows are returned unparsed, so rewriting the file keeps other epochs byte-identical. Files without a ``view``
@@ -469,7 +524,7 @@ def read_metric_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, str]]:
     Raises:
         RecordsError: the header is neither the current nor the legacy one.
     """
-    path = RunDir(run_dir).metrics
+    path = as_run_dir(run_dir).metrics
     if not path.exists():
         return []
     try:
@@ -489,24 +544,24 @@ def read_metric_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, str]]:
     raise RecordsError(f"{path}: header {list(header)} is not {list(METRICS_COLUMNS)}")
 
 
-def recorded_epochs(run_dir: str | os.PathLike[str]) -> list[int]:
+def recorded_epochs(run_dir: RunPath) -> list[int]:
     """Epochs whose observation is completely on disk (metrics rows and spectra file), ascending.
 
     The metrics file is written last, so an epoch interrupted between the two writes is not counted and will be
     observed again (its spectra file then replaced).
     """
-    run = RunDir(run_dir)
-    in_metrics = {int(row["epoch"]) for row in read_metric_rows(run.root)}
+    run = as_run_dir(run_dir)
+    in_metrics = {int(row[run.key]) for row in read_metric_rows(run)}
     return sorted(in_metrics & set(run.spectra_files()))
 
 
-def is_run_dir(path: str | os.PathLike[str]) -> bool:
+def is_run_dir(path: RunPath) -> bool:
     """Whether ``path`` holds geometry records (a metrics file or at least one spectra file)."""
-    return RunDir(path).has_records()
+    return as_run_dir(path).has_records()
 
 
-def _require_records(path: str | os.PathLike[str]) -> RunDir:
-    run = RunDir(path)
+def _require_records(path: RunPath) -> RunDir:
+    run = as_run_dir(path)
     if not run.root.is_dir():
         raise RecordsError(
             f"{run.root}: not a directory (expected a run directory holding {RunDir.GEOMETRY}/{RunDir.METRICS})"
@@ -520,16 +575,16 @@ def _require_records(path: str | os.PathLike[str]) -> RunDir:
     return run
 
 
-def _rows_with_metrics_file(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+def _rows_with_metrics_file(path: RunPath) -> list[dict[str, str]]:
     run = _require_records(path)
     if not run.metrics.is_file():
         raise RecordsError(f"{run.root}: spectra exist but {run.metrics.relative_to(run.root)} is missing")
-    rows = read_metric_rows(run.root)
-    _refuse_duplicate_rows(run.metrics, rows)
+    rows = read_metric_rows(run)
+    _refuse_duplicate_rows(run.metrics, rows, run.key)
     return rows
 
 
-def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]]) -> None:
+def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]], key_column: str = "epoch") -> None:
     """Refuses a metrics file with two rows for one (epoch, point, view, metric).
 
     `RecordWriter` replaces an epoch's rows when it observes the epoch again (a resume), so a duplicate never comes
@@ -537,17 +592,18 @@ def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]]) -> Non
     """
     first_line: dict[tuple[str, str, str, str], int] = {}
     for line, row in enumerate(rows, start=2):  # line 1 is the header
-        key = (row["epoch"], row["point"], row["view"], row["metric"])
+        key = (row[key_column], row["point"], row["view"], row["metric"])
         if key in first_line:
             raise RecordsError(
-                f"{path}: line {line} repeats epoch {key[0]}, point {key[1]}, view {key[2]}, metric {key[3]} of line "
-                f"{first_line[key]}; expected one row per epoch, point, view and metric (tgo replaces an epoch's rows "
-                "when it observes it again, so the file was edited or concatenated: keep one of the two)"
+                f"{path}: line {line} repeats {key_column} {key[0]}, point {key[1]}, view {key[2]}, metric {key[3]} "
+                f"of line {first_line[key]}; expected one row per {key_column}, point, view and metric (tgo replaces "
+                "an observation's rows when it observes it again, so the file was edited or concatenated: keep one of "
+                "the two)"
             )
         first_line[key] = line
 
 
-def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+def load_metrics(run_dir: RunPath) -> pd.DataFrame:
     """The metrics of a run as a tidy DataFrame with columns ``epoch, step, point, view, metric, value``.
 
     Returns:
@@ -579,11 +635,11 @@ def load_metrics(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
             columns=list(METRICS_COLUMNS),
         )
     except (TypeError, ValueError) as err:
-        raise RecordsError(f"{RunDir(run_dir).metrics}: malformed row ({err})") from err
+        raise RecordsError(f"{as_run_dir(run_dir).metrics}: malformed row ({err})") from err
 
 
 def load_series(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunPath,
     *,
     view: str = DEFAULT_VIEW,
     metrics: Sequence[str] | None = None,
@@ -606,15 +662,16 @@ def load_series(
     if column not in ("value", "stderr"):
         raise ValueError(f"load_series: column must be 'value' or 'stderr', got {column!r}")
     rows = _rows_with_metrics_file(run_dir)
+    key = as_run_dir(run_dir).key
     wanted = None if metrics is None else set(metrics)
     collected: dict[str, dict[str, dict[int, float]]] = {}
     try:
         for row in rows:
             if row["view"] != view or (wanted is not None and row["metric"] not in wanted):
                 continue
-            collected.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row["epoch"])] = float(row[column])
+            collected.setdefault(row["metric"], {}).setdefault(row["point"], {})[int(row[key])] = float(row[column])
     except (TypeError, ValueError) as err:
-        raise RecordsError(f"{RunDir(run_dir).metrics}: malformed row ({err})") from err
+        raise RecordsError(f"{as_run_dir(run_dir).metrics}: malformed row ({err})") from err
     return {
         metric: {
             point: (
@@ -687,14 +744,14 @@ def _iter_spectra(run: RunDir, epochs: Iterable[int] | None) -> Iterator[tuple[i
         yield int(e), files[int(e)]
 
 
-def load_subspace_history(run_dir: str | os.PathLike[str], before_epoch: int) -> tuple[dict, dict]:
+def load_subspace_history(run_dir: RunPath, before_epoch: int) -> tuple[dict, dict]:
     """``(init, prev)``: per point ``(eigenvectors, components_90)`` of the first and of the latest observation
     recorded before ``before_epoch`` (empty dicts when there is none or the records predate the probes).
 
     Subspace drift reads these from the records, so a resumed run or a later ``tgo.observe`` compares against what
     was actually recorded.
     """
-    run = RunDir(run_dir)
+    run = as_run_dir(run_dir)
     earlier = sorted(e for e in run.spectra_files() if e < int(before_epoch))
     if not earlier:
         return {}, {}
@@ -711,7 +768,7 @@ def load_subspace_history(run_dir: str | os.PathLike[str], before_epoch: int) ->
 
 
 def load_spectra(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunPath,
     epochs: Iterable[int] | None = None,
     *,
     view: str = DEFAULT_VIEW,
@@ -811,7 +868,7 @@ def _read_replicates(path: Path, view: str, wanted: set[str] | None) -> dict[str
 
 
 def load_jackknife(
-    run_dir: str | os.PathLike[str],
+    run_dir: RunPath,
     *,
     view: str = DEFAULT_VIEW,
     metrics: Sequence[str] | None = None,

@@ -8,6 +8,10 @@ again. A directory killed before its first checkpoint is set aside as a whole an
 ``ckpt_path=last`` nor a SLURM requeue needs a human.
 
 Set-aside files go to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt`` saying why.
+
+The step series (``geometry/steps/``, ``observation.early``) is keyed by the optimizer step, so its rule is the
+checkpoint's global step: an observation of a later step was made of weights the resumed run retrains, and is set
+aside the same way (`reconcile_step_records`).
 """
 
 from __future__ import annotations
@@ -63,25 +67,27 @@ def set_aside_attempt(run: RunDir, reason: str) -> Path | None:
 
 
 def set_aside_epochs(run: RunDir, epochs: Iterable[int], reason: str) -> Path | None:
-    """Moves the records of ``epochs`` aside: their spectra files and their rows of ``metrics.csv``.
+    """Moves the records of ``epochs`` aside: their spectra files and their rows of ``metrics.csv`` (of ``run``'s
+    series: in the step series ``epochs`` are steps, moved to ``<set aside>/geometry/steps/``).
 
     The set-aside rows are written to ``<set aside>/geometry/metrics.csv`` before ``metrics.csv`` is rewritten
     without them (atomically), so a kill in between leaves them in both places, never in neither.
     """
     epochs = sorted(set(int(e) for e in epochs))
-    rows = read_metric_rows(run.root)
-    moving_rows = [r for r in rows if int(r["epoch"]) in epochs]
+    rows = read_metric_rows(run)
+    moving_rows = [r for r in rows if int(r[run.key]) in epochs]
     moving_files = [run.spectra(e) for e in epochs if run.spectra(e).is_file()]
     if not moving_rows and not moving_files:
         return None
     target = _new_set_aside_dir(run, reason)
-    (target / RunDir.GEOMETRY / RunDir.SPECTRA).mkdir(parents=True)
+    geometry = target / run.geometry.relative_to(run.root)
+    (geometry / RunDir.SPECTRA).mkdir(parents=True)
     if moving_rows:
-        atomic_write(target / RunDir.GEOMETRY / RunDir.METRICS, _csv(moving_rows))
-        atomic_write(run.metrics, _csv([r for r in rows if int(r["epoch"]) not in epochs]))
+        atomic_write(geometry / RunDir.METRICS, _csv(moving_rows))
+        atomic_write(run.metrics, _csv([r for r in rows if int(r[run.key]) not in epochs]))
     for path in moving_files:
-        shutil.move(str(path), str(target / RunDir.GEOMETRY / RunDir.SPECTRA / path.name))
-    rank_zero_info(f"[tgo] set aside the records of epoch(s) {epochs} in {target} ({reason})")
+        shutil.move(str(path), str(geometry / RunDir.SPECTRA / path.name))
+    rank_zero_info(f"[tgo] set aside the records of {run.key}(s) {epochs} in {target} ({reason})")
     return target
 
 
@@ -159,11 +165,33 @@ def reconcile_records(run: RunDir, checkpoint: str | Path) -> list[int]:
     return newer
 
 
+def reconcile_step_records(run: RunDir, checkpoint: str | Path) -> list[int]:
+    """Sets aside the step series' records of steps after ``checkpoint``'s global step; returns those steps.
+
+    An observation at step ``s`` is of the weights after ``s`` optimizer steps; a checkpoint at global step ``g``
+    descends from every one with ``s <= g``, and the resumed run retrains the steps after ``g`` (and observes them
+    again when due).
+    """
+    steps = run.step_series
+    step = int(_load_lazily(checkpoint).get("global_step", 0))
+    on_disk = {int(r["step"]) for r in read_metric_rows(steps)} | set(steps.spectra_files())
+    newer = sorted(s for s in on_disk if s > step)
+    if newer:
+        set_aside_epochs(
+            steps,
+            newer,
+            f"recorded after {Path(checkpoint).name} was saved (global step {step}); the resumed run retrains those "
+            "steps and observes them again",
+        )
+    return newer
+
+
 def remove_stale_temporaries(run: RunDir) -> list[Path]:
     """Deletes the hidden ``.<name>.<random>.tmp`` files a killed writer left (`tgo.records.atomic_write` and the
     checkpoints written through it). Each is an incomplete copy of a file whose real name holds the previous complete
     version (or nothing), so it carries nothing to keep. Call only when no other process writes this run."""
-    places = [run.geometry, run.spectra_dir, run.checkpoints, run.root]
+    steps = run.step_series
+    places = [run.geometry, run.spectra_dir, steps.geometry, steps.spectra_dir, run.checkpoints, run.root]
     stale = [p for place in places if place.is_dir() for p in place.glob(".*.tmp") if p.is_file()]
     for path in stale:
         path.unlink()
@@ -245,6 +273,7 @@ class StartPlan:
             set_aside_attempt(run, self.start_over)
         elif checkpoint_file is not None:
             reconcile_records(run, checkpoint_file)
+            reconcile_step_records(run, checkpoint_file)
             set_aside_newer_checkpoints(run, checkpoint_file)
 
 

@@ -38,6 +38,7 @@ from tgo.safe_load import load_weights_only
 
 SUMMARY_DELAY_S = 0.6
 FAST: dict[str, Any] = {"groups": 2, "probes": {"folds": 2}, "figures": {"heatmaps": False}, "every_n_epochs": 1}
+NO_STEPS: dict[str, list[int]] = {"observed_steps": [], "pending_steps": []}  # no step series (observation.early)
 
 
 # ----------------------------------------------------------------------------------------------------- the worker
@@ -191,12 +192,12 @@ def test_checkpoints_wait_for_later_weights_and_list_the_pending_epoch_and_a_res
     states = {e: load_weights_only(p)["callbacks"] for e, p in ckpts.items()}
     geometry = {e: next(v for k, v in s.items() if "SpectralGeometryCallback" in k) for e, s in states.items()}
     # after epoch 1: epoch 0's summary (step 0) was older than the weights (step 1): the checkpoint waited for it
-    assert geometry[0] == {"observed_epochs": [0], "pending_epochs": []}
+    assert geometry[0] == {"observed_epochs": [0], "pending_epochs": [], **NO_STEPS}
     # after epoch 2: the observation of these very weights was in flight
-    assert geometry[1] == {"observed_epochs": [0], "pending_epochs": [2]}
+    assert geometry[1] == {"observed_epochs": [0], "pending_epochs": [2], **NO_STEPS}
     assert observed_in_checkpoint(ckpts[1]) == [0, 2], "the pending epoch's records belong to this checkpoint"
     # after epoch 3, the last: a resume from it would find max_epochs reached and observe nothing, so it waited
-    assert geometry[2] == {"observed_epochs": [0, 2, 3], "pending_epochs": []}
+    assert geometry[2] == {"observed_epochs": [0, 2, 3], "pending_epochs": [], **NO_STEPS}
     original = load_spectra(tmp_path / "run")[2]
     # The run died before epoch 2's records were written: they are missing when it resumes from that checkpoint.
     resumed = tmp_path / "resumed"

@@ -263,6 +263,16 @@ class RecordPlan:
     step: int
     with_covariance: bool = False
 
+    @property
+    def key(self) -> int:
+        """The observation's key in its series (`tgo.records.RunDir.series`): the epoch, or the step."""
+        return self.step if self.writer.run.series == "step" else self.epoch
+
+    @property
+    def label(self) -> str:
+        """``epoch 5`` or ``step 32``: how messages name the observation."""
+        return f"{self.writer.run.key} {self.key}"
+
 
 @dataclass
 class ReducedObservation:
@@ -338,12 +348,12 @@ def reduce_observation(
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
         raise NonFiniteActivationsError(
-            f"epoch {record.epoch}: non-finite activations (rows per point): {bad}; "
+            f"{record.label}: non-finite activations (rows per point): {bad}; "
             "set observation.nonfinite=warn to record NaN observables and continue"
         )
     if bad and is_global_zero:
         warnings.warn(
-            f"[tgo] epoch {record.epoch}: non-finite activations at {bad} (rows excluded); their "
+            f"[tgo] {record.label}: non-finite activations at {bad} (rows excluded); their "
             "observables are recorded as NaN",
             RuntimeWarning,
             stacklevel=2,
@@ -367,7 +377,7 @@ def summarize_and_record(
     record = reduced.record
     if share.rank == 0:  # what each family needs from earlier records (subspace drift: earlier eigenvectors)
         for run in reduced.families:
-            run.history = run.family.read_history(record.writer.run_dir, record.epoch)
+            run.history = run.family.read_history(record.writer.run, record.key)
     results = summarize_shared(
         reduced.accumulators,
         reduced.points,

@@ -29,6 +29,7 @@ __all__ = [
     "NONFINITE_POLICIES",
     "AttentionSettings",
     "CurvatureSettings",
+    "EarlySettings",
     "FigureSettings",
     "NoiseScaleSettings",
     "ObservationSettings",
@@ -353,6 +354,47 @@ class CurvatureSettings:
         return torch.float32 if kind == "cpu" else torch.float64
 
 
+@dataclass(frozen=True)
+class EarlySettings:
+    """The step series: observations at log-spaced optimizer steps early in training (training only).
+
+    A collapse of the representation during warm-up can come and go inside the first epoch, between two epoch
+    observations. With ``enabled``, the callback also observes after optimizer step 0 (the initial weights) and after
+    the log-spaced steps `steps` gives, up to ``until_step``, into a second record series keyed by the optimizer step
+    (``geometry/steps/``, `tgo.records.RunDir.step_series`), with every family but the two that read the training
+    between observations (the noise scale, whose window belongs to the epoch series, and curvature). The phases
+    compare consecutive step observations, so the report's early-training section labels the warm-up itself.
+
+    Attributes:
+        enabled: Observe the step series.
+        until_step: The last optimizer step that may be observed; ``None``: the optimizer steps of the first epoch.
+        per_decade: Observations per decade of steps: step ``round(10 ** (k / per_decade))`` for ``k = 0, 1, ...``
+            (4: steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ...).
+    """
+
+    enabled: bool = False
+    until_step: int | None = None
+    per_decade: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ObservationSettingsError(f"{PREFIX}.early.enabled: expected true or false, got {self.enabled!r}")
+        _optional_positive_int("early.until_step", self.until_step)
+        _positive_int("early.per_decade", self.per_decade)
+
+    def steps(self, until_step: int) -> tuple[int, ...]:
+        """The observed steps: 0 and every distinct ``round(10 ** (k / per_decade))`` in ``1 .. until_step``
+        (``self.until_step`` when set, else the given one: the first epoch's optimizer steps)."""
+        last = int(self.until_step if self.until_step is not None else until_step)
+        found = [0]
+        k = 0
+        while (step := round(10 ** (k / self.per_decade))) <= last:
+            if step != found[-1]:
+                found.append(step)
+            k += 1
+        return tuple(found)
+
+
 EIGENSOLVERS = ("auto", "cpu", "gpu")
 """Where the summary's float64 eigendecompositions run (`SummarySettings.eigensolver`)."""
 
@@ -417,6 +459,7 @@ class ObservationSettings:
         phases: The training-phase labels (`PhaseSettings`).
         weights: The weight-geometry family (`WeightSettings`).
         curvature: The loss Hessian's curvature on a fixed batch (`CurvatureSettings`).
+        early: The step series, observations at log-spaced steps early in training (`EarlySettings`).
     """
 
     every_n_epochs: int = 5
@@ -436,6 +479,7 @@ class ObservationSettings:
     phases: PhaseSettings = field(default_factory=PhaseSettings)
     weights: WeightSettings = field(default_factory=WeightSettings)
     curvature: CurvatureSettings = field(default_factory=CurvatureSettings)
+    early: EarlySettings = field(default_factory=EarlySettings)
 
     def __post_init__(self) -> None:
         _positive_int("every_n_epochs", self.every_n_epochs)
@@ -481,41 +525,13 @@ class ObservationSettings:
             object.__setattr__(self, "figures", _figures_from(self.figures))
         elif not isinstance(self.figures, FigureSettings):
             raise ObservationSettingsError(f"{PREFIX}.figures: expected a mapping, got {self.figures!r}")
-        if isinstance(self.probes, Mapping):
-            _reject_unknown(ProbeSettings, self.probes, f"{PREFIX}.probes")
-            object.__setattr__(self, "probes", ProbeSettings(**self.probes))
-        elif not isinstance(self.probes, ProbeSettings):
-            raise ObservationSettingsError(f"{PREFIX}.probes: expected a mapping, got {self.probes!r}")
-        if isinstance(self.attention, Mapping):
-            _reject_unknown(AttentionSettings, self.attention, f"{PREFIX}.attention")
-            object.__setattr__(self, "attention", AttentionSettings(**self.attention))
-        elif not isinstance(self.attention, AttentionSettings):
-            raise ObservationSettingsError(f"{PREFIX}.attention: expected a mapping, got {self.attention!r}")
-        if isinstance(self.noise_scale, Mapping):
-            _reject_unknown(NoiseScaleSettings, self.noise_scale, f"{PREFIX}.noise_scale")
-            object.__setattr__(self, "noise_scale", NoiseScaleSettings(**self.noise_scale))
-        elif not isinstance(self.noise_scale, NoiseScaleSettings):
-            raise ObservationSettingsError(f"{PREFIX}.noise_scale: expected a mapping, got {self.noise_scale!r}")
-        if isinstance(self.summary, Mapping):
-            _reject_unknown(SummarySettings, self.summary, f"{PREFIX}.summary")
-            object.__setattr__(self, "summary", SummarySettings(**self.summary))
-        elif not isinstance(self.summary, SummarySettings):
-            raise ObservationSettingsError(f"{PREFIX}.summary: expected a mapping, got {self.summary!r}")
-        if isinstance(self.phases, Mapping):
-            _reject_unknown(PhaseSettings, self.phases, f"{PREFIX}.phases")
-            object.__setattr__(self, "phases", PhaseSettings(**self.phases))
-        elif not isinstance(self.phases, PhaseSettings):
-            raise ObservationSettingsError(f"{PREFIX}.phases: expected a mapping, got {self.phases!r}")
-        if isinstance(self.weights, Mapping):
-            _reject_unknown(WeightSettings, self.weights, f"{PREFIX}.weights")
-            object.__setattr__(self, "weights", WeightSettings(**self.weights))
-        elif not isinstance(self.weights, WeightSettings):
-            raise ObservationSettingsError(f"{PREFIX}.weights: expected a mapping, got {self.weights!r}")
-        if isinstance(self.curvature, Mapping):
-            _reject_unknown(CurvatureSettings, self.curvature, f"{PREFIX}.curvature")
-            object.__setattr__(self, "curvature", CurvatureSettings(**self.curvature))
-        elif not isinstance(self.curvature, CurvatureSettings):
-            raise ObservationSettingsError(f"{PREFIX}.curvature: expected a mapping, got {self.curvature!r}")
+        for key, kind in _SECTIONS.items():
+            value = getattr(self, key)
+            if isinstance(value, Mapping):
+                _reject_unknown(kind, value, f"{PREFIX}.{key}")
+                object.__setattr__(self, key, kind(**value))
+            elif not isinstance(value, kind):
+                raise ObservationSettingsError(f"{PREFIX}.{key}: expected a mapping, got {value!r}")
 
     @classmethod
     def from_config(cls, node: Any) -> ObservationSettings:
@@ -569,6 +585,19 @@ class ObservationSettings:
     def summary_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``tgo.spectral.summarize`` that come from these settings."""
         return {} if self.fit_range is None else {"fit_range": self.fit_range}
+
+
+_SECTIONS: dict[str, type] = {
+    "probes": ProbeSettings,
+    "attention": AttentionSettings,
+    "noise_scale": NoiseScaleSettings,
+    "summary": SummarySettings,
+    "phases": PhaseSettings,
+    "weights": WeightSettings,
+    "curvature": CurvatureSettings,
+    "early": EarlySettings,
+}
+"""The nested settings sections (besides ``figures``) and their classes: a mapping is validated into its class."""
 
 
 def _figures_from(values: Mapping[str, Any]) -> FigureSettings:

@@ -110,30 +110,34 @@ def _describe(paths: list[str]) -> str:
 
 
 def _foreign_in_geometry(run: RunDir) -> list[str]:
-    """What ``geometry/`` holds that TGO's records never are (empty when it is missing or TGO's own)."""
+    """What ``geometry/`` holds that TGO's records never are (empty when it is missing or TGO's own); the step series
+    (``geometry/steps/``) is checked the same way."""
+    here = run.geometry.relative_to(run.root).as_posix()
     if not run.geometry.exists():
         return []
     if not run.geometry.is_dir():
-        return [run.GEOMETRY]
+        return [here]
     foreign = []
     for entry in sorted(run.geometry.iterdir()):
         if entry.name == run.METRICS and entry.is_file():
             try:
-                read_metric_rows(run.root)
+                read_metric_rows(run)
             except RecordsError:
-                foreign.append(f"{run.GEOMETRY}/{entry.name}")
+                foreign.append(f"{here}/{entry.name}")
         elif entry.name == run.SPECTRA and entry.is_dir():
             own = set(run.spectra_files().values())
-            foreign += [f"{run.GEOMETRY}/{run.SPECTRA}/{p.name}" for p in sorted(entry.iterdir()) if p not in own]
+            foreign += [f"{here}/{run.SPECTRA}/{p.name}" for p in sorted(entry.iterdir()) if p not in own]
         elif entry.name == WEIGHTS_DIR and entry.is_dir():  # the weights family's kept weights (weight_history)
-            own = set(weight_files(run.root, verified=True).values())
+            own = set(weight_files(run, verified=True).values())
             foreign += [
-                f"{run.GEOMETRY}/{WEIGHTS_DIR}/{p.name}"
+                f"{here}/{WEIGHTS_DIR}/{p.name}"
                 for p in sorted(entry.iterdir())
                 if p not in own and not (p.name.startswith(".") and p.name.endswith(".tmp"))
             ]
+        elif entry.name == run.STEPS and entry.is_dir() and run.series == "epoch":  # the step series
+            foreign += _foreign_in_geometry(run.step_series)
         elif not (entry.name.startswith(".") and entry.name.endswith(".tmp")):  # atomic_write's leftovers
-            foreign.append(f"{run.GEOMETRY}/{entry.name}")
+            foreign.append(f"{here}/{entry.name}")
     return foreign
 
 
@@ -179,7 +183,7 @@ def claim_run_directory(
             f"{what} '{run.root}': {run.GEOMETRY}/ holds files TGO did not make ({_describe(foreign)}); TGO records "
             f"into {run.GEOMETRY}/ and never overwrites a file it did not create: choose another directory"
         )
-    has_records = run.has_records()
+    has_records = run.has_records() or run.step_series.has_records()
     if fresh and has_records:
         epochs = recorded_epochs(run.root)
         raise RunDirectoryError(

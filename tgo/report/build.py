@@ -22,6 +22,7 @@ from tgo.report.aggregate import (
     single_aggregate,
     verdict_agreement,
 )
+from tgo.report.early import early_section
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, save_figure, spectrum_figures
 from tgo.report.findings import Finding, evaluate_findings
 from tgo.report.html import GENERATOR, Section, Table, render_page
@@ -618,8 +619,9 @@ def build_report(
     if not single:
         sections.append(verdict_summary_section(findings, hypotheses.results))
     phases = phases_section(runs, figures_dir, settings.z)
+    early = early_section(runs, figures_dir, settings.z)
     optimisation = optimisation_section(runs, figures_dir)
-    sections += [*depth, hypotheses.section, *([phases] if phases else [])]
+    sections += [*depth, hypotheses.section, *([phases] if phases else []), *([early] if early else [])]
     sections += [*([optimisation] if optimisation else []), *later, find]
     if ref is not None:
         sections.append(ref)

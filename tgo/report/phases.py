@@ -43,7 +43,19 @@ from tgo.spectral.phases import (
     merge_phases,
 )
 
-__all__ = ["PHASE_COLOURS", "PointPhases", "phase_map_figure", "phases_section", "run_phases", "run_rule"]
+__all__ = [
+    "PHASE_COLOURS",
+    "PointPhases",
+    "phase_counts_text",
+    "phase_map_figure",
+    "phase_rows",
+    "phase_table",
+    "phases_section",
+    "replicate_groups",
+    "rule_text",
+    "run_phases",
+    "run_rule",
+]
 
 PHASE_COLOURS: dict[str, str] = {
     COLLAPSE: "#8c1c13",
@@ -127,10 +139,16 @@ def run_phases(run: RunData, rule: PhaseRule) -> list[PointPhases]:
     return out
 
 
-def phase_map_figure(run_name: str, points: Sequence[PointPhases], figures_dir: Path) -> FigureRef:
-    """The point x epoch colour map of the labels: one row per point (depth downwards), one cell per pair."""
+def phase_map_figure(
+    run_name: str, points: Sequence[PointPhases], figures_dir: Path, *, series: str = "epoch"
+) -> FigureRef:
+    """The point x epoch colour map of the labels: one row per point (depth downwards), one cell per pair.
+
+    ``series="step"`` (the step series, `tgo.report.early`): the observations are log-spaced optimizer steps, so
+    every cell gets the same width and the ticks name the steps at its edges."""
     epochs = sorted({int(e) for p in points for e in p.trajectory.epochs})
-    edges = np.array(epochs, dtype=np.float64)
+    even = series == "step"
+    edges = np.arange(len(epochs), dtype=np.float64) if even else np.array(epochs, dtype=np.float64)
     codes = np.full((len(points), max(len(epochs) - 1, 1)), math.nan)
     column = {e: j for j, e in enumerate(epochs)}
     for i, p in enumerate(points):
@@ -155,26 +173,30 @@ def phase_map_figure(run_name: str, points: Sequence[PointPhases], figures_dir: 
     )
     ax.set_yticks(np.arange(len(points)) + 0.5, [p.point for p in points], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("epoch (a cell spans the two observations it compares)")
+    ax.set_xlabel(f"{'optimizer step' if even else 'epoch'} (a cell spans the two observations it compares)")
     ticks = epochs if len(epochs) <= 16 else epochs[:: math.ceil(len(epochs) / 16)]
-    ax.set_xticks(ticks)
+    if even:
+        ax.set_xticks([epochs.index(t) for t in ticks], [str(t) for t in ticks])
+    else:
+        ax.set_xticks(ticks)
     handles = [Patch(facecolor=PHASE_COLOURS[k], edgecolor="#999", label=k) for k in order]
     handles.append(Patch(facecolor="white", edgecolor="#999", label=UNDEFINED))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
-    path = save_figure(fig, figures_dir, f"phases_{run_name}")
+    path = save_figure(fig, figures_dir, f"{'early_' if even else ''}phases_{run_name}")
+    where = " over its early optimizer steps" if even else ""
     caption = (
-        f"Training phases of {run_name}: each cell labels the change of effective rank and alpha between two "
+        f"Training phases of {run_name}{where}: each cell labels the change of effective rank and alpha between two "
         "consecutive observations of a point (paired jackknife z, verdict rule's threshold); white: undefined "
         "(no replicates or a NaN value)."
     )
-    return FigureRef("phases", path, caption, wide=True)
+    return FigureRef("early" if even else "phases", path, caption, wide=True)
 
 
 def _change_text(before: float, after: float, z: float) -> str:
     return f"{before:.4g} -> {after:.4g} (z {z:+.1f})"
 
 
-def _rule_text(rule: PhaseRule, groups: int | None) -> str:
+def rule_text(rule: PhaseRule, groups: int | None) -> str:
     critical = f"{rule.critical(groups - 1):.2f}" if groups else "z widened to Student's t for G - 1"
     return (
         "Each consecutive pair of observations of a point is labelled from the paired changes of its effective rank "
@@ -192,9 +214,63 @@ def _rule_text(rule: PhaseRule, groups: int | None) -> str:
     )
 
 
+def phase_rows(run_name: str | None, points: Sequence[PointPhases]) -> list[list[str]]:
+    """The table rows of every merged phase of every point (the run's name first when ``run_name`` is given)."""
+    rows = []
+    for p in points:
+        for phase in p.phases:
+            ev = phase.evidence
+            rows.append(
+                [
+                    *([run_name] if run_name is not None else []),
+                    p.point,
+                    phase.label,
+                    f"{phase.start_epoch}-{phase.end_epoch}",
+                    str(phase.pairs),
+                    _change_text(ev.rank.before, ev.rank.after, ev.rank.z),
+                    _change_text(ev.alpha.before, ev.alpha.after, ev.alpha.z),
+                    ev.reason,
+                ]
+            )
+    return rows
+
+
+def replicate_groups(points: Sequence[PointPhases]) -> int | None:
+    """The jackknife groups ``G`` of the replicates behind the labels (``None``: none recorded)."""
+    for p in points:
+        if p.trajectory.rank_replicates is not None:
+            return int(p.trajectory.rank_replicates.shape[1])
+    return None
+
+
+def phase_counts_text(rows: Sequence[Sequence[str]], several: bool) -> str:
+    """``N phases over P points: n collapse, ...`` of `phase_rows`."""
+    counts = {k: sum(r[2 if several else 1] == k for r in rows) for k in (COLLAPSE, COMPRESSION, ENTROPY, UNRESOLVED)}
+    points = len({(r[0], r[1]) if several else r[0] for r in rows})
+    return f"{len(rows)} phases over {points} points: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n) + "."
+
+
+def phase_table(rows: list[list[str]], several: bool, *, key: str = "epochs") -> Table:
+    """The folded table of `phase_rows` (``key``: the heading of the span column, ``epochs`` or ``steps``)."""
+    headers = [
+        *(["run"] if several else []),
+        "point",
+        "phase",
+        key,
+        "pairs",
+        "effective rank (whole phase)",
+        "alpha (whole phase)",
+        "evidence",
+    ]
+    offset = 1 if several else 0
+    return Table(
+        headers, rows, left=[*range(offset + 2), offset + 6], summary=f"Every phase of every point ({len(rows)} rows)"
+    )
+
+
 def phases_section(runs: Sequence[RunData], figures_dir: Path, z: float) -> Section | None:
     """The "Training phases" section, or ``None`` when no run has two observations of both measures."""
-    tables, figures, rules = [], [], []
+    figures, rules = [], []
     rows: list[list[str]] = []
     several = len(runs) > 1
     groups = None
@@ -205,51 +281,12 @@ def phases_section(runs: Sequence[RunData], figures_dir: Path, z: float) -> Sect
             continue
         rules.append(rule)
         figures.append(phase_map_figure(run.name, points, figures_dir))
-        for p in points:
-            if groups is None and p.trajectory.rank_replicates is not None:
-                groups = int(p.trajectory.rank_replicates.shape[1])
-            for phase in p.phases:
-                ev = phase.evidence
-                rows.append(
-                    [
-                        *([run.name] if several else []),
-                        p.point,
-                        phase.label,
-                        f"{phase.start_epoch}-{phase.end_epoch}",
-                        str(phase.pairs),
-                        _change_text(ev.rank.before, ev.rank.after, ev.rank.z),
-                        _change_text(ev.alpha.before, ev.alpha.after, ev.alpha.z),
-                        ev.reason,
-                    ]
-                )
+        groups = groups or replicate_groups(points)
+        rows += phase_rows(run.name if several else None, points)
     if not figures:
         return None
     section = Section("Training phases", "phases", figures=figures, figures_first=True)
-    section.paragraphs.append(_rule_text(rules[0], groups))
-    counts = {k: sum(r[2 if several else 1] == k for r in rows) for k in (COLLAPSE, COMPRESSION, ENTROPY, UNRESOLVED)}
-    section.paragraphs.append(
-        f"{len(rows)} phases over {len({(r[0], r[1]) if several else r[0] for r in rows})} points: "
-        + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-        + "."
-    )
-    headers = [
-        *(["run"] if several else []),
-        "point",
-        "phase",
-        "epochs",
-        "pairs",
-        "effective rank (whole phase)",
-        "alpha (whole phase)",
-        "evidence",
-    ]
-    offset = 1 if several else 0
-    tables.append(
-        Table(
-            headers,
-            rows,
-            left=[*range(offset + 2), offset + 6],
-            summary=f"Every phase of every point ({len(rows)} rows)",
-        )
-    )
-    section.tables = tables
+    section.paragraphs.append(rule_text(rules[0], groups))
+    section.paragraphs.append(phase_counts_text(rows, several))
+    section.tables = [phase_table(rows, several)]
     return section

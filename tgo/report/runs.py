@@ -18,7 +18,17 @@ from pathlib import Path
 import numpy as np
 
 from tgo.errors import UserInputError
-from tgo.records import DEFAULT_VIEW, RecordsError, RunDir, Series, load_jackknife, load_series, load_spectra
+from tgo.records import (
+    DEFAULT_VIEW,
+    RecordsError,
+    RunDir,
+    RunPath,
+    Series,
+    as_run_dir,
+    load_jackknife,
+    load_series,
+    load_spectra,
+)
 
 __all__ = [
     "REPORT_VIEW",
@@ -174,11 +184,12 @@ def run_names(paths: Sequence[Path]) -> list[str]:
     return [str(p.resolve().relative_to(parent)) or p.resolve().name for p in paths]
 
 
-def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunData:
+def load_run_data(path: RunPath, name: str | None = None) -> RunData:
     """Reads a run's values and standard errors (view `REPORT_VIEW`, `tgo.records.load_series`) and its fingerprint.
 
     Args:
-        path: A run directory.
+        path: A run directory (its epoch series), or a `tgo.records.RunDir` of either series: the step series'
+            `RunData` has steps where the epoch series has epochs (``epochs`` lists the steps).
         name: Label for figures and tables (default: the directory name).
 
     Returns:
@@ -188,11 +199,11 @@ def load_run_data(path: str | os.PathLike[str], name: str | None = None) -> RunD
         ReportInputError: not a run with records, no metrics file, no rows of the reported view, or malformed
             values (the `tgo.records.RecordsError` message, which names the file).
     """
-    run = RunDir(path)
+    run = as_run_dir(path)
     try:
-        series = load_series(run.root, view=REPORT_VIEW)
-        stderr = load_series(run.root, view=REPORT_VIEW, column="stderr")
-        jackknife = load_jackknife(run.root, view=REPORT_VIEW)
+        series = load_series(run, view=REPORT_VIEW)
+        stderr = load_series(run, view=REPORT_VIEW, column="stderr")
+        jackknife = load_jackknife(run, view=REPORT_VIEW)
     except RecordsError as err:
         raise ReportInputError(str(err)) from err
     if not series:

@@ -28,13 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from tgo.records import RunPath
 from tgo.spectral import CATALOGUE, Observable, jackknife_stderr
 from tgo.spectral.catalogue import probe_observable
 from tgo.spectral.jackknife import Moments
@@ -329,9 +329,11 @@ class MeasurementFamily:
         """A fresh rank-local state for one observation."""
         raise NotImplementedError(f"{type(self).__name__}.start")
 
-    def read_history(self, run_dir: Path, epoch: int) -> Any:
+    def read_history(self, run_dir: RunPath, epoch: int) -> Any:
         """Rank 0, before summarising: what it needs from the records of epochs before ``epoch`` (``None``: nothing).
-        It reaches ``HistorySummary.history`` (``FamilyState.relate_history``)."""
+        It reaches ``HistorySummary.history`` (``FamilyState.relate_history``). ``run_dir`` is the `RunDir` of the
+        series being recorded: in the step series (``observation.early``) ``epoch`` is the optimizer step and the
+        history is that series' (`tgo.records` readers take the `RunDir` as it is)."""
         return None
 
 

@@ -38,14 +38,13 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from tgo.records import load_subspace_history
+from tgo.records import RunPath, load_subspace_history
 from tgo.spectral import CATALOGUE, jackknife_groups, jackknife_stderr
 from tgo.spectral.jackknife import Moments
 from tgo.spectral.probes import (
@@ -664,7 +663,7 @@ class ImageVectorFamily(MeasurementFamily):
     def start(self, context: FamilyContext) -> ImageVectorState:
         return ImageVectorState(context)
 
-    def read_history(self, run_dir: Path, epoch: int) -> SubspaceHistory:
+    def read_history(self, run_dir: RunPath, epoch: int) -> SubspaceHistory:
         init, prev = load_subspace_history(run_dir, epoch)
         return SubspaceHistory(init=init, prev=prev)
 

@@ -28,11 +28,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from tgo.records import DEFAULT_VIEW, load_jackknife, read_metric_rows, recorded_epochs
+from tgo.records import DEFAULT_VIEW, RunPath, as_run_dir, load_jackknife, read_metric_rows, recorded_epochs
 from tgo.spectral.phases import PhaseRule, classify, paired_change
 
 from ..settings import ObservationSettings
@@ -71,20 +70,22 @@ class PhaseHistory:
     replicates: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
-def read_phase_history(run_dir: Path, epoch: int) -> PhaseHistory:
-    """What `PhaseFamily.read_history` returns: both measures of the latest observation recorded before ``epoch``."""
-    if not Path(run_dir).is_dir():
+def read_phase_history(run_dir: RunPath, epoch: int) -> PhaseHistory:
+    """What `PhaseFamily.read_history` returns: both measures of the latest observation recorded before ``epoch``
+    (in ``run_dir``'s series: in the step series ``epoch`` is the optimizer step)."""
+    run = as_run_dir(run_dir)
+    if not run.root.is_dir():
         return PhaseHistory()
-    earlier = [e for e in recorded_epochs(run_dir) if e < int(epoch)]
+    earlier = [e for e in recorded_epochs(run) if e < int(epoch)]
     if not earlier:
         return PhaseHistory()
     previous = earlier[-1]
     values: dict[str, dict[str, float]] = {}
-    for row in read_metric_rows(run_dir):
-        if row["view"] == DEFAULT_VIEW and row["metric"] in MEASURES and int(row["epoch"]) == previous:
+    for row in read_metric_rows(run):
+        if row["view"] == DEFAULT_VIEW and row["metric"] in MEASURES and int(row[run.key]) == previous:
             values.setdefault(row["point"], {})[row["metric"]] = float(row["value"])
     replicates: dict[str, dict[str, np.ndarray]] = {}
-    for metric, per_point in load_jackknife(run_dir, metrics=MEASURES, epochs=[previous]).items():
+    for metric, per_point in load_jackknife(run, metrics=MEASURES, epochs=[previous]).items():
         for point, (epochs, rows) in per_point.items():
             hit = np.flatnonzero(epochs == previous)
             if hit.size:
@@ -152,7 +153,7 @@ class PhaseFamily(MeasurementFamily):
     def start(self, context: FamilyContext) -> PhaseState:
         return PhaseState(context)
 
-    def read_history(self, run_dir: Path, epoch: int) -> PhaseHistory:
+    def read_history(self, run_dir: RunPath, epoch: int) -> PhaseHistory:
         return read_phase_history(run_dir, epoch)
 
 

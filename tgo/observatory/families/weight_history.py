@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tgo.records import RunDir, atomic_write, recorded_epochs
+from tgo.records import SERIES, RunDir, RunPath, as_run_dir, atomic_write, recorded_epochs
 
 __all__ = [
     "WEIGHTS_DIR",
@@ -49,20 +49,21 @@ WEIGHTS_DIR = "weights"
 WEIGHTS_FORMAT = "tgo-weights-1"
 """The ``format`` marker of every file this module writes (a file without it is not TGO's and is never touched)."""
 
-_FILE_RE = re.compile(r"^epoch_(\d{6,})\.npz$")
+_FILE_RE = {series: re.compile(rf"^{series}_(\d{{6,}})\.npz$") for series in SERIES}  # the key of each series
 _RESERVED = ("format", "epoch")
 
 
-def weights_dir(run_dir: str | Path) -> Path:
-    """``<run>/geometry/weights``."""
-    return RunDir(run_dir).geometry / WEIGHTS_DIR
+def weights_dir(run_dir: RunPath) -> Path:
+    """``<run>/geometry/weights`` (the step series': ``<run>/geometry/steps/weights``, keyed by step)."""
+    return as_run_dir(run_dir).geometry / WEIGHTS_DIR
 
 
-def _weights_file(run_dir: str | Path, epoch: int) -> Path:
-    return weights_dir(run_dir) / f"epoch_{int(epoch):06d}.npz"
+def _weights_file(run_dir: RunPath, epoch: int) -> Path:
+    """``epoch_XXXXXX.npz`` (the step series: ``step_XXXXXX.npz``)."""
+    return weights_dir(run_dir) / f"{as_run_dir(run_dir).key}_{int(epoch):06d}.npz"
 
 
-def weight_files(run_dir: str | Path, *, verified: bool = False) -> dict[int, Path]:
+def weight_files(run_dir: RunPath, *, verified: bool = False) -> dict[int, Path]:
     """``{epoch: path}`` of the files named as this module names them (``epoch_XXXXXX.npz``), ascending; with
     ``verified`` only those that carry its ``format`` marker and their own epoch (each opened, nothing unpickled)."""
     where = weights_dir(run_dir)
@@ -70,7 +71,7 @@ def weight_files(run_dir: str | Path, *, verified: bool = False) -> dict[int, Pa
         return {}
     found = {}
     for path in where.iterdir():
-        match = _FILE_RE.match(path.name)
+        match = _FILE_RE[as_run_dir(run_dir).key].match(path.name)
         if match and path.is_file():
             found[int(match.group(1))] = path
     if verified:
@@ -102,7 +103,7 @@ class WeightHistory:
         previous_path: The kept weights of ``previous_epoch`` (``None``: not kept).
     """
 
-    run_dir: Path
+    run_dir: RunDir
     epoch: int
     previous_epoch: int | None
     previous_path: Path | None
@@ -127,10 +128,11 @@ class WeightHistory:
             return {}
 
 
-def read_weight_history(run_dir: str | Path, epoch: int) -> WeightHistory:
-    """The `WeightHistory` of an observation of ``epoch`` in ``run_dir`` (reads ``metrics.csv``, not the weights)."""
-    root = Path(run_dir)
-    earlier = [e for e in recorded_epochs(root) if e < int(epoch)] if RunDir(root).metrics.is_file() else []
+def read_weight_history(run_dir: RunPath, epoch: int) -> WeightHistory:
+    """The `WeightHistory` of an observation of ``epoch`` in ``run_dir`` (reads ``metrics.csv``, not the weights;
+    in the step series ``epoch`` is the optimizer step)."""
+    root = as_run_dir(run_dir)
+    earlier = [e for e in recorded_epochs(root) if e < int(epoch)] if root.metrics.is_file() else []
     previous = earlier[-1] if earlier else None
     path = weight_files(root, verified=True).get(previous) if previous is not None else None
     return WeightHistory(root, int(epoch), previous, path)

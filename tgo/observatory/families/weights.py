@@ -35,12 +35,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from tgo.records import RunPath
 from tgo.spectral.weights import relative_update, weight_geometry, weight_matrix
 
 from ..settings import ObservationSettings
@@ -245,7 +245,7 @@ class WeightsFamily(MeasurementFamily):
     def start(self, context: FamilyContext) -> WeightState:
         return WeightState(context, weight_plan(context))
 
-    def read_history(self, run_dir: Path, epoch: int) -> WeightHistory:
+    def read_history(self, run_dir: RunPath, epoch: int) -> WeightHistory:
         return read_weight_history(run_dir, epoch)
 
 
