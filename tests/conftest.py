@@ -101,7 +101,7 @@ HEAVY_MODULES = {
     "tests/test_resume.py": 50,
     "tests/callbacks/test_figure_worker.py": 50,
     "tests/report/test_reference_caveat.py": 50,
-    "tests/test_benchmarks.py": 75,
+    "tests/test_benchmarks.py": 45,
     "tests/observatory/test_share.py": 45,
     "tests/callbacks/test_background_summary.py": 35,
     "tests/test_untrusted_checkpoints.py": 40,

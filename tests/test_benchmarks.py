@@ -51,8 +51,8 @@ def is_skipped(row: dict[str, Any]) -> bool:
     return row.get("value") is None and isinstance(row.get("skipped"), str) and bool(row["skipped"].strip())
 
 
-@pytest.mark.slow  # 55-75 s on 2 loaded cores: interpreter starts (torch, timm, Lightning), matplotlib figures and
-# rows 11's two tiny fits and 2-process gloo run (about 20 s of it: each spawned rank imports torch and timm)
+@pytest.mark.slow  # 40-50 s on 2 cores: interpreter starts (torch, timm, Lightning), matplotlib figures and rows 11's
+# two tiny fits and 2-process gloo run (about 15 s of it: each spawned rank imports torch and timm)
 def test_smoke_run_produces_every_declared_row(tmp_path: Path) -> None:
     proc = run_smoke(tmp_path)
     assert proc.returncode == 0, f"benchmarks --smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
