@@ -2,8 +2,9 @@
 
 12.1  seconds per training epoch of the quickstart network (``accumulate_grad_batches=2``, random images at 24 px,
       batch 32, AdamW), no TGO callback: the baseline.
-12.2  the same epoch with the gradient-noise collector attached (`callbacks.gradient_noise`, accumulation mode: one
-      copy of the gradients, a subtraction, a copy and two fused norms per backward): ratio to 12.1.
+12.2  the same epoch with the gradient-noise collector attached (`callbacks.gradient_noise`, accumulation mode: a
+      gradient hook per parameter taking one norm per micro-batch, one fused norm of ``.grad`` per step): ratio to
+      12.1.
 12.3  the same epoch with the geometry callback observing once at its end, the weights family on vs off
       (``observation.weights.enabled``; skipped if the setting does not exist): ratio on / off.
 
@@ -63,6 +64,9 @@ class _Collect(L.Callback):
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         self.collector.on_before_optimizer_step(trainer)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.collector.detach()
 
 
 def _epoch(smoke: bool, callbacks: list[L.Callback], root: Path) -> None:

@@ -11,9 +11,11 @@ a small batch ``B_s`` and of a big batch ``B_b``. Training already computes both
   averaged over ranks (an unbiased estimate of ``E |G_b|^2`` at ``B_s``) through the family's summables. With
   gradient accumulation under DDP the local gradient is the rank's ``k`` accumulated micro-batches.
 * **One process with gradient accumulation** (``accumulate_grad_batches = k >= 2``): one micro-batch (``B_s``) and the
-  ``k`` accumulated ones (``B_b = k b``). Each micro-batch's gradient is the difference of ``.grad`` between two
-  backward calls (``on_after_backward``; Lightning divides each micro-batch's loss by ``k``, undone here): one copy of
-  the gradients is kept, and each backward costs a subtraction, a copy and two fused norms (``torch._foreach_norm``).
+  ``k`` accumulated ones (``B_b = k b``). Each micro-batch's gradient is what the backward hands every parameter
+  before it is added to ``.grad``: a gradient hook on each parameter (``Tensor.register_hook``, returning nothing, so
+  the gradient is untouched) takes its squared norm (Lightning divides each micro-batch's loss by ``k``, undone here).
+  The accumulated gradient's norms are taken once per optimizer step (``torch._foreach_norm``). No copy of the
+  gradients is kept: per step that is one read of every gradient per micro-batch and one of ``.grad``.
 * **One process, no accumulation**: one batch size only. Nothing is estimated (NaN, said once in the log).
 
 Per step the squared norms of every parameter are summed into columns: the network (every parameter with a gradient)
@@ -112,7 +114,8 @@ class GradientNoiseCollector:
         self._rows: list[torch.Tensor] = []  # [2K] per step, or stacked [n, 2K] chunks
         self._inv: list[tuple[float, float]] = []
         self._params: list[nn.Parameter] = []
-        self._previous: list[torch.Tensor] = []
+        self._handles: list[Any] = []  # accumulation mode: the parameters' gradient hooks
+        self._incoming: dict[int, torch.Tensor] = {}  # position in _params -> |this backward's gradient|^2
 
     # ------------------------------------------------------------------------------------------ attach
     def attach(self, trainer: Any, pl_module: Any, net: nn.Module) -> None:
@@ -123,7 +126,7 @@ class GradientNoiseCollector:
         self.accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
         self._device = pl_module.device
         self._params = [p for p in pl_module.parameters() if p.requires_grad]
-        self._previous = []
+        self._remove_hooks()
         self._reset_window()
         wrapped = getattr(getattr(trainer, "strategy", None), "model", None)
         if not getattr(pl_module, "automatic_optimization", True):
@@ -143,6 +146,7 @@ class GradientNoiseCollector:
             self._off(f"{self.world_size} ranks without a DistributedDataParallel model: no per-rank gradient to read")
         elif self.accumulate >= 2:
             self.mode, self.reason = "accumulation", None
+            self._handles = [p.register_hook(self._gradient_hook(i)) for i, p in enumerate(self._params)]
         else:
             self._off(
                 "one device without gradient accumulation has one batch size only; use several DDP ranks or "
@@ -165,27 +169,27 @@ class GradientNoiseCollector:
 
         self._sizes.append(int(extract_batch_size(batch)))
 
+    def _gradient_hook(self, position: int) -> Any:
+        """The hook of parameter ``position``: the squared norm of the gradient this backward hands it (before
+        ``.grad`` accumulates it), kept on its device; the gradient itself is returned unchanged (``None``)."""
+
+        def hook(grad: torch.Tensor) -> None:
+            if self.mode == "accumulation":
+                self._incoming[position] = torch.linalg.vector_norm(grad.detach())
+            return None
+
+        return hook
+
     def on_after_backward(self) -> None:
-        """Accumulation mode: this micro-batch's gradient (the change of ``.grad``) and the accumulated one."""
+        """Accumulation mode: this micro-batch's gradient norms (what the hooks took in this backward)."""
         if self.mode != "accumulation":
             return
-        params = [p for p in self._params if p.grad is not None]
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
+        incoming, self._incoming = self._incoming, {}
+        if not incoming:
             return
-        current = self._column_sums(params, list(torch._foreach_norm(grads)))
-        if self._micro == 0 or len(self._previous) != len(grads):
-            diff = current
-            if [b.shape for b in self._previous] == [g.shape for g in grads]:
-                torch._foreach_copy_(self._previous, grads)  # the copy kept from earlier steps: no allocation
-            else:
-                self._previous = [g.detach().clone() for g in grads]
-        else:
-            torch._foreach_sub_(self._previous, grads)  # previous - current = -(this micro-batch's share)
-            diff = self._column_sums(params, list(torch._foreach_norm(self._previous)))
-            torch._foreach_copy_(self._previous, grads)
-        self._micro_sq = diff if self._micro_sq is None else self._micro_sq + diff
-        self._current_sq = current
+        params = [self._params[i] for i in incoming]
+        micro = self._column_sums(params, list(incoming.values()))
+        self._micro_sq = micro if self._micro_sq is None else self._micro_sq + micro
         self._micro += 1
 
     def on_before_optimizer_step(self, trainer: Any) -> None:
@@ -194,6 +198,11 @@ class GradientNoiseCollector:
             return
         try:
             sizes = self._sizes[-max(self._micro, 1) :] if self.mode == "accumulation" else self._sizes
+            if self.mode == "accumulation":  # the accumulated gradient, once per step
+                params = [p for p in self._params if p.grad is not None]
+                grads = [p.grad for p in params if p.grad is not None]
+                if grads:
+                    self._current_sq = self._column_sums(params, list(torch._foreach_norm(grads)))
             self._finish_step(trainer, sizes)
         finally:
             self._reset_window()
@@ -235,6 +244,12 @@ class GradientNoiseCollector:
     def _reset_window(self) -> None:
         self._sizes, self._micro, self._micro_sq, self._current_sq = [], 0, None, None
         self._buckets, self._reduced = [], []
+        self._incoming = {}
+
+    def _remove_hooks(self) -> None:
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            handle.remove()
 
     # ------------------------------------------------------------------------------------------ DDP
     def comm_hook(self) -> Any:
@@ -292,8 +307,10 @@ class GradientNoiseCollector:
         return NoiseSteps(table[:, :k].contiguous(), table[:, k:].contiguous(), inv, self.reason, self.mode)
 
     def detach(self) -> None:
-        """Forgets the per-fit state (the DDP hook stays with its DDP module, which lives as long as the fit)."""
-        self._previous, self._params = [], []
+        """Forgets the per-fit state and removes the parameters' gradient hooks (the DDP hook stays with its DDP
+        module, which lives as long as the fit)."""
+        self._remove_hooks()
+        self._params = []
         self._reset_window()
 
 

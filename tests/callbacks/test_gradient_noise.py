@@ -151,6 +151,25 @@ def test_accumulation_norms_equal_brute_force_and_a_fit_records_the_noise_scale(
     assert float(metrics[("0", "cls", "network", "gradient_noise_steps")]["value"]) == 0  # before any step
 
 
+def test_accumulation_hooks_leave_training_bitwise_unchanged_and_leave_with_the_fit(tmp_path):
+    """The gradient hooks read what the backward hands each parameter and return nothing: the trained weights are
+    bitwise those of the same fit without the noise scale, and no hook stays on a parameter after ``fit``."""
+    trained = {}
+    for enabled in (True, False):
+        torch.manual_seed(3)
+        module = Classifier()
+        geometry = SpectralGeometryCallback(
+            analysis=_data(6, seed=9), every_n_epochs=1, groups=0, **QUIET, noise_scale={"enabled": enabled}
+        )
+        _trainer(tmp_path / str(enabled), geometry, accumulate_grad_batches=2).fit(
+            module, DataLoader(_data(), batch_size=BATCH, shuffle=False)
+        )
+        assert all(not p._backward_hooks for p in module.parameters())  # type: ignore[attr-defined]
+        trained[enabled] = {k: v.clone() for k, v in module.state_dict().items()}
+    for name, value in trained[True].items():
+        assert torch.equal(value, trained[False][name]), name
+
+
 def test_one_device_without_accumulation_says_why_once_and_records_nan(tmp_path, caplog):
     geometry = SpectralGeometryCallback(analysis=_data(6, seed=9), every_n_epochs=1, groups=0, **QUIET)
     trainer = _trainer(tmp_path, geometry, limit_train_batches=2)
