@@ -13,9 +13,10 @@ a small batch ``B_s`` and of a big batch ``B_b``. Training already computes both
 * **One process with gradient accumulation** (``accumulate_grad_batches = k >= 2``): one micro-batch (``B_s``) and the
   ``k`` accumulated ones (``B_b = k b``). Each micro-batch's gradient is what the backward hands every parameter
   before it is added to ``.grad``: a gradient hook on each parameter (``Tensor.register_hook``, returning nothing, so
-  the gradient is untouched) takes its squared norm (Lightning divides each micro-batch's loss by ``k``, undone here).
-  The accumulated gradient's norms are taken once per optimizer step (``torch._foreach_norm``). No copy of the
-  gradients is kept: per step that is one read of every gradient per micro-batch and one of ``.grad``.
+  the gradient is untouched) keeps a reference to it until the backward ends, when one fused norm
+  (``torch._foreach_norm``) takes them all (Lightning divides each micro-batch's loss by ``k``, undone here). The
+  accumulated gradient's norms are taken once per optimizer step. No copy of the gradients is kept between
+  backwards (within one, a micro-batch's gradients live until its end).
 * **One process, no accumulation**: one batch size only. Nothing is estimated (NaN, said once in the log).
 
 Per step the squared norms of every parameter are summed into columns: the network (every parameter with a gradient)
@@ -115,7 +116,7 @@ class GradientNoiseCollector:
         self._inv: list[tuple[float, float]] = []
         self._params: list[nn.Parameter] = []
         self._handles: list[Any] = []  # accumulation mode: the parameters' gradient hooks
-        self._incoming: dict[int, torch.Tensor] = {}  # position in _params -> |this backward's gradient|^2
+        self._incoming: dict[int, torch.Tensor] = {}  # position in _params -> this backward's gradient
 
     # ------------------------------------------------------------------------------------------ attach
     def attach(self, trainer: Any, pl_module: Any, net: nn.Module) -> None:
@@ -170,25 +171,28 @@ class GradientNoiseCollector:
         self._sizes.append(int(extract_batch_size(batch)))
 
     def _gradient_hook(self, position: int) -> Any:
-        """The hook of parameter ``position``: the squared norm of the gradient this backward hands it (before
-        ``.grad`` accumulates it), kept on its device; the gradient itself is returned unchanged (``None``)."""
+        """The hook of parameter ``position``: keeps the gradient this backward hands it (before ``.grad``
+        accumulates it) until `on_after_backward` takes every parameter's norm in one fused call; the gradient is
+        returned unchanged (``None``). Computing each norm here instead costs a kernel call per parameter (~14 us
+        each on a CPU: a quarter of the collector's cost on the quickstart network)."""
 
         def hook(grad: torch.Tensor) -> None:
             if self.mode == "accumulation":
-                self._incoming[position] = torch.linalg.vector_norm(grad.detach())
+                self._incoming[position] = grad
             return None
 
         return hook
 
     def on_after_backward(self) -> None:
-        """Accumulation mode: this micro-batch's gradient norms (what the hooks took in this backward)."""
+        """Accumulation mode: this micro-batch's gradient norms (of what the hooks kept in this backward)."""
         if self.mode != "accumulation":
             return
         incoming, self._incoming = self._incoming, {}
         if not incoming:
             return
         params = [self._params[i] for i in incoming]
-        micro = self._column_sums(params, list(incoming.values()))
+        micro = self._column_sums(params, list(torch._foreach_norm(list(incoming.values()))))
+        incoming.clear()  # the micro-batch's gradients are freed here
         self._micro_sq = micro if self._micro_sq is None else self._micro_sq + micro
         self._micro += 1
 
@@ -285,7 +289,7 @@ class GradientNoiseCollector:
         """float64 ``[K]``: the network's squared norm (column 0) and each block's (columns ``1 + i``)."""
         key = tuple(id(p) for p in params)
         index = self._index_cache.get(key)
-        squares = torch.stack([n.detach() for n in norms]).double() ** 2
+        squares = torch.stack(list(norms)).detach().double() ** 2  # one detach: norms of gradients need no graph
         if index is None:
             cols = [self._column_of.get(id(p), self.columns) for p in params]
             index = torch.tensor(cols, dtype=torch.long, device=squares.device)
