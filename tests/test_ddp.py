@@ -38,7 +38,9 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     from tgo.train import run  # not at the top: the processes mp.spawn starts import this module, Lightning-free
 
     single, double, inline = tmp_path / "single", tmp_path / "ddp", tmp_path / "ddp_inline"
-    ddp = ["trainer.devices=2", "trainer.strategy=ddp_spawn"]
+    # With the step series (observation.early: steps 0 and 1 of this one-step epoch), whose due steps the ranks decide
+    # together (rank 0's broadcast at due steps only) and whose summary is shared like the epoch series'.
+    ddp = ["trainer.devices=2", "trainer.strategy=ddp_spawn", "observation.early.enabled=true"]
     run(compose_train(single, EPOCH0))
     run(compose_train(double, [*EPOCH0, *ddp]))
     run(
@@ -47,6 +49,9 @@ def test_two_process_ddp_equals_one_process(tmp_path):
         )
     )
     assert (double / "geometry" / "metrics.csv").read_bytes() == (inline / "geometry" / "metrics.csv").read_bytes()
+    steps = [double / "geometry" / "steps", inline / "geometry" / "steps"]
+    assert (steps[0] / "metrics.csv").read_bytes() == (steps[1] / "metrics.csv").read_bytes()
+    assert sorted(p.name for p in (steps[0] / "spectra").iterdir()) == ["step_000000.npz", "step_000001.npz"]
     shared_spectra = load_spectra(double)
     for epoch, points in load_spectra(inline).items():
         for name, arrays in points.items():
