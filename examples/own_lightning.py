@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the run directory (trainer.default_root_dir): records go to <out>/geometry/")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=None, help="at most this many batches per epoch (a quick try)")
     args = parser.parse_args(argv)
 
     L.seed_everything(0)
@@ -85,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         accelerator="cpu",
         enable_checkpointing=False,
         enable_progress_bar=False,
+        limit_train_batches=args.batches,
+        limit_val_batches=args.batches,
     )
     trainer.fit(
         DigitsClassifier(),

@@ -26,7 +26,7 @@ def test_the_library_example_marks_its_few_tgo_lines() -> None:
 def test_own_lightning_example_records_and_the_report_reads_its_output(tmp_path: Path) -> None:
     out = tmp_path / "own_lightning"
     subprocess.run(
-        [sys.executable, str(EXAMPLES / "own_lightning.py"), str(out), "--epochs", "1"],  # observed at 0 and 1
+        [sys.executable, str(EXAMPLES / "own_lightning.py"), str(out), "--epochs", "1", "--batches", "4"],  # at 0, 1
         check=True,
         cwd=tmp_path,
         timeout=600,

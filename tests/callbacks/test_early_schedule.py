@@ -292,16 +292,29 @@ def test_loggers_get_the_step_series_at_step_equal_to_the_optimizer_step(tmp_pat
 
 
 def test_the_report_has_an_early_training_section_with_its_phases(runs, tmp_path):
-    from tgo.report.build import build_report
+    import shutil
 
-    index = build_report([runs["early"]], out=tmp_path / "report")
-    html = index.read_text(encoding="utf-8")
-    assert 'id="early"' in html and "Early training" in html
-    assert "Observed early: steps 0, 1, 2, 3, 6." in html
-    figures = sorted(p.name for p in (tmp_path / "report" / "figures").iterdir() if p.name.startswith("early_"))
-    assert figures == ["early_phases_early.png", "early_series_early.png"]
-    plain = build_report([runs["plain"]], out=tmp_path / "plain_report").read_text(encoding="utf-8")
-    assert 'id="early"' not in plain
+    from tests.report.synthetic import write_synthetic_run
+    from tgo.report.build import build_report
+    from tgo.report.early import early_section
+    from tgo.report.runs import load_run_data
+
+    section = early_section([load_run_data(runs["early"])], tmp_path / "figures", z=3.0)
+    assert section is not None and section.title == "Early training"
+    assert "Observed early: steps 0, 1, 2, 3, 6." in " ".join(section.paragraphs)
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
+        "early_phases_early.png",
+        "early_series_early.png",
+    ]
+    (table,) = section.tables
+    assert {row[0] for row in table.rows} == set(load_run_data(runs["early"]).points)  # every point's phases
+    assert early_section([load_run_data(runs["plain"])], tmp_path / "none", z=3.0) is None
+    # The page: a small synthetic run carrying the step series gets the section; without one it has none.
+    curve = {"effective_rank": {"block_01": lambda e: 2.0 + e}, "power_law_alpha": {"block_01": lambda e: 3.0 - e}}
+    with_steps, without = write_synthetic_run(tmp_path / "a", curve), write_synthetic_run(tmp_path / "b", curve)
+    shutil.copytree(RunDir(runs["early"]).step_series.geometry, RunDir(with_steps).step_series.geometry)
+    assert 'id="early"' in build_report([with_steps], out=tmp_path / "a_report").read_text(encoding="utf-8")
+    assert 'id="early"' not in build_report([without], out=tmp_path / "b_report").read_text(encoding="utf-8")
 
 
 def test_a_users_file_in_the_step_series_is_refused_before_training(tmp_path):
