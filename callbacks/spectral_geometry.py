@@ -43,6 +43,8 @@ the logging of its scalars and figures; beside ``geometry/pass_seconds`` (stream
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import math
 import time
 import warnings
@@ -279,6 +281,7 @@ class SpectralGeometryCallback(L.Callback):
             self._claim_run_directory(trainer)
             self._claimed = self._run
         self._early, self._steps_checked = None, set()  # this fit's step schedule (its loader's length)
+        self.early_steps(trainer)  # a schedule it cannot make is refused before the first observation
         completed = trainer.current_epoch
         if self._should_observe(completed, trainer):
             self.observe_epoch(trainer, pl_module, completed)
@@ -485,12 +488,13 @@ class SpectralGeometryCallback(L.Callback):
         with held, isolate_rng():
             self._observe_series(trainer, pl_module, series, key)
 
+    @functools.cached_property
     def _step_settings(self) -> ObservationSettings:
         """The step series' settings: the epoch series' without the families that read the training between two
         observations (the noise scale's window and curvature belong to the epoch series) and without covariances."""
         return self.settings.replace(
-            noise_scale={**self.settings.noise_scale.__dict__, "enabled": False},
-            curvature={**self.settings.curvature.__dict__, "enabled": False},
+            noise_scale=dataclasses.replace(self.settings.noise_scale, enabled=False),
+            curvature=dataclasses.replace(self.settings.curvature, enabled=False),
             keep_covariance="none",
         )
 
@@ -509,7 +513,7 @@ class SpectralGeometryCallback(L.Callback):
             default_num_workers=self._analysis_num_workers,
         )
         if series == "step":
-            settings, epoch, keep = self._step_settings(), int(trainer.current_epoch), False
+            settings, epoch, keep = self._step_settings, int(trainer.current_epoch), False
         else:
             settings, epoch = self.settings, key
             keep = settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)

@@ -139,7 +139,7 @@ def test_an_unsized_training_loader_needs_until_step(tmp_path):
     )  # fmt: skip
     with pytest.raises(UserInputError, match=r"observation\.early\.until_step: null means the first epoch's"):
         trainer.fit(Module(), DataLoader(Stream(), batch_size=4))
-    assert not RunDir(tmp_path).step_series.has_records()
+    assert not RunDir(tmp_path).has_records() and not RunDir(tmp_path).step_series.has_records()  # nothing observed
 
 
 # ------------------------------------------------------------------------------------------------ one fit
