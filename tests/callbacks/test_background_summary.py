@@ -141,7 +141,8 @@ def slow_summary(monkeypatch) -> SummaryLog:
     """Every background summary waits for the training thread's next event, then sleeps `SUMMARY_DELAY_S`
     (`SummaryLog`); inline summaries only sleep."""
     log = SummaryLog()
-    real_summary, real_submit, real_result = geometry_module.summarize_and_record, SummaryWorker.submit, SummaryWorker.result
+    real_summary = geometry_module.summarize_and_record
+    real_submit, real_result = SummaryWorker.submit, SummaryWorker.result
 
     def slow(reduced, **kwargs):
         log.wait_for_release(reduced.record.epoch)
