@@ -418,6 +418,17 @@ def test_import_tgo_stays_light() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_the_training_entry_point_imports_lightning_and_timm_only_to_train() -> None:
+    """A wrong config value, a missing GPU or a foreign run directory is one line after torch's import, not after
+    Lightning's and timm's (several seconds more): ``tgo.train`` and what it imports at the top leave them out."""
+    code = (
+        "import sys, tgo.train, tgo.launch, tgo.resume, tgo.config\n"
+        "late = sorted(m for m in ('lightning', 'pytorch_lightning', 'timm') if m in sys.modules)\n"
+        "assert not late, late"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_a_user_run_resumed_from_its_checkpoint_continues_its_records(tmp_path: Path) -> None:
     analysis = stratified_subset(images(8), per_class=2)
 

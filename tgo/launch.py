@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from hydra.experimental.callback import Callback
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
 from tgo.errors import ConfigError
@@ -83,6 +82,8 @@ def slurm_requeue_plugins(configured: list[Any]) -> list[Any]:
     default here, just before the trainer (and with it Lightning's handler) is set up. Nothing is added outside
     SLURM or when a cluster environment is configured explicitly.
     """
+    from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
+
     if any(isinstance(p, ClusterEnvironment) for p in configured) or not SLURMEnvironment.detect():
         return []
     requeue_signal = preemption_signal()
@@ -93,6 +94,8 @@ def slurm_requeue_plugins(configured: list[Any]) -> list[Any]:
 
 def is_requeued_slurm_job() -> bool:
     """Whether SLURM restarted this job (``scontrol requeue``, preemption or node failure): ``SLURM_RESTART_COUNT``."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
     return SLURMEnvironment.detect() and int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
 
 

@@ -27,11 +27,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-
 from tgo.errors import ConfigError
 from tgo.records import METRICS_COLUMNS, RunDir, atomic_write, read_metric_rows
 from tgo.safe_load import UnsafeCheckpointError, load_weights_only
+
+
+def rank_zero_info(message: str) -> None:
+    """Lightning's ``rank_zero_info``, imported on first use: ``tgo.train`` imports this module, and its input
+    errors (config, run directory) are printed before Lightning (seconds to import) is needed."""
+    from lightning.pytorch.utilities import rank_zero_info as info
+
+    info(message)
+
+
+def rank_zero_warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Lightning's ``rank_zero_warn``, imported on first use (`rank_zero_info`)."""
+    from lightning.pytorch.utilities import rank_zero_warn as warn
+
+    warn(message, category=category)
+
 
 SET_ASIDE = RunDir.SET_ASIDE
 GEOMETRY_CALLBACK = "SpectralGeometryCallback"

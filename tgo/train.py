@@ -18,19 +18,14 @@ import time
 import zipfile
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
-import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor
-from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from tgo.checkpoints import AtomicCheckpointIO
 from tgo.config import CONFIG_MODULE, validate_config
 from tgo.errors import ConfigError, UserInputError, find_error
 from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job, slurm_requeue_plugins
@@ -38,6 +33,13 @@ from tgo.observatory.pipeline import NonFiniteActivationsError
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RunDir, atomic_write
 from tgo.resume import check_checkpoint, check_same_analysis_subset, plan_start
+
+if TYPE_CHECKING:
+    import lightning as L
+
+# Lightning (and timm, through tgo.checkpoints) are imported where training starts, not at the top: they take
+# seconds to import, and every input error before that (Hydra's, the config's, the accelerator's, the run
+# directory's) is then one line within about the time torch takes to import.
 
 LAUNCHED_AT = time.time()
 """When this process imported ``tgo.train``: before Hydra made (or reused) the run directory."""
@@ -61,6 +63,9 @@ def without_logger_only_callbacks(callbacks: list[Any], loggers: list[Any]) -> l
 
     It writes only through a logger, and Lightning refuses to start with it and no logger at all.
     """
+    from lightning.pytorch.callbacks import LearningRateMonitor
+    from lightning.pytorch.utilities import rank_zero_info
+
     if loggers or not any(isinstance(c, LearningRateMonitor) for c in callbacks):
         return callbacks
     rank_zero_info("[tgo] every logger is disabled: learning rates are not logged (lr_monitor needs a logger)")
@@ -247,6 +252,10 @@ def trainer_plugins(cfg: DictConfig) -> list[Any]:
     Checkpoints are then written atomically in their own directory, so a full disk never truncates ``last.ckpt``.
     On a SLURM task, Lightning's SLURM environment listens for the preemption signal (`slurm_requeue_plugins`).
     """
+    from lightning.pytorch.plugins.io import CheckpointIO
+
+    from tgo.checkpoints import AtomicCheckpointIO
+
     plugins = list(instantiate(cfg.trainer.get("plugins")) or [])
     if not any(isinstance(p, CheckpointIO) for p in plugins):
         plugins.append(AtomicCheckpointIO())
@@ -270,6 +279,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     ckpt_path = resolve_ckpt_path(start.checkpoint, output_dir)
     if start.start_over is None:
         refuse_to_overwrite(output_dir, ckpt_path)
+    import lightning as L
+    from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+
     L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate(cfg.data).validate()  # scans the data and settles the analysis subset now
