@@ -102,7 +102,7 @@ HEAVY_MODULES = {
     "tests/callbacks/test_figure_worker.py": 50,
     "tests/report/test_reference_caveat.py": 50,
     "tests/test_benchmarks.py": 45,
-    "tests/observatory/test_share.py": 45,
+    "tests/observatory/test_share.py": 25,
     "tests/callbacks/test_background_summary.py": 35,
     "tests/test_untrusted_checkpoints.py": 40,
     "tests/test_train.py": 40,
