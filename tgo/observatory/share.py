@@ -13,8 +13,9 @@ same moments give the same bits on any rank). So instead of every rank waiting f
    decodes them in point order and adds what compares with earlier records (`relate_histories`: only rank 0 has the
    records), then records. A share that failed travels as its error, so no rank is left waiting in the gather.
 
-Records are bitwise those of a one-process summary (``tests/observatory/test_share.py``, 1 vs 2 and 3 gloo
-processes): every array and float travels as its bytes.
+Records are bitwise those of a one-process summary (``tests/observatory/test_share.py``, 1 vs 3 gloo processes;
+``tests/test_ddp.py``, a 2-process DDP fit against rank 0's inline summary): every array and float travels as its
+bytes.
 
 The *point* is the unit, not the (point, view): a family's ``summarize_point`` reads all the point's view summaries,
 so dealing views apart would need a second gather before it.
