@@ -100,7 +100,9 @@ HEAVY_MODULES = {
     "tests/test_ddp.py": 85,
     "tests/test_resume.py": 50,
     "tests/callbacks/test_figure_worker.py": 50,
-    "tests/report/test_reference_caveat.py": 50,
+    "tests/report/test_reference_caveat.py": 15,
+    "tests/report/test_hypotheses.py": 45,
+    "tests/report/test_story.py": 20,
     "tests/test_benchmarks.py": 45,
     "tests/observatory/test_share.py": 25,
     "tests/callbacks/test_background_summary.py": 35,
@@ -117,7 +119,9 @@ HEAVY_MODULES = {
     "tests/spectral/test_spectral_jackknife.py": 20,
 }
 """Rough seconds of each long test module on the quiet 2-core machine (``make test``), for ordering only: a module
-not listed counts 30 s per ``slow`` test. A wrong number costs some balance at the end of the run, never a result."""
+not listed counts 30 s per ``slow`` test. A wrong number costs some balance at the end of the run, never a result.
+A module with a module-scoped fixture is listed too: dealt whole at the head of a share, no steal splits it, so the
+fixture is built once (a split module builds it again on each side)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -17,6 +17,7 @@ import pytest
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
+from tests.report.synthetic import write_synthetic_run
 from tgo import viz
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_jackknife, load_series, load_spectra
 from tgo.report import hypotheses_section, plots
@@ -303,8 +304,11 @@ def test_each_correlation_panel_marks_the_recorded_mean_abs_offdiag_correlation(
     ref = correlation_figure(load_run_data(smoke_run), tmp_path / "figures")
     assert ref is not None and ref.section == "correlation" and "mean_abs_offdiag_correlation" in ref.caption
     assert (tmp_path / ref.path).read_bytes()[:4] == b"\x89PNG"
-    refs = spectrum_figures(load_run_data(smoke_run), tmp_path / "off", correlation=False)
-    assert refs and not [r for r in refs if r.section == "correlation"]
+    # correlation=False leaves the histograms out of the spectra's figures (one stored point suffices to see it)
+    small = write_synthetic_run(tmp_path / "small", {"effective_rank": {"block_01": lambda e: 1.0 + e}}, epochs=[0, 5])
+    sections = {on: [r.section for r in spectrum_figures(load_run_data(small), tmp_path / str(on), correlation=on)]
+                for on in (True, False)}  # fmt: skip
+    assert "correlation" in sections[True] and "correlation" not in sections[False] and sections[False]
 
 
 # ------------------------------------------------------------------------------------------------ the model's name

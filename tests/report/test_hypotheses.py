@@ -278,8 +278,14 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def test_the_page_has_a_hypotheses_section_with_figures_tables_cka_and_a_csv(tmp_path: Path):
-    index = build_report([probe_run(tmp_path / "run")], correlation=False)
+@pytest.fixture(scope="module")
+def probe_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``index.html`` of `probe_run`'s report, built once for the tests that read it."""
+    return build_report([probe_run(tmp_path_factory.mktemp("probes") / "run")], correlation=False)
+
+
+def test_the_page_has_a_hypotheses_section_with_figures_tables_cka_and_a_csv(probe_report: Path):
+    index = probe_report
     html = index.read_text()
     assert '<h2 id="hypotheses">Hypotheses' in html
     for hypothesis in HYPOTHESES.values():
@@ -413,8 +419,8 @@ def test_the_report_judges_and_draws_the_attention_view(tmp_path: Path):
     assert ("attention_entropy", "attention", "cls") not in by_key  # the predictions are about blocks
 
 
-def test_records_without_attention_say_so(tmp_path: Path):
-    index = build_report([probe_run(tmp_path / "run")], correlation=False)
+def test_records_without_attention_say_so(probe_report: Path):
+    index = probe_report
     html = index.read_text()
     assert "Not recorded: these records hold no attention view" in html
     rows = read_rows(index.parent / "hypotheses.csv")
