@@ -13,7 +13,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import TensorDataset
 
-from tests.conftest import compose_train
+from tests.conftest import NO_FIGURES, compose_train
 from tgo import viz
 from tgo.callbacks.spectral_geometry import NonFiniteActivationsError, SpectralGeometryCallback, nonfinite_notice
 from tgo.callbacks.tensorboard_runs import point_run_names
@@ -72,7 +72,7 @@ def test_schedule_is_initialisation_every_n_and_the_final_epoch(tmp_path):
     run(
         compose_train(
             tmp_path,
-            [*QUICK, "trainer.max_epochs=5", "observation.every_n_epochs=2", "observation.figures.spectra=false"],
+            [*QUICK, *NO_FIGURES, "trainer.max_epochs=5", "observation.every_n_epochs=2"],  # records, not figures
         )
     )
     assert recorded_epochs(tmp_path) == [0, 2, 4, 5]
