@@ -120,8 +120,8 @@ HEAVY_MODULES = {
 }
 """Rough seconds of each long test module on the quiet 2-core machine (``make test``), for ordering only: a module
 not listed counts 30 s per ``slow`` test. A wrong number costs some balance at the end of the run, never a result.
-A module with a module-scoped fixture is listed too: dealt whole at the head of a share, no steal splits it, so the
-fixture is built once (a split module builds it again on each side)."""
+A module whose module-scoped fixture is costly (a whole report) is listed too: dealt whole at the head of a share,
+no steal splits it, so the fixture is built once (a split module builds it again on each side)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

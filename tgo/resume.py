@@ -41,10 +41,11 @@ def rank_zero_info(message: str) -> None:
 
 
 def rank_zero_warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """Lightning's ``rank_zero_warn``, imported on first use (`rank_zero_info`)."""
+    """Lightning's ``rank_zero_warn``, imported on first use (`rank_zero_info`); ``stacklevel`` one above its default
+    4 for this wrapper's frame, so the warning names the line that calls this, as a direct call's would."""
     from lightning.pytorch.utilities import rank_zero_warn as warn
 
-    warn(message, category=category)
+    warn(message, stacklevel=5, category=category)
 
 
 SET_ASIDE = RunDir.SET_ASIDE

@@ -14,6 +14,11 @@ from types import SimpleNamespace
 import numpy as np
 
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir
+from tgo.report.reference import PAPER_POINTS
+
+FEW_PAPER_POINTS = (PAPER_POINTS[0], PAPER_POINTS[7], PAPER_POINTS[-1])
+"""Three of the paper's points (the patch embedding, a middle block, CLS): for a run that must look like the paper's
+experiment where the points do not matter (a caveat, an overlay); every point costs a report a dozen figures."""
 
 Curve = Callable[[np.ndarray], np.ndarray]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.report.synthetic import write_synthetic_run
+from tests.report.synthetic import FEW_PAPER_POINTS, write_synthetic_run
 from tgo.records import RunDir
 from tgo.report.__main__ import main
 from tgo.report.build import build_report
@@ -25,10 +25,8 @@ from tgo.report.reference import (
 )
 from tgo.report.runinfo import RunInfo, read_run_info
 
-SHOWN_POINTS = (PAPER_POINTS[0], PAPER_POINTS[7], PAPER_POINTS[-1])
-"""Three of the paper's points (embedding, a middle block, CLS): the caveat is about the experiment, not the points,
-and every point costs the page a dozen figures."""
-CURVES = {"effective_rank": {p: (lambda e, i=i: 2.0 + i + e) for i, p in enumerate(SHOWN_POINTS)}}
+CURVES = {"effective_rank": {p: (lambda e, i=i: 2.0 + i + e) for i, p in enumerate(FEW_PAPER_POINTS)}}
+"""The caveat is about the experiment, not the points: three of the paper's points are enough."""
 PAPER_ARCH = "    patch_size: 16\n    embed_dim: 384\n    depth: 12\n    num_heads: 6\n"
 QUICK_ARCH = "    patch_size: 4\n    embed_dim: 96\n    depth: 12\n    num_heads: 3\n"
 

@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.report.synthetic import write_run_config, write_synthetic_run
+from tests.report.synthetic import FEW_PAPER_POINTS, write_run_config, write_synthetic_run
 from tgo.report.__main__ import main
 from tgo.report.build import build_report, header_rows
 from tgo.report.plots import DECAY_FLOOR, decay_figure, lines_figure
-from tgo.report.reference import PAPER_POINTS
 from tgo.report.runinfo import NOT_RECORDED, read_run_info
 from tgo.report.runs import ReportInputError, load_run_data
 
@@ -118,8 +117,7 @@ def test_runs_with_different_points_are_refused(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_published_overlay_is_opt_in_with_a_caveat_when_the_experiment_differs(tmp_path: Path):
-    paper_points = (PAPER_POINTS[0], PAPER_POINTS[7], PAPER_POINTS[-1])  # three are enough, each costs figures
-    curves = {"effective_rank": {p: (lambda e, i=i: 2.0 + i + e) for i, p in enumerate(paper_points)}}
+    curves = {"effective_rank": {p: (lambda e, i=i: 2.0 + i + e) for i, p in enumerate(FEW_PAPER_POINTS)}}
     quick = write_run_config(write_synthetic_run(tmp_path / "quick", curves, epochs=[0, 5, 10], dim=2))
     html = build_report([quick], correlation=False).read_text()
     assert "published TGO-I" not in html and "Caveat" not in html  # opt-in: --reference (the caveat itself, a
