@@ -3,11 +3,20 @@ errors); a tensor that does not have its declared layout is refused in one line.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from tests.observatory.observatory_helpers import N_PATCHES, WIDTH, Recorder, hook_count, images, make_vit
-from tgo.observatory import ActivationHooks, HookSpec, LayoutError, ObservationPoint, vit_points
+from tgo.observatory import (
+    ActivationHooks,
+    HookSpec,
+    LayoutError,
+    ObservationPoint,
+    stream_activations,
+    summarize_accumulators,
+    vit_points,
+)
 
 
 def _probe_once(model, points, x, **kwargs):
@@ -154,3 +163,74 @@ def test_declared_layouts_must_match():
             net(images(1, size=16))
     with pytest.raises(ValueError, match="layout must be one of"):
         ObservationPoint("b", "blocks.0", layout="nchw")
+
+
+# ------------------------------------------------------------------------- CNN feature maps (issue 33, item 4)
+def _resnet_stage():
+    """A ResNet-18 (random init) whose ``layer3`` emits a [B, 256, 2, 2] map on 32-pixel images."""
+    import timm
+
+    torch.manual_seed(0)
+    return timm.create_model("resnet18", num_classes=0).eval()
+
+
+def _layer3_by_hand(net, x):
+    """The stage's output from the network's own modules called in order, without any hook."""
+    with torch.no_grad():
+        y = net.maxpool(net.act1(net.bn1(net.conv1(x))))
+        return net.layer3(net.layer2(net.layer1(y)))
+
+
+def test_a_cnn_feature_map_is_read_channels_first_as_numpy_reads_it():
+    """layout channels_first: each of the h * w positions of each image is one row of C features, so the covariance
+    is that of the channel vectors (numpy float64 over the hand-run stage's [B, C, h, w] map)."""
+    net, x = _resnet_stage(), images(6, size=32)
+    point = ObservationPoint("layer3", "layer3", layout="channels_first")
+    results = summarize_accumulators(stream_activations(net, [x], [point]), [point])["layer3"]
+    fmap = _layer3_by_hand(net, x).double().numpy()
+    assert fmap.shape == (6, 256, 2, 2)
+    rows = fmap.transpose(0, 2, 3, 1).reshape(-1, 256)  # [B * h * w, C], independent of TGO's flatten
+    cov = np.cov(rows, rowvar=False)
+    eigs = np.clip(np.linalg.eigvalsh(cov)[::-1], 0, None)
+    assert results.n_rows == 24 and results.covariance.shape == (256, 256)
+    # the same float32 forward on both sides; only the float64 sums differ (measured: 1.1e-17 and 1.8e-16 of eigs[0])
+    np.testing.assert_allclose(results.covariance, cov, rtol=0, atol=1e-10 * eigs[0])
+    np.testing.assert_allclose(results.mean, rows.mean(0), rtol=0, atol=1e-10 * np.abs(rows).max())
+    np.testing.assert_allclose(results.spectrum.eigenvalues, eigs, rtol=0, atol=1e-10 * eigs[0])
+
+
+@pytest.mark.parametrize("layout", ["grid", "heads"])
+def test_a_cnn_feature_map_declared_channels_last_is_refused_in_one_line(layout):
+    """The issue's case: ``grid`` on a ResNet's [B, 256, 2, 2] would read 256 x 2 rows of 2 features."""
+    net = _resnet_stage()
+    point = ObservationPoint("layer3", "layer3", layout=layout)
+    with pytest.raises(LayoutError) as err, ActivationHooks.for_points(net, [point], {"layer3": Recorder()}):
+        net(images(2, size=32))
+    message = str(err.value)
+    assert "\n" not in message and "(2, 256, 2, 2)" in message and "declare layout 'channels_first'" in message
+    assert "'grid'" not in message.split("declare")[1]  # the hint names only the correct reading
+    as_input = ObservationPoint("layer4_in", "layer4", read="input", layout=layout)  # layer3's map, as layer4 reads it
+    with (
+        pytest.raises(LayoutError, match="channels_first"),
+        ActivationHooks.for_points(net, [as_input], {"layer4_in": Recorder()}),
+    ):
+        net(images(2, size=32))
+
+
+def test_the_hint_for_a_4d_map_under_the_default_layout_tells_the_readings_apart():
+    net = _resnet_stage()
+    point = ObservationPoint("layer3", "layer3")
+    with pytest.raises(LayoutError) as err, ActivationHooks.for_points(net, [point], {"layer3": Recorder()}):
+        net(images(2, size=32))
+    message = str(err.value)
+    assert "\n" not in message and "'channels_first' for a [B, C, h, w] feature map" in message
+    assert "'channels_first' reads 2 x 2 positions of 256 features" in message
+
+
+def test_a_channels_last_grid_declared_channels_first_is_refused():
+    """The reverse mistake: timm's dynamic-size patch embedding emits [B, h, w, D] (D = its convolution's channels)."""
+    vit = make_vit(dynamic_img_size=True).eval()
+    point = ObservationPoint("pe", "patch_embed", layout="channels_first")
+    refused = pytest.raises(LayoutError, match=r"channels-last .* declare layout 'grid'")
+    with refused, ActivationHooks.for_points(vit, [point], {"pe": Recorder()}):
+        vit(images(2, size=48))

@@ -30,6 +30,7 @@ __all__ = [
     "LayoutError",
     "SupportsUpdate",
     "check_layout",
+    "feature_map_channels",
     "first_tensor",
     "num_prefix_tokens_of",
     "point_rows",
@@ -38,7 +39,7 @@ __all__ = [
     "token_rows",
 ]
 
-Layout = Literal["auto", "tokens", "grid", "heads", "vector"]
+Layout = Literal["auto", "tokens", "grid", "channels_first", "heads", "vector"]
 Read = Literal["output", "input"]
 
 
@@ -61,7 +62,8 @@ class HookSpec:
         module: Dotted path as in ``model.named_modules()``.
         read: ``output`` (forward hook) or ``input`` (first positional argument, forward pre-hook).
         layout: ``tokens`` ``[B, N, D]``; ``grid`` ``[B, h, w, D]`` channels-last token grid (a patch embedding with
-            ``dynamic_img_size``); ``heads`` ``[B, H, N, d]`` (timm attention's q, k, v); ``vector`` ``[B, D]``, one
+            ``dynamic_img_size``); ``channels_first`` ``[B, C, h, w]`` feature map (a CNN's), read as ``h * w`` rows
+            of ``C`` features; ``heads`` ``[B, H, N, d]`` (timm attention's q, k, v); ``vector`` ``[B, D]``, one
             row per image; ``auto``: ``[B, N, D]`` or ``[B, D]``, anything else refused (a 4-d tensor could be a grid
             or heads).
     """
@@ -78,41 +80,106 @@ class HookSpec:
             raise PointConfigError(f"HookSpec {self.key!r}: layout must be one of {LAYOUTS}; got {self.layout!r}")
 
 
-_DIMS: dict[str, tuple[int, ...]] = {"auto": (2, 3), "tokens": (3,), "grid": (4, 5), "heads": (4,), "vector": (2,)}
+_DIMS: dict[str, tuple[int, ...]] = {
+    "auto": (2, 3),
+    "tokens": (3,),
+    "grid": (4, 5),
+    "channels_first": (4, 5),
+    "heads": (4,),
+    "vector": (2,),
+}
 _SHAPES = {
     "auto": "[B, N, D] or [B, D]",
     "tokens": "[B, N, D]",
     "grid": "[B, h, w, D]",
+    "channels_first": "[B, C, h, w]",
     "heads": "[B, H, N, d]",
     "vector": "[B, D]",
 }
+# Modules whose output (and input) carries its channels in dimension 1: a convolution's or batch norm's feature map.
+_CHANNELS_FIRST = (nn.Conv2d, nn.Conv3d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
-def check_layout(x: torch.Tensor, layout: str, where: str) -> torch.Tensor:
-    """Returns ``x`` if its number of dimensions fits ``layout``; raises `LayoutError` in one line otherwise.
+def _channels(module: nn.Module, read: str) -> int:
+    """Channels of a convolution's or batch norm's output (``read="output"``) or input."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return int(module.num_features)
+    assert isinstance(module, nn.modules.conv._ConvNd)
+    return int(module.out_channels if read == "output" else module.in_channels)
+
+
+def feature_map_channels(module: nn.Module, read: str) -> int | None:
+    """The channel count of a convolutional module's feature map, or None if the module holds no convolution.
+
+    What the module outputs has the channels of the last convolution or batch norm it holds (itself included), what
+    it reads those of the first one's input: a ResNet stage's output has its last block's ``conv3`` channels. Used
+    to catch a ``[B, C, h, w]`` map declared as a layout that would read ``C`` as rows (`check_layout`).
+    """
+    convs = [m for m in module.modules() if isinstance(m, _CHANNELS_FIRST)]
+    if not convs:
+        return None
+    return _channels(convs[-1], read) if read == "output" else _channels(convs[0], read)
+
+
+def _readings(shape: tuple[int, ...]) -> str:
+    """What the two 4-d image layouts would make of a shape, so the user picks the one that is true."""
+    grid = f"'grid' reads {' x '.join(map(str, shape[1:-1]))} positions of {shape[-1]} features"
+    first = f"'channels_first' reads {' x '.join(map(str, shape[2:]))} positions of {shape[1]} features"
+    return f"{grid}, {first}"
+
+
+def check_layout(x: torch.Tensor, layout: str, where: str, channels: int | None = None) -> torch.Tensor:
+    """Returns ``x`` if it fits ``layout``; raises `LayoutError` in one line otherwise.
+
+    The number of dimensions must fit the layout. A 4-d or 5-d tensor whose dimension 1 holds ``channels`` (the
+    feature map of a convolutional module, `feature_map_channels`) and whose last dimension does not is a
+    channels-first map: only ``channels_first`` reads it correctly (``grid`` would read its channels as rows and
+    its width as features: a ResNet stage's ``[B, 256, 2, 2]`` as 512 rows of 2 features). The reverse, a
+    channels-last map declared ``channels_first``, is refused too.
 
     Args:
         x: The hooked tensor.
         layout: One of `LAYOUTS`.
         where: How the message names the hook (``point 'block_03' (blocks.2.attn.q_norm output)``).
+        channels: The module's feature-map channels (`feature_map_channels`), None if it is not convolutional.
     """
+    shape = tuple(x.shape)
     if x.dim() not in _DIMS[layout]:
         hint = (
-            "; declare layout 'heads' for [B, H, N, d] (timm attention's q, k, v) or 'grid' for [B, h, w, D]"
+            f"; declare layout 'heads' for [B, H, N, d] (timm attention's q, k, v), 'grid' for a channels-last "
+            f"[B, h, w, D] token grid or 'channels_first' for a [B, C, h, w] feature map (a CNN's): {_readings(shape)}"
             if layout == "auto" and x.dim() == 4
             else ""
         )
         raise LayoutError(
-            f"{where}: got a tensor of shape {tuple(x.shape)}, but layout {layout!r} reads {_SHAPES[layout]}{hint}"
+            f"{where}: got a tensor of shape {shape}, but layout {layout!r} reads {_SHAPES[layout]}{hint}"
+        )
+    if channels is None or x.dim() not in (4, 5):
+        return x
+    if layout != "channels_first" and shape[1] == channels != shape[-1]:
+        raise LayoutError(
+            f"{where}: got a channels-first feature map of shape {shape} (dimension 1 holds the module's {channels} "
+            f"channels), but layout {layout!r} reads {_SHAPES[layout]} and would take its channels for rows; declare "
+            f"layout 'channels_first' ({_readings(shape).split(', ')[1]})"
+        )
+    if layout == "channels_first" and shape[-1] == channels != shape[1]:
+        raise LayoutError(
+            f"{where}: got a channels-last tensor of shape {shape} (the last dimension holds the module's {channels} "
+            f"channels), but layout 'channels_first' reads [B, C, h, w]; declare layout 'grid' "
+            f"({_readings(shape).split(', ')[0]})"
         )
     return x
 
 
 def token_rows(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """The tensor as token rows ``[B, N, D]`` (or ``[B, D]`` for a vector): a grid is flattened row-major, heads are
-    concatenated per token (``[B, H, N, d] -> [B, N, H * d]``, the order timm's attention projects them in)."""
+    """The tensor as token rows ``[B, N, D]`` (or ``[B, D]`` for a vector): a grid is flattened row-major, a
+    channels-first map ``[B, C, h, w]`` becomes ``[B, h * w, C]`` (one row per position, row-major, its channels as
+    features), heads are concatenated per token (``[B, H, N, d] -> [B, N, H * d]``, the order timm's attention
+    projects them in)."""
     if layout == "grid":
         return x.flatten(1, -2)
+    if layout == "channels_first":
+        return x.flatten(2).transpose(1, 2)
     if layout == "heads":
         return x.transpose(1, 2).flatten(2)
     return x
@@ -215,6 +282,9 @@ class ActivationHooks:
         if unknown:  # before any hook is registered, so a bad path fails with nothing to undo
             raise PointConfigError(f"ActivationHooks: {type(self.model).__name__} has no module(s) {unknown}")
         self._modules = {s.module: named[s.module] for s, _ in self.bindings}
+        self._channels = {
+            (s.module, s.read): feature_map_channels(self._modules[s.module], s.read) for s, _ in bindings
+        }
         self._handles: list[RemovableHandle] = []
 
     @classmethod
@@ -251,11 +321,11 @@ class ActivationHooks:
         return cls(net, [binding(p) for p in points], modules={p.module: resolved[p.name] for p in points})
 
     @staticmethod
-    def _make_hook(spec: HookSpec, consume: Consume) -> Any:
+    def _make_hook(spec: HookSpec, consume: Consume, channels: int | None = None) -> Any:
         where = f"{spec.key!r} ({spec.module} {spec.read})"
 
         def deliver(value: Any) -> None:
-            x = check_layout(first_tensor(value).detach(), spec.layout, where)
+            x = check_layout(first_tensor(value).detach(), spec.layout, where, channels)
             if torch.is_inference_mode_enabled():
                 # State created or updated in place under inference mode becomes "inference tensors", which can never
                 # be updated in place again (merge, all-reduce, a later pass). Reading x outside is allowed.
@@ -279,7 +349,8 @@ class ActivationHooks:
     def __enter__(self) -> ActivationHooks:
         try:
             for spec, consume in self.bindings:
-                module, hook = self._modules[spec.module], self._make_hook(spec, consume)
+                module = self._modules[spec.module]
+                hook = self._make_hook(spec, consume, self._channels[spec.module, spec.read])
                 if spec.read == "input":
                     handle = module.register_forward_pre_hook(hook, with_kwargs=True)
                 else:

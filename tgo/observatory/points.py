@@ -42,13 +42,14 @@ __all__ = [
 
 Read = Literal["output", "input"]
 Tokens = Literal["all", "cls", "patch", "mean"]
-Layout = Literal["auto", "tokens", "grid", "heads", "vector"]
+Layout = Literal["auto", "tokens", "grid", "channels_first", "heads", "vector"]
 
 READS: tuple[str, ...] = ("output", "input")
 TOKENS: tuple[str, ...] = ("all", "cls", "patch", "mean")
-LAYOUTS: tuple[str, ...] = ("auto", "tokens", "grid", "heads", "vector")
+LAYOUTS: tuple[str, ...] = ("auto", "tokens", "grid", "channels_first", "heads", "vector")
 """What the dimensions of a hooked tensor mean (`tgo.observatory.hooks.check_layout` enforces it): ``tokens``
-``[B, N, D]``, ``grid`` ``[B, h, w, D]``, ``heads`` ``[B, H, N, d]``, ``vector`` ``[B, D]``, ``auto`` ``[B, N, D]`` or
+``[B, N, D]``, ``grid`` ``[B, h, w, D]`` (channels-last), ``channels_first`` ``[B, C, h, w]`` (a CNN's feature map, read
+as ``h * w`` tokens of ``C`` features), ``heads`` ``[B, H, N, d]``, ``vector`` ``[B, D]``, ``auto`` ``[B, N, D]`` or
 ``[B, D]``."""
 
 # Point names become npz keys ("<point>/eigenvalues"), CSV cells and TensorBoard tags: keep them to a charset that is
@@ -72,7 +73,9 @@ class ObservationPoint:
         layout: What the tensor's dimensions are (`LAYOUTS`): ``auto`` (default) reads ``[B, N, D]`` tokens or a
             ``[B, D]`` vector and refuses anything else in one line; ``heads`` reads ``[B, H, N, d]`` (timm
             attention's q, k, v at ``attn.q_norm`` / ``attn.k_norm``) as tokens of ``H * d`` features; ``grid`` reads
-            a channels-last ``[B, h, w, D]`` token grid; ``tokens`` / ``vector`` insist on ``[B, N, D]`` / ``[B, D]``.
+            a channels-last ``[B, h, w, D]`` token grid; ``channels_first`` reads a ``[B, C, h, w]`` feature map (a
+            CNN stage's output) as ``h * w`` tokens of ``C`` features; ``tokens`` / ``vector`` insist on ``[B, N, D]``
+            / ``[B, D]``.
     """
 
     name: str
