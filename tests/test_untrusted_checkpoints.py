@@ -86,7 +86,7 @@ def test_tgo_checkpoints_need_nothing_beyond_the_weights_only_set(smoke_run: Pat
     load with ``weights_only=True`` and no allow-list."""
     assert SAFE_GLOBALS == []
     paths = sorted(RunDir(smoke_run).checkpoints.glob("*.ckpt"))
-    assert [p.name for p in paths] == ["best_epoch_000.ckpt", "last.ckpt"]
+    assert [p.name for p in paths] == ["best_epoch_001.ckpt", "last.ckpt"]
     for path in paths:
         assert torch.serialization.get_unsafe_globals_in_checkpoint(str(path)) == [], path
         checkpoint = load_weights_only(path)

@@ -8,7 +8,8 @@ Epoch labels: a checkpoint is labelled with the training epochs it had completed
 ``loops.fit_loop.epoch_progress.current.processed`` (``checkpoint["epoch"] + 1`` for a checkpoint saved at an epoch
 end, as ``last.ckpt`` and ``best_epoch_*.ckpt`` are; the callback labels its observation of the same weights the same
 way). Older checkpoints without loop state fall back to ``checkpoint["epoch"] + 1``. A checkpoint saved in the middle
-of an epoch is labelled with the epochs completed before it, with a warning.
+of an epoch is labelled with the epochs completed before it, with a warning. `EpochLabelCheckpoint` names the files
+it saves with the same label (``{tgo_epoch}``): ``best_epoch_029.ckpt`` holds the weights the records call epoch 29.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from timm.models import load_state_dict as timm_load_state_dict
 
@@ -32,6 +35,7 @@ __all__ = [
     "AtomicCheckpointIO",
     "CheckpointError",
     "CheckpointMismatchError",
+    "EpochLabelCheckpoint",
     "ModelSource",
     "UnsafeCheckpointError",
     "check_weights_file",
@@ -429,3 +433,39 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # A full device (ENOSPC, or torch.save's bare "unexpected pos") is one line from atomic_write, naming the file,
         # the free space and whether a previous checkpoint survived (tgo.errors.RunEnvironmentError).
         atomic_write(Path(target.removeprefix("file://")), lambda fh: torch.save(checkpoint, fh))
+
+
+class EpochLabelCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` whose ``filename`` may name TGO's epoch label, ``{tgo_epoch}``.
+
+    Lightning's ``{epoch}`` is the 0-based index of the epoch being trained, so a checkpoint saved at the end of the
+    29th epoch is ``..._028``, while the records (and `checkpoint_epoch`, which ``tgo.observe`` labels a checkpoint
+    with) call those weights epoch 29. ``{tgo_epoch}`` is that label: the training epochs the saved weights completed,
+    the fit loop's ``epoch_progress.current.processed`` at the save (the value the checkpoint's own loop state holds).
+    Every other key, ``{epoch}`` included, keeps Lightning's meaning.
+    """
+
+    LABEL = "tgo_epoch"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._label_trainer: L.Trainer | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Keeps the trainer: ``format_checkpoint_name`` reads the fit loop's progress from it."""
+        super().setup(trainer, pl_module, stage)
+        self._label_trainer = trainer
+
+    def format_checkpoint_name(
+        self,
+        metrics: dict[str, torch.Tensor],
+        filename: str | None = None,
+        ver: int | None = None,
+        prefix: str | None = None,
+    ) -> str:
+        """Lightning's name, with ``{tgo_epoch}`` = the epochs completed by the weights being saved."""
+        if self._label_trainer is not None and self.LABEL not in metrics:
+            progress = self._label_trainer.fit_loop.epoch_progress.current  # a _ProcessedTracker at run time
+            completed = int(progress.processed)  # type: ignore[attr-defined]
+            metrics = {**metrics, self.LABEL: torch.tensor(completed)}
+        return super().format_checkpoint_name(metrics, filename, ver, prefix)

@@ -65,7 +65,7 @@ def test_the_last_checkpoint_reproduces_the_callbacks_last_record(smoke_run: Pat
 
 def test_a_checkpoints_directory_is_a_trajectory_in_epoch_order(smoke_run: Path, tmp_path: Path):
     sources = find_checkpoints(smoke_run / "checkpoints")
-    assert [(s.path.name, s.epoch) for s in sources] == [("best_epoch_000.ckpt", 1), ("last.ckpt", 2)]
+    assert [(s.path.name, s.epoch) for s in sources] == [("best_epoch_001.ckpt", 1), ("last.ckpt", 2)]
     duplicate = tmp_path / "ckpts"
     shutil.copytree(smoke_run / "checkpoints", duplicate)
     shutil.copy(duplicate / "last.ckpt", duplicate / "copy_of_last.ckpt")  # same epoch and step: counted once
