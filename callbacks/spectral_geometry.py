@@ -562,12 +562,15 @@ class SpectralGeometryCallback(L.Callback):
 
     def _training_info(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> TrainingInfo:
         """What the optimisation families read of the training loop at this observation (`TrainingInfo`): the first
-        optimizer and its current learning rate, the module's loss (``tgo_loss(logits, labels)`` when it defines
-        one, else cross-entropy) and the training-time collectors."""
+        optimizer and its current learning rate, the module's training objective by the loss protocol
+        (`tgo.optimisation.curvature.training_loss`: its ``tgo_loss(logits, labels)``, else plain cross-entropy,
+        said once in the log where the curvature is measured) and the training-time collectors."""
+        from tgo.optimisation.curvature import training_loss
+
         optimizers = trainer.optimizers
         optimizer = optimizers[0] if optimizers else None
         lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else math.nan
-        loss = getattr(pl_module, "tgo_loss", None) or torch.nn.functional.cross_entropy
+        loss = training_loss(pl_module, warn=self.settings.curvature.enabled and trainer.is_global_zero)
         return TrainingInfo(
             epoch=int(epoch),
             global_step=int(trainer.global_step),

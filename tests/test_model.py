@@ -67,3 +67,20 @@ def test_cosine_schedule_warms_up_then_ends_at_min_lr():
 def test_bad_schedule_is_rejected():
     with pytest.raises(ConfigError, match=r"model.schedule"):
         ViTClassifier(name="vit_tiny_patch16_224", num_classes=7, img_size=16, arch=TINY, schedule="linear")
+
+
+def test_the_curvature_loss_is_the_label_smoothed_objective_that_training_step_logs():
+    """The loss protocol: ``tgo_loss`` is what ``training_step`` minimises (smoothing included), written out here
+    independently as ``-(1 - s) log p_y - s mean_c log p_c``, and its name records the smoothing."""
+    from tgo.optimisation.curvature import training_loss
+
+    module = ViTClassifier(name="vit_tiny_patch16_224", num_classes=7, img_size=16, arch=TINY, label_smoothing=0.3)
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(5, 7, generator=g, dtype=torch.float64), torch.tensor([0, 3, 6, 2, 2])
+    log_p = torch.log_softmax(logits, dim=-1)
+    want = (-(0.7 * log_p[torch.arange(5), labels]) - 0.3 * log_p.mean(dim=-1)).mean()
+    assert float(module.tgo_loss(logits, labels)) == pytest.approx(float(want), rel=1e-14)
+    assert float(module._loss(logits, labels)) == float(module.tgo_loss(logits, labels))  # the training loss
+    assert float(torch.nn.functional.cross_entropy(logits, labels)) != pytest.approx(float(want), rel=1e-3)
+    loss = training_loss(module)
+    assert loss.declared and loss.name == "ViTClassifier.tgo_loss: cross_entropy(label_smoothing=0.3)"

@@ -207,3 +207,29 @@ def test_the_network_modes_flags_and_gradients_are_left_as_they_were():
         assert block.attn.fused_attn is False and not net.training
         raise RuntimeError
     assert [m.training for m in net.modules()] == modes and block.attn.fused_attn is True
+
+
+def test_the_loss_protocol_refuses_a_bad_declaration_in_one_line_and_labels_round_trip():
+    from types import SimpleNamespace
+
+    from tgo.errors import UserInputError
+    from tgo.optimisation.curvature import loss_label, offline_loss, read_loss_label, training_loss
+
+    with pytest.raises(
+        UserInputError, match=r"^SimpleNamespace\.tgo_loss: expected a method tgo_loss\(logits, labels\)"
+    ):
+        training_loss(SimpleNamespace(tgo_loss=0.1))
+    with pytest.raises(UserInputError, match=r"^SimpleNamespace\.tgo_loss_name: expected a non-empty string"):
+        training_loss(SimpleNamespace(tgo_loss=torch.nn.functional.mse_loss, tgo_loss_name=""))
+    named = training_loss(SimpleNamespace(tgo_loss=torch.nn.functional.mse_loss))
+    assert named.declared and named.name == "SimpleNamespace.tgo_loss" and named.fn is torch.nn.functional.mse_loss
+    plain = training_loss(SimpleNamespace())
+    assert not plain.declared and plain.fn is torch.nn.functional.cross_entropy
+    logits, labels = torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 1])
+    assert float(plain(logits, labels)) == float(torch.nn.functional.cross_entropy(logits, labels))
+    assert read_loss_label(loss_label(named)) == "SimpleNamespace.tgo_loss"
+    assert read_loss_label(loss_label(offline_loss())) == "cross_entropy (offline: no training module)"
+    assert read_loss_label(loss_label(None)) == "cross_entropy (no loss given)"
+    assert read_loss_label(loss_label(torch.nn.functional.mse_loss)) == "mse_loss"
+    label = loss_label(SimpleNamespace(name="focal γ=2 " + "x" * 300))
+    assert label.dtype == np.uint8 and label.shape == (200,) and read_loss_label(label).startswith("focal ?=2 x")

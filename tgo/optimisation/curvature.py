@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,17 +44,23 @@ from scipy.linalg import eigh_tridiagonal
 from torch import nn
 
 __all__ = [
+    "LOSS_ARRAY",
     "HessianOperator",
     "LanczosResult",
     "Preconditioner",
+    "TrainingLoss",
     "adam_preconditioner",
     "curvature_batch_indices",
     "hutchinson_samples",
     "lanczos",
     "load_batch",
+    "loss_label",
+    "offline_loss",
     "rademacher_probe",
+    "read_loss_label",
     "stability_threshold",
     "trace_estimate",
+    "training_loss",
     "unfused_eval",
 ]
 
@@ -83,6 +90,100 @@ def load_batch(dataset: Any, indices: np.ndarray) -> tuple[torch.Tensor, torch.T
     images = torch.stack([torch.as_tensor(item[0]) for item in items])
     labels = torch.as_tensor([int(item[1]) for item in items], dtype=torch.int64)
     return images, labels
+
+
+# ----------------------------------------------------------------------------------------------------- the loss
+LOSS_ARRAY = "curvature_loss"
+"""The array that records which loss the curvature was measured on (`loss_label`, `read_loss_label`)."""
+
+_LABEL_CHARS = 200
+
+
+@dataclass(frozen=True)
+class TrainingLoss:
+    """The loss whose Hessian is measured, and the words the record keeps about it (the loss protocol).
+
+    A LightningModule declares its training objective by a method ``tgo_loss(logits, labels) -> scalar tensor``:
+    the loss its ``training_step`` minimises, as a mean over the batch, a function of the observed network's output
+    and the labels alone (the Hessian is taken over the network's parameters; nothing else of the module is
+    differentiated), and optionally ``tgo_loss_name`` (a short text the record keeps; default
+    ``<ClassName>.tgo_loss``). Without ``tgo_loss`` the curvature is that of plain cross-entropy, and says so.
+
+    Attributes:
+        fn: ``fn(logits, labels) -> scalar``.
+        name: What the record says about the loss (`loss_label`).
+        declared: Whether the module declared it (``False``: plain cross-entropy stands in).
+    """
+
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    name: str
+    declared: bool
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.fn(logits, labels)
+
+
+_WARNED_UNDECLARED: set[str] = set()
+
+
+def training_loss(module: Any, *, warn: bool = False) -> TrainingLoss:
+    """The training objective of a LightningModule by the loss protocol (`TrainingLoss`): its ``tgo_loss``, else
+    plain cross-entropy.
+
+    Args:
+        module: The LightningModule.
+        warn: Say once per module class, in one line, that plain cross-entropy stands in for a module without
+            ``tgo_loss`` (the caller passes ``True`` where the curvature is measured, on rank 0).
+
+    Raises:
+        UserInputError: ``tgo_loss`` that is not callable, or ``tgo_loss_name`` that is not a non-empty string.
+    """
+    from tgo.errors import UserInputError
+
+    kind = type(module).__name__
+    fn = getattr(module, "tgo_loss", None)
+    if fn is None:
+        if warn and kind not in _WARNED_UNDECLARED:
+            _WARNED_UNDECLARED.add(kind)
+            warnings.warn(
+                f"[tgo] observation.curvature: {kind} defines no tgo_loss(logits, labels), so the curvature is that "
+                "of plain cross-entropy, not of your training objective (docs/observables.md, Curvature: the loss)",
+                UserWarning,
+                stacklevel=3,
+            )
+        return TrainingLoss(nn.functional.cross_entropy, f"cross_entropy ({kind} defines no tgo_loss)", False)
+    if not callable(fn):
+        raise UserInputError(
+            f"{kind}.tgo_loss: expected a method tgo_loss(logits, labels) -> scalar loss, got {type(fn).__name__}"
+        )
+    name = getattr(module, "tgo_loss_name", None)
+    if name is None:
+        name = f"{kind}.tgo_loss"
+    if not isinstance(name, str) or not name.strip():
+        raise UserInputError(f"{kind}.tgo_loss_name: expected a non-empty string naming the loss, got {name!r}")
+    return TrainingLoss(fn, name, True)
+
+
+def offline_loss() -> TrainingLoss:
+    """Plain cross-entropy where there is no training module (``tgo.observe``)."""
+    return TrainingLoss(nn.functional.cross_entropy, "cross_entropy (offline: no training module)", False)
+
+
+def loss_label(loss: Any) -> np.ndarray:
+    """What the record keeps about ``loss`` (`LOSS_ARRAY`): its name as ASCII codes, uint8 ``[n]`` (at most 200;
+    other characters as ``?``). A `TrainingLoss` gives its ``name``, any other callable its qualified name, ``None``
+    (`HessianOperator`'s default) ``cross_entropy (no loss given)``. Bytes, not a string array: the records hold
+    numbers only."""
+    name = getattr(loss, "name", None)
+    if not isinstance(name, str):
+        name = "cross_entropy (no loss given)" if loss is None else getattr(loss, "__qualname__", type(loss).__name__)
+    text = name.encode("ascii", errors="replace")[:_LABEL_CHARS]
+    return np.frombuffer(text, dtype=np.uint8).copy()
+
+
+def read_loss_label(array: np.ndarray) -> str:
+    """The text of a recorded `LOSS_ARRAY` (`loss_label`)."""
+    return bytes(np.asarray(array, dtype=np.uint8).reshape(-1)).decode("ascii", errors="replace")
 
 
 # ----------------------------------------------------------------------------------------------------- the operator

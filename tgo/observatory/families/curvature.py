@@ -3,9 +3,10 @@
 No tensor of the observation pass is read. ``start`` (on the training thread, with the weights of this moment) takes
 a fixed **curvature batch** of the analysis subset (`tgo.optimisation.curvature.curvature_batch_indices`: the first
 ``observation.curvature.images`` images of a class-stratified, seeded order; the same on every rank and every
-observation) and computes, through Hessian-vector products of the training loss (`TrainingInfo.loss`, cross-entropy
-offline) on a float64 (or float32) eval-mode, attention-unfused copy of the network (`HessianOperator`; the network
-itself, its modes and its ``.grad`` are not touched and no DDP hook fires):
+observation) and computes, through Hessian-vector products of the training loss (`TrainingInfo.loss`: the module's
+``tgo_loss`` by the loss protocol, `tgo.optimisation.curvature.training_loss`; plain cross-entropy offline) on a
+float64 (or float32) eval-mode, attention-unfused copy of the network (`HessianOperator`; the network itself, its
+modes and its ``.grad`` are not touched and no DDP hook fires):
 
 * ``lambda_1 .. lambda_k`` of ``H`` by Lanczos (`lanczos`, seed ``seed``),
 * ``tr H`` by Hutchinson with ``trace_probes`` Rademacher probes and its standard error,
@@ -28,7 +29,8 @@ Records, on view ``network`` of `FamilyContext.network_point`: ``hessian_top_eig
 ``preconditioned_sharpness``, ``edge_of_stability_threshold``, ``sharpness_over_threshold``, and the arrays
 ``hessian_top_eigenvalues`` ``[k]``, ``hessian_top_residuals`` ``[k]`` (``||H y - theta y||``, bounds on each
 eigenvalue's error), ``hessian_trace_samples`` ``[m]`` (``z_i^T H z_i``), ``preconditioned_residual`` ``[1]`` and
-``curvature_lanczos_steps`` ``[2]`` (steps of the plain and the preconditioned run; 0 where not run). Formulas,
+``curvature_lanczos_steps`` ``[2]`` (steps of the plain and the preconditioned run; 0 where not run) and
+``curvature_loss`` (the loss measured, as ASCII codes: `tgo.optimisation.curvature.read_loss_label`). Formulas,
 sources and cost: ``docs/observables.md``, "Curvature".
 """
 
@@ -44,6 +46,7 @@ import numpy as np
 import torch
 
 from tgo.optimisation.curvature import (
+    LOSS_ARRAY,
     HessianOperator,
     Preconditioner,
     adam_preconditioner,
@@ -51,6 +54,8 @@ from tgo.optimisation.curvature import (
     hutchinson_samples,
     lanczos,
     load_batch,
+    loss_label,
+    offline_loss,
     trace_estimate,
 )
 
@@ -143,6 +148,8 @@ class CurvatureState(FamilyState):
         self.sums: SummedTensors | None = None
         training = context.training
         s = context.settings.curvature
+        loss = offline_loss() if training is None else training.loss
+        self.loss_label = loss_label(loss)
         if not curvature_due(context.settings, training.epoch if training is not None else None):
             return
         if context.dataset is None or len(context.dataset) == 0:
@@ -171,7 +178,7 @@ class CurvatureState(FamilyState):
             net,
             images,
             labels,
-            training.loss if training is not None and training.loss is not None else None,
+            loss,
             dtype=s.torch_dtype(context.device),
             batch_size=s.batch_size,
             device=context.device,
@@ -238,6 +245,7 @@ class CurvatureState(FamilyState):
             Array(NETWORK_VIEW, "hessian_trace_samples", trace),
             Array(NETWORK_VIEW, "preconditioned_residual", values["pre"][1:].copy()),
             Array(NETWORK_VIEW, "curvature_lanczos_steps", values["steps"]),
+            Array(NETWORK_VIEW, LOSS_ARRAY, self.loss_label.copy()),
         ]
 
 
