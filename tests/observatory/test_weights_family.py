@@ -6,6 +6,7 @@ reached: uninterrupted, re-observed after a crash, after a resume set an epoch a
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -297,7 +298,9 @@ def test_files_tgo_did_not_write_are_never_touched(tmp_path: Path):
     np.savez(fake, x=np.zeros(3))  # replaces TGO's file of epoch 0 with one TGO did not write
     with pytest.raises(Exception, match="holds files TGO did not make"):
         observe(net, tmp_path / "run", 1)
-    assert read_weight_history(tmp_path / "run", 1).previous_path is None  # never read as epoch 0's weights
+    with pytest.warns(RuntimeWarning, match=r"epoch_000000.npz are not used: no 'tgo-weights-1' format marker"):
+        assert read_weight_history(tmp_path / "run", 1).load_previous() == {}  # never read as epoch 0's weights
+    assert fake.is_file()  # nor deleted
 
 
 @pytest.mark.parametrize(
@@ -313,3 +316,123 @@ def test_bad_settings_are_refused_in_one_line(node, message):
     with pytest.raises(ObservationSettingsError, match=message):
         ObservationSettings.from_config(node)
     assert ObservationSettings().weights == WeightSettings(enabled=True, relative_update=True)
+
+
+# ------------------------------------------------------------------------- damaged kept weights (issue 33, item 6)
+def _rewrite(path: Path, change) -> None:
+    """Rewrites a kept-weights file with ``change`` applied to its arrays (marker, epoch and digest copied as they
+    were, as a careless edit would)."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: np.asarray(npz[k]) for k in npz.files}
+    change(arrays)
+    path.unlink()
+    np.savez(path, **arrays)
+
+
+def _nan_filled(arrays):
+    arrays["block_01/fc1"] = np.full_like(arrays["block_01/fc1"], np.nan)
+
+
+def _transposed(arrays):  # fc1 is [4 D, D]: its transpose has another shape
+    arrays["block_01/fc1"] = np.ascontiguousarray(arrays["block_01/fc1"].T)
+
+
+def _square_transposed(arrays):  # proj is [D, D]: same shape, same norm; only the digest tells
+    arrays["block_01/proj"] = np.ascontiguousarray(arrays["block_01/proj"].T)
+
+
+def _half_precision(arrays):
+    arrays["block_01/qkv"] = arrays["block_01/qkv"].astype(np.float16)
+
+
+DAMAGE = {
+    "truncated": (None, r"not a readable npz of arrays \("),
+    "pickled": (None, r"not a readable npz of arrays \(ValueError: .*allow_pickle"),
+    "nan_filled": (_nan_filled, r"block_01/fc1 holds \d+ non-finite values"),
+    "transposed": (_transposed, r"block_01/fc1 has shape \(\d+, \d+\), expected \(\d+, \d+\)"),
+    "square_transposed": (_square_transposed, r"the content digest differs"),
+    "float16": (_half_precision, r"content digest differs|block_01/qkv has dtype float16, expected float32"),
+}
+
+
+def _damage(path: Path, case: str) -> None:
+    if case == "truncated":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif case == "pickled":  # an object array: np.load(allow_pickle=False) refuses to build it
+        _rewrite(path, lambda arrays: arrays.update({"block_01/fc1": np.array([{"x": 1}], dtype=object)}))
+    else:
+        _rewrite(path, DAMAGE[case][0])
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGE))
+def test_a_damaged_kept_file_is_named_in_one_line_and_not_used(tmp_path: Path, case: str):
+    """Before: truncated, pickled or NaN-filled files gave NaN relative updates without a word, a transposed one finite
+    wrong values. Now the file is checked when read, named with what is wrong, and none of it is used."""
+    net = tiny_vit()
+    observe(net, tmp_path, 0)
+    perturb(net, 1)
+    path = weight_files(tmp_path)[0]
+    _damage(path, case)
+    history = read_weight_history(tmp_path, 1)
+    assert history.previous_path == path
+    with pytest.warns(RuntimeWarning) as caught:
+        assert history.load_previous({k: v for k, v in _current(net).items()}) == {}
+    messages = [str(w.message) for w in caught if "kept weights" in str(w.message)]
+    assert len(messages) == 1 and "\n" not in messages[0], messages
+    assert re.search(DAMAGE[case][1], messages[0]) and str(path) in messages[0], messages[0]
+    assert messages[0].endswith("the relative updates of epoch 1 are recorded as NaN")
+    assert path.is_file()  # named, never deleted
+
+
+def _current(net: torch.nn.Module) -> dict[str, np.ndarray]:
+    """This observation's copies as the family takes them (``<point>/<map>``: float32)."""
+    params = dict(net.named_parameters())
+    names = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+    out = {"patch_embed/patch": params["patch_embed.proj.weight"].detach().numpy().copy()}
+    for b in range(2):
+        for name, path in names.items():
+            out[f"block_{b + 1:02d}/{name}"] = params[f"blocks.{b}.{path}.weight"].detach().numpy().copy()
+    return out
+
+
+@pytest.mark.parametrize("case", ["nan_filled", "square_transposed", "another_run"])
+def test_an_observation_after_a_damaged_kept_file_records_nan_with_one_warning(tmp_path: Path, case: str):
+    """Through the real pipeline (observe_model): a file that passes the directory's ownership check (TGO's marker and
+    epoch) but holds NaN, a changed map or another run's weights of that epoch gives NaN relative updates and one
+    warning, every other metric as without it."""
+    net = tiny_vit()
+    observe(net, tmp_path / "run", 0)
+    path = weight_files(tmp_path / "run")[0]
+    if case == "another_run":
+        other = tiny_vit()
+        perturb(other, 99)  # another training's weights at its epoch 0
+        observe(other, tmp_path / "other", 0)
+        shutil.copyfile(weight_files(tmp_path / "other")[0], path)
+    else:
+        _damage(path, case)
+    perturb(net, 1)
+    with pytest.warns(RuntimeWarning, match=r"kept weights .*epoch_000000.npz are not used: ") as caught:
+        warnings.simplefilter("ignore", UserWarning)  # the tiny analysis set is not stratified: not what is tested
+        observe_model(net, images(), out=tmp_path / "run", epoch=1, step=1, settings=LEAN)
+    assert sum("kept weights" in str(w.message) for w in caught) == 1
+    if case == "another_run":
+        assert any("this run recorded" in str(w.message) for w in caught)
+    rows = rows_of(tmp_path / "run", 1)
+    updates = [v for (p, view, m), (v, _) in rows.items() if m == "weight_relative_update"]
+    assert len(updates) == 9 and all(math.isnan(v) for v in updates)
+    assert all(math.isfinite(v) for (p, view, m), (v, _) in rows.items() if m == "weight_stable_rank")
+
+
+def test_an_intact_kept_file_passes_every_check(tmp_path: Path):
+    """The checks refuse nothing TGO wrote: the next observation reads it without a warning."""
+    net = tiny_vit()
+    observe(net, tmp_path, 0)
+    history = read_weight_history(tmp_path, 1)
+    assert set(history.recorded_norms) == set(_current(net))
+    for key, w in _current(net).items():  # the records' stable rank x spectral norm^2 is ||W||_F^2
+        assert history.recorded_norms[key] == pytest.approx(float(np.sum(w.astype(np.float64) ** 2)), rel=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loaded = history.load_previous(_current(net))
+    assert all(np.array_equal(loaded[k], v) for k, v in _current(net).items())

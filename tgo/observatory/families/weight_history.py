@@ -4,7 +4,15 @@ The records hold geometry, not weights, so the previous observation's weights ar
 observed epoch, ``<run>/geometry/weights/epoch_XXXXXX.npz``, written atomically by rank 0 (`tgo.records.atomic_write`)
 and read back without pickle (``np.load(allow_pickle=False)``). Each holds, per recorded map, the weight exactly as the
 observation saw it (``<point>/<map>``: float32 for float32/bfloat16/float16 weights, which float32 holds exactly;
-float64 for float64 weights), the ``epoch`` it belongs to and a ``format`` marker naming this module's layout.
+float64 for float64 weights), the ``epoch`` it belongs to, a ``format`` marker naming this module's layout and a
+``digest`` of the maps (BLAKE2b of names, dtypes, shapes and bytes).
+
+**What is checked before the file is used** (`WeightHistory.load_previous`): it is read without pickle (a pickled or
+truncated file is refused), carries the marker, the previous epoch and its digest (a map changed since, a transposed
+one, is refused), each map has the shape and dtype of the model's weight and only finite values, and reproduces the
+squared Frobenius norm the records hold for it at that epoch (stable rank x spectral norm^2 in ``metrics.csv``, to
+1e-9): the kept weights of another run, or of another epoch renamed, do not. A file that fails is named in one
+warning saying what is wrong and not used (the relative updates are NaN); it is never deleted.
 
 **Which file is the previous observation's.** The previous observation of epoch ``e`` is the latest epoch ``< e``
 that the records hold (`tgo.records.recorded_epochs`: rows in ``metrics.csv`` and a spectra file), and its weights are
@@ -23,15 +31,17 @@ are left. About ``4 bytes x weights`` per file: 85 MB for ViT-S/16, 340 MB for V
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from tgo.records import SERIES, RunDir, RunPath, as_run_dir, atomic_write, recorded_epochs
+from tgo.records import SERIES, RunDir, RunPath, as_run_dir, atomic_write, read_metric_rows, recorded_epochs
 
 __all__ = [
     "WEIGHTS_DIR",
@@ -50,7 +60,8 @@ WEIGHTS_FORMAT = "tgo-weights-1"
 """The ``format`` marker of every file this module writes (a file without it is not TGO's and is never touched)."""
 
 _FILE_RE = {series: re.compile(rf"^{series}_(\d{{6,}})\.npz$") for series in SERIES}  # the key of each series
-_RESERVED = ("format", "epoch")
+_RESERVED = ("format", "epoch", "digest")
+_NORM_METRICS = ("weight_stable_rank", "weight_spectral_norm")  # ||W||_F^2 = stable rank x spectral norm^2
 
 
 def weights_dir(run_dir: RunPath) -> Path:
@@ -100,42 +111,137 @@ class WeightHistory:
         run_dir: The run directory (where this observation's weights are written).
         epoch: This observation's epoch.
         previous_epoch: The latest recorded epoch before it (``None``: none).
-        previous_path: The kept weights of ``previous_epoch`` (``None``: not kept).
+        previous_path: The file named as the kept weights of ``previous_epoch`` (``None``: none); whether it is
+            usable is decided when it is read (`load_previous`).
+        recorded_norms: ``{"<point>/<map>": ||W||_F^2}`` of ``previous_epoch`` as this run recorded it (stable rank
+            times squared spectral norm, from ``metrics.csv``): what the kept weights must reproduce to be the ones
+            this run observed then.
     """
 
     run_dir: RunDir
     epoch: int
     previous_epoch: int | None
     previous_path: Path | None
+    recorded_norms: Mapping[str, float] = field(default_factory=dict)
 
-    def load_previous(self) -> dict[str, np.ndarray]:
-        """The previous observation's weights ``{"<point>/<map>": array}`` (empty: none kept, or unreadable, which is
-        said in one warning: the relative updates are NaN then, the rest of the observation is unaffected)."""
+    def load_previous(self, current: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The previous observation's weights ``{"<point>/<map>": array}``, checked before any is used.
+
+        The file is read without pickle, must carry the `WEIGHTS_FORMAT` marker and ``previous_epoch``, and each map
+        in it must have the shape and dtype of this observation's copy in ``current`` (a transposed map, or one of
+        another model, is refused), hold only finite values, and reproduce the squared Frobenius norm this run
+        recorded for it at ``previous_epoch`` (to 1e-9, far below any training step; another run's weights do not).
+        A file that fails any check is named in one warning, with what is wrong, and none of it is used: the
+        relative updates are NaN then, the rest of the observation is unaffected. Maps absent from the file (a point
+        added since) have no previous weights.
+
+        Args:
+            current: ``{"<point>/<map>": array}`` this observation's weights (``None``: shapes are not checked).
+
+        Returns:
+            ``{}`` when no file is kept or the file is refused.
+        """
         if self.previous_path is None:
             return {}
         try:
-            with np.load(self.previous_path, allow_pickle=False) as npz:
-                if str(npz["format"]) != WEIGHTS_FORMAT or int(npz["epoch"]) != self.previous_epoch:
-                    raise ValueError(f"not the {WEIGHTS_FORMAT} weights of epoch {self.previous_epoch}")
-                return {k: np.asarray(npz[k]) for k in npz.files if k not in _RESERVED}
-        except Exception as err:  # a damaged or foreign file: say so once, record NaN
-            warnings.warn(
-                f"[tgo] observation.weights: cannot read the kept weights {self.previous_path} ({err}); the relative "
-                f"updates of epoch {self.epoch} are recorded as NaN",
-                RuntimeWarning,
-                stacklevel=2,
+            loaded = self._read()
+            problem = _problem(loaded, current or {}, self.recorded_norms, self.previous_epoch)
+        except Exception as err:  # a truncated, pickled or otherwise damaged file: zipfile, ValueError, OSError, ...
+            problem = f"not a readable npz of arrays ({type(err).__name__}: {err})"
+        if problem is None:
+            return loaded
+        warnings.warn(
+            f"[tgo] observation.weights: the kept weights {self.previous_path} are not used: {problem}; the "
+            f"relative updates of epoch {self.epoch} are recorded as NaN",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return {}
+
+    def _read(self) -> dict[str, np.ndarray]:
+        assert self.previous_path is not None
+        with np.load(self.previous_path, allow_pickle=False) as npz:  # an object array raises: never unpickled
+            return {k: np.asarray(npz[k]) for k in npz.files}
+
+
+def _problem(
+    loaded: Mapping[str, np.ndarray],
+    current: Mapping[str, np.ndarray],
+    norms: Mapping[str, float],
+    epoch: int | None,
+) -> str | None:
+    """What makes a loaded kept-weights file unusable (one clause), or None; strips the reserved keys in place."""
+    marker, held = loaded.get("format"), loaded.get("epoch")
+    if marker is None or marker.shape != () or str(marker) != WEIGHTS_FORMAT:
+        return f"no {WEIGHTS_FORMAT!r} format marker (not a file TGO wrote)"
+    if held is None or held.shape != () or held.dtype.kind not in "iu" or int(held) != epoch:
+        return f"it holds epoch {held!r}, not the previous recorded epoch {epoch}"
+    assert isinstance(loaded, dict)
+    digest = loaded.pop("digest", None)
+    for key in _RESERVED:
+        loaded.pop(key, None)
+    for key, array in loaded.items():
+        if key in current and array.shape != current[key].shape:
+            return f"{key} has shape {array.shape}, expected {current[key].shape} (the model's weight)"
+        if key in current and array.dtype != current[key].dtype:
+            return f"{key} has dtype {array.dtype}, expected {current[key].dtype}"
+        if array.dtype.kind != "f":
+            return f"{key} has dtype {array.dtype}, expected float32 or float64"
+        bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if bad:
+            return f"{key} holds {bad} non-finite values of {array.size}"
+    if digest is not None and (digest.shape != () or str(digest) != _digest(loaded)):
+        return "its arrays are not the ones written with it (the content digest differs: changed since)"
+    for key, array in loaded.items():
+        want = norms.get(key, math.nan)
+        have = float(np.sum(np.square(array, dtype=np.float64)))
+        if math.isfinite(want) and not math.isclose(have, want, rel_tol=1e-9):
+            return (
+                f"{key} has ||W||_F^2 = {have:.9g}, but this run recorded {want:.9g} at epoch {epoch} (the kept "
+                "weights of another run, or changed since)"
             )
-            return {}
+    return None
+
+
+def _digest(weights: Mapping[str, np.ndarray]) -> str:
+    """BLAKE2b of every map's name, dtype, shape and bytes, in name order: written with the weights, checked when
+    they are read, so a map changed in place since (transposed, edited, bytes flipped) is not used."""
+    h = hashlib.blake2b(digest_size=32)
+    for key in sorted(weights):
+        array = np.ascontiguousarray(weights[key])
+        h.update(f"{key}|{array.dtype.str}|{array.shape}|".encode())
+        h.update(array.data.cast("B"))  # the bytes, without a copy
+    return h.hexdigest()
+
+
+def _recorded_norms(rows: Sequence[Mapping[str, str]], key: str, epoch: int | None) -> dict[str, float]:
+    """``{"<point>/<map>": stable rank x spectral norm^2}`` of one recorded epoch (the squared Frobenius norm)."""
+    if epoch is None:
+        return {}
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for row in rows:
+        view = row.get("view", "")
+        if row.get(key) == str(epoch) and view.startswith("weights_") and row.get("metric") in _NORM_METRICS:
+            try:
+                found.setdefault((row["point"], view), {})[row["metric"]] = float(row["value"])
+            except (KeyError, ValueError):
+                continue
+    return {
+        f"{point}/{view.removeprefix('weights_')}": m["weight_stable_rank"] * m["weight_spectral_norm"] ** 2
+        for (point, view), m in found.items()
+        if len(m) == 2
+    }
 
 
 def read_weight_history(run_dir: RunPath, epoch: int) -> WeightHistory:
     """The `WeightHistory` of an observation of ``epoch`` in ``run_dir`` (reads ``metrics.csv``, not the weights;
     in the step series ``epoch`` is the optimizer step)."""
     root = as_run_dir(run_dir)
-    earlier = [e for e in recorded_epochs(root) if e < int(epoch)] if root.metrics.is_file() else []
+    rows = read_metric_rows(root) if root.metrics.is_file() else []
+    earlier = [e for e in recorded_epochs(root) if e < int(epoch)] if rows else []
     previous = earlier[-1] if earlier else None
-    path = weight_files(root, verified=True).get(previous) if previous is not None else None
-    return WeightHistory(root, int(epoch), previous, path)
+    path = weight_files(root).get(previous) if previous is not None else None  # checked when read: load_previous
+    return WeightHistory(root, int(epoch), previous, path, _recorded_norms(rows, root.key, previous))
 
 
 def write_weights(history: WeightHistory, weights: Mapping[str, np.ndarray]) -> Path | None:
@@ -156,6 +262,7 @@ def write_weights(history: WeightHistory, weights: Mapping[str, np.ndarray]) -> 
         if key in _RESERVED:
             raise ValueError(f"write_weights: {key!r} is a reserved name")
         arrays[key] = np.asarray(array)
+    arrays["digest"] = np.asarray(_digest({k: v for k, v in arrays.items() if k not in _RESERVED}))
     path = _weights_file(history.run_dir, history.epoch)
     if path.exists() and not _is_ours(path, history.epoch):  # never replace a file TGO did not write
         warnings.warn(

@@ -220,7 +220,7 @@ class WeightState(FamilyState):
     def relate_history(self, summary: HistorySummary) -> Contribution:
         history = summary.history if isinstance(summary.history, WeightHistory) else None
         if self._previous is None:
-            self._previous = history.load_previous() if history is not None and self.keep else {}
+            self._previous = history.load_previous(self.weights) if history is not None and self.keep else {}
         out: list[Metric | Array] = []
         for m in self.by_point.get(summary.point.name, ()):
             previous = self._previous.get(m.key)
