@@ -9,8 +9,11 @@ from Krylov and Monte Carlo methods:
   Ritz values of the tridiagonal ``T_j`` after each step, stopped once the top ``k`` residual norms
   ``||H y_i - theta_i y_i|| = beta_j |s_{j,i}|`` (exact in exact arithmetic with a full basis) are all
   ``<= tol * |theta_1|``. For a symmetric matrix an eigenvalue lies within the residual norm of every Ritz value
-  (and within ``residual^2 / gap`` once converged), so the recorded residuals bound the error. As in Ghorbani et al.
-  (2019, "An investigation into neural net optimization via Hessian eigenvalue density") and PyHessian.
+  (and within ``residual^2 / gap`` once converged). The residual is formed from the products as computed, so it
+  bounds Lanczos's error on them, not the products' own error ``e``: ``|theta - lambda| <= residual + |e(y)|``. In
+  float64 ``e`` is round-off and the residual bounds the error; in float32 ``e`` (~1e-6 of ``|H|``) dominates and is
+  not recorded (``docs/observables.md``, "What the residual bounds"). As in Ghorbani et al. (2019, "An investigation
+  into neural net optimization via Hessian eigenvalue density") and PyHessian.
 * **Trace** (`hutchinson_samples`, `trace_estimate`): Hutchinson (1989): ``tr H = E[z^T H z]`` for Rademacher
   ``z``, the mean over ``m`` probes with its standard error ``std / sqrt(m)`` (``ddof = 1``). Probe ``i`` is drawn
   from ``numpy.random.default_rng([seed, i])`` alone, so any rank can compute any probe with the same bits.
@@ -310,8 +313,9 @@ class LanczosResult:
 
     Attributes:
         eigenvalues: float64 ``[k]``, the largest (algebraic) Ritz values, decreasing.
-        residuals: float64 ``[k]``: ``||A y_i - theta_i y_i||`` of each (an upper bound on the distance of
-            ``theta_i`` to an eigenvalue of ``A``).
+        residuals: float64 ``[k]``: ``||A y_i - theta_i y_i||`` of each, from the products as ``matvec`` computed
+            them (an upper bound on the distance of ``theta_i`` to an eigenvalue of ``A`` where ``matvec`` is ``A``
+            to round-off; not on the error of ``matvec`` itself, e.g. float32 products).
         steps: Lanczos steps taken (= operator applications).
         converged: Whether every residual is ``<= tol * |theta_1|`` (else the step limit was reached).
     """

@@ -27,11 +27,11 @@ it is always measured). Offline (``training`` None) every observation is measure
 Records, on view ``network`` of `FamilyContext.network_point`: ``hessian_top_eigenvalue`` (``lambda_1``),
 ``hessian_trace`` (standard error: Hutchinson's ``std / sqrt(m)``, not a jackknife over image groups),
 ``preconditioned_sharpness``, ``edge_of_stability_threshold``, ``sharpness_over_threshold``, and the arrays
-``hessian_top_eigenvalues`` ``[k]``, ``hessian_top_residuals`` ``[k]`` (``||H y - theta y||``, bounds on each
-eigenvalue's error), ``hessian_trace_samples`` ``[m]`` (``z_i^T H z_i``), ``preconditioned_residual`` ``[1]`` and
-``curvature_lanczos_steps`` ``[2]`` (steps of the plain and the preconditioned run; 0 where not run) and
-``curvature_loss`` (the loss measured, as ASCII codes: `tgo.optimisation.curvature.read_loss_label`). Formulas,
-sources and cost: ``docs/observables.md``, "Curvature".
+``hessian_top_eigenvalues`` ``[k]``, ``hessian_top_residuals`` ``[k]`` (``||H y - theta y||`` of the products as
+computed: each eigenvalue's Lanczos error, not the float32 error of the products), ``hessian_trace_samples`` ``[m]``
+(``z_i^T H z_i``), ``preconditioned_residual`` ``[1]``, ``curvature_lanczos_steps`` ``[2]`` (steps of the plain and
+the preconditioned run; 0 where not run) and ``curvature_loss`` (the loss measured, as ASCII codes:
+`tgo.optimisation.curvature.read_loss_label`). Formulas, sources and cost: ``docs/observables.md``, "Curvature".
 """
 
 from __future__ import annotations
