@@ -102,3 +102,53 @@ def test_correlation_card_enlarges_small_matrices_by_a_whole_factor_and_adds_a_s
     np.testing.assert_array_equal(card[: 24 * k, : 24 * k], np.kron(exact, np.ones((k, k, 1), dtype=np.uint8)))
     large = viz.correlation_card(np.eye(300))
     assert large.shape[0] == 300, "a matrix larger than a card keeps one pixel per entry"
+
+
+# ------------------------------------------------------------------------- non-finite spectra (issue 33, item 3)
+def _notes(fig: Figure) -> list[str]:
+    return [" ".join(t.get_text().split("\n")) for t in fig.findobj(Text) if t.get_gid() == "nonfinite"]
+
+
+def test_an_epoch_of_nan_eigenvalues_is_named_on_the_spectrum_card():
+    """Before: the epoch's curve was left out without a word. The card still draws the finite epochs, and says
+    which epoch it could not draw and how much of it was not finite."""
+    partial = spectrum(1.0, size=48)
+    partial[[5, 9]] = np.nan
+    history = [(0, spectrum(1.0, size=48)), (3, np.full(48, np.nan)), (5, partial)]
+    fig = viz.spectrum_history_figure(history, title="block_03")
+    assert len(fig.axes[0].get_lines()) == 2  # epochs 0 and 5 drawn; epoch 3 has nothing to draw
+    assert _notes(fig) == ["non-finite, not drawn: epoch 3 (all 48), epoch 5 (2 of 48)"]
+    assert _notes(viz.spectrum_history_figure(history[:1], title="block_03")) == []  # nothing to say: no note
+
+
+def test_a_note_leaves_the_next_card_of_a_shared_figure():
+    histories = {"block_01": [(0, np.full(8, np.nan))], "block_02": [(0, spectrum(1.0, size=8))]}
+    cards = dict(viz.spectrum_cards(histories))
+    np.testing.assert_array_equal(
+        cards["block_02"], viz.render_rgb(viz.spectrum_history_figure(histories["block_02"], title="block_02"))
+    )
+    assert not np.array_equal(
+        cards["block_01"], viz.render_rgb(viz.spectrum_history_figure([(0, np.zeros(8))], title="block_01"))
+    )  # the note is drawn on the card itself
+
+
+def test_a_point_of_nan_eigenvalues_is_named_on_the_decay_card_inside_the_canvas():
+    spectra = {p: spectrum(0.5 + 0.1 * i) for i, p in enumerate(POINTS)}
+    spectra["block_07"] = np.full(96, np.nan)
+    fig = viz.decay_curves_figure(spectra, title="epoch 35")
+    assert len(fig.axes[0].get_lines()) == len(POINTS) - 1
+    assert _notes(fig) == ["non-finite, not drawn: block_07 (all 96)"]
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    (note,) = [t for t in fig.findobj(Text) if t.get_gid() == "nonfinite"]
+    box = note.get_window_extent(canvas.get_renderer())
+    width, _ = canvas.get_width_height()
+    assert note.get_fontsize() >= 0.85 * viz.CARD_FONTSIZE and box.x0 >= 0 and box.x1 <= width and box.y0 >= 0
+
+
+def test_the_note_names_at_most_four_spectra_then_counts():
+    note = viz.nonfinite_note((f"epoch {e}", [np.nan]) for e in range(7))
+    assert (
+        note == "non-finite, not drawn: epoch 0 (all 1), epoch 1 (all 1), epoch 2 (all 1), epoch 3 (all 1) and 3 more"
+    )
+    assert viz.nonfinite_note([("cls", [1.0, 0.0])]) == ""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+import textwrap
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -92,6 +93,35 @@ def above_roundoff(values: ArrayLike) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64).ravel()
     with np.errstate(invalid="ignore"):
         return np.isfinite(values) & (values > roundoff_floor(values))
+
+
+def nonfinite_note(spectra: Iterable[tuple[str, ArrayLike]], *, most: int = 4) -> str:
+    """What a spectrum figure leaves out for non-finite eigenvalues, or ``""``: each labelled spectrum (``"epoch 3"``,
+    a point name) that holds NaN or infinite values, and how many (``"epoch 3 (all 48)"``, ``"cls (2 of 48)"``).
+
+    A point whose activations were not finite records NaN eigenvalues (`nan_if_nonfinite`); a figure cannot draw
+    them, and without a word a missing curve would read as nothing to see. At most ``most`` labels, then a count.
+    """
+    labels = []
+    for label, values in spectra:
+        v = np.asarray(values, dtype=np.float64).ravel()
+        bad = int(v.size - np.count_nonzero(np.isfinite(v)))
+        if bad:
+            labels.append(f"{label} ({'all ' + str(v.size) if bad == v.size else f'{bad} of {v.size}'})")
+    if not labels:
+        return ""
+    shown = ", ".join(labels[:most]) + (f" and {len(labels) - most} more" if len(labels) > most else "")
+    return f"non-finite, not drawn: {shown}"
+
+
+def _note_nonfinite(ax: Any, note: str, fontsize: float) -> None:
+    """Writes `nonfinite_note`'s sentence in the plot's lower left corner (gid ``nonfinite``), empty in a rank plot of
+    descending values, wrapped to the plot's width and on a white box, so it is read and covers nothing unseen."""
+    if note:
+        ax.text(
+            0.02, 0.03, textwrap.fill(note, 36), transform=ax.transAxes, ha="left", va="bottom", fontsize=fontsize,
+            color="#b00000", gid="nonfinite", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none"},
+        )  # fmt: skip
 
 
 def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -300,7 +330,8 @@ def spectrum_history_figure(
 
     The callback logs one per point (``spectra/<NN>_<point>``, drawn by `spectrum_cards`) rather than all points
     in one grid: a 15-panel grid shrunk to a card's width has 6 pt text, a card per point keeps ``CARD_FONTSIZE``.
-    Eigenvalues at or below the round-off floor (`roundoff_floor`) are left out.
+    Eigenvalues at or below the round-off floor (`roundoff_floor`) are left out; an epoch with non-finite
+    eigenvalues is named in a note inside the plot (`nonfinite_note`), so a missing curve is never silent.
 
     Args:
         history: ``(epoch, values)`` pairs in epoch order; values sorted descending.
@@ -352,6 +383,7 @@ class _SpectrumCard:
         _draw_history(self.ax, history, self.norm, self.cmap, lw=1.6)
         self.ax.relim()  # the limits of this card's lines only, not the union with the previous card's
         self.ax.autoscale_view()
+        _note_nonfinite(self.ax, nonfinite_note((f"epoch {e}", v) for e, v in history), 0.85 * CARD_FONTSIZE)
         mark_class_count(self.ax, self.classes, log10=True, fontsize=0.85 * CARD_FONTSIZE)
         self.ax.set_title(title, fontsize=1.1 * CARD_FONTSIZE)
 
@@ -371,7 +403,8 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
     One line per point, coloured by depth (`depth_styles`: the depth ramp, CLS black and thicker), read on a
     colourbar of the same colours labelled with the point names: a legend of 15 names does not fit a card at a
     legible size. Plotted as log10 values on linear axes (cheap to render, the same picture as a log-log plot; see
-    `_draw_history`); eigenvalues at or below the round-off floor (`roundoff_floor`) are left out.
+    `_draw_history`); eigenvalues at or below the round-off floor (`roundoff_floor`) are left out, and a point with
+    non-finite eigenvalues is named in a note inside the plot (`nonfinite_note`).
 
     Args:
         spectra: point -> eigenvalues (sorted descending), in depth order.
@@ -400,6 +433,7 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
     bar_axis = cax.yaxis
     bar_axis.set_inverted(True)  # depth reads downwards, as in the point list
     _card_text(ax, title, "log10 index i", r"log10 $\lambda_i / \lambda_1$")
+    _note_nonfinite(ax, nonfinite_note(spectra.items()), 0.85 * CARD_FONTSIZE)
     return fig
 
 

@@ -328,3 +328,24 @@ def test_the_model_is_named_by_what_it_is(tmp_path: Path):
     info = read_run_info(tmp_path)
     assert info.model.startswith("ViT, 12 blocks, width 96, 3 heads, patch 4, 16 px images")
     assert (info.name, info.classes) == ("vit_tiny_patch16_224", 10)
+
+
+# ------------------------------------------------------------------------- non-finite spectra (issue 33, item 3)
+def test_captions_name_the_epochs_and_points_whose_eigenvalues_are_not_finite(tmp_path: Path):
+    """Before: NaN eigenvalues dropped an epoch's curve (and a point's decay curve) from the report without a word.
+    Now each caption names what its figure could not draw; figures with finite spectra say nothing of it."""
+    curves = {"effective_rank": {"block_01": lambda e: 1.0 + e, "block_02": lambda e: 2.0 + e}}
+    run = write_synthetic_run(tmp_path / "run", curves, epochs=[0, 5, 10])
+    for epoch, point in ((5, "block_01"), (10, "block_02")):  # as a point undefined by non-finite activations records
+        path = RunDir(run).spectra(epoch)
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        arrays[f"{point}/eigenvalues"] = np.full_like(arrays[f"{point}/eigenvalues"], np.nan)
+        np.savez(path, **arrays)
+    captions = {Path(r.path).stem: r.caption for r in spectrum_figures(load_run_data(run), tmp_path, correlation=False)}
+    assert "; non-finite, not drawn: epoch 5 (all 4) (run" in captions["eigenvalues_block_01"]
+    assert "none is left out" in captions["eigenvalues_block_01"]  # NaN is not counted as round-off
+    assert "; non-finite, not drawn: epoch 5 (all 4) (run" in captions["singular_values_block_01"]
+    assert "; non-finite, not drawn: epoch 10 (all 4) (run" in captions["eigenvalues_block_02"]
+    assert "non-finite, not drawn: block_02 (all 4) (run" in captions["decay_epoch_0010"]
+    assert "non-finite" not in captions["decay_epoch_0000"]

@@ -10,7 +10,7 @@ decides what a finding is.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,8 +159,12 @@ def observable_figures(
 
 
 def _left_out(histories: Sequence[tuple[int, np.ndarray]]) -> tuple[int, int]:
-    """The most eigenvalues an epoch of a history leaves out as round-off (`tgo.viz.above_roundoff`), of how many."""
-    counts = [(int(np.size(v) - np.count_nonzero(viz.above_roundoff(v))), int(np.size(v))) for _, v in histories]
+    """The most eigenvalues an epoch of a history leaves out as round-off (`tgo.viz.above_roundoff`), of how many
+    (non-finite ones are not round-off: `_nonfinite_text` names them)."""
+    counts = [
+        (int(np.count_nonzero(np.isfinite(v)) - np.count_nonzero(viz.above_roundoff(v))), int(np.size(v)))
+        for _, v in histories
+    ]
     return max(counts) if counts else (0, 0)
 
 
@@ -172,6 +176,13 @@ def _roundoff_text(histories: Sequence[tuple[int, np.ndarray]]) -> str:
         f"eigenvalues at or below lambda_1 * D * eps (float64 round-off of a rank-deficient covariance, D = {size}) "
         f"are left out: up to {left} of {size} at an epoch"
     )
+
+
+def _nonfinite_text(spectra: Iterable[tuple[str, np.ndarray]]) -> str:
+    """``"; non-finite, not drawn: epoch 3 (all 48)"``: the epochs (or points) whose eigenvalues were not finite (a
+    point undefined by non-finite activations records NaN), so a figure missing a curve says so; ``""`` if none."""
+    note = viz.nonfinite_note(spectra, most=12)
+    return f"; {note}" if note else ""
 
 
 def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = True) -> list[FigureRef]:
@@ -205,12 +216,13 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
         eig_history = [(e, spectra[e][point]["eigenvalues"]) for e in epochs if point in spectra[e]]
         fig = plots.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues", classes=classes)
         roundoff = _roundoff_text(eig_history)
+        nonfinite = _nonfinite_text((f"epoch {e}", v) for e, v in eig_history)
         refs.append(
             FigureRef(
                 "spectra",
                 save_figure(fig, figures_dir, f"eigenvalues_{point}"),
                 f"{point}: covariance eigenvalues by index (log-log), one line per epoch, colour = epoch (dark = "
-                f"first, yellow = last; colourbar); {roundoff}{marked} (run {run.name})",
+                f"first, yellow = last; colourbar); {roundoff}{nonfinite}{marked} (run {run.name})",
             )
         )
         sv_history = [
@@ -228,6 +240,7 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
                 save_figure(fig, figures_dir, f"singular_values_{point}"),
                 f"{point}: singular values sqrt(eigenvalue), colour = epoch (colourbar)"
                 + ("; those of the round-off eigenvalues are left out" if _left_out(eig_history)[0] else "")
+                + nonfinite
                 + f"{marked} (run {run.name})",
             )
         )
@@ -240,7 +253,7 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
                 save_figure(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
                 f"spectral decay lambda_i / lambda_1 at epoch {epoch} (log-log), one line per point (colour = "
                 f"depth{'; cls black' if viz.CLS_POINT in decay else ''}); ratios below {plots.DECAY_FLOOR:g} "
-                f"(round-off) are not drawn (run {run.name})",
+                f"(round-off) are not drawn{_nonfinite_text(decay.items())} (run {run.name})",
             )
         )
     if correlation:
