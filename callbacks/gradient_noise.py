@@ -19,6 +19,10 @@ a small batch ``B_s`` and of a big batch ``B_b``. Training already computes both
   backwards (within one, a micro-batch's gradients live until its end).
 * **One process, no accumulation**: one batch size only. Nothing is estimated (NaN, said once in the log).
 
+An optimizer step of one micro-batch under accumulation (a short last window: the epoch's batches not a multiple of
+``k``) has one batch size only: its row is kept with ``a = c`` (`tgo.optimisation.noise_scale.noise_scale_estimate`
+excludes and counts it in ``gradient_noise_excluded``), and the log says why once per fit.
+
 Per step the squared norms of every parameter are summed into columns: the network (every parameter with a gradient)
 and each block ``blocks.i`` of the ViT. Everything stays on the gradients' device until an observation takes the
 steps (`take`): no host synchronisation per step. With AMP's loss scaling the norms are divided by the scale of that
@@ -117,6 +121,7 @@ class GradientNoiseCollector:
         self._params: list[nn.Parameter] = []
         self._handles: list[Any] = []  # accumulation mode: the parameters' gradient hooks
         self._incoming: dict[int, torch.Tensor] = {}  # position in _params -> this backward's gradient
+        self._said_single = False  # the one-micro-batch step's reason is in the log (once per fit)
 
     # ------------------------------------------------------------------------------------------ attach
     def attach(self, trainer: Any, pl_module: Any, net: nn.Module) -> None:
@@ -129,6 +134,7 @@ class GradientNoiseCollector:
         self._params = [p for p in pl_module.parameters() if p.requires_grad]
         self._remove_hooks()
         self._reset_window()
+        self._said_single = False
         wrapped = getattr(getattr(trainer, "strategy", None), "model", None)
         if not getattr(pl_module, "automatic_optimization", True):
             self._off("manual optimisation: the collector follows Lightning's automatic optimisation only")
@@ -219,11 +225,14 @@ class GradientNoiseCollector:
             return
         scale = _loss_scale(trainer)
         if self.mode == "accumulation":
-            if self._micro_sq is None or self._current_sq is None or self._micro < 2:
-                return  # one micro-batch in this step (e.g. a short last window): one batch size only
+            if self._micro_sq is None or self._current_sq is None:
+                return  # no backward in this step
             small = self._micro_sq * (k * k / n)  # mean over micro-batches of |g_i|^2, g_i = k (grad_i - grad_i-1)
             big = self._current_sq * (k / n) ** 2  # the accumulated gradient is (n / k) times the micro mean
             a, c = sum(inv_sizes) / n, sum(inv_sizes) / n**2
+            if self._micro < 2:  # one micro-batch (a short last window): kept with a = c, excluded and counted
+                a = c = sum(inv_sizes) / n
+                self._say_single(trainer)
         else:
             with self._lock:
                 local, reduced, self._buckets = self._buckets, self._reduced, []
@@ -244,6 +253,19 @@ class GradientNoiseCollector:
         if len(self._rows) >= _CHUNK and all(r.ndim == 1 for r in self._rows[-_CHUNK:]):
             stacked = torch.stack(self._rows[-_CHUNK:])
             self._rows[-_CHUNK:] = [stacked]
+
+    def _say_single(self, trainer: Any) -> None:
+        """Says once per fit, in one line, why a step of one micro-batch is excluded (rank 0)."""
+        if self._said_single or not getattr(trainer, "is_global_zero", True):
+            return
+        self._said_single = True
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(
+            f"[tgo] gradient noise scale: an optimizer step of one micro-batch (the epoch's batches are not a multiple "
+            f"of accumulate_grad_batches={self.accumulate}) has one batch size only; it is excluded and counted in "
+            "gradient_noise_excluded"
+        )
 
     def _reset_window(self) -> None:
         self._sizes, self._micro, self._micro_sq, self._current_sq = [], 0, None, None

@@ -212,3 +212,34 @@ def test_ddp_hook_norms_equal_brute_force_and_leave_training_bitwise_unchanged(t
         off = torch.load(tmp_path / f"0_{rank}.pt", weights_only=True)["weights"]
         for key, value in off.items():
             assert torch.equal(value, saved[rank]["weights"][key]), key
+
+
+def test_a_step_of_one_micro_batch_is_counted_as_excluded_with_its_reason_once(tmp_path, caplog):
+    """5 micro-batches at ``accumulate_grad_batches=2``: steps of 2, 2 and 1. The last has one batch size only (its
+    small and big batch are one gradient): it is recorded as excluded (``gradient_noise_excluded`` 1, not dropped
+    unseen), the log says why once, and the estimate is that of the two full steps (brute force)."""
+    module = Classifier()
+    start = copy.deepcopy(module.net)
+    data = _data(10)
+    geometry = SpectralGeometryCallback(analysis=_data(6, seed=9), every_n_epochs=1, groups=0, **QUIET)
+    with caplog.at_level(logging.INFO):
+        _trainer(tmp_path, geometry, accumulate_grad_batches=2).fit(
+            module, DataLoader(data, batch_size=BATCH, shuffle=False)
+        )
+    said = [r.getMessage() for r in caplog.records if "one micro-batch" in r.getMessage()]
+    assert len(said) == 1 and "gradient_noise_excluded" in said[0] and "\n" not in said[0]
+    metrics = {(r["epoch"], r["metric"]): r for r in read_metric_rows(tmp_path) if r["view"] == "network"}
+    assert float(metrics[("1", "gradient_noise_steps")]["value"]) == 2
+    assert float(metrics[("1", "gradient_noise_excluded")]["value"]) == 1
+    full = TensorDataset(*(t[: 4 * BATCH] for t in data.tensors))  # the two steps of two micro-batches
+    want = brute_steps(start, full, BATCH, 2)
+    inv = np.array([[1 / BATCH, 1 / (2 * BATCH)]] * 2)
+    expected = noise_scale_estimate(
+        np.array([w[0] for w in want]), np.array([w[1] for w in want]), inv[:, 0], inv[:, 1]
+    )
+    np.testing.assert_allclose(
+        float(metrics[("1", "gradient_trace_covariance")]["value"]), expected.trace_covariance[0], rtol=1e-4
+    )
+    np.testing.assert_allclose(
+        float(metrics[("1", "gradient_noise_scale")]["value"]), expected.noise_scale[0], rtol=1e-4, equal_nan=True
+    )

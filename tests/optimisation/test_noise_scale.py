@@ -46,6 +46,20 @@ def test_non_finite_steps_are_excluded_and_counted():
     np.testing.assert_array_equal(got.noise_scale_stderr, clean.noise_scale_stderr)
 
 
+def test_steps_of_one_batch_size_are_excluded_and_counted():
+    """A step whose two norms come from one batch size (``a = c``: an accumulation step of one micro-batch, as the
+    collector keeps it) separates nothing: it is left out of every mean and counted in ``excluded``."""
+    rng = np.random.default_rng(1)
+    small, big = 10 + rng.random((12, 2)), 2 + rng.random((12, 2))
+    a, c = np.full(12, 0.25), np.full(12, 0.0625)
+    clean = noise_scale_estimate(small[:11], big[:11], a[:11], c[:11], blocks=5)
+    big[11], c[11] = small[11], a[11]  # the last step: one micro-batch, small and big batch are one gradient
+    got = noise_scale_estimate(small, big, a, c, blocks=5)
+    assert (got.steps, got.excluded) == (11, 1)
+    for field in ("noise_scale", "noise_scale_stderr", "gradient_norm_sq", "trace_covariance"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(clean, field), err_msg=field)
+
+
 def _per_example(labels: torch.Tensor) -> np.ndarray:
     """float64 ``[n, P]`` per-example gradients of the cross-entropy of the tiny ViT on a fixed batch."""
     from torch.func import functional_call, grad, vmap

@@ -106,7 +106,8 @@ class NoiseScaleEstimate:
         trace_covariance: ``[K]`` mean ``tr(Sigma)_est`` over the steps.
         trace_covariance_stderr: ``[K]``.
         steps: Steps averaged (finite ones).
-        excluded: Steps left out because a norm was not finite (e.g. AMP's skipped steps).
+        excluded: Steps left out: a norm not finite (e.g. AMP's skipped steps), or one batch size only
+            (``inv_small <= inv_big``, e.g. an accumulation step of one micro-batch).
     """
 
     noise_scale: np.ndarray
@@ -123,7 +124,8 @@ class NoiseScaleEstimate:
 def noise_scale_estimate(
     small_sq: np.ndarray, big_sq: np.ndarray, inv_small: np.ndarray, inv_big: np.ndarray, *, blocks: int = 10
 ) -> NoiseScaleEstimate:
-    """`NoiseScaleEstimate` of ``T`` steps: a step with a non-finite norm in any column is excluded (and counted).
+    """`NoiseScaleEstimate` of ``T`` steps: a step with a non-finite norm in any column, or with one batch size only
+    (``inv_small <= inv_big``: nothing separates ``|G|^2`` from ``tr(Sigma)``), is excluded (and counted).
 
     Args:
         small_sq: ``[T, K]`` (or ``[T]``) small-batch squared norms (`step_estimates`).

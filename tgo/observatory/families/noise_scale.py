@@ -9,8 +9,9 @@ reduced state is identical on every rank and so is ``summarize_point``. Numerics
 Records, on view ``network`` of `FamilyContext.network_point`: ``gradient_noise_scale`` (with its delete-a-block
 jackknife over consecutive steps: standard error and replicates), ``gradient_norm_sq``, ``gradient_trace_covariance``
 (with standard errors), ``gradient_noise_steps`` (steps averaged) and ``gradient_noise_excluded`` (steps left out:
-non-finite gradients, e.g. AMP's skipped steps); with ``noise_scale.per_block`` also ``gradient_noise_scale`` of each
-block's parameters on view ``gradient`` of its ``block_NN`` point. Where training has one batch size only the values
+non-finite gradients, e.g. AMP's skipped steps, or one batch size only, e.g. a step of one micro-batch); with
+``noise_scale.per_block`` also ``gradient_noise_scale`` of each block's parameters on view ``gradient`` of its
+``block_NN`` point. Where training has one batch size only the values
 are NaN with 0 steps (the collector said why in the log). Offline (``tgo.observe``, ``training`` None) nothing is
 recorded: no training, no gradients.
 """
@@ -160,7 +161,11 @@ class NoiseScaleFamily(MeasurementFamily):
         ),
         family_metric("gradient_noise_steps", "optimizer steps averaged", (NETWORK_VIEW,), charted=False, doc=_DOC),
         family_metric(
-            "gradient_noise_excluded", "steps left out (non-finite gradients)", (NETWORK_VIEW,), charted=False, doc=_DOC
+            "gradient_noise_excluded",
+            "steps left out (non-finite gradients; one batch size only, e.g. one micro-batch)",
+            (NETWORK_VIEW,),
+            charted=False,
+            doc=_DOC,
         ),
     )
 
