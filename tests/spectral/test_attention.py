@@ -157,6 +157,26 @@ def test_matches_brute_force_on_timm_explicit_weights(config: str):
         assert math.isnan(summary.values["register_mass"]) == (prefix - int(class_token) == 0)
 
 
+def test_cls_register_and_patch_key_masses_sum_to_one():
+    """``docs/observables.md``: per patch query the CLS key's mass (``cls_mass``), the registers' (``register_mass``)
+    and the patch keys' (not recorded; ``self_mass`` is part of it) sum to 1, so per head and in the head mean too.
+    The patch keys' mass is summed here from timm's explicit weights, independently of the accumulator."""
+    model = _tiny_vit(reg_tokens=4)
+    images = torch.randn(5, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for captured in _capture(model, images):
+        weights = captured["A"].numpy()  # [B, H, 21, 21]: CLS, 4 registers, 16 patches
+        acc = AttentionAccumulator(4, 21, 5, GRID, PATCH)
+        acc.update(captured["q"], captured["k"])
+        summary = acc.summary()
+        patch_mass = weights[:, :, 5:, 5:].sum(axis=-1).mean(axis=(0, 2))  # per head: mean over images, patch queries
+        total = summary.per_head["cls_mass"] + summary.per_head["register_mass"] + patch_mass
+        np.testing.assert_allclose(total, 1.0, rtol=0, atol=1e-12)
+        mean = summary.values["cls_mass"] + summary.values["register_mass"] + patch_mass.mean()
+        assert mean == pytest.approx(1.0, rel=0, abs=1e-12)
+        assert np.all(patch_mass < 0.99) and np.all(summary.per_head["register_mass"] > 0.01)  # no mass is trivial
+        assert np.all(summary.per_head["self_mass"] <= patch_mass)
+
+
 def test_float16_and_float32_inputs_are_widened():
     model = _tiny_vit()
     images = torch.randn(3, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
