@@ -20,8 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
 
 # Every test process computes with one torch thread (its CLI subprocesses too, through OMP_NUM_THREADS): float sums
-# depend on the thread count and training amplifies their last digits, so recorded numbers (the golden copy
-# included) are reproducible whatever the machine; `make test` spreads the files over pytest-xdist workers instead.
+# depend on the thread count and training amplifies their last digits, so two runs of one test process agree bit for
+# bit whatever the core count; `make test` spreads the files over pytest-xdist workers instead. The bits still depend
+# on the CPU's kernels and BLAS build, so no test compares them with a stored copy
+# (tests/records/test_records_golden.py).
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
