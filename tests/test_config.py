@@ -193,3 +193,65 @@ def test_logger_null_disables_the_logger_and_the_callback_that_needs_one(compose
     kept = without_logger_only_callbacks(callbacks, loggers)
     assert not any(isinstance(c, LearningRateMonitor) for c in kept) and len(kept) == len(callbacks) - 1
     assert without_logger_only_callbacks(callbacks, [object()]) == callbacks, "kept while any logger is on"
+
+
+# ------------------------------------------------------------------------- impossible settings (issue 33, item 6)
+def test_zero_accumulated_batches_are_refused_before_work(compose_cfg):
+    """Before: ``+trainer.accumulate_grad_batches=0`` ended in a traceback inside Lightning."""
+    cfg = compose_cfg("experiment=smoke", "trainer.accumulate_grad_batches=0")
+    with pytest.raises(ConfigError, match=r"^trainer\.accumulate_grad_batches: expected a positive integer, got 0$"):
+        validate_config(cfg)
+
+
+def test_every_trainer_key_tgo_advises_is_in_the_config_so_it_needs_no_plus(compose_cfg):
+    """The run's notices advise ``trainer.accumulate_grad_batches >= 2``; Hydra refuses an override of a key the
+    config lacks without a ``+``, so every ``trainer.<key>=`` / ``>=`` / ``<=`` a message advises must be one the
+    config has."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    named = set()
+    for path in [*root.joinpath("tgo").rglob("*.py"), *root.joinpath("callbacks").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                named |= set(re.findall(r"\btrainer\.([a-z_]+) ?(?:=(?!=)|>=|<=)", node.value))  # advice: key=v
+    assert "accumulate_grad_batches" in named  # the advice the issue found
+    cfg = compose_cfg("experiment=smoke")
+    assert not named - set(cfg.trainer), named - set(cfg.trainer)
+    assert compose_cfg("experiment=smoke", "trainer.accumulate_grad_batches=2").trainer.accumulate_grad_batches == 2
+
+
+def test_an_image_size_whose_training_batch_cannot_fit_memory_is_refused_with_the_reason(compose_cfg):
+    """Before: ``data.image_size=2048`` ended in a traceback. 16,384 px in patches of 4 is 16.8 M patches per image;
+    the smoke run's batch keeps at least batch x depth x 12 x width float32 values per token: 6.6 TB, more than
+    any machine's memory."""
+    cfg = compose_cfg("experiment=smoke", "data.image_size=16384")
+    with pytest.raises(ConfigError) as error:
+        validate_config(cfg)
+    message = str(error.value)
+    batch, depth, width = cfg.data.batch_size, cfg.model.arch.depth, cfg.model.arch.embed_dim
+    need = batch * depth * 12 * width * 4 * (4096**2 + 1)
+    assert need > 10**12  # 6.6 TB
+    assert "\n" not in message and message.startswith("data.image_size: 16384 px in patches of 4 is 16,777,216 patches")
+    assert f"a batch of {batch} keeps at least {need / 1e9:,.0f} GB of activations for the backward pass" in message
+    assert f"({depth} blocks of width {width}, 4-byte values)" in message and "px at this batch size" in message
+
+
+def test_the_memory_bound_is_the_stated_arithmetic_and_refuses_nothing_that_fits():
+    from tgo.config import training_memory_problem
+
+    quick = {"name": "vit_tiny_patch16_224", "arch": {"patch_size": 4, "embed_dim": 96, "depth": 12}}
+    need = 64 * 12 * 12 * 96 * 4 * ((2048 // 4) ** 2 + 1)  # batch x depth x 12 values x width x float32, per token
+    assert training_memory_problem(quick, 2048, 64, "32-true", (need, "memory")) is None  # exactly fits
+    message = training_memory_problem(quick, 2048, 64, "32-true", (need - 1, "memory"))
+    assert message is not None and f"at least {need / 1e9:,.0f} GB" in message
+    side = int(((need - 1) // (64 * 12 * 12 * 96 * 4) - 1) ** 0.5) * 4
+    assert f"expected at most {side} px at this batch size" in message and side == 2044
+    # ViT-S/16 (widths read from timm's name) at 224 px, bf16, batch 256: 6.0 GB fits a 16 GiB GPU, not a 4 GiB one
+    small = {"name": "vit_small_patch16_224", "arch": {"drop_path_rate": 0.1}}
+    assert training_memory_problem(small, 224, 256, "bf16-mixed", (16 * 2**30, "GPU memory")) is None
+    refused = training_memory_problem(small, 224, 256, "bf16-mixed", (4 * 2**30, "GPU memory"))
+    assert refused is not None and "196 patches" in refused and "(12 blocks of width 384, 2-byte values)" in refused
+    assert training_memory_problem({"name": "my_net"}, 4096, 64, "32-true", (1, "memory")) is None  # unknown: no bound

@@ -14,6 +14,8 @@ ignores what the user asked for. The constructor runs the same rules for code th
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -105,6 +107,7 @@ RULES: dict[str, Rule] = {
     "trainer.max_epochs": _positive_int,
     "trainer.devices": _devices,
     "trainer.num_nodes": _positive_int,
+    "trainer.accumulate_grad_batches": _positive_int,  # 0 would divide by zero inside Lightning's loop
     "trainer.limit_train_batches": _limit,
     "trainer.limit_val_batches": _limit,
     "data.batch_size": _positive_int,
@@ -195,6 +198,111 @@ def model_problems(model: Mapping[str, Any], image_size: Any = None, *, prefix: 
     return problems
 
 
+ACTIVATIONS_PER_TOKEN_AND_WIDTH = 12
+"""A lower bound on the values a timm ViT block keeps per token, per unit of width, for its backward pass: the MLP's
+hidden layer twice (GELU's input and output, 8), q, k and v (3) and the block's input (1); ~16 counting the norms."""
+
+_TIMM_VIT = re.compile(r"^(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)_")
+_TIMM_SIZES = {"tiny": (192, 12), "small": (384, 12), "base": (768, 12), "large": (1024, 24), "huge": (1280, 32)}
+
+
+def _architecture(model: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """``(patch size, width, depth)`` of a ``tgo.model.ViTClassifier`` node: its ``arch`` overrides, the rest read
+    from a standard timm name (``vit_small_patch16_224``); ``None`` where a value is not known before timm builds."""
+    match = _TIMM_VIT.match(str(model.get("name", "")))
+    width, depth = _TIMM_SIZES[match.group(1)] if match else (None, None)
+    patch = int(match.group(2)) if match else None
+    arch = model.get("arch") or {}
+    patch, width, depth = (arch.get(k, d) for k, d in (("patch_size", patch), ("embed_dim", width), ("depth", depth)))
+    if any(_positive_int(v) for v in (patch, width, depth)):
+        return None
+    return int(patch), int(width), int(depth)  # type: ignore[arg-type]
+
+
+def _gpu_memory() -> int | None:
+    """The smallest GPU's memory on this node from NVML (``libnvidia-ml``), or ``None`` without one.
+
+    NVML, not ``torch.cuda``: querying a device through torch initialises CUDA in this process, after which a forked
+    DDP rank (``strategy=ddp_fork``) cannot use it, and every SLURM task would do it before its rank is set.
+    """
+    import ctypes
+
+    class Memory(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        sizes = []
+        for index in range(count.value):
+            handle, memory = ctypes.c_void_p(), Memory()
+            found = nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0
+            if found and nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) == 0:
+                sizes.append(int(memory.total))
+        return min(sizes) if sizes else None
+    finally:
+        nvml.nvmlShutdown()
+
+
+def available_memory(accelerator: Any) -> tuple[int, str]:
+    """``(bytes, what)`` of the memory one training process has: the smallest GPU's on this node where the
+    accelerator may be one (``gpu``, ``cuda``, ``auto``) and NVML sees one, else this machine's physical memory."""
+    if str(accelerator).lower() in {"gpu", "cuda", "auto"}:
+        gpu = _gpu_memory()
+        if gpu is not None:
+            return gpu, "GPU memory"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "memory on this machine"
+
+
+def training_memory_problem(
+    model: Mapping[str, Any], image_size: Any, batch_size: Any, precision: Any, memory: tuple[int, str]
+) -> str | None:
+    """Why one training batch of ``data.image_size`` images cannot fit ``memory`` (``None`` when it may).
+
+    A lower bound, so nothing that fits is refused: ``batch x depth x ACTIVATIONS_PER_TOKEN_AND_WIDTH x tokens x
+    width`` values of 2 bytes (16-bit precision) or 4 (else) kept for the backward pass, tokens = patches + 1. Without
+    it a large image size ends minutes later in an allocation traceback or the kernel's OOM kill (``data.image_size=
+    2048`` with the quickstart's patch 4: 262,144 patches per image, at least 928 GB for a batch of 64).
+
+    Args:
+        model: The ``model`` node (`_architecture` reads its patch size, width and depth).
+        image_size: ``data.image_size``.
+        batch_size: ``data.batch_size`` (per device).
+        precision: ``trainer.precision``.
+        memory: ``(bytes, what)`` (`available_memory`).
+    """
+    known = _architecture(model)
+    if known is None or _positive_int(image_size) or _positive_int(batch_size):
+        return None
+    patch, width, depth = known
+    size = 2 if "16" in str(precision) else 8 if str(precision).startswith("64") else 4
+    per_token = batch_size * depth * ACTIVATIONS_PER_TOKEN_AND_WIDTH * width * size
+    patches = (image_size // patch) ** 2
+    need = per_token * (patches + 1)
+    total, what = memory
+    if need <= total:
+        return None
+    side = math.isqrt(max(total // per_token - 1, 0)) * patch
+    fits = (
+        f"at most {side} px at this batch size (a lower bound: less in practice)"
+        if side >= patch
+        else "a smaller batch size or model"
+    )
+    return (
+        f"data.image_size: {image_size} px in patches of {patch} is {patches:,} patches per image, and training a "
+        f"batch of {batch_size} keeps at least {need / 1e9:,.0f} GB of activations for the backward pass ({depth} "
+        f"blocks of width {width}, {size}-byte values), more than the {total / 2**30:,.0f} GiB of {what}; expected "
+        f"{fits}"
+    )
+
+
 def _select(cfg: DictConfig, key: str) -> Any:
     try:
         return OmegaConf.select(cfg, key, default=_MISSING, throw_on_missing=True)
@@ -225,6 +333,12 @@ def validate_config(cfg: DictConfig) -> None:
     if isinstance(model, DictConfig) and model.get("_target_") == "tgo.model.ViTClassifier":
         image_size = _select(cfg, "data.image_size")
         problems += model_problems(model, None if image_size is _MISSING else image_size)
+        batch, precision = _select(cfg, "data.batch_size"), OmegaConf.select(cfg, "trainer.precision", default="32")
+        if image_size is not _MISSING and batch is not _MISSING:
+            accelerator = OmegaConf.select(cfg, "trainer.accelerator", default="auto")
+            message = training_memory_problem(model, image_size, batch, precision, available_memory(accelerator))
+            if message:
+                problems.append(message)
     if "observation" in cfg:
         try:
             ObservationSettings.from_config(cfg.observation)

@@ -47,7 +47,7 @@ def dashboard_run(tmp_path_factory) -> Path:
     heatmaps and the attention family's cards."""
     run_dir = tmp_path_factory.mktemp("dashboard") / "run"
     quick = ["experiment=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
-    quick.append("+trainer.accumulate_grad_batches=2")  # two batch sizes on one device: the noise scale is defined
+    quick.append("trainer.accumulate_grad_batches=2")  # two batch sizes on one device: the noise scale is defined
     figures_off = [f"observation.figures.{name}=false" for name in ("spectra", "decay", "heatmaps", "histograms")]
     run(
         compose_train(

@@ -248,3 +248,15 @@ def test_copying_tree_elsewhere_keeps_pinned_manifest_valid(tree: Path, tmp_path
     path = _dm(tree).write_manifest(tmp_path / "run1")
     moved = shutil.copytree(tree, tmp_path / "moved")
     assert _dm(moved, analysis_manifest=str(path)).manifest()["items"] == json.loads(path.read_text())["items"]
+
+
+def test_more_jackknife_groups_than_analysis_images_are_refused_before_the_manifest(tree: Path, tmp_path: Path) -> None:
+    """9 analysis images: 9 groups are recorded in the manifest, 10 are refused in one line and nothing is written
+    (tgo.train and tgo.observe write the manifest before the first observation)."""
+    from tgo.observatory import ObservationSettingsError
+
+    manifest = json.loads(_dm(tree).write_manifest(tmp_path / "ok", jackknife_groups=9).read_text())
+    assert sorted(manifest["jackknife"]["group_of_item"]) == list(range(9))
+    with pytest.raises(ObservationSettingsError, match=r"^observation\.groups: 10 jackknife groups for 9 analysis"):
+        _dm(tree).write_manifest(tmp_path / "refused", jackknife_groups=10)
+    assert not (tmp_path / "refused").exists()

@@ -482,7 +482,14 @@ class TGODataModule(L.LightningDataModule):
             jackknife_groups: ``G`` of the observation's jackknife (``observation.groups``); when ``>= 2`` the
                 manifest records the group of every item (``jackknife.group_of_item``, in item order), so a reader
                 can see which images each leave-one-group-out spectrum left out.
+
+        Raises:
+            tgo.observatory.ObservationSettingsError: more groups than analysis images, nothing written.
         """
+        if jackknife_groups:  # refused before the manifest is written, not at the first observation
+            from tgo.observatory.settings import check_jackknife_groups
+
+            check_jackknife_groups(jackknife_groups, len(self.analysis_dataset))
         manifest = self.manifest()
         if jackknife_groups >= 2:
             groups = assign_jackknife_groups(self.analysis_dataset.labels, jackknife_groups)

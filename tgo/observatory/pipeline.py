@@ -22,7 +22,7 @@ from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily
 from tgo.observatory.hooks import num_prefix_tokens_of
 from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_model
 from tgo.observatory.results import Results
-from tgo.observatory.settings import ObservationSettings
+from tgo.observatory.settings import ObservationSettings, check_jackknife_groups
 from tgo.observatory.share import GatherBytes, SummaryShare, summarize_shared
 from tgo.observatory.stream import reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
@@ -116,7 +116,11 @@ class _WithGroups(Dataset):
 def group_of_items(dataset: Dataset, groups: int) -> np.ndarray:
     """The jackknife group of every item: class-stratified from ``dataset.labels`` (the analysis subset has them),
     else from the labels of a ``TensorDataset``, else dealt round robin by position.
+
+    Raises:
+        ObservationSettingsError: more groups than items (`check_jackknife_groups`), before any image is read.
     """
+    check_jackknife_groups(groups, len(dataset))  # type: ignore[arg-type]  # map-style: Sized
     labels = getattr(dataset, "labels", None)
     if labels is None and isinstance(dataset, TensorDataset) and len(dataset.tensors) > 1:
         labels = dataset.tensors[1].cpu().numpy()

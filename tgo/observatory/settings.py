@@ -51,6 +51,24 @@ class ObservationSettingsError(UserInputError):
     """An observation setting is unknown or out of range; the message names ``observation.<key>``."""
 
 
+def check_jackknife_groups(groups: int, images: int) -> None:
+    """Refuses (one line) more jackknife groups than analysis images, before any image is observed.
+
+    Images are dealt to the ``G`` groups in turn over the class-sorted subset (`tgo.spectral.jackknife_groups`), so
+    every group holds an image exactly when ``G <= images``; with more, ``G - images`` groups would be empty and their
+    leave-one-group-out spectra copies of the full one, a standard error computed from nothing. A group may lack a
+    class when a class has fewer than ``G`` images; that only makes its class mix approximate.
+
+    Raises:
+        ObservationSettingsError: ``groups > images`` (``groups`` 0, no jackknife, is always accepted).
+    """
+    if groups and groups > images:
+        raise ObservationSettingsError(
+            f"{PREFIX}.groups: {groups} jackknife groups for {images} analysis images would leave {groups - images} "
+            f"groups empty; expected at most {images} (one image per group at least), or 0 for no jackknife"
+        )
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
