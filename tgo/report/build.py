@@ -6,7 +6,6 @@ The single orchestrator of ``tgo.report``; every step is a function of another m
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -52,6 +51,7 @@ from tgo.report.runinfo import (
     read_run_info,
 )
 from tgo.report.runs import ReportInputError, RunData, discover_runs, load_run_data, run_names
+from tgo.report.spreadsheet import write_csv
 from tgo.report.story import build_story, story_caption, story_figure
 from tgo.report.summary import verdict_summary_section
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
@@ -237,10 +237,8 @@ def claim_report_dir(report_dir: Path) -> None:
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict]) -> None:
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(columns), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    """A CSV for people: cells a spreadsheet would execute are escaped (`tgo.report.spreadsheet`)."""
+    write_csv(path, columns, rows)
 
 
 def _write_findings_csv(

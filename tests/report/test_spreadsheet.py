@@ -1,0 +1,47 @@
+"""The report's CSV files are safe to open in a spreadsheet: a cell it would execute is written as text, numbers stay
+numbers (OWASP's CSV-injection rule)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from tgo.report.spreadsheet import FORMULA_STARTS, spreadsheet_cell, write_csv
+
+FORMULAS = ["=1+1", '=HYPERLINK("http://x","y")', "+cmd|' /C calc'!A0", "-2+3", "-cmd", "@SUM(A1)", "\tx", "\r=1"]
+NUMBERS = ["-0.5", "+1e-05", "-1.2e-05", "-3", "-inf", "nan", "-.5", "0.25", "-7.", "12"]
+
+
+@pytest.mark.parametrize("cell", FORMULAS)
+def test_a_cell_a_spreadsheet_would_execute_is_written_as_text(cell: str):
+    assert cell.startswith(FORMULA_STARTS)
+    assert spreadsheet_cell(cell) == "'" + cell
+
+
+@pytest.mark.parametrize("cell", [*NUMBERS, "", "block_01", "cls", "holds", "a=b", "1-2", 3, -0.5, None])
+def test_numbers_and_ordinary_text_are_unchanged(cell):
+    assert spreadsheet_cell(cell) == cell
+    if isinstance(cell, str) and cell in NUMBERS:
+        float(cell)  # what a program reading the CSV parses
+
+
+def test_the_report_writes_point_names_escaped_and_numbers_as_numbers(tmp_path: Path):
+    """Before: a point named ``=1+1`` went raw into findings.csv. ``tgo.report.build._write_csv`` writes both
+    findings.csv and hypotheses.csv."""
+    from tgo.report.build import _write_csv
+
+    rows = [
+        {"point": "=1+1", "change": "-0.5", "note": "-see docs"},
+        {"point": "block_01", "change": "-inf", "note": ""},
+    ]
+    for write in (write_csv, _write_csv):
+        path = tmp_path / f"{write.__name__}.csv"
+        write(path, ["point", "change", "note"], rows)
+        with open(path, newline="") as fh:
+            read = list(csv.DictReader(fh))
+        assert read == [
+            {"point": "'=1+1", "change": "-0.5", "note": "'-see docs"},
+            {"point": "block_01", "change": "-inf", "note": ""},
+        ]

@@ -1,0 +1,39 @@
+"""CSV files for people: cells a spreadsheet would execute are written as text (OWASP's CSV-injection rule).
+
+A report's ``findings.csv`` and ``hypotheses.csv`` are opened in spreadsheets. A cell that starts with ``=``, ``+``,
+``-``, ``@``, a tab or a carriage return is read there as a formula (``=HYPERLINK(...)``, ``-2+3``, a DDE call), and
+point names and notes come from records any file could hold. Such a cell gets a leading ``'``, which spreadsheets show
+as text and do not display; numbers (``-0.5``, ``+1e-05``, ``-inf``: what ``repr(float)`` writes) stay numbers, so a
+program reading the file gets the same values as before.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FORMULA_STARTS", "spreadsheet_cell", "write_csv"]
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+"""The first characters that make a spreadsheet read a cell as a formula (OWASP, "CSV Injection")."""
+
+_NUMBER = re.compile(r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
+
+
+def spreadsheet_cell(value: Any) -> Any:
+    """``value`` as a cell no spreadsheet executes: text starting with one of `FORMULA_STARTS` gets a leading ``'``
+    unless it is a plain number; anything else (numbers, empty cells, other text) is returned unchanged."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not _NUMBER.match(value):
+        return "'" + value
+    return value
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
+    """Writes ``rows`` under the header ``columns`` with every cell through `spreadsheet_cell`."""
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({key: spreadsheet_cell(value) for key, value in row.items()} for row in rows)
