@@ -25,6 +25,7 @@ from tgo.observatory.families.weight_history import (
     read_weight_history,
     weight_files,
     weights_dir,
+    write_weights,
 )
 from tgo.observatory.families.weights import WEIGHT_METRICS, WEIGHT_VIEWS, weight_plan
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation, summarize_and_record
@@ -436,3 +437,27 @@ def test_an_intact_kept_file_passes_every_check(tmp_path: Path):
         warnings.simplefilter("error", RuntimeWarning)
         loaded = history.load_previous(_current(net))
     assert all(np.array_equal(loaded[k], v) for k, v in _current(net).items())
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_weights_directory_that_is_a_file_or_a_link_is_named_and_left_alone(tmp_path: Path, kind: str):
+    """Before: ``geometry/weights`` replaced by a file mid-run ended the training in an 87-line traceback. Now the
+    observation warns once, keeps no weights (the next relative update is NaN) and writes nothing there or through
+    a link."""
+    net = tiny_vit()
+    observe(net, tmp_path / "run", 0)
+    where = weights_dir(tmp_path / "run")
+    shutil.rmtree(where)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if kind == "file":
+        where.write_text("mine")
+    else:
+        where.symlink_to(outside, target_is_directory=True)
+    history = read_weight_history(tmp_path / "run", 1)
+    assert history.previous_path is None
+    with pytest.warns(RuntimeWarning, match=rf"geometry/weights is a {kind}, not the directory TGO keeps") as caught:
+        assert write_weights(history, _current(net)) is None
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert list(outside.iterdir()) == []
+    assert where.read_text() == "mine" if kind == "file" else where.is_symlink()

@@ -252,7 +252,8 @@ def write_weights(history: WeightHistory, weights: Mapping[str, np.ndarray]) -> 
         weights: ``{"<point>/<map>": array}``, exact copies.
 
     Returns:
-        The file written (``None``: a file of that name that TGO did not write is in the way, said in a warning).
+        The file written (``None``: a file of that name that TGO did not write is in the way, or ``weights/`` is a
+        file or a symbolic link, said in a warning).
     """
     arrays: dict[str, np.ndarray] = {
         "format": np.asarray(WEIGHTS_FORMAT),
@@ -264,6 +265,16 @@ def write_weights(history: WeightHistory, weights: Mapping[str, np.ndarray]) -> 
         arrays[key] = np.asarray(array)
     arrays["digest"] = np.asarray(_digest({k: v for k, v in arrays.items() if k not in _RESERVED}))
     path = _weights_file(history.run_dir, history.epoch)
+    where = path.parent
+    if where.is_symlink() or (where.exists() and not where.is_dir()):  # never write into, or through, what is there
+        warnings.warn(
+            f"[tgo] observation.weights: {where} is {'a link' if where.is_symlink() else 'a file'}, not the directory "
+            f"TGO keeps weights in; it is left as it is and epoch {history.epoch}'s weights are not kept (the next "
+            "relative update is NaN)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
     if path.exists() and not _is_ours(path, history.epoch):  # never replace a file TGO did not write
         warnings.warn(
             f"[tgo] observation.weights: {path} is not TGO's kept weights of epoch {history.epoch}; it is left as it "
