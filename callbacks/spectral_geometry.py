@@ -260,7 +260,14 @@ class SpectralGeometryCallback(L.Callback):
         with ``analysis=``, writes its manifest); every rank raises together if not. Collective."""
         assert self._run is not None
         problem = None
-        if trainer.is_global_zero and not self._run.is_marked():
+        if trainer.is_global_zero and getattr(self, "_run_lock", None) is None:  # one process per run directory
+            from tgo.run_lock import RunLock, RunLockError
+
+            try:  # re-entrant: under tgo.train this process holds it already; released at teardown
+                self._run_lock: Any = RunLock(self._run.root, what="trainer.default_root_dir").acquire()
+            except RunLockError as err:
+                problem = str(err)
+        if problem is None and trainer.is_global_zero and not self._run.is_marked():
             from tgo.data.subsets import analysis_manifest
 
             manifest = None
@@ -323,11 +330,19 @@ class SpectralGeometryCallback(L.Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._flush_after_failure(trainer)
         self.finish_tensorboard(trainer)
+        lock, self._run_lock = getattr(self, "_run_lock", None), None
+        if lock is not None:  # Lightning skips teardown after an exception (a signal included): released here
+            lock.release()
+            self._claimed = None
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._flush_after_failure(trainer)
         self.finish_tensorboard(trainer)
         self._summaries.close()
+        lock, self._run_lock = getattr(self, "_run_lock", None), None
+        if lock is not None:  # the run directory's lock (`_claim_run_directory`): the next fit claims it again
+            lock.release()
+            self._claimed = None
         noise = self.collectors.get(NOISE_COLLECTOR)
         if noise is not None and stage == "fit":  # its gradient hooks leave the parameters with the fit
             noise.detach()

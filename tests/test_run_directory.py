@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import compose_train, run_cli
 from tgo.config import validate_config
-from tgo.errors import ConfigError
-from tgo.records import RunDir
+from tgo.errors import ConfigError, RunEnvironmentError
+from tgo.records import RunDir, atomic_write
 from tgo.train import _original_message, check_run_directory, error_line, mark_run_directory, preflight
 
 
@@ -104,10 +106,104 @@ def test_the_cli_refuses_a_users_directory_in_one_line_without_writing_there(tmp
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"tgo.train: error: hydra.run.dir: '{mine}' holds files TGO did not make (config.yaml, notes.txt) and is not "
-        f"a TGO run (no {RunDir.MARKER}); expected a new or empty directory, or a run to resume: choose another "
-        "directory"
+        f"a TGO run (no {RunDir.MARKER} made for it); expected a new or empty directory, or a run to resume: choose "
+        "another directory"
     ]
     assert sorted(os.listdir(mine)) == ["config.yaml", "notes.txt"]  # not even Hydra's .hydra/
     typo = tmp_path / "typo"
     result = run_cli(["experiment=smoke", "ckpt_path=last", f"hydra.run.dir={typo}"], cwd=tmp_path, timeout=120)
     assert result.returncode == 2 and "did not exist before this launch" in result.stderr and not typo.exists()
+
+
+def test_a_copied_marker_does_not_make_a_users_directory_a_run(tmp_path: Path):
+    """Issue 33: a ``.tgo-run`` copied into a user's directory made tgo.train overwrite their config.yaml. The marker
+    names the directory it was made for, so a copy (or one of a run moved elsewhere) does not count."""
+    run = tmp_path / "run"
+    run.mkdir()
+    mark_run_directory(run)
+    stamp = json.loads(RunDir(run).marker.read_text())
+    assert stamp["path"] == os.path.realpath(run) and stamp["kind"] == "train" and len(stamp["run_id"]) == 32
+    mine = users_directory(tmp_path)
+    shutil.copy(RunDir(run).marker, mine / RunDir.MARKER)
+    assert not RunDir(mine).is_marked()
+    with pytest.raises(ConfigError, match=r"is not a TGO run \(its .tgo-run was made for another directory\)"):
+        check_run_directory(mine, None)
+    assert (mine / "config.yaml").read_text() == "my own settings\n"
+    moved = tmp_path / "moved"  # a run moved elsewhere is still one by its records, and is marked again there
+    (moved / "geometry").mkdir(parents=True)
+    (moved / "geometry" / "metrics.csv").write_text("epoch,step,point,view,metric,value,stderr\n")
+    shutil.copy(RunDir(run).marker, moved / RunDir.MARKER)
+    check_run_directory(moved, None)
+    mark_run_directory(moved)
+    assert RunDir(moved).is_marked() and json.loads(RunDir(moved).marker.read_text())["run_id"] != stamp["run_id"]
+
+
+def _marker_a_directory(run: Path) -> str:
+    (run / RunDir.MARKER).unlink()
+    (run / RunDir.MARKER).mkdir()
+    return ".tgo-run is a directory (or another non-file); expected a file of TGO's"
+
+
+def _weights_a_file(run: Path) -> str:
+    (run / "geometry").mkdir()
+    (run / "geometry" / "weights").write_text("not a directory")
+    return "geometry/weights is a file; expected a directory TGO writes into"
+
+
+def _geometry_a_link(run: Path) -> str:
+    elsewhere = run.parent / "elsewhere"
+    elsewhere.mkdir()
+    (run / "geometry").symlink_to(elsewhere)
+    return f"geometry is a symbolic link (to {elsewhere})"
+
+
+def _config_a_link(run: Path) -> str:
+    theirs = run.parent / "their_config.yaml"
+    theirs.write_text("theirs\n")
+    (run / "config.yaml").symlink_to(theirs)
+    return f"config.yaml is a symbolic link (to {theirs})"
+
+
+def _a_spectra_file_a_link(run: Path) -> str:
+    theirs = run.parent / "theirs.npz"
+    theirs.write_bytes(b"theirs")
+    (run / "geometry" / "spectra").mkdir(parents=True)
+    (run / "geometry" / "spectra" / "epoch_0001.npz").symlink_to(theirs)
+    return f"geometry/spectra/epoch_0001.npz is a symbolic link (to {theirs})"
+
+
+@pytest.mark.parametrize(
+    "plant", [_marker_a_directory, _weights_a_file, _geometry_a_link, _config_a_link, _a_spectra_file_a_link]
+)
+def test_what_tgo_would_write_through_or_fail_on_mid_run_is_refused_in_one_line_before_work(tmp_path: Path, plant):
+    """Issue 33: ``geometry/weights`` a file was an 87-line traceback mid-run, ``.tgo-run`` a directory a traceback;
+    a link inside the run would send TGO's writes outside it. Each is one line before anything is written, for a
+    fresh run and a resume, before Hydra (`preflight`) as after."""
+    run = tmp_path / "run"
+    run.mkdir()
+    mark_run_directory(run)
+    expected = plant(run)
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    for ckpt in (None, "last"):
+        with pytest.raises(ConfigError) as refused:
+            check_run_directory(run, ckpt)
+        assert "\n" not in str(refused.value) and f"hydra.run.dir: '{run}': {expected}; TGO never writes" in str(
+            refused.value
+        )
+    assert expected in str(preflight([f"hydra.run.dir={run}"]))
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before, "nothing written"
+
+
+def test_atomic_write_never_writes_through_or_replaces_a_link(tmp_path: Path):
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("theirs")
+    link = tmp_path / "run" / "config.yaml"
+    link.parent.mkdir()
+    link.symlink_to(theirs)
+    with pytest.raises(RunEnvironmentError, match=r"config.yaml: is a symbolic link .*TGO never writes through"):
+        atomic_write(link, "ours")
+    assert link.is_symlink() and theirs.read_text() == "theirs"
+    folder = tmp_path / "run" / "metrics.csv"
+    folder.mkdir()
+    with pytest.raises(RunEnvironmentError, match=r"metrics.csv: is a directory; expected a file"):
+        atomic_write(folder, "ours")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,10 +18,13 @@ import torch
 
 from tests.conftest import NO_FIGURES, compose_train, run_cli
 from tests.helpers import SimulatedCrash
+from tests.test_run_lock import REPO, holding_lock
 from tgo.errors import ConfigError
 from tgo.model import cosine_factor, schedule_steps
 from tgo.observatory.pipeline import NonFiniteActivationsError
-from tgo.train import error_line, make_ddp_relaunch_job_local, resolve_ckpt_path, run
+from tgo.records import RunDir, recorded_epochs
+from tgo.run_lock import LOCK_NAME, RunLockError
+from tgo.train import error_line, make_ddp_relaunch_job_local, mark_run_directory, resolve_ckpt_path, run
 
 FAST = ["experiment=smoke", *NO_FIGURES]  # records, checkpoints and messages are checked here, not figures
 
@@ -207,3 +215,71 @@ def test_ddp_relaunch_in_a_multirun_reruns_only_this_job(monkeypatch):
 
     assert sys.argv == ["tgo/train.py", "seed=1", "experiment=smoke"]
     assert HydraConfig.get().run.dir == "/sweep/1"
+
+
+def test_a_second_training_or_a_resume_of_a_directory_in_use_is_refused_before_anything_is_written(tmp_path):
+    """Issue 33: two trainings started 2 s apart in one directory both ran and mixed their records, and a resume of a
+    run still training was not noticed. The directory's lock (tgo.run_lock) refuses the second in one line naming the
+    first, before anything is planned, moved or written."""
+    fresh = tmp_path / "fresh"
+    with holding_lock(fresh) as first:
+        expected = rf"hydra.run.dir '{fresh}' is in use by another TGO process \(pid {first.pid} on host "
+        with pytest.raises(RunLockError, match=expected):
+            run(compose_train(fresh, FAST))
+        assert sorted(p.name for p in fresh.iterdir()) == [LOCK_NAME], "nothing written beside the holder's lock"
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    mark_run_directory(resumed)
+    with holding_lock(resumed) as first:
+        with pytest.raises(RunLockError, match=rf"\(pid {first.pid} on host "):
+            run(compose_train(resumed, [*FAST, "ckpt_path=last"]))
+        assert sorted(p.name for p in resumed.iterdir()) == [LOCK_NAME, RunDir.MARKER]
+
+
+def test_the_cli_refuses_a_directory_in_use_in_one_line_before_hydra_writes_there(tmp_path):
+    held = tmp_path / "held"
+    with holding_lock(held) as first:
+        result = run_cli([*FAST, f"hydra.run.dir={held}"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"tgo.train: error: hydra.run.dir '{held}' is in use by another TGO process (pid {first.pid} on host "
+    ), result.stderr
+    assert not (held / ".hydra").exists(), "Hydra did not rewrite the running run's .hydra/"
+
+
+@pytest.mark.slow
+def test_sigterm_during_training_ends_with_one_line_status_143_and_the_records_intact(tmp_path):
+    """Issue 33: SIGTERM during training exited 0 with no message (Lightning's signal exit is a SystemExit that the
+    entry point let through). It now ends with one line saying what is kept and how to resume, status 128 + 15."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TGO_ROOT": str(tmp_path), "PYTHONPATH": str(REPO)}
+    args = [*FAST, "trainer.max_epochs=50", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tgo.train", *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 240  # a bound on a hung process, not a timing assertion
+        while not (RunDir(run_dir).last_checkpoint.is_file() and 1 in recorded_epochs(run_dir)):
+            assert proc.poll() is None and time.monotonic() < deadline, "training ended before it could be stopped"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    ours = [line for line in stderr.splitlines() if line.startswith("tgo.train")]
+    assert len(ours) == 1 and ours[0].startswith("tgo.train: stopped by SIGTERM during epoch "), stderr[-3000:]
+    epochs = recorded_epochs(run_dir)
+    assert f"the records of epochs {epochs} and checkpoints/last.ckpt holds the last completed epoch" in ours[0]
+    assert ours[0].endswith(f"resume with ckpt_path=last hydra.run.dir={run_dir.resolve()}")
+    assert epochs == list(range(len(epochs))) and len(epochs) >= 2
+    assert sorted(RunDir(run_dir).spectra_files()) == epochs, "every recorded epoch has its spectra, none extra"
+    rows = metric_epochs(run_dir)
+    per_epoch = [{key[1:] for key in rows if key[0] == e} for e in epochs]
+    assert set(rows.values()) == {1} and all(keys == per_epoch[0] for keys in per_epoch), "no epoch half-written"
+    checkpoint = torch.load(RunDir(run_dir).last_checkpoint, map_location="cpu", weights_only=True)
+    assert checkpoint["epoch"] + 1 in epochs, "last.ckpt holds an observed, completed epoch"
+    assert not (run_dir / LOCK_NAME).exists(), "the lock is released"

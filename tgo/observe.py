@@ -74,6 +74,7 @@ from tgo.observatory import (
 )
 from tgo.observatory.share import summary_gather
 from tgo.records import RecordWriter, RunDir, atomic_write
+from tgo.run_lock import LOCK_NAME, RunLock, RunLockError, launcher_rank
 from tgo.spectral.eigensolver import resolve_eigvalsh
 
 __all__ = [
@@ -176,9 +177,36 @@ def count_text(results: Mapping[Any, Any]) -> str:
 
 
 def _check_out(out: Path) -> None:
+    """Refuses an ``--out`` that is not new, empty or a TGO run without records, in one line, before any work.
+
+    ``tgo.observe`` writes ``config.yaml``, ``analysis_subset.json``, ``.tgo-run`` and ``geometry/`` there: in a
+    directory of the user's it would replace their files, in a run with records it would mix two models' records,
+    and through a link it would write outside the directory.
+    """
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
-    geometry = RunDir(out).geometry
+    if not out.is_dir():
+        return
+    # another process writes there now: named, before any work (Fabric's other ranks run beside rank 0's lock)
+    held = RunLock(out, what="--out").refusal() if launcher_rank() == 0 else None
+    if held is not None:
+        raise RunLockError(held)
+    run = RunDir(out)
+    unsafe = run.unsafe_entry()
+    if unsafe is not None:
+        raise ObserveError(
+            f"--out {out}: {unsafe}; TGO never writes through a link nor replaces what it did not make: choose "
+            "another directory"
+        )
+    entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    if entries and not (run.is_marked() or run.manifest.is_file()):
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        copied = " (its .tgo-run was made for another directory)" if run.read_marker() is not None else ""
+        raise ObserveError(
+            f"--out {out}: holds files TGO did not make ({shown}) and is not a TGO run{copied}; expected a new or "
+            "empty directory (tgo.observe would overwrite its config.yaml): choose another directory"
+        )
+    geometry = run.geometry
     if geometry.exists() and any(geometry.iterdir()):
         raise ObserveError(
             f"--out {out}: already holds geometry records; choose a new directory (records of "
@@ -334,7 +362,33 @@ def observe_models(
     cfg = compose_observe_config(overrides, run_dir)
     settings = ObservationSettings.from_config(cfg.observation)
     _check_out(out)
+    # One process per output directory: the launching process (rank 0 of Fabric's re-launch) holds the lock until the
+    # last record is written, an error included; it makes --out, and removes it again if nothing was written.
+    lock = RunLock(out, what="--out") if launcher_rank() == 0 else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        _check_out(out)  # again under the lock: another process may have written there since
+        return _observe(L, out, cfg, settings, sources, run_dir, timm_name, pretrained, weights, seed, prefix)
+    finally:
+        if lock is not None:
+            lock.release()
 
+
+def _observe(
+    L: Any,
+    out: Path,
+    cfg: DictConfig,
+    settings: ObservationSettings,
+    sources: list[ModelSource],
+    run_dir: Path | None,
+    timm_name: str | None,
+    pretrained: bool,
+    weights: str | None,
+    seed: int,
+    prefix: str | None,
+) -> list[ModelSource]:
+    """`observe_models` after its input is checked and ``out`` locked."""
     fabric = L.Fabric(
         accelerator=cfg.fabric.accelerator,
         devices=cfg.fabric.devices,
@@ -348,6 +402,7 @@ def observe_models(
     fabric.barrier("tgo_observe_setup")  # every rank has checked its input before rank 0 writes anything
     if fabric.is_global_zero:
         out.mkdir(parents=True, exist_ok=True)
+        RunDir(out).mark("observe")
         datamodule.write_manifest(out, jackknife_groups=settings.groups)
         described = [
             {

@@ -59,10 +59,12 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 import zipfile
 import zlib
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -246,17 +248,78 @@ class RunDir:
         return self.metrics.is_file() or bool(self.spectra_files())
 
     MARKER = ".tgo-run"
-    """Written by ``tgo.train`` into every run directory it uses, before anything else of TGO's: a directory is
-    written to only when it is new, empty (but for Hydra's own files) or carries this marker."""
+    """Written by ``tgo.train`` and ``tgo.observe`` into every run directory they use, before anything else of TGO's:
+    a directory is written to only when it is new, empty (but for Hydra's own files) or carries this marker. It is
+    JSON naming the run (a random id), its kind and the absolute path it was made for (`mark`), so a marker copied
+    into another directory does not make that directory a run (`is_marked`)."""
 
     @property
     def marker(self) -> Path:
         """``.tgo-run``: the mark of a directory TGO made its run (`is_marked`)."""
         return self.root / self.MARKER
 
+    def read_marker(self) -> dict[str, Any] | None:
+        """The marker's JSON object when it is a regular file TGO wrote (no link), else ``None``."""
+        if self.marker.is_symlink() or not self.marker.is_file():
+            return None
+        try:
+            stamp = json.loads(self.marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return stamp if isinstance(stamp, dict) and stamp.get("tgo") == "run directory" else None
+
     def is_marked(self) -> bool:
-        """Whether TGO marked this directory as one of its runs."""
-        return self.marker.is_file()
+        """Whether TGO marked this directory as one of its runs: a marker made for this very directory.
+
+        A marker naming another path was copied (or its run moved) and does not count; a run that was moved is still
+        recognised by its records and checkpoints (``tgo.train.is_tgo_run``) and marked again where it now is.
+        """
+        stamp = self.read_marker()
+        return stamp is not None and stamp.get("path") == os.path.realpath(self.root)
+
+    def mark(self, kind: str) -> None:
+        """Writes the marker for this directory (kept when it already is one): ``kind`` is who made the run
+        (``train``, ``observe``)."""
+        if self.is_marked():
+            return
+        stamp = {
+            "tgo": "run directory",
+            "kind": kind,
+            "run_id": uuid.uuid4().hex,
+            "path": os.path.realpath(self.root),
+            "created": datetime.now().astimezone().isoformat(timespec="seconds"),
+        }
+        atomic_write(self.marker, json.dumps(stamp) + "\n")
+
+    def unsafe_entry(self) -> str | None:
+        """What inside this run directory TGO must not write through, in words, or ``None``.
+
+        A symbolic link anywhere TGO writes (the marker, lock, config and manifest, ``geometry/`` and ``checkpoints/``
+        and everything in them, ``tensorboard/``, ``report/``) would send its writes outside the run; a file where a
+        directory belongs (``geometry/weights`` a file) or a directory where a file belongs (``.tgo-run`` a
+        directory) would fail mid-run. The run directory itself may be a link (a run dir on another disk).
+        """
+        files = [self.marker, self.root / ".tgo-lock", self.config, self.manifest]
+        dirs = [self.root / d for d in (self.GEOMETRY, self.CHECKPOINTS, self.TENSORBOARD, self.REPORT)]
+        dirs += [self.geometry / d for d in (self.SPECTRA, self.STEPS, "weights")]
+        dirs += [self.step_series.spectra_dir, self.checkpoints / "trajectory"]
+        files += [self.metrics, self.step_series.metrics, self.last_checkpoint]
+        for path in [*files, *dirs]:
+            if path.is_symlink():
+                return f"{path.relative_to(self.root)} is a symbolic link (to {os.readlink(path)})"
+        for path in files:
+            if path.exists() and not path.is_file():
+                return f"{path.relative_to(self.root)} is a directory (or another non-file); expected a file of TGO's"
+        for path in dirs:
+            if path.exists() and not path.is_dir():
+                return f"{path.relative_to(self.root)} is a file; expected a directory TGO writes into"
+        for top in (self.root / self.GEOMETRY, self.checkpoints):
+            for folder, subdirs, names in os.walk(top):  # never follows a link
+                for name in [*subdirs, *names]:
+                    path = Path(folder) / name
+                    if path.is_symlink():
+                        return f"{path.relative_to(self.root)} is a symbolic link (to {os.readlink(path)})"
+        return None
 
     def looks_like_run(self) -> bool:
         """Whether this is a run directory at all (marker, config, checkpoints or manifest), with or without records.
@@ -303,9 +366,10 @@ def _umask() -> int:
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[bytes]], None]) -> Path:
     """Writes a file so that readers see either the old or the complete new file, durably.
 
-    The temporary file lives in the target directory (``os.replace`` is only atomic within a filesystem) and starts
-    with a dot so that readers globbing ``epoch_*.npz`` never pick it up; it gets ``0o666 & ~umask`` like a file
-    opened with ``open(path, "w")`` (``mkstemp`` alone would leave it ``0600``). It is removed if anything fails.
+    A target that is a symbolic link is refused, never replaced or followed (TGO did not make it), and so is a
+    directory. The temporary file lives in the target directory (``os.replace`` is only atomic within a filesystem)
+    and starts with a dot so that readers globbing ``epoch_*.npz`` never pick it up; it gets ``0o666 & ~umask`` like a
+    file opened with ``open(path, "w")`` (``mkstemp`` alone would leave it ``0600``). It is removed if anything fails.
 
     Args:
         path: The target file (its directory is created).
@@ -315,6 +379,13 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[
         The path written.
     """
     path = Path(path)
+    if path.is_symlink():
+        raise RunEnvironmentError(
+            f"{path}: is a symbolic link (to {os.readlink(path)}); TGO never writes through or replaces a link it did "
+            "not create: remove it, or choose another directory"
+        )
+    if path.is_dir():
+        raise RunEnvironmentError(f"{path}: is a directory; expected a file TGO writes (move it away)")
     existed = path.exists()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

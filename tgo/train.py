@@ -8,15 +8,14 @@ Everything that can be wrong with the input is checked before ``trainer.fit`` st
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 import zipfile
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +30,9 @@ from tgo.errors import ConfigError, UserInputError, find_error
 from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job, slurm_requeue_plugins
 from tgo.observatory.pipeline import NonFiniteActivationsError
 from tgo.observatory.settings import ObservationSettings
-from tgo.records import RunDir, atomic_write
-from tgo.resume import check_checkpoint, check_same_analysis_subset, plan_start
+from tgo.records import RunDir, atomic_write, recorded_epochs
+from tgo.resume import check_checkpoint, check_resume, check_same_analysis_subset, plan_start
+from tgo.run_lock import LOCK_NAME, RunLock, RunLockError, launcher_rank
 
 if TYPE_CHECKING:
     import lightning as L
@@ -138,8 +138,11 @@ def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at:
     resumes the run *in* ``hydra.run.dir``: where that directory was only just made by this launch (a mistyped path),
     there is nothing to resume, and training a new run there would let a user believe a long job resumed.
 
+    A directory another process writes now (its `tgo.run_lock` held) is refused first, naming that process.
+
     Raises:
         ConfigError: naming the directory and what was expected.
+        RunLockError: another process holds the directory's lock.
     """
     run = RunDir(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -148,23 +151,36 @@ def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at:
         if ckpt_path == "last":
             raise ConfigError(_nothing_to_resume(output_dir))
         return
+    # Before Hydra rewrites a running run's .hydra/; DDP's other ranks are launched beside rank 0's lock
+    held = RunLock(output_dir, what="hydra.run.dir").refusal() if launcher_rank() == 0 else None
+    if held is not None:
+        raise RunLockError(held)
+    unsafe = run.unsafe_entry()
+    if unsafe is not None:
+        raise ConfigError(
+            f"hydra.run.dir: '{output_dir}': {unsafe}; TGO never writes through a link nor replaces what it did not "
+            "make: move it away, or choose another directory"
+        )
     if is_tgo_run(run):
         return
-    foreign = sorted(p.name for p in output_dir.iterdir() if p.name not in HYDRA_ENTRIES)
+    foreign = sorted(p.name for p in output_dir.iterdir() if p.name not in HYDRA_ENTRIES and p.name != LOCK_NAME)
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        copied = " (its .tgo-run was made for another directory)" if run.read_marker() is not None else ""
         raise ConfigError(
-            f"hydra.run.dir: '{output_dir}' holds files TGO did not make ({shown}) and is not a TGO run (no "
-            f"{RunDir.MARKER}); expected a new or empty directory, or a run to resume: choose another directory"
+            f"hydra.run.dir: '{output_dir}' holds files TGO did not make ({shown}) and is not a TGO run{copied or ''} "
+            f"(no {RunDir.MARKER} made for it); expected a new or empty directory, or a run to resume: choose another "
+            "directory"
         )
     if ckpt_path == "last" and _made_by_this_launch(output_dir, launched_at):
         raise ConfigError(_nothing_to_resume(output_dir))
 
 
 def is_tgo_run(run: RunDir) -> bool:
-    """Whether TGO made this directory a run: its marker, or what a run made before the marker always has (the
-    analysis subset's manifest, ``checkpoints/last.ckpt`` or ``geometry/metrics.csv``). A ``config.yaml`` alone does
-    not count: it is a common name for a user's own file."""
+    """Whether TGO made this directory a run: its marker (made for this directory: a copied one does not count), or
+    what a run made before the marker (or moved here) always has (the analysis subset's manifest,
+    ``checkpoints/last.ckpt`` or ``geometry/metrics.csv``). A ``config.yaml`` alone does not count: it is a common
+    name for a user's own file."""
     return run.is_marked() or run.manifest.is_file() or run.last_checkpoint.is_file() or run.metrics.is_file()
 
 
@@ -183,12 +199,9 @@ def _nothing_to_resume(output_dir: Path) -> str:
 
 
 def mark_run_directory(output_dir: Path) -> None:
-    """Writes the `tgo.records.RunDir.marker` (once; an existing marker is kept): this directory is a TGO run."""
-    run = RunDir(output_dir)
-    if run.is_marked():
-        return
-    stamp = {"tgo": "run directory", "created": datetime.now().astimezone().isoformat(timespec="seconds")}
-    atomic_write(run.marker, json.dumps(stamp) + "\n")
+    """Writes the `tgo.records.RunDir.marker` (once; a marker made for this directory is kept): this directory is a
+    TGO run (`tgo.records.RunDir.mark`)."""
+    RunDir(output_dir).mark("train")
 
 
 def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
@@ -209,7 +222,7 @@ def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
     if key == "hydra.run.dir":  # the run directory itself: the same refusals as `check_run_directory`, before Hydra
         try:
             check_run_directory(path, overrides.get("ckpt_path"), launched_at=math.inf)
-        except ConfigError as err:
+        except UserInputError as err:
             return str(err)
     if path.exists() and not path.is_dir():
         return f"{key}: '{path}' is a file; expected a directory for the run (or a new path)"
@@ -275,6 +288,52 @@ def run(cfg: DictConfig) -> dict[str, float]:
     check_accelerator(cfg.trainer.accelerator)
     output_dir = Path(cfg.paths.output_dir)
     check_run_directory(output_dir, cfg.get("ckpt_path"))
+    # One process per run directory: the launching process (rank 0) holds the lock from before anything is planned,
+    # moved or written until the end, an exception or a signal included; DDP's other ranks never take it.
+    lock = RunLock(output_dir, what="hydra.run.dir") if launcher_rank() == 0 else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        return _train(cfg, output_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+class RunStopped(Exception):
+    """A signal ended the training (SIGTERM, or SIGINT: Ctrl+C); `hydra_main` exits with ``128 + signum``."""
+
+    def __init__(self, signum: int, line: str) -> None:
+        super().__init__(line)
+        self.signum = signum
+
+
+def _stopping_signal(trainer: L.Trainer, stop: SystemExit) -> int | None:
+    """The signal behind Lightning's exit from ``fit`` (``None``: an exit of another kind, re-raised as it is).
+
+    Lightning turns SIGTERM into its ``SIGTERMException`` (a ``SystemExit`` with no code, so a plain exit status 0)
+    and Ctrl+C into ``sys.exit(1)`` after a ``KeyboardInterrupt``."""
+    if getattr(trainer, "received_sigterm", False):
+        return int(signal.SIGTERM)
+    if isinstance(stop.__context__, KeyboardInterrupt):
+        return int(signal.SIGINT)
+    return None
+
+
+def _stopped_line(signum: int, trainer: L.Trainer, output_dir: Path) -> str:
+    """The one line a stopped run ends with: which signal, where, what is kept, how to go on."""
+    epochs = recorded_epochs(output_dir)
+    kept = f"the records of epochs {epochs}" if epochs else "no epoch was recorded yet"
+    last = RunDir(output_dir).last_checkpoint
+    checkpoint = f"{last.relative_to(output_dir)} holds the last completed epoch" if last.is_file() else "no checkpoint"
+    return (
+        f"tgo.train: stopped by {signal.Signals(signum).name} during epoch {trainer.current_epoch}: {kept} and "
+        f"{checkpoint} are intact; resume with ckpt_path=last hydra.run.dir={output_dir.resolve()}"
+    )
+
+
+def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
+    """`run` after the run directory is checked and locked."""
     start = plan_start(cfg.get("ckpt_path"), RunDir(output_dir), requeued=is_requeued_slurm_job())
     ckpt_path = resolve_ckpt_path(start.checkpoint, output_dir)
     if start.start_over is None:
@@ -297,11 +356,12 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
     if ckpt_path is not None:  # every rank checks (they all stop before fit), before anything is moved or written
         check_same_analysis_subset(RunDir(output_dir), datamodule.manifest())
+        check_resume(RunDir(output_dir), ckpt_path, model)  # this run's, this model's, no duplicate kept (tgo.resume)
     # Before fit the strategy has not set ranks up yet; rank_zero_only.rank reads them from the launcher's environment
     # (LOCAL_RANK / NODE_RANK of Lightning's re-launch, SLURM_PROCID on a cluster), so only one process writes.
     if getattr(rank_zero_only, "rank", 0) == 0:
         mark_run_directory(output_dir)
-        start.prepare(RunDir(output_dir), ckpt_path)  # sets aside records the checkpoint does not know (tgo.resume)
+        start.prepare(RunDir(output_dir), ckpt_path)  # newer checkpoints aside (the callback: newer records)
         atomic_write(RunDir(output_dir).config, OmegaConf.to_yaml(cfg, resolve=False))
         groups = ObservationSettings.from_config(cfg.observation).groups if "observation" in cfg else 0
         manifest = datamodule.write_manifest(output_dir, jackknife_groups=groups)
@@ -311,7 +371,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
     with distributed_job():  # a multirun's next job must not join this job's process group
         # weights_only=True: Lightning's own load of the checkpoint never unpickles arbitrary objects either (TGO's
         # checkpoints need nothing else; tgo.safe_load has already refused a file that would)
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        try:
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        except SystemExit as stop:
+            signum = _stopping_signal(trainer, stop)
+            if signum is None:
+                raise
+            raise RunStopped(signum, _stopped_line(signum, trainer, output_dir)) from stop
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:
         summary = ", ".join(f"{k}={metrics[k]:.4f}" for k in ("val/acc_top1", "val/acc_top5") if k in metrics)
@@ -331,10 +397,17 @@ def main() -> float | None:
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
-    """Hydra entry point; bad input exits with status 2 and one line naming the key and what was expected."""
+    """Hydra entry point; bad input exits with status 2 and one line naming the key and what was expected, a signal
+    (SIGTERM, Ctrl+C) with ``128 + signum`` and one line saying what is kept."""
     logging.captureWarnings(True)  # warnings reach <run dir>/train.log with every other message (conf/hydra)
     try:
         metrics = run(cfg)
+    except RunStopped as stop:
+        from lightning.pytorch.utilities import rank_zero_only
+
+        if getattr(rank_zero_only, "rank", 0) == 0:
+            print(stop, file=sys.stderr)
+        sys.exit(128 + stop.signum)
     except Exception as error:
         line = error_line(error)
         if line is None:

@@ -46,6 +46,8 @@ from tgo.observatory.points import points_from_config, resolve_points
 from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordsError, RecordWriter, RunDir, atomic_write_json, read_metric_rows, recorded_epochs
+from tgo.resume import RUN_ID_FILE
+from tgo.run_lock import RunLock
 from tgo.spectral.eigensolver import resolve_eigvalsh
 
 __all__ = [
@@ -136,6 +138,8 @@ def _foreign_in_geometry(run: RunDir) -> list[str]:
             ]
         elif entry.name == run.STEPS and entry.is_dir() and run.series == "epoch":  # the step series
             foreign += _foreign_in_geometry(run.step_series)
+        elif entry.name == RUN_ID_FILE and entry.is_file() and run.series == "epoch":  # the run id (tgo.resume)
+            continue
         elif not (entry.name.startswith(".") and entry.name.endswith(".tmp")):  # atomic_write's leftovers
             foreign.append(f"{here}/{entry.name}")
     return foreign
@@ -160,6 +164,8 @@ def claim_run_directory(
     TGO's files there are ``geometry/`` (its records) and ``analysis_subset.json``; anything else in ``root`` is the
     user's and is never touched. Refused, in one line naming the directory:
 
+    * a symbolic link where TGO writes, a file where it keeps a directory (``geometry/weights``) or the reverse
+      (`tgo.records.RunDir.unsafe_entry`);
     * a ``geometry/`` holding anything but TGO's records (a ``metrics.csv`` with another header, other files);
     * with ``fresh`` (a training that starts from scratch), records already there: another training's;
     * an ``analysis_subset.json`` TGO did not write, or one of another analysis set while records exist (the
@@ -177,6 +183,12 @@ def claim_run_directory(
     run = RunDir(root)
     if run.root.exists() and not run.root.is_dir():
         raise RunDirectoryError(f"{what} '{run.root}' is a file; expected a directory for the geometry records")
+    unsafe = run.unsafe_entry() if run.root.is_dir() else None
+    if unsafe is not None:
+        raise RunDirectoryError(
+            f"{what} '{run.root}': {unsafe}; TGO never writes through a link nor replaces what it did not make: "
+            "choose another directory"
+        )
     foreign = _foreign_in_geometry(run)
     if foreign:
         raise RunDirectoryError(
@@ -304,6 +316,7 @@ def observe_model(
             "overwrites an observation: give the next epoch, or another out"
         )
     manifest = analysis_manifest(analysis, written_by="tgo.observe_model", groups=settings.groups)
-    claim_run_directory(run.root, manifest=manifest, fresh=False, what="observe_model(out=...)")
-    first = not recorded or epoch < min(recorded)
-    return observe(RecordWriter(run), keep=settings.keeps_covariance(epoch, first=first, last=False))
+    with RunLock(run.root, what="observe_model(out=...)"):  # one process writes out at a time (tgo.run_lock)
+        claim_run_directory(run.root, manifest=manifest, fresh=False, what="observe_model(out=...)")
+        first = not recorded or epoch < min(recorded)
+        return observe(RecordWriter(run), keep=settings.keeps_covariance(epoch, first=first, last=False))

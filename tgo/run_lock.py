@@ -1,0 +1,353 @@
+"""One process per run directory: the lock every writer of a run takes (``<run>/.tgo-lock``).
+
+Two trainings started in one directory would otherwise both run and interleave their records (one seed's epochs
+beside the other's), and a resume started while the same run is still training would train it twice. Every entry
+point that writes a run takes the lock before it writes anything: ``tgo.train`` and ``tgo.observe`` (the launching
+process, rank 0), and ``SpectralGeometryCallback`` in a user's own script (rank 0 only; under DDP the other ranks
+never hold it). A second process is refused in one line naming the holder (pid, host, since when, its command).
+
+The lock is an ``flock`` on the file, so the kernel releases it when its process ends, however it ends
+(``kill -9`` included); the file also holds the holder's identity as JSON (pid, host, start time, command, SLURM job)
+for the refusal and for stale files. A file left by a killed process is taken over with one line saying so: on the
+same host when its pid is no longer alive, or by the same SLURM job (a requeued job restarts on any node). A file
+naming another host is refused (this host cannot tell whether that process still runs) with what to do. Where the
+filesystem has no ``flock`` (some network filesystems) the identity alone decides, as above.
+
+Within one process the lock is re-entrant (``tgo.train`` holds it and its callback takes it again): the process
+holds one ``flock`` per directory, released (the file removed) when the last holder releases it, on a normal end as
+on an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tgo.errors import RunEnvironmentError
+
+__all__ = ["LOCK_NAME", "RunLock", "RunLockError", "launcher_rank"]
+
+LOCK_NAME = ".tgo-lock"
+"""The lock file in a run directory, next to the `tgo.records.RunDir.marker`."""
+
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+"""Where a launcher says a process's rank before any process group exists (the order Lightning reads them in)."""
+
+_NO_FLOCK = frozenset({errno.ENOLCK, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP})
+
+
+class RunLockError(RunEnvironmentError):
+    """Another process writes this run directory (or its lock file cannot be used): one line, nothing written."""
+
+
+def launcher_rank() -> int:
+    """This process's rank as its launcher set it in the environment (0 when none did: the launching process)."""
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and value.strip().lstrip("-").isdigit():
+            return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds (or held) a run directory's lock, as its lock file says."""
+
+    pid: int
+    host: str
+    since: str
+    command: str
+    slurm_job: str | None = None
+
+    @classmethod
+    def of_this_process(cls) -> Holder:
+        command = " ".join([Path(sys.executable).name, *sys.argv])
+        return cls(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            since=datetime.now().astimezone().isoformat(timespec="seconds"),
+            command=command if len(command) <= 160 else command[:157] + "...",
+            slurm_job=os.environ.get("SLURM_JOB_ID"),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Holder | None:
+        """The holder a lock file names, or ``None`` for an empty or unreadable one (a holder mid-write)."""
+        try:
+            data = json.loads(text)
+            job = data.get("slurm_job")
+            return cls(
+                int(data["pid"]),
+                str(data["host"]),
+                str(data["since"]),
+                str(data.get("command", "")),
+                None if job is None else str(job),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on host {self.host}, since {self.since}: {self.command}"
+
+    def is_alive_here(self) -> bool:
+        """Whether a process with this pid runs on this host (a pid of another user's process counts as alive)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+@dataclass
+class _Held:
+    fd: int
+    count: int
+    made_dir: bool
+
+
+_HELD: dict[str, _Held] = {}
+_HELD_GUARD = threading.Lock()
+
+
+class RunLock:
+    """The lock of one run directory; ``with RunLock(root): ...`` or `acquire` / `release`.
+
+    Args:
+        root: The run directory.
+        what: How messages name it (``hydra.run.dir``, ``--out``, ``trainer.default_root_dir``).
+        create: Make the directory when it does not exist (it is removed again on release when nothing else was
+            written there).
+
+    Attributes:
+        took_over: The line said when a stale lock was taken over (``None`` otherwise).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, what: str = "the run directory", create: bool = True) -> None:
+        self.root = Path(root)
+        self.what = what
+        self.create = create
+        self.took_over: str | None = None
+        self._held = False
+
+    @property
+    def path(self) -> Path:
+        """``<root>/.tgo-lock``."""
+        return self.root / LOCK_NAME
+
+    def refusal(self) -> str | None:
+        """The refusal `acquire` would give because another process holds the lock now, without taking it or writing
+        anything (``None``: free, or no lock file): for a check before anything else touches the directory."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None  # no lock file (or one `acquire` refuses in its own words)
+        try:
+            if self._key() in _HELD or not _is_regular(fd):
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return self._refusal(Holder.parse(_read(fd)), busy=True)
+            except OSError:
+                return None
+            return None
+        finally:
+            os.close(fd)  # drops the shared flock with it
+
+    def _key(self) -> str:
+        return os.path.realpath(self.root)
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def acquire(self) -> RunLock:
+        """Takes the lock, or raises `RunLockError` naming the holder; idempotent for this object.
+
+        Raises:
+            RunLockError: another process holds it, or the lock file is a link, a directory or cannot be made.
+        """
+        if self._held:
+            return self
+        with _HELD_GUARD:
+            key = self._key()
+            held = _HELD.get(key)
+            if held is not None:  # this process holds it already (tgo.train, then its callback)
+                held.count += 1
+                self._held = True
+                return self
+            made_dir = False
+            if not self.root.exists() and self.create:
+                try:
+                    self.root.mkdir(parents=True)
+                    made_dir = True
+                except OSError as err:
+                    raise RunLockError(f"{self.what} '{self.root}' cannot be made ({err.strerror})") from err
+            fd = self._lock_file()
+            _HELD[self._key()] = _Held(fd, 1, made_dir)
+            self._held = True
+            return self
+
+    def _lock_file(self) -> int:
+        """Opens, locks and stamps the lock file; returns its descriptor."""
+        for _ in range(20):  # a holder releasing (unlinking) between our open and flock: open the new file
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except OSError as err:
+                raise RunLockError(self._unusable(err)) from err
+            try:
+                if not _is_regular(fd):
+                    raise RunLockError(
+                        f"{self.what} '{self.root}': {LOCK_NAME} is not a regular file; expected TGO's lock file "
+                        "(or none): remove it, or choose another directory"
+                    )
+                locked = _flock(fd)
+                if locked is False:
+                    raise RunLockError(self._refusal(Holder.parse(_read(fd)), busy=True))
+                if not _same_file(fd, self.path):
+                    os.close(fd)
+                    continue
+                previous = Holder.parse(_read(fd))
+                if previous is not None:
+                    self._check_stale(previous, flocked=locked is True)
+                _stamp(fd, Holder.of_this_process())
+                return fd
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                raise
+        raise RunLockError(f"{self.what} '{self.root}': its lock file keeps changing; another process races for it")
+
+    def _check_stale(self, previous: Holder, *, flocked: bool) -> None:
+        """Takes over what a killed process left (one line), or refuses a holder that may still run."""
+        me = Holder.of_this_process()
+        if previous.pid == me.pid and previous.host == me.host:
+            return
+        if previous.host == me.host:
+            if not flocked and previous.is_alive_here():  # no flock here: the pid is all there is to go by
+                raise RunLockError(self._refusal(previous, busy=True))
+            why = "is no longer running" if not previous.is_alive_here() else "no longer holds it"
+        elif previous.slurm_job is not None and previous.slurm_job == me.slurm_job:
+            why = f"was an earlier start of this SLURM job ({me.slurm_job}, requeued)"
+        else:
+            raise RunLockError(self._refusal(previous, busy=False))
+        self.took_over = (
+            f"[tgo] {self.what} '{self.root}': took over the lock of pid {previous.pid} on host {previous.host} "
+            f"(since {previous.since}), which {why}"
+        )
+        print(self.took_over, file=sys.stderr)
+
+    def _refusal(self, holder: Holder | None, *, busy: bool) -> str:
+        if holder is None:
+            return (
+                f"{self.what} '{self.root}' is in use by another TGO process (its {LOCK_NAME} is held); one process "
+                "per run directory: wait for it to end, or choose another directory"
+            )
+        if busy:
+            return (
+                f"{self.what} '{self.root}' is in use by another TGO process ({holder.describe()}); one process per "
+                "run directory: wait for it to end, or choose another directory"
+            )
+        return (
+            f"{self.what} '{self.root}' is locked by pid {holder.pid} on host {holder.host} (since {holder.since}), "
+            f"which this host cannot check; if that process has ended, delete {self.path} and start again"
+        )
+
+    def _unusable(self, err: OSError) -> str:
+        if err.errno == errno.ELOOP:
+            return (
+                f"{self.what} '{self.root}': {LOCK_NAME} is a symbolic link; TGO never writes through a link: remove "
+                "it, or choose another directory"
+            )
+        if err.errno == errno.EISDIR:
+            return f"{self.what} '{self.root}': {LOCK_NAME} is a directory; expected TGO's lock file (or none)"
+        return f"{self.what} '{self.root}': its lock file {LOCK_NAME} cannot be made ({err.strerror})"
+
+    def release(self) -> None:
+        """Releases the lock (this object's hold); the last hold removes the file and drops the ``flock``."""
+        if not self._held:
+            return
+        self._held = False
+        with _HELD_GUARD:
+            key = self._key()
+            held = _HELD.get(key)
+            if held is None:
+                return
+            held.count -= 1
+            if held.count > 0:
+                return
+            del _HELD[key]
+            with contextlib.suppress(OSError):
+                if _same_file(held.fd, self.path):
+                    os.unlink(self.path)  # before the flock goes: a waiting process then finds the file gone
+            with contextlib.suppress(OSError):
+                os.close(held.fd)
+            if held.made_dir:
+                with contextlib.suppress(OSError):
+                    self.root.rmdir()  # only when empty: nothing was written after all
+
+
+def _is_regular(fd: int) -> bool:
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+def _flock(fd: int) -> bool | None:
+    """``True``: locked; ``False``: another process holds it; ``None``: this filesystem has no flock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as err:
+        if err.errno in _NO_FLOCK:
+            return None
+        raise
+    return True
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a releasing holder unlinks it)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _read(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _stamp(fd: int, holder: Holder) -> None:
+    payload: dict[str, Any] = {
+        "tgo": "run directory lock",
+        "pid": holder.pid,
+        "host": holder.host,
+        "since": holder.since,
+        "command": holder.command,
+        "slurm_job": holder.slurm_job,
+    }
+    data = (json.dumps(payload) + "\n").encode("utf-8")
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, data)
+    os.fsync(fd)
