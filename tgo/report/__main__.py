@@ -1,13 +1,17 @@
 """``python -m tgo.report``: the command line of `tgo.report.build_report`.
 
-Bad input (not a run, no records, differing analysis subsets) prints ``tgo.report: error: <message>`` and exits
-with status 2, without a traceback; anything else is a bug and keeps its traceback.
+Bad input (not a run, no records, differing analysis subsets, an output directory that is not a report's or cannot
+be written) prints ``tgo.report: error: <message>`` and exits with status 2, without a traceback; anything else is a
+bug and keeps its traceback. SIGTERM ends a report with one line and status 143: the report is built beside its
+directory and put in place whole (`tgo.report.output`), so the old report stays as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -135,15 +139,39 @@ def _run(args: argparse.Namespace, summary: list[str]) -> Path:
     )
 
 
+class ReportStopped(BaseException):
+    """SIGTERM arrived while a report was built: raised where the report is, so the half-built copy is removed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise ReportStopped(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Builds the report; returns the exit status (0 ok, 2 bad input)."""
+    """Builds the report; returns the exit status (0 ok, 2 bad input, ``128 + signum`` when stopped by SIGTERM)."""
     args = parse_args(argv)
     summary: list[str] = []
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop) if in_main else None
     try:
         index = _run(args, summary)
     except UserInputError as error:
         print(f"tgo.report: error: {error}", file=sys.stderr)
         return 2
+    except ReportStopped as stop:
+        print(
+            f"tgo.report: stopped by {signal.Signals(stop.signum).name}: the output directory holds a whole report "
+            "(the previous one, or none, unless the new one was already complete); nothing half-written is left",
+            file=sys.stderr,
+        )
+        return 128 + stop.signum
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     print(f"[tgo] report: {index.resolve()}")
     for line in summary:
         print(f"[tgo] {line}")

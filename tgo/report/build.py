@@ -24,7 +24,7 @@ from tgo.report.aggregate import (
 from tgo.report.early import early_section
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, save_figure, spectrum_figures
 from tgo.report.findings import Finding, evaluate_findings
-from tgo.report.html import GENERATOR, Section, Table, render_page
+from tgo.report.html import Section, Table, render_page
 from tgo.report.hypotheses_section import (
     HYPOTHESES_COLUMNS,
     JUDGED_COLUMNS,
@@ -34,6 +34,7 @@ from tgo.report.hypotheses_section import (
     uncertainty_cells,
 )
 from tgo.report.optimisation import optimisation_section
+from tgo.report.output import claim_report_dir, staged_report
 from tgo.report.phases import phases_section
 from tgo.report.reference import (
     PAPER_POINTS,
@@ -205,35 +206,6 @@ def findings_rows(
             row["agreement"] = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs)
         rows.append(row)
     return rows
-
-
-REPORT_MARKER = ".tgo-report"
-"""Written into every report directory: a later report may replace what is there, nothing else may be replaced."""
-_REPORT_FILES = frozenset({REPORT_MARKER, "index.html", "findings.csv", "hypotheses.csv", "figures"})
-
-
-def claim_report_dir(report_dir: Path) -> None:
-    """Makes ``report_dir`` a report directory, or refuses (one line, before anything is written) a directory that
-    holds files TGO did not write there: a report never replaces a file it did not create.
-
-    A directory is TGO's when it is empty, carries `REPORT_MARKER`, or holds only what a report writes with a page
-    that says it is a TGO report (reports written before the marker existed).
-    """
-    if report_dir.exists() and not report_dir.is_dir():
-        raise ReportInputError(f"report output {report_dir} is a file; expected a directory (give another --out)")
-    entries = {entry.name for entry in report_dir.iterdir()} if report_dir.is_dir() else set()
-    if entries and REPORT_MARKER not in entries:
-        index = report_dir / "index.html"
-        page = index.read_text(errors="replace") if index.is_file() else ""
-        older = entries <= _REPORT_FILES and ("TGO report" in page or f'content="{GENERATOR}"' in page)
-        if not older:
-            foreign = ", ".join(sorted(entries - _REPORT_FILES) or sorted(entries))
-            raise ReportInputError(
-                f"report output {report_dir} already holds files TGO did not write ({foreign}); give another --out "
-                "or an empty directory (a report never replaces a file it did not create)"
-            )
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / REPORT_MARKER).touch()
 
 
 def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict]) -> None:
@@ -503,131 +475,135 @@ def build_report(
         messages.append(caveat)
     single = len({e for r in runs for e in r.epochs}) == 1
 
-    report_dir = Path(out) if out is not None else default_out_dir(paths)
-    figures_dir = report_dir / "figures"
-    claim_report_dir(report_dir)
+    final_dir = Path(out) if out is not None else default_out_dir(paths)
+    claim_report_dir(final_dir)  # before anything is written: a directory a report may replace, or one line
+    with staged_report(final_dir) as report_dir:  # built whole beside it, then swapped in as one unit
+        figures_dir = report_dir / "figures"
 
-    findings = _judge(agg, settings)
-    several = len(runs) > 1
-    agreement = None
-    extra: list[tuple[str, Callable[[Finding], str]]] = []
-    if several:
-        agreement = verdict_agreement([_judge(aggregate_runs([r]), settings) for r in runs])
-        counts = agreement
-        extra.append(
-            (
-                f"runs agreeing (of {len(runs)})",
-                lambda f: agreement_text(counts[(f.claim, f.metric, f.point)], len(runs)),
+        findings = _judge(agg, settings)
+        several = len(runs) > 1
+        agreement = None
+        extra: list[tuple[str, Callable[[Finding], str]]] = []
+        if several:
+            agreement = verdict_agreement([_judge(aggregate_runs([r]), settings) for r in runs])
+            counts = agreement
+            extra.append(
+                (
+                    f"runs agreeing (of {len(runs)})",
+                    lambda f: agreement_text(counts[(f.claim, f.metric, f.point)], len(runs)),
+                )
             )
-        )
-    if paper is not None and not single:
-        paper_verdicts = {
-            (f.claim, f.metric, f.point): f.verdict for f in evaluate_findings(paper, agg.points, settings=settings)
-        }
-        extra.append(("verdict on TGO-I data", lambda f: paper_verdicts.get((f.claim, f.metric, f.point), "")))
+        if paper is not None and not single:
+            paper_verdicts = {
+                (f.claim, f.metric, f.point): f.verdict for f in evaluate_findings(paper, agg.points, settings=settings)
+            }
+            extra.append(("verdict on TGO-I data", lambda f: paper_verdicts.get((f.claim, f.metric, f.point), "")))
 
-    header = _header_section(runs, infos, notes)
-    summary = Section("Runs", "runs")
-    summary.paragraphs.append(
-        f"{len(runs)} run(s); points: {', '.join(agg.points)}; epochs observed: "
-        f"{', '.join(str(e) for e in runs[0].epochs)}. Generated {datetime.now():%Y-%m-%d %H:%M}."
-    )
-    summary.tables.append(
-        Table(
-            ["run", "path", "epochs", "points", "analysis subset fingerprint"],
-            [
-                [
-                    r.name,
-                    str(r.path),
-                    f"{r.epochs[0]}..{r.epochs[-1]} ({len(r.epochs)})",
-                    str(len(r.points)),
-                    (r.fingerprint or "unknown")[:16],
-                ]
-                for r in runs
-            ],
-            left=[0, 1, 4],
+        header = _header_section(runs, infos, notes)
+        summary = Section("Runs", "runs")
+        summary.paragraphs.append(
+            f"{len(runs)} run(s); points: {', '.join(agg.points)}; epochs observed: "
+            f"{', '.join(str(e) for e in runs[0].epochs)}. Generated {datetime.now():%Y-%m-%d %H:%M}."
         )
-    )
-
-    if single:
-        find = _single_observation_section(runs)
-    else:
-        find = _findings_section(findings, settings, "the mean over runs" if several else "this run", extra)
-    if several and not single:
-        find.paragraphs.append(
-            "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
-        )
-    ref: Section | None = None
-    if paper is not None:
-        ref_rows = compare_with_reference(agg.mean, paper, agg.points)
-        ref = Section("Comparison with the published TGO-I measurements", "reference")
-        ref.paragraphs.append(
-            "The last observed value of each point beside the paper's value at the same epoch (or the paper's last "
-            "epoch, 100, if it has no such epoch). Paper layer names map to points as Layer_00_PatchEmbed = "
-            "patch_embed, Layer_00_PosEmbed = pos_embed, Layer_NN_BlockNN = block_NN, Layer_13_CLS_Final = cls; "
-            "the six observables share TGO's names and conventions. On the figures the paper has a panel of its own "
-            "beside each observable, against the fraction of training."
-        )
-        if caveat:
-            ref.caveats.append(caveat)
-            header.caveats.append(caveat)
-        ref.tables.append(
+        summary.tables.append(
             Table(
-                ["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
+                ["run", "path", "epochs", "points", "analysis subset fingerprint"],
                 [
                     [
-                        r.metric,
-                        r.point,
-                        str(r.epoch),
-                        _fmt(r.value),
-                        str(r.paper_epoch),
-                        _fmt(r.paper_value),
-                        _fmt(r.ratio, 3),
+                        r.name,
+                        str(r.path),
+                        f"{r.epochs[0]}..{r.epochs[-1]} ({len(r.epochs)})",
+                        str(len(r.points)),
+                        (r.fingerprint or "unknown")[:16],
                     ]
-                    for r in ref_rows
+                    for r in runs
                 ],
-                left=[0, 1],
-                summary=f"The last observed value of every point and observable beside the paper's ({len(ref_rows)} "
-                "rows)",
+                left=[0, 1, 4],
             )
         )
 
-    hypotheses = hypotheses_report(runs, figures_dir, settings, what="the mean over runs" if several else "this run")
-    if single:
-        _single_observation_hypotheses(hypotheses.section)
+        if single:
+            find = _single_observation_section(runs)
+        else:
+            find = _findings_section(findings, settings, "the mean over runs" if several else "this run", extra)
+        if several and not single:
+            find.paragraphs.append(
+                "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
+            )
+        ref: Section | None = None
+        if paper is not None:
+            ref_rows = compare_with_reference(agg.mean, paper, agg.points)
+            ref = Section("Comparison with the published TGO-I measurements", "reference")
+            ref.paragraphs.append(
+                "The last observed value of each point beside the paper's value at the same epoch (or the paper's last "
+                "epoch, 100, if it has no such epoch). Paper layer names map to points as Layer_00_PatchEmbed = "
+                "patch_embed, Layer_00_PosEmbed = pos_embed, Layer_NN_BlockNN = block_NN, Layer_13_CLS_Final = cls; "
+                "the six observables share TGO's names and conventions. On the figures the paper has a panel of its "
+                "own beside each observable, against the fraction of training."
+            )
+            if caveat:
+                ref.caveats.append(caveat)
+                header.caveats.append(caveat)
+            ref.tables.append(
+                Table(
+                    ["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
+                    [
+                        [
+                            r.metric,
+                            r.point,
+                            str(r.epoch),
+                            _fmt(r.value),
+                            str(r.paper_epoch),
+                            _fmt(r.paper_value),
+                            _fmt(r.ratio, 3),
+                        ]
+                        for r in ref_rows
+                    ],
+                    left=[0, 1],
+                    summary="The last observed value of every point and observable beside the paper's "
+                    f"({len(ref_rows)} rows)",
+                )
+            )
 
-    planned = {i.epochs for i in infos}
-    run_epochs = planned.pop() if len(planned) == 1 else None
-    figure_refs = depth_profile_figures(agg, figures_dir)
-    figure_refs += observable_figures(
-        agg, figures_dir, reference=paper, run_epochs=run_epochs, reference_differs=caveat is not None
-    )
-    figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
-    figure_sections = _figure_sections(figure_refs, runs[0].name if several else None)
-    if caveat:
-        for section in figure_sections:
-            if section.anchor == "observables":  # the figures with the published panel beside the run's
-                section.caveats.append(caveat)
-    depth = [s for s in figure_sections if s.anchor == "depth"]
-    later = [s for s in figure_sections if s.anchor != "depth"]
+        hypotheses = hypotheses_report(
+            runs, figures_dir, settings, what="the mean over runs" if several else "this run"
+        )
+        if single:
+            _single_observation_hypotheses(hypotheses.section)
 
-    # Pictures before tables: the header, the story, what the verdicts found, the figures (the hypotheses' with
-    # their folded tables), then the full tables.
-    sections = [header, *_story_section(agg, findings, hypotheses, figures_dir)]
-    if not single:
-        sections.append(verdict_summary_section(findings, hypotheses.results))
-    phases = phases_section(runs, figures_dir, settings.z)
-    early = early_section(runs, figures_dir, settings.z)
-    optimisation = optimisation_section(runs, figures_dir)
-    sections += [*depth, hypotheses.section, *([phases] if phases else []), *([early] if early else [])]
-    sections += [*([optimisation] if optimisation else []), *later, find]
-    if ref is not None:
-        sections.append(ref)
-    sections.append(summary)
+        planned = {i.epochs for i in infos}
+        run_epochs = planned.pop() if len(planned) == 1 else None
+        figure_refs = depth_profile_figures(agg, figures_dir)
+        figure_refs += observable_figures(
+            agg, figures_dir, reference=paper, run_epochs=run_epochs, reference_differs=caveat is not None
+        )
+        figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
+        figure_sections = _figure_sections(figure_refs, runs[0].name if several else None)
+        if caveat:
+            for section in figure_sections:
+                if section.anchor == "observables":  # the figures with the published panel beside the run's
+                    section.caveats.append(caveat)
+        depth = [s for s in figure_sections if s.anchor == "depth"]
+        later = [s for s in figure_sections if s.anchor != "depth"]
 
-    _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs), settings.z)
-    _write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
-    return _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
+        # Pictures before tables: the header, the story, what the verdicts found, the figures (the hypotheses' with
+        # their folded tables), then the full tables.
+        sections = [header, *_story_section(agg, findings, hypotheses, figures_dir)]
+        if not single:
+            sections.append(verdict_summary_section(findings, hypotheses.results))
+        phases = phases_section(runs, figures_dir, settings.z)
+        early = early_section(runs, figures_dir, settings.z)
+        optimisation = optimisation_section(runs, figures_dir)
+        sections += [*depth, hypotheses.section, *([phases] if phases else []), *([early] if early else [])]
+        sections += [*([optimisation] if optimisation else []), *later, find]
+        if ref is not None:
+            sections.append(ref)
+        sections.append(summary)
+
+        _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs), settings.z)
+        _write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
+        index = _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
+    return final_dir / index.name
 
 
 def build_published_report(
@@ -657,24 +633,26 @@ def build_published_report(
         ReportInputError: the packaged file is unreadable.
     """
     paper = load_reference()
-    report_dir = Path(out)
-    claim_report_dir(report_dir)
-    findings = evaluate_findings(paper, PAPER_POINTS, settings=settings)
-    data = Section("Published TGO-I measurements", "data")
-    first_metric = next(iter(paper.values()))
-    epochs = sorted({int(e) for s in first_metric.values() for e in s[0]})
-    data.paragraphs.append(
-        f"{reference_path().name}: epochs {epochs[0]}..{epochs[-1]} ({len(epochs)}), points "
-        f"{', '.join(PAPER_POINTS)}, observables {', '.join(paper)}. The file holds no standard errors, so every "
-        f"uncertainty below is the series' own epoch-to-epoch noise. Generated {datetime.now():%Y-%m-%d %H:%M}."
-    )
-    sections = [
-        data,
-        verdict_summary_section(findings, {}),
-        _findings_section(findings, settings, "the published series"),
-    ]
-    sections += _figure_sections(
-        observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"), None
-    )
-    _write_findings_csv(report_dir / "findings.csv", findings, None, 1, settings.z)
-    return _write_page(report_dir, title or "TGO report: published TGO-I measurements", sections, embed)
+    final_dir = Path(out)
+    claim_report_dir(final_dir)
+    with staged_report(final_dir) as report_dir:
+        findings = evaluate_findings(paper, PAPER_POINTS, settings=settings)
+        data = Section("Published TGO-I measurements", "data")
+        first_metric = next(iter(paper.values()))
+        epochs = sorted({int(e) for s in first_metric.values() for e in s[0]})
+        data.paragraphs.append(
+            f"{reference_path().name}: epochs {epochs[0]}..{epochs[-1]} ({len(epochs)}), points "
+            f"{', '.join(PAPER_POINTS)}, observables {', '.join(paper)}. The file holds no standard errors, so every "
+            f"uncertainty below is the series' own epoch-to-epoch noise. Generated {datetime.now():%Y-%m-%d %H:%M}."
+        )
+        sections = [
+            data,
+            verdict_summary_section(findings, {}),
+            _findings_section(findings, settings, "the published series"),
+        ]
+        sections += _figure_sections(
+            observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"), None
+        )
+        _write_findings_csv(report_dir / "findings.csv", findings, None, 1, settings.z)
+        index = _write_page(report_dir, title or "TGO report: published TGO-I measurements", sections, embed)
+    return final_dir / index.name
