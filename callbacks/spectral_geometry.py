@@ -9,6 +9,14 @@ Epoch k means "after k completed training epochs". Observations happen at ``on_t
 epoch a crashed run did not record before its checkpoint) and at ``on_train_epoch_end``. The records on disk are the
 source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
 
+A resume is reconciled here, at ``on_train_start``, where the callback knows the checkpoint (``trainer.ckpt_path``,
+restored by then), so every entry point gets the same: ``tgo.train`` and a user's own
+``trainer.fit(..., ckpt_path=...)`` from any checkpoint, with any settings. Records made after the checkpoint (epochs
+it does not list as observed, steps after its global step) are set aside with a reason (`tgo.resume`) and those
+epochs observed again, so the last record of every series is what the latest checkpoint holds. Before anything is
+moved, a checkpoint of another training is refused (its run id, saved in every checkpoint as
+``tgo.resume.RUN_ID_KEY``, against ``geometry/run.json``), and so is a kept record duplicated in ``metrics.csv``.
+
 With ``observation.early`` a second series is observed too (`tgo.records.RunDir.step_series`): after optimizer step
 0 and the log-spaced steps of `tgo.observatory.settings.EarlySettings.steps`, at the first ``on_train_batch_end``
 that sees that global step (so after the optimizer step, whatever the gradient accumulation). Whether a step is due
@@ -81,6 +89,18 @@ from tgo.observatory.standalone import (
     vit_network,
 )
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_spectra, recorded_epochs
+from tgo.resume import (
+    RUN_ID_KEY,
+    NewerRecords,
+    ResumeError,
+    check_resume_records,
+    check_same_run,
+    new_run_id,
+    record_run_id,
+    recorded_run_id,
+    records_after,
+    set_aside_records_after,
+)
 
 from .dashboard import (
     DEPTH_PROFILES,
@@ -189,6 +209,8 @@ class SpectralGeometryCallback(L.Callback):
         self._analysis_num_workers = 0
         self._warned_unstratified = False
         self._claimed: RunDir | None = None  # the run directory checked (and its manifest written) at train start
+        self.run_id: str | None = None  # the training's id (`tgo.resume.RUN_ID_KEY`), settled at each train start
+        self._restored: dict[str, Any] | None = None  # what the checkpoint of this fit said, until train start
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -287,6 +309,7 @@ class SpectralGeometryCallback(L.Callback):
         if self._claimed != self._run:
             self._claim_run_directory(trainer)
             self._claimed = self._run
+        self._settle_resume(trainer)
         self._early, self._steps_checked = None, set()  # this fit's step schedule (its loader's length)
         self.early_steps(trainer)  # a schedule it cannot make is refused before the first observation
         completed = trainer.current_epoch
@@ -311,6 +334,8 @@ class SpectralGeometryCallback(L.Callback):
         follows an observation whose records could still be lost with weights it no longer holds. A checkpoint of
         the observed weights themselves does not wait: it says which epoch is pending (``pending_epochs``), and a
         resume from it re-observes that epoch if its records are missing."""
+        if self.run_id is not None:  # whose weights these are: a resume from it into another run is refused
+            checkpoint[RUN_ID_KEY] = self.run_id
         pending = self._summaries.pending
         # The last epoch's checkpoint waits too: a resume from it finds max_epochs reached and observes nothing.
         end = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None  # -1: no end
@@ -398,9 +423,19 @@ class SpectralGeometryCallback(L.Callback):
             "pending_steps": [pending.step] if pending and pending.series == "step" else [],
         }
 
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """A fit restores a checkpoint: its run id is kept for the train start's check (`_settle_resume`)."""
+        run_id = checkpoint.get(RUN_ID_KEY)
+        self._restored = {"run_id": str(run_id) if run_id else None, "observed": None}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.observed_epochs = sorted(set(self.observed_epochs) | set(state_dict.get("observed_epochs", [])))
-        self.observed_steps = sorted(set(self.observed_steps) | set(state_dict.get("observed_steps", [])))
+        """The checkpoint's record of what was observed replaces this callback's: the checkpoint decides (records
+        after it are set aside at train start, `_settle_resume`)."""
+        self.observed_epochs = sorted({int(e) for e in state_dict.get("observed_epochs", [])})
+        self.observed_steps = sorted({int(s) for s in state_dict.get("observed_steps", [])})
+        pending = [int(e) for e in state_dict.get("pending_epochs", [])]
+        restored = self._restored if self._restored is not None else {"run_id": None}
+        self._restored = {**restored, "observed": sorted({*self.observed_epochs, *pending})}
         for series in ("epoch", "step"):
             pending = [int(e) for e in state_dict.get(f"pending_{series}s", [])]
             if pending:
@@ -408,6 +443,52 @@ class SpectralGeometryCallback(L.Callback):
                     f"[tgo] this checkpoint was saved while the summary of {series} {pending} was in flight; an "
                     f"observation whose records are missing is observed again from these weights"
                 )
+
+    # ----------------------------------------------------------------------------------------- resume
+    def _settle_resume(self, trainer: L.Trainer) -> None:
+        """Settles this fit's run id and, at a resume, reconciles the records with the checkpoint. Collective.
+
+        Rank 0 checks first (the checkpoint is this run's, the records it keeps hold no duplicate), then sets aside
+        the records made after the checkpoint (`tgo.resume.records_after`): those epochs are then unrecorded, so
+        they are observed again when due. Every rank forgets them and raises together if rank 0 refused.
+
+        Raises:
+            ResumeError: another training's checkpoint, or a duplicated record (one line; nothing was moved).
+        """
+        assert self._run is not None
+        restored, self._restored = self._restored, None
+        checkpoint = trainer.ckpt_path
+        problem, run_id, newer = None, self.run_id, NewerRecords([], [])
+        if trainer.is_global_zero:
+            try:
+                run_id, newer = self._reconcile(trainer, checkpoint, restored)
+            except UserInputError as err:  # ResumeError, or unreadable records (RecordsError)
+                problem = str(err)
+        problem, run_id, newer = trainer.strategy.broadcast((problem, run_id, newer), src=0)
+        if problem:
+            raise ResumeError(problem)
+        self.run_id = run_id
+        self.observed_epochs = [e for e in self.observed_epochs if e not in newer.epochs]
+        self.observed_steps = [s for s in self.observed_steps if s not in newer.steps]
+
+    def _reconcile(
+        self, trainer: L.Trainer, checkpoint: Any, restored: dict[str, Any] | None
+    ) -> tuple[str, NewerRecords]:
+        """Rank 0's part of `_settle_resume`: the run id and the records set aside."""
+        assert self._run is not None
+        run = self._run
+        if checkpoint is None or restored is None:  # a fit from scratch, or one continuing in this process
+            run_id = self.run_id or new_run_id()
+            record_run_id(run, run_id)
+            return run_id, NewerRecords([], [])
+        check_same_run(run, checkpoint, restored["run_id"])
+        step = int(trainer.global_step)
+        newer = records_after(run, restored["observed"], epoch=int(trainer.current_epoch), step=step)
+        check_resume_records(run, newer)
+        set_aside_records_after(run, checkpoint, newer, step=step)
+        run_id = restored["run_id"] or recorded_run_id(run) or self.run_id or new_run_id()
+        record_run_id(run, run_id)
+        return run_id, newer
 
     # ----------------------------------------------------------------------------------------- schedule
     def _is_due(self, completed: int, trainer: L.Trainer) -> bool:

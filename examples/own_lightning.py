@@ -7,6 +7,13 @@ to 16 px. A couple of epochs take seconds on a CPU::
 
     python examples/own_lightning.py runs/own_lightning
     python -m tgo.report runs/own_lightning          # figures and findings of the geometry records
+
+Every epoch's checkpoint is kept in ``<out>/checkpoints/`` (Lightning's names; ``last.ckpt`` the latest). Resuming
+from any of them, with any setting changed, is Lightning's own ``ckpt_path``; the callback sets aside the records made
+after that checkpoint (to ``<out>/set_aside/<time>/``, with a ``REASON.txt``) and observes those epochs again::
+
+    python examples/own_lightning.py runs/own_lightning --epochs 4 --batches 10 \
+        --ckpt-path "runs/own_lightning/checkpoints/epoch=0-step=23.ckpt"
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import lightning as L
 import timm
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
 from sklearn.datasets import load_digits
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -73,18 +81,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("out", help="the run directory (trainer.default_root_dir): records go to <out>/geometry/")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batches", type=int, default=None, help="at most this many batches per epoch (a quick try)")
+    parser.add_argument("--ckpt-path", default=None, help="resume from this checkpoint (any of <out>/checkpoints/)")
     args = parser.parse_args(argv)
 
     L.seed_everything(0)
     train_set, val_set = digits()
     analysis = stratified_subset(val_set, per_class=10, seed=0)  # TGO
     geometry = SpectralGeometryCallback(analysis=analysis, every_n_epochs=1)  # TGO
+    checkpoints = ModelCheckpoint(  # every epoch's, and last.ckpt (a resumed fit overwrites, not versions, them)
+        dirpath=f"{args.out}/checkpoints", save_top_k=-1, save_last=True, enable_version_counter=False
+    )
     trainer = L.Trainer(
         max_epochs=args.epochs,
         default_root_dir=args.out,
-        callbacks=[geometry],  # TGO
+        callbacks=[geometry, checkpoints],  # TGO
         accelerator="cpu",
-        enable_checkpointing=False,
         enable_progress_bar=False,
         limit_train_batches=args.batches,
         limit_val_batches=args.batches,
@@ -93,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         DigitsClassifier(),
         DataLoader(train_set, batch_size=64, shuffle=True),
         DataLoader(val_set, batch_size=256),
+        ckpt_path=args.ckpt_path,
     )
 
 

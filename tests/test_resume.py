@@ -17,6 +17,7 @@ from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
 from tgo.resume import (
     SET_ASIDE,
     ChangedAnalysisSubsetError,
+    ResumeError,
     StartPlan,
     check_same_analysis_subset,
     newest_checkpoint,
@@ -24,6 +25,7 @@ from tgo.resume import (
     set_aside_epochs,
     set_aside_newer_checkpoints,
 )
+from tgo.safe_load import load_weights_only
 from tgo.train import run
 
 FAST = [
@@ -208,3 +210,92 @@ def test_a_report_over_a_directory_of_runs_never_takes_a_set_aside_attempt_for_a
     shutil.copytree(smoke_run, run_dir.root)
     set_aside_epochs(run_dir, [2], "test")  # set_aside/<time>/geometry/ holds records too
     assert discover_runs([tmp_path / "runs"]) == [run_dir.root]
+
+
+# ------------------------------------------------------------------------------------------- refused resumes
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run killed between epoch 2's records and its checkpoint: records of epochs 0-2, ``last.ckpt`` of epoch 1,
+    so a resume from it would set epoch 2 aside (copy it to change it)."""
+    run_dir = tmp_path_factory.mktemp("crashed") / "run"
+    with pytest.raises(SimulatedCrash):
+        run(compose_train(run_dir, [*FAST, "trainer.max_epochs=2", *crash("CrashAtEpochEnd", 1)]))
+    assert recorded_epochs(run_dir) == [0, 1, 2]
+    return run_dir
+
+
+def _copy(crashed: Path, tmp_path: Path) -> RunDir:
+    run_dir = RunDir(tmp_path / "run")
+    shutil.copytree(crashed, run_dir.root)
+    return run_dir
+
+
+def _kept_files(run_dir: RunDir) -> dict[str, bytes]:
+    """Every file of the run a refused resume must leave as it was (the logger's events and a lock aside)."""
+    files = [p for p in run_dir.root.rglob("*") if p.is_file() and RunDir.TENSORBOARD not in p.parts]
+    return {str(p.relative_to(run_dir.root)): p.read_bytes() for p in files if not p.name.startswith(".tgo-lock")}
+
+
+def _refused(run_dir: RunDir, overrides: list[str]) -> str:
+    """The one line `tgo.train` prints for a resume it refuses, after checking that nothing changed."""
+    from tgo.train import error_line
+
+    kept = _kept_files(run_dir)
+    with pytest.raises(ResumeError) as refused:
+        run(compose_train(run_dir.root, [*FAST, *overrides]))
+    assert _kept_files(run_dir) == kept and not (run_dir.root / SET_ASIDE).exists(), "nothing moved or written"
+    line = error_line(refused.value)
+    assert line is not None and "\n" not in line, line
+    return line
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_another_architecture_is_refused_in_one_line_and_the_right_one_then_resumes(crashed, tmp_path):
+    """Issue 33, finding 6: it moved epochs 1-2 aside, failed in a 138-line traceback, and the run then ended with
+    epochs [0, 2, 3]. The checkpoint of a 3-block model (the run's has 4) is refused before anything is moved."""
+    run_dir = _copy(crashed, tmp_path)
+    right = run_dir.last_checkpoint.read_bytes()
+    state = load_weights_only(run_dir.last_checkpoint)
+    state["state_dict"] = {k: v for k, v in state["state_dict"].items() if not k.startswith("net.blocks.3.")}
+    torch.save(state, tmp_path / "three_blocks.ckpt")  # not over the file its tensors are memory-mapped from
+    (tmp_path / "three_blocks.ckpt").replace(run_dir.last_checkpoint)
+    line = _refused(run_dir, ["trainer.max_epochs=2", "ckpt_path=last"])
+    assert "does not fit this run's model (missing keys: net.blocks.3." in line and "nothing was moved" in line
+    run_dir.last_checkpoint.write_bytes(right)
+    run(compose_train(run_dir.root, [*FAST, "trainer.max_epochs=2", "ckpt_path=last"]))
+    assert epoch_counts(run_dir.root) == {0: 1, 1: 1, 2: 1}
+
+
+@pytest.mark.slow
+def test_another_runs_checkpoint_is_refused_before_anything_is_moved(crashed, smoke_run, tmp_path):
+    """Issue 33, finding 6: ``ckpt_path=<another run's checkpoint>`` appended an epoch trained from the other run's
+    weights without a word. Same model, same data: only the run id (checkpoint against ``geometry/run.json``) tells."""
+    run_dir = _copy(crashed, tmp_path)
+    other = RunDir(smoke_run).last_checkpoint
+    line = _refused(run_dir, ["trainer.max_epochs=3", f"ckpt_path={other}"])
+    assert f"ckpt_path: '{other}' holds the weights of another training" in line and str(run_dir.root) in line
+
+
+@pytest.mark.slow
+def test_a_duplicated_record_a_resume_would_keep_is_refused_naming_the_file(crashed, tmp_path):
+    """Issue 33, finding 6: a duplicated epoch of ``metrics.csv`` was carried through a resume (the report then
+    refused the run). Epoch 1 is the checkpoint's: which copy is its own cannot be told, so the resume stops."""
+    run_dir = _copy(crashed, tmp_path)
+    lines = run_dir.metrics.read_text().splitlines(keepends=True)
+    run_dir.metrics.write_text("".join([*lines, *(line for line in lines[1:] if line.startswith("1,"))]))
+    line = _refused(run_dir, ["trainer.max_epochs=2", "ckpt_path=last"])
+    assert f"{run_dir.metrics}: line {len(lines) + 1} repeats epoch 1, point " in line and "of line " in line
+
+
+@pytest.mark.slow
+def test_a_duplicated_record_after_the_checkpoint_leaves_with_the_records_set_aside(crashed, tmp_path):
+    """A duplicate among the records a resume sets aside (epoch 2, after ``last.ckpt``) goes with them, both copies,
+    and the resumed run records that epoch once."""
+    run_dir = _copy(crashed, tmp_path)
+    lines = run_dir.metrics.read_text().splitlines(keepends=True)
+    twice = [line for line in lines[1:] if line.startswith("2,")]
+    run_dir.metrics.write_text("".join([*lines, *twice]))
+    run(compose_train(run_dir.root, [*FAST, "trainer.max_epochs=2", "ckpt_path=last"]))
+    assert epoch_counts(run_dir.root) == {0: 1, 1: 1, 2: 1}
+    (aside,) = (run_dir.root / SET_ASIDE).iterdir()
+    assert len(read_metric_rows(aside)) == 2 * len(twice)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ __all__ = [
     "load_weights_file",
     "net_from_checkpoint",
     "net_from_user_checkpoint",
+    "state_dict_mismatch",
     "state_dict_prefix",
     "timm_net",
 ]
@@ -172,13 +174,9 @@ def find_checkpoints(directory: str | Path) -> list[ModelSource]:
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
-def load_state_dict_strict(net: torch.nn.Module, state: dict[str, torch.Tensor], *, origin: str) -> None:
-    """Loads weights exactly, or fails naming the missing, unexpected and differently shaped keys.
-
-    Raises:
-        CheckpointMismatchError: the state dict does not fit ``net``.
-    """
-    own = net.state_dict()
+def state_dict_mismatch(own: Mapping[str, Any], state: Mapping[str, Any]) -> str | None:
+    """How ``state`` does not fit a model whose state dict is ``own`` (the missing, unexpected and differently
+    shaped keys, in words), or ``None`` when a strict load would take it. Reads shapes only."""
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [
@@ -186,17 +184,29 @@ def load_state_dict_strict(net: torch.nn.Module, state: dict[str, torch.Tensor],
         for k in own
         if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)
     ]
-    if missing or unexpected or shapes:
+    if not (missing or unexpected or shapes):
+        return None
 
-        def show(keys: list[str]) -> str:
-            return ", ".join(keys[:8]) + (f" ... ({len(keys)} in all)" if len(keys) > 8 else "")
+    def show(keys: list[str]) -> str:
+        return ", ".join(keys[:8]) + (f" ... ({len(keys)} in all)" if len(keys) > 8 else "")
 
-        parts = [
-            f"missing keys: {show(missing)}" if missing else "",
-            f"unexpected keys: {show(unexpected)}" if unexpected else "",
-            f"shape mismatches: {show(shapes)}" if shapes else "",
-        ]
-        raise CheckpointMismatchError(f"{origin} does not fit the model ({'; '.join(p for p in parts if p)})")
+    parts = [
+        f"missing keys: {show(missing)}" if missing else "",
+        f"unexpected keys: {show(unexpected)}" if unexpected else "",
+        f"shape mismatches: {show(shapes)}" if shapes else "",
+    ]
+    return "; ".join(p for p in parts if p)
+
+
+def load_state_dict_strict(net: torch.nn.Module, state: dict[str, torch.Tensor], *, origin: str) -> None:
+    """Loads weights exactly, or fails naming the missing, unexpected and differently shaped keys.
+
+    Raises:
+        CheckpointMismatchError: the state dict does not fit ``net``.
+    """
+    problem = state_dict_mismatch(net.state_dict(), state)
+    if problem:
+        raise CheckpointMismatchError(f"{origin} does not fit the model ({problem})")
     net.load_state_dict(state, strict=True)
 
 

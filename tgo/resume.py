@@ -12,6 +12,13 @@ Set-aside files go to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt`` sayi
 The step series (``geometry/steps/``, ``observation.early``) is keyed by the optimizer step, so its rule is the
 checkpoint's global step: an observation of a later step was made of weights the resumed run retrains, and is set
 aside the same way (`reconcile_step_records`).
+
+The geometry callback reconciles (`records_after`, `check_resume_records`, `set_aside_records_after`) where it learns
+the checkpoint, at the start of training, whatever the entry point: ``tgo.train`` and a user's own
+``trainer.fit(..., ckpt_path=...)`` alike, from any checkpoint. A resume that cannot be this run's is refused in one
+line before anything is moved (`ResumeError`): a checkpoint of another training (its run id, `RUN_ID_KEY`, differs
+from the one in ``geometry/run.json``), of another model (`check_fits_model`, in ``tgo.train`` before Lightning's
+own load), or a kept record duplicated in ``metrics.csv``.
 """
 
 from __future__ import annotations
@@ -22,14 +29,18 @@ import io
 import json
 import pickle
 import shutil
-from collections.abc import Iterable
+import uuid
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tgo.errors import ConfigError
 from tgo.records import METRICS_COLUMNS, RunDir, atomic_write, read_metric_rows
 from tgo.safe_load import UnsafeCheckpointError, load_weights_only
+
+if TYPE_CHECKING:
+    import torch
 
 
 def rank_zero_info(message: str) -> None:
@@ -51,6 +62,94 @@ def rank_zero_warn(message: str, category: type[Warning] = UserWarning) -> None:
 SET_ASIDE = RunDir.SET_ASIDE
 GEOMETRY_CALLBACK = "SpectralGeometryCallback"
 HPC_PREFIX = "hpc_ckpt_"  # Lightning's SLURM requeue checkpoints, in the run directory (its default_root_dir)
+
+RUN_ID_KEY = "tgo_run_id"
+"""The checkpoint entry (top level) naming the training whose weights it holds: a random id the geometry callback
+draws when a training starts from scratch, writes to ``geometry/run.json`` (`RUN_ID_FILE`) and puts into every
+checkpoint saved while it observes. A resume compares the two (`check_same_run`)."""
+RUN_ID_FILE = "run.json"
+
+
+class ResumeError(ConfigError):
+    """A resume that cannot continue this run: another training's or another model's checkpoint, or records that
+    would carry a duplicate into the run. Raised before anything is set aside."""
+
+
+def run_id_path(run: RunDir) -> Path:
+    """``geometry/run.json``: the run id of the training whose records ``geometry/`` holds."""
+    return run.epoch_series.geometry / RUN_ID_FILE
+
+
+def new_run_id() -> str:
+    """A fresh random run id."""
+    return uuid.uuid4().hex
+
+
+def recorded_run_id(run: RunDir) -> str | None:
+    """The run id in ``geometry/run.json`` (``None``: no such file, a run recorded before run ids existed).
+
+    Raises:
+        ResumeError: the file is there but is not one TGO wrote.
+    """
+    path = run_id_path(run)
+    if not path.is_file():
+        return None
+    try:
+        stamp = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ResumeError(f"{path}: unreadable ({err}); expected the run id TGO writes there") from err
+    run_id = stamp.get("run_id") if isinstance(stamp, dict) else None
+    if not isinstance(run_id, str) or not run_id:
+        raise ResumeError(f"{path}: holds no run id; expected the JSON object TGO writes there")
+    return run_id
+
+
+def record_run_id(run: RunDir, run_id: str) -> None:
+    """Writes ``geometry/run.json`` (atomically) unless it already names ``run_id``."""
+    if recorded_run_id(run) != run_id:
+        atomic_write(run_id_path(run), json.dumps({"tgo": "run id", "run_id": run_id}) + "\n")
+
+
+def check_same_run(run: RunDir, checkpoint: str | Path, checkpoint_run_id: str | None) -> None:
+    """Refuses a checkpoint of another training than the one ``run`` records.
+
+    Either id missing (a checkpoint saved without the geometry callback or before run ids, a run recorded before
+    them) cannot be compared and passes.
+
+    Raises:
+        ResumeError: the ids differ (one line naming both places).
+    """
+    recorded = recorded_run_id(run)
+    if recorded is None or checkpoint_run_id is None or recorded == checkpoint_run_id:
+        return
+    raise ResumeError(
+        f"ckpt_path: '{checkpoint}' holds the weights of another training (run id {checkpoint_run_id[:12]}) than the "
+        f"one recorded in '{run.root}' (run id {recorded[:12]}, {run_id_path(run).relative_to(run.root)}): resuming "
+        "would continue these records with another run's weights; expected one of this run's checkpoints (or a new "
+        "directory for that training); nothing was moved"
+    )
+
+
+def check_fits_model(state: dict[str, Any], model: torch.nn.Module, checkpoint: str | Path) -> None:
+    """Refuses a checkpoint whose state dict does not fit ``model`` (keys, shapes), as Lightning's strict load
+    would, but in one line and before anything is moved; its tensors are memory-mapped, not read.
+
+    Raises:
+        ResumeError: naming the missing, unexpected and differently shaped keys.
+    """
+    from tgo.checkpoints import state_dict_mismatch
+
+    weights = state.get("state_dict")
+    problem = (
+        state_dict_mismatch(model.state_dict(), weights)
+        if isinstance(weights, dict)
+        else "it has no state_dict of weights"
+    )
+    if problem:
+        raise ResumeError(
+            f"ckpt_path: '{checkpoint}' does not fit this run's model ({problem}); expected a checkpoint of the same "
+            "model (the model settings of the run's config.yaml); nothing was moved"
+        )
 
 
 def _new_set_aside_dir(run: RunDir, reason: str) -> Path:
@@ -151,7 +250,11 @@ def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
     observed the checkpoint's own weights, so records of it written after the checkpoint are that checkpoint's, not
     newer ones; if the run died before they were written, the resumed run observes that epoch again.
     """
-    state = _load_lazily(checkpoint)
+    return observed_in_state(_load_lazily(checkpoint))
+
+
+def observed_in_state(state: dict[str, Any]) -> list[int] | None:
+    """`observed_in_checkpoint` of a loaded checkpoint."""
     for key, value in (state.get("callbacks") or {}).items():
         if GEOMETRY_CALLBACK in str(key) and isinstance(value, dict):
             epochs = [*value.get("observed_epochs", []), *value.get("pending_epochs", [])]
@@ -159,25 +262,117 @@ def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
     return None
 
 
+def _on_disk(run: RunDir) -> set[int]:
+    """The keys (epochs, or steps of the step series) with any record on disk: rows or a spectra file."""
+    return {int(r[run.key]) for r in read_metric_rows(run)} | set(run.spectra_files())
+
+
+@dataclass(frozen=True)
+class NewerRecords:
+    """What a resume from a checkpoint sets aside: epochs and steps recorded after it was saved."""
+
+    epochs: list[int]
+    steps: list[int]
+
+
+def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, step: int) -> NewerRecords:
+    """The records on disk that were made after a checkpoint, of weights a resume from it retrains.
+
+    Args:
+        run: The run directory.
+        observed: The epochs the checkpoint lists as observed, its pending one included (`observed_in_checkpoint`);
+            ``None`` where it has no geometry state: then every epoch after the checkpoint's own (``epoch``).
+        epoch: The checkpoint's completed epochs (the records' label of its weights).
+        step: Its global step: every step-series record after it is newer.
+    """
+    on_disk = _on_disk(run.epoch_series)
+    epochs = sorted(on_disk - set(observed)) if observed is not None else sorted(e for e in on_disk if e > epoch)
+    steps = sorted(s for s in _on_disk(run.step_series) if s > step)
+    return NewerRecords(epochs, steps)
+
+
+def check_resume_records(run: RunDir, newer: NewerRecords) -> None:
+    """Refuses a resume that would carry a duplicated record into the run: two rows of ``metrics.csv`` for one
+    (epoch, point, view, metric) among those the resume keeps (a duplicate among the records set aside leaves with
+    them). TGO never writes one (it replaces an observation's rows), so the file was edited or concatenated, and
+    which copy is the checkpoint's cannot be told.
+
+    Raises:
+        ResumeError: naming the file and both lines.
+    """
+    for series, leaving in ((run.epoch_series, set(newer.epochs)), (run.step_series, set(newer.steps))):
+        first: dict[tuple[str, str, str, str], int] = {}
+        for line, row in enumerate(read_metric_rows(series), start=2):  # line 1 is the header
+            if int(row[series.key]) in leaving:
+                continue
+            key = (row[series.key], row["point"], row["view"], row["metric"])
+            if key in first:
+                raise ResumeError(
+                    f"{series.metrics}: line {line} repeats {series.key} {key[0]}, point {key[1]}, view {key[2]}, "
+                    f"metric {key[3]} of line {first[key]}; a resume would carry both into the run (the report refuses "
+                    "it); expected one row per observation: keep the one of this run, then resume; nothing was moved"
+                )
+            first[key] = line
+
+
+def set_aside_records_after(run: RunDir, checkpoint: str | Path, newer: NewerRecords, *, step: int) -> None:
+    """Sets aside the records ``newer`` (`records_after`) of a resume from ``checkpoint``, with their reason: the
+    resumed run retrains those weights and observes them again."""
+    name = Path(checkpoint).name
+    if newer.epochs:
+        set_aside_epochs(
+            run.epoch_series,
+            newer.epochs,
+            f"recorded after {name} was saved (of weights after it); the resumed run retrains and observes them again",
+        )
+    if newer.steps:
+        set_aside_epochs(
+            run.step_series,
+            newer.steps,
+            f"recorded after {name} was saved (global step {step}); the resumed run retrains those steps and observes "
+            "them again",
+        )
+
+
+def _checkpoint_position(state: dict[str, Any]) -> tuple[int, int]:
+    """A loaded checkpoint's completed epochs (`tgo.checkpoints.checkpoint_epoch`) and global step."""
+    from tgo.checkpoints import checkpoint_epoch
+
+    epoch = checkpoint_epoch(state)[0] if "epoch" in state else 0
+    return epoch, int(state.get("global_step", 0))
+
+
+def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | None = None) -> NewerRecords:
+    """Everything that stops a resume of ``run`` from ``checkpoint``, checked before anything is set aside: the
+    checkpoint fits ``model`` (when given), it is this run's (`check_same_run`), and the records it keeps hold no
+    duplicate (`check_resume_records`). Returns what the resume sets aside.
+
+    Raises:
+        ResumeError: one line, naming the checkpoint or the file.
+    """
+    state = _load_lazily(checkpoint)
+    if model is not None:
+        check_fits_model(state, model, checkpoint)
+    check_same_run(run, checkpoint, state.get(RUN_ID_KEY))
+    epoch, step = _checkpoint_position(state)
+    newer = records_after(run, observed_in_state(state), epoch=epoch, step=step)
+    check_resume_records(run, newer)
+    return newer
+
+
 def reconcile_records(run: RunDir, checkpoint: str | Path) -> list[int]:
     """Sets aside the records of every epoch that ``checkpoint`` does not list as observed; returns those epochs.
 
     Such records were written after the checkpoint was saved (the kill came between the records and the next
-    checkpoint), so they describe weights the resumed run is about to retrain: that epoch is observed again.
+    checkpoint), so they describe weights the resumed run is about to retrain: that epoch is observed again. (The
+    callback does this at a resume, `set_aside_records_after`; this reads the same from the file.)
     """
     observed = observed_in_checkpoint(checkpoint)
     if observed is None:
         return []
-    on_disk = {int(r["epoch"]) for r in read_metric_rows(run.root)} | set(run.spectra_files())
-    newer = sorted(on_disk - set(observed))
-    if newer:
-        set_aside_epochs(
-            run,
-            newer,
-            f"recorded after {Path(checkpoint).name} was saved (it lists epochs {observed} as observed); the "
-            "resumed run retrains and observes them again",
-        )
-    return newer
+    epochs = records_after(run, observed, epoch=0, step=0).epochs
+    set_aside_records_after(run, checkpoint, NewerRecords(epochs, []), step=0)
+    return epochs
 
 
 def reconcile_step_records(run: RunDir, checkpoint: str | Path) -> list[int]:
@@ -187,18 +382,10 @@ def reconcile_step_records(run: RunDir, checkpoint: str | Path) -> list[int]:
     descends from every one with ``s <= g``, and the resumed run retrains the steps after ``g`` (and observes them
     again when due).
     """
-    steps = run.step_series
     step = int(_load_lazily(checkpoint).get("global_step", 0))
-    on_disk = {int(r["step"]) for r in read_metric_rows(steps)} | set(steps.spectra_files())
-    newer = sorted(s for s in on_disk if s > step)
-    if newer:
-        set_aside_epochs(
-            steps,
-            newer,
-            f"recorded after {Path(checkpoint).name} was saved (global step {step}); the resumed run retrains those "
-            "steps and observes them again",
-        )
-    return newer
+    newer = records_after(run, (), epoch=0, step=step)
+    set_aside_records_after(run, checkpoint, NewerRecords([], newer.steps), step=step)
+    return newer.steps
 
 
 def remove_stale_temporaries(run: RunDir) -> list[Path]:
@@ -272,7 +459,9 @@ class StartPlan:
     start_over: str | None = None
 
     def prepare(self, run: RunDir, checkpoint_file: str | None) -> None:
-        """Sets aside what this start replaces. Rank 0 only, after every input check passed, just before training.
+        """Sets aside what this start replaces. Rank 0 only, after every input check passed (`check_resume`
+        included), just before training. The records a resume replaces are the geometry callback's to set aside
+        (`set_aside_records_after`, where it learns the checkpoint): one path for every entry point.
 
         Args:
             run: The run directory.
@@ -287,8 +476,6 @@ class StartPlan:
             rank_zero_info(f"[tgo] {self.start_over}")
             set_aside_attempt(run, self.start_over)
         elif checkpoint_file is not None:
-            reconcile_records(run, checkpoint_file)
-            reconcile_step_records(run, checkpoint_file)
             set_aside_newer_checkpoints(run, checkpoint_file)
 
 
