@@ -6,6 +6,7 @@ import csv
 import io
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -378,3 +379,57 @@ def test_standard_errors_reach_the_point_runs(tensorboard_run):
     assert {"geometry_stderr_within_image/effective_rank", "geometry_stderr_cls/fisher_ratio"} <= tags["block_04"]
     assert "geometry_stderr/between_image_fraction" in tags["block_02"]
     assert not any(t.startswith("geometry_band") for ts in tags.values() for t in ts), "bands are drawn, not logged"
+
+
+# ------------------------------------------------------------------------------------------- resume
+def test_one_callback_resumed_from_an_earlier_checkpoint_observes_later_steps_and_epochs_again(tmp_path):
+    """The callback reconciles a resume itself (every entry point), both series, from a mid-epoch checkpoint, and
+    the same callback object carries nothing of the fit it resumes over: the checkpoint decides what was observed.
+
+    2 epochs of 6 optimizer steps (12 batches, 2 per step), the step series due at 0, 1, 2, 3, 6, 10; a checkpoint
+    every 3 steps. A resume from step 3 (mid epoch 0) sets aside steps 6 and 10 and epochs 1 and 2, and observes them
+    again.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader
+
+    from tests.callbacks.test_early_schedule import SETTINGS, Module
+    from tests.test_library_use import images
+    from tgo.records import recorded_epochs as recorded
+    from tgo.resume import SET_ASIDE
+
+    geometry = SpectralGeometryCallback(
+        analysis=images(16, seed=5), every_n_epochs=1, early={"enabled": True, "until_step": 10}, **SETTINGS
+    )
+
+    def fit(ckpt_path: str | None) -> None:
+        trainer = L.Trainer(
+            max_epochs=2,
+            default_root_dir=tmp_path,
+            callbacks=[geometry, ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, every_n_train_steps=3)],
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accumulate_grad_batches=2,
+            limit_val_batches=0,
+        )
+        torch.manual_seed(1)
+        trainer.fit(Module(), DataLoader(images(48, seed=1), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+
+    fit(None)
+    steps = RunDir(tmp_path).step_series
+    assert recorded(steps) == [0, 1, 2, 3, 6, 10] and recorded(tmp_path) == [0, 1, 2]
+    (at_step_3,) = (tmp_path / "ckpt").glob("*step=3.ckpt")
+    fit(str(at_step_3))
+
+    assert recorded(steps) == [0, 1, 2, 3, 6, 10] and recorded(tmp_path) == [0, 1, 2]
+    assert geometry.observed_steps == [0, 1, 2, 3, 6, 10] and geometry.observed_epochs == [0, 1, 2]
+    for series in (steps, RunDir(tmp_path)):
+        rows = [(r[series.key], r["point"], r["view"], r["metric"]) for r in read_metric_rows(series)]
+        assert len(rows) == len(set(rows)), f"each {series.key} once"
+    aside = sorted((tmp_path / SET_ASIDE).iterdir())
+    moved_steps = {int(r["step"]) for a in aside for r in read_metric_rows(RunDir(a).step_series)}
+    moved_epochs = {int(r["epoch"]) for a in aside for r in read_metric_rows(a)}
+    assert moved_steps == {6, 10} and moved_epochs == {1, 2}
+    assert all(f"recorded after {at_step_3.name} was saved" in (a / "REASON.txt").read_text() for a in aside)
