@@ -323,12 +323,16 @@ def _stopping_signal(trainer: L.Trainer, stop: SystemExit) -> int | None:
 def _stopped_line(signum: int, trainer: L.Trainer, output_dir: Path) -> str:
     """The one line a stopped run ends with: which signal, where, what is kept, how to go on."""
     epochs = recorded_epochs(output_dir)
-    kept = f"the records of epochs {epochs}" if epochs else "no epoch was recorded yet"
+    kept = f"the records of epochs {epochs} are intact" if epochs else "no epoch was recorded yet"
     last = RunDir(output_dir).last_checkpoint
-    checkpoint = f"{last.relative_to(output_dir)} holds the last completed epoch" if last.is_file() else "no checkpoint"
+    checkpoint = (
+        f"{last.relative_to(output_dir)} holds the last completed epoch" if last.is_file() else "no checkpoint yet"
+    )
+    done = trainer.current_epoch  # the epoch in progress, counted from 0: the epochs completed (TGO's epoch label)
     return (
-        f"tgo.train: stopped by {signal.Signals(signum).name} during epoch {trainer.current_epoch}: {kept} and "
-        f"{checkpoint} are intact; resume with ckpt_path=last hydra.run.dir={output_dir.resolve()}"
+        f"tgo.train: stopped by {signal.Signals(signum).name} after {done} completed training epoch"
+        f"{'' if done == 1 else 's'}: {kept}, {checkpoint}; resume with ckpt_path=last "
+        f"hydra.run.dir={output_dir.resolve()}"
     )
 
 
