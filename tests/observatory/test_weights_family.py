@@ -349,6 +349,7 @@ def _half_precision(arrays):
 DAMAGE = {
     "truncated": (None, r"not a readable npz of arrays \("),
     "pickled": (None, r"not a readable npz of arrays \(ValueError: .*allow_pickle"),
+    "raw_pickle": (None, r"not a readable npz of arrays \(ValueError: .*allow_pickle"),
     "nan_filled": (_nan_filled, r"block_01/fc1 holds \d+ non-finite values"),
     "transposed": (_transposed, r"block_01/fc1 has shape \(\d+, \d+\), expected \(\d+, \d+\)"),
     "square_transposed": (_square_transposed, r"the content digest differs"),
@@ -360,6 +361,10 @@ def _damage(path: Path, case: str) -> None:
     if case == "truncated":
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])
+    elif case == "raw_pickle":  # a pickle under the npz's name: np.load(allow_pickle=False) refuses to unpickle it
+        import pickle
+
+        path.write_bytes(pickle.dumps({"format": "tgo-weights-1", "epoch": 0}))
     elif case == "pickled":  # an object array: np.load(allow_pickle=False) refuses to build it
         _rewrite(path, lambda arrays: arrays.update({"block_01/fc1": np.array([{"x": 1}], dtype=object)}))
     else:
