@@ -309,9 +309,9 @@ class SpectralGeometryCallback(L.Callback):
         if self._claimed != self._run:
             self._claim_run_directory(trainer)
             self._claimed = self._run
-        self._settle_resume(trainer)
         self._early, self._steps_checked = None, set()  # this fit's step schedule (its loader's length)
         self.early_steps(trainer)  # a schedule it cannot make is refused before the first observation
+        self._settle_resume(trainer)  # the last check before anything is set aside; then reconciles a resume
         completed = trainer.current_epoch
         if self._should_observe(completed, trainer):
             self.observe_epoch(trainer, pl_module, completed)

@@ -90,6 +90,7 @@ def _tgo_files(run_dir: Path) -> dict[str, bytes]:
     return {str(p.relative_to(run_dir)): p.read_bytes() for p in files}
 
 
+@pytest.mark.slow
 def test_resuming_ones_own_training_from_an_earlier_checkpoint_observes_the_retrained_epochs_again(
     own_lightning: ModuleType, own_run: Path, tmp_path: Path
 ) -> None:
@@ -126,6 +127,7 @@ def test_resuming_ones_own_training_from_an_earlier_checkpoint_observes_the_retr
             np.testing.assert_allclose(recorded[key.point]["eigenvalues"], values, rtol=1e-10, atol=1e-10 * values[0])
 
 
+@pytest.mark.slow
 def test_ones_own_training_refuses_another_trainings_checkpoint_before_moving_anything(
     own_lightning: ModuleType, own_run: Path, tmp_path: Path
 ) -> None:
