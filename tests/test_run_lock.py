@@ -136,6 +136,25 @@ def test_another_hosts_lock_is_refused_with_what_to_do_unless_it_is_this_slurm_j
     assert "took over" in capsys.readouterr().err
 
 
+def test_a_process_the_holder_started_writes_under_its_lock(tmp_path: Path):
+    """The ranks of ``strategy=ddp_spawn`` are children of tgo.train, which holds the lock: the callback's rank 0
+    runs there and must not be refused by its own launcher (tests/test_ddp.py trains that way)."""
+    run = tmp_path / "run"
+    child = "import sys; from tgo.run_lock import RunLock; RunLock(sys.argv[1]).acquire().release(); print('wrote')"
+    with RunLock(run):
+        stamp = (run / LOCK_NAME).read_text()
+        done = subprocess.run(
+            [sys.executable, "-c", child, str(run)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            check=False,
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "wrote", done.stderr
+        assert (run / LOCK_NAME).read_text() == stamp, "the child neither took nor removed its launcher's lock"
+    assert not (run / LOCK_NAME).exists()
+
+
 def test_a_link_or_a_directory_as_the_lock_file_is_one_line(tmp_path: Path):
     outside = tmp_path / "outside.txt"
     outside.write_text("theirs")

@@ -15,7 +15,8 @@ filesystem has no ``flock`` (some network filesystems) the identity alone decide
 
 Within one process the lock is re-entrant (``tgo.train`` holds it and its callback takes it again): the process
 holds one ``flock`` per directory, released (the file removed) when the last holder releases it, on a normal end as
-on an exception.
+on an exception. A process started by the holder (the ranks of ``strategy=ddp_spawn``: the callback's rank 0 runs in
+a child of ``tgo.train``) writes under its launcher's lock instead of being refused.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class Holder:
 
 @dataclass
 class _Held:
-    fd: int
+    fd: int  # -1: borrowed from the process that started this one (it holds the flock)
     count: int
     made_dir: bool
 
@@ -160,7 +161,8 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                return self._refusal(Holder.parse(_read(fd)), busy=True)
+                holder = Holder.parse(_read(fd))
+                return None if holder is not None and _started_by(holder) else self._refusal(holder, busy=True)
             except OSError:
                 return None
             return None
@@ -204,7 +206,8 @@ class RunLock:
             return self
 
     def _lock_file(self) -> int:
-        """Opens, locks and stamps the lock file; returns its descriptor."""
+        """Opens, locks and stamps the lock file; returns its descriptor (-1: held by the process that started this
+        one, borrowed)."""
         for _ in range(20):  # a holder releasing (unlinking) between our open and flock: open the new file
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -218,7 +221,11 @@ class RunLock:
                     )
                 locked = _flock(fd)
                 if locked is False:
-                    raise RunLockError(self._refusal(Holder.parse(_read(fd)), busy=True))
+                    holder = Holder.parse(_read(fd))
+                    if holder is not None and _started_by(holder):
+                        os.close(fd)
+                        return -1  # a worker the holder started (DDP spawn): it writes under its launcher's lock
+                    raise RunLockError(self._refusal(holder, busy=True))
                 if not _same_file(fd, self.path):
                     os.close(fd)
                     continue
@@ -239,7 +246,7 @@ class RunLock:
         if previous.pid == me.pid and previous.host == me.host:
             return
         if previous.host == me.host:
-            if not flocked and previous.is_alive_here():  # no flock here: the pid is all there is to go by
+            if not flocked and previous.is_alive_here() and not _started_by(previous):  # no flock: the pid decides
                 raise RunLockError(self._refusal(previous, busy=True))
             why = "is no longer running" if not previous.is_alive_here() else "no longer holds it"
         elif previous.slurm_job is not None and previous.slurm_job == me.slurm_job:
@@ -292,6 +299,8 @@ class RunLock:
             if held.count > 0:
                 return
             del _HELD[key]
+            if held.fd < 0:  # borrowed: the launcher releases it
+                return
             with contextlib.suppress(OSError):
                 if _same_file(held.fd, self.path):
                     os.unlink(self.path)  # before the flock goes: a waiting process then finds the file gone
@@ -300,6 +309,32 @@ class RunLock:
             if held.made_dir:
                 with contextlib.suppress(OSError):
                     self.root.rmdir()  # only when empty: nothing was written after all
+
+
+def _started_by(holder: Holder) -> bool:
+    """Whether ``holder`` is this process's parent or an earlier ancestor on this host: the ranks ``ddp_spawn`` starts
+    write the run their launcher locked (a process never waits on its own launcher's lock)."""
+    if holder.host != socket.gethostname():
+        return False
+    pid = os.getpid()
+    for _ in range(64):
+        pid = _parent_of(pid)
+        if pid <= 1:
+            return False
+        if pid == holder.pid:
+            return True
+    return False
+
+
+def _parent_of(pid: int) -> int:
+    """The parent's pid (Linux ``/proc``; elsewhere only this process's own parent is known)."""
+    if pid == os.getpid():
+        return os.getppid()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _is_regular(fd: int) -> bool:
