@@ -17,11 +17,17 @@ from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
 from tgo.resume import (
     SET_ASIDE,
     ChangedAnalysisSubsetError,
+    NewerRecords,
     ResumeError,
     StartPlan,
     check_same_analysis_subset,
+    check_same_run,
     newest_checkpoint,
     plan_start,
+    record_run_id,
+    recorded_run_id,
+    records_after,
+    run_id_path,
     set_aside_epochs,
     set_aside_newer_checkpoints,
 )
@@ -299,3 +305,29 @@ def test_a_duplicated_record_after_the_checkpoint_leaves_with_the_records_set_as
     assert epoch_counts(run_dir.root) == {0: 1, 1: 1, 2: 1}
     (aside,) = (run_dir.root / SET_ASIDE).iterdir()
     assert len(read_metric_rows(aside)) == 2 * len(twice)
+
+
+def test_records_after_a_checkpoint_are_those_it_does_not_list_or_later_epochs_without_its_state(smoke_run):
+    """A checkpoint with the geometry callback's state decides by its list (the pending epoch counts as observed);
+    one without it (saved by a fit without TGO) by its own epoch: every record of a later epoch is newer."""
+    run_dir = RunDir(smoke_run)
+    assert recorded_epochs(run_dir) == [0, 1, 2]
+    assert records_after(run_dir, [0, 2], epoch=2, step=0) == NewerRecords([1], [])
+    assert records_after(run_dir, None, epoch=1, step=0) == NewerRecords([2], [])
+    assert records_after(run_dir, None, epoch=2, step=0) == NewerRecords([], [])
+
+
+def test_run_ids_that_cannot_be_compared_pass_and_differing_ones_are_refused(tmp_path):
+    """Runs and checkpoints from before run ids (either id missing) are accepted: nothing tells them apart."""
+    run_dir = RunDir(tmp_path / "run")
+    check_same_run(run_dir, "any.ckpt", "a" * 32)  # no geometry/run.json: a run recorded before run ids
+    record_run_id(run_dir, "b" * 32)
+    assert recorded_run_id(run_dir) == "b" * 32
+    check_same_run(run_dir, "old.ckpt", None)  # a checkpoint saved before run ids, or without the callback
+    check_same_run(run_dir, "own.ckpt", "b" * 32)
+    another = r"'other.ckpt' holds the weights of another training \(run id aaaaaaaaaaaa\)"
+    with pytest.raises(ResumeError, match=another):
+        check_same_run(run_dir, "other.ckpt", "a" * 32)
+    run_id_path(run_dir).write_text("not json")
+    with pytest.raises(ResumeError, match=r"run.json: unreadable"):
+        recorded_run_id(run_dir)
