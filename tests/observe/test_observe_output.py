@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from tests.helpers import TINY_TIMM
 from tests.test_run_lock import holding_lock
 from tgo.observe import main
-from tgo.records import RunDir
+from tgo.records import RunDir, recorded_epochs
 from tgo.run_lock import LOCK_NAME
 
 TIMM = ["--timm", "vit_tiny_patch16_224", "--seed", "3"]
@@ -84,3 +85,30 @@ def test_a_new_directory_is_marked_as_an_observation_and_its_lock_released(tmp_p
     assert stamp["kind"] == "observe" and stamp["path"] == os.path.realpath(out)
     assert not (out / LOCK_NAME).exists()
     assert sorted(p.name for p in out.iterdir()) == [".tgo-run", "analysis_subset.json", "config.yaml", "geometry"]
+
+
+def test_sigterm_ends_an_observation_in_one_line_with_status_143_and_the_lock_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """A real SIGTERM, sent to this process once the first model's records are written (before: the default action
+    killed the process, no message, and the lock file stayed behind for the next run to take over)."""
+    import tgo.observe
+
+    real = tgo.observe.observe_and_record
+
+    def then_terminated(*args, **kwargs):
+        results = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return results
+
+    monkeypatch.setattr(tgo.observe, "observe_and_record", then_terminated)
+    out = tmp_path / "out"
+    before = signal.getsignal(signal.SIGTERM)
+    assert main([*TIMM, "--out", str(out), *TINY_TIMM]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"tgo.observe: stopped by SIGTERM: the records of epochs [0] in {out} are whole; the other models were not "
+        "observed (observe them into a new --out)"
+    )
+    assert recorded_epochs(out) == [0] and not (out / LOCK_NAME).exists()
+    assert signal.getsignal(signal.SIGTERM) is before, "the previous handler is back"
