@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import compose_train, run_cli
 from tgo.config import validate_config
-from tgo.errors import ConfigError, RunEnvironmentError
-from tgo.records import RunDir, atomic_write
+from tgo.errors import ConfigError
+from tgo.records import RunDir
 from tgo.train import _original_message, check_run_directory, error_line, mark_run_directory, preflight
 
 
@@ -192,18 +192,3 @@ def test_what_tgo_would_write_through_or_fail_on_mid_run_is_refused_in_one_line_
         )
     assert expected in str(preflight([f"hydra.run.dir={run}"]))
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before, "nothing written"
-
-
-def test_atomic_write_never_writes_through_or_replaces_a_link(tmp_path: Path):
-    theirs = tmp_path / "theirs.txt"
-    theirs.write_text("theirs")
-    link = tmp_path / "run" / "config.yaml"
-    link.parent.mkdir()
-    link.symlink_to(theirs)
-    with pytest.raises(RunEnvironmentError, match=r"config.yaml: is a symbolic link .*TGO never writes through"):
-        atomic_write(link, "ours")
-    assert link.is_symlink() and theirs.read_text() == "theirs"
-    folder = tmp_path / "run" / "metrics.csv"
-    folder.mkdir()
-    with pytest.raises(RunEnvironmentError, match=r"metrics.csv: is a directory; expected a file"):
-        atomic_write(folder, "ours")

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tgo.errors import RunEnvironmentError
 from tgo.records import (
     JACKKNIFE_ARRAYS,
     JACKKNIFE_METRICS,
@@ -587,3 +588,20 @@ def test_atomic_write_respects_the_umask_and_is_durable(tmp_path):
     assert atomic_write(tmp_path / "b.bin", b"\x00\x01").read_bytes() == b"\x00\x01"
     assert atomic_write(tmp_path / "c.bin", lambda fh: fh.write(b"xy")).read_bytes() == b"xy"
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["b.bin", "c.bin", "file.txt"]
+
+
+def test_atomic_write_never_writes_through_or_replaces_a_link(tmp_path: Path):
+    """Issue 33: ``os.replace`` onto a link a user planted would replace it (a link TGO did not make); a directory
+    where a file belongs was a traceback. Both are one line and leave everything as it was."""
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("theirs")
+    link = tmp_path / "run" / "config.yaml"
+    link.parent.mkdir()
+    link.symlink_to(theirs)
+    with pytest.raises(RunEnvironmentError, match=r"config.yaml: is a symbolic link .*TGO never writes through"):
+        atomic_write(link, "ours")
+    assert link.is_symlink() and theirs.read_text() == "theirs"
+    folder = tmp_path / "run" / "metrics.csv"
+    folder.mkdir()
+    with pytest.raises(RunEnvironmentError, match=r"metrics.csv: is a directory; expected a file"):
+        atomic_write(folder, "ours")
