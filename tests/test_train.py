@@ -289,3 +289,28 @@ def test_sigterm_during_training_ends_with_one_line_status_143_and_the_records_i
     checkpoint = torch.load(RunDir(run_dir).last_checkpoint, map_location="cpu", weights_only=True)
     assert checkpoint["epoch"] + 1 in epochs, "last.ckpt holds an observed, completed epoch"
     assert not (run_dir / LOCK_NAME).exists(), "the lock is released"
+
+
+def test_the_launching_process_locks_the_named_run_directory_before_hydra_writes_there(tmp_path, monkeypatch, capsys):
+    """A second launch a moment after the first (before the first reached `run`) must not replace the first's
+    ``.hydra/`` record: `main` takes the lock of ``hydra.run.dir`` before Hydra writes anything."""
+    from tgo.train import _early_lock
+
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    mine = tmp_path / "mine"
+    lock = _early_lock(["experiment=smoke", f"hydra.run.dir={mine}"])
+    assert lock is not None and json.loads((mine / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not mine.exists(), "nothing else was written: the directory the lock made is gone again"
+    assert _early_lock(["-m", "experiment=smoke", f"hydra.run.dir={mine}"]) is None, "a multirun's jobs lock their own"
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert _early_lock([f"hydra.run.dir={mine}"]) is None, "DDP's other ranks never take it"
+    monkeypatch.delenv("LOCAL_RANK")
+    held = tmp_path / "held"
+    with holding_lock(held) as first, pytest.raises(SystemExit) as stopped:
+        _early_lock([f"hydra.run.dir={held}"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"tgo.train: error: hydra.run.dir '{held}' is in use by another TGO")
+    assert f"(pid {first.pid} on host " in err[0]

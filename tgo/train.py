@@ -391,12 +391,36 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
 
 def main() -> float | None:
     """``python -m tgo.train`` / ``tgo-train``: refuses an unwritable run directory in one line (`preflight`), then
-    runs the Hydra entry point (`hydra_main`)."""
+    runs the Hydra entry point (`hydra_main`).
+
+    With ``hydra.run.dir`` the directory's lock (`tgo.run_lock`) is taken here, before Hydra writes its ``.hydra/``
+    and log there: a second launch into the same directory a moment later (before the first reached `run`) would
+    otherwise replace the first's Hydra record before being refused. `run` takes it again (re-entrant).
+    """
     problem = preflight(sys.argv[1:])
     if problem is not None:
         print(f"tgo.train: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    return hydra_main()
+    lock = _early_lock(sys.argv[1:])
+    try:
+        return hydra_main()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _early_lock(argv: list[str]) -> RunLock | None:
+    """The lock of the ``hydra.run.dir`` named on the command line, taken by the launching process (rank 0) of a
+    single run (a multirun's jobs have directories of their own); ``None`` where there is none to take."""
+    overrides = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
+    target = overrides.get("hydra.run.dir")
+    if target is None or launcher_rank() != 0 or any(a in ("-m", "--multirun") for a in argv):
+        return None
+    try:
+        return RunLock(Path(target), what="hydra.run.dir").acquire()
+    except RunLockError as err:
+        print(f"tgo.train: error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
