@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup run lint format test bench gpu-check soak clean
+.PHONY: setup run lint format test bench gpu-check soak seeds clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ gpu-check: $(STAMP)
 # experiment, each resumed with ckpt_path=last until it finishes, then its records checked. E.g. ARGS="--trials 12".
 soak: $(STAMP)
 	$(PY) -m benchmarks.soak $(ARGS)
+
+# Seed replication (docs/benchmarks.md; not part of `make test`): K seeds of quickstart into bench_out/seeds (finished
+# runs reused), every single run's findings scored against the truth of all seeds. E.g. ARGS="--score-only".
+seeds: $(STAMP)
+	$(PY) -m benchmarks.seed_replication $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs multirun bench_out .pytest_cache .mypy_cache .ruff_cache
