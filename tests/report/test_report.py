@@ -89,7 +89,8 @@ def two_seeds(root: Path, fingerprints: tuple[str | None, str | None] = ("same",
         },
         {
             "effective_rank": {
-                "block_01": lambda e: 4.0 + e - 0.3 * np.maximum(e - 5, 0) ** 2,  # peaks, falls back
+                # peaks, then falls below its start (a dip alone reads no reversal without training noise)
+                "block_01": lambda e: 4.0 + e - 0.6 * np.maximum(e - 5, 0) ** 2,
                 "cls": lambda e: 5.0 + e,
             },
             "spectral_anisotropy": {"block_01": lambda e: 1.0 - 0.03 * e, "cls": lambda e: 0.9 - 0.03 * e},
@@ -114,7 +115,7 @@ def test_several_runs_give_mean_and_std_bands_and_agreement_counts(tmp_path: Pat
     np.testing.assert_allclose(agg.high["effective_rank"]["cls"] - mean, np.std([0, 2], ddof=1))  # ±1 std
     counts = verdict_agreement([evaluate_findings(r.series, r.points, stderr=r.stderr) for r in runs])
     assert counts[("rank_rises", "effective_rank", "block_01")]["holds"] == 1
-    assert counts[("rank_rises", "effective_rank", "block_01")]["holds then reverses"] == 1
+    assert counts[("rank_rises", "effective_rank", "block_01")]["does not hold"] == 1
     assert counts[("rank_rises", "effective_rank", "cls")]["holds"] == 2
 
 
@@ -125,7 +126,7 @@ def test_a_sweep_directory_is_searched_for_runs_and_reported_together(tmp_path: 
     index = build_report([tmp_path / "sweep"], correlation=False)
     assert index == tmp_path / "sweep" / "report" / "index.html"
     html = index.read_text()
-    assert "runs agreeing (of 2)" in html and "holds 1/2, holds then reverses 1/2" in html
+    assert "runs agreeing (of 2)" in html and "holds 1/2, does not hold 1/2" in html
     assert "mean ± 1 standard deviation" in html
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in referenced_images(index))
 

@@ -10,11 +10,13 @@ from scipy.optimize import isotonic_regression
 
 from tgo.report.training_noise import (
     MIN_OBSERVATIONS,
+    pooled_bound,
     pooled_dispersion,
     prefix_isotonic,
     pseudo_residuals,
     robust_scale,
     series_noise,
+    series_unit,
     shape_fit,
 )
 
@@ -93,6 +95,57 @@ def test_pooling_is_in_units_of_each_observations_jackknife_error():
         series.append((t, 0.2 * scale * np.sin(t / 3) + 2 * j * rng.standard_normal(20), j))
     noise = pooled_dispersion(series * 20)
     assert noise.relative and noise.series == 60 and 0.75 * 2.0 < noise.sigma < 1.05 * 2.0
+
+
+def test_an_epoch_whose_jackknife_error_is_tiny_does_not_inflate_the_pooled_noise():
+    """Issue 34, finding 3: where the images happen to agree, one epoch's jackknife error can be a hundredth of the
+    others' (attention near uniform for every image). Known truth: noise of 1 in units of the typical error.
+    Residuals divided by each observation's own error let that epoch dominate the pool (here by an order of
+    magnitude); in units of the series' median error (`series_unit`) the estimate is the noise."""
+    rng = np.random.default_rng(11)
+    t = np.linspace(0, 1, 7)
+    j = np.ones(7)
+    j[3] = 0.01
+    estimates, per_observation = [], []
+    for _ in range(60):
+        series = [(t, saturating(t, 10.0) + rng.standard_normal(7), j) for _ in range(15)]
+        noise = pooled_dispersion(series)
+        if not noise.estimated:
+            continue
+        estimates.append(noise.sigma)
+        fits = [shape_fit(v) for _, v, _ in series]
+        dof = sum(7 - f.levels for f in fits)
+        per_observation.append(
+            math.sqrt(
+                sum(float(np.sum(((v - f.values) / j) ** 2)) for (_, v, _), f in zip(series, fits, strict=True)) / dof
+            )
+        )
+    assert series_unit(j) == 1.0 and math.isnan(series_unit(np.array([1.0, math.nan])))
+    assert len(estimates) >= 30
+    assert 0.6 < np.median(estimates) < 1.1
+    assert np.median(per_observation) > 5 * np.median(estimates)
+
+
+def test_the_pooled_bound_of_smooth_series_is_their_root_mean_square_pseudo_residual_and_lies_above_the_noise():
+    """Smooth series without a jackknife error (a weight matrix's stable rank falling threefold over 7 observations)
+    leave the shape fit nothing to pool; the bound counts the bend as noise, so it lies above the true noise (0.5% of
+    the level here). Independent reference: second differences of evenly spaced observations, by hand."""
+    rng = np.random.default_rng(12)
+    t = np.arange(0.0, 31.0, 5.0)
+    series, by_hand = [], []
+    for _ in range(12):
+        level = rng.uniform(5, 30)
+        v = level * (0.3 + 0.7 * np.exp(-t / 10)) * (1 + 0.005 * rng.standard_normal(7))
+        unit = float(np.median(np.abs(v)))
+        series.append((t, v, unit))
+        by_hand.append(((v[1:-1] - (v[:-2] + v[2:]) / 2) / math.sqrt(1.5)) / unit)
+    assert not pooled_dispersion([(t, v, np.full(7, u)) for t, v, u in series]).estimated
+    bound = pooled_bound(series)
+    e = np.concatenate(by_hand)
+    assert bound.sigma == pytest.approx(math.sqrt(np.mean(e**2)), rel=1e-12)
+    assert bound.dof == pytest.approx(60 * 18 / 35) and bound.source == "pooled bound"
+    assert bound.sigma > 0.005
+    assert not pooled_bound(series[:3]).estimated  # 15 pseudo-residuals: under 10 degrees of freedom
 
 
 def test_too_few_pooled_degrees_of_freedom_give_no_estimate():

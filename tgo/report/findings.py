@@ -16,12 +16,17 @@ claimed direction is up:
   last window has fallen back from it beyond the threshold, and the peak is above the start of the series (its
   first ``min_window`` observations) beyond the threshold: it went the claimed way and then gave a significant
   part back. Start, not first window: a series can climb most of the way inside its first window (the TGO-I late
-  blocks' stable rank goes 3 -> 12 in epochs 1-10).
+  blocks' stable rank goes 3 -> 12 in epochs 1-10). The fall must exceed the threshold of an uncertainty that holds
+  the **training noise**: epoch-to-epoch wander of training makes dips that the jackknife (image sampling) does not
+  see. Where the run's training noise is not estimated (a short, smooth run), the verdict is the one on the overall
+  direction (first against last window) and the note reports the fall as "a dip of this run, not a reversal of the
+  claim" (issue 34: 114 reversals read in single default runs where every one of four seeds moved the claimed way).
 * ``holds``: otherwise, the last window is above the first window beyond the threshold.
 * ``does not hold``: the last window is *below* the first beyond the threshold (it moved the other way: the claim
   is contradicted).
-* ``inconclusive``: the move is inside the threshold (or no uncertainty can be estimated: no jackknife and fewer
-  than 8 observations), or the row's q-value exceeds the false-discovery rate.
+* ``inconclusive``: the move is inside the threshold (or no uncertainty can be estimated: no jackknife and too few
+  observations to estimate the training noise, which the note says), or the row's q-value exceeds the
+  false-discovery rate.
 * ``n/a``: fewer than two finite observations, or the first and last window means are both below the observable's
   noise floor (`tgo.spectral.catalogue.Observable.noise_floor`): a flatness going from 1e-10 to 2e-10 is a move
   between zeros, not a result.
@@ -65,7 +70,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tgo.report.training_noise import MIN_OWN_DOF, pooled_dispersion
+from tgo.report.training_noise import MIN_OWN_DOF, pooled_bound, pooled_dispersion, series_unit
 from tgo.report.verdicts import (
     DEFAULT_SETTINGS,
     Measured,
@@ -126,8 +131,10 @@ _DIRECTION_OF_SPREAD: dict[Spread, Direction] = {"rises": "rise", "falls": "fall
 _CLAIM_KINDS: tuple[str, ...] = ("trend", "stable", "extreme")
 _TOO_FEW = "fewer than two finite observations"
 _NO_UNCERTAINTY = (
-    "no uncertainty: no jackknife standard errors, and too few observations to estimate the training noise from the "
-    "series alone (it takes 8)"
+    "not judged: no image-sampling error (no jackknife standard errors: the metric is not computed from the analysis "
+    "images, or the jackknife was off) and too few observations to estimate its training noise (pooled over the "
+    "metric's points in relative units it takes 10 degrees of freedom, e.g. 4 points observed 7 times; one series "
+    "alone takes about 55 observations)"
 )
 
 # metric -> point -> (epochs, values); the same shape holds standard errors: (epochs, stderr)
@@ -449,20 +456,27 @@ def _trend_verdict(
     if not math.isfinite(uncertainty.total):
         return INCONCLUSIVE, _NO_UNCERTAINTY, math.nan
     basis = _basis(uncertainty)
+    dip = ""
     if significant(drop, drop_uncertainty, z) and significant(rise, rise_uncertainty, z):
         back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
-        p = max(drop_uncertainty.p(drop), rise_uncertainty.p(rise))
-        return REVERSES, _joined(f"{extreme_word} window epochs {peak_span}; the last window is {back}", basis), p
+        if drop_uncertainty.training_estimated:
+            p = max(drop_uncertainty.p(drop), rise_uncertainty.p(rise))
+            return REVERSES, _joined(f"{extreme_word} window epochs {peak_span}; the last window is {back}", basis), p
+        dip = (
+            f"a dip of this run, not a reversal of the claim: {extreme_word} window epochs {peak_span}, the last "
+            f"window is {back} on image sampling alone; training noise not estimated, and epoch-to-epoch training "
+            "wander can make such a dip"
+        )
     moved = f"change {_pm(change, uncertainty, True)} {_z(change, uncertainty)}"
     if significant(gain, uncertainty, z):
-        if not drop > 0:
-            return HOLDS, _joined(moved, basis), p_change
+        if dip or not drop > 0:
+            return HOLDS, _joined(moved, dip, basis), p_change
         back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
         levels = f"levels off: best window epochs {peak_span}, the last is {back}, not a significant fall"
         return HOLDS, _joined(moved, levels, basis), p_change
     if significant(-gain, uncertainty, z):
-        return FAILS, _joined(f"moved the other way: {moved}", basis), p_change
-    return INCONCLUSIVE, f"{moved} is within the threshold ({uncertainty.describe()})", p_change
+        return FAILS, _joined(f"moved the other way: {moved}", dip, basis), p_change
+    return INCONCLUSIVE, _joined(f"{moved} is within the threshold ({uncertainty.describe()})", dip), p_change
 
 
 def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = DEFAULT_SETTINGS) -> Trend:
@@ -789,14 +803,36 @@ def with_pooled_noise(per_point: Mapping[str, Measured]) -> dict[str, Measured]:
     run observed 7 times leaves each series too little alone. Series without standard errors (the published data,
     jackknife off) keep their own.
     """
+    out = dict(per_point)
     complete = {p: m for p, m in per_point.items() if m.n and np.all(np.isfinite(m.stderr)) and np.all(m.stderr > 0)}
-    if not complete:
-        return dict(per_point)
-    noise = pooled_dispersion([(m.epochs, m.values, m.stderr) for m in complete.values()])
-    return {
-        p: replace(m, noise=noise) if p in complete and not m.noise.dof >= MIN_OWN_DOF else m
+    if complete:
+        noise = pooled_dispersion([(m.epochs, m.values, m.stderr) for m in complete.values()])
+        for p, m in complete.items():
+            if not m.noise.dof >= MIN_OWN_DOF:
+                out[p] = replace(m, noise=noise.scaled(series_unit(m.stderr), "jackknife"))
+    bare = {
+        p: m
         for p, m in per_point.items()
+        if m.n >= 3 and not np.any(np.isfinite(m.stderr)) and not m.noise.dof >= MIN_OWN_DOF
     }
+    units = {p: _relative_unit(m) for p, m in bare.items()}
+    bare = {p: m for p, m in bare.items() if math.isfinite(units[p]) and units[p] > 0}
+    if bare:
+        noise = pooled_dispersion([(m.epochs, m.values, np.full(m.n, units[p])) for p, m in bare.items()])
+        basis = "relative"
+        if not noise.estimated:
+            noise, basis = pooled_bound([(m.epochs, m.values, units[p]) for p, m in bare.items()]), "relative bound"
+        for p, m in bare.items():
+            if noise.estimated and not (m.noise.estimated and basis == "relative bound" and m.noise.dof >= noise.dof):
+                out[p] = replace(m, noise=noise.scaled(units[p], basis))
+    return out
+
+
+def _relative_unit(m: Measured) -> float:
+    """The unit of a series without a jackknife error in a pooled estimate: its median ``|value|`` (relative
+    noise: a weight matrix's stable rank of 30 wanders more in absolute terms than one of 3), or 1 on a log scale
+    (a log's residuals are already relative)."""
+    return 1.0 if m.scale == "log" else float(np.median(np.abs(m.values)))
 
 
 def scale_of(metric: str) -> str:

@@ -62,11 +62,13 @@ __all__ = [
     "MIN_POOLED_DOF",
     "ShapeFit",
     "TrainingNoise",
+    "pooled_bound",
     "pooled_dispersion",
     "prefix_isotonic",
     "pseudo_residuals",
     "robust_scale",
     "series_noise",
+    "series_unit",
     "shape_fit",
 ]
 
@@ -100,6 +102,17 @@ class TrainingNoise:
     dof: float = 0.0
     relative: bool = False
     series: int = 0
+    unit: float = math.nan
+    basis: str = ""
+
+    def scaled(self, unit: float, basis: str) -> TrainingNoise:
+        """This pooled factor applied to one series: ``sigma * unit`` is that series' training noise per observation.
+
+        Args:
+            unit: The series' `series_unit` (its median jackknife standard error, or its median ``|value|``).
+            basis: ``jackknife`` or ``relative``: what the unit is, for the row's words.
+        """
+        return TrainingNoise(self.sigma, self.dof, self.relative, self.series, unit, basis)
 
     @property
     def estimated(self) -> bool:
@@ -108,8 +121,13 @@ class TrainingNoise:
 
     @property
     def source(self) -> str:
-        """``pooled`` (over the points of an observable) or ``series`` (its own pseudo-residuals)."""
-        return "pooled" if self.relative else "series"
+        """``pooled`` (over the points of an observable, in units of their jackknife errors), ``pooled relative``
+        (in units of their level: series without a jackknife error), ``pooled bound`` (the same, from
+        pseudo-residuals that count the curves' bends as noise: an upper bound) or ``series`` (its own
+        pseudo-residuals)."""
+        if not self.relative:
+            return "series"
+        return {"relative": "pooled relative", "relative bound": "pooled bound"}.get(self.basis, "pooled")
 
 
 def pseudo_residuals(epochs: ArrayLike, values: ArrayLike) -> np.ndarray:
@@ -242,33 +260,84 @@ def shape_fit(values: ArrayLike) -> ShapeFit:
     return ShapeFit(sign * fitted, rss_best, levels_best, shape_best, turn)
 
 
-def pooled_dispersion(series: Sequence[tuple[ArrayLike, ArrayLike, ArrayLike]]) -> TrainingNoise:
-    """One training-noise factor for the series of one observable in one run, in units of their jackknife errors.
+def series_unit(stderr: ArrayLike) -> float:
+    """The unit of one series in a pooled estimate: the median of its per-observation errors (NaN if any is missing).
 
-    ``sigma^2 = sum_p sum_t ((v_pt - fit_pt) / j_pt)^2 / sum_p (n_p - levels_p)`` over the series' shape-constrained
-    fits (`shape_fit`; see the module docstring); not estimated below `MIN_POOLED_DOF` degrees of freedom.
+    One number per series, not one per observation: a jackknife error is itself an estimate (``G - 1 = 9`` degrees of
+    freedom), and where the images agree (attention at initialisation is near uniform for every image) it is tiny at
+    some epochs; dividing each residual by its own observation's error let those epochs' residuals dominate the pool
+    (``E[1 / j_hat^2]`` alone is ``9 / 7`` of ``1 / j^2``). The median of a series' errors is stable, and training
+    noise has no reason to shrink where the images happen to agree.
+    """
+    j = np.asarray(stderr, dtype=np.float64).ravel()
+    if j.size == 0 or not (np.all(np.isfinite(j)) and np.all(j > 0)):
+        return math.nan
+    return float(np.median(j))
+
+
+def pooled_dispersion(series: Sequence[tuple[ArrayLike, ArrayLike, ArrayLike]]) -> TrainingNoise:
+    """One training-noise factor for the series of one observable in one run, in units of each series' error.
+
+    ``sigma^2 = sum_p sum_t ((v_pt - fit_pt) / u_p)^2 / sum_p (n_p - levels_p)`` over the series' shape-constrained
+    fits (`shape_fit`; see the module docstring), ``u_p`` the series' `series_unit` (the median of its errors);
+    not estimated below `MIN_POOLED_DOF` degrees of freedom.
 
     Args:
         series: ``(epochs, values, stderr)`` per series, finite, in epoch order; series with a non-positive or
-            non-finite standard error, fewer than 3 observations, or that the fit interpolates are skipped.
+            non-finite standard error, fewer than 3 observations, or that the fit interpolates are skipped. A series
+            without a jackknife error is pooled in relative units by passing its median ``|value|`` as ``stderr``.
 
     Returns:
-        A relative `TrainingNoise` (``sigma`` in units of ``j``).
+        A relative `TrainingNoise` (``sigma`` in units of ``u``).
     """
     total, dof, used = 0.0, 0.0, 0
     for _epochs, values, stderr in series:
         v = np.asarray(values, dtype=np.float64).ravel()
         j = np.asarray(stderr, dtype=np.float64).ravel()
-        if v.size < 3 or j.shape != v.shape:
+        if v.size < 3 or j.shape != v.shape or not np.all(np.isfinite(v)):
             continue
-        if not (np.all(np.isfinite(v)) and np.all(np.isfinite(j)) and np.all(j > 0)):
+        unit = series_unit(j)
+        if not math.isfinite(unit):
             continue
         fit = shape_fit(v)
         if fit.levels >= v.size:
             continue  # interpolated: no observation contradicts the shape, nothing to learn about the noise
-        total += float(np.sum(((v - fit.values) / j) ** 2))
+        total += float(np.sum(((v - fit.values) / unit) ** 2))
         dof += v.size - fit.levels
         used += 1
     if dof < MIN_POOLED_DOF:
         return TrainingNoise(math.nan, dof, True, used)
     return TrainingNoise(math.sqrt(total / dof), dof, True, used)
+
+
+def pooled_bound(series: Sequence[tuple[ArrayLike, ArrayLike, float]]) -> TrainingNoise:
+    """An upper bound on the training noise of smooth series without a jackknife error, pooled in their units.
+
+    Where every series of an observable follows a unimodal curve exactly (`pooled_dispersion` has nothing to pool:
+    a weight spectrum's stable rank falling smoothly over 7 observations), the noise is not zero but smaller than
+    what the observations leave room for. The pseudo-residuals (`pseudo_residuals`) say how much: around a curve
+    they are the noise plus the curve's bend, so their root mean square, pooled over the series in units ``u_p``
+    (``sigma^2 = sum_p sum_i (e_pi / u_p)^2 / sum_p N_p``), bounds the noise from above. A move judged beyond it
+    is beyond the noise; one that is not stays inconclusive. Degrees of freedom ``N (18 / 35)`` (Gasser, Sroka and
+    Jennen-Steinmetz 1986: neighbouring pseudo-residuals share observations); fewer than `MIN_POOLED_DOF`: none.
+
+    Args:
+        series: ``(epochs, values, unit)`` per series, finite, epochs ascending; ``unit`` > 0 (its median
+            ``|value|`` for relative units, 1 for a series of logs).
+
+    Returns:
+        A relative `TrainingNoise` with basis ``relative bound`` (``sigma`` in units of ``u``).
+    """
+    total, count, used = 0.0, 0, 0
+    for epochs, values, unit in series:
+        v = np.asarray(values, dtype=np.float64).ravel()
+        if v.size < 3 or not np.all(np.isfinite(v)) or not (math.isfinite(unit) and unit > 0):
+            continue
+        e = pseudo_residuals(epochs, v) / unit
+        total += float(np.sum(e * e))
+        count += e.size
+        used += 1
+    dof = count * _NEIGHBOUR_SHARE
+    if dof < MIN_POOLED_DOF or count == 0:
+        return TrainingNoise(math.nan, dof, True, used, basis="relative bound")
+    return TrainingNoise(math.sqrt(total / count), dof, True, used, basis="relative bound")

@@ -40,8 +40,11 @@ from tgo.spectral.jackknife import jackknife_stderrs
 
 __all__ = [
     "LENGTHS",
+    "MONOTONE",
     "REGIMES",
+    "REVERSAL_LENGTHS",
     "SHAPES",
+    "WANDER_REGIMES",
     "Regime",
     "Shape",
     "rates",
@@ -71,6 +74,14 @@ REGIMES: tuple[Regime, ...] = (
     Regime("balanced", 1.0),
     Regime("training-dominated", 3.0),
 )
+WANDER_REGIMES: tuple[Regime, ...] = (
+    Regime("strong wander", 3.0, 1.0),
+    Regime("training >> jackknife", 10.0),
+)
+"""Realistic epoch-to-epoch wander (issue 34): a slow wander as large as the epoch noise, and training noise an order
+of magnitude above the jackknife error (the mean attention distance of the default run). Single-run verdicts cannot
+tell a slow wander from the curve, so these regimes are judged on what must not happen there: a monotone curve read
+as ``holds then reverses``."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,24 @@ SHAPES: tuple[Shape, ...] = (
         lambda t: 10.0 * np.minimum(t / 0.3, 1.0) ** 0.5 - 5.0 * np.clip((t - 0.45) / 0.35, 0.0, 1.0),
         REVERSES,
     ),
+    Shape("steady rise (10 se)", lambda t: 10.0 * t, HOLDS),
 )
+"""The shapes; the first six are issue 19's table, the steady rise joins the monotone curves of issue 34's table of
+false reversals (`MONOTONE`)."""
+MONOTONE: tuple[Shape, ...] = (SHAPES[6], SHAPES[1], SHAPES[2], SHAPES[3])
+"""Monotone and saturating curves: a ``holds then reverses`` verdict on any of them is false."""
+REVERSAL_LENGTHS: tuple[int, ...] = (4, 7, 11, 31)
+
+
+BARE_LEVEL = 30.0
+"""The level of a series without a jackknife error (in ``se``): moves of 10 ``se`` are a third of it, like a weight
+matrix's stable rank falling from 30 to 20."""
+
+
+def _se(epoch: float, wander: float) -> float:
+    """``se`` for ``s_J = 1``: the true standard error of the last-minus-first contrast of single observations."""
+    sigma_e = epoch
+    return math.sqrt(2 * (1 - SHARED) + 2 * sigma_e**2 + (wander * sigma_e) ** 2)
 
 
 def simulate(
@@ -118,7 +146,7 @@ def simulate(
     s_j = 1.0
     sigma_e = regime.epoch * s_j
     sigma_w = regime.wander * sigma_e
-    se = math.sqrt(2 * (1 - SHARED) * s_j**2 + 2 * sigma_e**2 + sigma_w**2)
+    se = _se(regime.epoch, regime.wander)
     shared = rng.standard_normal(GROUPS)
     u = math.sqrt(SHARED) * shared[None, :] + math.sqrt(1 - SHARED) * rng.standard_normal((n, GROUPS))
     scale = s_j * math.sqrt(GROUPS)
@@ -144,22 +172,31 @@ def rates(
     trials: int = 200,
     seed: int = 0,
     settings: VerdictSettings = DEFAULT_SETTINGS,
+    jackknife: bool = True,
+    spread: float = POINT_SPREAD,
 ) -> dict[str, float]:
     """The share of seeded series reaching each verdict, plus ``right`` (the truth) and ``directional``.
 
     Every trial is one run of `POINTS` points observed alike (the same shape; epoch noise differing up to fourfold
-    between points, `POINT_SPREAD`), judged as the report judges a run: the training noise pooled over the points
-    (`tgo.report.findings.with_pooled_noise`). ``trials`` counts series, rounded up to whole runs.
+    between points, `POINT_SPREAD`, or ``spread``-fold), judged as the report judges a run: the training noise pooled
+    over the points (`tgo.report.findings.with_pooled_noise`). ``trials`` counts series, rounded up to whole runs.
+
+    ``jackknife=False`` records the series as a metric without an image-sampling error is recorded (a weight
+    matrix's stable rank: no standard error, no replicates), on a level of `BARE_LEVEL` ``se`` so that its noise can
+    be pooled in relative units; the image-sampling term then acts as more training noise.
     """
-    rng = np.random.default_rng([seed, n, SHAPES.index(shape), REGIMES.index(regime)])
+    rng = np.random.default_rng([seed, n, SHAPES.index(shape), (REGIMES + WANDER_REGIMES).index(regime)])
     counts: dict[str, int] = {HOLDS: 0, REVERSES: 0, FAILS: 0, INCONCLUSIVE: 0}
     runs = max(1, math.ceil(trials / POINTS))
     for _ in range(runs):
         per_point = {}
         for p in range(POINTS):
-            factor = float(np.exp(rng.uniform(-1.0, 1.0) * math.log(POINT_SPREAD)))
+            factor = float(np.exp(rng.uniform(-1.0, 1.0) * math.log(spread)))
             epochs, values, stderr, leave_out = simulate(shape, n, replace(regime, epoch=regime.epoch * factor), rng)
-            per_point[f"p{p}"] = measured(epochs, values, stderr=stderr, leave_out=leave_out)
+            if jackknife:
+                per_point[f"p{p}"] = measured(epochs, values, stderr=stderr, leave_out=leave_out)
+            else:
+                per_point[f"p{p}"] = measured(epochs, values + BARE_LEVEL * _se(regime.epoch * factor, regime.wander))
         for m in with_pooled_noise(per_point).values():
             verdict = judge_trend(m, "rise", settings).verdict
             counts[verdict] = counts.get(verdict, 0) + 1
@@ -204,6 +241,36 @@ def main(argv: Sequence[str] | None = None) -> None:
                 cells.append(f"{value:.0%}")
             truth = "no direction" if shape.truth == INCONCLUSIVE else shape.truth
             print(f"| {shape.name} | {truth} | " + " | ".join(cells) + " |")
+    reversal = SHAPES[5]
+    print("\n**False reversals** (share of monotone series read *holds then reverses*; issue 34: at most 5%)\n")
+    print("| regime | shape | " + " | ".join(f"n = {n}" for n in REVERSAL_LENGTHS) + " |")
+    print("|---|---|" + "---:|" * len(REVERSAL_LENGTHS))
+    for regime in REGIMES + WANDER_REGIMES:
+        for shape in MONOTONE:
+            cells = [
+                f"{rates(shape, n, regime, trials=args.trials, seed=args.seed)[REVERSES]:.0%}" for n in REVERSAL_LENGTHS
+            ]
+            print(f"| {regime.name} | {shape.name} | " + " | ".join(cells) + " |")
+    print(f"\n**Genuine reversals found** ({reversal.name}; points whose noise differs fourfold / shares one level)\n")
+    print("| regime | " + " | ".join(f"n = {n}" for n in REVERSAL_LENGTHS) + " |")
+    print("|---|" + "---:|" * len(REVERSAL_LENGTHS))
+    for regime in REGIMES + WANDER_REGIMES:
+        cells = []
+        for n in REVERSAL_LENGTHS:
+            spread4 = rates(reversal, n, regime, trials=args.trials, seed=args.seed)["right"]
+            spread1 = rates(reversal, n, regime, trials=args.trials, seed=args.seed, spread=1.0)["right"]
+            cells.append(f"{spread4:.0%} / {spread1:.0%}")
+        print(f"| {regime.name} | " + " | ".join(cells) + " |")
+    print("\n**Without a jackknife error** (weights, network-level values; balanced regime, relative pooled noise)\n")
+    print("| shape | truth | " + " | ".join(f"n = {n}" for n in REVERSAL_LENGTHS) + " |")
+    print("|---|---|" + "---:|" * len(REVERSAL_LENGTHS))
+    for shape in (SHAPES[0], SHAPES[1], SHAPES[4], reversal):
+        cells = []
+        for n in REVERSAL_LENGTHS:
+            r = rates(shape, n, REGIMES[1], trials=args.trials, seed=args.seed, jackknife=False)
+            cells.append(f"{1.0 - r['directional'] if shape.truth == INCONCLUSIVE else r['right']:.0%}")
+        truth = "no direction" if shape.truth == INCONCLUSIVE else shape.truth
+        print(f"| {shape.name} | {truth} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -479,6 +479,8 @@ def contrast(m: Measured, weights: ArrayLike) -> tuple[float, Uncertainty]:
     fit = (math.nan, 0.0)  # the run's own training-noise term: sigma * ||c||, or sigma * ||c * j|| when pooled
     if m.noise.estimated and not m.noise.relative:
         fit = (m.noise.sigma * float(np.linalg.norm(c)), m.noise.dof)
+    elif m.noise.estimated and math.isfinite(m.noise.unit):
+        fit = (m.noise.sigma * m.noise.unit * float(np.linalg.norm(c)), m.noise.dof)
     elif m.noise.estimated and np.all(np.isfinite(m.stderr[used])):
         fit = (m.noise.sigma * float(np.linalg.norm(c[used] * m.stderr[used])), m.noise.dof)
     seed = (math.nan, 0.0)
@@ -524,7 +526,13 @@ def margin_series(x: Measured, y: Measured) -> Measured:
     reps = None
     if x.replicates is not None and y.replicates is not None and x.replicates.shape[0] == y.replicates.shape[0]:
         reps = x.replicates[:, ix] - y.replicates[:, iy]
-    noise = x.noise if x.noise.relative else series_noise(common, values)
+    if x.noise.relative and math.isfinite(x.noise.unit) and math.isfinite(y.noise.unit):
+        # both points wander: the margin's unit is that of a difference of two independent series
+        noise = x.noise.scaled(math.hypot(x.noise.unit, y.noise.unit), x.noise.basis)
+    elif x.noise.relative:
+        noise = x.noise
+    else:
+        noise = series_noise(common, values)
     return Measured(common, values, stderr, reps, leave_out, noise, x.scale)
 
 
