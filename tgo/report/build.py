@@ -54,7 +54,7 @@ from tgo.report.runinfo import (
 from tgo.report.runs import ReportInputError, RunData, discover_runs, load_run_data, run_names
 from tgo.report.spreadsheet import write_csv
 from tgo.report.story import build_story, story_caption, story_figure
-from tgo.report.summary import verdict_summary_section
+from tgo.report.summary import verdict_counts_line, verdict_scope_sentence, verdict_summary_section
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
 
 __all__ = [
@@ -591,6 +591,11 @@ def build_report(
         sections = [header, *_story_section(agg, findings, hypotheses, figures_dir)]
         if not single:
             sections.append(verdict_summary_section(findings, hypotheses.results))
+            # the first screen: the counts, and what they can conclude (image sampling vs training noise)
+            header.paragraphs[:0] = [
+                verdict_counts_line(findings, hypotheses.results),
+                verdict_scope_sentence(findings, hypotheses.results, len(runs)),
+            ]
         phases = phases_section(runs, figures_dir, settings.z)
         early = early_section(runs, figures_dir, settings.z)
         optimisation = optimisation_section(runs, figures_dir)

@@ -16,8 +16,16 @@ from dataclasses import dataclass
 from tgo.report.findings import FAILS, REVERSES, VERDICTS, Finding
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import HYPOTHESES, INCONSISTENT, PREDICTION_VERDICTS, Prediction, PredictionResult
+from tgo.report.verdicts import Uncertainty
 
-__all__ = ["WORST_SHOWN", "Contradiction", "contradictions", "verdict_summary_section"]
+__all__ = [
+    "WORST_SHOWN",
+    "Contradiction",
+    "contradictions",
+    "verdict_counts_line",
+    "verdict_scope_sentence",
+    "verdict_summary_section",
+]
 
 WORST_SHOWN = 8
 """How many contradictions the summary names (the rest are in the full tables, counted)."""
@@ -131,3 +139,56 @@ def verdict_summary_section(
     if any(predictions.values()):
         section.tables.append(_prediction_counts(predictions))
     return section
+
+
+def _counted(counts: Counter, order: Sequence[str]) -> str:
+    return ", ".join(f"{counts[v]} {v}" for v in order if counts.get(v))
+
+
+def verdict_counts_line(
+    findings: Sequence[Finding], predictions: Mapping[Prediction, Sequence[PredictionResult]]
+) -> str:
+    """``Verdicts: the paper's claims 128 holds, 7 does not hold, ...; the hypotheses' predictions 210 consistent,
+    ...`` (the first screen's counts; the tables are under Verdicts at a glance)."""
+    parts = []
+    if findings:
+        parts.append(f"the paper's claims {_counted(Counter(f.verdict for f in findings), VERDICTS)}")
+    rows = [r for results in predictions.values() for r in results]
+    if rows:
+        parts.append(f"the hypotheses' predictions {_counted(Counter(r.verdict for r in rows), PREDICTION_VERDICTS)}")
+    return "Verdicts: " + "; ".join(parts) + "." if parts else ""
+
+
+def _uncertainty_of(row: Finding | PredictionResult) -> Uncertainty | None:
+    if isinstance(row, Finding) and row.extreme is not None:
+        return row.extreme.uncertainty
+    return row.trend.uncertainty if row.trend is not None else None
+
+
+def verdict_scope_sentence(
+    findings: Sequence[Finding], predictions: Mapping[Prediction, Sequence[PredictionResult]], n_runs: int
+) -> str:
+    """What the verdicts can and cannot conclude, in one sentence for the first screen (issue 34).
+
+    A single run's verdicts are beyond image sampling (the jackknife) everywhere it was recorded, but beyond training
+    noise only where the run's own epoch-to-epoch noise could be estimated; another seed is the one thing a run
+    cannot see. The sentence counts the judged rows of both tables whose uncertainty holds a training-noise term.
+    """
+    rows: list[Finding | PredictionResult] = [*findings, *(r for results in predictions.values() for r in results)]
+    judged = [
+        u for row in rows if row.verdict != "n/a" and (u := _uncertainty_of(row)) is not None and math.isfinite(u.total)
+    ]
+    with_training = sum(1 for u in judged if u.training_estimated)
+    if n_runs > 1:
+        return (
+            f"These verdicts are on the mean of {n_runs} runs, beyond image sampling (the jackknife) and the "
+            "seed-to-seed spread of training, so they say what this setup does across seeds, not only what one run "
+            "did."
+        )
+    return (
+        f"One run can conclude what it did on these images beyond image sampling (the jackknife), and beyond its "
+        f"own epoch-to-epoch training noise for the {with_training} of {len(judged)} judged rows where that noise "
+        "could be estimated from the run, but not what another seed would do: the other rows are statements about "
+        "this run, a dip after a peak counts as a reversal only beyond training noise, and a seed sweep measures "
+        "the rest."
+    )
