@@ -422,17 +422,17 @@ DEFAULT = Profile(
 QUICK = dataclasses.replace(
     DEFAULT, name="quick", vit_images=32, repeats=2, groups_repeats=4, epochs=1, renders=2, spectral_args=("--quick",)
 )
-SMOKE = Profile(
+SMOKE = Profile(  # at least G = 10 images wherever the default jackknife groups run (more are refused)
     name="smoke",
     vit=TINY,
-    vit_images=8,
+    vit_images=10,
     vit_batch=4,
     quickstart=QUICKSTART_TINY,
-    quickstart_images=8,
+    quickstart_images=10,
     quickstart_batch=4,
     quickstart_min_repeats=1,
     scaling_model=TINY,
-    scaling=(4, 8),
+    scaling=(10, 12),
     repeats=1,
     groups_repeats=1,
     epochs=1,
@@ -445,7 +445,7 @@ SMOKE = Profile(
         *(f"observation.figures.{name}=false" for name in FIGURE_SWITCHES),  # rendered on a thread: rows 5 time them
     ),
     renders=1,
-    gpu_images=8,
+    gpu_images=10,
     gpu_batch=4,
     fresh_memory_processes=False,
     spectral_args=("--smoke",),
@@ -1575,7 +1575,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "still run, measures nothing",
     )
     p.add_argument("--out", type=Path, default=None, help="output folder (default bench_out/<timestamp>)")
-    p.add_argument("--images", type=int, default=None, help="images for rows 1a-2 (CPU default 64, quick 32, smoke 8)")
+    p.add_argument("--images", type=int, default=None, help="images for rows 1a-2 (CPU default 64, quick 32, smoke 10)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 3, quick 2, smoke 1)")
     p.add_argument("--epochs", type=int, default=None, help="quickstart epochs for row 4 (default 2, quick 1)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")

@@ -203,7 +203,7 @@ class Sizes:
 SIZES = {
     "default": Sizes((("10.1", "quickstart", None), ("10.2", "vit_small", 64)), repeats=3),
     "quick": Sizes((("10.1", "quickstart", None), ("10.2", "vit_small", 32)), repeats=2),
-    "smoke": Sizes((("10.1", "tiny", 8), ("10.2", "tiny", 12)), repeats=1),
+    "smoke": Sizes((("10.1", "tiny", 10), ("10.2", "tiny", 12)), repeats=1),
 }
 """Row 10.1 is D = 96 (the quickstart network on its whole 200-image analysis subset), row 10.2 D = 384
 (vit_small_patch16_224); ``--smoke`` runs both on the 2-block width-32 ViT in seconds (its numbers mean nothing)."""

@@ -26,6 +26,8 @@ from tgo.spectral import CATALOGUE
 from tgo.train import run
 
 DEFAULTS = ObservationSettings()
+FEW_IMAGES = DEFAULTS.replace(groups=2)
+"""For the 4-6 images of the direct observation tests: more jackknife groups than images are refused."""
 QUICK = [
     "experiment=smoke",
     "trainer.limit_train_batches=1",
@@ -263,7 +265,7 @@ def test_non_finite_activations_become_nan_observables_with_counts(tmp_path):
             net,
             dataset,
             vit_points(net),
-            settings=DEFAULTS,
+            settings=FEW_IMAGES,
             plan=ShardPlan(batch_size=4),
             record=plan,
             all_reduce_sum=lambda t: t,
@@ -277,7 +279,7 @@ def test_non_finite_activations_become_nan_observables_with_counts(tmp_path):
             net,
             dataset,
             vit_points(net),
-            settings=DEFAULTS.replace(nonfinite="error"),
+            settings=FEW_IMAGES.replace(nonfinite="error"),
             plan=ShardPlan(batch_size=4),
             record=RecordPlan(writer=RecordWriter(tmp_path), epoch=1, step=0),
             all_reduce_sum=lambda t: t,
@@ -294,7 +296,7 @@ def test_a_run_with_finite_activations_ends_without_a_nonfinite_notice(tmp_path)
         tiny_vit(),
         TensorDataset(torch.randn(4, 3, 16, 16), torch.zeros(4, dtype=torch.long)),
         vit_points(tiny_vit()),
-        settings=DEFAULTS,
+        settings=FEW_IMAGES,
         plan=ShardPlan(batch_size=4),
         record=RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0),
         all_reduce_sum=lambda t: t,
@@ -317,7 +319,7 @@ def test_hooks_are_removed_and_train_mode_restored(tmp_path):
         net,
         dataset,
         vit_points(net),
-        settings=DEFAULTS,
+        settings=FEW_IMAGES,
         plan=ShardPlan(batch_size=2),
         record=RecordPlan(writer=RecordWriter(tmp_path), epoch=0, step=0),
         all_reduce_sum=lambda t: t,
