@@ -6,6 +6,10 @@ else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import TypeVar
 
 E = TypeVar("E", bound=BaseException)
@@ -40,3 +44,36 @@ def find_error(error: BaseException, types: type[E] | tuple[type[E], ...]) -> E 
 def find_user_error(error: BaseException) -> UserInputError | None:
     """Finds a ``UserInputError`` in an exception's cause chain (Hydra's instantiate wraps constructor errors)."""
     return find_error(error, UserInputError)
+
+
+class Stopped(BaseException):
+    """A signal (SIGTERM) arrived while a command-line entry point wrote its output: raised where the work is, so every
+    ``finally`` on the way out runs (the lock is released, a half-built copy removed) and the entry point ends with one
+    line and ``128 + signum``. A ``BaseException``, so no ``except Exception`` on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        """The signal's name (``SIGTERM``)."""
+        return signal.Signals(self.signum).name
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Stopped` (in the main thread; elsewhere signals cannot be handled and the
+    block runs as it is); the previous handler comes back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -38,9 +38,7 @@ Rank 0 writes the records.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -65,7 +63,7 @@ from tgo.checkpoints import (
     timm_net,
 )
 from tgo.config import CONFIG_MODULE
-from tgo.errors import UserInputError, find_user_error
+from tgo.errors import Stopped, UserInputError, find_user_error, stopped_by_sigterm
 from tgo.observatory import (
     ObservationSettings,
     RecordPlan,
@@ -527,39 +525,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class ObserveStopped(BaseException):
-    """SIGTERM arrived while observing: raised where the observation is, so the lock is released on the way out."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise ObserveStopped(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns 0, 2 after printing one line for bad input, or ``128 + signum`` with one line when
     SIGTERM stops it (the records written are whole: every file is written atomically, the lock is released)."""
     args = parse_args(argv)
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _stop) if in_main else None
     try:
-        return _main(args)
-    except ObserveStopped as stop:
+        with stopped_by_sigterm():
+            return _main(args)
+    except Stopped as stop:
         if getattr(rank_zero_only, "rank", 0) == 0:
             epochs = recorded_epochs(args.out) if Path(args.out).is_dir() else []
             kept = f"the records of epochs {epochs} in {args.out} are whole" if epochs else "nothing was recorded"
             print(
-                f"tgo.observe: stopped by {signal.Signals(stop.signum).name}: {kept}; the other models were not "
+                f"tgo.observe: stopped by {stop.name}: {kept}; the other models were not "
                 "observed (observe them into a new --out)",
                 file=sys.stderr,
             )
         return 128 + stop.signum
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -9,13 +9,11 @@ directory and put in place whole (`tgo.report.output`), so the old report stays 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from tgo.errors import UserInputError
+from tgo.errors import Stopped, UserInputError, stopped_by_sigterm
 from tgo.records import RunDir
 from tgo.report.build import REFERENCE_MODES, build_published_report, build_report
 from tgo.report.verdicts import (
@@ -139,39 +137,23 @@ def _run(args: argparse.Namespace, summary: list[str]) -> Path:
     )
 
 
-class ReportStopped(BaseException):
-    """SIGTERM arrived while a report was built: raised where the report is, so the half-built copy is removed."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise ReportStopped(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Builds the report; returns the exit status (0 ok, 2 bad input, ``128 + signum`` when stopped by SIGTERM)."""
     args = parse_args(argv)
     summary: list[str] = []
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _stop) if in_main else None
     try:
-        index = _run(args, summary)
+        with stopped_by_sigterm():
+            index = _run(args, summary)
     except UserInputError as error:
         print(f"tgo.report: error: {error}", file=sys.stderr)
         return 2
-    except ReportStopped as stop:
+    except Stopped as stop:
         print(
-            f"tgo.report: stopped by {signal.Signals(stop.signum).name}: the output directory holds a whole report "
+            f"tgo.report: stopped by {stop.name}: the output directory holds a whole report "
             "(the previous one, or none, unless the new one was already complete); nothing half-written is left",
             file=sys.stderr,
         )
         return 128 + stop.signum
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
     print(f"[tgo] report: {index.resolve()}")
     for line in summary:
         print(f"[tgo] {line}")
