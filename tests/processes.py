@@ -1,11 +1,16 @@
-"""What the multi-process tests share: a free port for a gloo rendezvous and the small ViT each process builds.
+"""What the multi-process tests share: a free port for a gloo rendezvous, the small ViT each process builds, and a
+signal sent to a command-line process once it has reached a given point.
 
 Lightning-free, so the processes ``torch.multiprocessing.spawn`` starts import it quickly.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -25,3 +30,30 @@ def tiny_vit() -> torch.nn.Module:
     return timm.create_model(
         "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3
     ).eval()
+
+
+def terminate_when(
+    proc: subprocess.Popen, reached: Callable[[], bool], what: str, *, limit_s: float = 240.0
+) -> tuple[int, str]:
+    """Sends SIGTERM to ``proc`` as soon as ``reached()`` holds, waits for it and returns (its status, its stderr).
+
+    The limit bounds a hung process; it is not a timing assertion. The process is killed if anything goes wrong.
+
+    Args:
+        proc: A process started with ``stderr=subprocess.PIPE, text=True``.
+        reached: What must be true on disk before the signal (e.g. a figure of the new report exists).
+        what: Names the process in the failure when it ends before ``reached()`` (``training``, ``the report``).
+        limit_s: Seconds to wait for ``reached()``, then for the process to end.
+    """
+    try:
+        deadline = time.monotonic() + limit_s
+        while not reached():
+            assert proc.poll() is None and time.monotonic() < deadline, f"{what} ended before it could be stopped"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=limit_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stderr

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 
 from tests.conftest import NO_FIGURES, compose_train, run_cli
 from tests.helpers import SimulatedCrash
+from tests.processes import terminate_when
 from tests.test_run_lock import REPO, holding_lock
 from tgo.errors import ConfigError
 from tgo.model import cosine_factor, schedule_steps
@@ -259,18 +259,10 @@ def test_sigterm_during_training_ends_with_one_line_status_143_and_the_records_i
     proc = subprocess.Popen(
         [sys.executable, "-m", "tgo.train", *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
     )
-    try:
-        deadline = time.monotonic() + 240  # a bound on a hung process, not a timing assertion
-        while not (RunDir(run_dir).last_checkpoint.is_file() and 1 in recorded_epochs(run_dir)):
-            assert proc.poll() is None and time.monotonic() < deadline, "training ended before it could be stopped"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    returncode, stderr = terminate_when(
+        proc, lambda: RunDir(run_dir).last_checkpoint.is_file() and 1 in recorded_epochs(run_dir), "training"
+    )
+    assert returncode == 128 + signal.SIGTERM, stderr[-3000:]
     ours = [line for line in stderr.splitlines() if line.startswith("tgo.train")]
     stopped = r"tgo.train: stopped by SIGTERM after \d+ completed training epochs?: "
     assert len(ours) == 1 and re.match(stopped, ours[0]), stderr[-3000:]

@@ -17,12 +17,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.processes import terminate_when
 from tests.report.synthetic import write_synthetic_run
 from tgo.report.__main__ import main
 from tgo.report.output import REPORT_MARKER
@@ -128,18 +128,10 @@ def test_sigterm_while_re_reporting_leaves_the_old_report_whole(old_report: Path
         stdout=subprocess.DEVNULL,
         text=True,
     )
-    try:
-        deadline = time.monotonic() + 120  # a bound on a hung process, not a timing assertion
-        while not any(tmp_path.glob(".out.tgo-building-*/figures/*.png")):
-            assert proc.poll() is None and time.monotonic() < deadline, "the report ended before it could be stopped"
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    returncode, stderr = terminate_when(
+        proc, lambda: any(tmp_path.glob(".out.tgo-building-*/figures/*.png")), "the report", limit_s=120
+    )
+    assert returncode == 128 + signal.SIGTERM, stderr[-2000:]
     assert stderr.strip().splitlines()[-1].startswith("tgo.report: stopped by SIGTERM: the output directory holds a")
     assert _contents(old_report) == before, "run A's report, every file as it was"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["A", "B", "out"], "the half-built copy is removed"
