@@ -16,10 +16,11 @@ for moves of tens of standard errors.)
 **Pooled over the points of one observable** (`pooled_dispersion`), the estimate a short run is judged by. Each
 series is fitted by least squares with the best **unimodal or antimodal** sequence (`shape_fit`: rise then fall,
 or fall then rise, which includes every monotone, saturating, plateauing and two-phase curve and every single
-reversal), so the learning curve's bend is in the fit, not in the residuals. The residuals, in units of each
-observation's jackknife standard error ``j``, are pooled over the points: ``sigma^2 = sum (r / j)^2 / sum nu_p``
+reversal), so the learning curve's bend is in the fit, not in the residuals. The residuals, in units ``u_p`` of each
+series' median jackknife standard error (`series_unit`: one number per series, so that an epoch whose error happens
+to be tiny does not dominate), are pooled over the points: ``sigma^2 = sum (r / u_p)^2 / sum nu_p``
 with ``nu_p = n_p - levels_p`` (the levels of an isotonic fit are its degrees of freedom, Meyer and Woodroofe,
-*Ann. Statist.* 28, 2000). The model is ``sd(training noise) = sigma j``, a dispersion factor as in
+*Ann. Statist.* 28, 2000). The model is ``sd(training noise) = sigma u_p``, a dispersion factor as in
 quasi-likelihood (McCullagh and Nelder, *Generalized Linear Models*, 1989, sec. 9.2). A series the fit
 interpolates (a smooth monotone curve: no observation contradicts its shape) carries no residual and no degree of
 freedom; when the pooled degrees of freedom are fewer than `MIN_POOLED_DOF` the training noise is **not
@@ -27,6 +28,11 @@ estimated**, and the verdict is made on the jackknife alone and says so ("this r
 Choosing the best turning point fits pure noise a little (for flat noise of 7 observations ``E[RSS]`` is about
 ``sigma^2 (n - levels - 1)``), so the estimate errs low for flat series; the validation (`tgo.report.validation`)
 measures the rates with it.
+
+**Series without a jackknife error** (weight spectra, network-level values) are pooled the same way in relative
+units (``u_p`` their median ``|value|``, by `tgo.report.findings.with_pooled_noise`); where the fit interpolates every
+one of them (smooth curves), `pooled_bound` bounds the noise from above by their pooled root-mean-square
+pseudo-residual, which counts the curves' bends as noise.
 
 **A long series, or one without standard errors** (the published data), is judged by its own pseudo-residuals
 (`series_noise`): for three consecutive observations, the middle one minus the straight line through its neighbours

@@ -21,10 +21,12 @@ The two terms of ``U`` (`Uncertainty`), both real, added in quadrature, ``U = sq
   errors of the two windows (`_unpaired`: the windows as if independent), and say so (``J unpaired``). ``J`` has
   ``G - 1`` degrees of freedom.
 * **T, the training-noise term** (another epoch of training would give another value). For one run:
-  ``sigma ||c j||`` with ``sigma`` the run's epoch-to-epoch noise in units of the jackknife standard errors ``j``,
-  pooled over the points of the observable from the residuals of each series around its best unimodal fit (which
-  follows a saturating learning curve instead of counting its bend as noise), or ``sigma ||c||`` with a long
-  series' own ``sigma`` (the median absolute pseudo-residual; `tgo.report.training_noise`). Where the observable's
+  ``sigma u ||c||`` with ``sigma`` the run's epoch-to-epoch noise in units ``u`` of each series' median jackknife
+  standard error (`TrainingNoise.unit`; of its median ``|value|`` for a metric without a jackknife error, such as
+  the weight spectra), pooled over the points of the observable from the residuals of each series around its best
+  unimodal fit (which follows a saturating learning curve instead of counting its bend as noise), or ``sigma ||c||``
+  with a long series' own ``sigma`` (the median absolute pseudo-residual; `tgo.report.training_noise`). Where the
+  observable's
   series leave fewer than 10 degrees of freedom (a short, smooth run: no observation contradicts a unimodal curve)
   ``T`` is **not estimated**, and the verdict is made on ``J`` alone, which the row says ("this run; training noise
   not estimated"). For a sweep of ``R`` runs the seed-to-seed spread of the
