@@ -249,6 +249,32 @@ def test_the_cli_refuses_a_directory_in_use_in_one_line_before_hydra_writes_ther
     assert not (held / ".hydra").exists(), "Hydra did not rewrite the running run's .hydra/"
 
 
+def test_sigterm_before_training_starts_ends_with_one_line_and_the_lock_released(tmp_path, monkeypatch):
+    """Issue 33: a signal must end a run with one line and a non-zero status. Before ``fit`` (the data scan, the model,
+    the run directory's files) Lightning's handler is not installed yet; TGO's ends the run at once with one line, and
+    inside ``fit`` leaves the signal to Lightning (which installs its handler only where none is set)."""
+    import tgo.train
+
+    real = tgo.train.instantiate
+
+    def instantiate_then_signal(config, *args, **kwargs):
+        made = real(config, *args, **kwargs)
+        if "datamodule" in str(config.get("_target_", "")).lower():
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the data is being prepared
+        return made
+
+    monkeypatch.setattr(tgo.train, "instantiate", instantiate_then_signal)
+    run_dir = tmp_path / "run"
+    with pytest.raises(tgo.train.RunStopped) as stopped:
+        run(compose_train(run_dir, FAST))
+    assert stopped.value.signum == signal.SIGTERM
+    line = str(stopped.value)
+    assert "\n" not in line and line.startswith("tgo.train: stopped by SIGTERM before training started: "), line
+    assert not RunDir(run_dir).checkpoints.exists() and recorded_epochs(run_dir) == []
+    assert not (run_dir / LOCK_NAME).exists(), "the lock is released on the way out"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the previous handler is back"
+
+
 @pytest.mark.slow
 def test_sigterm_during_training_ends_with_one_line_status_143_and_the_records_intact(tmp_path):
     """Issue 33: SIGTERM during training exited 0 with no message (Lightning's signal exit is a SystemExit that the

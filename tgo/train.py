@@ -26,7 +26,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from tgo.config import CONFIG_MODULE, validate_config
-from tgo.errors import ConfigError, UserInputError, find_error
+from tgo.errors import ConfigError, Stopped, UserInputError, find_error, stopped_by_sigterm
 from tgo.launch import check_accelerator, distributed_job, is_requeued_slurm_job, slurm_requeue_plugins
 from tgo.observatory.pipeline import NonFiniteActivationsError
 from tgo.observatory.settings import ObservationSettings
@@ -337,7 +337,42 @@ def _stopped_line(signum: int, trainer: L.Trainer, output_dir: Path) -> str:
 
 
 def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
-    """`run` after the run directory is checked and locked."""
+    """`run` after the run directory is checked and locked.
+
+    Until ``fit`` starts (the data scan, the model, the run directory's files), SIGTERM ends the run with one line
+    (`tgo.errors.stopped_by_sigterm`); inside ``fit`` Lightning's own handler takes over (it installs one only where
+    none is set, so ours is gone by then) and stops at the next batch with the records whole.
+    """
+    try:
+        with stopped_by_sigterm():
+            trainer, model, datamodule, ckpt_path = _prepare(cfg, output_dir)
+    except Stopped as stop:
+        epochs = recorded_epochs(output_dir) if output_dir.is_dir() else []
+        kept = f"the records of epochs {epochs} are intact" if epochs else "no epoch was recorded"
+        line = f"tgo.train: stopped by {stop.name} before training started: {kept}; nothing was trained"
+        raise RunStopped(stop.signum, line) from None
+    with distributed_job():  # a multirun's next job must not join this job's process group
+        # weights_only=True: Lightning's own load of the checkpoint never unpickles arbitrary objects either (TGO's
+        # checkpoints need nothing else; tgo.safe_load has already refused a file that would)
+        try:
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        except SystemExit as stop:
+            signum = _stopping_signal(trainer, stop)
+            if signum is None:
+                raise
+            raise RunStopped(signum, _stopped_line(signum, trainer, output_dir)) from stop
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if trainer.is_global_zero:
+        from lightning.pytorch.utilities import rank_zero_info
+
+        summary = ", ".join(f"{k}={metrics[k]:.4f}" for k in ("val/acc_top1", "val/acc_top5") if k in metrics)
+        rank_zero_info(f"[tgo] done: {summary}; results in {output_dir.resolve()}")
+    return metrics
+
+
+def _prepare(cfg: DictConfig, output_dir: Path) -> tuple[Any, Any, Any, str | None]:
+    """Everything before ``fit``: the start plan, the data (scanned, its analysis subset settled), the model, the
+    trainer, the resume's checks and the run directory's files. Returns (trainer, model, datamodule, ckpt_path)."""
     start = plan_start(cfg.get("ckpt_path"), RunDir(output_dir), requeued=is_requeued_slurm_job())
     ckpt_path = resolve_ckpt_path(start.checkpoint, output_dir)
     if start.start_over is None:
@@ -372,21 +407,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         rank_zero_info(f"[tgo] run directory: {output_dir.resolve()}")
         rank_zero_info(f"[tgo] analysis subset manifest: {manifest}")
         rank_zero_info(f"[tgo] TensorBoard: tensorboard --logdir {RunDir(output_dir).tensorboard.resolve()}")
-    with distributed_job():  # a multirun's next job must not join this job's process group
-        # weights_only=True: Lightning's own load of the checkpoint never unpickles arbitrary objects either (TGO's
-        # checkpoints need nothing else; tgo.safe_load has already refused a file that would)
-        try:
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
-        except SystemExit as stop:
-            signum = _stopping_signal(trainer, stop)
-            if signum is None:
-                raise
-            raise RunStopped(signum, _stopped_line(signum, trainer, output_dir)) from stop
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    if trainer.is_global_zero:
-        summary = ", ".join(f"{k}={metrics[k]:.4f}" for k in ("val/acc_top1", "val/acc_top5") if k in metrics)
-        rank_zero_info(f"[tgo] done: {summary}; results in {output_dir.resolve()}")
-    return metrics
+    return trainer, model, datamodule, ckpt_path
 
 
 def main() -> float | None:
