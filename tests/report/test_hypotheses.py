@@ -253,8 +253,8 @@ def _weight_predictions(view: str) -> Prediction:
 def test_weight_spectra_without_an_image_sampling_error_are_judged_and_their_contradictions_caught():
     """Issue 34, finding 1: in every seed of the default run the stable rank of weights_proj and weights_fc2 falls
     3-4x over training, against redundancy reduction's prediction. The weights have no jackknife error; their
-    smooth series leave the shape fit nothing to pool, so the training noise is bounded from above by the pooled
-    pseudo-residuals in relative units, and a threefold fall is judged beyond it."""
+    smooth series leave the shape fit nothing to pool, so the training noise is the pooled median pseudo-residual in
+    relative units, and a threefold fall is judged beyond it."""
     rng = np.random.default_rng(21)
     epochs = np.arange(0.0, 31.0, 5.0)
     blocks = [f"block_{b:02d}" for b in range(1, 13)]
@@ -275,7 +275,7 @@ def test_weight_spectra_without_an_image_sampling_error_are_judged_and_their_con
         assert {r.verdict for r in rows} == {expected}, [(r.point, r.verdict, r.note) for r in rows]
         for r in rows:
             u = r.trend.uncertainty
-            assert math.isnan(u.jackknife) and u.training_source == "pooled bound" and u.dof > 10
+            assert math.isnan(u.jackknife) and u.training_source == "pooled pseudo-residuals" and u.dof > 10
             assert abs(r.trend.z) > 5 and r.trend.relative_change < -0.6
 
 

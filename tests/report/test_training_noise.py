@@ -10,8 +10,8 @@ from scipy.optimize import isotonic_regression
 
 from tgo.report.training_noise import (
     MIN_OBSERVATIONS,
-    pooled_bound,
     pooled_dispersion,
+    pooled_pseudo_residuals,
     prefix_isotonic,
     pseudo_residuals,
     robust_scale,
@@ -126,26 +126,34 @@ def test_an_epoch_whose_jackknife_error_is_tiny_does_not_inflate_the_pooled_nois
     assert np.median(per_observation) > 5 * np.median(estimates)
 
 
-def test_the_pooled_bound_of_smooth_series_is_their_root_mean_square_pseudo_residual_and_lies_above_the_noise():
-    """Smooth series without a jackknife error (a weight matrix's stable rank falling threefold over 7 observations)
-    leave the shape fit nothing to pool; the bound counts the bend as noise, so it lies above the true noise (0.5% of
-    the level here). Independent reference: second differences of evenly spaced observations, by hand."""
+def test_smooth_series_without_a_jackknife_error_are_judged_by_their_pooled_median_pseudo_residual():
+    """Smooth series without a jackknife error (a weight matrix's stable rank falling threefold over 7 observations,
+    most of it by the second observation) leave the shape fit nothing to pool. Known truth: noise of 1% of the level.
+    The median absolute pseudo-residual, pooled in relative units, stays near it (the first epochs' bend is a
+    minority of the pseudo-residuals; where it reaches the median the estimate is too large, never too small), where
+    their root mean square is mostly the bend. Independent reference: second
+    differences of evenly spaced observations, by hand."""
     rng = np.random.default_rng(12)
     t = np.arange(0.0, 31.0, 5.0)
-    series, by_hand = [], []
-    for _ in range(12):
-        level = rng.uniform(5, 30)
-        v = level * (0.3 + 0.7 * np.exp(-t / 10)) * (1 + 0.005 * rng.standard_normal(7))
-        unit = float(np.median(np.abs(v)))
-        series.append((t, v, unit))
-        by_hand.append(((v[1:-1] - (v[:-2] + v[2:]) / 2) / math.sqrt(1.5)) / unit)
-    assert not pooled_dispersion([(t, v, np.full(7, u)) for t, v, u in series]).estimated
-    bound = pooled_bound(series)
-    e = np.concatenate(by_hand)
-    assert bound.sigma == pytest.approx(math.sqrt(np.mean(e**2)), rel=1e-12)
-    assert bound.dof == pytest.approx(60 * 18 / 35) and bound.source == "pooled bound"
-    assert bound.sigma > 0.005
-    assert not pooled_bound(series[:3]).estimated  # 15 pseudo-residuals: under 10 degrees of freedom
+    estimates, root_mean_squares = [], []
+    for _ in range(40):
+        series, by_hand = [], []
+        for _ in range(12):
+            level = rng.uniform(5, 30)
+            v = level * (0.3 + 0.7 * np.exp(-t / 2.5)) * (1 + 0.01 * rng.standard_normal(7))
+            unit = float(np.median(np.abs(v)))
+            series.append((t, v, unit))
+            by_hand.append(((v[1:-1] - (v[:-2] + v[2:]) / 2) / math.sqrt(1.5)) / unit)
+        noise = pooled_pseudo_residuals(series)
+        e = np.concatenate(by_hand)
+        assert noise.sigma == pytest.approx(float(np.median(np.abs(e))) / 0.6744897501960817, rel=1e-12)
+        assert noise.dof == pytest.approx(60 * (18 / 35) / 2.7218, rel=1e-3)
+        assert noise.source == "pooled pseudo-residuals"
+        estimates.append(noise.sigma)  # the late observations, where the noise is measured, are about the median
+        root_mean_squares.append(math.sqrt(float(np.mean(e**2))))
+    assert 0.008 < np.median(estimates) < 0.04  # the noise, or above it where the bend reaches the median
+    assert np.median(root_mean_squares) > 3 * np.median(estimates)
+    assert not pooled_pseudo_residuals(series[:3]).estimated  # 15 pseudo-residuals: under 10 degrees of freedom
 
 
 def test_too_few_pooled_degrees_of_freedom_give_no_estimate():

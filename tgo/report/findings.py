@@ -70,7 +70,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tgo.report.training_noise import MIN_OWN_DOF, pooled_bound, pooled_dispersion, series_unit
+from tgo.report.training_noise import MIN_OWN_DOF, pooled_dispersion, pooled_pseudo_residuals, series_unit
 from tgo.report.verdicts import (
     DEFAULT_SETTINGS,
     Measured,
@@ -821,9 +821,10 @@ def with_pooled_noise(per_point: Mapping[str, Measured]) -> dict[str, Measured]:
         noise = pooled_dispersion([(m.epochs, m.values, np.full(m.n, units[p])) for p, m in bare.items()])
         basis = "relative"
         if not noise.estimated:
-            noise, basis = pooled_bound([(m.epochs, m.values, units[p]) for p, m in bare.items()]), "relative bound"
+            noise = pooled_pseudo_residuals([(m.epochs, m.values, units[p]) for p, m in bare.items()])
+            basis = "relative pseudo"
         for p, m in bare.items():
-            if noise.estimated and not (m.noise.estimated and basis == "relative bound" and m.noise.dof >= noise.dof):
+            if noise.estimated and not (m.noise.estimated and basis == "relative pseudo" and m.noise.dof >= noise.dof):
                 out[p] = replace(m, noise=noise.scaled(units[p], basis))
     return out
 

@@ -31,8 +31,8 @@ measures the rates with it.
 
 **Series without a jackknife error** (weight spectra, network-level values) are pooled the same way in relative
 units (``u_p`` their median ``|value|``, by `tgo.report.findings.with_pooled_noise`); where the fit interpolates every
-one of them (smooth curves), `pooled_bound` bounds the noise from above by their pooled root-mean-square
-pseudo-residual, which counts the curves' bends as noise.
+one of them (smooth curves), `pooled_pseudo_residuals` estimates it from their pooled median absolute
+pseudo-residual, which a curve's bend at a minority of its observations does not move.
 
 **A long series, or one without standard errors** (the published data), is judged by its own pseudo-residuals
 (`series_noise`): for three consecutive observations, the middle one minus the straight line through its neighbours
@@ -68,8 +68,8 @@ __all__ = [
     "MIN_POOLED_DOF",
     "ShapeFit",
     "TrainingNoise",
-    "pooled_bound",
     "pooled_dispersion",
+    "pooled_pseudo_residuals",
     "prefix_isotonic",
     "pseudo_residuals",
     "robust_scale",
@@ -128,12 +128,12 @@ class TrainingNoise:
     @property
     def source(self) -> str:
         """``pooled`` (over the points of an observable, in units of their jackknife errors), ``pooled relative``
-        (in units of their level: series without a jackknife error), ``pooled bound`` (the same, from
-        pseudo-residuals that count the curves' bends as noise: an upper bound) or ``series`` (its own
+        (in units of their level: series without a jackknife error), ``pooled pseudo-residuals`` (the same, from
+        the median pseudo-residual of smooth series) or ``series`` (its own
         pseudo-residuals)."""
         if not self.relative:
             return "series"
-        return {"relative": "pooled relative", "relative bound": "pooled bound"}.get(self.basis, "pooled")
+        return {"relative": "pooled relative", "relative pseudo": "pooled pseudo-residuals"}.get(self.basis, "pooled")
 
 
 def pseudo_residuals(epochs: ArrayLike, values: ArrayLike) -> np.ndarray:
@@ -316,34 +316,34 @@ def pooled_dispersion(series: Sequence[tuple[ArrayLike, ArrayLike, ArrayLike]]) 
     return TrainingNoise(math.sqrt(total / dof), dof, True, used)
 
 
-def pooled_bound(series: Sequence[tuple[ArrayLike, ArrayLike, float]]) -> TrainingNoise:
-    """An upper bound on the training noise of smooth series without a jackknife error, pooled in their units.
+def pooled_pseudo_residuals(series: Sequence[tuple[ArrayLike, ArrayLike, float]]) -> TrainingNoise:
+    """The training noise of smooth series without a jackknife error, from their pseudo-residuals pooled in units.
 
-    Where every series of an observable follows a unimodal curve exactly (`pooled_dispersion` has nothing to pool:
-    a weight spectrum's stable rank falling smoothly over 7 observations), the noise is not zero but smaller than
-    what the observations leave room for. The pseudo-residuals (`pseudo_residuals`) say how much: around a curve
-    they are the noise plus the curve's bend, so their root mean square, pooled over the series in units ``u_p``
-    (``sigma^2 = sum_p sum_i (e_pi / u_p)^2 / sum_p N_p``), bounds the noise from above. A move judged beyond it
-    is beyond the noise; one that is not stays inconclusive. Degrees of freedom ``N (18 / 35)`` (Gasser, Sroka and
-    Jennen-Steinmetz 1986: neighbouring pseudo-residuals share observations); fewer than `MIN_POOLED_DOF`: none.
+    Where every series of a metric follows a unimodal curve exactly (`pooled_dispersion` has nothing to pool: a
+    weight spectrum's stable rank falling smoothly over 7 observations), the pseudo-residuals (`pseudo_residuals`)
+    still measure the epoch-to-epoch noise wherever a curve is nearly straight over three observations, and the
+    curve's bend where it is not. A learning curve bends in its first observations and is nearly straight after,
+    so the **median** of their absolute values, pooled over the series in units ``u_p``, estimates the noise and
+    not the bend (`robust_scale`, as for a long series' own noise; the root mean square of the weights of the
+    default run is 2-10 times the median, all of it the first two epochs' bend). A curve that bends at most of its
+    observations makes the estimate too large, never too small. Degrees of freedom ``N (18 / 35) / 2.72`` for ``N``
+    pooled pseudo-residuals; fewer than `MIN_POOLED_DOF`: none (12 blocks observed 7 times give 11.3).
 
     Args:
         series: ``(epochs, values, unit)`` per series, finite, epochs ascending; ``unit`` > 0 (its median
             ``|value|`` for relative units, 1 for a series of logs).
 
     Returns:
-        A relative `TrainingNoise` with basis ``relative bound`` (``sigma`` in units of ``u``).
+        A relative `TrainingNoise` with basis ``relative pseudo`` (``sigma`` in units of ``u``).
     """
-    total, count, used = 0.0, 0, 0
+    pooled, used = [], 0
     for epochs, values, unit in series:
         v = np.asarray(values, dtype=np.float64).ravel()
         if v.size < 3 or not np.all(np.isfinite(v)) or not (math.isfinite(unit) and unit > 0):
             continue
-        e = pseudo_residuals(epochs, v) / unit
-        total += float(np.sum(e * e))
-        count += e.size
+        pooled.append(pseudo_residuals(epochs, v) / unit)
         used += 1
-    dof = count * _NEIGHBOUR_SHARE
-    if dof < MIN_POOLED_DOF or count == 0:
-        return TrainingNoise(math.nan, dof, True, used, basis="relative bound")
-    return TrainingNoise(math.sqrt(total / count), dof, True, used, basis="relative bound")
+    sigma, dof = robust_scale(np.concatenate(pooled) if pooled else np.zeros(0))
+    if dof < MIN_POOLED_DOF:
+        return TrainingNoise(math.nan, dof, True, used, basis="relative pseudo")
+    return TrainingNoise(sigma, dof, True, used, basis="relative pseudo")
