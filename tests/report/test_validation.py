@@ -103,7 +103,7 @@ def test_series_without_a_jackknife_error_are_judged_on_their_pooled_relative_no
     """Weight spectra and other network-level values (issue 34, finding 1): the series carry no standard error and
     are judged on training noise pooled over the points in relative units (balanced regime: the image-sampling
     term becomes more training noise). Flat: at most 5% directional; a 10 se move found in at least 95%; a reversal
-    found at 31 observations (at 7 the windows are single observations and it is seldom estimated: 28%)."""
+    found at 31 observations (at 7 the windows are single observations and it is seldom estimated: 26%)."""
     r = rates(shape, n, REGIMES[1], trials=TRIALS, jackknife=False)
     if shape is FLAT:
         assert r["directional"] <= 0.05, r
