@@ -551,13 +551,40 @@ def score(runs: Sequence[RunRows], development: Sequence[int] = ()) -> Result:
                 truths[id_] = truth_of(row, runs)
             truth = truths[id_]
             names = ["all", row.table, f"{row.table}: {row.kind}"]
+            if not _has_jackknife(row, run):
+                names.append(f"{row.table}: no jackknife error")
             if development:
                 names.append("development seeds" if run.seed in development else "held-out seeds")
             for name in names:
                 groups.setdefault(name, Scored()).add(row.verdict, truth)
             per_seed.setdefault(run.seed, Scored()).add(row.verdict, truth)
     counted = Counter(f"{t[0]}: {v.verdict}" for t, v in truths.items())
+    order = {name: i for i, name in enumerate(GROUP_ORDER)}
+    groups = dict(sorted(groups.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
     return Result([r.seed for r in runs], groups, counted, per_seed)
+
+
+GROUP_ORDER: tuple[str, ...] = (
+    "all",
+    "findings",
+    "findings: trend",
+    "findings: stable",
+    "findings: extreme",
+    "findings: no jackknife error",
+    "hypotheses",
+    "hypotheses: trend",
+    "hypotheses: no jackknife error",
+    "development seeds",
+    "held-out seeds",
+)
+"""The order of the printed groups (``no jackknife error``: rows of metrics recorded without one, the weights')."""
+
+
+def _has_jackknife(row: Row, run: RunRows) -> bool:
+    """Whether the row's series in this run carries jackknife errors (weight metrics do not)."""
+    _, metric, view, point, _ = row.key
+    s = run.series.get((view, metric), {}).get(point)
+    return s is not None and (s.leave_out is not None or bool(np.any(np.isfinite(s.stderr))))
 
 
 def _pct(part: int, whole: int) -> str:
@@ -568,13 +595,13 @@ def render(result: Result) -> str:
     """The printed table: rates per group, per seed, and the verdict-by-truth counts."""
     lines = [f"seeds: {', '.join(map(str, result.seeds))} (K = {len(result.seeds)})"]
     lines.append("rows per truth: " + ", ".join(f"{k} {v}" for k, v in sorted(result.truths.items())))
-    header = f"{'group':<28} {'rows':>6} {'unamb.':>7} {'right':>18} {'wrong':>6} {'inconcl.':>8} {'n/a':>5}"
+    header = f"{'group':<32} {'rows':>6} {'unamb.':>7} {'right':>18} {'wrong':>6} {'inconcl.':>8} {'n/a':>5}"
     header += f" {'grave':>5} {'contradictions caught':>22} {'false rev.':>10}"
     lines += ["", header, "-" * len(header)]
 
     def line(name: str, s: Scored) -> str:
         return (
-            f"{name:<28} {s.rows:>6} {s.unambiguous:>7} {_pct(s.outcomes['right'], s.unambiguous):>18} "
+            f"{name:<32} {s.rows:>6} {s.unambiguous:>7} {_pct(s.outcomes['right'], s.unambiguous):>18} "
             f"{s.outcomes['wrong']:>6} {s.outcomes[INCONCLUSIVE]:>8} {s.outcomes[NA]:>5} {s.grave:>5} "
             f"{_pct(s.caught, s.contradictions):>22} {s.false_reversals:>10}"
         )
