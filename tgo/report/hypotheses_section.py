@@ -80,7 +80,8 @@ JUDGED_COLUMNS: tuple[str, ...] = (
 """The columns of a judged trend, shared by ``findings.csv`` and ``hypotheses.csv`` (same meaning in both): the
 window means ``first``/``last`` and ``change = last - first`` (a log ratio where ``scale`` is ``log``); its paired
 jackknife standard error (``jackknife_paired`` false: unpaired, from records without replicates), its training-noise
-standard error (``training_source`` pooled / series / seeds; empty: not estimated) and their combination
+standard error (``training_source`` pooled / pooled relative / pooled pseudo-residuals / series / seeds, or a sweep's
+seeds+...; empty: not estimated) and their combination
 ``uncertainty = sqrt(jackknife_se^2 + training_se^2)`` with ``uncertainty_source`` the larger term; ``dof`` the
 Welch-Satterthwaite degrees of freedom and ``threshold`` the Student-t widened size a move must exceed;
 ``z = change / uncertainty``; ``p`` the two-sided p-value of the row's evidence and ``q`` its Benjamini-Hochberg
