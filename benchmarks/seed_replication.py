@@ -532,6 +532,7 @@ class Result:
     groups: dict[str, Scored]
     truths: Counter
     per_seed: dict[int, Scored]
+    row_truths: dict[tuple[str, tuple[str, ...], str], Truth] = field(default_factory=dict)
 
 
 def score(runs: Sequence[RunRows], development: Sequence[int] = ()) -> Result:
@@ -561,7 +562,7 @@ def score(runs: Sequence[RunRows], development: Sequence[int] = ()) -> Result:
     counted = Counter(f"{t[0]}: {v.verdict}" for t, v in truths.items())
     order = {name: i for i, name in enumerate(GROUP_ORDER)}
     groups = dict(sorted(groups.items(), key=lambda item: (order.get(item[0], len(order)), item[0])))
-    return Result([r.seed for r in runs], groups, counted, per_seed)
+    return Result([r.seed for r in runs], groups, counted, per_seed, truths)
 
 
 GROUP_ORDER: tuple[str, ...] = (
@@ -722,7 +723,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "truths": dict(result.truths),
             "groups": {name: s.as_dict() for name, s in result.groups.items()},
             "per_seed": {str(seed): s.as_dict() for seed, s in result.per_seed.items()},
-            "rows": [asdict(row) | {"seed": run.seed} for run in runs for row in run.rows],
+            "rows": [
+                asdict(row) | {"seed": run.seed, "truth": asdict(result.row_truths[(row.table, row.key, row.kind)])}
+                for run in runs
+                for row in run.rows
+            ],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1, default=str))

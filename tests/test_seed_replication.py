@@ -203,6 +203,7 @@ def test_smoke_mode_trains_scores_and_reuses_its_runs(tmp_path: Path) -> None:
     per_seed = [sum(1 for r in result["rows"] if r["seed"] == s) for s in sr.SMOKE_SEEDS]
     assert len(set(per_seed)) == 1, per_seed  # every run judged the same rows
     assert {r["table"] for r in result["rows"]} == {"findings", "hypotheses"}
+    assert all(r["truth"]["verdict"] in sr.TRUTHS and r["truth"]["seeds"] == 3 for r in result["rows"])
     assert "contradictions caught" in first.stdout
 
     again = launch("--score-only", "--json", str(tmp_path / "again.json"))  # no training: the finished runs
