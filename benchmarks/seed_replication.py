@@ -20,8 +20,9 @@ windows (`tgo.report.verdicts.window_width`: single observations below 10 observ
 * the seed t-statistic of ``x_1 .. x_K`` is ``mean / (sd / sqrt K)``.
 
 Trend rows (expected ``rises`` / ``falls``): truth is ``holds then reverses`` when every seed rose from its first
-observation to its peak window and fell back from it to the last window, both moves exceeding, with seed
-t-statistics above `SEED_T` (5) for both (only for findings rows: predictions are read first to last); else
+observation to the peak window and fell back from it to the last window, both moves exceeding, with seed
+t-statistics above `SEED_T` (5) for both (only for findings rows: predictions are read first to last; each seed's
+peak window is the best of the *other* seeds' mean, cross-fitted, see `trend_truth`); else
 ``holds`` when every seed's ``d_s`` exceeds and its t-statistic exceeds 5, ``does not hold`` when every ``-d_s``
 does and ``t < -5``; otherwise the row is *ambiguous* and not scored. A ``holds`` truth also records how many seeds
 dip after their peak by more than 2 standard errors (``dips``), to show what a false reversal rests on.
