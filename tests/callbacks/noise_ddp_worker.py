@@ -78,4 +78,7 @@ def ddp_fit(rank: int, world: int, port: int, out: str) -> None:
         weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
         saved = {"weights": weights, "norms": norms, "small": steps.small, "big": steps.big, "inv": steps.inv}
         torch.save(saved, Path(out) / f"{int(hooked)}_{rank}.pt")
+    # Both ranks leave together: a rank tearing gloo down while its peer is still in a collective can abort the peer
+    # ("terminate called without an active exception", SIGABRT; seen once in a full `make test`).
+    dist.barrier()
     dist.destroy_process_group()
