@@ -282,12 +282,7 @@ def stable_truth(series: Sequence[Seeded], tolerance: float) -> Truth:
         inside_all.append(distance)
         inside += exceeds(distance, se, 1.0)
         outside += exceeds(-distance, se, 1.0)
-    t = seed_t(inside_all)
-    if inside == k and t > SEED_T:
-        return Truth(HOLDS, t, k, 0, k)
-    if outside == k and t < -SEED_T:
-        return Truth(FAILS, t, k, 0, k)
-    return Truth(AMBIGUOUS, t, inside, 0, k)
+    return _agreed_truth(seed_t(inside_all), inside, outside, k)
 
 
 def extreme_truth(per_seed: Sequence[Mapping[str, Seeded]], target: str, sign: float) -> Truth:
@@ -333,12 +328,17 @@ def extreme_truth(per_seed: Sequence[Mapping[str, Seeded]], target: str, sign: f
         margins.append(margin)
         ahead += exceeds(margin, se, base, t_s.scale)
         behind += exceeds(-margin, se, base, t_s.scale)
-    t = seed_t(margins)
-    if ahead == k and t > SEED_T:
+    return _agreed_truth(seed_t(margins), ahead, behind, k)
+
+
+def _agreed_truth(t: float, agree: int, disagree: int, k: int) -> Truth:
+    """Holds when all ``k`` seeds agree beyond their errors and the seed t-statistic exceeds `SEED_T`; fails when all
+    disagree and it is below ``-SEED_T``; otherwise ambiguous (the seeds do not settle the row)."""
+    if agree == k and t > SEED_T:
         return Truth(HOLDS, t, k, 0, k)
-    if behind == k and t < -SEED_T:
+    if disagree == k and t < -SEED_T:
         return Truth(FAILS, t, k, 0, k)
-    return Truth(AMBIGUOUS, t, ahead, 0, k)
+    return Truth(AMBIGUOUS, t, agree, 0, k)
 
 
 # ------------------------------------------------------------------------------------------------------------- rows
