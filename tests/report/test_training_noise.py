@@ -203,3 +203,64 @@ def test_a_short_series_gives_no_estimate_of_its_own():
     assert not series_noise(np.arange(7.0), np.arange(7.0)).estimated  # 5 pseudo-residuals: less than one dof
     long = series_noise(np.arange(30.0), np.random.default_rng(4).standard_normal(30))
     assert long.estimated and long.source == "series" and long.dof == pytest.approx(28 * (18 / 35) / 2.7218, rel=1e-3)
+
+
+def test_trigamma_inverse_solves_trigamma_as_a_root_finder_does():
+    """Smyth's Newton iteration for the prior's degrees of freedom against scipy's bracketing root finder."""
+    from scipy.optimize import brentq
+    from scipy.special import polygamma
+
+    from tgo.report.training_noise import _trigamma_inverse
+
+    for x in (0.01, 0.3, 2.0, 50.0):
+        y = _trigamma_inverse(x)
+        reference = brentq(lambda t, x=x: float(polygamma(1, t)) - x, 1e-6, 1e6, xtol=1e-14, rtol=1e-14)
+        assert y == pytest.approx(reference, rel=1e-7), x
+
+
+def test_moderated_dispersions_shrink_each_series_toward_the_pool_as_smyths_formula_says():
+    """Points whose training noise differs fourfold, observed 31 times: each series' factor is Smyth's (2004)
+    posterior ``(d0 s0^2 + rss) / (d0 + nu)``, with ``d0`` and ``s0^2`` recomputed here from the series' own residual
+    sums by the moment equations (scipy's root finder, not the module's Newton step); quiet points come out below the
+    pooled factor and noisy ones above, each between its own factor and the prior."""
+    from scipy.optimize import brentq
+    from scipy.special import digamma, polygamma
+
+    from tgo.report.training_noise import _series_dispersion, moderated_dispersions, pooled_dispersion
+
+    rng = np.random.default_rng(7)
+    epochs = np.arange(31, dtype=float)
+    level = 10.0 * (1.0 - np.exp(-epochs / 6.0))
+    scales = np.repeat([0.5, 1.0, 2.0], 5)  # three noise levels, fourfold apart
+    series = [(epochs, level + scale * rng.standard_normal(31), np.full(31, 0.4)) for scale in scales]
+    pooled, each = moderated_dispersions(series)
+    assert pooled.sigma == pooled_dispersion(series).sigma
+
+    own = [_series_dispersion(v, j) for _, v, j in series]
+    s2 = np.array([rss / nu for rss, nu in own])
+    nus = np.array([nu for _, nu in own])
+    e = np.log(s2) - digamma(nus / 2) + np.log(nus / 2)
+    excess = float(np.var(e, ddof=1) - np.mean(polygamma(1, nus / 2)))
+    assert excess > 0, "the fourfold spread is beyond sampling"
+    d0 = 2 * brentq(lambda t: float(polygamma(1, t)) - excess, 1e-8, 1e8, xtol=1e-14, rtol=1e-14)
+    prior = float(np.exp(np.mean(e) + digamma(d0 / 2) - np.log(d0 / 2)))
+    for noise, (rss, nu), own_s2 in zip(each, own, s2, strict=True):
+        assert noise is not None and noise.estimated
+        assert noise.sigma == pytest.approx(np.sqrt((d0 * prior + rss) / (d0 + nu)), rel=1e-6)
+        assert min(own_s2, prior) <= noise.sigma**2 <= max(own_s2, prior)
+        assert noise.dof == pytest.approx(min(d0 + nu, pooled.dof))
+    quiet, noisy = [n.sigma for n in each[:5]], [n.sigma for n in each[-5:]]
+    assert max(quiet) < pooled.sigma < min(noisy)
+
+
+def test_short_series_keep_the_pooled_factor():
+    """With fewer residual degrees of freedom than `MIN_OWN_DOF` (7 observations) a series' own scale is not used."""
+    from tgo.report.training_noise import moderated_dispersions
+
+    rng = np.random.default_rng(8)
+    epochs = np.arange(7, dtype=float)
+    series = [
+        (epochs, np.log1p(epochs) + s * rng.standard_normal(7), np.full(7, 0.2)) for s in np.repeat([0.1, 0.8], 8)
+    ]
+    pooled, each = moderated_dispersions(series)
+    assert pooled.estimated and all(noise is pooled for noise in each)

@@ -12,8 +12,9 @@ Where the rule falls short of issue 19's targets, the test pins what it reaches 
   moves of 10 standard errors are found in 92-99% (target 95%);
 * a reversal with 11 observations (windows of 2, the peak among 6) is found in 87-96% (target 90%) when training noise
   differs fourfold between points, and in 98-100% when they share it (issue 34);
-* a plateau under a slow wander as large as the epoch noise, observed 31 times, reads *holds then reverses* in 6.7%
-  (issue 34's target: 5%).
+* (met since the per-series noise of issue 34, `moderated_dispersions`: a plateau under a slow wander as large as
+  the epoch noise, observed 31 times, read *holds then reverses* in 6.7% with one pooled factor; now 3.7%, held-out
+  seed 2.7%.)
 
 Seed 0 (the default) is the seed the rule was developed on; seed 1 was held out (docs/findings.md gives its rates).
 """
@@ -81,12 +82,11 @@ def _reversal_cells(shapes, lengths):
 def test_a_monotone_or_saturating_curve_reads_holds_then_reverses_in_at_most_5_percent(shape, n, regime):
     """Epoch-to-epoch wander makes dips; a reversal needs the training-noise term (never the jackknife alone), so at
     4 observations (training noise never estimated) none is called. The steady and two-phase rises never read
-    reversed (docs/findings.md). Short of the target: a plateau under a slow wander as large as the epoch noise,
-    observed 31 times (6.7%): the wander is a real dip of this run that its own noise estimate absorbs as shape."""
+    reversed (docs/findings.md). From 31 observations each series' noise is its own, shrunk toward the pool
+    (`tgo.report.training_noise.moderated_dispersions`): a plateau under strong wander read reversed in 6.7% with one
+    pooled factor for every point, 3.7% now."""
     r = rates(shape, n, regime, trials=TRIALS)
-    bound = 0.07 if (regime.name, shape, n) == ("strong wander", PLATEAU, 31) else 0.05
-    if n == 4:
-        bound = 0.0
+    bound = 0.0 if n == 4 else 0.05
     assert r["holds then reverses"] <= bound, r
 
 

@@ -70,7 +70,13 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
-from tgo.report.training_noise import MIN_OWN_DOF, pooled_dispersion, pooled_pseudo_residuals, series_unit
+from tgo.report.training_noise import (
+    MIN_OWN_DOF,
+    moderated_dispersions,
+    pooled_dispersion,
+    pooled_pseudo_residuals,
+    series_unit,
+)
 from tgo.report.verdicts import (
     DEFAULT_SETTINGS,
     Measured,
@@ -806,10 +812,10 @@ def with_pooled_noise(per_point: Mapping[str, Measured]) -> dict[str, Measured]:
     out = dict(per_point)
     complete = {p: m for p, m in per_point.items() if m.n and np.all(np.isfinite(m.stderr)) and np.all(m.stderr > 0)}
     if complete:
-        noise = pooled_dispersion([(m.epochs, m.values, m.stderr) for m in complete.values()])
-        for p, m in complete.items():
+        pool, each = moderated_dispersions([(m.epochs, m.values, m.stderr) for m in complete.values()])
+        for (p, m), noise in zip(complete.items(), each, strict=True):
             if not m.noise.dof >= MIN_OWN_DOF:
-                out[p] = replace(m, noise=noise.scaled(series_unit(m.stderr), "jackknife"))
+                out[p] = replace(m, noise=(noise or pool).scaled(series_unit(m.stderr), "jackknife"))
     bare = {
         p: m
         for p, m in per_point.items()
