@@ -11,7 +11,7 @@ Set-aside files go to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt`` sayi
 
 The step series (``geometry/steps/``, ``observation.early``) is keyed by the optimizer step, so its rule is the
 checkpoint's global step: an observation of a later step was made of weights the resumed run retrains, and is set
-aside the same way (`reconcile_step_records`).
+aside the same way (`records_after` lists both series).
 
 The geometry callback reconciles (`records_after`, `check_resume_records`, `set_aside_records_after`) where it learns
 the checkpoint, at the start of training, whatever the entry point: ``tgo.train`` and a user's own
@@ -358,34 +358,6 @@ def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | N
     newer = records_after(run, observed_in_state(state), epoch=epoch, step=step)
     check_resume_records(run, newer)
     return newer
-
-
-def reconcile_records(run: RunDir, checkpoint: str | Path) -> list[int]:
-    """Sets aside the records of every epoch that ``checkpoint`` does not list as observed; returns those epochs.
-
-    Such records were written after the checkpoint was saved (the kill came between the records and the next
-    checkpoint), so they describe weights the resumed run is about to retrain: that epoch is observed again. (The
-    callback does this at a resume, `set_aside_records_after`; this reads the same from the file.)
-    """
-    observed = observed_in_checkpoint(checkpoint)
-    if observed is None:
-        return []
-    epochs = records_after(run, observed, epoch=0, step=0).epochs
-    set_aside_records_after(run, checkpoint, NewerRecords(epochs, []), step=0)
-    return epochs
-
-
-def reconcile_step_records(run: RunDir, checkpoint: str | Path) -> list[int]:
-    """Sets aside the step series' records of steps after ``checkpoint``'s global step; returns those steps.
-
-    An observation at step ``s`` is of the weights after ``s`` optimizer steps; a checkpoint at global step ``g``
-    descends from every one with ``s <= g``, and the resumed run retrains the steps after ``g`` (and observes them
-    again when due).
-    """
-    step = int(_load_lazily(checkpoint).get("global_step", 0))
-    newer = records_after(run, (), epoch=0, step=step)
-    set_aside_records_after(run, checkpoint, NewerRecords([], newer.steps), step=step)
-    return newer.steps
 
 
 def remove_stale_temporaries(run: RunDir) -> list[Path]:

@@ -32,7 +32,7 @@ from tgo.errors import UserInputError
 from tgo.observatory import ObservationSettings
 from tgo.observatory.settings import EarlySettings, ObservationSettingsError
 from tgo.records import VIEWS, RecordWriter, RunDir, load_series, load_spectra, read_metric_rows, recorded_epochs
-from tgo.resume import reconcile_step_records
+from tgo.resume import NewerRecords, records_after, set_aside_records_after
 
 SETTINGS: dict[str, Any] = {"probes": {"enabled": False}, "groups": 4, "figures": {"heatmaps": False}}
 
@@ -240,7 +240,9 @@ def test_records_of_steps_after_the_checkpoint_are_set_aside(tmp_path, runs):
     run.step_series.metrics.write_bytes(source.metrics.read_bytes())
     checkpoint = tmp_path / "at_step_2.ckpt"
     torch.save({"global_step": 2, "callbacks": {}}, checkpoint)
-    assert reconcile_step_records(run, checkpoint) == [3, 6]
+    newer = records_after(run, (), epoch=0, step=2)  # what the callback sets aside at a resume from step 2
+    assert newer.steps == [3, 6]
+    set_aside_records_after(run, checkpoint, NewerRecords([], newer.steps), step=2)
     assert recorded_epochs(run.step_series) == [0, 1, 2]
     aside = next((run.root / "set_aside").iterdir())
     assert sorted(p.name for p in (aside / "geometry" / "steps" / "spectra").iterdir()) == [
