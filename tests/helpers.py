@@ -1,9 +1,11 @@
-"""Test-only callbacks (instantiated from the config tree with `+callbacks.<name>=...`)."""
+"""Test-only callbacks (instantiated from the config tree with `+callbacks.<name>=...`) and the quiet CPU trainer of
+the tests that fit a LightningModule directly."""
 
 from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import lightning as L
 
@@ -60,3 +62,18 @@ TINY_TIMM = [
     "model.arch.num_heads=2",
 ]
 """Overrides that make a timm ViT tiny enough for a test to observe in seconds (16 px, patch 4, depth 2, width 16)."""
+
+
+def quiet_cpu_trainer(root: Any, callbacks: list[L.Callback], **options: Any) -> L.Trainer:
+    """One quiet CPU epoch in ``root`` with ``callbacks`` (no logger, checkpoints, progress bar or model summary);
+    ``options`` override any Trainer argument (accumulation, batch limits, epochs)."""
+    settings: dict[str, Any] = dict(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        accelerator="cpu",
+    )
+    return L.Trainer(callbacks=callbacks, **{**settings, **options})

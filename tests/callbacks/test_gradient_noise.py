@@ -24,6 +24,7 @@ from callbacks.gradient_noise import NOISE_COLLECTOR, block_columns
 from callbacks.spectral_geometry import SpectralGeometryCallback
 from tests.callbacks.noise_ddp_worker import BATCH, BlockNet, ddp_fit, vector_data
 from tests.callbacks.noise_ddp_worker import train_data as _data
+from tests.helpers import quiet_cpu_trainer
 from tests.processes import free_port, tiny_vit
 from tgo.optimisation.noise_scale import noise_scale_estimate
 from tgo.records import read_metric_rows
@@ -94,17 +95,7 @@ def brute_steps(net0: torch.nn.Module, data: TensorDataset, micro: int, micro_pe
 
 def _trainer(root, geometry: SpectralGeometryCallback, **options) -> L.Trainer:
     """One quiet CPU epoch with the geometry callback (``options``: accumulation, batch limits)."""
-    return L.Trainer(
-        max_epochs=1,
-        callbacks=[geometry],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-        accelerator="cpu",
-        **options,
-    )
+    return quiet_cpu_trainer(root, [geometry], **options)
 
 
 def test_accumulation_norms_equal_brute_force_and_a_fit_records_the_noise_scale(tmp_path, caplog):

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
+from tests.helpers import quiet_cpu_trainer
 from tests.processes import free_port, tiny_vit
 from tgo.observatory.families import CURVATURE, NETWORK_VIEW, TrainingInfo
 from tgo.observatory.families.curvature import CURVATURE_METRICS, curvature_due, deal_tasks
@@ -325,7 +326,6 @@ def test_tgos_module_declares_its_label_smoothed_objective_and_the_record_measur
 
 def _fit_with_curvature(module: Any, root: Path) -> Any:
     """One SGD epoch of ``module`` with the geometry callback measuring curvature at epochs 0 and 1 (float64)."""
-    import lightning as L
     from torch.utils.data import DataLoader
 
     from callbacks.spectral_geometry import SpectralGeometryCallback
@@ -343,17 +343,7 @@ def _fit_with_curvature(module: Any, root: Path) -> Any:
         figures={"heatmaps": False},
         curvature={**curvature, "dtype": "float64"},
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        callbacks=[geometry],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-        accelerator="cpu",
-    )
-    trainer.fit(module, DataLoader(train, batch_size=2))
+    quiet_cpu_trainer(root, [geometry]).fit(module, DataLoader(train, batch_size=2))
     return geometry
 
 
