@@ -215,7 +215,7 @@ def callback_fit(sizes: Sizes, background: bool, work: Path) -> dict[str, Any]:
     from lightning.pytorch.loggers import TensorBoardLogger
     from torch.utils.data import DataLoader
 
-    from tgo.callbacks.figure_worker import FigureWorker
+    from tgo.callbacks.dashboard import TensorBoardDashboard
     from tgo.observatory import pipeline
 
     root = Path(tempfile.mkdtemp(prefix=f"fit_{'bg' if background else 'inline'}_", dir=work))
@@ -242,7 +242,7 @@ def callback_fit(sizes: Sizes, background: bool, work: Path) -> dict[str, Any]:
     phases = {
         "stream": (pipeline, "stream_activations"),
         "reduce": (pipeline, "reduce_accumulators"),
-        "figure_submit": (FigureWorker, "submit"),  # the hand-off, which waits while 2 observations' figures are
+        "figure_submit": (TensorBoardDashboard, "submit_figures"),  # the hand-off: waits while 2 are in flight
     }
     with h.timed_calls(phases) as split:
         trainer.fit(module, DataLoader(train, batch_size=sizes.train_batch, shuffle=False))

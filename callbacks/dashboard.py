@@ -47,7 +47,7 @@ Every figure is drawn from the records just written (so a resumed run's figures 
 kind has its switch in ``observation.figures`` (`tgo.observatory.settings.FigureSettings`).
 
 Figures are rendered off the training thread: `TensorBoardDashboard.submit_figures` hands one observation's figures
-(`figure_job`) to a bounded background `tgo.callbacks.figure_worker.FigureWorker` (at most ``FIGURES_IN_FLIGHT``
+(`figure_job`) to a bounded background `tgo.callbacks.background.BackgroundLane` (at most ``FIGURES_IN_FLIGHT``
 observations queued or rendering; a further one waits), which draws them with matplotlib's object API and an Agg
 canvas and writes them through the same TensorBoard writer, then ``geometry/figure_seconds`` (the job's own
 rendering time, pauses excluded). `TensorBoardDashboard.close_point_runs` and `TensorBoardDashboard.drain_figures`
@@ -80,7 +80,7 @@ from tgo.observatory.settings import FigureSettings
 from tgo.records import DEFAULT_VIEW, load_spectra, read_metric_rows
 from tgo.spectral import CATALOGUE
 
-from .figure_worker import FigureWorker
+from .background import BackgroundLane
 from .tensorboard_runs import PointRuns, point_run_names
 
 __all__ = [
@@ -554,7 +554,7 @@ class TensorBoardDashboard:
         self.points = list(points)
         self.story = story
         self._point_runs: PointRuns | None = None
-        self._figures: FigureWorker | None = None
+        self._figures: BackgroundLane | None = None
 
     def write_scalars(self, results: Results, epoch: int, *, prefix: str = "") -> None:
         """Writes one observation's `point_scalars` into the per-point runs at step ``epoch`` (and flushes them);
@@ -577,7 +577,7 @@ class TensorBoardDashboard:
     ) -> None:
         """Hands one observation's `figure_job` to the background worker (waits while ``FIGURES_IN_FLIGHT`` are)."""
         if self._figures is None:
-            self._figures = FigureWorker(FIGURES_IN_FLIGHT, name="tgo-geometry-figures")
+            self._figures = BackgroundLane(FIGURES_IN_FLIGHT, name="tgo-geometry-figures")
         story = self.story
         slot = None if story is None else (lambda: story(Path(root), epoch))
         job = figure_job(writer, root, epoch, results, recorded, figures, story=slot)

@@ -35,7 +35,7 @@ figure is written before ``fit`` returns or re-raises.
 
 The training thread waits only for the stream and the reduction (`tgo.observatory.pipeline.reduce_observation`).
 With ``summary.background`` (the default) the summary and the records run on a background thread
-(`tgo.callbacks.summary_worker`), shared by the ranks with ``summary.share`` (each rank its points, one gather over a
+(`tgo.callbacks.background`), shared by the ranks with ``summary.share`` (each rank its points, one gather over a
 gloo group this callback makes at setup). At most one summary is in flight: the next observation waits for it. Its
 scalars and figures are logged back on the training thread, at the first batch end after it finished (or the next
 observation, or the end of ``fit``); step = epoch, so they land where an inline summary would have put them. A
@@ -102,6 +102,7 @@ from tgo.resume import (
     set_aside_records_after,
 )
 
+from .background import BackgroundLane
 from .dashboard import (
     DEPTH_PROFILES,
     FIGURE_DRAIN_TIMEOUT_S,
@@ -116,7 +117,6 @@ from .dashboard import (
     tgo_story,
 )
 from .gradient_noise import NOISE_COLLECTOR, GradientNoiseCollector
-from .summary_worker import SummaryWorker
 
 __all__ = [
     "DEPTH_PROFILES",
@@ -196,7 +196,8 @@ class SpectralGeometryCallback(L.Callback):
         self.last_summary_seconds: float | None = None  # summary + records (in the background, or inline)
         self.last_logging_seconds: float | None = None  # logger scalars and handing the figures to the worker
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
-        self._summaries = SummaryWorker()  # the summary in flight (observation.summary.background)
+        # the summary in flight (observation.summary.background)
+        self._summaries = BackgroundLane(1, name="tgo-summary", collect=True)
         # Training-time collectors, by name: statistics gathered between observations (the optimisation families
         # read them through `TrainingInfo.collectors`).
         self.collectors: dict[str, Any] = {}
@@ -637,7 +638,9 @@ class SpectralGeometryCallback(L.Callback):
                 return summarize_and_record(reduced, share=share, eigvalsh=eigvalsh)
 
             if background:
-                pending = self._summaries.submit(epoch, trainer.global_step, job, series=series)
+                pending = self._summaries.submit(
+                    job, label=f"summary of {series} {key}", epoch=epoch, step=trainer.global_step, series=series
+                )
                 pending.held_seconds = time.perf_counter() - start
             else:
                 summary_start = time.perf_counter()

@@ -1,8 +1,11 @@
-"""The summary off the training path (issue 24, item 3): training waits for the stream and the reduction only.
+"""The background lane (`tgo.callbacks.background.BackgroundLane`) and the two kinds of work the callback runs on it.
 
 Specification:
 
-* `SummaryWorker` runs one summary at a time, hands its result or its exception back, and refuses a second;
+* the lane runs jobs in order, at most N in flight: a figure lane waits for room, pauses while held (between a
+  generator job's steps) without deadlocking, and warns about a failing job without stopping; a summary lane
+  (``collect``) runs one at a time, hands its result or its exception back, and refuses a second;
+* every figure is written before ``fit`` returns, and those of completed observations when training raises;
 * in a fit, ``geometry/blocking_seconds`` excludes the summary, and every observation's records are written before
   ``fit`` returns, identical to the records of the same fit with ``summary.background=false``;
 * when training raises, the summary in flight is still recorded before ``fit`` re-raises;
@@ -26,45 +29,145 @@ import timm
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, TensorDataset
 
 import tgo.callbacks.spectral_geometry as geometry_module
+from tests.conftest import compose_train
+from tests.helpers import SimulatedCrash
+from tgo import viz
 from tgo.callbacks import SpectralGeometryCallback
-from tgo.callbacks.summary_worker import SummaryWorker
+from tgo.callbacks.background import BackgroundLane
 from tgo.data import stratified_subset
 from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
 from tgo.resume import observed_in_checkpoint, set_aside_epochs
 from tgo.safe_load import load_weights_only
+from tgo.train import run
 
 SUMMARY_DELAY_S = 0.3
 FAST: dict[str, Any] = {"groups": 2, "probes": {"folds": 2}, "figures": {"heatmaps": False}, "every_n_epochs": 1}
 NO_STEPS: dict[str, list[int]] = {"observed_steps": [], "pending_steps": []}  # no step series (observation.early)
 
 
-# ----------------------------------------------------------------------------------------------------- the worker
-def test_the_worker_runs_one_summary_at_a_time_and_hands_back_its_result_or_error():
-    worker = SummaryWorker()
+QUICK = [
+    "experiment=smoke",
+    "trainer.limit_train_batches=1",
+    "trainer.limit_val_batches=1",
+    "observation.figures.heatmaps=false",
+    "observation.figures.histograms=false",  # the kinds FIGURES checks stay on (the smoke experiment leaves the
+    "observation.every_n_epochs=1",  # story, profiles, bands and attention cards out)
+]
+FIGURES = ("spectra/00_patch_embed", "spectra/06_cls", "decay/all_points", "layer_epoch/effective_rank")
+"""A few of each kind of figure (one spectra card per point, one layer x epoch card per observable)."""
+
+
+def events(run_dir: Path) -> EventAccumulator:
+    return EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0, "scalars": 0}).Reload()
+
+
+@pytest.fixture
+def slow_rendering(monkeypatch):
+    """Rendering takes long enough that figures are still in flight when training ends, unless someone waits."""
+    render = viz.render_rgb
+
+    def slow(fig):
+        time.sleep(0.3)
+        return render(fig)
+
+    monkeypatch.setattr(viz, "render_rgb", slow)
+
+
+# ----------------------------------------------------------------------------------------------------- the lane
+def test_a_lane_runs_jobs_in_order_and_bounds_the_jobs_in_flight():
+    worker = BackgroundLane(2)
     gate = threading.Event()
-    pending = worker.submit(3, 30, lambda: (gate.wait(5), "results")[1])
-    assert worker.pending is pending and not worker.done
-    with pytest.raises(RuntimeError, match="epoch 3 is still pending"):
-        worker.submit(4, 40, lambda: None)
-    with pytest.raises(TimeoutError, match="epoch 3 is still running"):
-        worker.result(timeout=0.01)
-    assert worker.pending is pending, "a timeout keeps it pending"
+    done: list[int] = []
+
+    def job(i: int):
+        def run_job() -> None:
+            gate.wait(5)
+            done.append(i)
+
+        return run_job
+
+    worker.submit(job(0))
+    worker.submit(job(1))
+    assert worker.in_flight == 2
+    blocked = threading.Thread(target=worker.submit, args=(job(2),))
+    blocked.start()
+    blocked.join(0.2)
+    assert blocked.is_alive(), "a third job waits while two are in flight"
+    assert not worker.wait(timeout=0.05)
     gate.set()
-    got, value = worker.result()
+    blocked.join(5)
+    assert worker.close(timeout=5)
+    assert done == [0, 1, 2] and worker.completed == 3
+    worker.submit(job(3))  # a closed lane starts a new thread
+    assert worker.close(timeout=5) and done == [0, 1, 2, 3]
+
+
+def test_a_held_lane_pauses_between_steps_and_a_full_submit_does_not_deadlock():
+    worker = BackgroundLane(1)
+    started, steps = threading.Event(), []
+
+    def job():
+        started.set()
+        steps.append(1)
+        yield
+        steps.append(2)
+
+    with worker.held():
+        worker.submit(job)
+        time.sleep(0.2)
+        assert not started.is_set(), "no job starts while held"
+    assert worker.wait(timeout=5) and steps == [1, 2]
+    gate = threading.Event()
+    worker.submit(lambda: gate.wait(5))
+    with worker.held():
+        threading.Timer(0.2, gate.set).start()
+        assert worker.submit(job).waited > 0.1, "waited for room, the worker ran meanwhile"
+        time.sleep(0.2)
+        assert steps == [1, 2], "held again once the job is queued"
+    assert worker.close(timeout=5) and steps == [1, 2, 1, 2]
+
+
+def test_a_failing_job_warns_and_the_next_one_still_runs():
+    worker = BackgroundLane(2)
+    done: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("bad figure")
+
+    with pytest.warns(RuntimeWarning, match="bad figure"):
+        worker.submit(boom, label="boom")
+        worker.submit(lambda: done.append("ok"))
+        assert worker.close(timeout=5)
+    assert done == ["ok"] and [label for label, _ in worker.failures] == ["boom"]
+
+
+def test_a_collecting_lane_runs_one_summary_at_a_time_and_hands_back_its_result_or_error():
+    lane = BackgroundLane(1, collect=True)
+    gate = threading.Event()
+    pending = lane.submit(lambda: (gate.wait(5), "results")[1], epoch=3, step=30)
+    assert lane.pending is pending and not lane.done
+    with pytest.raises(RuntimeError, match="epoch 3 is still pending"):
+        lane.submit(lambda: None, epoch=4, step=40)
+    with pytest.raises(TimeoutError, match="epoch 3 is still running"):
+        lane.result(timeout=0.01)
+    assert lane.pending is pending, "a timeout keeps it pending"
+    gate.set()
+    got, value = lane.result()
     assert (got.epoch, got.step, value) == (3, 30, "results") and got.seconds is not None
-    assert worker.pending is None and worker.result() is None
+    assert lane.pending is None and lane.result() is None
 
     def boom() -> None:
         raise ValueError("eigensolver failed")
 
-    worker.submit(5, 50, boom)
+    lane.submit(boom, epoch=5, step=50)
     with pytest.raises(ValueError, match="eigensolver failed"):
-        worker.result()
-    assert worker.pending is None, "a failed summary is no longer pending"
-    worker.close()
+        lane.result()
+    assert lane.pending is None and not lane.failures, "a failed summary is handed back, no longer pending"
+    lane.close()
 
 
 # ----------------------------------------------------------------------------------------------------- in a fit
@@ -99,7 +202,7 @@ class _Classifier(L.LightningModule):
 class SummaryLog:
     """What the summaries of a fit did: ``epochs`` summarised, in order, and what let each background summary finish.
 
-    A background summary (one the `SummaryWorker` runs) does not finish until the training thread has done something
+    A background summary (one the summary lane runs) does not finish until the training thread has done something
     after handing it over: either it started the next training batch (``"training"``: training went on while the
     summary was in flight) or it began waiting for that summary (``"waited"``). ``released`` maps each epoch to the
     first of the two. The order of events on the training thread decides it, not a race of sleeps, so the
@@ -142,7 +245,7 @@ def slow_summary(monkeypatch) -> SummaryLog:
     (`SummaryLog`); inline summaries only sleep."""
     log = SummaryLog()
     real_summary = geometry_module.summarize_and_record
-    real_submit, real_result = SummaryWorker.submit, SummaryWorker.result
+    real_submit, real_result = BackgroundLane.submit, BackgroundLane.result
 
     def slow(reduced, **kwargs):
         log.wait_for_release(reduced.record.epoch)
@@ -151,9 +254,10 @@ def slow_summary(monkeypatch) -> SummaryLog:
         log.epochs.append(reduced.record.epoch)
         return results
 
-    def submit(worker, epoch, step, job, **kwargs):
-        log.handed_over(epoch)
-        return real_submit(worker, epoch, step, job, **kwargs)
+    def submit(worker, job, **kwargs):
+        if worker.collect:  # the summary lane (the figure lane is patched too)
+            log.handed_over(kwargs["epoch"])
+        return real_submit(worker, job, **kwargs)
 
     def result(worker, timeout=None):
         if worker.pending is not None:
@@ -161,8 +265,8 @@ def slow_summary(monkeypatch) -> SummaryLog:
         return real_result(worker, timeout)
 
     monkeypatch.setattr(geometry_module, "summarize_and_record", slow)
-    monkeypatch.setattr(SummaryWorker, "submit", submit)
-    monkeypatch.setattr(SummaryWorker, "result", result)
+    monkeypatch.setattr(BackgroundLane, "submit", submit)
+    monkeypatch.setattr(BackgroundLane, "result", result)
     monkeypatch.setattr(_Classifier, "on_train_batch_start", lambda module, batch, idx: log.event("training"))
     return log
 
@@ -281,3 +385,24 @@ def test_a_resume_whose_pending_epoch_was_recorded_lists_it_as_observed_in_its_o
     assert slow_summary.epochs == [4] and recorded_epochs(tmp_path) == [0, 2, 4]
     for path in (tmp_path / "ckpt").glob("*.ckpt"):
         assert 2 in observed_in_checkpoint(path), path.name
+
+
+# ----------------------------------------------------------------------------------------------------- figures in a fit
+def test_every_figure_is_written_before_fit_returns(tmp_path, slow_rendering):
+    run(compose_train(tmp_path, [*QUICK, "trainer.max_epochs=2"]))
+    ev = events(tmp_path)
+    for tag in FIGURES:
+        assert [e.step for e in ev.Images(tag)] == [0, 1, 2], tag
+    assert [e.step for e in ev.Scalars("geometry/blocking_seconds")] == [0, 1, 2]
+    assert threading.active_count() == 1 or not any(t.name == "tgo-geometry-figures" for t in threading.enumerate())
+
+
+def test_figures_of_completed_observations_are_flushed_when_training_raises(tmp_path, slow_rendering):
+    crash = ["+callbacks.crash._target_=tests.helpers.CrashAtEpochStart", "+callbacks.crash.epoch=2"]
+    with pytest.raises(SimulatedCrash):
+        run(compose_train(tmp_path, [*QUICK, "trainer.max_epochs=4", *crash]))
+    assert sorted({int(r["epoch"]) for r in read_metric_rows(tmp_path)}) == [0, 1, 2], "records intact"
+    ev = events(tmp_path)
+    for tag in FIGURES:
+        assert [e.step for e in ev.Images(tag)] == [0, 1, 2], tag
+    assert not any(t.name == "tgo-geometry-figures" for t in threading.enumerate())

@@ -1,0 +1,233 @@
+"""``BackgroundLane``: work of the training thread moved onto one background thread, at most N jobs in flight.
+
+The geometry callback runs two kinds of work off the training thread, both through this one class:
+
+* the **summary** of an observation (eigendecompositions, observables, the records; ``observation.summary.background``):
+  ``BackgroundLane(1, collect=True)``. Its outcome is handed back on the training thread (`result`), where the
+  callback logs the scalars (Lightning's loggers are not called from another thread) or re-raises its exception. A
+  summary is never dropped or swallowed: while one is uncollected, `submit` refuses a second (the callback first
+  collects the one before, which is where training waits when summaries are slower than the observation interval);
+  `pending` says which epoch and step are in flight, for the checkpoint that follows and for the flush at the end;
+* the **TensorBoard figures** of an observation (`tgo.callbacks.dashboard`): ``BackgroundLane(2)``. A figure must
+  never take training down: a job that raises is reported with a warning and kept in `failures`. `submit` blocks
+  while the lane is full (figures are never dropped, and a slow renderer cannot pile up memory). `held` pauses the
+  lane while the training thread does latency-critical work (the callback holds it during an observation):
+  rendering is pure-Python matplotlib and would otherwise contend for the GIL with the pass. A job that returns a
+  generator is paused between its steps (one figure each); a `submit` that waits for room lets the lane run
+  meanwhile, so holding never deadlocks.
+
+Jobs run in submission order on one daemon thread. `wait` drains (with a timeout) and `close` drains and stops the
+thread (a later `submit` starts a new one); the callback drains at ``on_fit_end``, ``on_exception`` and
+``teardown``, so a crash that kills the process loses at most the work in flight, never the records already on disk.
+Figure jobs must not touch pyplot (its global state is not thread-safe): `tgo.viz` renders with an Agg canvas.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BackgroundLane", "Task"]
+
+
+@dataclass
+class Task:
+    """One job of a lane.
+
+    Attributes:
+        future: Its outcome (the job's return value, or its exception).
+        epoch: The completed epochs of the observed weights.
+        step: The optimiser step of the observed weights.
+        series: Its record series (`tgo.records.SERIES`): ``epoch``, or ``step`` (``observation.early``).
+        label: What it is, for messages (``summary of epoch 5``).
+        submitted: ``time.perf_counter()`` at submission.
+        waited: Seconds `BackgroundLane.submit` blocked for room.
+        seconds: How long the job ran, once it finished.
+        held_seconds: How long the observation held the training thread before it handed the job over (the
+            caller's to set: the stream, the reduction and the hand-off).
+    """
+
+    future: Future[Any] = field(default_factory=Future)
+    epoch: int = 0
+    step: int = 0
+    series: str = "epoch"
+    label: str = ""
+    submitted: float = field(default_factory=time.perf_counter)
+    waited: float = 0.0
+    seconds: float | None = None
+    held_seconds: float = 0.0
+
+    @property
+    def key(self) -> int:
+        """The observation's key in its series: the epoch, or the step."""
+        return self.step if self.series == "step" else self.epoch
+
+
+class BackgroundLane:
+    """Runs jobs on one daemon thread in submission order, at most ``max_in_flight`` queued, running or (with
+    ``collect``) finished and not yet collected.
+
+    Args:
+        max_in_flight: The bound (>= 1).
+        name: The thread's name (shown in stack dumps and messages).
+        collect: ``True``: each outcome is handed back by `result` (an exception re-raised there) and a full lane
+            refuses `submit`; ``False``: an exception is warned about and kept in `failures`, a full lane makes
+            `submit` wait.
+    """
+
+    def __init__(self, max_in_flight: int = 1, *, name: str = "tgo-background", collect: bool = False) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self.name = name
+        self.collect = collect
+        self.failures: list[tuple[str, BaseException]] = []
+        self.completed = 0
+        self._cond = threading.Condition()
+        self._tasks: deque[Task] = deque()  # in flight: queued, running, or (collect) finished and uncollected
+        self._queue: deque[tuple[Task, Callable[[], Any]]] = deque()
+        self._open = threading.Event()  # cleared while `held`
+        self._open.set()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks queued, running or uncollected now."""
+        with self._cond:
+            return len(self._tasks)
+
+    @property
+    def pending(self) -> Task | None:
+        """The oldest task in flight, ``None`` when none is."""
+        with self._cond:
+            return self._tasks[0] if self._tasks else None
+
+    @property
+    def done(self) -> bool:
+        """Nothing in flight, or the oldest task has finished."""
+        pending = self.pending
+        return pending is None or pending.future.done()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Within the block the lane starts no job and no step of a generator job (the current step finishes)."""
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._open.set()
+
+    def submit(
+        self,
+        job: Callable[[], Any],
+        *,
+        label: str | None = None,
+        epoch: int = 0,
+        step: int = 0,
+        series: str = "epoch",
+    ) -> Task:
+        """Queues ``job`` (its result is kept; a generator's steps are run) and returns its `Task`, labelled
+        ``label`` (default ``job of <series> <key>``).
+
+        Raises:
+            RuntimeError: ``collect`` and the lane is full (collect with `result` first).
+        """
+        task = Task(epoch=epoch, step=step, series=series)
+        task.label = label or f"job of {series} {task.key}"
+        with self._cond:
+            if len(self._tasks) >= self.max_in_flight:
+                if self.collect:
+                    raise RuntimeError(f"{self.name}: the {self._tasks[0].label} is still pending")
+                held = not self._open.is_set()
+                self._open.set()  # waiting anyway: let the lane make room
+                self._cond.wait_for(lambda: len(self._tasks) < self.max_in_flight)
+                if held:
+                    self._open.clear()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+            task.waited = time.perf_counter() - task.submitted
+            self._tasks.append(task)
+            self._queue.append((task, job))
+            self._cond.notify_all()
+        return task
+
+    def result(self, timeout: float | None = None) -> tuple[Task, Any] | None:
+        """Waits for the oldest task and hands it over: ``(task, its result)``; ``None`` when nothing is in flight.
+        The job's exception is raised here (the task is then no longer in flight).
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first (still in flight).
+        """
+        task = self.pending
+        if task is None:
+            return None
+        try:
+            value = task.future.result(timeout)
+        except FutureTimeout as err:
+            raise TimeoutError(f"{self.name}: the {task.label} is still running") from err
+        finally:
+            if task.future.done():
+                self._forget(task)
+        return task, value
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until every submitted job has finished; ``False`` if ``timeout`` seconds passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and all(t.future.done() for t in self._tasks), timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Drains (`wait`) and stops the thread; ``False`` if jobs were still running. A later `submit` starts a
+        new thread."""
+        drained = self.wait(timeout)
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._cond.notify_all()
+        if thread is not None and drained:
+            thread.join(timeout)
+        return drained
+
+    def _forget(self, task: Task) -> None:
+        with self._cond:
+            if task in self._tasks:
+                self._tasks.remove(task)
+            self._cond.notify_all()
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._thread is not me)
+                if not self._queue:  # closed and drained
+                    return
+                task, job = self._queue.popleft()
+            start, error, value = time.perf_counter(), None, None
+            try:
+                self._open.wait()
+                value = job()
+                if isinstance(value, Iterator):
+                    for _ in value:
+                        self._open.wait()
+            except Exception as err:
+                error = err
+            task.seconds = time.perf_counter() - start
+            if error is None:
+                task.future.set_result(value)
+            else:
+                task.future.set_exception(error)
+                if not self.collect:  # a figure must never take training down
+                    self.failures.append((task.label, error))
+                    warnings.warn(f"{self.name}: {task.label} failed: {error!r}", RuntimeWarning, stacklevel=1)
+            with self._cond:
+                self.completed += 1
+                if not self.collect and task in self._tasks:
+                    self._tasks.remove(task)
+                self._cond.notify_all()
