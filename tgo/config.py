@@ -60,10 +60,6 @@ def _devices(value: Any) -> str | None:
     return _positive_int(value)
 
 
-def _int(value: Any) -> str | None:
-    return None if isinstance(value, int) and not isinstance(value, bool) else f"expected an integer, got {value!r}"
-
-
 def _seed(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32:
         return None
