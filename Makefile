@@ -41,12 +41,12 @@ bench: $(STAMP)
 # GPU acceptance (docs/benchmarks.md): train tgo1 briefly on a CUDA GPU, time the observation, check it is exact.
 # On a CPU: make gpu-check ARGS="--device cpu --tiny"
 gpu-check: $(STAMP)
-	$(PY) -m benchmarks.gpu_check $(ARGS)
+	$(PY) -m tools.gpu_check $(ARGS)
 
 # Fault-injection soak (docs/benchmarks.md; not part of `make test`): randomized kill -9 trials over the smoke
 # experiment, each resumed with ckpt_path=last until it finishes, then its records checked. E.g. ARGS="--trials 12".
 soak: $(STAMP)
-	$(PY) -m benchmarks.soak $(ARGS)
+	$(PY) -m tools.soak $(ARGS)
 
 # Seed replication (docs/benchmarks.md; not part of `make test`): K seeds of quickstart into bench_out/seeds (finished
 # runs reused), every single run's findings scored against the truth of all seeds. E.g. ARGS="--score-only".

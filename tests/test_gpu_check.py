@@ -1,4 +1,4 @@
-"""``python -m benchmarks.gpu_check --device cpu --tiny``: the GPU acceptance check's code path, on the CPU.
+"""``python -m tools.gpu_check --device cpu --tiny``: the GPU acceptance check's code path, on the CPU.
 
 The acceptance run itself needs a CUDA GPU (``make gpu-check``); what can rot without one is the script: it trains
 through ``tgo.train.run``, reloads the checkpoint the way ``tgo.observe`` does and reaches into the observation
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from tools import gpu_check
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600  # a hang fails the test instead of blocking the suite; the tiny run takes well under a minute
@@ -30,11 +30,11 @@ TIMEOUT_S = 600  # a hang fails the test instead of blocking the suite; the tiny
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """``python -m benchmarks.gpu_check --device cpu --tiny --out OUT`` once, in a fresh interpreter."""
+    """``python -m tools.gpu_check --device cpu --tiny --out OUT`` once, in a fresh interpreter."""
     out = tmp_path_factory.mktemp("gpu_check")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--tiny", "--out", str(out)],
+        [sys.executable, "-m", "tools.gpu_check", "--device", "cpu", "--tiny", "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""The fault-injection soak (``make soak``, ``benchmarks/soak.py``): its verdicts can fail, and a short soak passes.
+"""The fault-injection soak (``make soak``, ``tools/soak.py``): its verdicts can fail, and a short soak passes.
 
 The soak is only worth its minutes if its checker would notice a broken run, so the checker is fed hand-made run
 directories with a lost, a duplicated and an unscheduled epoch, a damaged file, a leftover ``.tmp`` and a last record
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks import soak
 from tests.conftest import NO_FIGURES
 from tgo.records import METRICS_COLUMNS, RunDir
+from tools import soak
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -243,7 +243,7 @@ def test_one_real_trial_survives_a_kill_before_the_first_checkpoint(tmp_path):
     for override in [*lighter, "observation.probes.enabled=false", *figures]:
         args += ["--override", override]
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.soak", *args],
+        [sys.executable, "-m", "tools.soak", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,

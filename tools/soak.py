@@ -1,4 +1,4 @@
-"""``python -m benchmarks.soak`` (``make soak``): randomized ``kill -9`` trials over the smoke experiment (issue 13).
+"""``python -m tools.soak`` (``make soak``): randomized ``kill -9`` trials over the smoke experiment (issue 13).
 
 The promise this checks: a training run killed at *any* moment, then launched again with ``ckpt_path=last``, finishes
 without a human, records every scheduled epoch exactly once, leaves no damaged file, and its last record describes
@@ -642,7 +642,7 @@ def table(trials: Sequence[Trial]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.soak",
+        prog="python -m tools.soak",
         description="Randomized kill -9 trials over the smoke experiment; resume with ckpt_path=last; check records.",
     )
     parser.add_argument("--trials", type=int, default=20, help="number of trials (default 20)")

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.gpu_check`` (``make gpu-check``): the GPU acceptance check of issue 14, one table.
+"""``python -m tools.gpu_check`` (``make gpu-check``): the GPU acceptance check of issue 14, one table.
 
 What it does, in order (see docs/benchmarks.md, "GPU acceptance"):
 
@@ -960,7 +960,7 @@ def exit_status(rows: Sequence[Row], strict: bool) -> int:
 # ---------------------------------------------------------------------------------------------------- CLI
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line (``None`` reads ``sys.argv``)."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tools.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument(
         "--device",
         default="cuda",
