@@ -142,7 +142,7 @@ WEIGHT_PROFILE_VIEWS = tuple(view for name, view in WEIGHT_VIEWS.items() if name
 
 def network_metrics() -> list[str]:
     """The charted catalogue metrics recorded on the `NETWORK_VIEW` (noise scale, curvature), catalogue order."""
-    return [o.name for o in CATALOGUE if o.scope == "probe" and NETWORK_VIEW in o.views and o.charted]
+    return [o.name for o in CATALOGUE if o.scope == "family" and NETWORK_VIEW in o.views and o.charted]
 
 
 """The covariance observables drawn against depth in TensorBoard (``1_depth_profile/<metric>``), one card each. The

@@ -327,7 +327,7 @@ def test_disabled_records_no_attention_and_the_catalogue_knows_every_metric(tmp_
     assert not attention_of(results)
     for name in ATTENTION_RECORDED:
         entry = CATALOGUE[name]
-        assert entry.scope == "probe" and entry.views == ("attention",), name
+        assert entry.scope == "family" and entry.views == ("attention",), name
     assert ATTENTION.observables == tuple(CATALOGUE[name] for name in ATTENTION_RECORDED)
 
 

@@ -74,7 +74,7 @@ def test_the_registry_adds_and_removes_the_catalogue_entries():
     assert registered_families()[0] is IMAGE_VECTORS
     family = register_family(MeanNormFamily())
     try:
-        assert "mean_token_norm" in CATALOGUE and CATALOGUE["mean_token_norm"].scope == "probe"
+        assert "mean_token_norm" in CATALOGUE and CATALOGUE["mean_token_norm"].scope == "family"
         with pytest.raises(ValueError, match="already registered"):
             register_family(MeanNormFamily())
     finally:

@@ -40,7 +40,7 @@ def test_the_phase_family_passes_the_family_tester(tmp_path):
     later = check.single[1][("block_02", "all")]  # the same weights again: no change at all
     assert later.observables["phase_code"] == PHASE_CODES["unresolved"]
     assert later.observables["rank_change_z"] == 0.0 and later.observables["alpha_change_z"] == 0.0
-    assert all(CATALOGUE[m].scope == "probe" for m in PHASE_METRICS)
+    assert all(CATALOGUE[m].scope == "family" for m in PHASE_METRICS)
 
 
 def _observe(model: torch.nn.Module, run, epoch: int, settings: ObservationSettings) -> None:

@@ -95,7 +95,7 @@ def test_it_is_registered_after_attention_with_its_catalogue_entries():
     names = [f.name for f in registered_families()]
     assert names.index("weights") == names.index("attention") + 1
     for metric in WEIGHT_METRICS:
-        assert CATALOGUE[metric].scope == "probe" and set(CATALOGUE[metric].views) == set(WEIGHT_VIEWS.values())
+        assert CATALOGUE[metric].scope == "family" and set(CATALOGUE[metric].views) == set(WEIGHT_VIEWS.values())
 
 
 def test_every_recorded_metric_equals_numpy_brute_force(tmp_path: Path):

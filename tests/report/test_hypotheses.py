@@ -53,7 +53,7 @@ def test_every_prediction_names_a_catalogue_metric_on_a_view_that_carries_it():
     assert PREDICTIONS, "no predictions declared"
     for p in PREDICTIONS:
         observable = CATALOGUE[p.metric]  # KeyError names the metric
-        if observable.scope == "probe":
+        if observable.scope == "family":
             assert p.view in observable.views, p  # a view of VIEWS, or a family's own (attention)
         else:
             assert p.view in VIEWS, p
@@ -94,7 +94,7 @@ def test_each_hypothesis_predicts_something_for_attention_and_they_differ():
     for a, b in [("token_diversification", "semantic_expansion"), ("semantic_expansion", "redundancy_reduction")]:
         assert not by_hypothesis[a] & by_hypothesis[b], "an attention prediction shared by two hypotheses"
     for p in table.values():
-        assert CATALOGUE[p.metric].scope == "probe" and "attention" in CATALOGUE[p.metric].views
+        assert CATALOGUE[p.metric].scope == "family" and "attention" in CATALOGUE[p.metric].views
 
 
 def test_attention_predictions_are_judged_by_the_verdict_rule():
@@ -132,7 +132,7 @@ def test_each_hypothesis_predicts_something_for_weight_spectra_and_two_disagree_
     ]
     for p in PREDICTIONS:
         if p.view.startswith("weights_") or p.view == "network":
-            assert CATALOGUE[p.metric].scope == "probe" and p.view in CATALOGUE[p.metric].views
+            assert CATALOGUE[p.metric].scope == "family" and p.view in CATALOGUE[p.metric].views
 
 
 def test_network_predictions_are_judged_at_the_last_point_only():

@@ -600,10 +600,6 @@ class ObservationSettings:
             return int(epoch) in keep
         return keep == "all" or (keep == "first_last" and (first or last))
 
-    def summary_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``tgo.spectral.summarize`` that come from these settings."""
-        return {} if self.fit_range is None else {"fit_range": self.fit_range}
-
 
 _SECTIONS: dict[str, type] = {
     "probes": ProbeSettings,

@@ -295,10 +295,6 @@ class HessianOperator:
         self.products += 1
         return total.cpu().numpy()
 
-    def flat_parameters(self) -> np.ndarray:
-        """The copy's trainable parameters as one float64 vector (the point where ``H`` is taken)."""
-        return torch.cat([p.detach().reshape(-1) for p in self.params]).to(torch.float64).cpu().numpy()
-
 
 # ----------------------------------------------------------------------------------------------------- Lanczos
 def _dot(a: np.ndarray, b: np.ndarray) -> float:

@@ -209,9 +209,9 @@ class Prediction:
         observable = CATALOGUE.get(self.metric)
         if observable is None:
             raise ValueError(f"{where}: {self.metric!r} is not in the observable catalogue")
-        if self.view not in VIEWS and not (observable.scope == "probe" and self.view in observable.views):
+        if self.view not in VIEWS and not (observable.scope == "family" and self.view in observable.views):
             raise ValueError(f"{where}: unknown view; known: {', '.join(VIEWS)} and the views of probe metrics")
-        if observable.scope == "probe" and self.view not in observable.views:
+        if observable.scope == "family" and self.view not in observable.views:
             raise ValueError(f"{where}: the probe {self.metric} is recorded on {', '.join(observable.views)} only")
         if self.points not in POINT_SELECTORS:
             raise ValueError(f"{where}: unknown point selector {self.points!r}")

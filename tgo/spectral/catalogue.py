@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -40,7 +40,7 @@ __all__ = [
 
 Spread = Literal["rises", "falls"]
 Kind = Literal["geometry", "diagnostic"]
-Scope = Literal["covariance", "probe"]
+Scope = Literal["covariance", "family"]
 
 
 @dataclass(frozen=True)
@@ -101,9 +101,9 @@ class Observable:
             not read moves between such values as results.
         doc: Where the formula and its conventions are explained.
         scope: ``covariance``: computed from one covariance, so every view of every point has it;
-            ``probe``: a hypothesis-probe metric computed by ``tgo.observatory.views`` from several views or the
-            per-image vectors, recorded only on ``views``.
-        views: For ``probe`` entries, the views that carry it.
+            ``family``: a metric its measurement family (`tgo.observatory.families`) computes and records only on
+            ``views``; the family declares it and its registration adds it here.
+        views: For ``family`` entries, the views that carry it.
         scale: How verdicts compare its values: ``linear`` (differences), or ``log`` for positive ratio-type
             quantities that move by decades (NC1, the Fisher ratio): their changes are judged as log ratios.
         stderr: What its recorded standard error is: ``jackknife`` (delete-a-group over the analysis images, its
@@ -135,12 +135,12 @@ class Observable:
             raise ValueError(f"Observable {self.name}: kind must be 'geometry' or 'diagnostic'; got {self.kind!r}")
         if not self.noise_floor >= 0:
             raise ValueError(f"Observable {self.name}: noise_floor must be >= 0; got {self.noise_floor!r}")
-        if self.scope not in ("covariance", "probe"):
-            raise ValueError(f"Observable {self.name}: scope must be 'covariance' or 'probe'; got {self.scope!r}")
+        if self.scope not in ("covariance", "family"):
+            raise ValueError(f"Observable {self.name}: scope must be 'covariance' or 'family'; got {self.scope!r}")
         if self.scale not in ("linear", "log"):
             raise ValueError(f"Observable {self.name}: scale must be 'linear' or 'log'; got {self.scale!r}")
-        if self.scope == "probe" and not self.views:
-            raise ValueError(f"Observable {self.name}: a probe observable must name the views that carry it")
+        if self.scope == "family" and not self.views:
+            raise ValueError(f"Observable {self.name}: a family's observable must name the views that carry it")
 
     def below_noise_floor(self, *values: float) -> bool:
         """Whether every given value is (in magnitude) below the noise floor, i.e. indistinguishable from zero."""
@@ -211,13 +211,13 @@ class Catalogue:
         return tuple(o.name for o in self._entries.values() if o.charted and o.scope == "covariance")
 
     @property
-    def probes(self) -> tuple[Observable, ...]:
-        """The hypothesis-probe entries (scope ``probe``), in record order."""
-        return tuple(o for o in self._entries.values() if o.scope == "probe")
+    def family_entries(self) -> tuple[Observable, ...]:
+        """The measurement families' entries (scope ``family``), in record order."""
+        return tuple(o for o in self._entries.values() if o.scope == "family")
 
     def charted_on(self, view: str) -> tuple[str, ...]:
-        """Every charted name recorded on ``view``: the charted covariance observables plus its charted probes."""
-        return self.charted + tuple(o.name for o in self.probes if o.charted and view in o.views)
+        """Every charted name recorded on ``view``: the charted covariance observables plus its families' charted."""
+        return self.charted + tuple(o.name for o in self.family_entries if o.charted and view in o.views)
 
     @property
     def diagnostics(self) -> frozenset[str]:
@@ -225,18 +225,15 @@ class Catalogue:
         return frozenset(o.name for o in self._entries.values() if o.kind == "diagnostic")
 
     def compute(self, inputs: SpectralInputs, *, geometry: bool = True) -> dict[str, float]:
-        """Every covariance observable of one covariance as ``{name: float}`` in catalogue order (no probes).
+        """Every covariance observable of one covariance as ``{name: float}`` in catalogue order (no family entries).
 
         Args:
             inputs: The covariance, spectrum and fit settings.
             geometry: ``False`` when the covariance is undefined (fewer than 2 rows, or NaN/Inf): geometry
                 observables are then NaN without being computed, diagnostics are still computed.
         """
-        return {
-            o.name: float(o.compute(inputs)) if geometry or o.kind == "diagnostic" else math.nan
-            for o in self._entries.values()
-            if o.scope == "covariance"
-        }
+        entries = (self._entries[name] for name in self.covariance_names)
+        return {o.name: float(o.compute(inputs)) if geometry or o.kind == "diagnostic" else math.nan for o in entries}
 
 
 def _eigs(f: Callable[[np.ndarray], float]) -> Callable[[SpectralInputs], float]:
@@ -410,101 +407,3 @@ for _name in BASELINED:
             doc="docs/observables.md#finite-sample-baselines",
         )
     )
-
-
-# ----------------------------------------------------------------------------------------------- hypothesis probes
-def _computed_by_its_family(inputs: SpectralInputs) -> float:
-    raise TypeError(
-        "a probe observable is computed by its measurement family (tgo.observatory.families), not from one covariance"
-    )
-
-
-def probe_observable(
-    name: str,
-    formula: str,
-    views: tuple[str, ...] = ("all",),
-    *,
-    spread: Spread | None = None,
-    charted: bool = True,
-    scale: str = "linear",
-    doc: str = "docs/hypotheses.md",
-    stderr: str = "jackknife",
-) -> Observable:
-    """A catalogue entry of scope ``probe``: a metric a measurement family records on ``views`` (never computed
-    from one covariance). The image-vector and attention families' entries below and
-    `tgo.observatory.families.family_metric` are all made here."""
-    return Observable(
-        name,
-        _computed_by_its_family,
-        formula,
-        spread,
-        charted=charted,
-        doc=doc,
-        scope="probe",
-        views=views,
-        scale=scale,
-        stderr=stderr,
-    )
-
-
-def _probe(name: str, formula: str, views: tuple[str, ...], **options: Any) -> None:
-    CATALOGUE.register(probe_observable(name, formula, views, **options))
-
-
-_CLASS_VIEWS = ("cls", "patch")
-_probe("between_image_fraction", "tr C_between / (tr C_between + tr C_within) (law of total covariance)", ("all",))
-_probe("fisher_ratio", "tr S_B / tr S_W of the per-image vectors", _CLASS_VIEWS, scale="log")
-_probe("nc1", "tr(Sigma_W Sigma_B^+) / C (Papyan et al. 2020)", _CLASS_VIEWS, scale="log")
-_probe("between_class_effective_rank", "effective rank of S_B (at most C - 1)", _CLASS_VIEWS, spread="rises")
-_probe("within_class_effective_rank", "effective rank of S_W", _CLASS_VIEWS, spread="rises")
-_probe("ncc_accuracy", "held-out nearest-class-centre accuracy (class-stratified folds)", _CLASS_VIEWS)
-_probe("ridge_accuracy", "held-out closed-form ridge probe accuracy (class-stratified folds)", _CLASS_VIEWS)
-_probe("subspace_overlap_prev", "mean cos^2 of principal angles, top-k eigenspaces, previous observation", ("all",))
-_probe("subspace_overlap_init", "mean cos^2 of principal angles, top-k eigenspaces, first observation", ("all",))
-_probe(
-    "subspace_overlap_prev_k90",
-    "as subspace_overlap_prev with k = components_90 of the previous",
-    ("all",),
-    charted=False,
-)
-_probe(
-    "subspace_overlap_init_k90", "as subspace_overlap_init with k = components_90 of the first", ("all",), charted=False
-)
-_probe("massive_activation_ratio", "max_d M_d / median_d M_d, M_d = max |x_d| over every row", ("all",), scale="log")
-_probe("massive_activation_dim", "argmax_d M_d (the dimension of that ratio)", ("all",), charted=False)
-_probe("massive_dim_variance_share", "C_dd / tr C for that dimension", ("all",), charted=False)
-
-
-# ----------------------------------------------------------------------------------------------- attention geometry
-ATTENTION_VIEW = "attention"
-"""The view of a block point that carries its attention geometry (`tgo.observatory.families.attention`)."""
-
-
-def _attention(name: str, formula: str, **options: Any) -> None:
-    CATALOGUE.register(
-        probe_observable(name, formula, (ATTENTION_VIEW,), doc="docs/observables.md#7-attention-geometry", **options)
-    )
-
-
-# Head means (the per-head values are kept in the spectra file); "spread" = attention spread over more keys or heads.
-_attention("attention_entropy", "mean over patch queries of -sum_j A_ij ln A_ij (nats), head mean", spread="rises")
-_attention("attention_entropy_normalized", "attention_entropy / ln N (N keys)", spread="rises", charted=False)
-_attention("cls_attention_entropy", "-sum_j A_0j ln A_0j of the CLS query (nats), head mean", spread="rises")
-_attention("cls_attention_entropy_normalized", "cls_attention_entropy / ln N", spread="rises", charted=False)
-_attention("cls_mass", "mean over patch queries of A_i,CLS (the attention sink), head mean")
-_attention("register_mass", "mean over patch queries of sum_{j register} A_ij, head mean", charted=False)
-_attention("self_mass", "mean over patch queries of A_ii, head mean")
-_attention("max_weight", "mean over patch queries of max_j A_ij, head mean", spread="falls")
-_attention(
-    "mean_attention_distance",
-    "mean over patch queries of sum_{j patch} A_ij d_ij / sum_{j patch} A_ij (pixels; prefix keys excluded), head mean",
-    spread="rises",
-)
-_attention("effective_heads", "(tr S)^2 / tr S^2, S the cosine similarity of the heads' attention maps", spread="rises")
-_attention("mean_head_similarity", "mean_{h != h'} S_hh'", spread="falls", charted=False)
-_attention("attention_entropy_noise", "ln N: the entropy of uniform attention over the N keys", charted=False)
-_attention(
-    "mean_attention_distance_noise",
-    "mean pairwise patch-centre distance: the distance of uniform attention (pixels)",
-    charted=False,
-)

@@ -16,7 +16,7 @@ observation is unaffected. The observation pass calls the model without an atten
 none), so the softmax has no bias. After the reduction every measured block must have seen every analysis image
 (`AttentionState.check`, on every rank): a block whose hooks did not fire is an error in one line.
 
-**Records.** Each block's metrics go to its view ``attention`` (`tgo.spectral.catalogue.ATTENTION_VIEW`): the head
+**Records.** Each block's metrics go to its view ``attention`` (`ATTENTION_VIEW`): the head
 means of `tgo.spectral.attention.ATTENTION_METRICS` with their standard errors and leave-one-group-out replicates,
 the two noise references (``attention_entropy_noise = ln N``, ``mean_attention_distance_noise``), and the arrays
 ``heads_<metric>`` (float64 ``[H]``, per head) and ``similarity`` (``[H, H]``) in the spectra file. Formulas and
@@ -36,9 +36,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tgo.spectral import CATALOGUE
+from tgo.spectral import Observable
 from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, AttentionSummary
-from tgo.spectral.catalogue import ATTENTION_VIEW
 
 from ..settings import ObservationSettings
 from .base import (
@@ -51,6 +50,7 @@ from .base import (
     MeasurementFamily,
     Metric,
     PointSummary,
+    family_metric,
 )
 
 __all__ = [
@@ -67,10 +67,46 @@ __all__ = [
     "head_tables",
 ]
 
+ATTENTION_VIEW = "attention"
+"""The view of a block point that carries its attention geometry."""
+
+
+def _metric(name: str, formula: str, **options: Any) -> Observable:
+    return family_metric(name, formula, (ATTENTION_VIEW,), doc="docs/observables.md#7-attention-geometry", **options)
+
+
+# Head means (the per-head values are kept in the spectra file); "spread" = attention spread over more keys or heads.
+_OBSERVABLES = (  # in record order
+    _metric("attention_entropy", "mean over patch queries of -sum_j A_ij ln A_ij (nats), head mean", spread="rises"),
+    _metric("attention_entropy_normalized", "attention_entropy / ln N (N keys)", spread="rises", charted=False),
+    _metric("cls_attention_entropy", "-sum_j A_0j ln A_0j of the CLS query (nats), head mean", spread="rises"),
+    _metric("cls_attention_entropy_normalized", "cls_attention_entropy / ln N", spread="rises", charted=False),
+    _metric("cls_mass", "mean over patch queries of A_i,CLS (the attention sink), head mean"),
+    _metric("register_mass", "mean over patch queries of sum_{j register} A_ij, head mean", charted=False),
+    _metric("self_mass", "mean over patch queries of A_ii, head mean"),
+    _metric("max_weight", "mean over patch queries of max_j A_ij, head mean", spread="falls"),
+    _metric(
+        "mean_attention_distance",
+        "mean over patch queries of sum_{j patch} A_ij d_ij / sum_{j patch} A_ij (pixels; prefix keys excluded), "
+        "head mean",
+        spread="rises",
+    ),
+    _metric(
+        "effective_heads", "(tr S)^2 / tr S^2, S the cosine similarity of the heads' attention maps", spread="rises"
+    ),
+    _metric("mean_head_similarity", "mean_{h != h'} S_hh'", spread="falls", charted=False),
+    _metric("attention_entropy_noise", "ln N: the entropy of uniform attention over the N keys", charted=False),
+    _metric(
+        "mean_attention_distance_noise",
+        "mean pairwise patch-centre distance: the distance of uniform attention (pixels)",
+        charted=False,
+    ),
+)
+
 ATTENTION_RECORDED: tuple[str, ...] = (*ATTENTION_METRICS, "attention_entropy_noise", "mean_attention_distance_noise")
 """Every metric the family records on a block's ``attention`` view, in record order."""
 
-ATTENTION_CHARTED: tuple[str, ...] = tuple(name for name in ATTENTION_RECORDED if CATALOGUE[name].charted)
+ATTENTION_CHARTED: tuple[str, ...] = tuple(o.name for o in _OBSERVABLES if o.charted)
 """The charted ones (TensorBoard's scalars chart and the report's depth profiles): the catalogue's ``charted``."""
 
 _NOISE = {"attention_entropy_noise": "attention_entropy", "mean_attention_distance_noise": "mean_attention_distance"}
@@ -290,7 +326,7 @@ class AttentionFamily(MeasurementFamily):
     """Attention geometry of every standard timm ``Attention`` block (``observation.attention``)."""
 
     name = "attention"
-    observables = tuple(CATALOGUE[name] for name in ATTENTION_RECORDED)
+    observables = _OBSERVABLES
 
     def enabled(self, settings: ObservationSettings) -> bool:
         return settings.attention.enabled

@@ -36,7 +36,6 @@ from torch import nn
 
 from tgo.records import RunPath
 from tgo.spectral import CATALOGUE, Observable, jackknife_stderr
-from tgo.spectral.catalogue import probe_observable
 from tgo.spectral.jackknife import Moments
 
 from ..hooks import HookSpec, prefix_tokens_of_point
@@ -310,8 +309,9 @@ class MeasurementFamily:
 
     Attributes:
         name: Unique; names the family in messages.
-        observables: The catalogue entries it records (scope ``probe``, naming their views); `register_family` adds
-            those not yet in `tgo.spectral.CATALOGUE`, in this order, and `unregister_family` removes them again.
+        observables: The catalogue entries it records (`family_metric`: scope ``family``, naming their views);
+            `register_family` adds those not yet in `tgo.spectral.CATALOGUE`, in this order, and
+            `unregister_family` removes them again.
     """
 
     name: str = ""
@@ -420,7 +420,7 @@ def family_metric(
     doc: str = "docs/extending.md#e-add-a-measurement-family",
     stderr: str = "jackknife",
 ) -> Observable:
-    """A catalogue entry for a family's metric (scope ``probe``, recorded on ``views``), for ``observables``.
+    """A catalogue entry for a family's metric (scope ``family``, recorded on ``views``), for ``observables``.
 
     Args:
         name: The metric name in records and tags.
@@ -433,7 +433,22 @@ def family_metric(
         stderr: What its standard error is (`tgo.spectral.Observable.stderr`): ``jackknife`` (over image groups,
             replicates kept), ``blocks`` (over training steps, replicates kept), ``fit`` or ``probes`` (none kept).
     """
-    return probe_observable(name, formula, views, spread=spread, charted=charted, scale=scale, doc=doc, stderr=stderr)
+    return Observable(
+        name,
+        _computed_by_its_family,
+        formula,
+        spread,
+        charted=charted,
+        doc=doc,
+        scope="family",
+        views=views,
+        scale=scale,
+        stderr=stderr,
+    )
+
+
+def _computed_by_its_family(inputs: Any) -> float:
+    raise TypeError(f"a family's observable is computed by its measurement family ({__name__}), not from a covariance")
 
 
 @dataclass

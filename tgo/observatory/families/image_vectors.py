@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from tgo.records import RunPath, load_subspace_history
-from tgo.spectral import CATALOGUE, jackknife_groups, jackknife_stderr
+from tgo.spectral import Observable, jackknife_groups, jackknife_stderr
 from tgo.spectral.jackknife import Moments
 from tgo.spectral.probes import (
     ClassLayout,
@@ -77,6 +77,7 @@ from .base import (
     MeasurementFamily,
     Metric,
     PointSummary,
+    family_metric,
 )
 
 __all__ = [
@@ -630,28 +631,38 @@ class ImageVectorState(FamilyState):
         return out
 
 
+_CLASS_VIEWS = ("cls", "patch")
+
+
+def _probe(name: str, formula: str, views: tuple[str, ...] = ("all",), **options: Any) -> Observable:
+    return family_metric(name, formula, views, doc="docs/hypotheses.md", **options)
+
+
 class ImageVectorFamily(MeasurementFamily):
     """The per-image vectors of every point: views, class geometry, decoding, massive activations, subspace drift."""
 
     name = "image_vectors"
-    observables = tuple(  # declared in tgo.spectral.catalogue (scope "probe"), in record order
-        CATALOGUE[name]
-        for name in (
-            "between_image_fraction",
-            "fisher_ratio",
-            "nc1",
-            "between_class_effective_rank",
-            "within_class_effective_rank",
-            "ncc_accuracy",
-            "ridge_accuracy",
-            "subspace_overlap_prev",
-            "subspace_overlap_init",
+    observables = (  # in record order
+        _probe("between_image_fraction", "tr C_between / (tr C_between + tr C_within) (law of total covariance)"),
+        _probe("fisher_ratio", "tr S_B / tr S_W of the per-image vectors", _CLASS_VIEWS, scale="log"),
+        _probe("nc1", "tr(Sigma_W Sigma_B^+) / C (Papyan et al. 2020)", _CLASS_VIEWS, scale="log"),
+        _probe("between_class_effective_rank", "effective rank of S_B (at most C - 1)", _CLASS_VIEWS, spread="rises"),
+        _probe("within_class_effective_rank", "effective rank of S_W", _CLASS_VIEWS, spread="rises"),
+        _probe("ncc_accuracy", "held-out nearest-class-centre accuracy (class-stratified folds)", _CLASS_VIEWS),
+        _probe("ridge_accuracy", "held-out closed-form ridge probe accuracy (class-stratified folds)", _CLASS_VIEWS),
+        _probe("subspace_overlap_prev", "mean cos^2 of principal angles, top-k eigenspaces, previous observation"),
+        _probe("subspace_overlap_init", "mean cos^2 of principal angles, top-k eigenspaces, first observation"),
+        _probe(
             "subspace_overlap_prev_k90",
-            "subspace_overlap_init_k90",
-            "massive_activation_ratio",
-            "massive_activation_dim",
-            "massive_dim_variance_share",
-        )
+            "as subspace_overlap_prev with k = components_90 of the previous",
+            charted=False,
+        ),
+        _probe(
+            "subspace_overlap_init_k90", "as subspace_overlap_init with k = components_90 of the first", charted=False
+        ),
+        _probe("massive_activation_ratio", "max_d M_d / median_d M_d, M_d = max |x_d| over every row", scale="log"),
+        _probe("massive_activation_dim", "argmax_d M_d (the dimension of that ratio)", charted=False),
+        _probe("massive_dim_variance_share", "C_dd / tr C for that dimension", charted=False),
     )
 
     def enabled(self, settings: ObservationSettings) -> bool:
