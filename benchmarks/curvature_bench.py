@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from benchmarks._table import run_alone
 
 H200_PEAK = {"float64": 67e12, "float32": 67e12}
 """NVIDIA H200 SXM data sheet peaks, dense: FP64 Tensor Core 67 TFLOPS, FP32 67 TFLOPS (TF32 Tensor Core 989
@@ -52,7 +53,6 @@ class Profile:
     epoch_steps: int = math.ceil(1797 / 64)  # training steps of 13.5's epoch
 
 
-ROWS = ("13.1", "13.2", "13.3", "13.4", "13.5")
 """The curvature rows, in display order."""
 
 PROFILES = {
@@ -239,25 +239,7 @@ def curvature_rows(table: Any, profile_name: str) -> dict[str, Any]:
     return {"vit_small_seconds": seconds, "hvp_flops": hvp, "projected_h200": projected, "quickstart": q_seconds}
 
 
-class _PrintTable:
-    """The table interface `curvature_rows` needs, printing."""
-
-    def add(self, row: str, measurement: str, value: float, unit: str = "", detail: str = "", **_: Any) -> None:
-        print(f"[{row}] {measurement}: {value:.4g}{unit}  {detail}", flush=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.curvature_bench [--quick | --smoke]``: rows 13."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.curvature_bench", description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="vit_small HVP timed on 2 images")
-    mode.add_argument("--smoke", action="store_true", help="a tiny ViT, seconds; measures nothing")
-    args = parser.parse_args(argv)
-    curvature_rows(_PrintTable(), "smoke" if args.smoke else "quick" if args.quick else "default")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(
+        run_alone(None, "curvature_bench", lambda t, mode, work: curvature_rows(t, mode), "vit_small HVP on 2 images")
+    )

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import math
 import os
 import shutil
@@ -57,7 +56,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -69,12 +67,10 @@ import lightning as L
 import torch
 
 from benchmarks import _harness as h
+from benchmarks._table import GPU_ROWS, ROWS, SECTIONS, Table, quiet
 from benchmarks.attention_bench import attention_rows
-from benchmarks.curvature_bench import ROWS as CURVATURE_ROWS
 from benchmarks.curvature_bench import curvature_rows
-from benchmarks.optimisation_bench import ROWS as OPTIMISATION_ROWS
 from benchmarks.optimisation_bench import optimisation_rows
-from benchmarks.scale_bench import ROWS as SCALE_ROWS
 from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
 from tgo.observatory.settings import FigureSettings
@@ -98,187 +94,6 @@ FIGURE_SWITCHES = tuple(f.name for f in dataclasses.fields(FigureSettings) if is
 SMOKE_FIGURES = ("spectra", "histograms", "decay")
 """The kinds ``--smoke`` draws in rows 5.3-5.4 (one per-point card of each sort; the others are off): drawing every
 kind would cost the smoke run most of its time and exercise nothing of the benchmark's own code more."""
-
-
-# ---------------------------------------------------------------------------------------------------- declared rows
-def _overhead_rows(prefix: str) -> tuple[str, ...]:
-    """The six rows `overhead` writes under ``prefix``: forward, two ratios, hooks only, two phase breakdowns."""
-    return tuple(f"{prefix}.{i}" for i in range(6))
-
-
-GPU_ROWS: tuple[str, ...] = ("6.0", *_overhead_rows("6.1"), "6.2", "6.3", "6.4")
-
-ROWS: dict[str, tuple[str, ...]] = {
-    **{row: ("vit_small",) for row in _overhead_rows("1a")},
-    **{row: ("quickstart",) for row in _overhead_rows("1b")},
-    "2.1": ("vit_small",),
-    **{row: ("memory",) for row in ("2.2", "2.3", "2.4", "3.1", "3.2", "3.3")},
-    "4.1": ("training",),
-    "4.2": ("training",),
-    "4.3": ("training",),
-    "5.1": ("vit_small",),
-    "5.2": ("quickstart",),
-    "5.3": ("vit_small", "figures"),
-    "5.4": ("quickstart", "figures"),
-    **{row: ("gpu",) for row in GPU_ROWS},
-    "7.1": ("vit_small", "jackknife"),
-    "7.2": ("quickstart", "jackknife"),
-    "7.3": ("vit_small", "jackknife"),
-    "7.4": ("quickstart", "jackknife"),
-    "7.5": ("memory", "jackknife"),
-    "7.6": ("vit_small", "jackknife"),
-    "7.7": ("quickstart", "jackknife"),
-    "8.1": ("vit_small", "probes"),
-    "8.2": ("quickstart", "probes"),
-    "8.3": ("vit_small", "probes"),
-    "8.4": ("vit_small", "probes"),
-    "8.5": ("vit_small", "probes"),
-    "9.1": ("vit_small", "attention"),
-    "9.2": ("vit_small", "attention"),
-    "9.3": ("vit_small", "attention"),
-    "10.1": ("summary",),
-    "10.2": ("summary",),
-    **{row: ("scale",) for row in SCALE_ROWS},
-    **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
-    **{row: ("curvature",) for row in CURVATURE_ROWS},
-}
-"""Every row of the table, in display order, with the ``--skip`` sections it needs.
-
-The single declaration of what a complete run contains: `main` checks the table against it (a row neither measured
-nor skipped with a reason is a bug) and ``tests/test_benchmarks.py`` checks ``results.json`` against it.
-"""
-
-SECTIONS: tuple[str, ...] = (
-    "spectral",
-    "vit_small",
-    "quickstart",
-    "memory",
-    "training",
-    "figures",
-    "gpu",
-    "jackknife",
-    "probes",
-    "attention",
-    "summary",
-    "scale",
-    "optimisation",
-    "curvature",
-)
-
-
-class Table:
-    """Rows of ``(row, measurement, value, detail)``; values are formatted strings, raw numbers go to the JSON.
-
-    A measured row has a numeric ``value``; a row that could not be measured here has ``value`` ``None`` and its
-    reason in ``skipped``.
-    """
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-
-    def add(
-        self,
-        row: str,
-        measurement: str,
-        value: float,
-        unit: str = "",
-        detail: str = "",
-        *,
-        text: str | None = None,
-        **raw: Any,
-    ) -> None:
-        """Records one measured row; ``text`` replaces the formatted value where a number alone says too little."""
-        self.rows.append(
-            {
-                "row": row,
-                "measurement": measurement,
-                "value": value,
-                "unit": unit,
-                "text": text or _format(value, unit),
-                "detail": detail,
-                **raw,
-            }
-        )
-        print(f"  [{row}] {measurement}: {self.rows[-1]['text']}  {detail}", flush=True)
-
-    def skip(
-        self, rows: Sequence[str], measurement: str, reason: str, detail: str = "", shown_as: str | None = None
-    ) -> None:
-        """Records ``rows`` as not measured, each with ``reason``; ``shown_as`` renders them as one line."""
-        for row in rows:
-            self.rows.append(
-                {
-                    "row": row,
-                    "measurement": measurement,
-                    "value": None,
-                    "unit": "",
-                    "text": f"skipped ({reason})",
-                    "detail": detail,
-                    "skipped": reason,
-                    "shown_as": shown_as,
-                }
-            )
-        print(f"  [{shown_as or ', '.join(rows)}] {measurement}: skipped ({reason})  {detail}", flush=True)
-
-    def skip_sections(self, skipped: set[str]) -> None:
-        """Marks the declared rows that need a section left out with ``--skip`` (and were not measured)."""
-        present = {r["row"] for r in self.rows}
-        groups: dict[tuple[str, str], list[str]] = {}  # (section, row group) -> rows, shown as one line
-        for row, needs in ROWS.items():
-            section = next((s for s in needs if s in skipped), None)
-            if row not in present and section is not None:
-                groups.setdefault((section, row.split(".")[0]), []).append(row)
-        for (section, _), rows in groups.items():
-            shown = ", ".join(rows) if len(rows) <= 2 else f"{rows[0]}..{rows[-1]}"
-            self.skip(rows, "(section left out)", f"--skip {section}", shown_as=shown)
-
-    def problems(self) -> list[str]:
-        """Declared rows missing, undeclared or written twice: any of them means the table code has rotted."""
-        present = [r["row"] for r in self.rows]
-        missing = [f"row {row} missing (neither measured nor skipped)" for row in ROWS if row not in present]
-        extra = [f"row {row} is not declared in ROWS" for row in present if row not in ROWS]
-        twice = [
-            f"row {row} written {present.count(row)} times" for row in dict.fromkeys(present) if present.count(row) > 1
-        ]
-        return missing + extra + twice
-
-    def render(self) -> str:
-        """The table in declared row order, a blank line between row groups, collapsed skips on one line."""
-        order = {row: i for i, row in enumerate(ROWS)}
-        shown: list[dict[str, Any]] = []
-        for r in sorted(self.rows, key=lambda r: order.get(r["row"], len(order))):
-            if r.get("shown_as") and any(s.get("shown_as") == r["shown_as"] for s in shown):
-                continue
-            shown.append(r)
-        label = {id(r): r.get("shown_as") or r["row"] for r in shown}
-        w_row = max(len(label[id(r)]) for r in shown)
-        w_meas = max(len(r["measurement"]) for r in shown)
-        w_val = max(len(r["text"]) for r in shown)
-        lines = [f"{'row':<{w_row}}  {'measurement':<{w_meas}}  {'value':>{w_val}}  detail"]
-        lines.append("-" * (len(lines[0]) + 40))
-        last = None
-        for r in shown:
-            group = r["row"].split(".")[0]
-            if last is not None and group != last:
-                lines.append("")
-            last = group
-            lines.append(f"{label[id(r)]:<{w_row}}  {r['measurement']:<{w_meas}}  {r['text']:>{w_val}}  {r['detail']}")
-        return "\n".join(lines)
-
-
-def _format(value: float, unit: str) -> str:
-    """A measured value as the table prints it."""
-    if unit == "x":
-        return f"{value:.3f}x"
-    if unit == "s":
-        return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-    if unit == "MB":
-        return f"{value:.1f} MB"
-    if unit == "MB/img":
-        return f"{value:.3f} MB/img"
-    if unit == "%":
-        return f"{value:.1f} %"
-    return f"{value:.4g} {unit}".strip()
 
 
 # ---------------------------------------------------------------------------------------------------- sizes
@@ -1708,13 +1523,6 @@ def _quickstart_label(spec: ModelSpec, images: int) -> str:
     return f"{'quickstart' if spec.arch is None else spec.name} {images} img"
 
 
-def _quiet() -> None:
-    """Warnings and library logs off: the table is the output."""
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "tgo", "callbacks"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def _failures(results: dict[str, Any], table: Table) -> list[str]:
     """What makes this run incomplete: a failed spectral benchmark, a missing or undeclared row."""
     failed = results.get("spectral_bench", {}).get("returncode", 0)
@@ -1730,7 +1538,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["OMP_NUM_THREADS"] = str(profile.threads)  # for the children; this process is set just below
     if args.threads or profile.threads:
         torch.set_num_threads(args.threads or profile.threads)
-    _quiet()
+    quiet()
     out_dir = args.out or h.REPO / "bench_out" / datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tgo_bench_"))

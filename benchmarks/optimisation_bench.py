@@ -16,7 +16,6 @@ shrinks everything so a test runs it in seconds (its numbers mean nothing).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -27,8 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from benchmarks import _harness as h
-
-ROWS = ("12.1", "12.2", "12.3")
+from benchmarks._table import run_alone
 
 
 class _Module(L.LightningModule):
@@ -154,11 +152,11 @@ _MEASUREMENTS = {
 }
 
 
-def optimisation_rows(table: Any, profile_name: str) -> list[dict[str, Any]]:
-    """Rows 12 into ``table`` (``benchmarks.observation_bench.Table``): 5 interleaved repeats by default, 3 with
-    ``quick``, 1 at toy sizes with ``smoke``."""
+def optimisation_rows(table: Any, profile_name: str, repeats: int | None = None) -> list[dict[str, Any]]:
+    """Rows 12 into ``table`` (`benchmarks._table.Table`): ``repeats`` interleaved repeats (``None``: 5 by default,
+    3 with ``quick``, 1 at toy sizes with ``smoke``)."""
     smoke = profile_name == "smoke"
-    rows = measure(smoke, {"default": 5, "quick": 3}.get(profile_name, 1))
+    rows = measure(smoke, repeats or {"default": 5, "quick": 3}.get(profile_name, 1))
     for row in rows:
         if row["value"] is None:
             table.skip([row["row"]], _MEASUREMENTS[row["row"]], row["skipped"])
@@ -167,20 +165,9 @@ def optimisation_rows(table: Any, profile_name: str) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
-    """Prints rows 12 and returns them."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="toy sizes, one repeat: checks the bench runs")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    rows = measure(args.smoke, 1 if args.smoke else args.repeats)
-    for row in rows:
-        value = row["value"]
-        shown = f"{value:.4f} {row['unit']}" if value is not None else f"skipped: {row['skipped']}"
-        print(f"{row['row']:>5}  {shown}  {row.get('detail', '')}")
-    return rows
+def _alone(table: Any, mode: str, work: Path, repeats: int | None) -> Any:
+    return optimisation_rows(table, mode, repeats)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_alone(None, "optimisation_bench", _alone, "3 interleaved repeats", repeats=True))

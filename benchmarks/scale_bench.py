@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import socket
 import statistics
@@ -58,13 +57,13 @@ from typing import Any
 import torch
 
 from benchmarks import _harness as h
+from benchmarks._table import run_alone
 
 BLOCKING_TARGET = 1.15
 """Target of row 11.1: ``geometry/blocking_seconds`` / ``geometry/pass_seconds`` with the summary in the background."""
 PROBE_CLASSES = 10
 """Labels dealt round robin to the random images (the probes' class geometry needs classes)."""
 MB = 1024**2
-ROWS = ("11.1", "11.2", "11.3", "11.4", "11.5", "11.6", "11.7", "11.8")
 SHARE_TIMEOUT_S = 900
 """The gloo timeout of the W-process runs: a lost rank fails the row instead of hanging the benchmark."""
 
@@ -798,40 +797,5 @@ def scale_rows(table: Any, mode: str, work: Path | None = None) -> dict[str, Any
     }
 
 
-class _PrintTable:
-    """The table interface `scale_rows` needs, printing (for ``python -m benchmarks.scale_bench``)."""
-
-    def add(
-        self, row: str, measurement: str, value: float, unit: str = "", detail: str = "", text: str = "", **_: Any
-    ) -> None:
-        print(f"[{row}] {measurement}: {text or f'{value:.3f}{unit}'}  {detail}", flush=True)
-
-    def skip(self, rows: Sequence[str], measurement: str, reason: str, detail: str = "") -> None:
-        print(f"[{', '.join(rows)}] {measurement}: skipped ({reason})", flush=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.scale_bench [--quick | --smoke]``: rows 11 alone."""
-    import argparse
-    import shutil
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_bench", description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="vit_small on 32 images, 2 epochs, 2 repeats")
-    mode.add_argument("--smoke", action="store_true", help="a tiny ViT, seconds; measures nothing")
-    args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "tgo", "callbacks"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    print(h.environment_line(h.environment()), flush=True)
-    work = Path(tempfile.mkdtemp(prefix="tgo_scale_bench_"))
-    try:
-        scale_rows(_PrintTable(), "smoke" if args.smoke else "quick" if args.quick else "default", work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"load average {os.getloadavg()[0]:.2f} at end", flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_alone(None, "scale_bench", scale_rows, "vit_small on 32 images, 2 epochs, 2 repeats"))

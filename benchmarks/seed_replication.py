@@ -61,6 +61,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks._table import render_columns
+
 REPO = Path(__file__).resolve().parents[1]
 
 DEVELOPMENT_SEEDS: tuple[int, ...] = (101, 102, 103)
@@ -597,30 +599,30 @@ def render(result: Result) -> str:
     """The printed table: rates per group, per seed, and the verdict-by-truth counts."""
     lines = [f"seeds: {', '.join(map(str, result.seeds))} (K = {len(result.seeds)})"]
     lines.append("rows per truth: " + ", ".join(f"{k} {v}" for k, v in sorted(result.truths.items())))
-    header = f"{'group':<32} {'rows':>6} {'unamb.':>7} {'right':>18} {'wrong':>6} {'inconcl.':>8} {'n/a':>5}"
-    header += f" {'grave':>5} {'contradictions caught':>22} {'false rev.':>10}"
-    lines += ["", header, "-" * len(header)]
-
-    def line(name: str, s: Scored) -> str:
-        return (
-            f"{name:<32} {s.rows:>6} {s.unambiguous:>7} {_pct(s.outcomes['right'], s.unambiguous):>18} "
-            f"{s.outcomes['wrong']:>6} {s.outcomes[INCONCLUSIVE]:>8} {s.outcomes[NA]:>5} {s.grave:>5} "
-            f"{_pct(s.caught, s.contradictions):>22} {s.false_reversals:>10}"
+    header = ("group", "rows", "unamb.", "right", "wrong", "inconcl.", "n/a", "grave", "contradictions caught")
+    cells = [
+        (
+            name,
+            s.rows,
+            s.unambiguous,
+            _pct(s.outcomes["right"], s.unambiguous),
+            s.outcomes["wrong"],
+            s.outcomes[INCONCLUSIVE],
+            s.outcomes[NA],
+            s.grave,
+            _pct(s.caught, s.contradictions),
+            s.false_reversals,
         )
-
-    for name, s in result.groups.items():
-        lines.append(line(name, s))
-    for seed, s in result.per_seed.items():
-        lines.append(line(f"seed {seed}", s))
+        for name, s in [*result.groups.items(), *((f"seed {seed}", s) for seed, s in result.per_seed.items())]
+    ]
+    lines += ["", render_columns((*header, "false rev."), cells, right=range(1, 10))]
     for name in ("findings", "hypotheses"):
         if name not in result.groups:
             continue
         s = result.groups[name]
         lines += ["", f"{name}: single-run verdict (columns) by truth of all seeds (rows)"]
-        lines.append(f"{'truth':<22}" + "".join(f"{v:>22}" for v in VERDICTS))
-        for truth in TRUTHS:
-            counts = s.confusion.get(truth, Counter())
-            lines.append(f"{truth:<22}" + "".join(f"{counts[v]:>22}" for v in VERDICTS))
+        confusion = [(t, *(s.confusion.get(t, Counter())[v] for v in VERDICTS)) for t in TRUTHS]
+        lines.append(render_columns(("truth", *VERDICTS), confusion, right=range(1, 6), rule=False))
         if s.false_reversals:
             dips = ", ".join(f"{k} {v}" for k, v in sorted(s.false_reversal_dips.items()))
             lines.append(f"false reversals by seeds dipping > {DIP_Z:g} SE after their peak: {dips}")

@@ -9,7 +9,7 @@ its numbers mean nothing):
 2. One whole observation of 15 points at 256 and 1,000 images (197 tokens each): streaming (update every batch, then
    covariance + float64 eigvalsh) against the naive approach (keep every activation, ``torch.cat`` + ``torch.cov`` +
    ``eigvalsh`` at the end): wall time and peak memory. Peak memory is the peak resident set size above the phase's
-   starting RSS, sampled every 10 ms by a thread (torch allocations are invisible to ``tracemalloc``), next to the
+   starting RSS, measured by `_harness.PeakRSS` (torch allocations are invisible to ``tracemalloc``), next to the
    bytes the method must hold by construction.
 
 Times are the best of ``--repeats`` runs (2 by default): on a shared machine other processes only ever make a run
@@ -22,11 +22,9 @@ timing), so only the engine is measured. No assertions: this is a measurement, n
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +35,8 @@ import torch
 if __package__ in (None, ""):  # allow `python benchmarks/spectral_bench.py` from the repository root
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import _harness as h
+from benchmarks._table import render_columns
 from tgo.spectral import StreamingCovariance, eigendecompose
 
 MB = 1024**2
@@ -69,58 +69,6 @@ VIT_S = Shape()
 SMOKE = Shape(dim=32, tokens=17, points=4, batch_images=4)
 
 
-# ---------------------------------------------------------------------------------------------------- measurement
-def _rss_bytes() -> int:
-    """Current resident set size of this process."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        import psutil  # only where /proc is missing
-
-        return int(psutil.Process().memory_info().rss)
-
-
-class PeakRSS:
-    """Context manager sampling RSS in a thread; ``peak_delta`` is the peak above the RSS at entry, in bytes."""
-
-    def __init__(self, interval: float = 0.01):
-        self.interval = interval
-        self.peak_delta = 0
-        self._stop = threading.Event()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self._peak = max(self._peak, _rss_bytes())
-            time.sleep(self.interval)
-
-    def __enter__(self) -> PeakRSS:
-        gc.collect()
-        self._start = _rss_bytes()
-        self._peak = self._start
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._peak = max(self._peak, _rss_bytes())
-        self._stop.set()
-        self._thread.join()
-        self.peak_delta = self._peak - self._start
-
-
-def _time_per_call(fn: Callable[[], object], repeats: int) -> float:
-    """Median seconds per call after one warm-up call."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    samples.sort()
-    return samples[len(samples) // 2]
-
-
 def make_pool(shape: Shape, n_batches: int = 4, seed: int = 0) -> list[torch.Tensor]:
     """ViT-like activation batches ``[batch_images, tokens, dim]`` (float32), power-law spectrum, massive dimensions."""
     gen = torch.Generator().manual_seed(seed)
@@ -135,14 +83,20 @@ def make_pool(shape: Shape, n_batches: int = 4, seed: int = 0) -> list[torch.Ten
 
 
 # ---------------------------------------------------------------------------------------------------- the phases
+def _per_call(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds per call after one warm-up call."""
+    fn()
+    return h.median_time(fn, repeats)
+
+
 def throughput(pool: list[torch.Tensor], shape: Shape, repeats: int) -> dict[str, float]:
     """Rows per second of the floor and of ``update`` with each Gram dtype."""
     rows = pool[0].reshape(-1, shape.dim)
     n = rows.shape[0]
-    out = {"bare float32 matmul x^T x (floor)": n / _time_per_call(lambda: torch.mm(rows.T, rows), repeats)}
+    out = {"bare float32 matmul x^T x (floor)": n / _per_call(lambda: torch.mm(rows.T, rows), repeats)}
     for name, dtype in (("float32", torch.float32), ("float64", torch.float64)):
         acc = StreamingCovariance(shape.dim, gram_dtype=dtype)
-        out[f"StreamingCovariance.update, gram {name}"] = n / _time_per_call(lambda: acc.update(pool[0]), repeats)
+        out[f"StreamingCovariance.update, gram {name}"] = n / _per_call(lambda: acc.update(pool[0]), repeats)
     return out
 
 
@@ -158,7 +112,7 @@ def streaming_observation(
 ) -> ObservationCost:
     """One accumulator per point fed batch by batch, then covariance + float64 eigvalsh per point."""
     n_batches = -(-images // shape.batch_images)
-    with PeakRSS() as mem:
+    with h.PeakRSS() as mem:
         start = time.perf_counter()
         accs = [StreamingCovariance(shape.dim, gram_dtype=gram_dtype) for _ in range(shape.points)]
         for step in range(n_batches):
@@ -176,7 +130,7 @@ def streaming_observation(
 def naive_observation(pool: list[torch.Tensor], shape: Shape, images: int) -> ObservationCost:
     """Keep every activation of every point, then ``torch.cat`` + ``torch.cov`` + eigvalsh per point."""
     n_batches = -(-images // shape.batch_images)
-    with PeakRSS() as mem:
+    with h.PeakRSS() as mem:
         start = time.perf_counter()
         stored: list[list[torch.Tensor]] = [[] for _ in range(shape.points)]
         for step in range(n_batches):
@@ -213,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         # glibc's dynamic mmap threshold keeps freed multi-MB tensors in the heap, so RSS would count every batch
         # temporary ever freed (~20 MB per accumulator here). A fixed 1 MB threshold returns them to the OS and makes
         # the measured peak the live memory. It must be set before the interpreter starts: rerun in a child.
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+        env = {**os.environ, **h.MALLOC_ENV}
         subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv], env=env, check=True)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -244,18 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     print()
     rates = throughput(pool, shape, repeats)
     floor = next(iter(rates.values()))
-    print(f"{'throughput (one point)':<44}{'rows/s':>14}{'vs floor':>10}")
-    for name, rate in rates.items():
-        print(f"{name:<44}{rate:>14,.0f}{rate / floor:>9.2f}x")
+    rates_rows = [(name, f"{rate:,.0f}", f"{rate / floor:.2f}x") for name, rate in rates.items()]
+    print(render_columns(("throughput (one point)", "rows/s", "vs floor"), rates_rows, right={1, 2}, rule=False))
     print()
-
-    header = (
-        f"{f'one observation, {shape.points} points':<34}{'images':>7}{'rows/pt':>9}{'time s':>9}"
-        f"{'peak MB':>10}{'held MB':>10}"
-    )
-    print(header)
-    print("-" * len(header))
-    summary = []
+    cells: list[tuple[object, ...]] = []
+    ratios: list[tuple[object, ...]] = []
     for images in images_list:
         runs = {
             "streaming, gram float64": lambda: streaming_observation(pool, shape, images, torch.float64),
@@ -263,22 +210,24 @@ def main(argv: list[str] | None = None) -> None:
             "naive: store + torch.cov": lambda: naive_observation(pool, shape, images),
         }
         costs = {name: _best(run, obs_repeats) for name, run in runs.items()}
-        for name, cost in costs.items():
-            print(
-                f"{name:<34}{images:>7}{images * shape.tokens:>9}{cost.seconds:>9.2f}"
-                f"{cost.peak_bytes / MB:>10.1f}{cost.held_bytes / MB:>10.1f}"
+        for name, c in costs.items():
+            mb = (f"{c.peak_bytes / MB:.1f}", f"{c.held_bytes / MB:.1f}")
+            cells.append((name, images, images * shape.tokens, f"{c.seconds:.2f}", *mb))
+        s64, s32, naive = costs.values()
+        ratios.append(
+            (
+                f"{images} images",
+                f"{naive.seconds / s64.seconds:.2f}x",
+                f"{naive.seconds / s32.seconds:.2f}x",
+                f"{naive.peak_bytes / max(s64.peak_bytes, 1):.1f}x",
+                f"{naive.held_bytes / s64.held_bytes:.1f}x",
             )
-        naive = costs["naive: store + torch.cov"]
-        s64, s32 = costs["streaming, gram float64"], costs["streaming, gram float32"]
-        summary.append((images, naive, s64, s32))
-    print()
-    print("ratios (naive / streaming):   time f64   time f32   peak mem f64   held mem")
-    for images, naive, s64, s32 in summary:
-        print(
-            f"  {images:>5} images               {naive.seconds / s64.seconds:>8.2f}x "
-            f"{naive.seconds / s32.seconds:>9.2f}x {naive.peak_bytes / max(s64.peak_bytes, 1):>13.1f}x "
-            f"{naive.held_bytes / s64.held_bytes:>9.1f}x"
         )
+    header = (f"one observation, {shape.points} points", "images", "rows/pt", "time s", "peak MB", "held MB")
+    print(render_columns(header, cells, right=range(1, 6)))
+    print()
+    header = ("ratios (naive / streaming)", "time f64", "time f32", "peak mem f64", "held mem")
+    print(render_columns(header, ratios, right=range(1, 5), rule=False))
     print()
     print(
         "peak MB: measured RSS peak above the phase's start (includes per-batch temporaries; glibc mmap threshold "

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from benchmarks import _harness as h
+from benchmarks._table import SUMMARY_ROWS, run_alone
 
 TARGET = 1.5
 """Target of rows 10.1-10.2: summary / floor."""
@@ -208,8 +209,6 @@ SIZES = {
 """Row 10.1 is D = 96 (the quickstart network on its whole 200-image analysis subset), row 10.2 D = 384
 (vit_small_patch16_224); ``--smoke`` runs both on the 2-block width-32 ViT in seconds (its numbers mean nothing)."""
 
-ROWS = ("10.1", "10.2")
-
 
 def measure(state: ReducedState, repeats: int) -> dict[str, Any]:
     """Summary / floor on one reduced state: the floor's decompositions captured from one summary call, then
@@ -244,7 +243,7 @@ def measure(state: ReducedState, repeats: int) -> dict[str, Any]:
     }
 
 
-def summary_rows(table: Any, mode: str, rows: Sequence[str] = ROWS) -> dict[str, Any]:
+def summary_rows(table: Any, mode: str, rows: Sequence[str] = SUMMARY_ROWS) -> dict[str, Any]:
     """Rows 10.1-10.2 into ``table`` (``benchmarks.observation_bench.Table``): rank 0's summary / its floor.
 
     Args:
@@ -275,26 +274,6 @@ def summary_rows(table: Any, mode: str, rows: Sequence[str] = ROWS) -> dict[str,
     return out
 
 
-class _PrintTable:
-    """The table interface `summary_rows` needs, printing (for ``python -m benchmarks.summary_bench``)."""
-
-    def add(self, row: str, measurement: str, value: float, unit: str = "", detail: str = "", **_: Any) -> None:
-        print(f"[{row}] {measurement}: {value:.3f}{unit}  {detail}", flush=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.summary_bench [--quick | --smoke]``: rows 10 alone."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.summary_bench", description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="vit_small on 32 images, 2 repeats")
-    mode.add_argument("--smoke", action="store_true", help="a tiny ViT, seconds; measures nothing")
-    args = parser.parse_args(argv)
-    print(h.environment_line(h.environment()), flush=True)
-    summary_rows(_PrintTable(), "smoke" if args.smoke else "quick" if args.quick else "default")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    quick = "vit_small on 32 images, 2 repeats"
+    raise SystemExit(run_alone(None, "summary_bench", lambda t, mode, work: summary_rows(t, mode), quick))

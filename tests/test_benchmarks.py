@@ -3,7 +3,8 @@
 The benchmarks are not tests and nothing here times anything. What rots silently is the benchmark code itself: it
 reaches into library internals (the names ``observe_and_record`` calls, the callback's figure method), so an API
 refactor breaks ``make bench`` without failing a single test. This runs the whole benchmark at toy size in a fresh
-interpreter, as ``make bench`` would, and checks that ``results.json`` holds every row the table declares.
+interpreter, as ``make bench`` would, and checks that ``results.json`` holds every row the table declares. The one
+table renderer and the row registry are checked directly.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.curvature_bench import ROWS as CURVATURE_ROWS
-from benchmarks.observation_bench import ROWS
-from benchmarks.optimisation_bench import ROWS as OPTIMISATION_ROWS
-from benchmarks.scale_bench import ROWS as SCALE_ROWS
+from benchmarks._table import CURVATURE_ROWS, OPTIMISATION_ROWS, ROWS, SCALE_ROWS, Table, render_columns
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600  # a hang fails the test instead of blocking the suite; a normal smoke run takes well under a minute
@@ -64,7 +62,7 @@ def test_smoke_run_produces_every_declared_row(tmp_path: Path) -> None:
 
     rows = {row["row"]: row for row in results["table"]}
     assert len(rows) == len(results["table"]), "a row was written twice"
-    assert sorted(rows) == sorted(ROWS), "results.json rows differ from benchmarks.observation_bench.ROWS"
+    assert sorted(rows) == sorted(ROWS), "results.json rows differ from benchmarks._table.ROWS"
     bad = {name: row for name, row in rows.items() if not (is_measured(row) or is_skipped(row))}
     assert not bad, f"rows with neither a finite value nor a skip reason: {bad}"
     assert (tmp_path / "table.txt").is_file() and (tmp_path / "spectral_bench.txt").is_file()
@@ -72,3 +70,23 @@ def test_smoke_run_produces_every_declared_row(tmp_path: Path) -> None:
     assert [name for name in SCALE_ROWS if not is_measured(rows[name])] == ["11.4"], {n: rows[n] for n in SCALE_ROWS}
     # rows 12 (optimisation_bench.py: two tiny fits per variant) and 13 (curvature_bench.py: HVPs and FLOP counts)
     assert all(is_measured(rows[name]) for name in (*OPTIMISATION_ROWS, *CURVATURE_ROWS)), rows
+
+
+def test_columns_are_aligned_with_a_free_last_column() -> None:
+    text = render_columns(("name", "n", "note"), [("a", 1, "x"), None, ("bbb", 22, "")], right={1})
+    assert text.splitlines() == ["name   n  note", "-" * 54, "a      1  x", "", "bbb   22"]
+    assert render_columns(("a", "b"), [(1, 2)], right={1}, rule=False) == "a  b\n1  2"
+
+
+def test_the_table_knows_every_declared_row_and_renders_them_in_order() -> None:
+    table = Table()
+    table.add("2.1", "second", 2.0, "x")
+    table.add("1a.0", "first", 0.5, "s", "detail")
+    table.skip(["6.0", "6.2"], "GPU rows", "no GPU", shown_as="6")
+    table.add("zz", "undeclared", 1.0)
+    lines = table.render().splitlines()
+    assert [line.split()[0] for line in lines if line and not line.startswith("-")] == ["row", "1a.0", "2.1", "6", "zz"]
+    assert "0.500 s" in lines[2] and "skipped (no GPU)" in table.render()
+    problems = table.problems()
+    assert "row zz is not declared in ROWS" in problems
+    assert "row 1b.0 missing (neither measured nor skipped)" in problems

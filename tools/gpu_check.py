@@ -72,6 +72,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from benchmarks import _harness as h
+from benchmarks._table import render_columns
 
 TOLERANCE = 1e-9
 """Largest relative difference the equality checks accept (eigenvalues relative to the spectrum's largest one)."""
@@ -939,14 +940,8 @@ def build_rows(
 
 def render(rows: Sequence[Row]) -> str:
     """The table: one line per row, aligned; details after the verdict."""
-    header = ("row", "measured", "target", "verdict", "detail")
     cells = [(r.name, r.value, r.target, r.verdict, r.detail) for r in rows]
-    widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(4)]
-    lines = ["  ".join(f"{c:<{w}}" for c, w in zip(header[:4], widths, strict=True)) + "  " + header[4]]
-    lines.append("-" * (sum(widths) + 8 + 40))
-    for c in cells:
-        lines.append("  ".join(f"{x:<{w}}" for x, w in zip(c[:4], widths, strict=True)) + "  " + c[4])
-    return "\n".join(lines)
+    return render_columns(("row", "measured", "target", "verdict", "detail"), cells)
 
 
 def exit_status(rows: Sequence[Row], strict: bool) -> int:

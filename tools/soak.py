@@ -77,6 +77,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._table import render_columns
 from tgo.records import RecordsError, RunDir, read_metric_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -634,10 +635,7 @@ def table(trials: Sequence[Trial]) -> str:
         sum(t.human is not None for t in trials),
         sum(len(t.findings.leftovers) for t in trials),
     )
-    widths = [max(len(c), len(str(v))) for c, v in zip(COLUMNS, values, strict=True)]
-    head = "  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True))
-    row = "  ".join(str(v).ljust(w) for v, w in zip(values, widths, strict=True))
-    return f"{head.rstrip()}\n{row.rstrip()}"
+    return render_columns(COLUMNS, [values], rule=False)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
