@@ -1,15 +1,9 @@
 """Rows 9 of ``python -m benchmarks``: the attention family (``observation.attention``) on against off.
 
-9.1 the streaming pass (forward + hooks + Gram updates, default jackknife groups, probes off) with the attention
-    family's ``q_norm`` / ``k_norm`` hooks and `tgo.spectral.attention.AttentionAccumulator` updates, against the same
-    pass without, at the CPU default ``observation.attention.dtype: auto`` = float32 recomputation (target <= 1.15x);
-9.2 the same with the float64 recomputation (the GPU default, and what ``dtype: float64`` costs on a CPU);
-9.3 rank 0's summary: the covariance summary (``summarize_accumulators`` of the same pass) with and without the
-    attention summaries of every block (`tgo.observatory.families.attention.attention_contribution`).
-
-The family is started and streamed as an observation does it (`tgo.observatory.pipeline.start_families`, the
-harness's ``stream_pass(..., families=[run])``: the same hooks, loader and accumulator updates), the covariances at
-the default settings. Interleaved ``off, on, off, on, ..., off`` (`_harness.interleaved`).
+9.1 the streaming pass with the family's hooks and accumulators against the same pass without, float32 recomputation
+(the CPU default; target <= 1.15x); 9.2 the same in float64; 9.3 rank 0's summary with and without the attention
+summaries. The family is started and streamed as an observation does it (`tgo.observatory.pipeline.start_families`,
+``_harness.stream_pass(..., families=[run])``); interleaved ``off, on, off, ...`` (`_harness.interleaved`).
 """
 
 from __future__ import annotations

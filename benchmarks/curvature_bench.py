@@ -1,23 +1,11 @@
 """Rows 13: the cost of one curvature measurement (``observation.curvature``, issue 25 item 3).
 
-``python -m benchmarks.curvature_bench [--quick | --smoke]`` prints the rows. A measurement is at most
-``2 * lanczos_iterations + trace_probes`` Hessian-vector products (HVPs) of the loss on ``images`` images (the
-plain and the preconditioned Lanczos runs, each stopping early once converged, and the probes; 76 at the defaults)
-plus the Lanczos bookkeeping (a few ``dim``-long dot products per step), so its cost is ``HVPs x seconds per HVP``:
-
-13.1 seconds per measurement at ``vit_small_patch16_224``, 224 px, on this CPU, default settings (float32 HVPs on a
-     CPU, ``dtype: auto``), **extrapolated**: one HVP over a few images is timed (one forward chunk) and scaled by
-     ``images / timed images`` and by the HVP count (timing all 76 at 64 images would take hours here);
-13.2 FLOPs per HVP per image at vit_small (``torch.utils.flop_counter.FlopCounterMode`` on one real HVP: every
-     matmul and convolution of the forward, the backward with its graph and the double backward; 2 FLOPs per
-     multiply-add), with its ratio to one forward;
-13.3 the **projected** H200 seconds per measurement at the GPU default (float64): 13.2's FLOPs x 64 images x 76
-     HVPs over an assumed sustained rate (`H200_PEAK` x `SUSTAINED`); a projection from the FLOP count, not a
-     measurement (no GPU here);
-13.4 seconds per measurement of the quickstart network (12 blocks, width 96, 16 px: ``conf/model/vit_quickstart``),
-     measured end to end (`tgo.observatory.families.curvature.CurvatureState` on an Adam state, default settings);
-13.5 13.4 over the compute of one quickstart training epoch (1,797 / 64 = 28 steps of forward + backward + AdamW on
-     64 images, timed here): the cost the family would add to an epoch at ``every_n_epochs: 1``.
+``python -m benchmarks.curvature_bench [--quick | --smoke]`` prints the rows; docs/benchmarks.md, rows 13, says what
+each measures. A measurement is at most ``2 * lanczos_iterations + trace_probes`` Hessian-vector products (76 at the
+defaults), so its cost is ``HVPs x seconds per HVP``: 13.1 extrapolates one timed vit_small HVP to that count (timing
+all 76 at 64 images would take hours here), 13.2 counts its FLOPs (``FlopCounterMode``), 13.3 **projects** the H200
+seconds from them (`H200_PEAK` x `SUSTAINED`: not a measurement), 13.4-13.5 measure the quickstart network end to end
+and against one training epoch.
 """
 
 from __future__ import annotations

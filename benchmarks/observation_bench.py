@@ -1,46 +1,18 @@
 """What observing costs: ``python -m benchmarks`` (``make bench``; ``make bench ARGS=--quick`` for ~3 minutes).
 
-Prints one table and writes it, with the environment, to ``bench_out/<timestamp>/results.json``. Every figure is a
-median or a ratio measured in this one run (see ``benchmarks/_harness.py`` for how timings are interleaved):
+Prints one table (`benchmarks._table`) and writes it, with the environment, to ``bench_out/<timestamp>/results.json``.
+This module measures rows 1-9: the observation against a plain forward (1), the naive store-then-``torch.cov``
+baseline (2), memory scaling (3), training overhead (4), eigendecomposition and figures (5), the GPU (6, with CUDA),
+the jackknife groups (7), the probes (8) and the attention family (9, `attention_bench`); rows 10-13 come from
+`summary_bench`, `scale_bench`, `optimisation_bench` and `curvature_bench`, and `spectral_bench` (the engine alone)
+runs first in its own process. Every figure is a median or a ratio measured in this one run (how timings are
+interleaved: ``benchmarks/_harness.py``); every "ours" figure runs the default ``ObservationSettings`` (G = 10
+jackknife groups, the probes on) and says so in its detail. docs/benchmarks.md says what each row measures. No
+assertions anywhere: this measures.
 
-1. Observation overhead: ``observe_and_record`` (stream through the 15 hooks, reduce, float64 eigendecomposition,
-   observables, records; TensorBoard figures excluded) / a plain inference forward over the same images, for
-   ``vit_small_patch16_224`` at 224 px and for the quickstart network on its 200-image analysis subset, float64 and
-   float32 Gram. Goal on CPU: <= 1.10x. The phases of the same runs are broken down below it.
-2. The naive baseline: every point's activations stored, then ``torch.cov`` + ``eigvalsh``: time ratio and peak memory.
-3. Memory scaling: peak resident memory above the loaded model at 64, 256 and 1,000 images, ours and naive, MB/image.
-4. Training overhead: share of a quickstart epoch's wall time spent observing with ``every_n_epochs=1``.
-5. Eigendecomposition + observables per observation, and TensorBoard figure rendering per observation.
-6. GPU rows (only with CUDA): the overhead at 1,000 images, the tgo1-sized observation in seconds, peak GPU memory,
-   and the analysis pass under DDP over the GPUs present.
-7. The grouped jackknife: ``observation.groups`` = G (default 10) against G = 0 on the same images: the streaming pass
-   (target <= 1.05x), accumulator state = all-reduce bytes per observation, peak memory, and the rank-0 summary
-   (G + 1 eigendecompositions + observables per point) with the noise-baseline cache warm and cold.
-8. The hypothesis probes (``observation.probes``): the streaming pass with the per-image vectors (``ImageTable``)
-   against the same pass without (target <= 1.10x), the image table's bytes against the covariance state and the
-   all-reduce bytes with and without, rank 0's summary with and without the probes, and the per-image vectors a
-   kept epoch writes to its spectra file (at this run's image count and at 1,000 images).
-9. The attention family (``observation.attention``; ``benchmarks/attention_bench.py``): the streaming pass with every
-   block's attention recomputed against the same pass without, float32 (the CPU default) and float64 (target
-   <= 1.15x), and rank 0's summary with the attention summaries against the covariances' alone.
-10. Rank 0's summary against its floor (``benchmarks/summary_bench.py``): the default summary (G = 10, probes and
-   attention on) / the float64 eigendecompositions it makes, on the same threads, at D = 96 and D = 384 (target
-   <= 1.5x).
-11. Observation at cluster scale (``benchmarks/scale_bench.py``): the callback in a short vit_small fit,
-   ``geometry/blocking_seconds`` / ``geometry/pass_seconds`` with the summary in the background (target <= 1.15x)
-   and inline; the summary shared by W = 2 and 3 gloo processes against one process (per-rank seconds and CPU
-   share, the gather's seconds and bytes); the inputs of a cluster projection (pass seconds per image, summary
-   seconds per rank, reduce bytes).
-
-Every "ours" figure of rows 1-6 runs the default ``ObservationSettings``, so G = 10 jackknife groups and the probes on;
-each such row says the groups in its detail.
-
-``benchmarks/spectral_bench.py`` (the engine alone) runs first, in its own process, and its output is kept next to the
-JSON. No assertions anywhere: this measures.
-
-``--smoke`` runs every row above on a 2-block, width-32 ViT and a handful of images in well under a minute: it keeps
-the benchmarks from rotting (``tests/test_benchmarks.py`` runs it) and its numbers mean nothing. Every row of `ROWS`
-is then present in ``results.json``, measured or skipped with a reason; the exit status is 1 when one is missing.
+``--smoke`` runs every row on a 2-block, width-32 ViT and a handful of images in well under a minute: it keeps the
+benchmarks from rotting (``tests/test_benchmarks.py`` runs it) and its numbers mean nothing. Every declared row is then
+present in ``results.json``, measured or skipped with a reason; the exit status is 1 when one is missing.
 """
 
 from __future__ import annotations

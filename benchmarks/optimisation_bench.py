@@ -1,17 +1,8 @@
 """Rows 12: the training-time cost of the optimisation observables (issue 25; target: <= 2% per epoch).
 
-12.1  seconds per training epoch of the quickstart network (``accumulate_grad_batches=2``, random images at 24 px,
-      batch 32, AdamW), no TGO callback: the baseline.
-12.2  the same epoch with the gradient-noise collector attached (`callbacks.gradient_noise`, accumulation mode: a
-      gradient hook per parameter taking one norm per micro-batch, one fused norm of ``.grad`` per step): ratio to
-      12.1.
-12.3  the same epoch with the geometry callback observing once at its end, the weights family on vs off
-      (``observation.weights.enabled``; skipped if the setting does not exist): ratio on / off.
-
-Interleaved repeats (``B V B V ...``, `benchmarks._harness.interleaved`), ratios measured in one run. ``--smoke``
-shrinks everything so a test runs it in seconds (its numbers mean nothing).
-
-    python -m benchmarks.optimisation_bench [--smoke] [--repeats N]
+12.1 seconds per quickstart training epoch without TGO; 12.2 the gradient-noise collector's ratio to it; 12.3 one
+observation with the weights family on / off (docs/benchmarks.md, rows 12). Interleaved repeats (``B V B V ...``,
+`benchmarks._harness.interleaved`). ``python -m benchmarks.optimisation_bench [--quick | --smoke] [--repeats N]``.
 """
 
 from __future__ import annotations

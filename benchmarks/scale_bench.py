@@ -1,40 +1,19 @@
-"""Rows 11: observation at cluster scale (issue 24, items 2, 3 and 5's inputs).
+"""Rows 11: observation at cluster scale (issue 24, items 2, 3 and 5's inputs); docs/benchmarks.md, rows 11.
 
 ``python -m benchmarks.scale_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs them
 with the rest of the table (``--skip scale`` leaves them out).
 
-**Rows 11.1-11.2, the summary off the training path (item 3).** ``SpectralGeometryCallback`` in a real, short
-Lightning fit of ``vit_small_patch16_224`` on random 224 px images (10 classes, SGD, no validation, no checkpoints,
-a TensorBoard logger), ``every_n_epochs=1``, the default settings (G = 10, probes and attention on, figures as
-configured) on a random 10-class analysis set. A subclass of the callback only stamps its hooks (it calls the real
-``observe_epoch`` / ``_observe_epoch`` / ``collect_summary``). The row is ``geometry/blocking_seconds`` (the
-callback's ``last_blocking_seconds``: what the observation held the training thread) over
-``geometry/pass_seconds`` (``last_pass_seconds``: the stream and the reduction), median of the observations after
-epoch 0; **target <= 1.15x** with ``summary.background=true`` (11.1). 11.2 is the same fit with
-``summary.background=false`` for contrast (the summary, records, scalars and figure hand-off inline). The details
-also give what ``blocking_seconds`` leaves out: the wait for the previous summary at the next observation, the
-scalars and figure hand-off at the batch end that collects a summary, and training steps slowed by the summary
-thread sharing the cores.
-
-**Rows 11.3-11.5, the summary shared by W ranks (item 2).** W gloo processes (``torch.multiprocessing.spawn``,
-``MASTER_PORT`` a free port) on this machine each build the same network (seed 0) and images, stream their shard
-and all-reduce over gloo (``reduce_observation``, the real path), so every rank holds the same reduced state. Then,
-interleaved on that one state, ``summarize_and_record`` with ``SummaryShare(0, 1)`` on rank 0 alone (the
-one-process summary, the other ranks idle in a barrier) and with ``SummaryShare(rank, W, gather)`` on every rank
-(``process_group_gather`` over a gloo group of its own), epochs 0 (warm-up: noise caches) to ``repeats``, so every
-timed summary relates to earlier records as a later epoch does. Each rank times its own share
-(``summarize_accumulators(only=...)``, wall and process CPU), the encoding, and the gather; a barrier just before
-the gather separates waiting for the slowest share from the gather itself. The shared summaries run with
-``LOCAL_WORLD_SIZE=W``, as torchrun sets it on one node, so each rank's summary pool takes its share of the cores
-(`tgo.observatory.results.summary_workers`); the one-process summary takes every core. On 2 cores, W = 2 then
-uses the same cores as one process (the wall ratio is the sharing's cost, ideal 1.0x) and W = 3 oversubscribes
-them (one thread per rank); what carries over to W machines is the per-rank CPU share of the one-process summary
-(about 1/W) and the gather's seconds and bytes.
-
-**Rows 11.6-11.8, the inputs of a cluster projection (item 5).** Pass seconds per image (from 11.1's fit, stream
-and reduce apart), the summary seconds per rank for W = 1, 2, 3 (measured, and the uncontended estimate
-``one-process wall x CPU share``), and the reduce bytes per observation (both all-reduce collectives as counted in
-the W-process run: the packed covariance state, plus the families' summables, which grow with the images).
+* 11.1-11.2, the summary off the training path: ``SpectralGeometryCallback`` in a real short fit, a subclass that
+  only stamps its hooks (`_timed_callback`); ``geometry/blocking_seconds`` / ``geometry/pass_seconds`` with the
+  summary in the background (target <= 1.15x) and, for contrast, inline.
+* 11.3-11.5, the summary shared by W gloo ranks on this machine (`shared_summary`): every rank streams its shard and
+  all-reduces (the real path), then the one-process summary and the shared one are interleaved on that one state,
+  each rank timing its share (wall and process CPU), the encoding and the gather. The shared summaries run with
+  ``LOCAL_WORLD_SIZE=W`` as torchrun sets it, so each rank's pool takes its share of the cores: on 2 cores W = 2
+  costs the sharing (ideal 1.0x) and W = 3 oversubscribes; what carries over to W machines is the per-rank CPU share
+  (about 1/W) and the gather's seconds and bytes.
+* 11.6-11.8, the inputs of a cluster projection: pass seconds per image, summary seconds per rank (measured and
+  uncontended), reduce bytes per observation.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
-"""Rows 10: rank 0's summary against its LAPACK floor (issue 24, item 1).
+"""Rows 10: rank 0's summary against its LAPACK floor (issue 24, item 1); docs/benchmarks.md, rows 10.
 
 ``python -m benchmarks.summary_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs them
 with the rest of the table.
 
-**The summary** is ``summarize_accumulators`` exactly as ``observe_and_record`` calls it, with the default
-``ObservationSettings`` (G = 10 jackknife groups, the image-vector probes and the attention family on), on the
-reduced state of one real streaming pass (`reduced_state`), the noise-baseline cache warm and a subspace history
-(an epoch after the first, as training observes).
-
-**The floor** is the float64 decompositions that summary needs, and nothing else: every matrix it hands to
-LAPACK's symmetric eigensolvers (``numpy.linalg.eigvalsh`` / ``eigh``) and to its SVD (``numpy.linalg.svd``: the
-class probes' between-class spectra, the weights family's singular values), captured from one summary call
-(`capture_decompositions`), decomposed again with the same function and the same threads (`_harness` wraps
-nothing; the same one-thread BLAS and the same point-per-task thread pool as the summary). The row is
-``summary / floor``, both medians of interleaved repeats in one process, at D = 96 (the quickstart network on its
-analysis subset) and D = 384 (``vit_small_patch16_224``): target <= 1.5x.
+The summary is ``summarize_accumulators`` as ``observe_and_record`` calls it (default settings, noise cache warm, a
+subspace history) on the reduced state of one real streaming pass (`reduced_state`). The floor is every float64
+decomposition it hands to LAPACK (``eigvalsh`` / ``eigh`` / ``svd``), captured from one summary call
+(`capture_decompositions`) and decomposed again on the same threads. The row is ``summary / floor``, medians of
+interleaved repeats, at D = 96 (quickstart) and D = 384 (vit_small): target <= 1.5x.
 """
 
 from __future__ import annotations

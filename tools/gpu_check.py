@@ -1,49 +1,16 @@
 """``python -m tools.gpu_check`` (``make gpu-check``): the GPU acceptance check of issue 14, one table.
 
-What it does, in order (see docs/benchmarks.md, "GPU acceptance"):
-
-1. Switches TF32 on globally (``torch.backends.cuda.matmul.allow_tf32 = True``, ``torch.backends.cudnn.allow_tf32 =
-   True``), as many users do, so everything below runs in that hostile environment.
-2. Trains the tgo1 model (``experiment=tgo1``: timm ``vit_small_patch16_224`` from ``conf/model/vit_small.yaml``,
-   ``bf16-mixed``) with ``tgo.train.run`` on synthetic 224 px data (``data=synthetic``, 100 classes) for 2 short
-   epochs, the ``SpectralGeometryCallback`` observing the 1,000-image analysis subset at the 15 tgo1 points after
-   every epoch, and keeps the run directory with its ``last.ckpt``. The callback's ``last_pass_seconds`` and
-   ``last_blocking_seconds`` are recorded per observation.
-3. Reloads the saved checkpoint as ``python -m tgo.observe`` does (`tgo.observe.compose_observe_config` with the run
-   directory: the run's data, its pinned analysis subset and its observation settings; `tgo.checkpoints`) and times
-   the observation of the 1,000 images on the device with ``observe_and_record`` (`benchmarks._harness.observation`,
-   the bench rows' path), split into its phases with `_harness.PhaseTimer`; peak GPU memory with
-   ``torch.cuda.max_memory_allocated``.
-4. Checks the numbers on a subset (32 images), each to ``1e-9`` relative:
-
-   * **guard**: the float32 observation (the real one: float32 forward, float64 Gram) run with TF32 on globally and
-     inside a caller's bf16 ``torch.autocast`` equals the same observation run with TF32 off and no autocast. The
-     observation path switches TF32 (cuBLAS and cuDNN) and autocast off itself (`tgo.observatory.exact_inference`),
-     so if its guards work both runs execute the same kernels and agree to the last bit; a broken guard shows up as
-     ~1e-3..1e-6. On a CPU only the autocast guard is exercised (TF32 does not exist there).
-   * **device**: the float64 observation of the checkpoint on the device equals a CPU float64 observation of it. The
-     network and images are cast to float64 for both, because no float32 forward on two devices agrees to 1e-9
-     (different kernels round differently, ~1e-7 per layer); in float64 the two must agree to round-off, which
-     checks the device's streaming accumulators, the all-reduce packing and the CPU eigendecomposition end to end.
-   * **float32 device vs CPU** (no target, printed for reading): the real float32 observation on the device against
-     the same on the CPU; IEEE float32 kernels differ at ~1e-7..1e-5 of the observables, TF32 at ~1e-3.
-
-5. Eigensolver: the summary decomposes each (point, view)'s ``G + 1`` covariances in one stacked float64 call
-   (`tgo.spectral.decomposition.eigendecompose_many`; for tgo1 stacks of 11 matrices of 384 x 384), with the solver
-   of ``observation.summary.eigensolver`` (`tgo.spectral.eigensolver`: CPU LAPACK, a batched CUDA ``eigvalsh``, or
-   ``auto``, the faster per shape). The check captures every stack one observation of the whole analysis subset
-   hands to that solver (`captured_stacks`) and solves them all again (`eigensolver_check`), timed as medians of
-   interleaved runs: with CPU LAPACK (``numpy.linalg.eigvalsh``) on the summary's thread pool under its one-thread
-   BLAS, and with one batched float64 ``torch.linalg.eigvalsh`` per stack on the device from the same pool
-   (host-device copies included). It prints both times, which is faster, what ``auto`` chooses for each shape, and
-   checks the GPU's eigenvalues against LAPACK's to ``1e-9`` relative to each spectrum's largest (an equality row).
-   On a CPU the capture and the CPU timing run, the GPU column reads ``n/a`` and neither row has a verdict.
+With TF32 switched on globally (as many users do) it trains the tgo1 model briefly (`train`), reloads the saved
+checkpoint as ``python -m tgo.observe`` does (`load_observed`), times ``observe_and_record`` over the analysis subset
+by phase (`time_observation`), checks to ``1e-9`` relative that the observation's guards hold (`guard_check`: TF32 +
+a caller's bf16 autocast change nothing), that the device agrees with the CPU in float64 (`device_check`) and that
+the GPU eigensolver agrees with LAPACK (`eigensolver_check`), and prints the float32 device-vs-CPU difference to read.
+docs/benchmarks.md, "GPU acceptance", says how and why.
 
 Exit status: 1 when an equality check fails (the observation would not be exact on this machine); timing targets
 missed are printed as FAIL but exit 0 unless ``--strict``; 2 for bad usage (``--device cuda`` without a CUDA GPU).
-
-``--device cpu --tiny`` runs the same code on a 2-block, width-32 ViT at 32 px with 32 analysis images on the CPU in
-seconds (``tests/test_gpu_check.py``); timing rows then have no verdict, the targets being for one H200.
+``--device cpu --tiny`` runs the same code on a 2-block, width-32 ViT on the CPU in seconds
+(``tests/test_gpu_check.py``); timing rows then have no verdict, the targets being for one H200.
 """
 
 from __future__ import annotations

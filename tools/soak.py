@@ -2,56 +2,17 @@
 
 The promise this checks: a training run killed at *any* moment, then launched again with ``ckpt_path=last``, finishes
 without a human, records every scheduled epoch exactly once, leaves no damaged file, and its last record describes
-the weights of its last checkpoint. Unit tests cover each resume rule with a simulated crash at one chosen place; a
-real ``SIGKILL`` lands anywhere, including inside a file write, which only a randomized soak reaches.
+the weights of its last checkpoint. A real ``SIGKILL`` lands anywhere, inside a file write included, which only a
+randomized soak reaches. docs/benchmarks.md, "Fault-injection soak", describes the kill kinds (`KINDS`) and checks.
 
-One trial:
+One trial plans 1-3 kills (`plan_trial`, seeded by ``--seed``, restricted by ``--kinds``), launches
+``python -m tgo.train experiment=smoke`` in its own process group, kills the whole group at the planned moment (file
+and log events are polled every couple of milliseconds: `EventWatcher`, `LogWatcher`), relaunches with
+``ckpt_path=last`` until a launch exits 0, then checks the run directory (`check_records`, `check_last_record`,
+`leftover_files`). A launch that exits non-zero without our kill, or more launches than kills + 3, needed a human.
 
-1. Plans 1-3 kills (seeded RNG, ``--seed``), each of one kind, chosen at random:
-
-   * ``random``: at a moment drawn uniformly over the expected run time (learnt from the trials' uninterrupted
-     launches; ``--expected-seconds`` until one finished), so a kill can land while Python is still importing;
-   * ``run_dir``: right after Hydra created the run directory (``.hydra/``), before tgo wrote anything there (first
-     launch only: a relaunch finds the directory already there);
-   * ``spectra``: right after the n-th new or replaced ``geometry/spectra/epoch_*.npz`` appears;
-   * ``metrics``: right after the n-th change of ``geometry/metrics.csv`` (the records of an epoch are complete,
-     its checkpoint not yet written);
-   * ``geometry_tmp``: while a records write is in flight (a ``.tmp`` file exists in ``geometry/``);
-   * ``ckpt_tmp``: while a checkpoint is being saved (a ``.tmp`` file exists in ``checkpoints/``);
-   * ``ckpt_replaced``: right after the n-th replacement of ``checkpoints/last.ckpt``;
-   * ``summary``: while an observation's summary runs in the background (``observation.summary.background``, which
-     every launch sets): 0-0.3 s (drawn per kill) after the n-th ``[tgo] geometry of epoch K ... summary in the
-     background`` line appears in the launch's output (``launch_K.log``, polled like the files). The summary of the
-     smoke experiment takes 0.5-6 s, so the kill lands with it in flight, before or after the ``last.ckpt`` that
-     follows the observation (that checkpoint lists the epoch as ``pending_epochs``).
-
-   File and log events are seen by polling every couple of milliseconds, so a kill lands within a few milliseconds
-   of the event: during a short write it may miss, and the log says whether the ``.tmp`` file was still there when
-   the process died; for ``summary``, whether epoch K's records were already in ``metrics.csv`` and whether
-   ``last.ckpt`` had been replaced since the line. ``--kinds`` restricts the plans to some kinds (e.g. a soak of
-   ``summary`` kills only).
-2. Launches ``python -m tgo.train experiment=smoke`` (figures off, fewer batches, ``--max-epochs``, the summary in
-   the background) in its own process group and kills the whole group with ``SIGKILL`` at the planned moment, as a
-   node failure or a batch system does; then relaunches with ``ckpt_path=last``, killing again while kills remain,
-   until a launch exits 0.
-   A launch that exits non-zero without being killed (or more launches than kills + 3) means a human was needed.
-3. Checks the finished run directory (`check_records`, `check_last_record`, `leftover_files`):
-
-   * ``lost``: a scheduled epoch (0 .. max_epochs, smoke observes every epoch) without rows in ``metrics.csv`` or
-     without a loadable spectra file;
-   * ``duplicated``: an (epoch, point, view, metric) with more than one row, or an epoch recorded that is not
-     scheduled;
-   * ``corrupt``: a spectra file, metrics file, JSON file or checkpoint that cannot be read back completely, anywhere
-     in the run directory (``set_aside/`` included: what is set aside must be intact too);
-   * ``mismatched``: re-observing ``checkpoints/last.ckpt`` (`tgo.observe.observe_models`) does not give the last
-     record's eigenvalues to 1e-10 relative, or ``last.ckpt`` is not the final epoch's;
-   * leftovers (counted, not a failure): ``.tmp`` files a killed write left in the run directory, files left in the
-     launches' ``$TMPDIR``, more than one ``best_epoch_*.ckpt``.
-
-Prints one line per trial and a final table; exit status 1 when any trial was not survived (finished without a human)
-or found lost, duplicated, corrupt or mismatched records; 2 for bad usage. The work directory (``--workdir``, by
-default a fresh temporary directory) is removed when everything passed and kept otherwise, each trial's launches'
-output in ``trial_NN/launch_K.log``. See docs/benchmarks.md, "Fault-injection soak".
+Prints one line per trial and a final table; exit status 1 when any trial was not survived or found lost, duplicated,
+corrupt or mismatched records; 2 for bad usage. The work directory (``--workdir``) is kept unless everything passed.
 """
 
 from __future__ import annotations
