@@ -12,6 +12,7 @@ import contextlib
 import gc
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -527,7 +528,7 @@ def interleaved(
 
 
 @contextlib.contextmanager
-def timed_calls(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[float]]]:
+def timed_calls(targets: dict[str, tuple[Any, str]], *, cpu: bool = False) -> Iterator[dict[str, list[Any]]]:
     """Times every call of some functions while the block runs: ``{name: (owner, attribute)}``, the owner a class
     (its method) or a module (a function the library looks up there at call time); restored on exit.
 
@@ -535,18 +536,20 @@ def timed_calls(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[
     ``perf_counter`` pair. Nested wrapped calls count in each of their wrappers.
 
     Yields:
-        ``{name: [seconds of each call]}``, filled while the block runs.
+        ``{name: [seconds of each call]}``, filled while the block runs; with ``cpu`` each call's ``(wall, process
+        CPU)`` seconds (the CPU of every thread of the process).
     """
-    samples: dict[str, list[float]] = {name: [] for name in targets}
+    samples: dict[str, list[Any]] = {name: [] for name in targets}
     saved = {name: vars(owner)[attr] for name, (owner, attr) in targets.items()}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                samples[name].append(time.perf_counter() - start)
+                wall = time.perf_counter() - start
+                samples[name].append((wall, time.process_time() - start_cpu) if cpu else wall)
 
         return timed
 
@@ -557,6 +560,13 @@ def timed_calls(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[
     finally:
         for name, (owner, attr) in targets.items():
             setattr(owner, attr, saved[name])
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a process group's ``MASTER_PORT``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> float:

@@ -816,7 +816,7 @@ def _gpu_ddp(table: Table, spec: ModelSpec, images: int, batch: int, work: Path)
 
     world = torch.cuda.device_count()
     out = work / "ddp.json"
-    port = 29500 + os.getpid() % 1000
+    port = h.free_port()
     mp.spawn(_ddp_worker, args=(world, port, spec, images, batch, str(out)), nprocs=world, join=True)
     ddp = json.loads(out.read_text())
     table.add(

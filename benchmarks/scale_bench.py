@@ -21,13 +21,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -312,37 +310,6 @@ def blocking_rows(table: Any, sizes: Sizes, work: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- rows 11.3-11.5
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _timed_phases(targets: dict[str, tuple[Any, str]]) -> Iterator[dict[str, list[tuple[float, float]]]]:
-    """Like `_harness.timed_calls`, each call's ``(wall, process CPU)`` seconds (CPU of every thread of the process)."""
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
-    saved = {name: vars(owner)[attr] for name, (owner, attr) in targets.items()}
-
-    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            wall, cpu = time.perf_counter(), time.process_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                samples[name].append((time.perf_counter() - wall, time.process_time() - cpu))
-
-        return timed
-
-    for name, (owner, attr) in targets.items():
-        setattr(owner, attr, wrap(name, saved[name]))
-    try:
-        yield samples
-    finally:
-        for name, (owner, attr) in targets.items():
-            setattr(owner, attr, saved[name])
-
-
 def _share_worker(rank: int, world: int, port: int, out: str, spec: dict[str, Any]) -> None:
     """One rank of a W-process run (``torch.multiprocessing.spawn``): its timings to ``out/rank<r>.json``."""
     import torch.distributed as dist
@@ -433,7 +400,7 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
         "records": (RecordWriter, "write_observation"),
     }
     runs: list[dict[str, Any]] = []
-    with _timed_phases(phases) as samples:
+    with h.timed_calls(phases, cpu=True) as samples:
         for epoch in range(int(spec["repeats"]) + 1):  # epoch 0: warm-up (noise caches), no history yet
             order = ("alone", "shared") if epoch % 2 == 0 else ("shared", "alone")
             for variant in order:
@@ -517,7 +484,7 @@ def shared_summary(sizes: Sizes, world: int, work: Path) -> list[dict[str, Any]]
         "repeats": sizes.repeats,
         "threads": max(1, torch.get_num_threads() // world),  # the stream's threads: the cores split over the ranks
     }
-    mp.spawn(_share_worker, args=(world, _free_port(), str(out), spec), nprocs=world, join=True)
+    mp.spawn(_share_worker, args=(world, h.free_port(), str(out), spec), nprocs=world, join=True)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
