@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import json
 import os
 import socket
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -351,25 +353,10 @@ class PhaseTimer:
         from tgo.observatory import pipeline
         from tgo.records import RecordWriter
 
-        saved = (
-            pipeline.stream_activations,
-            pipeline.reduce_accumulators,
-            pipeline.summarize_shared,
-            RecordWriter.write_observation,
-        )
-        pipeline.stream_activations = self._wrap("stream", saved[0])
-        pipeline.reduce_accumulators = self._wrap("reduce", saved[1])
-        pipeline.summarize_shared = self._wrap("eig_observables", saved[2])
-        RecordWriter.write_observation = self._wrap("records", saved[3])
-        try:
+        names = {"stream": "stream_activations", "reduce": "reduce_accumulators", "eig_observables": "summarize_shared"}
+        targets = {phase: (pipeline, name) for phase, name in names.items()}
+        with patched({**targets, "records": (RecordWriter, "write_observation")}, self._wrap):
             yield
-        finally:
-            (
-                pipeline.stream_activations,
-                pipeline.reduce_accumulators,
-                pipeline.summarize_shared,
-                RecordWriter.write_observation,
-            ) = saved
 
     def medians(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.samples.items() if v}
@@ -528,9 +515,19 @@ def interleaved(
 
 
 @contextlib.contextmanager
+def patched(targets: dict[str, tuple[Any, str]], wrap: Callable[[str, Callable[..., Any]], Any]) -> Iterator[None]:
+    """Every ``owner.attribute`` of ``targets`` (``{name: (owner, attribute)}``, the owner a class: its method, or a
+    module: a function the library looks up there at call time) replaced by ``wrap(name, original)`` while the block
+    runs, restored on exit (`unittest.mock.patch.object`)."""
+    with contextlib.ExitStack() as stack:
+        for name, (owner, attr) in targets.items():
+            stack.enter_context(mock.patch.object(owner, attr, wrap(name, inspect.getattr_static(owner, attr))))
+        yield
+
+
+@contextlib.contextmanager
 def timed_calls(targets: dict[str, tuple[Any, str]], *, cpu: bool = False) -> Iterator[dict[str, list[Any]]]:
-    """Times every call of some functions while the block runs: ``{name: (owner, attribute)}``, the owner a class
-    (its method) or a module (a function the library looks up there at call time); restored on exit.
+    """Times every call of some functions while the block runs (`patched`).
 
     A profile of where a pass's time goes without a profiler's overhead: only the wrapped calls pay a
     ``perf_counter`` pair. Nested wrapped calls count in each of their wrappers.
@@ -540,7 +537,6 @@ def timed_calls(targets: dict[str, tuple[Any, str]], *, cpu: bool = False) -> It
         CPU)`` seconds (the CPU of every thread of the process).
     """
     samples: dict[str, list[Any]] = {name: [] for name in targets}
-    saved = {name: vars(owner)[attr] for name, (owner, attr) in targets.items()}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -553,13 +549,8 @@ def timed_calls(targets: dict[str, tuple[Any, str]], *, cpu: bool = False) -> It
 
         return timed
 
-    for name, (owner, attr) in targets.items():
-        setattr(owner, attr, wrap(name, saved[name]))
-    try:
+    with patched(targets, wrap):
         yield samples
-    finally:
-        for name, (owner, attr) in targets.items():
-            setattr(owner, attr, saved[name])
 
 
 def free_port() -> int:

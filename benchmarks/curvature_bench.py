@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import _harness as h
 from benchmarks._table import run_alone
 
 H200_PEAK = {"float64": 67e12, "float32": 67e12}
@@ -143,23 +144,13 @@ def quickstart_measurement(profile: Profile) -> tuple[float, int, float]:
         dataset=data,
         training=TrainingInfo(epoch=0, global_step=steps, optimizer=opt, learning_rate=2e-3),
     )
-    counted: list[int] = []
     from tgo.optimisation import curvature as numerics
 
-    original = numerics.HessianOperator.matvec
-
-    def matvec(self: Any, v: np.ndarray) -> np.ndarray:
-        counted.append(1)
-        return original(self, v)
-
-    numerics.HessianOperator.matvec = matvec  # type: ignore[method-assign]
-    try:
+    with h.timed_calls({"matvec": (numerics.HessianOperator, "matvec")}) as products:
         start = time.perf_counter()
         CurvatureState(context)
         seconds = time.perf_counter() - start
-    finally:
-        numerics.HessianOperator.matvec = original  # type: ignore[method-assign]
-    return seconds, len(counted), epoch
+    return seconds, len(products["matvec"]), epoch
 
 
 def curvature_rows(table: Any, profile_name: str) -> dict[str, Any]:

@@ -513,19 +513,17 @@ def training_overhead(table: Table, epochs: int, work: Path, overrides: Sequence
     from tgo.train import run
 
     calls: list[dict[str, float]] = []
-    original = SpectralGeometryCallback.observe_epoch
 
-    def timed_observe(self: Any, trainer: Any, pl_module: Any, epoch: int) -> None:
-        start = time.perf_counter()
-        original(self, trainer, pl_module, epoch)
-        calls.append(
-            {
-                "epoch": epoch,
-                "seconds": time.perf_counter() - start,
-                "pass": self.last_pass_seconds or 0.0,
-                "logging": self.last_logging_seconds or 0.0,
-            }
-        )
+    def wrap(_: str, original: Any) -> Any:
+        def timed_observe(self: Any, trainer: Any, pl_module: Any, epoch: int) -> None:
+            start = time.perf_counter()
+            original(self, trainer, pl_module, epoch)
+            seconds, logging = time.perf_counter() - start, self.last_logging_seconds or 0.0
+            calls.append(
+                {"epoch": epoch, "seconds": seconds, "pass": self.last_pass_seconds or 0.0, "logging": logging}
+            )
+
+        return timed_observe
 
     EpochTimer.stamps = []
     run_dir = work / "quickstart_run"
@@ -539,11 +537,8 @@ def training_overhead(table: Table, epochs: int, work: Path, overrides: Sequence
             f"+callbacks.bench_epoch_timer._target_={EpochTimer.__module__}.{EpochTimer.__qualname__}",
         ],
     )
-    SpectralGeometryCallback.observe_epoch = timed_observe
-    try:
+    with h.patched({"observe": (SpectralGeometryCallback, "observe_epoch")}, wrap):
         run(cfg)
-    finally:
-        SpectralGeometryCallback.observe_epoch = original
     return _training_rows(table, calls, int(cfg.observation.groups))
 
 

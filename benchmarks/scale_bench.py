@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -384,14 +384,15 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
         return got
 
     composition: dict[str, int] = {}
-    real_encode = share_module.encode_results
 
-    def encode(results: Any, **kwargs: Any) -> bytes:  # what the share holds, by kind of array (a sum of nbytes)
-        composition.clear()
-        composition.update(_composition(results))
-        return real_encode(results, **kwargs)
+    def composed(_: str, encode: Callable[..., bytes]) -> Callable[..., bytes]:
+        def encoded(results: Any, **kwargs: Any) -> bytes:  # what the share holds, by kind of array (sum of nbytes)
+            composition.clear()
+            composition.update(_composition(results))
+            return encode(results, **kwargs)
 
-    share_module.encode_results = encode  # type: ignore[assignment]
+        return encoded
+
     phases = {
         "own": (share_module, "summarize_accumulators"),
         "encode": (share_module, "encode_results"),
@@ -400,7 +401,8 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
         "records": (RecordWriter, "write_observation"),
     }
     runs: list[dict[str, Any]] = []
-    with h.timed_calls(phases, cpu=True) as samples:
+    encoding = h.patched({"encode": (share_module, "encode_results")}, composed)
+    with encoding, h.timed_calls(phases, cpu=True) as samples:
         for epoch in range(int(spec["repeats"]) + 1):  # epoch 0: warm-up (noise caches), no history yet
             order = ("alone", "shared") if epoch % 2 == 0 else ("shared", "alone")
             for variant in order:
@@ -432,7 +434,6 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
                         "pool_threads": pool,
                     }
                 )
-    share_module.encode_results = real_encode  # type: ignore[assignment]
     dist.barrier(group=group)
     return {
         "rank": rank,

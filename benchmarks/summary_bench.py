@@ -140,7 +140,6 @@ def capture_decompositions() -> Iterator[list[Decomposition]]:
     values), restoring numpy on exit. The summary's modules look the functions up on ``numpy.linalg`` at call time,
     so every call of every thread is seen."""
     calls: list[Decomposition] = []
-    saved = {name: getattr(np.linalg, name) for name in ("eigvalsh", "eigh", "svd")}
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def recorded(a: Any, *args: Any, **kwargs: Any) -> Any:
@@ -152,13 +151,8 @@ def capture_decompositions() -> Iterator[list[Decomposition]]:
 
         return recorded
 
-    for name, fn in saved.items():
-        setattr(np.linalg, name, wrap(name, fn))
-    try:
+    with h.patched({name: (np.linalg, name) for name in ("eigvalsh", "eigh", "svd")}, wrap):
         yield calls
-    finally:
-        for name, fn in saved.items():
-            setattr(np.linalg, name, fn)
 
 
 def floor_run(calls: Sequence[Decomposition], workers: int | None = None) -> Callable[[], None]:

@@ -169,23 +169,19 @@ def plain_precision() -> Iterator[None]:
 
 @contextlib.contextmanager
 def counted_matrices(module: Any) -> Iterator[list[int]]:
-    """The covariances each ``module.eigendecompose_many`` call decomposes while the block runs (one count per call).
-
-    The summary decomposes a view's ``G + 1`` covariances in one stacked call, so calls are not matrices; the
-    function is wrapped where the summary looks it up at call time and restored on exit.
-    """
+    """The covariances each ``module.eigendecompose_many`` call decomposes while the block runs (one count per call):
+    the summary decomposes a view's ``G + 1`` covariances in one stacked call, so calls are not matrices."""
     counts: list[int] = []
-    original = module.eigendecompose_many
 
-    def counted(covs: Any, *args: Any, **kwargs: Any) -> Any:
-        counts.append(len(covs))
-        return original(covs, *args, **kwargs)
+    def wrap(_: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(covs: Any, *args: Any, **kwargs: Any) -> Any:
+            counts.append(len(covs))
+            return original(covs, *args, **kwargs)
 
-    module.eigendecompose_many = counted
-    try:
+        return counted
+
+    with h.patched({"eig": (module, "eigendecompose_many")}, wrap):
         yield counts
-    finally:
-        module.eigendecompose_many = original
 
 
 @contextlib.contextmanager
@@ -193,77 +189,69 @@ def captured_stacks(module: Any) -> Iterator[list[np.ndarray]]:
     """Copies of every stack the summary hands to its eigensolver while the block runs (symmetrised float64
     ``[S, D, D]``, the defined matrices of one dimension of one ``eigendecompose_many`` call).
 
-    ``module.eigendecompose_many`` (where the summary looks it up at call time) is wrapped to pass a recording
-    eigensolver around whichever one it was given (``eigvalsh=``; none: `tgo.spectral.eigensolver.cpu_eigvalsh`), so
-    the stacks are the real ones whatever ``observation.summary.eigensolver`` chose; restored on exit.
+    ``module.eigendecompose_many`` is wrapped to pass a recording eigensolver around whichever one it was given
+    (``eigvalsh=``; none: `tgo.spectral.eigensolver.cpu_eigvalsh`), so the stacks are the real ones whatever
+    ``observation.summary.eigensolver`` chose.
     """
     from tgo.spectral.eigensolver import cpu_eigvalsh
 
     stacks: list[np.ndarray] = []
-    original = module.eigendecompose_many
 
-    def capturing(covs: Any, *args: Any, eigvalsh: Any = None, **kwargs: Any) -> Any:
-        solve = eigvalsh or cpu_eigvalsh
+    def wrap(_: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def capturing(covs: Any, *args: Any, eigvalsh: Any = None, **kwargs: Any) -> Any:
+            solve = eigvalsh or cpu_eigvalsh
 
-        def recording(stack: np.ndarray) -> np.ndarray:
-            stacks.append(np.array(stack, dtype=np.float64, order="C", copy=True))
-            return solve(stack)
+            def recording(stack: np.ndarray) -> np.ndarray:
+                stacks.append(np.array(stack, dtype=np.float64, order="C", copy=True))
+                return solve(stack)
 
-        return original(covs, *args, eigvalsh=recording, **kwargs)
+            return original(covs, *args, eigvalsh=recording, **kwargs)
 
-    module.eigendecompose_many = capturing
-    try:
+        return capturing
+
+    with h.patched({"eig": (module, "eigendecompose_many")}, wrap):
         yield stacks
-    finally:
-        module.eigendecompose_many = original
 
 
-@contextlib.contextmanager
-def synchronized_stream(device: torch.device) -> Iterator[None]:
+def synchronized_stream(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """Makes the streaming phase end when the device has finished it, so `_harness.PhaseTimer` charges GPU work to
     the pass rather than to whichever later phase first waits for the device."""
     from tgo.observatory import pipeline
 
-    original = pipeline.stream_activations
+    def wrap(_: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def synced(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            h.synchronize(device)
+            return out
 
-    def synced(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
-        h.synchronize(device)
-        return out
+        return synced
 
-    pipeline.stream_activations = synced
-    try:
-        yield
-    finally:
-        pipeline.stream_activations = original
+    return h.patched({"stream": (pipeline, "stream_activations")}, wrap)
 
 
 # ---------------------------------------------------------------------------------------------------- training
-@contextlib.contextmanager
-def cached_analysis_images() -> Iterator[dict[tuple[int, int], Any]]:
+def cached_analysis_images() -> contextlib.AbstractContextManager[None]:
     """Every analysis image is rendered and transformed once and then served from memory, while the block runs.
 
     The synthetic source renders each 224 px image with numpy (~10-20 ms on one core): 1,000 of them per observation
     would time the renderer, not the observation (a real data set pays a decode instead; the bench harness likewise
     materialises its images). The first observation (epoch 0) fills the cache and pays the rendering; it is
-    reported apart. Patched on the class (``__getitem__`` is looked up there), restored on exit.
+    reported apart.
     """
     from tgo.data.analysis import AnalysisSubset
 
-    original = AnalysisSubset.__getitem__
     cache: dict[tuple[int, int], Any] = {}
 
-    def cached(self: AnalysisSubset, index: int) -> Any:
-        key = (id(self), int(index))
-        if key not in cache:
-            cache[key] = original(self, index)
-        return cache[key]
+    def wrap(_: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def cached(self: AnalysisSubset, index: int) -> Any:
+            key = (id(self), int(index))
+            if key not in cache:
+                cache[key] = original(self, index)
+            return cache[key]
 
-    AnalysisSubset.__getitem__ = cached  # type: ignore[method-assign]
-    try:
-        yield cache
-    finally:
-        AnalysisSubset.__getitem__ = original  # type: ignore[method-assign]
+        return cached
+
+    return h.patched({"images": (AnalysisSubset, "__getitem__")}, wrap)
 
 
 @contextlib.contextmanager
@@ -276,24 +264,18 @@ def recorded_observations() -> Iterator[list[dict[str, float]]]:
     from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
 
     calls: list[dict[str, float]] = []
-    original = SpectralGeometryCallback.observe_epoch
 
-    def recorded(self: SpectralGeometryCallback, trainer: Any, pl_module: Any, epoch: int) -> None:
-        original(self, trainer, pl_module, epoch)
-        if trainer.is_global_zero:
-            calls.append(
-                {
-                    "epoch": epoch,
-                    "pass_s": float(self.last_pass_seconds or math.nan),
-                    "blocking_s": float(self.last_blocking_seconds or math.nan),
-                }
-            )
+    def wrap(_: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(self: SpectralGeometryCallback, trainer: Any, pl_module: Any, epoch: int) -> None:
+            original(self, trainer, pl_module, epoch)
+            if trainer.is_global_zero:
+                pass_s, blocking_s = self.last_pass_seconds, self.last_blocking_seconds
+                calls.append({"epoch": epoch, "pass_s": pass_s or math.nan, "blocking_s": blocking_s or math.nan})
 
-    SpectralGeometryCallback.observe_epoch = recorded  # type: ignore[method-assign]
-    try:
+        return recorded
+
+    with h.patched({"observe": (SpectralGeometryCallback, "observe_epoch")}, wrap):
         yield calls
-    finally:
-        SpectralGeometryCallback.observe_epoch = original  # type: ignore[method-assign]
 
 
 def train(profile: Profile, device: torch.device, run_dir: Path) -> dict[str, Any]:
