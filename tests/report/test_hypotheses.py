@@ -19,6 +19,7 @@ from tgo.report.findings import REVERSES, Trend
 from tgo.report.hypotheses import (
     CONSISTENT,
     HYPOTHESES,
+    HYPOTHESES_COLUMNS,
     INCONSISTENT,
     NOT_RECORDED,
     POINT_SELECTORS,
@@ -29,7 +30,7 @@ from tgo.report.hypotheses import (
     select_points,
     summary_text,
 )
-from tgo.report.hypotheses_section import HYPOTHESES_COLUMNS, hypotheses_report
+from tgo.report.hypotheses_section import hypotheses_report
 from tgo.report.runs import load_run_data
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty
 from tgo.spectral.attention import HEAD_METRICS

@@ -13,7 +13,7 @@ import pytest
 from tests.report.synthetic import write_synthetic_run
 from tgo.records import RunDir
 from tgo.report.__main__ import main
-from tgo.report.aggregate import SubsetMismatchError, aggregate_runs, verdict_agreement
+from tgo.report.aggregate import SubsetMismatchError, aggregate_runs
 from tgo.report.build import build_report
 from tgo.report.figures import observable_figures
 from tgo.report.findings import VERDICTS, evaluate_findings
@@ -26,6 +26,7 @@ from tgo.report.reference import (
     paper_point_name,
 )
 from tgo.report.runs import ReportInputError, discover_runs, load_run_data
+from tgo.report.statements import count_agreement
 from tgo.spectral.catalogue import CATALOGUE
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -113,7 +114,7 @@ def test_several_runs_give_mean_and_std_bands_and_agreement_counts(tmp_path: Pat
     np.testing.assert_array_equal(epochs, EPOCHS)
     np.testing.assert_allclose(mean, 4.0 + EPOCHS)
     np.testing.assert_allclose(agg.high["effective_rank"]["cls"] - mean, np.std([0, 2], ddof=1))  # ±1 std
-    counts = verdict_agreement([evaluate_findings(r.series, r.points, stderr=r.stderr) for r in runs])
+    counts = count_agreement([evaluate_findings(r.series, r.points, stderr=r.stderr) for r in runs], VERDICTS)
     assert counts[("rank_rises", "effective_rank", "block_01")]["holds"] == 1
     assert counts[("rank_rises", "effective_rank", "block_01")]["does not hold"] == 1
     assert counts[("rank_rises", "effective_rank", "cls")]["holds"] == 2

@@ -11,24 +11,20 @@ subset fingerprints differ (unless told otherwise). Aggregation uses the points 
 from __future__ import annotations
 
 import warnings
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tgo.records import RunDir
-from tgo.report.findings import VERDICTS, Finding
 from tgo.report.runs import ReportInputError, RunData
 
 __all__ = [
     "Aggregate",
     "SubsetMismatchError",
     "aggregate_runs",
-    "agreement_text",
     "check_subsets",
     "single_aggregate",
-    "verdict_agreement",
 ]
 
 FindingKey = tuple[str, str, str]  # (claim, metric, point)
@@ -218,25 +214,3 @@ def single_aggregate(
             agg.low.setdefault(metric, {})[point] = mu
             agg.high.setdefault(metric, {})[point] = mu
     return agg
-
-
-def verdict_agreement(per_run: Sequence[Sequence[Finding]]) -> dict[FindingKey, Counter]:
-    """How many runs reached each verdict, per (claim, metric, point).
-
-    Args:
-        per_run: Each run's findings (`tgo.report.findings.evaluate_findings`).
-
-    Returns:
-        ``{(claim, metric, point): Counter({verdict: runs})}`` with every verdict of `VERDICTS` present (0 if none).
-    """
-    counts: dict[FindingKey, Counter] = {}
-    for findings in per_run:
-        for f in findings:
-            counter = counts.setdefault((f.claim, f.metric, f.point), Counter({v: 0 for v in VERDICTS}))
-            counter[f.verdict] += 1
-    return counts
-
-
-def agreement_text(counter: Mapping[str, int], n_runs: int) -> str:
-    """``holds 2/3, does not hold 1/3`` (verdicts no run reached are left out)."""
-    return ", ".join(f"{verdict} {counter[verdict]}/{n_runs}" for verdict in VERDICTS if counter.get(verdict))

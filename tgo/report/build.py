@@ -6,32 +6,28 @@ The single orchestrator of ``tgo.report``; every step is a function of another m
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
 from tgo.records import RunDir
+from tgo.report import cells
 from tgo.report.aggregate import (
     Aggregate,
     aggregate_runs,
-    agreement_text,
     check_subsets,
     single_aggregate,
-    verdict_agreement,
 )
+from tgo.report.cells import number, percent, plus_minus, q_value, z_value
 from tgo.report.early import early_section
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, save_figure, spectrum_figures
-from tgo.report.findings import Finding, evaluate_findings
+from tgo.report.findings import FINDINGS_COLUMNS, VERDICTS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
+from tgo.report.hypotheses import HYPOTHESES_COLUMNS
 from tgo.report.hypotheses_section import (
-    HYPOTHESES_COLUMNS,
-    JUDGED_COLUMNS,
     HypothesesReport,
     hypotheses_report,
-    judged_cells,
-    uncertainty_cells,
 )
 from tgo.report.optimisation import optimisation_section
 from tgo.report.output import claim_report_dir, staged_report
@@ -53,9 +49,10 @@ from tgo.report.runinfo import (
 )
 from tgo.report.runs import ReportInputError, RunData, discover_runs, load_run_data, run_names
 from tgo.report.spreadsheet import write_csv
+from tgo.report.statements import count_agreement, csv_rows
 from tgo.report.story import build_story, story_caption, story_figure
 from tgo.report.summary import verdict_counts_line, verdict_scope_sentence, verdict_summary_section
-from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
+from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings
 
 __all__ = [
     "FINDINGS_COLUMNS",
@@ -63,37 +60,11 @@ __all__ = [
     "build_published_report",
     "build_report",
     "default_out_dir",
-    "findings_rows",
     "header_rows",
 ]
 
 REFERENCE_MODES = ("none", "tgo1")
 """``--reference``: ``none`` (default) draws the runs alone; ``tgo1`` adds the published TGO-I measurements."""
-FINDINGS_COLUMNS: tuple[str, ...] = (
-    "claim",
-    "statement",
-    "metric",
-    "point",
-    "expected",
-    *JUDGED_COLUMNS,
-    "spearman",
-    "peak_epoch",
-    "peak_window",
-    "peak_value",
-    "drop",
-    "drop_uncertainty",
-    "rank",
-    "of",
-    "margin",
-    "margin_uncertainty",
-    "note",
-    "agreement",
-)
-"""The columns of ``findings.csv``: the judged columns (`JUDGED_COLUMNS`: window means, the change, its paired
-jackknife and training-noise standard errors, their combination ``uncertainty``, ``z``, ``p`` and the
-Benjamini-Hochberg ``q``), ``window`` the observations per window; ``peak_*`` describe the best window in the claimed
-direction and ``drop`` how far the last window fell back from it; ``rank``/``of``/``margin`` are filled for the CLS
-claims (final window), whose evidence columns are then those of the margin."""
 
 
 def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
@@ -104,28 +75,6 @@ def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
     return RunDir(paths[0]).report
 
 
-def _fmt(value: float | int | None, digits: int = 4) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
-        return "nan" if math.isnan(value) else str(value)
-    return f"{value:.{digits}g}"
-
-
-def _pct(value: float) -> str:
-    return "" if not math.isfinite(value) else f"{value:+.1%}"
-
-
-def _plus_minus(value: float, uncertainty: Uncertainty) -> str:
-    """``+1.23 ± 0.045`` (the value alone when there is no uncertainty)."""
-    if not math.isfinite(value):
-        return ""
-    total = uncertainty.total
-    return f"{value:+.4g}" + (f" ± {total:.2g}" if math.isfinite(total) else "")
-
-
 def _finding_cells(f: Finding) -> list[str]:
     t = f.trend
     if t is None:
@@ -134,23 +83,17 @@ def _finding_cells(f: Finding) -> list[str]:
         f.statement,
         f.point,
         f.expected,
-        _fmt(t.first),
-        _fmt(t.last),
-        _plus_minus(t.change, t.uncertainty),
-        _pct(t.relative_change),
-        _fmt(t.spearman, 3),
+        number(t.first, nan="nan"),
+        number(t.last, nan="nan"),
+        plus_minus(t.change, t.uncertainty.total),
+        percent(t.relative_change),
+        number(t.spearman, 3, nan="nan"),
         t.peak_window,
-        _z_text(f),
-        "" if not math.isfinite(f.q) else f"{f.q:.2g}",
+        z_value(f.extreme.z if f.extreme is not None else t.z),
+        q_value(f.q),
         f.verdict,
         f.note,
     ]
-
-
-def _z_text(f: Finding) -> str:
-    """The row's z: of the margin for the CLS claims, of the change otherwise."""
-    z = f.extreme.z if f.extreme is not None else (f.trend.z if f.trend is not None else math.nan)
-    return "" if math.isnan(z) else f"{z:+.1f}"
 
 
 FINDING_HEADERS = [
@@ -168,55 +111,6 @@ FINDING_HEADERS = [
     "verdict",
     "note",
 ]
-
-
-def _csv_number(value: float | int | None) -> str:
-    if value is None:
-        return ""
-    return str(value) if isinstance(value, int) else repr(float(value))
-
-
-def findings_rows(
-    findings: Sequence[Finding], agreement: dict | None = None, n_runs: int = 1, z: float = DEFAULT_SETTINGS.z
-) -> list[dict]:
-    """The findings as `FINDINGS_COLUMNS` dictionaries (numbers as exact ``repr`` strings, empty when absent)."""
-    rows = []
-    for f in findings:
-        row = dict.fromkeys(FINDINGS_COLUMNS, "")
-        row.update(claim=f.claim, statement=f.statement, metric=f.metric, point=f.point, expected=f.expected)
-        row.update(verdict=f.verdict, note=f.note)
-        t = f.trend
-        if t is not None:
-            row.update(judged_cells(t, f.p, f.q, z))
-            row.update(
-                spearman=_csv_number(t.spearman),
-                peak_epoch=_csv_number(t.peak_epoch),
-                peak_window=t.peak_window,
-                peak_value=_csv_number(t.peak_value),
-                drop=_csv_number(t.drop),
-                drop_uncertainty=_csv_number(t.drop_uncertainty.total),
-            )
-        if f.extreme is not None:
-            e = f.extreme
-            row.update(rank=str(e.rank), of=str(e.of), margin=_csv_number(e.margin))
-            row.update(margin_uncertainty=_csv_number(e.uncertainty.total))
-            if t is not None:  # the row is judged on the margin: its evidence columns are the margin's
-                row.update(uncertainty_cells(e.uncertainty, e.z, z))
-        if agreement:
-            row["agreement"] = agreement_text(agreement[(f.claim, f.metric, f.point)], n_runs)
-        rows.append(row)
-    return rows
-
-
-def _write_csv(path: Path, columns: Sequence[str], rows: Sequence[dict]) -> None:
-    """A CSV for people: cells a spreadsheet would execute are escaped (`tgo.report.spreadsheet`)."""
-    write_csv(path, columns, rows)
-
-
-def _write_findings_csv(
-    path: Path, findings: Sequence[Finding], agreement: dict | None, n_runs: int, z: float = DEFAULT_SETTINGS.z
-) -> None:
-    _write_csv(path, FINDINGS_COLUMNS, findings_rows(findings, agreement, n_runs, z))
 
 
 def _rule_paragraph(settings: VerdictSettings, what: str) -> str:
@@ -488,12 +382,12 @@ def build_report(
         agreement = None
         extra: list[tuple[str, Callable[[Finding], str]]] = []
         if several:
-            agreement = verdict_agreement([_judge(aggregate_runs([r]), settings) for r in runs])
+            agreement = count_agreement([_judge(aggregate_runs([r]), settings) for r in runs], VERDICTS)
             counts = agreement
             extra.append(
                 (
                     f"runs agreeing (of {len(runs)})",
-                    lambda f: agreement_text(counts[(f.claim, f.metric, f.point)], len(runs)),
+                    lambda f: cells.agreement(counts[f.key], len(runs)),
                 )
             )
         if paper is not None and not single:
@@ -555,10 +449,10 @@ def build_report(
                             r.metric,
                             r.point,
                             str(r.epoch),
-                            _fmt(r.value),
+                            number(r.value, nan="nan"),
                             str(r.paper_epoch),
-                            _fmt(r.paper_value),
-                            _fmt(r.ratio, 3),
+                            number(r.paper_value, nan="nan"),
+                            number(r.ratio, 3, nan="nan"),
                         ]
                         for r in ref_rows
                     ],
@@ -608,8 +502,12 @@ def build_report(
             sections.append(ref)
         sections.append(summary)
 
-        _write_findings_csv(report_dir / "findings.csv", findings, agreement, len(runs), settings.z)
-        _write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
+        write_csv(
+            report_dir / "findings.csv",
+            FINDINGS_COLUMNS,
+            csv_rows(findings, FINDINGS_COLUMNS, settings.z, agreement, len(runs)),
+        )
+        write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
         index = _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
     return final_dir / index.name
 
@@ -661,6 +559,6 @@ def build_published_report(
         sections += _figure_sections(
             observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"), None
         )
-        _write_findings_csv(report_dir / "findings.csv", findings, None, 1, settings.z)
+        write_csv(report_dir / "findings.csv", FINDINGS_COLUMNS, csv_rows(findings, FINDINGS_COLUMNS, settings.z))
         index = _write_page(report_dir, title or "TGO report: published TGO-I measurements", sections, embed)
     return final_dir / index.name

@@ -70,6 +70,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tgo.report.cells import csv_number, number, plus_minus
+from tgo.report.statements import JUDGED_COLUMNS, control_fdr_table, judged_cells, uncertainty_cells
 from tgo.report.training_noise import (
     MIN_OWN_DOF,
     moderated_dispersions,
@@ -84,7 +86,6 @@ from tgo.report.verdicts import (
     VerdictSettings,
     Window,
     contrast,
-    control_fdr,
     difference,
     margin_series,
     measured,
@@ -98,6 +99,7 @@ from tgo.spectral.catalogue import CATALOGUE, Observable, Spread
 __all__ = [
     "CLAIMS",
     "DIRECTIONAL",
+    "FINDINGS_COLUMNS",
     "VERDICTS",
     "Claim",
     "Extreme",
@@ -359,6 +361,62 @@ class Finding:
     p: float = math.nan
     q: float = math.nan
 
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What a run's row is matched by: ``(claim, metric, point)``."""
+        return self.claim, self.metric, self.point
+
+    def csv_cells(self, z: float) -> dict[str, str]:
+        """The row's `FINDINGS_COLUMNS` (numbers as exact ``repr`` strings, empty when absent)."""
+        row = dict(
+            claim=self.claim, statement=self.statement, metric=self.metric, point=self.point, expected=self.expected
+        )
+        row.update(verdict=self.verdict, note=self.note)
+        t, e = self.trend, self.extreme
+        if t is not None:
+            row.update(judged_cells(t, self.p, self.q, z))
+            row.update(
+                spearman=csv_number(t.spearman, nan="nan"),
+                peak_epoch=number(t.peak_epoch),
+                peak_window=t.peak_window,
+                peak_value=csv_number(t.peak_value, nan="nan"),
+                drop=csv_number(t.drop, nan="nan"),
+                drop_uncertainty=csv_number(t.drop_uncertainty.total, nan="nan"),
+            )
+        if e is not None:
+            row.update(rank=str(e.rank), of=str(e.of), margin=csv_number(e.margin, nan="nan"))
+            row.update(margin_uncertainty=csv_number(e.uncertainty.total, nan="nan"))
+            if t is not None:  # the row is judged on the margin: its evidence columns are the margin's
+                row.update(uncertainty_cells(e.uncertainty, e.z, z))
+        return row
+
+
+FINDINGS_COLUMNS: tuple[str, ...] = (
+    "claim",
+    "statement",
+    "metric",
+    "point",
+    "expected",
+    *JUDGED_COLUMNS,
+    "spearman",
+    "peak_epoch",
+    "peak_window",
+    "peak_value",
+    "drop",
+    "drop_uncertainty",
+    "rank",
+    "of",
+    "margin",
+    "margin_uncertainty",
+    "note",
+    "agreement",
+)
+"""The columns of ``findings.csv``: the judged columns (`JUDGED_COLUMNS`: window means, the change, its paired
+jackknife and training-noise standard errors, their combination ``uncertainty``, ``z``, ``p`` and the
+Benjamini-Hochberg ``q``), ``window`` the observations per window; ``peak_*`` describe the best window in the claimed
+direction and ``drop`` how far the last window fell back from it; ``rank``/``of``/``margin`` are filled for the CLS
+claims (final window), whose evidence columns are then those of the margin."""
+
 
 def spearman(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman rank correlation with average ranks for ties (NaN if either side is constant or n < 2).
@@ -391,12 +449,6 @@ def _sign(direction: Direction) -> float:
     if direction not in ("rise", "fall"):
         raise ValueError(f"direction must be 'rise' or 'fall', got {direction!r}")
     return 1.0 if direction == "rise" else -1.0
-
-
-def _pm(value: float, uncertainty: Uncertainty, signed: bool = False) -> str:
-    """``+3.2 ± 0.41``: a difference and its uncertainty."""
-    shown = f"{value:+.3g}" if signed else f"{value:.3g}"
-    return f"{shown} ± {uncertainty.total:.2g}"
 
 
 def _z(value: float, uncertainty: Uncertainty) -> str:
@@ -464,7 +516,8 @@ def _trend_verdict(
     basis = _basis(uncertainty)
     dip = ""
     if significant(drop, drop_uncertainty, z) and significant(rise, rise_uncertainty, z):
-        back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
+        fell = plus_minus(drop, drop_uncertainty.total, digits=3, signed=False, missing=None)
+        back = f"{fell} {below} it {_z(drop, drop_uncertainty)}"
         if drop_uncertainty.training_estimated:
             p = max(drop_uncertainty.p(drop), rise_uncertainty.p(rise))
             return REVERSES, _joined(f"{extreme_word} window epochs {peak_span}; the last window is {back}", basis), p
@@ -473,11 +526,12 @@ def _trend_verdict(
             f"window is {back} on image sampling alone; training noise not estimated, and epoch-to-epoch training "
             "wander can make such a dip"
         )
-    moved = f"change {_pm(change, uncertainty, True)} {_z(change, uncertainty)}"
+    moved = f"change {plus_minus(change, uncertainty.total, digits=3, missing=None)} {_z(change, uncertainty)}"
     if significant(gain, uncertainty, z):
         if dip or not drop > 0:
             return HOLDS, _joined(moved, dip, basis), p_change
-        back = f"{_pm(drop, drop_uncertainty)} {below} it {_z(drop, drop_uncertainty)}"
+        fell = plus_minus(drop, drop_uncertainty.total, digits=3, signed=False, missing=None)
+        back = f"{fell} {below} it {_z(drop, drop_uncertainty)}"
         levels = f"levels off: best window epochs {peak_span}, the last is {back}, not a significant fall"
         return HOLDS, _joined(moved, levels, basis), p_change
     if significant(-gain, uncertainty, z):
@@ -607,7 +661,7 @@ def judge_stable(m: Measured, settings: VerdictSettings = DEFAULT_SETTINGS) -> T
     uncertainty = trend.uncertainty
     threshold = uncertainty.threshold(settings.z)
     band = f"±{settings.stable_tolerance:.0%} of the first window"
-    change = f"{_pm(trend.change, uncertainty, True)} {_z(trend.change, uncertainty)}"
+    change = f"{plus_minus(trend.change, uncertainty.total, digits=3, missing=None)} {_z(trend.change, uncertainty)}"
     basis = _basis(uncertainty)
     outside = abs(trend.change) - tolerance
     if not math.isfinite(threshold):
@@ -702,7 +756,8 @@ def judge_extreme(
         )
     note = (
         f"{target} ranks {rank} of {len(gains)} in the final window (epochs {span}), margin "
-        f"{_pm(margin, uncertainty, True)} {_z(margin, uncertainty)} over {rival} ({'next' if rank == 1 else word})"
+        f"{plus_minus(margin, uncertainty.total, digits=3, missing=None)} {_z(margin, uncertainty)} over {rival} "
+        f"({'next' if rank == 1 else word})"
     )
     z, p = settings.z, uncertainty.p(margin)
     if not math.isfinite(uncertainty.total):
@@ -853,21 +908,9 @@ DIRECTIONAL: tuple[str, ...] = (HOLDS, REVERSES, FAILS)
 
 
 def control_fdr_findings(findings: Sequence[Finding], settings: VerdictSettings = DEFAULT_SETTINGS) -> list[Finding]:
-    """The rows with their Benjamini-Hochberg q-values; a directional verdict whose ``q > fdr`` reads inconclusive.
-
-    Every row with a p-value is one test of the family (the table); rows without one (``n/a``, no uncertainty) do
-    not count. The control only removes directional verdicts, never adds one.
-    """
-    q_values = control_fdr([f.p for f in findings])
-    out = []
-    for f, q in zip(findings, q_values, strict=True):
-        trend = replace(f.trend, q=float(q)) if f.trend is not None else None
-        row = replace(f, q=float(q), trend=trend)
-        if f.verdict in DIRECTIONAL and not q <= settings.fdr:
-            note = _joined(f.note, f"q = {q:.2g} > {settings.fdr:g}: not a discovery after false-discovery control")
-            row = replace(row, verdict=INCONCLUSIVE, note=note)
-        out.append(row)
-    return out
+    """The findings table's false-discovery control (`tgo.report.statements.control_fdr_table`): a directional
+    verdict whose ``q > fdr`` reads inconclusive."""
+    return control_fdr_table(findings, settings, DIRECTIONAL, INCONCLUSIVE)
 
 
 def _row(claim: Claim, point: str, expected: str, trend: Trend, metric: str | None = None) -> Finding:

@@ -58,12 +58,15 @@ from tgo.report.findings import (
     point_role,
     with_pooled_noise,
 )
-from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, control_fdr, significant
+from tgo.report.statements import JUDGED_COLUMNS, control_fdr_table, judged_cells
+from tgo.report.statements import csv_rows as statement_rows
+from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, significant
 from tgo.spectral.catalogue import CATALOGUE, Observable
 
 __all__ = [
     "CONSISTENT",
     "HYPOTHESES",
+    "HYPOTHESES_COLUMNS",
     "INCONSISTENT",
     "NOT_RECORDED",
     "POINT_SELECTORS",
@@ -72,6 +75,7 @@ __all__ = [
     "Hypothesis",
     "Prediction",
     "PredictionResult",
+    "csv_rows",
     "evaluate_predictions",
     "judge_prediction",
     "select_points",
@@ -85,6 +89,8 @@ INCONSISTENT = "inconsistent"
 NOT_RECORDED = "not recorded"
 PREDICTION_VERDICTS: tuple[str, ...] = (CONSISTENT, INCONSISTENT, INCONCLUSIVE, NA)
 """The verdicts of one prediction at one point, in table order (``not recorded`` is a prediction-wide state)."""
+DIRECTIONAL: tuple[str, ...] = (CONSISTENT, INCONSISTENT)
+"""The verdicts that claim a direction (subject to the false-discovery control)."""
 _FROM_RULE = {HOLDS: CONSISTENT, FAILS: INCONSISTENT, INCONCLUSIVE: INCONCLUSIVE, NA: NA}
 
 
@@ -232,6 +238,16 @@ class Prediction:
     def statement(self) -> str:
         """``effective_rank (within_image view) rises``."""
         return f"{self.metric} ({self.view} view) {self.expected}"
+
+    def csv_cells(self) -> dict[str, str]:
+        """Its columns of ``hypotheses.csv``."""
+        return dict(
+            hypothesis=self.hypothesis,
+            prediction=self.statement,
+            metric=self.metric,
+            view=self.view,
+            expected=self.expected,
+        )
 
 
 _TD, _SE, _RR = "token_diversification", "semantic_expansion", "redundancy_reduction"
@@ -532,6 +548,46 @@ class PredictionResult:
     p: float = math.nan
     q: float = math.nan
 
+    @property
+    def key(self) -> tuple[Prediction, str]:
+        """What a run's row is matched by: ``(prediction, point)``."""
+        return self.prediction, self.point
+
+    def csv_cells(self, z: float) -> dict[str, str]:
+        """The row's `HYPOTHESES_COLUMNS` (numbers as exact ``repr`` strings, empty when absent)."""
+        cells = {**self.prediction.csv_cells(), "point": self.point, "verdict": self.verdict, "note": self.note}
+        return {**cells, **judged_cells(self.trend, self.p, self.q, z)}
+
+
+HYPOTHESES_COLUMNS: tuple[str, ...] = (
+    "hypothesis",
+    "prediction",
+    "metric",
+    "view",
+    "point",
+    "expected",
+    *JUDGED_COLUMNS,
+    "note",
+    "agreement",
+)
+"""The columns of ``hypotheses.csv``: one row per prediction and judged point (``first``/``last`` are window means,
+``change = last - first``, ``uncertainty`` its standard error as in ``findings.csv``); a prediction recorded at no
+point gets one row with an empty ``point`` and verdict ``not recorded``."""
+
+
+def csv_rows(
+    results: Mapping[Prediction, Sequence[PredictionResult]], z: float, agreement: dict | None = None, n_runs: int = 1
+) -> list[dict[str, str]]:
+    """The rows of ``hypotheses.csv`` (`tgo.report.statements.csv_rows`), one ``not recorded`` row per prediction
+    recorded at no point."""
+    rows = []
+    for prediction, per_point in results.items():
+        if per_point:
+            rows += statement_rows(per_point, HYPOTHESES_COLUMNS, z, agreement, n_runs)
+        else:
+            rows.append({**dict.fromkeys(HYPOTHESES_COLUMNS, ""), **prediction.csv_cells(), "verdict": NOT_RECORDED})
+    return rows
+
 
 def judge_prediction(trend: Trend, expected: Expected, settings: VerdictSettings = DEFAULT_SETTINGS) -> tuple[str, str]:
     """The prediction's verdict and note from the findings rule's `Trend` of a series in the predicted direction.
@@ -629,19 +685,10 @@ def evaluate_predictions(
 def _control_fdr_predictions(
     results: dict[Prediction, list[PredictionResult]], settings: VerdictSettings
 ) -> dict[Prediction, list[PredictionResult]]:
-    """q-values over every prediction row; consistent/inconsistent rows with ``q > fdr`` read inconclusive."""
-    rows = [(prediction, i) for prediction, rs in results.items() for i in range(len(rs))]
-    q_values = control_fdr([results[prediction][i].p for prediction, i in rows])
-    out = {prediction: list(rs) for prediction, rs in results.items()}
-    for (prediction, i), q in zip(rows, q_values, strict=True):
-        r = out[prediction][i]
-        r = replace(r, q=float(q), trend=replace(r.trend, q=float(q)))
-        if r.verdict in (CONSISTENT, INCONSISTENT) and not q <= settings.fdr:
-            note = f"{r.note}; " if r.note else ""
-            note += f"q = {q:.2g} > {settings.fdr:g}: not a discovery after false-discovery control"
-            r = replace(r, verdict=INCONCLUSIVE, note=note, trend=replace(r.trend, note=note))
-        out[prediction][i] = r
-    return out
+    """The predictions table's false-discovery control over every prediction row
+    (`tgo.report.statements.control_fdr_table`): consistent/inconsistent rows with ``q > fdr`` read inconclusive."""
+    rows = iter(control_fdr_table([r for rs in results.values() for r in rs], settings, DIRECTIONAL, INCONCLUSIVE))
+    return {prediction: [next(rows) for _ in rs] for prediction, rs in results.items()}
 
 
 def verdict_counts(results: Sequence[PredictionResult]) -> Counter:

@@ -13,7 +13,6 @@ that says they were not recorded.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,115 +23,35 @@ from tgo import viz
 from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
 from tgo.records import RecordsError, load_jackknife, load_series, load_spectra
 from tgo.report.aggregate import Aggregate, aggregate_runs
+from tgo.report.cells import agreement as agreement_text
+from tgo.report.cells import number, plus_minus, q_value, z_value
 from tgo.report.figures import FigureRef, depth_profile_figures, save_figure
-from tgo.report.findings import Trend
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import (
     HYPOTHESES,
-    NOT_RECORDED,
     PREDICTION_VERDICTS,
     PREDICTIONS,
     Prediction,
     PredictionResult,
+    csv_rows,
     evaluate_predictions,
     select_points,
     summary_text,
 )
 from tgo.report.hypothesis_figures import Profile, cka_figure, epochs_label, profiles_figure
 from tgo.report.runs import ReportInputError, RunData
+from tgo.report.statements import count_agreement
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
 from tgo.spectral.probes import cka_matrix, linear_cka
 
 __all__ = [
     "CONTEXT_METRICS",
-    "HYPOTHESES_COLUMNS",
-    "JUDGED_COLUMNS",
     "HypothesesReport",
     "hypotheses_report",
     "judge_views",
-    "judged_cells",
     "load_view_runs",
-    "uncertainty_cells",
     "window_band",
 ]
-
-JUDGED_COLUMNS: tuple[str, ...] = (
-    "verdict",
-    "first",
-    "last",
-    "change",
-    "relative_change",
-    "scale",
-    "jackknife_se",
-    "jackknife_paired",
-    "training_se",
-    "training_source",
-    "training_dof",
-    "uncertainty",
-    "uncertainty_source",
-    "dof",
-    "threshold",
-    "z",
-    "p",
-    "q",
-    "window",
-)
-"""The columns of a judged trend, shared by ``findings.csv`` and ``hypotheses.csv`` (same meaning in both): the
-window means ``first``/``last`` and ``change = last - first`` (a log ratio where ``scale`` is ``log``); its paired
-jackknife standard error (``jackknife_paired`` false: unpaired, from records without replicates), its training-noise
-standard error (``training_source`` pooled / pooled relative / pooled pseudo-residuals / series / seeds, or a sweep's
-seeds+...; empty: not estimated) and their combination
-``uncertainty = sqrt(jackknife_se^2 + training_se^2)`` with ``uncertainty_source`` the larger term; ``dof`` the
-Welch-Satterthwaite degrees of freedom and ``threshold`` the Student-t widened size a move must exceed;
-``z = change / uncertainty``; ``p`` the two-sided p-value of the row's evidence and ``q`` its Benjamini-Hochberg
-q-value over the table's rows (`tgo.report.verdicts`)."""
-
-
-def uncertainty_cells(u: Uncertainty, z: float, z_threshold: float) -> dict[str, str]:
-    """The uncertainty columns of `JUDGED_COLUMNS` for one contrast of signed size ``z`` (exact ``repr`` strings)."""
-    return {
-        "jackknife_se": _csv_number(u.jackknife),
-        "jackknife_paired": ("true" if u.paired else "false") if math.isfinite(u.jackknife) else "",
-        "training_se": _csv_number(u.training),
-        "training_source": u.training_source,
-        "training_dof": _csv_number(u.training_dof) if u.training_estimated else "",
-        "uncertainty": _csv_number(u.total),
-        "uncertainty_source": u.source,
-        "dof": _csv_number(u.dof) if math.isfinite(u.total) else "",
-        "threshold": _csv_number(u.threshold(z_threshold)),
-        "z": _csv_number(z),
-    }
-
-
-def judged_cells(trend: Trend, p: float, q: float, z_threshold: float) -> dict[str, str]:
-    """The `JUDGED_COLUMNS` of one judged trend (numbers as exact ``repr`` strings, empty when absent)."""
-    return {
-        "first": _csv_number(trend.first),
-        "last": _csv_number(trend.last),
-        "change": _csv_number(trend.change),
-        "relative_change": _csv_number(trend.relative_change),
-        "scale": trend.scale,
-        **uncertainty_cells(trend.uncertainty, trend.z, z_threshold),
-        "p": _csv_number(p),
-        "q": _csv_number(q),
-        "window": str(trend.window),
-    }
-
-
-HYPOTHESES_COLUMNS: tuple[str, ...] = (
-    "hypothesis",
-    "prediction",
-    "metric",
-    "view",
-    "point",
-    "expected",
-    *JUDGED_COLUMNS,
-    "note",
-    "agreement",
-)
-"""The columns of ``hypotheses.csv``: one row per prediction and judged point (``first``/``last`` are window means,
-``change = last - first``, ``uncertainty`` its standard error as in ``findings.csv``); a prediction recorded at no
-point gets one row with an empty ``point`` and verdict ``not recorded``."""
 
 CONTEXT_METRICS: tuple[str, ...] = (
     "between_image_fraction",
@@ -240,37 +159,6 @@ def judge_views(
     )
 
 
-def _num(value: float, digits: int = 4) -> str:
-    if not math.isfinite(value):
-        return "" if math.isnan(value) else str(value)
-    return f"{value:.{digits}g}"
-
-
-def _csv_number(value: float) -> str:
-    return repr(float(value)) if math.isfinite(value) or math.isinf(value) else ""
-
-
-def _change_cell(r: PredictionResult) -> str:
-    t = r.trend
-    if not math.isfinite(t.change):
-        return ""
-    total = t.uncertainty.total
-    return f"{t.change:+.4g}" + (f" ± {total:.2g}" if math.isfinite(total) else "")
-
-
-def _z_cell(r: PredictionResult) -> str:
-    z = r.trend.z
-    return "" if not math.isfinite(z) and not math.isinf(z) else f"{z:+.1f}"
-
-
-def _q_cell(q: float) -> str:
-    return "" if not math.isfinite(q) else f"{q:.2g}"
-
-
-def _agreement_text(counter: Counter, n_runs: int) -> str:
-    return ", ".join(f"{v} {counter[v]}/{n_runs}" for v in PREDICTION_VERDICTS if counter.get(v))
-
-
 def _undefined_points(prediction: Prediction, aggregates: dict[str, Aggregate], points: Sequence[str]) -> list[str]:
     """Points the prediction is about whose records hold only non-finite values of its metric (undefined there)."""
     per_point = aggregates[prediction.view].mean.get(prediction.metric, {}) if prediction.view in aggregates else {}
@@ -369,11 +257,11 @@ def _point_table(
     rows = [
         [
             r.point,
-            _num(r.trend.first),
-            _num(r.trend.last),
-            _change_cell(r),
-            _z_cell(r),
-            _q_cell(r.q),
+            number(r.trend.first),
+            number(r.trend.last),
+            plus_minus(r.trend.change, r.trend.uncertainty.total),
+            z_value(r.trend.z),
+            q_value(r.q),
             r.trend.uncertainty.describe() if math.isfinite(r.trend.uncertainty.total) else "",
             r.verdict,
             r.note,
@@ -383,7 +271,7 @@ def _point_table(
     if agreement is not None:
         headers.append(f"runs agreeing (of {n_runs})")
         for row, r in zip(rows, results, strict=True):
-            row.append(_agreement_text(agreement[(prediction, r.point)], n_runs))
+            row.append(agreement_text(agreement[r.key], n_runs))
     return Table(
         headers,
         rows,
@@ -391,32 +279,6 @@ def _point_table(
         verdict_column=7,
         summary=f"{prediction.statement}: {summary_text(results)} (per point)",
     )
-
-
-def _csv_rows(
-    results: dict[Prediction, list[PredictionResult]], agreement: dict | None, n_runs: int, z: float
-) -> list[dict]:
-    rows = []
-    for prediction, per_point in results.items():
-        base = dict.fromkeys(HYPOTHESES_COLUMNS, "")
-        base.update(
-            hypothesis=prediction.hypothesis,
-            prediction=prediction.statement,
-            metric=prediction.metric,
-            view=prediction.view,
-            expected=prediction.expected,
-        )
-        if not per_point:
-            rows.append({**base, "verdict": NOT_RECORDED})
-            continue
-        for r in per_point:
-            t = r.trend
-            row = {**base, "point": r.point, "verdict": r.verdict, "note": r.note}
-            row.update(judged_cells(t, r.p, r.q, z))
-            if agreement is not None:
-                row["agreement"] = _agreement_text(agreement[(prediction, r.point)], n_runs)
-            rows.append(row)
-    return rows
 
 
 def _cka(vectors: Sequence[np.ndarray]) -> np.ndarray:
@@ -478,7 +340,7 @@ def _cka_subsection(run: RunData, figures_dir: Path, several: bool) -> Section:
             for p in points:
                 a, b = vectors[chosen[0]][p]["vectors"], vectors[chosen[-1]][p]["vectors"]
                 value = linear_cka(a, b) if a.shape[0] == b.shape[0] else math.nan
-                change_rows.setdefault(p, {})[view] = "n/a (constant)" if math.isnan(value) else _num(value, 3)
+                change_rows.setdefault(p, {})[view] = "n/a (constant)" if math.isnan(value) else number(value, 3)
     if change_rows:
         section.tables.append(
             Table(
@@ -610,18 +472,14 @@ def hypotheses_report(
     points = list(runs[0].points) if len(runs) == 1 else next(iter(aggregates.values())).points
     several = len(runs) > 1
     results = judge_views(aggregates, points, settings)
-    agreement: dict | None = None
-    if several:
-        agreement = {}
-        for i in range(len(runs)):
-            alone = {view: aggregate_runs([per_run[i]]) for view, per_run in view_runs.items()}
-            for prediction, per_point in judge_views(alone, points, settings).items():
-                for r in per_point:
-                    counter = agreement.setdefault(
-                        (prediction, r.point), Counter(dict.fromkeys(PREDICTION_VERDICTS, 0))
-                    )
-                    counter[r.verdict] += 1
-    rows = _csv_rows(results, agreement, len(runs), settings.z)
+    agreement = None
+    if several:  # every run judged alone: how many runs reach each verdict
+        alone = [
+            judge_views({v: aggregate_runs([r[i]]) for v, r in view_runs.items()}, points, settings)
+            for i in range(len(runs))
+        ]
+        agreement = count_agreement(([r for rs in a.values() for r in rs] for a in alone), PREDICTION_VERDICTS)
+    rows = csv_rows(results, settings.z, agreement, len(runs))
     if not any(results.values()):
         section.paragraphs.append(_NOT_RECORDED_TEXT)
         section.subsections.append(_cka_subsection(runs[0], figures_dir, several))

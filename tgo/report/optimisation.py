@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 from tgo.observatory.families.base import NETWORK_VIEW
 from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.records import RecordsError, load_series
+from tgo.report.cells import plus_minus
 from tgo.report.figures import FigureRef, save_figure
 from tgo.report.html import Section, Table
 from tgo.report.runs import RunData
@@ -209,13 +210,6 @@ def _network_figure(run: RunData, values: dict, stderrs: dict, figures_dir: Path
     )
 
 
-def _fmt(value: float, se: float) -> str:
-    if not math.isfinite(value):
-        return "n/a"
-    text = f"{value:.4g}"
-    return text + (f" ± {se:.2g}" if math.isfinite(se) else "")
-
-
 def optimisation_section(runs: Sequence[RunData], figures_dir: Path) -> Section | None:
     """The *Optimisation geometry* section of the first run, or ``None`` when it recorded no optimisation metric."""
     if not runs:
@@ -240,7 +234,8 @@ def optimisation_section(runs: Sequence[RunData], figures_dir: Path) -> Section 
         for metric, (epoch, value) in last.items():
             se_epochs, se = stderrs.get(metric, (np.array([epoch]), np.array([math.nan])))
             hit = np.flatnonzero(se_epochs == epoch)
-            rows.append([metric, str(int(epoch)), _fmt(float(value), float(se[hit[0]]) if hit.size else math.nan)])
+            error = float(se[hit[0]]) if hit.size else math.nan
+            rows.append([metric, str(int(epoch)), plus_minus(float(value), error, signed=False, missing="n/a")])
         section.tables.append(
             Table(
                 ["metric", "epoch", "value ± 1 s.e."],

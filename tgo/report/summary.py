@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from tgo.report.cells import plus_minus
 from tgo.report.findings import FAILS, REVERSES, VERDICTS, Finding
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import HYPOTHESES, INCONSISTENT, PREDICTION_VERDICTS, Prediction, PredictionResult
@@ -52,12 +53,6 @@ class Contradiction:
     change: str
 
 
-def _change(value: float, total: float) -> str:
-    if not math.isfinite(value):
-        return ""
-    return f"{value:+.4g}" + (f" ± {total:.2g}" if math.isfinite(total) else "")
-
-
 def contradictions(
     findings: Sequence[Finding], predictions: Mapping[Prediction, Sequence[PredictionResult]]
 ) -> list[Contradiction]:
@@ -67,15 +62,15 @@ def contradictions(
         if f.verdict not in (FAILS, REVERSES):
             continue
         if f.extreme is not None:
-            z, change = f.extreme.z, _change(f.extreme.margin, f.extreme.uncertainty.total)
+            z, change = f.extreme.z, plus_minus(f.extreme.margin, f.extreme.uncertainty.total)
         elif f.trend is not None and f.verdict == REVERSES:
             t = f.trend
             z, change = (
                 t.drop_uncertainty.z(t.drop),
-                f"peak {t.peak_window}, then {_change(-t.drop, t.drop_uncertainty.total)}",
+                f"peak {t.peak_window}, then {plus_minus(-t.drop, t.drop_uncertainty.total)}",
             )
         elif f.trend is not None:
-            z, change = f.trend.z, _change(f.trend.change, f.trend.uncertainty.total)
+            z, change = f.trend.z, plus_minus(f.trend.change, f.trend.uncertainty.total)
         else:
             continue
         rows.append(Contradiction(f.statement, "finding", f.point, f.verdict, z, change))
@@ -83,7 +78,7 @@ def contradictions(
         for r in results:
             if r.verdict == INCONSISTENT:
                 what = f"{HYPOTHESES[prediction.hypothesis].title}: {prediction.statement}"
-                change = _change(r.trend.change, r.trend.uncertainty.total)
+                change = plus_minus(r.trend.change, r.trend.uncertainty.total)
                 rows.append(Contradiction(what, "prediction", r.point, r.verdict, r.trend.z, change))
     return sorted(rows, key=lambda c: -abs(c.z) if math.isfinite(c.z) else -math.inf)
 
