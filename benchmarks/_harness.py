@@ -319,6 +319,41 @@ def stream_pass(
     return accumulators
 
 
+def family_pass(
+    family: Any,
+    net: torch.nn.Module,
+    dataset: TensorDataset,
+    points: Sequence[Any],
+    batch_size: int,
+    device: torch.device,
+    groups: int,
+    settings: ObservationSettings,
+) -> Callable[[], tuple[dict[str, Any], FamilyRun]]:
+    """`stream_pass` with one measurement family started as an observation starts it
+    (`tgo.observatory.pipeline.start_families`) and streamed along, as a callable returning the accumulators and the
+    family's run (the image groups are dealt once, outside it)."""
+    from tgo.observatory import ShardPlan
+    from tgo.observatory.pipeline import group_of_items, start_families
+
+    group_of_item = group_of_items(dataset, groups) if groups else None
+
+    def run_pass() -> tuple[dict[str, Any], FamilyRun]:
+        plan = ShardPlan(batch_size=batch_size)
+        (run,) = start_families(
+            [family],
+            net,
+            points,
+            settings=settings,
+            plan=plan,
+            n_images=len(dataset),
+            group_of_item=group_of_item,
+            device=device,
+        )
+        return stream_pass(net, dataset, points, batch_size, device, groups, families=[run]), run
+
+    return run_pass
+
+
 class PhaseTimer:
     """Times the phases of ``observe_and_record`` (stream, reduce, eigendecompose + observables, records) by wrapping
     the functions it calls, so the breakdown comes from the very runs whose total is reported."""
@@ -512,6 +547,52 @@ def interleaved(
     }
     out["baseline"] = {"median_s": statistics.median(base), "ratio": 1.0}
     return out
+
+
+def paired(off: Callable[[], Any], on: Callable[[], Any], repeats: int) -> dict[str, Any]:
+    """``on`` against ``off``: ``off, on, off, ..., off`` after one warm-up of each (`interleaved`), each ``on`` run
+    divided by the mean of the two ``off`` runs around it; the median ratio, every ratio and both medians."""
+    res = interleaved(off, {"on": on}, repeats)
+    median_on, median_off = res["on"]["median_s"], res["baseline"]["median_s"]
+    return {"repeats": repeats, "ratio": res["on"]["ratio"], "ratios": res["on"]["ratios"]} | {
+        "on_s": median_on,
+        "off_s": median_off,
+    }
+
+
+def alternated(
+    variants: dict[str, Callable[[], Any]], repeats: int, *, warmup: bool = True, cold: bool = False
+) -> dict[str, Any]:
+    """Each variant in turn, ``repeats`` times (after one untimed call of each with ``warmup``: the noise-baseline
+    cache then holds every shape); with ``cold`` one more call of each with the noise caches cleared just before it
+    (in order, so the last one leaves every shape cached again).
+
+    Returns:
+        ``{"warm_s": {name: median}, "warm_runs": {name: [seconds]}, "cold_s": {name: seconds} (empty without
+        ``cold`` or when no cache was found to clear), "caches_cleared": [...], "last": {name: last result}}``.
+    """
+
+    def timed(name: str) -> float:
+        start = time.perf_counter()
+        last[name] = variants[name]()
+        return time.perf_counter() - start
+
+    last: dict[str, Any] = {}
+    if warmup:
+        for name in variants:
+            timed(name)
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(max(repeats, 1)):
+        for name in variants:
+            runs[name].append(timed(name))
+    cold_s: dict[str, float] = {}
+    cleared = clear_noise_caches() if cold else []
+    for i, name in enumerate(variants if cleared else ()):
+        if i:
+            clear_noise_caches()
+        cold_s[name] = timed(name)
+    warm = {name: statistics.median(v) for name, v in runs.items()}
+    return {"warm_s": warm, "warm_runs": runs, "cold_s": cold_s, "caches_cleared": cleared, "last": last}
 
 
 @contextlib.contextmanager

@@ -8,8 +8,6 @@ summaries. The family is started and streamed as an observation does it (`tgo.ob
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,14 +24,13 @@ def attention_pass(
 ) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """``(off, on)``: the harness's streaming pass, and the same with the attention family started and streamed as an
     observation does (`tgo.observatory.pipeline.start_families`, ``stream_pass(..., families=[run])``)."""
-    from tgo.observatory import ShardPlan, vit_points
+    from tgo.observatory import vit_points
     from tgo.observatory.families import ATTENTION
-    from tgo.observatory.pipeline import group_of_items, start_families
 
     points, groups = vit_points(net), h.default_groups()
-    group_of_item = group_of_items(dataset, groups) if groups else None
     settings = h.observation_settings().replace(attention={"enabled": True, "dtype": dtype})
     cpu = torch.device("cpu")
+    attention = h.family_pass(ATTENTION, net, dataset, points, batch, cpu, groups, settings)
     last: dict[str, Any] = {}
 
     def off() -> Any:
@@ -41,17 +38,7 @@ def attention_pass(
         return last["off"]
 
     def on() -> Any:
-        (run,) = start_families(
-            [ATTENTION],
-            net,
-            points,
-            settings=settings,
-            plan=ShardPlan(batch_size=batch),
-            n_images=len(dataset),
-            group_of_item=group_of_item,
-            device=cpu,
-        )
-        accs = h.stream_pass(net, dataset, points, batch, cpu, groups, families=[run])
+        accs, run = attention()
         run.state.check()
         last["on"] = (accs, run.state)
         return last["on"]
@@ -71,14 +58,8 @@ def attention_rows(
     last_on: Any = None
     for row, dtype in zip(rows[:2], ("float32", "float64"), strict=True):
         off, on = attention_pass(net, images, batch, dtype, repeats)
-        res = h.interleaved(off, {"attention": on}, repeats)
-        ratio = res["attention"]["ratio"]
-        raw[dtype] = {
-            "ratio": ratio,
-            "ratios": res["attention"]["ratios"],
-            "on_s": res["attention"]["median_s"],
-            "off_s": res["baseline"]["median_s"],
-        }
+        raw[dtype] = h.paired(off, on, repeats)
+        ratio = raw[dtype]["ratio"]
         met = "met" if ratio <= ATTENTION_TARGET else "MISSED"
         default = "CPU default (auto)" if dtype == "float32" else "GPU default; dtype=float64 on a CPU"
         table.add(
@@ -102,17 +83,10 @@ def attention_rows(
         for acc in state.accumulators.values():
             attention_contribution(acc.summary())
 
-    covariance()  # warm the noise-baseline cache
-    cov_s, att_s = [], []
-    for _ in range(max(repeats, 1)):
-        start = time.perf_counter()
-        covariance()
-        cov_s.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        attention()
-        att_s.append(time.perf_counter() - start)
-    cov, att = statistics.median(cov_s), statistics.median(att_s)
-    raw["summary_s"] = {"covariance": cov, "attention": att, "covariance_runs": cov_s, "attention_runs": att_s}
+    timed = h.alternated({"covariance": covariance, "attention": attention}, repeats)
+    cov, att = timed["warm_s"]["covariance"], timed["warm_s"]["attention"]
+    runs = timed["warm_runs"]
+    raw["summary_s"] = {**timed["warm_s"], "covariance_runs": runs["covariance"], "attention_runs": runs["attention"]}
     table.add(
         rows[2],
         f"rank-0 summary, {spec.points} points + {spec.depth} attention blocks / covariances alone",

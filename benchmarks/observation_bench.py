@@ -848,19 +848,10 @@ def stream_comparison(
     from tgo.observatory import vit_points
 
     points, groups = vit_points(net), h.default_groups()
-    res = h.interleaved(
-        lambda: h.stream_pass(net, dataset, points, batch, device, 0),
-        {"grouped": lambda: h.stream_pass(net, dataset, points, batch, device, groups)},
-        repeats,
+    off = lambda: h.stream_pass(net, dataset, points, batch, device, 0)
+    return {"groups": groups} | h.paired(
+        off, lambda: h.stream_pass(net, dataset, points, batch, device, groups), repeats
     )
-    return {
-        "groups": groups,
-        "repeats": repeats,
-        "ratio": res["grouped"]["ratio"],
-        "ratios": res["grouped"]["ratios"],
-        "grouped_s": res["grouped"]["median_s"],
-        "off_s": res["baseline"]["median_s"],
-    }
 
 
 def jackknife_pass_rows(
@@ -882,7 +873,7 @@ def jackknife_pass_rows(
         f"{label}: stream (fwd+hooks+Gram) G={groups} / G=0, f64",
         ratio,
         "x",
-        f"stream {stream['grouped_s']:.2f} s vs {stream['off_s']:.2f} s, median of {stream['repeats']} interleaved "
+        f"stream {stream['on_s']:.2f} s vs {stream['off_s']:.2f} s, median of {stream['repeats']} interleaved "
         f"pairs; target <= {GROUPS_TARGET:.2f}x {met}; whole observation G={groups} / G=0 = "
         f"{jk['observation_ratio']:.2f}x ({jk['observation_s']['grouped']:.2f} s vs "
         f"{jk['observation_s']['off']:.2f} s)",
@@ -920,29 +911,13 @@ def summary_time(grouped: Mapping[str, Any], off: Mapping[str, Any], repeats: in
     from tgo.observatory import summarize_accumulators
 
     fit_range = h.observation_settings().fit_range
-
-    def timed(accs: Mapping[str, Any]) -> float:
-        start = time.perf_counter()
-        summarize_accumulators(accs, nan_if_nonfinite=True, fit_range=fit_range)
-        return time.perf_counter() - start
-
-    timed(off), timed(grouped)
-    warm: dict[str, list[float]] = {"off": [], "grouped": []}
-    for _ in range(max(repeats, 1)):
-        warm["off"].append(timed(off))
-        warm["grouped"].append(timed(grouped))
-    cold: dict[str, float] = {}
-    cleared = h.clear_noise_caches()
-    if cleared:
-        cold["off"] = timed(off)
-        h.clear_noise_caches()
-        cold["grouped"] = timed(grouped)
-    return {
-        "warm_s": {k: statistics.median(v) for k, v in warm.items()},
-        "warm_runs": warm,
-        "cold_s": cold,
-        "caches_cleared": cleared,
+    variants = {
+        name: (lambda a=accs: summarize_accumulators(a, nan_if_nonfinite=True, fit_range=fit_range))
+        for name, accs in (("off", off), ("grouped", grouped))
     }
+    raw = h.alternated(variants, repeats, cold=True)
+    del raw["last"]
+    return raw
 
 
 def jackknife_summary_row(table: Table, row: str, spec: ModelSpec, grouped: Any, off: Any, repeats: int) -> dict:
@@ -993,31 +968,20 @@ def probe_pass(net: torch.nn.Module, dataset: Any, batch: int, device: torch.dev
         Timings, the split, and under ``"last"`` the accumulators of the last run of each (``"on"`` with its
         ``ImageTable``), not reduced; drop ``"last"`` before writing JSON.
     """
-    from tgo.observatory import ShardPlan, vit_points
+    from tgo.observatory import vit_points
     from tgo.observatory.families import IMAGE_VECTORS
-    from tgo.observatory.pipeline import group_of_items, start_families
 
     points, groups = vit_points(net), h.default_groups()
     last: dict[str, Any] = {}
-    group_of_item = group_of_items(dataset, groups) if groups else None
+    probes = h.family_pass(IMAGE_VECTORS, net, dataset, points, batch, device, groups, h.observation_settings())
 
     def off() -> None:
         last["off"] = h.stream_pass(net, dataset, points, batch, device, groups)
 
     def on() -> None:
-        (run,) = start_families(
-            [IMAGE_VECTORS],
-            net,
-            points,
-            settings=h.observation_settings(),
-            plan=ShardPlan(batch_size=batch),
-            n_images=len(dataset),
-            group_of_item=group_of_item,
-            device=device,
-        )
-        last["on"] = (h.stream_pass(net, dataset, points, batch, device, groups, families=[run]), run)
+        last["on"] = probes()
 
-    res = h.interleaved(off, {"probes": on}, repeats)
+    res = h.paired(off, on, repeats)
     with h.timed_calls(_probe_targets_pass()) as calls:
         start = time.perf_counter()
         on()
@@ -1027,10 +991,7 @@ def probe_pass(net: torch.nn.Module, dataset: Any, batch: int, device: torch.dev
         "repeats": repeats,
         "images": len(dataset),
         "points": len(points),
-        "ratio": res["probes"]["ratio"],
-        "ratios": res["probes"]["ratios"],
-        "on_s": res["probes"]["median_s"],
-        "off_s": res["baseline"]["median_s"],
+        **res,
         "split": {
             "pass_s": split_total,
             **{f"{name}_s": sum(v) for name, v in calls.items()},
@@ -1138,10 +1099,10 @@ def probe_summary_row(
     subspace history) against without, on the same reduced accumulators (row 8.3's probes run).
 
     Warm: one untimed call of each first (it also fills the noise cache for the views' shapes and gives the subspace
-    history a later epoch would read from its records), then ``off, on`` ``repeats`` times, medians. Then one
+    history a later epoch would read from its records), then ``off, on`` ``repeats`` times, medians, and with
+    ``cold`` the cold cost (`_harness.alternated`: probes last, so every shape is cached again afterwards). Then one
     probes call split by `_harness.timed_calls` (``summarize_accumulators`` summarises points in a thread pool, so
-    the parts are summed over its threads and can add up to more than the call's wall time), and with ``cold`` the
-    cold cost (noise caches cleared before one call of each, probes last so every shape is cached again afterwards).
+    the parts are summed over its threads and can add up to more than the call's wall time).
 
     Returns:
         Timings, the split, view counts, and under ``"results"`` the last ``Results`` of each (for row 8.5; drop it
@@ -1156,7 +1117,6 @@ def probe_summary_row(
     settings = h.observation_settings()
     groups = settings.groups
     image_groups = group_of_items(dataset, groups) if groups else None
-    history: list[SubspaceHistory | None] = [None]
 
     def off() -> Any:
         return summarize_accumulators(accs, points, nan_if_nonfinite=True, fit_range=settings.fit_range)
@@ -1171,34 +1131,20 @@ def probe_summary_row(
             image_groups=image_groups,
         )
 
-    def timed(fn: Any) -> tuple[float, Any]:
-        start = time.perf_counter()
-        result = fn()
-        return time.perf_counter() - start, result
-
     first = on()
     kept = {
         key.point: (r.arrays["eigenvectors"], int(r.arrays["components_90"]))
         for key, r in first.items()
         if key.view == "all" and "eigenvectors" in r.arrays
     }
-    history[0] = run.history = SubspaceHistory(init=kept, prev=kept)
+    run.history = SubspaceHistory(init=kept, prev=kept)
     off()
-    warm: dict[str, list[float]] = {"off": [], "on": []}
-    last: dict[str, Any] = {}
-    for _ in range(max(repeats, 1)):
-        for name, fn in (("off", off), ("on", on)):
-            seconds, last[name] = timed(fn)
-            warm[name].append(seconds)
+    timed = h.alternated({"off": off, "on": on}, repeats, warmup=False, cold=cold)
+    med, cold_s, last = timed.pop("warm_s"), timed["cold_s"], timed.pop("last")
     with h.timed_calls(_probe_targets_summary()) as calls:
-        split_total, _ = timed(on)
-    cold_s: dict[str, float] = {}
-    cleared = h.clear_noise_caches() if cold else []
-    if cleared:
-        cold_s["off"] = timed(off)[0]
-        h.clear_noise_caches()
-        cold_s["on"] = timed(on)[0]
-    med = {k: statistics.median(v) for k, v in warm.items()}
+        start = time.perf_counter()
+        on()
+        split_total = time.perf_counter() - start
     views = {k: len(v) for k, v in last.items()}
     split = {name: sum(v) for name, v in calls.items()}
     split_calls = {name: len(v) for name, v in calls.items()}
@@ -1223,11 +1169,8 @@ def probe_summary_row(
         text=f"{med['on']:.3f} / {med['off']:.3f} s",
         ratio=med["on"] / max(med["off"], 1e-12),
     )
-    return {
+    return timed | {
         "warm_s": med,
-        "warm_runs": warm,
-        "cold_s": cold_s,
-        "caches_cleared": cleared,
         "views": views,
         "split_s": split,
         "split_calls": split_calls,
