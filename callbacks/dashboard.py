@@ -17,34 +17,20 @@ names), holding the tags without the point, ``geometry/<metric>``, ``geometry_<v
 exact recorded values to hover over. The Lightning TensorBoard run itself keeps only the run-level scalars
 (``geometry/pass_seconds``, ``geometry/blocking_seconds``, ``geometry/figure_seconds``), the figures and histograms.
 
-**What TensorBoard opens on.** TensorBoard's scalar charts smooth (0.6) and scale their y axis ignoring the top and
-bottom 5 % of the values by default, so a chart of 15 points whose last blocks stand apart draws them off its top;
-neither can be set by the writer (Custom Scalars even ignores ``?smoothing=0``), and whether a chart clips depends on
-the data. So the views that matter are *images* (`tgo.dashboard_cards`), which show every recorded value, and TGO
-writes no custom-scalars layout: its charts smoothed and clipped (effective and stable rank, the between-image
-share, the Fisher ratio, NC1 on the default run) and the images now give its catalogue order and its standard-error
-bands. The Time Series page lists tag groups (the tag up to its first ``/``) in natural order, digits first, and
-opens only the first two; TGO's image groups are numbered in reading order so that it opens on them:
-
-* ``0_story/<n>_<panel>``: the story (`tgo_story`, the report's first figure as one 480 x 240 card per panel:
-  effective rank against depth, the variance split, CLS separability, mean |correlation|, attention entropy, each
-  marked with its verdicts so far), drawn first by the story function (`figure_job`'s ``story``; a function
-  returning one figure writes `STORY_TAG`);
-* ``1_depth_profile/<metric>`` (`DEPTH_PROFILES`, and the ``all``-view probes of `PROBE_PROFILES`),
-  ``1_depth_profile_<view>/<metric>`` (the probes on their views, e.g. ``1_depth_profile_cls/ncc_accuracy``) and
-  ``1_depth_profile_attention/<metric>`` (the attention family's block means): one observable against depth, one
-  line per observed epoch on the epoch ramp, +-1 jackknife s.e.;
-* ``2_vs_epoch/<metric>`` (`BAND_FIGURES`): one observable against epoch, one line per point in its own depth colour
-  (TensorBoard's 7 run colours repeat over 15 point runs), +-1 s.e.
-
-Ratio-type observables (catalogue ``scale == "log"``) are drawn on log axes. The detail cards follow under their
-own names: ``attention_heads/<metric>`` (block x head heatmaps), ``decay/all_points``, ``layer_epoch/<metric>``
-(point x epoch heatmaps), ``spectra/<NN>_<point>`` (one point's spectra over epochs), ``correlation/<NN>_<point>``
-(off by default) and the ``spectrum_log10/<NN>_<point>`` histograms; then the scalar groups (``geometry*``,
-``train``, ``val``, ``val_epoch``). Per-point tags carry the point runs' depth index
-(`tgo.callbacks.tensorboard_runs.point_run_names`), so TensorBoard's alphabetical lists show them in depth order.
-Every figure is drawn from the records just written (so a resumed run's figures show its whole history), and each
-kind has its switch in ``observation.figures`` (`tgo.observatory.settings.FigureSettings`).
+**What TensorBoard opens on.** Its scalar charts smooth and clip (`tgo.panels`), so the views that matter are
+image cards of the recorded values, and TGO writes no custom-scalars layout. What the cards show is declared once,
+for both TensorBoard and the report, by the core and each family (`tgo.panels.declared`); `figure_job` draws every
+declared card whose ``observation.figures`` switch is on (`tgo.observatory.settings.FigureSettings`), from the
+records just written (a resumed run's cards show its whole history). The Time Series page lists tag groups in
+natural order, digits first, and opens only the first two, so the groups are numbered in reading order:
+``0_story/<n>_<panel>`` (the story, `tgo_story`: the report's first figure, one 480 x 240 card per panel, each
+marked with its verdicts so far; a function returning one figure writes `STORY_TAG`), ``1_depth_profile[_<view>]/
+<metric>`` (one observable against depth, one line per observed epoch, +-1 jackknife s.e.), ``2_vs_epoch/<metric>``
+(one observable against epoch, one line per point in its own depth colour: TensorBoard's 7 run colours repeat over
+15 point runs). The detail cards follow: ``attention_heads/<metric>``, ``layer_epoch/<metric>``,
+``spectra/<NN>_<point>``, ``decay/all_points``, ``correlation/<NN>_<point>`` (off by default) and the
+``spectrum_log10/<NN>_<point>`` histograms; per-point tags carry the point runs' depth index
+(`tgo.callbacks.tensorboard_runs.point_run_names`), so alphabetical lists show them in depth order.
 
 Figures are rendered off the training thread: `TensorBoardDashboard.submit_figures` hands one observation's figures
 (`figure_job`) to a bounded background `tgo.callbacks.background.BackgroundLane` (at most ``FIGURES_IN_FLIGHT``
@@ -71,11 +57,8 @@ import numpy as np
 from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.figure import Figure
 
-from tgo import dashboard_cards, viz
+from tgo import panels, viz
 from tgo.observatory import ObservationKey, PointResult, Results
-from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
-from tgo.observatory.families.base import NETWORK_VIEW
-from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.observatory.settings import FigureSettings
 from tgo.records import DEFAULT_VIEW, load_spectra, read_metric_rows
 from tgo.spectral import CATALOGUE
@@ -84,13 +67,11 @@ from .background import BackgroundLane
 from .tensorboard_runs import PointRuns, point_run_names
 
 __all__ = [
-    "BAND_FIGURES",
     "BAND_GROUP",
     "DEPTH_GROUP",
     "DEPTH_PROFILES",
     "FIGURES_IN_FLIGHT",
     "FIGURE_DRAIN_TIMEOUT_S",
-    "PROBE_PROFILES",
     "STORY_GROUP",
     "STORY_TAG",
     "Story",
@@ -98,7 +79,6 @@ __all__ = [
     "TensorBoardDashboard",
     "band_tag",
     "depth_profile_tag",
-    "depth_profiles",
     "draw_figures",
     "figure_job",
     "geometry_scalars",
@@ -124,42 +104,10 @@ DEPTH_GROUP = "1_depth_profile"
 TensorBoard opens with the story."""
 BAND_GROUP = "2_vs_epoch"
 """The against-epoch cards' tag group."""
-DEPTH_PROFILES = (
-    "effective_rank",
-    "participation_ratio",
-    "stable_rank",
-    "spectral_anisotropy",
-    "mean_abs_offdiag_correlation",
+DEPTH_PROFILES = tuple(
+    p.metric for p in panels.core_panels() if p.kind == "depth" and p.card and p.view == DEFAULT_VIEW
 )
-PHASE_TAG = "layer_epoch/phase"
-"""The training phases' card: every point's phase label at every observation (`tgo.dashboard_cards.phase_map_card`)."""
-WEIGHT_PROFILES = ("weight_alpha", "weight_stable_rank", "weight_relative_update")
-"""The weight-spectrum metrics drawn against depth for each block map (``1_depth_profile_weights_<map>/<metric>``):
-the heavy-tail exponent, the stable rank and the relative update since the previous observation."""
-WEIGHT_PROFILE_VIEWS = tuple(view for name, view in WEIGHT_VIEWS.items() if name != "patch")
-"""The block maps' views (qkv, proj, fc1, fc2): the patch embedding is one matrix, not a profile over depth."""
-
-
-def network_metrics() -> list[str]:
-    """The charted catalogue metrics recorded on the `NETWORK_VIEW` (noise scale, curvature), catalogue order."""
-    return [o.name for o in CATALOGUE if o.scope == "family" and NETWORK_VIEW in o.views and o.charted]
-
-
-"""The covariance observables drawn against depth in TensorBoard (``1_depth_profile/<metric>``), one card each. The
-report also draws spectral entropy (the log of the effective rank: the same profile) and flatness; TensorBoard keeps
-to these because every card costs background rendering time at each observation."""
-PROBE_PROFILES: tuple[tuple[str, str], ...] = (
-    ("all", "between_image_fraction"),
-    ("cls", "ncc_accuracy"),
-    ("cls", "ridge_accuracy"),
-    ("cls", "fisher_ratio"),
-    ("cls", "nc1"),
-)
-"""``(view, metric)`` of the probe metrics drawn against depth (``1_depth_profile[_<view>]/<metric>``) where they
-were recorded: the between-image share of the variance, and how well the CLS token separates the classes (held-out
-nearest-class-centre and ridge accuracy, Fisher ratio and NC1 on log axes)."""
-BAND_FIGURES = ("effective_rank", "participation_ratio", "stable_rank", "spectral_anisotropy")
-"""The observables drawn against epoch (``2_vs_epoch/<metric>``), one line per point with its +-1 s.e. band."""
+"""The ``all``-view observables drawn against depth on cards (`tgo.panels.core_panels`, where they are declared)."""
 FIGURE_DRAIN_TIMEOUT_S = 600.0
 """How long the end of ``fit`` (or an exception) waits for the figures in flight before warning and going on."""
 
@@ -281,11 +229,6 @@ def recorded_tables(
     return tables
 
 
-def _profiles(table: tuple[list[int], np.ndarray, np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    epochs, values, stderrs = table
-    return {e: (values[:, j], stderrs[:, j]) for j, e in enumerate(epochs)}
-
-
 def figure_job(
     writer: Any,
     root: str | os.PathLike[str],
@@ -328,8 +271,14 @@ def figure_job(
     }
     recorded = list(recorded)
     names = list(own)
-    attention = {key.point: dict(result.arrays) for key, result in results.items() if key.view == ATTENTION_VIEW}
-    blocks = list(attention)  # the blocks the attention family recorded, in depth order
+    declared = [p for p in panels.declared("card") if getattr(figures, p.switch, True)]  # the switches that are on
+    heads = {p.view for p in declared if p.kind == "heads"}  # only their arrays are copied
+    viewed: dict[str, list[str]] = {}  # view -> the points that recorded it now, in depth order
+    arrays: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # view -> point -> the observation's arrays
+    for key, result in results.items():
+        viewed.setdefault(key.view, []).append(key.point)
+        if result.arrays and key.view in heads:
+            arrays.setdefault(key.view, {})[key.point] = dict(result.arrays)
     tag_names = point_run_names(names)  # <NN>_<point>: TensorBoard sorts tags as strings, so in depth order
 
     def image(tag: str, rgb: np.ndarray) -> None:
@@ -338,106 +287,21 @@ def figure_job(
     def steps() -> Iterator[None]:  # one step per figure: the worker may pause between them
         if story is not None and figures.story:
             try:
-                drawn = story()
+                told = story()
             except Exception as error:  # the story must not cost the other figures
                 warnings.warn(f"[tgo] story card of epoch {epoch} failed: {error!r}", RuntimeWarning, stacklevel=1)
-                drawn = None
-            story_cards: dict[str, Figure] = {STORY_TAG: drawn} if isinstance(drawn, Figure) else {}
-            if isinstance(drawn, Mapping):
-                story_cards = {f"{STORY_GROUP}/{name}": panel for name, panel in drawn.items()}
+                told = None
+            story_cards: dict[str, Figure] = {STORY_TAG: told} if isinstance(told, Figure) else {}
+            if isinstance(told, Mapping):
+                story_cards = {f"{STORY_GROUP}/{name}": panel for name, panel in told.items()}
             for story_tag, panel in story_cards.items():
                 image(story_tag, viz.render_rgb(panel))
             yield
-        main = [(DEFAULT_VIEW, metric) for metric in DEPTH_PROFILES] if figures.depth_profiles else []
-        probes = list(PROBE_PROFILES) if figures.depth_profiles else []
-        bands = [(DEFAULT_VIEW, metric) for metric in BAND_FIGURES] if figures.bands else []
-        charted = [(DEFAULT_VIEW, metric) for metric in CATALOGUE.charted] if figures.layer_epoch else []
-        attended = [(ATTENTION_VIEW, metric) for metric in ATTENTION_CHARTED] if figures.attention and blocks else []
-        weighted = {key.view for key in results}
-        weight_keys = (
-            [(view, metric) for view in WEIGHT_PROFILE_VIEWS if view in weighted for metric in WEIGHT_PROFILES]
-            if figures.optimisation
-            else []
-        )
-        network = [(NETWORK_VIEW, metric) for metric in network_metrics()] if figures.optimisation and names else []
-        phased = [(DEFAULT_VIEW, "phase_code")] if figures.layer_epoch and "phase_code" in CATALOGUE else []
-        wanted = list(dict.fromkeys([*main, *probes, *bands, *charted, *attended, *weight_keys, *network, *phased]))
+        wanted = list(dict.fromkeys((p.view, p.metric) for p in declared if p.kind in panels.RECORDED_KINDS))
         tables = recorded_tables(root, wanted, names, epoch) if wanted else {}  # one read of metrics.csv
-        profiles = {key: _profiles(tables[key]) for key in [*main, *probes] if key in tables}
-        titles = {
-            f"{view}/{metric}": metric if view == DEFAULT_VIEW else f"{metric} ({view})" for view, metric in profiles
-        }
-        cards = dashboard_cards.depth_profile_cards(
-            {f"{view}/{metric}": by_epoch for (view, metric), by_epoch in profiles.items()}, names, titles=titles
-        )
-        for key, rgb in cards:
-            view, metric = key.split("/", 1)
-            image(depth_profile_tag(metric, view), rgb)
+        for tag, rgb in panels.cards(declared, tables, names, viewed, arrays):
+            image(tag, rgb)
             yield
-        if attended:  # the attention family's depth profiles (block means), beside the others
-            rows = [names.index(block) for block in blocks]
-            by_metric: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-            for view, metric in (pair for pair in attended if pair in tables):
-                epochs, values, stderrs = tables[(view, metric)]
-                by_metric[f"{view}/{metric}"] = _profiles((epochs, values[rows], stderrs[rows]))
-            titles = {key: f"{key.split('/', 1)[1]} (block mean)" for key in by_metric}
-            for key, rgb in dashboard_cards.depth_profile_cards(by_metric, blocks, titles=titles):
-                image(depth_profile_tag(key.split("/", 1)[1], ATTENTION_VIEW), rgb)
-                yield
-        if weight_keys:  # each block map's weight spectra against depth, over the points that carry the map
-            by_key: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-            mapped: dict[str, list[str]] = {}
-            for view, metric in (pair for pair in weight_keys if pair in tables):
-                epochs, values, stderrs = tables[(view, metric)]
-                rows = [i for i, point in enumerate(names) if ObservationKey(point, view) in results]
-                mapped[view] = [names[i] for i in rows]
-                finite = {
-                    e: table
-                    for e, table in _profiles((epochs, values[rows], stderrs[rows])).items()
-                    if np.any(np.isfinite(table[0]))  # e.g. no relative update at the first observation
-                }
-                if finite:
-                    by_key[f"{view}/{metric}"] = finite
-            for view in dict.fromkeys(key.split("/", 1)[0] for key in by_key):
-                mine = {key: table for key, table in by_key.items() if key.startswith(f"{view}/")}
-                titles = {key: f"{key.split('/', 1)[1]} ({view.removeprefix('weights_')} weights)" for key in mine}
-                for key, rgb in dashboard_cards.depth_profile_cards(mine, mapped[view], titles=titles):
-                    image(depth_profile_tag(key.split("/", 1)[1], view), rgb)
-                    yield
-        if network:  # network-wide metrics (the last point's network view) against epoch
-            last = len(names) - 1
-            network_tables = {}
-            for view, metric in (key for key in network if key in tables):
-                epochs, values, stderrs = tables[(view, metric)]
-                if np.any(np.isfinite(values[last])):
-                    network_tables[metric] = (list(epochs), values[last : last + 1], stderrs[last : last + 1])
-            for metric, (network_epochs, values, stderrs) in network_tables.items():
-                for _, rgb in dashboard_cards.epoch_band_cards({metric: (values, stderrs)}, names[-1:], network_epochs):
-                    image(band_tag(metric), rgb)
-                    yield
-        on_epochs: dict[tuple[int, ...], dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-        for view, metric in (key for key in bands if key in tables):  # one figure per set of epochs (usually one)
-            epochs, values, stderrs = tables[(view, metric)]
-            on_epochs.setdefault(tuple(epochs), {})[metric] = (values, stderrs)
-        for epochs_drawn, band_tables in on_epochs.items():
-            for metric, rgb in dashboard_cards.epoch_band_cards(band_tables, names, list(epochs_drawn)):
-                image(band_tag(metric), rgb)
-                yield
-        if figures.attention and blocks:  # block x head heatmaps
-            for tag, rgb in viz.attention_cards(head_tables(attention, blocks), blocks):
-                image(tag, rgb)
-                yield
-        if phased and phased[0] in tables:  # the phases family's labels as one discrete point x epoch map
-            phase_epochs, codes, _ = tables[phased[0]]
-            if np.any(np.isfinite(codes)):
-                image(PHASE_TAG, dashboard_cards.phase_map_card(codes, names, phase_epochs))
-                yield
-        if figures.layer_epoch:  # one point x epoch heatmap per charted observable, on the union of their epochs
-            epochs = sorted({e for key in charted if key in tables for e in tables[key][0]})
-            heatmaps = {m: _on_epochs(tables.get((DEFAULT_VIEW, m)), len(names), epochs) for _, m in charted}
-            for metric, rgb in viz.layer_epoch_cards(heatmaps, names, epochs):
-                image(f"layer_epoch/{metric}", rgb)
-                yield
         if figures.spectra:  # one card per point: a grid of every point is unreadable at a card's size
             spectra = load_spectra(root, recorded, arrays=("eigenvalues",))
             histories = {
@@ -484,18 +348,6 @@ def figure_job(
     return job
 
 
-def _on_epochs(table: tuple[list[int], np.ndarray, np.ndarray] | None, rows: int, epochs: Sequence[int]) -> np.ndarray:
-    """A `recorded_tables` table's values ``[rows, len(epochs)]`` on ``epochs`` (NaN where it has none)."""
-    out = np.full((rows, len(epochs)), np.nan)
-    if table is None:
-        return out
-    column = {e: j for j, e in enumerate(table[0])}
-    for k, e in enumerate(epochs):
-        if e in column:
-            out[:, k] = table[1][:, column[e]]
-    return out
-
-
 def draw_figures(
     writer: Any,
     root: str | os.PathLike[str],
@@ -509,23 +361,6 @@ def draw_figures(
     """Draws and writes one observation's figures on the calling thread (what the worker runs, in one call)."""
     for _ in figure_job(writer, root, epoch, results, recorded, figures, story=story)():
         pass
-
-
-def depth_profiles(
-    root: str | os.PathLike[str],
-    points: Sequence[str],
-    up_to: int,
-    metrics: Sequence[str] = DEPTH_PROFILES,
-    *,
-    view: str = DEFAULT_VIEW,
-) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """``{metric: {epoch: (values [P], stderrs [P])}}`` of the recorded epochs ``<= up_to``, for the depth profiles.
-
-    Read from the records of ``view`` (the whole history, also of a resumed run), NaN where a point has no value;
-    metrics that were not recorded are left out.
-    """
-    tables = recorded_tables(root, [(view, metric) for metric in metrics], points, up_to)
-    return {metric: _profiles(table) for (_, metric), table in tables.items()}
 
 
 # ------------------------------------------------------------------------------------------------ the writer side

@@ -8,7 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
-from tgo import viz
+from tgo import panels, viz
 
 POINTS = ["patch_embed", "pos_embed", *(f"block_{i:02d}" for i in range(1, 13)), "cls"]
 """The quickstart's 15 points in depth order: the most labels a card has to fit."""
@@ -86,10 +86,13 @@ def test_layer_epoch_cards_on_one_figure_equal_a_fresh_figure_per_observable():
     epochs = [0, 2, 4]
     tables = {"effective_rank": np.arange(45.0).reshape(15, 3) * 100, "stable_rank": np.full((15, 3), np.nan)}
     tables["stable_rank"][3:, 1:] = np.arange(24.0).reshape(12, 2)
-    cards = dict(viz.layer_epoch_cards(tables, POINTS, epochs))
+    drawn = [panels.Panel("map", metric) for metric in tables]
+    recorded = {("all", m): (epochs, values, np.zeros_like(values)) for m, values in tables.items()}
+    cards = dict(panels.cards(drawn, recorded, POINTS, {}, {}))
+    assert list(cards) == ["layer_epoch/effective_rank", "layer_epoch/stable_rank"]
     figure = viz.layer_epoch_heatmap_figure(tables["stable_rank"], POINTS, epochs, title="stable_rank", card=True)
     fresh = viz.render_rgb(figure)
-    np.testing.assert_array_equal(cards["stable_rank"], fresh)
+    np.testing.assert_array_equal(cards["layer_epoch/stable_rank"], fresh)
 
 
 def test_correlation_card_enlarges_small_matrices_by_a_whole_factor_and_adds_a_scale():

@@ -62,12 +62,12 @@ def render_rgb(fig: Figure) -> np.ndarray:
     Thread-safe where pyplot is not: no global figure manager, no backend switch (TensorBoard's ``add_figure``
     imports pyplot). The background figure worker writes this with ``add_image(..., dataformats="HWC")``.
     """
-    image = _rgb(fig)
+    image = rgb(fig)
     close(fig)
     return image
 
 
-def _rgb(fig: Figure) -> np.ndarray:
+def rgb(fig: Figure) -> np.ndarray:
     """`render_rgb` without closing: for a figure that is drawn again with other data (`spectrum_cards`)."""
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
@@ -360,7 +360,7 @@ def spectrum_cards(
     try:
         for name, history in histories.items():
             card.draw(history, name)
-            yield name, _rgb(card.fig)
+            yield name, rgb(card.fig)
     finally:
         close(card.fig)
 
@@ -443,26 +443,6 @@ def correlation_from_covariance(cov: np.ndarray) -> np.ndarray:
     std = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     scale = np.where(std > 0, 1.0 / np.where(std > 0, std, 1.0), 0.0)
     return cov * scale[:, None] * scale[None, :]
-
-
-def correlation_heatmap_figure(cov: np.ndarray, *, title: str, max_dim: int = 384) -> Figure:
-    """Heatmap of the feature correlation matrix (the paper's 'covariance becomes diagonal' view).
-
-    Args:
-        cov: Covariance matrix [D, D].
-        title: Figure title.
-        max_dim: Show at most the first ``max_dim`` features (rendering cost grows with D^2).
-    """
-    corr = correlation_from_covariance(cov)[:max_dim, :max_dim]
-    fig = Figure(figsize=(4.2, 3.6), dpi=90)
-    ax = fig.add_subplot()
-    image = ax.imshow(corr, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(title)
-    ax.set_xlabel("feature")
-    ax.set_ylabel("feature")
-    fig.tight_layout()
-    return fig
 
 
 FIRST_COLOUR, LAST_COLOUR = "#e08a2c", "#1f3b73"
@@ -580,7 +560,7 @@ def layer_epoch_heatmap_figure(
     """Heatmap of one observable with points (depth) on the y axis and epochs on the x axis.
 
     The report embeds it at a grid cell's width (matplotlib's default text, every point named); the callback logs
-    one per charted observable as a TensorBoard card (``card=True``, drawn by `layer_epoch_cards`): a fixed
+    one per charted observable as a TensorBoard card (``card=True``, drawn by `tgo.panels.cards`): a fixed
     480 x 240 px canvas at ``CARD_FONTSIZE``, at most 8 point names and 6 epochs labelled, so that nothing is
     clipped or shrunk to 5 pt (as in the former single figure of every observable's panel).
 
@@ -596,7 +576,7 @@ def layer_epoch_heatmap_figure(
     values = np.asarray(values, dtype=np.float64)
     log = is_log_scale(title) if log is None else log
     if card:
-        heatmap = _LayerEpochCard(points, epochs)
+        heatmap = LayerEpochCard(points, epochs)
         heatmap.draw(values, title, log=log)
         return heatmap.fig
     fig = Figure(figsize=(max(4.0, 0.35 * len(epochs) + 2.5), max(3.0, 0.25 * len(points) + 1.2)), dpi=90)
@@ -614,25 +594,7 @@ def layer_epoch_heatmap_figure(
     return fig
 
 
-def layer_epoch_cards(
-    tables: Mapping[str, np.ndarray], points: Sequence[str], epochs: Sequence[int]
-) -> Iterator[tuple[str, np.ndarray]]:
-    """Every observable's layer x epoch card (`layer_epoch_heatmap_figure`), rendered: ``(metric, RGB image)``.
-
-    Drawn on one figure whose image data, colour limits and title are replaced from card to card (see
-    `spectrum_cards` for why); each card's colourbar spans its own observable's range, in log10 for the
-    catalogue's ratio-type observables (`is_log_scale`).
-    """
-    heatmap = _LayerEpochCard(points, epochs)
-    try:
-        for metric, values in tables.items():
-            heatmap.draw(np.asarray(values, dtype=np.float64), metric, log=is_log_scale(metric))
-            yield metric, _rgb(heatmap.fig)
-    finally:
-        close(heatmap.fig)
-
-
-class _LayerEpochCard:
+class LayerEpochCard:
     """A layer x epoch card's figure, heatmap and colourbar, built once; `draw` replaces its data and title."""
 
     def __init__(self, points: Sequence[str], epochs: Sequence[int]) -> None:
@@ -658,61 +620,6 @@ class _LayerEpochCard:
         low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
         self.image.set_clim(low, high)  # what a fresh imshow scales to; the colourbar follows
         self.ax.set_title(title, fontsize=1.1 * CARD_FONTSIZE)
-
-
-def observable_lines_figure(
-    series: Mapping[str, tuple[ArrayLike, ArrayLike]],
-    *,
-    title: str,
-    bands: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
-    reference: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
-    log: bool | None = None,
-) -> Figure:
-    """One observable against epoch, one line per point, optional spread bands and dashed reference lines.
-
-    Points are coloured by depth (`depth_styles`), CLS black with square markers; a ratio-type observable (the
-    catalogue's ``scale = "log"``) gets a log y axis.
-
-    Args:
-        series: point -> (epochs, values).
-        title: The observable's name.
-        bands: point -> (low, high) per epoch (for multi-run aggregates).
-        reference: point -> (epochs, values) drawn dashed (e.g. the published TGO-I measurements).
-        log: A log y axis; ``None``: the catalogue's scale of ``title`` (`is_log_scale`).
-    """
-    fig = Figure(figsize=(6.0, 4.0), dpi=90)
-    ax = fig.add_subplot()
-    names = list(series)
-    styles = depth_styles(names)
-    for name in names:
-        style = styles[name]
-        color = style["color"]
-        epochs, values = series[name]
-        cls = name == CLS_POINT
-        ax.plot(
-            epochs,
-            values,
-            color=color,
-            lw=1.8 if cls else 1.2,
-            label=name,
-            marker=style["marker"] if cls else None,
-            ms=4,
-            zorder=3 if cls else 2,
-        )
-        if bands and name in bands:
-            low, high = bands[name]
-            ax.fill_between(epochs, low, high, color=color, alpha=0.15, lw=0)
-        if reference and name in reference:
-            ref_epochs, ref_values = reference[name]
-            ax.plot(ref_epochs, ref_values, color=color, lw=0.8, ls="--")
-    if is_log_scale(title) if log is None else log:
-        log_axis(ax)
-    ax.set_xlabel("epoch")
-    ax.set_title(title + (" (dashed: reference)" if reference else ""))
-    ax.grid(True, alpha=0.2)
-    ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    return fig
 
 
 def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
@@ -788,55 +695,6 @@ def epoch_colourbar(
         bar.ax.tick_params(labelsize=fontsize * 0.85)
 
 
-def depth_profile_figure(
-    profiles: Mapping[int, tuple[np.ndarray, np.ndarray]],
-    points: Sequence[str],
-    *,
-    title: str,
-    log: bool | None = None,
-) -> Figure:
-    """An observable against depth (points in depth order on x), one line per epoch on the epoch colour ramp.
-
-    The figure that tells TGO's depth story at a glance: how each observation's profile over the layers moves as
-    training goes on, at the report's page width (TensorBoard's card-sized version is
-    `tgo.dashboard_cards.depth_profile_figure`).
-
-    Args:
-        profiles: epoch -> (values [P], standard errors [P], NaN where none) over ``points``; a band of
-            +-1 standard error is drawn where it is finite.
-        points: Point names in depth order.
-        title: The observable's name.
-        log: A log y axis; ``None``: the catalogue's scale of ``title`` (`is_log_scale`: ratio-type observables).
-
-    CLS is marked apart from the blocks: square markers, its name in bold, a dotted line before it (`mark_cls_axis`).
-    """
-    fig = Figure(figsize=(max(6.0, 0.38 * len(points) + 2.5), 4.0), dpi=90)
-    ax = fig.add_subplot()
-    epochs = sorted(profiles)
-    norm, cmap = epoch_colours(epochs)
-    x = np.arange(len(points))
-    cls = [i for i, name in enumerate(points) if name == CLS_POINT]
-    blocks = [i for i in range(len(points)) if i not in cls]
-    for epoch in epochs:
-        values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
-        color = cmap(norm(epoch))
-        ax.plot(x, values, color=color, lw=1.2, marker="o", ms=3, markevery=blocks)
-        if cls:
-            ax.plot(x[cls], values[cls], color=color, ls="none", marker="s", ms=5, mec="black", mew=0.8)
-        if np.any(np.isfinite(se)):
-            ax.fill_between(x, values - se, values + se, color=color, alpha=0.2, lw=0)
-    if is_log_scale(title) if log is None else log:
-        log_axis(ax)
-    ax.set_xticks(x, labels=list(points), rotation=60, ha="right", fontsize=7)
-    mark_cls_axis(ax, points)
-    ax.set_xlabel("point (depth order)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.25)
-    epoch_colourbar(fig, ax, norm, cmap, epochs)
-    fig.tight_layout()
-    return fig
-
-
 # ------------------------------------------------------------------------------------------------ attention geometry
 def attention_heads_figure(
     values: ArrayLike,
@@ -850,7 +708,7 @@ def attention_heads_figure(
 
     Which heads of which block attend far or near, to the CLS sink or to themselves, peaked or flat, at a glance.
     The report embeds it at a grid cell's width with every value written in (up to 16 x 16 cells); the callback logs
-    one per head metric as a TensorBoard card (``card=True``, drawn by `attention_cards`: 480 x 240 px at
+    one per head metric as a TensorBoard card (``card=True``, drawn by `tgo.panels.cards`: 480 x 240 px at
     ``CARD_FONTSIZE``, at most 8 block names labelled, no values written).
 
     Args:
@@ -864,7 +722,7 @@ def attention_heads_figure(
     if values.ndim != 2 or values.shape[0] != len(blocks):
         raise ValueError(f"attention_heads_figure: values must be [{len(blocks)} blocks, heads], got {values.shape}")
     if card:
-        heatmap = _AttentionHeadsCard(blocks, values.shape[1])
+        heatmap = AttentionHeadsCard(blocks, values.shape[1])
         heatmap.draw(values, title, reference)
         return heatmap.fig
     heads = values.shape[1]
@@ -892,7 +750,7 @@ def attention_heads_figure(
     return fig
 
 
-class _AttentionHeadsCard:
+class AttentionHeadsCard:
     """A blocks x heads card's figure, heatmap and colourbar, built once; `draw` replaces its data and title."""
 
     def __init__(self, blocks: Sequence[str], heads: int) -> None:
@@ -915,37 +773,3 @@ class _AttentionHeadsCard:
         self.image.set_clim(low, high if high > low else low + 1e-12)
         suffix = f" (uniform {reference:.3g})" if reference is not None and np.isfinite(reference) else ""
         self.ax.set_title(title + suffix, fontsize=1.1 * CARD_FONTSIZE)
-
-
-def attention_cards(
-    per_head: Mapping[str, ArrayLike],
-    blocks: Sequence[str],
-    *,
-    references: Mapping[str, float] | None = None,
-) -> Iterator[tuple[str, np.ndarray]]:
-    """The attention family's block x head cards, rendered: ``(tag, RGB image)``, one card at a time.
-
-    One blocks x heads card per head metric (``attention_heads/<metric>``, `attention_heads_figure`, all drawn on one
-    figure whose data are replaced from card to card); the attention depth profiles are the dashboard's
-    ``1_depth_profile_attention/<metric>`` cards (`tgo.dashboard_cards`). The callback writes each with
-    ``writer.add_image(tag, image, global_step=epoch, dataformats="HWC")``; a generator, so that the background
-    figure worker may pause between cards.
-
-    Args:
-        per_head: metric -> ``[len(blocks), H]`` per-head values at this observation
-            (`tgo.observatory.families.attention.head_tables`).
-        blocks: Block names in depth order.
-        references: metric -> its value under uniform attention (named in the card's title).
-    """
-    if per_head and blocks:
-        heads = max(np.asarray(v).shape[1] for v in per_head.values())
-        card = _AttentionHeadsCard(blocks, heads)
-        try:
-            for metric, values in per_head.items():
-                table = np.full((len(blocks), heads), np.nan)
-                given = np.asarray(values, dtype=np.float64)
-                table[:, : given.shape[1]] = given
-                card.draw(table, metric, (references or {}).get(metric))
-                yield f"attention_heads/{metric}", _rgb(card.fig)
-        finally:
-            close(card.fig)

@@ -19,12 +19,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 from tests.conftest import compose_train
-from tgo import dashboard_cards
+from tgo import panels
 from tgo.callbacks import dashboard, spectral_geometry
 from tgo.callbacks.dashboard import (
-    BAND_FIGURES,
     DEPTH_PROFILES,
-    PROBE_PROFILES,
     STORY_TAG,
     TensorBoardDashboard,
     band_tag,
@@ -40,6 +38,8 @@ EPOCHS = (0, 1, 2)
 DIM = 6
 ONLY_NEW = FigureSettings(spectra=False, histograms=False, decay=False, layer_epoch=False, attention=False)
 """The story, the depth profiles and the against-epoch cards, nothing else."""
+PROBE_PROFILES = [(p.view, p.metric) for p in panels.core_panels() if p.kind == "depth" and p.card and p.view != "all"]
+BAND_FIGURES = [p.metric for p in panels.core_panels() if p.kind == "bands" and p.card]
 
 
 def synthetic_results(epoch: int) -> Results:
@@ -128,7 +128,7 @@ def test_every_new_card_is_written_with_its_tag_at_the_epoch(recorded, tmp_path:
     for tag in expected:
         cards = events.Images(tag)
         assert [e.step for e in cards] == [1, 2], tag
-        size = dashboard_cards.BAND_PIXELS if tag.startswith("2_vs_epoch/") else dashboard_cards.PROFILE_PIXELS
+        size = panels.BAND_PIXELS if tag.startswith("2_vs_epoch/") else panels.PROFILE_PIXELS
         assert (cards[-1].width, cards[-1].height) == size, tag
     seconds = events.Scalars("geometry/figure_seconds")
     assert [e.step for e in seconds] == [1, 2] and all(e.value > 0 for e in seconds)
@@ -147,32 +147,32 @@ def test_every_switch_leaves_its_cards_out(recorded):
 
 def test_ratio_type_observables_are_drawn_on_log_axes(recorded, monkeypatch):
     """The catalogue's ``scale == "log"`` observables (Fisher ratio, NC1) get log axes, the others linear."""
-    assert dashboard_cards.log_scale("fisher_ratio") and dashboard_cards.log_scale("nc1")
-    assert not dashboard_cards.log_scale("effective_rank") and not dashboard_cards.log_scale("ncc_accuracy")
-    assert not dashboard_cards.log_scale("not_in_the_catalogue")
-    log = dashboard_cards.depth_profile_figure({0: (np.array([1.0, 10.0, 100.0]), np.full(3, 0.5))}, ["a", "b", "cls"],
-                                               title="fisher_ratio", log=True)  # fmt: skip
+    assert panels.log_scale("fisher_ratio") and panels.log_scale("nc1")
+    assert not panels.log_scale("effective_rank") and not panels.log_scale("ncc_accuracy")
+    assert not panels.log_scale("not_in_the_catalogue")
+    log = panels.depth_figure({0: (np.array([1.0, 10.0, 100.0]), np.full(3, 0.5))}, ["a", "b", "cls"],
+                              title="fisher_ratio", log=True, size=panels.CARD)  # fmt: skip
     assert log.axes[0].get_yscale() == "log"
     assert log.axes[0].get_ylim()[1] >= 100.0, "nothing is left off the axes"
     epochs, values = [0, 1], np.array([[1.0, 2.0], [3.0, 40.0]])
-    band = dashboard_cards.epoch_band_figure(epochs, values, np.full((2, 2), 0.1), ["a", "cls"], title="x", log=True)
+    band = panels.epoch_band_figure(epochs, values, np.full((2, 2), 0.1), ["a", "cls"], title="x", log=True)
     assert band.axes[0].get_yscale() == "log"
-    linear = dashboard_cards.epoch_band_figure(epochs, values, values * 0, ["a", "cls"], title="x", log=False)
+    linear = panels.epoch_band_figure(epochs, values, values * 0, ["a", "cls"], title="x", log=False)
     assert linear.axes[0].get_yscale() == "linear" and linear.axes[0].get_ylim()[1] >= 40.0
 
     drawn: dict[str, bool] = {}
-    for card in (dashboard_cards._DepthProfileCard, dashboard_cards._EpochBandCard):
+    for card in (panels._DepthProfile, panels._EpochBandCard):
         original = card.draw
 
-        def spy(self: Any, *args: Any, _original: Any = original, _kind: str = card.__name__, **kwargs: Any) -> None:
+        def spy(self: Any, *args: Any, _original: Any = original, _kind: str = card.__name__, **kwargs: Any) -> Any:
             drawn[f"{_kind}:{args[-1]}"] = kwargs["log"]
-            _original(self, *args, **kwargs)
+            return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(card, "draw", spy)
     root, observations = recorded
     draw_figures(RecordingWriter(), root, 2, observations[2], EPOCHS, ONLY_NEW)
-    assert drawn["_DepthProfileCard:fisher_ratio (cls)"] and drawn["_DepthProfileCard:nc1 (cls)"]
-    assert not drawn["_DepthProfileCard:effective_rank"] and not drawn["_DepthProfileCard:ncc_accuracy (cls)"]
+    assert drawn["_DepthProfile:fisher_ratio (cls)"] and drawn["_DepthProfile:nc1 (cls)"]
+    assert not drawn["_DepthProfile:effective_rank"] and not drawn["_DepthProfile:ncc_accuracy (cls)"]
     assert not any(log for key, log in drawn.items() if key.startswith("_EpochBandCard:")), "no band metric is a ratio"
 
 
@@ -238,13 +238,14 @@ def test_the_dashboard_hands_the_story_function_the_run_directory_and_epoch(reco
     assert callback.story is story, "the callback passes its story function to its dashboard"
 
 
-def test_depth_profiles_read_each_view_from_the_records(recorded):
+def test_recorded_tables_read_each_view_from_the_records(recorded):
     root, _ = recorded
-    profiles = dashboard.depth_profiles(root, list(POINTS), 1, ["fisher_ratio", "absent"], view="cls")
-    assert list(profiles) == ["fisher_ratio"] and sorted(profiles["fisher_ratio"]) == [0, 1]
-    values, stderrs = profiles["fisher_ratio"][1]
-    assert math.isnan(values[0]) and values[1:].tolist() == [10.0] * 4, "NaN where a point has no value"
-    assert stderrs[1:].tolist() == [0.01] * 4
+    tables = dashboard.recorded_tables(root, [("cls", "fisher_ratio"), ("cls", "absent")], list(POINTS), 1)
+    assert list(tables) == [("cls", "fisher_ratio")]
+    epochs, values, stderrs = tables[("cls", "fisher_ratio")]
+    assert epochs == [0, 1] and values.shape == stderrs.shape == (len(POINTS), 2)
+    assert math.isnan(values[0, 1]) and values[1:, 1].tolist() == [10.0] * 4, "NaN where a point has no value"
+    assert stderrs[1:, 1].tolist() == [0.01] * 4
 
 
 def test_the_smoke_experiment_leaves_the_costly_cards_out(tmp_path: Path):

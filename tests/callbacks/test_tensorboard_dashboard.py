@@ -8,21 +8,17 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import compose_train
-from tgo.callbacks.dashboard import (
-    BAND_FIGURES,
-    DEPTH_PROFILES,
-    PHASE_TAG,
-    PROBE_PROFILES,
-    WEIGHT_PROFILE_VIEWS,
-    WEIGHT_PROFILES,
-    depth_profile_tag,
-)
+from tgo import panels
+from tgo.callbacks.dashboard import DEPTH_PROFILES, depth_profile_tag
 from tgo.callbacks.tensorboard_runs import PointRuns, point_run_names
 from tgo.observatory.families.attention import ATTENTION_CHARTED
+from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.records import read_metric_rows
 from tgo.spectral import CATALOGUE
 from tgo.train import run
 
+PROBE_PROFILES = [(p.view, p.metric) for p in panels.core_panels() if p.kind == "depth" and p.card and p.view != "all"]
+BAND_FIGURES = [p.metric for p in panels.core_panels() if p.kind == "bands" and p.card]
 SMOKE_POINTS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "block_04", "cls"]
 """The smoke experiment's points (a 4-block ViT) in depth order, spelled out rather than taken from the callback."""
 
@@ -115,12 +111,14 @@ def test_main_run_keeps_only_run_level_geometry_scalars_and_draws_the_image_card
         images = ev.Images(f"layer_epoch/{metric}")
         assert [e.step for e in images] == [0, 1], metric
         assert (images[-1].width, images[-1].height) == (480, 240), metric
-    for view in WEIGHT_PROFILE_VIEWS:  # the weights family: each block map's spectra against depth
-        for metric in WEIGHT_PROFILES:
+    for view in (v for name, v in WEIGHT_VIEWS.items() if name != "patch"):  # each block map's spectra against depth
+        for metric in ("weight_alpha", "weight_stable_rank", "weight_relative_update"):
             images = ev.Images(depth_profile_tag(metric, view))
             assert [e.step for e in images] == ([1] if metric == "weight_relative_update" else [0, 1]), (view, metric)
             assert (images[-1].width, images[-1].height) == (480, 320), (view, metric)
-    assert [e.step for e in ev.Images(PHASE_TAG)] == [1], "phases label a change: none at the first observation"
+    assert [e.step for e in ev.Images("layer_epoch/phase")] == [1], (
+        "phases label a change: none at the first observation"
+    )
     assert [e.step for e in ev.Images("2_vs_epoch/gradient_trace_covariance")] == [1], "the steps before epoch 1"
     assert "layer_epoch/phase_code" not in image_tags, "a category: the phase map, not a continuous heatmap"
     assert "0_story/story" not in image_tags, "tgo.train gives the callback no story function yet"

@@ -18,7 +18,7 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
 from tests.report.synthetic import write_synthetic_run
-from tgo import viz
+from tgo import panels, viz
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_jackknife, load_series, load_spectra
 from tgo.report import hypotheses_section, plots
 from tgo.report.figures import correlation_figure, spectrum_figures
@@ -183,10 +183,10 @@ def test_ratios_are_drawn_on_log_axes_in_every_figure(metric: str):
     log = CATALOGUE[metric].scale == "log"
     expected = "log" if log else "linear"
     series = _series(FIFTEEN)
-    assert plots.lines_figure(series, title=metric).axes[0].get_yscale() == expected
-    assert viz.observable_lines_figure(series, title=metric).axes[0].get_yscale() == expected
+    assert panels.lines_figure(series, title=metric).axes[0].get_yscale() == expected
     profiles = {e: (np.geomspace(1.0, 50.0, len(FIFTEEN)) * (1 + e), np.full(len(FIFTEEN), np.nan)) for e in (0, 5)}
-    assert viz.depth_profile_figure(profiles, FIFTEEN, title=metric).axes[0].get_yscale() == expected
+    for size in (panels.PAGE, panels.CARD):  # one drawer, two sizes
+        assert panels.depth_figure(profiles, FIFTEEN, title=metric, size=size).axes[0].get_yscale() == expected
     table = np.geomspace(1.0, 80.0, len(FIFTEEN) * 3).reshape(len(FIFTEEN), 3)
     (image,) = viz.layer_epoch_heatmap_figure(table, FIFTEEN, [0, 5, 10], title=metric).axes[0].get_images()
     assert isinstance(image.norm, LogNorm) is log
@@ -197,7 +197,7 @@ def test_the_scale_is_read_from_the_catalogue_not_a_list():
     CATALOGUE.register(toy)
     try:
         assert viz.is_log_scale("toy_ratio_of_spreads")
-        assert plots.lines_figure(_series(POINTS), title="toy_ratio_of_spreads").axes[0].get_yscale() == "log"
+        assert panels.lines_figure(_series(POINTS), title="toy_ratio_of_spreads").axes[0].get_yscale() == "log"
     finally:
         CATALOGUE.unregister("toy_ratio_of_spreads")
     assert not viz.is_log_scale("toy_ratio_of_spreads") and not viz.is_log_scale("not_an_observable")
@@ -209,9 +209,8 @@ def _luminance(colour) -> float:
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
 
-@pytest.mark.parametrize("draw", [plots.lines_figure, viz.observable_lines_figure])
-def test_cls_has_its_own_colour_and_marker_and_neighbouring_blocks_stay_apart(draw):
-    fig = draw(_series(FIFTEEN), title="effective_rank")
+def test_cls_has_its_own_colour_and_marker_and_neighbouring_blocks_stay_apart():
+    fig = panels.lines_figure(_series(FIFTEEN), title="effective_rank")
     lines = {line.get_label(): line for line in fig.axes[0].get_lines() if line.get_label() in FIFTEEN}
     assert list(lines) == FIFTEEN
     assert mcolors.to_hex(lines["cls"].get_color()) == "#000000" and lines["cls"].get_marker() == "s"
@@ -223,9 +222,10 @@ def test_cls_has_its_own_colour_and_marker_and_neighbouring_blocks_stay_apart(dr
     assert fig.axes[0].get_legend() is not None
 
 
-def test_depth_profiles_mark_cls_apart_from_the_blocks():
+@pytest.mark.parametrize("size", [panels.PAGE, panels.CARD])
+def test_depth_profiles_mark_cls_apart_from_the_blocks(size: str):
     profiles = {e: (np.arange(len(FIFTEEN), dtype=float) + e, np.full(len(FIFTEEN), np.nan)) for e in (0, 5)}
-    ax = viz.depth_profile_figure(profiles, FIFTEEN, title="effective_rank").axes[0]
+    ax = panels.depth_figure(profiles, FIFTEEN, title="effective_rank", size=size).axes[0]
     (label,) = [t for t in ax.get_xticklabels() if t.get_text() == "cls"]
     assert label.get_fontweight() == "bold"
     squares = [line for line in ax.get_lines() if line.get_marker() == "s"]

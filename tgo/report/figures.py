@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tgo import viz
-from tgo.records import layer_epoch_table
+from tgo import panels, viz
+from tgo.records import DEFAULT_VIEW, layer_epoch_table
 from tgo.report import plots
 from tgo.report.aggregate import Aggregate
 from tgo.report.runinfo import class_count
@@ -26,25 +26,20 @@ from tgo.spectral.catalogue import CATALOGUE
 from tgo.spectral.observables import singular_values
 
 __all__ = [
-    "DEPTH_PROFILE_METRICS",
     "FigureRef",
     "correlation_figure",
     "depth_profile_figures",
+    "depth_profile_metrics",
     "log_scaled",
     "observable_figures",
     "save_figure",
     "spectrum_figures",
 ]
 
-DEPTH_PROFILE_METRICS: tuple[str, ...] = (
-    "effective_rank",
-    "participation_ratio",
-    "stable_rank",
-    "spectral_anisotropy",
-    "spectral_entropy",
-    "spectral_flatness",
-)
-"""The observables drawn against depth (those recorded), in this order."""
+
+def depth_profile_metrics() -> list[str]:
+    """The ``all``-view observables the report draws against depth (`tgo.panels.declared`, page), in that order."""
+    return [p.metric for p in panels.declared("page", kind="depth") if p.view == DEFAULT_VIEW]
 
 
 @dataclass(frozen=True)
@@ -120,7 +115,7 @@ def observable_figures(
         title = f"{metric}" + (f" (mean of {aggregate.n_runs} runs)" if several else "")
         bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
         log = log_scaled(metric)
-        fig = plots.lines_figure(
+        fig = panels.lines_figure(
             series, title=title, bands=bands or None, reference=ref, run_epochs=run_epochs, log=log
         )
         n_obs = max(len(series[p][0]) for p in points)
@@ -303,16 +298,17 @@ def correlation_figure(run: RunData, figures_dir: Path) -> FigureRef | None:
 
 
 def depth_profile_figures(
-    aggregate: Aggregate, figures_dir: Path, *, metrics: Sequence[str] = DEPTH_PROFILE_METRICS
+    aggregate: Aggregate, figures_dir: Path, *, metrics: Sequence[str] | None = None
 ) -> list[FigureRef]:
-    """Each main observable against depth, one line per observed epoch (colourbar), ±1 standard error bands.
+    """Each observable against depth (default: `depth_profile_metrics`), one line per observed epoch (colourbar),
+    ±1 standard error bands (`tgo.panels.depth_figure` at page size).
 
     The band is the jackknife standard error for one run, the standard deviation over runs for several (as on the
     epoch figures); none where neither exists.
     """
     refs: list[FigureRef] = []
     several = aggregate.n_runs > 1
-    for metric in metrics:
+    for metric in depth_profile_metrics() if metrics is None else metrics:
         per_point = aggregate.mean.get(metric)
         if not per_point:
             continue
@@ -325,7 +321,7 @@ def depth_profile_figures(
         profiles = {epoch: (values[:, j], se[:, j]) for j, epoch in enumerate(epochs)}
         title = metric + (f" (mean of {aggregate.n_runs} runs)" if several else "")
         log = log_scaled(metric)
-        fig = plots.depth_profile_figure(profiles, points, title=title, log=log)
+        fig = panels.depth_figure(profiles, points, title=title, log=log)
         band = "mean ± 1 standard deviation over runs" if several else "value ± 1 jackknife standard error"
         refs.append(
             FigureRef(

@@ -1,0 +1,668 @@
+"""What TGO draws, declared once as data (`Panel`), and one drawer per kind of panel at two sizes (`CARD`, `PAGE`).
+
+TensorBoard's cards (`tgo.callbacks.dashboard`) and the report's figures (`tgo.report.figures`) are two renderers of
+the same declarations: the core's (`core_panels`) and each measurement family's (`FAMILY_PANELS`, keyed by family
+name; a family object's own ``panels`` attribute takes precedence), listed together by `declared`. A panel names
+its kind, its metric and view, its title, and where it is drawn (``card``/``page``, and the ``observation.figures``
+switch that turns its card off); nothing else decides what a figure shows. The kinds:
+
+* ``depth``: one observable against depth, one line per observed epoch on the epoch ramp (`tgo.viz.epoch_colours`),
+  +-1 standard-error band (`depth_figure`; cards: `depth_cards` through `cards`);
+* ``bands``: one observable against epoch, one line per point on the depth ramp (`tgo.viz.depth_styles`), +-1 s.e.
+  band, an optional ``overlay`` metric on the same axes (`_EpochBandCard` for a card, `lines_figure` for a page);
+* ``map``: one observable as a point x epoch heatmap (`tgo.viz.layer_epoch_heatmap_figure`), or with
+  ``scale="phase"`` the training phases' discrete labels (`phase_map`);
+* ``heads``: an array heatmap, block x head (`tgo.viz.attention_heads_figure`), from the observation's arrays;
+* ``table``: the last observation's values of ``metrics`` (the report's table; no card);
+* ``spectra``: each point's eigenvalue spectra over epochs (`tgo.viz.spectrum_cards`, the report's spectra).
+
+TensorBoard's scalar charts smooth (0.6) and leave the top and bottom 5 % of a chart's values out of its y range, so
+a chart of 15 points whose last blocks stand apart draws those blocks off its top; the cards are images of the
+recorded values (every one on the axes) with their jackknife bands. A card is drawn on a figure built once per shape
+whose lines are replaced from card to card, at fixed pixel margins (no ``tight_layout``, which draws a figure
+twice); a page figure is sized to its points and laid out by matplotlib. Ratio-type observables (catalogue
+``scale == "log"``) are drawn on log axes with plain-number labels (`tgo.viz.log_axis`) where every value is
+positive. Everything uses matplotlib's object API (no pyplot), so cards can be drawn on the figure worker's thread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+from numpy.typing import ArrayLike
+
+from tgo import viz
+from tgo.records import DEFAULT_VIEW
+from tgo.spectral.phases import COLLAPSE, COMPRESSION, ENTROPY, UNDEFINED, UNRESOLVED
+
+__all__ = [
+    "BAND_PIXELS",
+    "CARD",
+    "FAMILY_PANELS",
+    "PAGE",
+    "PHASE_COLOURS",
+    "PROFILE_PIXELS",
+    "RECORDED_KINDS",
+    "Panel",
+    "cards",
+    "core_panels",
+    "declared",
+    "depth_figure",
+    "epoch_band_figure",
+    "lines_figure",
+    "log_scale",
+    "phase_map",
+]
+
+CARD, PAGE = "card", "page"
+"""The two sizes (renderers): a TensorBoard card (fixed pixels, `tgo.viz.CARD_FONTSIZE`) and a report page figure."""
+PROFILE_PIXELS = (480, 320)
+"""A depth-profile card's size (px): the rotated point names need the height."""
+BAND_PIXELS = (480, 240)
+"""An against-epoch card's size (px): TensorBoard's ~450 x 210 px image box shows a 2:1 card at ~90 %."""
+PHASE_PIXELS = (640, 400)
+"""The phase map card's size (px)."""
+_FONT = viz.CARD_FONTSIZE
+_TICK = 0.85 * viz.CARD_FONTSIZE
+PHASE_COLOURS: dict[str, str] = {COLLAPSE: "#8c1c13", COMPRESSION: "#f4a259", UNRESOLVED: "#e6e6e6", ENTROPY: "#3a7ca5"}
+"""The colour of each training-phase label (``undefined`` is left white)."""
+_PHASE_ORDER = (COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY)
+
+RECORDED_KINDS = ("depth", "bands", "map")
+"""The kinds drawn from the recorded series (``metrics.csv``); ``heads`` is drawn from an observation's arrays."""
+Profiles = Mapping[int, tuple[np.ndarray, np.ndarray]]
+"""epoch -> (values [P], standard errors [P]) over the points in depth order (NaN where none)."""
+Table = tuple[Sequence[int], np.ndarray, np.ndarray]
+"""(epochs, values [P, E], stderrs [P, E]) of one (view, metric), NaN where a point has no value at an epoch."""
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel, drawn by both renderers from the records.
+
+    Attributes:
+        kind: ``depth``, ``bands``, ``map``, ``heads``, ``table`` or ``spectra`` (the module docstring).
+        metric: The observable (``heads``: the per-head array ``heads_<metric>``; ``table``: unused).
+        view: The records' view it is read from.
+        title: The card's title (default: the metric).
+        switch: The ``observation.figures`` flag (`tgo.observatory.settings.FigureSettings`) that draws its card.
+        card: Drawn as a TensorBoard card.
+        page: Drawn in the report.
+        rows: ``points``: every point on the axis (NaN where none); ``recorded``: the points that recorded ``view``
+            at this observation (a family's blocks, the last point's network view).
+        scale: ``None``: the catalogue's scale of the metric (`log_scale`); ``phase``: discrete phase labels.
+        overlay: A second metric drawn on the same axes of the page (``bands``: the sharpness' threshold; a card
+            draws it as its own panel).
+        metrics: The metrics of a ``table``.
+        tag: The card's TensorBoard tag (default from the kind: `tag_of`).
+    """
+
+    kind: str
+    metric: str = ""
+    view: str = DEFAULT_VIEW
+    title: str = ""
+    switch: str = ""
+    card: bool = True
+    page: bool = True
+    rows: str = "points"
+    scale: str | None = None
+    overlay: str | None = None
+    metrics: tuple[str, ...] = ()
+    tag: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.title or self.metric
+
+    def tag_of(self) -> str:
+        """``1_depth_profile[_<view>]/<metric>``, ``2_vs_epoch/<metric>``, ``layer_epoch/<metric>`` or
+        ``attention_heads/<metric>``: TensorBoard's Time Series page sorts groups in natural order, so the numbered
+        ones open first (`tgo.callbacks.dashboard`)."""
+        if self.tag:
+            return self.tag
+        if self.kind == "depth":
+            return (
+                f"1_depth_profile/{self.metric}"
+                if self.view == DEFAULT_VIEW
+                else f"1_depth_profile_{self.view}/{self.metric}"
+            )
+        group = {"bands": "2_vs_epoch", "map": "layer_epoch", "heads": "attention_heads"}.get(self.kind, self.kind)
+        return f"{group}/{self.metric}"
+
+
+# ------------------------------------------------------------------------------------------------ declarations
+def core_panels() -> tuple[Panel, ...]:
+    """The core's panels: depth profiles of the covariance observables and the probes, the against-epoch bands and
+    the layer x epoch maps of the catalogue's charted observables (read at call time: a plug-in's observable counts),
+    the spectra. TensorBoard keeps to fewer depth profiles than the report: every card costs background rendering
+    time at each observation."""
+    from tgo.spectral.catalogue import CATALOGUE  # lazy: the catalogue imports torch
+
+    depth = ("effective_rank", "participation_ratio", "stable_rank", "spectral_anisotropy")
+    bands = depth
+    return (
+        *(Panel("depth", m, switch="depth_profiles") for m in depth),
+        Panel("depth", "spectral_entropy", card=False),
+        Panel("depth", "spectral_flatness", card=False),
+        Panel("depth", "mean_abs_offdiag_correlation", switch="depth_profiles", page=False),
+        Panel("depth", "between_image_fraction", switch="depth_profiles", page=False),
+        *(
+            Panel("depth", m, "cls", title=f"{m} (cls)", switch="depth_profiles", page=False)
+            for m in ("ncc_accuracy", "ridge_accuracy", "fisher_ratio", "nc1")
+        ),
+        *(Panel("bands", m, switch="bands", card=m in bands) for m in CATALOGUE.charted),
+        *(Panel("map", m, switch="layer_epoch") for m in CATALOGUE.charted),
+        Panel("spectra", "eigenvalues", switch="spectra"),
+    )
+
+
+# ---- the families' panels: to move into their family files (tgo/observatory/families/*.py) -----------------------
+def _family_panels() -> dict[str, tuple[Panel, ...]]:
+    from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, HEAD_METRICS
+    from tgo.observatory.families.base import NETWORK_VIEW
+    from tgo.observatory.families.weights import WEIGHT_VIEWS
+
+    block_maps = tuple(view for name, view in WEIGHT_VIEWS.items() if name != "patch")  # the patch is one matrix
+    weights = ("weight_alpha", "weight_stable_rank", "weight_effective_rank", "weight_relative_update")
+    network = ("gradient_noise_scale", "gradient_norm_sq", "gradient_trace_covariance", "gradient_noise_steps")
+    curvature: tuple[str, ...] = ("hessian_top_eigenvalue", "hessian_trace", "preconditioned_sharpness")
+    curvature += ("edge_of_stability_threshold", "sharpness_over_threshold")
+
+    def against_epoch(metric: str, **given: Any) -> Panel:  # the last point's network view
+        return Panel("bands", metric, NETWORK_VIEW, switch="optimisation", rows="recorded", **given)
+
+    return {
+        "attention": (
+            *(
+                Panel("depth", m, ATTENTION_VIEW, f"{m} (block mean)", "attention", rows="recorded")
+                for m in ATTENTION_CHARTED
+            ),
+            *(Panel("heads", m, ATTENTION_VIEW, switch="attention", page=False, rows="recorded") for m in HEAD_METRICS),
+        ),
+        "weights": tuple(
+            Panel(
+                "depth",
+                m,
+                view,
+                f"{m} ({view.removeprefix('weights_')} weights)",
+                "optimisation",
+                card=m != "weight_effective_rank",
+                rows="recorded",
+            )
+            for view in block_maps
+            for m in weights
+        ),
+        "noise_scale": (
+            *(against_epoch(m) for m in network[:3]),
+            Panel("table", view=NETWORK_VIEW, card=False, metrics=network),
+        ),
+        "curvature": (
+            against_epoch("hessian_top_eigenvalue"),
+            against_epoch("hessian_trace"),
+            against_epoch("preconditioned_sharpness", overlay="edge_of_stability_threshold"),
+            against_epoch("edge_of_stability_threshold", page=False),  # the page draws it over the sharpness
+            against_epoch("sharpness_over_threshold"),
+            Panel("table", view=NETWORK_VIEW, card=False, metrics=curvature),
+        ),
+        "phases": (
+            Panel(
+                "map",
+                "phase_code",
+                title="training phases",
+                switch="layer_epoch",
+                scale="phase",
+                page=False,
+                tag="layer_epoch/phase",
+            ),
+        ),
+    }
+
+
+FAMILY_PANELS: dict[str, tuple[Panel, ...]] = _family_panels()
+"""family name -> its panels."""
+# ---- end of the families' panels ---------------------------------------------------------------------------------
+
+
+def declared(renderer: str | None = None, *, kind: str | None = None) -> list[Panel]:
+    """The core's panels, then each registered family's (registration order: a family's own ``panels``, else its
+    `FAMILY_PANELS` entry), of one renderer (`CARD`, `PAGE`) and kind where named."""
+    from tgo.observatory.families import registered_families
+
+    found = list(core_panels())
+    for family in registered_families():
+        found += getattr(family, "panels", ()) or FAMILY_PANELS.get(family.name, ())
+    return [p for p in found if (renderer is None or getattr(p, renderer)) and (kind is None or p.kind == kind)]
+
+
+def log_scale(metric: str) -> bool:
+    """Whether ``metric`` is drawn on a log axis: its catalogue ``scale`` is ``log`` (`tgo.viz.is_log_scale`)."""
+    return viz.is_log_scale(metric)
+
+
+# ------------------------------------------------------------------------------------------------ card helpers
+def _card_figure(pixels: tuple[int, int]) -> Figure:
+    return Figure(figsize=(pixels[0] / viz.CARD_DPI, pixels[1] / viz.CARD_DPI), dpi=viz.CARD_DPI)
+
+
+def _axes(fig: Figure, *, left: int, right: int, bottom: int, top: int = 30) -> tuple[Any, Any]:
+    """The plot and colourbar axes of a card at fixed pixel margins; ``right`` is the colourbar's label room."""
+    width, height = (size * fig.dpi for size in fig.get_size_inches())
+    bar, gap = 14, 10
+    plot_height = (height - bottom - top) / height
+    ax = fig.add_axes((left / width, bottom / height, (width - left - right - bar - gap) / width, plot_height))
+    cax = fig.add_axes(((width - right - bar) / width, bottom / height, bar / width, plot_height))
+    return ax, cax
+
+
+def _colourbar(fig: Figure, cax: Any, norm: Normalize, cmap: Any, ticks: Sequence[float], labels: Sequence[str]) -> Any:
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    bar.set_ticks(list(ticks))
+    bar.set_ticklabels(list(labels))
+    bar.ax.tick_params(labelsize=_TICK)
+    return bar
+
+
+def _band_polygons(x: np.ndarray, values: np.ndarray, se: np.ndarray, *, log: bool) -> list[np.ndarray]:
+    """The ``values -/+ se`` band as polygons, one per run of points where both edges are finite (and, on a log
+    axis, the lower edge is above zero: a band reaching zero or below is left out there)."""
+    low, high = values - se, values + se
+    good = np.isfinite(low) & np.isfinite(high) & np.isfinite(x)
+    if log:
+        good &= low > 0
+    polygons = []
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], good.astype(np.int8), [0]])))
+    for start, stop in zip(edges[::2], edges[1::2], strict=True):
+        xs = x[start:stop]
+        polygons.append(
+            np.column_stack([np.concatenate([xs, xs[::-1]]), np.concatenate([low[start:stop], high[start:stop][::-1]])])
+        )
+    return polygons
+
+
+def _bands(ax: Any, polygons: list[np.ndarray], colours: list[Any], alpha: float) -> None:
+    """Every band of a figure as one collection (15 ``fill_between`` calls cost as much as drawing the card)."""
+    if polygons:
+        ax.add_collection(PolyCollection(polygons, facecolors=colours, alpha=alpha, linewidths=0), autolim=True)
+
+
+def _positive(values: Any) -> bool:
+    """Whether every finite value is > 0: a log axis can show them (a ratio estimated below 0, e.g. the noise scale
+    from too few steps, is drawn on a linear axis instead, not left off)."""
+    v = np.asarray(values, dtype=np.float64)
+    return bool(np.all(v[np.isfinite(v)] > 0))
+
+
+def _scale(ax: Any, log: bool, labelsize: float | None) -> None:
+    """Linear or log y axis (`tgo.viz.log_axis`), limits from every line and band drawn now (none left off)."""
+    if log:
+        viz.log_axis(ax, labelsize=labelsize)
+    else:
+        ax.set_yscale("linear")
+    ax.relim()
+    ax.autoscale_view()
+    if not log:  # a flat profile still gets a readable span
+        low, high = ax.get_ylim()
+        if not high > low:
+            ax.set_ylim(low - 0.5, high + 0.5)
+
+
+def _clear(ax: Any) -> None:
+    for artist in [*ax.lines, *ax.collections]:
+        artist.remove()
+
+
+# ------------------------------------------------------------------------------------------------ depth
+class _DepthProfile:
+    """One depth-profile figure (axes, point labels, epoch colourbar) built once at ``size``; `draw` replaces the
+    lines, so a card per observable costs only its lines."""
+
+    def __init__(self, points: Sequence[str], epochs: Sequence[int], size: str = CARD) -> None:
+        self.points, self.size = list(points), size
+        self.norm, self.cmap = viz.epoch_colours(list(epochs))
+        x = np.arange(len(self.points))
+        if size == CARD:
+            self.fig = _card_figure(PROFILE_PIXELS)
+            self.ax, cax = _axes(self.fig, left=74, right=56, bottom=108)
+            ticks = [sorted(set(epochs))[i] for i in viz.thin_indices(len(set(epochs)), 6)]
+            bar = _colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks])
+            bar.set_label("epoch", fontsize=_FONT)
+            step = 2 if len(self.points) > 10 else 1
+            labels = [p if i % step == 0 or i == len(self.points) - 1 else "" for i, p in enumerate(self.points)]
+            self.ax.set_xticks(x, labels=labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=_TICK)
+            self.ax.tick_params(axis="y", labelsize=_TICK)
+        else:
+            self.fig = Figure(figsize=(max(6.0, 0.38 * len(self.points) + 2.5), 4.0), dpi=90)
+            self.ax = self.fig.add_subplot()
+            self.ax.set_xticks(x, labels=self.points, rotation=60, ha="right", fontsize=7)
+            self.ax.set_xlabel("point (depth order)")
+            viz.epoch_colourbar(self.fig, self.ax, self.norm, self.cmap, list(epochs))
+        self.cls = [i for i, p in enumerate(self.points) if p == viz.CLS_POINT]
+        self.blocks = [i for i in range(len(self.points)) if i not in self.cls]
+        self.ax.set_xlim(-0.4, len(self.points) - 0.6)
+        self.ax.grid(True, alpha=0.25)
+
+    def draw(self, profiles: Profiles, title: str, *, log: bool) -> Figure:
+        card = self.size == CARD
+        _clear(self.ax)
+        log = log and all(_positive(values) for values, _ in profiles.values())
+        viz.mark_cls_axis(self.ax, self.points)  # its dotted line before CLS went with the previous card's lines
+        x = np.arange(len(self.points), dtype=np.float64)
+        polygons, colours = [], []
+        for epoch in sorted(profiles):
+            values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
+            colour = self.cmap(self.norm(epoch))
+            self.ax.plot(x, values, color=colour, lw=2.2 if card else 1.2, marker="o", ms=5 if card else 3,
+                         markevery=self.blocks)  # fmt: skip
+            if self.cls:  # CLS: a square with a black edge
+                self.ax.plot(x[self.cls], values[self.cls], color=colour, ls="none", marker="s", ms=7 if card else 5,
+                             mec="black", mew=0.8)  # fmt: skip
+            band = _band_polygons(x, values, se, log=log)
+            polygons += band
+            colours += [colour] * len(band)
+        _bands(self.ax, polygons, colours, 0.2)
+        _scale(self.ax, log, _TICK if card else None)
+        self.ax.set_title(title + (", log axis" if log else ""), fontsize=1.1 * _FONT if card else None)
+        if not card:
+            self.fig.tight_layout()
+        return self.fig
+
+
+def depth_figure(
+    profiles: Profiles, points: Sequence[str], *, title: str, log: bool | None = None, size: str = PAGE
+) -> Figure:
+    """One observable against depth: one line per epoch on the epoch ramp, +-1 s.e. band, CLS marked apart (square
+    markers, bold name, a dotted line before it: `tgo.viz.mark_cls_axis`).
+
+    Args:
+        profiles: epoch -> (values, standard errors) over ``points`` (NaN where none; a band where both are finite).
+        points: Point names in depth order.
+        title: The observable (and its view).
+        log: A log y axis where every value is positive; ``None``: the catalogue's scale of ``title`` (`log_scale`).
+        size: `CARD` (`PROFILE_PIXELS`) or `PAGE`.
+    """
+    return _DepthProfile(points, sorted(profiles), size).draw(
+        profiles, title, log=log_scale(title) if log is None else log
+    )
+
+
+# ------------------------------------------------------------------------------------------------ bands
+class _EpochBandCard:
+    """One against-epoch card (axes, depth colourbar naming the points) built once; `draw` replaces the lines."""
+
+    def __init__(self, points: Sequence[str], epochs: Sequence[int]) -> None:
+        self.fig = _card_figure(BAND_PIXELS)
+        self.ax, cax = _axes(self.fig, left=74, right=118, bottom=50)
+        self.points = list(points)
+        self.styles = viz.depth_styles(self.points)
+        cmap = ListedColormap([self.styles[p]["color"] for p in self.points] or ["black"])
+        norm = Normalize(vmin=-0.5, vmax=max(len(self.points), 1) - 0.5)
+        ticks = viz.thin_indices(len(self.points), 8)
+        bar = _colourbar(self.fig, cax, norm, cmap, ticks, [self.points[i] for i in ticks])
+        bar.ax.invert_yaxis()  # the patch embedding on top, CLS at the bottom: reading order
+        for label in bar.ax.get_yticklabels():
+            if label.get_text() == viz.CLS_POINT:
+                label.set_fontweight("bold")
+        shown = [sorted(set(epochs))[i] for i in viz.thin_indices(len(set(epochs)), 7)]
+        self.ax.set_xticks(shown, labels=[str(e) for e in shown])
+        self.ax.set_xlabel("epoch", fontsize=_FONT)
+        self.ax.tick_params(labelsize=_TICK)
+        self.ax.grid(True, alpha=0.25)
+
+    def draw(self, epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, title: str, *, log: bool) -> Figure:
+        _clear(self.ax)
+        log = log and _positive(values)
+        x = np.asarray(list(epochs), dtype=np.float64)
+        polygons, colours = [], []
+        for i, point in enumerate(self.points):
+            cls = point == viz.CLS_POINT
+            colour, row = self.styles[point]["color"], values[i]
+            if not np.any(np.isfinite(row)):
+                continue
+            self.ax.plot(x, row, color=colour, lw=2.6 if cls else 1.6, marker=self.styles[point]["marker"],
+                         ms=4.5 if cls else 3.5, zorder=3 if cls else 2)  # fmt: skip
+            band = _band_polygons(x, row, stderrs[i], log=log)
+            polygons += band
+            colours += [colour] * len(band)
+        _bands(self.ax, polygons, colours, 0.12)
+        _scale(self.ax, log, _TICK)
+        self.ax.set_title(title + (", log axis" if log else ""), fontsize=1.1 * _FONT)
+        return self.fig
+
+
+def epoch_band_figure(
+    epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, points: Sequence[str], *, title: str, log: bool
+) -> Figure:
+    """One observable against epoch as a card (`BAND_PIXELS`): one line per point, +-1 s.e. band.
+
+    ``values`` and ``stderrs`` are ``[len(points), len(epochs)]`` (NaN where none); the page's version of the kind
+    is `lines_figure`."""
+    return _EpochBandCard(points, epochs).draw(epochs, values, stderrs, title, log=log)
+
+
+MARKERS_UP_TO = 12
+"""Page series with at most this many observations are drawn with markers."""
+
+
+def lines_figure(
+    series: Mapping[str, tuple[ArrayLike, ArrayLike]],
+    *,
+    title: str,
+    bands: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
+    reference: Mapping[str, tuple[ArrayLike, ArrayLike]] | None = None,
+    run_epochs: int | None = None,
+    reference_epochs: int = 100,
+    log: bool | None = None,
+) -> Figure:
+    """One observable against epoch at page size, one line per point (depth coloured, CLS black with squares).
+
+    Series with few observations get markers (a single observation is a marker alone, with error bars for its
+    band). With ``reference``, a second panel on its own y axis draws the published series against the fraction of
+    training (epoch / ``reference_epochs``), and the run's panel uses epoch / ``run_epochs`` too when ``run_epochs``
+    is known, so neither hides the other. ``log``: log y axes (``None``: the catalogue's scale of ``title``).
+    """
+    panels = 2 if reference else 1
+    fig = Figure(figsize=(6.0 if panels == 1 else 10.0, 4.0), dpi=90)
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    ax = axes[0]
+    names = list(series)
+    styles = viz.depth_styles(names)
+    log = log_scale(title) if log is None else log
+    fraction = bool(reference) and bool(run_epochs)
+    for name in names:
+        color, cls = styles[name]["color"], name == viz.CLS_POINT
+        epochs = np.asarray(series[name][0], dtype=np.float64)
+        values = np.asarray(series[name][1], dtype=np.float64)
+        x = epochs / run_epochs if fraction and run_epochs else epochs
+        few = epochs.size <= MARKERS_UP_TO
+        ax.plot(x, values, color=color, lw=1.8 if cls else 1.2, label=name,
+                marker=styles[name]["marker"] if few or cls else None, ms=(4 if epochs.size > 1 else 6) + cls,
+                markevery=None if few else max(1, epochs.size // 10), zorder=3 if cls else 2)  # fmt: skip
+        if bands and name in bands:
+            low, high = (np.asarray(b, dtype=np.float64) for b in bands[name])
+            if epochs.size > 1:
+                ax.fill_between(x, low, high, color=color, alpha=0.15, lw=0)
+            else:
+                ax.errorbar(x, values, yerr=[values - low, high - values], color=color, capsize=3, lw=1)
+    ax.set_xlabel("fraction of training (epoch / max epochs)" if fraction else "epoch")
+    if not fraction:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title)
+    ax.grid(True, alpha=0.2)
+    if log:
+        viz.log_axis(ax)
+    ax.legend(fontsize=6, ncol=2)
+    if reference:
+        ref_ax = axes[1]
+        for name in (n for n in names if n in reference):
+            ref_epochs, ref_values = (np.asarray(a, dtype=np.float64) for a in reference[name])
+            cls = name == viz.CLS_POINT
+            ref_ax.plot(ref_epochs / reference_epochs, ref_values, color=styles[name]["color"], lw=1.6 if cls else 1.0,
+                        marker=styles[name]["marker"] if cls else None, ms=4,
+                        markevery=max(1, ref_epochs.size // 10), zorder=3 if cls else 2)  # fmt: skip
+        if log:
+            viz.log_axis(ref_ax)
+        ref_ax.set_xlabel("fraction of training (epoch / 100)")
+        ref_ax.set_title("published TGO-I (ViT-S/16, ImageNet-100)", fontsize=9)
+        ref_ax.grid(True, alpha=0.2)
+        if fraction:
+            ref_ax.set_xlim(ax.get_xlim())
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ phase map
+def phase_map(
+    codes: np.ndarray,
+    points: Sequence[str],
+    edges: Sequence[float],
+    *,
+    size: str = PAGE,
+    ticks: Sequence[float] | None = None,
+    tick_labels: Sequence[str] | None = None,
+    xlabel: str = "epoch (a cell spans the two observations it compares)",
+) -> Figure:
+    """The training phases as a point x interval map of discrete colours (`PHASE_COLOURS`).
+
+    A continuous heatmap would read the codes as magnitudes; these are categories: ``codes[p, j]`` is the label of
+    point ``p``'s change between the observations at ``edges[j]`` and ``edges[j + 1]`` (-2 collapse, -1
+    compression-seeking, 0 unresolved, +1 entropy-seeking; NaN undefined, white), so a cell's width is its interval.
+
+    Args:
+        codes: ``[len(points), len(edges) - 1]`` phase codes (`tgo.spectral.phases.PHASE_CODES`).
+        points: Point names in depth order (rows, the patch embedding on top).
+        edges: The observations' positions on x (epochs, or ``0..E-1`` for log-spaced steps drawn evenly).
+        size: `CARD` (`PHASE_PIXELS`, ``layer_epoch/phase``) or `PAGE` (the report's phases section).
+        ticks: x ticks (default: up to 8 of ``edges`` on a card, 16 on a page); ``tick_labels`` their labels.
+        xlabel: The x axis label.
+    """
+    x = np.asarray(list(edges), dtype=np.float64)
+    card = size == CARD
+    if x.size < 2:  # one observation: no change to label, an empty cell around it
+        codes = np.full((len(points), 1), np.nan)
+        x = np.array([x[0] - 0.5, x[0] + 0.5]) if x.size else np.arange(2.0)
+    if card:
+        fig = _card_figure(PHASE_PIXELS)
+        ax, cax = _axes(fig, left=120, right=150, bottom=50)
+        cax.set_axis_off()  # the legend names the colours, in the room the colourbar would take
+    else:
+        fig = Figure(figsize=(max(7.0, 0.35 * x.size + 5.0), 0.32 * len(points) + 1.9), layout="constrained")
+        ax = fig.add_subplot()
+    cmap = ListedColormap([PHASE_COLOURS[k] for k in _PHASE_ORDER]).with_extremes(bad="white")
+    ax.pcolormesh(x, np.arange(len(points) + 1), np.ma.masked_invalid(np.asarray(codes, dtype=np.float64)),
+                  cmap=cmap, norm=BoundaryNorm([-2.5, -1.5, -0.5, 0.5, 1.5], cmap.N), edgecolors="white",
+                  linewidth=0.5)  # fmt: skip
+    ax.set_ylim(len(points), 0)  # the patch embedding on top: reading order
+    rows = viz.thin_indices(len(points), 16) if card else range(len(points))
+    ax.set_yticks([i + 0.5 for i in rows], labels=[points[i] for i in rows], fontsize=_TICK if card else 8)
+    if ticks is None:
+        shown = viz.thin_indices(x.size, 8) if card else range(0, x.size, math.ceil(x.size / 16))
+        ticks = [float(x[i]) for i in shown]
+    ax.set_xticks(list(ticks), labels=list(tick_labels) if tick_labels else [f"{t:g}" for t in ticks])
+    ax.set_xlabel(xlabel, fontsize=_TICK if card else None)
+    handles = [Patch(facecolor=PHASE_COLOURS[k], edgecolor="#999", label=k) for k in _PHASE_ORDER]
+    if card:
+        ax.tick_params(labelsize=_TICK)
+        ax.set_title("training phases", fontsize=_FONT)
+        for handle in handles:
+            handle.set_label(str(handle.get_label()).replace("-", "-\n"))
+        box = cax.get_position()
+        fig.legend(handles=handles, loc="center left", bbox_to_anchor=(box.x0 - 0.02, 0.5), fontsize=0.8 * _TICK,
+                   frameon=False, handlelength=1.0)  # fmt: skip
+    else:
+        handles.append(Patch(facecolor="white", edgecolor="#999", label=UNDEFINED))
+        fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ the card renderer
+def _array_table(arrays: Mapping[str, Mapping[str, np.ndarray]], rows: Sequence[str], name: str) -> np.ndarray | None:
+    """``[len(rows), width]`` of each row's array ``name`` (NaN padded), or ``None`` when none holds a value."""
+    found = [np.asarray(arrays.get(r, {}).get(name, ()), dtype=np.float64).reshape(-1) for r in rows]
+    width = max((a.size for a in found), default=0)
+    if width == 0 or not any(np.any(np.isfinite(a)) for a in found):
+        return None
+    table = np.full((len(rows), width), np.nan)
+    for i, a in enumerate(found):
+        table[i, : a.size] = a
+    return table
+
+
+def cards(
+    panels: Iterable[Panel],
+    tables: Mapping[tuple[str, str], Table],
+    points: Sequence[str],
+    viewed: Mapping[str, Sequence[str]],
+    arrays: Mapping[str, Mapping[str, Mapping[str, np.ndarray]]],
+) -> Iterator[tuple[str, np.ndarray]]:
+    """Every card of ``panels`` (kinds ``depth``, ``bands``, ``map``, ``heads``), rendered: ``(tag, RGB image)``.
+
+    A generator, so that the figure worker may pause between cards. A card is drawn on a figure built once per kind
+    and shape (points, epochs) whose lines or image data are replaced from card to card; all depth cards of one
+    table shape share one epoch ramp, so a colour is the same epoch on every card. A panel whose data hold no
+    finite value is not drawn (no relative update at the first observation, a family off).
+
+    Args:
+        panels: The panels to draw, in order.
+        tables: (view, metric) -> (epochs, values, stderrs) over ``points`` (`tgo.callbacks.dashboard.recorded_tables`).
+        points: Every point in depth order.
+        viewed: view -> the points that recorded it at this observation (a panel's ``rows="recorded"``).
+        arrays: view -> point -> the observation's arrays (``heads``: ``heads_<metric>``).
+    """
+    figures: dict[tuple[Any, ...], Any] = {}
+
+    def figure(build: Any, rows: Sequence[str], shape: Any) -> Any:  # one figure per kind and shape, reused
+        key = (build, tuple(rows), shape)
+        if key not in figures:
+            figures[key] = build(rows, shape)
+        return figures[key]
+
+    try:
+        for panel in panels:
+            if panel.kind not in (*RECORDED_KINDS, "heads"):
+                continue  # the spectra and tables have their own drawers
+            rows = list(points) if panel.rows == "points" else [p for p in points if p in viewed.get(panel.view, ())]
+            log = panel.scale == "log" or (panel.scale is None and log_scale(panel.metric))
+            if panel.kind == "heads":
+                table = _array_table(arrays.get(panel.view, {}), rows, f"heads_{panel.metric}")
+                if table is not None:
+                    heatmap = figure(viz.AttentionHeadsCard, rows, table.shape[1])
+                    heatmap.draw(table, panel.label)
+                    yield panel.tag_of(), viz.rgb(heatmap.fig)
+                continue
+            if (panel.view, panel.metric) not in tables or not rows:
+                continue
+            epochs, values, stderrs = tables[(panel.view, panel.metric)]
+            index = [list(points).index(p) for p in rows]
+            values, stderrs = values[index], stderrs[index]
+            if not np.any(np.isfinite(values)):
+                continue
+            if panel.kind == "depth":
+                profiles = {
+                    e: (values[:, j], stderrs[:, j]) for j, e in enumerate(epochs) if np.any(np.isfinite(values[:, j]))
+                }
+                fig = figure(_DepthProfile, rows, tuple(epochs)).draw(profiles, panel.label, log=log)
+            elif panel.kind == "bands":
+                fig = figure(_EpochBandCard, rows, tuple(epochs)).draw(epochs, values, stderrs, panel.label, log=log)
+            elif panel.scale == "phase":  # a label per change: the first observation's code is NaN
+                shown = values[:, 1:] if len(epochs) > 1 else values
+                label = "epoch (a cell: the change since the previous observation)"
+                yield panel.tag_of(), viz.render_rgb(phase_map(shown, rows, epochs, size=CARD, xlabel=label))
+                continue
+            else:
+                fig = figure(viz.LayerEpochCard, rows, tuple(epochs))
+                fig.draw(values, panel.label, log=log)
+                fig = fig.fig
+            yield panel.tag_of(), viz.rgb(fig)
+    finally:
+        for drawn in figures.values():
+            viz.close(drawn.fig)
