@@ -929,30 +929,32 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _device(spec: str) -> torch.device | None:
-    """The device named on the command line, or ``None`` (after one line on stderr) when it cannot be used."""
+class Refused(ValueError):
+    """Bad usage: `main` prints it on one line of stderr and exits 2."""
+
+
+def _device(spec: str) -> torch.device:
+    """The device named on the command line.
+
+    Raises:
+        Refused: it cannot be used.
+    """
     try:
         device = torch.device(spec)
     except RuntimeError as err:
-        print(f"gpu_check: error: --device {spec!r}: {err}", file=sys.stderr)
-        return None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(
-            f"gpu_check: error: --device {spec} but torch.cuda.is_available() is False (torch {torch.__version__}); "
-            "run on a CUDA machine or use --device cpu --tiny",
-            file=sys.stderr,
-        )
-        return None
+        raise Refused(f"--device {spec!r}: {err}") from err
     if device.type not in ("cuda", "cpu"):
-        print(f"gpu_check: error: --device {spec}: expected cuda or cpu", file=sys.stderr)
-        return None
-    if device.type == "cuda" and device.index not in (None, 0):
-        print(
-            f"gpu_check: error: --device {spec}: training uses the first visible GPU; choose one with "
-            f"CUDA_VISIBLE_DEVICES={device.index} and --device cuda",
-            file=sys.stderr,
+        raise Refused(f"--device {spec}: expected cuda or cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise Refused(
+            f"--device {spec} but torch.cuda.is_available() is False (torch {torch.__version__}); "
+            "run on a CUDA machine or use --device cpu --tiny"
         )
-        return None
+    if device.type == "cuda" and device.index not in (None, 0):
+        raise Refused(
+            f"--device {spec}: training uses the first visible GPU; choose one with "
+            f"CUDA_VISIBLE_DEVICES={device.index} and --device cuda"
+        )
     return torch.device("cuda", 0) if device.type == "cuda" else device
 
 
@@ -979,22 +981,22 @@ def _quiet_and_tf32() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the check, prints the table, writes ``results.json`` and ``table.txt``; see the module for the status."""
     args = parse(argv)
-    device = _device(args.device)
-    if device is None:
-        return 2
     profile = TINY if args.tiny else TGO1
     profile = dataclasses.replace(
         profile, subset=args.subset or profile.subset, repeats=args.repeats or profile.repeats
     )
+    out = args.out or h.REPO / "bench_out" / datetime.now().strftime("gpu-check-%Y%m%d-%H%M%S")
+    try:
+        device = _device(args.device)
+        if args.checkpoint is None and (out / "run").exists():
+            raise Refused(f"--out {out} already holds a training run (run/); choose another")
+        if args.checkpoint is not None and not args.checkpoint.is_file():
+            raise Refused(f"--checkpoint {args.checkpoint}: no such file")
+    except Refused as err:
+        print(f"gpu_check: error: {err}", file=sys.stderr)
+        return 2
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    out = args.out or h.REPO / "bench_out" / datetime.now().strftime("gpu-check-%Y%m%d-%H%M%S")
-    if args.checkpoint is None and (out / "run").exists():
-        print(f"gpu_check: error: --out {out} already holds a training run (run/); choose another", file=sys.stderr)
-        return 2
-    if args.checkpoint is not None and not args.checkpoint.is_file():
-        print(f"gpu_check: error: --checkpoint {args.checkpoint}: no such file", file=sys.stderr)
-        return 2
     out.mkdir(parents=True, exist_ok=True)
     with _quiet_and_tf32():
         return _check(args, profile, device, out)
