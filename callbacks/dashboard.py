@@ -67,8 +67,6 @@ from .background import BackgroundLane
 from .tensorboard_runs import PointRuns, point_run_names
 
 __all__ = [
-    "BAND_GROUP",
-    "DEPTH_GROUP",
     "DEPTH_PROFILES",
     "FIGURES_IN_FLIGHT",
     "FIGURE_DRAIN_TIMEOUT_S",
@@ -77,8 +75,6 @@ __all__ = [
     "Story",
     "StoryFunction",
     "TensorBoardDashboard",
-    "band_tag",
-    "depth_profile_tag",
     "draw_figures",
     "figure_job",
     "geometry_scalars",
@@ -99,11 +95,6 @@ STORY_TAG = f"{STORY_GROUP}/story"
 """The tag of a story drawn as one figure. TensorBoard fits an image into a ~450 x 210 px box on a default card, so a
 tall figure is shown small (480 x 1104 px at ~19 %); a story may instead be several card-sized figures, one card
 each (`Story`)."""
-DEPTH_GROUP = "1_depth_profile"
-"""The depth profiles' tag group (``1_depth_profile_<view>`` for views other than ``all``): the second group, which
-TensorBoard opens with the story."""
-BAND_GROUP = "2_vs_epoch"
-"""The against-epoch cards' tag group."""
 DEPTH_PROFILES = tuple(
     p.metric for p in panels.core_panels() if p.kind == "depth" and p.card and p.view == DEFAULT_VIEW
 )
@@ -187,16 +178,6 @@ def point_scalars(results: Results) -> dict[str, dict[str, float]]:
 
 
 # ------------------------------------------------------------------------------------------------ figures
-def depth_profile_tag(metric: str, view: str = DEFAULT_VIEW) -> str:
-    """``1_depth_profile/<metric>`` (the ``all`` view) or ``1_depth_profile_<view>/<metric>``."""
-    return f"{DEPTH_GROUP}/{metric}" if view == DEFAULT_VIEW else f"{DEPTH_GROUP}_{view}/{metric}"
-
-
-def band_tag(metric: str) -> str:
-    """``2_vs_epoch/<metric>``: one observable of the ``all`` view against epoch."""
-    return f"{BAND_GROUP}/{metric}"
-
-
 def recorded_tables(
     root: str | os.PathLike[str], wanted: Sequence[tuple[str, str]], points: Sequence[str], up_to: int
 ) -> dict[tuple[str, str], tuple[list[int], np.ndarray, np.ndarray]]:

@@ -58,9 +58,7 @@ __all__ = [
     "core_panels",
     "declared",
     "depth_figure",
-    "epoch_band_figure",
     "lines_figure",
-    "log_scale",
     "phase_map",
 ]
 
@@ -100,7 +98,7 @@ class Panel:
         page: Drawn in the report.
         rows: ``points``: every point on the axis (NaN where none); ``recorded``: the points that recorded ``view``
             at this observation (a family's blocks, the last point's network view).
-        scale: ``None``: the catalogue's scale of the metric (`log_scale`); ``phase``: discrete phase labels.
+        scale: ``None``: the catalogue's scale of the metric (`tgo.viz.is_log_scale`); ``phase``: discrete phase labels.
         overlay: A second metric drawn on the same axes of the page (``bands``: the sharpness' threshold; a card
             draws it as its own panel).
         metrics: The metrics of a ``table``.
@@ -244,11 +242,6 @@ def declared(renderer: str | None = None, *, kind: str | None = None) -> list[Pa
     return [p for p in found if (renderer is None or getattr(p, renderer)) and (kind is None or p.kind == kind)]
 
 
-def log_scale(metric: str) -> bool:
-    """Whether ``metric`` is drawn on a log axis: its catalogue ``scale`` is ``log`` (`tgo.viz.is_log_scale`)."""
-    return viz.is_log_scale(metric)
-
-
 # ------------------------------------------------------------------------------------------------ card helpers
 def _card_figure(pixels: tuple[int, int]) -> Figure:
     return Figure(figsize=(pixels[0] / viz.CARD_DPI, pixels[1] / viz.CARD_DPI), dpi=viz.CARD_DPI)
@@ -387,11 +380,11 @@ def depth_figure(
         profiles: epoch -> (values, standard errors) over ``points`` (NaN where none; a band where both are finite).
         points: Point names in depth order.
         title: The observable (and its view).
-        log: A log y axis where every value is positive; ``None``: the catalogue's scale of ``title`` (`log_scale`).
+        log: A log y axis where every value is positive; ``None``: the catalogue's scale of ``title``.
         size: `CARD` (`PROFILE_PIXELS`) or `PAGE`.
     """
     return _DepthProfile(points, sorted(profiles), size).draw(
-        profiles, title, log=log_scale(title) if log is None else log
+        profiles, title, log=viz.is_log_scale(title) if log is None else log
     )
 
 
@@ -439,16 +432,6 @@ class _EpochBandCard:
         return self.fig
 
 
-def epoch_band_figure(
-    epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, points: Sequence[str], *, title: str, log: bool
-) -> Figure:
-    """One observable against epoch as a card (`BAND_PIXELS`): one line per point, +-1 s.e. band.
-
-    ``values`` and ``stderrs`` are ``[len(points), len(epochs)]`` (NaN where none); the page's version of the kind
-    is `lines_figure`."""
-    return _EpochBandCard(points, epochs).draw(epochs, values, stderrs, title, log=log)
-
-
 MARKERS_UP_TO = 12
 """Page series with at most this many observations are drawn with markers."""
 
@@ -476,7 +459,7 @@ def lines_figure(
     ax = axes[0]
     names = list(series)
     styles = viz.depth_styles(names)
-    log = log_scale(title) if log is None else log
+    log = viz.is_log_scale(title) if log is None else log
     fraction = bool(reference) and bool(run_epochs)
     for name in names:
         color, cls = styles[name]["color"], name == viz.CLS_POINT
@@ -631,7 +614,7 @@ def cards(
             if panel.kind not in (*RECORDED_KINDS, "heads"):
                 continue  # the spectra and tables have their own drawers
             rows = list(points) if panel.rows == "points" else [p for p in points if p in viewed.get(panel.view, ())]
-            log = panel.scale == "log" or (panel.scale is None and log_scale(panel.metric))
+            log = panel.scale == "log" or (panel.scale is None and viz.is_log_scale(panel.metric))
             if panel.kind == "heads":
                 table = _array_table(arrays.get(panel.view, {}), rows, f"heads_{panel.metric}")
                 if table is not None:

@@ -19,14 +19,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 from tests.conftest import compose_train
-from tgo import panels
+from tgo import panels, viz
 from tgo.callbacks import dashboard, spectral_geometry
 from tgo.callbacks.dashboard import (
     DEPTH_PROFILES,
     STORY_TAG,
     TensorBoardDashboard,
-    band_tag,
-    depth_profile_tag,
     draw_figures,
 )
 from tgo.observatory import ObservationKey, ObservationSettings, Results
@@ -39,6 +37,16 @@ DIM = 6
 ONLY_NEW = FigureSettings(spectra=False, histograms=False, decay=False, layer_epoch=False, attention=False)
 """The story, the depth profiles and the against-epoch cards, nothing else."""
 PROBE_PROFILES = [(p.view, p.metric) for p in panels.core_panels() if p.kind == "depth" and p.card and p.view != "all"]
+
+
+def depth_profile_tag(metric: str, view: str = "all") -> str:
+    return panels.Panel("depth", metric, view).tag_of()
+
+
+def band_tag(metric: str) -> str:
+    return panels.Panel("bands", metric).tag_of()
+
+
 BAND_FIGURES = [p.metric for p in panels.core_panels() if p.kind == "bands" and p.card]
 
 
@@ -147,17 +155,17 @@ def test_every_switch_leaves_its_cards_out(recorded):
 
 def test_ratio_type_observables_are_drawn_on_log_axes(recorded, monkeypatch):
     """The catalogue's ``scale == "log"`` observables (Fisher ratio, NC1) get log axes, the others linear."""
-    assert panels.log_scale("fisher_ratio") and panels.log_scale("nc1")
-    assert not panels.log_scale("effective_rank") and not panels.log_scale("ncc_accuracy")
-    assert not panels.log_scale("not_in_the_catalogue")
+    assert viz.is_log_scale("fisher_ratio") and viz.is_log_scale("nc1")
+    assert not viz.is_log_scale("effective_rank") and not viz.is_log_scale("ncc_accuracy")
+    assert not viz.is_log_scale("not_in_the_catalogue")
     log = panels.depth_figure({0: (np.array([1.0, 10.0, 100.0]), np.full(3, 0.5))}, ["a", "b", "cls"],
                               title="fisher_ratio", log=True, size=panels.CARD)  # fmt: skip
     assert log.axes[0].get_yscale() == "log"
     assert log.axes[0].get_ylim()[1] >= 100.0, "nothing is left off the axes"
     epochs, values = [0, 1], np.array([[1.0, 2.0], [3.0, 40.0]])
-    band = panels.epoch_band_figure(epochs, values, np.full((2, 2), 0.1), ["a", "cls"], title="x", log=True)
+    band = panels._EpochBandCard(["a", "cls"], epochs).draw(epochs, values, np.full((2, 2), 0.1), "x", log=True)
     assert band.axes[0].get_yscale() == "log"
-    linear = panels.epoch_band_figure(epochs, values, values * 0, ["a", "cls"], title="x", log=False)
+    linear = panels._EpochBandCard(["a", "cls"], epochs).draw(epochs, values, values * 0, "x", log=False)
     assert linear.axes[0].get_yscale() == "linear" and linear.axes[0].get_ylim()[1] >= 40.0
 
     drawn: dict[str, bool] = {}

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.conftest import compose_train
 from tgo import panels
-from tgo.callbacks.dashboard import DEPTH_PROFILES, depth_profile_tag
+from tgo.callbacks.dashboard import DEPTH_PROFILES
 from tgo.callbacks.tensorboard_runs import PointRuns, point_run_names
 from tgo.observatory.families.attention import ATTENTION_CHARTED
 from tgo.observatory.families.weights import WEIGHT_VIEWS
@@ -19,6 +19,12 @@ from tgo.train import run
 
 PROBE_PROFILES = [(p.view, p.metric) for p in panels.core_panels() if p.kind == "depth" and p.card and p.view != "all"]
 BAND_FIGURES = [p.metric for p in panels.core_panels() if p.kind == "bands" and p.card]
+
+
+def depth_profile_tag(metric: str, view: str = "all") -> str:
+    return panels.Panel("depth", metric, view).tag_of()
+
+
 SMOKE_POINTS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "block_04", "cls"]
 """The smoke experiment's points (a 4-block ViT) in depth order, spelled out rather than taken from the callback."""
 

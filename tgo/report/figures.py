@@ -30,7 +30,6 @@ __all__ = [
     "correlation_figure",
     "depth_profile_figures",
     "depth_profile_metrics",
-    "log_scaled",
     "observable_figures",
     "save_figure",
     "spectrum_figures",
@@ -57,11 +56,6 @@ class FigureRef:
     path: str
     caption: str
     wide: bool = False
-
-
-def log_scaled(metric: str) -> bool:
-    """Whether ``metric`` is drawn on log axes: the catalogue's ``scale`` is ``log`` (`tgo.viz.is_log_scale`)."""
-    return viz.is_log_scale(metric)
 
 
 def save_figure(fig: object, figures_dir: Path, name: str) -> str:
@@ -114,7 +108,7 @@ def observable_figures(
         ref = {p: reference[metric][p] for p in points if reference and p in reference.get(metric, {})} or None
         title = f"{metric}" + (f" (mean of {aggregate.n_runs} runs)" if several else "")
         bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
-        log = log_scaled(metric)
+        log = viz.is_log_scale(metric)
         fig = panels.lines_figure(
             series, title=title, bands=bands or None, reference=ref, run_epochs=run_epochs, log=log
         )
@@ -320,7 +314,7 @@ def depth_profile_figures(
         se = layer_epoch_table(half_widths, points, epochs)
         profiles = {epoch: (values[:, j], se[:, j]) for j, epoch in enumerate(epochs)}
         title = metric + (f" (mean of {aggregate.n_runs} runs)" if several else "")
-        log = log_scaled(metric)
+        log = viz.is_log_scale(metric)
         fig = panels.depth_figure(profiles, points, title=title, log=log)
         band = "mean ± 1 standard deviation over runs" if several else "value ± 1 jackknife standard error"
         refs.append(
