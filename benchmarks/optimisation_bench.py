@@ -38,7 +38,7 @@ class _Collect(L.Callback):
 
     def __init__(self) -> None:
         from callbacks.gradient_noise import GradientNoiseCollector
-        from tgo.observatory.settings import NoiseScaleSettings
+        from tgo.observatory.families.noise_scale import NoiseScaleSettings
 
         self.collector = GradientNoiseCollector(NoiseScaleSettings())
 

@@ -41,13 +41,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from tgo.observatory.families.base import TrainingCollector
+
 if TYPE_CHECKING:  # pragma: no cover
-    from tgo.observatory.settings import NoiseScaleSettings
+    from tgo.observatory.families.noise_scale import NoiseScaleSettings
 
-__all__ = ["NOISE_COLLECTOR", "GradientNoiseCollector", "NoiseSteps", "block_columns"]
-
-NOISE_COLLECTOR = "noise_scale"
-"""The collector's key in ``SpectralGeometryCallback.collectors`` and `TrainingInfo.collectors`."""
+__all__ = ["GradientNoiseCollector", "NoiseSteps", "block_columns"]
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 _CHUNK = 256  # per-step rows are stacked into one tensor every _CHUNK steps
@@ -88,11 +87,12 @@ class NoiseSteps:
     mode: str
 
 
-class GradientNoiseCollector:
-    """Collects per-step squared gradient norms at two batch sizes; owned by `SpectralGeometryCallback`.
+class GradientNoiseCollector(TrainingCollector):
+    """Collects per-step squared gradient norms at two batch sizes: the noise-scale family's collector.
 
-    The callback forwards its Lightning hooks (``on_fit_start`` -> `attach`, ``on_train_batch_start``,
-    ``on_after_backward``, ``on_before_optimizer_step``) so a user's own Lightning code needs no extra callback.
+    `SpectralGeometryCallback` forwards its Lightning hooks (``on_fit_start`` -> `attach`, ``on_train_batch_start``,
+    ``on_after_backward``, ``on_before_optimizer_step``, teardown -> `detach`), so a user's own Lightning code needs
+    no extra callback.
 
     Args:
         settings: ``observation.noise_scale``.

@@ -21,9 +21,9 @@ With ``observation.early`` a second series is observed too (`tgo.records.RunDir.
 0 and the log-spaced steps of `tgo.observatory.settings.EarlySettings.steps`, at the first ``on_train_batch_end``
 that sees that global step (so after the optimizer step, whatever the gradient accumulation). Whether a step is due
 is arithmetic on the global step (the same on every rank); whether it is still unrecorded is rank 0's decision,
-broadcast only at due steps, so the schedule adds no collective to the other steps. Its observations skip the two
-families that read the training between observations (the noise scale, whose window stays the epoch series', and
-curvature) and keep no covariances; their scalars go to every logger as ``steps_geometry[_<view>]/...`` at
+broadcast only at due steps, so the schedule adds no collective to the other steps. Its observations run the
+families whose ``series`` has ``step`` (not those that read the training between two epoch observations) and keep
+no covariances; their scalars go to every logger as ``steps_geometry[_<view>]/...`` at
 step = the global step, and to TensorBoard's per-point runs as ``steps_geometry/<metric>`` (view ``all``).
 
 How an observation is shown is `tgo.callbacks.dashboard`'s: the scalars go to every Lightning logger (the
@@ -51,7 +51,6 @@ the logging of its scalars and figures; beside ``geometry/pass_seconds`` (stream
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import time
@@ -76,7 +75,7 @@ from tgo.observatory import (
     points_from_config,
     resolve_points,
 )
-from tgo.observatory.families import TrainingInfo
+from tgo.observatory.families import TrainingCollector, TrainingInfo, enabled_families
 from tgo.observatory.find_vit import ModelSpec
 from tgo.observatory.pipeline import reduce_observation, summarize_and_record, summary_share
 from tgo.observatory.share import GatherBytes, summary_gather
@@ -116,7 +115,6 @@ from .dashboard import (
     tensorboard_logger,
     tgo_story,
 )
-from .gradient_noise import NOISE_COLLECTOR, GradientNoiseCollector
 
 __all__ = [
     "DEPTH_PROFILES",
@@ -198,9 +196,9 @@ class SpectralGeometryCallback(L.Callback):
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
         # the summary in flight (observation.summary.background)
         self._summaries = BackgroundLane(1, name="tgo-summary", collect=True)
-        # Training-time collectors, by name: statistics gathered between observations (the optimisation families
-        # read them through `TrainingInfo.collectors`).
-        self.collectors: dict[str, Any] = {}
+        # Training-time collectors, by family name: statistics the enabled families gather between observations
+        # (`MeasurementFamily.collector`), read back through `TrainingInfo.collectors`.
+        self.collectors: dict[str, TrainingCollector] = {}
         self._gather: GatherBytes | None = None  # the shared summary's gather over TGO's own gloo group
         self._eigvalsh: Any = None  # the summary's eigensolver (observation.summary.eigensolver), on first use
         self._run: RunDir | None = None
@@ -224,29 +222,26 @@ class SpectralGeometryCallback(L.Callback):
         if stage == "fit":
             self._settle_analysis(trainer)
             self._gather = self._gather or self._summary_gather(trainer)
-            if self.settings.noise_scale.enabled and NOISE_COLLECTOR not in self.collectors:
-                self.collectors[NOISE_COLLECTOR] = GradientNoiseCollector(self.settings.noise_scale)
+            for family in enabled_families(self.settings):
+                if family.name not in self.collectors and (collector := family.collector(self.settings)) is not None:
+                    self.collectors[family.name] = collector
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """The gradient-noise collector attaches (under DDP its communication hook: the model is wrapped by now)."""
-        noise = self.collectors.get(NOISE_COLLECTOR)
-        if noise is not None:
-            noise.attach(trainer, pl_module, self._network(pl_module))
+        """The families' training-time collectors attach (under DDP the model is wrapped by now)."""
+        for collector in self.collectors.values():
+            collector.attach(trainer, pl_module, self._network(pl_module))
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any) -> None:
-        noise = self.collectors.get(NOISE_COLLECTOR)
-        if noise is not None:
-            noise.on_train_batch_start(batch)
+        for collector in self.collectors.values():
+            collector.on_train_batch_start(batch)
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        noise = self.collectors.get(NOISE_COLLECTOR)
-        if noise is not None:
-            noise.on_after_backward()
+        for collector in self.collectors.values():
+            collector.on_after_backward()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
-        noise = self.collectors.get(NOISE_COLLECTOR)
-        if noise is not None:
-            noise.on_before_optimizer_step(trainer)
+        for collector in self.collectors.values():
+            collector.on_before_optimizer_step(trainer)
 
     def _summary_gather(self, trainer: L.Trainer) -> GatherBytes | None:
         """With several ranks and ``summary.share``: the gather of the shared summary, over a gloo group of its own
@@ -369,9 +364,9 @@ class SpectralGeometryCallback(L.Callback):
         if lock is not None:  # the run directory's lock (`_claim_run_directory`): the next fit claims it again
             lock.release()
             self._claimed = None
-        noise = self.collectors.get(NOISE_COLLECTOR)
-        if noise is not None and stage == "fit":  # its gradient hooks leave the parameters with the fit
-            noise.detach()
+        if stage == "fit":  # the collectors' hooks leave the parameters with the fit
+            for collector in self.collectors.values():
+                collector.detach()
 
     def collect_summary(self, trainer: L.Trainer, timeout: float | None = None) -> bool:
         """Waits for the summary in flight (if any) and, on rank 0, logs it: its scalars to every logger, its
@@ -587,13 +582,9 @@ class SpectralGeometryCallback(L.Callback):
 
     @functools.cached_property
     def _step_settings(self) -> ObservationSettings:
-        """The step series' settings: the epoch series' without the families that read the training between two
-        observations (the noise scale's window and curvature belong to the epoch series) and without covariances."""
-        return self.settings.replace(
-            noise_scale=dataclasses.replace(self.settings.noise_scale, enabled=False),
-            curvature=dataclasses.replace(self.settings.curvature, enabled=False),
-            keep_covariance="none",
-        )
+        """The step series' settings: the epoch series' without covariances (the families that read the training
+        between two observations run in the epoch series only: `MeasurementFamily.series`)."""
+        return self.settings.replace(keep_covariance="none")
 
     def _observe_series(self, trainer: L.Trainer, pl_module: L.LightningModule, series: str, key: int) -> None:
         assert self._run is not None, "setup() runs before any observation"
@@ -662,14 +653,14 @@ class SpectralGeometryCallback(L.Callback):
     def _training_info(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> TrainingInfo:
         """What the optimisation families read of the training loop at this observation (`TrainingInfo`): the first
         optimizer and its current learning rate, the module's training objective by the loss protocol
-        (`tgo.optimisation.curvature.training_loss`: its ``tgo_loss(logits, labels)``, else plain cross-entropy,
-        said once in the log where the curvature is measured) and the training-time collectors."""
-        from tgo.optimisation.curvature import training_loss
+        (`tgo.optimisation.training_loss`: its ``tgo_loss(logits, labels)``, else plain cross-entropy)
+        and the training-time collectors."""
+        from tgo.optimisation import training_loss
 
         optimizers = trainer.optimizers
         optimizer = optimizers[0] if optimizers else None
         lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else math.nan
-        loss = training_loss(pl_module, warn=self.settings.curvature.enabled and trainer.is_global_zero)
+        loss = training_loss(pl_module)
         return TrainingInfo(
             epoch=int(epoch),
             global_step=int(trainer.global_step),

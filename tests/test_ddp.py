@@ -226,7 +226,7 @@ def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: 
     assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, probes on or off"
     assert calls_on[0] == calls_off[0] and calls_on[1] > calls_off[1], "the per-image vectors ride in the second"
     phases = {o.name for o in PHASES.observables}  # recorded with probes on or off (tests/observatory/test_phases_*)
-    probe_names = [o.name for o in CATALOGUE.probes if o.name not in phases]
+    probe_names = [o.name for o in CATALOGUE.family_entries if o.name not in phases]
     for enabled in (True, False):
         single, _ = _observe_with_probes(0, 1, lambda t: t, tmp_path / f"single_{enabled}", enabled)
         one, two = _plain(single), ddp["on" if enabled else "off"]

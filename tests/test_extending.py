@@ -327,7 +327,7 @@ def test_yaml_keys_are_exactly_the_settings_fields(cls: type, path: tuple[str, .
     values: Any = _yaml_settings()
     for key in path:
         values = values[key]
-    fields = [f.name for f in dataclasses.fields(cls)]
+    fields = [f.name for f in dataclasses.fields(cls) if f.name != "extra"] + list(cls().extra)  # + families' keys
     prefix = ".".join(("observation", *path))
     assert sorted(values) == sorted(fields), (
         f"{prefix}: keys in {OBSERVATION_YAML.relative_to(REPO)} {sorted(values)} != fields of {cls.__name__} "
@@ -337,13 +337,14 @@ def test_yaml_keys_are_exactly_the_settings_fields(cls: type, path: tuple[str, .
 
 def test_every_setting_has_a_default_equal_to_the_yaml_value() -> None:
     yaml_values = _yaml_settings()
-    for field in dataclasses.fields(ObservationSettings):
-        default = _default_of(field)
+    own = {f.name: _default_of(f) for f in dataclasses.fields(ObservationSettings) if f.name != "extra"}
+    for name, default in {**own, **ObservationSettings().extra}.items():  # the families' sections too
         if dataclasses.is_dataclass(default):
             for sub in dataclasses.fields(default):
-                assert _default_of(sub) == yaml_values[field.name][sub.name], f"observation.{field.name}.{sub.name}"
+                if sub.name != "extra":
+                    assert _default_of(sub) == yaml_values[name][sub.name], f"observation.{name}.{sub.name}"
         else:
-            assert default == yaml_values[field.name], f"observation.{field.name}"
+            assert default == yaml_values[name], f"observation.{name}"
     # and the validated forms agree too (lists vs tuples, nested figures)
     assert ObservationSettings.from_config(yaml_values) == ObservationSettings()
     assert ObservationSettings().to_dict() == yaml_values

@@ -226,6 +226,11 @@ class RunDir:
         """``geometry/spectra/``."""
         return self.geometry / self.SPECTRA
 
+    def folder(self, name: str) -> Path:
+        """``geometry/<name>/``: the folder a measurement family keeps its own files in
+        (`tgo.observatory.families.MeasurementFamily.folder`; the step series': ``geometry/steps/<name>/``)."""
+        return self.geometry / name
+
     def spectra(self, epoch: int) -> Path:
         """``geometry/spectra/epoch_EEEE.npz`` (epoch zero-padded to 4 digits; the step series:
         ``geometry/steps/spectra/step_SSSSSS.npz``)."""

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks.gradient_noise import NOISE_COLLECTOR, block_columns
+from callbacks.gradient_noise import block_columns
 from callbacks.spectral_geometry import SpectralGeometryCallback
 from tests.callbacks.noise_ddp_worker import BATCH, BlockNet, ddp_fit, vector_data
 from tests.callbacks.noise_ddp_worker import train_data as _data
@@ -106,7 +106,7 @@ def test_accumulation_norms_equal_brute_force_and_a_fit_records_the_noise_scale(
     original = SpectralGeometryCallback._training_info
 
     def spy(self, trainer, pl_module, epoch):  # what the family will take: copy the steps before it resets them
-        collector = self.collectors[NOISE_COLLECTOR]
+        collector = self.collectors["noise_scale"]
         taken.append((list(collector._rows), list(collector._inv)))
         return original(self, trainer, pl_module, epoch)
 

@@ -20,19 +20,20 @@ import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
 from tests.spectral.test_attention import _capture, reference_metrics
-from tgo import viz
+from tgo import panels
 from tgo.observatory.families import register_family, registered_families
 from tgo.observatory.families.attention import (
     ATTENTION,
     ATTENTION_CHARTED,
     ATTENTION_RECORDED,
+    AttentionSettings,
     attention_refusal,
     depth_profiles,
     head_tables,
 )
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, group_of_items, observe_and_record
 from tgo.observatory.points import vit_points
-from tgo.observatory.settings import AttentionSettings, ObservationSettings
+from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordWriter, load_jackknife, load_series, load_spectra
 from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS
 from tgo.spectral.catalogue import CATALOGUE
@@ -269,7 +270,8 @@ def test_records_hold_the_attention_view_and_the_report_draws_it(tmp_path: Path)
     assert tables["mean_attention_distance"].shape == (2, HEADS)
     profiles = depth_profiles(run, blocks, up_to=2)
     assert set(profiles) == set(ATTENTION_CHARTED) and sorted(profiles["effective_heads"]) == [0, 1, 2]
-    cards = dict(viz.attention_cards(tables, blocks))
+    heads = panels.declared("card", kind="heads")
+    cards = dict(panels.cards(heads, {}, blocks, {"attention": blocks}, {"attention": arrays}))
     assert {f"attention_heads/{m}" for m in tables} == set(cards)
     assert all(image.ndim == 3 and image.shape[2] == 3 and image.dtype == np.uint8 for image in cards.values())
     # the report: its attention subsection and the attention predictions judged at the blocks

@@ -271,7 +271,7 @@ def test_class_metrics_equal_the_reference_with_jackknife_stderr(observed, point
 
 
 def test_probe_metrics_have_finite_positive_stderr_with_groups(observed):
-    probe_names = {o.name for o in CATALOGUE.probes}
+    probe_names = {o.name for o in CATALOGUE.family_entries}
     for point, view in CLASS_VIEWS:
         result = observed[0].results[ObservationKey(point, view)]
         for metric in ("fisher_ratio", "nc1", "between_class_effective_rank", "within_class_effective_rank"):
@@ -408,7 +408,7 @@ def test_probes_disabled_records_only_the_all_view(tmp_path, observed):
     results = _observe(net, data, tmp_path, 0, calls, SETTINGS.replace(probes={"enabled": False})).results
     assert len(calls) == 2
     assert {key.view for key in results} == {"all"}
-    probe_names = {o.name for o in CATALOGUE.probes}
+    probe_names = {o.name for o in CATALOGUE.family_entries}
     with np.load(tmp_path / "geometry" / "spectra" / "epoch_0000.npz") as npz:
         keys = [key for key in npz.files if key != JACKKNIFE_METRICS]  # the file's one top-level array
         assert JACKKNIFE_METRICS in npz.files and len(keys) == len(npz.files) - 1

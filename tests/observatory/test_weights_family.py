@@ -27,10 +27,10 @@ from tgo.observatory.families.weight_history import (
     weights_dir,
     write_weights,
 )
-from tgo.observatory.families.weights import WEIGHT_METRICS, WEIGHT_VIEWS, weight_plan
+from tgo.observatory.families.weights import WEIGHT_METRICS, WEIGHT_VIEWS, WeightSettings, weight_plan
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation, summarize_and_record
 from tgo.observatory.points import ObservationPoint, vit_points
-from tgo.observatory.settings import ObservationSettings, ObservationSettingsError, WeightSettings
+from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 from tgo.observatory.share import SummaryShare
 from tgo.observatory.standalone import observe_model
 from tgo.records import RecordWriter, RunDir, load_spectra, read_metric_rows

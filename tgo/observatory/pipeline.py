@@ -326,7 +326,7 @@ def reduce_observation(
     """
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
     families = start_families(
-        enabled_families(settings),
+        enabled_families(settings, record.writer.run.series),
         model,
         points,
         settings=settings,

@@ -2,8 +2,9 @@
 
 The training callback (``tgo.callbacks.spectral_geometry``) and offline observation (``python -m tgo.observe``) read the
 same settings from the same config group, ``conf/observation/default.yaml`` (the ``observation`` node of both entry
-configs). Adding a setting means: a field here (with its check in ``__post_init__``), a line in that YAML file and a
-test; nothing else reads raw config keys.
+configs). Adding a setting means: a field here or in a measurement family's settings section (a frozen dataclass
+checked in ``__post_init__``, declared by the family and registered with `register_section` when the family is;
+``observation.<section>.<key>``), a line in that YAML file and a test; nothing else reads raw config keys.
 
 Errors name the key as a user spells it on the command line (``observation.gram_dtype: expected ...``) and are
 raised before any work starts.
@@ -11,10 +12,9 @@ raised before any work starts.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -22,28 +22,32 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from tgo.errors import UserInputError
 
 __all__ = [
-    "ATTENTION_DTYPES",
+    "COMPUTE_DTYPES",
     "COVARIANCE_POLICIES",
     "EIGENSOLVERS",
     "GRAM_DTYPES",
     "NONFINITE_POLICIES",
-    "AttentionSettings",
-    "CurvatureSettings",
+    "PREFIX",
     "EarlySettings",
     "FigureSettings",
-    "NoiseScaleSettings",
     "ObservationSettings",
     "ObservationSettingsError",
-    "PhaseSettings",
-    "ProbeSettings",
     "SummarySettings",
-    "WeightSettings",
+    "check_flags",
+    "compute_dtype",
+    "is_int",
+    "one_of",
+    "positive_int",
+    "register_figure_switch",
+    "register_section",
+    "unregister_extras",
 ]
 
 GRAM_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
 NONFINITE_POLICIES: tuple[str, ...] = ("warn", "error")
 COVARIANCE_POLICIES: tuple[str, ...] = ("first_last", "all", "none")
-ATTENTION_DTYPES: tuple[str, ...] = ("auto", "float64", "float32")
+COMPUTE_DTYPES: tuple[str, ...] = ("auto", "float64", "float32")
+"""A family's compute precision (`compute_dtype`): ``auto`` is float64 on an accelerator, float32 on a CPU."""
 PREFIX = "observation"
 
 
@@ -69,23 +73,44 @@ def check_jackknife_groups(groups: int, images: int) -> None:
         )
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool (YAML's ``true`` is not a count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _positive_int(key: str, value: Any) -> None:
-    if not _is_int(value) or value <= 0:
+def positive_int(key: str, value: Any) -> None:
+    """Refuses ``observation.<key>`` unless it is an integer > 0."""
+    if not is_int(value) or value <= 0:
         raise ObservationSettingsError(f"{PREFIX}.{key}: expected a positive integer, got {value!r}")
 
 
 def _optional_positive_int(key: str, value: Any) -> None:
     if value is not None:
-        _positive_int(key, value)
+        positive_int(key, value)
 
 
-def _one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
+def one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
+    """Refuses ``observation.<key>`` unless it is one of ``allowed``."""
     if value not in allowed:
         raise ObservationSettingsError(f"{PREFIX}.{key}: expected one of {list(allowed)}, got {value!r}")
+
+
+def check_flags(section: str, settings: Any, *keys: str) -> None:
+    """Refuses a switch ``observation.<section>.<key>`` that is not ``true`` or ``false``."""
+    for key in keys:
+        value = getattr(settings, key)
+        if not isinstance(value, bool):
+            raise ObservationSettingsError(f"{PREFIX}.{section}.{key}: expected true or false, got {value!r}")
+
+
+def compute_dtype(dtype: str, device: torch.device | str | None) -> torch.dtype:
+    """A `COMPUTE_DTYPES` setting as a torch dtype on ``device``: ``auto`` is float64 on CUDA and other
+    accelerators (whose float64 peak the families' measured costs allow), float32 on a CPU (where torch's float64
+    costs 1.7-2.5x; each family documents its measured error)."""
+    if dtype != "auto":
+        return GRAM_DTYPES[dtype]
+    kind = torch.device(device).type if device is not None else "cpu"
+    return torch.float32 if kind == "cpu" else torch.float64
 
 
 def _plain(value: Any) -> Any:
@@ -95,15 +120,45 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _reject_unknown(cls: type, given: Mapping[str, Any], prefix: str) -> None:
-    known = [f.name for f in fields(cls)]
+def _reject_unknown(given: Mapping[str, Any], prefix: str, known: list[str]) -> None:
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise ObservationSettingsError(f"{prefix}.{unknown[0]}: unknown setting; expected one of {known}")
 
 
-@dataclass(frozen=True)
-class FigureSettings:
+class _Extended:
+    """A frozen dataclass with further keys that the measurement families register when they are registered (kept in
+    ``extra``, read as attributes: ``settings.<key>``); keyword arguments take them by that key."""
+
+    extra: Mapping[str, Any]
+    _prefix: ClassVar[str]
+    _registry: ClassVar[Mapping[str, Callable[[], Any]]]  # key -> its default
+
+    def __init__(self, **values: Any) -> None:
+        values = {**values.pop("extra", {}), **values}  # dataclasses.replace passes ``extra`` whole
+        own = fields(self)  # type: ignore[arg-type]
+        _reject_unknown(values, self._prefix, [*(f.name for f in own if f.name != "extra"), *self._registry])
+        for f in own:
+            new = f.default_factory
+            object.__setattr__(self, f.name, values.get(f.name, f.default if new is MISSING else new()))
+        object.__setattr__(self, "extra", {k: values[k] if k in values else new() for k, new in self._registry.items()})
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        extra = self.__dict__.get("extra")
+        if extra is not None and name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_FIGURE_SWITCHES: dict[str, Callable[[], Any]] = {}
+"""``observation.figures.<key>`` switches the families registered (`register_figure_switch`)."""
+_SECTIONS: dict[str, type] = {}
+"""``observation.<key>`` sections the families registered (`register_section`), in registration order."""
+
+
+@dataclass(frozen=True, init=False)
+class FigureSettings(_Extended):
     """Which TensorBoard figures the callback draws, and how often (scalars are never thinned).
 
     Every figure is an image card rendered on a background thread at each figure observation
@@ -122,14 +177,15 @@ class FigureSettings:
             profile, which the report complements with |r| histograms).
         decay: Spectral decay curves of every point at this observation.
         layer_epoch: Layer x epoch heatmaps of the charted observables.
-        attention: The attention family's cards (block x head heatmaps and depth profiles, ~15 cards, ~2.4 s of
-            background rendering per observation of a 12-block network on a CPU core); its scalars are logged either
-            way.
         optimisation: The optimisation observatory's cards: depth profiles of the blocks' weight spectra per map
             (``1_depth_profile_weights_<map>/<metric>``, 12 cards) and the network-wide metrics (noise scale,
             curvature) against epoch (``2_vs_epoch/<metric>``); their scalars are logged either way.
         heatmap_max_dim: Largest number of features drawn in a correlation image.
+        extra: A family's own cards' switch (`register_figure_switch`, ``figures.<family>``), true by default.
     """
+
+    _prefix = f"{PREFIX}.figures"
+    _registry = _FIGURE_SWITCHES
 
     every_n_observations: int = 1
     story: bool = True
@@ -140,236 +196,14 @@ class FigureSettings:
     heatmaps: bool = False
     decay: bool = True
     layer_epoch: bool = True
-    attention: bool = True
     optimisation: bool = True
     heatmap_max_dim: int = 384
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive_int("figures.every_n_observations", self.every_n_observations)
-        _positive_int("figures.heatmap_max_dim", self.heatmap_max_dim)
-        for name in (
-            "story",
-            "depth_profiles",
-            "bands",
-            "spectra",
-            "histograms",
-            "heatmaps",
-            "decay",
-            "layer_epoch",
-            "attention",
-            "optimisation",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise ObservationSettingsError(
-                    f"{PREFIX}.figures.{name}: expected true or false, got {getattr(self, name)!r}"
-                )
-
-
-@dataclass(frozen=True)
-class ProbeSettings:
-    """The hypothesis probes (``docs/hypotheses.md``), measured in the same pass as the spectra.
-
-    Attributes:
-        enabled: Record the views ``cls``, ``patch``, ``between_image`` and ``within_image`` of every point, the
-            class-conditional geometry and decoding probes, subspace drift and massive activations, and keep the
-            per-image vectors at the epochs that keep covariances. ``false`` records the ``all`` view only.
-        subspace_k: Leading eigenvectors compared by ``subspace_overlap_prev`` / ``_init`` (the ``_k90`` forms use
-            the earlier observation's ``components_90``).
-        ridge_alpha: Strength of the ridge probe, in units of the mean per-dimension scatter of the training fold.
-        folds: Class-stratified cross-validation folds of the nearest-class-centre and ridge probes (at least 2).
-    """
-
-    enabled: bool = True
-    subspace_k: int = 10
-    ridge_alpha: float = 1.0
-    folds: int = 10
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ObservationSettingsError(f"{PREFIX}.probes.enabled: expected true or false, got {self.enabled!r}")
-        _positive_int("probes.subspace_k", self.subspace_k)
-        alpha = self.ridge_alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
-            raise ObservationSettingsError(f"{PREFIX}.probes.ridge_alpha: expected a number > 0, got {alpha!r}")
-        object.__setattr__(self, "ridge_alpha", float(alpha))
-        if not _is_int(self.folds) or self.folds < 2:
-            raise ObservationSettingsError(f"{PREFIX}.probes.folds: expected an integer >= 2, got {self.folds!r}")
-
-
-@dataclass(frozen=True)
-class AttentionSettings:
-    """The attention-geometry family (``tgo.observatory.families.attention``), measured in the same pass.
-
-    Attributes:
-        enabled: Recompute every block's attention weights from its ``q`` and ``k`` and record entropy, sink and self
-            mass, peak weight, mean attention distance and head diversity per block (view ``attention`` of each
-            ``block_NN``; ``docs/observables.md``, "Attention geometry").
-        dtype: Precision of the recomputed logits and weights (sums are float64 either way): ``float64`` (exact to
-            ~1e-15), ``float32`` (tested within 1e-6 of float64 on every metric, measured <= 4e-8, 1.4e-5 px on the
-            distance), or ``auto``: float64 on a GPU, float32 on a CPU, where torch's float64 ``exp`` makes the
-            recomputation ~1.7x dearer (``docs/observables.md``, "Precision and cost").
-    """
-
-    enabled: bool = True
-    dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ObservationSettingsError(f"{PREFIX}.attention.enabled: expected true or false, got {self.enabled!r}")
-        _one_of("attention.dtype", self.dtype, ATTENTION_DTYPES)
-
-    def torch_dtype(self, device: torch.device | str | None) -> torch.dtype:
-        """The compute dtype on ``device`` (``auto``: float64 on CUDA and other accelerators, float32 on CPU)."""
-        if self.dtype != "auto":
-            return GRAM_DTYPES[self.dtype]
-        kind = torch.device(device).type if device is not None else "cpu"
-        return torch.float32 if kind == "cpu" else torch.float64
-
-
-@dataclass(frozen=True)
-class NoiseScaleSettings:
-    """The gradient noise scale (``tgo.observatory.families.noise_scale``), gathered during training.
-
-    Attributes:
-        enabled: Record the simple noise scale ``B_simple = tr(Sigma) / |G|^2`` (McCandlish et al. 2018) of the
-            training steps since the previous observation, from two batch sizes the training already has (the
-            per-rank and the all-reduced gradient under DDP, the micro-batches and their sum with gradient
-            accumulation; ``docs/observables.md``, section 10). Training only: offline nothing is
-            recorded. With one device and no accumulation there is one batch size: NaN, said once in the log.
-        jackknife_blocks: Blocks of consecutive steps of the delete-a-block jackknife standard error (at least 2;
-            fewer steps than blocks: one step per block).
-        per_block: Also record ``B_simple`` of each block's parameters (view ``gradient`` of every ``block_NN``).
-    """
-
-    enabled: bool = True
-    jackknife_blocks: int = 10
-    per_block: bool = True
-
-    def __post_init__(self) -> None:
-        for key in ("enabled", "per_block"):
-            value = getattr(self, key)
-            if not isinstance(value, bool):
-                raise ObservationSettingsError(f"{PREFIX}.noise_scale.{key}: expected true or false, got {value!r}")
-        if not _is_int(self.jackknife_blocks) or self.jackknife_blocks < 2:
-            raise ObservationSettingsError(
-                f"{PREFIX}.noise_scale.jackknife_blocks: expected an integer >= 2, got {self.jackknife_blocks!r}"
-            )
-
-
-@dataclass(frozen=True)
-class WeightSettings:
-    """The weight-geometry family (``tgo.observatory.families.weights``): every block's linear maps and the patch
-    embedding, read from the weights at each observation (no hooks, nothing summed over ranks).
-
-    Attributes:
-        enabled: Record the float64 singular values, stable and effective rank, spectral norm and WeightWatcher's
-            power-law exponent (with its KS distance) of ``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2`` of every
-            block and of the patch embedding (views ``weights_<map>``; ``docs/observables.md``, "Weight geometry").
-        relative_update: Also record ``||W_t - W_prev||_F / ||W_prev||_F`` against the previous recorded
-            observation, which needs its weights: rank 0 keeps the latest two observations' weights in
-            ``geometry/weights/`` (about 4 bytes per weight each: 85 MB for ViT-S/16). ``false`` keeps none and
-            records NaN.
-    """
-
-    enabled: bool = True
-    relative_update: bool = True
-
-    def __post_init__(self) -> None:
-        for key in ("enabled", "relative_update"):
-            value = getattr(self, key)
-            if not isinstance(value, bool):
-                raise ObservationSettingsError(f"{PREFIX}.weights.{key}: expected true or false, got {value!r}")
-
-
-@dataclass(frozen=True)
-class PhaseSettings:
-    """The training-phase family (``tgo.observatory.families.phases``): each observation's change since the previous
-    one labelled collapse, compression-seeking, entropy-seeking or unresolved (``tgo.spectral.phases``).
-
-    Attributes:
-        enabled: Record ``phase_code``, ``rank_change_z`` and ``alpha_change_z`` on every point's view ``all`` from
-            the paired changes of ``effective_rank`` and ``power_law_alpha`` (``docs/observables.md``, "Training
-            phases"). Reads the previous observation's records; nothing is hooked or summed.
-        z: Normal quantile of a significant change (widened to Student's t for the jackknife's ``G - 1`` degrees of
-            freedom), the verdict rule's default 3.
-        collapse_drop: Smallest relative loss of effective rank between two observations that is a collapse, in
-            ``(0, 1)``.
-    """
-
-    enabled: bool = True
-    z: float = 3.0
-    collapse_drop: float = 0.5
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ObservationSettingsError(f"{PREFIX}.phases.enabled: expected true or false, got {self.enabled!r}")
-        for key, ok, expected in (
-            ("z", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
-            ("collapse_drop", lambda v: 0 < v < 1, "a number in (0, 1)"),
-        ):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
-                raise ObservationSettingsError(f"{PREFIX}.phases.{key}: expected {expected}, got {value!r}")
-            object.__setattr__(self, key, float(value))
-
-
-@dataclass(frozen=True)
-class CurvatureSettings:
-    """The curvature family (``tgo.observatory.families.curvature``): the loss Hessian on a fixed batch.
-
-    Attributes:
-        enabled: Record the Hessian's top eigenvalues (Lanczos), its trace (Hutchinson, with its standard error) and
-            the optimizer's preconditioned sharpness against its edge-of-stability threshold (view ``network``;
-            ``docs/observables.md``, "Curvature"). Off by default: each measurement costs
-            ``lanczos_iterations * 2 + trace_probes`` Hessian-vector products at most, ~10x a forward each.
-        every_n_observations: Measure at every N-th observation (epoch ``e`` counts as ``ceil(e / every_n_epochs)``;
-            epoch 0 always; every observation offline).
-        images: The curvature batch: the first N images of the analysis subset in a class-stratified, seeded order.
-        batch_size: Images per forward of a Hessian-vector product (memory; the result is the same).
-        top_k: Top eigenvalues of ``H`` recorded.
-        trace_probes: Rademacher probes of the Hutchinson trace (at least 2, for its standard error).
-        lanczos_iterations: At most this many Lanczos steps per run.
-        lanczos_tol: Stop once every top-k residual ``||H y - theta y||`` is ``<= tol * |theta_1|``.
-        seed: Seed of the batch order, the Lanczos start vectors and the probes.
-        dtype: Precision of the Hessian-vector products: ``float64``, ``float32`` (~2e-6 relative to float64 on
-            vit_small, 2.5x cheaper on a CPU), or ``auto``: float64 on a GPU, float32 on a CPU.
-    """
-
-    enabled: bool = False
-    every_n_observations: int = 1
-    images: int = 64
-    batch_size: int = 32
-    top_k: int = 5
-    trace_probes: int = 16
-    lanczos_iterations: int = 30
-    lanczos_tol: float = 1e-3
-    seed: int = 0
-    dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ObservationSettingsError(f"{PREFIX}.curvature.enabled: expected true or false, got {self.enabled!r}")
-        for key in ("every_n_observations", "images", "batch_size", "top_k", "lanczos_iterations"):
-            _positive_int(f"curvature.{key}", getattr(self, key))
-        if not _is_int(self.trace_probes) or self.trace_probes < 2:
-            raise ObservationSettingsError(
-                f"{PREFIX}.curvature.trace_probes: expected an integer >= 2, got {self.trace_probes!r}"
-            )
-        tol = self.lanczos_tol
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < float(tol) < 1:
-            raise ObservationSettingsError(f"{PREFIX}.curvature.lanczos_tol: expected a number in (0, 1), got {tol!r}")
-        object.__setattr__(self, "lanczos_tol", float(tol))
-        if not _is_int(self.seed) or self.seed < 0:
-            raise ObservationSettingsError(f"{PREFIX}.curvature.seed: expected an integer >= 0, got {self.seed!r}")
-        _one_of("curvature.dtype", self.dtype, ATTENTION_DTYPES)
-
-    def torch_dtype(self, device: torch.device | str | None) -> torch.dtype:
-        """The Hessian-vector products' dtype on ``device`` (``auto``: float64 on CUDA and other accelerators, whose
-        float64 peak is the float32 one on an H200; float32 on a CPU, where float64 costs 2.5x)."""
-        if self.dtype != "auto":
-            return GRAM_DTYPES[self.dtype]
-        kind = torch.device(device).type if device is not None else "cpu"
-        return torch.float32 if kind == "cpu" else torch.float64
+        positive_int("figures.every_n_observations", self.every_n_observations)
+        positive_int("figures.heatmap_max_dim", self.heatmap_max_dim)
+        check_flags("figures", self, *(f.name for f in fields(self) if f.type == "bool"), *self.extra)
 
 
 @dataclass(frozen=True)
@@ -395,10 +229,9 @@ class EarlySettings:
     per_decade: int = 4
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ObservationSettingsError(f"{PREFIX}.early.enabled: expected true or false, got {self.enabled!r}")
+        check_flags("early", self, "enabled")
         _optional_positive_int("early.until_step", self.until_step)
-        _positive_int("early.per_decade", self.per_decade)
+        positive_int("early.per_decade", self.per_decade)
 
     def steps(self, until_step: int) -> tuple[int, ...]:
         """The observed steps: 0 and every distinct ``round(10 ** (k / per_decade))`` in ``1 .. until_step``
@@ -439,16 +272,12 @@ class SummarySettings:
     eigensolver: str = "auto"
 
     def __post_init__(self) -> None:
-        for key in ("background", "share"):
-            if not isinstance(getattr(self, key), bool):
-                raise ObservationSettingsError(
-                    f"{PREFIX}.summary.{key}: expected true or false, got {getattr(self, key)!r}"
-                )
-        _one_of("summary.eigensolver", self.eigensolver, EIGENSOLVERS)
+        check_flags("summary", self, "background", "share")
+        one_of("summary.eigensolver", self.eigensolver, EIGENSOLVERS)
 
 
-@dataclass(frozen=True)
-class ObservationSettings:
+@dataclass(frozen=True, init=False)
+class ObservationSettings(_Extended):
     """How, where and when the geometry is observed.
 
     Attributes:
@@ -470,14 +299,11 @@ class ObservationSettings:
             error from the ``G`` leave-one-group-out spectra (``tgo.spectral.jackknife``). ``0`` disables it (one
             accumulator per point, standard errors NaN); otherwise at least 2.
         figures: TensorBoard figure settings (`FigureSettings`).
-        probes: The hypothesis probes (`ProbeSettings`).
-        attention: The attention-geometry family (`AttentionSettings`).
-        noise_scale: The gradient noise scale, gathered during training (`NoiseScaleSettings`).
         summary: Where and when the summary runs (`SummarySettings`).
-        phases: The training-phase labels (`PhaseSettings`).
-        weights: The weight-geometry family (`WeightSettings`).
-        curvature: The loss Hessian's curvature on a fixed batch (`CurvatureSettings`).
         early: The step series, observations at log-spaced steps early in training (`EarlySettings`).
+        extra: ``{key: settings}`` of every section a measurement family registered (`register_section`), each
+            read as ``settings.<key>`` (``observation.<key>`` in the YAML; keyword arguments and ``from_config``
+            take them by that key, as mappings or instances).
     """
 
     every_n_epochs: int = 5
@@ -490,32 +316,30 @@ class ObservationSettings:
     fit_range: tuple[int, int] | None = None
     groups: int = 10
     figures: FigureSettings = field(default_factory=FigureSettings)
-    probes: ProbeSettings = field(default_factory=ProbeSettings)
-    attention: AttentionSettings = field(default_factory=AttentionSettings)
-    noise_scale: NoiseScaleSettings = field(default_factory=NoiseScaleSettings)
     summary: SummarySettings = field(default_factory=SummarySettings)
-    phases: PhaseSettings = field(default_factory=PhaseSettings)
-    weights: WeightSettings = field(default_factory=WeightSettings)
-    curvature: CurvatureSettings = field(default_factory=CurvatureSettings)
     early: EarlySettings = field(default_factory=EarlySettings)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _prefix = PREFIX
+    _registry = _SECTIONS
 
     def __post_init__(self) -> None:
-        _positive_int("every_n_epochs", self.every_n_epochs)
+        positive_int("every_n_epochs", self.every_n_epochs)
         if not isinstance(self.points, Mapping):
             raise ObservationSettingsError(
                 f"{PREFIX}.points: expected a mapping {{preset, extra}}, got {self.points!r}"
             )
-        _one_of("gram_dtype", self.gram_dtype, list(GRAM_DTYPES))
+        one_of("gram_dtype", self.gram_dtype, list(GRAM_DTYPES))
         _optional_positive_int("batch_size", self.batch_size)
-        if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):
+        if self.num_workers is not None and (not is_int(self.num_workers) or self.num_workers < 0):
             raise ObservationSettingsError(
                 f"{PREFIX}.num_workers: expected null or an integer >= 0, got {self.num_workers!r}"
             )
-        _one_of("nonfinite", self.nonfinite, NONFINITE_POLICIES)
+        one_of("nonfinite", self.nonfinite, NONFINITE_POLICIES)
         keep = self.keep_covariance
         if isinstance(keep, str):
-            _one_of("keep_covariance", keep, COVARIANCE_POLICIES)
-        elif isinstance(keep, Sequence) and all(_is_int(e) and int(e) >= 0 for e in keep):
+            one_of("keep_covariance", keep, COVARIANCE_POLICIES)
+        elif isinstance(keep, Sequence) and all(is_int(e) and int(e) >= 0 for e in keep):
             object.__setattr__(self, "keep_covariance", tuple(int(e) for e in keep))
         else:
             raise ObservationSettingsError(
@@ -528,28 +352,34 @@ class ObservationSettings:
                 isinstance(fit, (str, bytes))
                 or not isinstance(fit, Sequence)
                 or len(fit) != 2
-                or not all(_is_int(i) for i in fit)
+                or not all(is_int(i) for i in fit)
                 or not 1 <= fit[0] < fit[1]
             ):
                 raise ObservationSettingsError(
                     f"{PREFIX}.fit_range: expected null or [start, stop] with 1 <= start < stop, got {fit!r}"
                 )
             object.__setattr__(self, "fit_range", (int(fit[0]), int(fit[1])))
-        if not _is_int(self.groups) or self.groups < 0 or self.groups == 1:
+        if not is_int(self.groups) or self.groups < 0 or self.groups == 1:
             raise ObservationSettingsError(
                 f"{PREFIX}.groups: expected 0 (no jackknife) or an integer >= 2, got {self.groups!r}"
             )
         if isinstance(self.figures, Mapping):
-            object.__setattr__(self, "figures", _figures_from(self.figures))
+            object.__setattr__(self, "figures", FigureSettings(**self.figures))
         elif not isinstance(self.figures, FigureSettings):
             raise ObservationSettingsError(f"{PREFIX}.figures: expected a mapping, got {self.figures!r}")
-        for key, kind in _SECTIONS.items():
-            value = getattr(self, key)
+        sections = dict(self.extra)
+        for key, kind in {"summary": SummarySettings, "early": EarlySettings, **_SECTIONS}.items():
+            value = sections[key] if key in _SECTIONS else getattr(self, key)
             if isinstance(value, Mapping):
-                _reject_unknown(kind, value, f"{PREFIX}.{key}")
-                object.__setattr__(self, key, kind(**value))
+                _reject_unknown(value, f"{PREFIX}.{key}", [f.name for f in fields(kind)])
+                value = kind(**value)
             elif not isinstance(value, kind):
                 raise ObservationSettingsError(f"{PREFIX}.{key}: expected a mapping, got {value!r}")
+            if key in _SECTIONS:
+                sections[key] = value
+            else:
+                object.__setattr__(self, key, value)
+        object.__setattr__(self, "extra", sections)
 
     @classmethod
     def from_config(cls, node: Any) -> ObservationSettings:
@@ -565,12 +395,13 @@ class ObservationSettings:
         values = _plain(node)
         if not isinstance(values, Mapping):
             raise ObservationSettingsError(f"{PREFIX}: expected a mapping of settings, got {values!r}")
-        _reject_unknown(cls, values, PREFIX)
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, dicts) as the YAML spells it: ``from_config(s.to_dict()) == s``."""
         out = asdict(self)
+        out.update(out.pop("extra"))
+        out["figures"].update(out["figures"].pop("extra"))
         out["points"] = _plain(dict(self.points))
         if isinstance(self.keep_covariance, tuple):
             out["keep_covariance"] = list(self.keep_covariance)
@@ -601,19 +432,28 @@ class ObservationSettings:
         return keep == "all" or (keep == "first_last" and (first or last))
 
 
-_SECTIONS: dict[str, type] = {
-    "probes": ProbeSettings,
-    "attention": AttentionSettings,
-    "noise_scale": NoiseScaleSettings,
-    "summary": SummarySettings,
-    "phases": PhaseSettings,
-    "weights": WeightSettings,
-    "curvature": CurvatureSettings,
-    "early": EarlySettings,
-}
-"""The nested settings sections (besides ``figures``) and their classes: a mapping is validated into its class."""
+def register_section(key: str, kind: type) -> type:
+    """Adds the settings section ``observation.<key>``: a frozen dataclass whose defaults are the section's and whose
+    ``__post_init__`` refuses a bad value naming ``observation.<key>.<field>`` (a measurement family's, registered
+    with the family). Settings made afterwards have it, as ``settings.<key>``.
+
+    Raises:
+        ValueError: the key is a core setting or taken by another class.
+    """
+    if key in (f.name for f in fields(ObservationSettings)) or _SECTIONS.get(key, kind) is not kind:
+        raise ValueError(f"register_section: observation.{key} is already a setting")
+    _SECTIONS[key] = kind
+    return kind
 
 
-def _figures_from(values: Mapping[str, Any]) -> FigureSettings:
-    _reject_unknown(FigureSettings, values, f"{PREFIX}.figures")
-    return FigureSettings(**values)
+def register_figure_switch(key: str) -> None:
+    """Adds ``observation.figures.<key>`` (true by default): whether a family's own cards are drawn."""
+    if key in (f.name for f in fields(FigureSettings)):
+        raise ValueError(f"register_figure_switch: observation.figures.{key} is already a setting")
+    _FIGURE_SWITCHES[key] = lambda: True
+
+
+def unregister_extras(key: str) -> None:
+    """Removes a family's section and figure switch (plug-ins and tests)."""
+    _SECTIONS.pop(key, None)
+    _FIGURE_SWITCHES.pop(key, None)

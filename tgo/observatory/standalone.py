@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from tgo.errors import UserInputError
-from tgo.observatory.families.weight_history import WEIGHTS_DIR, weight_files
+from tgo.observatory.families import registered_families
 from tgo.observatory.find_vit import ModelSpec, require_vit, resolve_network
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
 from tgo.observatory.points import points_from_config, resolve_points
@@ -120,6 +120,7 @@ def _foreign_in_geometry(run: RunDir) -> list[str]:
     if not run.geometry.is_dir():
         return [here]
     foreign = []
+    folders = {family.folder: family for family in registered_families() if family.folder}
     for entry in sorted(run.geometry.iterdir()):
         if entry.name == run.METRICS and entry.is_file():
             try:
@@ -129,10 +130,10 @@ def _foreign_in_geometry(run: RunDir) -> list[str]:
         elif entry.name == run.SPECTRA and entry.is_dir():
             own = set(run.spectra_files().values())
             foreign += [f"{here}/{run.SPECTRA}/{p.name}" for p in sorted(entry.iterdir()) if p not in own]
-        elif entry.name == WEIGHTS_DIR and entry.is_dir():  # the weights family's kept weights (weight_history)
-            own = set(weight_files(run, verified=True).values())
+        elif entry.name in folders and entry.is_dir():  # a family's own files (`MeasurementFamily.folder`)
+            own = set(folders[entry.name].kept_files(run))
             foreign += [
-                f"{here}/{WEIGHTS_DIR}/{p.name}"
+                f"{here}/{entry.name}/{p.name}"
                 for p in sorted(entry.iterdir())
                 if p not in own and not (p.name.startswith(".") and p.name.endswith(".tmp"))
             ]

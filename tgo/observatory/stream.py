@@ -34,11 +34,10 @@ from tgo.spectral import GroupedCovariance, StreamingCovariance, allreduce_accum
 from tgo.spectral.accumulator import Summable
 
 from .families.base import BatchInfo, FamilyRun
-from .families.image_vectors import token_layouts
 from .hooks import ActivationHooks, Consume, HookSpec, num_prefix_tokens_of
 from .points import ObservationPoint, resolve_points, unwrap_model
 
-__all__ = ["exact_inference", "reduce_accumulators", "stream_activations", "token_layouts"]  # token_layouts: re-export
+__all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")

@@ -22,23 +22,20 @@ each point gets, where its rows allow:
 
 Every view is summarised by the catalogue, and every view's jackknife replicates come from the same image groups.
 This module is view algebra only: which moments make which view. The per-image vectors it reads, and the metrics
-measured from them, are the image-vector family's (`tgo.observatory.families.image_vectors`); the view names are
-`tgo.records.VIEWS` (re-exported here).
+measured from them, are a measurement family's (`tgo.observatory.families`); the view names are `tgo.records.VIEWS`
+(re-exported here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from tgo.records import VIEWS
 from tgo.spectral.jackknife import Moments, leave_one_group_out, remove, row_moments
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .families.image_vectors import ImageVectors
 
 __all__ = ["VIEWS", "ViewMoments", "all_view", "order_views", "point_views"]
 
@@ -96,7 +93,7 @@ def order_views(views: dict[str, ViewMoments]) -> dict[str, ViewMoments]:
 def point_views(
     all_moments: ViewMoments,
     all_groups: Sequence[Moments],
-    vectors: ImageVectors | None,
+    vectors: Any,
     *,
     image_groups: np.ndarray | None,
 ) -> dict[str, ViewMoments]:
@@ -105,7 +102,8 @@ def point_views(
     Args:
         all_moments: The ``all`` view (`all_view`).
         all_groups: Moments of each jackknife group's rows (empty without jackknife).
-        vectors: The point's gathered per-image vectors, or ``None``.
+        vectors: The point's gathered per-image vectors (their ``layout``, ``tokens_per_image`` and ``values``: the
+            measurement family's that gathers them), or ``None``.
         image_groups: Jackknife group of every analysis image (``None`` without jackknife).
     """
     groups = len(all_groups)

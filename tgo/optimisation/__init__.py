@@ -14,6 +14,7 @@ from .curvature import (
     lanczos,
     stability_threshold,
     trace_estimate,
+    training_loss,
 )
 from .noise_scale import NoiseScaleEstimate, block_jackknife_ratio, noise_scale_estimate, step_estimates
 
@@ -31,4 +32,5 @@ __all__ = [
     "stability_threshold",
     "step_estimates",
     "trace_estimate",
+    "training_loss",
 ]

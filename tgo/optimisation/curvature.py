@@ -61,6 +61,7 @@ __all__ = [
     "offline_loss",
     "rademacher_probe",
     "read_loss_label",
+    "say_undeclared",
     "stability_threshold",
     "trace_estimate",
     "training_loss",
@@ -116,11 +117,13 @@ class TrainingLoss:
         fn: ``fn(logits, labels) -> scalar``.
         name: What the record says about the loss (`loss_label`).
         declared: Whether the module declared it (``False``: plain cross-entropy stands in).
+        module: The module's class name (``""``: none).
     """
 
     fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     name: str
     declared: bool
+    module: str = ""
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.fn(logits, labels)
@@ -135,8 +138,7 @@ def training_loss(module: Any, *, warn: bool = False) -> TrainingLoss:
 
     Args:
         module: The LightningModule.
-        warn: Say once per module class, in one line, that plain cross-entropy stands in for a module without
-            ``tgo_loss`` (the caller passes ``True`` where the curvature is measured, on rank 0).
+        warn: Say so at once (`say_undeclared`) where plain cross-entropy stands in.
 
     Raises:
         UserInputError: ``tgo_loss`` that is not callable, or ``tgo_loss_name`` that is not a non-empty string.
@@ -146,15 +148,10 @@ def training_loss(module: Any, *, warn: bool = False) -> TrainingLoss:
     kind = type(module).__name__
     fn = getattr(module, "tgo_loss", None)
     if fn is None:
-        if warn and kind not in _WARNED_UNDECLARED:
-            _WARNED_UNDECLARED.add(kind)
-            warnings.warn(
-                f"[tgo] observation.curvature: {kind} defines no tgo_loss(logits, labels), so the curvature is that "
-                "of plain cross-entropy, not of your training objective (docs/observables.md, Curvature: the loss)",
-                UserWarning,
-                stacklevel=3,
-            )
-        return TrainingLoss(nn.functional.cross_entropy, f"cross_entropy ({kind} defines no tgo_loss)", False)
+        loss = TrainingLoss(nn.functional.cross_entropy, f"cross_entropy ({kind} defines no tgo_loss)", False, kind)
+        if warn:
+            say_undeclared(loss)
+        return loss
     if not callable(fn):
         raise UserInputError(
             f"{kind}.tgo_loss: expected a method tgo_loss(logits, labels) -> scalar loss, got {type(fn).__name__}"
@@ -164,7 +161,21 @@ def training_loss(module: Any, *, warn: bool = False) -> TrainingLoss:
         name = f"{kind}.tgo_loss"
     if not isinstance(name, str) or not name.strip():
         raise UserInputError(f"{kind}.tgo_loss_name: expected a non-empty string naming the loss, got {name!r}")
-    return TrainingLoss(fn, name, True)
+    return TrainingLoss(fn, name, True, kind)
+
+
+def say_undeclared(loss: Any) -> None:
+    """Says once per module class, in one line, that plain cross-entropy stands in for a module without
+    ``tgo_loss`` (the curvature family calls it where the curvature is measured, on rank 0)."""
+    if not isinstance(loss, TrainingLoss) or loss.declared or loss.module in _WARNED_UNDECLARED:
+        return
+    _WARNED_UNDECLARED.add(loss.module)
+    warnings.warn(
+        f"[tgo] observation.curvature: {loss.module} defines no tgo_loss(logits, labels), so the curvature is that "
+        "of plain cross-entropy, not of your training objective (docs/observables.md, Curvature: the loss)",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def offline_loss() -> TrainingLoss:

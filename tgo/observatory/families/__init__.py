@@ -1,14 +1,13 @@
 """Measurement families: the seam through which every measurement beside the covariances enters an observation.
 
 The protocol is `base` (`MeasurementFamily`, `FamilyState`, `HookSpec`, `BatchInfo`, `FamilyContext`,
-`PointSummary`, `Metric`, `Array`, the registry). The built-in families are `image_vectors` (the per-image vectors:
-views, class geometry, decoding, massive activations, subspace drift) and `attention` (attention geometry recomputed
-from every block's q and k, view ``attention``). `testing.check_family` checks any family for
-multi-rank exactness, its collective count, records and resume. Recipe: ``docs/extending.md`` (e) "Add a measurement
-family".
+`PointSummary`, `Metric`, `Array`, `TrainingCollector`, the registry). Each built-in family declares everything in
+its own module (its settings section, catalogue entries, series, collector, folder) and registers itself there
+(``X = register_family(XFamily())``, timm style); this package imports them in record order. `testing.check_family`
+checks any family for multi-rank exactness, its collective count, records and resume. Recipe: ``docs/extending.md``
+(e) "Add a measurement family".
 """
 
-from .attention import ATTENTION
 from .base import (
     NETWORK_VIEW,
     Array,
@@ -23,6 +22,7 @@ from .base import (
     Metric,
     PointSummary,
     SummedTensors,
+    TrainingCollector,
     TrainingInfo,
     ViewMoments,
     enabled_families,
@@ -32,19 +32,17 @@ from .base import (
     registered_families,
     unregister_family,
 )
-from .curvature import CURVATURE
-from .image_vectors import IMAGE_VECTORS
-from .noise_scale import NOISE_SCALE
-from .phases import PHASES
-from .weights import WEIGHTS
 
-# The built-in families, in record order; their catalogue entries are declared in tgo.spectral.catalogue.
-register_family(IMAGE_VECTORS)
-register_family(ATTENTION)
-register_family(WEIGHTS)
-register_family(NOISE_SCALE)
-register_family(CURVATURE)
-register_family(PHASES)
+# isort: off
+# Registration order is record order (each module registers its family on import).
+from .image_vectors import IMAGE_VECTORS
+from .attention import ATTENTION
+from .weights import WEIGHTS
+from .noise_scale import NOISE_SCALE
+from .curvature import CURVATURE
+from .phases import PHASES
+
+# isort: on
 
 __all__ = [
     "ATTENTION",
@@ -66,6 +64,7 @@ __all__ = [
     "Metric",
     "PointSummary",
     "SummedTensors",
+    "TrainingCollector",
     "TrainingInfo",
     "ViewMoments",
     "enabled_families",

@@ -39,7 +39,7 @@ from torch import nn
 from tgo.spectral import Observable
 from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, AttentionSummary
 
-from ..settings import ObservationSettings
+from ..settings import COMPUTE_DTYPES, check_flags, compute_dtype, one_of
 from .base import (
     Array,
     BatchInfo,
@@ -51,6 +51,7 @@ from .base import (
     Metric,
     PointSummary,
     family_metric,
+    register_family,
 )
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "ATTENTION_VIEW",
     "AttentionBlock",
     "AttentionFamily",
+    "AttentionSettings",
     "AttentionState",
     "attention_plan",
     "attention_refusal",
@@ -322,14 +324,39 @@ def attention_contribution(s: AttentionSummary) -> list[Metric | Array]:
     return out
 
 
+@dataclass(frozen=True)
+class AttentionSettings:
+    """The attention-geometry family (``tgo.observatory.families.attention``), measured in the same pass.
+
+    Attributes:
+        enabled: Recompute every block's attention weights from its ``q`` and ``k`` and record entropy, sink and self
+            mass, peak weight, mean attention distance and head diversity per block (view ``attention`` of each
+            ``block_NN``; ``docs/observables.md``, "Attention geometry").
+        dtype: Precision of the recomputed logits and weights (sums are float64 either way): ``float64`` (exact to
+            ~1e-15), ``float32`` (tested within 1e-6 of float64 on every metric, measured <= 4e-8, 1.4e-5 px on the
+            distance), or ``auto``: float64 on a GPU, float32 on a CPU, where torch's float64 ``exp`` makes the
+            recomputation ~1.7x dearer (``docs/observables.md``, "Precision and cost").
+    """
+
+    enabled: bool = True
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_flags("attention", self, "enabled")
+        one_of("attention.dtype", self.dtype, COMPUTE_DTYPES)
+
+    def torch_dtype(self, device: torch.device | str | None) -> torch.dtype:
+        """The compute dtype on ``device`` (``auto``: float64 on CUDA and other accelerators, float32 on CPU)."""
+        return compute_dtype(self.dtype, device)
+
+
 class AttentionFamily(MeasurementFamily):
     """Attention geometry of every standard timm ``Attention`` block (``observation.attention``)."""
 
     name = "attention"
+    settings = AttentionSettings
+    figure_switch = True  # observation.figures.attention: ~15 cards, ~2.4 s of rendering per observation
     observables = _OBSERVABLES
-
-    def enabled(self, settings: ObservationSettings) -> bool:
-        return settings.attention.enabled
 
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
         blocks, _ = attention_plan(context)
@@ -346,8 +373,8 @@ class AttentionFamily(MeasurementFamily):
         return AttentionState(context, blocks)
 
 
-ATTENTION = AttentionFamily()
-"""The one instance, registered by `tgo.observatory.families`."""
+ATTENTION = register_family(AttentionFamily())
+"""The one instance, registered here (imported by `tgo.observatory.families`)."""
 
 
 # ----------------------------------------------------------------------------------------------- figures' inputs

@@ -26,21 +26,22 @@ groups as the covariances' jackknife (`BatchInfo.groups`, `FamilyContext.group_o
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from tgo.records import RunPath
+from tgo.records import RunDir, RunPath
 from tgo.spectral import CATALOGUE, Observable, jackknife_stderr
 from tgo.spectral.jackknife import Moments
 
 from ..hooks import HookSpec, prefix_tokens_of_point
 from ..points import ObservationPoint
-from ..settings import ObservationSettings
+from ..settings import ObservationSettings, register_figure_switch, register_section, unregister_extras
 from ..views import ViewMoments
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,6 +61,7 @@ __all__ = [
     "Metric",
     "PointSummary",
     "SummedTensors",
+    "TrainingCollector",
     "TrainingInfo",
     "ViewMoments",
     "enabled_families",
@@ -304,22 +306,77 @@ class FamilyState:
         return ()
 
 
+class TrainingCollector:
+    """What a family gathers during training between two observations (`MeasurementFamily.collector`).
+
+    The geometry callback forwards its Lightning hooks to the collector of every enabled family; the family's state
+    reads it at the next observation (`TrainingInfo.collectors`, by the family's name). Every hook does nothing
+    unless overridden.
+    """
+
+    def attach(self, trainer: Any, pl_module: Any, net: nn.Module) -> None:
+        """At ``on_fit_start`` (under DDP the model is wrapped by then)."""
+
+    def on_train_batch_start(self, batch: Any) -> None:
+        """Before each training batch."""
+
+    def on_after_backward(self) -> None:
+        """After each backward (each micro-batch under gradient accumulation)."""
+
+    def on_before_optimizer_step(self, trainer: Any) -> None:
+        """Before each optimizer step."""
+
+    def detach(self) -> None:
+        """At the teardown of ``fit``: remove what ``attach`` added."""
+
+
 class MeasurementFamily:
-    """A measurement family's declaration (stateless; subclass it and `register_family` one instance).
+    """A measurement family's whole declaration (stateless; subclass it and `register_family` one instance).
 
     Attributes:
-        name: Unique; names the family in messages.
+        name: Unique; names the family in messages and its collector in `TrainingInfo.collectors`.
         observables: The catalogue entries it records (`family_metric`: scope ``family``, naming their views);
             `register_family` adds those not yet in `tgo.spectral.CATALOGUE`, in this order, and
             `unregister_family` removes them again.
+        settings: Its settings section (a frozen dataclass validating itself, with an ``enabled`` switch), read as
+            ``ObservationSettings.<section>``; `register_family` registers it (``observation.<section>.*``).
+        section: The settings key (default: ``name``).
+        series: The observation series it runs in: ``epoch`` (``geometry/``) and ``step`` (the step series,
+            ``observation.early``); a family that reads the training between two epoch observations runs in the
+            epoch series only.
+        folder: The directory it keeps files in, under each series' ``geometry/`` (`tgo.records.RunDir.folder`);
+            ``""``: none. Its files there are ``kept_files``; anything else there is foreign to the run.
+        figure_switch: Its cards have a switch of their own, ``observation.figures.<name>`` (true by default).
+        panels: What it draws (the presentation seam's declarations); none by default.
     """
 
     name: str = ""
     observables: tuple[Observable, ...] = ()
+    settings: type | None = None
+    section: str = ""
+    series: tuple[str, ...] = ("epoch", "step")
+    folder: str = ""
+    figure_switch: bool = False
+    panels: tuple[Any, ...] = ()
+
+    @property
+    def settings_key(self) -> str:
+        """``observation.<settings_key>``: ``section`` or the name."""
+        return self.section or self.name
 
     def enabled(self, settings: ObservationSettings) -> bool:
-        """Whether an observation with these settings takes this family's measurements."""
-        return True
+        """Whether an observation with these settings takes this family's measurements: its section's ``enabled``
+        (always, for a family without settings)."""
+        return self.settings is None or bool(getattr(settings, self.settings_key).enabled)
+
+    def collector(self, settings: ObservationSettings) -> TrainingCollector | None:
+        """A fresh training-time collector (`TrainingCollector`), or ``None``: the family gathers nothing between
+        observations."""
+        return None
+
+    def kept_files(self, run: RunDir) -> Iterable[Path]:
+        """Its own files in ``run.folder(self.folder)`` (what the run-directory check accepts there)."""
+        return ()
 
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
         """The tensors it reads; each arrives at ``FamilyState.update(spec.key, x, batch)``."""
@@ -375,6 +432,10 @@ def register_family(family: MeasurementFamily) -> MeasurementFamily:
     """
     if not family.name or family.name in _REGISTRY:
         raise ValueError(f"register_family: the family name {family.name!r} is empty or already registered")
+    if family.settings is not None:
+        register_section(family.settings_key, family.settings)
+    if family.figure_switch:
+        register_figure_switch(family.name)
     added = []
     for observable in family.observables:
         existing = CATALOGUE.get(observable.name)
@@ -393,6 +454,8 @@ def register_family(family: MeasurementFamily) -> MeasurementFamily:
 def unregister_family(name: str) -> MeasurementFamily:
     """Removes a family and the catalogue entries its registration added (plug-ins and tests)."""
     family = _REGISTRY.pop(name)
+    unregister_extras(family.settings_key)
+    unregister_extras(family.name)
     for observable in _ADDED.pop(name, []):
         CATALOGUE.unregister(observable)
     return family
@@ -403,9 +466,9 @@ def registered_families() -> tuple[MeasurementFamily, ...]:
     return tuple(_REGISTRY.values())
 
 
-def enabled_families(settings: ObservationSettings) -> tuple[MeasurementFamily, ...]:
-    """The families an observation with these settings runs, in registration order."""
-    return tuple(f for f in _REGISTRY.values() if f.enabled(settings))
+def enabled_families(settings: ObservationSettings, series: str = "epoch") -> tuple[MeasurementFamily, ...]:
+    """The families an observation of ``series`` with these settings runs, in registration order."""
+    return tuple(f for f in _REGISTRY.values() if series in f.series and f.enabled(settings))
 
 
 # ----------------------------------------------------------------------------------------------------- helpers

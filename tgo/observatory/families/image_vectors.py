@@ -4,7 +4,7 @@ Behind the views ``cls``, ``prefix``, ``patch``, ``between_image`` and ``within_
 (`tgo.observatory.views`) and the hypothesis-probe metrics (``docs/hypotheses.md``): ``between_image_fraction``,
 class-conditional geometry and decoding (``fisher_ratio``, ``nc1``, ``*_class_effective_rank``, ``ncc_accuracy``,
 ``ridge_accuracy``), massive activations and subspace drift. Enabled by ``observation.probes.enabled``; its settings
-are ``observation.probes.*`` (`tgo.observatory.settings.ProbeSettings`).
+are ``observation.probes.*`` (`ProbeSettings`).
 
 **State (rank-local, summed exactly).** `ImageTable` holds, per point, float64 ``[n_images, D]`` matrices of the
 mean of the point's tokens (for the law of total covariance over images), its CLS token and the mean of its patch
@@ -64,7 +64,7 @@ from tgo.spectral.probes import (
 
 from ..hooks import num_prefix_tokens_of, point_rows, point_spec, prefix_tokens_of_point
 from ..points import ObservationPoint, unwrap_model
-from ..settings import ObservationSettings
+from ..settings import PREFIX, ObservationSettingsError, check_flags, is_int, positive_int
 from ..views import ViewMoments, point_views
 from .base import (
     Array,
@@ -78,6 +78,7 @@ from .base import (
     Metric,
     PointSummary,
     family_metric,
+    register_family,
 )
 
 __all__ = [
@@ -86,6 +87,7 @@ __all__ = [
     "ImageVectorFamily",
     "ImageVectorState",
     "ImageVectors",
+    "ProbeSettings",
     "Replicates",
     "SubspaceHistory",
     "TokenLayout",
@@ -638,10 +640,42 @@ def _probe(name: str, formula: str, views: tuple[str, ...] = ("all",), **options
     return family_metric(name, formula, views, doc="docs/hypotheses.md", **options)
 
 
+@dataclass(frozen=True)
+class ProbeSettings:
+    """The hypothesis probes (``docs/hypotheses.md``), measured in the same pass as the spectra.
+
+    Attributes:
+        enabled: Record the views ``cls``, ``patch``, ``between_image`` and ``within_image`` of every point, the
+            class-conditional geometry and decoding probes, subspace drift and massive activations, and keep the
+            per-image vectors at the epochs that keep covariances. ``false`` records the ``all`` view only.
+        subspace_k: Leading eigenvectors compared by ``subspace_overlap_prev`` / ``_init`` (the ``_k90`` forms use
+            the earlier observation's ``components_90``).
+        ridge_alpha: Strength of the ridge probe, in units of the mean per-dimension scatter of the training fold.
+        folds: Class-stratified cross-validation folds of the nearest-class-centre and ridge probes (at least 2).
+    """
+
+    enabled: bool = True
+    subspace_k: int = 10
+    ridge_alpha: float = 1.0
+    folds: int = 10
+
+    def __post_init__(self) -> None:
+        check_flags("probes", self, "enabled")
+        positive_int("probes.subspace_k", self.subspace_k)
+        alpha = self.ridge_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0:
+            raise ObservationSettingsError(f"{PREFIX}.probes.ridge_alpha: expected a number > 0, got {alpha!r}")
+        object.__setattr__(self, "ridge_alpha", float(alpha))
+        if not is_int(self.folds) or self.folds < 2:
+            raise ObservationSettingsError(f"{PREFIX}.probes.folds: expected an integer >= 2, got {self.folds!r}")
+
+
 class ImageVectorFamily(MeasurementFamily):
     """The per-image vectors of every point: views, class geometry, decoding, massive activations, subspace drift."""
 
     name = "image_vectors"
+    settings = ProbeSettings
+    section = "probes"
     observables = (  # in record order
         _probe("between_image_fraction", "tr C_between / (tr C_between + tr C_within) (law of total covariance)"),
         _probe("fisher_ratio", "tr S_B / tr S_W of the per-image vectors", _CLASS_VIEWS, scale="log"),
@@ -665,9 +699,6 @@ class ImageVectorFamily(MeasurementFamily):
         _probe("massive_dim_variance_share", "C_dd / tr C for that dimension", charted=False),
     )
 
-    def enabled(self, settings: ObservationSettings) -> bool:
-        return settings.probes.enabled
-
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
         return [point_spec(p) for p in context.points]
 
@@ -679,5 +710,5 @@ class ImageVectorFamily(MeasurementFamily):
         return SubspaceHistory(init=init, prev=prev)
 
 
-IMAGE_VECTORS = ImageVectorFamily()
-"""The one instance, registered by `tgo.observatory.families`."""
+IMAGE_VECTORS = register_family(ImageVectorFamily())
+"""The one instance, registered here (imported by `tgo.observatory.families`)."""

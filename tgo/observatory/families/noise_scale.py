@@ -1,8 +1,9 @@
 """The gradient noise scale family (``noise_scale``): ``B_simple`` of the training steps since the last observation.
 
 It takes no measurement in the observation pass: the training-time collector (`callbacks.gradient_noise`, owned by
-the geometry callback) gathered the squared gradient norms at two batch sizes on every step, and ``start`` takes them
-(`TrainingInfo.collectors`, key ``noise_scale``) and resets the collector, on the training thread. The per-step rows
+the geometry callback, which forwards its training hooks to every enabled family's ``collector``) gathered the squared
+gradient norms at two batch sizes on every step, and ``start`` takes them (`TrainingInfo.collectors`, by the family's
+name) and resets the collector, on the training thread. The per-step rows
 are each rank's contribution to a sum (``summables``: under DDP the W local squared norms are averaged there), so the
 reduced state is identical on every rank and so is ``summarize_point``. Numerics: `tgo.optimisation.noise_scale`.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +30,7 @@ import torch
 from tgo.optimisation.noise_scale import noise_scale_estimate
 
 from ..points import ObservationPoint
-from ..settings import ObservationSettings
+from ..settings import PREFIX, ObservationSettings, ObservationSettingsError, check_flags, is_int
 from .base import (
     NETWORK_VIEW,
     Contribution,
@@ -38,17 +40,45 @@ from .base import (
     Metric,
     PointSummary,
     SummedTensors,
+    TrainingCollector,
     family_metric,
+    register_family,
 )
 
-__all__ = ["GRADIENT_VIEW", "NOISE_SCALE", "NoiseScaleFamily", "NoiseScaleState"]
+__all__ = ["GRADIENT_VIEW", "NOISE_SCALE", "NoiseScaleFamily", "NoiseScaleSettings", "NoiseScaleState"]
 
 GRADIENT_VIEW = "gradient"
 """The view of a block point that carries the gradient statistics of that block's parameters."""
 
-COLLECTOR = "noise_scale"  # callbacks.gradient_noise.NOISE_COLLECTOR (the family does not import the callbacks)
 _DOC = "docs/observables.md#10-gradient-noise-scale"
 _BLOCK_MODULE = re.compile(r"^blocks\.(\d+)$")
+
+
+@dataclass(frozen=True)
+class NoiseScaleSettings:
+    """``observation.noise_scale``, gathered during training.
+
+    Attributes:
+        enabled: Record the simple noise scale ``B_simple = tr(Sigma) / |G|^2`` (McCandlish et al. 2018) of the
+            training steps since the previous observation, from two batch sizes the training already has (the
+            per-rank and the all-reduced gradient under DDP, the micro-batches and their sum with gradient
+            accumulation; ``docs/observables.md``, section 10). Training only: offline nothing is
+            recorded. With one device and no accumulation there is one batch size: NaN, said once in the log.
+        jackknife_blocks: Blocks of consecutive steps of the delete-a-block jackknife standard error (at least 2;
+            fewer steps than blocks: one step per block).
+        per_block: Also record ``B_simple`` of each block's parameters (view ``gradient`` of every ``block_NN``).
+    """
+
+    enabled: bool = True
+    jackknife_blocks: int = 10
+    per_block: bool = True
+
+    def __post_init__(self) -> None:
+        check_flags("noise_scale", self, "enabled", "per_block")
+        if not is_int(self.jackknife_blocks) or self.jackknife_blocks < 2:
+            raise ObservationSettingsError(
+                f"{PREFIX}.noise_scale.jackknife_blocks: expected an integer >= 2, got {self.jackknife_blocks!r}"
+            )
 
 
 class NoiseScaleState(FamilyState):
@@ -58,7 +88,7 @@ class NoiseScaleState(FamilyState):
         self.context = context
         self.blocks = context.settings.noise_scale.jackknife_blocks
         self.per_block = context.settings.noise_scale.per_block
-        collector = context.training.collectors.get(COLLECTOR) if context.training is not None else None
+        collector = context.training.collectors.get(NoiseScaleFamily.name) if context.training is not None else None
         self.active = collector is not None
         self.sums: SummedTensors | None = None
         if collector is None:
@@ -136,6 +166,8 @@ class NoiseScaleFamily(MeasurementFamily):
     """``observation.noise_scale``: the simple gradient noise scale of the training steps between observations."""
 
     name = "noise_scale"
+    settings = NoiseScaleSettings
+    series = ("epoch",)  # its window is the training between two epoch observations
     observables = (
         family_metric(
             "gradient_noise_scale",
@@ -169,11 +201,14 @@ class NoiseScaleFamily(MeasurementFamily):
         ),
     )
 
-    def enabled(self, settings: ObservationSettings) -> bool:
-        return settings.noise_scale.enabled
-
     def start(self, context: FamilyContext) -> FamilyState:
         return NoiseScaleState(context)
 
+    def collector(self, settings: ObservationSettings) -> TrainingCollector:
+        """The squared gradient norms at two batch sizes, step by step (`tgo.callbacks.gradient_noise`)."""
+        from tgo.callbacks.gradient_noise import GradientNoiseCollector  # Lightning's side, imported when training
 
-NOISE_SCALE = NoiseScaleFamily()
+        return GradientNoiseCollector(settings.noise_scale)
+
+
+NOISE_SCALE = register_family(NoiseScaleFamily())

@@ -20,7 +20,7 @@ pair), and `relate_history` compares them with this observation's, after every p
 
 The previous observation is the latest epoch recorded before this one (rows in ``metrics.csv`` and a spectra
 file), as the records hold it when the observation is made: a resumed run and ``tgo.observe`` compare against what
-is on disk. Settings: ``observation.phases`` (`tgo.observatory.settings.PhaseSettings`).
+is on disk. Settings: ``observation.phases`` (`PhaseSettings`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from tgo.records import DEFAULT_VIEW, RunPath, as_run_dir, load_jackknife, read_metric_rows, recorded_epochs
 from tgo.spectral.phases import PhaseRule, classify, paired_change
 
-from ..settings import ObservationSettings
+from ..settings import PREFIX, ObservationSettingsError, check_flags
 from .base import (
     Contribution,
     FamilyContext,
@@ -44,9 +44,18 @@ from .base import (
     MeasurementFamily,
     Metric,
     family_metric,
+    register_family,
 )
 
-__all__ = ["MEASURES", "PHASES", "PHASE_METRICS", "PhaseFamily", "PhaseHistory", "PhaseState"]
+__all__ = [
+    "MEASURES",
+    "PHASES",
+    "PHASE_METRICS",
+    "PhaseFamily",
+    "PhaseHistory",
+    "PhaseSettings",
+    "PhaseState",
+]
 
 MEASURES: tuple[str, str] = ("effective_rank", "power_law_alpha")
 """The two catalogue observables whose paired changes are labelled (rank first)."""
@@ -129,10 +138,42 @@ class PhaseState(FamilyState):
         ]
 
 
+@dataclass(frozen=True)
+class PhaseSettings:
+    """The training-phase family (``tgo.observatory.families.phases``): each observation's change since the previous
+    one labelled collapse, compression-seeking, entropy-seeking or unresolved (``tgo.spectral.phases``).
+
+    Attributes:
+        enabled: Record ``phase_code``, ``rank_change_z`` and ``alpha_change_z`` on every point's view ``all`` from
+            the paired changes of ``effective_rank`` and ``power_law_alpha`` (``docs/observables.md``, "Training
+            phases"). Reads the previous observation's records; nothing is hooked or summed.
+        z: Normal quantile of a significant change (widened to Student's t for the jackknife's ``G - 1`` degrees of
+            freedom), the verdict rule's default 3.
+        collapse_drop: Smallest relative loss of effective rank between two observations that is a collapse, in
+            ``(0, 1)``.
+    """
+
+    enabled: bool = True
+    z: float = 3.0
+    collapse_drop: float = 0.5
+
+    def __post_init__(self) -> None:
+        check_flags("phases", self, "enabled")
+        for key, ok, expected in (
+            ("z", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+            ("collapse_drop", lambda v: 0 < v < 1, "a number in (0, 1)"),
+        ):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(float(value)):
+                raise ObservationSettingsError(f"{PREFIX}.phases.{key}: expected {expected}, got {value!r}")
+            object.__setattr__(self, key, float(value))
+
+
 class PhaseFamily(MeasurementFamily):
     """Training phases from the records: no hooks, no summables, a rank-0 comparison with the previous observation."""
 
     name = "phases"
+    settings = PhaseSettings
     observables = (
         family_metric(
             "phase_code",
@@ -144,9 +185,6 @@ class PhaseFamily(MeasurementFamily):
         family_metric("alpha_change_z", "paired z of power_law_alpha(now) - power_law_alpha(previous)", doc=_DOC),
     )
 
-    def enabled(self, settings: ObservationSettings) -> bool:
-        return settings.phases.enabled
-
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
         return ()
 
@@ -157,5 +195,5 @@ class PhaseFamily(MeasurementFamily):
         return read_phase_history(run_dir, epoch)
 
 
-PHASES = PhaseFamily()
-"""The one instance, registered by `tgo.observatory.families`."""
+PHASES = register_family(PhaseFamily())
+"""The one instance, registered here (imported by `tgo.observatory.families`)."""

@@ -66,7 +66,7 @@ _NORM_METRICS = ("weight_stable_rank", "weight_spectral_norm")  # ||W||_F^2 = st
 
 def weights_dir(run_dir: RunPath) -> Path:
     """``<run>/geometry/weights`` (the step series': ``<run>/geometry/steps/weights``, keyed by step)."""
-    return as_run_dir(run_dir).geometry / WEIGHTS_DIR
+    return as_run_dir(run_dir).folder(WEIGHTS_DIR)
 
 
 def _weights_file(run_dir: RunPath, epoch: int) -> Path:

@@ -33,17 +33,18 @@ Numerics: `tgo.spectral.weights`; formulas, sources and known answers: ``docs/ob
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from tgo.records import RunPath
+from tgo.records import RunDir, RunPath
 from tgo.spectral.weights import relative_update, weight_geometry, weight_matrix
 
-from ..settings import ObservationSettings
+from ..settings import check_flags
 from .base import (
     Array,
     BatchInfo,
@@ -55,8 +56,9 @@ from .base import (
     Metric,
     PointSummary,
     family_metric,
+    register_family,
 )
-from .weight_history import WeightHistory, read_weight_history, write_weights
+from .weight_history import WEIGHTS_DIR, WeightHistory, read_weight_history, weight_files, write_weights
 
 __all__ = [
     "BLOCK_MAPS",
@@ -65,6 +67,7 @@ __all__ = [
     "WEIGHT_METRICS",
     "WEIGHT_VIEWS",
     "WeightMap",
+    "WeightSettings",
     "WeightState",
     "WeightsFamily",
     "weight_plan",
@@ -232,15 +235,36 @@ class WeightState(FamilyState):
         return out
 
 
+@dataclass(frozen=True)
+class WeightSettings:
+    """The weight-geometry family (``tgo.observatory.families.weights``): every block's linear maps and the patch
+    embedding, read from the weights at each observation (no hooks, nothing summed over ranks).
+
+    Attributes:
+        enabled: Record the float64 singular values, stable and effective rank, spectral norm and WeightWatcher's
+            power-law exponent (with its KS distance) of ``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2`` of every
+            block and of the patch embedding (views ``weights_<map>``; ``docs/observables.md``, "Weight geometry").
+        relative_update: Also record ``||W_t - W_prev||_F / ||W_prev||_F`` against the previous recorded
+            observation, which needs its weights: rank 0 keeps the latest two observations' weights in
+            ``geometry/weights/`` (about 4 bytes per weight each: 85 MB for ViT-S/16). ``false`` keeps none and
+            records NaN.
+    """
+
+    enabled: bool = True
+    relative_update: bool = True
+
+    def __post_init__(self) -> None:
+        check_flags("weights", self, "enabled", "relative_update")
+
+
 class WeightsFamily(MeasurementFamily):
     """Weight geometry of every block's ``qkv``, ``proj``, ``fc1``, ``fc2`` and the patch embedding
     (``observation.weights``)."""
 
     name = "weights"
+    settings = WeightSettings
+    folder = WEIGHTS_DIR  # the latest two observations' weights (`weight_history`)
     observables = _OBSERVABLES
-
-    def enabled(self, settings: ObservationSettings) -> bool:
-        return settings.weights.enabled
 
     def start(self, context: FamilyContext) -> WeightState:
         return WeightState(context, weight_plan(context))
@@ -248,6 +272,9 @@ class WeightsFamily(MeasurementFamily):
     def read_history(self, run_dir: RunPath, epoch: int) -> WeightHistory:
         return read_weight_history(run_dir, epoch)
 
+    def kept_files(self, run: RunDir) -> Iterable[Path]:
+        return weight_files(run, verified=True).values()
 
-WEIGHTS = WeightsFamily()
-"""The one instance, registered by `tgo.observatory.families`."""
+
+WEIGHTS = register_family(WeightsFamily())
+"""The one instance, registered here (imported by `tgo.observatory.families`)."""
