@@ -283,15 +283,13 @@ def figure_job(
         for tag, rgb in panels.cards(declared, tables, names, viewed, arrays):
             image(tag, rgb)
             yield
-        if figures.spectra:  # one card per point: a grid of every point is unreadable at a card's size
+        if any(p.kind == "spectra" for p in declared):  # a card per point: a grid of them is unreadable on a card
             spectra = load_spectra(root, recorded, arrays=("eigenvalues",))
             histories = {
                 name: [(e, per_point[name]["eigenvalues"]) for e, per_point in spectra.items() if name in per_point]
                 for name in names
             }
-            from tgo.report.runinfo import class_count  # the report's reader of the manifest, on first use
-
-            for name, rgb in viz.spectrum_cards(histories, classes=class_count(Path(root))):
+            for name, rgb in viz.spectrum_cards(histories, classes=panels.class_count(root)):
                 image(f"spectra/{tag_names[name]}", rgb)
                 yield
         if figures.decay:

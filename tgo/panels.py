@@ -27,7 +27,9 @@ positive. Everything uses matplotlib's object API (no pyplot), so cards can be d
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +44,7 @@ from matplotlib.ticker import MaxNLocator
 from numpy.typing import ArrayLike
 
 from tgo import viz
-from tgo.records import DEFAULT_VIEW
+from tgo.records import DEFAULT_VIEW, RunDir
 from tgo.spectral.phases import COLLAPSE, COMPRESSION, ENTROPY, UNDEFINED, UNRESOLVED
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "RECORDED_KINDS",
     "Panel",
     "cards",
+    "class_count",
     "core_panels",
     "declared",
     "depth_figure",
@@ -565,6 +568,27 @@ def phase_map(
         handles.append(Patch(facecolor="white", edgecolor="#999", label=UNDEFINED))
         fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
     return fig
+
+
+# ------------------------------------------------------------------------------------------------ spectra
+def class_count(run_dir: str | os.PathLike[str]) -> int | None:
+    """The analysis subset's class count, marked on every spectrum (`tgo.viz.mark_class_count`): the run's
+    ``analysis_subset.json`` ``num_classes``, else its class names, else the distinct labels of its items; ``None``
+    when the run has no manifest or it does not say."""
+    try:
+        manifest = json.loads(RunDir(run_dir).manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    count = manifest.get("num_classes")
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return count
+    if isinstance(names := manifest.get("class_names"), list) and names:
+        return len(names)
+    labels = {item.get("label") for item in manifest.get("items") or [] if isinstance(item, Mapping)}
+    labels.discard(None)
+    return len(labels) or None
 
 
 # ------------------------------------------------------------------------------------------------ the card renderer
