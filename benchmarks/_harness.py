@@ -9,6 +9,7 @@ so drifting load hits all of them alike, and every figure is a *median* of repea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import inspect
 import json
@@ -408,6 +409,15 @@ def observation_settings(gram_dtype: str = "float64", groups: int | None = None)
 
     settings = ObservationSettings().replace(gram_dtype=gram_dtype)
     return settings if groups is None else settings.replace(groups=groups)
+
+
+def figures_off() -> dict[str, bool]:
+    """Every ``observation.figures`` switch off: the core's and those the families registered."""
+    from tgo.observatory import ObservationSettings
+
+    figures = ObservationSettings().figures
+    core = [f.name for f in dataclasses.fields(figures) if isinstance(f.default, bool)]
+    return dict.fromkeys([*core, *figures.extra], False)
 
 
 def default_groups() -> int:

@@ -45,7 +45,6 @@ from benchmarks.curvature_bench import curvature_rows
 from benchmarks.optimisation_bench import optimisation_rows
 from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
-from tgo.observatory.settings import FigureSettings
 
 GOAL = 1.10
 BLOCKING_TARGET = 1.15
@@ -61,7 +60,7 @@ EXTRAPOLATED_IMAGES = 1000
 MB = 1024**2
 NO_GROUPS = "float64 G=0"
 """The variant of rows 1a/1b run with ``groups=0`` for rows 7 (float64 Gram, otherwise default settings)."""
-FIGURE_SWITCHES = tuple(f.name for f in dataclasses.fields(FigureSettings) if isinstance(f.default, bool))
+FIGURE_SWITCHES = tuple(h.figures_off())
 """Every ``observation.figures`` kind that can be switched off (``story``, ``spectra``, ...)."""
 SMOKE_FIGURES = ("spectra", "histograms", "decay")
 """The kinds ``--smoke`` draws in rows 5.3-5.4 (one per-point card of each sort; the others are off): drawing every

@@ -90,16 +90,13 @@ def _label(sizes: Sizes) -> str:
 
 def _settings(sizes: Sizes, background: bool) -> dict[str, Any]:
     """The callback's observation settings: the defaults, every epoch, the observation batch, ``background``."""
-    from tgo.observatory.settings import FigureSettings
-
     settings: dict[str, Any] = {
         "every_n_epochs": 1,
         "batch_size": sizes.batch,
         "summary": {"background": background},
     }
     if not sizes.figures:
-        switches = [f.name for f in dataclasses.fields(FigureSettings) if isinstance(f.default, bool)]
-        settings["figures"] = {name: False for name in switches}
+        settings["figures"] = h.figures_off()
     return settings
 
 

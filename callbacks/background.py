@@ -219,15 +219,15 @@ class BackgroundLane:
             except Exception as err:
                 error = err
             task.seconds = time.perf_counter() - start
-            if error is None:
-                task.future.set_result(value)
-            else:
-                task.future.set_exception(error)
-                if not self.collect:  # a figure must never take training down
-                    self.failures.append((task.label, error))
-                    warnings.warn(f"{self.name}: {task.label} failed: {error!r}", RuntimeWarning, stacklevel=1)
-            with self._cond:
+            if error is not None and not self.collect:  # a figure must never take training down
+                self.failures.append((task.label, error))
+                warnings.warn(f"{self.name}: {task.label} failed: {error!r}", RuntimeWarning, stacklevel=1)
+            with self._cond:  # counted and out of the lane before anyone waiting on it wakes
                 self.completed += 1
-                if not self.collect and task in self._tasks:
+                if not self.collect:
                     self._tasks.remove(task)
+                if error is None:
+                    task.future.set_result(value)
+                else:
+                    task.future.set_exception(error)
                 self._cond.notify_all()
