@@ -392,9 +392,6 @@ class MeanNormFamily(MeasurementFamily):
     name = "mean_norm"
     observables = (family_metric("mean_token_norm", "mean_rows ||x||_2"),)
 
-    def enabled(self, settings):
-        return True
-
     def hooks(self, context):
         return [point_spec(p) for p in context.points]
 

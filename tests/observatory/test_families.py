@@ -104,3 +104,44 @@ def test_jackknife_ratio_matches_the_definition():
     np.testing.assert_allclose(replicates, [6.0 / 3.0, 5.0 / 3.0, 3.0 / 2.0])
     assert stderr == jackknife_stderr(replicates)
     assert jackknife_ratio(num[:1], den[:1])[1:] == (pytest.approx(math.nan, nan_ok=True), None)
+
+
+# ------------------------------------------------------------------------ a family's own declaration (issue 35 item 1)
+def test_a_family_declares_its_settings_series_and_figure_switch_and_unregistering_removes_them():
+    """A family's settings section is ``observation.<name>.*`` once it is registered (validated by its own dataclass,
+    read as ``settings.<name>``, enabling it), its ``series`` decides the step series, and its figure switch joins
+    ``observation.figures``; unregistering removes all three."""
+    import dataclasses
+
+    from tgo.observatory import ObservationSettings, ObservationSettingsError
+    from tgo.observatory.families import enabled_families
+
+    @dataclasses.dataclass(frozen=True)
+    class ToySettings:
+        enabled: bool = True
+        scale: int = 2
+
+        def __post_init__(self) -> None:
+            if self.scale < 1:
+                raise ObservationSettingsError(f"observation.toy.scale: expected >= 1, got {self.scale}")
+
+    class Toy(MeanNormFamily):
+        name, settings, series, figure_switch = "toy", ToySettings, ("epoch",), True
+
+    with pytest.raises(ObservationSettingsError, match=r"^observation\.toy: unknown setting"):
+        ObservationSettings.from_config({"toy": {}})
+    toy = register_family(Toy())
+    try:
+        settings = ObservationSettings.from_config({"toy": {"scale": 3}, "figures": {"toy": False}})
+        assert settings.toy == ToySettings(scale=3) and settings.figures.toy is False
+        assert ObservationSettings.from_config(settings.to_dict()) == settings
+        assert toy in enabled_families(settings) and toy not in enabled_families(settings, "step")
+        assert toy not in enabled_families(settings.replace(toy={"enabled": False}))
+        with pytest.raises(ObservationSettingsError, match=r"^observation\.toy\.scale: expected >= 1"):
+            settings.replace(toy={"scale": 0})
+        with pytest.raises(ValueError, match="already a setting"):
+            register_family(type("Other", (MeanNormFamily,), {"name": "other", "settings": int, "section": "toy"})())
+    finally:
+        unregister_family("toy")
+    assert "toy" not in ObservationSettings().to_dict() and "toy" not in ObservationSettings().to_dict()["figures"]
+    assert "other" not in {f.name for f in registered_families()}

@@ -453,7 +453,7 @@ def register_figure_switch(key: str) -> None:
     _FIGURE_SWITCHES[key] = lambda: True
 
 
-def unregister_extras(key: str) -> None:
-    """Removes a family's section and figure switch (plug-ins and tests)."""
-    _SECTIONS.pop(key, None)
-    _FIGURE_SWITCHES.pop(key, None)
+def unregister_extras(section: str | None, switch: str | None) -> None:
+    """Removes what `register_section` and `register_figure_switch` added (plug-ins and tests)."""
+    _SECTIONS.pop(section or "", None)
+    _FIGURE_SWITCHES.pop(switch or "", None)

@@ -5,8 +5,9 @@ per-image vectors behind the views and probes, attention statistics, a user's ow
 the pipeline (`tgo.observatory.pipeline`), the stream (`tgo.observatory.stream`) and the summary
 (`tgo.observatory.results`) loop over the enabled families without naming any:
 
-1. `MeasurementFamily` (stateless; one instance registered with `register_family`): its ``name``, the catalogue
-   ``observables`` it records, whether the `ObservationSettings` enable it (``enabled``), the tensors it reads
+1. `MeasurementFamily` (stateless; one instance registered with `register_family` in its own module): its ``name``,
+   the catalogue ``observables`` it records, its ``settings`` section and whether it enables it (``enabled``), the
+   observation ``series`` it runs in, its training-time ``collector`` and ``folder`` of kept files, the tensors it reads
    (``hooks`` -> `HookSpec`: module, input/output and layout, checked by the hook machinery), ``start`` (one
    `FamilyState` per observation and rank) and ``read_history`` (what it needs from earlier records, read on rank 0).
 2. `FamilyState` (rank-local): ``begin_batch`` (the `BatchInfo` of each batch: subset indices, labels, jackknife
@@ -454,8 +455,7 @@ def register_family(family: MeasurementFamily) -> MeasurementFamily:
 def unregister_family(name: str) -> MeasurementFamily:
     """Removes a family and the catalogue entries its registration added (plug-ins and tests)."""
     family = _REGISTRY.pop(name)
-    unregister_extras(family.settings_key)
-    unregister_extras(family.name)
+    unregister_extras(family.settings_key if family.settings else None, family.name if family.figure_switch else None)
     for observable in _ADDED.pop(name, []):
         CATALOGUE.unregister(observable)
     return family
