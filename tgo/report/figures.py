@@ -1,10 +1,10 @@
-"""The report's figures as PNG files, drawn with the same `tgo.viz` functions the callback sends to TensorBoard.
+"""The report's figures as PNG files: the page renderer of the panels TensorBoard's cards draw too (`tgo.panels`).
 
 Each function writes files under ``<report>/figures/`` and returns `FigureRef` entries (path relative to the
-report, caption) that `tgo.report.html` lays out. Which observables are drawn is the catalogue's ``charted`` flag
-(`tgo.spectral.catalogue.CATALOGUE`), the same one TensorBoard's charts read, so the two never disagree; so is the
-axis scale (an observable whose ``scale`` is ``log``, a ratio such as NC1, is drawn on log axes). Nothing here
-decides what a finding is.
+report, caption) that `tgo.report.html` lays out. Which observables are drawn is declared once (`tgo.panels.declared`,
+the page's panels: the catalogue's charted observables against epoch and as layer x epoch maps, the depth profiles),
+so the two renderers never disagree; so is the axis scale (an observable whose catalogue ``scale`` is ``log``, a
+ratio such as NC1, is drawn on log axes). Nothing here decides what a finding is.
 """
 
 from __future__ import annotations
@@ -22,23 +22,23 @@ from tgo.report import plots
 from tgo.report.aggregate import Aggregate
 from tgo.report.runinfo import class_count
 from tgo.report.runs import RunData
-from tgo.spectral.catalogue import CATALOGUE
 from tgo.spectral.observables import singular_values
 
 __all__ = [
     "FigureRef",
     "correlation_figure",
     "depth_profile_figures",
-    "depth_profile_metrics",
     "observable_figures",
+    "page_metrics",
     "save_figure",
     "spectrum_figures",
 ]
 
 
-def depth_profile_metrics() -> list[str]:
-    """The ``all``-view observables the report draws against depth (`tgo.panels.declared`, page), in that order."""
-    return [p.metric for p in panels.declared("page", kind="depth") if p.view == DEFAULT_VIEW]
+def page_metrics(kind: str) -> list[str]:
+    """The ``all``-view observables the report draws as panels of ``kind`` (``depth``: against depth; ``bands``:
+    against epoch, each with its layer x epoch map), in declared order (`tgo.panels.declared`)."""
+    return [p.metric for p in panels.declared("page", kind=kind) if p.view == DEFAULT_VIEW]
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,9 @@ def observable_figures(
         figures_dir: Where PNGs go.
         reference: Published series, drawn in a panel of their own against the fraction of training (only for
             observables it holds).
-        metrics: Observables to draw, in this order; those not recorded are skipped. Default: the catalogue's
-            charted observables in record order, read at call time so that an observable registered by a plug-in
-            is drawn too.
+        metrics: Observables to draw, in this order; those not recorded are skipped. Default: the declared
+            ``bands`` panels (`page_metrics`: the catalogue's charted observables, read at call time so that an
+            observable registered by a plug-in is drawn too).
         run_epochs: The runs' planned epochs: with ``reference``, the run is drawn against the fraction of
             training too.
         reference_differs: The runs are not the published experiment (`tgo.report.reference.reference_caveat`):
@@ -99,7 +99,7 @@ def observable_figures(
     """
     refs: list[FigureRef] = []
     several = aggregate.n_runs > 1
-    for metric in CATALOGUE.charted if metrics is None else metrics:
+    for metric in page_metrics("bands") if metrics is None else metrics:
         per_point = aggregate.mean.get(metric)
         if not per_point:
             continue
@@ -294,7 +294,7 @@ def correlation_figure(run: RunData, figures_dir: Path) -> FigureRef | None:
 def depth_profile_figures(
     aggregate: Aggregate, figures_dir: Path, *, metrics: Sequence[str] | None = None
 ) -> list[FigureRef]:
-    """Each observable against depth (default: `depth_profile_metrics`), one line per observed epoch (colourbar),
+    """Each observable against depth (default: `page_metrics("depth")`), one line per observed epoch (colourbar),
     ±1 standard error bands (`tgo.panels.depth_figure` at page size).
 
     The band is the jackknife standard error for one run, the standard deviation over runs for several (as on the
@@ -302,7 +302,7 @@ def depth_profile_figures(
     """
     refs: list[FigureRef] = []
     several = aggregate.n_runs > 1
-    for metric in depth_profile_metrics() if metrics is None else metrics:
+    for metric in page_metrics("depth") if metrics is None else metrics:
         per_point = aggregate.mean.get(metric)
         if not per_point:
             continue
