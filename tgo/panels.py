@@ -127,7 +127,7 @@ class Panel:
 
     def tag_of(self) -> str:
         """``1_depth_profile[_<view>]/<metric>``, ``2_vs_epoch/<metric>``, ``layer_epoch/<metric>`` or
-        ``attention_heads/<metric>``: TensorBoard's Time Series page sorts groups in natural order, so the numbered
+        ``<view>_heads/<metric>``: TensorBoard's Time Series page sorts groups in natural order, so the numbered
         ones open first (`tgo.callbacks.dashboard`)."""
         if self.tag:
             return self.tag
@@ -137,7 +137,7 @@ class Panel:
                 if self.view == DEFAULT_VIEW
                 else f"1_depth_profile_{self.view}/{self.metric}"
             )
-        group = {"bands": "2_vs_epoch", "map": "layer_epoch", "heads": "attention_heads"}.get(self.kind, self.kind)
+        group = {"bands": "2_vs_epoch", "map": "layer_epoch", "heads": f"{self.view}_heads"}.get(self.kind, self.kind)
         return f"{group}/{self.metric}"
 
 
