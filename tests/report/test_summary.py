@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html as html_text
 import math
 import re
 from pathlib import Path
@@ -53,6 +54,6 @@ def test_the_first_screen_shows_the_counts_and_the_sentence_above_the_header_tab
     html = build_report([run], correlation=False).read_text()
     header = html[html.index('id="header"') : html.index("</table>", html.index('id="header"'))]
     notes = re.findall(r'<p class="note">([^<]*)</p>', header)
-    assert notes[0].startswith("Verdicts: the paper&#x27;s claims ") and "holds" in notes[0]
+    assert html_text.unescape(notes[0]).startswith("Verdicts: the paper's claims ") and "holds" in notes[0]
     assert notes[1].startswith("One run can conclude what it did on these images beyond image sampling")
     assert header.index(notes[1]) < header.index("<table")
