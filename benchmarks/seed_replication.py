@@ -385,21 +385,20 @@ def _kind(expected: str) -> str:
 def read_run(run_dir: Path, seed: int) -> RunRows:
     """A run's own rows, judged by the functions that write its report's ``findings.csv`` and ``hypotheses.csv``.
 
-    The findings come from ``tgo.report.build._judge`` on the run alone (``aggregate_runs([run])``, what
+    The findings come from ``tgo.report.context.judge_findings`` on the run alone (``aggregate_runs([run])``, what
     ``build_report`` does for one run), the predictions from ``judge_views`` on its per-view aggregates; so this
     scores whatever rule ``tgo.report`` applies. The series are those the report loaded, aligned by
     `tgo.report.findings.measure_point` (log scale included).
     """
     from tgo.report.aggregate import aggregate_runs
-    from tgo.report.build import _judge
+    from tgo.report.context import judge_findings, judge_views, load_view_runs
     from tgo.report.findings import measure_point, scale_of
-    from tgo.report.hypotheses_section import judge_views, load_view_runs
     from tgo.report.runs import REPORT_VIEW, load_run_data
     from tgo.report.verdicts import DEFAULT_SETTINGS
 
     run = load_run_data(run_dir, f"seed_{seed}")
     out = RunRows(seed, [])
-    for f in _judge(aggregate_runs([run]), DEFAULT_SETTINGS):
+    for f in judge_findings(aggregate_runs([run]), DEFAULT_SETTINGS):
         if f.trend is None and f.extreme is None:
             continue  # a claim that cannot apply to this model ("pooled": no class token)
         key = (f.claim, f.metric, REPORT_VIEW, f.point, f.expected)

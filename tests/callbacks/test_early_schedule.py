@@ -298,11 +298,12 @@ def test_the_report_has_an_early_training_section_with_its_phases(runs, tmp_path
 
     from tests.report.synthetic import write_synthetic_run
     from tgo.report.build import build_report
-    from tgo.report.early import early_section
+    from tgo.report.context import judge
+    from tgo.report.phases import early_section
     from tgo.report.runs import load_run_data
 
-    section = early_section([load_run_data(runs["early"])], tmp_path / "figures", z=3.0)
-    assert section is not None and section.title == "Early training"
+    (section,) = early_section(judge([load_run_data(runs["early"])], figures_dir=tmp_path / "figures"))
+    assert section.title == "Early training"
     assert "Observed early: steps 0, 1, 2, 3, 6." in " ".join(section.paragraphs)
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
         "early_phases_early.png",
@@ -310,7 +311,7 @@ def test_the_report_has_an_early_training_section_with_its_phases(runs, tmp_path
     ]
     (table,) = section.tables
     assert {row[0] for row in table.rows} == set(load_run_data(runs["early"]).points)  # every point's phases
-    assert early_section([load_run_data(runs["plain"])], tmp_path / "none", z=3.0) is None
+    assert early_section(judge([load_run_data(runs["plain"])], figures_dir=tmp_path / "none")) == []
     # The page: a small synthetic run carrying the step series gets the section; without one it has none.
     curve = {"effective_rank": {"block_01": lambda e: 2.0 + e}, "power_law_alpha": {"block_01": lambda e: 3.0 - e}}
     with_steps, without = write_synthetic_run(tmp_path / "a", curve), write_synthetic_run(tmp_path / "b", curve)

@@ -16,10 +16,9 @@ import pytest
 
 from tests.fixtures.default_run import capture, materialize
 from tgo.records import load_jackknife
-from tgo.report.aggregate import aggregate_runs
-from tgo.report.findings import FAILS, INCONCLUSIVE, evaluate_findings
-from tgo.report.hypotheses import INCONSISTENT, evaluate_predictions
-from tgo.report.hypotheses_section import load_view_runs
+from tgo.report.context import judge
+from tgo.report.findings import FAILS, INCONCLUSIVE
+from tgo.report.hypotheses import INCONSISTENT
 from tgo.report.runs import load_run_data
 
 
@@ -30,17 +29,8 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def judged(run_dir: Path):
     """The findings and the hypothesis predictions of a run, as the report judges them."""
-    run = load_run_data(run_dir)
-    agg = aggregate_runs([run])
-    findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
-    views = {view: aggregate_runs(per_run) for view, per_run in load_view_runs([run]).items()}
-    predictions = evaluate_predictions(
-        {v: a.mean for v, a in views.items()},
-        run.points,
-        stderr={v: a.stderr for v, a in views.items()},
-        leave_out={v: a.jackknife for v, a in views.items()},
-    )
-    return findings, predictions
+    ctx = judge([load_run_data(run_dir)])
+    return ctx.findings, ctx.predictions
 
 
 def test_the_claims_the_default_run_contradicts_read_does_not_hold(default_run: Path):

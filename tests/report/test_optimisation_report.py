@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from tgo.report.context import judge
 from tgo.report.optimisation import optimisation_section
 from tgo.report.runs import load_run_data
 
@@ -25,8 +26,7 @@ def _with_network_rows(run: Path, rows: list[tuple[int, str, float, float]]) -> 
 
 
 def test_the_smoke_run_draws_its_weight_spectra_and_says_why_it_has_no_noise_scale(smoke_run: Path, tmp_path: Path):
-    section = optimisation_section([load_run_data(smoke_run)], tmp_path / "figures")
-    assert section is not None
+    (section,) = optimisation_section(judge([load_run_data(smoke_run)], figures_dir=tmp_path / "figures"))
     paths = [f.path for f in section.figures]
     assert paths == ["figures/optimisation_weights.png"], "one device, no accumulation: no finite network metric"
     assert (tmp_path / "figures" / "optimisation_weights.png").stat().st_size > 10_000
@@ -46,8 +46,7 @@ def test_the_network_metrics_are_tabled_and_the_sharpness_is_read_against_its_th
             (2, "edge_of_stability_threshold", 38_000.0, float("nan")),
         ],
     )
-    section = optimisation_section([load_run_data(run)], tmp_path / "figures")
-    assert section is not None
+    (section,) = optimisation_section(judge([load_run_data(run)], figures_dir=tmp_path / "figures"))
     assert [f.path for f in section.figures] == [
         "figures/optimisation_weights.png",
         "figures/optimisation_network.png",

@@ -10,6 +10,7 @@ import numpy as np
 
 from tgo.records import RecordWriter
 from tgo.report import build_report
+from tgo.report.context import judge
 from tgo.report.html import render_page
 from tgo.report.phases import phases_section, run_phases
 from tgo.report.runs import load_run_data
@@ -70,8 +71,8 @@ def test_the_section_holds_the_merged_phases_of_a_synthetic_record(tmp_path):
         assert [(ph.label, ph.start_epoch, ph.end_epoch) for ph in points[point].phases] == phases, point
     assert "contradictory" in points["cls"].labels[-1].reason
 
-    section = phases_section([data], tmp_path / "figures", z=3.0)
-    assert section is not None and section.anchor == "phases"
+    (section,) = phases_section(judge([data], figures_dir=tmp_path / "figures"))
+    assert section.anchor == "phases"
     assert (tmp_path / section.figures[0].path).is_file()
     rows = section.tables[0].rows
     assert [(r[0], r[1], r[2]) for r in rows] == [

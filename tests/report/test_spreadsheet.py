@@ -28,20 +28,20 @@ def test_numbers_and_ordinary_text_are_unchanged(cell):
 
 
 def test_the_report_writes_point_names_escaped_and_numbers_as_numbers(tmp_path: Path):
-    """Before: a point named ``=1+1`` went raw into findings.csv. ``tgo.report.build._write_csv`` writes both
-    findings.csv and hypotheses.csv."""
-    from tgo.report.build import _write_csv
+    """Before: a point named ``=1+1`` went raw into findings.csv. `write_csv` writes both findings.csv and
+    hypotheses.csv."""
+    from tgo.report import build
 
+    assert build.write_csv is write_csv
     rows = [
         {"point": "=1+1", "change": "-0.5", "note": "-see docs"},
         {"point": "block_01", "change": "-inf", "note": ""},
     ]
-    for write in (write_csv, _write_csv):
-        path = tmp_path / f"{write.__name__}.csv"
-        write(path, ["point", "change", "note"], rows)
-        with open(path, newline="") as fh:
-            read = list(csv.DictReader(fh))
-        assert read == [
-            {"point": "'=1+1", "change": "-0.5", "note": "'-see docs"},
-            {"point": "block_01", "change": "-inf", "note": ""},
-        ]
+    path = tmp_path / "cells.csv"
+    write_csv(path, ["point", "change", "note"], rows)
+    with open(path, newline="") as fh:
+        read = list(csv.DictReader(fh))
+    assert read == [
+        {"point": "'=1+1", "change": "-0.5", "note": "'-see docs"},
+        {"point": "block_01", "change": "-inf", "note": ""},
+    ]

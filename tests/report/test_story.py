@@ -14,10 +14,8 @@ import pytest
 from tests.report.synthetic import write_run_config, write_synthetic_run
 from tgo.callbacks import SpectralGeometryCallback
 from tgo.callbacks.dashboard import tgo_story
-from tgo.report.aggregate import aggregate_runs
 from tgo.report.build import build_report
-from tgo.report.findings import evaluate_findings
-from tgo.report.hypotheses_section import judge_views, load_view_runs
+from tgo.report.context import judge
 from tgo.report.runs import load_run_data
 from tgo.report.story import STORY_PANELS, build_story, run_story, run_story_cards, story_figure
 from tgo.report.summary import contradictions
@@ -75,12 +73,8 @@ def story_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _story_of(run: Path):
-    data = load_run_data(run)
-    agg = aggregate_runs([data])
-    findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
-    views = {view: aggregate_runs(per_run) for view, per_run in load_view_runs([data]).items()}
-    predictions = judge_views(views, agg.points, DEFAULT_SETTINGS)  # the Hypotheses section's own verdicts
-    return build_story(agg, views, findings, predictions), findings, predictions
+    ctx = judge([load_run_data(run)], DEFAULT_SETTINGS)  # what the report's sections read
+    return build_story(ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions), ctx.findings, ctx.predictions
 
 
 def test_the_against_depth_panels_draw_the_window_means_the_hypotheses_table_judges(story_report):

@@ -27,8 +27,6 @@ __all__ = [
     "single_aggregate",
 ]
 
-FindingKey = tuple[str, str, str]  # (claim, metric, point)
-
 
 class SubsetMismatchError(ReportInputError):
     """Runs measured different analysis subsets (their manifests' fingerprints disagree)."""

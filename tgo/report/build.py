@@ -1,7 +1,9 @@
-"""Builds the report of one or more runs: load -> check subsets -> aggregate -> findings -> figures -> HTML.
+"""Builds the report of one or more runs: find and read the runs, judge them once (`tgo.report.context.judge`),
+then every section of `SECTIONS` from that context, the two CSVs and the page.
 
-The single orchestrator of ``tgo.report``; every step is a function of another module, so each can be tested alone.
-`build_published_report` runs the same findings and figures on the shipped published TGO-I measurements alone.
+Each section is a function ``section(ctx) -> list[Section]`` (none when it has nothing to show); none imports
+another. `build_published_report` runs the same findings table and figures on the shipped published TGO-I
+measurements alone.
 """
 
 from __future__ import annotations
@@ -13,44 +15,24 @@ from pathlib import Path
 
 from tgo.records import RunDir
 from tgo.report import cells
-from tgo.report.aggregate import (
-    Aggregate,
-    aggregate_runs,
-    check_subsets,
-    single_aggregate,
-)
+from tgo.report.aggregate import check_subsets, single_aggregate
 from tgo.report.cells import number, percent, plus_minus, q_value, z_value
-from tgo.report.early import early_section
-from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, save_figure, spectrum_figures
-from tgo.report.findings import FINDINGS_COLUMNS, VERDICTS, Finding, evaluate_findings
+from tgo.report.context import Context, judge
+from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
+from tgo.report.findings import FINDINGS_COLUMNS, Finding, evaluate_findings
 from tgo.report.html import Section, Table, render_page
 from tgo.report.hypotheses import HYPOTHESES_COLUMNS
-from tgo.report.hypotheses_section import (
-    HypothesesReport,
-    hypotheses_report,
-)
+from tgo.report.hypotheses import csv_rows as hypotheses_rows
+from tgo.report.hypotheses_section import hypotheses_section
 from tgo.report.optimisation import optimisation_section
 from tgo.report.output import claim_report_dir, staged_report
-from tgo.report.phases import phases_section
-from tgo.report.reference import (
-    PAPER_POINTS,
-    compare_with_reference,
-    load_reference,
-    reference_caveat,
-    reference_path,
-)
-from tgo.report.runinfo import (
-    NOT_RECORDED,
-    RunInfo,
-    check_comparable,
-    package_commit,
-    package_version,
-    read_run_info,
-)
+from tgo.report.phases import early_section, phases_section
+from tgo.report.reference import PAPER_POINTS, compare_with_reference, load_reference, reference_caveat, reference_path
+from tgo.report.runinfo import NOT_RECORDED, RunInfo, check_comparable, package_commit, package_version, read_run_info
 from tgo.report.runs import ReportInputError, RunData, discover_runs, load_run_data, run_names
 from tgo.report.spreadsheet import write_csv
-from tgo.report.statements import count_agreement, csv_rows
-from tgo.report.story import build_story, story_caption, story_figure
+from tgo.report.statements import csv_rows
+from tgo.report.story import story_section
 from tgo.report.summary import verdict_counts_line, verdict_scope_sentence, verdict_summary_section
 from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings
 
@@ -145,13 +127,13 @@ def _rule_paragraph(settings: VerdictSettings, what: str) -> str:
     )
 
 
-def _findings_section(
+def _findings_table(
     findings: Sequence[Finding],
     settings: VerdictSettings,
     what: str,
     extra: Sequence[tuple[str, Callable[[Finding], str]]] = (),
 ) -> Section:
-    """The findings section: the rule in words, verdict counts per claim, and one row per finding.
+    """The findings section: the rule in words and one row per finding (the counts are under Verdicts at a glance).
 
     Args:
         findings: The judged findings.
@@ -176,21 +158,72 @@ def _findings_section(
     return section
 
 
-def _figure_sections(figure_refs: Sequence[FigureRef], spectra_run: str | None) -> list[Section]:
-    titles = {
-        "depth": "Observables against depth, one line per epoch",
-        "observables": "Observables against epoch",
-        "heatmaps": "Layer x epoch heatmaps",
-        "spectra": "Eigenvalue and singular value spectra over epochs"
-        + (f" (run {spectra_run})" if spectra_run else ""),
-        "decay": "Spectral decay curves",
-        "correlation": "Feature correlations at the first and last observation (|off-diagonal correlation| per point)",
-    }
+def findings_section(ctx: Context) -> list[Section]:
+    """The claims' table; with one observation, a line saying why no claim can be tested."""
+    if ctx.single:
+        epoch = ctx.runs[0].epochs[0]
+        section = Section("Findings: the paper's claims tested point by point", "findings")
+        section.paragraphs.append(
+            f"Only one observation (epoch {epoch}) is recorded, so no claim about a trend over training can be "
+            f"tested: every claim needs at least two observations. The figures show the geometry at epoch {epoch} "
+            "(the depth profiles are the main view); observe more checkpoints (python -m tgo.observe --checkpoints "
+            "DIR or --run RUN) to test the claims."
+        )
+        return [section]
+    extra: list[tuple[str, Callable[[Finding], str]]] = []
+    counts = ctx.finding_agreement
+    if counts is not None:
+        n = len(ctx.runs)
+        extra.append((f"runs agreeing (of {n})", lambda f: cells.agreement(counts[f.key], n)))
+    if ctx.paper is not None:
+        paper = {f.key: f.verdict for f in evaluate_findings(ctx.paper, ctx.agg.points, settings=ctx.settings)}
+        extra.append(("verdict on TGO-I data", lambda f: paper.get(f.key, "")))
+    section = _findings_table(ctx.findings, ctx.settings, ctx.what, extra)
+    if counts is not None:
+        section.paragraphs.append(
+            "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
+        )
+    return [section]
+
+
+_FIGURE_TITLES = {
+    "depth": "Observables against depth, one line per epoch",
+    "observables": "Observables against epoch",
+    "heatmaps": "Layer x epoch heatmaps",
+    "spectra": "Eigenvalue and singular value spectra over epochs",
+    "decay": "Spectral decay curves",
+    "correlation": "Feature correlations at the first and last observation (|off-diagonal correlation| per point)",
+}
+
+
+def _figure_sections(figure_refs: Sequence[FigureRef], spectra_run: str | None = None) -> list[Section]:
     sections = []
-    for key, heading in titles.items():
+    for key, heading in _FIGURE_TITLES.items():
         refs = [f for f in figure_refs if f.section == key]
         if refs:
-            sections.append(Section(heading, key, figures=list(refs)))
+            title = heading + (f" (run {spectra_run})" if key == "spectra" and spectra_run else "")
+            sections.append(Section(title, key, figures=list(refs)))
+    return sections
+
+
+def depth_section(ctx: Context) -> list[Section]:
+    """The observables against depth, one line per epoch (the main view of a short run)."""
+    return _figure_sections(depth_profile_figures(ctx.agg, ctx.figures_dir))
+
+
+def figures_section(ctx: Context) -> list[Section]:
+    """The observables against epoch (with the paper's panel beside them when compared), the heatmaps, the spectra,
+    the decay curves and the correlations."""
+    planned = {i.epochs for i in ctx.infos}
+    run_epochs = planned.pop() if len(planned) == 1 else None
+    refs = observable_figures(
+        ctx.agg, ctx.figures_dir, reference=ctx.paper, run_epochs=run_epochs, reference_differs=ctx.caveat is not None
+    )
+    refs += spectrum_figures(ctx.runs[0], ctx.figures_dir, correlation=ctx.correlation)
+    sections = _figure_sections(refs, ctx.runs[0].name if ctx.several else None)
+    for section in sections:
+        if ctx.caveat and section.anchor == "observables":  # the figures with the published panel beside the run's
+            section.caveats.append(ctx.caveat)
     return sections
 
 
@@ -262,59 +295,105 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
     return rows
 
 
-def _header_section(runs: Sequence[RunData], infos: Sequence[RunInfo], notes: Sequence[str]) -> Section:
+def header_section(ctx: Context) -> list[Section]:
+    """At a glance: the header's fields two pairs a line, the verdict counts and what they can conclude (the first
+    screen), the differing-subset notes and the reference caveat."""
     section = Section("At a glance", "header")
-    rows = header_rows(runs, infos)
+    rows = header_rows(ctx.runs, ctx.infos)
     half = -(-len(rows) // 2)  # two (field, value) pairs per line: the header takes half the page's height
     pairs = [[*rows[i], *(rows[half + i] if half + i < len(rows) else ("", ""))] for i in range(half)]
     section.tables.append(Table(["field", "value", "field", "value"], pairs, left=[0, 1, 2, 3]))
-    section.paragraphs += list(notes)
-    return section
+    if not ctx.single:
+        section.paragraphs += [
+            verdict_counts_line(ctx.findings, ctx.predictions),
+            verdict_scope_sentence(ctx.findings, ctx.predictions, len(ctx.runs)),
+        ]
+    section.paragraphs += list(ctx.notes)
+    section.caveats += [ctx.caveat] if ctx.caveat else []
+    return [section]
 
 
-def _single_observation_hypotheses(section: Section) -> None:
-    """Replaces the prediction tables (all n/a with one observation) by one line saying why."""
-    section.paragraphs[1:] = [
-        "Only one observation is recorded, so no prediction about a change over training can be judged (each "
-        "needs at least two); the verdict tables are left out and the figures show the single observation."
-    ]
-    section.tables.clear()
-    for sub in section.subsections:
-        if sub.anchor.startswith("hypothesis-"):
-            sub.tables.clear()
+def summary_section(ctx: Context) -> list[Section]:
+    """Verdicts at a glance (none with one observation)."""
+    return [] if ctx.single else [verdict_summary_section(ctx.findings, ctx.predictions)]
 
 
-def _single_observation_section(runs: Sequence[RunData]) -> Section:
-    epoch = runs[0].epochs[0]
-    section = Section("Findings: the paper's claims tested point by point", "findings")
-    section.paragraphs.append(
-        f"Only one observation (epoch {epoch}) is recorded, so no claim about a trend over training can be tested: "
-        f"every claim needs at least two observations. The figures show the geometry at epoch {epoch} (the depth "
-        f"profiles are the main view); observe more checkpoints (python -m tgo.observe --checkpoints DIR or --run "
-        f"RUN) to test the claims."
-    )
-    return section
-
-
-def _story_section(
-    agg: Aggregate, findings: Sequence[Finding], hypotheses: HypothesesReport, figures_dir: Path
-) -> list[Section]:
-    """The story figure (`tgo.report.story`) as the page's first section; none when no panel can be drawn."""
-    story = build_story(agg, hypotheses.aggregates, findings, hypotheses.results)
-    if not story.panels:
+def reference_section(ctx: Context) -> list[Section]:
+    """The last observed value of every point beside the published one (with ``--reference tgo1``)."""
+    if ctx.paper is None:
         return []
-    path = save_figure(story_figure(story), figures_dir, "story")
-    return [
-        Section("The story in one figure", "story", figures=[FigureRef("story", path, story_caption(story), wide=True)])
-    ]
-
-
-def _judge(agg: Aggregate, settings: VerdictSettings) -> list[Finding]:
-    """The findings of an aggregate's mean, with its runs' standard errors and seed-to-seed spread."""
-    replicates = agg.replicates if agg.n_runs > 1 else None
-    return evaluate_findings(
-        agg.mean, agg.points, stderr=agg.stderr, replicates=replicates, leave_out=agg.jackknife, settings=settings
+    ref_rows = compare_with_reference(ctx.agg.mean, ctx.paper, ctx.agg.points)
+    ref = Section("Comparison with the published TGO-I measurements", "reference")
+    ref.paragraphs.append(
+        "The last observed value of each point beside the paper's value at the same epoch (or the paper's last "
+        "epoch, 100, if it has no such epoch). Paper layer names map to points as Layer_00_PatchEmbed = "
+        "patch_embed, Layer_00_PosEmbed = pos_embed, Layer_NN_BlockNN = block_NN, Layer_13_CLS_Final = cls; "
+        "the six observables share TGO's names and conventions. On the figures the paper has a panel of its "
+        "own beside each observable, against the fraction of training."
     )
+    ref.caveats += [ctx.caveat] if ctx.caveat else []
+    ref.tables.append(
+        Table(
+            ["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
+            [
+                [
+                    r.metric,
+                    r.point,
+                    str(r.epoch),
+                    number(r.value, nan="nan"),
+                    str(r.paper_epoch),
+                    number(r.paper_value, nan="nan"),
+                    number(r.ratio, 3, nan="nan"),
+                ]
+                for r in ref_rows
+            ],
+            left=[0, 1],
+            summary=f"The last observed value of every point and observable beside the paper's ({len(ref_rows)} rows)",
+        )
+    )
+    return [ref]
+
+
+def runs_section(ctx: Context) -> list[Section]:
+    """The runs: paths, epochs, points and analysis subsets."""
+    runs = ctx.runs
+    section = Section("Runs", "runs")
+    section.paragraphs.append(
+        f"{len(runs)} run(s); points: {', '.join(ctx.agg.points)}; epochs observed: "
+        f"{', '.join(str(e) for e in runs[0].epochs)}. Generated {datetime.now():%Y-%m-%d %H:%M}."
+    )
+    rows = [
+        [
+            r.name,
+            str(r.path),
+            f"{r.epochs[0]}..{r.epochs[-1]} ({len(r.epochs)})",
+            str(len(r.points)),
+            (r.fingerprint or "unknown")[:16],
+        ]
+        for r in runs
+    ]
+    section.tables.append(
+        Table(["run", "path", "epochs", "points", "analysis subset fingerprint"], rows, left=[0, 1, 4])
+    )
+    return [section]
+
+
+SECTIONS: tuple[Callable[[Context], list[Section]], ...] = (
+    header_section,
+    story_section,
+    summary_section,
+    depth_section,
+    hypotheses_section,
+    phases_section,
+    early_section,
+    optimisation_section,
+    figures_section,
+    findings_section,
+    reference_section,
+    runs_section,
+)
+"""The page's sections in order, each a function of the report's `Context`: pictures before tables (the header,
+the story, what the verdicts found, the figures with the hypotheses' folded tables), then the full tables."""
 
 
 def build_report(
@@ -359,155 +438,32 @@ def build_report(
     if not paths:
         raise ReportInputError("give at least one run directory (or a directory containing runs)")
     run_dirs = discover_runs(paths)
-    names = run_names(run_dirs)
-    runs: list[RunData] = [load_run_data(p, name) for p, name in zip(run_dirs, names, strict=False)]
+    runs = [load_run_data(p, name) for p, name in zip(run_dirs, run_names(run_dirs), strict=False)]
     overlay = _use_reference(reference)
     infos = [read_run_info(r.path) for r in runs]
     check_comparable(runs, infos)
     notes = check_subsets(runs, allow_different=allow_different_subsets)
-    agg: Aggregate = aggregate_runs(runs)
-    paper = load_reference() if overlay else None
     caveat = reference_caveat(infos, [r.epochs[-1] if r.epochs else None for r in runs]) if overlay else None
     if caveat and messages is not None:
         messages.append(caveat)
-    single = len({e for r in runs for e in r.epochs}) == 1
-
     final_dir = Path(out) if out is not None else default_out_dir(paths)
     claim_report_dir(final_dir)  # before anything is written: a directory a report may replace, or one line
     with staged_report(final_dir) as report_dir:  # built whole beside it, then swapped in as one unit
-        figures_dir = report_dir / "figures"
-
-        findings = _judge(agg, settings)
-        several = len(runs) > 1
-        agreement = None
-        extra: list[tuple[str, Callable[[Finding], str]]] = []
-        if several:
-            agreement = count_agreement([_judge(aggregate_runs([r]), settings) for r in runs], VERDICTS)
-            counts = agreement
-            extra.append(
-                (
-                    f"runs agreeing (of {len(runs)})",
-                    lambda f: cells.agreement(counts[f.key], len(runs)),
-                )
-            )
-        if paper is not None and not single:
-            paper_verdicts = {
-                (f.claim, f.metric, f.point): f.verdict for f in evaluate_findings(paper, agg.points, settings=settings)
-            }
-            extra.append(("verdict on TGO-I data", lambda f: paper_verdicts.get((f.claim, f.metric, f.point), "")))
-
-        header = _header_section(runs, infos, notes)
-        summary = Section("Runs", "runs")
-        summary.paragraphs.append(
-            f"{len(runs)} run(s); points: {', '.join(agg.points)}; epochs observed: "
-            f"{', '.join(str(e) for e in runs[0].epochs)}. Generated {datetime.now():%Y-%m-%d %H:%M}."
+        ctx = judge(
+            runs,
+            settings,
+            infos=infos,
+            notes=notes,
+            figures_dir=report_dir / "figures",
+            paper=load_reference() if overlay else None,
+            caveat=caveat,
+            correlation=correlation,
         )
-        summary.tables.append(
-            Table(
-                ["run", "path", "epochs", "points", "analysis subset fingerprint"],
-                [
-                    [
-                        r.name,
-                        str(r.path),
-                        f"{r.epochs[0]}..{r.epochs[-1]} ({len(r.epochs)})",
-                        str(len(r.points)),
-                        (r.fingerprint or "unknown")[:16],
-                    ]
-                    for r in runs
-                ],
-                left=[0, 1, 4],
-            )
-        )
-
-        if single:
-            find = _single_observation_section(runs)
-        else:
-            find = _findings_section(findings, settings, "the mean over runs" if several else "this run", extra)
-        if several and not single:
-            find.paragraphs.append(
-                "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
-            )
-        ref: Section | None = None
-        if paper is not None:
-            ref_rows = compare_with_reference(agg.mean, paper, agg.points)
-            ref = Section("Comparison with the published TGO-I measurements", "reference")
-            ref.paragraphs.append(
-                "The last observed value of each point beside the paper's value at the same epoch (or the paper's last "
-                "epoch, 100, if it has no such epoch). Paper layer names map to points as Layer_00_PatchEmbed = "
-                "patch_embed, Layer_00_PosEmbed = pos_embed, Layer_NN_BlockNN = block_NN, Layer_13_CLS_Final = cls; "
-                "the six observables share TGO's names and conventions. On the figures the paper has a panel of its "
-                "own beside each observable, against the fraction of training."
-            )
-            if caveat:
-                ref.caveats.append(caveat)
-                header.caveats.append(caveat)
-            ref.tables.append(
-                Table(
-                    ["observable", "point", "epoch", "this report", "paper epoch", "paper", "ratio"],
-                    [
-                        [
-                            r.metric,
-                            r.point,
-                            str(r.epoch),
-                            number(r.value, nan="nan"),
-                            str(r.paper_epoch),
-                            number(r.paper_value, nan="nan"),
-                            number(r.ratio, 3, nan="nan"),
-                        ]
-                        for r in ref_rows
-                    ],
-                    left=[0, 1],
-                    summary="The last observed value of every point and observable beside the paper's "
-                    f"({len(ref_rows)} rows)",
-                )
-            )
-
-        hypotheses = hypotheses_report(
-            runs, figures_dir, settings, what="the mean over runs" if several else "this run"
-        )
-        if single:
-            _single_observation_hypotheses(hypotheses.section)
-
-        planned = {i.epochs for i in infos}
-        run_epochs = planned.pop() if len(planned) == 1 else None
-        figure_refs = depth_profile_figures(agg, figures_dir)
-        figure_refs += observable_figures(
-            agg, figures_dir, reference=paper, run_epochs=run_epochs, reference_differs=caveat is not None
-        )
-        figure_refs += spectrum_figures(runs[0], figures_dir, correlation=correlation)
-        figure_sections = _figure_sections(figure_refs, runs[0].name if several else None)
-        if caveat:
-            for section in figure_sections:
-                if section.anchor == "observables":  # the figures with the published panel beside the run's
-                    section.caveats.append(caveat)
-        depth = [s for s in figure_sections if s.anchor == "depth"]
-        later = [s for s in figure_sections if s.anchor != "depth"]
-
-        # Pictures before tables: the header, the story, what the verdicts found, the figures (the hypotheses' with
-        # their folded tables), then the full tables.
-        sections = [header, *_story_section(agg, findings, hypotheses, figures_dir)]
-        if not single:
-            sections.append(verdict_summary_section(findings, hypotheses.results))
-            # the first screen: the counts, and what they can conclude (image sampling vs training noise)
-            header.paragraphs[:0] = [
-                verdict_counts_line(findings, hypotheses.results),
-                verdict_scope_sentence(findings, hypotheses.results, len(runs)),
-            ]
-        phases = phases_section(runs, figures_dir, settings.z)
-        early = early_section(runs, figures_dir, settings.z)
-        optimisation = optimisation_section(runs, figures_dir)
-        sections += [*depth, hypotheses.section, *([phases] if phases else []), *([early] if early else [])]
-        sections += [*([optimisation] if optimisation else []), *later, find]
-        if ref is not None:
-            sections.append(ref)
-        sections.append(summary)
-
-        write_csv(
-            report_dir / "findings.csv",
-            FINDINGS_COLUMNS,
-            csv_rows(findings, FINDINGS_COLUMNS, settings.z, agreement, len(runs)),
-        )
-        write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, hypotheses.rows)
+        sections = [section for make in SECTIONS for section in make(ctx)]
+        rows = csv_rows(ctx.findings, FINDINGS_COLUMNS, settings.z, ctx.finding_agreement, len(runs))
+        write_csv(report_dir / "findings.csv", FINDINGS_COLUMNS, rows)
+        rows = hypotheses_rows(ctx.predictions, settings.z, ctx.prediction_agreement, len(runs))
+        write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, rows)
         index = _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
     return final_dir / index.name
 
@@ -554,11 +510,9 @@ def build_published_report(
         sections = [
             data,
             verdict_summary_section(findings, {}),
-            _findings_section(findings, settings, "the published series"),
+            _findings_table(findings, settings, "the published series"),
         ]
-        sections += _figure_sections(
-            observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"), None
-        )
+        sections += _figure_sections(observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"))
         write_csv(report_dir / "findings.csv", FINDINGS_COLUMNS, csv_rows(findings, FINDINGS_COLUMNS, settings.z))
         index = _write_page(report_dir, title or "TGO report: published TGO-I measurements", sections, embed)
     return final_dir / index.name

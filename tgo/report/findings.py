@@ -114,6 +114,7 @@ __all__ = [
     "judge_stable",
     "judge_trend",
     "judged",
+    "measure_metric",
     "measure_point",
     "point_role",
     "scale_of",
@@ -855,6 +856,26 @@ def measure_point(
     return measured(epochs, values, stderr=stderr, replicates=reps, leave_out=leave_out, scale=scale)
 
 
+def measure_metric(
+    per_point: Mapping[str, tuple[ArrayLike, ArrayLike]],
+    points: Sequence[str],
+    stderr: Mapping[str, tuple[ArrayLike, ArrayLike]] | None,
+    replicates: Mapping[str, tuple[ArrayLike, np.ndarray]] | None,
+    leave_out: Mapping[str, tuple[ArrayLike, np.ndarray]] | None,
+    scale: str,
+) -> dict[str, Measured]:
+    """Every point's series of one metric (`measure_point`), with the training noise pooled over them
+    (`with_pooled_noise`): how a claim and a prediction alike measure what they judge."""
+    return with_pooled_noise(
+        {
+            p: measure_point(
+                per_point[p], (stderr or {}).get(p), (replicates or {}).get(p), (leave_out or {}).get(p), scale
+            )
+            for p in points
+        }
+    )
+
+
 def with_pooled_noise(per_point: Mapping[str, Measured]) -> dict[str, Measured]:
     """The series, each with the training noise it is judged by: its own, or one pooled over the points.
 
@@ -966,20 +987,15 @@ def evaluate_findings(
     cache: dict[str, dict[str, Measured]] = {}
 
     def measures_of(metric: str) -> dict[str, Measured]:
-        """Every point's series of a metric, with the training noise pooled over them (`with_pooled_noise`)."""
         if metric not in cache:
-            per_point = {
-                point: measure_point(
-                    series[metric][point],
-                    (stderr or {}).get(metric, {}).get(point),
-                    (replicates or {}).get(metric, {}).get(point),
-                    (leave_out or {}).get(metric, {}).get(point),
-                    scale_of(metric),
-                )
-                for point in points
-                if point in series[metric]
-            }
-            cache[metric] = with_pooled_noise(per_point)
+            cache[metric] = measure_metric(
+                series[metric],
+                [point for point in points if point in series[metric]],
+                (stderr or {}).get(metric),
+                (replicates or {}).get(metric),
+                (leave_out or {}).get(metric),
+                scale_of(metric),
+            )
         return cache[metric]
 
     def measure(metric: str, point: str) -> Measured:

@@ -54,9 +54,8 @@ from tgo.report.findings import (
     Trend,
     judge_trend,
     judged,
-    measure_point,
+    measure_metric,
     point_role,
-    with_pooled_noise,
 )
 from tgo.report.statements import JUDGED_COLUMNS, control_fdr_table, judged_cells
 from tgo.report.statements import csv_rows as statement_rows
@@ -659,17 +658,13 @@ def evaluate_predictions(
             # not recorded here, or undefined here (between_image_fraction at a one-row-per-image point)
             if point in per_point and np.any(np.isfinite(np.asarray(per_point[point][1], dtype=float)))
         ]
-        measures = with_pooled_noise(
-            {
-                point: measure_point(
-                    per_point[point],
-                    (stderr or {}).get(view, {}).get(metric, {}).get(point),
-                    (replicates or {}).get(view, {}).get(metric, {}).get(point),
-                    (leave_out or {}).get(view, {}).get(metric, {}).get(point),
-                    prediction.observable.scale,
-                )
-                for point in judged_points
-            }
+        measures = measure_metric(
+            per_point,
+            judged_points,
+            (stderr or {}).get(view, {}).get(metric),
+            (replicates or {}).get(view, {}).get(metric),
+            (leave_out or {}).get(view, {}).get(metric),
+            prediction.observable.scale,
         )
         for point in judged_points:
             m = measures[point]

@@ -13,7 +13,7 @@ that says they were not recorded.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,51 +21,30 @@ import numpy as np
 
 from tgo import viz
 from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
-from tgo.records import RecordsError, load_jackknife, load_series, load_spectra
-from tgo.report.aggregate import Aggregate, aggregate_runs
+from tgo.records import RecordsError, load_spectra
+from tgo.report.aggregate import Aggregate
 from tgo.report.cells import agreement as agreement_text
 from tgo.report.cells import number, plus_minus, q_value, z_value
+from tgo.report.context import ATTENTION_NOISE, CONTEXT_METRICS, Context, judge
 from tgo.report.figures import FigureRef, depth_profile_figures, save_figure
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import (
     HYPOTHESES,
-    PREDICTION_VERDICTS,
-    PREDICTIONS,
     Prediction,
     PredictionResult,
     csv_rows,
-    evaluate_predictions,
     select_points,
     summary_text,
 )
 from tgo.report.hypothesis_figures import Profile, cka_figure, epochs_label, profiles_figure
 from tgo.report.runs import ReportInputError, RunData
-from tgo.report.statements import count_agreement
-from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty, VerdictSettings
+from tgo.report.statements import window_band
+from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings
 from tgo.spectral.probes import cka_matrix, linear_cka
 
-__all__ = [
-    "CONTEXT_METRICS",
-    "HypothesesReport",
-    "hypotheses_report",
-    "judge_views",
-    "load_view_runs",
-    "window_band",
-]
-
-CONTEXT_METRICS: tuple[str, ...] = (
-    "between_image_fraction",
-    "subspace_overlap_prev",
-    "subspace_overlap_init",
-    "massive_activation_ratio",
-    "massive_dim_variance_share",
-)
-"""Probe metrics of view ``all`` shown as context (first -> last value per point): no prediction rests on the drift
-and massive-activation probes alone, but they tell how much the principal subspace moved and whether one dimension
-dominates (``docs/hypotheses.md``)."""
+__all__ = ["HypothesesReport", "hypotheses_report", "hypotheses_section"]
 
 CKA_VIEWS: tuple[str, ...] = ("cls", "patch")
-_ATTENTION_NOISE = ("attention_entropy_noise", "mean_attention_distance_noise")
 _ATTENTION_HEADS = (
     "attention_entropy",
     "cls_attention_entropy",
@@ -90,73 +69,11 @@ class HypothesesReport:
         section: The page section (with one subsection per hypothesis, CKA and context).
         rows: ``hypotheses.csv`` rows (`HYPOTHESES_COLUMNS` dictionaries of strings).
         results: prediction -> its per-point results (empty list: not recorded).
-        aggregates: view -> the runs' aggregate of the metrics the section read on it (`load_view_runs`), for the
-            story figure (`tgo.report.story`), which draws from the same series the verdicts judged.
     """
 
     section: Section
     rows: list[dict[str, str]]
     results: dict[Prediction, list[PredictionResult]] = field(default_factory=dict)
-    aggregates: dict[str, Aggregate] = field(default_factory=dict)
-
-
-SPLIT_VIEWS: tuple[str, ...] = ("between_image", "within_image")
-"""The views whose total variance is read too: the variance between image means and within images."""
-
-
-def _needed() -> dict[str, list[str]]:
-    """view -> the metrics the predictions and the context table read on it."""
-    needed: dict[str, list[str]] = {}
-    for p in PREDICTIONS:
-        needed.setdefault(p.view, [])
-        if p.metric not in needed[p.view]:
-            needed[p.view].append(p.metric)
-    needed.setdefault("all", [])
-    needed["all"] += [m for m in CONTEXT_METRICS if m not in needed["all"]]
-    needed.setdefault(ATTENTION_VIEW, [])
-    needed[ATTENTION_VIEW] += [m for m in (*ATTENTION_CHARTED, *_ATTENTION_NOISE) if m not in needed[ATTENTION_VIEW]]
-    for view in SPLIT_VIEWS:  # the law of total covariance's two traces (the story's variance split)
-        needed.setdefault(view, [])
-        needed[view] += [] if "total_variance" in needed[view] else ["total_variance"]
-    return needed
-
-
-def load_view_runs(runs: Sequence[RunData]) -> dict[str, list[RunData]]:
-    """Per view, every run's series of the metrics the section reads (same points and names as the runs).
-
-    Raises:
-        ReportInputError: a malformed metrics file (the records' message).
-    """
-    out: dict[str, list[RunData]] = {}
-    for view, metrics in _needed().items():
-        per_run = []
-        for r in runs:
-            try:
-                series = load_series(r.path, view=view, metrics=metrics)
-                stderr = load_series(r.path, view=view, metrics=metrics, column="stderr")
-                jackknife = load_jackknife(r.path, view=view, metrics=metrics)
-            except RecordsError as err:
-                raise ReportInputError(str(err)) from err
-            per_run.append(
-                RunData(r.path, r.name, series, r.points, r.epochs, r.fingerprint, stderr, jackknife=jackknife)
-            )
-        out[view] = per_run
-    return out
-
-
-def judge_views(
-    aggregates: Mapping[str, Aggregate], points: Sequence[str], settings: VerdictSettings = DEFAULT_SETTINGS
-) -> dict[Prediction, list[PredictionResult]]:
-    """Every prediction judged on the runs' per-view aggregates (the section's verdicts; the story's marks)."""
-    several = next(iter(aggregates.values())).n_runs > 1
-    return evaluate_predictions(
-        {v: a.mean for v, a in aggregates.items()},
-        points,
-        stderr={v: a.stderr for v, a in aggregates.items()},
-        replicates={v: a.replicates for v, a in aggregates.items()} if several else None,
-        leave_out={v: a.jackknife for v, a in aggregates.items()},
-        settings=settings,
-    )
 
 
 def _undefined_points(prediction: Prediction, aggregates: dict[str, Aggregate], points: Sequence[str]) -> list[str]:
@@ -167,22 +84,6 @@ def _undefined_points(prediction: Prediction, aggregates: dict[str, Aggregate], 
         for p in select_points(prediction.points, points)
         if p in per_point and not np.any(np.isfinite(per_point[p][1]))
     ]
-
-
-def window_band(level: float, uncertainty: Uncertainty, scale: str) -> tuple[float, float]:
-    """The ±1 paired standard-error band of a window mean: ``level ± J`` (``exp(log level ± J)`` on a log scale).
-
-    ``level`` is a `Trend`'s ``first`` or ``last`` (the table's window mean), ``uncertainty`` its
-    ``first_uncertainty`` or ``last_uncertainty``: the verdict's own contrast "window mean", whose jackknife term
-    ``J`` is taken replicate by replicate from the recorded leave-one-group-out values (the unpaired fallback, the
-    window's mean recorded standard error, for records without replicates). NaN edges where ``J`` is unknown.
-    """
-    se = uncertainty.jackknife
-    if not (math.isfinite(se) and math.isfinite(level)) or (scale == "log" and level <= 0):
-        return math.nan, math.nan
-    if scale == "log":
-        return level * math.exp(-se), level * math.exp(se)
-    return level - se, level + se
 
 
 def _profile(prediction: Prediction, results: Sequence[PredictionResult], agg: Aggregate) -> Profile:
@@ -375,7 +276,7 @@ def _attention_subsection(run: RunData, agg: Aggregate | None, figures_dir: Path
         )
         return section
     noise = []
-    for metric in _ATTENTION_NOISE:
+    for metric in ATTENTION_NOISE:
         values = [v for _, (_, vs) in agg.mean.get(metric, {}).items() for v in vs if np.isfinite(v)]
         if values:
             noise.append(f"{metric} = {values[0]:.4g}")
@@ -434,20 +335,31 @@ def _context_subsection(agg: Aggregate, points: Sequence[str]) -> Section | None
     return section
 
 
-def hypotheses_report(
-    runs: Sequence[RunData], figures_dir: Path, settings: VerdictSettings, *, what: str = "this run"
-) -> HypothesesReport:
-    """The Hypotheses section, its figures (written to ``figures_dir``) and the ``hypotheses.csv`` rows.
-
-    Args:
-        runs: The report's runs (several: the mean is judged, every run's own verdicts are counted).
-        figures_dir: Where PNGs go.
-        settings: The verdict rule's settings (the findings' rule).
-        what: What is judged, in words ("this run", "the mean over runs").
+def hypotheses_section(ctx: Context) -> list[Section]:
+    """The Hypotheses section: every prediction judged on the runs (`Context.predictions`), drawn and tabulated per
+    hypothesis, with the attention, CKA and context subsections; its figures go to ``ctx.figures_dir``. With one
+    observation the prediction tables (all n/a) give way to one line saying why.
 
     Raises:
         ReportInputError: malformed records.
     """
+    section = _hypotheses(ctx)
+    if ctx.single:
+        section.paragraphs[1:] = [
+            "Only one observation is recorded, so no prediction about a change over training can be judged (each "
+            "needs at least two); the verdict tables are left out and the figures show the single observation."
+        ]
+        section.tables.clear()
+        for sub in section.subsections:
+            if sub.anchor.startswith("hypothesis-"):
+                sub.tables.clear()
+    return [section]
+
+
+def _hypotheses(ctx: Context) -> Section:
+    runs, settings, figures_dir, several = ctx.runs, ctx.settings, ctx.figures_dir, ctx.several
+    results, aggregates, agreement, points = ctx.predictions, ctx.aggregates, ctx.prediction_agreement, ctx.points
+    what = ctx.what
     section = Section("Hypotheses: why does variance spread?", "hypotheses")
     section.paragraphs.append(
         "TGO-I ends with three hypotheses for why training spreads variance over more directions: token "
@@ -467,23 +379,10 @@ def hypotheses_report(
         "images. The hypotheses are not exclusive and share some predictions, so the counts below are evidence for "
         "or against each prediction at each point, not a verdict on a hypothesis."
     )
-    view_runs = load_view_runs(runs)
-    aggregates = {view: aggregate_runs(per_run) for view, per_run in view_runs.items()}
-    points = list(runs[0].points) if len(runs) == 1 else next(iter(aggregates.values())).points
-    several = len(runs) > 1
-    results = judge_views(aggregates, points, settings)
-    agreement = None
-    if several:  # every run judged alone: how many runs reach each verdict
-        alone = [
-            judge_views({v: aggregate_runs([r[i]]) for v, r in view_runs.items()}, points, settings)
-            for i in range(len(runs))
-        ]
-        agreement = count_agreement(([r for rs in a.values() for r in rs] for a in alone), PREDICTION_VERDICTS)
-    rows = csv_rows(results, settings.z, agreement, len(runs))
     if not any(results.values()):
         section.paragraphs.append(_NOT_RECORDED_TEXT)
         section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
-        return HypothesesReport(section, rows, results, aggregates)
+        return section
 
     section.paragraphs.append(
         "The verdict counts of every prediction are under 'Verdicts at a glance' at the top of the page; each "
@@ -527,7 +426,16 @@ def hypotheses_report(
         section.subsections.append(sub)
     section.subsections.append(_attention_subsection(runs[0], aggregates.get(ATTENTION_VIEW), figures_dir, several))
     section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
-    context = _context_subsection(aggregates["all"], points)
+    context = _context_subsection(ctx.agg, points)
     if context is not None:
         section.subsections.append(context)
-    return HypothesesReport(section, rows, results, aggregates)
+    return section
+
+
+def hypotheses_report(
+    runs: Sequence[RunData], figures_dir: Path, settings: VerdictSettings = DEFAULT_SETTINGS
+) -> HypothesesReport:
+    """The Hypotheses section of ``runs`` alone, with the ``hypotheses.csv`` rows and the results it judged."""
+    ctx = judge(runs, settings, figures_dir=figures_dir)
+    rows = csv_rows(ctx.predictions, settings.z, ctx.prediction_agreement, len(runs))
+    return HypothesesReport(hypotheses_section(ctx)[0], rows, ctx.predictions)

@@ -29,6 +29,7 @@ from tgo.observatory.families.base import NETWORK_VIEW
 from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.records import RecordsError, load_series
 from tgo.report.cells import plus_minus
+from tgo.report.context import Context
 from tgo.report.figures import FigureRef, save_figure
 from tgo.report.html import Section, Table
 from tgo.report.runs import RunData
@@ -210,16 +211,15 @@ def _network_figure(run: RunData, values: dict, stderrs: dict, figures_dir: Path
     )
 
 
-def optimisation_section(runs: Sequence[RunData], figures_dir: Path) -> Section | None:
-    """The *Optimisation geometry* section of the first run, or ``None`` when it recorded no optimisation metric."""
-    if not runs:
-        return None
+def optimisation_section(ctx: Context) -> list[Section]:
+    """The *Optimisation geometry* section of the first run (none when it recorded no optimisation metric)."""
+    runs, figures_dir = ctx.runs, ctx.figures_dir
     run = runs[0]
     weights = _weights_figure(run, figures_dir)
     point, values, stderrs = _network(run)
     network = _network_figure(run, values, stderrs, figures_dir)
     if weights is None and network is None:
-        return None
+        return []
     section = Section("Optimisation geometry", "optimisation", figures_first=True)
     section.paragraphs.append(
         "What training does to the weights and the loss landscape, beside the representations: the weight spectra "
@@ -256,4 +256,4 @@ def optimisation_section(runs: Sequence[RunData], figures_dir: Path) -> Section 
                 "No gradient noise scale: it needs two batch sizes per step (several ranks, or "
                 "trainer.accumulate_grad_batches >= 2 on one device)."
             )
-    return section
+    return [section]

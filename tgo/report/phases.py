@@ -10,7 +10,8 @@ run's ``config.yaml`` (its default where the run does not name it). The labels a
 so they do not depend on the ``phase_code`` the `phases` family recorded live (equal with the same settings).
 
 The section: the rule in a paragraph, a point x epoch colour map of the labels per run (a cell spans the two
-observations it compares, so its width is the interval in epochs), and the merged phases as a (folded) table.
+observations it compares, so its width is the interval in epochs), and the merged phases as a (folded) table. The
+*Early training* section (`early_section`) applies the same rule to the step series (``observation.early``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from tgo.records import RecordsError, RunDir
+from tgo.report.context import Context
 from tgo.report.figures import FigureRef, save_figure
 from tgo.report.html import Section, Table
-from tgo.report.runs import RunData
+from tgo.report.runs import RunData, load_run_data
 from tgo.spectral.phases import (
     COLLAPSE,
     COMPRESSION,
@@ -44,8 +48,11 @@ from tgo.spectral.phases import (
 )
 
 __all__ = [
+    "EARLY_PANELS",
     "PHASE_COLOURS",
     "PointPhases",
+    "early_section",
+    "load_step_series",
     "phase_counts_text",
     "phase_map_figure",
     "phase_rows",
@@ -55,6 +62,7 @@ __all__ = [
     "rule_text",
     "run_phases",
     "run_rule",
+    "step_series_figure",
 ]
 
 PHASE_COLOURS: dict[str, str] = {
@@ -144,7 +152,7 @@ def phase_map_figure(
 ) -> FigureRef:
     """The point x epoch colour map of the labels: one row per point (depth downwards), one cell per pair.
 
-    ``series="step"`` (the step series, `tgo.report.early`): the observations are log-spaced optimizer steps, so
+    ``series="step"`` (the step series, `early_section`): the observations are log-spaced optimizer steps, so
     every cell gets the same width and the ticks name the steps at its edges."""
     epochs = sorted({int(e) for p in points for e in p.trajectory.epochs})
     even = series == "step"
@@ -268,8 +276,9 @@ def phase_table(rows: list[list[str]], several: bool, *, key: str = "epochs") ->
     )
 
 
-def phases_section(runs: Sequence[RunData], figures_dir: Path, z: float) -> Section | None:
-    """The "Training phases" section, or ``None`` when no run has two observations of both measures."""
+def phases_section(ctx: Context) -> list[Section]:
+    """The "Training phases" section (none when no run has two observations of both measures)."""
+    runs, figures_dir, z = ctx.runs, ctx.figures_dir, ctx.settings.z
     figures, rules = [], []
     rows: list[list[str]] = []
     several = len(runs) > 1
@@ -284,9 +293,108 @@ def phases_section(runs: Sequence[RunData], figures_dir: Path, z: float) -> Sect
         groups = groups or replicate_groups(points)
         rows += phase_rows(run.name if several else None, points)
     if not figures:
-        return None
+        return []
     section = Section("Training phases", "phases", figures=figures, figures_first=True)
     section.paragraphs.append(rule_text(rules[0], groups))
     section.paragraphs.append(phase_counts_text(rows, several))
     section.tables = [phase_table(rows, several)]
-    return section
+    return [section]
+
+
+EARLY_PANELS: tuple[tuple[str, str], ...] = (
+    ("effective_rank", "effective rank"),
+    ("power_law_alpha", "power-law exponent alpha"),
+)
+"""The two measures the phases are labelled from, one panel each."""
+
+
+def load_step_series(run: RunData) -> RunData | None:
+    """The step series of a run as a `RunData` keyed by step (``None``: the run has none, or none readable)."""
+    steps = RunDir(run.path).step_series
+    if not steps.metrics.is_file():
+        return None
+    try:
+        return load_run_data(steps, name=run.name)
+    except (RecordsError, ValueError):  # the report's reader says what is wrong with the epoch series; here: none
+        return None
+
+
+def step_series_figure(run: RunData, figures_dir: Path) -> FigureRef:
+    """Effective rank and alpha of every point against the optimizer step, +-1 standard error."""
+    fig = Figure(figsize=(11.0, 4.2), layout="constrained")
+    axes = fig.subplots(1, len(EARLY_PANELS))
+    colours = colormaps["viridis"](np.linspace(0.0, 0.92, max(len(run.points), 1)))
+    for ax, (metric, label) in zip(np.atleast_1d(axes), EARLY_PANELS, strict=True):
+        for colour, point in zip(colours, run.points, strict=True):
+            recorded = run.series.get(metric, {}).get(point)
+            if recorded is None:
+                continue
+            steps, values = recorded
+            se = run.stderr.get(metric, {}).get(point, (steps, np.full(values.shape, math.nan)))[1]
+            ax.plot(steps, values, marker="o", ms=3, lw=1.2, color=colour, label=point)
+            ok = np.isfinite(se) & np.isfinite(values)
+            if ok.any():
+                ax.fill_between(steps[ok], (values - se)[ok], (values + se)[ok], color=colour, alpha=0.18, lw=0)
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel("optimizer step (symmetric log)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.legend(*np.atleast_1d(axes)[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+    path = save_figure(fig, figures_dir, f"early_series_{run.name}")
+    caption = (
+        f"Early training of {run.name}: effective rank and alpha of every point at step 0 and the log-spaced "
+        "optimizer steps of its step series (observation.early), +-1 jackknife standard error."
+    )
+    return FigureRef("early", path, caption, wide=True)
+
+
+def early_section(ctx: Context) -> list[Section]:
+    """The "Early training" section: the step series (``observation.early``) drawn and labelled (none when no run
+    has one).
+
+    A run observed with ``observation.early.enabled=true`` holds a second record series, ``geometry/steps/``, keyed
+    by the optimizer step: step 0 and the log-spaced steps up to the end of the first epoch. A collapse of the
+    representation during warm-up can come and go between two epoch observations; this section is where it shows:
+    effective rank and alpha of every point against the optimizer step (symmetric-log axis), and the phase map of
+    the step series by the rule of the Training phases section, its merged phases as a table.
+    """
+    runs, figures_dir, z = ctx.runs, ctx.figures_dir, ctx.settings.z
+    figures: list[FigureRef] = []
+    rows: list[list[str]] = []
+    several = len(runs) > 1
+    groups, rule, observed = None, None, []
+    for run in runs:
+        steps = load_step_series(run)
+        if steps is None:
+            continue
+        observed.append((run.name, steps.epochs))
+        figures.append(step_series_figure(steps, figures_dir))
+        rule = run_rule(run, z)
+        points = run_phases(steps, rule)
+        if points:
+            figures.append(phase_map_figure(run.name, points, figures_dir, series="step"))
+            groups = groups or replicate_groups(points)
+            rows += phase_rows(run.name if several else None, points)
+    if not figures:
+        return []
+    section = Section("Early training", "early", figures=figures, figures_first=True)
+    listed = "; ".join(f"{name}: steps {', '.join(map(str, steps))}" for name, steps in observed)
+    section.paragraphs.append(
+        "The step series (observation.early): observations after optimizer step 0 and log-spaced steps early in "
+        "training, so that a collapse during warm-up is not missed between two epoch observations. They measure "
+        "what the epoch observations measure (the noise scale and curvature aside), on the same images in the "
+        f"same jackknife groups. Observed {listed}."
+    )
+    if rows and rule is not None:
+        section.paragraphs.append(
+            rule_text(rule, groups).replace("Each consecutive pair", "Here each consecutive pair")
+        )
+        collapses = [r for r in rows if r[2 if several else 1] == COLLAPSE]
+        verdict = (
+            f"A collapse during warm-up at {len(collapses)} point(s)."
+            if collapses
+            else "No collapse during warm-up at any point."
+        )
+        section.paragraphs.append(f"{phase_counts_text(rows, several)} {verdict}")
+        section.tables = [phase_table(rows, several, key="steps")]
+    return [section]

@@ -31,6 +31,7 @@ __all__ = [
     "csv_rows",
     "judged_cells",
     "uncertainty_cells",
+    "window_band",
 ]
 
 JUDGED_COLUMNS: tuple[str, ...] = (
@@ -170,3 +171,19 @@ def csv_rows(
             row["agreement"] = agreement_text(agreement[r.key], n_runs)
         out.append(row)
     return out
+
+
+def window_band(level: float, uncertainty: Uncertainty, scale: str) -> tuple[float, float]:
+    """The ±1 paired standard-error band of a window mean: ``level ± J`` (``exp(log level ± J)`` on a log scale).
+
+    ``level`` is a `Trend`'s ``first`` or ``last`` (the table's window mean), ``uncertainty`` its
+    ``first_uncertainty`` or ``last_uncertainty``: the verdict's own contrast "window mean", whose jackknife term
+    ``J`` is taken replicate by replicate from the recorded leave-one-group-out values (the unpaired fallback, the
+    window's mean recorded standard error, for records without replicates). NaN edges where ``J`` is unknown.
+    """
+    se = uncertainty.jackknife
+    if not (math.isfinite(se) and math.isfinite(level)) or (scale == "log" and level <= 0):
+        return math.nan, math.nan
+    if scale == "log":
+        return level * math.exp(-se), level * math.exp(se)
+    return level - se, level + se

@@ -31,7 +31,7 @@ import math
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,12 +39,15 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from tgo.report.aggregate import Aggregate, aggregate_runs
+from tgo.report.aggregate import Aggregate
+from tgo.report.context import SPLIT_VIEWS, Context, judge
+from tgo.report.figures import FigureRef, save_figure
 from tgo.report.findings import FAILS, HOLDS, INCONCLUSIVE, NA, REVERSES, Finding, Trend
+from tgo.report.html import Section
 from tgo.report.hypotheses import CONSISTENT, INCONSISTENT, Prediction, PredictionResult
-from tgo.report.hypotheses_section import SPLIT_VIEWS, window_band
 from tgo.report.hypothesis_figures import VERDICT_COLOURS
-from tgo.report.runs import RunData
+from tgo.report.runs import load_run_data
+from tgo.report.statements import window_band
 from tgo.spectral.catalogue import CATALOGUE
 from tgo.viz import CLS_STYLE, FIRST_COLOUR, LAST_COLOUR, epoch_colourbar, epoch_colours, log_axis
 
@@ -512,45 +515,25 @@ def story_caption(story: Story) -> str:
     return " ".join(parts)
 
 
-def _until(series: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], epoch: int | None) -> dict:
-    """``metric -> point -> (epochs, rows)`` restricted to the epochs up to ``epoch`` (all of them for ``None``)."""
-    if epoch is None:
-        return {m: dict(per_point) for m, per_point in series.items()}
-    out: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
-    for metric, per_point in series.items():
-        for point, (epochs, rows) in per_point.items():
-            keep = np.asarray(epochs) <= epoch
-            if np.any(keep):
-                out.setdefault(metric, {})[point] = (np.asarray(epochs)[keep], np.asarray(rows)[keep])
-    return out
-
-
-def _run_until(run: RunData, epoch: int | None) -> RunData:
-    """The run as its records stood after ``epoch`` (a later observation may be recorded while a card is drawn)."""
-    return replace(
-        run,
-        series=_until(run.series, epoch),
-        stderr=_until(run.stderr, epoch),
-        jackknife=_until(run.jackknife, epoch),
-        epochs=[e for e in run.epochs if epoch is None or e <= epoch],
-    )
-
-
 def run_story(run_dir: str | os.PathLike[str], epoch: int | None = None) -> Story | None:
-    """The story of one run directory from its records up to ``epoch``, judged with the report's default rule (the
-    verdicts a report of the run would show at that point of training); ``None`` without effective-rank records."""
-    from tgo.report.findings import evaluate_findings
-    from tgo.report.hypotheses_section import judge_views, load_view_runs
-    from tgo.report.runs import load_run_data
-
-    run = _run_until(load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run"), epoch)
-    agg = aggregate_runs([run])
-    if "effective_rank" not in agg.mean:
+    """The story of one run directory from its records up to ``epoch``, judged as a report of the run would judge
+    them at that point of training (the same `tgo.report.context.judge`); ``None`` without effective-rank
+    records."""
+    ctx = judge([load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run")], until=epoch)
+    if "effective_rank" not in ctx.agg.mean:
         return None
-    findings = evaluate_findings(agg.mean, agg.points, stderr=agg.stderr, leave_out=agg.jackknife)
-    views = {view: aggregate_runs([_run_until(r, epoch) for r in rs]) for view, rs in load_view_runs([run]).items()}
-    predictions = judge_views(views, agg.points)
-    return build_story(agg, views, findings, predictions)
+    return build_story(ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions)
+
+
+def story_section(ctx: Context) -> list[Section]:
+    """The story figure as the page's first section; none when no panel can be drawn."""
+    story = build_story(ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions)
+    if not story.panels:
+        return []
+    path = save_figure(story_figure(story), ctx.figures_dir, "story")
+    return [
+        Section("The story in one figure", "story", figures=[FigureRef("story", path, story_caption(story), wide=True)])
+    ]
 
 
 def run_story_cards(run_dir: str | os.PathLike[str], epoch: int | None = None) -> dict[str, Figure] | None:
