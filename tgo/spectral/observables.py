@@ -323,107 +323,45 @@ class EigenvalueStack:
 
 
 def effective_rank(eigs: np.ndarray) -> float:
-    """Effective rank (Roy & Vetterli 2007): ``exp(H(p))`` with ``p_i = λ_i / Σλ`` and natural-log entropy ``H``.
-
-    Equals ``k`` for ``k`` equal non-zero eigenvalues; ranges over ``[1, D]``.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-
-    Returns:
-        The effective rank; NaN for zero total variance or an undefined spectrum.
-    """
+    """Effective rank (Roy & Vetterli 2007): ``exp(H(p))`` with ``p_i = λ_i / Σλ``; ``k`` for ``k`` equal variances."""
     return EigenvalueStats(eigs).effective_rank
 
 
 def stable_rank(eigs: np.ndarray) -> float:
-    """Stable rank ``Σλ / λ_max`` (``||X||_F^2 / ||X||_2^2`` of the centred data); in ``[1, rank]``.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-
-    Returns:
-        The stable rank; NaN for zero total variance or an undefined spectrum.
-    """
+    """Stable rank ``Σλ / λ_max`` (``||X||_F^2 / ||X||_2^2`` of the centred data); in ``[1, rank]``."""
     return EigenvalueStats(eigs).stable_rank
 
 
 def participation_ratio(eigs: np.ndarray) -> float:
-    """Participation ratio ``(Σλ)^2 / Σλ^2``; in ``[1, rank]``.
-
-    Computed on ``λ / λ_max`` so that squaring large variances cannot overflow.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-
-    Returns:
-        The participation ratio; NaN for zero total variance or an undefined spectrum.
-    """
+    """Participation ratio ``(Σλ)^2 / Σλ^2``, computed on ``λ / λ_max`` so that squaring cannot overflow."""
     return EigenvalueStats(eigs).participation_ratio
 
 
 def spectral_entropy(eigs: np.ndarray, normalized: bool = False) -> float:
-    """Shannon entropy of the normalised spectrum in nats; optionally divided by ``ln D``.
-
-    The paper reports the unnormalised value. The normalised variant divides by the maximum ``ln D`` with ``D`` the
-    number of eigenvalues *including zeros* (the ambient dimension), so it lies in ``[0, 1]`` and compares layers of
-    different width.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-        normalized: Divide by ``ln D``.
-
-    Returns:
-        The entropy; NaN for zero total variance, an undefined spectrum, or ``normalized`` with ``D == 1``.
-    """
+    """Shannon entropy of the normalised spectrum in nats (the paper's); ``normalized`` divides by ``ln D``, ``D``
+    counting zeros too, so that layers of different width compare (NaN for ``D == 1``)."""
     return EigenvalueStats(eigs).spectral_entropy(normalized)
 
 
 def spectral_anisotropy(eigs: np.ndarray) -> float:
-    """Fraction of variance on the top direction, ``λ_max / Σλ`` (``1 / stable_rank``); in ``[1/D, 1]``.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-
-    Returns:
-        The anisotropy; NaN for zero total variance or an undefined spectrum.
-    """
+    """Fraction of variance on the top direction, ``λ_max / Σλ`` (``1 / stable_rank``); in ``[1/D, 1]``."""
     return EigenvalueStats(eigs).spectral_anisotropy
 
 
 def spectral_flatness(eigs: np.ndarray, floor: float = FLATNESS_FLOOR) -> float:
-    """Wiener entropy: geometric mean / arithmetic mean of the eigenvalues; in ``(0, 1]``, 1 for an isotropic spectrum.
+    """Wiener entropy: geometric / arithmetic mean of the eigenvalues, 1 for an isotropic spectrum.
 
-    Following the paper, eigenvalues are floored at ``1e-12`` before the logarithm so that exact zeros (``n <= D``)
-    give a small finite value instead of ``log 0``. The floor is absolute, so flatness is scale invariant only while
-    every eigenvalue stays above it; for rank-deficient covariances the result is dominated by the floor (and by
-    float64 round-off of the null-space eigenvalues, about ``1e-16 λ_max``) and should be read as "essentially zero".
-
-    Args:
-        eigs: Non-negative eigenvalues.
-        floor: Lower bound applied before the logarithm (geometric mean only).
-
-    Returns:
-        The flatness; NaN for zero total variance or an undefined spectrum.
+    As in the paper, eigenvalues are floored at ``floor`` before the logarithm (geometric mean only), so exact zeros
+    give a small finite value; ``docs/observables.md`` says why rank-deficient values read as "essentially zero".
     """
     return EigenvalueStats(eigs).spectral_flatness(floor)
 
 
 def components_for_variance(eigs: np.ndarray, fraction: float) -> int | float:
-    """Smallest ``k`` such that the top ``k`` eigenvalues explain at least ``fraction`` of the total variance.
+    """Smallest ``k`` (an int) whose top ``k`` eigenvalues explain at least ``fraction`` (in ``(0, 1]``) of variance.
 
     The comparison allows 1e-12 of slack so that, for example, 10 equal eigenvalues need exactly 9 for 90% despite
     round-off in the cumulative sum.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-        fraction: Target in ``(0, 1]``.
-
-    Returns:
-        ``k`` as an int in ``[1, D]``; NaN (a float) for zero total variance or an undefined spectrum.
-
-    Raises:
-        ValueError: If ``fraction`` is outside ``(0, 1]``.
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"components_for_variance: fraction must be in (0, 1], got {fraction}")
@@ -435,22 +373,12 @@ def default_fit_range(dim: int) -> tuple[int, int]:
 
     The top half of the spectrum is where ViT spectra are close to a power law; the tail bends down towards the noise
     floor (and is exactly zero when ``n <= D``).
-
-    Args:
-        dim: Number of eigenvalues ``D``.
-
-    Returns:
-        ``(start, stop)``.
     """
     return 1, max(2, dim // 2)
 
 
 def fit_range_of(dim: int, start: int | None, stop: int | None) -> tuple[int, int]:
-    """The fit range :func:`power_law_fit` uses: the given bounds, `default_fit_range` where one is ``None``.
-
-    Raises:
-        ValueError: not ``1 <= start <= stop``.
-    """
+    """The fit range :func:`power_law_fit` uses: the given bounds, `default_fit_range` where one is ``None``."""
     d_start, d_stop = default_fit_range(dim)
     start = d_start if start is None else int(start)
     stop = d_stop if stop is None else int(stop)
@@ -464,20 +392,9 @@ def power_law_fit(eigs: np.ndarray, start: int | None = None, stop: int | None =
 
     Eigenvalues are sorted descending first. Only numerically positive eigenvalues enter the fit: those above
     ``λ_max · D · eps`` (the ``numpy.linalg.matrix_rank`` tolerance), since anything below is round-off of a zero
-    eigenvalue and its logarithm is meaningless. ``r2`` is the coefficient of determination of the fit in log-log space;
-    for a constant spectrum (``α = 0``, zero residual) it is 1.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-        start: First 1-based index (default 1).
-        stop: Last 1-based index, inclusive (default ``max(2, D // 2)``); clipped to ``D``.
-
-    Returns:
-        ``(alpha, r2)``; ``(nan, nan)`` when fewer than 2 usable eigenvalues fall in the range, for zero total variance,
-        or an undefined spectrum.
-
-    Raises:
-        ValueError: If ``start < 1`` or ``stop < start``.
+    eigenvalue and its logarithm is meaningless. Returns ``(alpha, r2)``, ``r2`` the coefficient of determination in
+    log-log space (1 for a constant spectrum); ``(nan, nan)`` when fewer than 2 usable eigenvalues fall in the range.
+    ``stop`` is clipped to ``D``.
     """
     return EigenvalueStats(eigs).power_law_fit(start, stop)
 
@@ -494,13 +411,7 @@ def offdiag_energy_fraction(cov: np.ndarray | torch.Tensor) -> float:
 
     0 for a diagonal covariance (axis-aligned features), approaching 1 when correlations dominate; the paper's
     "covariance becomes diagonal" finding as a number. Not rotation invariant, by design: it measures alignment of the
-    variance with the neuron basis. Computed on ``C / max|C|`` to avoid overflow.
-
-    Args:
-        cov: ``[D, D]`` covariance.
-
-    Returns:
-        The fraction; NaN for a zero or non-finite covariance.
+    variance with the neuron basis. Computed on ``C / max|C|`` to avoid overflow; NaN for a zero or non-finite ``C``.
     """
     mat = as_float64_matrix(cov)
     if not np.all(np.isfinite(mat)):
@@ -517,14 +428,8 @@ def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
 
     Dimensions with zero variance have no correlation and are excluded; "zero" means
     ``C_ii <= max(diag C) · D · eps``, because a constant feature accumulates round-off of that size and its
-    "correlations" would be noise.
-    Correlations are clipped to ``[-1, 1]`` against round-off.
-
-    Args:
-        cov: ``[D, D]`` covariance.
-
-    Returns:
-        The mean absolute correlation; NaN for a non-finite covariance or fewer than 2 dimensions with variance.
+    "correlations" would be noise. Correlations are clipped to ``[-1, 1]`` against round-off. NaN for a non-finite
+    covariance or fewer than 2 dimensions with variance.
     """
     mat = as_float64_matrix(cov)
     if not np.all(np.isfinite(mat)):
@@ -550,14 +455,8 @@ def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float
     Rank-deficient covariances: the Gaussian total correlation is infinite there (some direction has no variance,
     i.e. one channel combination is exactly determined by the others). TGO records NaN instead of ``inf``, so the
     value never enters averages or standard errors; "numerically singular" means an eigenvalue
-    ``<= lambda_1 * D * eps`` (numpy's ``matrix_rank`` tolerance) or a channel without variance.
-
-    Args:
-        cov: ``[D, D]`` covariance.
-        eigs: Its eigenvalues (any order, non-negative).
-
-    Returns:
-        The total correlation (>= 0 up to round-off); NaN for singular or non-finite input.
+    ``<= lambda_1 * D * eps`` (numpy's ``matrix_rank`` tolerance) or a channel without variance. ``eigs``: those of
+    ``cov``, any order.
     """
     mat = as_float64_matrix(cov)
     e = _eigs(eigs)
@@ -659,18 +558,8 @@ def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig
 
     * ``"sqrt_eig"``: ``sqrt(λ)``, the convention of the paper's plotting code (the singular values of ``X /
       sqrt(n - 1)`` for centred data ``X``; scale free in ``n``).
-    * ``"data"``: ``sqrt((n - 1) λ)``, the singular values of the centred ``[n, D]`` data matrix itself.
-
-    Args:
-        eigs: Non-negative eigenvalues.
-        n_rows: Rows ``n`` that entered the covariance (used by ``"data"``).
-        convention: ``"sqrt_eig"`` or ``"data"``.
-
-    Returns:
-        float64 ``[D]``; all-NaN for ``"data"`` when ``n_rows < 2``; NaN entries propagate.
-
-    Raises:
-        ValueError: For an unknown convention.
+    * ``"data"``: ``sqrt((n - 1) λ)``, the singular values of the centred ``[n, D]`` data matrix itself, with ``n =
+      n_rows`` (all NaN when ``n_rows < 2``).
     """
     if convention not in ("sqrt_eig", "data"):
         raise ValueError(f"singular_values: convention must be 'sqrt_eig' or 'data', got {convention!r}")
@@ -683,14 +572,7 @@ def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig
 
 
 def decay_curve(eigs: np.ndarray) -> np.ndarray:
-    """Eigenvalues relative to the largest, ``λ_i / λ_1`` (descending, starts at 1).
-
-    Args:
-        eigs: Non-negative eigenvalues.
-
-    Returns:
-        float64 ``[D]``; all-NaN for zero total variance or an undefined spectrum.
-    """
+    """Eigenvalues relative to the largest, ``λ_i / λ_1`` (descending, starts at 1)."""
     e = np.sort(_eigs(eigs))[::-1]
     if _defined_total(e) is None:
         return np.full(e.size, np.nan)
@@ -698,14 +580,7 @@ def decay_curve(eigs: np.ndarray) -> np.ndarray:
 
 
 def cumulative_explained_variance(eigs: np.ndarray) -> np.ndarray:
-    """Cumulative share of the total variance of the top ``k`` eigenvalues, ``k = 1..D`` (ends at 1).
-
-    Args:
-        eigs: Non-negative eigenvalues.
-
-    Returns:
-        float64 ``[D]``; all-NaN for zero total variance or an undefined spectrum.
-    """
+    """Cumulative share of the total variance of the top ``k`` eigenvalues, ``k = 1..D`` (ends at 1)."""
     e = np.sort(_eigs(eigs))[::-1]
     total = _defined_total(e)
     if total is None:
