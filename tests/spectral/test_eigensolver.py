@@ -24,7 +24,6 @@ from tgo.spectral.eigensolver import (
     FastestEigvalsh,
     GpuEigvalsh,
     cpu_eigvalsh,
-    describe_eigvalsh,
     resolve_eigvalsh,
 )
 
@@ -59,7 +58,6 @@ def test_cpu_and_auto_off_cuda_resolve_to_the_cpu_solver() -> None:
     assert resolve_eigvalsh("auto", "cpu") is cpu_eigvalsh
     assert resolve_eigvalsh("auto", None) is cpu_eigvalsh
     assert resolve_eigvalsh("auto", torch.device("cpu")) is cpu_eigvalsh
-    assert describe_eigvalsh(cpu_eigvalsh) == "cpu (numpy.linalg.eigvalsh)"
 
 
 def test_auto_on_a_cuda_device_without_cuda_is_the_cpu_solver(monkeypatch) -> None:

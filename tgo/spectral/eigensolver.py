@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
@@ -41,9 +40,7 @@ __all__ = [
     "Eigvalsh",
     "FastestEigvalsh",
     "GpuEigvalsh",
-    "auto_choices",
     "cpu_eigvalsh",
-    "describe_eigvalsh",
     "resolve_eigvalsh",
 ]
 
@@ -279,28 +276,8 @@ def resolve_eigvalsh(setting: str, device: torch.device | str | None, *, cpu_wor
         return _AUTO[key]
 
 
-def auto_choices() -> dict[str, dict[tuple[int, int], Choice]]:
-    """What every ``auto`` chooser of this process (`resolve_eigvalsh`) has decided so far, for logs and reports:
-    ``{"cuda:0, 15 CPU workers": {(S, D): Choice}}``; empty where ``auto`` never ran on a CUDA device."""
-    with _AUTO_LOCK:
-        choosers = dict(_AUTO)
-    return {f"{device}, {workers} CPU workers": c.choices() for (device, workers), c in choosers.items()}
-
-
 def _cuda(device: torch.device) -> torch.device:
     """``device`` with its index when it is a CUDA device, else the current CUDA device."""
     if device.type == "cuda":
         return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def describe_eigvalsh(eigvalsh: Any) -> str:
-    """A short name of an `Eigvalsh` for logs and reports: ``cpu (numpy.linalg.eigvalsh)``, ``gpu (cuda:0)``, the
-    decisions of a `FastestEigvalsh`, or the callable's own name."""
-    if eigvalsh is cpu_eigvalsh:
-        return "cpu (numpy.linalg.eigvalsh)"
-    if isinstance(eigvalsh, GpuEigvalsh):
-        return f"gpu (torch.linalg.eigvalsh on {eigvalsh.device})"
-    if isinstance(eigvalsh, FastestEigvalsh):
-        return f"auto ({eigvalsh.describe()})"
-    return getattr(eigvalsh, "__name__", type(eigvalsh).__name__)
