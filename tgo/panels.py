@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from matplotlib.cm import ScalarMappable
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
 from matplotlib.figure import Figure
@@ -250,24 +249,6 @@ def _card_figure(pixels: tuple[int, int]) -> Figure:
     return Figure(figsize=(pixels[0] / viz.CARD_DPI, pixels[1] / viz.CARD_DPI), dpi=viz.CARD_DPI)
 
 
-def _axes(fig: Figure, *, left: int, right: int, bottom: int, top: int = 30) -> tuple[Any, Any]:
-    """The plot and colourbar axes of a card at fixed pixel margins; ``right`` is the colourbar's label room."""
-    width, height = (size * fig.dpi for size in fig.get_size_inches())
-    bar, gap = 14, 10
-    plot_height = (height - bottom - top) / height
-    ax = fig.add_axes((left / width, bottom / height, (width - left - right - bar - gap) / width, plot_height))
-    cax = fig.add_axes(((width - right - bar) / width, bottom / height, bar / width, plot_height))
-    return ax, cax
-
-
-def _colourbar(fig: Figure, cax: Any, norm: Normalize, cmap: Any, ticks: Sequence[float], labels: Sequence[str]) -> Any:
-    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
-    bar.set_ticks(list(ticks))
-    bar.set_ticklabels(list(labels))
-    bar.ax.tick_params(labelsize=_TICK)
-    return bar
-
-
 def _band_polygons(x: np.ndarray, values: np.ndarray, se: np.ndarray, *, log: bool) -> list[np.ndarray]:
     """The ``values -/+ se`` band as polygons, one per run of points where both edges are finite (and, on a log
     axis, the lower edge is above zero: a band reaching zero or below is left out there)."""
@@ -328,10 +309,9 @@ class _DepthProfile:
         x = np.arange(len(self.points))
         if size == CARD:
             self.fig = _card_figure(PROFILE_PIXELS)
-            self.ax, cax = _axes(self.fig, left=74, right=56, bottom=108)
+            self.ax, cax = viz.card_axes(self.fig, left=74, right=56, bottom=108)
             ticks = [sorted(set(epochs))[i] for i in viz.thin_indices(len(set(epochs)), 6)]
-            bar = _colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks])
-            bar.set_label("epoch", fontsize=_FONT)
+            viz.card_colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks], "epoch")
             step = 2 if len(self.points) > 10 else 1
             labels = [p if i % step == 0 or i == len(self.points) - 1 else "" for i, p in enumerate(self.points)]
             self.ax.set_xticks(x, labels=labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=_TICK)
@@ -397,13 +377,13 @@ class _EpochBandCard:
 
     def __init__(self, points: Sequence[str], epochs: Sequence[int]) -> None:
         self.fig = _card_figure(BAND_PIXELS)
-        self.ax, cax = _axes(self.fig, left=74, right=118, bottom=50)
+        self.ax, cax = viz.card_axes(self.fig, left=74, right=118)
         self.points = list(points)
         self.styles = viz.depth_styles(self.points)
         cmap = ListedColormap([self.styles[p]["color"] for p in self.points] or ["black"])
         norm = Normalize(vmin=-0.5, vmax=max(len(self.points), 1) - 0.5)
         ticks = viz.thin_indices(len(self.points), 8)
-        bar = _colourbar(self.fig, cax, norm, cmap, ticks, [self.points[i] for i in ticks])
+        bar = viz.card_colourbar(self.fig, cax, norm, cmap, ticks, [self.points[i] for i in ticks])
         bar.ax.invert_yaxis()  # the patch embedding on top, CLS at the bottom: reading order
         for label in bar.ax.get_yticklabels():
             if label.get_text() == viz.CLS_POINT:
@@ -538,7 +518,7 @@ def phase_map(
         x = np.array([x[0] - 0.5, x[0] + 0.5]) if x.size else np.arange(2.0)
     if card:
         fig = _card_figure(PHASE_PIXELS)
-        ax, cax = _axes(fig, left=120, right=150, bottom=50)
+        ax, cax = viz.card_axes(fig, left=120, right=150)
         cax.set_axis_off()  # the legend names the colours, in the room the colourbar would take
     else:
         fig = Figure(figsize=(max(7.0, 0.35 * x.size + 5.0), 0.32 * len(points) + 1.9), layout="constrained")

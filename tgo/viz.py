@@ -239,30 +239,32 @@ def _draw_history(
         )
 
 
-def _card_axes(fig: Figure, *, left: int = 72, right: int = 90) -> tuple[Any, Any]:
+def card_axes(fig: Figure, *, left: int = 72, right: int = 90, bottom: int = 50) -> tuple[Any, Any]:
     """The plot and colourbar axes of a card figure, at fixed pixel margins (no ``tight_layout``).
 
     ``tight_layout`` draws the whole figure once more to measure its text, which would nearly double a card's
     rendering time; a card's pixel size and text size are fixed, so fixed margins fit its labels. ``left`` is the
-    room for the y tick and axis labels, ``right`` that for the colourbar's tick and axis labels (px).
+    room for the y tick and axis labels, ``right`` that for the colourbar's tick and axis labels, ``bottom`` that for
+    the x tick and axis labels (px).
     """
     width, height = (size * fig.dpi for size in fig.get_size_inches())
-    bottom, top, bar, gap = 50, 30, 14, 10  # x ticks + x label; title; colourbar width and its gap to the plot
+    top, bar, gap = 30, 14, 10  # the title; the colourbar's width and its gap to the plot
     plot_height = (height - bottom - top) / height
     ax = fig.add_axes((left / width, bottom / height, (width - left - right - bar - gap) / width, plot_height))
     cax = fig.add_axes(((width - right - bar) / width, bottom / height, bar / width, plot_height))
     return ax, cax
 
 
-def _card_colourbar(
-    fig: Figure, cax: Any, norm: Normalize, cmap: Colormap, ticks: Sequence[float], labels: Sequence[str], label: str
-) -> None:
+def card_colourbar(
+    fig: Figure, cax: Any, norm: Normalize, cmap: Any, ticks: Sequence[float], labels: Sequence[str], label: str = ""
+) -> Any:
     """A colourbar on ``cax`` with the given ticks and labels at the card's text size."""
     bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
     bar.set_ticks(list(ticks))
     bar.set_ticklabels(list(labels))
     bar.set_label(label, fontsize=CARD_FONTSIZE)
     bar.ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
+    return bar
 
 
 def thin_indices(count: int, most: int) -> list[int]:
@@ -370,11 +372,11 @@ class _SpectrumCard:
 
     def __init__(self, epochs: Sequence[int], ylabel: str, classes: int | None = None) -> None:
         self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
-        self.ax, cax = _card_axes(self.fig, right=70)
+        self.ax, cax = card_axes(self.fig, right=70)
         self.norm, self.cmap = epoch_colours(epochs)
         self.classes = classes
         ticks = _epoch_ticks(epochs)
-        _card_colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks], "epoch")
+        card_colourbar(self.fig, cax, self.norm, self.cmap, ticks, [str(t) for t in ticks], "epoch")
         _card_text(self.ax, "", "log10 index i", f"log10 {ylabel}")
 
     def draw(self, history: Sequence[tuple[int, np.ndarray]], title: str) -> None:
@@ -411,7 +413,7 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
         title: Figure title (the epoch).
     """
     fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
-    ax, cax = _card_axes(fig, right=130)
+    ax, cax = card_axes(fig, right=130)
     names = list(spectra)
     styles = depth_styles(names)
     cmap = ListedColormap([styles[n]["color"] for n in names] or ["black"])
@@ -429,7 +431,7 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
                 zorder=3 if cls else 2,
             )
     ticks = thin_indices(len(names), 8)
-    _card_colourbar(fig, cax, norm, cmap, ticks, [names[i] for i in ticks], "")
+    card_colourbar(fig, cax, norm, cmap, ticks, [names[i] for i in ticks], "")
     bar_axis = cax.yaxis
     bar_axis.set_inverted(True)  # depth reads downwards, as in the point list
     _card_text(ax, title, "log10 index i", r"log10 $\lambda_i / \lambda_1$")
@@ -599,7 +601,7 @@ class LayerEpochCard:
 
     def __init__(self, points: Sequence[str], epochs: Sequence[int]) -> None:
         self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
-        self.ax, cax = _card_axes(self.fig, left=118, right=60)
+        self.ax, cax = card_axes(self.fig, left=118, right=60)
         blank = np.zeros((len(points), len(epochs)))
         self.image = self.ax.imshow(blank, aspect="auto", cmap="magma", interpolation="nearest")
         self.fig.colorbar(self.image, cax=cax).ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
@@ -755,7 +757,7 @@ class AttentionHeadsCard:
 
     def __init__(self, blocks: Sequence[str], heads: int) -> None:
         self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
-        self.ax, cax = _card_axes(self.fig, left=118, right=60)
+        self.ax, cax = card_axes(self.fig, left=118, right=60)
         cmap = matplotlib.colormaps["magma"].with_extremes(bad="#dddddd")
         self.image = self.ax.imshow(np.zeros((len(blocks), heads)), aspect="auto", cmap=cmap, interpolation="nearest")
         self.fig.colorbar(self.image, cax=cax).ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
