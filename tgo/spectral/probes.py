@@ -15,6 +15,7 @@ a few ``[D, k]`` eigenvector blocks); formulas and reasoning: ``docs/hypotheses.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -51,11 +52,6 @@ def _as_rows(x: np.ndarray) -> np.ndarray:
     if arr.ndim != 2 or arr.shape[0] == 0:
         raise ValueError(f"expected a non-empty [n_images, D] matrix, got shape {arr.shape}")
     return arr
-
-
-def _psd_eigenvalues(mat: np.ndarray) -> np.ndarray:
-    """Descending eigenvalues of a symmetric PSD matrix, round-off negatives clamped to 0."""
-    return np.clip(np.linalg.eigvalsh((mat + mat.T) / 2)[::-1], 0.0, None)
 
 
 @dataclass(frozen=True)
@@ -252,8 +248,9 @@ def _geometry_stack(
 
 
 def _psd_eigenvalue_stack(mats: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
-    """`_psd_eigenvalues` of every matrix of a ``[S, k, k]`` stack, in one ``eigvalsh`` call (``symmetric``: the
-    matrices are exactly symmetric, so the symmetrisation, an identity on them, is skipped)."""
+    """Descending eigenvalues of every symmetric PSD matrix of a ``[S, k, k]`` stack, round-off negatives clamped to
+    0, in one ``eigvalsh`` call (``symmetric``: the matrices are exactly symmetric, so the symmetrisation, an identity
+    on them, is skipped)."""
     sym = mats if symmetric else (mats + mats.transpose(0, 2, 1)) / 2
     return np.clip(np.linalg.eigvalsh(sym)[:, ::-1], 0.0, None)
 
@@ -347,10 +344,8 @@ def fold_layout(labels: np.ndarray, folds: np.ndarray) -> FoldLayout:
         fold_of=fold_of,
         class_of=class_of,
     )
-    for array in (out.folds, out.classes, out.rows, out.valid, out.labels, out.onehot, out.sizes, out.counts):
-        array.setflags(write=False)
-    for array in (out.fold_of, out.class_of):
-        array.setflags(write=False)
+    for f in dataclasses.fields(out):
+        getattr(out, f.name).setflags(write=False)
     return out
 
 
@@ -417,13 +412,8 @@ def ncc_accuracy(
     over the class counts, in coordinates centred on the mean of all images (residual-stream vectors have means far
     above their spread, and the distance expansion ``||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2`` would otherwise
     compare large nearly equal numbers; its first term is common to every class and dropped). A fold whose training
-    vectors are all identical is computed on its own, as `_ncc_fold`.
-
-    Args:
-        layout: ``fold_layout(labels, folds)``, if already built (the summary builds it once for every point).
-
-    Returns:
-        float64 ``[n_folds]`` accuracies, in the order of ``np.unique(folds)``.
+    vectors are all identical is computed on its own, as `_ncc_fold`. Returns float64 ``[n_folds]`` accuracies in
+    the order of ``np.unique(folds)``; ``layout`` is ``fold_layout(labels, folds)`` where the caller already built it.
     """
     x, labels, folds = _as_rows(x), np.asarray(labels).reshape(-1), np.asarray(folds).reshape(-1)
     layout = fold_layout(labels, folds) if layout is None else layout
@@ -468,13 +458,8 @@ def ridge_accuracy(
     `FoldLayout`'s blocks): a fold's training scatter ``X^T X`` is the products of all images minus the fold's,
     less ``n_t mu mu^T``; ``X^T (Y - y_bar)`` the class sums minus the fold's, less ``sum(x) y_bar^T``; each
     system is solved by Cholesky (`_spd_solve`). A fold whose training vectors are all identical (``lam = 0``:
-    nothing to learn beyond the class frequencies) is computed on its own, as `_ridge_fold`.
-
-    Args:
-        layout: ``fold_layout(labels, folds)``, if already built (the summary builds it once for every point).
-
-    Returns:
-        float64 ``[n_folds]`` accuracies, in the order of ``np.unique(folds)``.
+    nothing to learn beyond the class frequencies) is computed on its own, as `_ridge_fold`. Returns and ``layout``
+    as `ncc_accuracy`.
     """
     if not alpha > 0:
         raise ValueError(f"ridge_accuracy: alpha must be > 0, got {alpha!r}")
