@@ -86,11 +86,8 @@ def new_run_id() -> str:
 
 
 def recorded_run_id(run: RunDir) -> str | None:
-    """The run id in ``geometry/run.json`` (``None``: no such file, a run recorded before run ids existed).
-
-    Raises:
-        ResumeError: the file is there but is not one TGO wrote.
-    """
+    """The run id in ``geometry/run.json`` (``None``: no such file, a run recorded before run ids existed); a file
+    there that TGO did not write is a `ResumeError`."""
     path = run_id_path(run)
     if not path.is_file():
         return None
@@ -111,13 +108,10 @@ def record_run_id(run: RunDir, run_id: str) -> None:
 
 
 def check_same_run(run: RunDir, checkpoint: str | Path, checkpoint_run_id: str | None) -> None:
-    """Refuses a checkpoint of another training than the one ``run`` records.
+    """Refuses a checkpoint of another training than the one ``run`` records (one line naming both places).
 
     Either id missing (a checkpoint saved without the geometry callback or before run ids, a run recorded before
     them) cannot be compared and passes.
-
-    Raises:
-        ResumeError: the ids differ (one line naming both places).
     """
     recorded = recorded_run_id(run)
     if recorded is None or checkpoint_run_id is None or recorded == checkpoint_run_id:
@@ -132,11 +126,7 @@ def check_same_run(run: RunDir, checkpoint: str | Path, checkpoint_run_id: str |
 
 def check_fits_model(state: dict[str, Any], model: torch.nn.Module, checkpoint: str | Path) -> None:
     """Refuses a checkpoint whose state dict does not fit ``model`` (keys, shapes), as Lightning's strict load
-    would, but in one line and before anything is moved; its tensors are memory-mapped, not read.
-
-    Raises:
-        ResumeError: naming the missing, unexpected and differently shaped keys.
-    """
+    would, but in one line naming the keys and before anything is moved; its tensors are memory-mapped, not read."""
     from tgo.checkpoints import state_dict_mismatch
 
     weights = state.get("state_dict")
@@ -165,11 +155,8 @@ def _new_set_aside_dir(run: RunDir, reason: str) -> Path:
 
 
 def set_aside_attempt(run: RunDir, reason: str) -> Path | None:
-    """Moves what an attempt without a usable checkpoint wrote (records, TensorBoard events, checkpoints) aside.
-
-    Returns:
-        The set-aside directory, or ``None`` when there was nothing to move.
-    """
+    """Moves what an attempt without a usable checkpoint wrote (records, TensorBoard events, checkpoints) aside;
+    returns where (``None``: nothing to move)."""
     parts = [p for p in (run.geometry, run.tensorboard, run.checkpoints) if p.exists()]
     if not parts:
         return None
@@ -216,16 +203,9 @@ def _csv(rows: list[dict[str, str]]) -> str:
 def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[str, Any]:
     """A checkpoint's entries with its tensors memory-mapped, not read: only small entries are looked at here.
 
-    Read with ``weights_only=True`` (`tgo.safe_load`), so no file's pickled code ever runs.
-
-    Args:
-        checkpoint: The file.
-        label: How an error names it (default ``ckpt_path: '<file>'``: the checkpoint a resume starts from).
-
-    Raises:
-        UnsafeCheckpointError: the file needs a global outside the weights-only set, named in the one-line message
-            (`tgo.train` prints it and exits with status 2).
-        ConfigError: the file holds something other than a checkpoint's entries.
+    Read with ``weights_only=True`` (`tgo.safe_load`), so no file's pickled code ever runs: a file that needs another
+    global is an `UnsafeCheckpointError`, one that is not a checkpoint's entries a `ConfigError`, each named by
+    ``label`` (default ``ckpt_path: '<file>'``: the checkpoint a resume starts from).
     """
     label = label or f"ckpt_path: '{checkpoint}'"
     state = load_weights_only(checkpoint, label=label)
@@ -278,12 +258,9 @@ class NewerRecords:
 def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, step: int) -> NewerRecords:
     """The records on disk that were made after a checkpoint, of weights a resume from it retrains.
 
-    Args:
-        run: The run directory.
-        observed: The epochs the checkpoint lists as observed, its pending one included (`observed_in_checkpoint`);
-            ``None`` where it has no geometry state: then every epoch after the checkpoint's own (``epoch``).
-        epoch: The checkpoint's completed epochs (the records' label of its weights).
-        step: Its global step: every step-series record after it is newer.
+    ``observed``: the epochs the checkpoint lists as observed, its pending one included (`observed_in_checkpoint`);
+    ``None`` where it has no geometry state: then every epoch after its completed ``epoch``. Every step-series record
+    after its global ``step`` is newer.
     """
     on_disk = _on_disk(run.epoch_series)
     epochs = sorted(on_disk - set(observed)) if observed is not None else sorted(e for e in on_disk if e > epoch)
@@ -295,10 +272,7 @@ def check_resume_records(run: RunDir, newer: NewerRecords) -> None:
     """Refuses a resume that would carry a duplicated record into the run: two rows of ``metrics.csv`` for one
     (epoch, point, view, metric) among those the resume keeps (a duplicate among the records set aside leaves with
     them). TGO never writes one (it replaces an observation's rows), so the file was edited or concatenated, and
-    which copy is the checkpoint's cannot be told.
-
-    Raises:
-        ResumeError: naming the file and both lines.
+    which copy is the checkpoint's cannot be told. The `ResumeError` names the file and both lines.
     """
     for series, leaving in ((run.epoch_series, set(newer.epochs)), (run.step_series, set(newer.steps))):
         first: dict[tuple[str, str, str, str], int] = {}
@@ -319,43 +293,27 @@ def set_aside_records_after(run: RunDir, checkpoint: str | Path, newer: NewerRec
     """Sets aside the records ``newer`` (`records_after`) of a resume from ``checkpoint``, with their reason: the
     resumed run retrains those weights and observes them again."""
     name = Path(checkpoint).name
-    if newer.epochs:
-        set_aside_epochs(
-            run.epoch_series,
-            newer.epochs,
-            f"recorded after {name} was saved (of weights after it); the resumed run retrains and observes them again",
-        )
-    if newer.steps:
-        set_aside_epochs(
-            run.step_series,
-            newer.steps,
-            f"recorded after {name} was saved (global step {step}); the resumed run retrains those steps and observes "
-            "them again",
-        )
-
-
-def _checkpoint_position(state: dict[str, Any]) -> tuple[int, int]:
-    """A loaded checkpoint's completed epochs (`tgo.checkpoints.checkpoint_epoch`) and global step."""
-    from tgo.checkpoints import checkpoint_epoch
-
-    epoch = checkpoint_epoch(state)[0] if "epoch" in state else 0
-    return epoch, int(state.get("global_step", 0))
+    for series, keys, why in (
+        (run.epoch_series, newer.epochs, "(of weights after it); the resumed run retrains"),
+        (run.step_series, newer.steps, f"(global step {step}); the resumed run retrains those steps"),
+    ):
+        if keys:
+            set_aside_epochs(series, keys, f"recorded after {name} was saved {why} and observes them again")
 
 
 def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | None = None) -> NewerRecords:
     """Everything that stops a resume of ``run`` from ``checkpoint``, checked before anything is set aside: the
     checkpoint fits ``model`` (when given), it is this run's (`check_same_run`), and the records it keeps hold no
-    duplicate (`check_resume_records`). Returns what the resume sets aside.
-
-    Raises:
-        ResumeError: one line, naming the checkpoint or the file.
+    duplicate (`check_resume_records`), each a one-line `ResumeError`. Returns what the resume sets aside.
     """
+    from tgo.checkpoints import checkpoint_epoch
+
     state = _load_lazily(checkpoint)
     if model is not None:
         check_fits_model(state, model, checkpoint)
     check_same_run(run, checkpoint, state.get(RUN_ID_KEY))
-    epoch, step = _checkpoint_position(state)
-    newer = records_after(run, observed_in_state(state), epoch=epoch, step=step)
+    epoch = checkpoint_epoch(state)[0] if "epoch" in state else 0
+    newer = records_after(run, observed_in_state(state), epoch=epoch, step=int(state.get("global_step", 0)))
     check_resume_records(run, newer)
     return newer
 
@@ -434,10 +392,7 @@ class StartPlan:
         """Sets aside what this start replaces. Rank 0 only, after every input check passed (`check_resume`
         included), just before training. The records a resume replaces are the geometry callback's to set aside
         (`set_aside_records_after`, where it learns the checkpoint): one path for every entry point.
-
-        Args:
-            run: The run directory.
-            checkpoint_file: ``checkpoint`` resolved to its file (``last`` is ``checkpoints/last.ckpt``).
+        ``checkpoint_file`` is ``checkpoint`` resolved to its file (``last`` is ``checkpoints/last.ckpt``).
         """
         if self.start_over is None and checkpoint_file is None:
             return
@@ -483,14 +438,8 @@ def check_same_analysis_subset(run: RunDir, current: dict[str, Any]) -> None:
 
     Every epoch of a run must be measured on the same images: a changed ``data.analysis`` setting, another image
     size or class list, or a pinned image whose bytes changed on disk would make the trend compare two subsets.
-    Nothing to compare (no manifest yet: the run never got that far) passes.
-
-    Args:
-        run: The run directory being resumed.
-        current: The manifest the resumed run would write (`TGODataModule.manifest`).
-
-    Raises:
-        ChangedAnalysisSubsetError: naming what changed, before anything is written.
+    Nothing to compare (no manifest yet: the run never got that far) passes. ``current`` is the manifest the resumed
+    run would write (`TGODataModule.manifest`); the error names what changed, before anything is written.
     """
     if not run.manifest.is_file():
         return
