@@ -326,9 +326,18 @@ def mark_class_count(ax: Any, classes: int | None, *, log10: bool = False, fonts
 
 
 def spectrum_history_figure(
-    history: Sequence[tuple[int, np.ndarray]], *, title: str, ylabel: str = "eigenvalue", classes: int | None = None
+    history: Sequence[tuple[int, np.ndarray]],
+    *,
+    title: str,
+    ylabel: str = "eigenvalue",
+    classes: int | None = None,
+    keep: Sequence[np.ndarray] | None = None,
+    card: bool = True,
 ) -> Figure:
-    """One point's spectra over the observed epochs, a TensorBoard card (log10 rank plot, epoch colourbar).
+    """One point's spectra over the observed epochs, one line per epoch on the epoch ramp, with its colourbar.
+
+    A TensorBoard card (log10 of index and value on linear axes, cheap to render) or, ``card=False``, the report's
+    figure (log-log axes at the page's size).
 
     The callback logs one per point (``spectra/<NN>_<point>``, drawn by `spectrum_cards`) rather than all points
     in one grid: a 15-panel grid shrunk to a card's width has 6 pt text, a card per point keeps ``CARD_FONTSIZE``.
@@ -340,10 +349,33 @@ def spectrum_history_figure(
         title: Figure title (usually the point name).
         ylabel: What the values are (eigenvalue or singular value).
         classes: The analysis subset's class count, marked by a dashed line (`mark_class_count`); ``None``: unknown.
+        keep: On the page, which values of each epoch to draw (default: those above the round-off floor; a
+            singular-value history passes its eigenvalues' masks).
+        card: A TensorBoard card (`spectrum_cards` draws one per point) instead of the report's figure.
     """
-    card = _SpectrumCard([epoch for epoch, _ in history], ylabel, classes)
-    card.draw(history, title)
-    return card.fig
+    epochs = [epoch for epoch, _ in history]
+    if card:
+        drawn = _SpectrumCard(epochs, ylabel, classes)
+        drawn.draw(history, title)
+        return drawn.fig
+    fig = Figure(figsize=(5.2, 3.6), dpi=90)
+    ax = fig.add_subplot()
+    norm, cmap = epoch_colours(epochs)
+    for k, (epoch, values) in enumerate(history):
+        values = np.asarray(values, dtype=np.float64)
+        index = np.arange(1, values.size + 1)
+        shown = above_roundoff(values) if keep is None else np.asarray(keep[k], dtype=bool) & (values > 0)
+        if np.any(shown):
+            ax.loglog(index[shown], values[shown], color=cmap(norm(epoch)), lw=1.1,
+                      marker="o" if shown.sum() == 1 else None)  # fmt: skip
+    mark_class_count(ax, classes)
+    ax.set_xlabel("index i")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.2)
+    epoch_colourbar(fig, ax, norm, cmap, epochs)
+    fig.tight_layout()
+    return fig
 
 
 def spectrum_cards(
@@ -399,8 +431,17 @@ def _card_text(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
     ax.grid(True, alpha=0.25)
 
 
-def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Figure:
-    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, a TensorBoard card.
+DECAY_FLOOR = 1e-12
+"""Relative eigenvalues below this (lambda_i / lambda_1) are float64 round-off of a rank-deficient covariance, not
+geometry, and are left off the report's decay figure."""
+
+
+def decay_curves_figure(
+    spectra: Mapping[str, np.ndarray], *, title: str, card: bool = True, floor: float = DECAY_FLOOR
+) -> Figure:
+    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, a TensorBoard card or (``card=False``)
+    the report's figure: log-log axes, a legend, ratios below ``floor`` (round-off) left off so the y axis spans the
+    meaningful range.
 
     One line per point, coloured by depth (`depth_styles`: the depth ramp, CLS black and thicker), read on a
     colourbar of the same colours labelled with the point names: a legend of 15 names does not fit a card at a
@@ -411,7 +452,11 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
     Args:
         spectra: point -> eigenvalues (sorted descending), in depth order.
         title: Figure title (the epoch).
+        card: A TensorBoard card instead of the report's figure.
+        floor: The page's least ratio drawn.
     """
+    if not card:
+        return _decay_page(spectra, title=title, floor=floor)
     fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
     ax, cax = card_axes(fig, right=130)
     names = list(spectra)
@@ -436,6 +481,33 @@ def decay_curves_figure(spectra: Mapping[str, np.ndarray], *, title: str) -> Fig
     bar_axis.set_inverted(True)  # depth reads downwards, as in the point list
     _card_text(ax, title, "log10 index i", r"log10 $\lambda_i / \lambda_1$")
     _note_nonfinite(ax, nonfinite_note(spectra.items()), 0.85 * CARD_FONTSIZE)
+    return fig
+
+
+def _decay_page(spectra: Mapping[str, np.ndarray], *, title: str, floor: float) -> Figure:
+    fig = Figure(figsize=(6.2, 3.9), dpi=90)
+    ax = fig.add_subplot()
+    styles = depth_styles(list(spectra))
+    lowest = 1.0
+    for name, given in spectra.items():
+        values = np.asarray(given, dtype=np.float64)
+        keep = np.isfinite(values) & (values > 0)
+        if not np.any(keep):
+            continue
+        ratio, index = values[keep] / values[keep][0], np.arange(1, values.size + 1)[keep]
+        meaningful = ratio >= floor
+        if np.any(meaningful):
+            lowest = min(lowest, float(ratio[meaningful].min()))
+            cls = name == CLS_POINT
+            ax.loglog(index[meaningful], ratio[meaningful], color=styles[name]["color"], lw=1.8 if cls else 1.0,
+                      label=name, zorder=3 if cls else 2)  # fmt: skip
+    ax.set_ylim(max(lowest, floor) / 2.0, 2.0)
+    ax.set_xlabel("index i")
+    ax.set_ylabel(r"$\lambda_i / \lambda_1$")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
     return fig
 
 

@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from tests.report.synthetic import write_synthetic_run
 from tgo import panels, viz
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_jackknife, load_series, load_spectra
-from tgo.report import hypotheses_section, plots
+from tgo.report import hypotheses_section
 from tgo.report.figures import correlation_figure, spectrum_figures
 from tgo.report.hypotheses_section import hypotheses_report
 from tgo.report.hypothesis_figures import FIRST_GID, LAST_GID, Profile
@@ -239,7 +239,7 @@ def _history():
 
 
 def test_spectra_mark_the_class_count_and_leave_out_round_off():
-    fig = plots.spectrum_history_figure(_history(), title="cls: eigenvalues", classes=10)
+    fig = viz.spectrum_history_figure(_history(), title="cls: eigenvalues", classes=10, card=False)
     ax = fig.axes[0]
     marks = [line for line in ax.get_lines() if line.get_gid() == "class-count"]
     assert len(marks) == 1 and list(marks[0].get_xdata()) == [10.0, 10.0]
@@ -247,7 +247,7 @@ def test_spectra_mark_the_class_count_and_leave_out_round_off():
     drawn = [line for line in ax.get_lines() if line.get_gid() != "class-count"]
     assert all(len(line.get_xdata()) == 40 for line in drawn)
     assert ax.get_ylim()[0] > 1e-6  # the axis ends near the smallest real eigenvalue, not at 3e-15
-    unknown = plots.spectrum_history_figure(_history(), title="cls: eigenvalues", classes=None).axes[0]
+    unknown = viz.spectrum_history_figure(_history(), title="cls: eigenvalues", classes=None, card=False).axes[0]
     assert not [line for line in unknown.get_lines() if line.get_gid() == "class-count"] and not unknown.texts
 
 

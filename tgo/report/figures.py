@@ -18,7 +18,6 @@ import numpy as np
 
 from tgo import panels, viz
 from tgo.records import DEFAULT_VIEW, layer_epoch_table
-from tgo.report import plots
 from tgo.report.aggregate import Aggregate
 from tgo.report.runinfo import class_count
 from tgo.report.runs import RunData
@@ -203,7 +202,7 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
     refs: list[FigureRef] = []
     for point in points:
         eig_history = [(e, spectra[e][point]["eigenvalues"]) for e in epochs if point in spectra[e]]
-        fig = plots.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues", classes=classes)
+        fig = viz.spectrum_history_figure(eig_history, title=f"{point}: eigenvalues", classes=classes, card=False)
         roundoff = _roundoff_text(eig_history)
         nonfinite = _nonfinite_text((f"epoch {e}", v) for e, v in eig_history)
         refs.append(
@@ -220,8 +219,9 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
             if point in spectra[e]
         ]
         keep = [viz.above_roundoff(values) for _, values in eig_history]
-        fig = plots.spectrum_history_figure(
-            sv_history, title=f"{point}: singular values", ylabel="singular value", classes=classes, keep=keep
+        title = f"{point}: singular values"
+        fig = viz.spectrum_history_figure(
+            sv_history, title=title, ylabel="singular value", classes=classes, keep=keep, card=False
         )
         refs.append(
             FigureRef(
@@ -235,13 +235,13 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
         )
     for epoch in dict.fromkeys((epochs[0], epochs[-1])):
         decay = {p: spectra[epoch][p]["eigenvalues"] for p in points if p in spectra[epoch]}
-        fig = plots.decay_figure(decay, title=f"decay, epoch {epoch}")
+        fig = viz.decay_curves_figure(decay, title=f"decay, epoch {epoch}", card=False)
         refs.append(
             FigureRef(
                 "decay",
                 save_figure(fig, figures_dir, f"decay_epoch_{epoch:04d}"),
                 f"spectral decay lambda_i / lambda_1 at epoch {epoch} (log-log), one line per point (colour = "
-                f"depth{'; cls black' if viz.CLS_POINT in decay else ''}); ratios below {plots.DECAY_FLOOR:g} "
+                f"depth{'; cls black' if viz.CLS_POINT in decay else ''}); ratios below {viz.DECAY_FLOOR:g} "
                 f"(round-off) are not drawn{_nonfinite_text(decay.items())} (run {run.name})",
             )
         )
