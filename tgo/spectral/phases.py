@@ -111,9 +111,6 @@ class PhaseRule:
         z: Normal quantile of a significant change (widened to Student's t for the jackknife's ``G - 1`` dof).
         collapse_drop: Smallest relative loss of effective rank, ``(before - after) / before``, that is a collapse
             (in ``(0, 1)``).
-
-    Raises:
-        ValueError: ``z <= 0`` or ``collapse_drop`` outside ``(0, 1)``.
     """
 
     z: float = DEFAULT_PHASE_Z
@@ -189,18 +186,9 @@ class Change:
 def paired_change(
     before: float, after: float, before_replicates: ArrayLike | None, after_replicates: ArrayLike | None
 ) -> Change:
-    """The change ``after - before`` and its paired jackknife standard error.
-
-    Args:
-        before: The earlier value.
-        after: The later value.
-        before_replicates: float64 ``[G]`` leave-one-group-out values of the earlier observation (``None``: none).
-        after_replicates: The same of the later one, over the same groups in the same order.
-
-    Returns:
-        The `Change`; its ``stderr`` is NaN (and ``dof`` 0) without replicates, with replicates of different
-        lengths or fewer than two, or with a non-finite replicate.
-    """
+    """The change ``after - before`` and its paired jackknife standard error from the ``[G]`` leave-one-group-out
+    values of both observations (same groups, same order); the ``stderr`` is NaN (and ``dof`` 0) without replicates,
+    with replicates of different lengths or fewer than two, or with a non-finite replicate."""
     if before_replicates is None or after_replicates is None:
         return Change(float(before), float(after), math.nan, 0.0)
     a = np.asarray(before_replicates, dtype=np.float64).ravel()
@@ -238,16 +226,8 @@ def _describe(name: str, change: Change, rule: PhaseRule) -> str:
 
 
 def classify(rank: Change, alpha: Change, rule: PhaseRule | None = None) -> PhaseLabel:
-    """The phase label of one pair of changes (module docstring: the rule and why).
-
-    Args:
-        rank: The paired change of ``effective_rank``.
-        alpha: The paired change of ``power_law_alpha``.
-        rule: Significance and collapse threshold (default `PhaseRule()`).
-
-    Returns:
-        The `PhaseLabel`.
-    """
+    """The phase label of the paired changes of ``effective_rank`` and ``power_law_alpha`` (module docstring: the
+    rule and why)."""
     rule = rule or PhaseRule()
     values = (rank.before, rank.after, alpha.before, alpha.after)
     if not all(math.isfinite(v) for v in values):
@@ -308,16 +288,11 @@ class Trajectory:
             if reps is not None and (np.ndim(reps) != 2 or np.shape(reps)[0] != n):
                 raise ValueError(f"Trajectory: {name} must have shape ({n}, G), got {np.shape(reps)}")
 
-    def _row(self, replicates: np.ndarray | None, i: int) -> np.ndarray | None:
-        return None if replicates is None else np.asarray(replicates[i], dtype=np.float64)
-
     def change(self, i: int, j: int) -> tuple[Change, Change]:
         """The paired changes of rank and alpha from observation ``i`` to observation ``j``."""
-        rank = paired_change(
-            self.rank[i], self.rank[j], self._row(self.rank_replicates, i), self._row(self.rank_replicates, j)
-        )
-        alpha = paired_change(
-            self.alpha[i], self.alpha[j], self._row(self.alpha_replicates, i), self._row(self.alpha_replicates, j)
+        rank, alpha = (
+            paired_change(v[i], v[j], *(None if r is None else np.asarray(r[k], dtype=np.float64) for k in (i, j)))
+            for v, r in ((self.rank, self.rank_replicates), (self.alpha, self.alpha_replicates))
         )
         return rank, alpha
 
@@ -358,16 +333,9 @@ class Phase:
 def merge_phases(
     trajectory: Trajectory, labels: Sequence[PhaseLabel] | Sequence[str], rule: PhaseRule | None = None
 ) -> list[Phase]:
-    """Runs of equal consecutive labels as `Phase`s, in order (pair ``i`` joins observations ``i`` and ``i + 1``).
-
-    Args:
-        trajectory: The series the labels came from.
-        labels: ``E - 1`` labels (`PhaseLabel` or label strings) of its consecutive pairs.
-        rule: The rule that labels each phase's whole change (its ``evidence``).
-
-    Raises:
-        ValueError: not ``E - 1`` labels.
-    """
+    """Runs of equal consecutive labels (``E - 1``, `PhaseLabel` or strings, of the pairs of ``trajectory``) as
+    `Phase`s, in order (pair ``i`` joins observations ``i`` and ``i + 1``); ``rule`` labels each phase's whole change
+    (its ``evidence``)."""
     names = [lab.label if isinstance(lab, PhaseLabel) else str(lab) for lab in labels]
     epochs = np.asarray(trajectory.epochs)
     if len(names) != max(epochs.size - 1, 0):
