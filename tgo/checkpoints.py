@@ -84,11 +84,8 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
     """Loads a checkpoint on the CPU (memory-mapped where possible, so reading metadata is cheap).
 
     With ``weights_only=True`` (`tgo.safe_load`): a Lightning checkpoint of TGO's holds tensors and plain values
-    only, and a file whose unpickling would call or build anything else is refused without running any of it.
-
-    Raises:
-        CheckpointError: no such file, or not a readable checkpoint.
-        UnsafeCheckpointError: the file needs a global outside the weights-only set (named in the message).
+    only, and a file whose unpickling would call or build anything else is refused without running any of it
+    (`UnsafeCheckpointError`, naming the global).
     """
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -106,17 +103,8 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
 
 
 def checkpoint_epoch(checkpoint: dict[str, Any]) -> tuple[int, bool]:
-    """The completed training epochs of a Lightning checkpoint, and whether it was saved at an epoch end.
-
-    Args:
-        checkpoint: A loaded Lightning checkpoint.
-
-    Returns:
-        ``(epochs, at_epoch_end)``; see the module docstring for the rule.
-
-    Raises:
-        CheckpointError: no ``epoch`` entry (not a Lightning checkpoint).
-    """
+    """``(epochs, at_epoch_end)``: the completed training epochs of a loaded Lightning checkpoint, and whether it
+    was saved at an epoch end (the rule: the module docstring)."""
     if "epoch" not in checkpoint:
         raise CheckpointError("not a Lightning checkpoint (no 'epoch' entry)")
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current")
@@ -147,11 +135,8 @@ def find_checkpoints(directory: str | Path) -> list[ModelSource]:
     """Every ``*.ckpt`` of a directory as sources in epoch order; the same weights saved twice count once.
 
     ``last.ckpt`` and ``best_epoch_NNN.ckpt`` often hold the same epoch: files with the same epoch label and step
-    are duplicates and the first by name is kept.
-
-    Raises:
-        CheckpointError: not a directory, no checkpoint in it, or two checkpoints with the same epoch label but
-            different steps (say which file to observe with --checkpoint).
+    are duplicates and the first by name is kept; two with the same label but different steps are an error asking
+    which to observe with --checkpoint.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -199,11 +184,7 @@ def state_dict_mismatch(own: Mapping[str, Any], state: Mapping[str, Any]) -> str
 
 
 def load_state_dict_strict(net: torch.nn.Module, state: dict[str, torch.Tensor], *, origin: str) -> None:
-    """Loads weights exactly, or fails naming the missing, unexpected and differently shaped keys.
-
-    Raises:
-        CheckpointMismatchError: the state dict does not fit ``net``.
-    """
+    """Loads weights exactly, or fails naming the missing, unexpected and differently shaped keys."""
     problem = state_dict_mismatch(net.state_dict(), state)
     if problem:
         raise CheckpointMismatchError(f"{origin} does not fit the model ({problem})")
@@ -244,11 +225,7 @@ _WEIGHTS = "a weights file (.safetensors, or a torch file of tensors)"
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     """A weights file as a clean state dict, read by timm (``.safetensors`` or a torch file; ``state_dict_ema`` /
-    ``model_ema`` / ``state_dict`` / ``model`` wrappers unwrapped, DDP and ``torch.compile`` prefixes removed).
-
-    Raises:
-        CheckpointError: no such file, or not readable as weights.
-    """
+    ``model_ema`` / ``state_dict`` / ``model`` wrappers unwrapped, DDP and ``torch.compile`` prefixes removed)."""
     if not path.is_file():
         raise CheckpointError(f"--weights {path}: no such file")
     try:
@@ -263,12 +240,7 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 def check_weights_file(path: Path) -> None:
     """Refuses a weights file that timm's loader would refuse, before any work: cheap (tensors memory-mapped, not
-    read). A ``.safetensors`` file holds no pickle and is read by timm later.
-
-    Raises:
-        CheckpointError: no such file, or not readable as weights.
-        UnsafeCheckpointError: its unpickling needs a global outside the weights-only set (named in the message).
-    """
+    read). A ``.safetensors`` file holds no pickle and is read by timm later."""
     if not path.is_file():
         raise CheckpointError(f"--weights {path}: no such file")
     if path.suffix == ".safetensors":
@@ -312,20 +284,9 @@ def state_dict_prefix(state: dict[str, Any], model_keys: list[str], *, origin: s
     A user's LightningModule holds its ViT under an attribute of its choosing (``self.backbone``: keys
     ``backbone.blocks.0...``), maybe several (``self.ema``, a teacher): the prefix is found, not assumed. Candidates are
     the key prefixes that end at a ``.`` and leave a key of the model; a candidate is the prefix when the keys under it
-    are the model's keys, no more and no fewer.
-
-    Args:
-        state: The checkpoint's state dict.
-        model_keys: ``net.state_dict()`` keys of the timm model.
-        origin: The file, for messages.
-        model: The timm model's description (name and arguments), for messages.
-
-    Returns:
-        The prefix (``""`` for keys without one).
-
-    Raises:
-        CheckpointError: several prefixes fit (the message names them and asks for ``--prefix``).
-        CheckpointMismatchError: none fits (the message names the closest candidates and what they miss).
+    are the model's keys, no more and no fewer (``""``: keys without one). Several that fit are an error asking for
+    ``--prefix``; none a mismatch naming the closest candidates and what they miss (``origin``, ``model``: the file
+    and the timm model, for messages).
     """
     own = set(model_keys)
     candidates: set[str] = set()
@@ -385,23 +346,8 @@ def net_from_user_checkpoint(
     TGO ``hyper_parameters`` describing the model, so the model is timm's ``name`` with the architecture arguments
     ``arch`` (``model.arch.*``), at the data's ``img_size`` and ``in_chans``; its weights are the state dict's entries
     under ``prefix`` (``backbone.`` for ``self.backbone``; ``""`` for none; ``None``: found by `state_dict_prefix`),
-    loaded strictly, the classifier head left out.
-
-    Args:
-        path: A Lightning checkpoint (its ``state_dict``), or a torch file holding a state dict.
-        name: The timm model name.
-        prefix: Where the ViT's weights live in the state dict, or ``None`` to find it.
-        img_size: Input resolution.
-        in_chans: Input channels.
-        arch: timm architecture arguments (``depth``, ``embed_dim``, ``reg_tokens``, ...).
-
-    Returns:
-        ``(net, prefix used)``.
-
-    Raises:
-        CheckpointError: unreadable file, no state dict, no key under an explicit prefix, or an ambiguous prefix.
-        CheckpointMismatchError: the weights do not fit the model (keys or shapes named).
-        UnsafeCheckpointError: the file's unpickling needs a global outside the weights-only set.
+    loaded strictly, the classifier head left out. ``path`` may also be a torch file holding a bare state dict.
+    Returns ``(net, prefix used)``.
     """
     checkpoint = load_checkpoint_file(path)
     state = checkpoint.get("state_dict", checkpoint)
