@@ -15,17 +15,8 @@ __all__ = ["Spectrum", "as_float64_matrix", "eigendecompose", "eigendecompose_ma
 
 
 def as_float64_matrix(cov: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Convert a covariance (numpy or torch, any device) to a float64 numpy ``[D, D]`` array.
-
-    Args:
-        cov: Square matrix.
-
-    Returns:
-        A float64 numpy array (a copy when a conversion was needed).
-
-    Raises:
-        ValueError: If ``cov`` is not a non-empty square 2-D matrix.
-    """
+    """Convert a covariance (numpy or torch, any device) to a float64 numpy ``[D, D]`` array (a copy only when a
+    conversion was needed)."""
     if isinstance(cov, torch.Tensor):
         cov = cov.detach().to(device="cpu", dtype=torch.float64).numpy()
     arr = np.asarray(cov, dtype=np.float64)
@@ -80,18 +71,7 @@ def eigendecompose(
 
     Degenerate inputs do not raise, so one bad observation point cannot abort the others: if ``n_rows < 2`` or the
     matrix holds NaN/Inf, every eigenvalue is NaN, ``n_clamped`` is 0 and ``most_negative`` is NaN; the counts are kept.
-
-    Args:
-        cov: ``[D, D]`` covariance (numpy or torch, any dtype/device).
-        n_rows: Rows that entered the covariance.
-        n_nonfinite: Rows that were dropped for holding NaN/Inf (bookkeeping only).
-        eigvalsh: The eigensolver (`tgo.spectral.eigensolver`; ``None``: `cpu_eigvalsh`, numpy's LAPACK).
-
-    Returns:
-        The :class:`Spectrum`.
-
-    Raises:
-        ValueError: If ``cov`` is not square 2-D, or the counts are negative.
+    ``eigvalsh``: the eigensolver (`tgo.spectral.eigensolver`; ``None``: `cpu_eigvalsh`, numpy's LAPACK).
     """
     return eigendecompose_many([cov], [n_rows], [n_nonfinite], eigvalsh=eigvalsh)[0]
 
@@ -110,21 +90,8 @@ def eigendecompose_many(
     rank-0 summary decomposes a point's ``G + 1`` jackknife covariances of a view together. The stacked call is the
     seam where another solver can take over (``eigvalsh``, e.g. a batched CUDA one; `tgo.spectral.eigensolver`):
     it receives the symmetrised float64 stack, and the clamping and structural zeros below are the same either way.
-
-    Args:
-        covs: ``[D, D]`` covariances (numpy or torch, any dtype/device; shapes may differ), or one float64
-            ``[S, D, D]`` array (decomposed without another copy when every matrix is defined).
-        n_rows: Rows that entered each covariance.
-        n_nonfinite: Rows dropped from each for holding NaN/Inf (``None``: 0).
-        eigvalsh: Float64 ``[S, D, D]`` -> ``[S, D]`` ascending eigenvalues of each stack (`Eigvalsh`; ``None``:
-            `cpu_eigvalsh`, i.e. ``numpy.linalg.eigvalsh``, the records' reference bits).
-
-    Returns:
-        One :class:`Spectrum` per covariance, in order, each equal to ``eigendecompose`` of it.
-
-    Raises:
-        ValueError: If a covariance is not square 2-D, a count is negative, the lengths differ, or ``eigvalsh``
-            returns an array that is not ``[S, D]``.
+    ``covs`` may have different shapes, or be one float64 ``[S, D, D]`` array (decomposed without another copy when
+    every matrix is defined).
     """
     solve = cpu_eigvalsh if eigvalsh is None else eigvalsh
     mats = [as_float64_matrix(c) for c in covs]

@@ -47,13 +47,6 @@ def jackknife_groups(labels: Sequence[int] | np.ndarray, groups: int) -> np.ndar
     turn, the count continuing across classes. Every group then holds about ``1/G`` of every class (exactly, when a
     class has a multiple of ``G`` images), so each leave-one-group-out subset keeps the class mix, and the
     assignment depends only on the labels: the same subset gives the same groups on every rank and every run.
-
-    Args:
-        labels: One class label per analysis image, in subset order.
-        groups: ``G >= 1``.
-
-    Returns:
-        int64 ``[len(labels)]`` group ids.
     """
     labels = np.asarray(labels).reshape(-1)
     if groups < 1:
@@ -85,13 +78,8 @@ class GroupedCovariance:
 
     The group of every row comes from ``batch_groups``: the caller sets it to the ``[B]`` group ids of the images
     of the batch about to run (a CPU tensor, as the DataLoader yields it), and ``update(x)`` splits ``x``
-    (``[B, ..., D]``, first axis the image) into runs of equal ids, one update per run.
-
-    Args:
-        groups: Number of groups ``G >= 1``.
-        dim: Feature dimension.
-        gram_dtype: Gram product precision of every group accumulator.
-        device: Where the state lives.
+    (``[B, ..., D]``, first axis the image) into runs of equal ids, one update per run. ``gram_dtype`` and
+    ``device`` are those of every group's accumulator.
     """
 
     def __init__(
@@ -125,11 +113,7 @@ class GroupedCovariance:
         return sum(g.n_nonfinite for g in self.groups)
 
     def update(self, x: torch.Tensor) -> None:
-        """Adds a batch, row blocks of each image to that image's group.
-
-        Raises:
-            RuntimeError: ``batch_groups`` was not set or does not match the batch size.
-        """
+        """Adds a batch, row blocks of each image to that image's group (``batch_groups`` set for it)."""
         ids = self.batch_groups
         if ids is None or ids.shape[0] != x.shape[0]:
             raise RuntimeError(
@@ -220,14 +204,7 @@ def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Momen
     ``M2_r = M2 - M2_g - (n n_g / n_r) (m_g - m)(m_g - m)^T`` (the parallel-variance identity of Chan, Golub and
     LeVeque, solved for the rest). No term cancels catastrophically (a group holds ~1/G of the rows), so each
     leave-one-out covariance costs O(D^2) instead of a merge of the other G - 1 states, and agrees with that merge
-    to ~1e-15 relative.
-
-    Args:
-        total: Moments of all rows.
-        groups: Moments of each group (a group with fewer than 2 rows may have a NaN covariance).
-
-    Returns:
-        One `Moments` per group, in group order; a subset with fewer than 2 rows gets a NaN covariance.
+    to ~1e-15 relative. A subset with fewer than 2 rows gets a NaN covariance.
     """
     if not groups:
         return []
@@ -285,11 +262,8 @@ def row_moments(rows: np.ndarray) -> Moments:
 
 
 def jackknife_stderr(leave_one_out: Sequence[float] | np.ndarray) -> float:
-    """Delete-a-group jackknife standard error from the ``G`` leave-one-out values of an observable.
-
-    Returns:
-        ``sqrt((G - 1) / G * sum (theta_(g) - mean)^2)``; NaN when ``G < 2`` or any value is NaN.
-    """
+    """Delete-a-group jackknife standard error ``sqrt((G - 1) / G * sum (theta_(g) - mean)^2)`` from the ``G``
+    leave-one-out values of an observable; NaN when ``G < 2`` or any value is not finite."""
     values = np.asarray(leave_one_out, dtype=np.float64)
     g = values.size
     if g < 2 or not np.all(np.isfinite(values)):
@@ -303,9 +277,6 @@ def jackknife_stderrs(leave_one_out: np.ndarray) -> np.ndarray:
     The same operations row by row (numpy reduces each contiguous row with the same pairwise summation as a 1-D
     array), so ``jackknife_stderrs(v)[k] == jackknife_stderr(v[k])`` bit for bit (both NaN where a row holds a
     non-finite value or ``G < 2``).
-
-    Returns:
-        float64 ``[K]``.
     """
     values = np.ascontiguousarray(leave_one_out, dtype=np.float64)
     if values.ndim != 2:
