@@ -74,7 +74,7 @@ def story_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _story_of(run: Path):
     ctx = judge([load_run_data(run)], DEFAULT_SETTINGS)  # what the report's sections read
-    return build_story(ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions), ctx.findings, ctx.predictions
+    return build_story(ctx), ctx.findings, ctx.predictions
 
 
 def test_the_against_depth_panels_draw_the_window_means_the_hypotheses_table_judges(story_report):

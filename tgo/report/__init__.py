@@ -6,12 +6,15 @@ Usage::
                          [--window 0.1] [--min-window 2] [--z 3] [--stable-tolerance 0.1]
     python -m tgo.report --published --out DIR
 
-Modules, one job each: `runs` (find and read runs), `verdicts` (window means and the uncertainty of their
+Modules, one job each: `runs` (find and read runs), `context` (every view read once, aggregated once, both tables
+judged once: what every section and the live story read), `verdicts` (window means and the uncertainty of their
 differences), `findings` (the paper's claims as pure functions), `hypotheses` (TGO-I's three explanations of
-spreading variance as predictions, judged with the same rule), `hypotheses_section` (their page section, CKA and
-``hypotheses.csv``), `hypothesis_figures` (its drawings), `aggregate` (several runs: mean, spread, agreement),
-`reference` (the published TGO-I data), `figures` (PNGs via `tgo.viz`), `html` (the page), `build` (the
-orchestrator). The verdict rule is documented in ``docs/findings.md``, the hypotheses in ``docs/hypotheses.md``.
+spreading variance as predictions, judged with the same rule), `statements` (what the two tables share: the
+false-discovery control, the agreement count, the CSV rows), `cells` (every number written), `aggregate` (several
+runs: mean, spread), `reference` (the published TGO-I data), the sections (`story`, `hypotheses_section`,
+`phases`, `optimisation` and `build`'s own; each ``section(ctx) -> list[Section]``), `summary` (the verdict counts),
+`figures` (PNGs via `tgo.viz`), `html` (the page, from a jinja2 template), `build` (the loop over the sections). The
+verdict rule is documented in ``docs/findings.md``, the hypotheses in ``docs/hypotheses.md``.
 """
 
 from tgo.report.aggregate import SubsetMismatchError

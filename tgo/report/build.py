@@ -227,22 +227,6 @@ def figures_section(ctx: Context) -> list[Section]:
     return sections
 
 
-def _write_page(report_dir: Path, title: str, sections: Sequence[Section], embed: bool) -> Path:
-    index = report_dir / "index.html"
-    index.write_text(render_page(title, sections, report_dir, embed=embed), encoding="utf-8")
-    return index
-
-
-def _use_reference(mode: str) -> bool:
-    if mode not in REFERENCE_MODES:
-        raise ReportInputError(f"--reference: expected one of {REFERENCE_MODES}, got {mode!r}")
-    return mode == "tgo1"
-
-
-def _pct_or_missing(value: float | None) -> str:
-    return NOT_RECORDED if value is None else f"{value:.2%}"
-
-
 def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple[str, str]]:
     """The header's (field, value) rows: model, data, image size, epochs, accuracies, seeds, subset, software.
 
@@ -275,8 +259,8 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
             "epochs observed",
             f"{', '.join(str(e) for e in observed)} ({len(observed)} observation{'s' if len(observed) != 1 else ''})",
         ),
-        ("final val top-1", joined([_pct_or_missing(i.top1) for i in infos])),
-        ("final val top-5", joined([_pct_or_missing(i.top5) for i in infos])),
+        ("final val top-1", joined([NOT_RECORDED if i.top1 is None else f"{i.top1:.2%}" for i in infos])),
+        ("final val top-5", joined([NOT_RECORDED if i.top5 is None else f"{i.top5:.2%}" for i in infos])),
         ("seed(s)", ", ".join(dict.fromkeys(text(i.seed) for i in infos))),
         (
             "analysis subset",
@@ -439,7 +423,9 @@ def build_report(
         raise ReportInputError("give at least one run directory (or a directory containing runs)")
     run_dirs = discover_runs(paths)
     runs = [load_run_data(p, name) for p, name in zip(run_dirs, run_names(run_dirs), strict=False)]
-    overlay = _use_reference(reference)
+    if reference not in REFERENCE_MODES:
+        raise ReportInputError(f"--reference: expected one of {REFERENCE_MODES}, got {reference!r}")
+    overlay = reference == "tgo1"
     infos = [read_run_info(r.path) for r in runs]
     check_comparable(runs, infos)
     notes = check_subsets(runs, allow_different=allow_different_subsets)
@@ -464,8 +450,9 @@ def build_report(
         write_csv(report_dir / "findings.csv", FINDINGS_COLUMNS, rows)
         rows = hypotheses_rows(ctx.predictions, settings.z, ctx.prediction_agreement, len(runs))
         write_csv(report_dir / "hypotheses.csv", HYPOTHESES_COLUMNS, rows)
-        index = _write_page(report_dir, title or f"TGO report: {', '.join(r.name for r in runs)}", sections, embed)
-    return final_dir / index.name
+        title = title or f"TGO report: {', '.join(r.name for r in runs)}"
+        (report_dir / "index.html").write_text(render_page(title, sections, report_dir, embed=embed), encoding="utf-8")
+    return final_dir / "index.html"
 
 
 def build_published_report(
@@ -514,5 +501,6 @@ def build_published_report(
         ]
         sections += _figure_sections(observable_figures(single_aggregate(paper, PAPER_POINTS), report_dir / "figures"))
         write_csv(report_dir / "findings.csv", FINDINGS_COLUMNS, csv_rows(findings, FINDINGS_COLUMNS, settings.z))
-        index = _write_page(report_dir, title or "TGO report: published TGO-I measurements", sections, embed)
-    return final_dir / index.name
+        title = title or "TGO report: published TGO-I measurements"
+        (report_dir / "index.html").write_text(render_page(title, sections, report_dir, embed=embed), encoding="utf-8")
+    return final_dir / "index.html"

@@ -9,7 +9,7 @@ The rule (the statistics are in `tgo.report.verdicts`): a series is cut into win
 (single observations for runs observed fewer than 10 times), and every comparison is a contrast of window means
 against its combined standard error ``U = sqrt(J^2 + T^2)`` (the paired jackknife term and the training-noise term),
 significant when it exceeds the Student-t widened threshold of ``z = 3`` and, over the whole table, its
-Benjamini-Hochberg q-value is at most 0.05 (`control_fdr_findings`). With ``gain`` the series signed so that the
+Benjamini-Hochberg q-value is at most 0.05 (`control_fdr_table`). With ``gain`` the series signed so that the
 claimed direction is up:
 
 * ``holds then reverses``: the best window (the *peak*; a trough for falling claims) is not the last window, the
@@ -109,7 +109,6 @@ __all__ = [
     "assess_stable",
     "assess_trend",
     "below_noise_floor",
-    "control_fdr_findings",
     "evaluate_findings",
     "judge_stable",
     "judge_trend",
@@ -347,7 +346,7 @@ class Finding:
         note: A short explanation where the numbers alone do not say it.
         extreme: For CLS claims, the rank and margin in the final window.
         p: Two-sided p-value of the row's evidence (the change, a reversal, a stability band or a margin).
-        q: Its Benjamini-Hochberg q-value among the table's rows (`control_fdr_findings`).
+        q: Its Benjamini-Hochberg q-value among the table's rows (`control_fdr_table`).
     """
 
     claim: str
@@ -549,7 +548,7 @@ def judge_trend(m: Measured, direction: Direction, settings: VerdictSettings = D
         settings: Window width, minimum window and z.
 
     Returns:
-        The `Trend`, verdict, note and p-value included (the q-value is set by `control_fdr_findings`).
+        The `Trend`, verdict, note and p-value included (the q-value is set by `control_fdr_table`).
 
     Raises:
         ValueError: an unknown direction.
@@ -928,12 +927,6 @@ DIRECTIONAL: tuple[str, ...] = (HOLDS, REVERSES, FAILS)
 """The verdicts that claim a direction (subject to the false-discovery control)."""
 
 
-def control_fdr_findings(findings: Sequence[Finding], settings: VerdictSettings = DEFAULT_SETTINGS) -> list[Finding]:
-    """The findings table's false-discovery control (`tgo.report.statements.control_fdr_table`): a directional
-    verdict whose ``q > fdr`` reads inconclusive."""
-    return control_fdr_table(findings, settings, DIRECTIONAL, INCONCLUSIVE)
-
-
 def _row(claim: Claim, point: str, expected: str, trend: Trend, metric: str | None = None) -> Finding:
     return Finding(
         claim.key,
@@ -978,7 +971,7 @@ def evaluate_findings(
 
     Returns:
         Findings in claim order, then point order, with q-values and the false-discovery control applied over all
-        rows (`control_fdr_findings`). A trend or stable row whose first and last windows are below the observable's
+        rows (`control_fdr_table`). A trend or stable row whose first and last windows are below the observable's
         noise floor gets verdict ``n/a`` and a note saying so (`below_noise_floor`).
     """
     if points is None:
@@ -1050,4 +1043,4 @@ def evaluate_findings(
             )
             expected = "highest" if direction == "rise" else "lowest"
             findings.append(Finding(claim.key, claim.statement, claim.metric, "pooled", expected, None, NA, note))
-    return control_fdr_findings(findings, settings)
+    return control_fdr_table(findings, settings, DIRECTIONAL, INCONCLUSIVE)

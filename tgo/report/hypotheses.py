@@ -674,16 +674,10 @@ def evaluate_predictions(
             p = trend.uncertainty.p(trend.change) if trend.verdict != NA else math.nan
             results.append(PredictionResult(prediction, point, replace(trend, note=note, p=p), verdict, note, p))
         out[prediction] = results
-    return _control_fdr_predictions(out, settings)
-
-
-def _control_fdr_predictions(
-    results: dict[Prediction, list[PredictionResult]], settings: VerdictSettings
-) -> dict[Prediction, list[PredictionResult]]:
-    """The predictions table's false-discovery control over every prediction row
-    (`tgo.report.statements.control_fdr_table`): consistent/inconsistent rows with ``q > fdr`` read inconclusive."""
-    rows = iter(control_fdr_table([r for rs in results.values() for r in rs], settings, DIRECTIONAL, INCONCLUSIVE))
-    return {prediction: [next(rows) for _ in rs] for prediction, rs in results.items()}
+    # one false-discovery control over every prediction row: consistent/inconsistent rows with q > fdr read
+    # inconclusive
+    rows = iter(control_fdr_table([r for rs in out.values() for r in rs], settings, DIRECTIONAL, INCONCLUSIVE))
+    return {prediction: [next(rows) for _ in rs] for prediction, rs in out.items()}
 
 
 def verdict_counts(results: Sequence[PredictionResult]) -> Counter:

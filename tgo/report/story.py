@@ -44,7 +44,7 @@ from tgo.report.context import SPLIT_VIEWS, Context, judge
 from tgo.report.figures import FigureRef, save_figure
 from tgo.report.findings import FAILS, HOLDS, INCONCLUSIVE, NA, REVERSES, Finding, Trend
 from tgo.report.html import Section
-from tgo.report.hypotheses import CONSISTENT, INCONSISTENT, Prediction, PredictionResult
+from tgo.report.hypotheses import CONSISTENT, INCONSISTENT, PredictionResult
 from tgo.report.hypothesis_figures import VERDICT_COLOURS
 from tgo.report.runs import load_run_data
 from tgo.report.statements import window_band
@@ -301,21 +301,12 @@ def _variance_panel(
     )
 
 
-def build_story(
-    agg: Aggregate,
-    views: Mapping[str, Aggregate],
-    findings: Sequence[Finding],
-    predictions: Mapping[Prediction, Sequence[PredictionResult]],
-) -> Story:
-    """The story figure's panels from a report's aggregates and the verdicts it reached.
-
-    Args:
-        agg: The runs' aggregate of the ``all`` view (effective rank and its bands).
-        views: The Hypotheses section's per-view aggregates (`HypothesesReport.aggregates`): the variance split's
-            total variances of the between- and within-image views.
-        findings: The findings (the effective-rank claim marks the first panel).
-        predictions: The Hypotheses results (the other panels draw and mark their windows).
+def build_story(ctx: Context) -> Story:
+    """The story figure's panels from the report's context: the aggregate of view ``all`` (effective rank and its
+    bands), the between- and within-image views' total variances (the variance split), the findings (the
+    effective-rank claim marks the first panel) and the predictions (the other panels draw and mark their windows).
     """
+    agg, views, findings, predictions = ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions
     several = agg.n_runs > 1
     by_key = {(p.metric, p.view): (p, r) for p, r in predictions.items()}
     panels: list[Panel] = []
@@ -522,12 +513,12 @@ def run_story(run_dir: str | os.PathLike[str], epoch: int | None = None) -> Stor
     ctx = judge([load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run")], until=epoch)
     if "effective_rank" not in ctx.agg.mean:
         return None
-    return build_story(ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions)
+    return build_story(ctx)
 
 
 def story_section(ctx: Context) -> list[Section]:
     """The story figure as the page's first section; none when no panel can be drawn."""
-    story = build_story(ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions)
+    story = build_story(ctx)
     if not story.panels:
         return []
     path = save_figure(story_figure(story), ctx.figures_dir, "story")
