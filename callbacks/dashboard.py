@@ -27,7 +27,7 @@ natural order, digits first, and opens only the first two, so the groups are num
 marked with its verdicts so far; a function returning one figure writes `STORY_TAG`), ``1_depth_profile[_<view>]/
 <metric>`` (one observable against depth, one line per observed epoch, +-1 jackknife s.e.), ``2_vs_epoch/<metric>``
 (one observable against epoch, one line per point in its own depth colour: TensorBoard's 7 run colours repeat over
-15 point runs). The detail cards follow: ``attention_heads/<metric>``, ``layer_epoch/<metric>``,
+15 point runs). The detail cards follow: ``<view>_heads/<metric>`` (block x head maps), ``layer_epoch/<metric>``,
 ``spectra/<NN>_<point>``, ``decay/all_points``, ``correlation/<NN>_<point>`` (off by default) and the
 ``spectrum_log10/<NN>_<point>`` histograms; per-point tags carry the point runs' depth index
 (`tgo.callbacks.tensorboard_runs.point_run_names`), so alphabetical lists show them in depth order.
