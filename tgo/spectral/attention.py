@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from tgo.spectral.accumulator import _outside_inference_mode, strict_fp32_math
-from tgo.spectral.jackknife import jackknife_stderr
+from tgo.spectral.jackknife import jackknife_stderr, runs_of
 
 __all__ = [
     "ATTENTION_METRICS",
@@ -70,32 +70,14 @@ _SUMS = ("entropy", "cls_entropy", "cls_mass", "register_mass", "self_mass", "ma
 
 
 def patch_distances(grid: tuple[int, int], patch_size: int | tuple[int, int]) -> np.ndarray:
-    """Pixel distances between the centres of all patch pairs, float64 ``[h w, h w]`` (patches row-major).
-
-    Args:
-        grid: ``(h, w)`` patches.
-        patch_size: Patch side in pixels, or ``(height, width)``.
-
-    Returns:
-        ``D[p, q] = sqrt((ph (r_p - r_q))^2 + (pw (c_p - c_q))^2)`` with ``p = r_p w + c_p``.
-    """
+    """Pixel distances between the centres of all patch pairs of an ``(h, w)`` grid, float64 ``[h w, h w]``:
+    ``D[p, q] = sqrt((ph (r_p - r_q))^2 + (pw (c_p - c_q))^2)`` with ``p = r_p w + c_p`` (patches row-major)."""
     h, w = grid
     ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
     rows, cols = np.divmod(np.arange(h * w), w)
     dr = (rows[:, None] - rows[None, :]) * float(ph)
     dc = (cols[:, None] - cols[None, :]) * float(pw)
     return np.sqrt(dr * dr + dc * dc)
-
-
-def _runs(ids: list[int]) -> list[tuple[int, int, int]]:
-    """``(group, start, stop)`` of each run of equal consecutive ids."""
-    runs: list[tuple[int, int, int]] = []
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or ids[i] != ids[start]:
-            runs.append((ids[start], start, i))
-            start = i
-    return runs
 
 
 @dataclass(frozen=True)
@@ -152,9 +134,6 @@ class AttentionAccumulator:
             ViT-S/16 224 px: measured ~2x faster than 32 MiB chunks, which glibc maps afresh on every allocation and
             which fall out of cache), 2^24 on a GPU.
         device: Where the state lives and the recomputation runs (CPU by default); ``q``/``k`` are moved there.
-
-    Raises:
-        ValueError: On inconsistent arguments.
     """
 
     @_outside_inference_mode
@@ -237,16 +216,9 @@ class AttentionAccumulator:
         """Add one batch: recompute its attention weights and add every image's sums to its group.
 
         Images whose metrics come out non-finite (NaN/Inf in ``q`` or ``k``) are dropped and counted in
-        ``n_nonfinite``.
-
-        Args:
-            q: Queries after ``q_norm``, ``[B, H, N, d_h]``, any floating dtype and device.
-            k: Keys after ``k_norm``, the same shape.
-            batch_groups: ``[B]`` jackknife group ids in ``[0, groups)`` (required when ``groups >= 1``, refused when
-                ``groups == 0``).
-
-        Raises:
-            ValueError: On a wrong rank, shape or dtype, or wrong or missing group ids.
+        ``n_nonfinite``. ``q`` and ``k``: after ``q_norm`` / ``k_norm``, ``[B, H, N, d_h]``, any floating dtype and
+        device; ``batch_groups``: ``[B]`` jackknife group ids in ``[0, groups)`` (required when ``groups >= 1``,
+        refused when ``groups == 0``).
         """
         if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
             raise ValueError(f"AttentionAccumulator.update: q and k must be tensors, got {type(q)}, {type(k)}")
@@ -277,7 +249,7 @@ class AttentionAccumulator:
             for start in range(0, b, per_chunk):
                 stop = min(b, start + per_chunk)
                 rows = self._image_sums(q[start:stop].detach(), k[start:stop].detach())
-                for group, lo, hi in _runs(ids[start:stop]):
+                for group, lo, hi in runs_of(ids[start:stop]):
                     self._state[group] += rows[lo:hi].sum(dim=0)
 
     def _image_sums(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -359,15 +331,8 @@ class AttentionAccumulator:
 
     @_outside_inference_mode
     def unpack_(self, flat: torch.Tensor, *, copy: bool = True) -> None:
-        """Overwrite the state with a (summed) packed state.
-
-        Args:
-            flat: 1-D tensor of length `packed_size`.
-            copy: ``False`` keeps a view of ``flat`` (float64 on this device already) instead of a copy.
-
-        Raises:
-            ValueError: If the length is wrong.
-        """
+        """Overwrite the state with a (summed) packed state (``copy=False``: a view of ``flat``, float64 on this
+        device already, instead of a copy)."""
         flat = torch.as_tensor(flat)
         if flat.ndim != 1 or flat.numel() != self.packed_size:
             raise ValueError(
@@ -392,11 +357,7 @@ class AttentionAccumulator:
 
     @_outside_inference_mode
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict` (missing sums: empty); a layout mismatch is an error, not a reshape.
-
-        Raises:
-            ValueError: If heads, tokens, prefix or groups differ from this accumulator's.
-        """
+        """Restore a `state_dict` (missing sums: empty); a layout mismatch is an error, not a reshape."""
         for key in ("num_heads", "num_tokens", "num_prefix_tokens", "groups"):
             if int(state.get(key, getattr(self, key))) != getattr(self, key):
                 raise ValueError(
@@ -477,9 +438,6 @@ class AttentionAccumulator:
 
         Values come from the total over groups; replicate ``g`` is the same ratio of sums with group ``g``'s sums
         left out (the sum of the other groups' rows, so no subtraction), and ``stderr = jackknife_stderr(replicates)``.
-
-        Returns:
-            The `AttentionSummary`.
         """
         sums = self.group_sums()
         per_head, diversity, similarity = self._metrics(sums.sum(axis=0))

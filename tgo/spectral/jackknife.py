@@ -57,13 +57,12 @@ def jackknife_groups(labels: Sequence[int] | np.ndarray, groups: int) -> np.ndar
     return out
 
 
-def _runs(ids: torch.Tensor) -> list[tuple[int, int, int]]:
-    """``(group, start, stop)`` of each run of equal consecutive ids, read on the CPU (no device sync).
+def runs_of(values: list[int]) -> list[tuple[int, int, int]]:
+    """``(group, start, stop)`` of each run of equal consecutive ids.
 
     The observation visits each rank's shard group by group, so a batch is one or two runs and each becomes one
     update on a view of the batch (no masked copy).
     """
-    values = ids.detach().cpu().tolist()
     runs: list[tuple[int, int, int]] = []
     start = 0
     for i in range(1, len(values) + 1):
@@ -121,7 +120,7 @@ class GroupedCovariance:
                 f" got {None if ids is None else tuple(ids.shape)}"
             )
         if ids is not self._runs_of:
-            self._runs, self._runs_of = _runs(ids), ids
+            self._runs, self._runs_of = runs_of(ids.detach().cpu().tolist()), ids  # read on the CPU: no device sync
         for group, start, stop in self._runs:
             self.groups[group].update(x[start:stop])
 
