@@ -74,9 +74,6 @@ def resolve_analysis_counts(size: int | None, per_class: int | None, num_classes
 
     Either may be omitted: ``per_class`` alone gives ``size = per_class * num_classes``; ``size`` alone must be a
     multiple of ``num_classes``; both must agree. Being strict here avoids a subset silently smaller than asked.
-
-    Raises:
-        DataConfigError: Naming ``data.analysis.size`` / ``data.analysis.per_class`` and the expectation.
     """
     if size is None and per_class is None:
         raise DataConfigError("data.analysis.size and data.analysis.per_class are both null; set at least one.")
@@ -109,22 +106,9 @@ def select_analysis_indices(
     class_names: Sequence[str] | None = None,
     split_name: str = "the validation split",
 ) -> list[int]:
-    """Positions (into ``keys``) of the stratified analysis subset; see the module docstring for the rule.
-
-    Args:
-        keys: Unique, sortable key per validation item (all str or all int).
-        labels: Label per item.
-        num_classes: Number of classes; every class contributes ``per_class`` items.
-        per_class: Items per class.
-        seed: Selection seed.
-        class_names: Names for error messages.
-        split_name: Where the items come from, for error messages.
-
-    Returns:
-        Positions ordered by (label, key). Depends only on the multiset of (key, label) pairs, not their order.
-
-    Raises:
-        DataConfigError: If some class has fewer than ``per_class`` items (names the classes and counts).
+    """Positions (into ``keys``, unique and sortable) of the stratified analysis subset, ordered by (label, key);
+    see the module docstring for the rule. They depend only on the multiset of (key, label) pairs, not their order.
+    ``class_names`` and ``split_name`` are for error messages.
     """
     labels = np.asarray(labels, dtype=np.int64)
     order = sorted(range(len(keys)), key=lambda i: keys[i])
@@ -155,13 +139,9 @@ def subset_fingerprint(items: Sequence[AnalysisItem]) -> str:
 
 
 class AnalysisSubset(Dataset):
-    """The analysis images as a dataset of ``(eval_transform(image), label)``, in manifest order.
-
-    Args:
-        split: Validation split with the eval transform attached.
-        indices: Positions in ``split``.
-        items: The matching manifest items (hashes may be filled lazily by :meth:`hashed_items`).
-    """
+    """The analysis images (``indices`` of a validation ``split`` with the eval transform attached) as a dataset of
+    ``(eval_transform(image), label)``, in manifest order; the ``items``' hashes may be filled lazily
+    (:meth:`hashed_items`)."""
 
     def __init__(self, split: ImageSplit, indices: Sequence[int], items: Sequence[AnalysisItem]):
         self.split = split
@@ -189,11 +169,7 @@ class AnalysisSubset(Dataset):
 
 
 def load_manifest(path: str | Path) -> dict[str, Any]:
-    """Read and shape-check a manifest; accepts the file or a run directory containing it.
-
-    Raises:
-        DataConfigError: If missing, not JSON, of another version or without items.
-    """
+    """Read and shape-check a manifest; accepts the file or a run directory containing it."""
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_NAME
@@ -225,9 +201,6 @@ def check_manifest_consistency(manifest: dict[str, Any], *, where: str) -> None:
     tgo writes every item's sha256; an item without one (a hand-edited or truncated file) would skip the check that
     the image is still the same, and a ``size``/``fingerprint`` that no longer match the items mean the list was
     edited after it was written (the subset a run reports would not be the one it measured).
-
-    Raises:
-        DataConfigError: naming what is inconsistent.
     """
     items = manifest["items"]
     unhashed = [i["key"] for i in items if not isinstance(i.get("sha256"), str) or not _SHA256.fullmatch(i["sha256"])]
@@ -259,13 +232,8 @@ def resolve_manifest(
     """Find a pinned manifest's items in the current validation split and verify them.
 
     Every item must exist under the same key with the same label and, where the manifest has a hash, the same
-    content hash. All items are checked so the error can say how many differ.
-
-    Returns:
-        ``(positions in split, items)`` in manifest order.
-
-    Raises:
-        AnalysisManifestMismatch: On another source or class list, or any missing/relabelled/changed item.
+    content hash, and the manifest must be of this source and class list. All items are checked so the error can
+    say how many differ. Returns ``(positions in split, items)`` in manifest order.
     """
     where = f"data.analysis.manifest='{manifest.get('_path', '?')}'"
     if manifest.get("source") != source:

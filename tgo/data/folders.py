@@ -41,18 +41,8 @@ def default_class_list_path() -> Path:
 
 
 def read_class_list(path: str | Path, key: str = "data.class_list") -> list[str]:
-    """Read a class list: the first token of each non-blank, non-``#`` line, in file order.
-
-    Args:
-        path: Text file with one class folder name (e.g. WordNet id) per line; anything after it is ignored.
-        key: Config key named in error messages.
-
-    Returns:
-        Class names; label ``i`` is the ``i``-th entry.
-
-    Raises:
-        DataConfigError: If the file is missing, empty or lists a class twice.
-    """
+    """Read a class list: the first token (a class folder name, e.g. a WordNet id) of each non-blank, non-``#``
+    line, in file order; label ``i`` is the ``i``-th entry. ``key``: the setting named in error messages."""
     path = Path(path)
     if not path.is_file():
         raise DataConfigError(f"{key}='{path}' does not exist; expected a text file with one WordNet id per line.")
@@ -80,9 +70,6 @@ def list_images(directory: Path) -> list[str]:
 
     Every directory is entered once, by its device and inode: a symlink that leads back to a directory above it (a
     loop) or to a directory the tree already holds (its images would be counted twice) is refused naming the link.
-
-    Raises:
-        DataConfigError: a symlink loop, a directory reached twice, or an unreadable directory.
     """
     root = Path(directory)
     found: list[str] = []
@@ -126,11 +113,7 @@ def list_images(directory: Path) -> list[str]:
 
 
 def check_split_dirs(root: str | Path | None, source: str) -> Path:
-    """Check ``root`` has ``train/`` and ``val/`` in class-folder layout; return it as an absolute ``Path``.
-
-    Raises:
-        DataConfigError: Naming ``data.root`` and the expected layout when something is missing or flat.
-    """
+    """Check ``root`` has ``train/`` and ``val/`` in class-folder layout; return it as an absolute ``Path``."""
     expected = f"source={source} expects {LAYOUT}"
     if root is None or str(root).strip() == "":
         raise DataConfigError(f"data.root is required for source={source}; {expected}.")
@@ -154,20 +137,9 @@ def check_split_dirs(root: str | Path | None, source: str) -> Path:
 
 
 def scan_split(root: Path, split: str, classes: Sequence[str], require_all: bool) -> tuple[list[str], list[int]]:
-    """List the images of ``classes`` in ``root/split``; label = position in ``classes``.
-
-    Args:
-        root: Data root (keys are relative to it, e.g. ``val/n01440764/x.JPEG``).
-        split: "train" or "val".
-        classes: Class folder names in label order.
-        require_all: If true, every class folder must exist and hold at least one image.
-
-    Returns:
-        ``(keys, labels)`` sorted by label, then by relative path.
-
-    Raises:
-        DataConfigError: If ``require_all`` and a class folder is missing or empty (all such classes are listed).
-    """
+    """``(keys, labels)`` of the images of ``classes`` in ``root/split``, sorted by label (position in ``classes``),
+    then by key (the path relative to ``root``, e.g. ``val/n01440764/x.JPEG``). ``require_all``: every class folder
+    must exist and hold at least one image (the error lists every class that does not)."""
     keys: list[str] = []
     labels: list[int] = []
     missing: list[str] = []

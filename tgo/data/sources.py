@@ -81,14 +81,9 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def load_digits_split(seed: int, mode: str) -> tuple[ArrayImageSplit, ArrayImageSplit]:
     """Deterministic stratified split of scikit-learn's digits: per class, a seeded permutation sends
-    ``round(0.2 * n)`` images to validation. Keys are indices into ``sklearn.datasets.load_digits()``.
-
-    Args:
-        seed: Split seed (the class label is mixed in, so each class's draw is independent of the others).
-        mode: PIL mode ("RGB" replicates the grey digits to three channels).
-
-    Returns:
-        ``(train, val)`` splits, each sorted by key.
+    ``round(0.2 * n)`` images to validation. Keys are indices into ``sklearn.datasets.load_digits()``. The class
+    label is mixed into the seed, so each class's draw is independent of the others; returns ``(train, val)``, each
+    sorted by key.
     """
     images, targets = _digits_arrays()
     val_idx: list[int] = []
@@ -177,13 +172,8 @@ _REGISTRY: dict[str, SourceSpec] = {}
 def register_source(name: str, build: Callable[[SourceArgs], SourceData], *, needs_root: bool = False) -> None:
     """Makes ``data.source=<name>`` build its splits with ``build`` (recipe: ``docs/extending.md``).
 
-    Args:
-        name: The source name the config selects.
-        build: ``SourceArgs -> SourceData``; raise `DataConfigError` naming ``data.<key>`` for bad input.
-        needs_root: The source reads files under ``data.root``, which is then required before anything is scanned.
-
-    Raises:
-        ValueError: the name is taken.
+    ``build`` raises `DataConfigError` naming ``data.<key>`` for bad input; ``needs_root``: the source reads files
+    under ``data.root``, which is then required before anything is scanned.
     """
     if name in _REGISTRY:
         raise ValueError(f"data source {name!r} is already registered")
@@ -196,11 +186,7 @@ def unregister_source(name: str) -> None:
 
 
 def source_spec(name: str) -> SourceSpec:
-    """The registered source called ``name``.
-
-    Raises:
-        DataConfigError: no such source, naming the known ones.
-    """
+    """The registered source called ``name`` (an unknown one is an error naming the known ones)."""
     if name not in _REGISTRY:
         raise DataConfigError(f"data.source='{name}' is unknown; expected one of {', '.join(_REGISTRY)}.")
     return _REGISTRY[name]
@@ -223,25 +209,9 @@ def build_source(
     val_size: int = 200,
     seed: int = 0,
 ) -> SourceData:
-    """Scan or generate a registered source and return its splits.
-
-    Args:
-        source: A registered name (`source_names`; built in: digits, synthetic, imagefolder, imagenet100).
-        root: Data root (file sources only).
-        class_list: Class list file (imagenet100; ``None`` = the packaged ImageNet-100 list).
-        channels: 3 (RGB) or 1 (greyscale); images are converted on load.
-        image_size: Rendering resolution of synthetic images.
-        num_classes: Number of synthetic classes.
-        train_size: Number of synthetic training images.
-        val_size: Number of synthetic validation images.
-        seed: Synthetic generation seed and digits split seed.
-
-    Returns:
-        The source's :class:`SourceData`.
-
-    Raises:
-        DataConfigError: On an unknown source or data that do not match the expected layout.
-    """
+    """Scan or generate a registered source (`source_names`) and return its splits; the arguments are the
+    ``data.*`` settings of `SourceArgs` (``channels`` 3 for RGB, 1 for greyscale, converted on load; ``class_list``
+    ``None``: imagenet100's packaged list)."""
     spec = source_spec(source)
     args = SourceArgs(
         root=None if root is None else Path(root),

@@ -119,9 +119,6 @@ def _item_label(dataset: Dataset, index: int, where: str) -> Any:
 def dataset_labels(dataset: Dataset, labels: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
     """Every item's label as an int64 array: from ``labels``, else ``dataset.labels`` / ``dataset.targets``, a
     ``TensorDataset``'s second tensor, a ``Subset``'s parent, else by reading every item once.
-
-    Raises:
-        AnalysisSetError: labels that are not non-negative integers, or not one per item.
     """
     n = _length(dataset, "dataset")
     if labels is not None:
@@ -189,20 +186,8 @@ def stratified_subset(
     every class, a permutation of its items drawn with ``numpy.random.default_rng([seed, c])``, the first
     ``per_class`` kept; the subset is ordered by (label, position). ``c`` is the class's rank among the labels
     present (its label itself when the labels are ``0 .. K-1``), so a class without items is no error. The same
-    dataset, ``per_class`` and ``seed`` give the same subset in every process and run.
-
-    Args:
-        dataset: Any map-style dataset of ``(image, label)``.
-        per_class: Items per class (every class must have at least this many).
-        seed: Selection seed.
-        labels: One label per item, if known (else read as `dataset_labels` does).
-
-    Returns:
-        A `StratifiedSubset` (a ``torch.utils.data.Subset`` with ``.labels``).
-
-    Raises:
-        AnalysisSetError: ``per_class`` not a positive integer, labels not integers, or a class with too few items
-            (naming the classes and their counts).
+    dataset, ``per_class`` and ``seed`` give the same subset in every process and run. ``labels``: one per item, if
+    known (else read as `dataset_labels` does).
     """
     if isinstance(per_class, bool) or not isinstance(per_class, (int, np.integer)) or per_class <= 0:
         raise AnalysisSetError(f"stratified_subset: per_class must be a positive integer; got {per_class!r}")
@@ -274,9 +259,6 @@ def check_analysis_set(dataset: Any, *, where: str = "analysis") -> Any:
 
     A dataset that already has int ``.labels`` (the DataModule's subset, a `StratifiedSubset`) is returned as it
     is; otherwise the labels are read (`dataset_labels`) and attached (`LabelledDataset`).
-
-    Raises:
-        AnalysisSetError: not map-style, empty, items not ``(image tensor, int label)``, labels not integers.
     """
     _require_map_style(dataset, where)
     n = _length(dataset, where)
@@ -341,12 +323,8 @@ def analysis_manifest(dataset: Any, *, written_by: str, groups: int = 0) -> dict
     (``per_class`` / ``seed``) when it is a `StratifiedSubset`; every item's key (its index in the parent dataset),
     label and the sha256 of its image tensor as the model sees it; and a fingerprint of that list (images included,
     unlike the DataModule's fingerprint of keys and labels, because a key alone names no image here). Reading every
-    item once costs one pass over the images without the model.
-
-    Args:
-        dataset: The checked analysis set (`check_analysis_set`).
-        written_by: Which entry point wrote it (``SpectralGeometryCallback(analysis=...)``, ``tgo.observe_model``).
-        groups: Jackknife groups ``G`` of the observation (``>= 2``: the group of every item is recorded).
+    item once costs one pass over the images without the model. With ``groups >= 2`` (jackknife groups) the group
+    of every item is recorded; ``written_by`` names the entry point.
     """
     labels = np.asarray(dataset.labels if hasattr(dataset, "labels") else dataset_labels(dataset), dtype=np.int64)
     keys, key_meaning = _keys(dataset)
