@@ -72,9 +72,7 @@ def warn_if_the_crop_discards_most_of_the_image(image_size: int, resize_size: in
 
     ``resize_size: 256`` with ``image_size: 32`` measures the central 32 px of a 256 px resize: an eighth of each
     side, 1.6% of the image. ``null`` (the configs' default) follows the image size, ``round(image_size / 0.875)``.
-
-    Returns:
-        The share of the resized image's area that the crop keeps (1 for ``null`` or a resize the crop keeps whole).
+    Returns the share of the resized image's area that the crop keeps.
     """
     if resize_size is None:
         return (image_size / round(image_size / 0.875)) ** 2

@@ -109,15 +109,7 @@ class ImageSplit(Dataset):
 
 
 class FileImageSplit(ImageSplit):
-    """Images stored as files under ``root``; keys are POSIX paths relative to ``root`` (e.g. ``val/n015/x.JPEG``).
-
-    Args:
-        root: Data root the keys are relative to.
-        keys: Relative file paths.
-        labels: Class label per file.
-        mode: PIL mode images are converted to.
-        transform: Callable applied to the PIL image.
-    """
+    """Images stored as files under ``root``; keys are POSIX paths relative to ``root`` (e.g. ``val/n015/x.JPEG``)."""
 
     def __init__(
         self,
@@ -144,13 +136,6 @@ class FileImageSplit(ImageSplit):
 class ArrayImageSplit(ImageSplit):
     """Images held in memory as a uint8 array ``[N, H, W]`` or ``[N, H, W, C]``; keys are integers (e.g. the index
     into scikit-learn's digits array), so a manifest stays meaningful across train/val re-splits.
-
-    Args:
-        images: uint8 image array, one image per row.
-        keys: Integer key per image.
-        labels: Class label per image.
-        mode: PIL mode images are converted to.
-        transform: Callable applied to the PIL image.
     """
 
     def __init__(
@@ -180,14 +165,7 @@ class SyntheticImageSplit(ImageSplit):
 
     Rendering depends only on ``(spec, split, index)``, never on worker id or call order, so any number of
     dataloader workers or ranks sees identical images. Keys are indices; labels are ``index % num_classes``
-    (balanced classes, known without rendering).
-
-    Args:
-        spec: Generator parameters shared by the train and val splits.
-        split: 0 for train, 1 for validation (a separate random stream).
-        size: Number of images.
-        mode: PIL mode images are converted to.
-        transform: Callable applied to the PIL image.
+    (balanced classes, known without rendering). ``split``: 0 for train, 1 for validation (a separate random stream).
     """
 
     def __init__(
@@ -215,11 +193,8 @@ class PreloadedImageSplit(ImageSplit):
     For tiny in-memory sources (the quickstart's 1,797 digits are 12 MB as float tensors at 24 px) the per-step PIL
     round trip (array -> PIL -> resize -> tensor -> normalise, per image, per epoch) costs more than it is worth;
     computing it once gives the same tensors, bit for bit, because the transform is the same deterministic one.
-    Keys, labels, loading and content hashes are the wrapped split's, so manifests and pinned subsets are unchanged.
-
-    Args:
-        split: The split to preload (its own transform is ignored).
-        transform: Deterministic PIL image -> tensor transform (the eval transform); applied to every item now.
+    Keys, labels, loading and content hashes are the wrapped split's (its own transform is ignored), so manifests
+    and pinned subsets are unchanged. ``transform`` (the eval transform) is applied to every item now.
     """
 
     def __init__(self, split: ImageSplit, transform: Callable[[Image.Image], torch.Tensor]):

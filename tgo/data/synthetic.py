@@ -36,12 +36,9 @@ class SyntheticSpec:
 
 @lru_cache(maxsize=16)
 def synthetic_class_styles(num_classes: int, seed: int) -> dict[str, np.ndarray]:
-    """Per-class style parameters, drawn once from ``seed`` (cached; identical in every process).
-
-    Returns:
-        Arrays keyed by name, each with ``num_classes`` rows: ``theta`` (radians), ``freq`` (cycles per image),
-        ``grating_rgb`` and ``blob_rgb`` (``[C, 3]`` in [0, 1]), ``centre`` (``[C, 2]`` in image units), ``radius``.
-    """
+    """Per-class style parameters, drawn once from ``seed`` (cached; identical in every process): ``num_classes``
+    rows of ``theta`` (radians), ``freq`` (cycles per image), ``grating_rgb`` and ``blob_rgb`` (``[C, 3]`` in
+    [0, 1]), ``centre`` (``[C, 2]`` in image units), ``radius``."""
     rng = np.random.default_rng([seed, 0x5EED])
     return {
         "theta": rng.uniform(0.0, np.pi, num_classes),
@@ -54,16 +51,9 @@ def synthetic_class_styles(num_classes: int, seed: int) -> dict[str, np.ndarray]
 
 
 def render_synthetic(spec: SyntheticSpec, split: int, index: int) -> np.ndarray:
-    """Render image ``index`` of ``split`` (label ``index % num_classes``) as uint8 ``[H, W, 3]``.
-
-    Args:
-        spec: Data set parameters.
-        split: Stream id (0 train, 1 validation) so the splits never share images.
-        index: Item index within the split.
-
-    Returns:
-        The image; identical for identical arguments in any process.
-    """
+    """Render image ``index`` of ``split`` (label ``index % num_classes``) as uint8 ``[H, W, 3]``, identical for
+    identical arguments in any process; ``split`` (0 train, 1 validation) is a stream id, so the splits never share
+    images."""
     label = index % spec.num_classes
     style = synthetic_class_styles(spec.num_classes, spec.seed)
     rng = np.random.default_rng([spec.seed, split, index])

@@ -53,18 +53,11 @@ def build_eval_transform(
     resize_size: int | None = None,
     photo: bool = True,
 ) -> v2.Compose:
-    """Deterministic eval transform, also used for the analysis subset.
+    """Deterministic eval transform, also used for the analysis subset: PIL image -> normalised float tensor
+    ``[C, image_size, image_size]``.
 
-    Args:
-        image_size: Output side length.
-        mean: Per-channel normalisation mean.
-        std: Per-channel normalisation std.
-        resize_size: Shorter side before the centre crop (photos); ``None`` means ``round(image_size / 0.875)``,
-            i.e. 256 for 224.
-        photo: ``True`` for resize + centre crop; ``False`` for a plain resize to ``image_size`` (pixel sources).
-
-    Returns:
-        PIL image -> normalised float tensor ``[C, image_size, image_size]``.
+    A photo is resized (shorter side ``resize_size``; ``None`` means ``round(image_size / 0.875)``, i.e. 256 for 224)
+    and centre-cropped; a pixel source (``photo=False``) is resized to ``image_size`` as a whole.
     """
     if photo:
         resize = resize_size if resize_size is not None else round(image_size / 0.875)
@@ -83,21 +76,9 @@ def build_train_transform(
     resize_size: int | None = None,
     photo: bool = True,
 ) -> v2.Compose:
-    """Training transform by name.
-
-    Args:
-        name: "standard" = RandomResizedCrop(image_size, scale=(crop_scale_min, 1)) + horizontal flip (photos);
-            "digits" = resize + small random affine (shift/rotate/scale), no flip; "none" = the eval transform.
-        image_size: Output side length.
-        mean: Per-channel normalisation mean.
-        std: Per-channel normalisation std.
-        crop_scale_min: Lower bound of the RandomResizedCrop area fraction ("standard" only).
-        resize_size: Passed to the eval transform for "none".
-        photo: Passed to the eval transform for "none".
-
-    Returns:
-        PIL image -> normalised float tensor ``[C, image_size, image_size]``.
-    """
+    """Training transform by name, PIL image -> normalised float tensor ``[C, image_size, image_size]``: "standard"
+    = RandomResizedCrop(image_size, scale=(crop_scale_min, 1)) + horizontal flip (photos); "digits" = resize + small
+    random affine (shift/rotate/scale), no flip; "none" = the eval transform (``resize_size``, ``photo``)."""
     if name == "standard":
         geometry: list[v2.Transform] = [
             v2.RandomResizedCrop(image_size, scale=(crop_scale_min, 1.0), antialias=True),
@@ -123,14 +104,8 @@ class BatchRandomAffine:
     ``scale``), from torch's global generator (so ``seed_everything`` and dataloader worker seeding make it
     reproducible), but one set per image and applied with one ``affine_grid``/``grid_sample`` call per batch. Pixels
     are sampled with nearest interpolation, as RandomAffine does, and outside pixels get the normalised value of
-    black, so the result equals augmenting the raw pixels with fill 0 and normalising afterwards.
-
-    Args:
-        mean: Per-channel normalisation mean of the input batch.
-        std: Per-channel normalisation std of the input batch.
-        degrees: Largest rotation in degrees.
-        translate: Largest translation as a fraction of width and height.
-        scale: Range of the scale factor.
+    black, so the result equals augmenting the raw pixels with fill 0 and normalising afterwards. ``mean`` and
+    ``std``: the input batch's per-channel normalisation.
     """
 
     def __init__(
@@ -202,9 +177,6 @@ class BatchRandomAffine:
 class AugmentingCollate:
     """``default_collate``, then a batch transform on the images: the DataLoader's ``collate_fn`` for preloaded
     training data. A class (not a closure) so that dataloader worker processes can pickle it.
-
-    Args:
-        augment: Maps an image batch ``[B, C, H, W]`` to an augmented batch of the same shape.
     """
 
     def __init__(self, augment: BatchRandomAffine):
