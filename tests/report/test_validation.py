@@ -11,7 +11,8 @@ Where the rule falls short of issue 19's targets, the test pins what it reaches 
 * with 7 observations and noise dominated by training, 6% of flat series get a direction (target 5%) and monotone
   moves of 10 standard errors are found in 92-99% (target 95%);
 * a reversal with 11 observations (windows of 2, the peak among 6) is found in 87-96% (target 90%) when training noise
-  differs fourfold between points, and in 98-100% when they share it (issue 34);
+  differs fourfold between points, and in 98-100% when they share it (issue 34); from 12 observations in at least 90%
+  (the schedules' tests below say why 11 is short and what was tried);
 * (met since the per-series noise of issue 34, `moderated_dispersions`: a plateau under a slow wander as large as
   the epoch noise, observed 31 times, read *holds then reverses* in 6.7% with one pooled factor; now 3.7%, held-out
   seed 2.7%.)
@@ -21,10 +22,12 @@ Seed 0 (the default) is the seed the rule was developed on; seed 1 was held out 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from tgo.report import validation
 from tgo.report.findings import REVERSES
-from tgo.report.validation import LENGTHS, REGIMES, REVERSAL_LENGTHS, SHAPES, WANDER_REGIMES, rates
+from tgo.report.validation import LENGTHS, REGIMES, REVERSAL_LENGTHS, SHAPES, WANDER_REGIMES, rates, simulate
 
 TRIALS = 300
 FLAT, MONOTONE, REVERSAL = SHAPES[0], SHAPES[1:5], SHAPES[5]
@@ -60,7 +63,11 @@ def test_a_genuine_reversal_of_5_standard_errors_is_found(shape, n, regime):
     """Issue 34's target is 90% from 11 observations. With training noise differing fourfold between points it is
     met where the jackknife dominates (96%); where training noise is as large as the jackknife or larger, 87-90% at
     11 observations: the misses are the quietest points, whose noise the pooled estimate overstates (the next test
-    shows the rate where the points share their noise, the pooling's assumption)."""
+    shows the rate where the points share their noise, the pooling's assumption). Two causes, both measured
+    (docs/findings.md): windows of 2 tiled from the first observation split the peak's plateau (t = 0.3 and 0.4 fall
+    in different windows), so the drop the rule can see is 4.64 se, not 5; and 11 observations of a reversal leave
+    its unimodal fit about 1.5 residual degrees of freedom per series, too few to give the quietest points a noise of
+    their own (shrunk toward the pool with honest degrees of freedom: 78-96%)."""
     r = rates(shape, n, regime, trials=TRIALS)
     assert r["right"] >= (0.87 if n == 11 else 0.95), r
 
@@ -111,3 +118,38 @@ def test_series_without_a_jackknife_error_are_judged_on_their_pooled_relative_no
         assert r["right"] >= (0.95 if n == 31 else 0.0) and r[REVERSES] >= (0.95 if n == 31 else 0.0), r
     else:
         assert r["right"] >= 0.95, r
+
+
+# ------------------------------------------------------ issue 34: schedules of a short run
+ALL_REGIMES = REGIMES + WANDER_REGIMES
+
+
+@pytest.mark.parametrize(("n", "regime"), [(n, regime) for regime in ALL_REGIMES for n in (12, 13)])
+def test_from_12_observations_genuine_reversals_are_found_in_90_percent_and_false_ones_stay_within_5(n, regime):
+    """Issue 34's two targets together, where the points' noise differs fourfold: one or two observations more than
+    11 put the peak's plateau in one window (the tiled windows see 4.97 and 5.00 se of the drop, not 4.64) and give
+    the pool more residuals. Seed 0 here (93-99% found, at most 4.7% false); held-out seeds 1 and 5: 91-98%, at most
+    4.7%."""
+    found = rates(REVERSAL, n, regime, trials=TRIALS)["right"]
+    false = max(rates(shape, n, regime, trials=TRIALS)[REVERSES] for shape in validation.MONOTONE)
+    assert found >= 0.90 and false <= 0.05, (found, false)
+
+
+def test_end_probes_are_observations_at_the_consecutive_epochs_before_the_last():
+    epochs = simulate(FLAT, 11, REGIMES[1], np.random.default_rng(0), probes=4)[0]
+    assert epochs.tolist() == [0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 46, 47, 48, 49, 50]
+    with pytest.raises(ValueError, match="probes"):
+        simulate(FLAT, 11, REGIMES[1], np.random.default_rng(0), probes=5)
+
+
+@pytest.mark.parametrize("regime", ALL_REGIMES)
+def test_four_end_probes_find_the_reversals_of_11_observations_but_not_the_slow_wander(regime):
+    """Issue 34's alternative: 4 observations at the epochs before the last (the cost of 4 more observations) give
+    the pool 4 more residuals per series, and the reversals of 11 observations are found in 92-95% (seed 0; held out:
+    91-97%). But closely spaced observations see the epoch noise and not the slow wander between distant epochs, so
+    the pooled noise shrinks below what a dip of the wander needs: false reversals reach 5.0% here and 5.3-6.0% on
+    held-out seeds 1 and 5 (issue 34's bound: 5%), where 12 evenly spaced observations (the test above) stay within
+    it. The pin is what the probes reach; the schedule is not recommended (docs/findings.md)."""
+    found = rates(REVERSAL, 11, regime, trials=TRIALS, probes=4)["right"]
+    false = max(rates(shape, 11, regime, trials=TRIALS, probes=4)[REVERSES] for shape in validation.MONOTONE)
+    assert found >= 0.92 and false <= 0.06, (found, false)

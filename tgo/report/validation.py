@@ -23,6 +23,11 @@ observations, ``sqrt(2 (1 - rho) s_J^2 + 2 sigma_e^2 + sigma_w^2)``. Three noise
 divides: jackknife-dominated (``sigma_e = 0.5 s_J``), balanced (``sigma_e = s_J``) and training-dominated
 (``sigma_e = 3 s_J``); the wander is always ``sigma_w = 0.3 sigma_e``. The required rates (issue 19) and what
 the rule reaches are in ``docs/findings.md``.
+
+**Schedules** (`SCHEDULES`, issue 34's alternative for short runs): observations every 5th epoch, or the same plus
+``probes`` observations at the consecutive epochs just before the last (closely spaced observations near the end, to
+measure each series' training noise where the curve has settled), or more evenly spaced observations at the same
+cost. Closely spaced observations see the epoch noise but not the slow wander between distant epochs.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = [
     "MONOTONE",
     "REGIMES",
     "REVERSAL_LENGTHS",
+    "SCHEDULES",
     "SHAPES",
     "WANDER_REGIMES",
     "Regime",
@@ -125,6 +131,13 @@ false reversals (`MONOTONE`)."""
 MONOTONE: tuple[Shape, ...] = (SHAPES[6], SHAPES[1], SHAPES[2], SHAPES[3])
 """Monotone and saturating curves: a ``holds then reverses`` verdict on any of them is false."""
 REVERSAL_LENGTHS: tuple[int, ...] = (4, 7, 11, 31)
+SCHEDULES: tuple[tuple[str, int, int], ...] = (
+    ("11 observations, every 5th epoch", 11, 0),
+    ("the same + 4 at the epochs before the last", 11, 4),
+    ("12 observations", 12, 0),
+    ("13 observations", 13, 0),
+)
+"""``(name, n, probes)``: schedules of a short run compared for genuine and false reversals (`simulate`)."""
 
 
 BARE_LEVEL = 30.0
@@ -139,10 +152,21 @@ def _se(epoch: float, wander: float) -> float:
 
 
 def simulate(
-    shape: Shape, n: int, regime: Regime, rng: np.random.Generator
+    shape: Shape, n: int, regime: Regime, rng: np.random.Generator, probes: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One synthetic run: ``(epochs, values, stderr, leave_out [n, G])`` (see the module docstring)."""
+    """One synthetic run: ``(epochs, values, stderr, leave_out [n + probes, G])`` (see the module docstring).
+
+    ``probes`` adds that many observations at the consecutive epochs just before the last (0-4: the epochs between
+    the last two of the regular schedule).
+    """
     t = np.linspace(0.0, 1.0, n)
+    epochs = np.round(t * 5 * (n - 1)).astype(np.float64)  # every 5th epoch, like the default run
+    if not 0 <= probes < 5:
+        raise ValueError(f"probes must be 0-4 (the epochs between the last two observations), got {probes}")
+    if probes:
+        epochs = np.concatenate([epochs[:-1], epochs[-1] - np.arange(probes, 0, -1), epochs[-1:]])
+        t = epochs / epochs[-1]
+        n = t.size
     s_j = 1.0
     sigma_e = regime.epoch * s_j
     sigma_w = regime.wander * sigma_e
@@ -160,7 +184,6 @@ def simulate(
     values = clean + subset
     leave_out = clean[:, None] + subset_out
     stderr = jackknife_stderrs(leave_out)  # bitwise jackknife_stderr of each row, in one call
-    epochs = np.round(t * 5 * (n - 1)).astype(np.float64)  # every 5th epoch, like the default run
     return epochs, values, stderr, leave_out
 
 
@@ -174,6 +197,7 @@ def rates(
     settings: VerdictSettings = DEFAULT_SETTINGS,
     jackknife: bool = True,
     spread: float = POINT_SPREAD,
+    probes: int = 0,
 ) -> dict[str, float]:
     """The share of seeded series reaching each verdict, plus ``right`` (the truth) and ``directional``.
 
@@ -185,14 +209,16 @@ def rates(
     matrix's stable rank: no standard error, no replicates), on a level of `BARE_LEVEL` ``se`` so that its noise can
     be pooled in relative units; the image-sampling term then acts as more training noise.
     """
-    rng = np.random.default_rng([seed, n, SHAPES.index(shape), (REGIMES + WANDER_REGIMES).index(regime)])
+    key = [seed, n, SHAPES.index(shape), (REGIMES + WANDER_REGIMES).index(regime)]
+    rng = np.random.default_rng([*key, probes] if probes else key)
     counts: dict[str, int] = {HOLDS: 0, REVERSES: 0, FAILS: 0, INCONCLUSIVE: 0}
     runs = max(1, math.ceil(trials / POINTS))
     for _ in range(runs):
         per_point = {}
         for p in range(POINTS):
             factor = float(np.exp(rng.uniform(-1.0, 1.0) * math.log(spread)))
-            epochs, values, stderr, leave_out = simulate(shape, n, replace(regime, epoch=regime.epoch * factor), rng)
+            noisy = replace(regime, epoch=regime.epoch * factor)
+            epochs, values, stderr, leave_out = simulate(shape, n, noisy, rng, probes)
             if jackknife:
                 per_point[f"p{p}"] = measured(epochs, values, stderr=stderr, leave_out=leave_out)
             else:
@@ -261,6 +287,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             spread1 = rates(reversal, n, regime, trials=args.trials, seed=args.seed, spread=1.0)["right"]
             cells.append(f"{spread4:.0%} / {spread1:.0%}")
         print(f"| {regime.name} | " + " | ".join(cells) + " |")
+    print("\n**Schedules of a short run** (genuine reversals found / most false reversals over the monotone shapes)\n")
+    print("| schedule | " + " | ".join(regime.name for regime in REGIMES + WANDER_REGIMES) + " |")
+    print("|---|" + "---:|" * len(REGIMES + WANDER_REGIMES))
+    for name, n, probes in SCHEDULES:
+        cells = []
+        for regime in REGIMES + WANDER_REGIMES:
+            cell = [rates(shape, n, regime, trials=args.trials, seed=args.seed, probes=probes) for shape in SHAPES]
+            found, false = cell[5]["right"], max(cell[SHAPES.index(shape)][REVERSES] for shape in MONOTONE)
+            cells.append(f"{found:.1%} / {false:.1%}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
     print("\n**Without a jackknife error** (weights, network-level values; balanced regime, relative pooled noise)\n")
     print("| shape | truth | " + " | ".join(f"n = {n}" for n in REVERSAL_LENGTHS) + " |")
     print("|---|---|" + "---:|" * len(REVERSAL_LENGTHS))
