@@ -52,13 +52,7 @@ def build_timm_model(
         pretrained_file: A local weights file (``.safetensors``/``.pth``); implies ``pretrained``.
         **overrides: Architecture keyword arguments forwarded to timm (``depth``, ``embed_dim``, ``patch_size``...).
 
-    Returns:
-        The instantiated ``torch.nn.Module``.
-
-    Raises:
-        ConfigError: an unknown name, a missing weights file, or architecture arguments timm refuses.
-        UnsupportedModelError: a timm model that is not one of the supported Vision Transformer families
-            (`tgo.vit_families`), refused before it is built.
+    A timm model outside the supported Vision Transformer families (`tgo.vit_families`) is refused before it is built.
     """
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)

@@ -107,12 +107,6 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
             group existed: the settings of ``callbacks.spectral_geometry``) become the
             defaults; ``data.*`` and ``observation.*`` overrides still apply on top. A ``data=<group>`` override
             replaces the run's data entirely.
-
-    Returns:
-        The composed config (``data``, ``model``, ``observation``, ``fabric``).
-
-    Raises:
-        ObserveError: a malformed override or an unknown config group/key.
     """
     overrides = list(overrides)
     try:
@@ -167,11 +161,8 @@ def _run_dir_of(checkpoint_dir: Path) -> Path | None:
 
 # ----------------------------------------------------------------------------------------------------- observe
 def count_text(results: Mapping[Any, Any]) -> str:
-    """``15 points, 71 (point, view) records``: what one observation holds, points and views counted apart.
-
-    Args:
-        results: ``{ObservationKey(point, view): result}`` (`tgo.observatory.Results`).
-    """
+    """``15 points, 71 (point, view) records``: what one observation's `tgo.observatory.Results` hold, points and
+    views counted apart."""
     points = {getattr(key, "point", key) for key in results}
     return f"{len(points)} point{'s' if len(points) != 1 else ''}, {len(results)} (point, view) records"
 
@@ -340,11 +331,7 @@ def observe_models(
         prefix: With user checkpoints: where the ViT's weights live in the state dict (``backbone.``; ``""``: no
             prefix); ``None`` finds the one prefix that holds exactly the model's keys.
 
-    Returns:
-        The observed sources, in the order observed (epoch order).
-
-    Raises:
-        ObserveError: bad input (see the error's message); CheckpointMismatchError for weights that do not fit.
+    Returns the observed sources, in the order observed (epoch order).
     """
     import lightning as L
 

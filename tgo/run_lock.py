@@ -179,11 +179,8 @@ class RunLock:
         self.release()
 
     def acquire(self) -> RunLock:
-        """Takes the lock, or raises `RunLockError` naming the holder; idempotent for this object.
-
-        Raises:
-            RunLockError: another process holds it, or the lock file is a link, a directory or cannot be made.
-        """
+        """Takes the lock, or raises `RunLockError` naming the holder (or why the lock file is a link, a directory or
+        cannot be made); idempotent for this object."""
         if self._held:
             return self
         with _HELD_GUARD:

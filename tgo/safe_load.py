@@ -92,14 +92,8 @@ def _core(message: str) -> str:
 def unsafe_error(
     path: str | Path, error: BaseException, *, label: str | None = None, expected: str = TGO_CHECKPOINT
 ) -> UnsafeCheckpointError | None:
-    """The one-line refusal for ``error`` raised while loading ``path``, or ``None`` when it refused nothing.
-
-    Args:
-        path: The file being loaded.
-        error: What loading it raised.
-        label: How the line names the file (default: the path).
-        expected: What the file should have been.
-    """
+    """The one-line refusal for ``error`` raised while loading ``path``, or ``None`` when it refused nothing; the
+    line names the file as ``label`` (default: the path) and says it was ``expected`` to be."""
     refused = refused_global(error)
     if refused is None:
         return None
@@ -118,15 +112,9 @@ def load_weights_only(
     """``torch.load(path, map_location="cpu", weights_only=True, mmap=True)``: tensors memory-mapped, not read
     (a file in the legacy, non-zip format is read whole: it cannot be mapped).
 
-    Args:
-        path: The file.
-        label: How the refusal names the file (default: the path), e.g. ``ckpt_path: '<path>'``.
-        expected: What the refusal says the file should have been.
-        allow: More globals to allow for this file (on top of `SAFE_GLOBALS`), e.g. the ones timm's loader allows.
-
-    Raises:
-        UnsafeCheckpointError: the file needs a global outside torch's weights-only set (and `SAFE_GLOBALS`).
-        Exception: whatever ``torch.load`` raises for a file it cannot read (missing, empty, damaged).
+    A file that needs a global outside torch's weights-only set, `SAFE_GLOBALS` and ``allow`` (e.g. the ones timm's
+    loader allows) is an `UnsafeCheckpointError` (`unsafe_error`: ``label``, ``expected``); any other error is
+    ``torch.load``'s own (missing, empty, damaged).
     """
     try:
         with torch.serialization.safe_globals([*SAFE_GLOBALS, *allow]):

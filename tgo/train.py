@@ -139,10 +139,6 @@ def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at:
     there is nothing to resume, and training a new run there would let a user believe a long job resumed.
 
     A directory another process writes now (its `tgo.run_lock` held) is refused first, naming that process.
-
-    Raises:
-        ConfigError: naming the directory and what was expected.
-        RunLockError: another process holds the directory's lock.
     """
     run = RunDir(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -276,14 +272,8 @@ def trainer_plugins(cfg: DictConfig) -> list[Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
-    """Trains one experiment described by a composed config and returns the final callback metrics.
-
-    Args:
-        cfg: The composed config (``conf/train.yaml`` plus overrides) with ``paths.output_dir`` resolvable.
-
-    Returns:
-        Final metrics (``val/acc_top1`` ...) as floats.
-    """
+    """Trains one experiment described by a composed config (``conf/train.yaml`` plus overrides, with
+    ``paths.output_dir`` resolvable) and returns the final callback metrics (``val/acc_top1`` ...) as floats."""
     validate_config(cfg)
     check_accelerator(cfg.trainer.accelerator)
     output_dir = Path(cfg.paths.output_dir)
