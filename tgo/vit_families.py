@@ -75,10 +75,7 @@ def vit_family(model: nn.Module) -> str | None:
 
 def check_vit(model: nn.Module) -> str:
     """The model's family, or `UnsupportedModelError` naming its class (and why, for transformers timm has but the
-    observation points do not fit).
-
-    Args:
-        model: The original module (wrappers already looked through).
+    observation points do not fit). ``model``: the original module (wrappers already looked through).
     """
     family = vit_family(model)
     if family is None:
@@ -96,9 +93,6 @@ def check_timm_name(name: str) -> None:
     """Refuses a timm model name whose model is not a supported Vision Transformer, before building it.
 
     Unknown names pass (the caller reports them with close matches).
-
-    Raises:
-        UnsupportedModelError: e.g. ``resnet18 (timm.models.resnet)``.
     """
     import timm
     from timm.models import model_entrypoint

@@ -59,16 +59,9 @@ def _laguerre_draw(rng: np.random.Generator, big: int, small: int) -> np.ndarray
 
 
 def noise_spectrum(n_rows: int, dim: int, *, draw: int = 0) -> np.ndarray:
-    """One seeded draw of the isotropic-noise covariance spectrum for ``n_rows`` rows of dimension ``dim``.
-
-    Args:
-        n_rows: Rows that entered the covariance (``N``; the covariance has ``N - 1`` degrees of freedom).
-        dim: Feature dimension ``D``.
-        draw: Which of the seeded draws (0-based); the same ``(n_rows, dim, draw)`` always gives the same spectrum.
-
-    Returns:
-        float64 ``[D]`` eigenvalues of the unbiased sample covariance of ``N(0, I_D)`` rows, descending.
-    """
+    """One seeded draw (0-based ``draw``) of the isotropic-noise covariance spectrum: float64 ``[D]`` eigenvalues of
+    the unbiased sample covariance of ``n_rows`` ``N(0, I_D)`` rows, descending. The same ``(n_rows, dim, draw)``
+    always gives the same spectrum."""
     n_rows, dim = int(n_rows), int(dim)
     if n_rows < 2 or dim < 1:
         raise ValueError(f"noise_spectrum: needs n_rows >= 2 and dim >= 1, got n_rows={n_rows}, dim={dim}")
@@ -82,13 +75,8 @@ def noise_spectrum(n_rows: int, dim: int, *, draw: int = 0) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def noise_spectra(n_rows: int, dim: int, draws: int | None = None) -> np.ndarray:
-    """``[draws, D]`` seeded isotropic-noise spectra for ``(n_rows, dim)`` (cached: points share shapes).
-
-    Args:
-        n_rows: Rows ``N``.
-        dim: Dimension ``D``.
-        draws: Number of draws (default `noise_draws`).
-    """
+    """``[draws, D]`` seeded isotropic-noise spectra for ``(n_rows, dim)`` (cached: points share shapes; ``draws``
+    defaults to `noise_draws`)."""
     count = noise_draws(dim) if draws is None else int(draws)
     out = np.stack([noise_spectrum(n_rows, dim, draw=k) for k in range(count)])
     out.setflags(write=False)

@@ -151,12 +151,7 @@ class FastestEigvalsh:
     The winner is the lowest ``seconds / parallel[name]``: the summary runs one CPU stack per core at once (one BLAS
     thread each) while the calls of one GPU queue on the device, so a GPU only helps when one of its solves beats the
     CPU's by more than the number of cores working. A candidate whose eigenvalues differ from the reference (the
-    first backend) by more than `AGREEMENT` is never chosen.
-
-    Args:
-        backends: ``{name: Eigvalsh}``; the first is the reference.
-        parallel: Stacks of each backend the caller runs at once (missing: 1).
-        timer: The clock (seconds); tests inject a fake one.
+    first backend) by more than `AGREEMENT` is never chosen. ``timer``: the clock (seconds); tests inject a fake one.
     """
 
     def __init__(
@@ -246,10 +241,6 @@ def resolve_eigvalsh(setting: str, device: torch.device | str | None, *, cpu_wor
         device: The observation's device (``None``: the CPU).
         cpu_workers: CPU stacks the summary solves at once (its thread pool, one BLAS thread each; ``None``: one per
             core), the ``parallel`` of the CPU in `FastestEigvalsh`.
-
-    Raises:
-        ConfigError: ``gpu`` where no CUDA device is available, or an unknown setting; the message names
-            ``observation.summary.eigensolver``.
     """
     if setting == "cpu":
         return cpu_eigvalsh

@@ -146,13 +146,8 @@ def _evaluators() -> list[Evaluator]:
 def compute_observables(
     inputs: SpectralInputs, *, geometry: bool = True, evaluators: Sequence[Evaluator] | None = None
 ) -> dict[str, float]:
-    """``CATALOGUE.compute(inputs, geometry=geometry)``, bit for bit, with the built-in entries' shared work done once.
-
-    Args:
-        inputs: The covariance, spectrum and fit settings.
-        geometry: ``False`` when the covariance is undefined: geometry observables are NaN, diagnostics computed.
-        evaluators: `_evaluators` of the catalogue (``None``: looked up now).
-    """
+    """``CATALOGUE.compute(inputs, geometry=geometry)``, bit for bit, with the built-in entries' shared work done once
+    (``evaluators``: `_evaluators` of the catalogue, ``None``: looked up now)."""
     shared = _Shared(inputs)
     return {
         o.name: (float(fast(shared)) if fast is not None else float(o.compute(inputs)))
@@ -173,19 +168,8 @@ def summarize(
     If the covariance is undefined (``spectrum.n_rows < 2``) or holds NaN/Inf, every geometry observable is NaN while
     the diagnostics (``n_rows``, ``n_nonfinite``, ``n_clamped``, ``most_negative_eigenvalue``) stay real, so the
     record says *why* it is NaN. Zero total variance gives ``total_variance = top_eigenvalue = 0`` and NaN for every
-    ratio (see ``docs/observables.md``).
-
-    Args:
-        cov: The ``[D, D]`` covariance the spectrum came from (needed for the diagonality measures).
-        spectrum: Output of :func:`~tgo.spectral.eigendecompose` for ``cov``.
-        fit_range: ``(start, stop)``, 1-based inclusive indices of the power-law fit; ``None`` for the default
-            ``1 .. max(2, D // 2)``.
-
-    Returns:
-        ``{name: float}`` for every observable of `tgo.spectral.CATALOGUE`, in catalogue order.
-
-    Raises:
-        ValueError: If ``cov`` and ``spectrum`` disagree on ``D``, or the fit range is malformed.
+    ratio (see ``docs/observables.md``). ``fit_range``: ``(start, stop)`` of the power-law fit, 1-based inclusive
+    (``None``: ``1 .. max(2, D // 2)``). Returns ``{name: float}`` in catalogue order.
     """
     return summarize_many([cov], [spectrum], fit_range=fit_range)[0]
 
@@ -220,17 +204,10 @@ def summarize_many(
     ``[S, D, D]`` covariance stack (`tgo.spectral.observables.EigenvalueStack` and the ``*s`` functions there).
 
     Covariances that are undefined, of another size than the rest, or whose spectra the stack cannot take (zero
-    variance) are summarised one by one, as is every entry registered after the built-in ones.
-
-    Args:
-        covs: ``[D, D]`` covariances, or one float64 ``[S, D, D]`` array (used without another copy).
-        spectra: Their `Spectrum` s, in the same order.
-        fit_range: As for `summarize`.
-        spectra_of_covs: The spectra are `tgo.spectral.eigendecompose_many` of exactly these covariances, so a
-            defined spectrum of ``n_rows >= 2`` means a finite covariance (saves a pass over every matrix).
-
-    Returns:
-        One ``{name: float}`` per covariance, in order.
+    variance) are summarised one by one, as is every entry registered after the built-in ones. ``covs`` may be one
+    float64 ``[S, D, D]`` array (used without another copy). ``spectra_of_covs``: the spectra are
+    `tgo.spectral.eigendecompose_many` of exactly these covariances, so a defined spectrum of ``n_rows >= 2`` means a
+    finite covariance (saves a pass over every matrix).
     """
     fit = _fit(fit_range)
     if len(covs) != len(spectra):

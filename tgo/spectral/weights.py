@@ -58,9 +58,6 @@ def weight_matrix(weight: np.ndarray) -> np.ndarray:
     """The 2-D matrix of a layer's weight: ``[out, in]`` as it is, a convolution's ``[out, in, kh, kw]`` as
     ``[out, in * kh * kw]`` (the linear map from a flattened patch to the output channels: for a ViT's patch
     embedding, whose stride equals its kernel, exactly the map it applies to every patch).
-
-    Raises:
-        ValueError: fewer than 2 dimensions.
     """
     w = np.asarray(weight)
     if w.ndim < 2:
@@ -116,15 +113,8 @@ def fit_power_law(
     each tail value, as WeightWatcher and the ``powerlaw`` package take it). The fit is the candidate of least
     ``D_i`` (the first on a tie), with ``stderr = (alpha - 1) / sqrt(n)``. The log-ratios are summed directly
     (``sum ln(x_(j) / x_(i))``) rather than as WeightWatcher's ``sum ln x_(j) - n ln x_(i)``, which loses digits to
-    cancellation on a tight tail; the two agree to ~1e-13.
-
-    Args:
-        eigenvalues: The ESD (any order; NaN anywhere: no fit).
-        threshold: Eigenvalues ``<= threshold`` are left out (`ESD_THRESHOLD`).
-        min_eigenvalues: Fewer candidates than this: no fit (`MIN_FIT_EIGENVALUES`).
-
-    Returns:
-        The `PowerLawFit` (`PowerLawFit.none` when there is none).
+    cancellation on a tight tail; the two agree to ~1e-13. There is no fit (`PowerLawFit.none`) when a value is NaN
+    or fewer than ``min_eigenvalues`` stay above ``threshold``.
     """
     e = np.asarray(eigenvalues, dtype=np.float64).reshape(-1)
     if not np.isfinite(e).all():
