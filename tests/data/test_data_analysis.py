@@ -29,7 +29,7 @@ def _dm(root: Path, **kw) -> TGODataModule:
 
 
 def _items(dm: TGODataModule) -> list[tuple]:
-    return [(i.key, i.label) for i in dm.analysis_items]
+    return [(i.key, i.label) for i in dm.analysis_dataset.items]
 
 
 @pytest.fixture

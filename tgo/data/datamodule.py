@@ -280,10 +280,7 @@ class TGODataModule(L.LightningDataModule):
         """Scan the data and settle the analysis subset now, raising ``DataConfigError`` on any problem.
 
         Call it before ``trainer.fit`` so that a wrong root, a missing class, an impossible subset or a stale pinned
-        manifest stop the run at once. Idempotent; ``setup()`` calls it too.
-
-        Returns:
-            ``self``, for chaining.
+        manifest stop the run at once. Idempotent; ``setup()`` calls it too. Returns ``self``, for chaining.
         """
         if self._analysis is not None:
             return self
@@ -359,9 +356,6 @@ class TGODataModule(L.LightningDataModule):
             self._train_collate = AugmentingCollate(BatchRandomAffine(self.mean, self.std))
         return PreloadedImageSplit(data.train, eval_tf), PreloadedImageSplit(data.val, eval_tf)
 
-    def prepare_data(self) -> None:
-        """Nothing to download: every source is local (bundled, generated, or already on disk)."""
-
     def setup(self, stage: str | None = None) -> None:
         """Build the splits and the analysis subset once (later calls are free)."""
         self.validate()
@@ -413,11 +407,6 @@ class TGODataModule(L.LightningDataModule):
         self.validate()
         assert self._analysis is not None
         return self._analysis
-
-    @property
-    def analysis_items(self) -> list[AnalysisItem]:
-        """The chosen items (key, label; sha256 once hashed)."""
-        return list(self.analysis_dataset.items)
 
     # ------------------------------------------------------------------ loaders
 
@@ -475,14 +464,9 @@ class TGODataModule(L.LightningDataModule):
     def write_manifest(self, run_dir: str | Path, *, jackknife_groups: int = 0) -> Path:
         """Write ``<run_dir>/analysis_subset.json`` atomically (call on global rank zero) and return its path.
 
-        Args:
-            run_dir: The run directory.
-            jackknife_groups: ``G`` of the observation's jackknife (``observation.groups``); when ``>= 2`` the
-                manifest records the group of every item (``jackknife.group_of_item``, in item order), so a reader
-                can see which images each leave-one-group-out spectrum left out.
-
-        Raises:
-            tgo.observatory.ObservationSettingsError: more groups than analysis images, nothing written.
+        With ``jackknife_groups`` (``observation.groups``) ``>= 2`` the manifest records the group of every item
+        (``jackknife.group_of_item``, in item order), so a reader can see which images each leave-one-group-out
+        spectrum left out; more groups than analysis images are refused before anything is written.
         """
         if jackknife_groups:  # refused before the manifest is written, not at the first observation
             from tgo.observatory.settings import check_jackknife_groups
