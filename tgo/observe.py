@@ -2,37 +2,17 @@
 
 It runs exactly the callback's code path (`tgo.observatory.observe_and_record`), so the records it writes
 (``<out>/geometry/``, ``<out>/analysis_subset.json``, ``<out>/config.yaml``) are the records a training run writes
-and ``python -m tgo.report <out>`` works on them. Models come from one of::
+and ``python -m tgo.report <out>`` works on them. The model sources (a checkpoint, a run's trajectory, a timm model, a
+checkpoint of your own LightningModule with ``--timm NAME [--prefix]``) are in ``--help`` and ``docs/usage.md``;
+loading and labelling them lives in ``tgo.checkpoints``, and this module only composes the config and runs the
+pipeline.
 
-    --checkpoint FILE        a Lightning checkpoint of tgo.model.ViTClassifier
-    --checkpoints DIR        every *.ckpt of a run's checkpoints/ directory, in epoch order (a trajectory)
-    --run RUN_DIR            the same as --checkpoints RUN_DIR/checkpoints
-    --timm NAME              a timm model: random init (--seed), --weights FILE, or --pretrained (needs a hub)
-    --checkpoint FILE --timm NAME [--prefix backbone.]
-                             a checkpoint of your own LightningModule holding the timm ViT NAME (e.g. as
-                             self.backbone); also --checkpoints DIR --timm NAME for a trajectory of them
-
-A checkpoint of your own LightningModule has no TGO hyper-parameters describing its model, so the model is said on
-the command line: ``--timm NAME`` with its architecture arguments as ``model.arch.*`` overrides (e.g.
-``model.arch.depth=6 +model.arch.reg_tokens=4``), at the data's image size. Its weights are the state dict's entries
-under one prefix (``backbone.`` for ``self.backbone``): found by itself when exactly one prefix holds exactly the
-model's keys (`tgo.checkpoints.state_dict_prefix`), else named with ``--prefix`` (``--prefix ''`` for none). The
-file is read with ``weights_only=True``: nothing in it is run. The classifier head is not loaded (never observed).
-
-Data and observation settings come from ``conf/observe.yaml`` composed with Hydra's compose API, so any group of
-the config tree can be chosen with trailing overrides (``data=synthetic data.image_size=32``). When the model
-comes from a run (a checkpoint inside ``<run>/checkpoints/``), the run's own ``config.yaml`` data node, its pinned
-analysis subset (``analysis_subset.json``) and its ``observation`` settings are used instead, and
-``data.*`` / ``observation.*`` overrides are applied on top. That is what makes a re-observation reproduce the
-callback's records exactly.
-
-Epoch labels of checkpoints follow ``tgo.checkpoints`` (completed training epochs, the label the callback gives
-the same weights); a timm model is labelled ``--epoch`` (default 0). Loading and labelling models lives in
-``tgo.checkpoints``; this module only composes the config and runs the pipeline.
-
-Devices: the pass runs inside a Lightning Fabric (``fabric.accelerator``, ``fabric.devices``, ``fabric.strategy``),
-each process observing a disjoint shard of the analysis subset, reduced with one sum all-reduce, as in training.
-Rank 0 writes the records.
+Data and observation settings come from ``conf/observe.yaml`` composed with Hydra's compose API (trailing overrides
+reach the whole config tree). When the model comes from a run, the run's own ``config.yaml`` data node, its pinned
+analysis subset and its ``observation`` settings are used instead, overrides on top: that is what makes a
+re-observation reproduce the callback's records exactly. The pass runs inside a Lightning Fabric (``fabric.*``), each
+process observing a disjoint shard of the analysis subset, reduced with one sum all-reduce, as in training; rank 0
+writes the records.
 """
 
 from __future__ import annotations
@@ -533,19 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     try:
-        sources = observe_models(
-            out=args.out,
-            checkpoint=args.checkpoint,
-            checkpoints=args.checkpoints,
-            run=args.run,
-            timm_name=args.timm_name,
-            pretrained=args.pretrained,
-            weights=args.weights,
-            seed=args.seed,
-            epoch=args.epoch,
-            overrides=args.overrides,
-            prefix=args.prefix,
-        )
+        sources = observe_models(**vars(args))  # every option's dest is one of its parameters
     except Exception as error:
         user_error = find_user_error(error)  # Hydra's instantiate wraps the DataModule's own errors
         if user_error is None:
