@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,12 +74,8 @@ def _vs_noise(name: str, shared: _Shared, value: Callable[[obs.EigenvalueStats],
 def _fast_table() -> dict[str, Callable[[_Shared], float]]:
     """The built-in covariance observables as functions of the shared intermediates."""
     table: dict[str, Callable[[_Shared], float]] = {
-        "effective_rank": lambda s: s.stats.effective_rank,
-        "stable_rank": lambda s: s.stats.stable_rank,
-        "participation_ratio": lambda s: s.stats.participation_ratio,
-        "spectral_entropy": lambda s: s.stats.spectral_entropy(),
+        **{name: (lambda s, v=value: v(s.stats)) for name, (_, value) in _BASELINED_STATS.items()},  # type: ignore[misc]
         "spectral_entropy_normalized": lambda s: s.stats.spectral_entropy(normalized=True),
-        "spectral_anisotropy": lambda s: s.stats.spectral_anisotropy,
         "spectral_flatness": lambda s: s.stats.spectral_flatness(),
         "components_90": lambda s: float(s.stats.components_for_variance(0.90)),
         "components_95": lambda s: float(s.stats.components_for_variance(0.95)),
@@ -283,13 +280,8 @@ def _stack_vs_noise(stack: _Stack, name: str, values: Sequence[float]) -> list[f
     return [v / n if n > 0 else math.nan for v, n in zip(values, stack.noise(name), strict=True)]
 
 
-_STACK_BASELINED: dict[str, Callable[[obs.EigenvalueStack], Sequence[float]]] = {
-    "effective_rank": lambda s: s.effective_rank,
-    "stable_rank": lambda s: s.stable_rank,
-    "participation_ratio": lambda s: s.participation_ratio,
-    "spectral_entropy": lambda s: s.spectral_entropy(),
-    "spectral_anisotropy": lambda s: s.spectral_anisotropy,
-}
+# An EigenvalueStack has the EigenvalueStats attributes, one value per row: the same accessors serve both.
+_STACK_BASELINED: dict[str, Callable[[Any], Any]] = {n: v for n, (_, v) in _BASELINED_STATS.items()}
 
 
 def _stack_table() -> dict[str, Callable[[_Stack], Sequence[float]]]:
