@@ -12,6 +12,14 @@ from tgo.spectral import CATALOGUE, Spectrum, StreamingCovariance, summarize
 METRIC_KEYS = tuple(k for k in CATALOGUE.covariance_names if k not in CATALOGUE.diagnostics)
 
 
+def packed(state) -> torch.Tensor:
+    """A summable state (an accumulator) as one flat float64 tensor, written by its ``pack_into`` as
+    `tgo.spectral.allreduce_accumulators` packs it for the sum collective."""
+    out = torch.empty(state.packed_size, dtype=torch.float64, device=state.device)
+    state.pack_into(out)
+    return out
+
+
 def power_law_spectrum(dim: int, alpha: float = 1.5) -> np.ndarray:
     """``λ_i = i^-alpha``: the rough shape of ViT residual-stream spectra."""
     return np.arange(1, dim + 1, dtype=np.float64) ** -alpha

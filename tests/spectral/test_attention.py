@@ -13,6 +13,7 @@ import timm
 import torch
 
 from tests.spectral.simulated_world import SimulatedWorld
+from tests.spectral.spectral_data import packed
 from tgo.spectral import StreamingCovariance, allreduce_accumulators
 from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, patch_distances
 from tgo.spectral.jackknife import jackknife_stderr
@@ -348,9 +349,9 @@ def test_rank_split_sums_to_one_accumulator(ranks: int):
         acc.update(q[idx], k[idx], groups[idx])
         parts.append(acc)
     reduced = AttentionAccumulator(3, 18, 2, GRID, PATCH, groups=4)
-    reduced.unpack_(sum(p.pack() for p in parts))
+    reduced.unpack_(sum(packed(p) for p in parts))
     # Float sums in another association: equal to 1e-13 relative, not guaranteed bit for bit.
-    assert _relative_gap(reduced.pack(), whole.pack()) <= 1e-13
+    assert _relative_gap(packed(reduced), packed(whole)) <= 1e-13
     for name in ATTENTION_METRICS:
         got, want = reduced.summary(), whole.summary()
         assert got.values[name] == pytest.approx(want.values[name], rel=1e-13, nan_ok=True)
@@ -366,8 +367,8 @@ def test_chunking_and_batch_split_do_not_change_results():
     batched = AttentionAccumulator(3, 18, 2, GRID, PATCH)
     for idx in np.array_split(np.arange(12), 4):
         batched.update(q[idx], k[idx])
-    assert _relative_gap(chunked.pack(), whole.pack()) <= 1e-13
-    assert _relative_gap(batched.pack(), whole.pack()) <= 1e-13
+    assert _relative_gap(packed(chunked), packed(whole)) <= 1e-13
+    assert _relative_gap(packed(batched), packed(whole)) <= 1e-13
 
 
 def test_travels_in_allreduce_accumulators_extras():
@@ -391,7 +392,7 @@ def test_travels_in_allreduce_accumulators_extras():
     assert world.calls == [2, 2]
     assert world.payload_numel[1] == (2 + 6 + 36) + single.packed_size
     for acc in per_rank:
-        assert _relative_gap(acc.pack(), single.pack()) <= 1e-13
+        assert _relative_gap(packed(acc), packed(single)) <= 1e-13
         assert acc.n_images == 10
 
 
@@ -462,7 +463,7 @@ def test_inference_mode_and_state_dict_round_trip():
     acc.update(q, k, [1, 0, 0])  # in-place update of state created under inference mode
     restored = AttentionAccumulator(3, 18, 2, GRID, PATCH, groups=2)
     restored.load_state_dict(acc.state_dict())
-    assert torch.equal(restored.pack(), acc.pack())
+    assert torch.equal(packed(restored), packed(acc))
     with pytest.raises(ValueError, match="groups"):
         AttentionAccumulator(3, 18, 2, GRID, PATCH, groups=3).load_state_dict(acc.state_dict())
 
@@ -508,7 +509,7 @@ def test_on_cuda_matches_cpu():
     cpu.update(q, k, groups)
     gpu = AttentionAccumulator(3, 18, 2, GRID, PATCH, groups=2, device="cuda")
     gpu.update(q.cuda(), k.cuda(), groups)
-    assert _relative_gap(gpu.pack().cpu(), cpu.pack()) <= 1e-13
+    assert _relative_gap(packed(gpu).cpu(), packed(cpu)) <= 1e-13
     fp32 = AttentionAccumulator(3, 18, 2, GRID, PATCH, groups=2, device="cuda", compute_dtype=torch.float32)
     fp32.update(q.cuda(), k.cuda(), groups)
     for name in ATTENTION_METRICS:

@@ -16,6 +16,7 @@ from tests.spectral.spectral_data import (
     METRIC_KEYS,
     accumulate,
     make_rows,
+    packed,
     power_law_spectrum,
     reference_covariance,
     relative_errors,
@@ -63,7 +64,7 @@ def test_any_leading_shape_is_rows():
 def test_state_is_float64_and_constant_size():
     acc = accumulate(ROWS, batch_rows=7)
     assert acc.shift.dtype == acc._s1.dtype == acc._s2.dtype == torch.float64
-    assert acc.pack().numel() == 2 + DIM + DIM * DIM == acc.packed_size
+    assert packed(acc).numel() == 2 + DIM + DIM * DIM == acc.packed_size
 
 
 def test_covariance_is_exactly_symmetric():
@@ -224,7 +225,7 @@ def test_state_dict_round_trip_resumes_exactly():
     resumed.load_state_dict(state)
     resumed.update(torch.from_numpy(ROWS[250:]))
     acc.update(torch.from_numpy(ROWS[250:]))
-    assert torch.equal(resumed.pack(), acc.pack()) and torch.equal(resumed.shift, acc.shift)
+    assert torch.equal(packed(resumed), packed(acc)) and torch.equal(resumed.shift, acc.shift)
     assert resumed.n_nonfinite == 1
 
 
@@ -240,7 +241,7 @@ def test_pack_unpack_round_trip_and_length_check():
     acc = accumulate(ROWS, batch_rows=100)
     other = StreamingCovariance(DIM)
     other.reshift(acc.shift)
-    other.unpack_(acc.pack())
+    other.unpack_(packed(acc))
     assert torch.equal(other.covariance(), acc.covariance()) and other.n == acc.n
     with pytest.raises(ValueError, match=f"length {acc.packed_size}"):
         other.unpack_(torch.zeros(5))
@@ -306,7 +307,7 @@ def test_autocast_does_not_change_the_float32_gram():
     plain = accumulate(ROWS, gram_dtype=torch.float32, batch_rows=128)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         under = accumulate(ROWS, gram_dtype=torch.float32, batch_rows=128)
-    assert torch.equal(plain.pack(), under.pack())
+    assert torch.equal(packed(plain), packed(under))
 
 
 def test_strict_fp32_math_restores_on_error():
@@ -336,4 +337,4 @@ def test_works_inside_and_outside_inference_mode():
     other.merge(StreamingCovariance(DIM))
     _assert_same_state(acc, BASELINE)
     _assert_same_state(other, BASELINE)
-    assert not acc.pack().is_inference()
+    assert not packed(acc).is_inference()

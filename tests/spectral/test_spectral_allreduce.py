@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.spectral.simulated_world import SimulatedWorld
-from tests.spectral.spectral_data import make_rows, power_law_spectrum
+from tests.spectral.spectral_data import make_rows, packed, power_law_spectrum
 from tgo.spectral import StreamingCovariance, allreduce_accumulators
 
 # Three observation points of different widths; the third is never fed on any rank.
@@ -49,7 +49,7 @@ def _check(world: SimulatedWorld, per_rank: list[list[StreamingCovariance]]) -> 
             assert np.abs(c_got - c_want).max() <= 1e-12 * np.abs(c_want).max()
             np.testing.assert_allclose(got.mean().numpy(), want.mean().numpy(), rtol=1e-12)
         # every rank holds bit-identical state afterwards (rank 0 is not special)
-        assert all(torch.equal(accs[point].pack(), per_rank[0][point].pack()) for accs in per_rank)
+        assert all(torch.equal(packed(accs[point]), packed(per_rank[0][point])) for accs in per_rank)
     for accs in per_rank:  # the unfed point: no rows anywhere, a zero shift, NaN statistics
         assert accs[2].n == 0 and torch.equal(accs[2].shift, torch.zeros(DIMS[2], dtype=torch.float64))
         assert torch.isnan(accs[2].covariance()).all()

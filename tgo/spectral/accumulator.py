@@ -384,22 +384,16 @@ class StreamingCovariance:
     # ------------------------------------------------------------------ collectives
     @property
     def packed_size(self) -> int:
-        """Length of :meth:`pack`'s output: ``2 + D + D^2``."""
+        """Length of the packed state (`pack_into`): ``2 + D + D^2``."""
         return 2 + self.dim + self.dim * self.dim
 
-    @_outside_inference_mode
-    def pack(self) -> torch.Tensor:
-        """Flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` on ``device``, for a sum collective.
+    def pack_into(self, out: torch.Tensor) -> None:
+        """Write the flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` into ``out`` (a slice of the sum
+        collective's buffer), without a temporary copy.
 
         Counts travel as float64, exact up to 2^53 rows. The shift is *not* packed: summing is only meaningful once all
         ranks share one shift (see :func:`allreduce_accumulators`).
         """
-        out = torch.empty(self.packed_size, dtype=torch.float64, device=self.device)
-        self.pack_into(out)
-        return out
-
-    def pack_into(self, out: torch.Tensor) -> None:
-        """Write :meth:`pack`'s layout into ``out`` (a float64 slice of a larger buffer), without a temporary copy."""
         d = self.dim
         out[0], out[1] = float(self.n), float(self.n_nonfinite)
         out[2 : 2 + d].copy_(self._s1)
@@ -407,7 +401,7 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def unpack_(self, flat: torch.Tensor, *, copy: bool = True) -> None:
-        """Overwrite counts and sums from a (summed) :meth:`pack` tensor; the shift is kept as is.
+        """Overwrite counts and sums from a (summed) packed state (`pack_into`); the shift is kept as is.
 
         ``copy=False`` makes the sums views of ``flat`` (float64 on this device already) instead of copies:
         `allreduce_accumulators` owns the summed buffer, and not copying it saves one full state of memory at the peak

@@ -320,11 +320,6 @@ class AttentionAccumulator:
         """Length of the packed state: ``max(G, 1) * (2 + 7 H + H^2)`` float64 numbers."""
         return self._state.numel()
 
-    @_outside_inference_mode
-    def pack(self) -> torch.Tensor:
-        """The state as one flat float64 tensor (a copy), for a sum collective."""
-        return self._state.reshape(-1).clone()
-
     def pack_into(self, out: torch.Tensor) -> None:
         """Write the flat state into ``out`` (a float64 slice of a larger buffer)."""
         out.copy_(self._state.reshape(-1))
