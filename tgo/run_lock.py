@@ -22,6 +22,7 @@ a child of ``tgo.train``) writes under its launcher's lock instead of being refu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -33,7 +34,6 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from tgo.errors import RunEnvironmentError
 
@@ -370,14 +370,7 @@ def _read(fd: int) -> str:
 
 
 def _stamp(fd: int, holder: Holder) -> None:
-    payload: dict[str, Any] = {
-        "tgo": "run directory lock",
-        "pid": holder.pid,
-        "host": holder.host,
-        "since": holder.since,
-        "command": holder.command,
-        "slurm_job": holder.slurm_job,
-    }
+    payload = {"tgo": "run directory lock", **dataclasses.asdict(holder)}  # pid, host, since, command, slurm_job
     data = (json.dumps(payload) + "\n").encode("utf-8")
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
