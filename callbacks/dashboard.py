@@ -95,10 +95,8 @@ STORY_TAG = f"{STORY_GROUP}/story"
 """The tag of a story drawn as one figure. TensorBoard fits an image into a ~450 x 210 px box on a default card, so a
 tall figure is shown small (480 x 1104 px at ~19 %); a story may instead be several card-sized figures, one card
 each (`Story`)."""
-DEPTH_PROFILES = tuple(
-    p.metric for p in panels.core_panels() if p.kind == "depth" and p.card and p.view == DEFAULT_VIEW
-)
-"""The ``all``-view observables drawn against depth on cards (`tgo.panels.core_panels`, where they are declared)."""
+DEPTH_PROFILES = tuple(p.metric for p in panels.declared("card", kind="depth") if p.view == DEFAULT_VIEW)
+"""The ``all``-view observables drawn against depth on cards (`tgo.panels.declared`: the core's and the families')."""
 FIGURE_DRAIN_TIMEOUT_S = 600.0
 """How long the end of ``fit`` (or an exception) waits for the figures in flight before warning and going on."""
 

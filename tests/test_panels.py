@@ -8,12 +8,15 @@ and the page's size alike.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from tgo import panels, viz
+from tgo.observatory.families import PHASES
 from tgo.records import RunDir
 
 POINTS = ["patch_embed", "block_01", "block_02", "cls"]
@@ -29,6 +32,12 @@ def test_every_declared_panel_is_of_a_known_kind_and_every_card_has_its_own_tag(
     assert panels.Panel("depth", "nc1", "cls").tag_of() == "1_depth_profile_cls/nc1"
     assert panels.Panel("depth", "effective_rank").tag_of() == "1_depth_profile/effective_rank"
     assert panels.Panel("bands", "effective_rank").tag_of() == "2_vs_epoch/effective_rank"
+
+
+def test_panels_import_no_family():
+    """The families import `Panel` from `tgo.panels`, so it must not import them back (it reads them when asked)."""
+    code = "import sys, tgo.panels; assert not [m for m in sys.modules if m.startswith('tgo.observatory')]"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_familys_own_panels_are_drawn_as_cards_without_the_renderer_naming_it(monkeypatch):
@@ -64,9 +73,10 @@ def test_the_depth_drawer_draws_the_same_lines_and_bands_at_both_sizes(size: str
 
 
 @pytest.mark.parametrize("size", [panels.CARD, panels.PAGE])
-def test_the_phase_map_draws_categories_with_undefined_cells_left_white(size: str):
+def test_the_category_map_draws_categories_with_undefined_cells_left_white(size: str):
     codes = np.array([[-2.0, -1.0], [0.0, 1.0], [math.nan, 1.0], [1.0, 1.0]])
-    fig = panels.phase_map(codes, POINTS, [0, 5, 10], size=size)
+    (phases,) = PHASES.panels
+    fig = panels.category_map(codes, POINTS, [0, 5, 10], phases.categories, title=phases.label, size=size)
     (mesh,) = fig.axes[0].collections
     drawn = np.ma.getdata(mesh.get_array()).reshape(codes.shape)
     assert np.ma.getmaskarray(mesh.get_array()).reshape(codes.shape).tolist() == np.isnan(codes).tolist()

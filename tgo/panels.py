@@ -1,8 +1,8 @@
 """What TGO draws, declared once as data (`Panel`), and one drawer per kind of panel at two sizes (`CARD`, `PAGE`).
 
 TensorBoard's cards (`tgo.callbacks.dashboard`) and the report's figures (`tgo.report.figures`) are two renderers of
-the same declarations: the core's (`core_panels`) and each measurement family's (`FAMILY_PANELS`, keyed by family
-name; a family object's own ``panels`` attribute takes precedence), listed together by `declared`. A panel names
+the same declarations: the core's (`core_panels`) and each measurement family's (its class attribute ``panels``, in
+its own module), listed together by `declared`. A panel names
 its kind, its metric and view, its title, and where it is drawn (``card``/``page``, and the ``observation.figures``
 switch that turns its card off); nothing else decides what a figure shows. The kinds:
 
@@ -11,7 +11,7 @@ switch that turns its card off); nothing else decides what a figure shows. The k
 * ``bands``: one observable against epoch, one line per point on the depth ramp (`tgo.viz.depth_styles`), +-1 s.e.
   band, an optional ``overlay`` metric on the same axes (`_EpochBandCard` for a card, `lines_figure` for a page);
 * ``map``: one observable as a point x epoch heatmap (`tgo.viz.layer_epoch_heatmap_figure`), or with
-  ``scale="phase"`` the training phases' discrete labels (`phase_map`);
+  ``categories`` a map of discrete labels (`category_map`: the training phases);
 * ``heads``: an array heatmap, block x head (`tgo.viz.attention_heads_figure`), from the observation's arrays;
 * ``table``: the last observation's values of ``metrics`` (the report's table; no card);
 * ``spectra``: each point's eigenvalue spectra over epochs (`tgo.viz.spectrum_cards`, the report's spectra).
@@ -44,24 +44,21 @@ from numpy.typing import ArrayLike
 
 from tgo import viz
 from tgo.records import DEFAULT_VIEW, RunDir
-from tgo.spectral.phases import COLLAPSE, COMPRESSION, ENTROPY, UNDEFINED, UNRESOLVED
 
 __all__ = [
     "BAND_PIXELS",
     "CARD",
-    "FAMILY_PANELS",
     "PAGE",
-    "PHASE_COLOURS",
     "PROFILE_PIXELS",
     "RECORDED_KINDS",
     "Panel",
     "cards",
+    "category_map",
     "class_count",
     "core_panels",
     "declared",
     "depth_figure",
     "lines_figure",
-    "phase_map",
 ]
 
 CARD, PAGE = "card", "page"
@@ -70,13 +67,10 @@ PROFILE_PIXELS = (480, 320)
 """A depth-profile card's size (px): the rotated point names need the height."""
 BAND_PIXELS = (480, 240)
 """An against-epoch card's size (px): TensorBoard's ~450 x 210 px image box shows a 2:1 card at ~90 %."""
-PHASE_PIXELS = (640, 400)
-"""The phase map card's size (px)."""
+CATEGORY_PIXELS = (640, 400)
+"""A category map card's size (px)."""
 _FONT = viz.CARD_FONTSIZE
 _TICK = 0.85 * viz.CARD_FONTSIZE
-PHASE_COLOURS: dict[str, str] = {COLLAPSE: "#8c1c13", COMPRESSION: "#f4a259", UNRESOLVED: "#e6e6e6", ENTROPY: "#3a7ca5"}
-"""The colour of each training-phase label (``undefined`` is left white)."""
-_PHASE_ORDER = (COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY)
 
 RECORDED_KINDS = ("depth", "bands", "map")
 """The kinds drawn from the recorded series (``metrics.csv``); ``heads`` is drawn from an observation's arrays."""
@@ -100,10 +94,11 @@ class Panel:
         page: Drawn in the report.
         rows: ``points``: every point on the axis (NaN where none); ``recorded``: the points that recorded ``view``
             at this observation (a family's blocks, the last point's network view).
-        scale: ``None``: the catalogue's scale of the metric (`tgo.viz.is_log_scale`); ``phase``: discrete phase labels.
+        scale: ``None``: the catalogue's scale of the metric (`tgo.viz.is_log_scale`), else ``log`` or ``linear``.
         overlay: A second metric drawn on the same axes of the page (``bands``: the sharpness' threshold; a card
             draws it as its own panel).
         metrics: The metrics of a ``table``.
+        categories: A ``map`` of discrete labels: ``(code, label, colour)`` per label, codes ascending by one.
         tag: The card's TensorBoard tag (default from the kind: `tag_of`).
     """
 
@@ -118,6 +113,7 @@ class Panel:
     scale: str | None = None
     overlay: str | None = None
     metrics: tuple[str, ...] = ()
+    categories: tuple[tuple[float, str, str], ...] = ()
     tag: str = ""
 
     @property
@@ -142,7 +138,7 @@ class Panel:
 
 # ------------------------------------------------------------------------------------------------ declarations
 def core_panels() -> tuple[Panel, ...]:
-    """The core's panels: depth profiles of the covariance observables and the probes, the against-epoch bands and
+    """The core's panels: depth profiles of the covariance observables, the against-epoch bands and
     the layer x epoch maps of the catalogue's charted observables (read at call time: a plug-in's observable counts),
     the spectra. TensorBoard keeps to fewer depth profiles than the report: every card costs background rendering
     time at each observation."""
@@ -155,92 +151,18 @@ def core_panels() -> tuple[Panel, ...]:
         Panel("depth", "spectral_entropy", card=False),
         Panel("depth", "spectral_flatness", card=False),
         Panel("depth", "mean_abs_offdiag_correlation", switch="depth_profiles", page=False),
-        Panel("depth", "between_image_fraction", switch="depth_profiles", page=False),
-        *(
-            Panel("depth", m, "cls", title=f"{m} (cls)", switch="depth_profiles", page=False)
-            for m in ("ncc_accuracy", "ridge_accuracy", "fisher_ratio", "nc1")
-        ),
         *(Panel("bands", m, switch="bands", card=m in bands) for m in CATALOGUE.charted),
         *(Panel("map", m, switch="layer_epoch") for m in CATALOGUE.charted),
         Panel("spectra", "eigenvalues", switch="spectra"),
     )
 
 
-# ---- the families' panels: to move into their family files (tgo/observatory/families/*.py) -----------------------
-def _family_panels() -> dict[str, tuple[Panel, ...]]:
-    from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, HEAD_METRICS
-    from tgo.observatory.families.base import NETWORK_VIEW
-    from tgo.observatory.families.weights import WEIGHT_VIEWS
-
-    block_maps = tuple(view for name, view in WEIGHT_VIEWS.items() if name != "patch")  # the patch is one matrix
-    weights = ("weight_alpha", "weight_stable_rank", "weight_effective_rank", "weight_relative_update")
-    network = ("gradient_noise_scale", "gradient_norm_sq", "gradient_trace_covariance", "gradient_noise_steps")
-    curvature: tuple[str, ...] = ("hessian_top_eigenvalue", "hessian_trace", "preconditioned_sharpness")
-    curvature += ("edge_of_stability_threshold", "sharpness_over_threshold")
-
-    def against_epoch(metric: str, **given: Any) -> Panel:  # the last point's network view
-        return Panel("bands", metric, NETWORK_VIEW, switch="optimisation", rows="recorded", **given)
-
-    return {
-        "attention": (
-            *(
-                Panel("depth", m, ATTENTION_VIEW, f"{m} (block mean)", "attention", rows="recorded")
-                for m in ATTENTION_CHARTED
-            ),
-            *(Panel("heads", m, ATTENTION_VIEW, switch="attention", page=False, rows="recorded") for m in HEAD_METRICS),
-        ),
-        "weights": tuple(
-            Panel(
-                "depth",
-                m,
-                view,
-                f"{m} ({view.removeprefix('weights_')} weights)",
-                "optimisation",
-                card=m != "weight_effective_rank",
-                rows="recorded",
-            )
-            for view in block_maps
-            for m in weights
-        ),
-        "noise_scale": (
-            *(against_epoch(m) for m in network[:3]),
-            Panel("table", view=NETWORK_VIEW, card=False, metrics=network),
-        ),
-        "curvature": (
-            against_epoch("hessian_top_eigenvalue"),
-            against_epoch("hessian_trace"),
-            against_epoch("preconditioned_sharpness", overlay="edge_of_stability_threshold"),
-            against_epoch("edge_of_stability_threshold", page=False),  # the page draws it over the sharpness
-            against_epoch("sharpness_over_threshold"),
-            Panel("table", view=NETWORK_VIEW, card=False, metrics=curvature),
-        ),
-        "phases": (
-            Panel(
-                "map",
-                "phase_code",
-                title="training phases",
-                switch="layer_epoch",
-                scale="phase",
-                page=False,
-                tag="layer_epoch/phase",
-            ),
-        ),
-    }
-
-
-FAMILY_PANELS: dict[str, tuple[Panel, ...]] = _family_panels()
-"""family name -> its panels."""
-# ---- end of the families' panels ---------------------------------------------------------------------------------
-
-
 def declared(renderer: str | None = None, *, kind: str | None = None) -> list[Panel]:
-    """The core's panels, then each registered family's (registration order: a family's own ``panels``, else its
-    `FAMILY_PANELS` entry), of one renderer (`CARD`, `PAGE`) and kind where named."""
-    from tgo.observatory.families import registered_families
+    """The core's panels, then each registered family's (in registration order), of one renderer (`CARD`, `PAGE`)
+    and kind where named."""
+    from tgo.observatory.families import registered_families  # lazy: the families import `Panel` from here
 
-    found = list(core_panels())
-    for family in registered_families():
-        found += getattr(family, "panels", ()) or FAMILY_PANELS.get(family.name, ())
+    found = [*core_panels(), *(p for family in registered_families() for p in family.panels)]
     return [p for p in found if (renderer is None or getattr(p, renderer)) and (kind is None or p.kind == kind)]
 
 
@@ -486,28 +408,31 @@ def lines_figure(
     return fig
 
 
-# ------------------------------------------------------------------------------------------------ phase map
-def phase_map(
+# ------------------------------------------------------------------------------------------------ category map
+def category_map(
     codes: np.ndarray,
     points: Sequence[str],
     edges: Sequence[float],
+    categories: Sequence[tuple[float, str, str]],
     *,
+    title: str = "",
     size: str = PAGE,
     ticks: Sequence[float] | None = None,
     tick_labels: Sequence[str] | None = None,
     xlabel: str = "epoch (a cell spans the two observations it compares)",
 ) -> Figure:
-    """The training phases as a point x interval map of discrete colours (`PHASE_COLOURS`).
+    """A point x interval map of discrete labels, one colour each (a ``map`` panel's ``categories``: the phases).
 
     A continuous heatmap would read the codes as magnitudes; these are categories: ``codes[p, j]`` is the label of
-    point ``p``'s change between the observations at ``edges[j]`` and ``edges[j + 1]`` (-2 collapse, -1
-    compression-seeking, 0 unresolved, +1 entropy-seeking; NaN undefined, white), so a cell's width is its interval.
+    point ``p``'s change between the observations at ``edges[j]`` and ``edges[j + 1]`` (NaN: undefined, white), so
+    a cell's width is its interval.
 
     Args:
-        codes: ``[len(points), len(edges) - 1]`` phase codes (`tgo.spectral.phases.PHASE_CODES`).
+        codes: ``[len(points), len(edges) - 1]`` codes, each one of ``categories``' (code, label, colour).
         points: Point names in depth order (rows, the patch embedding on top).
         edges: The observations' positions on x (epochs, or ``0..E-1`` for log-spaced steps drawn evenly).
-        size: `CARD` (`PHASE_PIXELS`, ``layer_epoch/phase``) or `PAGE` (the report's phases section).
+        title: The card's title.
+        size: `CARD` (`CATEGORY_PIXELS`) or `PAGE`.
         ticks: x ticks (default: up to 8 of ``edges`` on a card, 16 on a page); ``tick_labels`` their labels.
         xlabel: The x axis label.
     """
@@ -517,16 +442,16 @@ def phase_map(
         codes = np.full((len(points), 1), np.nan)
         x = np.array([x[0] - 0.5, x[0] + 0.5]) if x.size else np.arange(2.0)
     if card:
-        fig = _card_figure(PHASE_PIXELS)
+        fig = _card_figure(CATEGORY_PIXELS)
         ax, cax = viz.card_axes(fig, left=120, right=150)
         cax.set_axis_off()  # the legend names the colours, in the room the colourbar would take
     else:
         fig = Figure(figsize=(max(7.0, 0.35 * x.size + 5.0), 0.32 * len(points) + 1.9), layout="constrained")
         ax = fig.add_subplot()
-    cmap = ListedColormap([PHASE_COLOURS[k] for k in _PHASE_ORDER]).with_extremes(bad="white")
+    cmap = ListedColormap([colour for _, _, colour in categories]).with_extremes(bad="white")
+    bounds = [code - 0.5 for code, _, _ in categories] + [categories[-1][0] + 0.5]
     ax.pcolormesh(x, np.arange(len(points) + 1), np.ma.masked_invalid(np.asarray(codes, dtype=np.float64)),
-                  cmap=cmap, norm=BoundaryNorm([-2.5, -1.5, -0.5, 0.5, 1.5], cmap.N), edgecolors="white",
-                  linewidth=0.5)  # fmt: skip
+                  cmap=cmap, norm=BoundaryNorm(bounds, cmap.N), edgecolors="white", linewidth=0.5)  # fmt: skip
     ax.set_ylim(len(points), 0)  # the patch embedding on top: reading order
     rows = viz.thin_indices(len(points), 16) if card else range(len(points))
     ax.set_yticks([i + 0.5 for i in rows], labels=[points[i] for i in rows], fontsize=_TICK if card else 8)
@@ -535,17 +460,17 @@ def phase_map(
         ticks = [float(x[i]) for i in shown]
     ax.set_xticks(list(ticks), labels=list(tick_labels) if tick_labels else [f"{t:g}" for t in ticks])
     ax.set_xlabel(xlabel, fontsize=_TICK if card else None)
-    handles = [Patch(facecolor=PHASE_COLOURS[k], edgecolor="#999", label=k) for k in _PHASE_ORDER]
+    handles = [Patch(facecolor=colour, edgecolor="#999", label=label) for _, label, colour in categories]
     if card:
         ax.tick_params(labelsize=_TICK)
-        ax.set_title("training phases", fontsize=_FONT)
+        ax.set_title(title, fontsize=_FONT)
         for handle in handles:
             handle.set_label(str(handle.get_label()).replace("-", "-\n"))
         box = cax.get_position()
         fig.legend(handles=handles, loc="center left", bbox_to_anchor=(box.x0 - 0.02, 0.5), fontsize=0.8 * _TICK,
                    frameon=False, handlelength=1.0)  # fmt: skip
     else:
-        handles.append(Patch(facecolor="white", edgecolor="#999", label=UNDEFINED))
+        handles.append(Patch(facecolor="white", edgecolor="#999", label="undefined"))
         fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
     return fig
 
@@ -640,10 +565,15 @@ def cards(
                 fig = figure(_DepthProfile, rows, tuple(epochs)).draw(profiles, panel.label, log=log)
             elif panel.kind == "bands":
                 fig = figure(_EpochBandCard, rows, tuple(epochs)).draw(epochs, values, stderrs, panel.label, log=log)
-            elif panel.scale == "phase":  # a label per change: the first observation's code is NaN
+            elif panel.categories:  # a label per change: the first observation's code is NaN
                 shown = values[:, 1:] if len(epochs) > 1 else values
                 label = "epoch (a cell: the change since the previous observation)"
-                yield panel.tag_of(), viz.render_rgb(phase_map(shown, rows, epochs, size=CARD, xlabel=label))
+                yield (
+                    panel.tag_of(),
+                    viz.render_rgb(
+                        category_map(shown, rows, epochs, panel.categories, title=panel.label, size=CARD, xlabel=label)
+                    ),
+                )
                 continue
             else:
                 fig = figure(viz.LayerEpochCard, rows, tuple(epochs))

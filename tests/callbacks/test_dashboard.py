@@ -36,7 +36,11 @@ EPOCHS = (0, 1, 2)
 DIM = 6
 ONLY_NEW = FigureSettings(spectra=False, histograms=False, decay=False, layer_epoch=False, attention=False)
 """The story, the depth profiles and the against-epoch cards, nothing else."""
-PROBE_PROFILES = [(p.view, p.metric) for p in panels.core_panels() if p.kind == "depth" and p.card and p.view != "all"]
+PROBE_PROFILES = [
+    (p.view, p.metric)
+    for p in panels.declared("card", kind="depth")
+    if p.switch == "depth_profiles" and p.view != "all"
+]
 
 
 def depth_profile_tag(metric: str, view: str = "all") -> str:

@@ -17,7 +17,11 @@ from tgo.records import read_metric_rows
 from tgo.spectral import CATALOGUE
 from tgo.train import run
 
-PROBE_PROFILES = [(p.view, p.metric) for p in panels.core_panels() if p.kind == "depth" and p.card and p.view != "all"]
+PROBE_PROFILES = [
+    (p.view, p.metric)
+    for p in panels.declared("card", kind="depth")
+    if p.switch == "depth_profiles" and p.view != "all"
+]
 BAND_FIGURES = [p.metric for p in panels.core_panels() if p.kind == "bands" and p.card]
 
 

@@ -18,12 +18,14 @@ from tgo.observatory.families import registered_families
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = (
+    "callbacks/dashboard.py",
     "callbacks/spectral_geometry.py",
     "tgo/observatory/pipeline.py",
     "tgo/observatory/stream.py",
     "tgo/observatory/standalone.py",
     "tgo/observatory/settings.py",
     "tgo/observatory/views.py",
+    "tgo/panels.py",
     "tgo/observatory/results.py",
     "tgo/observatory/share.py",
     "tgo/spectral/catalogue.py",

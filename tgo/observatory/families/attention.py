@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tgo.panels import Panel
 from tgo.spectral import Observable
 from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, AttentionSummary
 
@@ -357,6 +358,13 @@ class AttentionFamily(MeasurementFamily):
     settings = AttentionSettings
     figure_switch = True  # observation.figures.attention: ~15 cards, ~2.4 s of rendering per observation
     observables = _OBSERVABLES
+    panels = (
+        *(
+            Panel("depth", m, ATTENTION_VIEW, f"{m} (block mean)", "attention", rows="recorded")
+            for m in ATTENTION_CHARTED
+        ),
+        *(Panel("heads", m, ATTENTION_VIEW, switch="attention", page=False, rows="recorded") for m in HEAD_METRICS),
+    )
 
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
         blocks, _ = attention_plan(context)

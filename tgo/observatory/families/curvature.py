@@ -59,6 +59,7 @@ from tgo.optimisation.curvature import (
     say_undeclared,
     trace_estimate,
 )
+from tgo.panels import Panel
 
 from ..settings import (
     COMPUTE_DTYPES,
@@ -105,6 +106,7 @@ CURVATURE_METRICS: tuple[str, ...] = (
     "sharpness_over_threshold",
 )
 """The family's metrics on view ``network``, in record order."""
+_THRESHOLD = "edge_of_stability_threshold"
 
 _FORMULAS = {
     "hessian_top_eigenvalue": "lambda_1(H) of the loss on the curvature batch (Lanczos)",
@@ -342,6 +344,21 @@ class CurvatureFamily(MeasurementFamily):
             stderr="probes",  # Hutchinson's trace
         )
         for name in CURVATURE_METRICS
+    )
+    panels = (  # against epoch on the last point's network view (the page draws the threshold over the sharpness)
+        *(
+            Panel(
+                "bands",
+                m,
+                NETWORK_VIEW,
+                switch="optimisation",
+                page=m != _THRESHOLD,
+                rows="recorded",
+                overlay=_THRESHOLD if m == "preconditioned_sharpness" else None,
+            )
+            for m in CURVATURE_METRICS
+        ),
+        Panel("table", view=NETWORK_VIEW, card=False, metrics=CURVATURE_METRICS),
     )
 
     def start(self, context: FamilyContext) -> CurvatureState:

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tgo.panels import Panel
 from tgo.records import RunPath, load_subspace_history
 from tgo.spectral import Observable, jackknife_groups, jackknife_stderr
 from tgo.spectral.jackknife import Moments
@@ -697,6 +698,13 @@ class ImageVectorFamily(MeasurementFamily):
         _probe("massive_activation_ratio", "max_d M_d / median_d M_d, M_d = max |x_d| over every row", scale="log"),
         _probe("massive_activation_dim", "argmax_d M_d (the dimension of that ratio)", charted=False),
         _probe("massive_dim_variance_share", "C_dd / tr C for that dimension", charted=False),
+    )
+    panels = (  # depth profiles on TensorBoard (the catalogue charts the probes against epoch for both renderers)
+        Panel("depth", "between_image_fraction", switch="depth_profiles", page=False),
+        *(
+            Panel("depth", m, "cls", title=f"{m} (cls)", switch="depth_profiles", page=False)
+            for m in ("ncc_accuracy", "ridge_accuracy", "fisher_ratio", "nc1")
+        ),
     )
 
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from tgo.optimisation.noise_scale import noise_scale_estimate
+from tgo.panels import Panel
 
 from ..points import ObservationPoint
 from ..settings import PREFIX, ObservationSettings, ObservationSettingsError, check_flags, is_int
@@ -48,6 +49,7 @@ from .base import (
 __all__ = ["GRADIENT_VIEW", "NOISE_SCALE", "NoiseScaleFamily", "NoiseScaleSettings", "NoiseScaleState"]
 
 GRADIENT_VIEW = "gradient"
+_CHARTED = ("gradient_noise_scale", "gradient_norm_sq", "gradient_trace_covariance")
 """The view of a block point that carries the gradient statistics of that block's parameters."""
 
 _DOC = "docs/observables.md#10-gradient-noise-scale"
@@ -199,6 +201,10 @@ class NoiseScaleFamily(MeasurementFamily):
             charted=False,
             doc=_DOC,
         ),
+    )
+    panels = (  # against epoch on the last point's network view, and the last observation's table
+        *(Panel("bands", m, NETWORK_VIEW, switch="optimisation", rows="recorded") for m in _CHARTED),
+        Panel("table", view=NETWORK_VIEW, card=False, metrics=(*_CHARTED, "gradient_noise_steps")),
     )
 
     def start(self, context: FamilyContext) -> FamilyState:

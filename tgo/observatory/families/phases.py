@@ -31,8 +31,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tgo.panels import Panel
 from tgo.records import DEFAULT_VIEW, RunPath, as_run_dir, load_jackknife, read_metric_rows, recorded_epochs
-from tgo.spectral.phases import PhaseRule, classify, paired_change
+from tgo.spectral.phases import (
+    COLLAPSE,
+    COMPRESSION,
+    ENTROPY,
+    PHASE_CODES,
+    UNRESOLVED,
+    PhaseRule,
+    classify,
+    paired_change,
+)
 
 from ..settings import PREFIX, ObservationSettingsError, check_flags
 from .base import (
@@ -50,6 +60,7 @@ from .base import (
 __all__ = [
     "MEASURES",
     "PHASES",
+    "PHASE_COLOURS",
     "PHASE_METRICS",
     "PhaseFamily",
     "PhaseHistory",
@@ -62,6 +73,8 @@ MEASURES: tuple[str, str] = ("effective_rank", "power_law_alpha")
 PHASE_METRICS: tuple[str, ...] = ("phase_code", "rank_change_z", "alpha_change_z")
 """What the family records on every point's view ``all``, in record order."""
 _DOC = "docs/observables.md#8-training-phases"
+PHASE_COLOURS = {COLLAPSE: "#8c1c13", COMPRESSION: "#f4a259", UNRESOLVED: "#e6e6e6", ENTROPY: "#3a7ca5"}
+"""The colour of each training-phase label on the phase map card (``undefined`` is left white)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +196,17 @@ class PhaseFamily(MeasurementFamily):
         ),
         family_metric("rank_change_z", "paired z of effective_rank(now) - effective_rank(previous)", doc=_DOC),
         family_metric("alpha_change_z", "paired z of power_law_alpha(now) - power_law_alpha(previous)", doc=_DOC),
+    )
+    panels = (  # the phase map card: a category per cell (the report draws its own phases section)
+        Panel(
+            "map",
+            "phase_code",
+            title="training phases",
+            switch="layer_epoch",
+            page=False,
+            tag="layer_epoch/phase",
+            categories=tuple((PHASE_CODES[k], k, c) for k, c in PHASE_COLOURS.items()),
+        ),
     )
 
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tgo.panels import Panel
 from tgo.records import RunDir, RunPath
 from tgo.spectral.weights import relative_update, weight_geometry, weight_matrix
 
@@ -265,6 +266,19 @@ class WeightsFamily(MeasurementFamily):
     settings = WeightSettings
     folder = WEIGHTS_DIR  # the latest two observations' weights (`weight_history`)
     observables = _OBSERVABLES
+    panels = tuple(  # a depth profile per block map (the patch embedding is one matrix)
+        Panel(
+            "depth",
+            m,
+            WEIGHT_VIEWS[name],
+            f"{m} ({name} weights)",
+            "optimisation",
+            card=m != "weight_effective_rank",
+            rows="recorded",
+        )
+        for name, _ in BLOCK_MAPS
+        for m in ("weight_alpha", "weight_stable_rank", "weight_effective_rank", "weight_relative_update")
+    )
 
     def start(self, context: FamilyContext) -> WeightState:
         return WeightState(context, weight_plan(context))
