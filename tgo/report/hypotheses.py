@@ -5,7 +5,7 @@ diversification** (the tokens of an image become more distinguishable and occupy
 expansion** (the model discovers more meaningful, class-relevant feature directions) and **redundancy reduction**
 (training re-expresses the information in a less redundant basis). Each says something different about the views of
 a point (``all``, ``cls``, ``patch``, ``between_image``, ``within_image``; `tgo.observatory.views`) and about the
-hypothesis-probe metrics (catalogue entries of scope ``probe``). `PREDICTIONS` declares those statements once, as
+hypothesis-probe metrics (catalogue entries of scope ``family``). `PREDICTIONS` declares those statements once, as
 data: a `Prediction` names a hypothesis, a metric, a view, which points it is about and the direction it expects,
 with the reasoning in words. ``docs/hypotheses.md`` explains every prediction, what would contradict each hypothesis
 and what the probes cannot decide.

@@ -55,7 +55,7 @@ _ATTENTION_HEADS = (
 )
 _NOT_RECORDED_TEXT = (
     "Not recorded: these records hold none of the views and probe metrics the predictions need (views cls, patch, "
-    "between_image, within_image; catalogue entries of scope 'probe'). They were written before the hypothesis "
+    "between_image, within_image; catalogue entries of scope 'family'). They were written before the hypothesis "
     "probes existed or with observation.probes.enabled=false; re-observing the run's checkpoints with "
     "python -m tgo.observe --run RUN_DIR records them."
 )
