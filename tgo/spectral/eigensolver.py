@@ -186,13 +186,6 @@ class FastestEigvalsh:
         with self._lock:
             return dict(self._choices)
 
-    def describe(self) -> str:
-        """One line per shape decided so far (``11 x 384^2: gpu (...)``), or that none has been."""
-        choices = self.choices()
-        if not choices:
-            return "auto: no stack solved yet"
-        return "; ".join(f"{s} x {d}^2: {c.describe()}" for (s, d), c in choices.items())
-
     def _decide(self, stack: np.ndarray) -> tuple[Choice, np.ndarray]:
         seconds: dict[str, float] = {}
         values: dict[str, np.ndarray] = {}
