@@ -14,14 +14,15 @@ import math
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 from tgo.report.cells import agreement as agreement_text
 from tgo.report.cells import csv_number
 from tgo.report.verdicts import Uncertainty, VerdictSettings, control_fdr
 
 if TYPE_CHECKING:
-    from tgo.report.findings import Trend
+    from tgo.report.findings import Finding, Trend
+    from tgo.report.hypotheses import PredictionResult
 
 __all__ = [
     "JUDGED_COLUMNS",
@@ -66,26 +67,9 @@ Welch-Satterthwaite degrees of freedom and ``threshold`` the Student-t widened s
 q-value over the table's rows (`tgo.report.verdicts`)."""
 
 
-class Statement(Protocol):
-    """A judged row of a statement table (a frozen dataclass: `control_fdr_table` replaces its fields)."""
-
-    @property
-    def verdict(self) -> str: ...
-    @property
-    def note(self) -> str: ...
-    @property
-    def trend(self) -> Trend | None: ...
-    @property
-    def p(self) -> float: ...
-    @property
-    def q(self) -> float: ...
-    @property
-    def key(self) -> Hashable: ...
-
-    def csv_cells(self, z: float) -> dict[str, str]: ...
-
-
-Row = TypeVar("Row", bound=Statement)
+Statement = Union["Finding", "PredictionResult"]
+"""A row of either table: its ``key``, ``verdict``, ``note``, ``trend``, ``p``, ``q`` and ``csv_cells(z)``."""
+Row = TypeVar("Row", "Finding", "PredictionResult")
 
 
 def control_fdr_table(
@@ -110,7 +94,7 @@ def control_fdr_table(
                 if p
             )
             changes.update(verdict=fallback, note=note, trend=replace(trend, note=note) if trend is not None else None)
-        out.append(replace(row, **changes))  # type: ignore[type-var]
+        out.append(replace(row, **changes))
     return out
 
 
