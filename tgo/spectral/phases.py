@@ -1,55 +1,18 @@
 """Training phases: each change of a point's geometry between two observations labelled as a phase of learning.
 
-Li et al. (*Tracing the Representation Geometry of Language Models from Pretraining to Post-training*, NeurIPS 2025,
-arXiv:2509.23024) follow two spectral measures of a network's representations through training, the effective rank
-(RankMe, ``exp`` of the entropy of the normalised eigenvalues: TGO's ``effective_rank``) and the decay exponent of the
-eigenspectrum (alpha-ReQ, the power law ``lambda_i ~ i^-alpha``: TGO's ``power_law_alpha``), and find three phases
-in pretraining: a warm-up **collapse** (the effective rank falls fast), an **entropy-seeking** phase (the variance
-spreads over more directions: rank rises, alpha falls) and a **compression-seeking** phase ("anisotropic
-consolidation": variance kept along the dominant directions and contracted along the others: rank falls, alpha
-rises). This module labels the change between two observations of one point with one of them, judged against the
-noise of the measurement, and merges runs of equal labels into phases.
+Li et al. (NeurIPS 2025, arXiv:2509.23024) follow the effective rank (RankMe: ``effective_rank``) and the decay
+exponent of the eigenspectrum (alpha-ReQ: ``power_law_alpha``) through pretraining and find three phases: a warm-up
+**collapse**, an **entropy-seeking** phase (rank rises, alpha falls) and a **compression-seeking** phase (rank falls,
+alpha rises). This module labels the change between two observations of one point with one of them (`classify`),
+judged against the noise of the measurement, and merges runs of equal labels into phases (`merge_phases`).
 
-**The changes and their noise.** Both observations measure the same analysis images, dealt into the same ``G``
-jackknife groups, and the records keep each observation's ``G`` leave-one-group-out values. The change
-``d = after - before`` therefore has a *paired* delete-a-group jackknife standard error, taken replicate by replicate
-(``jackknife_stderr(after_(g) - before_(g))``, `paired_change`): what the two observations share (the images)
-cancels, as it does in ``d`` (the same pairing as the verdicts' ``J`` term, `tgo.report.verdicts`). Its ``z = d / se``.
-A change is **significant** in its direction when ``|z|`` exceeds the critical value ``c = z_rule * t_{G-1}(tail of
-z_rule) / z_rule``: the verdict rule's normal quantile (default ``z_rule = 3``) widened to Student's t for the
-``G - 1`` degrees of freedom of the jackknife standard error, exactly as `tgo.report.verdicts.student_factor` widens
-it (a test holds the two equal; this module stays free of the report). With ``G = 10`` and ``z_rule = 3``: ``c =
-4.09``.
-
-**The rule** (`classify`), from the significant directions ``s_rank, s_alpha`` in ``{-1, 0, +1}``:
-
-========================  =========================================================================  ==========
-label                     when                                                                       phase_code
-========================  =========================================================================  ==========
-``collapse``              rank falls significantly and by at least ``collapse_drop`` (default 50%)   -2
-                          of its earlier value, whatever alpha does
-``compression-seeking``   rank falls or alpha rises significantly, and neither moves the other way    -1
-``entropy-seeking``       rank rises or alpha falls significantly, and neither moves the other way    +1
-``unresolved``            neither changes significantly, or they contradict each other (rank and     0
-                          alpha both significantly up, or both down)
-``undefined``             a value or its replicates are missing (first observation, no jackknife)    NaN
-========================  =========================================================================  ==========
-
-Why these lines. *One* significant change decides when the other is inside the noise: the two measures describe
-the same spreading (their catalogue entries are ``spread`` "rises" / "falls"), and a move far outside the noise must
-not read as "unresolved" merely because its partner is noisier (alpha's fit over ``fit_range`` is). Two significant
-changes that disagree (rank and alpha both rising: the head of the spectrum and its fitted tail move apart) are the
-only way a large move is unresolved, and the label's reason says so. **Collapse versus compression**: both lose
-rank; Li et al.'s warm-up collapse is fast and large, compression-seeking a gradual consolidation over many
-checkpoints. Between two observations the distinction is the size of the loss: a collapse at least halves the
-effective rank (``collapse_drop = 0.5``: a point's variance leaves half of its effective directions between two
-observations), a smaller significant loss is compression-seeking. A collapse is judged on the rank alone (the
-collapse of RankMe is what Li et al. describe; alpha's fitted range may then do anything), so it is never
-unresolved. The threshold is per observation, not per step: with observations far apart in steps a slow compression
-can exceed it (the observation schedule sets what "fast" can resolve).
-
-The rates of the rule on seeded synthetic trajectories with known truth (null, each phase, 3, 7 and 21 observations)
-are asserted in ``tests/spectral/test_phases.py`` and listed in ``docs/observables.md``, "Training phases".
+The change ``d = after - before`` has a *paired* delete-a-group jackknife standard error over the ``G`` groups both
+observations share (`paired_change`: what they share cancels, as in the verdicts' ``J`` term); it is significant when
+``|d / se|`` exceeds the verdict rule's normal quantile widened to Student's t for ``G - 1`` dof, exactly as
+`tgo.report.verdicts.student_factor` widens it (a test holds the two equal; this module stays free of the report).
+The rule, its table of labels and ``phase_code`` s, why one significant change decides and why a collapse is judged on
+the rank alone: ``docs/observables.md``, "8. Training phases"; the rates of the rule on seeded synthetic trajectories
+are asserted in ``tests/spectral/test_phases.py``.
 """
 
 from __future__ import annotations
@@ -226,8 +189,8 @@ def _describe(name: str, change: Change, rule: PhaseRule) -> str:
 
 
 def classify(rank: Change, alpha: Change, rule: PhaseRule | None = None) -> PhaseLabel:
-    """The phase label of the paired changes of ``effective_rank`` and ``power_law_alpha`` (module docstring: the
-    rule and why)."""
+    """The phase label of the paired changes of ``effective_rank`` and ``power_law_alpha`` (the rule and why:
+    ``docs/observables.md``, "8. Training phases")."""
     rule = rule or PhaseRule()
     values = (rank.before, rank.after, alpha.before, alpha.after)
     if not all(math.isfinite(v) for v in values):
