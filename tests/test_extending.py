@@ -5,11 +5,12 @@
     recorded with the right number of rows and the right width; (c) a data source added to the source table gives a
     ``TGODataModule`` with an analysis subset; (d) ``conf/observation/default.yaml`` and ``ObservationSettings`` hold
     the same settings with the same defaults, so a setting cannot be added in one place only; (e) a measurement
-    family defined here in a few lines, registered with ``register_family``, is recorded by ``tgo.observe_model`` with
-    jackknife standard errors and is in the catalogue.
+    family in two small files (``tests/observatory/mean_norm.py``, its numerics; ``mean_norm_family.py``, its
+    declaration), registered with ``register_family``, is recorded by ``tgo.observe_model`` with jackknife standard
+    errors, is in the catalogue, and its declared panel is a TensorBoard card and a figure of the report.
 
-The global state a recipe changes (the catalogue, the source table) is restored afterwards, so other tests are
-unaffected.
+The global state a recipe changes (the catalogue, the families, the source table) is restored afterwards, so other
+tests are unaffected.
 Tiny sizes throughout: the whole file runs in seconds once torch and timm are imported.
 """
 
@@ -27,8 +28,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import TensorDataset
+from torch.utils.tensorboard import SummaryWriter
 
+from tests.observatory.mean_norm_family import MeanNormFamily
+from tgo import panels
 from tgo.data import TGODataModule
 from tgo.data.datasets import ArrayImageSplit
 from tgo.data.errors import DataConfigError
@@ -42,20 +47,9 @@ from tgo.observatory import (
     observe_and_record,
     points_from_config,
 )
-from tgo.observatory.families import (
-    BatchInfo,
-    FamilyContext,
-    FamilyState,
-    MeasurementFamily,
-    Metric,
-    PointSummary,
-    SummedTensors,
-    family_metric,
-    jackknife_ratio,
-)
-from tgo.observatory.hooks import point_rows, point_spec
+from tgo.observatory.families import MeasurementFamily, register_family, registered_families, unregister_family
 from tgo.observe import compose_observe_config
-from tgo.records import RecordWriter, load_series, load_spectra, recorded_epochs
+from tgo.records import RecordWriter, load_jackknife, load_metrics, load_series, load_spectra, recorded_epochs
 from tgo.spectral import CATALOGUE, Observable, SpectralInputs, StreamingCovariance, eigendecompose, summarize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -361,63 +355,49 @@ def test_a_file_source_requires_its_root_before_anything_is_scanned(tmp_path: Pa
         unregister_source("toy_files")
 
 
-# ----------------------------------------------------------------------------------- (e) add a measurement family
-# The toy family of recipe (e), exactly as the page writes it (tests/observatory/test_families.py runs the family
-# tester on it).
-class MeanNormState(FamilyState):
-    def __init__(self, context: FamilyContext) -> None:
-        self.points = {p.name: p for p in context.points}
-        self.prefix = {p.name: context.prefix_of(p) for p in context.points}
-        self.column = {p.name: i for i, p in enumerate(context.points)}
-        shape = (context.jackknife_groups, len(context.points))
-        self.sums = SummedTensors.zeros({"norm": shape, "rows": shape}, context.device)
-
-    def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
-        rows = point_rows(x, self.points[key], self.prefix[key])
-        norms = rows.double().norm(dim=-1).reshape(rows.shape[0], -1)  # [B, rows per image]
-        groups, c = batch.groups.long(), self.column[key]
-        self.sums["norm"][:, c].index_add_(0, groups, norms.sum(dim=1))
-        self.sums["rows"][:, c].index_add_(0, groups, torch.full_like(norms[:, 0], norms.shape[1]))
-
-    def summables(self):
-        return [self.sums]
-
-    def summarize_point(self, summary: PointSummary):
-        c = self.column[summary.point.name]
-        value, stderr, replicates = jackknife_ratio(*(self.sums[k][:, c].cpu().numpy() for k in ("norm", "rows")))
-        return [Metric("all", "mean_token_norm", value, stderr, replicates)]
-
-
-class MeanNormFamily(MeasurementFamily):
-    name = "mean_norm"
-    observables = (family_metric("mean_token_norm", "mean_rows ||x||_2"),)
-
-    def hooks(self, context):
-        return [point_spec(p) for p in context.points]
-
-    def start(self, context):
-        return MeanNormState(context)
-
-
-def test_recipe_e_a_measurement_family_defined_in_user_code_is_recorded(tmp_path):
-    """The toy family of recipe (e), exactly as the page writes it, through ``tgo.observe_model``."""
-    import tgo
-    from tgo.observatory.families import register_family, unregister_family
-    from tgo.records import load_jackknife, load_metrics
-
-    labelled = TensorDataset(random_images().tensors[0], torch.arange(N_IMAGES) % 3)
-    register_family(MeanNormFamily())
+# ------------------------------------------------------------------- (e) add a family with a card and a report panel
+@pytest.fixture
+def mean_norm() -> Iterator[MeasurementFamily]:
+    """Recipe (e): the toy family (``tests/observatory/mean_norm*.py``) registered, and unregistered afterwards."""
+    family = register_family(MeanNormFamily())
     try:
-        assert CATALOGUE["mean_token_norm"].views == ("all",)
-        results = tgo.observe_model(tiny_vit(), labelled, out=tmp_path / "run", groups=3, probes={"enabled": False})
+        yield family
     finally:
         unregister_family("mean_norm")
-    assert "mean_token_norm" not in CATALOGUE
-    rows = load_metrics(tmp_path / "run")
+    assert "mean_token_norm" not in CATALOGUE and "mean_norm" not in {f.name for f in registered_families()}
+    assert not [p for p in panels.declared() if p.metric == "mean_token_norm"]
+
+
+def test_recipe_e_a_family_is_recorded_catalogued_carded_and_reported(mean_norm: MeasurementFamily, tmp_path: Path):
+    """The toy family of recipe (e), as the page writes it: observed twice with ``tgo.observe_model``, its metric is
+    in ``metrics.csv`` (with jackknife standard errors) and the catalogue, its declared panel is a TensorBoard card
+    (read back from the event file) and a figure of the report, with its caption."""
+    import tgo
+    from tgo.callbacks.dashboard import draw_figures
+    from tgo.report.build import build_report
+
+    run = tmp_path / "run"
+    labelled = TensorDataset(random_images().tensors[0], torch.arange(N_IMAGES) % 3)
+    assert CATALOGUE["mean_token_norm"].views == ("all",) and CATALOGUE["mean_token_norm"].scope == "family"
+    for epoch in (0, 1):
+        results = tgo.observe_model(tiny_vit(), labelled, out=run, epoch=epoch, groups=3, probes={"enabled": False})
+
+    rows = load_metrics(run)
     mine = rows[rows.metric == "mean_token_norm"]
-    assert set(mine.point) == {p for p, _ in results} and set(mine.view) == {"all"}
+    assert set(mine.point) == {p for p, _ in results} and set(mine.view) == {"all"} and set(mine.epoch) == {0, 1}
     assert (mine.value > 0).all() and np.isfinite(mine.stderr).all() and (mine.stderr > 0).all()
-    block = results["block_01"]
-    assert mine[mine.point == "block_01"].value.item() == block.observables["mean_token_norm"]
-    replicates = load_jackknife(tmp_path / "run")["mean_token_norm"]["block_01"][1][0]
-    assert replicates.shape == (3,)
+    block = mine[(mine.point == "block_01") & (mine.epoch == 1)]
+    assert block.value.item() == results["block_01"].observables["mean_token_norm"]
+    assert load_jackknife(run)["mean_token_norm"]["block_01"][1][0].shape == (3,)
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    cards_only = FigureSettings(spectra=False, histograms=False, decay=False, layer_epoch=False, bands=False)
+    draw_figures(writer, run, 1, results, [0, 1], cards_only)
+    writer.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0}).Reload()
+    assert "1_depth_profile/mean_token_norm" in events.Tags()["images"]
+    assert [e.step for e in events.Images("1_depth_profile/mean_token_norm")] == [1]
+
+    report = build_report([run], out=tmp_path / "report", correlation=False)
+    assert (report.parent / "figures" / "depth_mean_token_norm.png").is_file()
+    assert "mean_token_norm against depth" in report.read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ import timm
 import torch
 from torch.utils.data import TensorDataset
 
-from tests.test_extending import MeanNormFamily
+from tests.observatory.mean_norm_family import MeanNormFamily
 from tgo.observatory.families import (
     IMAGE_VECTORS,
     SummedTensors,
@@ -39,7 +39,7 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(N_IMAGES, 3, 16, 16, generator=g), torch.arange(N_IMAGES) % 3)
 
 
-# The toy family: recipe (e) of docs/extending.md, defined once in tests/test_extending.py.
+# The toy family: recipe (e) of docs/extending.md, defined once in tests/observatory/mean_norm_family.py.
 
 
 @pytest.fixture
