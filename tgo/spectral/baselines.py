@@ -1,27 +1,16 @@
 """Finite-sample baselines: what an observable would read for structureless data of the same shape.
 
-Two references make a spectral observable interpretable:
-
-* **Isotropic noise** (`noise_spectrum`): the sample covariance of ``N`` i.i.d. rows of ``N(0, I_D)``. Its spectrum is
-  not flat: with ``D / N`` not small the Marchenko-Pastur law spreads it, so effective rank, participation ratio and
-  stable rank of pure noise sit well below ``D`` (``D = 384``: participation ratio ~277 at ``N = 1,000`` rows but
-  ~383 at ``N = 197,000``). Comparing a CLS point (one row per image) with a pooled-token point (197 rows per image)
-  compares different ceilings; dividing by the noise value removes that.
-* **Independent channels** (the diagonal of the covariance): the observable of the per-dimension variances alone,
-  i.e. what the geometry would be if every correlation were zero. A value below it means correlations concentrate
-  variance; above it, correlations spread variance more evenly than the channel scales do.
+Two references make a spectral observable interpretable: **isotropic noise** (`noise_spectrum`, the sample covariance
+of ``N`` i.i.d. ``N(0, I_D)`` rows, whose spectrum Marchenko-Pastur spreads, so a CLS point and a pooled-token point
+have different ceilings) and **independent channels** (the diagonal of the covariance). Why, and what each reads:
+``docs/observables.md``, "Finite-sample baselines".
 
 The noise spectrum is sampled exactly and cheaply with the Dumitriu-Edelman bidiagonal model of the real Wishart
-(beta = 1 Laguerre) ensemble: for ``n = N - 1`` degrees of freedom (the covariance is mean-centred) and
-``m = min(D, n)`` non-zero eigenvalues, the eigenvalues of ``B B^T`` with ``B`` lower bidiagonal, diagonal
-``chi_{k}`` for ``k = M, M-1, ..., M-m+1`` and sub-diagonal ``chi_{j}`` for ``j = m-1, ..., 1`` (``M = max(D, n)``),
-are distributed as those of ``X^T X``; the remaining ``D - m`` eigenvalues are 0. That costs a tridiagonal
-eigenproblem (O(D^2)) per draw whatever ``N`` is, so a 197,000 x 384 baseline takes milliseconds instead of a 29
-GFLOP Gram product. Expectations are means over a fixed number of seeded draws, cached per ``(N, D)``. The
-participation ratio also has a closed form from the exact Wishart moments (`noise_participation_ratio`), which the
-tests use to check the sampler.
-
-Reference: I. Dumitriu and A. Edelman, "Matrix models for beta ensembles", J. Math. Phys. 43 (2002) 5830-5847.
+(beta = 1 Laguerre) ensemble (I. Dumitriu and A. Edelman, "Matrix models for beta ensembles", J. Math. Phys. 43
+(2002) 5830-5847; the construction is in the docs): a tridiagonal eigenproblem (O(D^2)) per draw whatever ``N`` is,
+so a 197,000 x 384 baseline takes milliseconds instead of a 29 GFLOP Gram product. Expectations are means over a
+fixed number of seeded draws, cached per ``(N, D)``; the closed form of the participation ratio
+(`noise_participation_ratio`) lets the tests check the sampler.
 """
 
 from __future__ import annotations
