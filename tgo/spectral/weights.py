@@ -1,22 +1,11 @@
 """Weight-matrix geometry: singular values, stable and effective rank, WeightWatcher's power-law exponent, updates.
 
 The numerics of the ``weights`` measurement family (`tgo.observatory.families.weights`); every function is a pure
-function of float64 numpy arrays, so it gives the same bits on any rank.
-
-* **Singular values** come from ``np.linalg.svd(W, compute_uv=False)`` in float64 (LAPACK ``gesdd``), not from the
-  eigenvalues of the Gram matrix ``W^T W``: squaring first loses every singular value below ``sqrt(eps) * sigma_1``
-  (about ``1e-8 * sigma_1``) to round-off, the SVD keeps them to ``eps * sigma_1``.
-* **Stable rank** ``||W||_F^2 / ||W||_2^2 = sum sigma_i^2 / sigma_1^2`` and **effective rank**
-  ``exp(H(p))``, ``p_i = sigma_i^2 / sum sigma^2`` (Roy & Vetterli 2007 applied to ``W^T W``, whose eigenvalues are
-  ``sigma_i^2``): exactly `tgo.spectral.observables.stable_rank` and `effective_rank` of the covariance spectra,
-  applied to the eigenvalues of ``W^T W``, so a weight's and an activation's ranks read on one scale.
-* **The power-law exponent** ``alpha`` of the empirical spectral density (ESD) of ``W^T W`` (Martin & Mahoney 2021),
-  fitted as WeightWatcher 0.7 fits it by default (`fit_power_law`, its ``WWFit``): the continuous power-law maximum
-  likelihood estimate with ``xmin`` chosen by minimising the Kolmogorov-Smirnov distance (Clauset, Shalizi & Newman
-  2009), standard error ``(alpha - 1) / sqrt(n_tail)``.
-* **Relative update** ``||W_t - W_prev||_F / ||W_prev||_F`` (`relative_update`).
-
-Formulas, ranges and known answers: ``docs/observables.md``, "Weight geometry".
+function of float64 numpy arrays, so it gives the same bits on any rank. Singular values come from a float64 SVD, never
+from the eigenvalues of ``W^T W`` (squaring first loses every one below ``sqrt(eps) * sigma_1``); the ranks are
+`tgo.spectral.observables.stable_rank` and `effective_rank` of those eigenvalues, so a weight's and an activation's
+ranks read on one scale; the exponent is fitted as WeightWatcher 0.7 fits it (`fit_power_law`). Formulas, ranges and
+known answers: ``docs/observables.md``, "9. Weight geometry".
 """
 
 from __future__ import annotations
