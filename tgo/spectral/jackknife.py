@@ -1,19 +1,12 @@
 """Grouped (delete-a-group) jackknife: a standard error for every observable from the same single pass.
 
-The analysis images are split into ``G`` groups; every row of an image goes to its group's `StreamingCovariance`
-(`GroupedCovariance`), so the Gram work is the same as one accumulator's, only split. After the (unchanged) sum
-all-reduce the total is the exact combination of all groups (`combine`), and the ``g``-th leave-one-group-out
-covariance the total with group ``g`` removed (`leave_one_group_out`). Each yields a spectrum and the catalogue's
-observables; for an observable ``theta`` with leave-one-out values ``theta_(g)`` and their mean ``theta_(.)``::
-
-    stderr = sqrt((G - 1) / G * sum_g (theta_(g) - theta_(.))^2)
-
-(Efron and Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 11; the delete-a-group form of Kott, 2001).
-Groups must be independent units: TGO groups whole images, since the tokens of one image are strongly dependent.
-
-Why images, not tokens, and why stratified by class: the quantity of interest is the geometry of the population the
-analysis subset was drawn from; resampling whole images (balanced over classes, so every leave-one-out subset keeps
-the class mix) measures how much it would move with another draw of images.
+The analysis images are split into ``G`` class-stratified groups (`jackknife_groups`); every row of an image goes to
+its group's `StreamingCovariance` (`GroupedCovariance`), so the Gram work is the same as one accumulator's, only
+split. After the (unchanged) sum all-reduce the total is the exact combination of all groups (`combine`), and the
+``g``-th leave-one-group-out covariance the total with group ``g`` removed (`leave_one_group_out`); the standard error
+of an observable is `jackknife_stderr` of its ``G`` leave-one-out values. Groups are whole images, since the tokens of
+one image are strongly dependent. The procedure, its references and why: ``docs/observables.md``, "Uncertainty: the
+grouped jackknife".
 """
 
 from __future__ import annotations
