@@ -1,29 +1,12 @@
 """Exact streaming attention geometry: entropy, sink and self mass, peak weight, distance, head diversity.
 
 timm's fused attention never materialises the attention weights, so they are recomputed from the ``q`` and ``k``
-that enter the product (the outputs of ``attn.q_norm`` / ``attn.k_norm``, ``[B, H, N, d_h]``)::
-
-    A = softmax(q k^T / sqrt(d_h))            (per image and head, [N, N], rows sum to 1)
-
-in float64 (default) or float32, one chunk of images at a time, and reduced at once to per-image sums. The state is
-plain float64 *sums* per jackknife group (counts included), so ranks combine with one sum collective
-(`packed_size`, `pack_into`, `unpack_`: the `Summable` protocol of `allreduce_accumulators`) and every metric is a
-ratio of sums, recomputed without group ``g`` for the delete-a-group jackknife (`tgo.spectral.jackknife`).
-
-Token layout (timm's ``VisionTransformer``): ``[CLS?, registers..., patches (row-major over the grid)]``; the first
-``num_prefix_tokens`` tokens are the prefix (the class token first when there is one), the remaining ``h * w`` are
-patches. Formulas, ranges, known answers and the handling of the prefix: ``docs/observables.md``, section 7.
-
-How the softmax is evaluated (one exponential per weight, no ``log(0)``): for query ``i`` with logits ``l_ij``, let
-``m_i = max_{j patch} l_ij``, ``E_ij = exp(l_ij - m_i)`` over the patch keys (so ``max_j E_ij = 1`` and
-``s_i = sum_j E_ij >= 1``), ``lse_i = logsumexp(l_i0, ..., l_i(p-1), m_i + log s_i)`` over the prefix keys and the patch
-block, and ``c_i = exp(m_i - lse_i)``. Then ``A_ij = c_i E_ij`` on patch keys, ``exp(l_ij - lse_i)`` on prefix keys,
-
-* the patch-renormalised weights ``A_ij / sum_{j patch} A_ij = E_ij / s_i`` never underflow (a head whose patch weights
-  all underflow next to a CLS logit 1000 larger still has a defined distance);
-* the entropy is a sum of non-negative terms, ``H_i = -c_i (T_i + (m_i - lse_i) s_i) - sum_{j prefix} a_ij log a_ij``
-  with ``T_i = sum_j E_ij (l_ij - m_i) <= 0`` (no cancellation, no ``0 log 0``);
-* the largest weight is ``max(c_i, max_{j prefix} a_ij)`` (``E`` peaks at 1).
+that enter the product (``A = softmax(q k^T / sqrt(d_h))`` per image and head) in float64 (default) or float32, one
+chunk of images at a time, and reduced at once to per-image sums. The state is plain float64 *sums* per jackknife
+group (counts included), so ranks combine with one sum collective (the `Summable` protocol of
+`allreduce_accumulators`) and every metric is a ratio of sums, recomputed without group ``g`` for the delete-a-group
+jackknife (`tgo.spectral.jackknife`). The token layout, the formulas, the softmax evaluated with one exponential per
+weight and no ``log(0)`` (`_image_sums`), ranges and known answers: ``docs/observables.md``, "7. Attention geometry".
 """
 
 from __future__ import annotations
