@@ -480,7 +480,7 @@ def family_metric(
     spread: Literal["rises", "falls"] | None = None,
     charted: bool = True,
     scale: str = "linear",
-    doc: str = "docs/extending.md#e-add-a-measurement-family",
+    doc: str = "docs/extending.md#e-add-a-family-with-a-card-and-a-report-panel",
     stderr: str = "jackknife",
 ) -> Observable:
     """A catalogue entry for a family's metric (scope ``family``, recorded on ``views``), for ``observables``.
