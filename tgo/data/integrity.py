@@ -77,13 +77,8 @@ def open_image(path: Path, mode: str) -> Image.Image:
 
 
 def check_images_decode(paths: Sequence[Path], mode: str, *, what: str) -> None:
-    """Decodes every file of ``paths``; raises one `UnreadableImageError` listing how many failed and the first few.
-
-    Args:
-        paths: The files to check.
-        mode: The Pillow mode images are converted to in use.
-        what: What the files are, for the message (e.g. ``"analysis subset"``).
-    """
+    """Decodes every file of ``paths`` as ``mode``; raises one `UnreadableImageError` listing how many failed and the
+    first few (``what`` names the files in the message, e.g. ``"analysis subset"``)."""
     failures = [f"{path} ({problem})" for path in paths for _, problem in [_decode(path, mode)] if problem]
     if failures:
         raise UnreadableImageError(
