@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from tgo import panels, viz
-from tgo.observatory.families import PHASES
+from tgo.observatory.families import PHASES, registered_families
 from tgo.records import RunDir
+from tgo.spectral import CATALOGUE
 
 POINTS = ["patch_embed", "block_01", "block_02", "cls"]
 KINDS = {"depth", "bands", "map", "heads", "table", "spectra"}
@@ -32,6 +33,16 @@ def test_every_declared_panel_is_of_a_known_kind_and_every_card_has_its_own_tag(
     assert panels.Panel("depth", "nc1", "cls").tag_of() == "1_depth_profile_cls/nc1"
     assert panels.Panel("depth", "effective_rank").tag_of() == "1_depth_profile/effective_rank"
     assert panels.Panel("bands", "effective_rank").tag_of() == "2_vs_epoch/effective_rank"
+
+
+@pytest.mark.parametrize("family", registered_families(), ids=lambda f: f.name)
+def test_a_familys_panels_draw_what_the_catalogue_records_on_their_view(family):
+    """A family's panels name catalogue entries on views that carry them (a typo would be an empty card)."""
+    assert family.panels, "every built-in family draws something"
+    for panel in family.panels:
+        for metric in panel.metrics or (panel.metric,):
+            entry = CATALOGUE[metric]
+            assert entry.scope == "covariance" or panel.view in entry.views, (panel, entry.views)
 
 
 def test_panels_import_no_family():
