@@ -1,50 +1,22 @@
 """The run directory and the on-disk record of geometry observations: the contract users and ``tgo.report`` read.
 
-This module owns the layout of a run directory; every other module asks `RunDir` for a path::
+This module owns the layout of a run directory (every other module asks `RunDir` for a path); the layout, the two
+series (``geometry/`` keyed by epoch, ``geometry/steps/`` keyed by optimizer step; "epoch" below is the series' key)
+and the readers are drawn in docs/architecture.md ("tgo.records"). In a spectra file the arrays of the default view
+``all`` are ``<point>/<array>``, those of another view ``<point>/<view>/<array>``.
 
-    <run>/config.yaml                        the composed config (training) or the observation config (observe)
-    <run>/analysis_subset.json               the frozen analysis subset (its manifest and fingerprint)
-    <run>/checkpoints/last.ckpt              + best_epoch_NNN.ckpt, trajectory/epoch_NNN.ckpt
-    <run>/tensorboard/                       TensorBoard event files
-    <run>/report/                            ``python -m tgo.report`` output
-    <run>/geometry/metrics.csv               epoch,step,point,view,metric,value,stderr   (one row per observable)
-    <run>/geometry/spectra/epoch_EEEE.npz    per (point, view): eigenvalues, n_rows, n_nonfinite, mean, [covariance]
-    <run>/geometry/steps/metrics.csv         the step series (``observation.early``): the same layout, keyed by step
-    <run>/geometry/steps/spectra/step_SSSSSS.npz
+The jackknife replicates behind the standard errors are kept on every observed epoch: the top-level array
+``jackknife_metrics`` (ASCII bytes ``S`` [M], loads without pickle) names the metrics once, and each (point, view)
+adds ``jackknife`` float64 [M, G_max] (row ``i``: the leave-one-out values of metric ``i`` in group order, NaN padded
+after its ``G_i``) and ``jackknife_groups`` int64 [M] (``G_i``, 0 where it has none). ``jackknife_stderr`` of row
+``i``'s first ``G_i`` values is that metric's ``stderr`` in ``metrics.csv`` bit for bit; `load_jackknife` reads them
+(``{}`` for records without any), `load_spectra` leaves them out unless asked for by name.
 
-A run has one or two *series* of observations (`RunDir.series`). The epoch series (``geometry/``) is keyed by the
-completed training epochs of the observed weights; the step series (``geometry/steps/``, only with
-``observation.early``: log-spaced optimizer steps early in training, so that a warm-up collapse is not missed between
-epochs) is keyed by the global optimizer step. Each series is a complete record of its own: ``metrics.csv`` has the
-same columns in both (``epoch`` is the completed epochs there too, ``step`` the optimizer step), and every reader here
-takes a `RunDir` of either series (``RunDir(run, series="step")`` or ``RunDir(run).step_series``); given a path, it
-reads the epoch series. "Epoch" in the names below is the series' key: the step in the step series.
-
-In a spectra file the arrays of the default view ``all`` are ``<point>/<array>`` and those of another view are
-``<point>/<view>/<array>``: ``eigenvalues`` float64 [D] descending, ``n_rows`` and ``n_nonfinite`` int64 scalars,
-``mean`` float64 [D], ``covariance`` float64 [D, D] (only on the epochs the settings keep).
-
-The jackknife replicates behind the standard errors are kept too, on every observed epoch. The file names the
-metrics that have any once, as the top-level array ``jackknife_metrics`` (ASCII bytes ``S`` [M], recorded order; it
-loads without pickle), and each (point, view) that has any adds two arrays: ``jackknife`` float64 [M, G_max] (row
-``i``: the leave-one-out values of metric ``i`` of the file's list in group order, NaN padded after its ``G_i``; all
-NaN where this (point, view) has none of that metric) and ``jackknife_groups`` int64 [M] (``G_i``: the image groups,
-or the cross-validation folds of the decoding accuracies; 0 where it has none). The values are the float64 that were
-computed: ``tgo.spectral.jackknife_stderr`` of row ``i``'s first ``G_i`` values is that metric's ``stderr`` in
-``metrics.csv`` bit for bit. `load_jackknife` reads them (for paired standard errors of differences between epochs or
-points, whose replicates share the same image groups). `load_spectra` leaves them out unless asked for by name.
-Records written before the replicates existed, or without a jackknife, have none (`load_jackknife` gives ``{}``).
-
-Writes go through `atomic_write` (a temporary file in the same directory, fsync, ``os.replace``, directory fsync;
-the file gets the permissions of the user's umask), so a crash mid-write leaves the previous file intact. The spectra
-file of an epoch is written before its metrics; ``metrics.csv`` is rewritten whole with that epoch's old rows
-dropped, so re-observing an epoch after a resume replaces it instead of adding duplicate rows. An epoch counts as
-recorded (`recorded_epochs`) once both files hold it. Values are written with ``repr(float)`` (shortest round trip,
-NaN as ``nan``), so reading back gives the exact float64 that was computed. Only rank 0 writes.
-
-``stderr`` is the grouped-jackknife standard error of the value (``tgo.spectral.jackknife``), NaN where there is none
-(jackknife disabled, or a diagnostic such as ``n_rows``). Files written before views or standard errors existed have
-no ``view`` / ``stderr`` column; they read as view ``all`` and stderr ``nan``.
+Writes go through `atomic_write` (temporary file, fsync, ``os.replace``, directory fsync), the spectra file of an
+epoch before its metrics, and ``metrics.csv`` is rewritten whole with that epoch's old rows dropped, so a crash
+leaves the previous file intact and a re-observed epoch replaces its rows. Values are written with ``repr(float)``,
+so they read back as the exact float64 computed. Files written before views or standard errors existed read as
+view ``all`` and stderr ``nan``.
 """
 
 from __future__ import annotations
