@@ -7,7 +7,8 @@
     the same settings with the same defaults, so a setting cannot be added in one place only; (e) a measurement
     family in two small files (``tests/observatory/mean_norm.py``, its numerics; ``mean_norm_family.py``, its
     declaration), registered with ``register_family``, is recorded by ``tgo.observe_model`` with jackknife standard
-    errors, is in the catalogue, and its declared panel is a TensorBoard card and a figure of the report.
+    errors, is in the catalogue, and its declared panel is a TensorBoard card and a figure of the report; (f) a
+    report section, one function of the report's context added to ``SECTIONS``, is on the page.
 
 The global state a recipe changes (the catalogue, the families, the source table) is restored afterwards, so other
 tests are unaffected.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,9 @@ from tgo.observatory import (
 from tgo.observatory.families import MeasurementFamily, register_family, registered_families, unregister_family
 from tgo.observe import compose_observe_config
 from tgo.records import RecordWriter, load_jackknife, load_metrics, load_series, load_spectra, recorded_epochs
+from tgo.report import cells
+from tgo.report.context import Context
+from tgo.report.html import Section, Table
 from tgo.spectral import CATALOGUE, Observable, SpectralInputs, StreamingCovariance, eigendecompose, summarize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -368,13 +373,26 @@ def mean_norm() -> Iterator[MeasurementFamily]:
     assert not [p for p in panels.declared() if p.metric == "mean_token_norm"]
 
 
-def test_recipe_e_a_family_is_recorded_catalogued_carded_and_reported(mean_norm: MeasurementFamily, tmp_path: Path):
+# ------------------------------------------------------------------------------------------- (f) add a report section
+def mean_norm_section(ctx: Context) -> list[Section]:
+    """Recipe (f): the last observation's mean token norm per point (no section when nothing recorded it)."""
+    per_point = ctx.agg.mean.get("mean_token_norm")
+    if not per_point:
+        return []
+    rows = [[point, cells.number(values[-1])] for point, (_, values) in per_point.items()]
+    return [Section("Mean token norm", "mean-norm", tables=[Table(["point", "mean_token_norm"], rows, left=[0])])]
+
+
+def test_recipes_e_and_f_a_family_is_recorded_catalogued_carded_and_reported(
+    mean_norm: MeasurementFamily, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """The toy family of recipe (e), as the page writes it: observed twice with ``tgo.observe_model``, its metric is
     in ``metrics.csv`` (with jackknife standard errors) and the catalogue, its declared panel is a TensorBoard card
-    (read back from the event file) and a figure of the report, with its caption."""
+    (read back from the event file) and a figure of the report, with its caption; and the section of recipe (f),
+    added to ``SECTIONS``, is on the page with the recorded numbers."""
     import tgo
     from tgo.callbacks.dashboard import draw_figures
-    from tgo.report.build import build_report
+    from tgo.report import build
 
     run = tmp_path / "run"
     labelled = TensorDataset(random_images().tensors[0], torch.arange(N_IMAGES) % 3)
@@ -398,6 +416,10 @@ def test_recipe_e_a_family_is_recorded_catalogued_carded_and_reported(mean_norm:
     assert "1_depth_profile/mean_token_norm" in events.Tags()["images"]
     assert [e.step for e in events.Images("1_depth_profile/mean_token_norm")] == [1]
 
-    report = build_report([run], out=tmp_path / "report", correlation=False)
+    monkeypatch.setattr(build, "SECTIONS", (*build.SECTIONS, mean_norm_section))  # recipe (f), step 2
+    report = build.build_report([run], out=tmp_path / "report", correlation=False)
+    page = report.read_text(encoding="utf-8")
     assert (report.parent / "figures" / "depth_mean_token_norm.png").is_file()
-    assert "mean_token_norm against depth" in report.read_text(encoding="utf-8")
+    assert "mean_token_norm against depth" in page
+    section = page.split('id="mean-norm"')[1]
+    assert re.search(rf">block_01</td><td[^>]*>{re.escape(cells.number(block.value.item()))}</td>", section)
