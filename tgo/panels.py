@@ -412,7 +412,7 @@ def lines_figure(
 def category_map(
     codes: np.ndarray,
     points: Sequence[str],
-    edges: Sequence[float],
+    edges: Sequence[float] | np.ndarray,
     categories: Sequence[tuple[float, str, str]],
     *,
     title: str = "",

@@ -2,10 +2,10 @@
 
 The protocol is `base` (`MeasurementFamily`, `FamilyState`, `HookSpec`, `BatchInfo`, `FamilyContext`,
 `PointSummary`, `Metric`, `Array`, `TrainingCollector`, the registry). Each built-in family declares everything in
-its own module (its settings section, catalogue entries, series, collector, folder) and registers itself there
-(``X = register_family(XFamily())``, timm style); this package imports them in record order. `testing.check_family`
-checks any family for multi-rank exactness, its collective count, records and resume. Recipe: ``docs/extending.md``
-(e) "Add a measurement family".
+its own module (its settings section, catalogue entries, series, collector, folder, panels) and registers itself
+there (``X = register_family(XFamily())``, timm style); this package imports them in record order.
+`testing.check_family` checks any family for multi-rank exactness, its collective count, records and resume. Recipe:
+``docs/extending.md`` (e) "Add a family with a card and a report panel".
 """
 
 from .base import (

@@ -46,6 +46,8 @@ from ..settings import ObservationSettings, register_figure_switch, register_sec
 from ..views import ViewMoments
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tgo.panels import Panel
+
     from ..results import PointResult
 
 __all__ = [
@@ -348,7 +350,7 @@ class MeasurementFamily:
         folder: The directory it keeps files in, under each series' ``geometry/`` (`tgo.records.RunDir.folder`);
             ``""``: none. Its files there are ``kept_files``; anything else there is foreign to the run.
         figure_switch: Its cards have a switch of their own, ``observation.figures.<name>`` (true by default).
-        panels: What it draws (the presentation seam's declarations); none by default.
+        panels: What it draws (`tgo.panels.Panel`: a TensorBoard card, a report figure or both); none by default.
     """
 
     name: str = ""
@@ -358,7 +360,7 @@ class MeasurementFamily:
     series: tuple[str, ...] = ("epoch", "step")
     folder: str = ""
     figure_switch: bool = False
-    panels: tuple[Any, ...] = ()
+    panels: tuple[Panel, ...] = ()
 
     @property
     def settings_key(self) -> str:
