@@ -1,51 +1,18 @@
 """``SpectralGeometryCallback``: observe the spectral geometry of the network every N epochs.
 
-A thin orchestrator: it decides *when* (epoch 0 before any update, every N completed epochs, always the last), takes
-the DataModule's frozen analysis subset and hands the *how* to ``tgo.observatory`` (points, streaming pass, the
-multi-rank pipeline), ``tgo.records`` (files) and ``tgo.viz`` (figures). Every setting is an
-``ObservationSettings`` (the ``observation`` config group), shared with ``python -m tgo.observe``.
+A thin orchestrator: it decides *when* (epoch 0 before any update, every N completed epochs, always the last; with
+``observation.early`` also the log-spaced optimizer steps of the step series) and hands the *how* to
+``tgo.observatory`` (points, stream, pipeline), ``tgo.records`` (files) and `tgo.callbacks.dashboard` (loggers and
+figures). The records on disk decide what was already observed, so a resumed run neither repeats nor skips an
+observation; a resume is reconciled here, at ``on_train_start``, so ``tgo.train`` and a user's own
+``trainer.fit(..., ckpt_path=...)`` share one path (`tgo.resume`). Due steps are arithmetic on the global step (the
+same on every rank); rank 0 decides "not yet recorded" and broadcasts it, only at due steps.
 
-Epoch k means "after k completed training epochs". Observations happen at ``on_train_start`` (epoch 0, or a due
-epoch a crashed run did not record before its checkpoint) and at ``on_train_epoch_end``. The records on disk are the
-source of truth for what was already observed, so a resumed run neither repeats nor skips an epoch.
-
-A resume is reconciled here, at ``on_train_start``, where the callback knows the checkpoint (``trainer.ckpt_path``,
-restored by then), so every entry point gets the same: ``tgo.train`` and a user's own
-``trainer.fit(..., ckpt_path=...)`` from any checkpoint, with any settings. Records made after the checkpoint (epochs
-it does not list as observed, steps after its global step) are set aside with a reason (`tgo.resume`) and those
-epochs observed again, so the last record of every series is what the latest checkpoint holds. Before anything is
-moved, a checkpoint of another training is refused (its run id, saved in every checkpoint as
-``tgo.resume.RUN_ID_KEY``, against ``geometry/run.json``), and so is a kept record duplicated in ``metrics.csv``.
-
-With ``observation.early`` a second series is observed too (`tgo.records.RunDir.step_series`): after optimizer step
-0 and the log-spaced steps of `tgo.observatory.settings.EarlySettings.steps`, at the first ``on_train_batch_end``
-that sees that global step (so after the optimizer step, whatever the gradient accumulation). Whether a step is due
-is arithmetic on the global step (the same on every rank); whether it is still unrecorded is rank 0's decision,
-broadcast only at due steps, so the schedule adds no collective to the other steps. Its observations run the
-families whose ``series`` has ``step`` (not those that read the training between two epoch observations) and keep
-no covariances; their scalars go to every logger as ``steps_geometry[_<view>]/...`` at
-step = the global step, and to TensorBoard's per-point runs as ``steps_geometry/<metric>`` (view ``all``).
-
-How an observation is shown is `tgo.callbacks.dashboard`'s: the scalars go to every Lightning logger (the
-``geometry[_<view>]/<metric>/<point>`` tags of `geometry_scalars`, re-exported here), to TensorBoard as one run per
-point and figures rendered off the training thread (the story card first, when a ``story`` function is given).
-This module decides which observations get figures (every ``figures.every_n_observations``-th recorded one, and the
-last) and when the figures in flight are drained: at ``on_fit_end``, ``on_exception`` and ``teardown``, so every
-figure is written before ``fit`` returns or re-raises.
-
-The training thread waits only for the stream and the reduction (`tgo.observatory.pipeline.reduce_observation`).
-With ``summary.background`` (the default) the summary and the records run on a background thread
-(`tgo.callbacks.background`), shared by the ranks with ``summary.share`` (each rank its points, one gather over a
-gloo group this callback makes at setup). At most one summary is in flight: the next observation waits for it. Its
-scalars and figures are logged back on the training thread, at the first batch end after it finished (or the next
-observation, or the end of ``fit``); step = epoch, so they land where an inline summary would have put them. A
-checkpoint of later weights waits for the summary in flight; a checkpoint of the observed weights themselves lists
-that epoch as ``pending_epochs``, and a resume from it observes the epoch again if its records are missing (the
-records on disk decide). ``geometry/blocking_seconds`` logs, once an observation is complete, every second it held
-the training thread: the stream, the reduction and the hand-off, and with the summary in the background also the
-wait for it where it was collected (a summary slower than the training between two observations shows here) and
-the logging of its scalars and figures; beside ``geometry/pass_seconds`` (stream + reduce) and
-``geometry/summary_seconds`` (summary + records, off the training thread).
+The training thread waits only for the stream and the reduction; the summary and the records run on a background
+lane (``summary.background``; at most one in flight), and their scalars and figures are logged back on the training
+thread at step = epoch. Figures in flight are drained at ``on_fit_end``, ``on_exception`` and ``teardown``. The
+flow, the resume rules and the ``geometry/blocking_seconds`` accounting are in docs/architecture.md (sections 1
+and 3) and docs/usage.md ("When an observation holds training", "Early training, denser").
 """
 
 from __future__ import annotations
