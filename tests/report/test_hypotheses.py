@@ -15,6 +15,7 @@ import pytest
 from tests.report.synthetic import write_synthetic_run
 from tgo.observatory.views import VIEWS
 from tgo.report.build import build_report
+from tgo.report.context import judge
 from tgo.report.findings import REVERSES, Trend
 from tgo.report.hypotheses import (
     CONSISTENT,
@@ -30,7 +31,7 @@ from tgo.report.hypotheses import (
     select_points,
     summary_text,
 )
-from tgo.report.hypotheses_section import hypotheses_report
+from tgo.report.hypotheses_section import hypotheses_section
 from tgo.report.runs import load_run_data
 from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty
 from tgo.spectral.attention import HEAD_METRICS
@@ -368,8 +369,8 @@ def test_the_page_has_a_hypotheses_section_with_figures_tables_cka_and_a_csv(pro
 
 def test_without_stored_vectors_there_is_no_cka_figure_but_a_message(tmp_path: Path):
     run = load_run_data(probe_run(tmp_path / "run", with_vectors=False))
-    report = hypotheses_report([run], tmp_path / "figures", DEFAULT_SETTINGS)
-    cka = next(s for s in report.section.subsections if s.anchor == "hypotheses-cka")
+    (section,) = hypotheses_section(judge([run], figures_dir=tmp_path / "figures"))
+    cka = next(s for s in section.subsections if s.anchor == "hypotheses-cka")
     assert not cka.figures and any("no CKA matrix" in p for p in cka.paragraphs)
     assert not list((tmp_path / "figures").glob("cka_*.png"))
 
@@ -399,13 +400,14 @@ def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path):
 def test_the_smoke_run_is_judged_on_its_recorded_probes(smoke_run: Path, tmp_path: Path):
     """The real records: every prediction of a family the run enables is recorded at some point (curvature is off by
     default: its prediction is not recorded), and CKA is drawn from the stored vectors."""
-    report = hypotheses_report([load_run_data(smoke_run)], tmp_path / "figures", DEFAULT_SETTINGS)
-    missing = [p.statement for p, r in report.results.items() if not r]
+    ctx = judge([load_run_data(smoke_run)], figures_dir=tmp_path / "figures")
+    (section,) = hypotheses_section(ctx)
+    missing = [p.statement for p, r in ctx.predictions.items() if not r]
     assert missing == ["hessian_top_eigenvalue (network view) rises"], missing
-    judged = {(p.metric, p.view): {r.point for r in rs} for p, rs in report.results.items()}
+    judged = {(p.metric, p.view): {r.point for r in rs} for p, rs in ctx.predictions.items()}
     assert "pos_embed" not in judged[("fisher_ratio", "cls")]  # the CLS token before block 1 is one constant vector
     assert "cls" not in judged[("effective_rank", "within_image")]  # one row per image: no within-image view
-    assert {f.path for s in report.section.subsections for f in s.figures} >= {
+    assert {f.path for s in section.subsections for f in s.figures} >= {
         "figures/cka_cls.png",
         "figures/cka_patch.png",
     }

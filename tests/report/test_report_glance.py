@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from tests.report.synthetic import FEW_PAPER_POINTS, write_run_config, write_synthetic_run
+from tgo.panels import lines_figure
 from tgo.report.__main__ import main
 from tgo.report.build import build_report, header_rows
-from tgo.report.plots import DECAY_FLOOR, decay_figure, lines_figure
 from tgo.report.runinfo import NOT_RECORDED, read_run_info
 from tgo.report.runs import ReportInputError, load_run_data
+from tgo.viz import DECAY_FLOOR, decay_curves_figure
 
 CURVES = {
     "effective_rank": {"patch_embed": lambda e: 2.0 + 0.1 * e, "block_01": lambda e: 3.0 + e, "cls": lambda e: 4 + e},
@@ -141,6 +142,6 @@ def test_captions_and_axes_say_what_is_drawn(tmp_path: Path):
     ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 2]
     assert ticks and all(float(t).is_integer() for t in ticks)  # integer epoch ticks, not 0.25 steps
     eigs = np.array([1.0, 1e-2, 1e-4, 1e-17, 1e-19])  # the last two are round-off
-    fig = decay_figure({"block_01": eigs}, title="decay")
+    fig = decay_curves_figure({"block_01": eigs}, title="decay", card=False)
     low, high = fig.axes[0].get_ylim()
     assert low >= DECAY_FLOOR / 10 and low < 1e-4 and high <= 10

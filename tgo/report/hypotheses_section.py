@@ -1,20 +1,13 @@
-"""The report's Hypotheses section: each prediction of `tgo.report.hypotheses` judged on the runs, drawn, tabulated.
-
-`hypotheses_report` reads the views and probe metrics a prediction needs (`tgo.records.load_series` per view),
-aggregates several runs the way the findings do (`tgo.report.aggregate.aggregate_runs`: the judged series is the mean,
-with the runs' standard errors and seed-to-seed spread), judges every prediction point by point
-(`tgo.report.hypotheses.evaluate_predictions`), and returns the page section, its figures and the rows of
-``hypotheses.csv``. It adds linear CKA matrices between points from the per-image vectors stored at the epochs that
-keep covariances (`tgo.spectral.probes.cka_matrix`), and a context table of the drift and massive-activation probes.
-Records without the probes (written before they existed, or with ``observation.probes.enabled=false``) give a section
-that says they were not recorded.
+"""The report's Hypotheses section: each prediction judged on the report's `Context`, drawn and tabulated, with
+linear CKA matrices between points from the stored per-image vectors and a context table of the drift and
+massive-activation probes; records without the probes give a section that says they were not recorded.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +18,22 @@ from tgo.records import RecordsError, load_spectra
 from tgo.report.aggregate import Aggregate
 from tgo.report.cells import agreement as agreement_text
 from tgo.report.cells import number, plus_minus, q_value, z_value
-from tgo.report.context import ATTENTION_NOISE, CONTEXT_METRICS, Context, judge
+from tgo.report.context import ATTENTION_NOISE, CONTEXT_METRICS, Context
 from tgo.report.figures import FigureRef, depth_profile_figures, save_figure
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import (
     HYPOTHESES,
     Prediction,
     PredictionResult,
-    csv_rows,
     select_points,
     summary_text,
 )
 from tgo.report.hypothesis_figures import Profile, cka_figure, epochs_label, profiles_figure
 from tgo.report.runs import ReportInputError, RunData
 from tgo.report.statements import window_band
-from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings
 from tgo.spectral.probes import cka_matrix, linear_cka
 
-__all__ = ["HypothesesReport", "hypotheses_report", "hypotheses_section"]
+__all__ = ["hypotheses_section"]
 
 CKA_VIEWS: tuple[str, ...] = ("cls", "patch")
 _ATTENTION_HEADS = (
@@ -59,21 +50,6 @@ _NOT_RECORDED_TEXT = (
     "probes existed or with observation.probes.enabled=false; re-observing the run's checkpoints with "
     "python -m tgo.observe --run RUN_DIR records them."
 )
-
-
-@dataclass
-class HypothesesReport:
-    """What the Hypotheses section adds to a report.
-
-    Attributes:
-        section: The page section (with one subsection per hypothesis, CKA and context).
-        rows: ``hypotheses.csv`` rows (`HYPOTHESES_COLUMNS` dictionaries of strings).
-        results: prediction -> its per-point results (empty list: not recorded).
-    """
-
-    section: Section
-    rows: list[dict[str, str]]
-    results: dict[Prediction, list[PredictionResult]] = field(default_factory=dict)
 
 
 def _undefined_points(prediction: Prediction, aggregates: dict[str, Aggregate], points: Sequence[str]) -> list[str]:
@@ -430,12 +406,3 @@ def _hypotheses(ctx: Context) -> Section:
     if context is not None:
         section.subsections.append(context)
     return section
-
-
-def hypotheses_report(
-    runs: Sequence[RunData], figures_dir: Path, settings: VerdictSettings = DEFAULT_SETTINGS
-) -> HypothesesReport:
-    """The Hypotheses section of ``runs`` alone, with the ``hypotheses.csv`` rows and the results it judged."""
-    ctx = judge(runs, settings, figures_dir=figures_dir)
-    rows = csv_rows(ctx.predictions, settings.z, ctx.prediction_agreement, len(runs))
-    return HypothesesReport(hypotheses_section(ctx)[0], rows, ctx.predictions)
