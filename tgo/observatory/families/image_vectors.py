@@ -699,7 +699,7 @@ class ImageVectorFamily(MeasurementFamily):
         _probe("massive_activation_dim", "argmax_d M_d (the dimension of that ratio)", charted=False),
         _probe("massive_dim_variance_share", "C_dd / tr C for that dimension", charted=False),
     )
-    panels = (  # depth profiles on TensorBoard (the catalogue charts the probes against epoch for both renderers)
+    panels = (  # TensorBoard's depth profiles of the probes
         Panel("depth", "between_image_fraction", switch="depth_profiles", page=False),
         *(
             Panel("depth", m, "cls", title=f"{m} (cls)", switch="depth_profiles", page=False)
