@@ -33,16 +33,7 @@ import numpy as np
 
 from tgo.panels import Panel
 from tgo.records import DEFAULT_VIEW, RunPath, as_run_dir, load_jackknife, read_metric_rows, recorded_epochs
-from tgo.spectral.phases import (
-    COLLAPSE,
-    COMPRESSION,
-    ENTROPY,
-    PHASE_CODES,
-    UNRESOLVED,
-    PhaseRule,
-    classify,
-    paired_change,
-)
+from tgo.spectral.phases import PHASE_CODES, PhaseRule, classify, paired_change
 
 from ..settings import PREFIX, ObservationSettingsError, check_flags
 from .base import (
@@ -73,8 +64,9 @@ MEASURES: tuple[str, str] = ("effective_rank", "power_law_alpha")
 PHASE_METRICS: tuple[str, ...] = ("phase_code", "rank_change_z", "alpha_change_z")
 """What the family records on every point's view ``all``, in record order."""
 _DOC = "docs/observables.md#8-training-phases"
-PHASE_COLOURS = {COLLAPSE: "#8c1c13", COMPRESSION: "#f4a259", UNRESOLVED: "#e6e6e6", ENTROPY: "#3a7ca5"}
-"""The colour of each training-phase label on the phase map card (``undefined`` is left white)."""
+PHASE_COLOURS = dict(zip(PHASE_CODES, ("#8c1c13", "#f4a259", "#e6e6e6", "#3a7ca5"), strict=False))
+"""The colour of each training-phase label on the phase map card, collapse to entropy-seeking (``undefined``, the
+last code, is left white)."""
 
 
 @dataclass(frozen=True)
