@@ -1,25 +1,19 @@
 """``BackgroundLane``: work of the training thread moved onto one background thread, at most N jobs in flight.
 
-The geometry callback runs two kinds of work off the training thread, both through this one class:
+The geometry callback runs two kinds of work through it, in submission order on one daemon thread:
 
-* the **summary** of an observation (eigendecompositions, observables, the records; ``observation.summary.background``):
-  ``BackgroundLane(1, collect=True)``. Its outcome is handed back on the training thread (`result`), where the
-  callback logs the scalars (Lightning's loggers are not called from another thread) or re-raises its exception. A
-  summary is never dropped or swallowed: while one is uncollected, `submit` refuses a second (the callback first
-  collects the one before, which is where training waits when summaries are slower than the observation interval);
-  `pending` says which epoch and step are in flight, for the checkpoint that follows and for the flush at the end;
-* the **TensorBoard figures** of an observation (`tgo.callbacks.dashboard`): ``BackgroundLane(2)``. A figure must
-  never take training down: a job that raises is reported with a warning and kept in `failures`. `submit` blocks
-  while the lane is full (figures are never dropped, and a slow renderer cannot pile up memory). `held` pauses the
-  lane while the training thread does latency-critical work (the callback holds it during an observation):
-  rendering is pure-Python matplotlib and would otherwise contend for the GIL with the pass. A job that returns a
-  generator is paused between its steps (one figure each); a `submit` that waits for room lets the lane run
-  meanwhile, so holding never deadlocks.
+* the **summary** of an observation (``BackgroundLane(1, collect=True)``): its outcome is handed back on the
+  training thread (`result`), where Lightning's loggers may be called or its exception re-raised; it is never
+  dropped, so `submit` refuses a second while one is uncollected, and `pending` says which epoch and step are in
+  flight (for a checkpoint and for the flush at the end);
+* the **TensorBoard figures** (``BackgroundLane(2)``): a job that raises is warned about and kept in `failures`;
+  `submit` blocks while the lane is full (never dropped, no memory pile-up); `held` pauses the lane during an
+  observation, since matplotlib rendering would contend for the GIL with the pass. A generator job is paused
+  between its steps, and a `submit` waiting for room lets the lane run, so holding never deadlocks.
 
-Jobs run in submission order on one daemon thread. `wait` drains (with a timeout) and `close` drains and stops the
-thread (a later `submit` starts a new one); the callback drains at ``on_fit_end``, ``on_exception`` and
-``teardown``, so a crash that kills the process loses at most the work in flight, never the records already on disk.
-Figure jobs must not touch pyplot (its global state is not thread-safe): `tgo.viz` renders with an Agg canvas.
+`wait` drains with a timeout and `close` drains and stops the thread (the callback does at every end of ``fit``), so
+a crash loses at most the work in flight, never the records. Figure jobs must not touch pyplot (`tgo.viz` renders
+with an Agg canvas).
 """
 
 from __future__ import annotations

@@ -2,43 +2,18 @@
 
 `tgo.callbacks.spectral_geometry` decides *when* an observation is made and *which* observations get figures; this
 module decides *how* each one is shown. Nothing here changes a record: the scalars are the recorded values and the
-figures are drawn from the records.
+figures are drawn from the records (a resumed run's cards show its whole history).
 
-Scalars go to every Lightning logger of the trainer (``log_metrics``: CSV, W&B, MLflow alike) with the epoch as
-step: the ``all`` view as ``geometry/<metric>/<point>`` (every observable, its probe metrics included), the other
-views (``cls``, ``prefix``, ``patch``, ``between_image``, ``within_image``) as ``geometry_<view>/<metric>/<point>``
-(only ``CATALOGUE.charted_on(view)``: the charted covariance observables and the view's charted probes), and their
-jackknife standard errors as ``geometry_stderr/...`` and ``geometry_stderr_<view>/...`` (`geometry_scalars`).
+Scalars go to every Lightning logger as ``geometry[_<view>]/<metric>/<point>`` and ``geometry_stderr[_<view>]/...``
+(`geometry_scalars`); TensorBoard, which colours lines by run, gets every point as its own run
+(``points/<NN>_<point>``, `point_scalars`). Its scalar charts smooth and clip, so what it opens on are image cards,
+declared once for TensorBoard and the report (`tgo.panels.declared`) and drawn by `figure_job` in numbered tag
+groups (``0_story``, ``1_depth_profile``, ``2_vs_epoch``, then the detail cards). The tags and cards are listed in
+docs/usage.md ("Loggers").
 
-TensorBoard gets the same values differently, because it colours lines by run and sorts names alphabetically: every
-point is its own run, ``<log dir>/points/<NN>_<point>`` (`tgo.callbacks.tensorboard_runs.PointRuns`, depth-ordered
-names), holding the tags without the point, ``geometry/<metric>``, ``geometry_<view>/<metric>`` and
-``geometry_stderr[_<view>]/<metric>`` (`point_scalars`): one chart per observable, every point its own line, the
-exact recorded values to hover over. The Lightning TensorBoard run itself keeps only the run-level scalars
-(``geometry/pass_seconds``, ``geometry/blocking_seconds``, ``geometry/figure_seconds``), the figures and histograms.
-
-**What TensorBoard opens on.** Its scalar charts smooth and clip (`tgo.panels`), so the views that matter are
-image cards of the recorded values, and TGO writes no custom-scalars layout. What the cards show is declared once,
-for both TensorBoard and the report, by the core and each family (`tgo.panels.declared`); `figure_job` draws every
-declared card whose ``observation.figures`` switch is on (`tgo.observatory.settings.FigureSettings`), from the
-records just written (a resumed run's cards show its whole history). The Time Series page lists tag groups in
-natural order, digits first, and opens only the first two, so the groups are numbered in reading order:
-``0_story/<n>_<panel>`` (the story, `tgo_story`: the report's first figure, one 480 x 240 card per panel, each
-marked with its verdicts so far; a function returning one figure writes `STORY_TAG`), ``1_depth_profile[_<view>]/
-<metric>`` (one observable against depth, one line per observed epoch, +-1 jackknife s.e.), ``2_vs_epoch/<metric>``
-(one observable against epoch, one line per point in its own depth colour: TensorBoard's 7 run colours repeat over
-15 point runs). The detail cards follow: ``<view>_heads/<metric>`` (block x head maps), ``layer_epoch/<metric>``,
-``spectra/<NN>_<point>``, ``decay/all_points``, ``correlation/<NN>_<point>`` (off by default) and the
-``spectrum_log10/<NN>_<point>`` histograms; per-point tags carry the point runs' depth index
-(`tgo.callbacks.tensorboard_runs.point_run_names`), so alphabetical lists show them in depth order.
-
-Figures are rendered off the training thread: `TensorBoardDashboard.submit_figures` hands one observation's figures
-(`figure_job`) to a bounded background `tgo.callbacks.background.BackgroundLane` (at most ``FIGURES_IN_FLIGHT``
-observations queued or rendering; a further one waits), which draws them with matplotlib's object API and an Agg
-canvas and writes them through the same TensorBoard writer, then ``geometry/figure_seconds`` (the job's own
-rendering time, pauses excluded). `TensorBoardDashboard.close_point_runs` and `TensorBoardDashboard.drain_figures`
-end it; the callback calls them at every end of ``fit``, so every figure is written before ``fit`` returns or
-re-raises; a hard crash loses at most the figures in flight, never records.
+Figures are rendered off the training thread, on a bounded `tgo.callbacks.background.BackgroundLane` (at most
+``FIGURES_IN_FLIGHT`` observations), with matplotlib's object API and an Agg canvas, through the same TensorBoard
+writer; the callback drains it at every end of ``fit``, so a hard crash loses at most the figures in flight.
 """
 
 from __future__ import annotations
@@ -227,7 +202,7 @@ def figure_job(
     between them), then writes ``geometry/figure_seconds`` (its rendering time, pauses excluded) and flushes.
 
     Every image is written at ``global_step=epoch``, in the order a reader wants them (the story, the depth
-    profiles, the against-epoch cards, then the detail cards); the tags are listed in the module docstring.
+    profiles, the against-epoch cards, then the detail cards); the tags are listed in docs/usage.md ("Loggers").
 
     Args:
         writer: The TensorBoard ``SummaryWriter`` of the Lightning run.

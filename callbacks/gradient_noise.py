@@ -1,33 +1,13 @@
 """``GradientNoiseCollector``: the gradient norms at two batch sizes that training already has, step by step.
 
 The gradient noise scale (`tgo.optimisation.noise_scale`) needs, on the same step, the squared norm of a gradient of
-a small batch ``B_s`` and of a big batch ``B_b``. Training already computes both, in two situations:
-
-* **DDP, W >= 2 ranks** (per-rank batch ``b``): each rank's local gradient (``B_s = b``) and the all-reduced mean
-  (``B_b = W b``). A DDP communication hook (``DistributedDataParallel.register_comm_hook``, registered at
-  ``on_fit_start``, after Lightning wrapped the model and before the first backward) takes each bucket's per-parameter
-  squared norms before the all-reduce and after it, and hands the bucket on to torch's own ``allreduce_hook``
-  untouched (training is bitwise unchanged: ``tests/callbacks/test_gradient_noise.py``). The W local values are
-  averaged over ranks (an unbiased estimate of ``E |G_b|^2`` at ``B_s``) through the family's summables. With
-  gradient accumulation under DDP the local gradient is the rank's ``k`` accumulated micro-batches.
-* **One process with gradient accumulation** (``accumulate_grad_batches = k >= 2``): one micro-batch (``B_s``) and the
-  ``k`` accumulated ones (``B_b = k b``). Each micro-batch's gradient is what the backward hands every parameter
-  before it is added to ``.grad``: a gradient hook on each parameter (``Tensor.register_hook``, returning nothing, so
-  the gradient is untouched) keeps a reference to it until the backward ends, when one fused norm
-  (``torch._foreach_norm``) takes them all (Lightning divides each micro-batch's loss by ``k``, undone here). The
-  accumulated gradient's norms are taken once per optimizer step. No copy of the gradients is kept between
-  backwards (within one, a micro-batch's gradients live until its end).
-* **One process, no accumulation**: one batch size only. Nothing is estimated (NaN, said once in the log).
-
-An optimizer step of one micro-batch under accumulation (a short last window: the epoch's batches not a multiple of
-``k``) has one batch size only: its row is kept with ``a = c`` (`tgo.optimisation.noise_scale.noise_scale_estimate`
-excludes and counts it in ``gradient_noise_excluded``), and the log says why once per fit.
-
-Per step the squared norms of every parameter are summed into columns: the network (every parameter with a gradient)
-and each block ``blocks.i`` of the ViT. Everything stays on the gradients' device until an observation takes the
-steps (`take`): no host synchronisation per step. With AMP's loss scaling the norms are divided by the scale of that
-step; a step whose gradients are not finite (an AMP skipped step) is kept as non-finite and excluded (and counted) by
-the estimator.
+a small batch ``B_s`` and of a big batch ``B_b``. Under DDP they are each rank's local gradient and the all-reduced
+mean, read by a communication hook that passes every bucket on to torch's ``allreduce_hook`` untouched; in one
+process with gradient accumulation, one micro-batch (a gradient hook per parameter that returns it unchanged, one
+fused norm per backward) and the accumulated gradient; otherwise nothing is estimated (NaN, said once). Training is
+bitwise unchanged. Per step the squared norms are summed into columns (the network and each ``blocks.i``) and stay
+on the gradients' device until an observation takes them (`GradientNoiseCollector.take`): no host synchronisation
+per step. The cases, AMP's loss scale and the excluded steps are in docs/observables.md section 10.
 """
 
 from __future__ import annotations
