@@ -21,10 +21,11 @@ from tests.report.synthetic import write_synthetic_run
 from tgo import panels, viz
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_jackknife, load_series, load_spectra
 from tgo.report import hypotheses_section
+from tgo.report.context import judge
 from tgo.report.figures import correlation_figure, spectrum_figures
-from tgo.report.hypotheses_section import hypotheses_report
+from tgo.report.hypotheses import csv_rows
 from tgo.report.hypothesis_figures import FIRST_GID, LAST_GID, Profile
-from tgo.report.runinfo import class_count, describe_model, read_run_info
+from tgo.report.runinfo import describe_model, read_run_info
 from tgo.report.runs import load_run_data
 from tgo.report.verdicts import VerdictSettings
 from tgo.spectral.catalogue import CATALOGUE, Observable
@@ -102,10 +103,12 @@ def judged(tmp_path_factory: pytest.TempPathFactory):
 
     hypotheses_section.profiles_figure = capture
     try:
-        report = hypotheses_report([load_run_data(run_dir)], root / "figures", WIDE)
+        ctx = judge([load_run_data(run_dir)], WIDE, figures_dir=root / "figures")
+        (section,) = hypotheses_section.hypotheses_section(ctx)
     finally:
         hypotheses_section.profiles_figure = original
-    return run_dir, report, drawn
+    rows = csv_rows(ctx.predictions, WIDE.z)
+    return run_dir, SimpleNamespace(section=section, rows=rows, results=ctx.predictions), drawn
 
 
 def test_every_hypothesis_figure_draws_the_tables_window_means_at_every_point(judged):
@@ -264,11 +267,11 @@ def test_tensorboard_spectrum_cards_mark_the_class_count_too():
 
 def test_the_class_count_comes_from_the_analysis_subset(tmp_path: Path):
     run = RunDir(tmp_path)
-    assert class_count(tmp_path) is None
+    assert panels.class_count(tmp_path) is None
     run.manifest.write_text(json.dumps({"num_classes": 10, "items": []}))
-    assert class_count(tmp_path) == 10
+    assert panels.class_count(tmp_path) == 10
     run.manifest.write_text(json.dumps({"items": [{"label": 0}, {"label": 3}, {"label": 3}]}))
-    assert class_count(tmp_path) == 2
+    assert panels.class_count(tmp_path) == 2
 
 
 # ------------------------------------------------------------------------------------------------ correlation

@@ -19,7 +19,6 @@ import numpy as np
 from tgo import panels, viz
 from tgo.records import DEFAULT_VIEW, layer_epoch_table
 from tgo.report.aggregate import Aggregate
-from tgo.report.runinfo import class_count
 from tgo.report.runs import RunData
 from tgo.spectral.observables import singular_values
 
@@ -192,7 +191,7 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
         return []
     epochs = sorted(spectra)
     points = [p for p in run.points if any(p in spectra[e] for e in epochs)]
-    classes = class_count(run.path)
+    classes = panels.class_count(run.path)
     marked = (
         f"; dashed line: C = {classes} classes (the analysis subset's class count: class-structured vectors such as "
         f"the CLS token's have a kink near C eigenvalues)"

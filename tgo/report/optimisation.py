@@ -1,18 +1,7 @@
-"""The report's *Optimisation geometry* section: the blocks' weight spectra against depth, and the network-wide
-metrics (gradient noise scale, curvature against the edge of stability) against epoch.
-
-What the optimisation families record (``docs/observables.md``: "Weight geometry", "Gradient noise scale",
-"Curvature") is drawn from the records alone, so a run observed offline or resumed reads the same:
-
-* **weight spectra**: one panel per (metric, map), the block maps' views (``weights_qkv``, ``weights_proj``,
-  ``weights_fc1``, ``weights_fc2``) against depth, one line per drawn epoch (the first, the middle and the last
-  observation) with +-1 standard error where one is recorded (the power-law exponent's fit error);
-* **the network view** (the last point's ``network``): each recorded metric against epoch with +-1 standard error, the
-  preconditioned sharpness on the same axes as its edge-of-stability threshold (Cohen et al. 2022: the sharpness
-  an adaptive optimiser settles at for the current learning rate), and a table of the last observation.
-
-With several runs the section draws the first run (as the spectra figures do) and says so; the Hypotheses section
-judges the predictions on these views over every run.
+"""The report's *Optimisation geometry* section: the weight spectra against depth and the network-wide metrics
+(gradient noise scale, curvature against the edge of stability) against epoch, as the families declare them
+(`tgo.panels.declared`; what they mean: ``docs/observables.md``). Read from the records alone, so a run observed
+offline or resumed reads the same; with several runs the first is drawn (the Hypotheses section judges every run).
 """
 
 from __future__ import annotations
@@ -25,6 +14,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from tgo import panels
 from tgo.observatory.families.base import NETWORK_VIEW
 from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.records import RecordsError, load_series
@@ -35,32 +25,20 @@ from tgo.report.html import Section, Table
 from tgo.report.runs import RunData
 from tgo.spectral.catalogue import CATALOGUE
 
-__all__ = ["NETWORK_TABLE", "WEIGHT_PANELS", "optimisation_section"]
+__all__ = ["optimisation_section"]
 
-WEIGHT_PANELS: tuple[str, ...] = (
-    "weight_alpha",
-    "weight_stable_rank",
-    "weight_effective_rank",
-    "weight_relative_update",
-)
-"""The weight metrics drawn against depth, one row of panels each (the KS distance and spectral norm are in the
-records and the dashboard's scalars)."""
 
-BLOCK_MAPS: tuple[str, ...] = tuple(view for name, view in WEIGHT_VIEWS.items() if name != "patch")
-"""The block maps' views, one column of panels each."""
+def _weight_panels() -> tuple[list[str], list[str]]:
+    """The weight metrics (one row of panels each) and block maps (one column each) of the page's declared depth
+    panels on the weights family's views."""
+    declared = [p for p in panels.declared("page", kind="depth") if p.view in WEIGHT_VIEWS.values()]
+    return list(dict.fromkeys(p.metric for p in declared)), list(dict.fromkeys(p.view for p in declared))
 
-NETWORK_TABLE: tuple[str, ...] = (
-    "gradient_noise_scale",
-    "gradient_norm_sq",
-    "gradient_trace_covariance",
-    "gradient_noise_steps",
-    "hessian_top_eigenvalue",
-    "hessian_trace",
-    "preconditioned_sharpness",
-    "edge_of_stability_threshold",
-    "sharpness_over_threshold",
-)
-"""The network view's metrics in the section's table and figure, where recorded."""
+
+def _network_table() -> list[str]:
+    """The network view's metrics of the page's declared tables (the section's table and figure, where recorded)."""
+    return [m for p in panels.declared("page", kind="table") if p.view == NETWORK_VIEW for m in p.metrics]
+
 
 _SHARPNESS, _THRESHOLD = "preconditioned_sharpness", "edge_of_stability_threshold"
 
@@ -84,9 +62,10 @@ def _drawn_epochs(epochs: Sequence[int]) -> list[int]:
 
 def _weights_figure(run: RunData, figures_dir: Path) -> FigureRef | None:
     """The grid of weight-spectrum depth profiles, or ``None`` when the run recorded no block map."""
-    tables = {view: _series(run, view, WEIGHT_PANELS) for view in BLOCK_MAPS}
-    maps = [view for view in BLOCK_MAPS if tables[view][0]]
-    metrics = [m for m in WEIGHT_PANELS if any(m in tables[view][0] for view in maps)]
+    weight_panels, block_maps = _weight_panels()
+    tables = {view: _series(run, view, weight_panels) for view in block_maps}
+    maps = [view for view in block_maps if tables[view][0]]
+    metrics = [m for m in weight_panels if any(m in tables[view][0] for view in maps)]
     if not maps or not metrics:
         return None
     blocks = [p for p in run.points if any(p in tables[view][0].get(m, {}) for view in maps for m in metrics)]
@@ -155,25 +134,25 @@ def _all_positive(values: dict) -> bool:
 
 def _network(run: RunData) -> tuple[str, dict, dict]:
     """The network point and its recorded network metrics: ``(point, values, stderrs)`` metric -> (epochs, values)."""
-    values, stderrs = _series(run, NETWORK_VIEW, NETWORK_TABLE)
+    table = _network_table()
+    values, stderrs = _series(run, NETWORK_VIEW, table)
     point = run.points[-1] if run.points else ""
-    pick = {m: per[point] for m, per in values.items() if point in per and np.any(np.isfinite(per[point][1]))}
+    recorded = {m: values[m][point] for m in table if point in values.get(m, {})}  # in the table's order
+    pick = {m: series for m, series in recorded.items() if np.any(np.isfinite(series[1]))}
     errors = {m: per[point] for m, per in stderrs.items() if m in pick and point in per}
     return point, pick, errors
 
 
 def _network_figure(run: RunData, values: dict, stderrs: dict, figures_dir: Path) -> FigureRef | None:
     """One panel per recorded network metric against epoch; the sharpness with its threshold on one panel."""
-    panels = [m for m in NETWORK_TABLE if m in values and m not in (_THRESHOLD, "gradient_noise_steps")]
-    if not panels:
+    shown = [m for m in values if m not in (_THRESHOLD, "gradient_noise_steps")]
+    if not shown:
         return None
-    fig = Figure(
-        figsize=(3.3 * min(len(panels), 3) + 0.4, 2.6 * math.ceil(len(panels) / 3) + 0.3), layout="constrained"
-    )
-    axes = fig.subplots(math.ceil(len(panels) / 3), min(len(panels), 3), squeeze=False).ravel()
-    for ax in axes[len(panels) :]:
+    fig = Figure(figsize=(3.3 * min(len(shown), 3) + 0.4, 2.6 * math.ceil(len(shown) / 3) + 0.3), layout="constrained")
+    axes = fig.subplots(math.ceil(len(shown) / 3), min(len(shown), 3), squeeze=False).ravel()
+    for ax in axes[len(shown) :]:
         ax.set_visible(False)
-    for ax, metric in zip(axes, panels, strict=False):
+    for ax, metric in zip(axes, shown, strict=False):
         epochs, y = values[metric]
         ax.plot(epochs, y, marker="o", ms=3.5, lw=1.6, color="#1f4e79", label=metric)
         if metric in stderrs:
@@ -207,7 +186,7 @@ def _network_figure(run: RunData, values: dict, stderrs: dict, figures_dir: Path
         "since the previous observation (McCandlish et al. 2018), the Hessian's top eigenvalue and trace on the "
         "fixed curvature batch, and the preconditioned sharpness against the edge-of-stability threshold for the "
         "current learning rate (dashed; Cohen et al. 2022).",
-        wide=len(panels) > 2,
+        wide=len(shown) > 2,
     )
 
 
@@ -229,7 +208,7 @@ def optimisation_section(ctx: Context) -> list[Section]:
     )
     section.figures += [f for f in (weights, network) if f is not None]
     if values:
-        last = {m: (values[m][0][-1], values[m][1][-1]) for m in NETWORK_TABLE if m in values}
+        last = {m: (values[m][0][-1], values[m][1][-1]) for m in values}
         rows = []
         for metric, (epoch, value) in last.items():
             se_epochs, se = stderrs.get(metric, (np.array([epoch]), np.array([math.nan])))

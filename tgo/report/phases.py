@@ -1,17 +1,9 @@
-"""The report's training phases: every point's consecutive observations labelled and merged into phases.
-
-For every run, point (view ``all``) and consecutive pair of observations, `tgo.spectral.phases` labels the paired
-change of ``effective_rank`` and ``power_law_alpha`` (collapse, compression-seeking, entropy-seeking, unresolved;
-Li et al., NeurIPS 2025, arXiv:2509.23024) from the run's recorded values and leave-one-group-out replicates
-(`tgo.report.runs.RunData`), and runs of equal labels become phases with the change over the whole phase as their
-evidence. The significance is the verdict rule's ``z`` (``python -m tgo.report --z``, Student-t widened for the
-jackknife's ``G - 1`` degrees of freedom); the collapse threshold is ``observation.phases.collapse_drop`` from the
-run's ``config.yaml`` (its default where the run does not name it). The labels are recomputed here from the records,
-so they do not depend on the ``phase_code`` the `phases` family recorded live (equal with the same settings).
-
-The section: the rule in a paragraph, a point x epoch colour map of the labels per run (a cell spans the two
-observations it compares, so its width is the interval in epochs), and the merged phases as a (folded) table. The
-*Early training* section (`early_section`) applies the same rule to the step series (``observation.early``).
+"""The report's training phases: every point's consecutive observations labelled by `tgo.spectral.phases` (the rule:
+``docs/observables.md`` section 8) and merged into phases, drawn as a point x epoch map per run and a folded table;
+`early_section` applies the same rule to the step series (``observation.early``). The labels are recomputed from the
+records (values and leave-one-group-out replicates) with the report's ``z`` and the run's
+``observation.phases.collapse_drop``, so they do not depend on the ``phase_code`` recorded live (equal with the same
+settings).
 """
 
 from __future__ import annotations
@@ -23,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib import colormaps
-from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
+from tgo import panels
 from tgo.records import RecordsError, RunDir
 from tgo.report.context import Context
 from tgo.report.figures import FigureRef, save_figure
@@ -37,7 +28,6 @@ from tgo.spectral.phases import (
     COMPRESSION,
     DEFAULT_COLLAPSE_DROP,
     ENTROPY,
-    UNDEFINED,
     UNRESOLVED,
     Phase,
     PhaseLabel,
@@ -49,7 +39,6 @@ from tgo.spectral.phases import (
 
 __all__ = [
     "EARLY_PANELS",
-    "PHASE_COLOURS",
     "PointPhases",
     "early_section",
     "load_step_series",
@@ -65,13 +54,6 @@ __all__ = [
     "step_series_figure",
 ]
 
-PHASE_COLOURS: dict[str, str] = {
-    COLLAPSE: "#8c1c13",
-    COMPRESSION: "#f4a259",
-    UNRESOLVED: "#e6e6e6",
-    ENTROPY: "#3a7ca5",
-}
-"""The colour of each label in the map (``undefined`` is left white)."""
 _RANK, _ALPHA = "effective_rank", "power_law_alpha"
 
 
@@ -165,31 +147,16 @@ def phase_map_figure(
         ):
             for j in range(column[int(a)], column[int(b)]):  # a pair spanning epochs another point observed
                 codes[i, j] = lab.code
-    order = [COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY]
-    cmap = ListedColormap([PHASE_COLOURS[k] for k in order]).with_extremes(bad="white")
-    norm = BoundaryNorm([-2.5, -1.5, -0.5, 0.5, 1.5], cmap.N)
-    fig = Figure(figsize=(max(7.0, 0.35 * len(epochs) + 5.0), 0.32 * len(points) + 1.9), layout="constrained")
-    ax = fig.add_subplot()
-    ax.pcolormesh(
-        edges,
-        np.arange(len(points) + 1),
-        np.ma.masked_invalid(codes),
-        cmap=cmap,
-        norm=norm,
-        edgecolors="white",
-        linewidth=0.5,
-    )
-    ax.set_yticks(np.arange(len(points)) + 0.5, [p.point for p in points], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel(f"{'optimizer step' if even else 'epoch'} (a cell spans the two observations it compares)")
     ticks = epochs if len(epochs) <= 16 else epochs[:: math.ceil(len(epochs) / 16)]
-    if even:
-        ax.set_xticks([epochs.index(t) for t in ticks], [str(t) for t in ticks])
-    else:
-        ax.set_xticks(ticks)
-    handles = [Patch(facecolor=PHASE_COLOURS[k], edgecolor="#999", label=k) for k in order]
-    handles.append(Patch(facecolor="white", edgecolor="#999", label=UNDEFINED))
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    fig = panels.category_map(
+        codes,
+        [p.point for p in points],
+        edges,
+        next(p.categories for p in panels.declared(kind="map") if p.metric == "phase_code"),
+        ticks=[epochs.index(t) for t in ticks] if even else None,
+        tick_labels=[str(t) for t in ticks] if even else None,
+        xlabel=f"{'optimizer step' if even else 'epoch'} (a cell spans the two observations it compares)",
+    )
     path = save_figure(fig, figures_dir, f"{'early_' if even else ''}phases_{run_name}")
     where = " over its early optimizer steps" if even else ""
     caption = (

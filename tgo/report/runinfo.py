@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from tgo.panels import class_count
 from tgo.records import RunDir
 from tgo.report.runs import ReportInputError, RunData
 
@@ -27,7 +28,6 @@ __all__ = [
     "NOT_RECORDED",
     "RunInfo",
     "check_comparable",
-    "class_count",
     "describe_model",
     "package_commit",
     "package_version",
@@ -175,29 +175,6 @@ def describe_model(name: str | None, arch: Mapping[str, Any], image_size: int | 
     family = "ViT" if name.startswith(("vit", "deit")) or name == "checkpoint" else "model"
     origin = f"timm {name} with overrides" if name != "checkpoint" else "checkpoint"
     return f"{family}, {', '.join(parts)} ({origin})"
-
-
-def class_count(run_dir: str | Path) -> int | None:
-    """The analysis subset's class count, from the run's ``analysis_subset.json`` (``num_classes``, else its class
-    names, else the distinct labels of its items); ``None`` when the run has no manifest or it does not say."""
-    manifest_path = RunDir(run_dir).manifest
-    if not manifest_path.is_file():
-        return None
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict):
-        return None
-    count = manifest.get("num_classes")
-    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-        return count
-    names = manifest.get("class_names")
-    if isinstance(names, list) and names:
-        return len(names)
-    labels = {item.get("label") for item in manifest.get("items") or [] if isinstance(item, Mapping)}
-    labels.discard(None)
-    return len(labels) or None
 
 
 def read_run_info(run_dir: str | Path) -> RunInfo:
