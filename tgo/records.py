@@ -62,7 +62,6 @@ __all__ = [
     "as_run_dir",
     "atomic_write",
     "atomic_write_json",
-    "is_run_dir",
     "layer_epoch_table",
     "load_jackknife",
     "load_metrics",
@@ -601,11 +600,6 @@ def recorded_epochs(run_dir: RunPath) -> list[int]:
     run = as_run_dir(run_dir)
     in_metrics = {int(row[run.key]) for row in read_metric_rows(run)}
     return sorted(in_metrics & set(run.spectra_files()))
-
-
-def is_run_dir(path: RunPath) -> bool:
-    """Whether ``path`` holds geometry records (a metrics file or at least one spectra file)."""
-    return as_run_dir(path).has_records()
 
 
 def _require_records(path: RunPath) -> RunDir:

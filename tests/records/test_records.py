@@ -21,7 +21,6 @@ from tgo.records import (
     RecordWriter,
     RunDir,
     atomic_write,
-    is_run_dir,
     load_jackknife,
     load_metrics,
     load_series,
@@ -254,12 +253,12 @@ def test_reader_errors(tmp_path):
     with pytest.raises(RecordsError, match="no geometry records"):
         load_spectra(tmp_path)
     (tmp_path / "geometry" / "spectra").mkdir(parents=True)
-    assert not is_run_dir(tmp_path)
+    assert not RunDir(tmp_path).has_records()
     with pytest.raises(RecordsError, match="no geometry records"):
         load_series(tmp_path)
 
     RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
-    assert is_run_dir(tmp_path)
+    assert RunDir(tmp_path).has_records()
     with pytest.raises(RecordsError, match="no spectra for epoch 3"):
         load_spectra(tmp_path, epochs=[3])
 
