@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, cast
 
@@ -371,15 +371,8 @@ def _observe(
         out.mkdir(parents=True, exist_ok=True)
         RunDir(out).mark("observe")
         datamodule.write_manifest(out, jackknife_groups=settings.groups)
-        described = [
-            {
-                "kind": s.kind,
-                "path": None if s.path is None else str(s.path.resolve()),
-                "epoch": s.epoch,
-                "step": s.step,
-            }
-            for s in sources
-        ]
+        # kind, path, epoch, step: the source's fields in their order, the path resolved
+        described = [{**asdict(s), "path": None if s.path is None else str(s.path.resolve())} for s in sources]
         saved = OmegaConf.merge(
             cfg,
             {
