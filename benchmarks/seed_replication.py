@@ -1,48 +1,17 @@
 """``python -m benchmarks.seed_replication``: do single-run verdicts replicate across seeds? (issue 34)
 
-A single run's report judges every claim (``findings.csv``) and every hypothesis prediction (``hypotheses.csv``) from
-that run alone. Whether those verdicts are *right* can only be checked against what many seeds of the same run show
-together. This benchmark trains ``K`` seeds of one experiment (the default ``quickstart``; ``--smoke``: the smoke
-experiment, for the test suite), scores each run's own rows (the functions ``tgo.report`` writes the two CSVs with)
-against the truth of all seeds together, and prints the rates. Re-scoring is cheap: finished runs are kept in
-``--runs-dir`` and reused (``--reuse``, the default), so a changed verdict rule is scored on the same records.
+A single run's report judges every claim (``findings.csv``) and every hypothesis prediction (``hypotheses.csv``)
+from that run alone; whether those verdicts are *right* can only be checked against what many seeds show together.
+This benchmark trains ``K`` seeds of one experiment (``quickstart``; ``--smoke`` for the test suite), keeps and
+reuses them in ``--runs-dir``, scores each run's own rows (the functions ``tgo.report`` writes the two CSVs with)
+against the truth of all seeds together, and prints the rates.
 
-**Truth** (of one row: a claim or prediction at one point), from the ``K`` seeds' records, independent of the rule
-being scored (its own contrasts and jackknife, not `tgo.report.verdicts`). Every seed's series is cut into the rule's
-windows (`tgo.report.verdicts.window_width`: single observations below 10 observations). In the claimed direction
-(``sign`` = +1 for rises, -1 for falls), per seed ``s``:
-
-* ``d_s`` = last window minus first window; ``j_s`` its jackknife standard error taken replicate by replicate (the
-  records' leave-one-group-out values; the recorded errors combined as if independent when a run has none);
-* a move *exceeds* when ``x > 5 j`` (`SEED_Z`), or, for a metric without a jackknife error (the weight metrics: the
-  weights are not a function of the analysis images), when it exceeds 5% of the first window's level
-  (`RELATIVE_MOVE`; a log ratio of ``log 1.05`` on a log-scale metric);
-* the seed t-statistic of ``x_1 .. x_K`` is ``mean / (sd / sqrt K)``.
-
-Trend rows (expected ``rises`` / ``falls``): truth is ``holds then reverses`` when every seed rose from its first
-observation to the peak window and fell back from it to the last window, both moves exceeding, with seed
-t-statistics above `SEED_T` (5) for both (only for findings rows: predictions are read first to last; each seed's
-peak window is the best of the *other* seeds' mean, cross-fitted, see `trend_truth`); else
-``holds`` when every seed's ``d_s`` exceeds and its t-statistic exceeds 5, ``does not hold`` when every ``-d_s``
-does and ``t < -5``; otherwise the row is *ambiguous* and not scored. A ``holds`` truth also records how many seeds
-dip after their peak by more than 2 standard errors (``dips``), to show what a false reversal rests on.
-Stable rows (embeddings stay within ±10% of their first window, `tgo.report.verdicts.DEFAULT_STABLE_TOLERANCE`):
-the relative change's distance inside the band, ``tol - |r_s|`` (standard error ``j_s / |first|``), must exceed
-in every seed with ``t > 5`` (``holds``), or its opposite (``does not hold``). Extreme rows (CLS ends highest or
-lowest): the margin over the best other point of the paper's kinds in every seed's final window, with the paired
-jackknife of the margin, the same way.
-
-**Scores** of a single run's row against a non-ambiguous truth: ``right`` (same verdict; a prediction's
-``consistent`` / ``inconsistent`` read as ``holds`` / ``does not hold``), ``inconclusive``, ``n/a`` or ``wrong``;
-``grave`` when the row says ``holds`` where every seed contradicts the claim (truth ``does not hold``);
-``contradictions caught``: of the rows whose truth is ``does not hold``, those the run reads ``does not hold``;
-``false reversals``: ``holds then reverses`` where the truth is ``holds``. The table also gives the verdict-by-truth
-counts, so every rate can be recomputed.
-
-Seeds: the full benchmark trains `DEVELOPMENT_SEEDS` (looked at while this scorer was written) and `HELD_OUT_SEEDS`
-(scored only with the finished code); the truth uses all of them, and the rates are printed for each group too.
-The verdict rule is not tuned here: the benchmark scores whatever rule is in ``tgo.report``.
-See docs/benchmarks.md ("Seed replication") and docs/findings.md ("Seed replication").
+The truth is computed from the records with its own contrasts and paired jackknife, not the rule being scored: a
+move *exceeds* beyond `SEED_Z` jackknife errors (or `RELATIVE_MOVE` of the level for metrics without one) in every
+seed, with a seed t-statistic beyond `SEED_T`; a reversal's peak window is cross-fitted on the other seeds
+(`trend_truth`); stable and extreme rows the same way (`stable_truth`, `extreme_truth`); anything else is ambiguous
+and not scored. Seeds are split into `DEVELOPMENT_SEEDS` and `HELD_OUT_SEEDS`, reported apart. The definitions,
+scores and measured rates are in docs/findings.md section 7 and docs/benchmarks.md ("Seed replication").
 """
 
 from __future__ import annotations

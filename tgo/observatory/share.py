@@ -1,24 +1,14 @@
 """The summary shared by the ranks: each summarises its share of the points, rank 0 gathers the results.
 
-After the reduction every rank holds the same reduced state (`tgo.observatory.stream.reduce_accumulators`), and the
-summary of a point is a deterministic function of that state (`tgo.observatory.results.summarize_accumulators`: the
-same moments give the same bits on any rank). So instead of every rank waiting for rank 0 to summarise all points,
-
-1. the points are dealt over the ranks (`deal_points`: largest first onto the least-loaded rank, at most
-   ``ceil(P / W)`` points per rank), each point whole: its views, their spectra and standard errors, and every
-   family's ``summarize_point`` contribution, which reads the point's own view summaries;
-2. each rank summarises its points and encodes them (`encode_results`: a ``numpy.savez`` archive of plain arrays
-   and a JSON index; nothing is pickled, and `decode_results` loads it with ``allow_pickle=False``);
-3. one gather brings every share to rank 0 (`process_group_gather`: the sizes, then the padded bytes), which
-   decodes them in point order and adds what compares with earlier records (`relate_histories`: only rank 0 has the
-   records), then records. A share that failed travels as its error, so no rank is left waiting in the gather.
-
-Records are bitwise those of a one-process summary (``tests/observatory/test_share.py``, 1 vs 3 gloo processes;
-``tests/test_ddp.py``, a 2-process DDP fit against rank 0's inline summary): every array and float travels as its
-bytes.
-
-The *point* is the unit, not the (point, view): a family's ``summarize_point`` reads all the point's view summaries,
-so dealing views apart would need a second gather before it.
+After the reduction every rank holds the same state, and a point's summary is a deterministic function of it
+(`tgo.observatory.results.summarize_accumulators`), so instead of every rank waiting for rank 0 to summarise all
+points, the points are dealt over the ranks (`deal_points`), each rank summarises and encodes its share
+(`encode_results`: ``numpy.savez`` arrays and a JSON index, nothing pickled; `decode_results` loads them with
+``allow_pickle=False``), and one gather brings them to rank 0 (`process_group_gather`), which adds what needs the
+records (`relate_histories`) and records. A share that failed travels as its error, so no rank is left waiting in
+the gather. The *point* is the unit, not the (point, view): a family's ``summarize_point`` reads all the point's
+view summaries. Records are bitwise those of a one-process summary (``tests/observatory/test_share.py``,
+``tests/test_ddp.py``); the flow is drawn in docs/architecture.md section 1.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The streaming pass of one rank: run images through a model with its hooks attached, sums only.
 
 `stream_activations` is local to a rank: it returns one `StreamingCovariance` per point (in point order) holding this
-rank's shard. `tgo.observatory.pipeline` combines ranks (`reduce_accumulators`, every rank, same order) and then,
-on rank 0 only, `tgo.observatory.results.summarize_accumulators` turns the sums into spectra and observables.
+rank's shard; `tgo.observatory.pipeline` reduces them over ranks and summarises them on rank 0.
 
-Choices worth knowing:
-
-* Exact numerics: eval mode, ``torch.inference_mode``, autocast disabled for every device type, IEEE float32 in every
-  matmul/conv backend (no TF32, no oneDNN bf16), previous settings restored. bf16/TF32 in the forward or the Gram
-  product costs 1e-3..1e-6 relative error on the observables. The forward runs in inference mode, but accumulator
-  updates run outside it (see `ActivationHooks`), so the returned accumulators hold ordinary tensors that can be merged,
-  reduced and updated later.
-* Wrappers: the forward runs on the *original* module (`unwrap_model`). For DDP this avoids the wrapper's collectives
-  in a pass where ranks see different numbers of batches. For ``torch.compile`` it is the only way the hooks are
-  guaranteed to fire (measured here with torch 2.14 on CPU: a hook added after compilation did not fire in the
-  compiled forward) and it avoids recompiling for eval mode + hooks (~20 s for a 4-block ViT on CPU); the pass is
-  eager, which costs speed, not correctness.
-* Every point ends with an accumulator even if this rank saw no batches (an empty shard), because the all-reduce needs
-  identical packed sizes on every rank. The feature dimension is then taken from ``model.embed_dim`` for the ViT's
-  residual-stream modules and otherwise from one forward of a zero image (shape only, nothing accumulated).
+* Exact numerics: eval mode, ``torch.inference_mode``, autocast disabled, IEEE float32 in every matmul/conv backend
+  (no TF32, no oneDNN bf16; they cost 1e-3..1e-6 relative error on the observables), previous settings restored.
+  Accumulator updates run outside inference mode (`ActivationHooks`), so the accumulators can be merged later.
+* The forward runs on the *original* module (`unwrap_model`): under DDP this avoids the wrapper's collectives in a
+  pass where ranks see different numbers of batches; under ``torch.compile`` it is the only way the hooks are sure
+  to fire, and it avoids a recompile (the pass is eager: speed, not correctness).
+* Every point ends with an accumulator even for an empty shard (the all-reduce needs identical sizes on every rank):
+  the feature dimension comes from ``model.embed_dim`` or one forward of a zero image (shape only).
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """Rank 0: the views of every point and the hypothesis-probe metrics, from the reduced sums and per-image vectors.
 
-A *view* is one covariance derived from what a point streamed (``tgo.observatory.results``). With the probes on,
-each point gets, where its rows allow:
+A *view* is one covariance derived from what a point streamed (``tgo.observatory.results``): ``all`` (every row the
+point selects), ``cls``, ``prefix``, ``patch`` (``all`` minus the prefix rows, `tgo.spectral.jackknife.remove`) and
+``between_image`` / ``within_image``, the law of total covariance over images::
 
-* ``all``: every row the point selects (the paper's covariance);
-* ``cls``: the CLS token of each image (one row per image; the covariance of the per-image CLS vectors);
-* ``prefix``: every prefix token of each image (class, register and distillation tokens; ``prefix`` rows per
-  image), only at points of a model with more than one prefix token, or with registers and no class token (with
-  the class token alone it is ``cls``);
-* ``patch``: the patch tokens, ``all`` minus every prefix row (the CLS rows, or the ``prefix`` rows where there are
-  more; `tgo.spectral.jackknife.remove`; the same as ``all`` where the point has no prefix token);
-* ``between_image`` / ``within_image``: the law of total covariance over images. With ``N`` rows, ``n`` images of
-  ``T`` rows each, image means ``m_i`` and the pooled mean ``m``::
+    (N - 1)/N C_all = C_between + C_within
 
-      (N - 1)/N C_all = C_between + C_within
-      C_between = 1/n sum_i (m_i - m)(m_i - m)^T          (token-weighted covariance of the image means)
-      C_within  = 1/N sum_i sum_t (x_it - m_i)(x_it - m_i)^T  (the average per-image token covariance)
-
-  recorded with ``n_rows`` = degrees of freedom + 1 (``n`` and ``N - n + 1``), which is what their structural rank
-  and their noise baselines need.
-
-Every view is summarised by the catalogue, and every view's jackknife replicates come from the same image groups.
-This module is view algebra only: which moments make which view. The per-image vectors it reads, and the metrics
-measured from them, are a measurement family's (`tgo.observatory.families`); the view names are `tgo.records.VIEWS`
-(re-exported here).
+recorded with ``n_rows`` = degrees of freedom + 1 (``n`` and ``N - n + 1``), which their structural rank and noise
+baselines need. Every view's jackknife replicates come from the same image groups. This module is view algebra
+only; the per-image vectors and their metrics are a measurement family's (`tgo.observatory.families`), the view
+names are `tgo.records.VIEWS`; the views are defined in docs/hypotheses.md section 3.
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """Curvature of the training loss: the Hessian's top eigenvalues, its trace and Adam's preconditioned sharpness.
 
-Everything here works through Hessian-vector products ``H v`` of the loss on one fixed batch (`HessianOperator`):
-the Hessian of a ViT has ``P^2`` entries (ViT-S: 22M parameters), but ``H v`` costs a small multiple of one
-gradient (double backward: the gradient with its graph, then the gradient of ``g . v``), so spectra and traces come
-from Krylov and Monte Carlo methods:
-
-* **Top eigenvalues** (`lanczos`): Lanczos (1950) with full reorthogonalisation (classical Gram-Schmidt, twice), the
-  Ritz values of the tridiagonal ``T_j`` after each step, stopped once the top ``k`` residual norms
-  ``||H y_i - theta_i y_i|| = beta_j |s_{j,i}|`` (exact in exact arithmetic with a full basis) are all
-  ``<= tol * |theta_1|``. For a symmetric matrix an eigenvalue lies within the residual norm of every Ritz value
-  (and within ``residual^2 / gap`` once converged). The residual is formed from the products as computed, so it
-  bounds Lanczos's error on them, not the products' own error ``e``: ``|theta - lambda| <= residual + |e(y)|``. In
-  float64 ``e`` is round-off and the residual bounds the error; in float32 ``e`` (~1e-6 of ``|H|``) dominates and is
-  not recorded (``docs/observables.md``, "What the residual bounds"). As in Ghorbani et al. (2019, "An investigation
-  into neural net optimization via Hessian eigenvalue density") and PyHessian.
-* **Trace** (`hutchinson_samples`, `trace_estimate`): Hutchinson (1989): ``tr H = E[z^T H z]`` for Rademacher
-  ``z``, the mean over ``m`` probes with its standard error ``std / sqrt(m)`` (``ddof = 1``). Probe ``i`` is drawn
-  from ``numpy.random.default_rng([seed, i])`` alone, so any rank can compute any probe with the same bits.
-* **Preconditioned sharpness** (`adam_preconditioner`, `stability_threshold`): Cohen et al. (2022, "Adaptive
-  gradient methods at the edge of stability", arXiv 2207.14484): full-batch Adam trains with
-  ``lambda_1(P^-1 H)`` near the stability threshold ``(2 + 2 beta_1) / ((1 - beta_1) eta)`` (``38 / eta`` at
-  ``beta_1 = 0.9``) of its frozen-preconditioner heavy-ball update, with
-  ``P = (1 - beta_1^t) diag(sqrt(v_t / (1 - beta_2^t)) + eps)``: torch's Adam/AdamW step is exactly
-  ``eta P^-1 m_t`` with ``m_t`` the EMA of the gradients. ``lambda_1(P^-1 H)`` is the top eigenvalue of the
-  symmetric ``P^-1/2 H P^-1/2`` (same spectrum). Plain SGD: ``2 / eta`` on ``lambda_1(H)`` (Cohen et al. 2021,
-  "Gradient descent on neural networks typically occurs at the edge of stability").
-
-The network is a copy (`HessianOperator`): in eval mode (no dropout, no drop-path), with every timm attention's
-``fused_attn`` off (``scaled_dot_product_attention`` has no double backward on every backend), in the chosen dtype;
-the caller's module, its mode, its flags and every ``.grad`` stay as they were, and no DDP hook fires.
+Everything here works through Hessian-vector products ``H v`` of the loss on one fixed batch (`HessianOperator`,
+a small multiple of one gradient by double backward), so spectra and traces come from Krylov and Monte Carlo
+methods: the top eigenvalues by Lanczos with full reorthogonalisation, stopped on the Ritz residuals (`lanczos`);
+the trace by Hutchinson's Rademacher probes, probe ``i`` drawn from ``numpy.random.default_rng([seed, i])`` alone so
+any rank computes any probe with the same bits (`hutchinson_samples`, `trace_estimate`); Adam's preconditioned
+sharpness ``lambda_1(P^-1 H)`` against its edge-of-stability threshold, Cohen et al. 2022 (`adam_preconditioner`,
+`stability_threshold`). The network is an eval-mode copy with timm's ``fused_attn`` off (no double backward on
+every backend); the caller's module, its flags and every ``.grad`` stay as they were, and no DDP hook fires. The
+formulas, what the residual bounds and the references are in docs/observables.md section 11.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """The simple gradient noise scale ``B_simple = tr(Sigma) / |G|^2`` from gradient norms at two batch sizes.
 
-McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training", Appendix A. A mini-batch
-gradient ``G_B`` of ``B`` examples drawn i.i.d. from the data has ``E |G_B|^2 = |G|^2 + tr(Sigma) / B`` (``G`` the
-true gradient, ``Sigma`` the per-example gradient covariance). Two squared norms measured on the same step, ``S`` at
-a small batch ``B_s`` and ``L`` at a big batch ``B_b``, solve for both unknowns without bias:
+McCandlish, Kaplan, Amodei et al. 2018, "An Empirical Model of Large-Batch Training", Appendix A. Two squared norms
+of the same step, ``S = |G|^2 + a tr(Sigma)`` at a small batch and ``L = |G|^2 + c tr(Sigma)`` at a big one (``a``,
+``c`` the inverse-batch coefficients, which also cover unequal micro-batches and ranks), solve for both unknowns
+without bias: ``|G|^2_est = (a L - c S) / (a - c)``, ``tr(Sigma)_est = (S - L) / (a - c)``.
 
-    |G|^2_est    = (B_b L - B_s S) / (B_b - B_s)
-    tr(Sigma)_est = (S - L) / (1 / B_s - 1 / B_b)
-
-Written with inverse batch sizes ``a = E[1/B_s]``-like coefficients (``S = |G|^2 + a tr(Sigma)`` and
-``L = |G|^2 + c tr(Sigma)`` in expectation), which also covers unequal micro-batches and ranks:
-``|G|^2_est = (a L - c S) / (a - c)``, ``tr(Sigma)_est = (S - L) / (a - c)``.
-
-Each step's estimates are very noisy (``|G|^2_est`` is often negative), and their per-step ratio is badly biased, so
-``B_simple`` is the ratio of the averages over the steps between two observations, as the paper recommends. Its
-standard error is a delete-a-block jackknife over **blocks of consecutive steps** (neighbouring steps share almost
-the same weights and so are correlated; whole blocks leave roughly independent pieces when blocks are much longer
-than the correlation time). Its coverage is checked on synthetic i.i.d. and AR(1) step sequences with known truth
-(``tests/optimisation/test_noise_scale.py``).
+Per-step estimates are very noisy and their ratio badly biased, so ``B_simple`` is the ratio of the averages over
+the steps between two observations, and its standard error a delete-a-block jackknife over blocks of consecutive
+(correlated) steps; coverage is checked on synthetic i.i.d. and AR(1) sequences
+(``tests/optimisation/test_noise_scale.py``). The formulas are in docs/observables.md section 10.
 """
 
 from __future__ import annotations
