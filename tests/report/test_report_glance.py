@@ -12,9 +12,10 @@ import pytest
 from tests.report.synthetic import FEW_PAPER_POINTS, write_run_config, write_synthetic_run
 from tgo.panels import lines_figure
 from tgo.report.__main__ import main
-from tgo.report.build import build_report, header_rows
+from tgo.report.build import build_report
 from tgo.report.runinfo import NOT_RECORDED, read_run_info
 from tgo.report.runs import ReportInputError, load_run_data
+from tgo.report.sections import header_rows
 from tgo.viz import DECAY_FLOOR, decay_curves_figure
 
 CURVES = {

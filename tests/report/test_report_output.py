@@ -110,7 +110,7 @@ def test_a_report_that_fails_half_way_leaves_the_old_one_whole(old_report: Path,
         drawn.append(1)
         raise RuntimeError("the machine failed half-way through the figures")
 
-    monkeypatch.setattr("tgo.report.build.spectrum_figures", fail_after_some_figures)
+    monkeypatch.setattr("tgo.report.sections.spectrum_figures", fail_after_some_figures)
     with pytest.raises(RuntimeError, match="half-way"):
         main([str(_run(tmp_path / "B", slope=2.0)), "--out", str(old_report), "--no-correlation"])
     assert drawn and _contents(old_report) == before

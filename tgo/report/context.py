@@ -20,9 +20,10 @@ import numpy as np
 
 from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW
 from tgo.records import RecordsError, load_jackknife, load_series
-from tgo.report.aggregate import Aggregate, aggregate_runs
+from tgo.report.aggregate import Aggregate, aggregate_runs, single_aggregate
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
 from tgo.report.hypotheses import PREDICTION_VERDICTS, PREDICTIONS, Prediction, PredictionResult, evaluate_predictions
+from tgo.report.reference import PAPER_POINTS, load_reference
 from tgo.report.runinfo import RunInfo
 from tgo.report.runs import REPORT_VIEW, ReportInputError, RunData
 from tgo.report.statements import count_agreement
@@ -35,6 +36,7 @@ __all__ = [
     "Context",
     "judge",
     "judge_findings",
+    "judge_published",
     "judge_views",
     "load_view_runs",
     "runs_until",
@@ -198,7 +200,7 @@ class Context:
     @property
     def what(self) -> str:
         """What is judged, in words."""
-        return "the mean over runs" if self.several else "this run"
+        return "the mean over runs" if self.several else "this run" if self.runs else "the published series"
 
     @property
     def agg(self) -> Aggregate:
@@ -209,6 +211,14 @@ class Context:
     def points(self) -> list[str]:
         """The points judged (every run's, in the first run's order)."""
         return list(self.runs[0].points) if len(self.runs) == 1 else self.agg.points
+
+
+def judge_published(settings: VerdictSettings = DEFAULT_SETTINGS, **options: Any) -> Context:
+    """The published TGO-I series as a context of no runs: the claims judged on them alone (the file holds no
+    standard errors: every uncertainty is a series' own epoch-to-epoch noise, `tgo.report.training_noise`)."""
+    paper = load_reference()
+    findings = evaluate_findings(paper, PAPER_POINTS, settings=settings)
+    return Context([], settings, {}, {REPORT_VIEW: single_aggregate(paper, PAPER_POINTS)}, findings, {}, **options)
 
 
 def judge(
