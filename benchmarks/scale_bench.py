@@ -1,19 +1,11 @@
 """Rows 11: observation at cluster scale (issue 24, items 2, 3 and 5's inputs); docs/benchmarks.md, rows 11.
 
 ``python -m benchmarks.scale_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs them
-with the rest of the table (``--skip scale`` leaves them out).
-
-* 11.1-11.2, the summary off the training path: ``SpectralGeometryCallback`` in a real short fit, a subclass that
-  only stamps its hooks (`_timed_callback`); ``geometry/blocking_seconds`` / ``geometry/pass_seconds`` with the
-  summary in the background (target <= 1.15x) and, for contrast, inline.
-* 11.3-11.5, the summary shared by W gloo ranks on this machine (`shared_summary`): every rank streams its shard and
-  all-reduces (the real path), then the one-process summary and the shared one are interleaved on that one state,
-  each rank timing its share (wall and process CPU), the encoding and the gather. The shared summaries run with
-  ``LOCAL_WORLD_SIZE=W`` as torchrun sets it, so each rank's pool takes its share of the cores: on 2 cores W = 2
-  costs the sharing (ideal 1.0x) and W = 3 oversubscribes; what carries over to W machines is the per-rank CPU share
-  (about 1/W) and the gather's seconds and bytes.
-* 11.6-11.8, the inputs of a cluster projection: pass seconds per image, summary seconds per rank (measured and
-  uncontended), reduce bytes per observation.
+with the rest of the table (``--skip scale`` leaves them out). 11.1-11.2 time the summary off the training path in a
+real short fit (`_timed_callback`); 11.3-11.5 the summary shared by W gloo ranks on this machine (`shared_summary`,
+with ``LOCAL_WORLD_SIZE=W`` as torchrun sets it, so each rank's pool takes its share of the cores: what carries over
+to W machines is the per-rank CPU share and the gather's seconds and bytes); 11.6-11.8 the inputs of a cluster
+projection.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Benchmark of the spectral engine: streaming covariance vs a bare matmul and vs storing activations.
 
-Run ``python benchmarks/spectral_bench.py`` (about a minute on 2 CPU cores) or ``--quick`` (seconds). It prints one
-table whose ratios all come from this one run (``--smoke`` shrinks every shape to check that the script still runs;
-its numbers mean nothing):
-
-1. Throughput (rows/s) of ``StreamingCovariance.update`` for ViT-S width ``D = 384`` with a float64 and a float32 Gram,
-   against the floor: a bare float32 ``x^T x`` of the same ``[rows, D]`` shape, the least work any exact method does.
-2. One whole observation of 15 points at 256 and 1,000 images (197 tokens each): streaming (update every batch, then
-   covariance + float64 eigvalsh) against the naive approach (keep every activation, ``torch.cat`` + ``torch.cov`` +
-   ``eigvalsh`` at the end): wall time and peak memory. Peak memory is the peak resident set size above the phase's
-   starting RSS, measured by `_harness.PeakRSS` (torch allocations are invisible to ``tracemalloc``), next to the
-   bytes the method must hold by construction.
-
-Times are the best of ``--repeats`` runs (2 by default): on a shared machine other processes only ever make a run
-slower, so the minimum is the least contaminated estimate. The load average is printed so a noisy run is visible.
-
-Activations are synthetic (a small pool of ViT-like batches with massive-activation dimensions, generated before
-timing), so only the engine is measured. No assertions: this is a measurement, not a test.
+Run ``python benchmarks/spectral_bench.py`` (about a minute on 2 CPU cores), ``--quick`` (seconds) or ``--smoke``
+(every shape shrunk, numbers meaningless). One table, all ratios from this one run: the throughput of
+``StreamingCovariance.update`` (float64 and float32 Gram) against a bare float32 ``x^T x`` of the same shape, and one
+whole observation of 15 points streamed against the naive store-then-``torch.cov``, in wall time and peak RSS
+(`_harness.PeakRSS`; torch allocations are invisible to ``tracemalloc``). Times are the best of ``--repeats`` runs
+(other processes only ever slow a run down), with the load average printed. Activations are synthetic ViT-like
+batches made before timing, so only the engine is measured; docs/benchmarks.md reads the results.
 """
 
 from __future__ import annotations
