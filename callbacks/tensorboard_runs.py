@@ -1,17 +1,11 @@
 """``PointRuns``: every observation point as its own TensorBoard run, named so that runs sort in depth order.
 
-TensorBoard colours lines by *run*, never by tag, and lists both alphabetically. Fifteen points logged as fifteen
-tags of one run (``geometry/effective_rank/block_01`` ...) are fifteen one-line cards, or one chart of fifteen
-same-coloured lines without a legend, in the order ``block_01 .. block_12, cls, patch_embed, pos_embed``. Written
-as one run per point instead, under ``<tensorboard log dir>/points/<NN>_<point>`` with the point's index in the
-callback's depth-ordered point list as a zero-padded prefix, every chart of a tag (``geometry/effective_rank``) draws
-every point as its own coloured line, labelled by its run in the run selector and the tooltip, listed in depth order
-(``00_patch_embed``, ``01_pos_embed``, ``02_block_01`` ... ``14_cls``), for any point list (fewer blocks, register
-tokens, sub-modules).
-
-Each run is a plain ``torch.utils.tensorboard.SummaryWriter``, opened on the first scalar written for its point (a
-point that never gets one leaves no empty run), flushed after every observation so a live TensorBoard shows it, and
-closed by `PointRuns.close`. Only the rank that writes (rank 0) ever creates one.
+TensorBoard colours lines by *run*, never by tag, and lists both alphabetically, so fifteen points as tags of one run
+would be same-coloured lines in the order ``block_01 .. block_12, cls, patch_embed``. As one run per point,
+``<tensorboard log dir>/points/<NN>_<point>`` (``NN`` the point's depth index), every chart of a tag draws each
+point as its own coloured line, listed in depth order, for any point list. Each run is a plain ``SummaryWriter``,
+opened on its point's first scalar (no empty runs), flushed after every observation and closed by
+`PointRuns.close`; only rank 0 ever creates one.
 """
 
 from __future__ import annotations

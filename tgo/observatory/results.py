@@ -1,14 +1,10 @@
 """What one observation yields: per (point, view) a float64 spectrum, the catalogue's observables, mean, covariance.
 
 A *point* is where the model is read (`tgo.observatory.points`); a *view* is one covariance derived from what that
-point streams. Today every point has the view ``all`` (every row the point selects); views such as ``cls`` and
-``patch`` tokens of a block, or the between-image and within-image parts of the pooled covariance, are further
-covariances of the same point and are keyed, recorded and charted the same way, never folded into point names.
-`ObservationKey` is that identity; records store it as two columns.
-
-`summarize_accumulators` is the rank-0 step after the reduction: covariance -> float64 eigendecomposition ->
-`tgo.spectral.summarize`, for the ``all`` view of every point and every view the enabled measurement families add
-(`tgo.observatory.families`), whose metrics and arrays then join the views they describe.
+point streams (``all``, and those the families add), keyed, recorded and charted the same way, never folded into
+point names: `ObservationKey` is that identity, stored as two columns. `summarize_accumulators` is the rank-0 step
+after the reduction: covariance -> float64 eigendecomposition -> `tgo.spectral.summarize` for every view, and the
+enabled families' metrics and arrays join the views they describe.
 """
 
 from __future__ import annotations

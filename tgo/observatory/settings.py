@@ -211,11 +211,9 @@ class EarlySettings:
     """The step series: observations at log-spaced optimizer steps early in training (training only).
 
     A collapse of the representation during warm-up can come and go inside the first epoch, between two epoch
-    observations. With ``enabled``, the callback also observes after optimizer step 0 (the initial weights) and after
-    the log-spaced steps `steps` gives, up to ``until_step``, into a second record series keyed by the optimizer step
-    (``geometry/steps/``, `tgo.records.RunDir.step_series`), with every family but the two that read the training
-    between observations (the noise scale, whose window belongs to the epoch series, and curvature). The phases
-    compare consecutive step observations, so the report's early-training section labels the warm-up itself.
+    observations. With ``enabled``, the callback also observes after optimizer step 0 and the log-spaced steps
+    `steps` gives into a second record series keyed by the optimizer step (`tgo.records.RunDir.step_series`), with
+    the families whose ``series`` has ``step`` (docs/usage.md, "Early training, denser").
 
     Attributes:
         enabled: Observe the step series.
