@@ -1,75 +1,25 @@
 """The paper's claims as pure functions of recorded series: does each one hold on this run, point by point?
 
-A *series* is what a run recorded for one observable at one point: epochs (ascending) and values, optionally with
-the jackknife standard error of every value and, for a seed sweep, every run's values. Every function here takes
-plain arrays and returns frozen dataclasses, so the logic is tested on synthetic series without files, and the same
-code judges one run, the mean of a sweep's runs, and the published TGO-I measurements.
-
-The rule (the statistics are in `tgo.report.verdicts`): a series is cut into windows of 10% of its observations
-(single observations for runs observed fewer than 10 times), and every comparison is a contrast of window means
-against its combined standard error ``U = sqrt(J^2 + T^2)`` (the paired jackknife term and the training-noise term),
-significant when it exceeds the Student-t widened threshold of ``z = 3`` and, over the whole table, its
-Benjamini-Hochberg q-value is at most 0.05 (`control_fdr_table`). With ``gain`` the series signed so that the
-claimed direction is up:
-
-* ``holds then reverses``: the best window (the *peak*; a trough for falling claims) is not the last window, the
-  last window has fallen back from it beyond the threshold, and the peak is above the start of the series (its
-  first ``min_window`` observations) beyond the threshold: it went the claimed way and then gave a significant
-  part back. Start, not first window: a series can climb most of the way inside its first window (the TGO-I late
-  blocks' stable rank goes 3 -> 12 in epochs 1-10). The fall must exceed the threshold of an uncertainty that holds
-  the **training noise**: epoch-to-epoch wander of training makes dips that the jackknife (image sampling) does not
-  see. Where the run's training noise is not estimated (a short, smooth run), the verdict is the one on the overall
-  direction (first against last window) and the note reports the fall as "a dip of this run, not a reversal of the
-  claim" (issue 34: 114 reversals read in single default runs where every one of four seeds moved the claimed way).
-* ``holds``: otherwise, the last window is above the first window beyond the threshold.
-* ``does not hold``: the last window is *below* the first beyond the threshold (it moved the other way: the claim
-  is contradicted).
-* ``inconclusive``: the move is inside the threshold (or no uncertainty can be estimated: no jackknife and too few
-  observations to estimate the training noise, which the note says), or the row's q-value exceeds the
-  false-discovery rate.
-* ``n/a``: fewer than two finite observations, or the first and last window means are both below the observable's
-  noise floor (`tgo.spectral.catalogue.Observable.noise_floor`): a flatness going from 1e-10 to 2e-10 is a move
-  between zeros, not a result.
-
-Every row carries its evidence: the change, the paired jackknife and training-noise standard errors, their
-combination, its degrees of freedom, z, p and q (`Finding.p`, `Finding.q`; the CSV's columns). A row judged on the
-jackknife alone (training noise not estimated) says so in its note: it is a statement about this run on these
-images. Ratio-type observables (the catalogue's ``scale = "log"``) are judged on log ratios.
-
-Embeddings count as stable (`assess_stable`) when the whole interval ``change ± t U`` lies within
-``± stable_tolerance`` of the first window; outside it by more than ``t U``: does not hold; otherwise
-inconclusive. "CLS ends highest" (`assess_extreme`) is judged on the final window alone: CLS's rank among the
-paper's kinds of points (embeddings, blocks, CLS; user-added points are not compared) and its margin over the best
-other point, a contrast of the margin series ``cls - rival`` paired replicate by replicate, significant beyond the
-threshold; it is judged again on ``<metric>_vs_noise`` (the value divided by that of
-isotropic Gaussian noise of the same shape) whenever a run recorded it.
-
-What the published TGO-I data show under this rule (``python -m tgo.report --published``; ``docs/findings.md``):
-of 107 rows, 92 hold, 12 hold then reverse, 1 is inconclusive and 2 do not hold. The 12 reversals are stable rank,
-participation ratio and anisotropy at blocks 9-12: best (anisotropy: lowest) window epochs 11-20, then a steady
-decline; the last window is 12-44% below the peak window (anisotropy: 32-76% above the trough window), 4.0 to 14
-standard errors (the series' own training noise: no standard errors are published). Effective rank and entropy
-rise at every point; at blocks 11-12 they level off after epoch 50 and their last window is within the threshold of
-their best (epochs 51-60), a plateau, not a reversal. Stable rank at
-block 8 rose within epochs 1-10 and then stayed flat, so its first and last windows do not differ beyond the
-uncertainty (inconclusive). The embeddings' effective rank does not stay within 10% (it nearly triples), and CLS
-ends highest in effective rank and entropy and lowest in anisotropy.
-
-Which way a claim expects its observable to move is not restated here: it is the catalogue entry's ``spread`` (how
-the observable moves when variance spreads over more directions), so a claim and the catalogue cannot disagree.
+Every function takes plain arrays and returns frozen dataclasses, so the rule is tested on synthetic series without
+files, and the same code judges one run, the mean of a sweep's runs and the published TGO-I measurements. `evaluate`
+judges a table of statements (these claims, or the hypotheses' predictions) with one false-discovery control. The
+rule, its verdicts and what it finds on the published data are in ``docs/findings.md``; the statistics in
+`tgo.report.verdicts`. Which way a claim expects its observable to move is the catalogue entry's ``spread``, not
+restated here, so a claim and the catalogue cannot disagree.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from tgo.records import DEFAULT_VIEW
 from tgo.report.cells import csv_number, number, plus_minus
 from tgo.report.statements import JUDGED_COLUMNS, control_fdr_table, judged_cells, uncertainty_cells
 from tgo.report.training_noise import (
@@ -109,6 +59,7 @@ __all__ = [
     "assess_stable",
     "assess_trend",
     "below_noise_floor",
+    "evaluate",
     "evaluate_findings",
     "judge_stable",
     "judge_trend",
@@ -151,6 +102,8 @@ Series = Mapping[str, Mapping[str, tuple[ArrayLike, ArrayLike]]]
 Replicates = Mapping[str, Mapping[str, tuple[ArrayLike, np.ndarray]]]
 # metric -> point -> (epochs, leave-one-group-out jackknife values [E, G])
 LeaveOut = Mapping[str, Mapping[str, tuple[ArrayLike, np.ndarray]]]
+# (view, metric, points) -> each point's measured series, the training noise pooled over those points (`evaluate`)
+Measure = Callable[[str, str, Sequence[str]], dict[str, Measured]]
 
 
 @dataclass(frozen=True)
@@ -177,6 +130,7 @@ class Claim:
     statement: str
     metric: str
     kind: ClaimKind = "trend"
+    view: ClassVar[str] = DEFAULT_VIEW
 
     def __post_init__(self) -> None:
         if self.kind not in _CLAIM_KINDS:
@@ -216,6 +170,51 @@ class Claim:
                 "trend can be claimed for it"
             )
         return _DIRECTION_OF_SPREAD[spread]
+
+    def judge(
+        self, series: Series, points: Sequence[str], measure: Measure, settings: VerdictSettings
+    ) -> list[Finding]:
+        """Its rows on view ``all`` (`evaluate`): a trend claim one per point; the embeddings-stable claim one per
+        embedding (expected ``stable``) and one per block (expected ``rises``); a CLS claim one at ``cls`` and one
+        on ``<metric>_vs_noise`` where recorded, or one ``n/a`` row at ``pooled`` for a model whose head reads no
+        class token. A trend or stable row whose windows are both below the noise floor reads ``n/a``
+        (`below_noise_floor`); a metric the series do not hold gives no row."""
+        per_point = series.get(self.metric)
+        if not per_point:
+            return []
+
+        def measures(metric: str) -> dict[str, Measured]:
+            return measure(self.view, metric, [p for p in points if p in series[metric]])
+
+        observable, direction = self.observable, self.direction
+        rows: list[Finding] = []
+        if self.kind in ("trend", "stable"):
+            for point in [p for p in points if p in per_point]:
+                role = point_role(point)
+                if self.kind == "stable" and role == "embedding":
+                    trend = judged(judge_stable(measures(self.metric)[point], settings), observable)
+                    rows.append(_row(self, point, "stable", trend))
+                elif self.kind == "trend" or role == "block":
+                    trend = judged(judge_trend(measures(self.metric)[point], direction, settings), observable)
+                    rows.append(_row(self, point, direction + "s", trend))
+        elif "cls" in per_point:
+            expected = "highest" if direction == "rise" else "lowest"
+            for metric in (self.metric, self.metric + NOISE_SUFFIX):
+                if "cls" not in series.get(metric, {}):
+                    continue
+                m = measures(metric)
+                verdict, note, extreme, p = judge_extreme(m, "cls", direction, settings, CATALOGUE.get(metric))
+                statement = self.statement + ("" if metric == self.metric else " relative to isotropic noise")
+                trend = judge_trend(m["cls"], direction, settings)
+                rows.append(Finding(self.key, statement, metric, "cls", expected, trend, verdict, note, extreme, p))
+        elif "pooled" in per_point:  # tgo.observatory.vit_points: no class token read
+            note = (
+                "not judged: the model's head reads no class token; its final point is 'pooled' (the output of "
+                "fc_norm), not the CLS token this claim is about"
+            )
+            expected = "highest" if direction == "rise" else "lowest"
+            rows.append(Finding(self.key, self.statement, self.metric, "pooled", expected, None, NA, note))
+        return rows
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -941,6 +940,47 @@ def _row(claim: Claim, point: str, expected: str, trend: Trend, metric: str | No
     )
 
 
+class Judged(Protocol):
+    """A statement of a table (a `Claim`, a `tgo.report.hypotheses.Prediction`): the view it reads and its rows."""
+
+    @property
+    def view(self) -> str: ...
+
+    def judge(self, series: Series, points: Sequence[str], measure: Measure, settings: VerdictSettings) -> list: ...
+
+
+def evaluate(
+    statements: Sequence[Judged],
+    series: Mapping[str, Series],
+    points: Sequence[str],
+    *,
+    stderr: Mapping[str, Any] | None = None,
+    replicates: Mapping[str, Any] | None = None,
+    leave_out: Mapping[str, Any] | None = None,
+    settings: VerdictSettings = DEFAULT_SETTINGS,
+    directional: Sequence[str] = DIRECTIONAL,
+    fallback: str = INCONCLUSIVE,
+) -> list:
+    """One table of statements (the claims, or the predictions) judged on view -> metric -> point series.
+
+    Each statement's rows come from its view's series measured once per metric and set of points (`measure_metric`:
+    the training noise is pooled over those points); one Benjamini-Hochberg control over the table's rows then
+    turns a ``directional`` verdict whose q exceeds ``settings.fdr`` into ``fallback`` (`control_fdr_table`).
+    ``stderr``, ``replicates`` and ``leave_out`` are keyed like ``series`` (``None``: unpaired, one run).
+    """
+    cache: dict[tuple[str, str, tuple[str, ...]], dict[str, Measured]] = {}
+
+    def measure(view: str, metric: str, at: Sequence[str]) -> dict[str, Measured]:
+        key = (view, metric, tuple(at))
+        if key not in cache:
+            se, reps, jack = ((source or {}).get(view, {}).get(metric) for source in (stderr, replicates, leave_out))
+            cache[key] = measure_metric(series.get(view, {}).get(metric, {}), at, se, reps, jack, scale_of(metric))
+        return cache[key]
+
+    rows = [row for s in statements for row in s.judge(series.get(s.view, {}), points, measure, settings)]
+    return control_fdr_table(rows, settings, directional, fallback)
+
+
 def evaluate_findings(
     series: Series,
     points: Sequence[str] | None = None,
@@ -951,13 +991,7 @@ def evaluate_findings(
     settings: VerdictSettings = DEFAULT_SETTINGS,
     claims: Sequence[Claim] = CLAIMS,
 ) -> list[Finding]:
-    """Tests every claim at every point of one set of series (a run, a sweep's mean, or the paper's data).
-
-    Trend claims give one row per point. The embeddings-stable claim gives one row per embedding point (expected
-    ``stable``) and one per block (expected ``rises``). The CLS claims give one row at ``cls``, and a second one on
-    ``<metric>_vs_noise`` when the series hold it (the same claim judged on noise-normalised values; skipped
-    silently otherwise); a model whose final point is ``pooled`` (no class token read by its head) gets one ``n/a``
-    row per CLS claim at ``pooled`` saying so. Metrics a run did not record are skipped.
+    """The claims' table on one view's series (a run, a sweep's mean, or the paper's data; `evaluate`, `Claim.judge`).
 
     Args:
         series: metric -> point -> (epochs, values).
@@ -968,79 +1002,12 @@ def evaluate_findings(
             uncertainties; `tgo.records.load_jackknife`), or ``None`` (then the recorded standard errors, unpaired).
         settings: The verdict rule's settings.
         claims: The claims to test (default `CLAIMS`).
-
-    Returns:
-        Findings in claim order, then point order, with q-values and the false-discovery control applied over all
-        rows (`control_fdr_table`). A trend or stable row whose first and last windows are below the observable's
-        noise floor gets verdict ``n/a`` and a note saying so (`below_noise_floor`).
     """
-    if points is None:
-        points = list(next(iter(series.values()), {}))
+    points = list(next(iter(series.values()), {})) if points is None else points
 
-    cache: dict[str, dict[str, Measured]] = {}
+    def view(x: Any) -> dict[str, Any] | None:
+        return None if x is None else {Claim.view: x}
 
-    def measures_of(metric: str) -> dict[str, Measured]:
-        if metric not in cache:
-            cache[metric] = measure_metric(
-                series[metric],
-                [point for point in points if point in series[metric]],
-                (stderr or {}).get(metric),
-                (replicates or {}).get(metric),
-                (leave_out or {}).get(metric),
-                scale_of(metric),
-            )
-        return cache[metric]
-
-    def measure(metric: str, point: str) -> Measured:
-        return measures_of(metric)[point]
-
-    findings: list[Finding] = []
-    for claim in claims:
-        per_point = series.get(claim.metric)
-        if not per_point:
-            continue
-        present = [p for p in points if p in per_point]
-        observable, direction = claim.observable, claim.direction
-        if claim.kind == "trend":
-            for point in present:
-                trend = judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
-                findings.append(_row(claim, point, direction + "s", trend))
-        elif claim.kind == "stable":
-            for point in present:
-                role = point_role(point)
-                if role == "embedding":
-                    trend = judged(judge_stable(measure(claim.metric, point), settings), observable)
-                    findings.append(_row(claim, point, "stable", trend))
-                elif role == "block":
-                    trend = judged(judge_trend(measure(claim.metric, point), direction, settings), observable)
-                    findings.append(_row(claim, point, direction + "s", trend))
-        elif claim.kind == "extreme" and "cls" in per_point:
-            for metric in (claim.metric, claim.metric + NOISE_SUFFIX):
-                if metric not in series or "cls" not in series[metric]:
-                    continue
-                compared = [p for p in points if p in series[metric]]
-                measures = {p: measure(metric, p) for p in compared}
-                verdict, note, extreme, p = judge_extreme(measures, "cls", direction, settings, CATALOGUE.get(metric))
-                statement = claim.statement + ("" if metric == claim.metric else " relative to isotropic noise")
-                findings.append(
-                    Finding(
-                        claim.key,
-                        statement,
-                        metric,
-                        "cls",
-                        "highest" if direction == "rise" else "lowest",
-                        judge_trend(measures["cls"], direction, settings),
-                        verdict,
-                        note,
-                        extreme,
-                        p,
-                    )
-                )
-        elif claim.kind == "extreme" and "pooled" in per_point:  # tgo.observatory.vit_points: no class token read
-            note = (
-                "not judged: the model's head reads no class token; its final point is 'pooled' (the output of "
-                "fc_norm), not the CLS token this claim is about"
-            )
-            expected = "highest" if direction == "rise" else "lowest"
-            findings.append(Finding(claim.key, claim.statement, claim.metric, "pooled", expected, None, NA, note))
-    return control_fdr_table(findings, settings, DIRECTIONAL, INCONCLUSIVE)
+    rows = evaluate(claims, {Claim.view: series}, points, stderr=view(stderr), replicates=view(replicates),
+                    leave_out=view(leave_out), settings=settings)  # fmt: skip
+    return rows

@@ -1,32 +1,11 @@
-"""TGO-I's three explanations of spreading variance as predictions about recorded quantities, judged point by point.
+"""TGO-I's three explanations of spreading variance (token diversification, semantic expansion, redundancy
+reduction) as predictions about recorded quantities, judged point by point.
 
-The TGO-I study ends with three hypotheses for why training spreads variance over more directions: **token
-diversification** (the tokens of an image become more distinguishable and occupy more directions), **semantic
-expansion** (the model discovers more meaningful, class-relevant feature directions) and **redundancy reduction**
-(training re-expresses the information in a less redundant basis). Each says something different about the views of
-a point (``all``, ``cls``, ``patch``, ``between_image``, ``within_image``; `tgo.observatory.views`) and about the
-hypothesis-probe metrics (catalogue entries of scope ``family``). `PREDICTIONS` declares those statements once, as
-data: a `Prediction` names a hypothesis, a metric, a view, which points it is about and the direction it expects,
-with the reasoning in words. ``docs/hypotheses.md`` explains every prediction, what would contradict each hypothesis
-and what the probes cannot decide.
-
-A prediction is judged at every point it is about with the findings' verdict rule (`tgo.report.findings.judge_trend`:
-the first and the last window, single observations for short runs; their contrast against the combined standard
-error of the paired jackknife and the training noise, Student-t widened at ``z = 3``; ``docs/findings.md``), and
-the rule's verdict is read as:
-
-* ``consistent``: the metric moved the predicted way beyond the threshold (rule: ``holds``);
-* ``inconsistent``: it moved the other way beyond the threshold (rule: ``does not hold``): the data contradict the
-  prediction;
-* ``inconclusive``: the move is within the threshold, or there is no uncertainty (rule: ``inconclusive``), or the
-  row's Benjamini-Hochberg q-value over every prediction row exceeds the false-discovery rate (0.05);
-* ``n/a``: fewer than two finite observations, or both ends below the metric's noise floor (rule: ``n/a``).
-
-A series the rule calls ``holds then reverses`` (it went the predicted way, then gave a significant part back) is
-read by its first and last windows alone, like every other prediction (consistent, inconsistent or inconclusive by
-the same test, `significant`), and its note keeps the reversal. The verdicts are per point and per prediction;
-nothing here combines them into a verdict on a hypothesis, because the hypotheses are not exclusive and several
-predictions are shared or only partly discriminating (``docs/hypotheses.md`` section 5).
+`PREDICTIONS` declares them once, as data: a `Prediction` names a hypothesis, a metric, a view, the points it is
+about and the direction it expects, with its reasoning. Each is judged with the findings' rule
+(`tgo.report.findings.evaluate`), whose verdict reads consistent / inconsistent / inconclusive / n/a; a reversal is
+read by its first and last windows alone. Nothing combines the verdicts into one on a hypothesis: the hypotheses are
+not exclusive (``docs/hypotheses.md``, which explains every prediction and the verdicts).
 """
 
 from __future__ import annotations
@@ -49,15 +28,16 @@ from tgo.report.findings import (
     REVERSES,
     Direction,
     LeaveOut,
+    Measure,
     Replicates,
     Series,
     Trend,
+    evaluate,
     judge_trend,
     judged,
-    measure_metric,
     point_role,
 )
-from tgo.report.statements import JUDGED_COLUMNS, control_fdr_table, judged_cells
+from tgo.report.statements import JUDGED_COLUMNS, judged_cells
 from tgo.report.statements import csv_rows as statement_rows
 from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings, significant
 from tgo.spectral.catalogue import CATALOGUE, Observable
@@ -227,6 +207,24 @@ class Prediction:
     def observable(self) -> Observable:
         """The catalogue entry of `metric`."""
         return CATALOGUE[self.metric]
+
+    def judge(
+        self, series: Series, points: Sequence[str], measure: Measure, settings: VerdictSettings
+    ) -> list[PredictionResult]:
+        """Its rows on its view (`tgo.report.findings.evaluate`): one per point it is about that recorded a finite
+        value of its metric (undefined elsewhere: the between-image share at a one-row-per-image point)."""
+        per_point = series.get(self.metric, {})
+        selected = [p for p in select_points(self.points, points) if p in per_point]
+        finite = [p for p in selected if np.any(np.isfinite(np.asarray(per_point[p][1], dtype=float)))]
+        measures = measure(self.view, self.metric, finite)
+        direction: Direction = "rise" if self.expected == "rises" else "fall"
+        rows = []
+        for point in finite:
+            trend = judged(judge_trend(measures[point], direction, settings), self.observable)
+            verdict, note = judge_prediction(trend, self.expected, settings)
+            p = trend.uncertainty.p(trend.change) if trend.verdict != NA else math.nan
+            rows.append(PredictionResult(self, point, replace(trend, note=note, p=p), verdict, note, p))
+        return rows
 
     @property
     def key(self) -> str:
@@ -627,57 +625,15 @@ def evaluate_predictions(
     settings: VerdictSettings = DEFAULT_SETTINGS,
     predictions: Sequence[Prediction] = PREDICTIONS,
 ) -> dict[Prediction, list[PredictionResult]]:
-    """Judges every prediction at every point it is about that recorded its metric on its view.
-
-    Args:
-        series: view -> metric -> point -> (epochs, values) (a run, or a sweep's mean).
-        points: Points in depth order.
-        stderr: view -> metric -> point -> (epochs, jackknife standard error), or ``None``.
-        replicates: view -> metric -> point -> (epochs, [runs, epochs]) for a sweep, or ``None``.
-        leave_out: view -> metric -> point -> (epochs, [epochs, G]) jackknife leave-one-group-out values, or
-            ``None`` (unpaired standard errors).
-        settings: The verdict rule's settings.
-        predictions: The predictions (default `PREDICTIONS`).
-
-    Returns:
-        prediction -> one result per judged point, in depth order. A point is left out where the records do not hold
-        the metric on that view or hold only non-finite values (it is undefined there: the between-image share at a
-        point with one row per image); an empty list means ``not recorded`` (records written before the probes
-        existed, probes switched off, or a model without the view). Every row carries its p-value and its
-        Benjamini-Hochberg q-value over all the rows returned; a consistent or inconsistent row whose ``q`` exceeds
-        ``settings.fdr`` reads inconclusive.
-    """
-    out: dict[Prediction, list[PredictionResult]] = {}
-    for prediction in predictions:
-        view, metric = prediction.view, prediction.metric
-        per_point = series.get(view, {}).get(metric, {})
-        results = []
-        judged_points = [
-            point
-            for point in select_points(prediction.points, points)
-            # not recorded here, or undefined here (between_image_fraction at a one-row-per-image point)
-            if point in per_point and np.any(np.isfinite(np.asarray(per_point[point][1], dtype=float)))
-        ]
-        measures = measure_metric(
-            per_point,
-            judged_points,
-            (stderr or {}).get(view, {}).get(metric),
-            (replicates or {}).get(view, {}).get(metric),
-            (leave_out or {}).get(view, {}).get(metric),
-            prediction.observable.scale,
-        )
-        for point in judged_points:
-            m = measures[point]
-            direction: Direction = "rise" if prediction.expected == "rises" else "fall"
-            trend = judged(judge_trend(m, direction, settings), prediction.observable)
-            verdict, note = judge_prediction(trend, prediction.expected, settings)
-            p = trend.uncertainty.p(trend.change) if trend.verdict != NA else math.nan
-            results.append(PredictionResult(prediction, point, replace(trend, note=note, p=p), verdict, note, p))
-        out[prediction] = results
-    # one false-discovery control over every prediction row: consistent/inconsistent rows with q > fdr read
-    # inconclusive
-    rows = iter(control_fdr_table([r for rs in out.values() for r in rs], settings, DIRECTIONAL, INCONCLUSIVE))
-    return {prediction: [next(rows) for _ in rs] for prediction, rs in out.items()}
+    """The predictions' table (`tgo.report.findings.evaluate`, `Prediction.judge`) grouped by prediction: one row per
+    judged point in depth order, an empty list for ``not recorded`` (no probes, or a model without the view).
+    ``series``, ``stderr``, ``replicates`` and ``leave_out`` are view -> metric -> point -> (epochs, ...) as for
+    `tgo.report.findings.evaluate_findings`, one level deeper."""
+    out: dict[Prediction, list[PredictionResult]] = {p: [] for p in predictions}
+    for row in evaluate(predictions, series, points, stderr=stderr, replicates=replicates, leave_out=leave_out,
+                        settings=settings, directional=DIRECTIONAL, fallback=INCONCLUSIVE):  # fmt: skip
+        out[row.prediction].append(row)
+    return out
 
 
 def verdict_counts(results: Sequence[PredictionResult]) -> Counter:
