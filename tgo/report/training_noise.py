@@ -1,64 +1,13 @@
 """How much a run's recorded series wanders from epoch to epoch: the training-noise term of every verdict.
 
-Two epochs of one run differ for three reasons: the curve moved (what a verdict is about), the analysis images are
-a sample (the grouped jackknife measures that, `tgo.spectral.jackknife`), and training itself is noisy (another
-epoch, another batch order would give another value). The last is estimated here from the recorded series.
-
-**Pseudo-residuals.** For three consecutive observations, the middle one minus the straight line through its
-neighbours (`pseudo_residuals`, Gasser, Sroka and Jennen-Steinmetz, *Biometrika* 73, 1986) is pure noise wherever
-the curve is straight over the three, and carries the curve's bend where it is not. A learning curve bends in a
-few places (the first epochs of a saturating rise, the turn of a reversal) and is nearly straight elsewhere, so the
-**median** of their absolute values, not their mean square, estimates the noise (`robust_scale`; the median
-absolute deviation of Hampel, 1974): the bend at a minority of observations does not count as noise. (A mean of
-squares over 7 observations of a saturating curve is mostly the bend: the earlier rule's cause of "inconclusive"
-for moves of tens of standard errors.)
-
-**Pooled over the points of one observable** (`pooled_dispersion`), the estimate a short run is judged by. Each
-series is fitted by least squares with the best **unimodal or antimodal** sequence (`shape_fit`: rise then fall,
-or fall then rise, which includes every monotone, saturating, plateauing and two-phase curve and every single
-reversal), so the learning curve's bend is in the fit, not in the residuals. The residuals, in units ``u_p`` of each
-series' median jackknife standard error (`series_unit`: one number per series, so that an epoch whose error happens
-to be tiny does not dominate), are pooled over the points: ``sigma^2 = sum (r / u_p)^2 / sum nu_p``
-with ``nu_p = n_p - levels_p`` (the levels of an isotonic fit are its degrees of freedom, Meyer and Woodroofe,
-*Ann. Statist.* 28, 2000). The model is ``sd(training noise) = sigma u_p``, a dispersion factor as in
-quasi-likelihood (McCullagh and Nelder, *Generalized Linear Models*, 1989, sec. 9.2). A series the fit
-interpolates (a smooth monotone curve: no observation contradicts its shape) carries no residual and no degree of
-freedom; when the pooled degrees of freedom are fewer than `MIN_POOLED_DOF` the training noise is **not
-estimated**, and the verdict is made on the jackknife alone and says so ("this run; training noise not estimated").
-Choosing the best turning point fits pure noise a little (for flat noise of 7 observations ``E[RSS]`` is about
-``sigma^2 (n - levels - 1)``), so the estimate errs low for flat series; the validation (`tgo.report.validation`)
-measures the rates with it.
-
-**Shrunk toward the pool, series by series** (`moderated_dispersions`), where a series has at least `MIN_OWN_DOF`
-residual degrees of freedom of its own (about 31 observations): one pooled factor overstates the quietest points'
-noise and understates the noisiest (a slow wander then reads as a reversal), so each series' own factor is combined
-with a prior fitted to the spread of all of them (empirical Bayes, Smyth, *Stat. Appl. Genet. Mol. Biol.* 3, 2004).
-Shorter series keep the pooled factor: 11 observations of a reversal leave its unimodal fit about 1.5 residual
-degrees of freedom, and shrunk toward the pool with the posterior's honest ``d_0 + nu_p`` (Smyth's moderated t) they
-found 78-96% of the validation's genuine reversals at 11 observations, against 87-98% with the pooled factor
-(development seeds 0 and 2).
-
-**Series without a jackknife error** (weight spectra, network-level values) are pooled the same way in relative
-units (``u_p`` their median ``|value|``, by `tgo.report.findings.with_pooled_noise`); where the fit interpolates every
-one of them (smooth curves), `pooled_pseudo_residuals` estimates it from their pooled median absolute
-pseudo-residual, which a curve's bend at a minority of its observations does not move.
-
-**A long series, or one without standard errors** (the published data), is judged by its own pseudo-residuals
-(`series_noise`): for three consecutive observations, the middle one minus the straight line through its neighbours
-(`pseudo_residuals`, Gasser, Sroka and Jennen-Steinmetz, *Biometrika* 73, 1986) is noise wherever the curve is
-straight over the three; their **median** absolute value (`robust_scale`, the median absolute deviation of Hampel,
-1974) is little affected by the few observations where a long curve bends (it follows a curve that wiggles, which a
-unimodal fit would count as noise).
-
-**Degrees of freedom** of the pseudo-residual estimate: ``N (18 / 35) / 2.72`` for ``N`` pseudo-residuals:
-neighbouring ones share observations (Gasser et al.: the variance of their mean square is ``35 sigma^4 / (9 N)``,
-about half the information of independent squares), and the median needs 2.72 times the data of a mean of squares
-(`_quantile_scale`). Series of fewer than `MIN_OBSERVATIONS` observations give no estimate of their own.
-
-What this cannot see: a slow wander of the whole trajectory (a seed that sits high throughout) looks like the curve.
-Only seeds measure it; a sweep's verdicts add their seed-to-seed spread (`tgo.report.verdicts`). The assumptions
-(a unimodal shape for a short run; training moving every point by about the same multiple of its sampling error)
-are tested against known truth in `tgo.report.validation`, with noise factors that differ fourfold between points.
+Two epochs of one run differ because the curve moved (what a verdict is about), because the analysis images are a
+sample (the jackknife measures that) and because training itself is noisy, estimated here from the recorded series:
+the residuals around each series' best unimodal fit pooled over an observable's points (`pooled_dispersion`; the
+bend of a learning curve is in the fit, not the noise), shrunk toward the pool series by series for long series
+(`moderated_dispersions`), relative units for series without a jackknife error, and a long series' own median
+absolute pseudo-residual (`series_noise`). Where too few degrees of freedom remain the noise is not estimated and the
+verdict says so. Formulas, references, what it cannot see (a seed's slow wander) and the validation:
+``docs/findings.md``.
 """
 
 from __future__ import annotations

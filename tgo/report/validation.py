@@ -1,33 +1,11 @@
 """The verdict rule against known truth: seeded synthetic trajectories whose true shape is known, and the rates.
 
-A rule that turns numbers into conclusions is validated like numerics. Each trial draws one recorded series the way
-a run produces it, judges it with the report's own rule (`tgo.report.findings.judge_trend`, claimed direction
-"rise") and compares the verdict with the truth it was drawn from. ``python -m tgo.report.validation`` prints the
-table that ``docs/findings.md`` shows; ``tests/report/test_validation.py`` pins the required rates.
-
-A trajectory of ``n`` observations at times ``t = 0 .. 1`` is ``v_t = A f(t) + subset_t + epoch_t + wander_t``:
-
-* ``f``, the shape (`SHAPES`): flat; a saturating rise; a rise to a plateau; a two-phase rise; a fall (the claim's
-  opposite); a rise then a fall (a genuine reversal: up 10 ``se`` by ``t = 0.3``, level to ``t = 0.45``, down 5 ``se``
-  by ``t = 0.8``, then level: the final window sits 5 ``se`` below the peak, like the published late blocks).
-* **shared subset term** (what the jackknife measures): ``G = 10`` group effects per epoch,
-  ``u_(g,t) = sqrt(rho) a_g + sqrt(1 - rho) b_(g,t)`` (``rho = 0.8``: the same images at every epoch), giving the
-  value an error of standard deviation ``s_J`` and every leave-one-group-out replicate its own, exactly as a
-  grouped jackknife of a mean would (`simulate`);
-* **independent epoch noise** of standard deviation ``sigma_e``;
-* **slow wander**: a Brownian path of standard deviation ``sigma_w`` at ``t = 1`` (a seed that drifts high), which
-  no single run can tell from the curve.
-
-The unit of every amplitude is ``se``, the true combined standard error of the last-minus-first contrast of single
-observations, ``sqrt(2 (1 - rho) s_J^2 + 2 sigma_e^2 + sigma_w^2)``. Three noise regimes (`REGIMES`) set how it
-divides: jackknife-dominated (``sigma_e = 0.5 s_J``), balanced (``sigma_e = s_J``) and training-dominated
-(``sigma_e = 3 s_J``); the wander is always ``sigma_w = 0.3 sigma_e``. The required rates (issue 19) and what
-the rule reaches are in ``docs/findings.md``.
-
-**Schedules** (`SCHEDULES`, issue 34's alternative for short runs): observations every 5th epoch, or the same plus
-``probes`` observations at the consecutive epochs just before the last (closely spaced observations near the end, to
-measure each series' training noise where the curve has settled), or more evenly spaced observations at the same
-cost. Closely spaced observations see the epoch noise but not the slow wander between distant epochs.
+A rule that turns numbers into conclusions is validated like numerics: each trial draws one recorded series the way
+a run produces it (a shape `SHAPES`, a shared subset term with its leave-one-group-out replicates, independent epoch
+noise and a slow wander; noise regimes `REGIMES`, observation schedules `SCHEDULES`), judges it with the report's
+own rule (`tgo.report.findings.judge_trend`) and compares the verdict with the truth. ``python -m
+tgo.report.validation`` prints the tables of ``docs/findings.md`` (where the model and the required rates are);
+``tests/report/test_validation.py`` pins the rates.
 """
 
 from __future__ import annotations

@@ -1,51 +1,12 @@
 """The statistics behind every verdict: contrasts of a series, their paired uncertainty, and the error-rate control.
 
-A claim such as "effective rank rises" is a statement about the *level* of a series at two times. Every verdict of
-`tgo.report.findings` and `tgo.report.hypotheses` is a **contrast** ``D = sum_i c_i v_i`` of a series' observations
-(the last window minus the first, the peak window minus the last, CLS minus its best rival in the final window,
-...) judged against its **combined standard error** ``U``, computed here as small pure functions of arrays.
-
-Windows. A series of ``n`` finite observations is cut into consecutive windows of ``w = ceil(window * n)``
-observations (`window_width`: default 10%, at least ``min_window = 1``, at most ``n // 2``). A run observed 7 times
-therefore compares single observations (epoch 30 against epoch 0, not the mean of epochs 0 and 5, which straddles
-the steepest part of the learning curve); the published 100 epochs compare means of 10.
-
-The two terms of ``U`` (`Uncertainty`), both real, added in quadrature, ``U = sqrt(J^2 + T^2)``:
-
-* **J, the paired jackknife term** (sampling of the analysis images). Every epoch and point is measured on the same
-  images, split into the same ``G`` jackknife groups, and the records keep every observation's ``G``
-  leave-one-group-out values (`tgo.records.load_jackknife`). The contrast is taken replicate by replicate,
-  ``D_(g) = sum_i c_i v_i,(g)``, and ``J = sqrt((G - 1)/G sum_g (D_(g) - D_(.))^2)`` (Efron and Tibshirani 1993,
-  ch. 11): what two epochs share (the same images) cancels, as it does in ``D``. Runs recorded before replicates
-  existed fall back to the earlier term, ``sqrt(j_B^2 + j_A^2)`` with ``j_B``, ``j_A`` the mean recorded standard
-  errors of the two windows (`_unpaired`: the windows as if independent), and say so (``J unpaired``). ``J`` has
-  ``G - 1`` degrees of freedom.
-* **T, the training-noise term** (another epoch of training would give another value). For one run:
-  ``sigma u ||c||`` with ``sigma`` the run's epoch-to-epoch noise in units ``u`` of each series' median jackknife
-  standard error (`TrainingNoise.unit`; of its median ``|value|`` for a metric without a jackknife error, such as
-  the weight spectra), pooled over the points of the observable from the residuals of each series around its best
-  unimodal fit (which follows a saturating learning curve instead of counting its bend as noise), or ``sigma ||c||``
-  with a long series' own ``sigma`` (the median absolute pseudo-residual; `tgo.report.training_noise`). Where the
-  observable's
-  series leave fewer than 10 degrees of freedom (a short, smooth run: no observation contradicts a unimodal curve)
-  ``T`` is **not estimated**, and the verdict is made on ``J`` alone, which the row says ("this run; training noise
-  not estimated"). For a sweep of ``R`` runs the seed-to-seed spread of the
-  run-wise contrasts, ``sd(D_r) / sqrt(R)`` with ``R - 1`` degrees of freedom (paired by run: a seed that sits high
-  throughout does not count), is pooled with the mean curve's own term by degrees of freedom; the seeds also see the
-  slow wander of whole trajectories that no single run can.
-
-A contrast is significant in a direction when ``D > t * U`` with ``t`` the Student-t quantile at the normal tail
-of ``z`` (default ``z = 3``) for the Welch-Satterthwaite degrees of freedom of ``U`` (`Uncertainty.dof`): an
-uncertainty estimated from few degrees of freedom is itself uncertain. Its two-sided p-value (`Uncertainty.p`)
-enters the **false-discovery control** of a table (`control_fdr`): the Benjamini-Hochberg q-values of all rows
-(`scipy.stats.false_discovery_control`), and a directional verdict needs both ``D > t U`` and ``q <= fdr``
-(default 0.05), so a table of many rows keeps its expected share of false directional verdicts below ``fdr``.
-
-Ratio-type observables that span decades (the catalogue's ``scale = "log"``: NC1, the Fisher ratio) are judged on
-the natural log of their values (and of every replicate), so their contrasts are log ratios.
-
-The rule is validated against known truth in `tgo.report.validation` (seeded synthetic trajectories with a shared
-subset term, independent epoch noise and a slow wander; the measured rates are in ``docs/findings.md``).
+Every verdict is a contrast ``D = sum_i c_i v_i`` of a series' window means (the last window minus the first, the
+peak minus the last, CLS minus its best rival) judged against its combined standard error ``U = sqrt(J^2 + T^2)``
+(`Uncertainty`): ``J`` the paired jackknife term, taken replicate by replicate so what two epochs share (the same
+images) cancels as it does in ``D``; ``T`` the training-noise term (`tgo.report.training_noise`; for a sweep pooled
+with the seeds' spread). Significance is Student-t widened for the Welch-Satterthwaite degrees of freedom of ``U``,
+and a table's rows pass a Benjamini-Hochberg control (`control_fdr`). Small pure functions of arrays, so the rule is
+tested without files; the rule, its formulas and its validation are in ``docs/findings.md``.
 """
 
 from __future__ import annotations
