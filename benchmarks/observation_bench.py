@@ -600,7 +600,8 @@ def _training_rows(table: Table, calls: list[dict[str, float]], groups: int) -> 
 
 # ---------------------------------------------------------------------------------------------------- row 5
 def figure_time(results: Any, renders: int, work: Path, figures: Sequence[str] | None = None) -> float:
-    """Median seconds of ``SpectralGeometryCallback._log_figures`` for one observation (history growing per render).
+    """Median seconds of the callback's figures (`tgo.callbacks.dashboard.draw_figures`) for one observation
+    (history growing per render).
 
     The callback draws from the run's records, so each render is preceded (untimed, as in training where it belongs
     to the pass) by recording the observation under the next epoch: the history grows by one per render. ``figures``
@@ -608,15 +609,15 @@ def figure_time(results: Any, renders: int, work: Path, figures: Sequence[str] |
     """
     from torch.utils.tensorboard import SummaryWriter
 
-    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
+    from tgo.callbacks.dashboard import draw_figures
+    from tgo.observatory.standalone import observation_settings
     from tgo.records import RecordWriter, RunDir
 
     settings: dict[str, Any] = {"every_n_epochs": 1}
     if figures is not None:
         settings["figures"] = {name: name in figures for name in FIGURE_SWITCHES}
-    cb = SpectralGeometryCallback(settings=settings)
+    drawn = observation_settings(settings, {}).figures
     run = RunDir(tempfile.mkdtemp(dir=work))
-    cb._run = run
     records = RecordWriter(run)
     writer = SummaryWriter(str(run.tensorboard))
     samples = []
@@ -624,7 +625,7 @@ def figure_time(results: Any, renders: int, work: Path, figures: Sequence[str] |
         for epoch in range(renders):
             records.write_observation(epoch, epoch, results, with_covariance=False)
             start = time.perf_counter()
-            cb._log_figures(writer, epoch, results, list(range(epoch + 1)))  # the epochs recorded so far
+            draw_figures(writer, run.root, epoch, results, list(range(epoch + 1)), drawn)  # the epochs recorded so far
             writer.flush()
             samples.append(time.perf_counter() - start)
     finally:

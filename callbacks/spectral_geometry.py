@@ -74,7 +74,6 @@ from .dashboard import (
     FIGURE_DRAIN_TIMEOUT_S,
     StoryFunction,
     TensorBoardDashboard,
-    draw_figures,
     geometry_scalars,
     geometry_tag,
     logged_metrics,
@@ -711,11 +710,6 @@ class SpectralGeometryCallback(L.Callback):
                 results = Results({k: value for k, value in results.items() if k.view == DEFAULT_VIEW})
             self._dashboard.write_scalars(results, key, prefix=prefix)
         return tensorboard
-
-    def _log_figures(self, writer: Any, epoch: int, results: Results, recorded: list[int]) -> None:
-        """Draws and writes one observation's figures on the calling thread (`tgo.callbacks.dashboard.draw_figures`)."""
-        assert self._run is not None
-        draw_figures(writer, self._run.root, epoch, results, recorded, self.settings.figures)
 
     # ----------------------------------------------------------------------------------------- helpers
     def _network(self, pl_module: L.LightningModule) -> torch.nn.Module:
