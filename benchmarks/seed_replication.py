@@ -90,12 +90,11 @@ def seeded_from(m: Any) -> Seeded:
 def _jackknife(c: np.ndarray, s: Seeded) -> float:
     """Jackknife standard error of the contrast ``c . v``: paired over the leave-one-out values when every used
     observation has them, else the recorded errors of the two sides combined as if independent (NaN: none)."""
+    from tgo.spectral.jackknife import jackknife_stderr
+
     used = c != 0
-    if s.leave_out is not None and np.all(np.isfinite(s.leave_out[used])):
-        replicates = c[used] @ s.leave_out[used]
-        g = replicates.size
-        if g >= 2:
-            return float(math.sqrt((g - 1) / g * float(np.sum((replicates - replicates.mean()) ** 2))))
+    if s.leave_out is not None and s.leave_out.shape[1] >= 2 and np.all(np.isfinite(s.leave_out[used])):
+        return jackknife_stderr(c[used] @ s.leave_out[used])
     sides = []
     for side in (c > 0, c < 0):
         if np.any(side):
