@@ -259,6 +259,8 @@ def extreme_truth(per_seed: Sequence[Mapping[str, Seeded]], target: str, sign: f
     """The truth of "``target`` ends highest (sign +1) / lowest (-1)": in every seed's final window (the epochs every
     point observed) its margin over the best other point exceeds `SEED_Z` paired jackknife errors, with a seed
     t-statistic above `SEED_T` (``holds``), or the best other point beats it the same way (``does not hold``)."""
+    from tgo.spectral.jackknife import jackknife_stderr
+
     k = len(per_seed)
     margins, ahead, behind = [], 0, 0
     for points in per_seed:
@@ -289,9 +291,7 @@ def extreme_truth(per_seed: Sequence[Mapping[str, Seeded]], target: str, sign: f
             and np.all(np.isfinite(t_s.leave_out[c_t != 0]))
             and np.all(np.isfinite(r_s.leave_out[c_r != 0]))
         ):
-            replicates = c_t[c_t != 0] @ t_s.leave_out[c_t != 0] - c_r[c_r != 0] @ r_s.leave_out[c_r != 0]
-            g = replicates.size
-            se = float(math.sqrt((g - 1) / g * float(np.sum((replicates - replicates.mean()) ** 2))))
+            se = jackknife_stderr(c_t[c_t != 0] @ t_s.leave_out[c_t != 0] - c_r[c_r != 0] @ r_s.leave_out[c_r != 0])
         elif np.all(np.isfinite(t_s.stderr[c_t != 0])) and np.all(np.isfinite(r_s.stderr[c_r != 0])):
             se = math.hypot(float(c_t @ t_s.stderr), float(c_r @ r_s.stderr))
         base = 1.0 if t_s.scale == "log" else abs(sign * levels[rival])

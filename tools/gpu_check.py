@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -588,10 +589,7 @@ def compare_eigensolvers(
     from tgo.observatory.results import _single_threaded_blas
     from tgo.spectral.eigensolver import FastestEigvalsh, cpu_eigvalsh
 
-    shapes: dict[str, int] = {}
-    for stack in stacks:
-        key = f"{stack.shape[0]} x {stack.shape[1]}^2"
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = dict(Counter(f"{stack.shape[0]} x {stack.shape[1]}^2" for stack in stacks))
 
     def pooled(solve: Callable[[np.ndarray], np.ndarray]) -> Callable[[], list[np.ndarray]]:
         def run() -> list[np.ndarray]:
