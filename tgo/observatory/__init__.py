@@ -1,20 +1,8 @@
 """Where and how a model is observed: points, hooks, measurement families, the streaming pass, the pipeline, settings.
 
-* `points` -- which module is read, input or output, which tokens, which layout (`ObservationPoint`, `vit_points`).
-* `hooks` -- forward hooks that hand a module's layout-checked tensor to a consumer (`ActivationHooks`, `HookSpec`).
-* `families` -- the seam of every measurement beside the covariances (`MeasurementFamily`); built in:
-  `families.image_vectors` (per-image vectors: views, class geometry, decoding, massive activations, drift).
-* `views` -- view algebra: which moments make which view of a point (`point_views`).
-* `stream` -- one rank's pass over its images, sums only (`stream_activations`, `reduce_accumulators`).
-* `results` -- rank 0's spectra and observables per (point, view) (`summarize_accumulators`, `ObservationKey`).
-* `pipeline` -- the whole observation across ranks, recorded (`observe_and_record`): the one entry point of the
-  training callback and of ``python -m tgo.observe``.
-* `settings` -- every knob of an observation (`ObservationSettings`, the ``observation`` config group).
-* `find_vit` -- the timm ViT inside a user's module (`resolve_network`; ``find_vit.find_vit``).
-* `standalone` -- one observation in plain PyTorch, recorded or not (`observe_model`, also ``tgo.observe_model``;
-  imported on first use).
-
-Typical use (one process)::
+`pipeline.observe_and_record` is the one entry point of the training callback and of ``python -m tgo.observe``;
+`standalone.observe_model` (also ``tgo.observe_model``, imported on first use) observes in plain PyTorch. What each
+module does is in docs/architecture.md section 4. Typical use (one process)::
 
     settings = ObservationSettings()
     points = points_from_config(settings.points, model)
