@@ -45,10 +45,8 @@ a 2:1 card is shown at ~90 % (tick labels ~13 px on screen), where a 3:2 one of 
 and a 15-panel grid at ~25 % (6 pt text became ~2 px). The depth profiles keep 480 x 320 px: their rotated point
 names need the height."""
 CARD_PIXELS = 240
-"""Least side (px) of a correlation card: smaller matrices are enlarged by a whole factor (every entry a square).
-
-TensorBoard's Time Series fits an image into a ~450 x 210 px box, so a card taller than ~240 px is shrunk, and its
-text with it; 240 px keeps the colour scale's labels at about their drawn size."""
+"""Least side (px) of a correlation card: smaller matrices are enlarged by a whole factor (every entry a square);
+a taller card would be shrunk into TensorBoard's box (`CARD_DPI`), and its colour scale's labels with it."""
 
 
 def close(fig: Figure) -> None:

@@ -1,17 +1,10 @@
 """Finding the timm Vision Transformer inside a user's module (a LightningModule, a wrapper, any ``nn.Module``).
 
-The geometry callback and `tgo.observe_model` observe a timm Vision Transformer. A researcher's own module holds
-it under any name (``self.backbone``, ``self.encoder.vit``), possibly wrapped by DDP or ``torch.compile``. This
-module resolves it in one of three ways:
-
-* ``model="encoder.vit"``: a dotted attribute path inside the module;
-* ``model=lambda module: module.encoder.vit``: a callable taking the module and returning the network;
-* ``model=None``: the one timm Vision Transformer (`is_vit`) found among the module's submodules (wrappers unwrapped). A
-  module holding none or several fails in one line that lists the candidates by attribute path and type. A module
-  holding no ViT but a ``net`` attribute (`tgo.model.ViTClassifier`'s convention, e.g. a timm ResNet observed at
-  explicitly declared points) keeps that network.
-
-Errors are `ModelLookupError` (a `tgo.errors.UserInputError`), one line each.
+A researcher's own module holds the ViT under any name, possibly wrapped by DDP or ``torch.compile``; ``model=``
+resolves it as a dotted attribute path (``"encoder.vit"``), a callable taking the module, or ``None``: the one timm
+Vision Transformer among its submodules (`is_vit`, wrappers unwrapped), else its ``net`` attribute
+(`tgo.model.ViTClassifier`'s convention, e.g. a timm ResNet observed at declared points). A module with none (and
+no ``net``) or several fails in one line listing the candidates by attribute path and type (`ModelLookupError`).
 """
 
 from __future__ import annotations
