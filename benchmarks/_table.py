@@ -4,7 +4,7 @@ soak's and seed replication's).
 
 A benchmark module writes its rows into a `Table` (``table.add`` / ``table.skip``); every row it may write is
 declared here, once, with the ``--skip`` sections it needs, so ``python -m benchmarks`` can tell a complete table
-from a rotted one and ``tests/test_benchmarks.py`` can check ``results.json`` against the same list. Run alone
+from a rotted one and ``tests/benchmarks/test_smoke.py`` can check ``results.json`` against the same list. Run alone
 (``python -m benchmarks.scale_bench``), a module gets the same table through `run_alone`.
 """
 

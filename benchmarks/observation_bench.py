@@ -11,7 +11,7 @@ jackknife groups, the probes on) and says so in its detail. docs/benchmarks.md s
 assertions anywhere: this measures.
 
 ``--smoke`` runs every row on a 2-block, width-32 ViT and a handful of images in well under a minute: it keeps the
-benchmarks from rotting (``tests/test_benchmarks.py`` runs it) and its numbers mean nothing. Every declared row is then
+benchmarks from rotting (``tests/benchmarks/test_smoke.py`` runs it) and its numbers mean nothing. Every declared row is then
 present in ``results.json``, measured or skipped with a reason; the exit status is 1 when one is missing.
 """
 

@@ -23,7 +23,7 @@ CONF_DIR = REPO / "conf"
 # depend on the thread count and training amplifies their last digits, so two runs of one test process agree bit for
 # bit whatever the core count; `make test` spreads the files over pytest-xdist workers instead. The bits still depend
 # on the CPU's kernels and BLAS build, so no test compares them with a stored copy
-# (tests/records/test_records_golden.py).
+# (tests/records/test_golden.py).
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
@@ -95,7 +95,7 @@ def compose_cfg(tmp_path: Path):
 
 # ------------------------------------------------------------------------------------------ longest modules first
 HEAVY_MODULES = {
-    "tests/test_scaleout.py": 120,
+    "tests/test_launch.py": 120,
     "tests/test_packaging.py": 100,
     "tests/report/test_report.py": 70,
     "tests/test_readme.py": 60,
@@ -105,20 +105,20 @@ HEAVY_MODULES = {
     "tests/report/test_reference_caveat.py": 15,
     "tests/report/test_hypotheses.py": 45,
     "tests/report/test_story.py": 20,
-    "tests/test_benchmarks.py": 45,
+    "tests/benchmarks/test_smoke.py": 45,
     "tests/observatory/test_share.py": 25,
-    "tests/test_untrusted_checkpoints.py": 40,
+    "tests/test_safe_load.py": 40,
     "tests/test_train.py": 40,
     "tests/test_examples.py": 55,
     "tests/test_seed_replication.py": 25,
-    "tests/test_soak.py": 35,
+    "tests/tools/test_soak.py": 35,
     "tests/report/test_report_glance.py": 35,
     "tests/callbacks/test_spectral_geometry_callback.py": 30,
     "tests/observatory/test_attention_family.py": 30,
     "tests/observe/test_observe.py": 60,
-    "tests/test_gpu_check.py": 25,
-    "tests/test_run_directory.py": 20,
-    "tests/spectral/test_spectral_jackknife.py": 20,
+    "tests/tools/test_gpu_check.py": 25,
+    "tests/records/test_run_directory.py": 20,
+    "tests/spectral/test_jackknife.py": 20,
 }
 """Rough seconds of each long test module on the quiet 2-core machine (``make test``), for ordering only: a module
 not listed counts 30 s per ``slow`` test. A wrong number costs some balance at the end of the run, never a result.

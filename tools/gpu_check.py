@@ -10,7 +10,7 @@ docs/benchmarks.md, "GPU acceptance", says how and why.
 Exit status: 1 when an equality check fails (the observation would not be exact on this machine); timing targets
 missed are printed as FAIL but exit 0 unless ``--strict``; 2 for bad usage (``--device cuda`` without a CUDA GPU).
 ``--device cpu --tiny`` runs the same code on a 2-block, width-32 ViT on the CPU in seconds
-(``tests/test_gpu_check.py``); timing rows then have no verdict, the targets being for one H200.
+(``tests/tools/test_gpu_check.py``); timing rows then have no verdict, the targets being for one H200.
 """
 
 from __future__ import annotations
@@ -695,7 +695,7 @@ ROW_NAMES = (
     "eigensolver: GPU vs CPU values",
     "float32 device vs CPU",
 )
-"""Every row, in table order (``tests/test_gpu_check.py`` checks the printed table against it)."""
+"""Every row, in table order (``tests/tools/test_gpu_check.py`` checks the printed table against it)."""
 
 
 def _verdict(ok: bool, judged: bool) -> str:

@@ -1,7 +1,7 @@
 """Independent float64 references for the hypothesis probes (``tgo.spectral.probes``), written as plainly as possible.
 
 Every function here is the textbook definition spelled out with loops, ``np.cov``, ``np.linalg.pinv`` and
-``np.linalg.eigvalsh``; none calls TGO. The probe tests (``tests/spectral/test_spectral_probes.py``) and the
+``np.linalg.eigvalsh``; none calls TGO. The probe tests (``tests/spectral/test_probes.py``) and the
 observation tests (``tests/observatory/test_observatory_probes.py``) compare TGO against these.
 """
 

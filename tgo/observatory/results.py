@@ -322,7 +322,7 @@ def summarize_view(
     (`tgo.spectral.summary.summarize_many`, as array functions over the stack), and the standard errors of all
     geometry observables are taken at once from the ``[K, G]`` table of replicates
     (`tgo.spectral.jackknife.jackknife_stderrs`, equal to `jackknife_stderr` of each row bit for bit). Every step
-    gives the bits of its one-at-a-time form (``tests/spectral/test_spectral_stack.py``). Deterministic: the same
+    gives the bits of its one-at-a-time form (``tests/spectral/test_stack.py``). Deterministic: the same
     moments give the same bits on any rank, so (point, view) tasks can be split across ranks.
 
     Args:
@@ -345,7 +345,7 @@ def summarize_views(
 
     The ``1 + G`` covariances of every view of one size are decomposed in one stacked call and their observables
     taken as array functions over that one stack: LAPACK runs the same routine on each matrix of a stack, and every
-    array function reduces each matrix's contiguous rows as it reduces one (``tests/spectral/test_spectral_stack.py``).
+    array function reduces each matrix's contiguous rows as it reduces one (``tests/spectral/test_stack.py``).
     At small ``D`` (the quickstart's 96) the per-call Python work of a view's few small matrices, not LAPACK, was most
     of the summary; one stack per chunk of views removes it (`view_chunks` sizes the chunks).
 

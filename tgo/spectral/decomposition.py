@@ -86,7 +86,7 @@ def eigendecompose_many(
     """`eigendecompose` of several covariances, every defined one of a shape in one stacked eigensolver call.
 
     ``numpy.linalg.eigvalsh`` of a ``[S, D, D]`` stack runs the same LAPACK routine on each matrix as ``S`` separate
-    calls (bit for bit, ``tests/spectral/test_spectral_decomposition.py``) without ``S`` Python round trips: the
+    calls (bit for bit, ``tests/spectral/test_decomposition.py``) without ``S`` Python round trips: the
     rank-0 summary decomposes a point's ``G + 1`` jackknife covariances of a view together. The stacked call is the
     seam where another solver can take over (``eigvalsh``, e.g. a batched CUDA one; `tgo.spectral.eigensolver`):
     it receives the symmetrised float64 stack, and the clamping and structural zeros below are the same either way.

@@ -204,7 +204,7 @@ class EigenvalueStack:
     the operations of the one-spectrum function on every row (numpy reduces each contiguous row of a 2-D array with
     the same pairwise summation as a 1-D array, and the element-wise functions do not depend on where an element
     sits), so ``stack.effective_rank[i] == effective_rank(eigs[i])`` bit for bit;
-    ``tests/spectral/test_spectral_stack.py`` checks every method against its function on random, rank-deficient and
+    ``tests/spectral/test_stack.py`` checks every method against its function on random, rank-deficient and
     tied spectra. Scalars that the one-spectrum functions combine as Python or numpy scalars are combined the same way
     here, row by row.
 

@@ -4,7 +4,7 @@
 intermediate results through one `tgo.spectral.observables.EigenvalueStats` per spectrum (and one for the diagonal
 spectrum): the validation, the total, the entropy and the cumulative shares are computed once per spectrum instead
 of once per observable, and every ``*_vs_noise`` ratio reuses the value it divides. The operations are those of the
-public functions, so every value is theirs bit for bit (``tests/spectral/test_spectral_summary_fast.py``). An entry
+public functions, so every value is theirs bit for bit (``tests/spectral/test_stack.py``). An entry
 registered later, or one whose function was replaced, is computed by its own ``compute``.
 """
 

@@ -24,7 +24,7 @@ import torch
 
 from tools import gpu_check
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600  # a hang fails the test instead of blocking the suite; the tiny run takes well under a minute
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks._table import CURVATURE_ROWS, OPTIMISATION_ROWS, ROWS, SCALE_ROWS, Table, render_columns
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600  # a hang fails the test instead of blocking the suite; a normal smoke run takes well under a minute
 
 

@@ -23,7 +23,7 @@ from tests.conftest import NO_FIGURES
 from tgo.records import METRICS_COLUMNS, RunDir
 from tools import soak
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _write_run(root: Path, epochs: list[int], spectra: list[int]) -> RunDir:
