@@ -102,39 +102,9 @@ def _rule_paragraph(settings: VerdictSettings, what: str) -> str:
     )
 
 
-def _findings_table(
-    findings: Sequence[Finding],
-    settings: VerdictSettings,
-    what: str,
-    extra: Sequence[tuple[str, Callable[[Finding], str]]] = (),
-) -> Section:
-    """The findings section: the rule in words and one row per finding (the counts are under Verdicts at a glance).
-
-    Args:
-        findings: The judged findings.
-        settings: The rule's settings (stated on the page).
-        what: What was judged, in words ("this run", "the mean over runs").
-        extra: Further columns: (header, cell of a finding).
-    """
-    section = Section("Findings: the paper's claims tested point by point", "findings")
-    section.paragraphs.append(_rule_paragraph(settings, what))
-    headers = [*FINDING_HEADERS, *(header for header, _ in extra)]
-    rows = [[*_finding_cells(f), *(cell(f) for _, cell in extra)] for f in findings]
-    section.tables.append(
-        Table(
-            headers,
-            rows,
-            left=[0, 1, 2, 8, 12, *range(13, len(headers))],
-            verdict_column=11,
-            summary=f"Every finding, one row per claim and point ({len(rows)} rows; the counts are under Verdicts "
-            "at a glance)",
-        )
-    )
-    return section
-
-
 def findings_section(ctx: Context) -> list[Section]:
-    """The claims' table; with one observation, a line saying why no claim can be tested."""
+    """The claims' table: the rule in words and one row per finding (the counts are under Verdicts at a glance); with
+    one observation, a line saying why no claim can be tested."""
     if ctx.single:
         epoch = ctx.runs[0].epochs[0]
         section = Section("Findings: the paper's claims tested point by point", "findings")
@@ -153,7 +123,20 @@ def findings_section(ctx: Context) -> list[Section]:
     if ctx.paper is not None:
         paper = {f.key: f.verdict for f in evaluate_findings(ctx.paper, ctx.agg.points, settings=ctx.settings)}
         extra.append(("verdict on TGO-I data", lambda f: paper.get(f.key, "")))
-    section = _findings_table(ctx.findings, ctx.settings, ctx.what, extra)
+    section = Section("Findings: the paper's claims tested point by point", "findings")
+    section.paragraphs.append(_rule_paragraph(ctx.settings, ctx.what))
+    headers = [*FINDING_HEADERS, *(header for header, _ in extra)]
+    rows = [[*_finding_cells(f), *(cell(f) for _, cell in extra)] for f in ctx.findings]
+    section.tables.append(
+        Table(
+            headers,
+            rows,
+            left=[0, 1, 2, 8, 12, *range(13, len(headers))],
+            verdict_column=11,
+            summary=f"Every finding, one row per claim and point ({len(rows)} rows; the counts are under Verdicts "
+            "at a glance)",
+        )
+    )
     if counts is not None:
         section.paragraphs.append(
             "The 'runs agreeing' column counts the runs reaching each verdict when every run is tested on its own."
