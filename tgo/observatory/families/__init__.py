@@ -41,6 +41,7 @@ from .weights import WEIGHTS
 from .noise_scale import NOISE_SCALE
 from .curvature import CURVATURE
 from .phases import PHASES
+from .token_coupling import TOKEN_COUPLING
 
 # isort: on
 
@@ -51,6 +52,7 @@ __all__ = [
     "NETWORK_VIEW",
     "NOISE_SCALE",
     "PHASES",
+    "TOKEN_COUPLING",
     "WEIGHTS",
     "Array",
     "BatchInfo",
