@@ -42,6 +42,7 @@ from .noise_scale import NOISE_SCALE
 from .curvature import CURVATURE
 from .phases import PHASES
 from .token_coupling import TOKEN_COUPLING
+from .intrinsic_dimension import INTRINSIC_DIMENSION
 
 # isort: on
 
@@ -49,6 +50,7 @@ __all__ = [
     "ATTENTION",
     "CURVATURE",
     "IMAGE_VECTORS",
+    "INTRINSIC_DIMENSION",
     "NETWORK_VIEW",
     "NOISE_SCALE",
     "PHASES",
