@@ -148,8 +148,8 @@ def test_the_sums_keep_their_precision_away_from_zero(centering, offset):
     rng = np.random.default_rng(0)
     x = offset + rng.normal(size=(12, 5, 7)) * np.linspace(0.5, 2.0, 5)[None, :, None]
     sums = TokenSums(2, 5, centering)
-    sums.update(torch.from_numpy(x[:7]), torch.tensor([0, 0, 1, 1, 1, 0, 0]))
-    sums.update(torch.from_numpy(x[7:]), None)
+    sums.update(torch.from_numpy(x[:7]), [(0, 0, 2), (1, 2, 5), (0, 5, 7)])
+    sums.update(torch.from_numpy(x[7:]))
     got, _ = token_covariance({k: v.sum(axis=0) for k, v in sums.numpy().items()}, centering)
     want = reference_covariance(x, centering)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-11 * np.abs(want).max())
@@ -165,4 +165,4 @@ def test_settings_panels_and_refusal():
     declared = {(p.kind, p.metric) for p in panels.declared() if p.metric.startswith("token_")}
     assert {("depth", "token_offdiag_fraction"), ("bands", "token_offdiag_fraction")} <= declared
     with pytest.raises(ValueError, match=r"expected \[B, 5, D\]"):
-        TokenSums(1, 5, "pooled").update(torch.zeros(2, 4, 3), None)
+        TokenSums(1, 5, "pooled").update(torch.zeros(2, 4, 3))

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from tgo.spectral.decomposition import eigendecompose_many
-from tgo.spectral.jackknife import jackknife_stderr, runs_of
+from tgo.spectral.jackknife import jackknife_stderr
 from tgo.spectral.observables import effective_rank, offdiag_energy_fraction
 
 __all__ = [
@@ -74,18 +74,19 @@ class TokenSums:
         with torch.inference_mode(False):
             self.sums = {k: torch.zeros(s, dtype=torch.float64, device=device) for k, s in shapes.items()}
 
-    def update(self, x: torch.Tensor, groups: torch.Tensor | None) -> None:
-        """Adds the images of one batch, ``x`` ``[B, T, D]`` (any float dtype), image ``b`` to group ``groups[b]``
-        (``None``: group 0). One float64 ``[T, k D] x [k D, T]`` product per run of images of one group."""
+    def update(self, x: torch.Tensor, runs: Sequence[tuple[int, int, int]] | None = None) -> None:
+        """Adds the images of one batch, ``x`` ``[B, T, D]`` (any float dtype): ``runs`` are the ``(group, start,
+        stop)`` runs of its images' groups (`tgo.spectral.jackknife.runs_of`; ``None``: all in group 0). One float64
+        ``[T, k D] x [k D, T]`` product per run of ``k`` images."""
         if x.dim() != 3 or x.shape[1] != self.tokens:
             raise ValueError(f"expected [B, {self.tokens}, D] token rows, got shape {tuple(x.shape)}")
-        ids = [0] * x.shape[0] if groups is None else groups.detach().cpu().tolist()
+        runs = [(0, 0, x.shape[0])] if runs is None else runs
         device = self.sums["gram"].device
         with torch.inference_mode(False):
             x = x.detach().to(device=device, dtype=torch.float64)
             means = x.mean(dim=2)
             centred = x - means[:, :, None]
-            for g, start, stop in runs_of(ids):
+            for g, start, stop in runs:
                 rows = centred[start:stop].transpose(0, 1).reshape(self.tokens, -1)  # [T, k D]
                 self.sums["gram"][g].addmm_(rows, rows.T)
                 self.sums["means"][g] += means[start:stop].sum(dim=0)

@@ -28,6 +28,7 @@ from torch import nn
 
 from tgo.panels import Panel
 from tgo.spectral import Observable
+from tgo.spectral.jackknife import runs_of
 from tgo.spectral.token_coupling import CENTERINGS, COUPLING_METRICS, TokenSums, token_coupling
 
 from ..hooks import point_rows, point_spec
@@ -123,10 +124,14 @@ class TokenCouplingState(FamilyState):
         self.sums = {
             name: TokenSums(context.jackknife_groups, t, self.centering, context.device) for name, t in tokens.items()
         }
+        self.runs: list[tuple[int, int, int]] = []
+
+    def begin_batch(self, batch: BatchInfo) -> None:
+        self.runs = runs_of(batch.groups.detach().cpu().tolist())  # once per batch, for every point
 
     def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
         try:
-            self.sums[key].update(point_rows(x, self.points[key], self.prefix[key]), batch.groups)
+            self.sums[key].update(point_rows(x, self.points[key], self.prefix[key]), self.runs)
         except ValueError as err:
             raise ValueError(
                 f"[tgo] observation.token_coupling at {key}: {err} (set observation.token_coupling.enabled=false)"
