@@ -127,6 +127,10 @@ def test_every_metric_and_replicate_is_recomputed_on_the_images_left() -> None:
     strict = IntrinsicDimensionSettings(enabled=True, min_class_images=21)
     none = {name: v for name, v, _, _ in intrinsic_dimension_metrics(x, labels, image_groups, 3, strict)}
     assert none["intrinsic_dimension_classes"] == 0 and math.isnan(none["class_pca_rank"])
+    # images without a label (-1) enter no class
+    unlabelled = {name: v for name, v, _, _ in intrinsic_dimension_metrics(x, -np.ones(n), image_groups, 3, settings)}
+    assert unlabelled["intrinsic_dimension_classes"] == 0 and math.isnan(unlabelled["class_intrinsic_dimension"])
+    assert unlabelled["intrinsic_dimension"] == got["intrinsic_dimension"][0]
 
 
 def test_pca_rank_counts_the_components_of_the_variance() -> None:

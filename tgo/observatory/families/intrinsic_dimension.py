@@ -141,7 +141,7 @@ def intrinsic_dimension_metrics(
 
     Args:
         x: float64 ``[N, D]`` per-image vectors.
-        labels: ``[N]`` class labels.
+        labels: ``[N]`` class labels (``-1``: none; such images enter no class).
         image_groups: Each image's jackknife group (``None``: no jackknife).
         groups: ``G``.
         settings: The family's settings.
@@ -158,7 +158,7 @@ def intrinsic_dimension_metrics(
     labels = np.asarray(labels).astype(np.int64)
     classes = [
         c
-        for c in np.unique(labels)
+        for c in np.unique(labels[labels >= 0])  # -1: an image without a label (a dataset without classes)
         if min(int(np.count_nonzero(s & (labels == c))) for s in subsets) >= settings.min_class_images
     ]
     per_class_id = np.full((len(classes), len(subsets)), np.nan)
