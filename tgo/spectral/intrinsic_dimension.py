@@ -96,13 +96,10 @@ def neighbour_distances(
             continue
         points = _standardised(x[rows]) if standardise else x
         if shared is None:
-            cand, valid = _candidates(points, min(3, rows.size - 1)), None
-            near, origin = cand, points
-        else:
-            cand = shared[rows]
-            valid = keep[cand]
-            first = np.argsort(~valid, axis=1, kind="stable")[:, : min(3, rows.size - 1)]
-            near, origin = np.take_along_axis(cand, first, axis=1), points[rows]
+            near, origin = _candidates(points, min(3, rows.size - 1)), points
+        else:  # each row's first 3 candidates that the subset keeps
+            first = np.argsort(~keep[shared[rows]], axis=1, kind="stable")[:, : min(3, rows.size - 1)]
+            near, origin = np.take_along_axis(shared[rows], first, axis=1), points[rows]
         exact = np.sort(np.linalg.norm(origin[:, None, :] - points[near], axis=2), axis=1)
         out.append((exact[:, 0], exact[:, 1]))
     return out
