@@ -117,14 +117,12 @@ def test_bad_early_settings_fail_naming_the_key(early, message):
         ObservationSettings.from_config({"early": early})
 
 
-def test_off_by_default_and_in_the_config_group():
-    from omegaconf import OmegaConf
+def test_off_by_default_and_in_the_config_group(tmp_path):
+    from tests.conftest import compose_train
 
-    import conf
-
-    yaml = ObservationSettings.from_config(OmegaConf.load(Path(conf.__file__).parent / "observation" / "default.yaml"))
-    assert yaml.early == ObservationSettings().early == EarlySettings()
-    assert not yaml.early.enabled
+    composed = ObservationSettings.from_config(compose_train(tmp_path).observation)
+    assert composed.early == ObservationSettings().early == EarlySettings()
+    assert not composed.early.enabled
 
 
 def test_an_unsized_training_loader_needs_until_step(tmp_path):

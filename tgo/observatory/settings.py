@@ -2,9 +2,10 @@
 
 The training callback (``tgo.callbacks.spectral_geometry``) and offline observation (``python -m tgo.observe``) read the
 same settings from the same config group, ``conf/observation/default.yaml`` (the ``observation`` node of both entry
-configs). Adding a setting means: a field here or in a measurement family's settings section (a frozen dataclass
-checked in ``__post_init__``, declared by the family and registered with `register_section` when the family is;
-``observation.<section>.<key>``), a line in that YAML file and a test; nothing else reads raw config keys.
+configs). Adding a core setting means a field here, a line in that YAML file and a test. A measurement family's
+section (``observation.<section>.<key>``) is a frozen dataclass checked in ``__post_init__``, declared in the family's
+own file and registered with `register_section` when the family is; its defaults reach Hydra from the dataclass
+(`_publish_to_hydra`), so no YAML file names a family. Nothing else reads raw config keys.
 
 Errors name the key as a user spells it on the command line (``observation.gram_dtype: expected ...``) and are
 raised before any work starts.
@@ -17,6 +18,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tgo.errors import UserInputError
@@ -441,6 +443,7 @@ def register_section(key: str, kind: type) -> type:
     if key in (f.name for f in fields(ObservationSettings)) or _SECTIONS.get(key, kind) is not kind:
         raise ValueError(f"register_section: observation.{key} is already a setting")
     _SECTIONS[key] = kind
+    _publish_to_hydra()
     return kind
 
 
@@ -449,9 +452,21 @@ def register_figure_switch(key: str) -> None:
     if key in (f.name for f in fields(FigureSettings)):
         raise ValueError(f"register_figure_switch: observation.figures.{key} is already a setting")
     _FIGURE_SWITCHES[key] = lambda: True
+    _publish_to_hydra()
 
 
 def unregister_extras(section: str | None, switch: str | None) -> None:
     """Removes what `register_section` and `register_figure_switch` added (plug-ins and tests)."""
     _SECTIONS.pop(section or "", None)
     _FIGURE_SWITCHES.pop(switch or "", None)
+    _publish_to_hydra()
+
+
+def _publish_to_hydra() -> None:
+    """Stores the registered sections' defaults as Hydra's ``observation/families`` config, which
+    ``conf/observation/default.yaml`` composes first: ``observation.<family>.<key>=value`` then overrides a family's
+    setting on the command line (no ``+``) although no YAML file names the family, and ``--cfg job`` shows it."""
+    defaults = ObservationSettings().to_dict()
+    node = {key: defaults[key] for key in _SECTIONS}
+    node["figures"] = {key: defaults["figures"][key] for key in _FIGURE_SWITCHES}
+    ConfigStore.instance().store(group="observation", name="families", node=node)
