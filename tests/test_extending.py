@@ -307,8 +307,9 @@ def test_an_unregistered_source_is_refused() -> None:
 
 # -------------------------------------------------------------------------------------- (d) add an observation setting
 def _yaml_settings() -> dict[str, Any]:
-    node = OmegaConf.load(OBSERVATION_YAML)
-    values = OmegaConf.to_container(node, resolve=True)
+    """The ``observation`` node Hydra composes: ``conf/observation/default.yaml`` (the core's settings) over the
+    sections the registered families publish from their own declarations (``observation/families``)."""
+    values = OmegaConf.to_container(compose_observe_config().observation, resolve=True)
     assert isinstance(values, dict)
     return values
 
