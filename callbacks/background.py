@@ -92,6 +92,15 @@ class BackgroundLane:
         self._open.set()
         self._thread: threading.Thread | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """An idle lane's settings: what a process started by ``ddp_spawn`` gets (threads and locks do not pickle)."""
+        if self.in_flight:
+            raise RuntimeError(f"{self.name}: a lane with work in flight cannot be copied to another process")
+        return {"max_in_flight": self.max_in_flight, "name": self.name, "collect": self.collect}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
     @property
     def in_flight(self) -> int:
         """Tasks queued, running or uncollected now."""

@@ -145,6 +145,23 @@ def test_a_failing_job_warns_and_the_next_one_still_runs():
     assert done == ["ok"] and [label for label, _ in worker.failures] == ["boom"]
 
 
+def test_an_idle_lane_pickles_as_its_settings_and_a_busy_one_refuses(tmp_path):
+    """``ddp_spawn`` pickles the callback with its lanes: an idle lane travels as its settings (a fresh lane there)."""
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(BackgroundLane(2, name="figures")))
+    assert (copy.max_in_flight, copy.name, copy.collect, copy.in_flight) == (2, "figures", False, 0)
+    copy.submit(lambda: (tmp_path / "ran").touch())
+    assert copy.close(timeout=5) and (tmp_path / "ran").exists()
+    busy, gate = BackgroundLane(1, collect=True), threading.Event()
+    busy.submit(gate.wait, label="slow")
+    with pytest.raises(RuntimeError, match="in flight"):
+        pickle.dumps(busy)
+    gate.set()
+    busy.result()
+    busy.close(timeout=5)
+
+
 def test_a_collecting_lane_runs_one_summary_at_a_time_and_hands_back_its_result_or_error():
     lane = BackgroundLane(1, collect=True)
     gate = threading.Event()

@@ -51,7 +51,8 @@ def band_tag(metric: str) -> str:
     return panels.Panel("bands", metric).tag_of()
 
 
-BAND_FIGURES = [p.metric for p in panels.core_panels() if p.kind == "bands" and p.card]
+BAND_FIGURES = [p.metric for p in panels.declared("card", kind="bands") if p.view == "all"]
+"""Every against-epoch card of the ``all`` view, the core's and the registered families' (drawn when recorded)."""
 
 
 def synthetic_results(epoch: int) -> Results:
@@ -71,9 +72,11 @@ def synthetic_results(epoch: int) -> Results:
         results[ObservationKey(point)] = SimpleNamespace(observables=observables, stderr=stderr, **base)
         if point != "patch_embed":
             probes = {"ncc_accuracy": 0.2 + 0.1 * epoch, "ridge_accuracy": 0.3, "fisher_ratio": 10.0**epoch, "nc1": 5.0}
-            results[ObservationKey(point, "cls")] = SimpleNamespace(
-                observables=probes, stderr={m: 0.01 for m in probes}, **base
-            )
+            for view in {view for view, _ in PROBE_PROFILES}:
+                values = {m: probes.get(m, 1.0 + 0.1 * depth) for v, m in PROBE_PROFILES if v == view}
+                results[ObservationKey(point, view)] = SimpleNamespace(
+                    observables=values, stderr={m: 0.01 for m in values}, **base
+                )
     return results
 
 
@@ -148,9 +151,8 @@ def test_every_new_card_is_written_with_its_tag_at_the_epoch(recorded, tmp_path:
 
 def test_every_switch_leaves_its_cards_out(recorded):
     root, observations = recorded
-    off = FigureSettings(
-        story=False, depth_profiles=False, bands=False, spectra=False, histograms=False, decay=False, layer_epoch=False
-    )
+    switches = ObservationSettings().to_dict()["figures"]  # the core's and every registered family's
+    off = FigureSettings(**{key: False if isinstance(on, bool) else on for key, on in switches.items()})
     writer = RecordingWriter()
     draw_figures(writer, root, 2, observations[2], EPOCHS, off, story=dummy_story)
     assert writer.images() == {}, "every card has its switch"

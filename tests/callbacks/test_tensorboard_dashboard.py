@@ -9,20 +9,23 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.conftest import compose_train
 from tgo import panels
-from tgo.callbacks.dashboard import DEPTH_PROFILES
 from tgo.callbacks.tensorboard_runs import PointRuns, point_run_names
+from tgo.observatory import ObservationSettings
+from tgo.observatory.families import enabled_families
 from tgo.observatory.families.attention import ATTENTION_CHARTED
 from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.records import read_metric_rows
 from tgo.spectral import CATALOGUE
 from tgo.train import run
 
+FAMILY_PANELS = [p for family in enabled_families(ObservationSettings()) for p in family.panels]
+ON = [p for p in (*panels.core_panels(), *FAMILY_PANELS) if p.card]
+"""The cards of the core and of the families a default run records (a family that is off records nothing to draw)."""
+DEPTH_PROFILES = [p.metric for p in ON if p.kind == "depth" and p.view == "all"]
 PROBE_PROFILES = [
-    (p.view, p.metric)
-    for p in panels.declared("card", kind="depth")
-    if p.switch == "depth_profiles" and p.view != "all"
+    (p.view, p.metric) for p in ON if p.kind == "depth" and p.switch == "depth_profiles" and p.view != "all"
 ]
-BAND_FIGURES = [p.metric for p in panels.core_panels() if p.kind == "bands" and p.card]
+BAND_FIGURES = [p.metric for p in ON if p.kind == "bands" and p.view == "all"]
 
 
 def depth_profile_tag(metric: str, view: str = "all") -> str:
