@@ -57,7 +57,7 @@ __all__ = [
     "intrinsic_dimension_metrics",
 ]
 
-_DOC = "docs/observables.md#intrinsic-dimension"
+_DOC = "docs/observables.md#13-intrinsic-dimension"
 _VIEWS = ("cls", "patch")
 
 

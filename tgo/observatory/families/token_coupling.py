@@ -50,7 +50,7 @@ from .base import (
 
 __all__ = ["TOKEN_COUPLING", "TokenCouplingFamily", "TokenCouplingSettings", "TokenCouplingState", "token_points"]
 
-_DOC = "docs/observables.md#token-coupling"
+_DOC = "docs/observables.md#12-token-coupling"
 # Modules after a timm ViT's pooling (as `tgo.observatory.hooks`): one vector per image, no token sequence.
 _POOLED = ("attn_pool", "fc_norm", "head_drop", "head")
 
