@@ -11,8 +11,8 @@ jackknife groups, the probes on) and says so in its detail. docs/benchmarks.md s
 assertions anywhere: this measures.
 
 ``--smoke`` runs every row on a 2-block, width-32 ViT and a handful of images in well under a minute: it keeps the
-benchmarks from rotting (``tests/benchmarks/test_smoke.py`` runs it) and its numbers mean nothing. Every declared row is then
-present in ``results.json``, measured or skipped with a reason; the exit status is 1 when one is missing.
+benchmarks from rotting (``tests/benchmarks/test_smoke.py`` runs it) and its numbers mean nothing. Every declared row is
+then present in ``results.json``, measured or skipped with a reason; the exit status is 1 when one is missing.
 """
 
 from __future__ import annotations
