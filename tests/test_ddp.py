@@ -233,7 +233,7 @@ def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: 
         assert list(two) == list(one)
         assert {view for _, view in one if not view.startswith("weights_")} == (
             {"all", "cls", "patch", "between_image", "within_image"} if enabled else {"all"}
-        )  # beside the weights family's views (tests/observatory/test_weights_family.py)
+        )  # beside the weights family's views (tests/families/test_weights.py)
         for key, want in one.items():
             got = two[key]
             if not want["covariance"].size:  # a view with metrics only (the weights'): compared as metrics below

@@ -135,7 +135,7 @@ def test_every_difference_is_named_on_the_page_and_in_the_summary(tmp_path: Path
     for anchor in ("header", "reference", "observables"):  # the header, the table, the overlaid figures
         assert _paragraph_after(html, anchor) == expected, anchor
     assert "compare shapes, not values; see the caveat" in html  # each overlaid figure's caption
-    # Without --reference there is no overlay and no caveat: tests/report/test_report_glance.py.
+    # Without --reference there is no overlay and no caveat: tests/report/test_glance.py.
 
 
 def test_several_runs_name_each_value(tmp_path: Path):

@@ -2,7 +2,7 @@
 
 Every function here is the textbook definition spelled out with loops, ``np.cov``, ``np.linalg.pinv`` and
 ``np.linalg.eigvalsh``; none calls TGO. The probe tests (``tests/spectral/test_probes.py``) and the
-observation tests (``tests/observatory/test_observatory_probes.py``) compare TGO against these.
+observation tests (``tests/families/test_image_vectors.py``) compare TGO against these.
 """
 
 from __future__ import annotations
