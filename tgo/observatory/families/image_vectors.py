@@ -88,6 +88,7 @@ __all__ = [
     "ImageVectorFamily",
     "ImageVectorState",
     "ImageVectors",
+    "PerImageState",
     "ProbeSettings",
     "Replicates",
     "SubspaceHistory",
@@ -541,13 +542,14 @@ def _numpy(t: object) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------------------------------- the family
-class ImageVectorState(FamilyState):
-    """One rank's `ImageTable` during one observation (every point's per-image vectors, labels, visits)."""
+class PerImageState(FamilyState):
+    """One rank's `ImageTable` during one observation (every point's per-image vectors, labels, visits): the stream
+    half of a family that reads one vector per image and point (this family; `intrinsic_dimension`, with its own
+    ``layouts``)."""
 
-    def __init__(self, context: FamilyContext) -> None:
-        self.probes = context.settings.probes
+    def __init__(self, context: FamilyContext, layouts: Mapping[str, Any] | None = None) -> None:
         self.points = {p.name: p for p in context.points}
-        self.layouts = token_layouts(context.net, context.points)
+        self.layouts = token_layouts(context.net, context.points) if layouts is None else dict(layouts)
         self.prefix = {p.name: context.prefix_of(p) for p in context.points}
         self.table = ImageTable(
             context.n_images, rank=context.rank, world_size=context.world_size, device=context.device
@@ -573,6 +575,14 @@ class ImageVectorState(FamilyState):
 
     def check(self) -> None:
         self.table.check_visits()
+
+
+class ImageVectorState(PerImageState):
+    """`PerImageState` with the views and probes of the image-vector family."""
+
+    def __init__(self, context: FamilyContext) -> None:
+        super().__init__(context)
+        self.probes = context.settings.probes
 
     def views(
         self,

@@ -22,24 +22,21 @@ classes entering a class mean the same in every replicate.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from tgo.panels import Panel
 from tgo.spectral import Observable, jackknife_stderr
 from tgo.spectral.intrinsic_dimension import FITS, pca_rank, twonn
 
-from ..hooks import point_rows, point_spec
+from ..hooks import point_spec
 from ..settings import PREFIX, ObservationSettingsError, check_flags, is_int, one_of
 from .base import (
-    BatchInfo,
     Contribution,
     FamilyContext,
-    FamilyState,
     HookSpec,
     MeasurementFamily,
     Metric,
@@ -47,7 +44,7 @@ from .base import (
     family_metric,
     register_family,
 )
-from .image_vectors import ImageTable, TokenLayout, token_layouts
+from .image_vectors import PerImageState, TokenLayout, token_layouts
 
 __all__ = [
     "INTRINSIC_DIMENSION",
@@ -177,40 +174,16 @@ def intrinsic_dimension_metrics(
     return out
 
 
-class IntrinsicDimensionState(FamilyState):
+class IntrinsicDimensionState(PerImageState):
     """One rank's per-image ``cls`` / ``patch`` vectors of every point (an `ImageTable`)."""
 
     def __init__(self, context: FamilyContext) -> None:
-        self.settings: IntrinsicDimensionSettings = context.settings.intrinsic_dimension
-        self.points = {p.name: p for p in context.points}
-        self.layouts = {
+        layouts = {
             name: _VectorLayout(layout.tokens, layout.prefix, layout.class_token)
             for name, layout in token_layouts(context.net, context.points).items()
         }
-        self.prefix = {p.name: context.prefix_of(p) for p in context.points}
-        self.table = ImageTable(
-            context.n_images, rank=context.rank, world_size=context.world_size, device=context.device
-        )
-        self.table.order = [p.name for p in context.points]
-
-    def begin_batch(self, batch: BatchInfo) -> None:
-        self.table.record_batch(batch.index, batch.labels)
-
-    def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
-        rows = point_rows(x, self.points[key], self.prefix[key])
-        vectors = self.table.add_point(key, int(rows.shape[-1]), self.layouts[key])
-        vectors.batch_index = batch.index
-        vectors.update(rows)
-
-    def end_stream(self, dims: Mapping[str, int]) -> None:
-        for name in self.table.order:  # a rank without images creates its (zero) vectors now, in point order
-            self.table.add_point(name, int(dims[name]), self.layouts[name])
-
-    def summables(self) -> Sequence[Any]:
-        return [self.table]
-
-    def check(self) -> None:
-        self.table.check_visits()
+        super().__init__(context, layouts)
+        self.settings: IntrinsicDimensionSettings = context.settings.intrinsic_dimension
 
     def summarize_point(self, summary: PointSummary) -> Contribution:
         vectors = self.table.points[summary.point.name].values
