@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +182,25 @@ def test_the_family_passes_the_family_tester_on_a_tiny_vit(tmp_path, world_size:
     pos = check.single[0][("pos_embed", "cls")]
     assert pos.observables["intrinsic_dimension_duplicates"] == 22
     assert math.isnan(pos.observables["intrinsic_dimension"])
+
+
+def test_its_panels_on_views_of_its_own_reach_the_report_and_an_undefined_one_is_left_out(tmp_path):
+    """The report's depth section draws a family's page panels on a view no section of its own draws (the seam:
+    no report code names the family); a metric recorded but NaN everywhere draws no empty figure."""
+    from tgo.report.aggregate import single_aggregate
+    from tgo.report.context import own_view_panels
+    from tgo.report.figures import depth_profile_figures
+
+    own = {(p.view, p.metric) for p in own_view_panels()}
+    assert {("cls", "intrinsic_dimension"), ("patch", "intrinsic_dimension"), ("cls", "class_pca_rank")} <= own
+    assert not {view for view, _ in own} & {"all", "attention", "network"}
+    epochs = np.array([0.0, 1.0])
+    agg = single_aggregate(
+        {
+            "intrinsic_dimension": {"block_01": (epochs, np.array([3.0, 4.0])), "cls": (epochs, np.array([5.0, 6.0]))},
+            "class_pca_rank": {"block_01": (epochs, np.full(2, np.nan)), "cls": (epochs, np.full(2, np.nan))},
+        }
+    )
+    refs = depth_profile_figures(agg, tmp_path, metrics=["intrinsic_dimension", "class_pca_rank"], view="cls")
+    assert [Path(r.path).name for r in refs] == ["depth_cls_intrinsic_dimension.png"]
+    assert refs[0].caption.startswith("intrinsic_dimension (view cls) against depth")

@@ -18,7 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from tgo import panels
 from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW
+from tgo.observatory.families.base import NETWORK_VIEW
+from tgo.observatory.families.weights import WEIGHT_VIEWS
+from tgo.panels import Panel
 from tgo.records import RecordsError, load_jackknife, load_series
 from tgo.report.aggregate import Aggregate, aggregate_runs, single_aggregate
 from tgo.report.findings import VERDICTS, Finding, evaluate_findings
@@ -60,9 +64,19 @@ ATTENTION_NOISE: tuple[str, ...] = ("attention_entropy_noise", "mean_attention_d
 """The attention metrics' values under uniform attention (drawn as references)."""
 
 
+def own_view_panels() -> list[Panel]:
+    """The page's depth panels on a family's own view that no section of its own draws (the attention view is the
+    Hypotheses section's, the weight maps and the network view the Optimisation section's): the depth section draws
+    them beside view ``all``, so a family's declared panel reaches the report without a section of its own."""
+    claimed = {REPORT_VIEW, ATTENTION_VIEW, NETWORK_VIEW, *WEIGHT_VIEWS.values()}
+    return [p for p in panels.declared("page", kind="depth") if p.view not in claimed]
+
+
 def _needed() -> dict[str, list[str]]:
     """view -> the metrics read on it besides view ``all``'s (which `load_run_data` reads whole)."""
     needed: dict[str, list[str]] = {}
+    for panel in own_view_panels():
+        needed.setdefault(panel.view, []).append(panel.metric)
     for p in PREDICTIONS:
         needed.setdefault(p.view, [])
         if p.metric not in needed[p.view]:

@@ -291,7 +291,7 @@ def correlation_figure(run: RunData, figures_dir: Path) -> FigureRef | None:
 
 
 def depth_profile_figures(
-    aggregate: Aggregate, figures_dir: Path, *, metrics: Sequence[str] | None = None
+    aggregate: Aggregate, figures_dir: Path, *, metrics: Sequence[str] | None = None, view: str = DEFAULT_VIEW
 ) -> list[FigureRef]:
     """Each observable against depth (default: `page_metrics("depth")`), one line per observed epoch (colourbar),
     ±1 standard error bands (`tgo.panels.depth_figure` at page size).
@@ -310,17 +310,20 @@ def depth_profile_figures(
         bands = aggregate.bands(metric) if several else aggregate.stderr_bands(metric)
         half_widths = {p: (per_point[p][0], (high - low) / 2.0) for p, (low, high) in bands.items() if p in per_point}
         values = layer_epoch_table(per_point, points, epochs)
+        if not np.isfinite(values).any():
+            continue  # recorded but undefined everywhere (e.g. a per-class metric with too few images per class)
         se = layer_epoch_table(half_widths, points, epochs)
         profiles = {epoch: (values[:, j], se[:, j]) for j, epoch in enumerate(epochs)}
-        title = metric + (f" (mean of {aggregate.n_runs} runs)" if several else "")
+        shown = metric if view == DEFAULT_VIEW else f"{metric} (view {view})"
+        title = shown + (f" (mean of {aggregate.n_runs} runs)" if several else "")
         log = viz.is_log_scale(metric)
         fig = panels.depth_figure(profiles, points, title=title, log=log)
         band = "mean ± 1 standard deviation over runs" if several else "value ± 1 jackknife standard error"
         refs.append(
             FigureRef(
                 "depth",
-                save_figure(fig, figures_dir, f"depth_{metric}"),
-                f"{metric} against depth (points in depth order), one line per observed epoch, colour = epoch "
+                save_figure(fig, figures_dir, f"depth_{metric}" if view == DEFAULT_VIEW else f"depth_{view}_{metric}"),
+                f"{shown} against depth (points in depth order), one line per observed epoch, colour = epoch "
                 f"(colourbar); band = {band} where recorded"
                 + (
                     "; cls (bold, square markers) is the final CLS token, not a block"

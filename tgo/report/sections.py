@@ -9,7 +9,7 @@ from datetime import datetime
 
 from tgo.report import cells
 from tgo.report.cells import number, percent, plus_minus, q_value, z_value
-from tgo.report.context import Context
+from tgo.report.context import Context, own_view_panels
 from tgo.report.figures import FigureRef, depth_profile_figures, observable_figures, spectrum_figures
 from tgo.report.findings import Finding, evaluate_findings
 from tgo.report.html import Section, Table
@@ -165,8 +165,15 @@ def _figure_sections(figure_refs: Sequence[FigureRef], spectra_run: str | None =
 
 
 def depth_section(ctx: Context) -> list[Section]:
-    """The observables against depth, one line per epoch (the main view of a short run)."""
-    return _figure_sections(depth_profile_figures(ctx.agg, ctx.figures_dir))
+    """The observables against depth, one line per epoch (the main view of a short run), then the families' depth
+    panels on views of their own (`tgo.report.context.own_view_panels`) where recorded."""
+    refs = depth_profile_figures(ctx.agg, ctx.figures_dir)
+    for panel in own_view_panels():
+        if panel.view in ctx.aggregates:
+            refs += depth_profile_figures(
+                ctx.aggregates[panel.view], ctx.figures_dir, metrics=[panel.metric], view=panel.view
+            )
+    return _figure_sections(refs)
 
 
 def figures_section(ctx: Context) -> list[Section]:
