@@ -201,15 +201,18 @@ def num_prefix_tokens_of(model: nn.Module) -> int:
 _POOLED_ROOTS = ("attn_pool", "fc_norm", "head_drop", "head")
 
 
+def after_pooling(model: nn.Module, point: ObservationPoint) -> bool:
+    """Whether the point's module comes after a timm ViT's pooling (``fc_norm``, the head): one vector per image."""
+    root = point.module.split(".")[0]
+    return root in _POOLED_ROOTS and isinstance(getattr(model, root, None), nn.Module)
+
+
 def prefix_tokens_of_point(model: nn.Module, point: ObservationPoint, num_prefix_tokens: int) -> int:
     """Prefix tokens in what the point's module emits: none inside the patch embedding (patch tokens only) and none
-    after the pooling (``fc_norm``, the head: one vector per image)."""
-    root = point.module.split(".")[0]
-    if root == "patch_embed" and isinstance(getattr(model, "patch_embed", None), nn.Module):
+    after the pooling (`after_pooling`)."""
+    if point.module.split(".")[0] == "patch_embed" and isinstance(getattr(model, "patch_embed", None), nn.Module):
         return 0
-    if root in _POOLED_ROOTS and isinstance(getattr(model, root, None), nn.Module):
-        return 0
-    return num_prefix_tokens
+    return 0 if after_pooling(model, point) else num_prefix_tokens
 
 
 def point_spec(point: ObservationPoint) -> HookSpec:

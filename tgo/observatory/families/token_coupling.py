@@ -31,7 +31,7 @@ from tgo.spectral import Observable
 from tgo.spectral.jackknife import runs_of
 from tgo.spectral.token_coupling import CENTERINGS, COUPLING_METRICS, TokenSums, token_coupling
 
-from ..hooks import point_rows, point_spec
+from ..hooks import after_pooling, point_rows, point_spec
 from ..points import ObservationPoint
 from ..settings import check_flags, one_of
 from .base import (
@@ -51,8 +51,6 @@ from .base import (
 __all__ = ["TOKEN_COUPLING", "TokenCouplingFamily", "TokenCouplingSettings", "TokenCouplingState", "token_points"]
 
 _DOC = "docs/observables.md#12-token-coupling"
-# Modules after a timm ViT's pooling (as `tgo.observatory.hooks`): one vector per image, no token sequence.
-_POOLED = ("attn_pool", "fc_norm", "head_drop", "head")
 
 
 def _metric(name: str, formula: str, **options: Any) -> Observable:
@@ -108,7 +106,7 @@ def token_points(context: FamilyContext) -> tuple[dict[str, int], str | None]:
     out = {
         p.name: context.prefix_of(p) + patches
         for p in context.points
-        if p.tokens == "all" and p.layout != "vector" and p.module.split(".")[0] not in _POOLED
+        if p.tokens == "all" and p.layout != "vector" and not after_pooling(context.net, p)
     }
     return {name: t for name, t in out.items() if t >= 2}, None
 
