@@ -1,19 +1,9 @@
 """``SpectralGeometryCallback``: observe the spectral geometry of the network every N epochs.
 
-A thin orchestrator: it decides *when* (epoch 0 before any update, every N completed epochs, always the last; with
-``observation.early`` also the log-spaced optimizer steps of the step series) and hands the *how* to
-``tgo.observatory`` (points, stream, pipeline), ``tgo.records`` (files) and `tgo.callbacks.dashboard` (loggers and
-figures). The records on disk decide what was already observed, so a resumed run neither repeats nor skips an
-observation; a resume is reconciled here, at ``on_train_start``, so ``tgo.train`` and a user's own
-``trainer.fit(..., ckpt_path=...)`` share one path (`tgo.resume`). Due steps are arithmetic on the global step (the
-same on every rank); rank 0 decides "not yet recorded" and broadcasts it, only at due steps.
-
-The training thread waits only for the stream and the reduction; the summary and the records run on a background
-lane (``summary.background``; at most one in flight), and their scalars and figures are logged back on the training
-thread at step = epoch. Figures in flight are drained at ``on_fit_end``, ``on_exception`` and ``teardown``. The
-flow, the resume rules and the ``geometry/blocking_seconds`` accounting are in docs/architecture.md (sections 1
-and 3) and docs/usage.md ("When an observation holds training", "Early training, denser").
-"""
+A thin orchestrator: it decides *when* (epoch 0, every N epochs, the last; with ``observation.early`` the step series)
+and hands the *how* to ``tgo.observatory``, ``tgo.records`` and `tgo.callbacks.dashboard`. The records on disk decide
+what was already observed, so a resumed run neither repeats nor skips one; rank 0 decides and broadcasts, at due steps
+only. The flow and the ``geometry/blocking_seconds`` accounting: docs/architecture.md and docs/usage.md."""
 
 from __future__ import annotations
 
@@ -97,40 +87,23 @@ __all__ = [
 class SpectralGeometryCallback(L.Callback):
     """Observes covariance spectra at the configured points of the LightningModule's ViT on the analysis set.
 
-    In any Lightning training, in a few lines::
+    In any Lightning training::
 
-        from tgo.callbacks import SpectralGeometryCallback
-        from tgo.data import stratified_subset
-        analysis = stratified_subset(val_set, per_class=10, seed=0)  # any labelled Dataset of (image, label)
-        geometry = SpectralGeometryCallback(analysis=analysis, every_n_epochs=5)  # finds the timm ViT in your module
+        geometry = SpectralGeometryCallback(analysis=stratified_subset(val_set, per_class=10), every_n_epochs=5)
         trainer = L.Trainer(max_epochs=20, callbacks=[geometry])
 
-    Records go to ``<trainer.default_root_dir>/geometry/`` (``python -m tgo.report <default_root_dir>`` reads them).
-    In a directory that ``tgo.train`` did not make its run, TGO writes only ``geometry/`` and
-    ``analysis_subset.json`` there and refuses, before the first training step, a ``geometry/`` or manifest it did
-    not make, or the records of another training (`tgo.observatory.standalone.claim_run_directory`).
-
-    Everything is checked in ``setup``, before any training step, each problem in one line: no analysis set, one
-    that is not a map-style dataset of ``(image tensor, int label)``, no / several / a missing ViT, a network that
-    is not a ViT, bad settings (in the constructor). An analysis set whose classes have unequal counts warns once.
+    Records go to ``<default_root_dir>/geometry/``; outside a ``tgo.train`` run directory TGO refuses a ``geometry/`` it
+    did not make (`tgo.observatory.standalone.claim_run_directory`). Every input is checked in ``setup``, before any
+    training step, each problem in one line.
 
     Args:
-        settings: `ObservationSettings`, or the ``observation`` config node / a mapping of its keys (validated;
-            ``None`` means the defaults).
-        analysis: The analysis set: a map-style ``Dataset`` of ``(image, label)`` (`tgo.data.stratified_subset`
-            draws one), or a ``DataLoader`` over one (its dataset, batch size and workers are used). ``None``: the
-            DataModule's ``analysis_dataset`` (with its ``analysis_batch_size`` and ``num_workers``), as
-            ``python -m tgo.train`` uses it. The same set must be given on every rank.
-        model: The ViT inside the LightningModule: an attribute path (``"backbone"``, ``"encoder.vit"``), a
-            callable taking the LightningModule and returning it, or ``None``: the one timm ``VisionTransformer``
-            among its submodules (`tgo.observatory.find_vit`).
-        story: The story's function, ``story(run_dir, epoch) -> Figure | {name: Figure} | None``
-            (`tgo.callbacks.dashboard.StoryFunction`): drawn first at every figure observation, on the figure
-            worker's thread, as ``0_story/...`` (TensorBoard's first cards). ``None``: TGO's story
-            (`tgo.callbacks.dashboard.tgo_story`); ``observation.figures.story=false`` draws none.
-        **setting_overrides: Any `ObservationSettings` key (``every_n_epochs=5``, ``groups=0``, ...), applied over
-            ``settings`` and validated the same way.
-    """
+        settings: `ObservationSettings`, the ``observation`` node or a mapping of its keys (``None``: the defaults).
+        analysis: A map-style ``Dataset`` of ``(image, label)`` or a ``DataLoader`` over one; ``None``: the
+            DataModule's ``analysis_dataset``. The same set on every rank.
+        model: The ViT inside the module: an attribute path, a callable of the module, or ``None`` (its one timm ViT).
+        story: ``story(run_dir, epoch) -> Figure | {name: Figure} | None``, drawn first as ``0_story/...``;
+            ``None``: `tgo.callbacks.dashboard.tgo_story`.
+        **setting_overrides: Any `ObservationSettings` key, applied over ``settings`` and validated the same way."""
 
     def __init__(
         self,
@@ -179,15 +152,15 @@ class SpectralGeometryCallback(L.Callback):
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Finds the network, resolves the observation points and (to fit) checks the analysis set, before training,
-        so a bad input fails before any update."""
+        """Finds the network and points and checks the analysis set, so a bad input fails before any update."""
         net = self._network(pl_module)
         self.points = points_from_config(self.settings.points, net)
         resolve_points(net, self.points)
         self._run = RunDir(trainer.default_root_dir)
         if stage == "fit":
             self._settle_analysis(trainer)
-            self._gather = self._gather or self._summary_gather(trainer)
+            # the shared summary's gather runs over a gloo group of its own, never the training's collectives
+            self._gather = self._gather or summary_gather(trainer.world_size, self.settings.summary.share)
             for family in enabled_families(self.settings):
                 if family.name not in self.collectors and (collector := family.collector(self.settings)) is not None:
                     self.collectors[family.name] = collector
@@ -208,12 +181,6 @@ class SpectralGeometryCallback(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         for collector in self.collectors.values():
             collector.on_before_optimizer_step(trainer)
-
-    def _summary_gather(self, trainer: L.Trainer) -> GatherBytes | None:
-        """With several ranks and ``summary.share``: the gather of the shared summary, over a gloo group of its own
-        (`tgo.observatory.share.summary_gather`, made here on every rank), so a background summary never enters the
-        training's (NCCL) collectives."""
-        return summary_gather(trainer.world_size, self.settings.summary.share)
 
     def _settle_analysis(self, trainer: L.Trainer) -> None:
         """The analysis set, checked, with its batch size and workers: ``analysis=`` or the DataModule's."""
@@ -240,8 +207,6 @@ class SpectralGeometryCallback(L.Callback):
             self._warned_unstratified = True
 
     def _claim_run_directory(self, trainer: L.Trainer) -> None:
-        """Outside a ``tgo.train`` run directory: rank 0 checks that TGO may record into ``default_root_dir`` (and,
-        with ``analysis=``, writes its manifest); every rank raises together if not. Collective."""
         assert self._run is not None
         problem = None
         if trainer.is_global_zero and getattr(self, "_run_lock", None) is None:  # one process per run directory
@@ -292,10 +257,8 @@ class SpectralGeometryCallback(L.Callback):
             self.observe_step(trainer, pl_module)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint of later weights than the summary in flight waits for it, so that no checkpoint ever
-        follows an observation whose records could still be lost with weights it no longer holds. A checkpoint of
-        the observed weights themselves does not wait: it says which epoch is pending (``pending_epochs``), and a
-        resume from it re-observes that epoch if its records are missing."""
+        """A checkpoint of later weights than the summary in flight waits for it (its records could otherwise be lost
+        with weights the checkpoint no longer holds); one of the observed weights lists the epoch as pending instead."""
         if self.run_id is not None:  # whose weights these are: a resume from it into another run is refused
             checkpoint[RUN_ID_KEY] = self.run_id
         pending = self._summaries.pending
@@ -315,28 +278,26 @@ class SpectralGeometryCallback(L.Callback):
                 warnings.warn(notice, RuntimeWarning, stacklevel=2)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._flush_after_failure(trainer)
-        self.finish_tensorboard(trainer)
-        lock, self._run_lock = getattr(self, "_run_lock", None), None
-        if lock is not None:  # Lightning skips teardown after an exception (a signal included): released here
-            lock.release()
-            self._claimed = None
+        self._end(trainer)  # Lightning skips teardown after an exception (a signal included)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._flush_after_failure(trainer)
-        self.finish_tensorboard(trainer)
+        self._end(trainer)
         self._summaries.close()
-        lock, self._run_lock = getattr(self, "_run_lock", None), None
-        if lock is not None:  # the run directory's lock (`_claim_run_directory`): the next fit claims it again
-            lock.release()
-            self._claimed = None
         if stage == "fit":  # the collectors' hooks leave the parameters with the fit
             for collector in self.collectors.values():
                 collector.detach()
 
+    def _end(self, trainer: L.Trainer) -> None:
+        """Records the summary in flight, closes TensorBoard and releases the run directory (the next fit claims it)."""
+        self._flush_after_failure(trainer)
+        self.finish_tensorboard(trainer)
+        lock, self._run_lock = getattr(self, "_run_lock", None), None
+        if lock is not None:
+            lock.release()
+            self._claimed = None
+
     def collect_summary(self, trainer: L.Trainer, timeout: float | None = None) -> bool:
-        """Waits for the summary in flight (if any) and, on rank 0, logs it: its scalars to every logger, its
-        TensorBoard runs and figures. Re-raises the summary's exception. ``False`` if nothing was pending."""
+        """Waits for the summary in flight and, on rank 0, logs it; re-raises its exception. ``False``: none pending."""
         start = time.perf_counter()
         collected = self._summaries.result(timeout)
         if collected is None:
@@ -347,16 +308,14 @@ class SpectralGeometryCallback(L.Callback):
         return True
 
     def _flush_after_failure(self, trainer: L.Trainer) -> None:
-        """At an exception or teardown: the summary in flight is still recorded (within the figure drain timeout);
-        its own failure is reported, not raised over the exception already in flight."""
+        """The summary in flight is still recorded; its own failure is warned about, not raised over the one in flight."""
         try:
             self.collect_summary(trainer, timeout=FIGURE_DRAIN_TIMEOUT_S)
         except Exception as error:
             warnings.warn(f"[tgo] the summary in flight did not complete: {error!r}", RuntimeWarning, stacklevel=2)
 
     def finish_tensorboard(self, trainer: L.Trainer | None = None) -> bool:
-        """Drains the figures (`drain_figures`) and closes the per-point runs; idempotent (every end of ``fit``
-        calls it). ``False`` if figures were still rendering at the timeout."""
+        """Drains the figures and closes the per-point runs (idempotent); ``False`` if figures were still rendering."""
         drained = self.drain_figures(trainer)
         dashboard, self._dashboard = self._dashboard, None
         if dashboard is not None:
@@ -374,9 +333,7 @@ class SpectralGeometryCallback(L.Callback):
         return drained
 
     def state_dict(self) -> dict[str, Any]:
-        """``observed_epochs``: epochs whose records are written; ``pending_epochs``: the epoch whose summary was
-        still in flight when the checkpoint was taken (its records may be missing if the run died then);
-        ``observed_steps`` / ``pending_steps``: the same of the step series (``observation.early``)."""
+        """``pending_*``: what was still in flight at the checkpoint (its records may be missing if the run died)."""
         pending = self._summaries.pending
         return {
             "observed_epochs": list(self.observed_epochs),
@@ -391,8 +348,7 @@ class SpectralGeometryCallback(L.Callback):
         self._restored = {"run_id": str(run_id) if run_id else None, "observed": None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """The checkpoint's record of what was observed replaces this callback's: the checkpoint decides (records
-        after it are set aside at train start, `_settle_resume`)."""
+        """The checkpoint decides what was observed (records after it are set aside at train start)."""
         self.observed_epochs = sorted({int(e) for e in state_dict.get("observed_epochs", [])})
         self.observed_steps = sorted({int(s) for s in state_dict.get("observed_steps", [])})
         pending = [int(e) for e in state_dict.get("pending_epochs", [])]
@@ -408,15 +364,8 @@ class SpectralGeometryCallback(L.Callback):
 
     # ----------------------------------------------------------------------------------------- resume
     def _settle_resume(self, trainer: L.Trainer) -> None:
-        """Settles this fit's run id and, at a resume, reconciles the records with the checkpoint. Collective.
-
-        Rank 0 checks first (the checkpoint is this run's, the records it keeps hold no duplicate), then sets aside
-        the records made after the checkpoint (`tgo.resume.records_after`): those epochs are then unrecorded, so
-        they are observed again when due. Every rank forgets them and raises together if rank 0 refused.
-
-        Raises:
-            ResumeError: another training's checkpoint, or a duplicated record (one line; nothing was moved).
-        """
+        """Settles this fit's run id and, at a resume, sets aside the records made after the checkpoint (observed again
+        when due). Rank 0 checks and moves; every rank raises together if it refused. Collective."""
         assert self._run is not None
         restored, self._restored = self._restored, None
         checkpoint = trainer.ckpt_path
@@ -453,24 +402,17 @@ class SpectralGeometryCallback(L.Callback):
         return run_id, newer
 
     # ----------------------------------------------------------------------------------------- schedule
-    def _is_due(self, completed: int, trainer: L.Trainer) -> bool:
-        every = self.settings.every_n_epochs
-        return completed == 0 or completed % every == 0 or completed == trainer.max_epochs
-
     def _should_observe(self, completed: int, trainer: L.Trainer) -> bool:
-        """Due and not yet recorded, as decided by rank 0 and broadcast, so every rank enters the pass together.
-
-        Only rank 0 is sure to see the records (other nodes may not share its disk); a rank deciding on its own
-        could skip a collective that the others enter and hang the job.
-        """
-        if not self._is_due(completed, trainer):  # pure arithmetic: identical on every rank
+        """Due and not yet recorded, decided by rank 0 (only it is sure to see the records) and broadcast, so no rank
+        skips a collective the others enter."""
+        every = self.settings.every_n_epochs
+        if not (completed == 0 or completed % every == 0 or completed == trainer.max_epochs):  # same on every rank
             return False
         decision = not self._already_observed(completed) if trainer.is_global_zero else False
         return bool(trainer.strategy.broadcast(decision, src=0))
 
     def _already_observed(self, epoch: int, series: str = "epoch") -> bool:
-        """Whether the observation of ``epoch`` (of ``series``: the step in the step series) is recorded, in memory
-        or on disk (rank 0's disk; an on-disk one is remembered: later checkpoints list it)."""
+        """Recorded in memory or on rank 0's disk (an on-disk one is remembered: later checkpoints list it)."""
         observed = self.observed_steps if series == "step" else self.observed_epochs
         on_disk = recorded_epochs(RunDir(self._run.root, series)) if self._run is not None else []
         if epoch in on_disk:  # e.g. the pending epoch of the checkpoint resumed from: later checkpoints list it
@@ -484,12 +426,7 @@ class SpectralGeometryCallback(L.Callback):
             self.observed_epochs = sorted(set(self.observed_epochs) | {key})
 
     def early_steps(self, trainer: L.Trainer) -> frozenset[int]:
-        """The step series' due steps (``observation.early``; empty when off), fixed at the start of each fit.
-
-        Raises:
-            UserInputError: ``early.until_step`` is null but the training loader has no length (an iterable dataset):
-                the first epoch's steps are unknown.
-        """
+        """The step series' due steps, fixed at each fit's start; refuses an unknown first epoch (iterable loader)."""
         if self._early is None:
             early = self.settings.early
             if not early.enabled:
@@ -510,8 +447,7 @@ class SpectralGeometryCallback(L.Callback):
         return max(1, math.ceil(int(batches) / max(1, int(trainer.accumulate_grad_batches))))
 
     def _should_observe_step(self, trainer: L.Trainer) -> bool:
-        """The current global step is due in the step series and not yet recorded (rank 0 decides, broadcast at due
-        steps only); a due step is decided once per process, however many micro-batches end at it."""
+        """Due in the step series and not yet recorded; decided once per process (gradient accumulation)."""
         step = int(trainer.global_step)
         if step not in self.early_steps(trainer) or step in self._steps_checked:  # arithmetic: same on every rank
             return False
@@ -523,34 +459,24 @@ class SpectralGeometryCallback(L.Callback):
     def observe_epoch(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> None:
         """Runs one observation on every rank; rank 0 records and logs. Collective: call on all ranks.
 
-        Returns once the stream and the reduction are done: with ``summary.background`` the summary and the records
-        complete on the summary thread (`collect_summary` waits for them and logs; the next observation, a
-        checkpoint of later weights and the end of ``fit`` do so by themselves).
-
-        Earlier observations' figures still rendering are paused meanwhile (between figures), so they do not
-        contend with the pass for the GIL; they resume when the observation returns.
-
-        The pass runs with the random generators isolated (its data loader draws a seed from torch's global
-        generator): training draws the same random numbers however often it is observed, and a resumed run continues
-        the uninterrupted run's stream (`tgo.callbacks.random_state`).
-        """
+        Returns once the stream and the reduction are done (the summary may finish in the background). Figures still
+        rendering are paused meanwhile (GIL), and the random generators are isolated so that training draws the same
+        numbers however often it is observed (`tgo.callbacks.random_state`)."""
         self._observe(trainer, pl_module, "epoch", epoch)
 
     def observe_step(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Runs one observation of the step series (``observation.early``) of the current weights, keyed by
-        ``trainer.global_step``, as `observe_epoch` does (collective; rank 0 records and logs)."""
+        """One observation of the step series keyed by ``trainer.global_step``, as `observe_epoch`."""
         self._observe(trainer, pl_module, "step", int(trainer.global_step))
+
+    @functools.cached_property
+    def _step_settings(self) -> ObservationSettings:
+        """The epoch series' settings without covariances."""
+        return self.settings.replace(keep_covariance="none")
 
     def _observe(self, trainer: L.Trainer, pl_module: L.LightningModule, series: str, key: int) -> None:
         held = self._dashboard.held() if self._dashboard is not None else contextlib.nullcontext()
         with held, isolate_rng():
             self._observe_series(trainer, pl_module, series, key)
-
-    @functools.cached_property
-    def _step_settings(self) -> ObservationSettings:
-        """The step series' settings: the epoch series' without covariances (the families that read the training
-        between two observations run in the epoch series only: `MeasurementFamily.series`)."""
-        return self.settings.replace(keep_covariance="none")
 
     def _observe_series(self, trainer: L.Trainer, pl_module: L.LightningModule, series: str, key: int) -> None:
         assert self._run is not None, "setup() runs before any observation"
@@ -617,10 +543,8 @@ class SpectralGeometryCallback(L.Callback):
             trainer.strategy.barrier("tgo_geometry_observed")
 
     def _training_info(self, trainer: L.Trainer, pl_module: L.LightningModule, epoch: int) -> TrainingInfo:
-        """What the optimisation families read of the training loop at this observation (`TrainingInfo`): the first
-        optimizer and its current learning rate, the module's training objective by the loss protocol
-        (`tgo.optimisation.training_loss`: its ``tgo_loss(logits, labels)``, else plain cross-entropy)
-        and the training-time collectors."""
+        """What the optimisation families read of the training loop: the first optimizer, its learning rate, the
+        module's loss (`tgo.optimisation.training_loss`) and the collectors."""
         from tgo.optimisation import training_loss
 
         optimizers = trainer.optimizers
@@ -645,9 +569,7 @@ class SpectralGeometryCallback(L.Callback):
         return self._eigvalsh
 
     def _log_blocking(self, trainer: L.Trainer, series: str, key: int, seconds: float) -> None:
-        """``geometry/blocking_seconds`` of one observation, once it is complete: every second it held the training
-        thread (the stream, the reduction and the hand-off; with the summary in the background also the wait for
-        it where the training thread collected it, and the logging of its scalars and figures then)."""
+        """Every second the observation held the training thread, including the wait for its summary and its logging."""
         self.last_blocking_seconds = seconds
         if trainer.is_global_zero:
             tag = f"{_series_prefix(series)}geometry/blocking_seconds"
@@ -663,8 +585,8 @@ class SpectralGeometryCallback(L.Callback):
         if results is None:
             return
         logging_start = time.perf_counter()
-        if series == "step":
-            self._log_step(trainer, key, results)
+        if series == "step":  # scalars only: the report draws the step series
+            self._log_scalars(trainer, key, results, series="step")
         else:
             self._log(trainer, key, results)
         self.last_logging_seconds = time.perf_counter() - logging_start
@@ -682,17 +604,9 @@ class SpectralGeometryCallback(L.Callback):
                 tensorboard.experiment, self._run.root, epoch, results, recorded, self.settings.figures
             )
 
-    def _log_step(self, trainer: L.Trainer, step: int, results: Results) -> None:
-        """The step series' scalars at step = the global step: every logger gets `geometry_scalars` as
-        ``steps_geometry[_<view>]/...``; TensorBoard's per-point runs the view ``all`` as ``steps_geometry/<metric>``
-        (one chart per metric, one line per point, against the optimizer step). No figures: the report draws the
-        series (its early-training section)."""
-        self._log_scalars(trainer, step, results, series="step")
-
     def _log_scalars(self, trainer: L.Trainer, key: int, results: Results, *, series: str) -> Any:
-        """One observation's scalars at step ``key``: `geometry_scalars` and the run-level timings to every logger but
-        TensorBoard, which gets the timings and, in its per-point runs, the scalars (the step series: view ``all``
-        only), each tag prefixed as the series says (`_series_prefix`). Returns the TensorBoard logger, if any."""
+        """Scalars at step ``key`` to every logger; TensorBoard gets them in its per-point runs (the step series: view
+        ``all`` only). Returns the TensorBoard logger, if any."""
         prefix = _series_prefix(series)
         run_level = {
             f"{prefix}geometry/pass_seconds": float(self.last_pass_seconds or 0.0),
@@ -713,8 +627,6 @@ class SpectralGeometryCallback(L.Callback):
 
     # ----------------------------------------------------------------------------------------- helpers
     def _network(self, pl_module: L.LightningModule) -> torch.nn.Module:
-        """The network inside the LightningModule (``model=``, else its one timm ViT, else its ``net``), never the DDP
-        wrapper or a compiled copy."""
         return vit_network(pl_module, self.model, self.settings, what="the LightningModule")
 
 
@@ -724,11 +636,7 @@ def _series_prefix(series: str) -> str:
 
 
 def nonfinite_notice(run: RunDir) -> str | None:
-    """The end-of-run notice of every recorded observation with non-finite activations (``nonfinite=warn``).
-
-    Each one was warned about when it happened, but in a long log that is easy to miss; a run whose records hold
-    NaN observables says so once more when it ends, with every epoch and point, or ``None`` when all are finite.
-    """
+    """The end-of-run notice of every observation with non-finite activations (easy to miss in a long log)."""
     found = {}
     for epoch, points in load_spectra(run.root, arrays=("n_nonfinite",)).items():
         bad = {point: int(arrays["n_nonfinite"]) for point, arrays in points.items() if int(arrays["n_nonfinite"])}
