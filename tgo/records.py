@@ -1,22 +1,13 @@
-"""The run directory and the on-disk record of geometry observations: the contract users and ``tgo.report`` read.
+"""The run directory and its geometry records: the on-disk contract users and ``tgo.report`` read.
 
-This module owns the layout of a run directory (every other module asks `RunDir` for a path); the layout, the two
-series (``geometry/`` keyed by epoch, ``geometry/steps/`` keyed by optimizer step; "epoch" below is the series' key)
-and the readers are drawn in docs/architecture.md ("tgo.records"). In a spectra file the arrays of the default view
-``all`` are ``<point>/<array>``, those of another view ``<point>/<view>/<array>``.
+Every other module asks `RunDir` for a path; the layout and the two series (``geometry/`` keyed by epoch,
+``geometry/steps/`` by optimizer step) are drawn in docs/architecture.md. In a spectra file the arrays of view ``all``
+are ``<point>/<array>``, of another view ``<point>/<view>/<array>``; the jackknife replicates are the top-level
+``jackknife_metrics`` (ASCII ``S`` [M], no pickle) and per (point, view) ``jackknife`` float64 [M, G_max] (NaN padded
+after ``G_i``) with ``jackknife_groups`` int64 [M].
 
-The jackknife replicates behind the standard errors are kept on every observed epoch: the top-level array
-``jackknife_metrics`` (ASCII bytes ``S`` [M], loads without pickle) names the metrics once, and each (point, view)
-adds ``jackknife`` float64 [M, G_max] (row ``i``: the leave-one-out values of metric ``i`` in group order, NaN padded
-after its ``G_i``) and ``jackknife_groups`` int64 [M] (``G_i``, 0 where it has none). ``jackknife_stderr`` of row
-``i``'s first ``G_i`` values is that metric's ``stderr`` in ``metrics.csv`` bit for bit; `load_jackknife` reads them
-(``{}`` for records without any), `load_spectra` leaves them out unless asked for by name.
-
-Writes go through `atomic_write` (temporary file, fsync, ``os.replace``, directory fsync), the spectra file of an
-epoch before its metrics, and ``metrics.csv`` is rewritten whole with that epoch's old rows dropped, so a crash
-leaves the previous file intact and a re-observed epoch replaces its rows. Values are written with ``repr(float)``,
-so they read back as the exact float64 computed. Files written before views or standard errors existed read as
-view ``all`` and stderr ``nan``.
+Writes are atomic (`atomic_write`), spectra before metrics, and ``metrics.csv`` is rewritten whole, so a crash leaves
+the previous file intact. Values are written with ``repr(float)`` so they read back bit for bit.
 """
 
 from __future__ import annotations
@@ -75,8 +66,7 @@ __all__ = [
 DEFAULT_VIEW = "all"
 """The view of every row a point selects (the only view the paper measured); what readers default to."""
 VIEWS: tuple[str, ...] = ("all", "cls", "prefix", "patch", "between_image", "within_image")
-"""Every view a point can have, in record order (``prefix`` only with more than one prefix token). Defined here, in
-the torch-free records module, so that the observatory and the report read the same names."""
+"""Every view a point can have, in record order; here, torch-free, so the observatory and the report share the names."""
 METRICS_COLUMNS: tuple[str, ...] = ("epoch", "step", "point", "view", "metric", "value", "stderr")
 _LEGACY_COLUMNS: dict[tuple[str, ...], dict[str, str]] = {  # header -> the values its missing columns read as
     ("epoch", "step", "point", "metric", "value"): {"view": DEFAULT_VIEW, "stderr": "nan"},
@@ -106,14 +96,7 @@ class RecordsError(UserInputError):
 class RunDir:
     """The paths of one run directory (training run or offline observation); nothing is created.
 
-    Args:
-        root: The run directory.
-        series: ``epoch`` (``geometry/``, keyed by completed epochs) or ``step`` (``geometry/steps/``, the early
-            observations keyed by optimizer step); the paths under ``geometry`` and the key of its records follow it.
-
-    Example:
-        >>> run = RunDir("outputs/quickstart/runs/2026-11-30_07-00-00")
-        >>> run.metrics, run.spectra(5), run.last_checkpoint, run.step_series.spectra(32)
+    ``series`` is ``epoch`` (``geometry/``) or ``step`` (``geometry/steps/``); the paths under ``geometry`` follow it.
     """
 
     root: Path
@@ -139,72 +122,58 @@ class RunDir:
 
     @property
     def key(self) -> str:
-        """The column of ``metrics.csv`` that keys this series' observations (``epoch`` or ``step``)."""
         return self.series
 
     @property
     def step_series(self) -> RunDir:
-        """The step series of this run (``geometry/steps/``)."""
         return RunDir(self.root, "step")
 
     @property
     def epoch_series(self) -> RunDir:
-        """The epoch series of this run (``geometry/``)."""
         return RunDir(self.root, "epoch")
 
     @property
     def config(self) -> Path:
-        """``config.yaml``."""
         return self.root / self.CONFIG
 
     @property
     def manifest(self) -> Path:
-        """``analysis_subset.json``."""
         return self.root / self.MANIFEST
 
     @property
     def checkpoints(self) -> Path:
-        """``checkpoints/``."""
         return self.root / self.CHECKPOINTS
 
     @property
     def last_checkpoint(self) -> Path:
-        """``checkpoints/last.ckpt``."""
         return self.checkpoints / self.LAST_CHECKPOINT
 
     @property
     def tensorboard(self) -> Path:
-        """``tensorboard/``."""
         return self.root / self.TENSORBOARD
 
     @property
     def report(self) -> Path:
-        """``report/`` (the default output of ``python -m tgo.report``)."""
         return self.root / self.REPORT
 
     @property
     def geometry(self) -> Path:
-        """``geometry/`` (the step series: ``geometry/steps/``)."""
         return self.root / self.GEOMETRY if self.series == "epoch" else self.root / self.GEOMETRY / self.STEPS
 
     @property
     def metrics(self) -> Path:
-        """``geometry/metrics.csv``."""
         return self.geometry / self.METRICS
 
     @property
     def spectra_dir(self) -> Path:
-        """``geometry/spectra/``."""
         return self.geometry / self.SPECTRA
 
     def folder(self, name: str) -> Path:
-        """``geometry/<name>/``: the folder a measurement family keeps its own files in
-        (`tgo.observatory.families.MeasurementFamily.folder`; the step series': ``geometry/steps/<name>/``)."""
+        """``geometry/<name>/``: the folder a measurement family keeps its own files in."""
         return self.geometry / name
 
     def spectra(self, epoch: int) -> Path:
-        """``geometry/spectra/epoch_EEEE.npz`` (epoch zero-padded to 4 digits; the step series:
-        ``geometry/steps/spectra/step_SSSSSS.npz``)."""
+        """``geometry/spectra/epoch_EEEE.npz`` (``geometry/steps/spectra/step_SSSSSS.npz`` for the step series)."""
         return self.spectra_dir / f"{self.series}_{int(epoch):0{_KEY_DIGITS[self.series]}d}.npz"
 
     def spectra_files(self) -> dict[int, Path]:
@@ -224,14 +193,12 @@ class RunDir:
         return self.metrics.is_file() or bool(self.spectra_files())
 
     MARKER = ".tgo-run"
-    """Written by ``tgo.train`` and ``tgo.observe`` into every run directory they use, before anything else of TGO's:
-    a directory is written to only when it is new, empty (but for Hydra's own files) or carries this marker. It is
-    JSON naming the run (a random id), its kind and the absolute path it was made for (`mark`), so a marker copied
-    into another directory does not make that directory a run (`is_marked`)."""
+    """JSON naming the run (random id), its kind and the absolute path it was made for: TGO writes only into a directory
+    that is new, empty or carries it, and a marker copied elsewhere does not count (`is_marked`).
+    """
 
     @property
     def marker(self) -> Path:
-        """``.tgo-run``: the mark of a directory TGO made its run (`is_marked`)."""
         return self.root / self.MARKER
 
     def read_marker(self) -> dict[str, Any] | None:
@@ -245,17 +212,14 @@ class RunDir:
         return stamp if isinstance(stamp, dict) and stamp.get("tgo") == "run directory" else None
 
     def is_marked(self) -> bool:
-        """Whether TGO marked this directory as one of its runs: a marker made for this very directory.
-
-        A marker naming another path was copied (or its run moved) and does not count; a run that was moved is still
-        recognised by its records and checkpoints (``tgo.train.is_tgo_run``) and marked again where it now is.
+        """Whether TGO marked this very directory: a marker naming another path was copied (or its run moved) and does
+        not count.
         """
         stamp = self.read_marker()
         return stamp is not None and stamp.get("path") == os.path.realpath(self.root)
 
     def mark(self, kind: str) -> None:
-        """Writes the marker for this directory (kept when it already is one): ``kind`` is who made the run
-        (``train``, ``observe``)."""
+        """Writes the marker unless this directory already is one; ``kind`` is ``train`` or ``observe``."""
         if self.is_marked():
             return
         stamp = {
@@ -270,10 +234,8 @@ class RunDir:
     def unsafe_entry(self) -> str | None:
         """What inside this run directory TGO must not write through, in words, or ``None``.
 
-        A symbolic link anywhere TGO writes (the marker, lock, config and manifest, ``geometry/`` and ``checkpoints/``
-        and everything in them, ``tensorboard/``, ``report/``) would send its writes outside the run; a file where a
-        directory belongs (``geometry/weights`` a file) or a directory where a file belongs (``.tgo-run`` a
-        directory) would fail mid-run. The run directory itself may be a link (a run dir on another disk).
+        A link anywhere TGO writes would send writes outside the run; a file where a directory belongs (or the reverse)
+        would fail mid-run. The run directory itself may be a link.
         """
         files = [self.marker, self.root / ".tgo-lock", self.config, self.manifest]
         dirs = [self.root / d for d in (self.GEOMETRY, self.CHECKPOINTS, self.TENSORBOARD, self.REPORT)]
@@ -298,9 +260,8 @@ class RunDir:
         return None
 
     def looks_like_run(self) -> bool:
-        """Whether this is a run directory at all (marker, config, checkpoints or manifest), with or without records.
-
-        Runs made before the marker existed are recognised by their ``config.yaml``, ``checkpoints/`` or manifest.
+        """Whether this is a run directory at all: marker, or (runs older than the marker) config, checkpoints or
+        manifest.
         """
         return self.is_marked() or self.config.is_file() or self.checkpoints.is_dir() or self.manifest.is_file()
 
@@ -342,17 +303,9 @@ def _umask() -> int:
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[bytes]], None]) -> Path:
     """Writes a file so that readers see either the old or the complete new file, durably.
 
-    A target that is a symbolic link is refused, never replaced or followed (TGO did not make it), and so is a
-    directory. The temporary file lives in the target directory (``os.replace`` is only atomic within a filesystem)
-    and starts with a dot so that readers globbing ``epoch_*.npz`` never pick it up; it gets ``0o666 & ~umask`` like a
-    file opened with ``open(path, "w")`` (``mkstemp`` alone would leave it ``0600``). It is removed if anything fails.
-
-    Args:
-        path: The target file (its directory is created).
-        data: Bytes, text (UTF-8) or a function writing to the binary file object.
-
-    Returns:
-        The path written.
+    A symbolic link or directory as target is refused. The temporary file lives beside the target (``os.replace`` is
+    atomic only within a filesystem), starts with a dot so globs skip it, gets ``0o666 & ~umask`` (``mkstemp`` alone
+    gives ``0600``) and is removed if anything fails. ``data``: bytes, text (UTF-8) or a function writing to the file.
     """
     path = Path(path)
     if path.is_symlink():
@@ -397,12 +350,8 @@ _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
 def _raise_if_out_of_space(err: BaseException, path: Path, existed: bool) -> None:
     """Turns a write that failed for want of space into one line naming the file, the free space and what survived.
 
-    An ``OSError`` says so by its errno; ``torch.save`` into a file object only says that its writer failed ("unexpected
-    pos"), so the device is asked for its free space. The temporary file is already removed, and ``os.replace`` never
-    ran: the previous file (if there was one) is exactly as it was.
-
-    Raises:
-        RunEnvironmentError: the write failed for want of space.
+    ``torch.save`` into a file object only says its writer failed ("unexpected pos"), so the device is asked for its
+    free space; ``os.replace`` never ran, so the previous file is intact.
     """
     where = path.parent if path.parent.exists() else Path(os.path.abspath(os.sep))
     try:
@@ -440,40 +389,21 @@ def _key(key: Any) -> tuple[str, str]:
 
 
 class RecordWriter:
-    """Writes the observations of one run; safe to recreate on resume (it reads what is already on disk).
-
-    Args:
-        run_dir: The run directory; ``geometry/`` is created inside it on the first write.
-
-    Example:
-        >>> RecordWriter(run_dir).write_observation(epoch=3, step=1200, results=results, with_covariance=False)
-    """
+    """Writes the observations of one run; safe to recreate on resume (it reads what is already on disk)."""
 
     def __init__(self, run_dir: RunPath) -> None:
         self.run = as_run_dir(run_dir)
 
     @property
     def run_dir(self) -> Path:
-        """The run directory."""
         return self.run.root
 
     def write_observation(self, epoch: int, step: int, results: Mapping[Any, Any], *, with_covariance: bool) -> None:
         """Records one observation: spectra npz first, then the metrics rows (each atomically).
 
-        Args:
-            epoch: Completed training epochs at observation time (0 = initialisation).
-            step: Global optimizer step at observation time.
-            results: ``{ObservationKey(point, view): PointResult}`` in point order (anything with
-                ``spectrum.eigenvalues``, ``spectrum.n_rows``, ``mean``, ``covariance`` and an ``observables``
-                mapping, optionally ``stderr`` and ``jackknife`` mappings); a bare point name as key means view
-                ``all``. The ``jackknife`` replicates are written on every epoch (`JACKKNIFE_METRICS`,
-                `JACKKNIFE_ARRAYS`).
-            with_covariance: Also store each covariance (D x D floats: large, so only on chosen epochs) and each
-                result's ``kept_arrays`` (the probes' per-image vectors).
-
-        Raises:
-            ValueError: negative epoch/step, a point or view name unusable as an npz key, an array named like a
-                `JACKKNIFE_ARRAYS` member, or a jackknife metric name that is not ASCII.
+        ``results``: ``{ObservationKey(point, view): PointResult}`` in point order (a bare point name means view
+        ``all``). ``with_covariance``: also store each covariance (D x D, large, so only on chosen epochs) and
+        ``kept_arrays``.
         """
         epoch, step = int(epoch), int(step)
         if epoch < 0 or step < 0:
@@ -532,11 +462,7 @@ class RecordWriter:
 
 
 def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """`JACKKNIFE_METRICS` and the `JACKKNIFE_ARRAYS` of every prefix from ``{prefix: {metric: leave-one-out values}}``.
-
-    Nothing for a prefix without replicates (an empty set of values counts as none), nothing at all when no prefix has
-    any.
-    """
+    """`JACKKNIFE_METRICS` and the `JACKKNIFE_ARRAYS` of every prefix; nothing for a prefix without replicates."""
     tables: dict[str, dict[str, np.ndarray]] = {}
     for prefix, per in replicates.items():
         rows = {str(m): np.asarray(v, dtype=np.float64).reshape(-1) for m, v in per.items()}
@@ -563,13 +489,8 @@ def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, 
 
 # ----------------------------------------------------------------------------------------------------------- reading
 def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
-    """The rows of ``metrics.csv`` as dicts of strings (empty if there is no file yet); needs no pandas.
-
-    Rows are returned unparsed, so rewriting the file keeps other epochs byte-identical. Files without a ``view``
-    column (written before views existed) read as view ``all``.
-
-    Raises:
-        RecordsError: the header is neither the current nor the legacy one.
+    """The rows of ``metrics.csv`` as dicts of strings (``[]`` without a file); unparsed, so a rewrite keeps other
+    epochs byte-identical. Legacy headers read with their missing columns filled in.
     """
     path = as_run_dir(run_dir).metrics
     if not path.exists():
@@ -592,10 +513,8 @@ def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
 
 
 def recorded_epochs(run_dir: RunPath) -> list[int]:
-    """Epochs whose observation is completely on disk (metrics rows and spectra file), ascending.
-
-    The metrics file is written last, so an epoch interrupted between the two writes is not counted and will be
-    observed again (its spectra file then replaced).
+    """Epochs whose observation is completely on disk, ascending: metrics are written last, so an interrupted epoch is
+    not counted and is observed again.
     """
     run = as_run_dir(run_dir)
     in_metrics = {int(row[run.key]) for row in read_metric_rows(run)}
@@ -627,10 +546,8 @@ def _rows_with_metrics_file(path: RunPath) -> list[dict[str, str]]:
 
 
 def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]], key_column: str = "epoch") -> None:
-    """Refuses a metrics file with two rows for one (epoch, point, view, metric).
-
-    `RecordWriter` replaces an epoch's rows when it observes the epoch again (a resume), so a duplicate never comes
-    from tgo: the file was edited or concatenated, and a loader would otherwise keep one of the two values silently.
+    """Refuses two rows for one (epoch, point, view, metric): tgo replaces an epoch's rows when it observes it again, so
+    a duplicate means the file was edited or concatenated and a loader would silently keep one value.
     """
     first_line: dict[tuple[str, str, str, str], int] = {}
     for line, row in enumerate(rows, start=2):  # line 1 is the header
@@ -646,15 +563,7 @@ def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]], key_co
 
 
 def load_metrics(run_dir: RunPath) -> pd.DataFrame:
-    """The metrics of a run as a tidy DataFrame with columns ``epoch, step, point, view, metric, value``.
-
-    Returns:
-        DataFrame (epoch/step int64, point/view/metric str, value float64; NaN kept), in file order.
-
-    Raises:
-        RecordsError: not a run directory, no metrics file, or a malformed one.
-        ImportError: pandas is not installed (``pip install 'tgo[analysis]'``).
-    """
+    """The metrics of a run as a tidy DataFrame (columns `METRICS_COLUMNS`, in file order; NaN kept); needs pandas."""
     try:
         import pandas as pd
     except ImportError as err:  # pragma: no cover - pandas ships with the test/analysis extras
@@ -689,17 +598,7 @@ def load_series(
 ) -> Series:
     """The metrics of one view of a run as arrays: ``{metric: {point: (epochs, values)}}``; numpy only.
 
-    Args:
-        run_dir: A run directory.
-        view: Which view of the points (``all``: every row a point selects).
-        metrics: Only these metrics (default: all recorded), in recorded order.
-        column: ``value``, or ``stderr`` for the jackknife standard errors of the same series.
-
-    Returns:
-        metric -> point -> (epochs int64 ascending, values float64); metrics and points in recorded order.
-
-    Raises:
-        RecordsError: not a run directory, no metrics file, or a malformed row.
+    ``column`` is ``value`` or ``stderr``; metrics and points in recorded order, epochs ascending.
     """
     if column not in ("value", "stderr"):
         raise ValueError(f"load_series: column must be 'value' or 'stderr', got {column!r}")
@@ -729,12 +628,8 @@ def load_series(
 def layer_epoch_table(
     per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: Sequence[str], epochs: Sequence[int]
 ) -> np.ndarray:
-    """One metric's series as a ``[len(points), len(epochs)]`` float64 table: row = point, column = epoch.
-
-    ``per_point`` is one metric of a `Series` (`load_series`'s ``{point: (epochs, values)}``, or any mapping of that
-    layout, such as the report's mean over runs). NaN where a point has no value at an epoch, or is not in
-    ``per_point``; values at epochs not in ``epochs`` are left out (a figure drawn at epoch ``e`` shows no later one).
-    The one table behind every layer x epoch heatmap and depth profile, TensorBoard's and the report's.
+    """One metric's series as a ``[len(points), len(epochs)]`` float64 table (NaN where missing; later epochs left out):
+    the one table behind every layer x epoch heatmap and depth profile, TensorBoard's and the report's.
     """
     table = np.full((len(points), len(epochs)), np.nan)
     column = {int(e): j for j, e in enumerate(epochs)}
@@ -769,7 +664,6 @@ def _load_npz(path: Path, view: str, arrays: Iterable[str] | None) -> dict[str, 
                     continue
                 points.setdefault(point, {})[name] = data[key]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        # Truncated, damaged or not a zip: never produced by RecordWriter (it writes atomically), but be clear.
         raise RecordsError(
             f"{path}: unreadable spectra file ({type(err).__name__}: {err}); expected a complete .npz as tgo writes "
             "it (move the damaged file aside to report the other epochs)"
@@ -787,11 +681,8 @@ def _iter_spectra(run: RunDir, epochs: Iterable[int] | None) -> Iterator[tuple[i
 
 
 def load_subspace_history(run_dir: RunPath, before_epoch: int) -> tuple[dict, dict]:
-    """``(init, prev)``: per point ``(eigenvectors, components_90)`` of the first and of the latest observation
-    recorded before ``before_epoch`` (empty dicts when there is none or the records predate the probes).
-
-    Subspace drift reads these from the records, so a resumed run or a later ``tgo.observe`` compares against what
-    was actually recorded.
+    """``(init, prev)``: per point ``(eigenvectors, components_90)`` of the first and the latest observation before
+    ``before_epoch``, read from the records so a resumed run or a later ``tgo.observe`` compares with what was recorded.
     """
     run = as_run_dir(run_dir)
     earlier = sorted(e for e in run.spectra_files() if e < int(before_epoch))
@@ -816,20 +707,10 @@ def load_spectra(
     view: str = DEFAULT_VIEW,
     arrays: Iterable[str] | None = None,
 ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-    """The spectra of a run: ``{epoch: {point: {"eigenvalues", "n_rows", "n_nonfinite", "mean", ["covariance"]}}}``.
+    """The spectra of a run: ``{epoch: {point: {array: value}}}``, epochs ascending, points in written order.
 
-    Args:
-        run_dir: A run directory.
-        epochs: Epochs to load (all by default).
-        view: Which view of the points.
-        arrays: Only these arrays (e.g. ``("eigenvalues",)``; covariances make files large); default all but the
-            jackknife replicates (`JACKKNIFE_ARRAYS`, read with `load_jackknife`; named here, they are read too).
-
-    Returns:
-        Nested dict, epochs ascending, points in written order; ``n_rows``/``n_nonfinite`` are 0-d int64 arrays.
-
-    Raises:
-        RecordsError: not a run directory, a requested epoch missing, or an unreadable file.
+    ``arrays`` picks arrays (covariances make files large); by default all but the jackknife replicates
+    (`load_jackknife`).
     """
     run = _require_records(run_dir)
     return {e: _load_npz(path, view, arrays) for e, path in _iter_spectra(run, epochs)}
@@ -858,8 +739,7 @@ def _jackknife_metric_names(path: Path, names: np.ndarray | None) -> list[str]:
 
 
 def _read_replicates(path: Path, view: str, wanted: set[str] | None) -> dict[str, dict[str, np.ndarray]]:
-    """``{metric: {point: float64 [G]}}`` of one spectra file and view, reading only the jackknife arrays; metrics
-    in the file's order, points in written order."""
+    """``{metric: {point: float64 [G]}}`` of one spectra file and view, reading only the jackknife arrays."""
     names: np.ndarray | None = None
     found: dict[str, dict[str, np.ndarray]] = {}  # point -> {name in JACKKNIFE_ARRAYS: array}
     try:
@@ -916,30 +796,11 @@ def load_jackknife(
     metrics: Sequence[str] | None = None,
     epochs: Collection[int] | None = None,
 ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """The jackknife replicates of one view of a run: ``{metric: {point: (epochs, replicates)}}``; numpy only.
+    """The jackknife replicates of one view of a run: ``{metric: {point: (epochs, replicates [E, G])}}``; numpy only.
 
-    Row ``j`` of a metric's replicates holds its ``G`` leave-one-out values at ``epochs[j]`` in group order (in fold
-    order for the decoding accuracies), so ``tgo.spectral.jackknife_stderr(replicates[j])`` is the recorded
-    ``stderr`` of that epoch, and since every epoch and point of a run uses the same image groups, the standard error
-    of a difference is ``jackknife_stderr(a[j] - b[k])`` of the two rows (paired). Only the jackknife arrays of each
-    spectra file are read (`JACKKNIFE_METRICS` and the view's `JACKKNIFE_ARRAYS`).
-
-    Args:
-        run_dir: A run directory.
-        view: Which view of the points (``all``: every row a point selects).
-        metrics: Only these metrics (default: all with replicates).
-        epochs: Only these epochs' spectra files (default: every recorded epoch): a reader of one earlier epoch
-            (the phases family, every observation) then opens one file, not the run's whole history.
-
-    Returns:
-        metric -> point -> (epochs int64 ascending ``[E]``, replicates float64 ``[E, G]``), only the epochs that hold
-        replicates of that metric and point; metrics and points in recorded order. Old runs (recorded before the
-        replicates existed), and runs without a jackknife, give ``{}``.
-
-    Raises:
-        RecordsError: not a run directory, an unreadable or damaged spectra file, or a metric whose number of
-            replicates at a point differs between epochs (tgo never records that: the file named was written with
-            other jackknife settings).
+    Every epoch and point of a run uses the same image groups, so the stderr of a difference is ``jackknife_stderr(a[j]
+    - b[k])`` (paired). ``epochs`` limits the files opened (a reader of one earlier epoch opens one file). Runs without
+    replicates give ``{}``; a metric whose replicate count changes between epochs is refused.
     """
     run = _require_records(run_dir)
     wanted = None if metrics is None else set(metrics)
