@@ -1089,7 +1089,7 @@ def _probe_targets_summary() -> dict[str, tuple[Any, str]]:
     from tgo.observatory.families import image_vectors
 
     names = ("point_views", "class_metrics", "drift_metrics", "massive_metrics")
-    return {"summarize_views": (results, "_summarize_views"), **{name: (image_vectors, name) for name in names}}
+    return {"summarize_views": (results, "summarize_views"), **{name: (image_vectors, name) for name in names}}
 
 
 def probe_summary_row(

@@ -1,11 +1,7 @@
 """What one observation yields: per (point, view) a float64 spectrum, the catalogue's observables, mean, covariance.
 
-A *point* is where the model is read (`tgo.observatory.points`); a *view* is one covariance derived from what that
-point streams (``all``, and those the families add), keyed, recorded and charted the same way, never folded into
-point names: `ObservationKey` is that identity, stored as two columns. `summarize_accumulators` is the rank-0 step
-after the reduction: covariance -> float64 eigendecomposition -> `tgo.spectral.summarize` for every view, and the
-enabled families' metrics and arrays join the views they describe.
-"""
+A view is one covariance derived from what a point streams, never folded into point names: `ObservationKey` is that
+identity. `summarize_accumulators` is the rank-0 step after the reduction."""
 
 from __future__ import annotations
 
@@ -63,24 +59,10 @@ class ObservationKey(NamedTuple):
 class PointResult:
     """Everything recorded about one (point, view) at one observation.
 
-    Attributes:
-        spectrum: ``tgo.spectral.Spectrum`` (float64 descending eigenvalues, row counts, clamping diagnostics).
-        observables: ``{metric: value}`` from ``tgo.spectral.summarize`` (NaN where undefined), catalogue order.
-        mean: float64 ``[D]`` mean activation.
-        covariance: float64 ``[D, D]`` unbiased covariance (kept so records can store it on chosen epochs).
-        stderr: ``{metric: jackknife standard error}`` (NaN where there is none: no jackknife, or a diagnostic).
-        arrays: Further arrays every spectra record keeps (the probes' eigenvectors and ``max |x|``).
-        kept_arrays: Arrays kept only where covariances are kept (the per-image vectors and their labels).
-        alias_of: The view whose covariance this one is (e.g. ``patch`` at the patch embedding is ``all``): the
-            records keep that covariance once, under the original view.
-        jackknife: ``{metric: float64 [G] leave-one-out values}`` (group order; fold order for the decoding
-            accuracies, whose ``G`` is the number of folds) of every metric whose standard error came from
-            replicates: ``tgo.spectral.jackknife_stderr(jackknife[m]) == stderr[m]`` bit for bit (both NaN where a
-            replicate is NaN). No entry where there is no jackknife (diagnostics, drift, massive activations, fewer
-            than 2 groups) or the point saw non-finite rows under ``nan_if_nonfinite``. An alias view carries its
-            original's. Kept so that paired standard errors of differences (epoch B - epoch A, one point - another)
-            can be taken replicate by replicate (`tgo.records.load_jackknife`).
-    """
+    ``kept_arrays`` are kept only where covariances are; ``alias_of`` names the view whose covariance this one is (the
+    records keep it once). ``jackknife`` holds the leave-one-group-out values of every metric whose standard error came
+    from replicates (``jackknife_stderr(jackknife[m]) == stderr[m]`` bit for bit), so paired standard errors of
+    differences can be taken replicate by replicate (`tgo.records.load_jackknife`)."""
 
     spectrum: Spectrum
     observables: dict[str, float]
@@ -99,8 +81,7 @@ class PointResult:
 
     @classmethod
     def metrics_only(cls) -> PointResult:
-        """A view without a covariance of its own, holding only a family's metrics and arrays (e.g. ``attention``):
-        empty spectrum, mean and covariance, no catalogue observables."""
+        """A view without a covariance of its own, holding only a family's metrics and arrays (e.g. ``attention``)."""
         empty = np.empty(0, dtype=np.float64)
         return cls(Spectrum(empty, 0, 0, 0, math.nan), {}, empty, np.empty((0, 0), dtype=np.float64))
 
@@ -111,10 +92,7 @@ class PointResult:
 
 
 class Results(dict[ObservationKey, PointResult]):
-    """One observation: ``{ObservationKey: PointResult}`` in point (depth) order, views of a point together.
-
-    A bare point name looks up that point's default view: ``results["cls"] is results[ObservationKey("cls")]``.
-    """
+    """One observation in point (depth) order, views of a point together; a bare point name means its ``all`` view."""
 
     @staticmethod
     def _key(key: object) -> object:
@@ -154,33 +132,11 @@ def summarize_accumulators(
 ) -> Results:
     """Eigendecompose (float64) and compute the observables of every point and view; call after the reduction.
 
-    A `GroupedCovariance` (jackknife groups) is summarised from the exact merge of its groups, and each of its ``G``
-    leave-one-group-out merges gives the catalogue's observables once more, from which every geometry observable
-    gets its delete-a-group jackknife standard error (`tgo.spectral.jackknife_stderr`); diagnostics get none.
-    Each enabled family (its reduced state) adds the views it defines (``FamilyState.views``), summarised the same
-    way, and then its metrics and arrays (``FamilyState.summarize_point``), with standard errors from the same image
-    groups.
-
-    Args:
-        accumulators: Reduced accumulators ``{point name: StreamingCovariance | GroupedCovariance}``.
-        points: Order of the result (default: the accumulators' order); every point needs an accumulator. Required
-            with ``families``.
-        nan_if_nonfinite: A point that saw any non-finite row gets NaN geometry observables and standard errors,
-            its family metrics too (the catalogue's diagnostics stay real so the record says why). The accumulator
-            excludes such rows, so without this the observables would quietly describe only the finite part.
-            Spectrum, mean and covariance of the finite rows are kept either way, for diagnosis.
-        fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
-        families: The observation's families with their reduced states and histories (``()``: the ``all`` view).
-        image_groups: Jackknife group of every analysis image (needed with families and jackknife groups).
-        only: Summarise only these points (a rank's share, `tgo.observatory.share`); ``None``: every point.
-        relate_history: Add each family's ``relate_history`` contribution (rank 0, `relate_histories`); a rank's
-            share leaves it to rank 0, which holds the records.
-        eigvalsh: The stacked float64 eigensolver (`tgo.spectral.eigensolver`; ``None``: numpy's LAPACK).
-
-    Returns:
-        ``{ObservationKey(point, view): PointResult}`` in point order, views of a point in `tgo.records.VIEWS` order
-        (then any other family view).
-    """
+    A `GroupedCovariance` also gives each observable its delete-a-group jackknife standard error. Each enabled family
+    adds its views, then its metrics and arrays. With ``nan_if_nonfinite`` a point that saw non-finite rows gets NaN
+    observables (the accumulator excluded those rows, so they would quietly describe only the finite part); its
+    diagnostics, spectrum and moments stay, for diagnosis. ``only`` summarises a rank's share (`tgo.observatory.share`),
+    which leaves ``relate_history`` to rank 0, holding the records."""
     if families and points is None:
         raise ValueError("summarize_accumulators: families need the observation points")
     point_of = {p.name: p for p in points} if points is not None else {}
@@ -193,11 +149,9 @@ def summarize_accumulators(
     missing = [n for n in names if n not in accumulators]
     if missing:
         raise ValueError(f"summarize_accumulators: no accumulator for point(s) {missing}")
-    # Every torch op first (the accumulators' sums to float64 numpy moments), then the numpy work of all points in a
-    # thread pool, one point per task, under a one-thread BLAS: numpy's BLAS pool (OpenBLAS threads) and torch's
-    # OpenMP pool otherwise spin against each other on the same cores (measured on 2 CPU cores: 15 points of D=384
-    # took ~7 s with both pools at 2 threads and ~0.5 s like this), while LAPACK releases the GIL, so points run on
-    # as many cores as the machine has.
+    # Every torch op first, then the numpy work in a thread pool under a one-thread BLAS: numpy's and torch's thread
+    # pools otherwise spin against each other (2 cores, 15 points of D=384: ~7 s against ~0.5 s), while LAPACK
+    # releases the GIL, so points run on every core.
     moments_of: dict[str, tuple[Moments, list[Moments]]] = {}
     for name in names:
         acc = accumulators[name]
@@ -262,8 +216,11 @@ def summarize_accumulators(
         vms = [point_views[name][view] for name, view in tasks]
         chunks = view_chunks([(int(vm.total[0].shape[0]), 1 + len(vm.leave_out)) for vm in vms], workers)
         done = pool.map(
-            lambda chunk: _summarize_views(
-                [vms[i] for i in chunk], fit_range, [nonfinite_at(tasks[i][0]) for i in chunk], eigvalsh
+            lambda chunk: summarize_views(
+                [vms[i] for i in chunk],
+                fit_range=fit_range,
+                nonfinite=[nonfinite_at(tasks[i][0]) for i in chunk],
+                eigvalsh=eigvalsh,
             ),
             chunks,
         )
@@ -285,13 +242,8 @@ def summarize_accumulators(
 def relate_histories(
     results: Results, points: Sequence[ObservationPoint], families: Sequence[FamilyRun], *, nan_if_nonfinite: bool
 ) -> None:
-    """Rank 0: every family's ``relate_history`` contribution (what compares with earlier records), in place.
-
-    The last step of a summary, after every point's views and ``summarize_point`` contributions, wherever those were
-    computed (one process, or each rank's share gathered by `tgo.observatory.share`): the same inputs in the same
-    order, so the same bits. A point that saw non-finite rows (under ``nan_if_nonfinite``) gets NaN metrics, as in
-    ``summarize_point``.
-    """
+    """Rank 0: every family's ``relate_history`` contribution, in place: the last step of a summary wherever its points
+    were summarised, with the same inputs in the same order, so the same bits."""
     for point in points:
         summaries = {key.view: result for key, result in results.items() if key.point == point.name}
         nonfinite = nan_if_nonfinite and summaries["all"].spectrum.n_nonfinite > 0
@@ -315,22 +267,8 @@ def summarize_view(
     nonfinite: bool = False,
     eigvalsh: Eigvalsh | None = None,
 ) -> PointResult:
-    """Spectrum, catalogue observables and jackknife standard errors of one view: a pure function of its moments.
-
-    The ``1 + G`` covariances (the total and each leave-one-group-out subset) are decomposed in one stacked LAPACK
-    call (`tgo.spectral.decomposition.eigendecompose_many`), each gives the catalogue's observables once
-    (`tgo.spectral.summary.summarize_many`, as array functions over the stack), and the standard errors of all
-    geometry observables are taken at once from the ``[K, G]`` table of replicates
-    (`tgo.spectral.jackknife.jackknife_stderrs`, equal to `jackknife_stderr` of each row bit for bit). Every step
-    gives the bits of its one-at-a-time form (``tests/spectral/test_stack.py``). Deterministic: the same
-    moments give the same bits on any rank, so (point, view) tasks can be split across ranks.
-
-    Args:
-        vm: The view's moments (total and leave-one-group-out; an alias is summarised by its original).
-        fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
-        nonfinite: The point saw non-finite rows (under ``nan_if_nonfinite``): NaN geometry and standard errors.
-        eigvalsh: The stacked float64 eigensolver (``None``: numpy's LAPACK).
-    """
+    """Spectrum, observables and jackknife standard errors of one view: a pure function of its moments, so (point, view)
+    tasks can be split across ranks."""
     return summarize_views([vm], fit_range=fit_range, nonfinite=[nonfinite], eigvalsh=eigvalsh)[0]
 
 
@@ -341,20 +279,11 @@ def summarize_views(
     nonfinite: Sequence[bool] | None = None,
     eigvalsh: Eigvalsh | None = None,
 ) -> list[PointResult]:
-    """`summarize_view` of several views at once: equal, bit for bit, to one call per view.
+    """`summarize_view` of several views at once, equal bit for bit to one call per view.
 
-    The ``1 + G`` covariances of every view of one size are decomposed in one stacked call and their observables
-    taken as array functions over that one stack: LAPACK runs the same routine on each matrix of a stack, and every
-    array function reduces each matrix's contiguous rows as it reduces one (``tests/spectral/test_stack.py``).
-    At small ``D`` (the quickstart's 96) the per-call Python work of a view's few small matrices, not LAPACK, was most
-    of the summary; one stack per chunk of views removes it (`view_chunks` sizes the chunks).
-
-    Args:
-        vms: The views' moments (none an alias: an alias is summarised by its original).
-        fit_range: ``(start, stop)`` of the power-law fit (``None``: the default).
-        nonfinite: Per view, its point saw non-finite rows (under ``nan_if_nonfinite``); ``None``: none did.
-        eigvalsh: The stacked float64 eigensolver (``None``: numpy's LAPACK).
-    """
+    Every view of one size is decomposed in one stacked LAPACK call and its observables taken as array functions over
+    that stack (``tests/spectral/test_stack.py``): at small ``D`` the per-call Python work, not LAPACK, was most of the
+    summary."""
     flags = [False] * len(vms) if nonfinite is None else [bool(f) for f in nonfinite]
     if len(flags) != len(vms):
         raise ValueError(f"summarize_views: {len(vms)} views but {len(flags)} nonfinite flags")
@@ -378,15 +307,8 @@ def summarize_views(
 
 
 def view_chunks(sizes: Sequence[tuple[int, int]], workers: int, budget_bytes: int = 24 << 20) -> list[list[int]]:
-    """Consecutive chunks of views for `summarize_views` tasks: views of one size together, each chunk's stacked
-    covariances within ``budget_bytes`` (a view's stack alone may exceed it), and at least ``2 * workers`` chunks
-    where there are enough views, so every worker stays busy to the end.
-
-    Args:
-        sizes: ``(D, matrices)`` of each view, in task order.
-        workers: Threads of the summary's pool.
-        budget_bytes: Most float64 bytes of one chunk's ``[S, D, D]`` stack.
-    """
+    """Consecutive chunks of views (``(D, matrices)`` each): one size per chunk, within ``budget_bytes`` (one view may
+    exceed it), and at least ``2 * workers`` chunks where there are enough, so every worker stays busy to the end."""
     total = sum(d * d * 8 * m for d, m in sizes)
     target = min(budget_bytes, max(1, -(-total // max(2 * workers, 1))))
     chunks: list[list[int]] = []
@@ -429,25 +351,11 @@ def _view_result(
     )
 
 
-def _summarize_views(
-    vms: Sequence[ViewMoments],
-    fit_range: Sequence[int] | None,
-    nonfinite: Sequence[bool],
-    eigvalsh: Eigvalsh | None = None,
-) -> list[PointResult]:
-    """`summarize_views`, under the name ``benchmarks/observation_bench.py`` (row 8.4) times."""
-    return summarize_views(vms, fit_range=fit_range, nonfinite=nonfinite, eigvalsh=eigvalsh)
-
-
 def _contribute(
     family: str, point: str, summaries: dict[str, PointResult], contribution: Contribution, nonfinite: bool
 ) -> None:
-    """Adds a family's metrics and arrays to the point's views, in place and in the order given.
-
-    A view the point does not have (no covariance: e.g. ``attention``) is created as a `PointResult.metrics_only`
-    view after the others. With ``nonfinite`` (the point saw non-finite rows) every metric is NaN without a standard
-    error or replicates.
-    """
+    """Adds a family's metrics and arrays to the point's views, in place and in order; a missing view is created
+    `PointResult.metrics_only`, and with ``nonfinite`` every metric is NaN without replicates."""
     for item in contribution:
         if item.view not in summaries:
             summaries[item.view] = PointResult.metrics_only()
@@ -466,13 +374,8 @@ def _contribute(
 
 
 def summary_workers(tasks: int) -> int:
-    """Threads of the summary's pool for ``tasks`` independent tasks: one per core this process may use, at most one
-    per task.
-
-    The cores are the process's CPU affinity (a batch system's binding gives each rank its own), shared by the
-    ``LOCAL_WORLD_SIZE`` ranks of a node when a launcher (torchrun) says so: with the summary in the background and
-    shared by the ranks, every rank of a node summarises at once, beside the training's data loaders.
-    """
+    """One thread per core this process may use (its affinity, shared by the node's ``LOCAL_WORLD_SIZE`` ranks, which
+    summarise at once), at most one per task."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
