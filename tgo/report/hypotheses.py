@@ -1,12 +1,7 @@
-"""TGO-I's three explanations of spreading variance (token diversification, semantic expansion, redundancy
-reduction) as predictions about recorded quantities, judged point by point.
+"""TGO-I's three explanations of spreading variance as predictions about recorded quantities, judged point by point.
 
-`PREDICTIONS` declares them once, as data: a `Prediction` names a hypothesis, a metric, a view, the points it is
-about and the direction it expects, with its reasoning. Each is judged with the findings' rule
-(`tgo.report.findings.evaluate`), whose verdict reads consistent / inconsistent / inconclusive / n/a; a reversal is
-read by its first and last windows alone. Nothing combines the verdicts into one on a hypothesis: the hypotheses are
-not exclusive (``docs/hypotheses.md``, which explains every prediction and the verdicts).
-"""
+`PREDICTIONS` declares them once, as data, each judged with the findings' rule (`tgo.report.findings.evaluate`). Nothing
+combines the verdicts into one per hypothesis: the hypotheses are not exclusive (``docs/hypotheses.md``)."""
 
 from __future__ import annotations
 
@@ -75,14 +70,7 @@ _FROM_RULE = {HOLDS: CONSISTENT, FAILS: INCONSISTENT, INCONCLUSIVE: INCONCLUSIVE
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """One of TGO-I's explanations of spreading variance.
-
-    Attributes:
-        key: Identifier (``hypotheses.csv``, figure names).
-        title: Its name on the page.
-        statement: The hypothesis in one sentence.
-        contradicted_by: What the records would show if it did not explain the spreading (one sentence).
-    """
+    """One of TGO-I's explanations; ``contradicted_by`` says what the records would show if it did not explain it."""
 
     key: str
     title: str
@@ -125,38 +113,18 @@ HYPOTHESES: dict[str, Hypothesis] = {
 """The hypotheses, in page order."""
 
 
-def _every(points: Sequence[str]) -> list[str]:
-    return list(points)
-
-
-def _blocks(points: Sequence[str]) -> list[str]:
-    return [p for p in points if point_role(p) == "block"]
-
-
-def _blocks_and_cls(points: Sequence[str]) -> list[str]:
-    return [p for p in points if point_role(p) in ("block", "cls")]
-
-
-def _network(points: Sequence[str]) -> list[str]:
-    return list(points[-1:])
-
-
 POINT_SELECTORS: dict[str, Callable[[Sequence[str]], list[str]]] = {
-    "every point": _every,
-    "blocks": _blocks,
-    "blocks and cls": _blocks_and_cls,
-    "network": _network,
+    "every point": lambda points: list(points),
+    "blocks": lambda points: [p for p in points if point_role(p) == "block"],
+    "blocks and cls": lambda points: [p for p in points if point_role(p) in ("block", "cls")],
+    "network": lambda points: list(points[-1:]),
 }
-"""Which points a prediction is about, by name (in depth order; points without the metric and view are skipped).
-``network``: the last point, whose view ``network`` carries the network-wide metrics (curvature, noise scale)."""
+"""Which points a prediction is about, in depth order; ``network``: the last point, whose view ``network`` carries the
+network-wide metrics."""
 
 
 def select_points(selector: str, points: Sequence[str]) -> list[str]:
-    """The points of ``points`` (depth order) a selector names.
-
-    Raises:
-        ValueError: an unknown selector.
-    """
+    """The points of ``points`` (depth order) a selector names; an unknown selector raises ValueError."""
     if selector not in POINT_SELECTORS:
         raise ValueError(f"unknown point selector {selector!r}; known: {', '.join(POINT_SELECTORS)}")
     return POINT_SELECTORS[selector](points)
@@ -164,21 +132,10 @@ def select_points(selector: str, points: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What one hypothesis predicts for one metric of one view over training.
+    """What one hypothesis predicts for one metric of one view from the first to the last window.
 
-    Attributes:
-        hypothesis: Key of a `HYPOTHESES` entry.
-        metric: A catalogue entry (`tgo.spectral.catalogue.CATALOGUE`).
-        view: The view it is read on (`tgo.observatory.views.VIEWS`; for a probe metric one of the entry's views,
-            e.g. ``attention``, the view of a block's attention geometry).
-        points: A `POINT_SELECTORS` name.
-        expected: ``rises`` or ``falls`` from the first to the last window of the run.
-        reasoning: Why the hypothesis predicts it (one or two sentences, printed on the page).
-
-    Raises:
-        ValueError: an unknown hypothesis, metric, view, selector or direction, or a probe metric on a view that does
-            not carry it (checked when the prediction is made, so a bad table fails at import).
-    """
+    Checked when made (an unknown hypothesis, metric, view, selector or direction, or a family metric on a view that
+    does not carry it), so a bad table fails at import."""
 
     hypothesis: str
     metric: str
@@ -211,8 +168,7 @@ class Prediction:
     def judge(
         self, series: Series, points: Sequence[str], measure: Measure, settings: VerdictSettings
     ) -> list[PredictionResult]:
-        """Its rows on its view (`tgo.report.findings.evaluate`): one per point it is about that recorded a finite
-        value of its metric (undefined elsewhere: the between-image share at a one-row-per-image point)."""
+        """Its rows, one per selected point with a finite value (the metric may be undefined elsewhere)."""
         per_point = series.get(self.metric, {})
         selected = [p for p in select_points(self.points, points) if p in per_point]
         finite = [p for p in selected if np.any(np.isfinite(np.asarray(per_point[p][1], dtype=float)))]
@@ -525,17 +481,7 @@ PREDICTIONS: tuple[Prediction, ...] = (
 
 @dataclass(frozen=True)
 class PredictionResult:
-    """One prediction judged at one point.
-
-    Attributes:
-        prediction: What was predicted.
-        point: The observation point.
-        trend: The series' window statistics (`tgo.report.findings.Trend`).
-        verdict: One of `PREDICTION_VERDICTS`.
-        note: Why, where the numbers alone do not say it.
-        p: Two-sided p-value of the change from the first to the last window.
-        q: Its Benjamini-Hochberg q-value among every prediction row of the report (`evaluate_predictions`).
-    """
+    """One prediction judged at one point; ``q`` is its Benjamini-Hochberg q-value among every prediction row."""
 
     prediction: Prediction
     point: str
@@ -567,16 +513,12 @@ HYPOTHESES_COLUMNS: tuple[str, ...] = (
     "note",
     "agreement",
 )
-"""The columns of ``hypotheses.csv``: one row per prediction and judged point (``first``/``last`` are window means,
-``change = last - first``, ``uncertainty`` its standard error as in ``findings.csv``); a prediction recorded at no
-point gets one row with an empty ``point`` and verdict ``not recorded``."""
+"""The columns of ``hypotheses.csv``; a prediction recorded at no point gets one row, verdict ``not recorded``."""
 
 
 def csv_rows(
     results: Mapping[Prediction, Sequence[PredictionResult]], z: float, agreement: dict | None = None, n_runs: int = 1
 ) -> list[dict[str, str]]:
-    """The rows of ``hypotheses.csv`` (`tgo.report.statements.csv_rows`), one ``not recorded`` row per prediction
-    recorded at no point."""
     rows = []
     for prediction, per_point in results.items():
         if per_point:
@@ -587,20 +529,9 @@ def csv_rows(
 
 
 def judge_prediction(trend: Trend, expected: Expected, settings: VerdictSettings = DEFAULT_SETTINGS) -> tuple[str, str]:
-    """The prediction's verdict and note from the findings rule's `Trend` of a series in the predicted direction.
+    """The prediction's verdict and note from the findings rule's `Trend` in the predicted direction.
 
-    ``holds`` / ``does not hold`` / ``inconclusive`` / ``n/a`` map to consistent / inconsistent / inconclusive /
-    n/a. ``holds then reverses`` is read by its first and last windows alone, with `significant` at the same ``z``
-    (the trend's ``change`` and ``uncertainty`` are those of the last window minus the first).
-
-    Args:
-        trend: The trend, judged in the direction of ``expected`` (`judge_trend`).
-        expected: ``rises`` or ``falls``.
-        settings: The rule's settings (for ``z``).
-
-    Returns:
-        ``(verdict, note)``.
-    """
+    ``holds then reverses`` is read by its first and last windows alone, with `significant` at the same ``z``."""
     if trend.verdict in _FROM_RULE:
         return _FROM_RULE[trend.verdict], trend.note
     if trend.verdict != REVERSES:
@@ -625,10 +556,8 @@ def evaluate_predictions(
     settings: VerdictSettings = DEFAULT_SETTINGS,
     predictions: Sequence[Prediction] = PREDICTIONS,
 ) -> dict[Prediction, list[PredictionResult]]:
-    """The predictions' table (`tgo.report.findings.evaluate`, `Prediction.judge`) grouped by prediction: one row per
-    judged point in depth order, an empty list for ``not recorded`` (no probes, or a model without the view).
-    ``series``, ``stderr``, ``replicates`` and ``leave_out`` are view -> metric -> point -> (epochs, ...) as for
-    `tgo.report.findings.evaluate_findings`, one level deeper."""
+    """The predictions' table grouped by prediction, rows in depth order; an empty list for ``not recorded``. The
+    arguments are those of `tgo.report.findings.evaluate_findings`, one level deeper (by view)."""
     out: dict[Prediction, list[PredictionResult]] = {p: [] for p in predictions}
     for row in evaluate(predictions, series, points, stderr=stderr, replicates=replicates, leave_out=leave_out,
                         settings=settings, directional=DIRECTIONAL, fallback=INCONCLUSIVE):  # fmt: skip
@@ -644,10 +573,7 @@ def verdict_counts(results: Sequence[PredictionResult]) -> Counter:
 
 
 def summary_text(results: Sequence[PredictionResult]) -> str:
-    """``consistent at 10 of 14 points, inconsistent at 1, inconclusive at 3`` (``not recorded`` without results).
-
-    Verdicts no point reached are left out; the first one named carries the number of points.
-    """
+    """``consistent at 10 of 14 points, inconsistent at 1, inconclusive at 3`` (verdicts reached, first with the total)."""
     if not results:
         return NOT_RECORDED
     counts = verdict_counts(results)
