@@ -1,29 +1,11 @@
 """The story figure: TGO-I's question answered in one picture, drawn from the records, each panel marked with its
 verdict.
 
-TGO-I asks whether training spreads a ViT's variance over more directions, where in depth, and why. One figure
-answers the first two and shows the evidence the three explanations argue about:
-
-1. effective rank against depth, one line per observation (the spreading, and where it happens);
-2. the variance between image means and around them (within images) against epoch at the deepest block, on a log
-   axis: which of the two grows first;
-3. and 4. class separability of the CLS vectors against depth (nearest-class-centre accuracy; Fisher ratio on a
-   log axis): semantic expansion;
-5. mean |off-diagonal correlation| against depth: redundancy reduction;
-6. the patch queries' attention entropy against depth (once the attention family is recorded): token
-   diversification.
-
-Panels 3-6 draw exactly what the Hypotheses tables judge: the first and the last window means of the verdict rule
-with ±1 of their paired jackknife standard errors, both taken from the verdict's own `tgo.report.findings.Trend`, so
-the figure and the table can never disagree. Each panel carries a mark saying what the verdicts found there
-("holds 15/15 (z +46 to +137)"; the contradicting points named), coloured like the verdict tables. A panel whose
-records are missing (probes or attention switched off, an old run) is left out, and the figure says which.
-
-The same panels are the report's first figure (`story_figure`, page width) and TensorBoard's first image cards
-(`story_cards`: one 480 x 240 px card per panel, readable at TensorBoard's card size; `run_story_cards` loads and
-judges a run directory up to an epoch, for the callback's background figure worker). Nothing here decides a
-verdict: the marks are the verdicts it is given.
-"""
+Effective rank against depth (where training spreads the variance), the variance between and within images against epoch
+at the deepest block, then one panel per `STORY_PANELS` prediction. Those panels draw exactly the first and last window
+means the Hypotheses tables judge, from the verdict's own `tgo.report.findings.Trend`, so figure and table can never
+disagree. The same panels are the report's first figure (`story_figure`) and TensorBoard's first cards (`story_cards`,
+one 480 x 240 px panel each). Nothing here decides a verdict: the marks are those it is given."""
 
 from __future__ import annotations
 
@@ -70,8 +52,7 @@ STORY_PANELS: tuple[tuple[str, str, str], ...] = (
     ("mean_abs_offdiag_correlation", "all", "mean |correlation| between features"),
     ("attention_entropy", "attention", "attention entropy of the patch queries (nats)"),
 )
-"""The against-depth panels after the first two: (metric, view, title); each is a Hypotheses prediction's metric and
-view, drawn as that prediction's judged windows."""
+"""The against-depth panels after the first two: (metric, view, title), each a Hypotheses prediction's."""
 CLS_COLOUR = CLS_STYLE["color"]
 VARIANCE_COLOURS = {"between_image": "#c2410c", "within_image": "#1d4ed8"}
 _FINDING_COLOURS = {
@@ -106,18 +87,7 @@ class Line:
 
 @dataclass(frozen=True)
 class Panel:
-    """One panel of the story figure.
-
-    Attributes:
-        key: Its metric (or ``variance_split``).
-        title: The question it answers, in words.
-        lines: What is drawn.
-        points: Point names of the x axis (against depth), or empty (against epoch).
-        log: A log y axis (the catalogue's ``log`` scale, or a variance spanning decades).
-        mark: What the verdicts found (``None``: nothing judged, e.g. a single observation).
-        epochs: The epochs of the lines on an epoch colour ramp (the first panel's colourbar).
-        cls: Index of the CLS point on the x axis, drawn in its own colour and marker (``None``: not drawn).
-    """
+    """One panel of the story figure; ``points`` empty means against epoch, ``cls`` the CLS point's x index."""
 
     key: str
     title: str
@@ -164,19 +134,8 @@ def _z_range(zs: Sequence[float]) -> str:
 def _mark(
     what: str, verdicts: Sequence[tuple[str, str, float]], good: str, bad: str, colours: Mapping[str, str]
 ) -> Mark | None:
-    """A panel's mark from (point, verdict, z) rows: how many agree (their z range), the contradictions by name.
-
-    Args:
-        what: The claim or prediction in a few words (``"rises"``, ``"predicted falls"``).
-        verdicts: One row per judged point.
-        good: The verdict that agrees (``holds`` / ``consistent``).
-        bad: The verdict that contradicts (``does not hold`` / ``inconsistent``).
-        colours: Verdict -> colour.
-
-    Returns:
-        ``rises: holds 15/15 (z +46 to +137)`` and, on a second line, ``does not hold 2: CLS, pos (z -5 to -3)`` and
-        the count of other verdicts; ``None`` when no point was judged.
-    """
+    """A panel's mark from (point, verdict, z) rows: ``rises: holds 15/15 (z +46 to +137)`` and, on a second line, the
+    contradicting points by name and the count of other verdicts; ``None`` when no point was judged."""
     judged = [(p, v, z) for p, v, z in verdicts if v != NA]
     if not judged:
         return None
@@ -200,21 +159,6 @@ def _mark(
     else:
         colour = colours[INCONCLUSIVE]
     return Mark("\n".join([first, "; ".join(second)] if second else [first]), colour)
-
-
-def _finding_mark(findings: Sequence[Finding], claim: str, metric: str, what: str) -> Mark | None:
-    """The mark of one trend claim (``rank_rises`` on ``effective_rank``) over the points it was judged at."""
-    rows = [
-        (f.point, f.verdict, f.trend.z if f.trend is not None else math.nan)
-        for f in findings
-        if f.claim == claim and f.metric == metric
-    ]
-    return _mark(what, rows, HOLDS, FAILS, _FINDING_COLOURS)
-
-
-def _prediction_mark(results: Sequence[PredictionResult], expected: str) -> Mark | None:
-    rows = [(r.point, r.verdict, r.trend.z) for r in results]
-    return _mark(f"predicted {expected}", rows, CONSISTENT, INCONSISTENT, VERDICT_COLOURS)
 
 
 def _window_lines(results: Sequence[PredictionResult], points: Sequence[str]) -> list[Line]:
@@ -261,7 +205,12 @@ def _depth_panel(agg: Aggregate, findings: Sequence[Finding], band_is_spread: bo
                 low.append(float(lo[hit[0]]))
                 high.append(float(hi[hit[0]]))
         lines.append(Line(f"epoch {epoch}", np.array(x, float), np.array(y), np.array(low), np.array(high), "", epoch))
-    mark = _finding_mark(findings, "rank_rises", "effective_rank", "rises with training")
+    rows = [
+        (f.point, f.verdict, f.trend.z if f.trend is not None else math.nan)
+        for f in findings
+        if f.claim == "rank_rises" and f.metric == metric
+    ]
+    mark = _mark("rises with training", rows, HOLDS, FAILS, _FINDING_COLOURS)
     return Panel(
         metric,
         "effective rank against depth, one line per epoch",
@@ -302,10 +251,7 @@ def _variance_panel(
 
 
 def build_story(ctx: Context) -> Story:
-    """The story figure's panels from the report's context: the aggregate of view ``all`` (effective rank and its
-    bands), the between- and within-image views' total variances (the variance split), the findings (the
-    effective-rank claim marks the first panel) and the predictions (the other panels draw and mark their windows).
-    """
+    """The story's panels from the report's context; the effective-rank claim marks the first panel."""
     agg, views, findings, predictions = ctx.agg, ctx.aggregates, ctx.findings, ctx.predictions
     several = agg.n_runs > 1
     by_key = {(p.metric, p.view): (p, r) for p, r in predictions.items()}
@@ -340,7 +286,13 @@ def build_story(ctx: Context) -> Story:
                 lines,
                 points,
                 log=observable is not None and observable.scale == "log",
-                mark=_prediction_mark(results, prediction.expected),
+                mark=_mark(
+                    f"predicted {prediction.expected}",
+                    [(r.point, r.verdict, r.trend.z) for r in results],
+                    CONSISTENT,
+                    INCONSISTENT,
+                    VERDICT_COLOURS,
+                ),
                 cls=points.index("cls") if "cls" in points else None,
             )
         )
@@ -358,16 +310,15 @@ class _Style:
     mark: float
     legend: float
     suptitle: float
-    mark_width: int
-    """Characters per line of a mark before it wraps (the panel's width at the mark's text size)."""
+    mark_width: int  # characters per line of a mark before it wraps
 
 
 _PAGE = _Style(title=10.0, ticks=8.0, label=8.0, mark=7.5, legend=7.0, suptitle=11.0, mark_width=78)
 _CARD = _Style(title=10.0, ticks=8.0, label=8.0, mark=8.0, legend=7.5, suptitle=9.0, mark_width=64)
 CARD_SIZE = (6.0, 3.0)
 CARD_DPI = 80
-"""A story card is 480 x 240 px: TensorBoard fits an image into a card of about 450 x 210 px, so one panel per card
-keeps its text readable (a 480 x 1100 px figure of all six is shown at a fifth of its size)."""
+"""A story card is 480 x 240 px: TensorBoard shows an image in a card of about 450 x 210 px, so one panel per card keeps
+its text readable."""
 
 
 def _headroom(ax: Axes, lines: int) -> None:
@@ -466,8 +417,7 @@ def story_figure(story: Story) -> Figure:
 
 
 def story_cards(story: Story) -> dict[str, Figure]:
-    """The story as TensorBoard cards, one 480 x 240 px panel each, named ``<n>_<panel>`` in the figure's order (the
-    dashboard writes them as ``0_story/<name>``, TensorBoard's first group)."""
+    """The story as TensorBoard cards, named ``<n>_<panel>`` in the figure's order."""
     cards = {}
     for i, panel in enumerate(story.panels, start=1):
         fig = Figure(figsize=CARD_SIZE, dpi=CARD_DPI, layout="constrained")
@@ -507,9 +457,7 @@ def story_caption(story: Story) -> str:
 
 
 def run_story(run_dir: str | os.PathLike[str], epoch: int | None = None) -> Story | None:
-    """The story of one run directory from its records up to ``epoch``, judged as a report of the run would judge
-    them at that point of training (the same `tgo.report.context.judge`); ``None`` without effective-rank
-    records."""
+    """The story of one run up to ``epoch``, judged as a report would judge it then; ``None`` without effective rank."""
     ctx = judge([load_run_data(run_dir, os.path.basename(os.fspath(run_dir)) or "run")], until=epoch)
     if "effective_rank" not in ctx.agg.mean:
         return None
@@ -528,7 +476,6 @@ def story_section(ctx: Context) -> list[Section]:
 
 
 def run_story_cards(run_dir: str | os.PathLike[str], epoch: int | None = None) -> dict[str, Figure] | None:
-    """The callback's story (`tgo.callbacks.SpectralGeometryCallback`'s default ``story``): `story_cards` of
-    `run_story`, drawn on the figure worker's thread at every figure observation."""
+    """The callback's default story: `story_cards` of `run_story`, drawn on the figure worker's thread."""
     story = run_story(run_dir, epoch)
     return None if story is None else story_cards(story)
