@@ -1,11 +1,9 @@
 """The multi-rank pipeline of one observation: shard without padding, stream, reduce once, summarise, record.
 
-`observe_and_record` is the single code path shared by the geometry callback (during training) and
-``python -m tgo.observe`` (after the fact), so both produce identical records. It knows nothing about Lightning: the
-caller passes its rank, world size, a sum all-reduce and the `ObservationSettings`. It names no measurement: the
-covariance of every point is its core, and everything else comes from the families the settings enable
-(`tgo.observatory.families.enabled_families`), which it starts, streams, reduces, checks and summarises in a loop.
-"""
+`observe_and_record` is the one path of the geometry callback and ``python -m tgo.observe``, so both write identical
+records. It knows nothing of Lightning (the caller passes rank, world size and a sum all-reduce) and names no
+measurement: beyond each point's covariance, the enabled families are started, streamed, reduced and summarised in a
+loop."""
 
 from __future__ import annotations
 
@@ -36,14 +34,7 @@ SumFn = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """Which part of the analysis subset this rank observes.
-
-    Attributes:
-        rank: This process's global rank.
-        world_size: Number of processes.
-        batch_size: Images per forward pass.
-        num_workers: DataLoader workers.
-    """
+    """Which part of the analysis subset this rank observes, in batches of ``batch_size``."""
 
     rank: int = 0
     world_size: int = 1
@@ -72,13 +63,9 @@ class ShardPlan:
 class ShardSampler(Sampler[int]):
     """Indices ``rank, rank + world_size, ...``: disjoint shards that cover the dataset once, without padding.
 
-    ``torch.utils.data.DistributedSampler`` pads the last shard with repeated images (1001 items on 2 ranks ->
-    1002, one image counted twice). Lightning's ``UnrepeatedDistributedSampler`` does not pad but asserts when a
-    rank would get no item (more ranks than images); here an empty shard is simply empty.
-
-    With ``group_of_item`` (jackknife groups) the shard is visited group by group (stable within a group), so a
-    batch holds images of one or two groups and the grouped accumulators see few, large updates.
-    """
+    ``DistributedSampler`` pads the last shard with repeated images (one image counted twice), and Lightning's
+    ``UnrepeatedDistributedSampler`` asserts on an empty shard. With ``group_of_item`` the shard is visited group by
+    group, so the grouped accumulators see few, large updates."""
 
     def __init__(self, length: int, rank: int, world_size: int, group_of_item: np.ndarray | None = None) -> None:
         if not 0 <= rank < world_size:
@@ -96,8 +83,7 @@ class ShardSampler(Sampler[int]):
 
 
 class _WithGroups(Dataset):
-    """``(image, label, group, index)`` items: the analysis subset with each image's jackknife group and its index
-    in the subset (where the per-image vectors of the probes are written)."""
+    """``(image, label, group, index)`` items: each image's jackknife group and its index in the subset."""
 
     def __init__(self, dataset: Dataset, group_of_item: np.ndarray) -> None:
         self.dataset, self.group_of_item = dataset, group_of_item
@@ -114,12 +100,8 @@ class _WithGroups(Dataset):
 
 
 def group_of_items(dataset: Dataset, groups: int) -> np.ndarray:
-    """The jackknife group of every item: class-stratified from ``dataset.labels`` (the analysis subset has them),
-    else from the labels of a ``TensorDataset``, else dealt round robin by position.
-
-    Raises:
-        ObservationSettingsError: more groups than items (`check_jackknife_groups`), before any image is read.
-    """
+    """The jackknife group of every item, class-stratified from its labels where the dataset has them, else round robin;
+    too many groups are refused before any image is read."""
     check_jackknife_groups(groups, len(dataset))  # type: ignore[arg-type]  # map-style: Sized
     labels = getattr(dataset, "labels", None)
     if labels is None and isinstance(dataset, TensorDataset) and len(dataset.tensors) > 1:
@@ -130,10 +112,7 @@ def group_of_items(dataset: Dataset, groups: int) -> np.ndarray:
 
 
 def shard_loader(dataset: Dataset, plan: ShardPlan, group_of_item: np.ndarray | None = None) -> DataLoader:
-    """A loader over this rank's disjoint shard: every image is counted exactly once over all ranks.
-
-    With ``group_of_item`` the batches are ``(images, labels, group ids)``, group by group.
-    """
+    """A loader over this rank's disjoint shard: every image is counted exactly once over all ranks."""
     sampler = ShardSampler(len(dataset), plan.rank, plan.world_size, group_of_item)  # type: ignore[arg-type]
     if group_of_item is not None:
         dataset = _WithGroups(dataset, group_of_item)
@@ -150,9 +129,8 @@ def shard_loader(dataset: Dataset, plan: ShardPlan, group_of_item: np.ndarray | 
 def observation_loader(
     dataset: Dataset, plan: ShardPlan, *, group_of_item: np.ndarray | None, indexed: bool
 ) -> DataLoader:
-    """This rank's loader as an observation streams it: with jackknife groups (``group_of_item``) or per-image vectors
-    (``indexed``) the batches are ``(images, labels, group ids, subset indices)``, every image in group 0 when there
-    are no groups; otherwise plain ``(images, labels)``."""
+    """This rank's loader as an observation streams it: with groups or per-image vectors (``indexed``) the batches are
+    ``(images, labels, group ids, subset indices)``, otherwise ``(images, labels)``."""
     if indexed and group_of_item is None:
         group_of_item = np.zeros(len(dataset), dtype=np.int64)  # type: ignore[arg-type]  # map-style: Sized
     return shard_loader(dataset, plan, group_of_item)
@@ -171,10 +149,7 @@ def start_families(
     dataset: Dataset | None = None,
     training: TrainingInfo | None = None,
 ) -> list[FamilyRun]:
-    """Each family's fresh state for one observation on this rank (`FamilyRun.start`), in the order given.
-
-    ``dataset`` (the analysis subset) and ``training`` (`TrainingInfo`, ``None`` offline) reach the families'
-    `FamilyContext`."""
+    """Each family's fresh state for one observation on this rank, in the order given."""
     if not families:
         return []
     net = unwrap_model(model)
@@ -215,26 +190,9 @@ def observe_dataset(
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
-    Every rank makes exactly the same collective calls (two, inside ``allreduce_accumulators``), whatever the
-    size of its shard and whatever the families, so ranks with fewer or no batches cannot hang the others.
-
-    Args:
-        model: The network to observe (a timm model; wrappers are unwrapped by the hooks).
-        dataset: The analysis subset (identical on every rank).
-        points: The observation points, in depth order.
-        plan: This rank's shard.
-        all_reduce_sum: Element-wise sum over ranks (identity on one process).
-        device: Where activations and accumulators live.
-        gram_dtype: Gram product precision (float64 exact, float32 faster).
-        groups: Jackknife groups (0: none); the group states travel in the same two collectives.
-        families: Started measurement families (`start_families`): their summables travel in the second collective
-            and each family's ``check`` runs after it, on every rank.
-        group_of_item: The jackknife group of every image, if the caller already has it (`group_of_items`).
-
-    Returns:
-        Accumulators holding the global sums, one per point (a `GroupedCovariance` with ``groups``), in point
-        order, identical on every rank.
-    """
+    Every rank makes exactly the same two collective calls whatever its shard and the families, so ranks with fewer or
+    no batches cannot hang the others; each family's ``check`` runs after them, on every rank. Returns the global sums,
+    one accumulator per point, identical on every rank."""
     if groups and group_of_item is None:
         group_of_item = group_of_items(dataset, groups)
     loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
@@ -253,14 +211,7 @@ class NonFiniteActivationsError(RuntimeError):
 
 @dataclass(frozen=True)
 class RecordPlan:
-    """What to do with one observation once it is reduced.
-
-    Attributes:
-        writer: Where the records go (only used on rank 0).
-        epoch: Completed training epochs of the observed weights.
-        step: Optimiser steps of the observed weights.
-        with_covariance: Keep the full covariance matrices in the spectra file.
-    """
+    """What to do with one observation once it is reduced (``writer`` is used on rank 0 only)."""
 
     writer: RecordWriter
     epoch: int
@@ -282,18 +233,8 @@ class RecordPlan:
 class ReducedObservation:
     """One observation after the stream and the reduction, before its summary: what every rank holds.
 
-    Made by `reduce_observation` (on the training thread: it holds the collectives of the pass) and finished by
-    `summarize_and_record` (there, or on a background thread: `tgo.callbacks.spectral_geometry`).
-
-    Attributes:
-        accumulators: The reduced accumulators, one per point, identical on every rank.
-        points: The observation points, in depth order.
-        families: The started families with their reduced states.
-        image_groups: The jackknife group of every image (``None`` without a jackknife).
-        settings: The observation's settings.
-        record: Where and under which epoch the result is recorded.
-        nonfinite: ``{point: rows with NaN/Inf}`` of the points that saw any.
-    """
+    Made on the training thread (it holds the pass's collectives) and finished by `summarize_and_record`, there or on a
+    background thread. ``nonfinite``: ``{point: rows with NaN/Inf}``."""
 
     accumulators: dict[str, Any]
     points: tuple[ObservationPoint, ...]
@@ -317,13 +258,10 @@ def reduce_observation(
     device: torch.device | str | None = None,
     training: TrainingInfo | None = None,
 ) -> ReducedObservation:
-    """The stream and the reduction of one observation (its two collectives), on every rank. Collective.
+    """The stream and the reduction of one observation, on every rank. Collective.
 
-    ``training`` (`TrainingInfo`: the optimizer, the learning rate, the training-time collectors) reaches the
-    families; ``None`` offline. Non-finite activations raise on every rank together (the counts are reduced first),
-    so an ``error`` policy cannot leave one rank waiting in a collective; under ``warn`` rank 0 warns here, when they
-    are found.
-    """
+    Non-finite activations raise on every rank together (the counts are reduced first), so an ``error`` policy cannot
+    leave one rank waiting in a collective."""
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
     families = start_families(
         enabled_families(settings, record.writer.run.series),
@@ -371,13 +309,8 @@ def summarize_and_record(
     share: SummaryShare,
     eigvalsh: Eigvalsh | None = None,
 ) -> Results | None:
-    """The summary of a reduced observation (shared by the ranks where ``share`` says so) and, on rank 0, its
-    records. Collective when shared (`tgo.observatory.share.summarize_shared`: one gather); otherwise only rank 0
-    needs to call it.
-
-    Returns:
-        The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
-    """
+    """The summary of a reduced observation and, on rank 0, its records; the results on rank 0, else ``None``.
+    Collective when shared (one gather); otherwise only rank 0 needs to call it."""
     record = reduced.record
     if share.rank == 0:  # what each family needs from earlier records (subspace drift: earlier eigenvectors)
         for run in reduced.families:
@@ -415,27 +348,8 @@ def observe_and_record(
 ) -> Results | None:
     """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
 
-    Collective: every rank must call it (`reduce_observation`, then `summarize_and_record`).
-
-    Args:
-        model: The network to observe.
-        dataset: The analysis subset (identical on every rank).
-        points: The observation points, in depth order (resolved once by the caller).
-        settings: Gram precision, non-finite policy and fit range are read from here.
-        plan: This rank's shard.
-        record: Where and under which epoch the result is recorded.
-        all_reduce_sum: Element-wise sum over ranks (identity on one process).
-        is_global_zero: Whether this process records.
-        device: Where activations and accumulators live.
-        gather: With several ranks and ``settings.summary.share``: the gather to rank 0
-            (`tgo.observatory.share.process_group_gather`), and every rank summarises its share of the points.
-            ``None``: rank 0 summarises every point.
-        eigvalsh: The stacked float64 eigensolver (`tgo.spectral.eigensolver`; ``None``: numpy's LAPACK).
-        training: What the training loop knows, for the optimisation families (`TrainingInfo`; ``None`` offline).
-
-    Returns:
-        The results on rank 0 (``{ObservationKey: PointResult}``), ``None`` on other ranks.
-    """
+    Collective: every rank must call it. With a ``gather`` and ``settings.summary.share`` every rank summarises its
+    share of the points. Returns the results on rank 0, ``None`` on other ranks."""
     reduced = reduce_observation(
         model,
         dataset,
