@@ -1,15 +1,10 @@
 """``ObservationSettings``: every knob of a geometry observation, validated in one place.
 
-The training callback (``tgo.callbacks.spectral_geometry``) and offline observation (``python -m tgo.observe``) read the
-same settings from the same config group, ``conf/observation/default.yaml`` (the ``observation`` node of both entry
-configs). Adding a core setting means a field here, a line in that YAML file and a test. A measurement family's
-section (``observation.<section>.<key>``) is a frozen dataclass checked in ``__post_init__``, declared in the family's
-own file and registered with `register_section` when the family is; its defaults reach Hydra from the dataclass
-(`_publish_to_hydra`), so no YAML file names a family. Nothing else reads raw config keys.
-
-Errors name the key as a user spells it on the command line (``observation.gram_dtype: expected ...``) and are
-raised before any work starts.
-"""
+The training callback and ``python -m tgo.observe`` read the same config group, ``conf/observation/default.yaml``, which
+documents every core key. A family's section (``observation.<section>.<key>``) is a frozen dataclass declared in the
+family's own file and registered with `register_section`; its defaults reach Hydra from the dataclass
+(`_publish_to_hydra`), so no YAML file names a family. Errors name the key as a user spells it
+(``observation.gram_dtype: expected ...``) and are raised before any work starts."""
 
 from __future__ import annotations
 
@@ -48,8 +43,7 @@ __all__ = [
 GRAM_DTYPES: dict[str, torch.dtype] = {"float64": torch.float64, "float32": torch.float32}
 NONFINITE_POLICIES: tuple[str, ...] = ("warn", "error")
 COVARIANCE_POLICIES: tuple[str, ...] = ("first_last", "all", "none")
-COMPUTE_DTYPES: tuple[str, ...] = ("auto", "float64", "float32")
-"""A family's compute precision (`compute_dtype`): ``auto`` is float64 on an accelerator, float32 on a CPU."""
+COMPUTE_DTYPES: tuple[str, ...] = ("auto", "float64", "float32")  # a family's compute precision (`compute_dtype`)
 PREFIX = "observation"
 
 
@@ -58,16 +52,8 @@ class ObservationSettingsError(UserInputError):
 
 
 def check_jackknife_groups(groups: int, images: int) -> None:
-    """Refuses (one line) more jackknife groups than analysis images, before any image is observed.
-
-    Images are dealt to the ``G`` groups in turn over the class-sorted subset (`tgo.spectral.jackknife_groups`), so
-    every group holds an image exactly when ``G <= images``; with more, ``G - images`` groups would be empty and their
-    leave-one-group-out spectra copies of the full one, a standard error computed from nothing. A group may lack a
-    class when a class has fewer than ``G`` images; that only makes its class mix approximate.
-
-    Raises:
-        ObservationSettingsError: ``groups > images`` (``groups`` 0, no jackknife, is always accepted).
-    """
+    """Refuses more jackknife groups than analysis images (``G - images`` groups would be empty, their leave-one-out
+    spectra copies of the full one: a standard error computed from nothing), before any image is observed."""
     if groups and groups > images:
         raise ObservationSettingsError(
             f"{PREFIX}.groups: {groups} jackknife groups for {images} analysis images would leave {groups - images} "
@@ -106,9 +92,8 @@ def check_flags(section: str, settings: Any, *keys: str) -> None:
 
 
 def compute_dtype(dtype: str, device: torch.device | str | None) -> torch.dtype:
-    """A `COMPUTE_DTYPES` setting as a torch dtype on ``device``: ``auto`` is float64 on CUDA and other
-    accelerators (whose float64 peak the families' measured costs allow), float32 on a CPU (where torch's float64
-    costs 1.7-2.5x; each family documents its measured error)."""
+    """``auto`` is float64 on an accelerator (whose float64 peak the families' measured costs allow) and float32 on a
+    CPU (where torch's float64 costs 1.7-2.5x; each family documents its measured error)."""
     if dtype != "auto":
         return GRAM_DTYPES[dtype]
     kind = torch.device(device).type if device is not None else "cpu"
@@ -153,38 +138,14 @@ class _Extended:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-_FIGURE_SWITCHES: dict[str, Callable[[], Any]] = {}
-"""``observation.figures.<key>`` switches the families registered (`register_figure_switch`)."""
-_SECTIONS: dict[str, type] = {}
-"""``observation.<key>`` sections the families registered (`register_section`), in registration order."""
+_FIGURE_SWITCHES: dict[str, Callable[[], Any]] = {}  # observation.figures.<key> of the families
+_SECTIONS: dict[str, type] = {}  # observation.<key> sections of the families, in registration order
 
 
 @dataclass(frozen=True, init=False)
 class FigureSettings(_Extended):
-    """Which TensorBoard figures the callback draws, and how often (scalars are never thinned).
-
-    Every figure is an image card rendered on a background thread at each figure observation
-    (``tgo.callbacks.dashboard.figure_job``); the switches below exist because each costs rendering time.
-
-    Attributes:
-        every_n_observations: Draw figures at every N-th observation (and always at the last epoch).
-        story: The story card (``0_story/story``, TensorBoard's first card) when the callback has a story function.
-        depth_profiles: Depth profiles (one line per observed epoch, +-1 jackknife s.e.) of the main observables
-            and the probe metrics on their views (``1_depth_profile[_<view>]/<metric>``, ~10 cards, ~0.1-0.2 s each).
-        bands: The main observables against epoch, one line per point, +-1 s.e. (``2_vs_epoch/<metric>``, 4 cards).
-        spectra: One card per point of its eigenvalue spectra over epochs.
-        histograms: log10-eigenvalue histograms per point.
-        heatmaps: Correlation matrices as exact per-pixel images, at the epochs that keep covariances (off by
-            default: 15 cards of 96-384 px squares that say less than the ``mean_abs_offdiag_correlation`` depth
-            profile, which the report complements with |r| histograms).
-        decay: Spectral decay curves of every point at this observation.
-        layer_epoch: Layer x epoch heatmaps of the charted observables.
-        optimisation: The optimisation observatory's cards: depth profiles of the blocks' weight spectra per map
-            (``1_depth_profile_weights_<map>/<metric>``, 12 cards) and the network-wide metrics (noise scale,
-            curvature) against epoch (``2_vs_epoch/<metric>``); their scalars are logged either way.
-        heatmap_max_dim: Largest number of features drawn in a correlation image.
-        extra: A family's own cards' switch (`register_figure_switch`, ``figures.<family>``), true by default.
-    """
+    """Which TensorBoard figures the callback draws, and how often (``observation.figures``; scalars are never thinned).
+    Each switch exists because its cards cost rendering time; ``extra`` holds the families' own switches."""
 
     _prefix = f"{PREFIX}.figures"
     _registry = _FIGURE_SWITCHES
@@ -210,19 +171,8 @@ class FigureSettings(_Extended):
 
 @dataclass(frozen=True)
 class EarlySettings:
-    """The step series: observations at log-spaced optimizer steps early in training (training only).
-
-    A collapse of the representation during warm-up can come and go inside the first epoch, between two epoch
-    observations. With ``enabled``, the callback also observes after optimizer step 0 and the log-spaced steps
-    `steps` gives into a second record series keyed by the optimizer step (`tgo.records.RunDir.step_series`), with
-    the families whose ``series`` has ``step`` (docs/usage.md, "Early training, denser").
-
-    Attributes:
-        enabled: Observe the step series.
-        until_step: The last optimizer step that may be observed; ``None``: the optimizer steps of the first epoch.
-        per_decade: Observations per decade of steps: step ``round(10 ** (k / per_decade))`` for ``k = 0, 1, ...``
-            (4: steps 1, 2, 3, 6, 10, 18, 32, 56, 100, ...).
-    """
+    """The step series: observations at log-spaced optimizer steps early in training (training only), so that a collapse
+    during warm-up, between two epoch observations, is not missed (docs/usage.md, "Early training, denser")."""
 
     enabled: bool = False
     until_step: int | None = None
@@ -234,8 +184,7 @@ class EarlySettings:
         positive_int("early.per_decade", self.per_decade)
 
     def steps(self, until_step: int) -> tuple[int, ...]:
-        """The observed steps: 0 and every distinct ``round(10 ** (k / per_decade))`` in ``1 .. until_step``
-        (``self.until_step`` when set, else the given one: the first epoch's optimizer steps)."""
+        """0 and every distinct ``round(10 ** (k / per_decade))`` up to ``self.until_step``, else ``until_step``."""
         last = int(self.until_step if self.until_step is not None else until_step)
         found = [0]
         k = 0
@@ -246,26 +195,15 @@ class EarlySettings:
         return tuple(found)
 
 
-EIGENSOLVERS = ("auto", "cpu", "gpu")
-"""Where the summary's float64 eigendecompositions run (`SummarySettings.eigensolver`)."""
+EIGENSOLVERS = ("auto", "cpu", "gpu")  # where the summary's float64 eigendecompositions run
 
 
 @dataclass(frozen=True)
 class SummarySettings:
-    """Where and when the summary of a reduced observation (eigendecompositions, observables, records) runs.
+    """Where and when the summary of a reduced observation runs (``observation.summary``).
 
-    Attributes:
-        background: Training waits only for the stream and the reduction; the summary, the records and the scalars
-            complete on a background thread (at most one observation in flight, then training waits), flushed before
-            ``fit`` returns or re-raises. ``false``: the observation completes before training resumes.
-        share: With several ranks, every rank summarises its share of the points (each rank holds the same reduced
-            state) and rank 0 gathers the results in one collective; records are bitwise those of one process
-            (with the ``cpu`` eigensolver: ``auto`` on CUDA may choose differently on two ranks, each to 1e-9 of
-            LAPACK). ``false``: rank 0 summarises every point.
-        eigensolver: ``cpu`` (numpy/LAPACK float64 ``eigvalsh``), ``gpu`` (torch float64 ``eigvalsh`` on the
-            observation's CUDA device), or ``auto``: the faster of the two for each matrix shape, timed once per
-            process where a CUDA device is present, else ``cpu``.
-    """
+    ``share`` gives records bitwise those of one process with the ``cpu`` eigensolver (``auto`` on CUDA may choose
+    differently on two ranks, each to 1e-9 of LAPACK)."""
 
     background: bool = True
     share: bool = True
@@ -278,33 +216,9 @@ class SummarySettings:
 
 @dataclass(frozen=True, init=False)
 class ObservationSettings(_Extended):
-    """How, where and when the geometry is observed.
+    """How, where and when the geometry is observed (``observation.*``, each key in the YAML).
 
-    Attributes:
-        every_n_epochs: Observe after every N completed epochs (epoch 0 and the final epoch always). Training only.
-        points: ``{"preset": "vit" | None, "extra": [{name, module, read, tokens}, ...]}``; see
-            ``tgo.observatory.points.points_from_config``.
-        gram_dtype: ``float64`` (exact to ~1e-15) or ``float32`` (~5e-8, faster on GPUs).
-        batch_size: Images per observation forward pass (``None``: the DataModule's analysis batch size).
-        num_workers: DataLoader workers of the observation pass (``None``: the DataModule's).
-        nonfinite: ``warn`` records NaN observables for a point with NaN/Inf activations and continues; ``error``
-            stops.
-        keep_covariance: Which observations store full covariance matrices in the spectra records: ``first_last``
-            (the first and the last observation: epoch 0 and the final epoch in training, the first and last model
-            of an offline trajectory), ``all``, ``none``, or a list of epochs.
-        fit_range: ``(start, stop)``, 1-based inclusive eigenvalue indices of the power-law fit (``None``: default
-            ``1 .. D // 2``).
-        groups: Jackknife groups ``G``: the analysis images are split into ``G`` class-stratified groups, each row
-            is accumulated in its image's group, and every observable gets a delete-a-group jackknife standard
-            error from the ``G`` leave-one-group-out spectra (``tgo.spectral.jackknife``). ``0`` disables it (one
-            accumulator per point, standard errors NaN); otherwise at least 2.
-        figures: TensorBoard figure settings (`FigureSettings`).
-        summary: Where and when the summary runs (`SummarySettings`).
-        early: The step series, observations at log-spaced steps early in training (`EarlySettings`).
-        extra: ``{key: settings}`` of every section a measurement family registered (`register_section`), each
-            read as ``settings.<key>`` (``observation.<key>`` in the YAML; keyword arguments and ``from_config``
-            take them by that key, as mappings or instances).
-    """
+    ``extra`` holds every section a family registered (`register_section`), read as ``settings.<key>``."""
 
     every_n_epochs: int = 5
     points: Mapping[str, Any] = field(default_factory=lambda: {"preset": "vit", "extra": []})
@@ -383,11 +297,7 @@ class ObservationSettings(_Extended):
 
     @classmethod
     def from_config(cls, node: Any) -> ObservationSettings:
-        """Builds settings from the ``observation`` config node (DictConfig, dict, existing settings or ``None``).
-
-        Raises:
-            ObservationSettingsError: an unknown key or a value out of range, naming ``observation.<key>``.
-        """
+        """Builds settings from the ``observation`` node (DictConfig, dict, settings or ``None``), validated."""
         if node is None:
             return cls()
         if isinstance(node, ObservationSettings):
@@ -419,13 +329,7 @@ class ObservationSettings(_Extended):
         return GRAM_DTYPES[self.gram_dtype]
 
     def keeps_covariance(self, epoch: int, *, first: bool, last: bool) -> bool:
-        """Whether the observation of ``epoch`` stores full covariances.
-
-        Args:
-            epoch: The observation's epoch label.
-            first: It is the first observation (epoch 0 in training; the first model offline).
-            last: It is the last observation (the final epoch in training; the last model offline).
-        """
+        """Whether the observation of ``epoch`` (``first`` / ``last`` of its run or trajectory) stores covariances."""
         keep = self.keep_covariance
         if isinstance(keep, tuple):
             return int(epoch) in keep
@@ -433,13 +337,8 @@ class ObservationSettings(_Extended):
 
 
 def register_section(key: str, kind: type) -> type:
-    """Adds the settings section ``observation.<key>``: a frozen dataclass whose defaults are the section's and whose
-    ``__post_init__`` refuses a bad value naming ``observation.<key>.<field>`` (a measurement family's, registered
-    with the family). Settings made afterwards have it, as ``settings.<key>``.
-
-    Raises:
-        ValueError: the key is a core setting or taken by another class.
-    """
+    """Adds the settings section ``observation.<key>``, a frozen dataclass that validates itself in ``__post_init__``;
+    settings made afterwards have it as ``settings.<key>``."""
     if key in (f.name for f in fields(ObservationSettings)) or _SECTIONS.get(key, kind) is not kind:
         raise ValueError(f"register_section: observation.{key} is already a setting")
     _SECTIONS[key] = kind
@@ -463,9 +362,8 @@ def unregister_extras(section: str | None, switch: str | None) -> None:
 
 
 def _publish_to_hydra() -> None:
-    """Stores the registered sections' defaults as Hydra's ``observation/families`` config, which
-    ``conf/observation/default.yaml`` composes first: ``observation.<family>.<key>=value`` then overrides a family's
-    setting on the command line (no ``+``) although no YAML file names the family, and ``--cfg job`` shows it."""
+    """Publishes the registered sections' defaults as Hydra's ``observation/families``, so that
+    ``observation.<family>.<key>=value`` overrides on the command line (no ``+``) though no YAML names the family."""
     defaults = ObservationSettings().to_dict()
     node = {key: defaults[key] for key in _SECTIONS}
     node["figures"] = {key: defaults["figures"][key] for key in _FIGURE_SWITCHES}
