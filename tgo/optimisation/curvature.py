@@ -1,15 +1,10 @@
 """Curvature of the training loss: the Hessian's top eigenvalues, its trace and Adam's preconditioned sharpness.
 
-Everything here works through Hessian-vector products ``H v`` of the loss on one fixed batch (`HessianOperator`,
-a small multiple of one gradient by double backward), so spectra and traces come from Krylov and Monte Carlo
-methods: the top eigenvalues by Lanczos with full reorthogonalisation, stopped on the Ritz residuals (`lanczos`);
-the trace by Hutchinson's Rademacher probes, probe ``i`` drawn from ``numpy.random.default_rng([seed, i])`` alone so
-any rank computes any probe with the same bits (`hutchinson_samples`, `trace_estimate`); Adam's preconditioned
-sharpness ``lambda_1(P^-1 H)`` against its edge-of-stability threshold, Cohen et al. 2022 (`adam_preconditioner`,
-`stability_threshold`). The network is an eval-mode copy with timm's ``fused_attn`` off (no double backward on
-every backend); the caller's module, its flags and every ``.grad`` stay as they were, and no DDP hook fires. The
-formulas, what the residual bounds and the references are in docs/observables.md section 11.
-"""
+Everything works through Hessian-vector products on one fixed batch (`HessianOperator`): the top eigenvalues by Lanczos
+(`lanczos`), the trace by Hutchinson's probes, probe ``i`` drawn from ``default_rng([seed, i])`` alone so any rank
+computes any probe with the same bits, and Adam's sharpness against its edge of stability (Cohen et al. 2022). The
+caller's module, its flags and every ``.grad`` stay as they were. Formulas and references: docs/observables.md section
+11."""
 
 from __future__ import annotations
 
@@ -54,12 +49,8 @@ MatVec = Callable[[np.ndarray], np.ndarray]
 
 # ----------------------------------------------------------------------------------------------------- the batch
 def curvature_batch_indices(labels: Sequence[int] | np.ndarray, images: int, seed: int) -> np.ndarray:
-    """The first ``images`` positions of a class-stratified, seeded, deterministic order of a labelled set.
-
-    Each class's positions are shuffled by one ``numpy.random.default_rng(seed)`` (classes in increasing label
-    order), then the classes are dealt round robin (one image of every class, then the next of every class, ...), so
-    any prefix holds the classes as evenly as their counts allow. A function of the labels and the seed alone: the
-    same batch on every rank and every run.
+    """The first ``images`` positions of a class-stratified, seeded order: each class shuffled, then the classes dealt
+    round robin, so any prefix holds the classes evenly; a function of labels and seed alone (same batch on every rank).
     """
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     rng = np.random.default_rng(seed)
@@ -87,18 +78,9 @@ _LABEL_CHARS = 200
 class TrainingLoss:
     """The loss whose Hessian is measured, and the words the record keeps about it (the loss protocol).
 
-    A LightningModule declares its training objective by a method ``tgo_loss(logits, labels) -> scalar tensor``:
-    the loss its ``training_step`` minimises, as a mean over the batch, a function of the observed network's output
-    and the labels alone (the Hessian is taken over the network's parameters; nothing else of the module is
-    differentiated), and optionally ``tgo_loss_name`` (a short text the record keeps; default
-    ``<ClassName>.tgo_loss``). Without ``tgo_loss`` the curvature is that of plain cross-entropy, and says so.
-
-    Attributes:
-        fn: ``fn(logits, labels) -> scalar``.
-        name: What the record says about the loss (`loss_label`).
-        declared: Whether the module declared it (``False``: plain cross-entropy stands in).
-        module: The module's class name (``""``: none).
-    """
+    A LightningModule declares its training objective as ``tgo_loss(logits, labels) -> scalar``, a batch mean of the
+    network's output and the labels alone, and optionally ``tgo_loss_name``; without it plain cross-entropy stands in
+    (``declared`` false), and says so."""
 
     fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     name: str
@@ -113,16 +95,8 @@ _WARNED_UNDECLARED: set[str] = set()
 
 
 def training_loss(module: Any, *, warn: bool = False) -> TrainingLoss:
-    """The training objective of a LightningModule by the loss protocol (`TrainingLoss`): its ``tgo_loss``, else
-    plain cross-entropy.
-
-    Args:
-        module: The LightningModule.
-        warn: Say so at once (`say_undeclared`) where plain cross-entropy stands in.
-
-    Raises:
-        UserInputError: ``tgo_loss`` that is not callable, or ``tgo_loss_name`` that is not a non-empty string.
-    """
+    """The module's ``tgo_loss`` (`TrainingLoss`), else plain cross-entropy (``warn``: say so at once); a ``tgo_loss``
+    that is not callable, or a bad ``tgo_loss_name``, is refused."""
     from tgo.errors import UserInputError
 
     kind = type(module).__name__
@@ -145,8 +119,7 @@ def training_loss(module: Any, *, warn: bool = False) -> TrainingLoss:
 
 
 def say_undeclared(loss: Any) -> None:
-    """Says once per module class, in one line, that plain cross-entropy stands in for a module without
-    ``tgo_loss`` (the curvature family calls it where the curvature is measured, on rank 0)."""
+    """Says once per module class that plain cross-entropy stands in for a module without ``tgo_loss``."""
     if not isinstance(loss, TrainingLoss) or loss.declared or loss.module in _WARNED_UNDECLARED:
         return
     _WARNED_UNDECLARED.add(loss.module)
@@ -164,10 +137,7 @@ def offline_loss() -> TrainingLoss:
 
 
 def loss_label(loss: Any) -> np.ndarray:
-    """What the record keeps about ``loss`` (`LOSS_ARRAY`): its name as ASCII codes, uint8 ``[n]`` (at most 200;
-    other characters as ``?``). A `TrainingLoss` gives its ``name``, any other callable its qualified name, ``None``
-    (`HessianOperator`'s default) ``cross_entropy (no loss given)``. Bytes, not a string array: the records hold
-    numbers only."""
+    """The loss's name as ASCII codes, uint8 ``[<= 200]`` (other characters ``?``): the records hold numbers only."""
     name = getattr(loss, "name", None)
     if not isinstance(name, str):
         name = "cross_entropy (no loss given)" if loss is None else getattr(loss, "__qualname__", type(loss).__name__)
@@ -183,8 +153,7 @@ def read_loss_label(array: np.ndarray) -> str:
 # ----------------------------------------------------------------------------------------------------- the operator
 @contextlib.contextmanager
 def unfused_eval(net: nn.Module) -> Iterator[nn.Module]:
-    """``net`` in eval mode with every ``fused_attn`` off for the block; each module's ``training`` flag and
-    ``fused_attn`` restored exactly afterwards (also on an exception)."""
+    """``net`` in eval mode with ``fused_attn`` off (no double backward on every backend); restored exactly after."""
     modes = [(m, m.training) for m in net.modules()]
     fused = [(m, m.fused_attn) for m in net.modules() if isinstance(getattr(m, "fused_attn", None), bool)]
     try:
@@ -202,18 +171,9 @@ def unfused_eval(net: nn.Module) -> Iterator[nn.Module]:
 class HessianOperator:
     """``v -> H v``: the Hessian of ``loss(net(images), labels)`` over the trainable parameters, at their values now.
 
-    The network is copied (``copy.deepcopy``, then cast to ``dtype``) and the copy runs in eval mode with attention
-    unfused (`unfused_eval`), so the caller's network is not touched. The batch is split into chunks of
-    ``batch_size`` images and ``H v = sum_c (n_c / n) H_c v``, which is the Hessian of the batch mean for a loss that
-    is a mean over its batch (cross-entropy, with or without label smoothing); each chunk costs one forward, one
-    backward with its graph and one double backward, and memory is that of one chunk.
-
-    Attributes:
-        names: The trainable parameters' names, in ``named_parameters`` order (the order of the flat vectors).
-        shapes: Their shapes.
-        dim: Their total count ``P``.
-        products: Hessian-vector products computed so far.
-    """
+    It runs on a copy of the network (cast to ``dtype``, eval mode, attention unfused), so the caller's is not touched.
+    The batch is taken in chunks, ``H v = sum_c (n_c / n) H_c v`` (the Hessian of a batch-mean loss), so memory is that
+    of one chunk. ``names`` give the order of the flat vectors; ``products`` counts the products so far."""
 
     def __init__(
         self,
@@ -289,23 +249,15 @@ class HessianOperator:
 
 # ----------------------------------------------------------------------------------------------------- Lanczos
 def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    """``a . b`` by numpy's own loop (``einsum``), not a threaded BLAS ``ddot`` whose sum order depends on the thread
-    count: a rank's Lanczos and probes must give another rank's bits whatever its cores."""
+    """``a . b`` by numpy's own loop, not a threaded BLAS whose sum order depends on the thread count: a rank's Lanczos
+    and probes must give another rank's bits whatever its cores."""
     return float(np.einsum("i,i->", a, b))
 
 
 @dataclass(frozen=True)
 class LanczosResult:
-    """The top Ritz pairs' values of a symmetric operator.
-
-    Attributes:
-        eigenvalues: float64 ``[k]``, the largest (algebraic) Ritz values, decreasing.
-        residuals: float64 ``[k]``: ``||A y_i - theta_i y_i||`` of each, from the products as ``matvec`` computed
-            them (an upper bound on the distance of ``theta_i`` to an eigenvalue of ``A`` where ``matvec`` is ``A``
-            to round-off; not on the error of ``matvec`` itself, e.g. float32 products).
-        steps: Lanczos steps taken (= operator applications).
-        converged: Whether every residual is ``<= tol * |theta_1|`` (else the step limit was reached).
-    """
+    """The top Ritz values, decreasing, with their residuals ``||A y_i - theta_i y_i||`` (a bound on the distance to an
+    eigenvalue of ``A`` where ``matvec`` is ``A`` to round-off, not on the error of ``matvec`` itself)."""
 
     eigenvalues: np.ndarray
     residuals: np.ndarray
@@ -316,19 +268,9 @@ class LanczosResult:
 def lanczos(matvec: MatVec, dim: int, *, k: int, iterations: int, tol: float, seed: int) -> LanczosResult:
     """The ``k`` largest eigenvalues of a symmetric operator by Lanczos with full reorthogonalisation.
 
-    The start vector is standard normal from ``numpy.random.default_rng(seed)``, normalised. Every new vector is
-    orthogonalised against the whole basis twice (classical Gram-Schmidt: the second pass removes what round-off
-    left of the first), so no ghost copies of converged eigenvalues appear and the residual ``beta_j |s_{j,i}|`` of
-    a Ritz pair is its true residual to round-off. Memory: ``(steps + 1) * dim`` float64 (ViT-S, 30 steps: 5.3 GB).
-
-    Args:
-        matvec: ``v -> A v`` (float64 ``[dim]``).
-        dim: The operator's dimension.
-        k: Eigenvalues wanted (at most ``dim``).
-        iterations: At most this many steps (capped at ``dim``).
-        tol: Stop once the top ``k`` residuals are ``<= tol * |theta_1|``.
-        seed: The start vector's seed.
-    """
+    Every new vector is orthogonalised against the whole basis twice (the second pass removes what round-off left), so
+    no ghost copies of converged eigenvalues appear and ``beta_j |s_{j,i}|`` is a Ritz pair's true residual; it stops
+    once the top ``k`` residuals are ``<= tol * |theta_1|``. Memory: ``(steps + 1) * dim`` float64."""
     if dim < 1 or k < 1:
         raise ValueError(f"lanczos: expected dim >= 1 and k >= 1, got dim {dim}, k {k}")
     k, steps_max = min(k, dim), min(max(iterations, k), dim)
@@ -392,15 +334,8 @@ def trace_estimate(samples: np.ndarray) -> tuple[float, float]:
 # ----------------------------------------------------------------------------------------------------- optimizers
 @dataclass(frozen=True)
 class Preconditioner:
-    """An optimizer's stability reference: the diagonal ``P`` of its frozen update and the threshold on
-    ``lambda_1(P^-1 H)``.
-
-    Attributes:
-        diagonal: float64 ``[P]`` (in `HessianOperator.names` order), or ``None`` where ``P = I`` (SGD) or unknown.
-        threshold: The edge-of-stability threshold (NaN: none).
-        kind: ``adam``, ``sgd`` or ``none``.
-        reason: Why there is none (empty otherwise).
-    """
+    """An optimizer's stability reference: the diagonal ``P`` of its frozen update (``None``: identity or unknown) and
+    the threshold on ``lambda_1(P^-1 H)``; ``reason`` says why there is none."""
 
     diagonal: np.ndarray | None
     threshold: float
@@ -408,31 +343,21 @@ class Preconditioner:
     reason: str = ""
 
 
-def _unwrapped(optimizer: Any) -> Any:
-    """The torch optimizer inside a wrapper (Lightning's ``LightningOptimizer`` keeps it as ``_optimizer``)."""
-    return getattr(optimizer, "_optimizer", optimizer)
-
-
 def stability_threshold(beta1: float, learning_rate: float) -> float:
-    """``(2 + 2 beta_1) / ((1 - beta_1) eta)``: the edge of stability of heavy-ball momentum with EMA coefficient
-    ``beta_1`` (Adam's frozen-preconditioner update; Cohen et al. 2022); ``2 / eta`` at ``beta_1 = 0`` (gradient
-    descent). NaN for a learning rate that is not positive and finite or ``beta_1`` outside ``[0, 1)``."""
+    """``(2 + 2 beta_1) / ((1 - beta_1) eta)``: the edge of stability of Adam's frozen-preconditioner update (Cohen et
+    al. 2022), ``2 / eta`` for gradient descent; NaN for a learning rate or ``beta_1`` out of range."""
     if not (math.isfinite(learning_rate) and learning_rate > 0 and 0 <= beta1 < 1):
         return math.nan
     return (2.0 + 2.0 * beta1) / ((1.0 - beta1) * learning_rate)
 
 
 def adam_preconditioner(optimizer: Any, params: Sequence[nn.Parameter], learning_rate: float) -> Preconditioner:
-    """The stability reference of ``optimizer`` for the Hessian over ``params`` (the caller's trainable parameters,
-    in the Hessian's order).
+    """The stability reference of ``optimizer`` for the Hessian over ``params`` (in the Hessian's order).
 
-    Adam / AdamW (``torch.optim``): ``P = (1 - beta_1^t) diag(sqrt(v_t / (1 - beta_2^t)) + eps)`` from each
-    parameter's ``exp_avg_sq`` (``max_exp_avg_sq`` with ``amsgrad``) and ``step``, its group's ``betas`` and
-    ``eps``; threshold ``(2 + 2 beta_1) / ((1 - beta_1) eta)``. SGD without momentum: ``P = I``, threshold
-    ``2 / eta``. Anything else (SGD with momentum or Nesterov, other optimizers, a parameter without Adam state, groups
-    with different learning rates or ``beta_1``): no reference, with the reason.
-    """
-    opt = _unwrapped(optimizer)
+    Adam / AdamW: ``P = (1 - beta_1^t) diag(sqrt(v_t / (1 - beta_2^t)) + eps)``; plain SGD: ``P = I``. Anything else
+    (momentum, other optimizers, no Adam state yet, groups differing in learning rate or ``beta_1``) gives no reference,
+    with the reason."""
+    opt = getattr(optimizer, "_optimizer", optimizer)  # the torch optimizer inside a LightningOptimizer
     if opt is None:
         return Preconditioner(None, math.nan, "none", "no optimizer (offline observation)")
     groups = {id(p): g for g in getattr(opt, "param_groups", ()) for p in g["params"]}
