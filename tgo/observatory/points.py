@@ -1,12 +1,8 @@
 """Observation points: which module of a model is read, input or output, and which of its tokens.
 
-A point is pure data (a frozen dataclass), so a run's points can come from a config file, be compared, hashed and
-logged. Nothing here touches activations: `tgo.observatory.hooks` turns points into hooks.
-
-The ViT preset (`vit_points`) is the TGO paper's 15 points, derived from the model itself so that it works for any
-supported timm Vision Transformer family (`tgo.vit_families`: depth, width, patch size, resolution, register and
-distillation tokens, pooling without a class token, EVA, BEiT).
-"""
+A point is pure data, so a run's points can come from a config file, be compared, hashed and logged; nothing here
+touches activations (`tgo.observatory.hooks` turns points into hooks). The ViT preset (`vit_points`) is derived from the
+model itself, so that it works for any supported timm ViT family (`tgo.vit_families`)."""
 
 from __future__ import annotations
 
@@ -17,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import nn
 
 from tgo.errors import UserInputError
@@ -47,10 +44,9 @@ Layout = Literal["auto", "tokens", "grid", "channels_first", "heads", "vector"]
 READS: tuple[str, ...] = ("output", "input")
 TOKENS: tuple[str, ...] = ("all", "cls", "patch", "mean")
 LAYOUTS: tuple[str, ...] = ("auto", "tokens", "grid", "channels_first", "heads", "vector")
-"""What the dimensions of a hooked tensor mean (`tgo.observatory.hooks.check_layout` enforces it): ``tokens``
-``[B, N, D]``, ``grid`` ``[B, h, w, D]`` (channels-last), ``channels_first`` ``[B, C, h, w]`` (a CNN's feature map, read
-as ``h * w`` tokens of ``C`` features), ``heads`` ``[B, H, N, d]``, ``vector`` ``[B, D]``, ``auto`` ``[B, N, D]`` or
-``[B, D]``."""
+"""What the dimensions of a hooked tensor mean: ``tokens`` ``[B, N, D]``, ``grid`` ``[B, h, w, D]``, ``channels_first``
+``[B, C, h, w]`` (``h * w`` tokens of ``C`` features), ``heads`` ``[B, H, N, d]`` (``H * d`` features), ``vector`` ``[B,
+D]``, ``auto`` ``[B, N, D]`` or ``[B, D]``."""
 
 # Point names become npz keys ("<point>/eigenvalues"), CSV cells and TensorBoard tags: keep them to a charset that is
 # safe in all three (no '/', no ',', no whitespace).
@@ -61,22 +57,10 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 class ObservationPoint:
     """One place in a model whose activations are observed.
 
-    Args:
-        name: Identifier used in records and logs (e.g. ``block_03``). Letters, digits, ``_``, ``.``, ``-`` only,
-            because it becomes an npz key prefix, a CSV cell and a TensorBoard tag.
-        module: Dotted path as in ``model.named_modules()`` (e.g. ``blocks.2`` or ``blocks.5.attn``).
-        read: ``"output"`` reads what the module returns (forward hook); ``"input"`` reads its first positional
-            argument (forward pre-hook), which is how the position-embedded sequence is reached (input of
-            ``pos_drop``).
-        tokens: ``"all"`` every token; ``"cls"`` token 0 only; ``"patch"`` the tokens after the prefix (class and
-            register) tokens; ``"mean"`` the mean of the patch tokens, one row per image.
-        layout: What the tensor's dimensions are (`LAYOUTS`): ``auto`` (default) reads ``[B, N, D]`` tokens or a
-            ``[B, D]`` vector and refuses anything else in one line; ``heads`` reads ``[B, H, N, d]`` (timm
-            attention's q, k, v at ``attn.q_norm`` / ``attn.k_norm``) as tokens of ``H * d`` features; ``grid`` reads
-            a channels-last ``[B, h, w, D]`` token grid; ``channels_first`` reads a ``[B, C, h, w]`` feature map (a
-            CNN stage's output) as ``h * w`` tokens of ``C`` features; ``tokens`` / ``vector`` insist on ``[B, N, D]``
-            / ``[B, D]``.
-    """
+    ``name`` becomes an npz key prefix, a CSV cell and a TensorBoard tag, hence its charset. ``read="input"`` reads the
+    module's first positional argument (how the position-embedded sequence is reached: the input of ``pos_drop``).
+    ``tokens``: ``cls`` is token 0, ``patch`` the tokens after the prefix (class and register) tokens, ``mean`` their
+    mean, one row per image. ``layout``: `LAYOUTS`."""
 
     name: str
     module: str
@@ -95,16 +79,11 @@ class ObservationPoint:
                 f"ObservationPoint {self.name!r}: module must be a non-empty dotted path as in "
                 f"model.named_modules() (e.g. 'blocks.5.attn'); got {self.module!r}"
             )
-        if self.read not in READS:
-            raise PointConfigError(f"ObservationPoint {self.name!r}: read must be one of {READS}; got {self.read!r}")
-        if self.tokens not in TOKENS:
-            raise PointConfigError(
-                f"ObservationPoint {self.name!r}: tokens must be one of {TOKENS}; got {self.tokens!r}"
-            )
-        if self.layout not in LAYOUTS:
-            raise PointConfigError(
-                f"ObservationPoint {self.name!r}: layout must be one of {LAYOUTS}; got {self.layout!r}"
-            )
+        for key, allowed in (("read", READS), ("tokens", TOKENS), ("layout", LAYOUTS)):
+            if getattr(self, key) not in allowed:
+                raise PointConfigError(
+                    f"ObservationPoint {self.name!r}: {key} must be one of {allowed}; got {getattr(self, key)!r}"
+                )
         if self.layout == "vector" and self.tokens != "all":
             raise PointConfigError(
                 f"ObservationPoint {self.name!r}: a [B, D] vector has one row per image; tokens must be 'all', got "
@@ -117,18 +96,10 @@ class ObservationPoint:
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """Return the original module behind DDP / DataParallel / ``torch.compile`` wrappers.
+    """The original module behind DDP / DataParallel / ``torch.compile`` wrappers.
 
-    Hooks must go on the original module: hooks registered on a compiled module after compilation are ignored by
-    the compiled graph, and a DDP wrapper's forward would add its own collectives to an observation pass in which
-    ranks see different numbers of batches.
-
-    Args:
-        model: A module, possibly wrapped (any nesting of DDP/DataParallel ``.module`` and compile ``._orig_mod``).
-
-    Returns:
-        The innermost original module.
-    """
+    Hooks must go on it: a compiled graph ignores hooks added after compilation, and a DDP wrapper's forward would add
+    collectives to a pass in which ranks see different numbers of batches."""
     seen = 0
     while seen < 16:  # wrappers never nest this deep; the bound only guards against a self-referencing attribute
         seen += 1
@@ -153,30 +124,12 @@ def _final_point(model: nn.Module) -> ObservationPoint:
 def vit_points(model: nn.Module) -> list[ObservationPoint]:
     """The TGO paper's observation points for a timm Vision Transformer of any depth and family.
 
-    ``patch_embed`` (patch embedding output, patch tokens only), ``pos_embed`` (input of ``pos_drop``: prefix tokens
-    concatenated and position embedding added), ``block_01`` ... ``block_NN`` (each block's output, all tokens) and
-    the final representation, ``cls`` (final norm output, token 0). That is 15 points for depth 12.
-
-    Families and variants (`tgo.vit_families`) are mapped to the same meaning rather than silently producing nothing:
-
-    * prefix tokens beyond the class token (registers, a distillation token) stay in the sequence points; the
-      observatory's ``patch`` view removes all of them and the ``prefix`` view holds them (`tgo.observatory.views`);
-    * a model that pools without reading a class token (``global_pool`` 'avg', 'max', 'map', ...: no class token,
-      SigLIP, EVA-02, BEiT) has no CLS to read, so its final point is ``pooled``: the output of ``fc_norm``, the
-      pooled representation the classifier head sees (one row per image, as for a CLS token). It is named for what
-      it reads, so no record calls a mean of patch tokens ``cls``;
-    * a VisionTransformer without a position embedding (``pos_embed='none'``) never calls ``pos_drop``, so
-      ``pos_embed`` reads the input of ``patch_drop`` (the same tensor). EVA and BEiT always call ``pos_drop``.
-
-    Args:
-        model: A timm Vision Transformer, possibly wrapped by DDP or ``torch.compile``.
-
-    Returns:
-        The points in depth order (patch_embed, pos_embed, blocks, cls or pooled).
-
-    Raises:
-        UnsupportedModelError: not a supported timm Vision Transformer (one line naming the supported families).
-    """
+    ``patch_embed``, ``pos_embed`` (the input of ``pos_drop``), ``block_01`` ... ``block_NN`` and the final
+    representation: 15 points for depth 12. Variants keep the meaning rather than silently producing nothing: prefix
+    tokens beyond the class token stay in the sequence points (the ``patch`` and ``prefix`` views split them); a model
+    that pools without a class token has no CLS, so its final point is ``pooled`` (``fc_norm``), named for what it
+    reads; without a position embedding ``pos_drop`` is never called, so ``pos_embed`` reads ``patch_drop`` (the same
+    tensor)."""
     model = unwrap_model(model)
     family = check_vit(model)
     depth = len(model.blocks)  # type: ignore[arg-type]  # a Sequential / ModuleList in every supported family
@@ -199,37 +152,12 @@ _CONFIG_KEYS = {"preset", "extra"}
 _POINT_KEYS = {"name", "module", "read", "tokens", "layout"}
 
 
-def _to_container(spec: Any) -> Any:
-    """OmegaConf DictConfig/ListConfig -> plain Python; anything else unchanged."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # omegaconf is a dependency, but plain dicts must work without it
-        return spec
-    if isinstance(spec, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(spec, resolve=True)
-    return spec
-
-
 def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None = None) -> list[ObservationPoint]:
-    """Build observation points from a Hydra/OmegaConf-friendly structure.
-
-    The structure is ``{preset: vit | null, extra: [{name, module, read, tokens, layout}, ...]}`` so users add points
-    (say a block's attention output, ``{name: attn_06, module: blocks.5.attn}``) from the command line or a config file
-    without code. Unknown keys are errors rather than silently ignored, because a misspelt ``extra`` would otherwise
-    drop the user's points without a word.
-
-    Args:
-        spec: The mapping (dict or DictConfig). ``None`` means the ViT preset alone.
-        model: Needed when a preset is used, since the preset's points depend on the model's depth and tokens.
-
-    Returns:
-        Preset points followed by the extra points, in config order.
-
-    Raises:
-        ValueError: unknown preset or key, malformed extra entry, or duplicate point names.
-        UnsupportedModelError: the ``vit`` preset on a model that is not a supported timm Vision Transformer.
+    """Builds points from ``{preset: vit | null, extra: [{name, module, read, tokens, layout}, ...]}``, so users add
+    points without code. Unknown keys are errors: a misspelt ``extra`` would otherwise drop the user's points silently.
     """
-    spec = _to_container(spec)
+    if isinstance(spec, (DictConfig, ListConfig)):
+        spec = OmegaConf.to_container(spec, resolve=True)
     if spec is None:
         spec = {"preset": "vit"}
     if not isinstance(spec, Mapping):
@@ -294,11 +222,8 @@ def _check_unique(points: Iterable[ObservationPoint]) -> None:
 
 
 def _summarize_module_names(names: Iterable[str], max_depth: int = 3) -> list[str]:
-    """Collapse numbered siblings (``blocks.0`` ... ``blocks.11`` -> ``blocks.{0..11}``) and cut at ``max_depth``.
-
-    A ViT-S has ~200 module paths; the collapsed list is ~20 entries and still shows every path pattern a user can
-    write (``blocks.{0..11}.attn``).
-    """
+    """Collapses numbered siblings (``blocks.{0..11}``) and cuts at ``max_depth``: ~200 paths of a ViT-S become ~20 that
+    still show every pattern a user can write."""
     groups: dict[str, list[int]] = {}
     order: list[str] = []
     for name in names:
@@ -325,21 +250,8 @@ def _summarize_module_names(names: Iterable[str], max_depth: int = 3) -> list[st
 
 
 def resolve_points(model: nn.Module, points: Sequence[ObservationPoint]) -> dict[str, nn.Module]:
-    """Map each point's name to its module, failing early and helpfully on unknown paths.
-
-    Called before training starts (and again by the probe), so a typo in a config costs seconds, not an epoch.
-
-    Args:
-        model: The model (wrappers are looked through with `unwrap_model`).
-        points: The points to resolve.
-
-    Returns:
-        ``{point.name: module}`` in point order.
-
-    Raises:
-        ValueError: duplicate names, or unknown module paths; the message lists each unknown path with close
-            matches and a collapsed list of the model's module paths.
-    """
+    """``{point.name: module}``, failing before training on an unknown path (with close matches and the model's paths),
+    so a typo costs seconds, not an epoch."""
     model = unwrap_model(model)
     _check_unique(points)
     modules = dict(model.named_modules())
@@ -361,19 +273,8 @@ def resolve_points(model: nn.Module, points: Sequence[ObservationPoint]) -> dict
 
 
 def select_tokens(x: torch.Tensor, tokens: str, num_prefix_tokens: int) -> torch.Tensor:
-    """Select the observed tokens of an activation.
-
-    Args:
-        x: ``(B, N, D)`` token sequence, ``(B, *grid, D)`` channels-last token grid (flattened to ``(B, N, D)``, as
-            a patch embedding with ``dynamic_img_size`` returns), or ``(B, D)`` one vector per image (only
-            ``tokens="all"``).
-        tokens: ``"all"``, ``"cls"`` (token 0), ``"patch"`` (tokens after the prefix) or ``"mean"`` (mean of the
-            patch tokens).
-        num_prefix_tokens: Class + register tokens at the start of the sequence (0 for the patch embedding output).
-
-    Returns:
-        ``(..., D)`` rows to accumulate: ``(B, N, D)`` for all/patch, ``(B, D)`` for cls/mean.
-    """
+    """The observed rows of an activation (``(B, N, D)``, a channels-last grid flattened to it, or ``(B, D)``): ``(B, N,
+    D)`` for all/patch, ``(B, D)`` for cls/mean."""
     if x.dim() > 3:
         x = x.flatten(1, -2)
     if tokens == "all":
