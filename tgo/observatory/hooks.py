@@ -1,15 +1,9 @@
 """The hook machinery: forward hooks that hand a module's tensor, checked against its declared layout, to a consumer.
 
-Every tensor TGO reads from a model is declared by a `HookSpec`: which module, its input or output, and its
-**layout** (`LAYOUTS`), which `check_layout` enforces on the first tensor that arrives. A declaration that does not
-match the tensor is refused in one line, never read wrongly: timm's ``Attention`` hands q and k to ``q_norm`` /
-``k_norm`` as ``[B, H, N, d]``; read as tokens ``[B, N, D]`` its "token 0" would be head 0's first token.
-
-`ActivationHooks` registers the hooks of a list of ``(HookSpec, consume)`` bindings and removes them on exit (hooks
-exist only inside its ``with`` block, so training pays nothing for them). `ActivationHooks.for_points` binds
-observation points to accumulators: each point's tensor becomes token rows (`token_rows`), its tokens are selected
-(`tgo.observatory.points.select_tokens`) and the rows go to the point's ``update``. Activations are never stored.
-"""
+Every tensor TGO reads is declared by a `HookSpec`, whose layout `check_layout` enforces on the first tensor: a
+declaration that does not match is refused in one line, never read wrongly (timm's ``Attention`` hands q and k to
+``q_norm`` as ``[B, H, N, d]``; read as tokens, its "token 0" would be head 0's first token). Hooks exist only inside an
+`ActivationHooks` block, so training pays nothing for them, and activations are never stored."""
 
 from __future__ import annotations
 
@@ -39,6 +33,7 @@ __all__ = [
     "token_rows",
 ]
 
+
 Layout = Literal["auto", "tokens", "grid", "channels_first", "heads", "vector"]
 Read = Literal["output", "input"]
 
@@ -55,18 +50,8 @@ class SupportsUpdate(Protocol):
 
 @dataclass(frozen=True)
 class HookSpec:
-    """One tensor a measurement reads: a module's output or first input, and what its dimensions mean.
-
-    Attributes:
-        key: The name the consumer knows it by (a point name, or e.g. ``block_03.q``); unique within one family.
-        module: Dotted path as in ``model.named_modules()``.
-        read: ``output`` (forward hook) or ``input`` (first positional argument, forward pre-hook).
-        layout: ``tokens`` ``[B, N, D]``; ``grid`` ``[B, h, w, D]`` channels-last token grid (a patch embedding with
-            ``dynamic_img_size``); ``channels_first`` ``[B, C, h, w]`` feature map (a CNN's), read as ``h * w`` rows
-            of ``C`` features; ``heads`` ``[B, H, N, d]`` (timm attention's q, k, v); ``vector`` ``[B, D]``, one
-            row per image; ``auto``: ``[B, N, D]`` or ``[B, D]``, anything else refused (a 4-d tensor could be a grid
-            or heads).
-    """
+    """One tensor a measurement reads: a module's output or first input, and its layout (`LAYOUTS`); ``key`` is the name
+    the consumer knows it by. ``auto`` refuses a 4-d tensor, which could be a grid or heads."""
 
     key: str
     module: str
@@ -109,12 +94,9 @@ def _channels(module: nn.Module, read: str) -> int:
 
 
 def feature_map_channels(module: nn.Module, read: str) -> int | None:
-    """The channel count of a convolutional module's feature map, or None if the module holds no convolution.
-
-    What the module outputs has the channels of the last convolution or batch norm it holds (itself included), what
-    it reads those of the first one's input: a ResNet stage's output has its last block's ``conv3`` channels. Used
-    to catch a ``[B, C, h, w]`` map declared as a layout that would read ``C`` as rows (`check_layout`).
-    """
+    """The channels of a convolutional module's feature map (its last convolution's output, or its first one's input),
+    ``None`` without one: how `check_layout` catches a ``[B, C, h, w]`` map declared as a layout that reads ``C`` as
+    rows."""
     convs = [m for m in module.modules() if isinstance(m, _CHANNELS_FIRST)]
     if not convs:
         return None
@@ -131,18 +113,8 @@ def _readings(shape: tuple[int, ...]) -> str:
 def check_layout(x: torch.Tensor, layout: str, where: str, channels: int | None = None) -> torch.Tensor:
     """Returns ``x`` if it fits ``layout``; raises `LayoutError` in one line otherwise.
 
-    The number of dimensions must fit the layout. A 4-d or 5-d tensor whose dimension 1 holds ``channels`` (the
-    feature map of a convolutional module, `feature_map_channels`) and whose last dimension does not is a
-    channels-first map: only ``channels_first`` reads it correctly (``grid`` would read its channels as rows and
-    its width as features: a ResNet stage's ``[B, 256, 2, 2]`` as 512 rows of 2 features). The reverse, a
-    channels-last map declared ``channels_first``, is refused too.
-
-    Args:
-        x: The hooked tensor.
-        layout: One of `LAYOUTS`.
-        where: How the message names the hook (``point 'block_03' (blocks.2.attn.q_norm output)``).
-        channels: The module's feature-map channels (`feature_map_channels`), None if it is not convolutional.
-    """
+    A 4-d or 5-d tensor whose dimension 1 holds the module's ``channels`` is channels-first: any other layout would read
+    its channels as rows (a ResNet stage's ``[B, 256, 2, 2]`` as 512 rows of 2 features); the reverse is refused too."""
     shape = tuple(x.shape)
     if x.dim() not in _DIMS[layout]:
         hint = (
@@ -172,10 +144,8 @@ def check_layout(x: torch.Tensor, layout: str, where: str, channels: int | None 
 
 
 def token_rows(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """The tensor as token rows ``[B, N, D]`` (or ``[B, D]`` for a vector): a grid is flattened row-major, a
-    channels-first map ``[B, C, h, w]`` becomes ``[B, h * w, C]`` (one row per position, row-major, its channels as
-    features), heads are concatenated per token (``[B, H, N, d] -> [B, N, H * d]``, the order timm's attention
-    projects them in)."""
+    """The tensor as token rows ``[B, N, D]`` (or ``[B, D]``): a grid flattened row-major, a channels-first map as one
+    row per position, heads concatenated per token in the order timm's attention projects them."""
     if layout == "grid":
         return x.flatten(1, -2)
     if layout == "channels_first":
@@ -186,10 +156,7 @@ def token_rows(x: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def num_prefix_tokens_of(model: nn.Module) -> int:
-    """Class + register tokens at the start of a timm ViT's token sequence.
-
-    timm exposes ``num_prefix_tokens``; without it, one prefix token is assumed when the model has a ``cls_token``.
-    """
+    """Class + register tokens at the start of a timm ViT's sequence (one where only a ``cls_token`` says so)."""
     model = unwrap_model(model)
     n = getattr(model, "num_prefix_tokens", None)
     if n is not None:
@@ -208,8 +175,7 @@ def after_pooling(model: nn.Module, point: ObservationPoint) -> bool:
 
 
 def prefix_tokens_of_point(model: nn.Module, point: ObservationPoint, num_prefix_tokens: int) -> int:
-    """Prefix tokens in what the point's module emits: none inside the patch embedding (patch tokens only) and none
-    after the pooling (`after_pooling`)."""
+    """Prefix tokens in what the point's module emits: none inside the patch embedding or after the pooling."""
     if point.module.split(".")[0] == "patch_embed" and isinstance(getattr(model, "patch_embed", None), nn.Module):
         return 0
     return 0 if after_pooling(model, point) else num_prefix_tokens
@@ -221,13 +187,7 @@ def point_spec(point: ObservationPoint) -> HookSpec:
 
 
 def point_rows(x: torch.Tensor, point: ObservationPoint, num_prefix_tokens: int) -> torch.Tensor:
-    """The rows a point observes of its (layout-checked) tensor: token rows, then its token selection.
-
-    Args:
-        x: The tensor its `HookSpec` delivered.
-        point: The point.
-        num_prefix_tokens: Prefix tokens in the point's rows (`prefix_tokens_of_point`).
-    """
+    """The rows a point observes of its (layout-checked) tensor: token rows, then its token selection."""
     return select_tokens(token_rows(x, point.layout), point.tokens, num_prefix_tokens)
 
 
@@ -235,41 +195,25 @@ def first_tensor(value: Any) -> torch.Tensor:
     """A module's output or input as one tensor: the first tensor of a tuple/list (e.g. modules returning extras)."""
     if isinstance(value, torch.Tensor):
         return value
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            if isinstance(v, torch.Tensor):
-                return v
-    if isinstance(value, Mapping):
-        for v in value.values():
-            if isinstance(v, torch.Tensor):
-                return v
+    for v in value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ():
+        if isinstance(v, torch.Tensor):
+            return v
     raise TypeError(f"a hooked module gave a {type(value).__name__}, expected a tensor (or a tuple holding one)")
 
 
-Consume = Callable[[torch.Tensor], None]
-"""What a hook calls with the detached, layout-checked tensor (outside inference mode)."""
+Consume = Callable[[torch.Tensor], None]  # called with the detached, layout-checked tensor
 
 
 class ActivationHooks:
-    """Context manager that registers forward hooks for ``(HookSpec, consume)`` bindings and removes them on exit.
+    """Registers forward hooks for ``(HookSpec, consume)`` bindings and removes them on exit, also on an exception.
 
-    Hooks go on the original module (`unwrap_model`), so a DDP wrapper or a ``torch.compile``'d model is handled by
-    hooking what the wrapper wraps. Forward hooks read outputs, forward pre-hooks read inputs (first positional
-    argument). Each tensor is detached and checked against its spec's layout (`check_layout`) before ``consume``
-    sees it. All handles are removed on exit, also when the body raises.
+    Hooks go on the original module (`unwrap_model`). Each tensor is detached and layout-checked before ``consume`` sees
+    it, and ``consume`` runs outside ``torch.inference_mode``, so the state it updates stays ordinary tensors.
 
-    When the forward runs under ``torch.inference_mode``, ``consume`` is called outside it, so state it updates stays
-    ordinary tensors (in-place updates on inference tensors are forbidden once inference mode is left).
+    Example::
 
-    Args:
-        model: The model to hook (possibly wrapped).
-        bindings: ``(spec, consume)`` pairs; several may name one module.
-        modules: ``{module path: module}`` if the caller already resolved them; looked up here otherwise.
-
-    Example:
-        >>> with ActivationHooks.for_points(model, points, accumulators):
-        ...     model(images)
-    """
+        with ActivationHooks.for_points(model, points, accumulators):
+            model(images)"""
 
     def __init__(
         self,
@@ -300,15 +244,7 @@ class ActivationHooks:
         num_prefix_tokens: int | None = None,
         modules: Mapping[str, nn.Module] | None = None,
     ) -> ActivationHooks:
-        """Hooks that feed each point's selected rows (`point_rows`) to ``accumulators[point.name].update``.
-
-        Args:
-            model: The model to hook (possibly wrapped).
-            points: Observation points; names must be unique.
-            accumulators: ``{point.name: accumulator}``; every point needs one.
-            num_prefix_tokens: Prefix (class + register) token count; default from the model (`num_prefix_tokens_of`).
-            modules: ``{point name: module}`` if the caller already resolved the points (`resolve_points`).
-        """
+        """Hooks that feed each point's selected rows (`point_rows`) to ``accumulators[point.name].update``."""
         net = unwrap_model(model)
         points = list(points)
         missing = [p.name for p in points if p.name not in accumulators]
