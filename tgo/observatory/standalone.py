@@ -1,30 +1,16 @@
 """``tgo.observe_model``: one observation of a model in plain PyTorch, without Lightning, Hydra or a DataModule.
 
-The same code path as the training callback and ``python -m tgo.observe`` (`tgo.observatory.observe_and_record`), in
-one process (the sum all-reduce is the identity), so its numbers equal theirs bit for bit for the same weights, data
-and settings. Typical use in a researcher's own loop::
+The same code path as the training callback and ``python -m tgo.observe`` in one process, so its numbers equal theirs
+bit for bit for the same weights, data and settings::
 
-    import tgo
-    from tgo.data import stratified_subset
-
-    analysis = stratified_subset(val_set, per_class=10, seed=0)
+    analysis = tgo.data.stratified_subset(val_set, per_class=10, seed=0)
     for epoch in range(epochs + 1):
         if epoch % 5 == 0 or epoch == epochs:
             tgo.observe_model(model, analysis, out="runs/mine", epoch=epoch, step=steps_done)
-        ...  # train one epoch
+        ...  # train one epoch; then: python -m tgo.report runs/mine
 
-    # then: python -m tgo.report runs/mine
-
-With ``out`` the observation is recorded as the callback records it (``<out>/geometry/``,
-``<out>/analysis_subset.json``) and successive calls with new epochs build a trajectory; an epoch already recorded
-is refused, never overwritten.
-Without ``out`` nothing is written and the `Results` are returned.
-
-`claim_run_directory` is the rule both this function and ``SpectralGeometryCallback(analysis=...)`` follow in a
-directory that is not a TGO run of ``tgo.train`` (no `tgo.records.RunDir.marker`): TGO writes only its own files
-(``geometry/`` and ``analysis_subset.json``), refuses a ``geometry/`` or manifest it did not make, and refuses to mix
-the records of different analysis sets or, in training, of two trainings.
-"""
+`claim_run_directory` is the rule this and ``SpectralGeometryCallback(analysis=...)`` follow in a directory that is not
+a ``tgo.train`` run: TGO writes only its own files and never mixes the records of two analysis sets or trainings."""
 
 from __future__ import annotations
 
@@ -60,8 +46,7 @@ __all__ = [
     "vit_network",
 ]
 
-DEFAULT_BATCH_SIZE = 64
-"""Images per observation forward pass when neither the settings nor a DataLoader say."""
+DEFAULT_BATCH_SIZE = 64  # images per forward pass when neither the settings nor a DataLoader say
 
 
 class RunDirectoryError(UserInputError):
@@ -72,15 +57,13 @@ class RunDirectoryError(UserInputError):
 def observation_settings(
     settings: ObservationSettings | Mapping[str, Any] | None, overrides: Mapping[str, Any]
 ) -> ObservationSettings:
-    """``settings`` (an `ObservationSettings`, a mapping of its keys or ``None``) with keyword overrides of any key,
-    validated as the config path validates them (one line naming ``observation.<key>``)."""
+    """``settings`` with keyword overrides, validated as the config path validates them."""
     base = ObservationSettings.from_config(settings)
     return base.replace(**overrides) if overrides else base
 
 
 def vit_network(container: nn.Module, model: ModelSpec, settings: ObservationSettings, *, what: str) -> nn.Module:
-    """The network to observe (`tgo.observatory.find_vit.resolve_network`), refused in one line if the ``vit``
-    points preset cannot read it."""
+    """The network to observe, refused in one line if the ``vit`` points preset cannot read it."""
     network = resolve_network(container, model, what=what)
     if (settings.points or {}).get("preset") == "vit":
         if model is None:
@@ -94,11 +77,7 @@ def vit_network(container: nn.Module, model: ModelSpec, settings: ObservationSet
 
 
 def prepare_analysis(analysis: Any, *, where: str) -> tuple[Any, int | None, int | None, str | None]:
-    """``(checked dataset with .labels, loader batch size, loader workers, stratification warning or None)``.
-
-    Raises:
-        tgo.data.subsets.AnalysisSetError: not a map-style dataset of ``(image, int label)``.
-    """
+    """``(checked dataset with .labels, loader batch size, loader workers, stratification warning or None)``."""
     from tgo.data.subsets import analysis_input, check_analysis_set, stratification_notice
 
     dataset, batch_size, num_workers = analysis_input(analysis)
@@ -112,8 +91,7 @@ def _describe(paths: list[str]) -> str:
 
 
 def _foreign_in_geometry(run: RunDir) -> list[str]:
-    """What ``geometry/`` holds that TGO's records never are (empty when it is missing or TGO's own); the step series
-    (``geometry/steps/``) is checked the same way."""
+    """What ``geometry/`` (and its step series) holds that TGO's records never are; empty when it is TGO's own."""
     here = run.geometry.relative_to(run.root).as_posix()
     if not run.geometry.exists():
         return []
@@ -162,25 +140,10 @@ def claim_run_directory(
 ) -> None:
     """Checks that TGO may record into ``root`` (not marked as a run by ``tgo.train``) and writes its manifest.
 
-    TGO's files there are ``geometry/`` (its records) and ``analysis_subset.json``; anything else in ``root`` is the
-    user's and is never touched. Refused, in one line naming the directory:
-
-    * a symbolic link where TGO writes, a file where it keeps a directory (``geometry/weights``) or the reverse
-      (`tgo.records.RunDir.unsafe_entry`);
-    * a ``geometry/`` holding anything but TGO's records (a ``metrics.csv`` with another header, other files);
-    * with ``fresh`` (a training that starts from scratch), records already there: another training's;
-    * an ``analysis_subset.json`` TGO did not write, or one of another analysis set while records exist (the
-      records would mix two subsets). One of another set without records is TGO's own leftover and is replaced.
-
-    Args:
-        root: The directory (``trainer.default_root_dir``, or ``out`` of `observe_model`).
-        manifest: The analysis set's manifest (`tgo.data.subsets.analysis_manifest`) to write, or ``None``.
-        fresh: Whether records already present belong to another training (a fit that does not resume).
-        what: How messages name ``root``.
-
-    Raises:
-        RunDirectoryError: the directory is not TGO's to write into.
-    """
+    TGO's files there are ``geometry/`` and ``analysis_subset.json``; anything else is the user's, never touched.
+    Refused, in one line: a link where TGO writes or a file where it keeps a directory; a ``geometry/`` holding anything
+    but TGO's records; with ``fresh`` (a training from scratch) records already there; an ``analysis_subset.json`` TGO
+    did not write, or one of another analysis set while records exist (the records would mix two subsets)."""
     run = RunDir(root)
     if run.root.exists() and not run.root.is_dir():
         raise RunDirectoryError(f"{what} '{run.root}' is a file; expected a directory for the geometry records")
@@ -246,27 +209,17 @@ def observe_model(
     """Observes the spectral geometry of ``model`` on ``dataset`` once, in this process.
 
     Args:
-        model: A timm ``VisionTransformer``, or any module holding exactly one (found as the callback finds it;
-            DDP / ``torch.compile`` wrappers are looked through). Its training flags are restored afterwards.
-        dataset: The analysis set: a map-style ``Dataset`` of ``(image tensor, int label)`` (ideally
-            `tgo.data.stratified_subset`), or a ``DataLoader`` over one (its batch size and workers are used).
-        out: A directory to record into as the callback does (``geometry/``, ``analysis_subset.json``); ``None``
-            writes nothing.
-        epoch: The epoch label of these weights (completed training epochs). With ``out``, an epoch already recorded
-            there is refused.
-        step: Optimiser steps of these weights (recorded with the epoch).
-        settings: `ObservationSettings` or a mapping of its keys (``None``: the defaults).
-        device: Where the pass runs (default: the device of the model's parameters).
-        **setting_overrides: Any `ObservationSettings` key (``groups=0``, ``gram_dtype="float32"``, ...).
+        model: A timm ViT, or a module holding exactly one (wrappers looked through); its training flags are restored.
+        dataset: A map-style ``Dataset`` of ``(image tensor, int label)`` (ideally `tgo.data.stratified_subset`), or a
+            ``DataLoader`` over one (its batch size and workers are used).
+        out: A directory to record into as the callback does, successive epochs building a trajectory; an epoch already
+            recorded there is refused, never overwritten. ``None``: nothing is written.
+        epoch, step: Completed epochs and optimiser steps of these weights.
+        settings, **setting_overrides: `ObservationSettings` or a mapping of its keys, then any key overridden.
+        device: Where the pass runs (default: the model's).
 
-    Returns:
-        The `Results`: ``{ObservationKey(point, view): PointResult}`` in depth order (``results["cls"]`` is the
-        ``all`` view of point ``cls``).
-
-    Raises:
-        tgo.errors.UserInputError: bad settings, no or several ViTs, a dataset that is not ``(image, int label)``,
-            an epoch already recorded in ``out``, or an ``out`` holding files TGO did not make (one line each).
-    """
+    Returns ``{ObservationKey(point, view): PointResult}`` in depth order (``results["cls"]`` is point ``cls``'s ``all``
+    view); every bad input raises a one-line `tgo.errors.UserInputError`."""
     from tgo.data.subsets import analysis_manifest
 
     settings = observation_settings(settings, setting_overrides)
