@@ -1,8 +1,7 @@
 """Matplotlib figures shared by the geometry callback (TensorBoard) and the report (PNG files).
 
-Every function returns a ``matplotlib.figure.Figure`` built with the object API (no pyplot state, so importing this
-module never selects a backend for the user's process): figures can be made from callbacks and worker threads,
-rendered by TensorBoard's Agg canvas or ``fig.savefig`` and closed deterministically by the caller (``close(fig)``).
+Built with the object API, never pyplot: importing this module selects no backend, figures can be made in worker
+threads, and the caller closes them deterministically (`close`).
 """
 
 from __future__ import annotations
@@ -28,25 +27,22 @@ EPOCH_CMAP = "viridis"
 """Epoch colour ramp: dark purple (first observation) to yellow (last); every use draws a colourbar."""
 DEPTH_CMAP = "turbo"
 DEPTH_RAMP = (0.05, 0.95)
-"""Depth colour ramp of the points other than CLS, from dark blue (patch embedding) over green and yellow to dark red
-(the last block): the part of ``turbo`` that changes hue fastest, so neighbouring blocks stay apart (plasma's
-last blocks were three shades of pale yellow) and no point is as pale as the page."""
+"""Depth ramp of the points other than CLS, dark blue (patch embedding) to dark red (last block): the part of ``turbo``
+that changes hue fastest, so neighbouring blocks stay apart and no point is as pale as the page.
+"""
 CLS_POINT = "cls"
 CLS_STYLE: dict[str, Any] = {"color": "black", "marker": "s"}
-"""The CLS token (the final norm's token 0, what the classifier reads) is not one more block on the depth ramp: it is
-drawn in black with square markers in every figure with one line per point, and named in bold on depth axes."""
+"""CLS (the final norm's token 0, what the classifier reads) is not one more block: black with square markers."""
 CARD_FONTSIZE = 16.0
 """Text size (pt) of figures made for a TensorBoard card; tick labels are 0.85 of it (13.6 pt, ~15 px drawn)."""
 CARD_FIGSIZE = (6.0, 3.0)
 CARD_DPI = 80
-"""A card figure is ``CARD_FIGSIZE * CARD_DPI`` = 480 x 240 px. TensorBoard's Time Series fits an image into a
-~450 x 210 px box (the card's width, a fixed height), so what sets the on-screen text size is the image's *height*:
-a 2:1 card is shown at ~90 % (tick labels ~13 px on screen), where a 3:2 one of the same width is shown at ~65 %
-and a 15-panel grid at ~25 % (6 pt text became ~2 px). The depth profiles keep 480 x 320 px: their rotated point
-names need the height."""
+"""A card is ``CARD_FIGSIZE * CARD_DPI`` = 480 x 240 px. TensorBoard fits an image into a ~450 x 210 px box, so the
+image's height sets the on-screen text size: a 2:1 card is shown at ~90 %, a 15-panel grid at ~25 %. Depth profiles
+keep 480 x 320 px for their rotated point names.
+"""
 CARD_PIXELS = 240
-"""Least side (px) of a correlation card: smaller matrices are enlarged by a whole factor (every entry a square);
-a taller card would be shrunk into TensorBoard's box (`CARD_DPI`), and its colour scale's labels with it."""
+"""Least side (px) of a correlation card: smaller matrices are enlarged by a whole factor (every entry a square)."""
 
 
 def close(fig: Figure) -> None:
@@ -55,10 +51,9 @@ def close(fig: Figure) -> None:
 
 
 def render_rgb(fig: Figure) -> np.ndarray:
-    """The figure drawn by its own Agg canvas, as an RGB ``uint8`` image ``(H, W, 3)``; then cleared (`close`).
+    """The figure drawn by its own Agg canvas as an RGB ``uint8`` ``(H, W, 3)`` image, then cleared (`close`).
 
-    Thread-safe where pyplot is not: no global figure manager, no backend switch (TensorBoard's ``add_figure``
-    imports pyplot). The background figure worker writes this with ``add_image(..., dataformats="HWC")``.
+    Thread-safe where pyplot (TensorBoard's ``add_figure``) is not: no global figure manager, no backend switch.
     """
     image = rgb(fig)
     close(fig)
@@ -73,12 +68,10 @@ def rgb(fig: Figure) -> np.ndarray:
 
 
 def roundoff_floor(values: ArrayLike) -> float:
-    """The numerical floor of a covariance spectrum: ``lambda_max * D * eps`` (float64 ``eps``, ``D`` the number of
-    eigenvalues; numpy's ``matrix_rank`` tolerance, and `tgo.spectral.observables`' test for "no variance").
+    """The numerical floor of a covariance spectrum: ``lambda_max * D * eps`` (numpy's ``matrix_rank`` tolerance).
 
-    Eigenvalues at or below it are zero to working precision: a rank-deficient covariance (fewer rows than features,
-    a patch embedding of rank 48 in 96 dimensions, a constant embedding) returns them as +-1e-15 round-off, which
-    would stretch a log axis over 15 empty decades. Spectrum figures leave them out and their captions say so.
+    A rank-deficient covariance returns its zero eigenvalues as +-1e-15 round-off, which would stretch a log axis over
+    15 empty decades: spectrum figures leave them out and their captions say so.
     """
     values = np.asarray(values, dtype=np.float64).ravel()
     finite = values[np.isfinite(values)]
@@ -94,11 +87,8 @@ def above_roundoff(values: ArrayLike) -> np.ndarray:
 
 
 def nonfinite_note(spectra: Iterable[tuple[str, ArrayLike]], *, most: int = 4) -> str:
-    """What a spectrum figure leaves out for non-finite eigenvalues, or ``""``: each labelled spectrum (``"epoch 3"``,
-    a point name) that holds NaN or infinite values, and how many (``"epoch 3 (all 48)"``, ``"cls (2 of 48)"``).
-
-    A point whose activations were not finite records NaN eigenvalues (`nan_if_nonfinite`); a figure cannot draw
-    them, and without a word a missing curve would read as nothing to see. At most ``most`` labels, then a count.
+    """What a spectrum figure leaves out for non-finite eigenvalues (``"epoch 3 (all 48)"``, ``"cls (2 of 48)"``) or
+    ``""``: without a word a missing curve would read as nothing to see. At most ``most`` labels, then a count.
     """
     labels = []
     for label, values in spectra:
@@ -113,8 +103,7 @@ def nonfinite_note(spectra: Iterable[tuple[str, ArrayLike]], *, most: int = 4) -
 
 
 def _note_nonfinite(ax: Any, note: str, fontsize: float) -> None:
-    """Writes `nonfinite_note`'s sentence in the plot's lower left corner (gid ``nonfinite``), empty in a rank plot of
-    descending values, wrapped to the plot's width and on a white box, so it is read and covers nothing unseen."""
+    """Writes `nonfinite_note`'s sentence in the plot's lower left corner (gid ``nonfinite``) on a white box."""
     if note:
         ax.text(
             0.02, 0.03, textwrap.fill(note, 36), transform=ax.transAxes, ha="left", va="bottom", fontsize=fontsize,
@@ -131,11 +120,9 @@ def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def is_log_scale(metric: str | None) -> bool:
-    """Whether the catalogue draws ``metric`` on a log axis: its ``scale`` is ``log`` (ratio-type observables that
-    move by decades: NC1, the Fisher ratio, the massive-activation ratio); unknown names are linear.
+    """Whether the catalogue draws ``metric`` on a log axis (ratio-type observables); unknown names are linear.
 
-    Read from `tgo.spectral.catalogue.CATALOGUE` at call time (so a plug-in's observable counts), imported here
-    lazily: importing `tgo.viz` stays free of torch.
+    The catalogue is read at call time (a plug-in's observable counts) and imported lazily: `tgo.viz` stays torch-free.
     """
     if not metric:
         return False
@@ -153,10 +140,8 @@ class _PlainLogFormatter(LogFormatter):
 
 
 def log_axis(ax: Any, axis: str = "y", *, labelsize: float | None = None) -> None:
-    """Puts ``axis`` on a log scale with plain number labels (``0.2``, ``3``, ``10``, not ``3 x 10^0``).
-
-    Where the values span less than about a decade, matplotlib labels some minor ticks: they get the plain labels
-    and the major ticks' size too, so a short log axis stays readable.
+    """Puts ``axis`` on a log scale with plain number labels (``0.2``, ``3``), minor ticks too where the span is
+    short.
     """
     getattr(ax, f"set_{axis}scale")("log")
     target = ax.yaxis if axis == "y" else ax.xaxis
@@ -167,8 +152,7 @@ def log_axis(ax: Any, axis: str = "y", *, labelsize: float | None = None) -> Non
 
 
 DEPTH_MAX_LUMINANCE = 0.7
-"""The brightest a depth colour may be (relative luminance, white = 1): turbo's lime and yellow are darkened to it,
-keeping their hue, so that a thin line stays visible on the white page."""
+"""The brightest a depth colour may be (relative luminance): turbo's lime and yellow are darkened to it, keeping hue."""
 
 
 def _legible(colour: Any) -> tuple[float, float, float]:
@@ -181,13 +165,7 @@ def _legible(colour: Any) -> tuple[float, float, float]:
 
 
 def depth_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Line colour and marker of each point of a figure with one line per point (`DEPTH_CMAP`, `CLS_STYLE`).
-
-    The points other than CLS share the depth ramp in the given (depth) order; CLS is black with square markers.
-
-    Returns:
-        point -> ``{"color": ..., "marker": ...}`` in the order of ``names``.
-    """
+    """Line colour and marker of each point (`DEPTH_CMAP` in the given depth order; CLS black with square markers)."""
     others = [n for n in names if n != CLS_POINT]
     cmap = matplotlib.colormaps[DEPTH_CMAP]
     low, high = DEPTH_RAMP
@@ -199,8 +177,7 @@ def depth_styles(names: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def mark_cls_axis(ax: Any, points: Sequence[str], *, separator: bool = True) -> None:
-    """On an axis with one tick per point (depth), names CLS in bold and separates it from the blocks by a dotted
-    line: it is the final norm's token 0, not one more block."""
+    """On an axis with one tick per point, names CLS in bold and separates it from the blocks by a dotted line."""
     if CLS_POINT not in points:
         return
     i = list(points).index(CLS_POINT)
@@ -217,10 +194,8 @@ def _draw_history(
 ) -> None:
     """Draws spectra as log10 values on linear axes, one line per epoch on the epoch ramp, the latest one thicker.
 
-    log10 values on linear axes instead of log-scale axes: matplotlib's log-scale tick machinery costs ~0.1 s per
-    axes to render, which dominated an observation's figure time; the picture is the same. The colour says the
-    epoch (read on the colourbar the caller draws with ``norm`` and ``cmap``), not a legend: with ~8 observations
-    a legend would cover the spectra at a card's text size.
+    Not log-scale axes: matplotlib's log tick machinery cost ~0.1 s per axes, the picture is the same. Colour, not a
+    legend, says the epoch: a legend would cover the spectra at a card's text size.
     """
     for i, (epoch, values) in enumerate(history):
         x, y = _positive(values)
@@ -238,13 +213,7 @@ def _draw_history(
 
 
 def card_axes(fig: Figure, *, left: int = 72, right: int = 90, bottom: int = 50) -> tuple[Any, Any]:
-    """The plot and colourbar axes of a card figure, at fixed pixel margins (no ``tight_layout``).
-
-    ``tight_layout`` draws the whole figure once more to measure its text, which would nearly double a card's
-    rendering time; a card's pixel size and text size are fixed, so fixed margins fit its labels. ``left`` is the
-    room for the y tick and axis labels, ``right`` that for the colourbar's tick and axis labels, ``bottom`` that for
-    the x tick and axis labels (px).
-    """
+    """The plot and colourbar axes of a card figure at fixed pixel margins: ``tight_layout`` would draw it twice."""
     width, height = (size * fig.dpi for size in fig.get_size_inches())
     top, bar, gap = 30, 14, 10  # the title; the colourbar's width and its gap to the plot
     plot_height = (height - bottom - top) / height
@@ -266,10 +235,8 @@ def card_colourbar(
 
 
 def thin_indices(count: int, most: int) -> list[int]:
-    """Indices of at most ~``most`` of ``count`` tick labels, evenly spaced, always the first and the last.
-
-    The last is the one a reader looks for (the latest epoch, the CLS token); if the even spacing would put a
-    label right before it, that label gives way, so two labels never overlap.
+    """Indices of at most ~``most`` of ``count`` tick labels, evenly spaced, always the first and the last (which
+    wins).
     """
     if count <= 0:
         return []
@@ -295,16 +262,9 @@ def class_count_label(classes: int) -> str:
 
 
 def mark_class_count(ax: Any, classes: int | None, *, log10: bool = False, fontsize: float | None = None) -> None:
-    """A vertical dashed line at index ``C`` (the analysis subset's class count), labelled `class_count_label`.
+    """A dashed line at index ``C`` (the class count): class-structured vectors' spectra kink near ``C`` eigenvalues.
 
-    A spectrum of class-structured vectors (the CLS token) has a kink near ``C`` eigenvalues: the class means span
-    at most ``C - 1`` directions. ``None`` or a count below 1 (unknown) draws nothing.
-
-    Args:
-        ax: The spectrum's axes (index on x).
-        classes: The class count.
-        log10: The x axis holds ``log10`` of the index (the TensorBoard cards) instead of the index on a log axis.
-        fontsize: Label size (``None``: 7 pt).
+    ``None`` or a count below 1 draws nothing; ``log10``: the x axis holds ``log10`` of the index (the cards).
     """
     if classes is None or classes < 1:
         return
@@ -334,22 +294,9 @@ def spectrum_history_figure(
 ) -> Figure:
     """One point's spectra over the observed epochs, one line per epoch on the epoch ramp, with its colourbar.
 
-    A TensorBoard card (log10 of index and value on linear axes, cheap to render) or, ``card=False``, the report's
-    figure (log-log axes at the page's size).
-
-    The callback logs one per point (``spectra/<NN>_<point>``, drawn by `spectrum_cards`) rather than all points
-    in one grid: a 15-panel grid shrunk to a card's width has 6 pt text, a card per point keeps ``CARD_FONTSIZE``.
-    Eigenvalues at or below the round-off floor (`roundoff_floor`) are left out; an epoch with non-finite
-    eigenvalues is named in a note inside the plot (`nonfinite_note`), so a missing curve is never silent.
-
-    Args:
-        history: ``(epoch, values)`` pairs in epoch order; values sorted descending.
-        title: Figure title (usually the point name).
-        ylabel: What the values are (eigenvalue or singular value).
-        classes: The analysis subset's class count, marked by a dashed line (`mark_class_count`); ``None``: unknown.
-        keep: On the page, which values of each epoch to draw (default: those above the round-off floor; a
-            singular-value history passes its eigenvalues' masks).
-        card: A TensorBoard card (`spectrum_cards` draws one per point) instead of the report's figure.
+    A TensorBoard card (log10 on linear axes, cheap) or, ``card=False``, the report's log-log figure. One card per
+    point, not one grid: a 15-panel grid at a card's width has 6 pt text. Round-off eigenvalues are left out and
+    non-finite ones named (`nonfinite_note`). ``keep``: on the page, which values of each epoch to draw.
     """
     epochs = [epoch for epoch, _ in history]
     if card:
@@ -379,13 +326,10 @@ def spectrum_history_figure(
 def spectrum_cards(
     histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue", classes: int | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Every point's `spectrum_history_figure`, rendered: ``(point, RGB image)`` in the order of ``histories``.
+    """Every point's `spectrum_history_figure`, rendered, as ``(point, RGB image)``, on one shared epoch ramp.
 
-    The cards are drawn on one figure whose lines and title are replaced from card to card: building a card's
-    axes and colourbar (and clearing them) costs about as much as drawing it, and an observation draws one card
-    per point. All cards share one epoch ramp, over every epoch of ``histories``, so a colour is the same epoch on
-    every card. A generator, so that the background figure worker may pause between cards. ``classes`` (the
-    analysis subset's class count, ``None``: unknown) is marked on every card.
+    One figure is redrawn from card to card (building axes costs as much as drawing); a generator so that the
+    background figure worker may pause between cards.
     """
     epochs = sorted({epoch for history in histories.values() for epoch, _ in history})
     card = _SpectrumCard(epochs, ylabel, classes)
@@ -430,28 +374,16 @@ def _card_text(ax: Any, title: str, xlabel: str, ylabel: str) -> None:
 
 
 DECAY_FLOOR = 1e-12
-"""Relative eigenvalues below this (lambda_i / lambda_1) are float64 round-off of a rank-deficient covariance, not
-geometry, and are left off the report's decay figure."""
+"""Relative eigenvalues (lambda_i / lambda_1) below this are round-off, left off the report's decay figure."""
 
 
 def decay_curves_figure(
     spectra: Mapping[str, np.ndarray], *, title: str, card: bool = True, floor: float = DECAY_FLOOR
 ) -> Figure:
-    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, a TensorBoard card or (``card=False``)
-    the report's figure: log-log axes, a legend, ratios below ``floor`` (round-off) left off so the y axis spans the
-    meaningful range.
+    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, a TensorBoard card or the report's figure.
 
-    One line per point, coloured by depth (`depth_styles`: the depth ramp, CLS black and thicker), read on a
-    colourbar of the same colours labelled with the point names: a legend of 15 names does not fit a card at a
-    legible size. Plotted as log10 values on linear axes (cheap to render, the same picture as a log-log plot; see
-    `_draw_history`); eigenvalues at or below the round-off floor (`roundoff_floor`) are left out, and a point with
-    non-finite eigenvalues is named in a note inside the plot (`nonfinite_note`).
-
-    Args:
-        spectra: point -> eigenvalues (sorted descending), in depth order.
-        title: Figure title (the epoch).
-        card: A TensorBoard card instead of the report's figure.
-        floor: The page's least ratio drawn.
+    One line per point coloured by depth, read on a colourbar labelled with the point names (a legend of 15 names does
+    not fit a card); ratios below ``floor`` and round-off eigenvalues left out, non-finite ones named.
     """
     if not card:
         return _decay_page(spectra, title=title, floor=floor)
@@ -522,12 +454,10 @@ FIRST_COLOUR, LAST_COLOUR = "#e08a2c", "#1f3b73"
 
 
 def offdiag_abs_correlations(cov: ArrayLike) -> np.ndarray:
-    """``|corr_ij|`` for every ordered pair ``i != j`` of the dimensions that have variance, as a flat array.
+    """``|corr_ij|`` for every ordered pair ``i != j`` of the dimensions with variance, as a flat array.
 
-    The same pairs `tgo.spectral.observables.mean_abs_offdiag_correlation` averages: a dimension with
-    ``C_ii <= max(diag C) * D * eps`` (float64) has no variance and is left out, and correlations are clipped to
-    ``[-1, 1]`` against round-off, so ``values.mean()`` is that observable. Empty for fewer than two such dimensions
-    or a non-finite covariance.
+    The same pairs and arithmetic as `tgo.spectral.observables.mean_abs_offdiag_correlation`, so ``values.mean()`` is
+    that observable. Empty for fewer than two such dimensions or a non-finite covariance.
     """
     mat = np.asarray(cov, dtype=np.float64)
     if mat.ndim != 2 or mat.shape[0] != mat.shape[1] or not np.all(np.isfinite(mat)):
@@ -544,23 +474,11 @@ def offdiag_abs_correlations(cov: ArrayLike) -> np.ndarray:
 def correlation_histograms_figure(
     covariances: Mapping[str, Mapping[str, ArrayLike]], *, title: str, columns: int = 5, bins: int = 40
 ) -> Figure:
-    """Small multiples of the ``|off-diagonal correlation|`` histograms, one panel per point, first vs last.
+    """Small multiples of the ``|off-diagonal correlation|`` histograms, one panel per point, first vs last observation.
 
-    What a correlation matrix of 96 x 96 features shows a reader, in numbers: how correlated the feature pairs are
-    and whether training made them less so (the paper's "the covariance becomes diagonal"). Each panel overlays the
-    histograms of ``|corr_ij|`` (`offdiag_abs_correlations`; share of pairs per bin) of each given observation and
-    marks each one's mean ``|r|`` with a dashed line and in the panel's text: that mean is the recorded observable
-    ``mean_abs_offdiag_correlation`` (the same pairs, the same float64 arithmetic).
-
-    Args:
-        covariances: point -> label (``epoch 0``, ``epoch 30``: the first and the last observation, in that order;
-            at most two) -> ``[D, D]`` covariance.
-        title: The figure's title.
-        columns: Panels per row.
-        bins: Histogram bins over ``[0, 1]``.
-
-    Returns:
-        The figure; each mean line has ``gid`` ``"<point>|<label>"`` and its x value is the mean.
+    What a 96 x 96 correlation matrix shows, in numbers (the paper's "the covariance becomes diagonal"). Each mean line
+    (gid ``"<point>|<label>"``) is the recorded ``mean_abs_offdiag_correlation``. ``covariances``: point -> label ->
+    cov.
     """
     names = list(covariances)
     count = max(len(names), 1)
@@ -629,21 +547,10 @@ def layer_epoch_heatmap_figure(
     card: bool = False,
     log: bool | None = None,
 ) -> Figure:
-    """Heatmap of one observable with points (depth) on the y axis and epochs on the x axis.
+    """Heatmap of one observable, points (depth) on y and epochs on x: the report's figure, or a TensorBoard card.
 
-    The report embeds it at a grid cell's width (matplotlib's default text, every point named); the callback logs
-    one per charted observable as a TensorBoard card (``card=True``, drawn by `tgo.panels.cards`): a fixed
-    480 x 240 px canvas at ``CARD_FONTSIZE``, at most 8 point names and 6 epochs labelled, so that nothing is
-    clipped or shrunk to 5 pt (as in the former single figure of every observable's panel).
-
-    Args:
-        values: Array [len(points), len(epochs)], NaN where missing.
-        points: Point names in depth order.
-        epochs: Observed epochs.
-        title: The observable's name.
-        card: Draw for a TensorBoard card instead of the report.
-        log: A log colour scale (ratio-type observables); ``None``: the catalogue's scale of ``title``
-            (`is_log_scale`). On a card the colours are log10 of the values and the title says so.
+    A card is a fixed 480 x 240 px canvas at ``CARD_FONTSIZE`` with at most 8 point names and 6 epochs labelled, so
+    nothing is clipped or shrunk to 5 pt. ``log``: a log colour scale; ``None``: the catalogue's scale of ``title``.
     """
     values = np.asarray(values, dtype=np.float64)
     log = is_log_scale(title) if log is None else log
@@ -695,9 +602,8 @@ class LayerEpochCard:
 
 
 def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
-    """The correlation matrix as an RGB image (H, W, 3) uint8 in the RdBu_r map over [-1, 1], one pixel per entry.
-
-    Rendered with numpy instead of a matplotlib figure: exact pixels and about a millisecond instead of 150 ms.
+    """The correlation matrix as an RGB ``uint8`` image in RdBu_r over [-1, 1], one pixel per entry: numpy, not a figure
+    (exact pixels, ~1 ms instead of 150 ms).
     """
     corr = correlation_from_covariance(cov)[:max_dim, :max_dim]
     rgba = matplotlib.colormaps["RdBu_r"]((np.clip(corr, -1.0, 1.0) + 1.0) / 2.0)
@@ -705,15 +611,10 @@ def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
 
 
 def correlation_card(cov: np.ndarray, *, max_dim: int = 384, side: int = CARD_PIXELS) -> np.ndarray:
-    """`correlation_image` for a TensorBoard card: enlarged to at least ``side`` px, with a labelled colour scale.
+    """`correlation_image` for a TensorBoard card: enlarged by a whole factor to at least ``side`` px, with a colour
+    scale.
 
-    TensorBoard shows an image no larger than it is, so a 96-feature matrix at one pixel per entry was a 96 px
-    thumbnail without a scale. The matrix is enlarged by a whole factor ``k`` (every entry a ``k x k`` square,
-    still exact, still numpy-cheap) and a colour-scale strip (-1 .. +1, drawn by matplotlib once per height and
-    cached) is appended on the right. The point is in the tag (``correlation/<NN>_<point>``).
-
-    Returns:
-        RGB ``uint8`` image ``(k*D, k*D + strip width, 3)``, the matrix in its first ``k*D`` columns.
+    TensorBoard shows an image no larger than it is, so a 96-feature matrix was a 96 px thumbnail without a scale.
     """
     image = correlation_image(cov, max_dim=max_dim)
     k = max(1, -(-side // max(image.shape[0], 1)))
@@ -723,11 +624,8 @@ def correlation_card(cov: np.ndarray, *, max_dim: int = 384, side: int = CARD_PI
 
 @functools.lru_cache(maxsize=8)
 def _correlation_scale(height: int) -> np.ndarray:
-    """The RdBu_r colour scale from -1 to +1 labelled ``correlation``, as an RGB strip ``height`` px high.
-
-    Its width and text grow with ``height`` beyond `CARD_PIXELS`: TensorBoard shrinks a taller card to the same
-    on-screen height, and the labels should stay as legible as on a `CARD_PIXELS` card. Cached per height
-    (read-only): an observation's correlation cards share one size, so it is drawn once a run.
+    """The RdBu_r scale from -1 to +1 as an RGB strip ``height`` px high; its text grows with ``height`` (TensorBoard
+    shrinks a taller card). Cached per height, read-only.
     """
     scale = max(1.0, height / CARD_PIXELS)
     fig = Figure(figsize=(120 * scale / CARD_DPI, height / CARD_DPI), dpi=CARD_DPI)
@@ -776,19 +674,10 @@ def attention_heads_figure(
     reference: float | None = None,
     card: bool = False,
 ) -> Figure:
-    """One attention metric per block and head: a blocks (y, depth downwards) x heads (x) heatmap.
+    """One attention metric per block and head: a blocks (y) x heads (x) heatmap, the report's figure or a card.
 
-    Which heads of which block attend far or near, to the CLS sink or to themselves, peaked or flat, at a glance.
-    The report embeds it at a grid cell's width with every value written in (up to 16 x 16 cells); the callback logs
-    one per head metric as a TensorBoard card (``card=True``, drawn by `tgo.panels.cards`: 480 x 240 px at
-    ``CARD_FONTSIZE``, at most 8 block names labelled, no values written).
-
-    Args:
-        values: ``[len(blocks), H]`` per-head values (NaN where a block lacks one: a metric undefined there).
-        blocks: Block (point) names in depth order.
-        title: The metric's name (and the epoch).
-        reference: The metric's value under uniform attention (the noise reference), named in the colourbar label.
-        card: Draw for a TensorBoard card instead of the report.
+    The page writes every value in (up to 16 x 16 cells); a card labels at most 8 blocks and no values. ``reference``:
+    the value under uniform attention, named in the colourbar label.
     """
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[0] != len(blocks):
