@@ -1,17 +1,10 @@
 """The streaming pass of one rank: run images through a model with its hooks attached, sums only.
 
-`stream_activations` is local to a rank: it returns one `StreamingCovariance` per point (in point order) holding this
-rank's shard; `tgo.observatory.pipeline` reduces them over ranks and summarises them on rank 0.
-
-* Exact numerics: eval mode, ``torch.inference_mode``, autocast disabled, IEEE float32 in every matmul/conv backend
-  (no TF32, no oneDNN bf16; they cost 1e-3..1e-6 relative error on the observables), previous settings restored.
-  Accumulator updates run outside inference mode (`ActivationHooks`), so the accumulators can be merged later.
-* The forward runs on the *original* module (`unwrap_model`): under DDP this avoids the wrapper's collectives in a
-  pass where ranks see different numbers of batches; under ``torch.compile`` it is the only way the hooks are sure
-  to fire, and it avoids a recompile (the pass is eager: speed, not correctness).
-* Every point ends with an accumulator even for an empty shard (the all-reduce needs identical sizes on every rank):
-  the feature dimension comes from ``model.embed_dim`` or one forward of a zero image (shape only).
-"""
+* Exact numerics: eval mode, inference mode, autocast off, IEEE float32 in every backend (TF32 or oneDNN bf16 cost
+  1e-3..1e-6 relative error on the observables), previous settings restored.
+* The forward runs on the original module: under DDP that avoids the wrapper's collectives in a pass where ranks see
+  different numbers of batches; under ``torch.compile`` it is the only way the hooks are sure to fire.
+* Every point ends with an accumulator even for an empty shard (the all-reduce needs identical sizes on every rank)."""
 
 from __future__ import annotations
 
@@ -37,16 +30,7 @@ _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", 
 
 @contextlib.contextmanager
 def exact_inference(device_type: str) -> Iterator[None]:
-    """Inference mode, autocast off for every device type, IEEE float32 math; previous settings restored.
-
-    The float32 switches are ``tgo.spectral.strict_fp32_math``, the same context the accumulator's Gram runs in.
-
-    Args:
-        device_type: The device the forward runs on; its autocast is disabled along with CPU's and CUDA's.
-
-    Yields:
-        Nothing.
-    """
+    """Inference mode, autocast off for every device type, IEEE float32 math (`strict_fp32_math`, as the Gram runs)."""
     types = {device_type, "cpu"}
     if torch.cuda.is_available():
         types.add("cuda")
@@ -58,16 +42,12 @@ def exact_inference(device_type: str) -> Iterator[None]:
         yield
 
 
-Accumulator = StreamingCovariance | GroupedCovariance
-"""One point's state: one accumulator, or one per jackknife group."""
+Accumulator = StreamingCovariance | GroupedCovariance  # one per point, or one per jackknife group
 
 
 class _LazyAccumulator:
-    """Creates the point's accumulator on the first update, when the feature dimension is known.
-
-    With ``groups > 0`` it is a `GroupedCovariance` and every update is split by ``batch_groups`` (the group id of
-    each image of the current batch, set by the streaming loop before the forward).
-    """
+    """Creates the point's accumulator on the first update, when the feature dimension is known; with groups every
+    update is split by ``batch_groups``, which the streaming loop sets before each forward."""
 
     def __init__(self, name: str, gram_dtype: torch.dtype, device: torch.device, groups: int = 0) -> None:
         self.name, self.gram_dtype, self.device, self.groups = name, gram_dtype, device, groups
@@ -190,30 +170,12 @@ def stream_activations(
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
 ) -> dict[str, Any]:
-    """Stream this rank's batches through the model and accumulate every point's activations.
+    """Streams this rank's batches through the model and accumulates every point's activations, not yet reduced.
 
-    Args:
-        model: The model (DDP / ``torch.compile`` wrappers are looked through; the original module runs eagerly).
-        batches: Iterable of image tensors or ``(images, labels)`` pairs (a DataLoader); with ``groups > 0``,
-            ``(images, labels, group ids)``. May be empty.
-        points: Observation points (e.g. `vit_points(model)`).
-        device: Where images are moved and accumulators live; default the model's parameter device.
-        gram_dtype: Dtype of the per-batch Gram product inside `StreamingCovariance` (float64 exact; float32 ~1e-8).
-        groups: Jackknife groups ``G`` (0: none). Each image's rows go to its group's accumulator only, so the Gram
-            work is unchanged.
-        families: The observation's measurement families (`tgo.observatory.families`); batches must then be
-            ``(images, labels, group ids, subset indices)``. Each gets ``begin_batch`` before every forward, its
-            hooks' tensors during it and ``end_stream`` with every point's dimension after the pass.
-
-    Returns:
-        ``{point.name: StreamingCovariance}`` (``groups == 0``) or ``{point.name: GroupedCovariance}`` in point
-        order, one per point, also when no batches were seen (then ``n == 0``). Not yet reduced across ranks.
-
-    Raises:
-        ValueError: unknown module paths or duplicate names (before any forward).
-        RuntimeError: a point's module is never called by the model's forward (its records would silently be empty).
-        tgo.observatory.hooks.LayoutError: a hooked tensor does not have its declared layout.
-    """
+    Batches are image tensors or ``(images, labels)``; with ``groups`` ``(images, labels, group ids)``, with families
+    also subset indices. Each image's rows go to its group's accumulator only, so the Gram work is unchanged. Each
+    family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
+    whose module the forward never calls is refused (its records would silently be empty)."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
@@ -271,19 +233,8 @@ def reduce_accumulators(
     all_reduce_sum: Callable[[torch.Tensor], torch.Tensor],
     extras: Sequence[Summable] = (),
 ) -> None:
-    """Combine every rank's accumulators in place (two sum collectives in total, whatever the number of points).
-
-    Call on every rank with the dict `stream_activations` returned (its order is the point order, identical on every
-    rank); never inside a rank-zero branch.
-
-    Args:
-        accumulators: ``{name: StreamingCovariance | GroupedCovariance}`` from `stream_activations`; the group
-            accumulators of every point travel in the same two collectives.
-        all_reduce_sum: Returns the element-wise sum over ranks, e.g.
-            ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``; identity for a single process.
-        extras: Further summed states (the measurement families' ``summables()``, in family order), gathered in the
-            same second collective.
-    """
+    """Combines every rank's accumulators in place in two sum collectives, whatever the number of points; the families'
+    summables (``extras``) travel in the second. Call on every rank, never inside a rank-zero branch."""
     flat: list[StreamingCovariance] = []
     for acc in accumulators.values():
         flat.extend(acc.groups if isinstance(acc, GroupedCovariance) else [acc])
