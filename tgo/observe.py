@@ -1,18 +1,10 @@
 """``python -m tgo.observe``: the geometry callback's observation, applied to models that already exist.
 
-It runs exactly the callback's code path (`tgo.observatory.observe_and_record`), so the records it writes
-(``<out>/geometry/``, ``<out>/analysis_subset.json``, ``<out>/config.yaml``) are the records a training run writes
-and ``python -m tgo.report <out>`` works on them. The model sources (a checkpoint, a run's trajectory, a timm model, a
-checkpoint of your own LightningModule with ``--timm NAME [--prefix]``) are in ``--help`` and ``docs/usage.md``;
-loading and labelling them lives in ``tgo.checkpoints``, and this module only composes the config and runs the
-pipeline.
-
-Data and observation settings come from ``conf/observe.yaml`` composed with Hydra's compose API (trailing overrides
-reach the whole config tree). When the model comes from a run, the run's own ``config.yaml`` data node, its pinned
-analysis subset and its ``observation`` settings are used instead, overrides on top: that is what makes a
-re-observation reproduce the callback's records exactly. The pass runs inside a Lightning Fabric (``fabric.*``), each
-process observing a disjoint shard of the analysis subset, reduced with one sum all-reduce, as in training; rank 0
-writes the records.
+It runs the callback's own code path (`tgo.observatory.observe_and_record`), so its records are a training run's and
+``python -m tgo.report <out>`` reads them. Model sources are in ``--help`` and ``docs/usage.md``; loading them lives
+in ``tgo.checkpoints``. Settings come from ``conf/observe.yaml``; a model from a run uses the run's data node, pinned
+analysis subset and observation settings (overrides on top), which is what makes a re-observation reproduce the
+callback's records exactly. The pass runs sharded in a Lightning Fabric as in training; rank 0 writes.
 """
 
 from __future__ import annotations
@@ -77,16 +69,10 @@ def _override_key(override: str) -> str:
 
 
 def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None = None) -> DictConfig:
-    """Composes ``conf/observe.yaml`` with overrides; with a run, the run's data and observation settings win.
+    """Composes ``conf/observe.yaml`` with overrides; with ``run_dir``, the run's data and observation settings win.
 
-    Args:
-        overrides: Hydra overrides (``data=synthetic``, ``data.image_size=32``, ``observation.gram_dtype=float32``,
-            ``fabric.devices=2``).
-        run_dir: The run the model came from, if any: its ``config.yaml`` data node (with the analysis subset
-            pinned to its ``analysis_subset.json``) and its ``observation`` settings (for runs saved before that
-            group existed: the settings of ``callbacks.spectral_geometry``) become the
-            defaults; ``data.*`` and ``observation.*`` overrides still apply on top. A ``data=<group>`` override
-            replaces the run's data entirely.
+    The run's analysis subset is pinned to its ``analysis_subset.json``; ``data.*`` and ``observation.*`` overrides
+    still apply on top, and a ``data=<group>`` override replaces the run's data entirely.
     """
     overrides = list(overrides)
     try:
@@ -116,10 +102,8 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
 
 
 def _legacy_observation(run_cfg: DictConfig | ListConfig) -> dict[str, Any] | None:
-    """The observation settings of a run saved before the ``observation`` group existed (they lived in the callback).
-
-    Keys that are settings today are kept; ``covariance_epochs`` (a list, or null for the first and last epoch)
-    becomes ``keep_covariance``.
+    """Observation settings of a run saved before the ``observation`` group existed (they lived in the callback);
+    ``covariance_epochs`` becomes ``keep_covariance``.
     """
     callback = OmegaConf.select(run_cfg, "callbacks.spectral_geometry")
     if callback is None:
@@ -141,18 +125,14 @@ def _run_dir_of(checkpoint_dir: Path) -> Path | None:
 
 # ----------------------------------------------------------------------------------------------------- observe
 def count_text(results: Mapping[Any, Any]) -> str:
-    """``15 points, 71 (point, view) records``: what one observation's `tgo.observatory.Results` hold, points and
-    views counted apart."""
+    """``15 points, 71 (point, view) records``: what one observation's results hold."""
     points = {getattr(key, "point", key) for key in results}
     return f"{len(points)} point{'s' if len(points) != 1 else ''}, {len(results)} (point, view) records"
 
 
 def _check_out(out: Path) -> None:
-    """Refuses an ``--out`` that is not new, empty or a TGO run without records, in one line, before any work.
-
-    ``tgo.observe`` writes ``config.yaml``, ``analysis_subset.json``, ``.tgo-run`` and ``geometry/`` there: in a
-    directory of the user's it would replace their files, in a run with records it would mix two models' records,
-    and through a link it would write outside the directory.
+    """Refuses an ``--out`` that is not new, empty or a TGO run without records, in one line, before any work: it would
+    replace a user's files, mix two models' records, or write through a link.
     """
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
@@ -228,11 +208,7 @@ def _iter_nets(
     prefix: str | None = None,
     prefixes: dict[Path, str] | None = None,
 ) -> Iterator[tuple[ModelSource, torch.nn.Module]]:
-    """Loads one model at a time, so a trajectory of large checkpoints never holds two in memory.
-
-    A checkpoint with ``timm_name`` is a user's own LightningModule's (`net_from_user_checkpoint`); the prefix its
-    weights were found under goes into ``prefixes``.
-    """
+    """Loads one model at a time, so a trajectory of large checkpoints never holds two in memory."""
     for source in sources:
         if source.kind == "checkpoint" and timm_name is not None:
             assert source.path is not None
@@ -293,25 +269,9 @@ def observe_models(
 ) -> list[ModelSource]:
     """Observes one model or a checkpoint trajectory and writes training-compatible records to ``out``.
 
-    Args:
-        out: Output directory: ``geometry/``, ``analysis_subset.json`` and ``config.yaml`` are written there.
-        checkpoint: A ViTClassifier checkpoint file (with ``timm_name``: a checkpoint of the user's own
-            LightningModule holding that timm model).
-        checkpoints: A directory of checkpoints (all ``*.ckpt``, epoch order, duplicates once).
-        run: A run directory (its ``checkpoints/``).
-        timm_name: A timm model name: observed alone (random, ``weights`` or ``pretrained``), or the model inside
-            the user checkpoints of ``checkpoint`` / ``checkpoints`` (its arguments as ``model.arch.*``
-            overrides).
-        pretrained: Load the timm model's pretrained weights (needs a reachable hub or cache).
-        weights: A local weights file for the timm model (``.safetensors`` or a torch state dict; ``head.*`` keys
-            are ignored since the classifier is not observed).
-        seed: Seed of a randomly initialised timm model.
-        epoch: Epoch label of a timm model's observation.
-        overrides: Hydra overrides of ``conf/observe.yaml`` (see `compose_observe_config`).
-        prefix: With user checkpoints: where the ViT's weights live in the state dict (``backbone.``; ``""``: no
-            prefix); ``None`` finds the one prefix that holds exactly the model's keys.
-
-    Returns the observed sources, in the order observed (epoch order).
+    The sources are the CLI's (``--help``): a checkpoint, a directory of them, a run, or a timm model (random, local
+    ``weights`` or ``pretrained``; with a checkpoint: the model inside a user's LightningModule, found under ``prefix``,
+    ``None`` = the one prefix holding exactly its keys). Returns the observed sources in epoch order.
     """
     import lightning as L
 
@@ -486,8 +446,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the CLI; returns 0, 2 after printing one line for bad input, or ``128 + signum`` with one line when
-    SIGTERM stops it (the records written are whole: every file is written atomically, the lock is released)."""
+    """Runs the CLI: 0, 2 after one line for bad input, or ``128 + signum`` when SIGTERM stops it (records stay
+    whole).
+    """
     args = parse_args(argv)
     try:
         with stopped_by_sigterm():

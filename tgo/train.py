@@ -1,8 +1,7 @@
 """``python -m tgo.train``: compose the config, validate it, instantiate everything, train.
 
-Everything that can be wrong with the input is checked before ``trainer.fit`` starts: the config values
-(``tgo.config``), the data layout (the DataModule), the model name (``tgo.model``) and the observation points
-(the geometry callback's ``setup``). Errors of that kind are printed as one line, not a traceback.
+Everything that can be wrong with the input (config, data layout, model name, observation points) is checked before
+``trainer.fit`` starts and printed as one line, not a traceback.
 """
 
 from __future__ import annotations
@@ -59,10 +58,7 @@ def instantiate_named(group: DictConfig | None) -> list[Any]:
 
 
 def without_logger_only_callbacks(callbacks: list[Any], loggers: list[Any]) -> list[Any]:
-    """Drops ``LearningRateMonitor`` when every logger is disabled (``logger.tensorboard=null``, the documented way).
-
-    It writes only through a logger, and Lightning refuses to start with it and no logger at all.
-    """
+    """Drops ``LearningRateMonitor`` when every logger is disabled: Lightning refuses to start with it and no logger."""
     from lightning.pytorch.callbacks import LearningRateMonitor
     from lightning.pytorch.utilities import rank_zero_info
 
@@ -73,11 +69,8 @@ def without_logger_only_callbacks(callbacks: list[Any], loggers: list[Any]) -> l
 
 
 def _unreadable_checkpoint(path: Path) -> str | None:
-    """Why ``path`` cannot be a checkpoint written by ``torch.save`` (a zip archive), or ``None`` when it can.
-
-    Checked before any data is read: torch would otherwise fail deep inside ``trainer.fit`` with a bare EOFError (an
-    empty file) or an unpickling error, and a damaged archive can even load. Every member's CRC is verified, one
-    sequential read of the file.
+    """Why ``path`` cannot be a ``torch.save`` zip archive, or ``None``: checked (every member's CRC, one sequential
+    read) before any data is read, since torch would fail deep inside ``fit`` or even load a damaged archive.
     """
     if path.stat().st_size == 0:
         return "is empty (0 bytes)"
@@ -92,8 +85,9 @@ def _unreadable_checkpoint(path: Path) -> str | None:
 
 
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
-    """Resolves ``ckpt_path``: ``last`` means this run directory's ``checkpoints/last.ckpt``; a missing, empty or
-    damaged file fails with one line."""
+    """Resolves ``ckpt_path`` (``last``: this run's ``checkpoints/last.ckpt``); a missing or damaged file fails in one
+    line.
+    """
     if ckpt_path is None:
         return None
     path = RunDir(output_dir).last_checkpoint if ckpt_path == "last" else Path(ckpt_path)
@@ -113,10 +107,8 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
 
 
 def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
-    """Refuses to start a fresh run in a directory that already holds one (its records and checkpoints would mix).
-
-    Resuming (``ckpt_path``) continues the records on purpose; starting from scratch there would overwrite
-    ``last.ckpt`` and interleave two trainings in ``geometry/``.
+    """Refuses a fresh run in a directory that already holds one: it would overwrite ``last.ckpt`` and mix the
+    records.
     """
     if ckpt_path is not None:
         return
@@ -132,13 +124,10 @@ def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
 def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at: float = LAUNCHED_AT) -> None:
     """Refuses a run directory that is not TGO's to write into, and a resume of a directory that did not exist.
 
-    A directory is used when it is new or holds nothing but Hydra's own files (`HYDRA_ENTRIES`), or when it is a TGO
-    run (its `tgo.records.RunDir.marker`, or the files of a run made before the marker existed). Anything else is a
-    directory the user made: TGO would overwrite its ``config.yaml`` and mix its files with theirs. ``ckpt_path=last``
-    resumes the run *in* ``hydra.run.dir``: where that directory was only just made by this launch (a mistyped path),
-    there is nothing to resume, and training a new run there would let a user believe a long job resumed.
-
-    A directory another process writes now (its `tgo.run_lock` held) is refused first, naming that process.
+    Used: a new directory, one holding only Hydra's files (`HYDRA_ENTRIES`), or a TGO run. Anything else is the user's
+    (TGO would overwrite its ``config.yaml``). ``ckpt_path=last`` in a directory this launch just made is a mistyped
+    path: training there would let a user believe a long job resumed. A directory another process holds is refused
+    first.
     """
     run = RunDir(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -173,10 +162,9 @@ def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at:
 
 
 def is_tgo_run(run: RunDir) -> bool:
-    """Whether TGO made this directory a run: its marker (made for this directory: a copied one does not count), or
-    what a run made before the marker (or moved here) always has (the analysis subset's manifest,
-    ``checkpoints/last.ckpt`` or ``geometry/metrics.csv``). A ``config.yaml`` alone does not count: it is a common
-    name for a user's own file."""
+    """Whether TGO made this directory a run: its own marker, or what an older (or moved) run always has (manifest,
+    ``last.ckpt`` or ``metrics.csv``); a ``config.yaml`` alone is a common name for a user's file.
+    """
     return run.is_marked() or run.manifest.is_file() or run.last_checkpoint.is_file() or run.metrics.is_file()
 
 
@@ -195,18 +183,16 @@ def _nothing_to_resume(output_dir: Path) -> str:
 
 
 def mark_run_directory(output_dir: Path) -> None:
-    """Writes the `tgo.records.RunDir.marker` (once; a marker made for this directory is kept): this directory is a
-    TGO run (`tgo.records.RunDir.mark`)."""
+    """Writes the `tgo.records.RunDir.marker` (once): this directory is a TGO run."""
     RunDir(output_dir).mark("train")
 
 
 def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
     """Why the run directory named on the command line cannot be written, before Hydra touches it (``None``: fine).
 
-    Hydra makes the run directory (and writes its ``.hydra/`` and log there) before any of TGO's code runs, so a
-    path that is a file, a directory of the user's, a mistyped resume, a read-only or full filesystem would otherwise
-    end in Hydra's own traceback or leave Hydra's files in a directory TGO refuses. Checks ``hydra.run.dir=`` when
-    given, else the nearest existing directory above ``paths.log_dir`` (default ``./outputs``).
+    Hydra makes the directory and writes ``.hydra/`` there before TGO's code runs, so a bad path would end in Hydra's
+    traceback or leave its files where TGO refuses. Checks ``hydra.run.dir=``, else the nearest directory above
+    ``paths.log_dir``.
     """
     overrides = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
     target = overrides.get("hydra.run.dir")
@@ -239,10 +225,8 @@ def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
 def make_ddp_relaunch_job_local() -> None:
     """Makes Lightning's DDP re-launch of ``sys.argv`` run *this* multirun job, in *this* job's directory.
 
-    Lightning starts ranks > 0 by re-running ``sys.argv`` with ``hydra.run.dir`` set to ``HydraConfig.run.dir``.
-    In a multirun that would start the whole sweep again in every rank, in the wrong directory (a known upstream
-    problem). Rewriting argv to this job's own overrides and pointing ``run.dir`` at the job's output directory
-    makes every rank of job k join job k.
+    Lightning re-runs ``sys.argv`` for ranks > 0, which in a multirun would start the whole sweep again in the wrong
+    directory (a known upstream problem); argv becomes this job's overrides so every rank of job k joins job k.
     """
     if not HydraConfig.initialized():
         return
@@ -256,10 +240,8 @@ def make_ddp_relaunch_job_local() -> None:
 
 
 def trainer_plugins(cfg: DictConfig) -> list[Any]:
-    """The trainer's plugins: the configured ones, plus `AtomicCheckpointIO` unless one of them is a CheckpointIO.
-
-    Checkpoints are then written atomically in their own directory, so a full disk never truncates ``last.ckpt``.
-    On a SLURM task, Lightning's SLURM environment listens for the preemption signal (`slurm_requeue_plugins`).
+    """The trainer's plugins plus `AtomicCheckpointIO` (unless one is a CheckpointIO), so a full disk never truncates
+    ``last.ckpt``; on SLURM, the preemption listener (`slurm_requeue_plugins`).
     """
     from lightning.pytorch.plugins.io import CheckpointIO
 
@@ -272,8 +254,7 @@ def trainer_plugins(cfg: DictConfig) -> list[Any]:
 
 
 def run(cfg: DictConfig) -> dict[str, float]:
-    """Trains one experiment described by a composed config (``conf/train.yaml`` plus overrides, with
-    ``paths.output_dir`` resolvable) and returns the final callback metrics (``val/acc_top1`` ...) as floats."""
+    """Trains one experiment from a composed config; returns the final callback metrics as floats."""
     validate_config(cfg)
     check_accelerator(cfg.trainer.accelerator)
     output_dir = Path(cfg.paths.output_dir)
@@ -299,10 +280,9 @@ class RunStopped(Exception):
 
 
 def _stopping_signal(trainer: L.Trainer, stop: SystemExit) -> int | None:
-    """The signal behind Lightning's exit from ``fit`` (``None``: an exit of another kind, re-raised as it is).
-
-    Lightning turns SIGTERM into its ``SIGTERMException`` (a ``SystemExit`` with no code, so a plain exit status 0)
-    and Ctrl+C into ``sys.exit(1)`` after a ``KeyboardInterrupt``."""
+    """The signal behind Lightning's exit from ``fit`` (``None``: another exit, re-raised): SIGTERM becomes a
+    ``SystemExit`` with no code, Ctrl+C ``sys.exit(1)``.
+    """
     if getattr(trainer, "received_sigterm", False):
         return int(signal.SIGTERM)
     if isinstance(stop.__context__, KeyboardInterrupt):
@@ -329,9 +309,8 @@ def _stopped_line(signum: int, trainer: L.Trainer, output_dir: Path) -> str:
 def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """`run` after the run directory is checked and locked.
 
-    Until ``fit`` starts (the data scan, the model, the run directory's files), SIGTERM ends the run with one line
-    (`tgo.errors.stopped_by_sigterm`); inside ``fit`` Lightning's own handler takes over (it installs one only where
-    none is set, so ours is gone by then) and stops at the next batch with the records whole.
+    Until ``fit`` starts SIGTERM ends the run with one line; inside ``fit`` Lightning's own handler takes over (it
+    installs one only where none is set) and stops at the next batch with the records whole.
     """
     try:
         with stopped_by_sigterm():
@@ -361,8 +340,7 @@ def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
 
 
 def _prepare(cfg: DictConfig, output_dir: Path) -> tuple[Any, Any, Any, str | None]:
-    """Everything before ``fit``: the start plan, the data (scanned, its analysis subset settled), the model, the
-    trainer, the resume's checks and the run directory's files. Returns (trainer, model, datamodule, ckpt_path)."""
+    """Everything before ``fit``; returns (trainer, model, datamodule, ckpt_path)."""
     start = plan_start(cfg.get("ckpt_path"), RunDir(output_dir), requeued=is_requeued_slurm_job())
     ckpt_path = resolve_ckpt_path(start.checkpoint, output_dir)
     if start.start_over is None:
@@ -401,12 +379,10 @@ def _prepare(cfg: DictConfig, output_dir: Path) -> tuple[Any, Any, Any, str | No
 
 
 def main() -> float | None:
-    """``python -m tgo.train`` / ``tgo-train``: refuses an unwritable run directory in one line (`preflight`), then
-    runs the Hydra entry point (`hydra_main`).
+    """``python -m tgo.train`` / ``tgo-train``: `preflight`, then the Hydra entry point.
 
-    With ``hydra.run.dir`` the directory's lock (`tgo.run_lock`) is taken here, before Hydra writes its ``.hydra/``
-    and log there: a second launch into the same directory a moment later (before the first reached `run`) would
-    otherwise replace the first's Hydra record before being refused. `run` takes it again (re-entrant).
+    The ``hydra.run.dir`` lock is taken here, before Hydra writes there: a second launch a moment later would otherwise
+    replace the first's Hydra record before being refused. `run` takes it again (re-entrant).
     """
     problem = preflight(sys.argv[1:])
     if problem is not None:
@@ -421,8 +397,7 @@ def main() -> float | None:
 
 
 def _early_lock(argv: list[str]) -> RunLock | None:
-    """The lock of the ``hydra.run.dir`` named on the command line, taken by the launching process (rank 0) of a
-    single run (a multirun's jobs have directories of their own); ``None`` where there is none to take."""
+    """The lock of the command line's ``hydra.run.dir`` for a single run (``None`` where there is none to take)."""
     overrides = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
     target = overrides.get("hydra.run.dir")
     if target is None or launcher_rank() != 0 or any(a in ("-m", "--multirun") for a in argv):
@@ -436,8 +411,9 @@ def _early_lock(argv: list[str]) -> RunLock | None:
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
-    """Hydra entry point; bad input exits with status 2 and one line naming the key and what was expected, a signal
-    (SIGTERM, Ctrl+C) with ``128 + signum`` and one line saying what is kept."""
+    """Hydra entry point; bad input exits 2 with one line, a signal ``128 + signum`` with one line saying what is
+    kept.
+    """
     logging.captureWarnings(True)  # warnings reach <run dir>/train.log with every other message (conf/hydra)
     try:
         metrics = run(cfg)
@@ -459,9 +435,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
 def error_line(error: BaseException) -> str | None:
     """The one line `main` prints for an error that needs a changed input, or ``None`` for a bug (traceback).
 
-    Bad input is a ``UserInputError`` anywhere in the cause chain. A run stopped by ``observation.nonfinite=error``
-    counts too: the same config would stop at the same place again, so it is an input to change (the policy, or the
-    settings that diverge), not a crash.
+    A ``UserInputError`` anywhere in the cause chain, or a stop by ``observation.nonfinite=error`` (the same config
+    would stop at the same place again).
     """
     found = find_error(error, (UserInputError, NonFiniteActivationsError))
     if found is None:
@@ -471,10 +446,9 @@ def error_line(error: BaseException) -> str | None:
 
 
 def _original_message(error: BaseException) -> str:
-    """The error's own message, on one line. A DataLoader worker re-raises an exception in the main process with the
-    worker's whole traceback as its message ("Caught X in DataLoader worker process 0. Original Traceback ..."); the
-    original message is on its last line, after ``X: ``. Any other message of several lines is joined with "; ", so
-    the line that names the culprit (an unknown observation point and its module) is kept."""
+    """The error's message on one line: a DataLoader worker's re-raise carries the whole traceback (the original message
+    is its last line, after ``X: ``); other multi-line messages are joined with "; " so the culprit's line is kept.
+    """
     message = str(error)
     if "\n" not in message:
         return message
