@@ -1,15 +1,10 @@
 """The summary shared by the ranks: each summarises its share of the points, rank 0 gathers the results.
 
-After the reduction every rank holds the same state, and a point's summary is a deterministic function of it
-(`tgo.observatory.results.summarize_accumulators`), so instead of every rank waiting for rank 0 to summarise all
-points, the points are dealt over the ranks (`deal_points`), each rank summarises and encodes its share
-(`encode_results`: ``numpy.savez`` arrays and a JSON index, nothing pickled; `decode_results` loads them with
-``allow_pickle=False``), and one gather brings them to rank 0 (`process_group_gather`), which adds what needs the
-records (`relate_histories`) and records. A share that failed travels as its error, so no rank is left waiting in
-the gather. The *point* is the unit, not the (point, view): a family's ``summarize_point`` reads all the point's
-view summaries. Records are bitwise those of a one-process summary (``tests/observatory/test_share.py``,
-``tests/test_ddp.py``); the flow is drawn in docs/architecture.md section 1.
-"""
+After the reduction every rank holds the same state and a point's summary is a deterministic function of it, so the
+points are dealt over the ranks (`deal_points`), each share is encoded (``numpy.savez`` arrays and a JSON index, nothing
+pickled) and one gather brings them to rank 0, which adds what needs the records and records. A failed share travels as
+its error, so no rank is left waiting in the gather. The unit is the point, since a family's ``summarize_point`` reads
+all its views. Records are bitwise those of one process (``tests/observatory/test_share.py``)."""
 
 from __future__ import annotations
 
@@ -47,11 +42,10 @@ __all__ = [
     "summary_gather",
 ]
 
+# Collective: every rank passes its payload; rank 0 gets every rank's payload in rank order, the others None.
 GatherBytes = Callable[[bytes], "list[bytes] | None"]
-"""Collective: every rank passes its payload; rank 0 gets every rank's payload in rank order, the others ``None``."""
 
-FORMAT = "tgo-share-1"
-"""The encoding's name and version, checked on decode."""
+FORMAT = "tgo-share-1"  # the encoding's name and version, checked on decode
 
 
 class SharedSummaryError(RuntimeError):
@@ -60,13 +54,7 @@ class SharedSummaryError(RuntimeError):
 
 @dataclass(frozen=True)
 class SummaryShare:
-    """This rank's part in a shared summary.
-
-    Attributes:
-        rank: This rank.
-        world_size: Number of ranks.
-        gather: The gather to rank 0 (`process_group_gather`); ``None`` with one rank.
-    """
+    """This rank's part in a shared summary (``gather``: to rank 0, ``None`` with one rank)."""
 
     rank: int = 0
     world_size: int = 1
@@ -85,11 +73,8 @@ def point_cost(acc: Any) -> float:
 
 
 def deal_points(costs: Mapping[str, float], world_size: int) -> list[list[str]]:
-    """Each rank's points: the dearest first onto the least-loaded rank that has room (ties: the lower rank).
-
-    At most ``ceil(P / W)`` points per rank; with equal costs rank ``r`` gets points ``r, r + W, ...``. Every rank
-    computes the same deal from the same (reduced) state. Each rank's points keep the given (depth) order.
-    """
+    """Each rank's points, in depth order: the dearest first onto the least-loaded rank with room (at most ``ceil(P /
+    W)``); every rank computes the same deal from the same reduced state."""
     if world_size < 1:
         raise ValueError(f"deal_points: world_size must be >= 1, got {world_size}")
     names = list(costs)
@@ -106,15 +91,10 @@ def deal_points(costs: Mapping[str, float], world_size: int) -> list[list[str]]:
 
 # ----------------------------------------------------------------------------------------------------- encoding
 def encode_results(results: Results, *, covariances: bool = True) -> bytes:
-    """``results`` as bytes: every array and float as its bits, no pickled object (`decode_results` reverses it).
+    """``results`` as bytes: every array and float as its bits, nothing pickled.
 
-    Args:
-        results: A rank's share.
-        covariances: Every view's ``D x D`` covariance travels; ``False``: only the ``all`` view's (rank 0 draws
-            and relates it), the others decode as an empty ``(0, 0)`` array. The covariances are ~97% of the bytes
-            (vit_small, G = 10: 40 MB of a 2-rank gather), and the records keep them only at the epochs that keep
-            covariances (`tgo.observatory.pipeline.RecordPlan.with_covariance`).
-    """
+    ``covariances=False``: only the ``all`` view's covariance travels (rank 0 draws and relates it); the covariances are
+    ~97% of the bytes, and the records keep them only at some epochs."""
     arrays: dict[str, np.ndarray] = {}
     index: list[dict[str, Any]] = []
 
@@ -152,12 +132,7 @@ def encode_failure(rank: int, error: BaseException) -> bytes:
 
 
 def decode_results(payload: bytes) -> Results:
-    """The `Results` of an `encode_results` payload (the same bits; alias views share their original's arrays).
-
-    Raises:
-        SharedSummaryError: the payload is a failed share (`encode_failure`).
-        ValueError: the payload is not a TGO share.
-    """
+    """The `Results` of an `encode_results` payload, the same bits; a failed share raises `SharedSummaryError`."""
     with np.load(io.BytesIO(payload), allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
     header = json.loads(bytes(arrays.pop("index")).decode("utf-8"))
@@ -217,21 +192,10 @@ def summarize_shared(
     eigvalsh: Eigvalsh | None = None,
     covariances: bool = True,
 ) -> Results | None:
-    """The summary of a reduced observation, each rank summarising its share (`deal_points`). Collective.
+    """The summary of a reduced observation, each rank summarising its share. Collective.
 
-    With one rank (or no gather) it is `summarize_accumulators` on rank 0. Otherwise every rank summarises its
-    points, every rank takes part in the one gather (a failed share travels as its error), and rank 0 merges the
-    shares in point order and adds the history step (`relate_histories`, from its ``FamilyRun.history``).
-
-    ``covariances=False`` (an epoch whose records keep no covariance): the other ranks' views other than ``all``
-    reach rank 0 without their covariance (`encode_results`); everything recorded is unchanged.
-
-    Returns:
-        The whole `Results` on rank 0, ``None`` on the other ranks.
-
-    Raises:
-        SharedSummaryError: on rank 0, when a rank's share failed.
-    """
+    Every rank takes part in the one gather, and rank 0 merges the shares in point order and adds the history step;
+    returns the whole `Results` on rank 0, ``None`` elsewhere. ``covariances=False``: see `encode_results`."""
     kwargs: dict[str, Any] = {
         "nan_if_nonfinite": nan_if_nonfinite,
         "fit_range": fit_range,
@@ -268,12 +232,10 @@ def summarize_shared(
 
 
 def process_group_gather(group: Any = None) -> GatherBytes:
-    """A `GatherBytes` over a ``torch.distributed`` process group of CPU tensors (gloo): two messages, the sizes
-    (``all_gather`` of one int64 each) and the bytes padded to the largest (``gather`` to the group's first rank).
+    """A `GatherBytes` over a process group of CPU tensors (gloo): the sizes (``all_gather``), then the padded bytes.
 
-    TGO gathers over its own gloo group (`tgo.callbacks.spectral_geometry` makes it at setup), never over the
-    training's (NCCL) group: a background summary gathers on its own thread while training runs its collectives.
-    """
+    TGO gathers over a gloo group of its own, never the training's (NCCL): a background summary gathers on its own
+    thread while training runs its collectives."""
     import torch.distributed as dist
 
     def gather(payload: bytes) -> list[bytes] | None:
@@ -296,9 +258,8 @@ def process_group_gather(group: Any = None) -> GatherBytes:
 
 
 def summary_gather(world_size: int, share: bool) -> GatherBytes | None:
-    """The gather of a shared summary over a new gloo group of TGO's own, or ``None`` (one process, ``share`` off,
-    or no initialised ``torch.distributed``). Collective where it makes the group: call it on every rank, once
-    (``new_group`` is collective), before any observation."""
+    """The gather of a shared summary over a new gloo group, or ``None`` (one process, ``share`` off, no
+    ``torch.distributed``). Collective (``new_group``): call it once on every rank, before any observation."""
     if world_size < 2 or not share:
         return None
     import torch.distributed as dist
