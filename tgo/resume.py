@@ -1,24 +1,12 @@
 """Where a run starts again after a kill, a preemption or a requeue, with records that agree with its checkpoint.
 
-A run's records (``geometry/``) and its checkpoint are written at different moments of an epoch's end: the records
-first, then ``last.ckpt``. A kill between the two leaves records of an epoch whose weights were thrown away; the
-resumed run retrains that epoch, and the old records would stand for weights that no longer exist. The checkpoint
-is the truth: records of epochs it does not list as observed are *set aside* (moved, never deleted) and observed
-again. A directory killed before its first checkpoint is set aside as a whole and started from scratch, so neither
-``ckpt_path=last`` nor a SLURM requeue needs a human.
-
-Set-aside files go to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt`` saying why.
-
-The step series (``geometry/steps/``, ``observation.early``) is keyed by the optimizer step, so its rule is the
-checkpoint's global step: an observation of a later step was made of weights the resumed run retrains, and is set
-aside the same way (`records_after` lists both series).
-
-The geometry callback reconciles (`records_after`, `check_resume_records`, `set_aside_records_after`) where it learns
-the checkpoint, at the start of training, whatever the entry point: ``tgo.train`` and a user's own
-``trainer.fit(..., ckpt_path=...)`` alike, from any checkpoint. A resume that cannot be this run's is refused in one
-line before anything is moved (`ResumeError`): a checkpoint of another training (its run id, `RUN_ID_KEY`, differs
-from the one in ``geometry/run.json``), of another model (`check_fits_model`, in ``tgo.train`` before Lightning's
-own load), or a kept record duplicated in ``metrics.csv``.
+Records are written before ``last.ckpt``, so a kill between the two leaves records of weights that were thrown away.
+The checkpoint is the truth: records of epochs (and, in the step series, steps) it does not list as observed are set
+aside (moved to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt``, never deleted) and observed again; a
+directory killed before its first checkpoint is set aside whole, so neither ``ckpt_path=last`` nor a SLURM requeue
+needs a human. The geometry callback reconciles where it learns the checkpoint, whatever the entry point. A resume
+that cannot be this run's (another training's run id, another model, a duplicated record) is refused in one line
+before anything is moved (`ResumeError`).
 """
 
 from __future__ import annotations
@@ -44,16 +32,16 @@ if TYPE_CHECKING:
 
 
 def rank_zero_info(message: str) -> None:
-    """Lightning's ``rank_zero_info``, imported on first use: ``tgo.train`` imports this module, and its input
-    errors (config, run directory) are printed before Lightning (seconds to import) is needed."""
+    """Lightning's ``rank_zero_info``, imported on first use: input errors print before Lightning (seconds) is
+    imported.
+    """
     from lightning.pytorch.utilities import rank_zero_info as info
 
     info(message)
 
 
 def rank_zero_warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """Lightning's ``rank_zero_warn``, imported on first use (`rank_zero_info`); ``stacklevel`` one above its default
-    4 for this wrapper's frame, so the warning names the line that calls this, as a direct call's would."""
+    """Lightning's ``rank_zero_warn``, imported on first use; ``stacklevel`` one higher for this wrapper's frame."""
     from lightning.pytorch.utilities import rank_zero_warn as warn
 
     warn(message, stacklevel=5, category=category)
@@ -64,15 +52,14 @@ GEOMETRY_CALLBACK = "SpectralGeometryCallback"
 HPC_PREFIX = "hpc_ckpt_"  # Lightning's SLURM requeue checkpoints, in the run directory (its default_root_dir)
 
 RUN_ID_KEY = "tgo_run_id"
-"""The checkpoint entry (top level) naming the training whose weights it holds: a random id the geometry callback
-draws when a training starts from scratch, writes to ``geometry/run.json`` (`RUN_ID_FILE`) and puts into every
-checkpoint saved while it observes. A resume compares the two (`check_same_run`)."""
+"""The checkpoint entry naming the training whose weights it holds: a random id drawn at a fresh start, also in
+``geometry/run.json`` (`RUN_ID_FILE`); a resume compares the two (`check_same_run`).
+"""
 RUN_ID_FILE = "run.json"
 
 
 class ResumeError(ConfigError):
-    """A resume that cannot continue this run: another training's or another model's checkpoint, or records that
-    would carry a duplicate into the run. Raised before anything is set aside."""
+    """A resume that cannot continue this run; raised before anything is set aside."""
 
 
 def run_id_path(run: RunDir) -> Path:
@@ -86,8 +73,7 @@ def new_run_id() -> str:
 
 
 def recorded_run_id(run: RunDir) -> str | None:
-    """The run id in ``geometry/run.json`` (``None``: no such file, a run recorded before run ids existed); a file
-    there that TGO did not write is a `ResumeError`."""
+    """The run id in ``geometry/run.json`` (``None``: a run older than run ids); a file TGO did not write is refused."""
     path = run_id_path(run)
     if not path.is_file():
         return None
@@ -108,11 +94,7 @@ def record_run_id(run: RunDir, run_id: str) -> None:
 
 
 def check_same_run(run: RunDir, checkpoint: str | Path, checkpoint_run_id: str | None) -> None:
-    """Refuses a checkpoint of another training than the one ``run`` records (one line naming both places).
-
-    Either id missing (a checkpoint saved without the geometry callback or before run ids, a run recorded before
-    them) cannot be compared and passes.
-    """
+    """Refuses a checkpoint of another training than ``run``'s, in one line; a missing id on either side passes."""
     recorded = recorded_run_id(run)
     if recorded is None or checkpoint_run_id is None or recorded == checkpoint_run_id:
         return
@@ -125,8 +107,9 @@ def check_same_run(run: RunDir, checkpoint: str | Path, checkpoint_run_id: str |
 
 
 def check_fits_model(state: dict[str, Any], model: torch.nn.Module, checkpoint: str | Path) -> None:
-    """Refuses a checkpoint whose state dict does not fit ``model`` (keys, shapes), as Lightning's strict load
-    would, but in one line naming the keys and before anything is moved; its tensors are memory-mapped, not read."""
+    """Refuses a checkpoint whose state dict does not fit ``model`` (keys, shapes) as a strict load would, but in one
+    line and before anything is moved; its tensors are memory-mapped, not read.
+    """
     from tgo.checkpoints import state_dict_mismatch
 
     weights = state.get("state_dict")
@@ -155,8 +138,7 @@ def _new_set_aside_dir(run: RunDir, reason: str) -> Path:
 
 
 def set_aside_attempt(run: RunDir, reason: str) -> Path | None:
-    """Moves what an attempt without a usable checkpoint wrote (records, TensorBoard events, checkpoints) aside;
-    returns where (``None``: nothing to move)."""
+    """Moves aside what an attempt without a usable checkpoint wrote; returns where (``None``: nothing to move)."""
     parts = [p for p in (run.geometry, run.tensorboard, run.checkpoints) if p.exists()]
     if not parts:
         return None
@@ -168,11 +150,10 @@ def set_aside_attempt(run: RunDir, reason: str) -> Path | None:
 
 
 def set_aside_epochs(run: RunDir, epochs: Iterable[int], reason: str) -> Path | None:
-    """Moves the records of ``epochs`` aside: their spectra files and their rows of ``metrics.csv`` (of ``run``'s
-    series: in the step series ``epochs`` are steps, moved to ``<set aside>/geometry/steps/``).
+    """Moves the records of ``epochs`` (of ``run``'s series) aside: their spectra files and their ``metrics.csv`` rows.
 
-    The set-aside rows are written to ``<set aside>/geometry/metrics.csv`` before ``metrics.csv`` is rewritten
-    without them (atomically), so a kill in between leaves them in both places, never in neither.
+    The rows are written to the set-aside copy before ``metrics.csv`` is rewritten without them, so a kill in between
+    leaves them in both places, never in neither.
     """
     epochs = sorted(set(int(e) for e in epochs))
     rows = read_metric_rows(run)
@@ -201,11 +182,8 @@ def _csv(rows: list[dict[str, str]]) -> str:
 
 
 def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[str, Any]:
-    """A checkpoint's entries with its tensors memory-mapped, not read: only small entries are looked at here.
-
-    Read with ``weights_only=True`` (`tgo.safe_load`), so no file's pickled code ever runs: a file that needs another
-    global is an `UnsafeCheckpointError`, one that is not a checkpoint's entries a `ConfigError`, each named by
-    ``label`` (default ``ckpt_path: '<file>'``: the checkpoint a resume starts from).
+    """A checkpoint's entries, tensors memory-mapped, read with ``weights_only=True`` (`tgo.safe_load`): no pickled code
+    runs; errors are named by ``label``.
     """
     label = label or f"ckpt_path: '{checkpoint}'"
     state = load_weights_only(checkpoint, label=label)
@@ -218,17 +196,16 @@ def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[st
 
 
 def check_checkpoint(checkpoint: str | Path) -> None:
-    """Stops a start from ``checkpoint`` with one line if TGO refuses to read it (`_load_lazily`): cheap (its tensors
-    are memory-mapped, not read), so it can come before any data is read or anything is moved."""
+    """Stops a start from ``checkpoint`` with one line if TGO refuses to read it: cheap, so it comes before anything
+    else.
+    """
     _load_lazily(checkpoint)
 
 
 def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
     """The epochs the geometry callback had observed when ``checkpoint`` was saved (``None``: no such callback).
 
-    An epoch whose summary was still in flight (``pending_epochs``, `observation.summary.background`) counts: it
-    observed the checkpoint's own weights, so records of it written after the checkpoint are that checkpoint's, not
-    newer ones; if the run died before they were written, the resumed run observes that epoch again.
+    An epoch whose summary was still in flight counts: it observed the checkpoint's own weights.
     """
     return observed_in_state(_load_lazily(checkpoint))
 
@@ -256,11 +233,8 @@ class NewerRecords:
 
 
 def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, step: int) -> NewerRecords:
-    """The records on disk that were made after a checkpoint, of weights a resume from it retrains.
-
-    ``observed``: the epochs the checkpoint lists as observed, its pending one included (`observed_in_checkpoint`);
-    ``None`` where it has no geometry state: then every epoch after its completed ``epoch``. Every step-series record
-    after its global ``step`` is newer.
+    """The records on disk made after a checkpoint, of weights a resume from it retrains: epochs it does not list as
+    observed (``observed=None``: every epoch after its ``epoch``), and every step-series record after its ``step``.
     """
     on_disk = _on_disk(run.epoch_series)
     epochs = sorted(on_disk - set(observed)) if observed is not None else sorted(e for e in on_disk if e > epoch)
@@ -269,10 +243,8 @@ def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, 
 
 
 def check_resume_records(run: RunDir, newer: NewerRecords) -> None:
-    """Refuses a resume that would carry a duplicated record into the run: two rows of ``metrics.csv`` for one
-    (epoch, point, view, metric) among those the resume keeps (a duplicate among the records set aside leaves with
-    them). TGO never writes one (it replaces an observation's rows), so the file was edited or concatenated, and
-    which copy is the checkpoint's cannot be told. The `ResumeError` names the file and both lines.
+    """Refuses a resume that would keep a duplicated ``metrics.csv`` row: TGO never writes one, so the file was edited
+    and which copy is the checkpoint's cannot be told.
     """
     for series, leaving in ((run.epoch_series, set(newer.epochs)), (run.step_series, set(newer.steps))):
         first: dict[tuple[str, str, str, str], int] = {}
@@ -290,8 +262,7 @@ def check_resume_records(run: RunDir, newer: NewerRecords) -> None:
 
 
 def set_aside_records_after(run: RunDir, checkpoint: str | Path, newer: NewerRecords, *, step: int) -> None:
-    """Sets aside the records ``newer`` (`records_after`) of a resume from ``checkpoint``, with their reason: the
-    resumed run retrains those weights and observes them again."""
+    """Sets aside the records ``newer`` of a resume from ``checkpoint``, with their reason."""
     name = Path(checkpoint).name
     for series, keys, why in (
         (run.epoch_series, newer.epochs, "(of weights after it); the resumed run retrains"),
@@ -302,9 +273,8 @@ def set_aside_records_after(run: RunDir, checkpoint: str | Path, newer: NewerRec
 
 
 def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | None = None) -> NewerRecords:
-    """Everything that stops a resume of ``run`` from ``checkpoint``, checked before anything is set aside: the
-    checkpoint fits ``model`` (when given), it is this run's (`check_same_run`), and the records it keeps hold no
-    duplicate (`check_resume_records`), each a one-line `ResumeError`. Returns what the resume sets aside.
+    """Every check that stops a resume (model fit, same run, no duplicate), before anything is set aside; returns what
+    the resume sets aside.
     """
     from tgo.checkpoints import checkpoint_epoch
 
@@ -319,9 +289,9 @@ def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | N
 
 
 def remove_stale_temporaries(run: RunDir) -> list[Path]:
-    """Deletes the hidden ``.<name>.<random>.tmp`` files a killed writer left (`tgo.records.atomic_write` and the
-    checkpoints written through it). Each is an incomplete copy of a file whose real name holds the previous complete
-    version (or nothing), so it carries nothing to keep. Call only when no other process writes this run."""
+    """Deletes the hidden ``.<name>.<random>.tmp`` files a killed `tgo.records.atomic_write` left: incomplete copies,
+    nothing to keep. Call only when no other process writes this run.
+    """
     steps = run.step_series
     places = [run.geometry, run.spectra_dir, steps.geometry, steps.spectra_dir, run.checkpoints, run.root]
     stale = [p for place in places if place.is_dir() for p in place.glob(".*.tmp") if p.is_file()]
@@ -335,10 +305,8 @@ def remove_stale_temporaries(run: RunDir) -> list[Path]:
 def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Path]:
     """Sets aside checkpoint files saved after ``checkpoint`` (a larger global step) in ``checkpoints/``.
 
-    A kill after the best-by-validation checkpoint of an epoch but before that epoch's ``last.ckpt`` leaves a
-    ``best_epoch_*.ckpt`` of weights the resumed run retrains (and next to it the previous best, which the
-    checkpoint callback would otherwise have deleted). The restored checkpoint's own callback state still names
-    the earlier best, so the newer file would be orphaned: it is moved aside with the records of the same epoch.
+    A kill between an epoch's best checkpoint and its ``last.ckpt`` leaves a ``best_epoch_*.ckpt`` of retrained weights
+    that the restored callback state no longer names: it leaves with the records of that epoch.
     """
     restored = Path(checkpoint).resolve()
     step = int(_load_lazily(restored).get("global_step", 0))
@@ -367,10 +335,8 @@ def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Pat
 
 
 def newest_checkpoint(run: RunDir) -> Path | None:
-    """The newest of ``checkpoints/last.ckpt`` and Lightning's SLURM requeue checkpoints ``hpc_ckpt_<n>.ckpt``.
-
-    A requeue checkpoint is written when the preemption signal arrives (mid-epoch); ``last.ckpt`` at every epoch's
-    end. Whichever was written last holds the most training; modification time decides.
+    """The newest (by modification time) of ``last.ckpt`` and Lightning's SLURM requeue checkpoints
+    ``hpc_ckpt_<n>.ckpt``.
     """
     candidates = [p for p in run.root.glob(f"{HPC_PREFIX}*.ckpt") if p.is_file()]
     if run.last_checkpoint.is_file():
@@ -380,19 +346,16 @@ def newest_checkpoint(run: RunDir) -> Path | None:
 
 @dataclass(frozen=True)
 class StartPlan:
-    """How a launch starts: from ``checkpoint`` (``None``: from scratch), after setting aside what must be.
-
-    ``start_over`` names why an earlier attempt in this directory is set aside as a whole (it left no checkpoint).
+    """How a launch starts: from ``checkpoint`` (``None``: from scratch); ``start_over`` says why an earlier attempt is
+    set aside whole.
     """
 
     checkpoint: str | None
     start_over: str | None = None
 
     def prepare(self, run: RunDir, checkpoint_file: str | None) -> None:
-        """Sets aside what this start replaces. Rank 0 only, after every input check passed (`check_resume`
-        included), just before training. The records a resume replaces are the geometry callback's to set aside
-        (`set_aside_records_after`, where it learns the checkpoint): one path for every entry point.
-        ``checkpoint_file`` is ``checkpoint`` resolved to its file (``last`` is ``checkpoints/last.ckpt``).
+        """Sets aside what this start replaces: rank 0 only, after every input check, just before training (the records
+        a resume replaces are the geometry callback's to set aside).
         """
         if self.start_over is None and checkpoint_file is None:
             return
@@ -409,11 +372,8 @@ class StartPlan:
 def plan_start(requested: str | None, run: RunDir, *, requeued: bool) -> StartPlan:
     """Chooses where this launch starts from.
 
-    - A job that SLURM requeued, launched again with its original arguments (no ``ckpt_path``), resumes from the
-      newest checkpoint of its directory (`newest_checkpoint`).
-    - ``ckpt_path=last`` (or a requeue) in a directory without a checkpoint (killed before its first one, or even
-      before tgo wrote anything) starts that run over from scratch, whatever an earlier attempt wrote set aside.
-    - Anything else is what was asked for (checked by the caller).
+    A SLURM requeue (no ``ckpt_path``) resumes from the newest checkpoint; ``ckpt_path=last`` or a requeue without any
+    checkpoint starts over, setting aside what an earlier attempt wrote; anything else is what was asked for.
     """
     started = run.looks_like_run()
     if requested is None and requeued and started:
@@ -434,12 +394,8 @@ class ChangedAnalysisSubsetError(ConfigError):
 
 
 def check_same_analysis_subset(run: RunDir, current: dict[str, Any]) -> None:
-    """Stops a resume whose analysis subset differs from the one in the run's own ``analysis_subset.json``.
-
-    Every epoch of a run must be measured on the same images: a changed ``data.analysis`` setting, another image
-    size or class list, or a pinned image whose bytes changed on disk would make the trend compare two subsets.
-    Nothing to compare (no manifest yet: the run never got that far) passes. ``current`` is the manifest the resumed
-    run would write (`TGODataModule.manifest`); the error names what changed, before anything is written.
+    """Stops a resume whose analysis subset differs from the run's own ``analysis_subset.json``: every epoch must be
+    measured on the same images. No manifest yet passes; the error names what changed, before anything is written.
     """
     if not run.manifest.is_file():
         return
