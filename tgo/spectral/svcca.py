@@ -1,0 +1,78 @@
+"""SVCCA (Raghu et al. 2017) and PWCCA (Morcos et al. 2018) of two representations of the same images, by SVD.
+
+Each representation (float64 ``[n, D]``, one row per image) is centred and SVD-truncated to the leading ``k``
+left singular vectors that hold ``variance`` of its variance (at most ``max_components``: the authors' 0.99 and 50),
+an orthonormal basis ``U`` (``[n, k]``) of the directions CCA then relates. CCA is invariant to an invertible map of
+either side, so the canonical correlations of the reduced representations ``U_a S_a`` and ``U_b S_b`` are the
+singular values ``rho`` of ``U_a^T U_b`` (Bjorck & Golub 1973: the cosines of the principal angles between the two
+column spaces), exact and without the iterations of scikit-learn's NIPALS ``CCA``.
+
+* **SVCCA** is the mean of the ``min(k_a, k_b)`` canonical correlations.
+* **PWCCA** weights each canonical correlation by how much of the representation its canonical variate
+  ``h_i = U w_i`` accounts for, ``alpha_i = sum_j |<h_i, x_j>|`` over the centred neurons ``x_j`` (Morcos et al.'s
+  projection weighting, on the side with fewer components; ties: the first): ``sum_i alpha_i rho_i / sum_i alpha_i``.
+  Since ``h_i`` lies in the span of ``U``, ``<h_i, x_j>`` is row ``i`` of ``W^T S V^T`` (``X = U S V^T``).
+* ``shared=True`` is TGO-II's variant: both bases cut to the smaller ``k`` before CCA.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Basis", "basis", "canonical", "similarity"]
+
+
+@dataclass(frozen=True)
+class Basis:
+    """The SVD-truncated subspace of one centred representation.
+
+    Attributes:
+        u: float64 ``[n, k]`` orthonormal left singular vectors (the leading ``k``).
+        projections: float64 ``[k, D]``: ``S_k V_k^T = U^T X_c``, the neurons seen from the basis (PWCCA's weights).
+    """
+
+    u: np.ndarray
+    projections: np.ndarray
+
+    @property
+    def k(self) -> int:
+        return int(self.u.shape[1])
+
+
+def basis(x: np.ndarray, variance: float = 0.99, max_components: int = 50) -> Basis | None:
+    """The leading left singular vectors of the centred ``x`` holding ``variance`` of its variance (the smallest
+    ``k`` with ``sum_{i<=k} s_i^2 >= variance * sum s_i^2``, at most ``max_components`` and the numerical rank);
+    ``None`` where ``x`` has fewer than two rows, a non-finite value or no variance."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape[0] < 2 or not np.all(np.isfinite(x)):
+        return None
+    u, s, vt = np.linalg.svd(x - x.mean(axis=0), full_matrices=False)
+    s2 = s**2
+    total = float(s2.sum())
+    if not total > 0:
+        return None
+    rank = int(np.count_nonzero(s > s[0] * max(x.shape) * np.finfo(np.float64).eps))
+    k = min(int(np.searchsorted(np.cumsum(s2) / total, variance)) + 1, int(max_components), rank)
+    return Basis(u[:, :k], s[:k, None] * vt[:k])
+
+
+def canonical(a: Basis, b: Basis, shared: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The ``min(k_a, k_b)`` canonical correlations ``rho`` (descending) and their projection weights ``alpha``."""
+    ua, ub, pa, pb = a.u, b.u, a.projections, b.projections
+    if shared:
+        m = min(a.k, b.k)
+        ua, ub, pa, pb = ua[:, :m], ub[:, :m], pa[:m], pb[:m]
+    w, rho, zt = np.linalg.svd(ua.T @ ub, full_matrices=False)
+    directions = w.T @ pa if ua.shape[1] <= ub.shape[1] else zt @ pb  # [m, D]: <h_i, x_j> for every neuron j
+    return np.minimum(rho, 1.0), np.abs(directions).sum(axis=1)
+
+
+def similarity(a: Basis | None, b: Basis | None, shared: bool = False) -> tuple[float, float]:
+    """``(SVCCA, PWCCA)`` of two representations of the same images (NaN where either has no basis)."""
+    if a is None or b is None:
+        return math.nan, math.nan
+    rho, alpha = canonical(a, b, shared)
+    return float(rho.mean()), float(alpha @ rho / alpha.sum())
