@@ -1,15 +1,9 @@
 """Lightning checkpoints of ``tgo.model.ViTClassifier`` and plain weight files: reading, labelling, rebuilding.
 
-``python -m tgo.observe`` composes these; nothing here runs an observation. Weight files are read with timm's own
-``load_state_dict`` (safetensors, EMA and wrapper keys, DDP / ``torch.compile`` prefixes); loading into a model is
-strict and fails naming the missing, unexpected and differently shaped keys.
-
-Epoch labels: a checkpoint is labelled with the training epochs it had completed, which is Lightning's
-``loops.fit_loop.epoch_progress.current.processed`` (``checkpoint["epoch"] + 1`` for a checkpoint saved at an epoch
-end, as ``last.ckpt`` and ``best_epoch_*.ckpt`` are; the callback labels its observation of the same weights the same
-way). Older checkpoints without loop state fall back to ``checkpoint["epoch"] + 1``. A checkpoint saved in the middle
-of an epoch is labelled with the epochs completed before it, with a warning. `EpochLabelCheckpoint` names the files
-it saves with the same label (``{tgo_epoch}``): ``best_epoch_029.ckpt`` holds the weights the records call epoch 29.
+Weight files are read with timm's own ``load_state_dict``; loading into a model is strict and names the missing,
+unexpected and differently shaped keys. A checkpoint is labelled with the training epochs it had completed (the fit
+loop's ``epoch_progress.current.processed``; ``checkpoint["epoch"] + 1`` without loop state), as the callback labels
+its observation of the same weights; a mid-epoch checkpoint gets the epochs completed before it, with a warning.
 """
 
 from __future__ import annotations
@@ -64,13 +58,8 @@ class CheckpointMismatchError(CheckpointError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    """One model to observe, before it is loaded.
-
-    Attributes:
-        kind: ``checkpoint`` or ``timm``.
-        path: The checkpoint or weights file (``None`` for a random or pretrained timm model).
-        epoch: Completed training epochs (the record's epoch label).
-        step: Optimiser steps (the record's step).
+    """One model to observe, before it is loaded: ``kind`` (``checkpoint`` or ``timm``), its file, epoch label and
+    step.
     """
 
     kind: str
@@ -81,11 +70,8 @@ class ModelSource:
 
 # ----------------------------------------------------------------------------------------------------- checkpoints
 def load_checkpoint_file(path: Path) -> dict[str, Any]:
-    """Loads a checkpoint on the CPU (memory-mapped where possible, so reading metadata is cheap).
-
-    With ``weights_only=True`` (`tgo.safe_load`): a Lightning checkpoint of TGO's holds tensors and plain values
-    only, and a file whose unpickling would call or build anything else is refused without running any of it
-    (`UnsafeCheckpointError`, naming the global).
+    """Loads a checkpoint on the CPU, memory-mapped, with ``weights_only=True`` (`tgo.safe_load`): a file whose
+    unpickling would build anything but tensors and plain values is refused without running it.
     """
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
@@ -103,8 +89,7 @@ def load_checkpoint_file(path: Path) -> dict[str, Any]:
 
 
 def checkpoint_epoch(checkpoint: dict[str, Any]) -> tuple[int, bool]:
-    """``(epochs, at_epoch_end)``: the completed training epochs of a loaded Lightning checkpoint, and whether it
-    was saved at an epoch end (the rule: the module docstring)."""
+    """``(epochs, at_epoch_end)`` of a loaded Lightning checkpoint (the rule: the module docstring)."""
     if "epoch" not in checkpoint:
         raise CheckpointError("not a Lightning checkpoint (no 'epoch' entry)")
     progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current")
@@ -132,11 +117,8 @@ def checkpoint_source(path: Path) -> ModelSource:
 
 
 def find_checkpoints(directory: str | Path) -> list[ModelSource]:
-    """Every ``*.ckpt`` of a directory as sources in epoch order; the same weights saved twice count once.
-
-    ``last.ckpt`` and ``best_epoch_NNN.ckpt`` often hold the same epoch: files with the same epoch label and step
-    are duplicates and the first by name is kept; two with the same label but different steps are an error asking
-    which to observe with --checkpoint.
+    """Every ``*.ckpt`` of a directory in epoch order; the same label and step count once (``last.ckpt`` often repeats a
+    ``best_epoch_NNN.ckpt``), the same label with another step is an error asking for --checkpoint.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -160,8 +142,7 @@ def find_checkpoints(directory: str | Path) -> list[ModelSource]:
 
 
 def state_dict_mismatch(own: Mapping[str, Any], state: Mapping[str, Any]) -> str | None:
-    """How ``state`` does not fit a model whose state dict is ``own`` (the missing, unexpected and differently
-    shaped keys, in words), or ``None`` when a strict load would take it. Reads shapes only."""
+    """How ``state`` does not fit a model whose state dict is ``own``, in words, or ``None``; reads shapes only."""
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [
@@ -224,8 +205,9 @@ _WEIGHTS = "a weights file (.safetensors, or a torch file of tensors)"
 
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
-    """A weights file as a clean state dict, read by timm (``.safetensors`` or a torch file; ``state_dict_ema`` /
-    ``model_ema`` / ``state_dict`` / ``model`` wrappers unwrapped, DDP and ``torch.compile`` prefixes removed)."""
+    """A weights file as a clean state dict, read by timm (wrappers unwrapped, DDP and ``torch.compile`` prefixes
+    removed).
+    """
     if not path.is_file():
         raise CheckpointError(f"--weights {path}: no such file")
     try:
@@ -239,8 +221,7 @@ def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def check_weights_file(path: Path) -> None:
-    """Refuses a weights file that timm's loader would refuse, before any work: cheap (tensors memory-mapped, not
-    read). A ``.safetensors`` file holds no pickle and is read by timm later."""
+    """Refuses a weights file that timm's loader would refuse, before any work (tensors memory-mapped, not read)."""
     if not path.is_file():
         raise CheckpointError(f"--weights {path}: no such file")
     if path.suffix == ".safetensors":
@@ -281,12 +262,9 @@ def _under(state: dict[str, Any], prefix: str) -> dict[str, Any]:
 def state_dict_prefix(state: dict[str, Any], model_keys: list[str], *, origin: str, model: str) -> str:
     """The one prefix under which a state dict's keys are exactly a model's keys (a head left aside).
 
-    A user's LightningModule holds its ViT under an attribute of its choosing (``self.backbone``: keys
-    ``backbone.blocks.0...``), maybe several (``self.ema``, a teacher): the prefix is found, not assumed. Candidates are
-    the key prefixes that end at a ``.`` and leave a key of the model; a candidate is the prefix when the keys under it
-    are the model's keys, no more and no fewer (``""``: keys without one). Several that fit are an error asking for
-    ``--prefix``; none a mismatch naming the closest candidates and what they miss (``origin``, ``model``: the file
-    and the timm model, for messages).
+    A user's LightningModule holds its ViT under an attribute of its choosing, maybe several (``self.ema``), so the
+    prefix is found, not assumed. Several that fit are an error asking for ``--prefix``; none a mismatch naming the
+    closest candidates and what they miss.
     """
     own = set(model_keys)
     candidates: set[str] = set()
@@ -340,14 +318,11 @@ def net_from_user_checkpoint(
     in_chans: int,
     arch: dict[str, Any],
 ) -> tuple[torch.nn.Module, str]:
-    """Rebuilds a timm ViT held by a user's own LightningModule from a checkpoint of it, offline.
+    """Rebuilds a timm ViT held by a user's own LightningModule from a checkpoint of it, offline and without running it.
 
-    The checkpoint is read with ``weights_only=True`` (`load_checkpoint_file`): nothing in it is run. It has no
-    TGO ``hyper_parameters`` describing the model, so the model is timm's ``name`` with the architecture arguments
-    ``arch`` (``model.arch.*``), at the data's ``img_size`` and ``in_chans``; its weights are the state dict's entries
-    under ``prefix`` (``backbone.`` for ``self.backbone``; ``""`` for none; ``None``: found by `state_dict_prefix`),
-    loaded strictly, the classifier head left out. ``path`` may also be a torch file holding a bare state dict.
-    Returns ``(net, prefix used)``.
+    The checkpoint has no TGO hyper-parameters, so the model is timm's ``name`` with ``arch`` (``model.arch.*``) at the
+    data's size; its weights are those under ``prefix`` (``None``: `state_dict_prefix`), loaded strictly without the
+    head. Returns ``(net, prefix used)``.
     """
     checkpoint = load_checkpoint_file(path)
     state = checkpoint.get("state_dict", checkpoint)
@@ -371,12 +346,9 @@ def net_from_user_checkpoint(
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Saves local checkpoints so that a failure (disk full, a kill) never leaves a truncated file under the real name.
 
-    Lightning's own save stages the file through fsspec in ``$TMPDIR`` and then moves it; with ``$TMPDIR`` on another
-    filesystem the move is a copy, and a full disk left ``last.ckpt`` truncated under its real name (the run was lost).
-    Here the checkpoint is written to a hidden temporary file in the *same* directory, fsynced, renamed over the target
-    (atomic on POSIX) and the directory fsynced (`tgo.records.atomic_write`), so the previous checkpoint survives
-    any failure and the temporary file is removed. A full disk stops the run with one line (`RunEnvironmentError`).
-    Remote paths (``s3://`` and other URLs) keep Lightning's behaviour.
+    Lightning stages through ``$TMPDIR`` and moves the file, a copy across filesystems: a full disk once left
+    ``last.ckpt`` truncated. Here `tgo.records.atomic_write` writes beside the target; remote paths keep Lightning's
+    way.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
@@ -394,11 +366,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 class EpochLabelCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` whose ``filename`` may name TGO's epoch label, ``{tgo_epoch}``.
 
-    Lightning's ``{epoch}`` is the 0-based index of the epoch being trained, so a checkpoint saved at the end of the
-    29th epoch is ``..._028``, while the records (and `checkpoint_epoch`, which ``tgo.observe`` labels a checkpoint
-    with) call those weights epoch 29. ``{tgo_epoch}`` is that label: the training epochs the saved weights completed,
-    the fit loop's ``epoch_progress.current.processed`` at the save (the value the checkpoint's own loop state holds).
-    Every other key, ``{epoch}`` included, keeps Lightning's meaning.
+    Lightning's ``{epoch}`` is 0-based (the end of the 29th epoch saves ``..._028``); ``{tgo_epoch}`` is the completed
+    epochs, what the records and `checkpoint_epoch` call those weights. Every other key keeps Lightning's meaning.
     """
 
     LABEL = "tgo_epoch"
