@@ -1,16 +1,12 @@
-"""Rank 0: the views of every point and the hypothesis-probe metrics, from the reduced sums and per-image vectors.
+"""Rank 0: the views of every point, from the reduced sums and the per-image vectors.
 
-A *view* is one covariance derived from what a point streamed (``tgo.observatory.results``): ``all`` (every row the
-point selects), ``cls``, ``prefix``, ``patch`` (``all`` minus the prefix rows, `tgo.spectral.jackknife.remove`) and
-``between_image`` / ``within_image``, the law of total covariance over images::
+A view is one covariance derived from what a point streamed: ``all``, ``cls``, ``prefix``, ``patch`` (``all`` minus
+the prefix rows) and ``between_image`` / ``within_image``, the law of total covariance over images::
 
-    (N - 1)/N C_all = C_between + C_within
+(N - 1)/N C_all = C_between + C_within
 
-recorded with ``n_rows`` = degrees of freedom + 1 (``n`` and ``N - n + 1``), which their structural rank and noise
-baselines need. Every view's jackknife replicates come from the same image groups. This module is view algebra
-only; the per-image vectors and their metrics are a measurement family's (`tgo.observatory.families`), the view
-names are `tgo.records.VIEWS`; the views are defined in docs/hypotheses.md section 3.
-"""
+recorded with ``n_rows`` = degrees of freedom + 1, which their structural rank and noise baselines need. Every view's
+jackknife replicates come from the same image groups. Defined in docs/hypotheses.md section 3."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ class ViewMoments:
 
     total: Moments
     leave_out: list[Moments] = field(default_factory=list)
-    alias_of: str | None = None
-    """The view whose covariance this one is (its spectrum and observables are reused, not recomputed)."""
+    alias_of: str | None = None  # the view whose covariance this one is (its summary is reused, not recomputed)
 
 
 def _grouped(x: np.ndarray, image_groups: np.ndarray | None, groups: int) -> tuple[Moments, list[Moments]]:
@@ -66,6 +61,10 @@ def _law_of_total_covariance(all_rows: Moments, image_means: Moments, rows_per_i
     return (between, mean, n_images, 0), (within, mean, n_rows - n_images + 1, nonfinite)
 
 
+def _view(total: Moments, parts: Sequence[Moments], groups: int) -> ViewMoments:
+    return ViewMoments(total, leave_one_group_out(total, parts) if groups else [])
+
+
 def all_view(total: Moments, groups: Sequence[Moments]) -> ViewMoments:
     """The ``all`` view: every row, and each leave-one-group-out merge (none without jackknife)."""
     return ViewMoments(total, leave_one_group_out(total, groups) if groups else [])
@@ -83,15 +82,7 @@ def point_views(
     *,
     image_groups: np.ndarray | None,
 ) -> dict[str, ViewMoments]:
-    """The moments of every view a point has (only ``all`` without per-image vectors).
-
-    Args:
-        all_moments: The ``all`` view (`all_view`).
-        all_groups: Moments of each jackknife group's rows (empty without jackknife).
-        vectors: The point's gathered per-image vectors (their ``layout``, ``tokens_per_image`` and ``values``: the
-            measurement family's that gathers them), or ``None``.
-        image_groups: Jackknife group of every analysis image (``None`` without jackknife).
-    """
+    """The moments of every view a point has (only ``all`` without the per-image ``vectors`` a family gathers)."""
     groups = len(all_groups)
     all_total = all_moments.total
     views = {"all": all_moments}
@@ -103,23 +94,19 @@ def point_views(
     elif per_image > layout.prefix:
         if "cls" in vectors.values:
             cls_total, cls_groups = _grouped(_numpy(vectors.values["cls"]), image_groups, groups)
-            views["cls"] = ViewMoments(cls_total, leave_one_group_out(cls_total, cls_groups) if groups else [])
+            views["cls"] = _view(cls_total, cls_groups, groups)
             if layout.prefix == 1:
                 patch_total = remove(all_total, cls_total)
                 patch_groups = [remove(a, c) for a, c in zip(all_groups, cls_groups, strict=True)]
-                views["patch"] = ViewMoments(
-                    patch_total, leave_one_group_out(patch_total, patch_groups) if groups else []
-                )
+                views["patch"] = _view(patch_total, patch_groups, groups)
         if "prefix" in vectors.values:  # registers / a distillation token: every prefix row leaves the patch view
             rows = _numpy(vectors.values["prefix"])  # [n_images, prefix, D]
             per_row = None if image_groups is None else np.repeat(np.asarray(image_groups), rows.shape[1])
             prefix_total, prefix_groups = _grouped(rows.reshape(-1, rows.shape[-1]), per_row, groups)
-            views["prefix"] = ViewMoments(
-                prefix_total, leave_one_group_out(prefix_total, prefix_groups) if groups else []
-            )
+            views["prefix"] = _view(prefix_total, prefix_groups, groups)
             patch_total = remove(all_total, prefix_total)
             patch_groups = [remove(a, p) for a, p in zip(all_groups, prefix_groups, strict=True)]
-            views["patch"] = ViewMoments(patch_total, leave_one_group_out(patch_total, patch_groups) if groups else [])
+            views["patch"] = _view(patch_total, patch_groups, groups)
     if "patch" not in views and (layout.tokens in ("patch", "mean") or (layout.tokens == "all" and not layout.prefix)):
         views["patch"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")
     if "mean" in vectors.values and per_image > 1:
