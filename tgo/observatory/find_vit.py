@@ -1,11 +1,8 @@
 """Finding the timm Vision Transformer inside a user's module (a LightningModule, a wrapper, any ``nn.Module``).
 
-A researcher's own module holds the ViT under any name, possibly wrapped by DDP or ``torch.compile``; ``model=``
-resolves it as a dotted attribute path (``"encoder.vit"``), a callable taking the module, or ``None``: the one timm
-Vision Transformer among its submodules (`is_vit`, wrappers unwrapped), else its ``net`` attribute
-(`tgo.model.ViTClassifier`'s convention, e.g. a timm ResNet observed at declared points). A module with none (and
-no ``net``) or several fails in one line listing the candidates by attribute path and type (`ModelLookupError`).
-"""
+``model=`` names it by a dotted attribute path, a callable taking the module, or ``None``: the one ViT among its
+submodules, else its ``net`` attribute (`tgo.model.ViTClassifier`'s convention). None or several fail in one line
+listing the candidates by attribute path and type."""
 
 from __future__ import annotations
 
@@ -19,11 +16,9 @@ from tgo.observatory.points import unwrap_model
 
 __all__ = ["VIT_ATTRIBUTES", "ModelLookupError", "ModelSpec", "find_vit", "is_vit", "require_vit", "resolve_network"]
 
-ModelSpec = str | Callable[[Any], nn.Module] | None
-"""How the network is named: an attribute path, a callable taking the container, or ``None`` (auto-detect)."""
+ModelSpec = str | Callable[[Any], nn.Module] | None  # an attribute path, a callable of the container, or None
 
-VIT_ATTRIBUTES = ("patch_embed", "blocks", "norm")
-"""What the ``vit`` points preset reads from a timm VisionTransformer."""
+VIT_ATTRIBUTES = ("patch_embed", "blocks", "norm")  # what the vit points preset reads
 _SHOW = 6  # candidates an error message lists
 
 
@@ -32,8 +27,7 @@ class ModelLookupError(UserInputError):
 
 
 def is_vit(module: nn.Module) -> bool:
-    """Whether ``module`` (after unwrapping DDP / compile) is a timm Vision Transformer the points fit: one of the
-    families of `tgo.vit_families` where that module exists, else a timm ``VisionTransformer`` (or a subclass)."""
+    """A timm ViT the points fit (one of `tgo.vit_families`), after unwrapping DDP / compile."""
     inner = unwrap_model(module)
     try:
         from tgo.vit_families import vit_family
@@ -78,18 +72,8 @@ def _user_path(root: nn.Module, path: str) -> str:
 
 
 def find_vit(module: nn.Module, *, what: str = "the module") -> tuple[str, nn.Module]:
-    """The one timm Vision Transformer (`is_vit`) inside ``module``: ``(attribute path, network)``.
-
-    ``module`` itself counts (path ``""``). DDP / DataParallel / ``torch.compile`` wrappers are looked through, and a
-    network reachable under several names (a compiled handle of the same ViT) counts once.
-
-    Args:
-        module: Where to look.
-        what: How the error messages name ``module``.
-
-    Raises:
-        ModelLookupError: no ViT, or several (listing their paths and types, and naming ``model=``).
-    """
+    """The one timm ViT inside ``module`` (itself included): ``(attribute path, network)``; wrappers are looked through,
+    and a network reachable under several names counts once."""
     root = unwrap_model(module)
     found: dict[int, tuple[str, nn.Module]] = {}
     for path, sub in root.named_modules():
@@ -130,11 +114,7 @@ def _follow(root: nn.Module, path: str, what: str) -> nn.Module:
 
 
 def require_vit(network: nn.Module, described: str) -> None:
-    """Refuses a network the ``vit`` points preset cannot read, in one line.
-
-    Raises:
-        ModelLookupError: naming ``described`` (how the user gave it), its type and the missing attributes.
-    """
+    """Refuses, in one line naming ``described``, a network the ``vit`` points preset cannot read."""
     inner = unwrap_model(network)
     if is_vit(inner) or _vit_like(inner):
         return
@@ -146,17 +126,7 @@ def require_vit(network: nn.Module, described: str) -> None:
 
 
 def resolve_network(container: nn.Module, model: ModelSpec = None, *, what: str = "the module") -> nn.Module:
-    """The network to observe inside ``container``, unwrapped (never a DDP wrapper or a compiled copy).
-
-    Args:
-        container: A LightningModule or any module (itself possibly the ViT).
-        model: ``None`` (auto-detect, `find_vit`), a dotted attribute path, or a callable taking ``container``.
-        what: How error messages name ``container``.
-
-    Raises:
-        ModelLookupError: nothing found, several ViTs, a missing path (naming what exists), or a callable that does
-            not return a module.
-    """
+    """The network to observe inside ``container``, unwrapped (never a DDP wrapper or a compiled copy)."""
     if model is None:
         try:
             return find_vit(container, what=what)[1]
