@@ -1,20 +1,11 @@
 """``BackgroundLane``: work of the training thread moved onto one background thread, at most N jobs in flight.
 
-The geometry callback runs two kinds of work through it, in submission order on one daemon thread:
-
-* the **summary** of an observation (``BackgroundLane(1, collect=True)``): its outcome is handed back on the
-  training thread (`result`), where Lightning's loggers may be called or its exception re-raised; it is never
-  dropped, so `submit` refuses a second while one is uncollected, and `pending` says which epoch and step are in
-  flight (for a checkpoint and for the flush at the end);
-* the **TensorBoard figures** (``BackgroundLane(2)``): a job that raises is warned about and kept in `failures`;
-  `submit` blocks while the lane is full (never dropped, no memory pile-up); `held` pauses the lane during an
-  observation, since matplotlib rendering would contend for the GIL with the pass. A generator job is paused
-  between its steps, and a `submit` waiting for room lets the lane run, so holding never deadlocks.
-
-`wait` drains with a timeout and `close` drains and stops the thread (the callback does at every end of ``fit``), so
-a crash loses at most the work in flight, never the records. Figure jobs must not touch pyplot (`tgo.viz` renders
-with an Agg canvas).
-"""
+The geometry callback runs two lanes: the **summary** (``collect=True``), whose outcome is handed back on the training
+thread (`result`), where loggers may be called or its exception re-raised, and never dropped; and the **TensorBoard
+figures**, where a failing job is warned about (a figure must never take training down), `submit` blocks while the lane
+is full (no memory pile-up) and `held` pauses the lane during an observation, since rendering would contend for the GIL
+with the pass. A generator job pauses between its steps, and a `submit` waiting for room lets the lane run, so holding
+never deadlocks. Figure jobs must not touch pyplot (`tgo.viz` renders with an Agg canvas)."""
 
 from __future__ import annotations
 
@@ -34,20 +25,8 @@ __all__ = ["BackgroundLane", "Task"]
 
 @dataclass
 class Task:
-    """One job of a lane.
-
-    Attributes:
-        future: Its outcome (the job's return value, or its exception).
-        epoch: The completed epochs of the observed weights.
-        step: The optimiser step of the observed weights.
-        series: Its record series (`tgo.records.SERIES`): ``epoch``, or ``step`` (``observation.early``).
-        label: What it is, for messages (``summary of epoch 5``).
-        submitted: ``time.perf_counter()`` at submission.
-        waited: Seconds `BackgroundLane.submit` blocked for room.
-        seconds: How long the job ran, once it finished.
-        held_seconds: How long the observation held the training thread before it handed the job over (the
-            caller's to set: the stream, the reduction and the hand-off).
-    """
+    """One job of a lane; ``held_seconds`` is the caller's to set: how long the observation held the training thread
+    before it handed the job over."""
 
     future: Future[Any] = field(default_factory=Future)
     epoch: int = 0
@@ -69,13 +48,8 @@ class BackgroundLane:
     """Runs jobs on one daemon thread in submission order, at most ``max_in_flight`` queued, running or (with
     ``collect``) finished and not yet collected.
 
-    Args:
-        max_in_flight: The bound (>= 1).
-        name: The thread's name (shown in stack dumps and messages).
-        collect: ``True``: each outcome is handed back by `result` (an exception re-raised there) and a full lane
-            refuses `submit`; ``False``: an exception is warned about and kept in `failures`, a full lane makes
-            `submit` wait.
-    """
+    ``collect``: each outcome is handed back by `result` and a full lane refuses `submit`; otherwise an exception is
+    kept in `failures` and a full lane makes `submit` wait."""
 
     def __init__(self, max_in_flight: int = 1, *, name: str = "tgo-background", collect: bool = False) -> None:
         if max_in_flight < 1:
@@ -137,12 +111,7 @@ class BackgroundLane:
         step: int = 0,
         series: str = "epoch",
     ) -> Task:
-        """Queues ``job`` (its result is kept; a generator's steps are run) and returns its `Task`, labelled
-        ``label`` (default ``job of <series> <key>``).
-
-        Raises:
-            RuntimeError: ``collect`` and the lane is full (collect with `result` first).
-        """
+        """Queues ``job`` (a generator's steps are run) and returns its `Task`; with ``collect`` a full lane refuses."""
         task = Task(epoch=epoch, step=step, series=series)
         task.label = label or f"job of {series} {task.key}"
         with self._cond:
@@ -164,12 +133,8 @@ class BackgroundLane:
         return task
 
     def result(self, timeout: float | None = None) -> tuple[Task, Any] | None:
-        """Waits for the oldest task and hands it over: ``(task, its result)``; ``None`` when nothing is in flight.
-        The job's exception is raised here (the task is then no longer in flight).
-
-        Raises:
-            TimeoutError: ``timeout`` seconds passed first (still in flight).
-        """
+        """Waits for the oldest task and hands it over, ``(task, its result)``, or ``None``; its exception is raised
+        here, ``TimeoutError`` after ``timeout`` (still in flight)."""
         task = self.pending
         if task is None:
             return None
@@ -179,7 +144,10 @@ class BackgroundLane:
             raise TimeoutError(f"{self.name}: the {task.label} is still running") from err
         finally:
             if task.future.done():
-                self._forget(task)
+                with self._cond:
+                    if task in self._tasks:
+                        self._tasks.remove(task)
+                    self._cond.notify_all()
         return task, value
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -188,8 +156,7 @@ class BackgroundLane:
             return self._cond.wait_for(lambda: not self._queue and all(t.future.done() for t in self._tasks), timeout)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Drains (`wait`) and stops the thread; ``False`` if jobs were still running. A later `submit` starts a
-        new thread."""
+        """Drains and stops the thread; ``False`` if jobs were still running. A later `submit` starts a new thread."""
         drained = self.wait(timeout)
         with self._cond:
             thread, self._thread = self._thread, None
@@ -197,12 +164,6 @@ class BackgroundLane:
         if thread is not None and drained:
             thread.join(timeout)
         return drained
-
-    def _forget(self, task: Task) -> None:
-        with self._cond:
-            if task in self._tasks:
-                self._tasks.remove(task)
-            self._cond.notify_all()
 
     def _loop(self) -> None:
         me = threading.current_thread()
