@@ -1,14 +1,9 @@
 """Fail-fast validation of a composed config, before any data is read or any weight is updated.
 
-Hydra checks that keys exist; it does not check that values make sense. A zero batch size or a negative epoch
-count would otherwise surface minutes later as an obscure error deep inside Lightning, or worse, silently run
-nothing. Each rule names the key and what was expected, and ``validate_config`` raises one ``ConfigError``
-listing every problem at once.
-
-The hyper-parameters of `tgo.model.ViTClassifier` are checked here too (`model_problems`), because a bad learning
-rate, label smoothing or head count otherwise fails only after the data is read (inside timm, torch or the first
-step), or not at all: a zero depth or an image size the patch size does not divide trains a model that silently
-ignores what the user asked for. The constructor runs the same rules for code that builds the model directly.
+Hydra checks that keys exist, not that values make sense: a zero batch size would surface minutes later deep inside
+Lightning, or silently run nothing. ``validate_config`` raises one ``ConfigError`` listing every problem, each naming
+the key and what was expected. The model's hyper-parameters are checked here too (`model_problems`): a zero depth or
+an image size the patch size does not divide would train a model that silently ignores what the user asked for.
 """
 
 from __future__ import annotations
@@ -26,8 +21,9 @@ from tgo.errors import ConfigError
 from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 
 CONFIG_MODULE = "tgo.conf"
-"""Where Hydra finds the config tree (``pkg://tgo.conf``): the repository's top-level ``conf/``, installed as package
-data, so ``tgo.train`` and ``tgo.observe`` compose the same configs from any directory and from an installed wheel."""
+"""Where Hydra finds the config tree (``pkg://tgo.conf``, the repository's ``conf/`` as package data): the same configs
+from any directory and from an installed wheel.
+"""
 
 _MISSING = object()
 
@@ -142,10 +138,8 @@ def _lookup(values: Mapping[str, Any], dotted: str) -> Any:
 
 
 def image_size_problem(image_size: Any, patch_size: Any) -> str | None:
-    """Why ``data.image_size`` cannot be cut into patches of ``patch_size`` (``None`` when it can).
-
-    timm's patch embedding is a strided convolution: it would silently drop the last ``image_size % patch_size``
-    rows and columns of every image, so the network would never see them.
+    """Why ``data.image_size`` cannot be cut into patches (``None`` when it can): timm's strided convolution would
+    silently drop the last ``image_size % patch_size`` rows and columns.
     """
     if _positive_int(image_size) or _positive_int(patch_size) or image_size % patch_size == 0:
         return None
@@ -164,16 +158,10 @@ def _divisors_near(n: int, target: int) -> str:
 
 
 def model_problems(model: Mapping[str, Any], image_size: Any = None, *, prefix: str = "model") -> list[str]:
-    """Every problem with the hyper-parameters of `tgo.model.ViTClassifier`, one ``<key>: ...; expected ...`` each.
+    """Every problem with `tgo.model.ViTClassifier`'s hyper-parameters, one ``<key>: ...; expected ...`` each.
 
-    Args:
-        model: The ``model`` node, a mapping or a DictConfig (keys of `MODEL_RULES`; absent keys are skipped).
-        image_size: The input resolution (``data.image_size``), to check against ``arch.patch_size``; ``None``
-            skips that check.
-        prefix: How the user spells the node on the command line.
-
-    Returns:
-        The problems, empty when every value is usable.
+    Absent keys are skipped; ``image_size`` ``None`` skips the patch check; ``prefix`` is how the command line spells
+    the node.
     """
     problems = []
     for key, rule in MODEL_RULES.items():
@@ -195,16 +183,18 @@ def model_problems(model: Mapping[str, Any], image_size: Any = None, *, prefix: 
 
 
 ACTIVATIONS_PER_TOKEN_AND_WIDTH = 12
-"""A lower bound on the values a timm ViT block keeps per token, per unit of width, for its backward pass: the MLP's
-hidden layer twice (GELU's input and output, 8), q, k and v (3) and the block's input (1); ~16 counting the norms."""
+"""A lower bound on the values a timm ViT block keeps per token and unit of width for backward: the MLP's hidden layer
+twice (8), q, k, v (3) and the input (1).
+"""
 
 _TIMM_VIT = re.compile(r"^(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)_")
 _TIMM_SIZES = {"tiny": (192, 12), "small": (384, 12), "base": (768, 12), "large": (1024, 24), "huge": (1280, 32)}
 
 
 def _architecture(model: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """``(patch size, width, depth)`` of a ``tgo.model.ViTClassifier`` node: its ``arch`` overrides, the rest read
-    from a standard timm name (``vit_small_patch16_224``); ``None`` where a value is not known before timm builds."""
+    """``(patch size, width, depth)`` of a model node (``arch`` overrides, else the timm name), ``None`` where
+    unknown.
+    """
     match = _TIMM_VIT.match(str(model.get("name", "")))
     width, depth = _TIMM_SIZES[match.group(1)] if match else (None, None)
     patch = int(match.group(2)) if match else None
@@ -216,10 +206,8 @@ def _architecture(model: Mapping[str, Any]) -> tuple[int, int, int] | None:
 
 
 def _gpu_memory() -> int | None:
-    """The smallest GPU's memory on this node from NVML (``libnvidia-ml``), or ``None`` without one.
-
-    NVML, not ``torch.cuda``: querying a device through torch initialises CUDA in this process, after which a forked
-    DDP rank (``strategy=ddp_fork``) cannot use it, and every SLURM task would do it before its rank is set.
+    """The smallest GPU's memory on this node from NVML, or ``None``: asking torch would initialise CUDA in this
+    process, after which a forked DDP rank cannot use it.
     """
     import ctypes
 
@@ -248,8 +236,9 @@ def _gpu_memory() -> int | None:
 
 
 def available_memory(accelerator: Any) -> tuple[int, str]:
-    """``(bytes, what)`` of the memory one training process has: the smallest GPU's on this node where the
-    accelerator may be one (``gpu``, ``cuda``, ``auto``) and NVML sees one, else this machine's physical memory."""
+    """``(bytes, what)`` of one training process's memory: the smallest GPU's where the accelerator may be one, else
+    RAM.
+    """
     if str(accelerator).lower() in {"gpu", "cuda", "auto"}:
         gpu = _gpu_memory()
         if gpu is not None:
@@ -262,17 +251,9 @@ def training_memory_problem(
 ) -> str | None:
     """Why one training batch of ``data.image_size`` images cannot fit ``memory`` (``None`` when it may).
 
-    A lower bound, so nothing that fits is refused: ``batch x depth x ACTIVATIONS_PER_TOKEN_AND_WIDTH x tokens x
-    width`` values of 2 bytes (16-bit precision) or 4 (else) kept for the backward pass, tokens = patches + 1. Without
-    it a large image size ends minutes later in an allocation traceback or the kernel's OOM kill (``data.image_size=
-    2048`` with the quickstart's patch 4: 262,144 patches per image, at least 928 GB for a batch of 64).
-
-    Args:
-        model: The ``model`` node (`_architecture` reads its patch size, width and depth).
-        image_size: ``data.image_size``.
-        batch_size: ``data.batch_size`` (per device).
-        precision: ``trainer.precision``.
-        memory: ``(bytes, what)`` (`available_memory`).
+    A lower bound, so nothing that fits is refused: ``batch x depth x ACTIVATIONS_PER_TOKEN_AND_WIDTH x tokens x width``
+    values of 2 or 4 bytes. Without it ``data.image_size=2048`` at patch 4 (>= 928 GB for a batch of 64) ends in an
+    allocation traceback or an OOM kill.
     """
     known = _architecture(model)
     if known is None or _positive_int(image_size) or _positive_int(batch_size):
@@ -307,14 +288,7 @@ def _select(cfg: DictConfig, key: str) -> Any:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Checks the composed config and raises one ``ConfigError`` naming every bad key and what was expected.
-
-    Args:
-        cfg: The composed Hydra config of ``tgo.train``.
-
-    Raises:
-        ConfigError: If a mandatory value is missing or any value breaks its rule.
-    """
+    """Checks the composed config and raises one ``ConfigError`` naming every bad key and what was expected."""
     problems = []
     for key, rule in RULES.items():
         value = _select(cfg, key)

@@ -1,22 +1,14 @@
 """One process per run directory: the lock every writer of a run takes (``<run>/.tgo-lock``).
 
-Two trainings started in one directory would otherwise both run and interleave their records (one seed's epochs
-beside the other's), and a resume started while the same run is still training would train it twice. Every entry
-point that writes a run takes the lock before it writes anything: ``tgo.train`` and ``tgo.observe`` (the launching
-process, rank 0), and ``SpectralGeometryCallback`` in a user's own script (rank 0 only; under DDP the other ranks
-never hold it). A second process is refused in one line naming the holder (pid, host, since when, its command).
+Without it two trainings in one directory would interleave their records, and a resume started while the run still
+trains would train it twice. ``tgo.train``, ``tgo.observe`` and ``SpectralGeometryCallback`` (rank 0) take it before
+writing; a second process is refused in one line naming the holder.
 
-The lock is an ``flock`` on the file, so the kernel releases it when its process ends, however it ends
-(``kill -9`` included); the file also holds the holder's identity as JSON (pid, host, start time, command, SLURM job)
-for the refusal and for stale files. A file left by a killed process is taken over with one line saying so: on the
-same host when its pid is no longer alive, or by the same SLURM job (a requeued job restarts on any node). A file
-naming another host is refused (this host cannot tell whether that process still runs) with what to do. Where the
-filesystem has no ``flock`` (some network filesystems) the identity alone decides, as above.
-
-Within one process the lock is re-entrant (``tgo.train`` holds it and its callback takes it again): the process
-holds one ``flock`` per directory, released (the file removed) when the last holder releases it, on a normal end as
-on an exception. A process started by the holder (the ranks of ``strategy=ddp_spawn``: the callback's rank 0 runs in
-a child of ``tgo.train``) writes under its launcher's lock instead of being refused.
+It is an ``flock`` (released by the kernel however the process ends, ``kill -9`` included) on a file holding the
+holder's identity (pid, host, start, command, SLURM job). A stale file is taken over, with one line, when its pid is
+dead on this host or it is this SLURM job's (a requeue restarts on any node); another host's is refused, since this
+host cannot tell whether it runs. Without ``flock`` (some network filesystems) the identity alone decides. The lock
+is re-entrant within a process, and a process started by the holder (``ddp_spawn`` ranks) writes under it.
 """
 
 from __future__ import annotations
@@ -126,14 +118,8 @@ _HELD_GUARD = threading.Lock()
 class RunLock:
     """The lock of one run directory; ``with RunLock(root): ...`` or `acquire` / `release`.
 
-    Args:
-        root: The run directory.
-        what: How messages name it (``hydra.run.dir``, ``--out``, ``trainer.default_root_dir``).
-        create: Make the directory when it does not exist (it is removed again on release when nothing else was
-            written there).
-
-    Attributes:
-        took_over: The line said when a stale lock was taken over (``None`` otherwise).
+    ``what`` is how messages name the directory; ``create`` makes it (removed again on release if nothing was written
+    there). ``took_over`` is the line said when a stale lock was taken over.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, what: str = "the run directory", create: bool = True) -> None:
@@ -149,8 +135,7 @@ class RunLock:
         return self.root / LOCK_NAME
 
     def refusal(self) -> str | None:
-        """The refusal `acquire` would give because another process holds the lock now, without taking it or writing
-        anything (``None``: free, or no lock file): for a check before anything else touches the directory."""
+        """The refusal `acquire` would give now, without taking the lock or writing anything (``None``: free)."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
@@ -179,8 +164,7 @@ class RunLock:
         self.release()
 
     def acquire(self) -> RunLock:
-        """Takes the lock, or raises `RunLockError` naming the holder (or why the lock file is a link, a directory or
-        cannot be made); idempotent for this object."""
+        """Takes the lock, or raises `RunLockError` naming the holder or what is wrong with the file; idempotent."""
         if self._held:
             return self
         with _HELD_GUARD:
@@ -203,8 +187,9 @@ class RunLock:
             return self
 
     def _lock_file(self) -> int:
-        """Opens, locks and stamps the lock file; returns its descriptor (-1: held by the process that started this
-        one, borrowed)."""
+        """Opens, locks and stamps the lock file; returns its descriptor (-1: borrowed from the process that started
+        this one).
+        """
         for _ in range(20):  # a holder releasing (unlinking) between our open and flock: open the new file
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -309,8 +294,9 @@ class RunLock:
 
 
 def _started_by(holder: Holder) -> bool:
-    """Whether ``holder`` is this process's parent or an earlier ancestor on this host: the ranks ``ddp_spawn`` starts
-    write the run their launcher locked (a process never waits on its own launcher's lock)."""
+    """Whether ``holder`` is an ancestor of this process on this host (``ddp_spawn`` ranks write their launcher's
+    run).
+    """
     if holder.host != socket.gethostname():
         return False
     pid = os.getpid()
