@@ -1,14 +1,10 @@
 """``GradientNoiseCollector``: the gradient norms at two batch sizes that training already has, step by step.
 
-The gradient noise scale (`tgo.optimisation.noise_scale`) needs, on the same step, the squared norm of a gradient of
-a small batch ``B_s`` and of a big batch ``B_b``. Under DDP they are each rank's local gradient and the all-reduced
-mean, read by a communication hook that passes every bucket on to torch's ``allreduce_hook`` untouched; in one
-process with gradient accumulation, one micro-batch (a gradient hook per parameter that returns it unchanged, one
-fused norm per backward) and the accumulated gradient; otherwise nothing is estimated (NaN, said once). Training is
-bitwise unchanged. Per step the squared norms are summed into columns (the network and each ``blocks.i``) and stay
-on the gradients' device until an observation takes them (`GradientNoiseCollector.take`): no host synchronisation
-per step. The cases, AMP's loss scale and the excluded steps are in docs/observables.md section 10.
-"""
+The noise scale (`tgo.optimisation.noise_scale`) needs, on one step, the squared norm of a small and of a big batch's
+gradient: under DDP each rank's local gradient and the all-reduced mean (a communication hook around torch's own
+``allreduce_hook``); in one process with gradient accumulation one micro-batch and the accumulated gradient; otherwise
+nothing (NaN, said once). Training is bitwise unchanged, and the sums stay on the gradients' device until an observation
+takes them: no host synchronisation per step. The cases: docs/observables.md section 10."""
 
 from __future__ import annotations
 
@@ -33,8 +29,8 @@ _CHUNK = 256  # per-step rows are stacked into one tensor every _CHUNK steps
 
 
 def block_columns(net: nn.Module) -> tuple[dict[int, int], int]:
-    """``({id(parameter): column}, columns)``: column ``1 + i`` for the parameters of ``blocks.i``, ``columns`` (the
-    dump column ``columns`` takes every other parameter, which counts in the network column 0 only)."""
+    """``({id(parameter): column}, columns)``: column ``1 + i`` for ``blocks.i``; every other parameter counts in the
+    network column 0 only."""
     blocks: dict[int, int] = {}
     for name, param in net.named_parameters():
         match = _BLOCK.match(name)
@@ -46,19 +42,11 @@ def block_columns(net: nn.Module) -> tuple[dict[int, int], int]:
 
 @dataclass(frozen=True)
 class NoiseSteps:
-    """The steps since the last `GradientNoiseCollector.take`, as this rank's *contribution* to a sum over ranks.
+    """The steps since the last `GradientNoiseCollector.take`, as this rank's contribution to a sum over ranks.
 
-    Summed over the ranks (the family's summables) they are: ``small`` the mean over ranks (or micro-batches) of the
-    small-batch squared norms, ``big`` the big-batch squared norm, ``inv`` the coefficients ``(a, c)`` of
-    ``tr(Sigma)`` in their expectations (`tgo.optimisation.noise_scale.step_estimates`).
-
-    Attributes:
-        small: float64 ``[T, K]`` (column 0 the network, ``1 + i`` block ``i``).
-        big: float64 ``[T, K]``.
-        inv: float64 ``[T, 2]``.
-        reason: Why nothing is estimated (``None`` when the two batch sizes exist).
-        mode: ``ddp``, ``accumulation`` or ``none``.
-    """
+    Summed, ``small`` ``[T, K]`` is the mean small-batch squared norm, ``big`` the big-batch one and ``inv`` ``[T, 2]``
+    the coefficients ``(a, c)`` of `tgo.optimisation.noise_scale.step_estimates`; ``reason`` says why nothing is
+    estimated."""
 
     small: torch.Tensor
     big: torch.Tensor
@@ -68,15 +56,8 @@ class NoiseSteps:
 
 
 class GradientNoiseCollector(TrainingCollector):
-    """Collects per-step squared gradient norms at two batch sizes: the noise-scale family's collector.
-
-    `SpectralGeometryCallback` forwards its Lightning hooks (``on_fit_start`` -> `attach`, ``on_train_batch_start``,
-    ``on_after_backward``, ``on_before_optimizer_step``, teardown -> `detach`), so a user's own Lightning code needs
-    no extra callback.
-
-    Args:
-        settings: ``observation.noise_scale``.
-    """
+    """Collects per-step squared gradient norms at two batch sizes: the noise-scale family's collector, driven by
+    `SpectralGeometryCallback`'s Lightning hooks, so a user's own Lightning code needs no extra callback."""
 
     def __init__(self, settings: NoiseScaleSettings) -> None:
         self.settings = settings
@@ -157,10 +138,9 @@ class GradientNoiseCollector(TrainingCollector):
         self._sizes.append(int(extract_batch_size(batch)))
 
     def _gradient_hook(self, position: int) -> Any:
-        """The hook of parameter ``position``: keeps the gradient this backward hands it (before ``.grad``
-        accumulates it) until `on_after_backward` takes every parameter's norm in one fused call; the gradient is
-        returned unchanged (``None``). Computing each norm here instead costs a kernel call per parameter (~14 us
-        each on a CPU: a quarter of the collector's cost on the quickstart network)."""
+        """Keeps the gradient this backward hands parameter ``position`` (before ``.grad`` accumulates it), unchanged,
+        for one fused norm in `on_after_backward`: a norm here would cost a kernel call per parameter (~14 us on a CPU).
+        """
 
         def hook(grad: torch.Tensor) -> None:
             if self.mode == "accumulation":
@@ -259,14 +239,11 @@ class GradientNoiseCollector(TrainingCollector):
 
     # ------------------------------------------------------------------------------------------ DDP
     def comm_hook(self) -> Any:
-        """The hook to register (``DistributedDataParallel.register_comm_hook(state=None, hook=...)``): a plain
-        function without annotations, as DDP checks them against ``dist.GradBucket`` (postponed annotations are
-        strings)."""
+        """The hook to register: a plain function without annotations, as DDP checks them against ``dist.GradBucket``."""
         return lambda state, bucket: self._comm_hook(state, bucket)
 
     def _comm_hook(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        """Per-parameter squared norms of the bucket before and after torch's own all-reduce hook (which divides by
-        the world size and sums); the gradients pass through unchanged."""
+        """Squared norms of the bucket before and after torch's own all-reduce hook; the gradients pass unchanged."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         params = list(bucket.parameters())
@@ -313,8 +290,7 @@ class GradientNoiseCollector(TrainingCollector):
         return NoiseSteps(table[:, :k].contiguous(), table[:, k:].contiguous(), inv, self.reason, self.mode)
 
     def detach(self) -> None:
-        """Forgets the per-fit state and removes the parameters' gradient hooks (the DDP hook stays with its DDP
-        module, which lives as long as the fit)."""
+        """Forgets the per-fit state and the gradient hooks (the DDP hook lives with its DDP module)."""
         self._remove_hooks()
         self._params = []
         self._reset_window()
