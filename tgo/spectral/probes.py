@@ -1,15 +1,8 @@
 """Hypothesis probes: the numerics that tell TGO-I's three explanations of spreading variance apart.
 
-Pure float64 numpy on small matrices that rank 0 already holds after an observation (one vector per analysis image,
-a few ``[D, k]`` eigenvector blocks); formulas and reasoning: ``docs/hypotheses.md``.
-
-* class-conditional geometry of per-image vectors (semantic expansion): `class_geometry` (Fisher ratio, NC1,
-  effective ranks of the between- and within-class scatter; `class_geometries` of several subsets at once, bit for
-  bit, from `ClassLayout` s), `ncc_accuracy` and `ridge_accuracy` (held-out linear decodability, every fold at once
-  from a `FoldLayout`);
-* subspace drift: `subspace_overlap` (mean cos^2 of the principal angles between two eigenspaces);
-* massive activations: `massive_activations` (largest per-dimension max |x| over the median one);
-* representation similarity between points: `linear_cka`.
+Float64 numpy on small matrices rank 0 already holds after an observation (formulas: ``docs/hypotheses.md``): class
+geometry (`class_geometry`, `class_geometries`), held-out decodability (`ncc_accuracy`, `ridge_accuracy`, all folds at
+once), subspace drift (`subspace_overlap`), massive activations (`massive_activations`) and `linear_cka`.
 """
 
 from __future__ import annotations
@@ -58,15 +51,9 @@ def _as_rows(x: np.ndarray) -> np.ndarray:
 class ClassGeometry:
     """Class-conditional geometry of one set of per-image vectors (scatters are sums, not averages).
 
-    Attributes:
-        fisher_ratio: ``tr(S_B) / tr(S_W)`` with ``S_B = sum_c n_c (mu_c - mu)(mu_c - mu)^T`` and
-            ``S_W = sum_i (x_i - mu_{y_i})(x_i - mu_{y_i})^T``; ``inf`` when every class is collapsed to its mean.
-        nc1: ``tr(Sigma_W Sigma_B^+) / C`` (Papyan, Han and Donoho 2020) with ``Sigma_W = S_W / n`` and
-            ``Sigma_B = (1/C) sum_c (mu_c - mu_G)(mu_c - mu_G)^T``, ``mu_G`` the mean of the class means; 0 on
-            collapsed classes. The pseudo-inverse drops eigenvalues ``<= lambda_1 * max(D, C) * eps``.
-        between_effective_rank: Effective rank of ``S_B`` (at most ``C - 1``).
-        within_effective_rank: Effective rank of ``S_W``; NaN when ``S_W = 0``.
-        n_classes: Classes present.
+    ``fisher_ratio = tr(S_B) / tr(S_W)`` (``inf`` when every class collapses to its mean); ``nc1 = tr(Sigma_W Sigma_B^+)
+    / C`` (Papyan, Han and Donoho 2020; ``Sigma_W = S_W / n``, ``Sigma_B`` over the class means' mean, pseudo-inverse
+    cut at ``lambda_1 * max(D, C) * eps``); the effective ranks of ``S_B`` (at most ``C - 1``) and ``S_W`` (NaN if 0).
     """
 
     fisher_ratio: float
@@ -80,20 +67,8 @@ class ClassGeometry:
 class ClassLayout:
     """How one subset of the images splits into classes: integers only, the same for every set of vectors.
 
-    Built by `class_layout` from the labels (once per subset; the summary's points share them), read by
-    `class_geometries`.
-
-    Attributes:
-        rows: ``[n]`` indices of the subset's images, ascending (the rows ``x[mask]`` would keep).
-        first: ``[C]`` index of each class's first image in the subset (its reference vector), classes ascending.
-        refs: ``[n]`` ``first`` of each image's class.
-        index: ``[n]`` position of each image's class among the subset's classes.
-        counts: int64 ``[C]`` images per class.
-        onehot: float64 ``[n, C]`` class indicator of each image.
-        base_refs: ``[N]`` the reference vector of every image's class among *all* ``N`` images (the same for every
-            subset of one set of labels).
-        moved: Positions in ``rows`` whose reference differs from ``base_refs`` (a class whose first image the subset
-            leaves out): every other image's deviation from its reference is that of the whole set.
+    ``first`` is each class's first image (its reference vector); ``base_refs`` the references among all ``N`` images;
+    ``moved`` the positions whose reference differs from ``base_refs``: every other deviation is that of the whole set.
     """
 
     rows: np.ndarray
@@ -135,10 +110,8 @@ def class_layout(labels: np.ndarray, rows: np.ndarray | None = None) -> ClassLay
 
 
 def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
-    """`ClassGeometry` of per-image vectors ``x`` ``[n, D]`` with integer ``labels`` ``[n]``.
-
-    The scatters are formed from deviations (never from raw second moments), so no term cancels: the vectors of a
-    ViT's residual stream have means far larger than their spread.
+    """`ClassGeometry` of ``x`` ``[n, D]`` with integer ``labels``; scatters from deviations, never raw second moments
+    (residual-stream means are far larger than their spread).
     """
     x = _as_rows(x)
     labels = np.asarray(labels).reshape(-1)
@@ -150,14 +123,10 @@ def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
 
 
 def class_geometries(x: np.ndarray, layouts: Sequence[ClassLayout]) -> list[ClassGeometry]:
-    """`class_geometry` of several subsets of the same finite vectors ``x`` ``[N, D]`` (`ClassLayout` s, e.g. all
-    images and each leave-one-group-out subset), bit for bit.
+    """`class_geometry` of several `ClassLayout` subsets of the same finite ``x`` ``[N, D]``, bit for bit.
 
-    Every value is computed by the operations of `class_geometry` on the same operands: the deviations of a subset
-    are gathered from those of all images (a difference of the same two vectors) except where its class reference
-    moved; the ``[n, D]`` products run subset by subset (small enough to stay in cache), and the ``svd`` and
-    ``eigvalsh`` calls of subsets of one ``(images, classes)`` shape are stacked (numpy runs the same LAPACK
-    routine on each matrix of a stack, and reduces each contiguous row of a stack as it reduces one matrix);
+    The same operations on the same operands: deviations gathered from all images' except where a class reference moved,
+    ``svd`` and ``eigvalsh`` stacked per shape (LAPACK runs the same routine per matrix);
     ``tests/spectral/test_probe_stacks.py`` checks every value against the one-subset formulas.
     """
     x = np.asarray(x, dtype=np.float64)
@@ -248,16 +217,17 @@ def _geometry_stack(
 
 
 def _psd_eigenvalue_stack(mats: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
-    """Descending eigenvalues of every symmetric PSD matrix of a ``[S, k, k]`` stack, round-off negatives clamped to
-    0, in one ``eigvalsh`` call (``symmetric``: the matrices are exactly symmetric, so the symmetrisation, an identity
-    on them, is skipped)."""
+    """Descending eigenvalues of a ``[S, k, k]`` stack of exactly symmetric PSD matrices in one ``eigvalsh``, round-off
+    negatives clamped to 0.
+    """
     sym = mats if symmetric else (mats + mats.transpose(0, 2, 1)) / 2
     return np.clip(np.linalg.eigvalsh(sym)[:, ::-1], 0.0, None)
 
 
 def _effective_ranks(eigs: np.ndarray) -> list[float]:
-    """`effective_rank` of every row of ``[S, k]`` finite, descending, non-negative eigenvalues: the operations of
-    `tgo.spectral.observables.EigenvalueStack.entropy` (bit for bit those of one spectrum), without its checks."""
+    """`effective_rank` of every row of ``[S, k]`` eigenvalues, bit for bit `EigenvalueStack.entropy`, without its
+    checks.
+    """
     eigs = np.ascontiguousarray(eigs, dtype=np.float64)
     out = [math.nan] * eigs.shape[0]
     if not eigs.shape[0]:
@@ -281,17 +251,7 @@ def _fold_split(folds: np.ndarray, fold: int) -> tuple[np.ndarray, np.ndarray]:
 class FoldLayout:
     """The folds of a cross-validation as padded ``[F, m]`` tables (integers only), built by `fold_layout`.
 
-    Attributes:
-        folds: The fold ids, ascending (``np.unique(folds)``; the order of every per-fold result).
-        classes: The class labels, ascending.
-        rows: ``[F, m]`` indices of each fold's images, ascending, padded with ``N`` (a zero row appended to ``x``).
-        valid: ``[F, m]`` where ``rows`` is an image.
-        labels: ``[F, m]`` label of each image of ``rows`` (``classes[0] - 1`` on padding: never a class).
-        onehot: float64 ``[F, m, C]`` class indicator of each image of ``rows`` (zeros on padding).
-        sizes: int64 ``[F]`` images per fold.
-        counts: int64 ``[F, C]`` images per fold and class.
-        fold_of: ``[N]`` position of each image's fold in ``folds``.
-        class_of: ``[N]`` position of each image's class in ``classes``.
+    ``rows`` is padded with ``N`` (a zero row appended to ``x``), ``labels`` with ``classes[0] - 1`` (never a class).
     """
 
     folds: np.ndarray
@@ -405,15 +365,11 @@ def _fold_accuracies(scores: np.ndarray, layout: FoldLayout) -> np.ndarray:
 def ncc_accuracy(
     x: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, layout: FoldLayout | None = None
 ) -> np.ndarray:
-    """Held-out nearest-class-centre accuracy of every fold: centres from the other folds, Euclidean distance.
+    """Held-out nearest-class-centre accuracy of every fold (centres from the other folds), float64 ``[n_folds]``.
 
-    A class absent from the training folds cannot be predicted (its images count as errors). All folds at once from
-    per-fold class sums (`FoldLayout`): a fold's training centres are the class sums of all images minus the fold's,
-    over the class counts, in coordinates centred on the mean of all images (residual-stream vectors have means far
-    above their spread, and the distance expansion ``||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2`` would otherwise
-    compare large nearly equal numbers; its first term is common to every class and dropped). A fold whose training
-    vectors are all identical is computed on its own, as `_ncc_fold`. Returns float64 ``[n_folds]`` accuracies in
-    the order of ``np.unique(folds)``; ``layout`` is ``fold_layout(labels, folds)`` where the caller already built it.
+    All folds at once from per-fold class sums, in coordinates centred on the mean of all images (else ``||x - c||^2``
+    would compare large nearly equal numbers); a class absent from training counts as errors; a fold whose training
+    vectors are identical is computed alone (`_ncc_fold`).
     """
     x, labels, folds = _as_rows(x), np.asarray(labels).reshape(-1), np.asarray(folds).reshape(-1)
     layout = fold_layout(labels, folds) if layout is None else layout
@@ -424,8 +380,7 @@ def ncc_accuracy(
 
 
 def _ncc_scores(x: np.ndarray, layout: FoldLayout) -> np.ndarray:
-    """``[F, m, C]`` scores ``2 x.c - ||c||^2`` of each fold's images against its training class centres ``c``
-    (coordinates centred on the mean of all images; rows of padding and absent classes are meaningless)."""
+    """``[F, m, C]`` scores ``2 x.c - ||c||^2`` of each fold's images against its training class centres."""
     sums = _fold_sums(x, layout)
     centres = sums.train_class_sums / np.maximum(layout.train_counts, 1)[:, None, :]  # [F, D, C]
     return np.asarray((sums.blocks @ centres) * 2 - np.sum(centres**2, axis=1)[:, None, :])
@@ -448,18 +403,10 @@ def ridge_accuracy(
 ) -> np.ndarray:
     """Held-out accuracy of a closed-form ridge probe on one-hot targets, per fold.
 
-    On each fold the training vectors are centred and ``W = (X^T X + lam I)^-1 X^T Y`` with
-    ``lam = alpha * tr(X^T X) / D`` (``alpha`` times the mean per-dimension scatter, so the strength does not depend
-    on the scale of the activations); the unpenalised intercept is the training class frequencies ``y_bar``, so a
-    test image ``x`` scores ``y_bar + (x - mu) W`` and is assigned the class of its largest score (the argmax of
-    scikit-learn's ``RidgeClassifier(alpha=lam)``).
-
-    All folds at once from per-fold sufficient statistics of the vectors centred on the mean of all images (the
-    `FoldLayout`'s blocks): a fold's training scatter ``X^T X`` is the products of all images minus the fold's,
-    less ``n_t mu mu^T``; ``X^T (Y - y_bar)`` the class sums minus the fold's, less ``sum(x) y_bar^T``; each
-    system is solved by Cholesky (`_spd_solve`). A fold whose training vectors are all identical (``lam = 0``:
-    nothing to learn beyond the class frequencies) is computed on its own, as `_ridge_fold`. Returns and ``layout``
-    as `ncc_accuracy`.
+    ``W = (X^T X + lam I)^-1 X^T Y`` on centred training vectors with ``lam = alpha * tr(X^T X) / D`` (scale-free), the
+    intercept the training class frequencies: the argmax of scikit-learn's ``RidgeClassifier(alpha=lam)``. All folds at
+    once from sufficient statistics (all images minus the fold's), solved by Cholesky; a fold with identical training
+    vectors is computed alone (`_ridge_fold`).
     """
     if not alpha > 0:
         raise ValueError(f"ridge_accuracy: alpha must be > 0, got {alpha!r}")
@@ -473,12 +420,8 @@ def ridge_accuracy(
 
 
 def _ridge_scores(x: np.ndarray, layout: FoldLayout, alpha: float, skip: Sequence[int] = ()) -> np.ndarray:
-    """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W`` of each fold's images (rows of padding and absent classes
-    are meaningless; the folds ``skip`` are not solved, their scores are ``y_bar``).
-
-    A fold with at least ``D`` training images solves the ``[D, D]`` normal equations from the sufficient
-    statistics; one with fewer solves the same ridge in its dual form, ``W = X^T (X X^T + lam I)^-1 (Y - y_bar)``
-    (``[n_t, n_t]``, from its centred training vectors), the same ``W`` in exact arithmetic.
+    """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W``; folds ``skip`` score ``y_bar``. A fold with fewer than ``D``
+    training images solves the same ridge in its dual form, ``[n_t, n_t]``.
     """
     d = x.shape[1]
     sums = _fold_sums(x, layout)
@@ -514,8 +457,7 @@ def _ridge_scores(x: np.ndarray, layout: FoldLayout, alpha: float, skip: Sequenc
 
 
 def _spd_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a^-1 b`` for a symmetric positive definite ``a``: LAPACK's Cholesky solve (``dposv``, half the work of
-    ``numpy.linalg.solve``'s LU), or that LU where the factorisation fails (``a`` numerically not positive)."""
+    """``a^-1 b`` by LAPACK's Cholesky (``dposv``, half of LU's work), or LU where ``a`` is numerically not positive."""
     _, solution, info = lapack.dposv(a, b, lower=1)
     return np.asarray(solution) if info == 0 else np.linalg.solve(a, b)
 
@@ -540,11 +482,7 @@ def _ridge_fold(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, fold: int,
 
 
 def cross_validated_accuracy(per_fold: np.ndarray, fold_sizes: np.ndarray) -> tuple[float, float]:
-    """Pooled held-out accuracy and its standard error from per-fold accuracies.
-
-    The pooled accuracy weighs folds by size (it is the fraction of all images classified correctly); the standard
-    error is the delete-a-fold jackknife of that fraction, the same rule as every other TGO standard error.
-    """
+    """Pooled held-out accuracy (folds weighed by size) and its delete-a-fold jackknife standard error."""
     acc = np.asarray(per_fold, dtype=np.float64)
     sizes = np.asarray(fold_sizes, dtype=np.float64)
     correct = acc * sizes
@@ -566,19 +504,15 @@ def _blas_controller() -> Any:
 
 
 def one_thread_blas() -> contextlib.AbstractContextManager[Any]:
-    """numpy's BLAS on one thread for the enclosed block (a no-op inside the summary's pool, which already is).
-
-    For decompositions that run outside that pool (`top_eigenvectors` for subspace drift, on rank 0 after every
-    point's tasks): OpenBLAS's threads make a ``96 x 96`` ``eigh`` 10-200x slower than one thread (they spin
-    against torch's OpenMP pool and each other on a few cores), and the eigenpairs are the same bits either way.
+    """numpy's BLAS on one thread for the block (a no-op inside the summary's pool): OpenBLAS's threads make a 96 x 96
+    ``eigh`` 10-200x slower on a few cores, and the eigenpairs are the same bits.
     """
     controller = _blas_controller()
     return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="blas")
 
 
 def top_eigenvectors(cov: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` leading eigenvectors of a symmetric matrix as float64 ``[D, k]`` columns (largest first), computed
-    under `one_thread_blas`."""
+    """The ``k`` leading eigenvectors of a symmetric matrix, float64 ``[D, k]``, under `one_thread_blas`."""
     mat = np.asarray(cov, dtype=np.float64)
     k = max(0, min(int(k), mat.shape[0]))
     with one_thread_blas():
@@ -587,11 +521,9 @@ def top_eigenvectors(cov: np.ndarray, k: int) -> np.ndarray:
 
 
 def subspace_overlap(u: np.ndarray, v: np.ndarray, k: int | None = None) -> float:
-    """Mean ``cos^2`` of the principal angles between the spans of the first ``k`` columns of ``u`` and ``v``.
+    """Mean ``cos^2`` of the principal angles between the first ``k`` columns of ``u`` and ``v``: ``||U^T V||_F^2 / k``.
 
-    With orthonormal columns the cosines of the principal angles are the singular values of ``U^T V``, so the mean
-    ``cos^2`` is ``||U^T V||_F^2 / k``: 1 for the same subspace, 0 for orthogonal ones, ``k / D`` expected for a
-    random pair. ``k`` defaults to the columns both have; NaN when that is 0 or either block is non-finite.
+    1 for the same subspace, 0 for orthogonal ones, ``k / D`` for a random pair; NaN for ``k = 0`` or non-finite blocks.
     """
     u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
     if u.ndim != 2 or v.ndim != 2 or u.shape[0] != v.shape[0]:
@@ -609,12 +541,8 @@ def subspace_overlap(u: np.ndarray, v: np.ndarray, k: int | None = None) -> floa
 class MassiveActivations:
     """Which dimensions carry activations far above the rest.
 
-    Attributes:
-        ratio: ``max_d M_d / median_d M_d`` with ``M_d = max |x_d|`` over every row the point saw.
-        dimension: The ``d`` of that maximum.
-        top: The five largest ``(dimension, M_d / median)`` pairs, largest first.
-        variance_share: The variance of that dimension over the total variance (how much of the covariance's trace
-            one dimension holds).
+    ``ratio = max_d M_d / median_d M_d`` with ``M_d = max |x_d|`` over every row; ``top``: the five largest, largest
+    first; ``variance_share``: that dimension's share of the covariance's trace.
     """
 
     ratio: float
@@ -644,10 +572,8 @@ def massive_activations(max_abs: np.ndarray, variances: np.ndarray, top: int = 5
 
 
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
-    """Linear centred kernel alignment between two representations of the same images (Kornblith et al. 2019).
-
-    ``CKA = ||Y_c^T X_c||_F^2 / (||X_c^T X_c||_F ||Y_c^T Y_c||_F)`` with column-centred ``X_c`` ``[n, D1]`` and
-    ``Y_c`` ``[n, D2]``: 1 for representations equal up to rotation and isotropic scaling, in ``[0, 1]``.
+    """Linear CKA (Kornblith et al. 2019) of two column-centred representations of the same images: 1 up to rotation and
+    isotropic scaling, in ``[0, 1]``.
     """
     x, y = _as_rows(x), _as_rows(y)
     if x.shape[0] != y.shape[0]:
