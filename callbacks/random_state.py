@@ -1,17 +1,10 @@
 """Random-number states in the checkpoint, so an interrupted run continues exactly as an uninterrupted one would.
 
-Every launch seeds the generators anew (``seed_everything``), so without this a resumed run draws a different batch
-order, other augmentations and other dropout masks from its first resumed epoch on, and its records drift from the
-uninterrupted run's (up to 17 % in effective rank at epoch 6 in the fault-injection soak).
-
-The states are taken when the checkpoint is saved (the end of an epoch, after that epoch's observation, which runs
-with its own random stream: `tgo.callbacks.spectral_geometry`) and put back when the checkpoint is restored. Lightning
-restores callbacks before it creates the first training iterator of the resumed fit (whose sampler and worker seeds
-draw from the global generator), so that iterator draws exactly what the uninterrupted run drew at the same epoch.
-
-Only rank 0's states are saved (Lightning saves rank 0's callback states); every rank gets them back. Ranks are
-seeded alike and consume their generators alike, so on CPU this reproduces multi-process runs too.
-"""
+Every launch seeds the generators anew, so without this a resumed run draws another batch order, other augmentations and
+dropout masks, and its records drift from the uninterrupted run's (up to 17 % in effective rank at epoch 6 in the
+fault-injection soak). Lightning restores callbacks before it creates the resumed fit's first training iterator, so that
+iterator draws what the uninterrupted run drew. Rank 0's states are saved and every rank gets them back (ranks are
+seeded and consume alike)."""
 
 from __future__ import annotations
 
@@ -49,8 +42,8 @@ def restore_random_states(states: dict[str, Any]) -> None:
 
 
 def _numpy_state_as_builtins() -> tuple[Any, ...]:
-    """numpy's global state with its key array as a list: checkpoints load with ``weights_only=True``, which
-    refuses numpy arrays but takes builtins and tensors. numpy's global generator is the one libraries draw from."""
+    """numpy's global state with its key array as a list: checkpoints load with ``weights_only=True``, which refuses
+    numpy arrays."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
     return str(kind), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)
 
@@ -62,10 +55,8 @@ def _as_python_state(state: Any) -> tuple[Any, ...]:
 
 
 class RandomStateCheckpoint(L.Callback):
-    """Saves the global random states with every checkpoint and restores them on resume.
-
-    A checkpoint saved before this callback existed has no states: its run resumes reseeded, as before.
-    """
+    """Saves the global random states with every checkpoint and restores them on resume (an older checkpoint without
+    them resumes reseeded, as before)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"random_states": collect_random_states()}

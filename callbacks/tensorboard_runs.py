@@ -1,12 +1,9 @@
 """``PointRuns``: every observation point as its own TensorBoard run, named so that runs sort in depth order.
 
-TensorBoard colours lines by *run*, never by tag, and lists both alphabetically, so fifteen points as tags of one run
-would be same-coloured lines in the order ``block_01 .. block_12, cls, patch_embed``. As one run per point,
-``<tensorboard log dir>/points/<NN>_<point>`` (``NN`` the point's depth index), every chart of a tag draws each
-point as its own coloured line, listed in depth order, for any point list. Each run is a plain ``SummaryWriter``,
-opened on its point's first scalar (no empty runs), flushed after every observation and closed by
-`PointRuns.close`; only rank 0 ever creates one.
-"""
+TensorBoard colours lines by run, never by tag, and lists both alphabetically, so fifteen points as tags of one run
+would be same-coloured lines in the order ``block_01 .. block_12, cls, patch_embed``. As one run per point, ``<log
+dir>/points/<NN>_<point>``, each point is its own coloured line, listed in depth order. A run is opened on its point's
+first scalar (no empty runs); only rank 0 ever creates one."""
 
 from __future__ import annotations
 
@@ -18,19 +15,12 @@ from torch.utils.tensorboard import SummaryWriter
 
 __all__ = ["POINTS_DIR", "PointRuns", "point_run_names"]
 
-POINTS_DIR = "points"
-"""Subdirectory of the TensorBoard log dir that holds one run directory per point."""
+POINTS_DIR = "points"  # the folder of the TensorBoard log dir that holds one run per point
 
 
 def point_run_names(points: Sequence[str]) -> dict[str, str]:
-    """``{point: run name}``: the point's depth index, zero-padded to a common width, then its name.
-
-    The width is that of the largest index (at least two digits), so names sort in depth order as strings, which is
-    how TensorBoard lists runs.
-
-    Raises:
-        ValueError: a point name repeats (two points would share one run).
-    """
+    """``{point: run name}``: the depth index, zero-padded to a common width (so names sort as strings), then the name;
+    a repeated name is refused."""
     if len(set(points)) != len(points):
         raise ValueError(f"point_run_names: point names must be unique, got {list(points)}")
     width = max(2, len(str(max(len(points) - 1, 0))))
@@ -38,12 +28,7 @@ def point_run_names(points: Sequence[str]) -> dict[str, str]:
 
 
 class PointRuns:
-    """One TensorBoard run (``SummaryWriter``) per observation point, created lazily under ``<log_dir>/points/``.
-
-    Args:
-        log_dir: The TensorBoard log directory of the training run (the Lightning ``TensorBoardLogger.log_dir``).
-        points: Point names in depth order (the callback's observation points).
-    """
+    """One TensorBoard run (``SummaryWriter``) per observation point, created lazily under ``<log_dir>/points/``."""
 
     def __init__(self, log_dir: str | os.PathLike[str], points: Sequence[str]) -> None:
         self.root = Path(log_dir) / POINTS_DIR
@@ -55,13 +40,11 @@ class PointRuns:
         return self.root / self.names[point]
 
     def write(self, scalars: Mapping[str, Mapping[str, float]], step: int) -> None:
-        """Writes ``{point: {tag: value}}`` at ``step`` (the epoch) and flushes every run written to.
-
-        Raises:
-            KeyError: a point that is not in the point list (its run would sort out of depth order).
-        """
+        """Writes ``{point: {tag: value}}`` at ``step`` and flushes; a point not in the list raises KeyError."""
         for point, tags in scalars.items():
-            writer = self._writer(point)
+            if point not in self._writers:
+                self._writers[point] = SummaryWriter(log_dir=str(self.run_dir(point)))
+            writer = self._writers[point]
             for tag, value in tags.items():
                 writer.add_scalar(tag, value, global_step=step)
         self.flush()
@@ -76,8 +59,3 @@ class PointRuns:
         writers, self._writers = self._writers, {}
         for writer in writers.values():
             writer.close()
-
-    def _writer(self, point: str) -> SummaryWriter:
-        if point not in self._writers:
-            self._writers[point] = SummaryWriter(log_dir=str(self.run_dir(point)))
-        return self._writers[point]
