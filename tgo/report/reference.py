@@ -1,26 +1,10 @@
 """The published TGO-I measurements, mapped onto TGO's point names, for overlay and comparison.
 
-The shipped file ``tgo/resources/tgo1_paper_epoch_summaries.jsonl`` has one JSON line per epoch (1..100):
-``{"epoch": E, "layers": {"Layer_00_PatchEmbed": {<observable>: value, ...}, ...}}`` for 15 layers and six
-observables. Names map as follows:
-
-=========================  ==============
-paper layer                TGO point
-=========================  ==============
-``Layer_00_PatchEmbed``    ``patch_embed``
-``Layer_00_PosEmbed``      ``pos_embed``
-``Layer_NN_BlockNN``       ``block_NN``
-``Layer_13_CLS_Final``     ``cls``
-=========================  ==============
-
-The six observables already carry TGO's names and conventions (``effective_rank``, ``stable_rank``,
-``participation_ratio``, ``spectral_entropy`` in nats, not normalised, ``spectral_flatness`` with the 1e-12 floor,
-``spectral_anisotropy`` = lambda_1 / trace), so no conversion is applied. The paper has no epoch 0.
-
-The file holds values only; the experiment behind them (`TGO1_EXPERIMENT`: ViT-S/16, 224 px, ImageNet-100, 100
-epochs, the last epoch being the file's) is what `reference_caveat` compares a run with: a run that differs in any
-of these is overlaid with a caveat naming each difference, since its values cannot be expected to match.
-"""
+``tgo/resources/tgo1_paper_epoch_summaries.jsonl`` has one JSON line per epoch (1..100, no epoch 0): ``{"epoch": E,
+"layers": {"Layer_00_PatchEmbed": {<observable>: value, ...}, ...}}``; its layers map to ``patch_embed``, ``pos_embed``,
+``block_NN`` and ``cls`` (`paper_point_name`), and its six observables already carry TGO's names and conventions, so no
+conversion is applied. A run whose experiment differs from `TGO1_EXPERIMENT` is overlaid with a caveat naming each
+difference (`reference_caveat`), since its values cannot be expected to match."""
 
 from __future__ import annotations
 
@@ -64,25 +48,15 @@ REFERENCE_OBSERVABLES: tuple[str, ...] = (
     "spectral_anisotropy",
     "spectral_flatness",
 )
-"""The observables the published file holds, in comparison-table order: a fact about that file, not a second
-catalogue. Each is a `tgo.spectral.catalogue.CATALOGUE` name with the same convention (tested), which is what lets
-the paper's series overlay ours and be judged by the same claims."""
+"""The observables the published file holds, in table order: a fact about that file, not a second catalogue (each a
+catalogue name with the same convention, tested)."""
+# The 15 points of a TGO-I run (ViT-S/16), in depth order.
 PAPER_POINTS: tuple[str, ...] = ("patch_embed", "pos_embed", *(f"block_{i:02d}" for i in range(1, 13)), "cls")
-"""The 15 points of a TGO-I run (ViT-S/16), in depth order."""
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """The four facts that must match before values (not just shapes) of two experiments can be compared.
-
-    Attributes:
-        model: timm model name.
-        arch: Its architecture (``patch_size``, ``embed_dim``, ``depth``, ``num_heads``).
-        label: How the model is named in a caveat.
-        image_size: Input resolution in pixels.
-        data: Data source (a ``data.source`` name).
-        epochs: Training epochs.
-    """
+    """The facts that must match before values (not just shapes) of two experiments can be compared."""
 
     model: str
     arch: Mapping[str, int]
@@ -92,6 +66,7 @@ class Experiment:
     epochs: int
 
 
+# The published TGO-I experiment (conf/experiment/tgo1.yaml): the shipped file's epochs run 1..100 (tested).
 TGO1_EXPERIMENT = Experiment(
     model="vit_small_patch16_224",
     arch={"patch_size": 16, "embed_dim": 384, "depth": 12, "num_heads": 6},
@@ -100,26 +75,18 @@ TGO1_EXPERIMENT = Experiment(
     data="imagenet100",
     epochs=100,
 )
-"""The published TGO-I experiment (``conf/experiment/tgo1.yaml``): the shipped file's epochs run 1..100 (tested)."""
 
 DATA_LABELS = {
     "imagenet100": "ImageNet-100",
     "digits": "scikit-learn digits",
     "synthetic": "synthetic data",
     "imagefolder": "an image folder",
-}
-"""How a caveat names each data source (any other reads ``<source> data``)."""
+}  # how a caveat names each data source (any other reads "<source> data")
 
 
 @dataclass(frozen=True)
 class Difference:
-    """One respect in which runs differ from the reference experiment.
-
-    Attributes:
-        field: ``model``, ``image size``, ``data`` or ``epochs``.
-        ours: The runs' value(s), as the caveat names them (``not recorded`` where a run does not say).
-        reference: The reference's value, as the caveat names it.
-    """
+    """One respect in which runs differ from the reference (``ours`` says ``not recorded`` where a run does not)."""
 
     field: str
     ours: str
@@ -138,29 +105,13 @@ def _data_label(source: str) -> str:
     return DATA_LABELS.get(source, f"{source} data")
 
 
-def _planned_epochs(info: RunInfo, last_epoch: int | None) -> int | None:
-    """A training run's planned epochs; an offline observation's, the epochs its checkpoint had completed."""
-    return info.epochs if info.kind == "training run" else last_epoch
-
-
 def reference_differences(
     infos: Sequence[RunInfo],
     last_epochs: Sequence[int | None] | None = None,
     reference: Experiment = TGO1_EXPERIMENT,
 ) -> list[Difference]:
-    """Where runs differ from the reference experiment, in model, image size, data and epochs (in that order).
-
-    A fact a run does not record counts as different (the caveat says "not recorded"): nothing says it matches.
-
-    Args:
-        infos: The runs' `tgo.report.runinfo.RunInfo`.
-        last_epochs: Each run's last observed epoch, the epoch count of an offline observation (whose config has
-            no ``trainer.max_epochs``).
-        reference: The reference experiment.
-
-    Returns:
-        One `Difference` per differing field; empty when every run matches the reference in all four.
-    """
+    """Where runs differ from the reference in model, image size, data and epochs (in that order); a fact a run does not
+    record counts as different. ``last_epochs``: the epoch count of an offline observation."""
     lasts = list(last_epochs) if last_epochs is not None else [None] * len(infos)
 
     def joined(values: Sequence[str]) -> str:
@@ -175,7 +126,8 @@ def reference_differences(
     if any(i.data != reference.data for i in infos):
         data = [_data_label(str(i.data)) if i.data else f"data {NOT_RECORDED}" for i in infos]
         found.append(Difference("data", joined(data), _data_label(reference.data)))
-    epochs = [_planned_epochs(i, last) for i, last in zip(infos, lasts, strict=True)]
+    # a training run's planned epochs; an offline observation's, the epochs its checkpoint had completed
+    epochs = [i.epochs if i.kind == "training run" else last for i, last in zip(infos, lasts, strict=True)]
     if any(e != reference.epochs for e in epochs):
         text = [f"{e} epoch{'s' if e != 1 else ''}" if e is not None else f"epochs {NOT_RECORDED}" for e in epochs]
         found.append(Difference("epochs", joined(text), f"{reference.epochs} epochs"))
@@ -187,18 +139,9 @@ def reference_caveat(
     last_epochs: Sequence[int | None] | None = None,
     reference: Experiment = TGO1_EXPERIMENT,
 ) -> str | None:
-    """The caveat beside an overlay of the published values: each way the runs differ from the reference, or
-    ``None`` when they match it in model, image size, data and epochs.
-
-    Example: ``Caveat: this run differs from the TGO-I experiment in model, image size, data and epochs. This run:
-    vit_tiny_patch16_224 (patch 4, dim 96), 32 px, synthetic data, 30 epochs; the reference: ViT-S/16, 224 px,
-    ImageNet-100, 100 epochs. Compare shapes, not values.``
-
-    Args:
-        infos: The runs' `tgo.report.runinfo.RunInfo`.
-        last_epochs: Each run's last observed epoch (see `reference_differences`).
-        reference: The reference experiment.
-    """
+    """The caveat beside an overlay of the published values naming each difference, or ``None`` when none: ``Caveat:
+    this run differs from the TGO-I experiment in model and epochs. This run: ...; the reference: ViT-S/16, 100 epochs.
+    Compare shapes, not values.``"""
     differences = reference_differences(infos, last_epochs, reference)
     if not differences:
         return None
@@ -222,11 +165,7 @@ def reference_path() -> Path:
 
 
 def paper_point_name(layer: str) -> str:
-    """Maps a paper layer key to a TGO point name (see the module docstring).
-
-    Raises:
-        ValueError: a key of none of the four forms.
-    """
+    """Maps a paper layer key to a TGO point name; an unknown form raises ValueError."""
     if layer == "Layer_00_PatchEmbed":
         return "patch_embed"
     if layer == "Layer_00_PosEmbed":
@@ -240,22 +179,13 @@ def paper_point_name(layer: str) -> str:
 
 
 def load_reference(path: str | os.PathLike | None = None) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """The published measurements as series: metric -> point -> (epochs, values), epochs ascending.
-
-    Args:
-        path: A jsonl file of the same schema (default: the packaged copy).
-
-    Returns:
-        Series in `PAPER_POINTS` order for every observable the file holds.
-
-    Raises:
-        ReportInputError: unreadable file or schema.
-    """
+    """The published measurements (or a jsonl file of the same schema) as metric -> point -> (epochs, values), in
+    `PAPER_POINTS` order; an unreadable file raises `ReportInputError`."""
     path = Path(path) if path is not None else reference_path()
     collected: dict[str, dict[str, dict[int, float]]] = {}
     try:
         with open(path) as fh:
-            for _line_no, line in enumerate(fh, 1):
+            for line in fh:
                 if not line.strip():
                     continue
                 record = json.loads(line)
@@ -283,17 +213,7 @@ def is_tgo1_like(points: Sequence[str]) -> bool:
 
 @dataclass(frozen=True)
 class ReferenceRow:
-    """One point and observable: the run's last value beside the paper's.
-
-    Attributes:
-        point: TGO point name.
-        metric: Observable.
-        epoch: The run's last epoch.
-        value: The run's value there.
-        paper_epoch: The paper epoch compared with (the same epoch if the paper has it, else its last).
-        paper_value: The paper's value there.
-        ratio: ``value / paper_value`` (NaN if the paper's value is 0).
-    """
+    """One point and observable: the run's last value beside the paper's (at the same epoch, else the paper's last)."""
 
     point: str
     metric: str
@@ -309,16 +229,7 @@ def compare_with_reference(
     reference: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]],
     points: Sequence[str],
 ) -> list[ReferenceRow]:
-    """The run's last-epoch values against the paper's, per point and shared observable.
-
-    Args:
-        series: The run's (or the runs' mean) metric -> point -> (epochs, values).
-        reference: `load_reference` output.
-        points: Points in depth order; points the paper lacks are skipped.
-
-    Returns:
-        Rows in observable order, then point order.
-    """
+    """The run's last-epoch values against the paper's, in observable then point order (points it lacks skipped)."""
     rows = []
     for metric in REFERENCE_OBSERVABLES:
         ours, paper = series.get(metric, {}), reference.get(metric, {})
