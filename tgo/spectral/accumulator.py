@@ -1,17 +1,10 @@
-"""Streaming covariance with exact, shift-stabilised float64 sums.
+"""Streaming covariance with exact, shift-stabilised float64 sums; O(D^2) state per point, no activations kept.
 
-The accumulator keeps O(D^2) state per observation point and never stores activations. Why the design looks the way
-it does (measured, see ``docs/design-facts.md``):
-
-* ViT residual streams carry *massive-activation* dimensions whose mean is 1e3 times their spread. Naive sums of
-  ``x`` and ``x x^T`` then cancel catastrophically (``S2/n - mean mean^T``) and produce negative eigenvalues. Summing
-  ``x - shift`` with a fixed shift close to the mean (the first batch's mean) removes the cancellation; in float64 every
-  observable is then exact to ~1e-15.
-* The state is plain sums relative to a shift, so two accumulators with the same shift combine by addition, and ranks
-  combine with one *sum* all-reduce once they agree on a shift (:func:`allreduce_accumulators`). Changing the shift is
-  exact algebra (:meth:`StreamingCovariance.reshift`).
-* TF32 and autocast inside the Gram product ruin the result (1e-3..1e-6 relative), so they are switched off around it
-  and the previous global settings are restored afterwards.
+Why (measured, ``docs/design-facts.md``): ViT residual streams carry massive-activation dimensions whose mean is 1e3
+times their spread, so naive sums of ``x`` and ``x x^T`` cancel catastrophically; summing ``x - shift`` (the first
+batch's mean) makes every observable exact to ~1e-15. Plain sums relative to a shift combine by addition, so ranks
+combine with one sum all-reduce once they agree on a shift (`allreduce_accumulators`; reshifting is exact algebra).
+TF32 and autocast would ruin the Gram product, so they are switched off around it and restored afterwards.
 """
 
 from __future__ import annotations
@@ -32,11 +25,9 @@ _GRAM_DTYPES = {torch.float64: "float64", torch.float32: "float32"}
 
 
 def _fp32_precision_knobs() -> list[tuple[Any, str, Any]]:
-    """The per-backend float32 precision switches of this torch, as ``(namespace, attribute, strict value)``.
-
-    PyTorch >= 2.9 has one ``fp32_precision`` string per backend and operator family, and raises when the legacy
-    booleans (``allow_tf32``, ``set_float32_matmul_precision``) are read after the two APIs were mixed. Its per-backend
-    strings are always readable, so we switch and restore exactly those. Older torch only has the legacy booleans.
+    """The per-backend float32 precision switches as ``(namespace, attribute, strict value)``: torch >= 2.9 raises when
+    the legacy booleans are read after the two APIs were mixed, so exactly its per-backend strings are switched and
+    restored.
     """
     knobs: list[tuple[Any, str, Any]] = []
     families = [
@@ -68,14 +59,9 @@ def _try_read(read: Callable[[], Any]) -> tuple[bool, Any]:
 def strict_fp32_math(device_type: str) -> Iterator[None]:
     """Disable TF32/bf16 float32 math and autocast for the enclosed code, restoring the previous settings after.
 
-    A training loop may run under ``bf16-mixed`` autocast, enable TF32 (``allow_tf32``) or lower the float32 matmul
-    precision (``set_float32_matmul_precision("medium")`` also makes CPU matmuls use bf16); each silently turns a
-    float32 Gram product into a 10- or 8-bit-mantissa one. Inside this context every float32 matmul and convolution
-    is IEEE float32 (``torch.get_float32_matmul_precision() == "highest"``, ``allow_tf32`` False for cuBLAS and cuDNN)
-    and autocast is off for ``device_type``. The legacy switches are used where torch still lets us read them (so
-    legacy reads inside stay valid), then every per-backend ``fp32_precision`` is forced to ``"ieee"``; on exit the
-    legacy values and then the exact per-backend strings are restored. ``device_type`` is the one the products run
-    on, for ``torch.autocast``.
+    Autocast, ``allow_tf32`` or ``set_float32_matmul_precision("medium")`` (bf16 on CPU too) would silently make a
+    float32 Gram product a 10- or 8-bit-mantissa one. Inside, every float32 matmul and convolution is IEEE; the legacy
+    switches are set where readable, then every per-backend ``fp32_precision`` is ``"ieee"``; exit restores both.
     """
     knobs = _fp32_precision_knobs()
     saved_knobs = [(namespace, attr, getattr(namespace, attr)) for namespace, attr, _ in knobs]
@@ -105,12 +91,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _outside_inference_mode(method: F) -> F:
-    """Run a state-touching method with inference mode off.
-
-    The observation pass runs models under ``torch.inference_mode()``. State tensors created there would be inference
-    tensors, which torch forbids updating in place outside inference mode (a later ``merge`` or resumed ``update``
-    would fail). Keeping the state normal makes the accumulator work the same inside and outside; reading inference
-    tensors (the activations) is allowed either way.
+    """Run a state-touching method with inference mode off: state created under ``torch.inference_mode()`` (the
+    observation pass) could not be updated in place later (a ``merge`` or resumed ``update``).
     """
 
     @functools.wraps(method)
@@ -124,10 +106,7 @@ def _outside_inference_mode(method: F) -> F:
 def _shifted_sums(s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The float64 sums ``(S1, S2)`` of ``n`` rows re-expressed relative to ``old_shift - delta`` (inputs untouched).
 
-    With ``c = x - old`` and ``x - new = c + d`` for ``d = old - new``::
-
-        S1' = S1 + n d
-        S2' = S2 + d S1^T + S1 d^T + n d d^T
+    With ``d = old - new``: ``S1' = S1 + n d`` and ``S2' = S2 + d S1^T + S1 d^T + n d d^T``.
     """
     s2_new = s2 + torch.outer(delta, s1) + torch.outer(s1, delta) + n * torch.outer(delta, delta)
     s1_new = s1 + n * delta
@@ -135,11 +114,8 @@ def _shifted_sums(s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tenso
 
 
 def _column_sum(centred: torch.Tensor) -> torch.Tensor:
-    """Column sums of the centred rows as float64 ``[D]``.
-
-    Float32 rows are summed in float32 (torch's pairwise summation, relative error ~1e-7 of the sum of magnitudes),
-    then widened: the same precision as the float32 Gram they accompany, and ~10x cheaper than widening every row to
-    float64 first. ``S1`` enters the covariance only through ``S1 S1^T / n``, which the shift keeps small.
+    """Column sums of the centred rows as float64 ``[D]``; float32 rows summed in float32 then widened (the Gram's
+    precision, ~10x cheaper), since ``S1`` enters only through ``S1 S1^T / n``, which the shift keeps small.
     """
     if centred.dtype == torch.float64:
         return centred.sum(dim=0)
@@ -153,11 +129,8 @@ _BLOCKED_GRAM_MIN_DIM = 64
 def _add_gram(s2: torch.Tensor, c: torch.Tensor) -> None:
     """``s2 += c^T c`` (float64 ``s2``), computing only the blocks on and above the diagonal.
 
-    The product is symmetric, so three products (rows ``[0, D/2)`` x all columns, rows ``[D/2, 3D/4)`` x columns
-    ``[D/2, D)``, the last quarter's diagonal block) give 11/16 of the flops of one full product; the missing lower
-    blocks are copied from their transposes, which also makes those blocks of ``s2`` exactly symmetric. Measured on
-    2 CPU cores for ``[6304, 384]``: 21% faster than one ``addmm`` in float64 and in float32. Float32 products are
-    widened before they are added.
+    Three products give 11/16 of one full product's flops; the lower blocks are copied from their transposes, which also
+    makes ``s2`` exactly symmetric (21% faster than one ``addmm`` for ``[6304, 384]`` on 2 cores).
     """
     d = c.shape[1]
     if d < _BLOCKED_GRAM_MIN_DIM:
@@ -177,22 +150,9 @@ def _add_gram(s2: torch.Tensor, c: torch.Tensor) -> None:
 class StreamingCovariance:
     """Exact streaming covariance of the rows of ``[..., dim]`` activation batches.
 
-    State (all float64, on ``device``): ``n`` rows seen, ``n_nonfinite`` rows dropped because they held NaN/Inf, a fixed
-    ``shift`` (the first batch's mean of finite rows), the shifted sum ``S1 = sum(x - shift)`` and the shifted sum of
-    outer products ``S2 = sum((x - shift)(x - shift)^T)``. Nothing else is kept, whatever the number of rows.
-
-    Args:
-        dim: Feature dimension ``D`` (the last dimension of every batch).
-        gram_dtype: Dtype of the per-batch Gram product. ``torch.float64`` (default) is exact to ~1e-15;
-            ``torch.float32`` casts the *shifted* rows to float32 for the matmul (faster, ~1e-8 relative on observables)
-            and still accumulates the product in float64.
-        device: Where the state lives and the Gram product runs. Defaults to CPU; batches are moved here.
-
-    Example:
-        >>> acc = StreamingCovariance(384)
-        >>> for batch in batches:          # [B, T, 384] on any device
-        ...     acc.update(batch)
-        >>> cov = acc.covariance()         # float64 [384, 384], unbiased
+    State (float64 on ``device``): ``n`` rows, ``n_nonfinite`` rows dropped for NaN/Inf, a fixed ``shift`` (the first
+    batch's finite mean), ``S1 = sum(x - shift)`` and ``S2 = sum((x - shift)(x - shift)^T)``. ``gram_dtype``
+    ``torch.float32`` casts the shifted rows for the matmul (faster, ~1e-8 relative) and still accumulates in float64.
     """
 
     @_outside_inference_mode
@@ -221,10 +181,8 @@ class StreamingCovariance:
     # ------------------------------------------------------------------ streaming
     @_outside_inference_mode
     def update(self, x: torch.Tensor) -> None:
-        """Add the rows of one ``[..., dim]`` batch (any floating dtype, any device).
-
-        Rows (all leading dims flattened) holding any NaN or Inf are dropped and counted in ``n_nonfinite`` rather than
-        poisoning the sums; the count is reported downstream so it is never silent.
+        """Add the rows of one ``[..., dim]`` batch (any floating dtype and device); rows with NaN or Inf are dropped
+        and counted in ``n_nonfinite`` (reported downstream, never silent).
         """
         x = torch.as_tensor(x)
         if x.ndim == 0 or x.shape[-1] != self.dim:
@@ -287,12 +245,9 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def covariance(self) -> torch.Tensor:
-        """Unbiased (``n - 1``) covariance of the finite rows, float64 ``[dim, dim]``, exactly symmetric.
+        """Unbiased covariance ``(S2 - S1 S1^T / n) / (n - 1)``, float64, exactly symmetric.
 
-        ``C = (S2 - S1 S1^T / n) / (n - 1)``; because the shift is close to the mean, ``S1`` is small and the
-        subtraction does not cancel. With ``n < 2`` the covariance is undefined and an all-NaN matrix is returned
-        (rather than raised) so that one starved observation point cannot abort a multi-point observation; the NaNs
-        flow into :func:`~tgo.spectral.summarize` which reports them alongside the real counts.
+        With ``n < 2`` an all-NaN matrix, not an error, so one starved point cannot abort a multi-point observation.
         """
         if self.n < 2:
             return torch.full((self.dim, self.dim), math.nan, dtype=torch.float64, device=self.device)
@@ -302,9 +257,8 @@ class StreamingCovariance:
     # ------------------------------------------------------------------ algebra
     @_outside_inference_mode
     def reshift(self, new_shift: torch.Tensor) -> None:
-        """Change the shift, exactly re-expressing the sums (used so that ranks agree on one shift before summing).
-
-        An accumulator that has seen no rows simply adopts ``new_shift`` (a finite ``[dim]`` tensor).
+        """Change the shift, exactly re-expressing the sums (ranks agree on one shift before summing); an empty
+        accumulator adopts ``new_shift``.
         """
         new = torch.as_tensor(new_shift).to(device=self.device, dtype=torch.float64).detach()
         if tuple(new.shape) != (self.dim,):
@@ -317,11 +271,7 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def merge(self, other: StreamingCovariance) -> StreamingCovariance:
-        """Add the rows of ``other`` (same ``dim``, any gram_dtype and device) into ``self`` exactly; returns ``self``.
-
-        ``other``'s sums are re-expressed relative to ``self``'s shift, then added. Merging is associative and
-        commutative up to float64 rounding (tests check 1e-12).
-        """
+        """Add ``other``'s rows into ``self`` exactly (its sums re-expressed to ``self``'s shift); returns ``self``."""
         if not isinstance(other, StreamingCovariance):
             raise TypeError(f"merge: expected StreamingCovariance, got {type(other).__name__}")
         if other.dim != self.dim:
@@ -359,10 +309,8 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` onto this accumulator's device.
-
-        Missing optional keys fall back to an empty accumulator (tolerant ``.get`` defaults); a dimension mismatch is
-        an error rather than a silent reshape. ``gram_dtype`` stays as constructed: it only affects future updates.
+        """Restore a `state_dict` onto this accumulator's device; a dimension mismatch is an error, not a silent
+        reshape.
         """
         dim = int(state.get("dim", self.dim))
         if dim != self.dim:
@@ -388,11 +336,8 @@ class StreamingCovariance:
         return 2 + self.dim + self.dim * self.dim
 
     def pack_into(self, out: torch.Tensor) -> None:
-        """Write the flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` into ``out`` (a slice of the sum
-        collective's buffer), without a temporary copy.
-
-        Counts travel as float64, exact up to 2^53 rows. The shift is *not* packed: summing is only meaningful once all
-        ranks share one shift (see :func:`allreduce_accumulators`).
+        """Write the flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` into ``out`` (a slice of the collective's
+        buffer); counts exact up to 2^53 rows; the shift is not packed (ranks must share one first).
         """
         d = self.dim
         out[0], out[1] = float(self.n), float(self.n_nonfinite)
@@ -401,11 +346,10 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def unpack_(self, flat: torch.Tensor, *, copy: bool = True) -> None:
-        """Overwrite counts and sums from a (summed) packed state (`pack_into`); the shift is kept as is.
+        """Overwrite counts and sums from a summed packed state (`pack_into`); the shift is kept.
 
-        ``copy=False`` makes the sums views of ``flat`` (float64 on this device already) instead of copies:
-        `allreduce_accumulators` owns the summed buffer, and not copying it saves one full state of memory at the peak
-        of the reduction (170 MB for 15 x 384 points at 10 jackknife groups).
+        ``copy=False`` makes the sums views of ``flat``: not copying saves one full state at the reduction's peak (170
+        MB for 15 x 384 points at 10 jackknife groups).
         """
         flat = torch.as_tensor(flat)
         if flat.ndim != 1 or flat.numel() != self.packed_size:
@@ -441,28 +385,12 @@ def allreduce_accumulators(
     *,
     device: torch.device | str | None = None,
 ) -> None:
-    """Combine every rank's accumulators in place with exactly two sum collectives.
+    """Combine every rank's accumulators in place with exactly two sum collectives, whatever the local data.
 
-    Every rank must call this with the same points in the same order (the usual collective rule; do not call it in a
-    rank-zero branch). Ranks that saw no rows for a point still take part.
-
-    1. Shift agreement: one tensor holding ``[n_r, n_r * shift_r]`` for every point is summed; the common shift is
-       ``sum(n_r shift_r) / sum(n_r)`` (zeros where no rank saw rows). Every accumulator reshifts to it exactly.
-    2. One packed tensor of all accumulators' ``[n, n_nonfinite, S1, S2]`` is summed and unpacked back.
-
-    The number of collective calls never depends on local data, so ranks cannot deadlock on mismatched calls.
-
-    Args:
-        accs: This rank's accumulators, one per observation point, all on one device (the collective tensors go
-            there, e.g. the GPU for NCCL).
-        all_reduce_sum: Callable returning the element-wise sum of its tensor argument over all ranks. It may work in
-            place (``trainer.strategy.reduce(t, reduce_op="sum")`` does); only its return value is used.
-        extras: Further float64 states summed in the same second collective (packed after the accumulators, then
-            unpacked as views of the summed buffer), e.g. the measurement families' states. Every rank must pass the
-            same sizes in the same order. They are reduced also when there are no accumulators (the first collective
-            is then empty), so the count stays two.
-        device: Where the collective tensors live when there are no accumulators (default CPU; otherwise the
-            accumulators' device).
+    Every rank calls it with the same points in the same order. First the common shift ``sum(n_r shift_r) / sum(n_r)``
+    (each accumulator reshifts to it), then one packed ``[n, n_nonfinite, S1, S2]`` tensor. ``all_reduce_sum`` returns
+    the element-wise sum over ranks (may work in place); ``extras`` are further float64 states summed in the second
+    collective (the families'), also when there are no accumulators; ``device``: where the collective tensors live then.
     """
     accs, extras = list(accs), list(extras)
     if not accs and not extras:

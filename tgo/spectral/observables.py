@@ -1,14 +1,9 @@
 """The TGO-I observables (and a few more) as small pure functions of float64 eigenvalues.
 
-Conventions (see ``docs/observables.md`` for the why): eigenvalues are those of the unbiased covariance of all tokens
-pooled, natural logarithms throughout, ``0 log 0 = 0``. Every function accepts the eigenvalues in any order (they are
-sorted internally where order matters) and must be given non-negative values (use
-:func:`~tgo.spectral.eigendecompose`, which clamps round-off negatives and reports them).
-
-Degenerate inputs return NaN instead of raising, so a record row is always complete:
-
-* NaN anywhere in the eigenvalues (an undefined spectrum) -> NaN.
-* Zero total variance (all eigenvalues 0) -> NaN for every ratio (nothing to normalise by).
+Conventions (why: ``docs/observables.md``): eigenvalues of the unbiased covariance of all tokens pooled, natural
+logarithms, ``0 log 0 = 0``, any order, non-negative (`tgo.spectral.eigendecompose` clamps round-off negatives).
+Degenerate inputs return NaN instead of raising, so a record row is always complete: NaN in the eigenvalues, or zero
+total variance for every ratio.
 """
 
 from __future__ import annotations
@@ -77,15 +72,10 @@ def _defined_total(e: np.ndarray) -> float | None:
 
 
 class EigenvalueStats:
-    """One spectrum, validated once, and the intermediate results several observables share, each computed once.
+    """One spectrum, validated once, with the intermediate results several observables share, each computed once.
 
-    Every public function of this module that reads only eigenvalues is a property or method of this class, so a
-    caller that needs many observables of one spectrum (`tgo.spectral.summarize`: about twenty) builds it once and
-    pays for the validation, the total, the entropy and the cumulative shares once instead of once per observable,
-    with the same operations on the same arrays, hence the same bits.
-
-    Args:
-        eigs: Non-negative eigenvalues, any order (NaN marks an undefined spectrum).
+    A caller of many observables (`tgo.spectral.summarize`: about twenty) pays for validation, total, entropy and
+    cumulative shares once, with the same operations on the same arrays as the functions, hence the same bits.
     """
 
     def __init__(self, eigs: np.ndarray | torch.Tensor | list[float]) -> None:
@@ -200,18 +190,9 @@ class EigenvalueStats:
 class EigenvalueStack:
     """`EigenvalueStats` of ``S`` spectra at once: the eigenvalue observables as array functions over ``[S, D]``.
 
-    For the rank-0 summary, which needs every observable of a view's ``G + 1`` jackknife spectra. Each method does
-    the operations of the one-spectrum function on every row (numpy reduces each contiguous row of a 2-D array with
-    the same pairwise summation as a 1-D array, and the element-wise functions do not depend on where an element
-    sits), so ``stack.effective_rank[i] == effective_rank(eigs[i])`` bit for bit;
-    ``tests/spectral/test_stack.py`` checks every method against its function on random, rank-deficient and
-    tied spectra. Scalars that the one-spectrum functions combine as Python or numpy scalars are combined the same way
-    here, row by row.
-
-    Args:
-        eigs: float64 ``[S, D]``, every row descending, non-negative, finite, with a positive sum (what
-            `tgo.spectral.eigendecompose` gives a defined covariance; `usable` says whether a stack is).
-        checked: The caller has already found ``eigs`` `usable` (the check is not repeated).
+    For the summary's ``G + 1`` jackknife spectra. numpy reduces each contiguous row as a 1-D array, so
+    ``stack.effective_rank[i] == effective_rank(eigs[i])`` bit for bit (``tests/spectral/test_stack.py``). ``eigs``:
+    rows descending, non-negative, finite, positive sum (`usable`); ``checked``: the caller already found them usable.
     """
 
     def __init__(self, eigs: np.ndarray, *, checked: bool = False) -> None:
@@ -234,8 +215,9 @@ class EigenvalueStack:
 
     @staticmethod
     def usable_rows(eigs: np.ndarray, total: np.ndarray | None = None) -> np.ndarray:
-        """Per row of ``[S, D]``, whether it meets the stack's requirements: finite, non-negative, descending, with
-        a positive total (the rows that do not are summarised one by one)."""
+        """Per row, whether it is finite, non-negative, descending with a positive total (others are summarised one by
+        one).
+        """
         e = np.asarray(eigs, dtype=np.float64)
         with np.errstate(invalid="ignore"):
             ok = np.isfinite(e).all(axis=1) & (e >= 0).all(axis=1) & (e[:, :-1] >= e[:, 1:]).all(axis=1)
@@ -338,8 +320,9 @@ def participation_ratio(eigs: np.ndarray) -> float:
 
 
 def spectral_entropy(eigs: np.ndarray, normalized: bool = False) -> float:
-    """Shannon entropy of the normalised spectrum in nats (the paper's); ``normalized`` divides by ``ln D``, ``D``
-    counting zeros too, so that layers of different width compare (NaN for ``D == 1``)."""
+    """Shannon entropy of the normalised spectrum in nats; ``normalized`` divides by ``ln D`` (zeros counted) so that
+    layers of different width compare.
+    """
     return EigenvalueStats(eigs).spectral_entropy(normalized)
 
 
@@ -349,19 +332,15 @@ def spectral_anisotropy(eigs: np.ndarray) -> float:
 
 
 def spectral_flatness(eigs: np.ndarray, floor: float = FLATNESS_FLOOR) -> float:
-    """Wiener entropy: geometric / arithmetic mean of the eigenvalues, 1 for an isotropic spectrum.
-
-    As in the paper, eigenvalues are floored at ``floor`` before the logarithm (geometric mean only), so exact zeros
-    give a small finite value; ``docs/observables.md`` says why rank-deficient values read as "essentially zero".
+    """Wiener entropy, geometric / arithmetic mean (1 when isotropic), eigenvalues floored at ``floor`` as in the
+    paper.
     """
     return EigenvalueStats(eigs).spectral_flatness(floor)
 
 
 def components_for_variance(eigs: np.ndarray, fraction: float) -> int | float:
-    """Smallest ``k`` (an int) whose top ``k`` eigenvalues explain at least ``fraction`` (in ``(0, 1]``) of variance.
-
-    The comparison allows 1e-12 of slack so that, for example, 10 equal eigenvalues need exactly 9 for 90% despite
-    round-off in the cumulative sum.
+    """Smallest ``k`` whose top eigenvalues explain at least ``fraction`` of variance, with 1e-12 of slack (10 equal
+    eigenvalues need exactly 9 for 90%).
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"components_for_variance: fraction must be in (0, 1], got {fraction}")
@@ -369,11 +348,7 @@ def components_for_variance(eigs: np.ndarray, fraction: float) -> int | float:
 
 
 def default_fit_range(dim: int) -> tuple[int, int]:
-    """The default 1-based inclusive index range of :func:`power_law_fit`: ``1 .. max(2, D // 2)``.
-
-    The top half of the spectrum is where ViT spectra are close to a power law; the tail bends down towards the noise
-    floor (and is exactly zero when ``n <= D``).
-    """
+    """The default 1-based range of `power_law_fit`, ``1 .. max(2, D // 2)``: the tail bends to the noise floor."""
     return 1, max(2, dim // 2)
 
 
@@ -388,13 +363,10 @@ def fit_range_of(dim: int, start: int | None, stop: int | None) -> tuple[int, in
 
 
 def power_law_fit(eigs: np.ndarray, start: int | None = None, stop: int | None = None) -> tuple[float, float]:
-    """Least-squares fit of ``log λ_i = c - α log i`` over 1-based indices ``start..stop`` (inclusive).
+    """Least-squares fit of ``log λ_i = c - α log i`` over 1-based indices ``start..stop`` (inclusive), ``(alpha, r2)``.
 
-    Eigenvalues are sorted descending first. Only numerically positive eigenvalues enter the fit: those above
-    ``λ_max · D · eps`` (the ``numpy.linalg.matrix_rank`` tolerance), since anything below is round-off of a zero
-    eigenvalue and its logarithm is meaningless. Returns ``(alpha, r2)``, ``r2`` the coefficient of determination in
-    log-log space (1 for a constant spectrum); ``(nan, nan)`` when fewer than 2 usable eigenvalues fall in the range.
-    ``stop`` is clipped to ``D``.
+    Only eigenvalues above ``λ_max · D · eps`` (``matrix_rank``'s tolerance) enter: below is round-off of a zero.
+    ``(nan, nan)`` with fewer than 2 in range; ``r2`` is 1 for a constant spectrum.
     """
     return EigenvalueStats(eigs).power_law_fit(start, stop)
 
@@ -407,11 +379,10 @@ def _offdiag(mat: np.ndarray) -> np.ndarray:
 
 
 def offdiag_energy_fraction(cov: np.ndarray | torch.Tensor) -> float:
-    """Share of the covariance's squared Frobenius norm off the diagonal: ``||C - diag C||_F^2 / ||C||_F^2``.
+    """Share of ``||C||_F^2`` off the diagonal: 0 when diagonal; the paper's "covariance becomes diagonal" as a number.
 
-    0 for a diagonal covariance (axis-aligned features), approaching 1 when correlations dominate; the paper's
-    "covariance becomes diagonal" finding as a number. Not rotation invariant, by design: it measures alignment of the
-    variance with the neuron basis. Computed on ``C / max|C|`` to avoid overflow; NaN for a zero or non-finite ``C``.
+    Not rotation invariant by design (alignment with the neuron basis); on ``C / max|C|`` against overflow; NaN for a
+    zero or non-finite ``C``.
     """
     mat = as_float64_matrix(cov)
     if not np.all(np.isfinite(mat)):
@@ -424,12 +395,8 @@ def offdiag_energy_fraction(cov: np.ndarray | torch.Tensor) -> float:
 
 
 def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
-    """Mean of ``|corr_ij|`` over ``i != j``, with ``corr = C_ij / sqrt(C_ii C_jj)``.
-
-    Dimensions with zero variance have no correlation and are excluded; "zero" means
-    ``C_ii <= max(diag C) · D · eps``, because a constant feature accumulates round-off of that size and its
-    "correlations" would be noise. Correlations are clipped to ``[-1, 1]`` against round-off. NaN for a non-finite
-    covariance or fewer than 2 dimensions with variance.
+    """Mean ``|corr_ij|`` over ``i != j``, without dimensions of variance ``<= max(diag C) · D · eps`` (their round-off
+    "correlations" are noise), clipped to ``[-1, 1]``; NaN for fewer than 2 such dimensions or non-finite ``C``.
     """
     mat = as_float64_matrix(cov)
     if not np.all(np.isfinite(mat)):
@@ -446,17 +413,11 @@ def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
 
 
 def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float:
-    """Gaussian total correlation in nats: ``1/2 (sum_i ln C_ii - ln det C)`` = ``-1/2 ln det R``.
+    """Gaussian total correlation in nats, ``1/2 (sum_i ln C_ii - ln det C)`` = ``-1/2 ln det R``.
 
-    The multi-information of a Gaussian with this covariance: 0 for independent channels, growing with redundancy
-    (how much of each channel the others predict). Scale invariant per channel (it only depends on the correlation
-    matrix ``R``). ``ln det C`` is taken from the float64 eigenvalues (``sum ln lambda_i``).
-
-    Rank-deficient covariances: the Gaussian total correlation is infinite there (some direction has no variance,
-    i.e. one channel combination is exactly determined by the others). TGO records NaN instead of ``inf``, so the
-    value never enters averages or standard errors; "numerically singular" means an eigenvalue
-    ``<= lambda_1 * D * eps`` (numpy's ``matrix_rank`` tolerance) or a channel without variance. ``eigs``: those of
-    ``cov``, any order.
+    0 for independent channels, growing with redundancy; ``ln det C`` from the eigenvalues. Infinite for a numerically
+    singular ``C`` (an eigenvalue ``<= lambda_1 * D * eps`` or a channel without variance), recorded as NaN so it never
+    enters averages or standard errors.
     """
     mat = as_float64_matrix(cov)
     e = _eigs(eigs)
@@ -472,10 +433,8 @@ def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float
 
 
 def offdiag_energy_fractions(covs: np.ndarray) -> list[float]:
-    """`offdiag_energy_fraction` of every finite ``[D, D]`` matrix of a ``[S, D, D]`` stack (bit for bit).
-
-    One scaled copy, squared in place: its sum is the denominator, and with the diagonal zeroed the numerator
-    (the squares of `offdiag_energy_fraction`'s two arrays, element for element).
+    """`offdiag_energy_fraction` of every finite matrix of a ``[S, D, D]`` stack, bit for bit: one scaled copy,
+    squared.
     """
     mats = np.ascontiguousarray(covs, dtype=np.float64)
     count, dim = mats.shape[0], mats.shape[1]
@@ -535,8 +494,7 @@ def _mean_abs_offdiag_one_pattern(mats: np.ndarray, var: np.ndarray, kept: np.nd
 
 
 def total_correlations(covs: np.ndarray, eigs: np.ndarray) -> list[float]:
-    """`total_correlation` of every finite matrix of a ``[S, D, D]`` stack and its eigenvalues ``[S, D]`` (any
-    order within a row; bit for bit)."""
+    """`total_correlation` of every finite matrix of a ``[S, D, D]`` stack and its eigenvalues, bit for bit."""
     mats = np.asarray(covs, dtype=np.float64)
     e = np.asarray(eigs, dtype=np.float64)
     top = e.max(axis=1)
@@ -554,12 +512,8 @@ def total_correlations(covs: np.ndarray, eigs: np.ndarray) -> list[float]:
 
 
 def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig") -> np.ndarray:
-    """Singular values derived from covariance eigenvalues, descending.
-
-    * ``"sqrt_eig"``: ``sqrt(λ)``, the convention of the paper's plotting code (the singular values of ``X /
-      sqrt(n - 1)`` for centred data ``X``; scale free in ``n``).
-    * ``"data"``: ``sqrt((n - 1) λ)``, the singular values of the centred ``[n, D]`` data matrix itself, with ``n =
-      n_rows`` (all NaN when ``n_rows < 2``).
+    """Singular values from covariance eigenvalues, descending: ``sqrt_eig`` (the paper's plots, ``X / sqrt(n - 1)``) or
+    ``data`` (``sqrt((n - 1) λ)``, the centred data matrix's; NaN when ``n_rows < 2``).
     """
     if convention not in ("sqrt_eig", "data"):
         raise ValueError(f"singular_values: convention must be 'sqrt_eig' or 'data', got {convention!r}")
