@@ -1,10 +1,7 @@
 """What a run is, read from its directory: model, data, epochs, accuracies, seed, analysis subset, software.
 
-`read_run_info` reads ``config.yaml`` (the composed training config, or the observation config of
-``python -m tgo.observe``), ``analysis_subset.json`` and ``train.log`` of a run (`tgo.records.RunDir`); whatever a
-run does not hold reads as ``None`` and the report says "not recorded". `comparability_key` and `check_comparable`
-refuse to aggregate runs that differ in model, data or points, naming what differs.
-"""
+Whatever a run does not hold reads as ``None`` and the report says "not recorded"; `check_comparable` refuses to
+aggregate runs that differ in model, data or points, naming what differs."""
 
 from __future__ import annotations
 
@@ -42,28 +39,8 @@ _METRIC = re.compile(r"([\w/]+)=([-+0-9.eE]+|nan)")
 
 @dataclass
 class RunInfo:
-    """The header facts of one run (``None``: the run does not record it).
-
-    Attributes:
-        model: The model as what it is, from the recorded architecture (`describe_model`: ``ViT, 12 blocks, width 96,
-            3 heads, patch 4, 16 px images (timm vit_tiny_patch16_224 with overrides)``); the model's name alone
-            where the config records no architecture overrides (``vit_small_patch16_224``).
-        data: Data source (``digits``, ``imagenet100``).
-        data_size: Training set size if the config names one (most sources do not).
-        image_size: Input resolution.
-        epochs: Planned training epochs (``trainer.max_epochs``), ``None`` for an offline observation.
-        top1: Final validation top-1 accuracy.
-        top5: Final validation top-5 accuracy.
-        seed: Training seed (or the observation's source seed).
-        subset_size: Images in the analysis subset.
-        subset_hash: The analysis subset's fingerprint.
-        kind: ``training run`` or ``offline observation``.
-        commit: The git commit the run directory records, if any.
-        source: For an observation, what was observed (checkpoint paths or timm name).
-        arch: The recorded architecture overrides (``model.arch``: ``patch_size``, ``embed_dim``, ...).
-        name: The model's name (timm's, ``checkpoint`` for an observation of checkpoints), as recorded.
-        classes: The analysis subset's class count (``analysis_subset.json``), ``None`` when it does not say.
-    """
+    """The header facts of one run (``None``: the run does not record it). ``model`` describes the network
+    (`describe_model`), ``name`` is the recorded model name and ``epochs`` is ``None`` for an offline observation."""
 
     model: str | None = None
     data: str | None = None
@@ -144,27 +121,15 @@ _ARCH_WORDS: tuple[tuple[str, Any], ...] = (
     ("embed_dim", lambda v: f"width {v}"),
     ("num_heads", lambda v: f"{v} head{'s' if v != 1 else ''}"),
     ("patch_size", lambda v: f"patch {v}"),
-)
-"""The architecture overrides a model description names, in this order, and how."""
+)  # the architecture overrides a model description names, in this order, and how
 
 
 def describe_model(name: str | None, arch: Mapping[str, Any], image_size: int | None = None) -> str | None:
-    """The model as what it is: ``ViT, 12 blocks, width 96, 3 heads, patch 4, 16 px images (timm
-    vit_tiny_patch16_224 with overrides)``.
+    """The model as what it is: ``ViT, 12 blocks, width 96, 3 heads, patch 4, 16 px images (timm vit_tiny_patch16_224
+    with overrides)``.
 
-    A timm name describes the architecture timm builds by that name; a run that overrides it (``model.arch``:
-    depth, width, heads, patch) is another network, and the name alone would misname it (the quickstart's
-    ``vit_tiny_patch16_224`` is a 12-block, width-96, patch-4 ViT on 16 px images). Without overrides the name is
-    the description.
-
-    Args:
-        name: The recorded model name (``None``: not recorded).
-        arch: The recorded architecture overrides.
-        image_size: The input resolution, named with the overrides.
-
-    Returns:
-        The description, or ``None`` without a name.
-    """
+    A run that overrides the architecture of a timm name is another network, and the name alone would misname it (the
+    quickstart's ``vit_tiny_patch16_224`` is a 12-block, width-96, patch-4 ViT); without overrides the name says it."""
     if name is None:
         return None
     parts = [words(arch[key]) for key, words in _ARCH_WORDS if arch.get(key) is not None]
@@ -233,20 +198,11 @@ def package_version() -> str:
 
 
 def package_commit(where: Path | None = None) -> str | None:
-    """``git rev-parse HEAD`` of the repository holding the ``tgo`` package, with ``+dirty`` when the tree differs;
-    ``None`` when the package is not in a git checkout (an installed wheel) or git is missing.
+    """``git rev-parse HEAD`` of the repository holding ``tgo``, with ``+dirty``; ``None`` outside a git checkout.
 
-    An installed package is often inside somebody else's repository (a project's ``.venv``, or ``pip install
-    --target`` into a work tree): that repository's commit says nothing about TGO's code, so by default the commit is
-    read only when git tracks this very file (a checkout, or an editable install of one).
-
-    Read-only: ``git status`` would otherwise refresh the index (taking ``.git/index.lock`` and rewriting
-    ``.git/index``) in a checkout the report does not own; ``--no-optional-locks`` (and ``GIT_OPTIONAL_LOCKS=0``
-    for older gits) tells git not to.
-
-    Args:
-        where: A directory inside the repository (default: the installed ``tgo.report`` package).
-    """
+    By default read only where git tracks this very file: an installed package is often inside somebody else's
+    repository, whose commit says nothing about TGO's code. ``--no-optional-locks``: ``git status`` would otherwise
+    rewrite ``.git/index`` in a checkout the report does not own."""
     here = where if where is not None else Path(__file__).resolve().parent
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
 
@@ -264,26 +220,20 @@ def package_commit(where: Path | None = None) -> str | None:
     return (head + ("+dirty" if dirty else "")) if head else None
 
 
-def _comparable_fields(info: RunInfo, run: RunData) -> dict[str, str]:
-    return {
-        "model": info.model or NOT_RECORDED,
-        "data": str(info.data or NOT_RECORDED),
-        "image size": str(info.image_size or NOT_RECORDED),
-        "points": ", ".join(run.points),
-    }
-
-
 def check_comparable(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> None:
-    """Refuses to aggregate runs that differ in model, data, image size or observation points.
-
-    A field a run does not record is not compared (old runs, runs without ``config.yaml``).
-
-    Raises:
-        ReportInputError: naming each field that differs and which runs hold which value.
-    """
+    """Refuses to aggregate runs that differ in model, data, image size or points, naming each field and which runs hold
+    which value; a field a run does not record is not compared."""
     if len(runs) < 2:
         return
-    fields = [_comparable_fields(i, r) for i, r in zip(infos, runs, strict=True)]
+    fields = [
+        {
+            "model": i.model or NOT_RECORDED,
+            "data": str(i.data or NOT_RECORDED),
+            "image size": str(i.image_size or NOT_RECORDED),
+            "points": ", ".join(r.points),
+        }
+        for i, r in zip(infos, runs, strict=True)
+    ]
     differences = []
     for key in fields[0]:
         groups: dict[str, list[str]] = {}
