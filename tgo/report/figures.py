@@ -1,11 +1,8 @@
 """The report's figures as PNG files: the page renderer of the panels TensorBoard's cards draw too (`tgo.panels`).
 
-Each function writes files under ``<report>/figures/`` and returns `FigureRef` entries (path relative to the
-report, caption) that `tgo.report.html` lays out. Which observables are drawn is declared once (`tgo.panels.declared`,
-the page's panels: the catalogue's charted observables against epoch and as layer x epoch maps, the depth profiles),
-so the two renderers never disagree; so is the axis scale (an observable whose catalogue ``scale`` is ``log``, a
-ratio such as NC1, is drawn on log axes). Nothing here decides what a finding is.
-"""
+Which observables are drawn, and on which axis scale, is declared once (`tgo.panels.declared`), so the two renderers
+never disagree. Each function returns `FigureRef` entries that `tgo.report.html` lays out; nothing here decides what a
+finding is."""
 
 from __future__ import annotations
 
@@ -34,21 +31,13 @@ __all__ = [
 
 
 def page_metrics(kind: str) -> list[str]:
-    """The ``all``-view observables the report draws as panels of ``kind`` (``depth``: against depth; ``bands``:
-    against epoch, each with its layer x epoch map), in declared order (`tgo.panels.declared`)."""
+    """The ``all``-view observables the page draws as panels of ``kind`` (``depth`` or ``bands``), declared order."""
     return [p.metric for p in panels.declared("page", kind=kind) if p.view == DEFAULT_VIEW]
 
 
 @dataclass(frozen=True)
 class FigureRef:
-    """One figure of the report.
-
-    Attributes:
-        section: Which report section it belongs to.
-        path: PNG path relative to the report directory (``figures/<name>.png``).
-        caption: What it shows, including how bands and overlays were made.
-        wide: Shown at the page's width (a grid of panels) instead of a grid cell's.
-    """
+    """One figure of the report: its section, PNG path relative to the report, caption, and whether it spans the page."""
 
     section: str
     path: str
@@ -76,25 +65,9 @@ def observable_figures(
 ) -> list[FigureRef]:
     """Each observable against epoch (one line per point) and as a layer x epoch heatmap.
 
-    Bands: for several runs, the mean ± 1 standard deviation over runs; for one run, the value ± 1 jackknife
-    standard error where the records hold one (none otherwise).
-
-    Args:
-        aggregate: The runs' mean (a single run is its own mean).
-        figures_dir: Where PNGs go.
-        reference: Published series, drawn in a panel of their own against the fraction of training (only for
-            observables it holds).
-        metrics: Observables to draw, in this order; those not recorded are skipped. Default: the declared
-            ``bands`` panels (`page_metrics`: the catalogue's charted observables, read at call time so that an
-            observable registered by a plug-in is drawn too).
-        run_epochs: The runs' planned epochs: with ``reference``, the run is drawn against the fraction of
-            training too.
-        reference_differs: The runs are not the published experiment (`tgo.report.reference.reference_caveat`):
-            the captions say to compare shapes, not values.
-
-    Returns:
-        Two `FigureRef` per drawn observable (lines, heatmap).
-    """
+    Bands: the standard deviation over several runs, else the jackknife standard error. ``metrics`` defaults to the
+    declared ``bands`` panels, read at call time so that a plug-in's observable is drawn too; the published series are
+    drawn beside the run against the fraction of training, captioned as another experiment if ``reference_differs``."""
     refs: list[FigureRef] = []
     several = aggregate.n_runs > 1
     for metric in page_metrics("bands") if metrics is None else metrics:
@@ -146,8 +119,7 @@ def observable_figures(
 
 
 def _left_out(histories: Sequence[tuple[int, np.ndarray]]) -> tuple[int, int]:
-    """The most eigenvalues an epoch of a history leaves out as round-off (`tgo.viz.above_roundoff`), of how many
-    (non-finite ones are not round-off: `_nonfinite_text` names them)."""
+    """The most eigenvalues an epoch leaves out as round-off (non-finite ones are named separately), of how many."""
     counts = [
         (int(np.count_nonzero(np.isfinite(v)) - np.count_nonzero(viz.above_roundoff(v))), int(np.size(v)))
         for _, v in histories
@@ -166,26 +138,14 @@ def _roundoff_text(histories: Sequence[tuple[int, np.ndarray]]) -> str:
 
 
 def _nonfinite_text(spectra: Iterable[tuple[str, np.ndarray]]) -> str:
-    """``"; non-finite, not drawn: epoch 3 (all 48)"``: the epochs (or points) whose eigenvalues were not finite (a
-    point undefined by non-finite activations records NaN), so a figure missing a curve says so; ``""`` if none."""
+    """``"; non-finite, not drawn: epoch 3 (all 48)"``, so a figure missing a curve says so; ``""`` if none."""
     note = viz.nonfinite_note(spectra, most=12)
     return f"; {note}" if note else ""
 
 
 def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = True) -> list[FigureRef]:
-    """Spectra over epochs, decay curves and correlation histograms of one run (from its spectra files).
-
-    Args:
-        run: The run (for several runs, the report draws the first one's spectra).
-        figures_dir: Where PNGs go.
-        correlation: Draw the ``|off-diagonal correlation|`` histograms where covariances were stored (first and
-            last observation; section ``correlation``).
-
-    Returns:
-        Per point eigenvalue and singular value histories (round-off eigenvalues left out, the analysis subset's
-        class count marked), decay curves at the first and last epoch, and one small-multiples figure of the
-        ``|off-diagonal correlation|`` histograms at the first and last epoch that stored covariances.
-    """
+    """Eigenvalue and singular value histories per point (round-off left out, the class count marked), decay curves at
+    the first and last epoch and, with ``correlation``, the correlation histograms, of one run's spectra files."""
     spectra = run.spectra()
     if not spectra:
         return []
@@ -252,11 +212,8 @@ def spectrum_figures(run: RunData, figures_dir: Path, *, correlation: bool = Tru
 
 
 def correlation_figure(run: RunData, figures_dir: Path) -> FigureRef | None:
-    """The ``|off-diagonal correlation|`` histograms of every point at the first and the last epoch that stored
-    covariances, one panel per point (`tgo.viz.correlation_histograms_figure`), or ``None`` where none did.
-
-    Each panel's mean ``|r|`` is the recorded observable ``mean_abs_offdiag_correlation`` of that point and epoch.
-    """
+    """The ``|off-diagonal correlation|`` histograms of every point at the first and last epoch that stored covariances
+    (each panel's mean is the recorded ``mean_abs_offdiag_correlation``), or ``None``."""
     spectra = run.spectra()
     epochs = sorted(spectra)
     with_cov = [e for e in epochs if any("covariance" in arrays for arrays in spectra[e].values())]
@@ -293,12 +250,7 @@ def correlation_figure(run: RunData, figures_dir: Path) -> FigureRef | None:
 def depth_profile_figures(
     aggregate: Aggregate, figures_dir: Path, *, metrics: Sequence[str] | None = None, view: str = DEFAULT_VIEW
 ) -> list[FigureRef]:
-    """Each observable against depth (default: `page_metrics("depth")`), one line per observed epoch (colourbar),
-    ±1 standard error bands (`tgo.panels.depth_figure` at page size).
-
-    The band is the jackknife standard error for one run, the standard deviation over runs for several (as on the
-    epoch figures); none where neither exists.
-    """
+    """Each observable against depth, one line per observed epoch, with the bands of `observable_figures`."""
     refs: list[FigureRef] = []
     several = aggregate.n_runs > 1
     for metric in page_metrics("depth") if metrics is None else metrics:
