@@ -1,15 +1,9 @@
 """The observable catalogue: every scalar TGO records, declared once.
 
-Each `Observable` says what it is (name, formula, where it is documented), how a geometry that spreads variance over
-more directions moves it (``spread``), whether dashboards and reports chart it, whether it is bookkeeping that stays
-a real number when a point's geometry is undefined (``kind="diagnostic"``), and below which magnitude it carries no
-information (``noise_floor``). The summary (`tgo.spectral.summarize`), the records, TensorBoard charts, report
-figures and findings all read this one table, so adding an observable is one entry here plus its pure function in
-``tgo.spectral.observables`` and a test (recipe: ``docs/extending.md``).
-
-An observable is computed from `SpectralInputs` (eigenvalues, the covariance they came from, row counts and the
-settings that shape a fit); expensive intermediate results that several observables share (the power-law fit) are
-cached properties of the inputs, so each is computed once per covariance.
+Each `Observable` says what it is, how spreading variance moves it, whether it is charted, whether it is a diagnostic
+that stays real when the geometry is undefined, and its noise floor. The summary, the records, TensorBoard and the
+report all read this one table, so an observable is one entry here, its function in ``tgo.spectral.observables`` and
+a test (``docs/extending.md``). Shared intermediate results (the power-law fit) are cached on `SpectralInputs`.
 """
 
 from __future__ import annotations
@@ -45,13 +39,7 @@ Scope = Literal["covariance", "family"]
 
 @dataclass(frozen=True)
 class SpectralInputs:
-    """What an observable may look at: one covariance, its float64 spectrum and the fit settings.
-
-    Attributes:
-        covariance: float64 ``[D, D]`` covariance (finite whenever a geometry observable is computed).
-        spectrum: `tgo.spectral.Spectrum` of ``covariance`` (descending, clamped eigenvalues, counts).
-        fit_range: ``(start, stop)`` of the power-law fit, ``None`` for the default.
-    """
+    """What an observable may look at: one float64 covariance, its `Spectrum` and the fit range (``None``: default)."""
 
     covariance: np.ndarray
     spectrum: Spectrum
@@ -88,29 +76,12 @@ class SpectralInputs:
 class Observable:
     """One recorded scalar.
 
-    Attributes:
-        name: The metric name in records, TensorBoard tags and reports (the paper's name where there is one).
-        compute: Pure function of `SpectralInputs` returning a float (NaN where undefined).
-        formula: One line, in the notation of ``docs/observables.md`` (``p_i = lambda_i / sum lambda``).
-        spread: How the value moves when variance spreads over more directions (``rises`` / ``falls``), or
-            ``None`` when it is not a measure of spread (scale, counts, fit quality).
-        charted: Drawn in TensorBoard's charts and the report's figures (every observable is recorded).
-        kind: ``geometry`` (NaN when the point's covariance is undefined) or ``diagnostic`` (bookkeeping that stays
-            real, so a NaN row can be explained).
-        noise_floor: Magnitudes below this carry no information (e.g. a flatness of 1e-10 is "zero"): findings do
-            not read moves between such values as results.
-        doc: Where the formula and its conventions are explained.
-        scope: ``covariance``: computed from one covariance, so every view of every point has it;
-            ``family``: a metric its measurement family (`tgo.observatory.families`) computes and records only on
-            ``views``; the family declares it and its registration adds it here.
-        views: For ``family`` entries, the views that carry it.
-        scale: How verdicts compare its values: ``linear`` (differences), or ``log`` for positive ratio-type
-            quantities that move by decades (NC1, the Fisher ratio): their changes are judged as log ratios.
-        stderr: What its recorded standard error is: ``jackknife`` (delete-a-group over the analysis images, its
-            ``G`` leave-one-group-out replicates kept beside it; every covariance observable), ``blocks`` (a
-            delete-a-block jackknife over training steps, its replicates kept: the gradient noise scale), ``fit``
-            (the estimator's own error on a fixed input, no replicates: the weights' power-law fit) or ``probes``
-            (a Monte-Carlo error, no replicates: Hutchinson's trace).
+    ``compute`` is a pure function of `SpectralInputs` (NaN where undefined); ``spread``: ``rises`` / ``falls`` when
+    variance spreads (``None``: not a spread measure); ``kind``: ``geometry`` (NaN when the covariance is undefined) or
+    ``diagnostic`` (stays real so a NaN row can be explained); ``noise_floor``: below it findings read no move;
+    ``scope``: ``covariance`` (every view of every point) or ``family`` (recorded by its family on ``views``);
+    ``scale``: ``log`` for ratio-type quantities judged as log ratios; ``stderr``: ``jackknife`` (over image groups),
+    ``blocks`` (over training steps), ``fit`` or ``probes`` (no replicates).
     """
 
     name: str
@@ -156,10 +127,8 @@ class Catalogue:
             self.register(o)
 
     def register(self, observable: Observable) -> Observable:
-        """Adds an observable at the end of the geometry entries (before the diagnostics); names are unique.
-
-        Raises:
-            ValueError: the name is taken.
+        """Adds an observable at the end of the geometry entries (before the diagnostics); a taken name is a
+        ValueError.
         """
         if observable.name in self._entries:
             raise ValueError(f"observable {observable.name!r} is already in the catalogue")
@@ -225,12 +194,8 @@ class Catalogue:
         return frozenset(o.name for o in self._entries.values() if o.kind == "diagnostic")
 
     def compute(self, inputs: SpectralInputs, *, geometry: bool = True) -> dict[str, float]:
-        """Every covariance observable of one covariance as ``{name: float}`` in catalogue order (no family entries).
-
-        Args:
-            inputs: The covariance, spectrum and fit settings.
-            geometry: ``False`` when the covariance is undefined (fewer than 2 rows, or NaN/Inf): geometry
-                observables are then NaN without being computed, diagnostics are still computed.
+        """Every covariance observable as ``{name: float}`` in catalogue order; with ``geometry=False`` (an undefined
+        covariance) geometry entries are NaN without being computed, diagnostics still computed.
         """
         entries = (self._entries[name] for name in self.covariance_names)
         return {o.name: float(o.compute(inputs)) if geometry or o.kind == "diagnostic" else math.nan for o in entries}

@@ -1,18 +1,11 @@
 """Training phases: each change of a point's geometry between two observations labelled as a phase of learning.
 
-Li et al. (NeurIPS 2025, arXiv:2509.23024) follow the effective rank (RankMe: ``effective_rank``) and the decay
-exponent of the eigenspectrum (alpha-ReQ: ``power_law_alpha``) through pretraining and find three phases: a warm-up
-**collapse**, an **entropy-seeking** phase (rank rises, alpha falls) and a **compression-seeking** phase (rank falls,
-alpha rises). This module labels the change between two observations of one point with one of them (`classify`),
-judged against the noise of the measurement, and merges runs of equal labels into phases (`merge_phases`).
-
-The change ``d = after - before`` has a *paired* delete-a-group jackknife standard error over the ``G`` groups both
-observations share (`paired_change`: what they share cancels, as in the verdicts' ``J`` term); it is significant when
-``|d / se|`` exceeds the verdict rule's normal quantile widened to Student's t for ``G - 1`` dof, exactly as
-`tgo.report.verdicts.student_factor` widens it (a test holds the two equal; this module stays free of the report).
-The rule, its table of labels and ``phase_code`` s, why one significant change decides and why a collapse is judged on
-the rank alone: ``docs/observables.md``, "8. Training phases"; the rates of the rule on seeded synthetic trajectories
-are asserted in ``tests/spectral/test_phases.py``.
+Li et al. (NeurIPS 2025, arXiv:2509.23024) follow RankMe (``effective_rank``) and alpha-ReQ (``power_law_alpha``)
+through pretraining: a warm-up collapse, an entropy-seeking phase (rank rises, alpha falls) and a compression-seeking
+phase (rank falls, alpha rises). `classify` labels one change against its paired jackknife standard error
+(`paired_change`), significant beyond the verdicts' quantile widened to Student's t as
+`tgo.report.verdicts.student_factor` does (a test holds the two equal; this module stays free of the report);
+`merge_phases` merges runs of equal labels. The rule and why: ``docs/observables.md``, "8. Training phases".
 """
 
 from __future__ import annotations
@@ -57,8 +50,9 @@ UNDEFINED = "undefined"
 LABELS: tuple[str, ...] = (COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY, UNDEFINED)
 """Every label, from the most to the least compressing (then ``undefined``): the order of legends and colour maps."""
 PHASE_CODES: dict[str, float] = {COLLAPSE: -2.0, COMPRESSION: -1.0, UNRESOLVED: 0.0, ENTROPY: 1.0, UNDEFINED: math.nan}
-"""The recorded ``phase_code`` of each label: its sign is the direction of the spread (+1 spreading, -1 and -2
-compressing), so a chart of the code over epochs reads like the phases."""
+"""The recorded ``phase_code`` of each label, its sign the direction of the spread, so a chart over epochs reads like
+the phases.
+"""
 
 DEFAULT_PHASE_Z = 3.0
 """The default normal quantile (the verdict rule's ``z``, `tgo.report.verdicts.DEFAULT_Z`)."""
@@ -68,12 +62,8 @@ DEFAULT_COLLAPSE_DROP = 0.5
 
 @dataclass(frozen=True)
 class PhaseRule:
-    """The significance level and the collapse threshold of `classify`.
-
-    Attributes:
-        z: Normal quantile of a significant change (widened to Student's t for the jackknife's ``G - 1`` dof).
-        collapse_drop: Smallest relative loss of effective rank, ``(before - after) / before``, that is a collapse
-            (in ``(0, 1)``).
+    """The significance level ``z`` (widened to Student's t for ``G - 1`` dof) and the collapse threshold: the least
+    relative loss of effective rank that is a collapse, in ``(0, 1)``.
     """
 
     z: float = DEFAULT_PHASE_Z
@@ -86,8 +76,7 @@ class PhaseRule:
             raise ValueError(f"collapse_drop must be in (0, 1), got {self.collapse_drop!r}")
 
     def critical(self, dof: float) -> float:
-        """``|z|`` a change must exceed: ``z`` widened to Student's t at the same tail for ``dof`` (``inf`` below 1
-        dof; ``z`` itself for an infinite ``dof``)."""
+        """``|z|`` a change must exceed at ``dof`` (``inf`` below 1 dof; ``z`` for infinite ``dof``)."""
         return _critical(float(self.z), float(dof))
 
 
@@ -103,13 +92,8 @@ def _critical(z: float, dof: float) -> float:
 
 @dataclass(frozen=True)
 class Change:
-    """One paired change ``after - before`` of a value measured twice on the same jackknife groups.
-
-    Attributes:
-        before: The earlier value.
-        after: The later value.
-        stderr: The paired jackknife standard error of ``after - before`` (NaN: none).
-        dof: Its degrees of freedom, ``G - 1`` (0 without replicates).
+    """One paired change ``after - before`` of a value measured twice on the same jackknife groups (``dof`` ``G -
+    1``).
     """
 
     before: float
@@ -124,8 +108,9 @@ class Change:
 
     @property
     def z(self) -> float:
-        """``difference / stderr``: NaN without a standard error; 0 for no change with a zero standard error, and
-        ``±inf`` for a change with a zero one (as `tgo.report.verdicts.Uncertainty.z`)."""
+        """``difference / stderr`` as `tgo.report.verdicts.Uncertainty.z` (NaN without stderr, 0 or ``±inf`` with a zero
+        one).
+        """
         d, se = self.difference, self.stderr
         if not (math.isfinite(d) and math.isfinite(se)):
             return math.nan
@@ -149,9 +134,9 @@ class Change:
 def paired_change(
     before: float, after: float, before_replicates: ArrayLike | None, after_replicates: ArrayLike | None
 ) -> Change:
-    """The change ``after - before`` and its paired jackknife standard error from the ``[G]`` leave-one-group-out
-    values of both observations (same groups, same order); the ``stderr`` is NaN (and ``dof`` 0) without replicates,
-    with replicates of different lengths or fewer than two, or with a non-finite replicate."""
+    """The change and its paired jackknife standard error from both observations' ``[G]`` leave-one-group-out values;
+    NaN stderr (``dof`` 0) without usable, equally long, finite replicates.
+    """
     if before_replicates is None or after_replicates is None:
         return Change(float(before), float(after), math.nan, 0.0)
     a = np.asarray(before_replicates, dtype=np.float64).ravel()
@@ -163,14 +148,7 @@ def paired_change(
 
 @dataclass(frozen=True)
 class PhaseLabel:
-    """The label of one change and its evidence.
-
-    Attributes:
-        label: One of `LABELS`.
-        rank: The change of the effective rank.
-        alpha: The change of the decay exponent.
-        reason: One line saying why (the significant directions, a contradiction, what is missing).
-    """
+    """The label of one change, the rank and alpha changes, and one line saying why."""
 
     label: str
     rank: Change
@@ -189,8 +167,7 @@ def _describe(name: str, change: Change, rule: PhaseRule) -> str:
 
 
 def classify(rank: Change, alpha: Change, rule: PhaseRule | None = None) -> PhaseLabel:
-    """The phase label of the paired changes of ``effective_rank`` and ``power_law_alpha`` (the rule and why:
-    ``docs/observables.md``, "8. Training phases")."""
+    """The phase label of the paired changes of ``effective_rank`` and ``power_law_alpha``."""
     rule = rule or PhaseRule()
     values = (rank.before, rank.after, alpha.before, alpha.after)
     if not all(math.isfinite(v) for v in values):
@@ -220,16 +197,8 @@ def classify(rank: Change, alpha: Change, rule: PhaseRule | None = None) -> Phas
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One point's recorded series of both measures, ready to be labelled.
-
-    Attributes:
-        epochs: int64 ``[E]`` observation labels, ascending.
-        rank: float64 ``[E]`` effective ranks.
-        alpha: float64 ``[E]`` decay exponents.
-        rank_replicates: float64 ``[E, G]`` leave-one-group-out ranks (``None``: not recorded; a NaN row: none at
-            that observation).
-        alpha_replicates: The same of alpha.
-        steps: int64 ``[E]`` global steps (``None``: unknown).
+    """One point's recorded series of both measures (``[E]``) and their ``[E, G]`` replicates (``None``: not
+    recorded).
     """
 
     epochs: np.ndarray
@@ -267,17 +236,10 @@ def label_trajectory(trajectory: Trajectory, rule: PhaseRule | None = None) -> l
 
 @dataclass(frozen=True)
 class Phase:
-    """A run of consecutive pairs with one label, and the change over the whole run.
+    """A run of consecutive pairs with one label (observations ``start`` to ``stop``), and the change over the whole
+    run.
 
-    Attributes:
-        label: The pairs' label.
-        start: Index of the first observation of the run.
-        stop: Index of its last observation (``stop - start`` pairs).
-        start_epoch: Epoch label of ``start``.
-        end_epoch: Epoch label of ``stop``.
-        evidence: The label of the run's whole change (observation ``start`` to ``stop``): its rank and alpha
-            changes with their paired z-scores (its own label may differ from ``label`` for an unresolved run whose
-            small moves add up).
+    Its ``evidence`` may carry another label than ``label``: an unresolved run whose small moves add up.
     """
 
     label: str
@@ -296,9 +258,9 @@ class Phase:
 def merge_phases(
     trajectory: Trajectory, labels: Sequence[PhaseLabel] | Sequence[str], rule: PhaseRule | None = None
 ) -> list[Phase]:
-    """Runs of equal consecutive labels (``E - 1``, `PhaseLabel` or strings, of the pairs of ``trajectory``) as
-    `Phase`s, in order (pair ``i`` joins observations ``i`` and ``i + 1``); ``rule`` labels each phase's whole change
-    (its ``evidence``)."""
+    """Runs of equal consecutive labels of the pairs of ``trajectory`` as `Phase` s (pair ``i`` joins ``i`` and ``i +
+    1``); ``rule`` labels each phase's whole change.
+    """
     names = [lab.label if isinstance(lab, PhaseLabel) else str(lab) for lab in labels]
     epochs = np.asarray(trajectory.epochs)
     if len(names) != max(epochs.size - 1, 0):

@@ -1,11 +1,8 @@
 """One dict of scalar observables per covariance: what the callback logs and the records store.
 
-`summarize` evaluates every covariance entry of `tgo.spectral.CATALOGUE`. The built-in entries share their
-intermediate results through one `tgo.spectral.observables.EigenvalueStats` per spectrum (and one for the diagonal
-spectrum): the validation, the total, the entropy and the cumulative shares are computed once per spectrum instead
-of once per observable, and every ``*_vs_noise`` ratio reuses the value it divides. The operations are those of the
-public functions, so every value is theirs bit for bit (``tests/spectral/test_stack.py``). An entry
-registered later, or one whose function was replaced, is computed by its own ``compute``.
+The built-in entries share their intermediate results through one `EigenvalueStats` per spectrum (validation, total,
+entropy, cumulative shares; ``*_vs_noise`` reuse what they divide) with the public functions' operations, so every
+value is theirs bit for bit (``tests/spectral/test_stack.py``); a later or replaced entry runs its own ``compute``.
 """
 
 from __future__ import annotations
@@ -128,8 +125,7 @@ Evaluator = tuple[Observable, Callable[[_Shared], float] | None]
 
 
 def _evaluators() -> list[Evaluator]:
-    """Every covariance entry with its shared-intermediate function, or ``None`` where its own ``compute`` runs (an
-    entry registered later, or replaced, or one whose function in ``BASELINED`` was replaced)."""
+    """Every covariance entry with its shared-intermediate function, or ``None`` where its own ``compute`` runs."""
     replaced = {name for name, (f, _) in _BASELINED_STATS.items() if BASELINED.get(name) is not f}
     out: list[Evaluator] = []
     for o in CATALOGUE:
@@ -143,8 +139,7 @@ def _evaluators() -> list[Evaluator]:
 def compute_observables(
     inputs: SpectralInputs, *, geometry: bool = True, evaluators: Sequence[Evaluator] | None = None
 ) -> dict[str, float]:
-    """``CATALOGUE.compute(inputs, geometry=geometry)``, bit for bit, with the built-in entries' shared work done once
-    (``evaluators``: `_evaluators` of the catalogue, ``None``: looked up now)."""
+    """``CATALOGUE.compute(inputs, geometry=geometry)`` bit for bit, the shared work done once."""
     shared = _Shared(inputs)
     return {
         o.name: (float(fast(shared)) if fast is not None else float(o.compute(inputs)))
@@ -160,13 +155,11 @@ def summarize(
     *,
     fit_range: Sequence[int] | None = None,
 ) -> dict[str, float]:
-    """Every observable of the catalogue for one covariance and its spectrum, as plain floats.
+    """Every observable of the catalogue for one covariance and its spectrum, as plain floats in catalogue order.
 
-    If the covariance is undefined (``spectrum.n_rows < 2``) or holds NaN/Inf, every geometry observable is NaN while
-    the diagnostics (``n_rows``, ``n_nonfinite``, ``n_clamped``, ``most_negative_eigenvalue``) stay real, so the
-    record says *why* it is NaN. Zero total variance gives ``total_variance = top_eigenvalue = 0`` and NaN for every
-    ratio (see ``docs/observables.md``). ``fit_range``: ``(start, stop)`` of the power-law fit, 1-based inclusive
-    (``None``: ``1 .. max(2, D // 2)``). Returns ``{name: float}`` in catalogue order.
+    An undefined (``n_rows < 2``) or non-finite covariance gives NaN for every geometry observable while the diagnostics
+    stay real, so the record says why. Zero total variance gives 0 totals and NaN ratios. ``fit_range``: 1-based
+    inclusive (``None``: ``1 .. max(2, D // 2)``).
     """
     return summarize_many([cov], [spectrum], fit_range=fit_range)[0]
 
@@ -196,15 +189,11 @@ def summarize_many(
     fit_range: Sequence[int] | None = None,
     spectra_of_covs: bool = False,
 ) -> list[dict[str, float]]:
-    """`summarize` of several covariances of one view (a total and its jackknife subsets): the same dicts, bit for
-    bit, with the built-in observables computed as array functions over the ``[S, D]`` eigenvalue stack and the
-    ``[S, D, D]`` covariance stack (`tgo.spectral.observables.EigenvalueStack` and the ``*s`` functions there).
+    """`summarize` of several covariances of one view (a total and its jackknife subsets), bit for bit, over stacks.
 
-    Covariances that are undefined, of another size than the rest, or whose spectra the stack cannot take (zero
-    variance) are summarised one by one, as is every entry registered after the built-in ones. ``covs`` may be one
-    float64 ``[S, D, D]`` array (used without another copy). ``spectra_of_covs``: the spectra are
-    `tgo.spectral.eigendecompose_many` of exactly these covariances, so a defined spectrum of ``n_rows >= 2`` means a
-    finite covariance (saves a pass over every matrix).
+    Undefined, odd-sized or zero-variance covariances, and later entries, are summarised one by one. ``covs`` may be one
+    float64 ``[S, D, D]`` array (no copy); ``spectra_of_covs``: the spectra are exactly these covariances', so a defined
+    spectrum means a finite covariance (saves a pass).
     """
     fit = _fit(fit_range)
     if len(covs) != len(spectra):
@@ -316,8 +305,7 @@ _STACK = _stack_table()
 
 
 def _stack_spectra(covs: np.ndarray, spectra: Sequence[Spectrum]) -> tuple[np.ndarray, np.ndarray]:
-    """``[S, D]`` eigenvalues of a stack and its diagonal spectra (`SpectralInputs.diagonal_spectrum` of every
-    covariance: the variances, clipped at 0, descending)."""
+    """``[S, D]`` eigenvalues of a stack and its diagonal spectra (the variances clipped at 0, descending)."""
     eigs = np.stack([np.asarray(s.eigenvalues, dtype=np.float64) for s in spectra])
     variances = np.ascontiguousarray(np.diagonal(covs, axis1=1, axis2=2))
     diagonal = np.ascontiguousarray(np.sort(np.clip(variances, 0.0, None), axis=1)[:, ::-1])
@@ -332,8 +320,7 @@ def _stacked(
     eigs: np.ndarray,
     diagonal: np.ndarray,
 ) -> list[dict[str, float]]:
-    """Every observable of a stack of defined covariances whose spectra and diagonal spectra (`_stack_spectra`) are
-    all usable (`tgo.spectral.observables.EigenvalueStack.usable_rows`)."""
+    """Every observable of a stack of defined covariances whose spectra are all `EigenvalueStack.usable_rows`."""
     stack = _Stack(covs, spectra, fit, eigs, diagonal)
     columns: dict[str, Sequence[float]] = {}
     for o, fast in evaluators:
