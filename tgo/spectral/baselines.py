@@ -1,16 +1,10 @@
 """Finite-sample baselines: what an observable would read for structureless data of the same shape.
 
-Two references make a spectral observable interpretable: **isotropic noise** (`noise_spectrum`, the sample covariance
-of ``N`` i.i.d. ``N(0, I_D)`` rows, whose spectrum Marchenko-Pastur spreads, so a CLS point and a pooled-token point
-have different ceilings) and **independent channels** (the diagonal of the covariance). Why, and what each reads:
-``docs/observables.md``, "Finite-sample baselines".
-
-The noise spectrum is sampled exactly and cheaply with the Dumitriu-Edelman bidiagonal model of the real Wishart
-(beta = 1 Laguerre) ensemble (I. Dumitriu and A. Edelman, "Matrix models for beta ensembles", J. Math. Phys. 43
-(2002) 5830-5847; the construction is in the docs): a tridiagonal eigenproblem (O(D^2)) per draw whatever ``N`` is,
-so a 197,000 x 384 baseline takes milliseconds instead of a 29 GFLOP Gram product. Expectations are means over a
-fixed number of seeded draws, cached per ``(N, D)``; the closed form of the participation ratio
-(`noise_participation_ratio`) lets the tests check the sampler.
+Two references (why: ``docs/observables.md``, "Finite-sample baselines"): isotropic noise (`noise_spectrum`, whose
+Marchenko-Pastur spread differs for a CLS point and a pooled-token point) and independent channels (the diagonal).
+The noise spectrum is sampled exactly with the Dumitriu-Edelman bidiagonal model of the real Wishart ensemble (J.
+Math. Phys. 43 (2002) 5830-5847): O(D^2) per draw whatever ``N``, milliseconds instead of a 29 GFLOP Gram product.
+Means over seeded draws are cached per ``(N, D)``; `noise_participation_ratio`'s closed form checks the sampler.
 """
 
 from __future__ import annotations
@@ -26,11 +20,8 @@ NOISE_SEED = 20_251_130
 
 
 def noise_draws(dim: int) -> int:
-    """Seeded draws averaged per ``(N, D)``: ``max(32, 16384 / D)``.
-
-    The draw-to-draw spread of the top eigenvalue (which sets stable rank and anisotropy) shrinks like ``1/D``, so
-    fewer draws suffice for wide features: measured, the mean over these draws is within ~0.3% (one standard error)
-    of the exact expectation at ``D = 64`` and better above; a draw costs an O(D^2) tridiagonal eigenproblem.
+    """Seeded draws averaged per ``(N, D)``: the top eigenvalue's spread shrinks like ``1/D``, so this keeps the mean
+    within ~0.3% of the exact expectation at ``D = 64`` and better above.
     """
     return max(32, -(-16384 // max(int(dim), 1)))
 
@@ -48,9 +39,9 @@ def _laguerre_draw(rng: np.random.Generator, big: int, small: int) -> np.ndarray
 
 
 def noise_spectrum(n_rows: int, dim: int, *, draw: int = 0) -> np.ndarray:
-    """One seeded draw (0-based ``draw``) of the isotropic-noise covariance spectrum: float64 ``[D]`` eigenvalues of
-    the unbiased sample covariance of ``n_rows`` ``N(0, I_D)`` rows, descending. The same ``(n_rows, dim, draw)``
-    always gives the same spectrum."""
+    """One seeded draw of the isotropic-noise covariance spectrum (``n_rows`` ``N(0, I_D)`` rows), float64
+    descending.
+    """
     n_rows, dim = int(n_rows), int(dim)
     if n_rows < 2 or dim < 1:
         raise ValueError(f"noise_spectrum: needs n_rows >= 2 and dim >= 1, got n_rows={n_rows}, dim={dim}")
@@ -73,12 +64,8 @@ def noise_spectra(n_rows: int, dim: int, draws: int | None = None) -> np.ndarray
 
 
 def noise_participation_ratio(n_rows: int, dim: int) -> float:
-    """Closed form ``E[(tr S)^2] / E[tr S^2]`` for the isotropic-noise covariance ``S`` (exact Wishart moments).
-
-    With ``n = N - 1`` degrees of freedom, ``W = n S ~ Wishart_D(n, I)`` has ``E[(tr W)^2] = n^2 D^2 + 2 n D`` and
-    ``E[tr W^2] = n D (n + D + 1)``, so the ratio is ``(n D + 2) / (n + D + 1)``; for large ``N`` this is the
-    Marchenko-Pastur ``D / (1 + D / N)``. It is a ratio of expectations, equal to the expected participation ratio up
-    to O(1/(nD)).
+    """Closed form ``E[(tr S)^2] / E[tr S^2] = (n D + 2) / (n + D + 1)`` for the isotropic-noise covariance (``n = N -
+    1``, exact Wishart moments; Marchenko-Pastur's ``D / (1 + D / N)`` for large ``N``).
     """
     n, d = int(n_rows) - 1, int(dim)
     if n < 1 or d < 1:

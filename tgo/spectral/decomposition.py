@@ -29,16 +29,9 @@ def as_float64_matrix(cov: np.ndarray | torch.Tensor) -> np.ndarray:
 class Spectrum:
     """Eigenvalues of one covariance plus the bookkeeping needed to trust them.
 
-    Attributes:
-        eigenvalues: float64 ``[D]``, descending, negatives clamped to 0, structural zeros (index >= ``n_rows``,
-            1-based) exactly 0 (read-only array). All-NaN when the covariance was undefined (``n_rows < 2``) or
-            non-finite.
-        n_rows: Rows that entered the covariance.
-        n_nonfinite: Rows dropped because they held NaN/Inf.
-        n_clamped: How many eigenvalues were negative (round-off of a PSD matrix) and set to 0.
-        most_negative: The most negative eigenvalue before clamping; 0.0 if none was negative, NaN if undefined.
-            Compare it with ``eigenvalues[0]``: ``|most_negative| / top`` near 1e-16 is round-off, anything large means
-            the covariance was not accumulated exactly.
+    ``eigenvalues``: float64 descending, read-only, negatives clamped to 0, structural zeros (index >= ``n_rows``)
+    exactly 0, all-NaN when undefined. ``|most_negative| / top`` near 1e-16 is round-off; anything large means the
+    covariance was not accumulated exactly.
     """
 
     eigenvalues: np.ndarray
@@ -63,15 +56,9 @@ def eigendecompose(
 ) -> Spectrum:
     """Eigenvalues of a covariance in float64, descending, with negative round-off clamped and reported.
 
-    The matrix is symmetrised (``(C + C^T) / 2``) and passed to ``numpy.linalg.eigvalsh`` in float64 whatever its
-    input dtype: float32 eigensolvers lose the small end of spectra spanning many decades. Negative eigenvalues
-    (round-off of a PSD matrix) are set to 0 and counted. When ``n_rows <= D`` the covariance has rank at most
-    ``n_rows - 1``, so eigenvalues ``n_rows, n_rows + 1, ...`` (1-based) are set to exactly 0: they are structurally
-    zero and their computed values are pure round-off.
-
-    Degenerate inputs do not raise, so one bad observation point cannot abort the others: if ``n_rows < 2`` or the
-    matrix holds NaN/Inf, every eigenvalue is NaN, ``n_clamped`` is 0 and ``most_negative`` is NaN; the counts are kept.
-    ``eigvalsh``: the eigensolver (`tgo.spectral.eigensolver`; ``None``: `cpu_eigvalsh`, numpy's LAPACK).
+    Symmetrised and solved in float64 whatever the input dtype (float32 solvers lose the small end). With ``n_rows <=
+    D`` eigenvalues from index ``n_rows`` on are structurally zero and set to exactly 0. Degenerate inputs do not raise
+    (one bad point cannot abort the others): all NaN, counts kept. ``eigvalsh``: `tgo.spectral.eigensolver`.
     """
     return eigendecompose_many([cov], [n_rows], [n_nonfinite], eigvalsh=eigvalsh)[0]
 
@@ -85,13 +72,9 @@ def eigendecompose_many(
 ) -> list[Spectrum]:
     """`eigendecompose` of several covariances, every defined one of a shape in one stacked eigensolver call.
 
-    ``numpy.linalg.eigvalsh`` of a ``[S, D, D]`` stack runs the same LAPACK routine on each matrix as ``S`` separate
-    calls (bit for bit, ``tests/spectral/test_decomposition.py``) without ``S`` Python round trips: the
-    rank-0 summary decomposes a point's ``G + 1`` jackknife covariances of a view together. The stacked call is the
-    seam where another solver can take over (``eigvalsh``, e.g. a batched CUDA one; `tgo.spectral.eigensolver`):
-    it receives the symmetrised float64 stack, and the clamping and structural zeros below are the same either way.
-    ``covs`` may have different shapes, or be one float64 ``[S, D, D]`` array (decomposed without another copy when
-    every matrix is defined).
+    LAPACK runs the same routine on each matrix of a stack (bit for bit, ``tests/spectral/test_decomposition.py``)
+    without ``S`` Python round trips; the stacked call is the seam where ``eigvalsh`` (e.g. CUDA) takes over. ``covs``
+    may be one float64 ``[S, D, D]`` array (no copy when every matrix is defined).
     """
     solve = cpu_eigvalsh if eigvalsh is None else eigvalsh
     mats = [as_float64_matrix(c) for c in covs]

@@ -1,22 +1,10 @@
 """Where the summary's float64 eigenvalues are computed: CPU LAPACK, a batched CUDA solver, or the faster per shape.
 
-The summary decomposes each (point, view)'s ``G + 1`` covariances in one stacked call
-(`tgo.spectral.decomposition.eigendecompose_many`). That call is the one step of the summary a GPU could take over,
-so it is the one seam: an `Eigvalsh` takes the symmetrised float64 ``[S, D, D]`` stack and returns its float64
-``[S, D]`` ascending eigenvalues, and everything after it (clamping, structural zeros, observables, jackknife) is the
-same code on numbers that agree to round-off.
-
-* `cpu_eigvalsh`: ``numpy.linalg.eigvalsh`` (LAPACK). The default and the reference: the records' bits.
-* `GpuEigvalsh`: ``torch.linalg.eigvalsh`` of the whole stack as one float64 CUDA tensor (one batched call), copied
-  back to numpy. Equal to LAPACK to round-off of the largest eigenvalue (``make gpu-check`` checks 1e-9), not bit
-  for bit. Whether it is faster depends on the machine: torch loops one solver call per matrix above 32 x 32 on some
-  versions, while the CPU runs one matrix per core.
-* `FastestEigvalsh`: times both once per stack shape (after a warm-up call of each) and keeps the faster for the
-  process; its `FastestEigvalsh.choices` say what it chose and why.
-
-`resolve_eigvalsh` maps the setting ``observation.summary.eigensolver`` (``auto`` | ``cpu`` | ``gpu``) to one of
-them. Only ``cpu`` (and ``auto`` off CUDA) gives records bitwise independent of the machine's timing: ``auto`` may
-choose differently in two processes (two ranks, a resumed run) when the two are close.
+An `Eigvalsh` takes the symmetrised float64 ``[S, D, D]`` stack and returns ``[S, D]`` ascending eigenvalues; all
+after it is the same code. `cpu_eigvalsh` (LAPACK) is the default and the reference: the records' bits.
+`GpuEigvalsh` solves the stack in one batched CUDA call, equal to round-off (``make gpu-check``: 1e-9), faster or not
+by machine. `FastestEigvalsh` times both once per shape and keeps the faster. `resolve_eigvalsh` maps
+``observation.summary.eigensolver``; only ``cpu`` (and ``auto`` off CUDA) gives records independent of timing.
 """
 
 from __future__ import annotations
@@ -52,9 +40,7 @@ SETTING = "observation.summary.eigensolver"
 """The setting `resolve_eigvalsh` reads, as a user spells it (its errors name it)."""
 
 AGREEMENT = 1e-9
-"""Largest difference, relative to a spectrum's largest eigenvalue, `FastestEigvalsh` accepts between a candidate
-and the reference before it keeps the reference (round-off of float64 is ~1e-15; ``make gpu-check`` checks the same
-bound)."""
+"""Largest difference, relative to a spectrum's largest eigenvalue, `FastestEigvalsh` accepts from a candidate."""
 
 
 def cpu_eigvalsh(stack: np.ndarray) -> np.ndarray:
@@ -65,12 +51,8 @@ def cpu_eigvalsh(stack: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GpuEigvalsh:
-    """``torch.linalg.eigvalsh`` on one CUDA device: the stack is copied there as one float64 tensor, solved in one
-    batched call and the ``[S, D]`` eigenvalues copied back (the copy back waits for the device, so a caller's clock
-    around the call measures the whole solve).
-
-    Attributes:
-        device: The CUDA device the stacks are solved on.
+    """``torch.linalg.eigvalsh`` on one CUDA device in one batched float64 call; the copy back waits for the device, so
+    a caller's clock measures the whole solve.
     """
 
     device: torch.device
@@ -87,15 +69,8 @@ class GpuEigvalsh:
 class Choice:
     """What `FastestEigvalsh` decided for one stack shape, and the measurements behind it.
 
-    Attributes:
-        backend: The name of the backend used for this shape from now on.
-        seconds: Each backend's time for one stack of this shape (after its warm-up call); infinite for a backend
-            that failed.
-        parallel: Stacks of each backend the caller runs at once (see `FastestEigvalsh`).
-        difference: Each backend's largest eigenvalue difference from the reference backend on the timed stack,
-            relative to each spectrum's largest absolute eigenvalue (0 for the reference itself, infinite for a
-            backend that failed).
-        errors: ``{name: message}`` of the backends that raised (never the reference: its error propagates).
+    ``seconds``: each backend's time for one stack (infinite when it failed); ``parallel``: stacks each runs at once;
+    ``difference``: its largest relative eigenvalue difference from the reference; ``errors``: backends that raised.
     """
 
     backend: str
@@ -140,18 +115,12 @@ def _relative_difference(values: np.ndarray, reference: np.ndarray) -> float:
 
 
 class FastestEigvalsh:
-    """An `Eigvalsh` that, for each new stack shape ``(S, D)``, times every backend once and uses the fastest after.
+    """An `Eigvalsh` that, for each new stack shape, times every backend once (after a warm-up) and uses the fastest
+    after.
 
-    The first stack of a shape is solved by every backend twice (a warm-up call, which pays one-off costs such as a
-    CUDA solver's initialisation, then a timed one); the timed result of the winner is returned, and the shape's
-    later stacks go to the winner alone. The decision is kept for the life of the object (`resolve_eigvalsh` keeps
-    one per device and process). Thread-safe: the summary calls it from its thread pool; one lock serialises the
-    timing (so each shape is timed once, and timings do not overlap each other), the calls after it run unlocked.
-
-    The winner is the lowest ``seconds / parallel[name]``: the summary runs one CPU stack per core at once (one BLAS
-    thread each) while the calls of one GPU queue on the device, so a GPU only helps when one of its solves beats the
-    CPU's by more than the number of cores working. A candidate whose eigenvalues differ from the reference (the
-    first backend) by more than `AGREEMENT` is never chosen. ``timer``: the clock (seconds); tests inject a fake one.
+    Thread-safe: one lock serialises the timing, later calls run unlocked. The winner has the lowest ``seconds /
+    parallel[name]`` (the CPU runs one stack per core at once, a GPU's calls queue) among candidates within `AGREEMENT`
+    of the reference (the first backend). ``timer``: tests inject a fake clock.
     """
 
     def __init__(
@@ -224,16 +193,10 @@ _AUTO_LOCK = threading.Lock()
 
 
 def resolve_eigvalsh(setting: str, device: torch.device | str | None, *, cpu_workers: int | None = None) -> Eigvalsh:
-    """The `Eigvalsh` of the setting ``observation.summary.eigensolver`` for a summary on ``device``.
+    """The `Eigvalsh` of ``observation.summary.eigensolver`` for a summary on ``device``.
 
-    Args:
-        setting: ``cpu``: `cpu_eigvalsh`. ``gpu``: `GpuEigvalsh` on ``device`` if it is a CUDA device, else on the
-            current CUDA device. ``auto``: `cpu_eigvalsh` when ``device`` is not a CUDA device (or CUDA is not
-            available); else the process's `FastestEigvalsh` of CPU and GPU for that device (the same object on every
-            call, so each shape is timed once per process).
-        device: The observation's device (``None``: the CPU).
-        cpu_workers: CPU stacks the summary solves at once (its thread pool, one BLAS thread each; ``None``: one per
-            core), the ``parallel`` of the CPU in `FastestEigvalsh`.
+    ``cpu``: `cpu_eigvalsh`; ``gpu``: `GpuEigvalsh` (on ``device`` or the current CUDA device); ``auto``: CPU off CUDA,
+    else the process's one `FastestEigvalsh` for that device. ``cpu_workers``: the CPU's ``parallel`` (``None``: cores).
     """
     if setting == "cpu":
         return cpu_eigvalsh

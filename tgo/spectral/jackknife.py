@@ -1,12 +1,9 @@
 """Grouped (delete-a-group) jackknife: a standard error for every observable from the same single pass.
 
-The analysis images are split into ``G`` class-stratified groups (`jackknife_groups`); every row of an image goes to
-its group's `StreamingCovariance` (`GroupedCovariance`), so the Gram work is the same as one accumulator's, only
-split. After the (unchanged) sum all-reduce the total is the exact combination of all groups (`combine`), and the
-``g``-th leave-one-group-out covariance the total with group ``g`` removed (`leave_one_group_out`); the standard error
-of an observable is `jackknife_stderr` of its ``G`` leave-one-out values. Groups are whole images, since the tokens of
-one image are strongly dependent. The procedure, its references and why: ``docs/observables.md``, "Uncertainty: the
-grouped jackknife".
+Each image's rows go to its class-stratified group's `StreamingCovariance` (`GroupedCovariance`: the same Gram work,
+split); after the sum all-reduce the total is the groups' exact combination (`combine`) and each leave-one-group-out
+covariance the total less one group (`leave_one_group_out`). Groups are whole images, since one image's tokens are
+strongly dependent. Why and references: ``docs/observables.md``, "Uncertainty: the grouped jackknife".
 """
 
 from __future__ import annotations
@@ -36,10 +33,8 @@ __all__ = [
 def jackknife_groups(labels: Sequence[int] | np.ndarray, groups: int) -> np.ndarray:
     """The jackknife group of every analysis image: class-stratified, sizes differing by at most one.
 
-    Images are taken class by class (in subset order within a class) and dealt to groups ``0, 1, ..., G-1`` in
-    turn, the count continuing across classes. Every group then holds about ``1/G`` of every class (exactly, when a
-    class has a multiple of ``G`` images), so each leave-one-group-out subset keeps the class mix, and the
-    assignment depends only on the labels: the same subset gives the same groups on every rank and every run.
+    Images are dealt class by class to groups ``0 .. G-1`` in turn, so each leave-one-out subset keeps the class mix and
+    the assignment depends only on the labels (the same groups on every rank and run).
     """
     labels = np.asarray(labels).reshape(-1)
     if groups < 1:
@@ -51,11 +46,7 @@ def jackknife_groups(labels: Sequence[int] | np.ndarray, groups: int) -> np.ndar
 
 
 def runs_of(values: list[int]) -> list[tuple[int, int, int]]:
-    """``(group, start, stop)`` of each run of equal consecutive ids.
-
-    The observation visits each rank's shard group by group, so a batch is one or two runs and each becomes one
-    update on a view of the batch (no masked copy).
-    """
+    """``(group, start, stop)`` of each run of equal consecutive ids: one update per run on a view, no masked copy."""
     runs: list[tuple[int, int, int]] = []
     start = 0
     for i in range(1, len(values) + 1):
@@ -66,12 +57,10 @@ def runs_of(values: list[int]) -> list[tuple[int, int, int]]:
 
 
 class GroupedCovariance:
-    """``G`` `StreamingCovariance` accumulators of one observation point; each row goes to exactly one of them.
+    """``G`` `StreamingCovariance` accumulators of one point; each row goes to exactly one of them.
 
-    The group of every row comes from ``batch_groups``: the caller sets it to the ``[B]`` group ids of the images
-    of the batch about to run (a CPU tensor, as the DataLoader yields it), and ``update(x)`` splits ``x``
-    (``[B, ..., D]``, first axis the image) into runs of equal ids, one update per run. ``gram_dtype`` and
-    ``device`` are those of every group's accumulator.
+    The caller sets ``batch_groups`` to the ``[B]`` group ids of the next batch's images (a CPU tensor); ``update(x)``
+    splits ``x`` (first axis the image) into runs of equal ids.
     """
 
     def __init__(
@@ -123,11 +112,8 @@ Moments = tuple[np.ndarray, np.ndarray, int, int]
 
 
 def moments(acc: StreamingCovariance) -> Moments:
-    """float64 numpy moments of one accumulator, computed in numpy from its shifted sums.
-
-    ``C = (S2 - S1 S1^T / n) / (n - 1)`` as in `StreamingCovariance.covariance`, but without many small torch ops:
-    on the rank-0 summary of G + 1 covariances per point those cost more than the eigendecompositions when torch's
-    thread pool and numpy's BLAS share the cores. NaN covariance below 2 rows, NaN mean without rows.
+    """float64 numpy moments of one accumulator from its shifted sums: torch's many small ops cost more than the
+    eigendecompositions in the rank-0 summary. NaN covariance below 2 rows, NaN mean without rows.
     """
     n, nonfinite, dim = int(acc.n), int(acc.n_nonfinite), acc.dim
     if n == 0 or acc.shift is None:
@@ -159,11 +145,10 @@ def _symmetric(mat: np.ndarray, divisor: float = 2) -> np.ndarray:
 
 
 def combine(groups: Sequence[Moments]) -> Moments:
-    """The moments of all rows from the groups' moments (the parallel-variance formula of Chan, Golub and LeVeque).
+    """The moments of all rows from the groups' moments (Chan, Golub and LeVeque's parallel-variance formula).
 
-    ``n = sum n_g``, ``m = sum n_g m_g / n``, ``M2 = sum (M2_g + n_g (m_g - m)(m_g - m)^T)`` with ``M2 = (n - 1) C``.
-    Each group's ``M2_g`` was accumulated around a shift near its own mean, so no term cancels: the result equals a
-    single accumulator over all rows to ~1e-15 relative.
+    ``M2 = sum (M2_g + n_g (m_g - m)(m_g - m)^T)`` with ``M2 = (n - 1) C``; each ``M2_g`` was accumulated near its own
+    mean, so no term cancels (equal to one accumulator over all rows to ~1e-15).
     """
     dim = groups[0][1].shape[0]
     n = sum(g[2] for g in groups)
@@ -189,14 +174,8 @@ def combine(groups: Sequence[Moments]) -> Moments:
 
 
 def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Moments]:
-    """The moments of every leave-one-group-out subset, from the total's and the groups' moments.
-
-    With ``M2 = (n - 1) C`` the centred sum of squares, removing group ``g`` (``n_g`` rows, mean ``m_g``) from the
-    total (``n`` rows, mean ``m``) leaves ``n_r = n - n_g`` rows with mean ``(n m - n_g m_g) / n_r`` and
-    ``M2_r = M2 - M2_g - (n n_g / n_r) (m_g - m)(m_g - m)^T`` (the parallel-variance identity of Chan, Golub and
-    LeVeque, solved for the rest). No term cancels catastrophically (a group holds ~1/G of the rows), so each
-    leave-one-out covariance costs O(D^2) instead of a merge of the other G - 1 states, and agrees with that merge
-    to ~1e-15 relative. A subset with fewer than 2 rows gets a NaN covariance.
+    """The moments of every leave-one-group-out subset from the total's and the groups' (`remove_moments`), O(D^2) each
+    instead of a merge of G - 1 states, equal to it to ~1e-15; fewer than 2 rows give a NaN covariance.
     """
     if not groups:
         return []
@@ -206,12 +185,10 @@ def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Momen
 
 
 def remove(total: Moments, part: Moments) -> Moments:
-    """The moments of the rows of ``total`` that are not in ``part`` (a subset of them), in O(D^2).
+    """The moments of the rows of ``total`` not in ``part``, in O(D^2).
 
-    ``M2_r = M2 - M2_p - (n n_p / n_r) (m_p - m)(m_p - m)^T`` with ``n_r = n - n_p`` and
-    ``m_r = (n m - n_p m_p) / n_r`` (see `leave_one_group_out`). Exact up to round-off relative to the total's
-    scatter, so the rest should not be a tiny part of the total (a group of 1/G of the rows, or the CLS tokens of a
-    ViT sequence, 1 row in 197).
+    ``M2_r = M2 - M2_p - (n n_p / n_r) (m_p - m)(m_p - m)^T``, ``m_r = (n m - n_p m_p) / n_r``: exact up to round-off
+    relative to the total's scatter, so the rest should not be a tiny part of the total.
     """
     cov, _, n, _ = total
     return _remove(total, part, cov * (n - 1) if n >= 2 else np.zeros_like(cov))
@@ -264,12 +241,7 @@ def jackknife_stderr(leave_one_out: Sequence[float] | np.ndarray) -> float:
 
 
 def jackknife_stderrs(leave_one_out: np.ndarray) -> np.ndarray:
-    """`jackknife_stderr` of every row of a ``[K, G]`` array at once (``K`` observables, ``G`` replicates each).
-
-    The same operations row by row (numpy reduces each contiguous row with the same pairwise summation as a 1-D
-    array), so ``jackknife_stderrs(v)[k] == jackknife_stderr(v[k])`` bit for bit (both NaN where a row holds a
-    non-finite value or ``G < 2``).
-    """
+    """`jackknife_stderr` of every row of a ``[K, G]`` array, bit for bit (numpy reduces each row as a 1-D array)."""
     values = np.ascontiguousarray(leave_one_out, dtype=np.float64)
     if values.ndim != 2:
         raise ValueError(f"jackknife_stderrs: expected [K, G] leave-one-out values, got shape {values.shape}")

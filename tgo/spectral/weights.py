@@ -1,11 +1,8 @@
 """Weight-matrix geometry: singular values, stable and effective rank, WeightWatcher's power-law exponent, updates.
 
-The numerics of the ``weights`` measurement family (`tgo.observatory.families.weights`); every function is a pure
-function of float64 numpy arrays, so it gives the same bits on any rank. Singular values come from a float64 SVD, never
-from the eigenvalues of ``W^T W`` (squaring first loses every one below ``sqrt(eps) * sigma_1``); the ranks are
-`tgo.spectral.observables.stable_rank` and `effective_rank` of those eigenvalues, so a weight's and an activation's
-ranks read on one scale; the exponent is fitted as WeightWatcher 0.7 fits it (`fit_power_law`). Formulas, ranges and
-known answers: ``docs/observables.md``, "9. Weight geometry".
+Pure float64 numpy for the ``weights`` family. Singular values come from an SVD, never from ``W^T W``'s eigenvalues
+(squaring loses every one below ``sqrt(eps) * sigma_1``); the ranks are the activation ones (`stable_rank`,
+`effective_rank`) so both read on one scale. Formulas: ``docs/observables.md``, "9. Weight geometry".
 """
 
 from __future__ import annotations
@@ -30,23 +27,21 @@ __all__ = [
 ]
 
 ESD_THRESHOLD = 1e-5
-"""Eigenvalues of ``W^T W`` at or below this are left out of the power-law fit: WeightWatcher's ``EVALS_THRESH``
-(its ``fit_powerlaw`` fits ``evals[evals > 1e-5]``). An absolute threshold, as there: it drops the numerically zero
-eigenvalues of a rank-deficient map, and a map scaled down so far that real eigenvalues fall below it is fitted on
-the rest, exactly as WeightWatcher would."""
+"""Eigenvalues of ``W^T W`` at or below this are left out of the power-law fit: WeightWatcher's absolute
+``EVALS_THRESH``, exactly as it fits.
+"""
 
 MIN_FIT_EIGENVALUES = 20
-"""Fewer eigenvalues above `ESD_THRESHOLD` than this give no exponent (NaN). WeightWatcher switches to another,
-bias-corrected estimator below 20 (its ``SMALL_N_CUTOFF``); TGO records no exponent there rather than a second
-estimator whose values do not compare with the first. Every map of a ViT (``min(out, in) >= 192``) is far above."""
+"""Fewer eigenvalues above `ESD_THRESHOLD` give no exponent (NaN) rather than WeightWatcher's second, bias-corrected
+estimator (``SMALL_N_CUTOFF``), whose values do not compare; every ViT map is far above.
+"""
 
 _CHUNK = 1 << 21  # elements of one [rows, N] block of the xmin scan (16 MiB of float64)
 
 
 def weight_matrix(weight: np.ndarray) -> np.ndarray:
-    """The 2-D matrix of a layer's weight: ``[out, in]`` as it is, a convolution's ``[out, in, kh, kw]`` as
-    ``[out, in * kh * kw]`` (the linear map from a flattened patch to the output channels: for a ViT's patch
-    embedding, whose stride equals its kernel, exactly the map it applies to every patch).
+    """The 2-D matrix of a weight: a convolution's ``[out, in, kh, kw]`` as ``[out, in * kh * kw]`` (for a patch
+    embedding whose stride is its kernel, exactly the map applied to every patch).
     """
     w = np.asarray(weight)
     if w.ndim < 2:
@@ -68,13 +63,8 @@ def singular_values(matrix: np.ndarray) -> np.ndarray:
 class PowerLawFit:
     """A continuous power-law fit ``p(x) ~ x^-alpha`` for ``x >= xmin`` of a spectrum's upper tail.
 
-    Attributes:
-        alpha: The maximum-likelihood exponent at the chosen ``xmin`` (NaN: no fit).
-        stderr: Its asymptotic standard error ``(alpha - 1) / sqrt(n_tail)`` (Clauset et al. 2009, eq. 3.2).
-        ks: The Kolmogorov-Smirnov distance between the tail's empirical CDF and the fitted one (in ``[0, 1)``).
-        xmin: The chosen lower end of the tail (one of the eigenvalues).
-        n_tail: Eigenvalues ``>= xmin`` in the fit.
-        n_fitted: Eigenvalues above `ESD_THRESHOLD` (the candidates).
+    ``stderr = (alpha - 1) / sqrt(n_tail)`` (Clauset et al. 2009, eq. 3.2); ``ks`` the Kolmogorov-Smirnov distance;
+    ``n_fitted`` the eigenvalues above `ESD_THRESHOLD`.
     """
 
     alpha: float
@@ -95,15 +85,10 @@ def fit_power_law(
 ) -> PowerLawFit:
     """WeightWatcher's default power-law fit of an ESD (``weightwatcher`` 0.7, ``WW_powerlaw.WWFit``).
 
-    Of the eigenvalues ``x_(1) <= ... <= x_(N)`` above ``threshold``, every one but the largest is a candidate
-    ``xmin = x_(i)``. Its tail ``x_(i..N)`` (``n = N - i + 1`` values) gives the continuous power-law MLE
-    ``alpha_i = 1 + n / sum_j ln(x_(j) / x_(i))`` and the Kolmogorov-Smirnov distance
-    ``D_i = max_j |1 - (x_(j) / x_(i))^(1 - alpha_i) - k_j / n|`` (``k_j = 0 .. n - 1``: the empirical CDF just below
-    each tail value, as WeightWatcher and the ``powerlaw`` package take it). The fit is the candidate of least
-    ``D_i`` (the first on a tie), with ``stderr = (alpha - 1) / sqrt(n)``. The log-ratios are summed directly
-    (``sum ln(x_(j) / x_(i))``) rather than as WeightWatcher's ``sum ln x_(j) - n ln x_(i)``, which loses digits to
-    cancellation on a tight tail; the two agree to ~1e-13. There is no fit (`PowerLawFit.none`) when a value is NaN
-    or fewer than ``min_eigenvalues`` stay above ``threshold``.
+    Every eigenvalue above ``threshold`` but the largest is a candidate ``xmin``; its tail gives the MLE
+    ``alpha = 1 + n / sum ln(x_j / xmin)`` and the KS distance against the empirical CDF just below each value (as
+    WeightWatcher and ``powerlaw`` take it); the least distance wins (the first on a tie). The log-ratios are summed
+    directly, not as ``sum ln x_j - n ln xmin`` (cancellation; ~1e-13 apart). No fit for NaN or too few values.
     """
     e = np.asarray(eigenvalues, dtype=np.float64).reshape(-1)
     if not np.isfinite(e).all():
@@ -149,14 +134,8 @@ def fit_power_law(
 
 @dataclass(frozen=True)
 class WeightGeometry:
-    """The geometry of one weight matrix.
-
-    Attributes:
-        singular_values: float64, descending.
-        stable_rank: ``sum sigma^2 / sigma_1^2`` (NaN for a zero matrix).
-        effective_rank: ``exp(H(sigma^2 / sum sigma^2))`` (NaN for a zero matrix).
-        spectral_norm: ``sigma_1 = ||W||_2``.
-        fit: The power-law fit of the ESD of ``W^T W`` (eigenvalues ``sigma^2``).
+    """The geometry of one weight matrix: descending singular values, stable and effective rank (NaN for a zero matrix),
+    ``||W||_2`` and the power-law fit of the ESD of ``W^T W``.
     """
 
     singular_values: np.ndarray
