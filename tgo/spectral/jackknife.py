@@ -174,7 +174,7 @@ def combine(groups: Sequence[Moments]) -> Moments:
 
 
 def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Moments]:
-    """The moments of every leave-one-group-out subset from the total's and the groups' (`remove_moments`), O(D^2) each
+    """The moments of every leave-one-group-out subset from the total's and the groups' (`remove`), O(D^2) each
     instead of a merge of G - 1 states, equal to it to ~1e-15; fewer than 2 rows give a NaN covariance.
     """
     if not groups:
