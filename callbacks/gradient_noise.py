@@ -239,7 +239,7 @@ class GradientNoiseCollector(TrainingCollector):
 
     # ------------------------------------------------------------------------------------------ DDP
     def comm_hook(self) -> Any:
-        """The hook to register: a plain function without annotations, as DDP checks them against ``dist.GradBucket``."""
+        """The hook to register: a plain function without annotations (DDP checks them against ``dist.GradBucket``)."""
         return lambda state, bucket: self._comm_hook(state, bucket)
 
     def _comm_hook(self, state: Any, bucket: Any) -> torch.futures.Future[torch.Tensor]:

@@ -308,7 +308,7 @@ class SpectralGeometryCallback(L.Callback):
         return True
 
     def _flush_after_failure(self, trainer: L.Trainer) -> None:
-        """The summary in flight is still recorded; its own failure is warned about, not raised over the one in flight."""
+        """The summary in flight is still recorded; its failure is warned about, not raised over the one in flight."""
         try:
             self.collect_summary(trainer, timeout=FIGURE_DRAIN_TIMEOUT_S)
         except Exception as error:

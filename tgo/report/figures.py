@@ -37,7 +37,7 @@ def page_metrics(kind: str) -> list[str]:
 
 @dataclass(frozen=True)
 class FigureRef:
-    """One figure of the report: its section, PNG path relative to the report, caption, and whether it spans the page."""
+    """One figure of the report: section, PNG path relative to the report, caption, and whether it spans the page."""
 
     section: str
     path: str

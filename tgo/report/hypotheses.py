@@ -573,7 +573,7 @@ def verdict_counts(results: Sequence[PredictionResult]) -> Counter:
 
 
 def summary_text(results: Sequence[PredictionResult]) -> str:
-    """``consistent at 10 of 14 points, inconsistent at 1, inconclusive at 3`` (verdicts reached, first with the total)."""
+    """``consistent at 10 of 14 points, inconsistent at 1, inconclusive at 3`` (verdicts reached; first: the total)."""
     if not results:
         return NOT_RECORDED
     counts = verdict_counts(results)
