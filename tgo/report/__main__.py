@@ -1,10 +1,7 @@
 """``python -m tgo.report``: the command line of `tgo.report.build_report`.
 
-Bad input (not a run, no records, differing analysis subsets, an output directory that is not a report's or cannot
-be written) prints ``tgo.report: error: <message>`` and exits with status 2, without a traceback; anything else is a
-bug and keeps its traceback. SIGTERM ends a report with one line and status 143: the report is built beside its
-directory and put in place whole (`tgo.report.output`), so the old report stays as it was.
-"""
+Bad input prints ``tgo.report: error: <message>`` and exits with status 2, without a traceback; anything else is a bug
+and keeps its traceback. SIGTERM ends a report with status 143, the old report left whole (`tgo.report.output`)."""
 
 from __future__ import annotations
 
@@ -99,11 +96,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _settings(args: argparse.Namespace) -> VerdictSettings:
-    """The verdict settings of the command line.
-
-    Raises:
-        UserInputError: ``--tolerance`` (removed) or a value `VerdictSettings` refuses.
-    """
+    """The verdict settings of the command line (``--tolerance`` was removed and is refused)."""
     if args.tolerance is not None:
         raise UserInputError(_TOLERANCE_REMOVED)
     try:

@@ -1,12 +1,8 @@
 """Several runs as one: mean curves with ±1 standard deviation bands, and how many runs agree on each verdict.
 
-The mean is what a sweep's findings judge; every run's values (`Aggregate.replicates`) and the root mean square of
-their jackknife standard errors (`Aggregate.stderr`) go with it, so the verdict rule can weigh the seed-to-seed
-spread and the sampling error (`tgo.report.verdicts`).
-
-Runs are only comparable when they measured the same images, so `check_subsets` refuses runs whose analysis
-subset fingerprints differ (unless told otherwise). Aggregation uses the points and epochs that every run recorded.
-"""
+Every run's values and the root mean square of their standard errors go with the mean, so the verdict rule can weigh the
+seed-to-seed spread and the sampling error. Runs are comparable only when they measured the same images
+(`check_subsets`); aggregation uses the points and epochs every run recorded."""
 
 from __future__ import annotations
 
@@ -33,18 +29,8 @@ class SubsetMismatchError(ReportInputError):
 
 
 def check_subsets(runs: Sequence[RunData], *, allow_different: bool = False) -> list[str]:
-    """Refuses to compare runs whose analysis subsets differ; returns notes for the report.
-
-    Args:
-        runs: The runs of one report.
-        allow_different: Compare anyway (the report then says so).
-
-    Returns:
-        Human-readable notes (runs without a manifest, an override in effect); empty when all agree.
-
-    Raises:
-        SubsetMismatchError: two runs carry different fingerprints and ``allow_different`` is false.
-    """
+    """Refuses to compare runs whose analysis subsets differ (unless ``allow_different``); returns notes for the report
+    (runs without a manifest, an override in effect)."""
     notes = []
     groups: dict[str, list[str]] = {}
     for run in runs:
@@ -68,21 +54,9 @@ def check_subsets(runs: Sequence[RunData], *, allow_different: bool = False) -> 
 class Aggregate:
     """The runs' mean series, their spread, and what the verdict rule needs to judge the mean.
 
-    Attributes:
-        mean: metric -> point -> (epochs, mean over runs).
-        low: metric -> point -> mean - std per epoch.
-        high: metric -> point -> mean + std per epoch.
-        n_runs: How many runs went in.
-        points: Points every run recorded, in the first run's order.
-        stderr: metric -> point -> (epochs, jackknife standard error): the root mean square over runs of the runs'
-            recorded standard errors (NaN where no run recorded one). Not divided by the square root of the number
-            of runs: the runs measure one analysis subset, so its sampling error is common to them.
-        replicates: metric -> point -> (epochs, [runs, epochs] values): every run at the mean's epochs, from which
-            the verdict rule takes the seed-to-seed spread (`tgo.report.verdicts`).
-        jackknife: metric -> point -> (epochs, [epochs, G]) leave-one-group-out values of the mean: the mean over
-            runs of each run's replicates (the runs share the analysis subset and so its groups), where every run
-            recorded them with the same ``G``; absent otherwise (the rule then pairs nothing: unpaired errors).
-    """
+    ``stderr`` is the root mean square of the runs' standard errors, not divided by sqrt(runs): the runs measure one
+    analysis subset, so its sampling error is common to them. ``jackknife`` is the mean of the runs' replicates where
+    every run recorded them with the same ``G`` (see `_mean_replicates`)."""
 
     mean: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
     low: dict[str, dict[str, np.ndarray]]
@@ -98,10 +72,7 @@ class Aggregate:
         return {p: (self.low[metric][p], self.high[metric][p]) for p in self.low.get(metric, {})}
 
     def stderr_bands(self, metric: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """point -> (mean - stderr, mean + stderr) where standard errors were recorded (empty when none was).
-
-        Epochs without a standard error leave a gap in the band rather than a band of zero width.
-        """
+        """point -> (mean - stderr, mean + stderr); an epoch without a standard error leaves a gap, not a zero band."""
         bands = {}
         for point, (_, se) in self.stderr.get(metric, {}).items():
             if point in self.mean.get(metric, {}) and np.any(np.isfinite(se)):
@@ -123,21 +94,8 @@ def _table(series: tuple[np.ndarray, np.ndarray]) -> dict[float, float]:
 
 
 def aggregate_runs(runs: Sequence[RunData]) -> Aggregate:
-    """Mean and ±1 standard deviation (``ddof=1``; zero for a single run) per metric, point and epoch.
-
-    Only points and epochs recorded by every run are used, so each mean is over the same number of runs. NaN
-    values (a point with non-finite activations) are ignored in the mean and spread (``nanmean``/``nanstd``).
-    Every run's values and the root mean square of their standard errors are kept for the verdict rule.
-
-    Args:
-        runs: One or more runs.
-
-    Returns:
-        The `Aggregate`.
-
-    Raises:
-        ReportInputError: no runs, or the runs share no point.
-    """
+    """Mean and ±1 standard deviation (``ddof=1``; zero for one run) per metric, point and epoch, over the points and
+    epochs every run recorded, so each mean is over the same runs; NaN values are ignored."""
     if not runs:
         raise ReportInputError("no runs to aggregate")
     points = [p for p in runs[0].points if all(p in r.points for r in runs[1:])]
@@ -176,12 +134,8 @@ def aggregate_runs(runs: Sequence[RunData]) -> Aggregate:
 def _mean_replicates(
     per_run: Sequence[tuple[np.ndarray, np.ndarray] | None], epochs: Sequence[float]
 ) -> np.ndarray | None:
-    """``[E, G]`` mean over runs of the runs' leave-one-group-out values at ``epochs`` (NaN rows where a run lacks
-    an epoch); ``None`` unless every run has replicates with one common ``G``.
-
-    The jackknife of a mean of runs measured on the same groups of images is the mean of their replicates, group by
-    group: the leave-one-group-out value of the mean is the mean of the runs' leave-one-group-out values.
-    """
+    """``[E, G]`` mean over runs of their leave-one-group-out values, or ``None`` unless every run has them with one
+    ``G``: the jackknife of a mean of runs measured on the same groups is the mean of their replicates."""
     if not per_run or any(r is None for r in per_run):
         return None
     sizes = {np.asarray(r[1]).shape[1] for r in per_run if r is not None and np.asarray(r[1]).ndim == 2}

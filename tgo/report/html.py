@@ -1,11 +1,6 @@
 """The report page from a jinja2 template (``templates/page.html.j2``): inline CSS, no scripts, no CDN, so it opens
-offline.
-
-Figures are referenced as ``figures/<name>.png`` beside ``index.html`` or, with ``embed=True``, inlined as base64
-data URIs so the single file can be mailed around. A section may hold subsections (``<h3>``, linked from a line at its
-top), and a table may be folded into a ``<details>`` element whose one-line summary stays visible. Every text is
-escaped by the template's autoescape.
-"""
+offline; with ``embed=True`` the figures are inlined as base64 so the single file can be mailed around. Every text is
+escaped by the template's autoescape."""
 
 from __future__ import annotations
 
@@ -34,15 +29,7 @@ _VERDICT_CLASS = {
 
 @dataclass
 class Table:
-    """A table whose cells are already formatted strings.
-
-    Attributes:
-        headers: Column names.
-        rows: Cell strings per row.
-        left: Indices of left-aligned (text) columns.
-        verdict_column: Index of a verdict column: its row gets a colour class.
-        summary: When given, the table is folded into ``<details>`` with this line as its visible summary.
-    """
+    """A table of formatted cells; ``summary`` folds it into ``<details>`` with that line visible."""
 
     headers: Sequence[str]
     rows: Sequence[Sequence[str]]
@@ -53,18 +40,8 @@ class Table:
 
 @dataclass
 class Section:
-    """A titled part of the page: paragraphs, tables, a grid of figures, then subsections.
-
-    Attributes:
-        title: Heading.
-        anchor: ``id`` for the table of contents.
-        paragraphs: Plain-text paragraphs (escaped).
-        tables: Tables, in order.
-        figures: Figures, laid out in a wrapping grid (a `FigureRef` with ``wide`` takes the page's width).
-        subsections: Sections one heading level down, after the figures (linked from a line under its heading).
-        figures_first: Put the figures before the tables (a figure that the tables below it detail).
-        caveats: Plain-text warnings drawn as a highlighted box before the paragraphs (escaped).
-    """
+    """A titled part of the page: caveats, paragraphs, tables and a grid of figures (or figures first), then subsections
+    one heading level down."""
 
     title: str
     anchor: str
@@ -85,17 +62,7 @@ _TEMPLATES = jinja2.Environment(
 
 
 def render_page(title: str, sections: Sequence[Section], report_dir: Path, *, embed: bool = False) -> str:
-    """The whole report page.
-
-    Args:
-        title: Page title and heading.
-        sections: Sections in order (a line of links under the title reaches each).
-        report_dir: The report directory (to read PNGs when embedding).
-        embed: Inline figures as base64 instead of linking ``figures/*.png``.
-
-    Returns:
-        HTML text (UTF-8 safe; everything user-provided is escaped).
-    """
+    """The whole report page as HTML text, linking or (``embed``) inlining its figures."""
 
     def image_src(figure: FigureRef) -> str:
         if not embed:

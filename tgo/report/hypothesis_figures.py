@@ -1,10 +1,7 @@
 """The Hypotheses section's figures: depth profiles of each prediction's metric, and CKA matrices between points.
 
-Drawn with matplotlib's object API (no pyplot state), like `tgo.viz`; every function takes plain arrays and returns a
-``Figure`` that `tgo.report.figures` saves. Nothing here decides a verdict: the profile figure draws the window means
-and standard errors it is given (those the verdicts judged, `tgo.report.hypotheses_section`) and colours the markers
-with the verdicts it is given.
-"""
+Nothing here decides a verdict: the profiles draw the window means and errors the verdicts judged and colour the markers
+with the verdicts they are given."""
 
 from __future__ import annotations
 
@@ -36,22 +33,9 @@ FIRST_GID, LAST_GID = "first-window", "last-window"
 
 @dataclass(frozen=True)
 class Profile:
-    """One panel: a prediction's metric across points (depth), as judged: the first- and last-window means.
-
-    Attributes:
-        title: Panel title (metric, view, predicted direction).
-        points: Point names, x axis in depth order.
-        epochs: Observed epochs, ascending.
-        values: ``[len(epochs), len(points)]`` every observation (thin lines; NaN where a point lacks an epoch).
-        first: ``[len(points)]`` the first-window mean at each point: the table's ``first (window mean)``.
-        last: ``[len(points)]`` the last-window mean: the table's ``last (window mean)``.
-        low: ``[2, len(points)]`` lower band edges of the first and the last window mean, or ``None``: no band.
-        high: Upper band edges, same shape.
-        verdicts: The verdict at each point (marker colour on the last window's profile).
-        windows: The first and the last window's epochs (``("0-5", "25-30")``; several ranges joined by ``/``
-            where points differ).
-        log: Draw on a log y axis (a ratio-type observable, judged on log ratios).
-    """
+    """One panel: a prediction's metric across points as judged: every observation (``values``, thin lines), the first-
+    and last-window means with their band edges (``low``, ``high``: ``[2, points]`` or ``None``), each point's verdict
+    and the windows' epochs."""
 
     title: str
     points: Sequence[str]
@@ -121,18 +105,8 @@ def _draw_profile(ax: Axes, profile: Profile) -> None:
 
 
 def profiles_figure(profiles: Sequence[Profile], *, title: str, band: str, columns: int = 4) -> Figure:
-    """One panel per prediction, its metric against depth: the first- and the last-window means it was judged on.
-
-    Every observed epoch is a thin grey line; the first window's mean is orange with dots, the last's dark blue,
-    each with its band; the markers on the last profile are coloured by the prediction's verdict at that point (CLS
-    a square). Each panel's title names its windows' epochs. A ratio-type metric is drawn on a log axis.
-
-    Args:
-        profiles: The panels, in order.
-        title: The figure's title (the hypothesis).
-        band: What the bands are, for the title (``±1 paired jackknife standard error of each window mean``).
-        columns: Panels per row.
-    """
+    """One panel per prediction, its metric against depth: the first- and last-window means it was judged on, with their
+    bands, the last profile's markers coloured by the verdict at each point (CLS a square)."""
     count = max(len(profiles), 1)
     rows = math.ceil(count / max(1, columns))
     columns = math.ceil(count / rows)  # balanced rows: 5 panels are 3 + 2, not 4 + 1
@@ -169,13 +143,7 @@ def profiles_figure(profiles: Sequence[Profile], *, title: str, band: str, colum
 
 
 def cka_figure(matrices: Mapping[str, np.ndarray], points: Sequence[str], *, title: str) -> Figure:
-    """Heatmaps of linear CKA between points, one panel per label (``epoch 0``, ``epoch 30``), values written in.
-
-    Args:
-        matrices: label -> ``[P, P]`` CKA matrix (NaN where a pair is undefined: a constant representation).
-        points: The ``P`` point names.
-        title: The figure's title.
-    """
+    """Heatmaps of linear CKA between points, one panel per label, values written in (NaN: undefined pair)."""
     count = max(len(matrices), 1)
     size = max(3.0, 0.34 * len(points) + 1.6)
     fig = Figure(figsize=(size * count + 0.8, size + 0.5), dpi=100, layout="constrained")

@@ -1,17 +1,9 @@
 """Where a report is written: a directory TGO may replace, built whole beside it and then swapped in as one unit.
 
-A report is many files (the page, two CSV tables, dozens of figures). Written in place, a report stopped half-way
-(SIGTERM, a full disk, an error) would leave a page of one run beside figures of another, and a symbolic link planted
-in the directory (``index.html`` -> a file elsewhere) would be written through. So `staged_report` builds the new
-report in a fresh temporary sibling (``.<name>.tgo-building-<pid>-<random>``, where nothing can be planted), and only
-when it is complete swaps it with the old one (``renameat2(RENAME_EXCHANGE)`` where Linux has it: atomic; elsewhere
-two renames with signals held). An interrupted report leaves the old one whole and its temporary directory is
-removed (on the next report when the process was killed outright).
-
-`claim_report_dir` decides, before anything is written, whether the output may be replaced at all: it must be new,
-empty, or a TGO report (its `REPORT_MARKER`, or a page of a report written before the marker existed) holding
-nothing but what a report writes, and no symbolic link. Everything else is refused in one line.
-"""
+Written in place, a report stopped half-way would leave a page of one run beside figures of another, and a link planted
+in the directory would be written through. So `staged_report` builds it in a fresh temporary sibling and swaps it in
+when complete (``renameat2(RENAME_EXCHANGE)`` where Linux has it, else two renames with signals held); an interrupted
+report leaves the old one whole. `claim_report_dir` decides first whether the output may be replaced."""
 
 from __future__ import annotations
 
@@ -45,16 +37,9 @@ _HELD_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 def claim_report_dir(report_dir: Path) -> None:
-    """Refuses, in one line and before anything is written, an output directory a report may not replace.
-
-    A directory is TGO's when it is empty, or holds only what a report writes (`REPORT_FILES`, figures as PNG files)
-    and carries `REPORT_MARKER` or a page that says it is a TGO report (reports written before the marker existed).
-    A symbolic link (the directory itself or anything in it) is refused: a report never writes through a link nor
-    replaces one.
-
-    Raises:
-        ReportInputError: naming the directory, what is wrong and what to do.
-    """
+    """Refuses, in one line and before anything is written, an output directory a report may not replace: one that is
+    not empty, holds anything but what a report writes, or carries neither `REPORT_MARKER` nor an older TGO page, or any
+    symbolic link (a report never writes through a link nor replaces one)."""
     if report_dir.is_symlink():
         raise ReportInputError(
             f"report output {report_dir} is a symbolic link (to {os.readlink(report_dir)}); a report never writes "
@@ -95,13 +80,8 @@ def claim_report_dir(report_dir: Path) -> None:
 
 @contextlib.contextmanager
 def staged_report(report_dir: Path) -> Iterator[Path]:
-    """Yields a fresh temporary directory beside ``report_dir`` to build the report in, and puts it in place as one
-    unit when the block ends without an error; on an error (or a signal turned into one) it is removed and the old
-    report is left as it was. `claim_report_dir` must have accepted ``report_dir``.
-
-    Raises:
-        ReportInputError: the directory beside it cannot be written (a read-only filesystem, permissions).
-    """
+    """Yields a fresh temporary directory beside ``report_dir`` and swaps it in when the block ends without an error; on
+    an error (or a signal turned into one) it is removed and the old report is left as it was."""
     parent = report_dir.absolute().parent
     _remove_leftovers(parent, report_dir.name)
     try:

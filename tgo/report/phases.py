@@ -1,10 +1,7 @@
 """The report's training phases: every point's consecutive observations labelled by `tgo.spectral.phases` (the rule:
-``docs/observables.md`` section 8) and merged into phases, drawn as a point x epoch map per run and a folded table;
-`early_section` applies the same rule to the step series (``observation.early``). The labels are recomputed from the
-records (values and leave-one-group-out replicates) with the report's ``z`` and the run's
-``observation.phases.collapse_drop``, so they do not depend on the ``phase_code`` recorded live (equal with the same
-settings).
-"""
+``docs/observables.md`` section 8), merged into phases and drawn as a point x epoch map per run with a folded table;
+`early_section` does the same for the step series. The labels are recomputed from the records with the report's ``z``,
+so they do not depend on the ``phase_code`` recorded live (equal with the same settings)."""
 
 from __future__ import annotations
 
@@ -37,36 +34,14 @@ from tgo.spectral.phases import (
     merge_phases,
 )
 
-__all__ = [
-    "EARLY_PANELS",
-    "PointPhases",
-    "early_section",
-    "load_step_series",
-    "phase_counts_text",
-    "phase_map_figure",
-    "phase_rows",
-    "phase_table",
-    "phases_section",
-    "replicate_groups",
-    "rule_text",
-    "run_phases",
-    "run_rule",
-    "step_series_figure",
-]
+__all__ = ["early_section", "phases_section", "run_phases"]
 
 _RANK, _ALPHA = "effective_rank", "power_law_alpha"
 
 
 @dataclass(frozen=True)
 class PointPhases:
-    """One point of one run: its observations, the label of each consecutive pair, and the merged phases.
-
-    Attributes:
-        point: The point.
-        trajectory: Its recorded series of both measures (epochs where both are recorded).
-        labels: ``E - 1`` labels (pair ``i``: observation ``i`` to ``i + 1``).
-        phases: The runs of equal labels.
-    """
+    """One point of one run: its observations, the label of each consecutive pair, and the merged phases."""
 
     point: str
     trajectory: Trajectory
@@ -132,10 +107,8 @@ def run_phases(run: RunData, rule: PhaseRule) -> list[PointPhases]:
 def phase_map_figure(
     run_name: str, points: Sequence[PointPhases], figures_dir: Path, *, series: str = "epoch"
 ) -> FigureRef:
-    """The point x epoch colour map of the labels: one row per point (depth downwards), one cell per pair.
-
-    ``series="step"`` (the step series, `early_section`): the observations are log-spaced optimizer steps, so
-    every cell gets the same width and the ticks name the steps at its edges."""
+    """The point x epoch colour map of the labels, one row per point, one cell per pair; the step series' log-spaced
+    steps get cells of equal width, with the steps named at their edges."""
     epochs = sorted({int(e) for p in points for e in p.trajectory.epochs})
     even = series == "step"
     edges = np.arange(len(epochs), dtype=np.float64) if even else np.array(epochs, dtype=np.float64)
@@ -316,15 +289,9 @@ def step_series_figure(run: RunData, figures_dir: Path) -> FigureRef:
 
 
 def early_section(ctx: Context) -> list[Section]:
-    """The "Early training" section: the step series (``observation.early``) drawn and labelled (none when no run
-    has one).
-
-    A run observed with ``observation.early.enabled=true`` holds a second record series, ``geometry/steps/``, keyed
-    by the optimizer step: step 0 and the log-spaced steps up to the end of the first epoch. A collapse of the
-    representation during warm-up can come and go between two epoch observations; this section is where it shows:
-    effective rank and alpha of every point against the optimizer step (symmetric-log axis), and the phase map of
-    the step series by the rule of the Training phases section, its merged phases as a table.
-    """
+    """The "Early training" section (none when no run has a step series): a collapse during warm-up can come and go
+    between two epoch observations, so here every point's effective rank and alpha against the optimizer step, and the
+    step series' phase map and merged phases by the rule of the Training phases section."""
     runs, figures_dir, z = ctx.runs, ctx.figures_dir, ctx.settings.z
     figures: list[FigureRef] = []
     rows: list[list[str]] = []

@@ -1,11 +1,8 @@
 """Finding run directories and reading their records into per-metric, per-point series (numpy only, no pandas).
 
-A report argument may be a run directory (it holds geometry records) or any directory above runs, such as a Hydra
-multirun sweep directory: runs are then found recursively. Every path and file name comes from `tgo.records.RunDir`
-and every record is read through `tgo.records`, so the report follows the on-disk contract instead of restating it.
-Every problem with the arguments is a `ReportInputError` (a `UserInputError`), so the CLI prints one line instead
-of a traceback; a `tgo.records.RecordsError` is re-raised as one with the same message.
-"""
+A report argument may be a run directory or any directory above runs (a Hydra multirun sweep): runs are found
+recursively. Paths and records come from `tgo.records`, so the report follows the on-disk contract instead of restating
+it. Every problem with the arguments is a one-line `ReportInputError`."""
 
 from __future__ import annotations
 
@@ -50,20 +47,9 @@ class ReportInputError(UserInputError):
 
 @dataclass
 class RunData:
-    """One run's scalar records as series, plus where to find its spectra.
-
-    Attributes:
-        path: The run directory.
-        name: A short label (the path relative to the common parent of all runs in the report).
-        series: metric -> point -> (epochs int64 [E], values float64 [E]), epochs ascending (view `REPORT_VIEW`).
-        points: Point names in recorded (depth) order.
-        epochs: Every epoch with metrics, ascending.
-        fingerprint: The analysis subset's fingerprint from the run's manifest, ``None`` if the run has none.
-        stderr: The jackknife standard errors of the same series (same shape; NaN where none was recorded: old
-            runs, jackknife disabled, diagnostics).
-        jackknife: metric -> point -> (epochs, [E, G] leave-one-group-out values) (`tgo.records.load_jackknife`;
-            empty for runs recorded before replicates were kept: their verdicts use unpaired standard errors).
-    """
+    """One run's scalar records as series (metric -> point -> (epochs, values), view `REPORT_VIEW`), their standard
+    errors (NaN where none) and leave-one-group-out replicates (empty for old runs: unpaired errors), and where its
+    spectra are."""
 
     path: Path
     name: str
@@ -86,11 +72,7 @@ class RunData:
         return list(self.series)
 
     def spectra(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-        """The run's spectra of view `REPORT_VIEW` (`tgo.records.load_spectra`), read once on first use.
-
-        Raises:
-            ReportInputError: a spectra file is unreadable.
-        """
+        """The run's spectra of view `REPORT_VIEW`, read once on first use."""
         if self._spectra is None:
             try:
                 self._spectra = load_spectra(self.path, view=REPORT_VIEW)
@@ -117,18 +99,8 @@ def _find_below(root: Path) -> list[Path]:
 
 
 def discover_runs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Resolves report arguments to run directories, in argument order, then path order below each argument.
-
-    Args:
-        paths: Run directories or directories containing runs (searched recursively, skipping the subdirectories
-            of a run that never hold runs, `tgo.records.RunDir.NON_RUN_SUBDIRS`).
-
-    Returns:
-        Distinct run directories holding geometry records.
-
-    Raises:
-        ReportInputError: a path does not exist, is not a directory, or holds no run with records.
-    """
+    """Run directories holding records, in argument order, then path order below each argument (subdirectories of a run
+    that never hold runs skipped); a path that is missing or holds no run is refused."""
     runs: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -157,11 +129,7 @@ def discover_runs(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
 
 
 def read_fingerprint(run_dir: str | os.PathLike[str]) -> str | None:
-    """The analysis subset fingerprint recorded in the run's manifest (``None`` if the run has none).
-
-    Raises:
-        ReportInputError: the manifest exists but is not readable JSON with a ``fingerprint``.
-    """
+    """The analysis subset's fingerprint in the run's manifest (``None`` without one; an unreadable one is refused)."""
     path = RunDir(run_dir).manifest
     if not path.is_file():
         return None
@@ -185,20 +153,8 @@ def run_names(paths: Sequence[Path]) -> list[str]:
 
 
 def load_run_data(path: RunPath, name: str | None = None) -> RunData:
-    """Reads a run's values and standard errors (view `REPORT_VIEW`, `tgo.records.load_series`) and its fingerprint.
-
-    Args:
-        path: A run directory (its epoch series), or a `tgo.records.RunDir` of either series: the step series'
-            `RunData` has steps where the epoch series has epochs (``epochs`` lists the steps).
-        name: Label for figures and tables (default: the directory name).
-
-    Returns:
-        The `RunData` (spectra are read lazily).
-
-    Raises:
-        ReportInputError: not a run with records, no metrics file, no rows of the reported view, or malformed
-            values (the `tgo.records.RecordsError` message, which names the file).
-    """
+    """A run's values, standard errors and fingerprint; ``path`` may be a `tgo.records.RunDir` of the step series, whose
+    ``epochs`` are then steps. Spectra are read lazily."""
     run = as_run_dir(path)
     try:
         series = load_series(run, view=REPORT_VIEW)

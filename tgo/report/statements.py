@@ -1,12 +1,6 @@
-"""A table of judged statements: the paper's claims (`tgo.report.findings`) and the hypotheses' predictions
-(`tgo.report.hypotheses`) are two tables of the same kind of row, and go through the same three steps here.
-
-A statement row (a `Finding`, a `PredictionResult`) holds a ``key`` (what a run's row is matched by), its
-``verdict``, ``note``, ``trend``, ``p`` and ``q``, and ``csv_cells(z)``: its columns of the table's CSV. The steps:
-the Benjamini-Hochberg control over every row of one table (`control_fdr_table`), the count of runs reaching each
-verdict when several runs are judged one by one (`count_agreement`), and the CSV rows (`csv_rows`; the judged
-columns, `JUDGED_COLUMNS`, mean the same in ``findings.csv`` and ``hypotheses.csv``).
-"""
+"""A table of judged statements: the paper's claims and the hypotheses' predictions are two tables of the same kind of
+row (``key``, ``verdict``, ``note``, ``trend``, ``p``, ``q``, ``csv_cells(z)``), which go through the same three steps
+here: the false-discovery control, the agreement count over runs and the CSV rows."""
 
 from __future__ import annotations
 
@@ -56,15 +50,8 @@ JUDGED_COLUMNS: tuple[str, ...] = (
     "q",
     "window",
 )
-"""The columns of a judged trend, shared by ``findings.csv`` and ``hypotheses.csv`` (same meaning in both): the
-window means ``first``/``last`` and ``change = last - first`` (a log ratio where ``scale`` is ``log``); its paired
-jackknife standard error (``jackknife_paired`` false: unpaired, from records without replicates), its training-noise
-standard error (``training_source`` pooled / pooled relative / pooled pseudo-residuals / series / seeds, or a sweep's
-seeds+...; empty: not estimated) and their combination
-``uncertainty = sqrt(jackknife_se^2 + training_se^2)`` with ``uncertainty_source`` the larger term; ``dof`` the
-Welch-Satterthwaite degrees of freedom and ``threshold`` the Student-t widened size a move must exceed;
-``z = change / uncertainty``; ``p`` the two-sided p-value of the row's evidence and ``q`` its Benjamini-Hochberg
-q-value over the table's rows (`tgo.report.verdicts`)."""
+"""The columns of a judged trend, with the same meaning in ``findings.csv`` and ``hypotheses.csv``
+(``docs/findings.md``)."""
 
 
 Statement = Union["Finding", "PredictionResult"]
@@ -75,12 +62,8 @@ Row = TypeVar("Row", "Finding", "PredictionResult")
 def control_fdr_table(
     rows: Sequence[Row], settings: VerdictSettings, directional: Iterable[str], fallback: str
 ) -> list[Row]:
-    """The rows with their Benjamini-Hochberg q-values over the table; a ``directional`` verdict whose
-    ``q > settings.fdr`` reads ``fallback`` (inconclusive), its note saying why.
-
-    Every row with a p-value is one test of the family (the table); rows without one (``n/a``, no uncertainty) do
-    not count. The control only removes directional verdicts, never adds one.
-    """
+    """The rows with their Benjamini-Hochberg q-values over the table (rows without a p-value do not count); a
+    ``directional`` verdict whose ``q > settings.fdr`` reads ``fallback``, its note saying why."""
     directional = tuple(directional)
     out = []
     for row, q in zip(rows, control_fdr([r.p for r in rows]), strict=True):
@@ -158,13 +141,7 @@ def csv_rows(
 
 
 def window_band(level: float, uncertainty: Uncertainty, scale: str) -> tuple[float, float]:
-    """The ±1 paired standard-error band of a window mean: ``level ± J`` (``exp(log level ± J)`` on a log scale).
-
-    ``level`` is a `Trend`'s ``first`` or ``last`` (the table's window mean), ``uncertainty`` its
-    ``first_uncertainty`` or ``last_uncertainty``: the verdict's own contrast "window mean", whose jackknife term
-    ``J`` is taken replicate by replicate from the recorded leave-one-group-out values (the unpaired fallback, the
-    window's mean recorded standard error, for records without replicates). NaN edges where ``J`` is unknown.
-    """
+    """The ±1 paired standard-error band of a window mean (``exp(log level ± J)`` on a log scale; NaN where unknown)."""
     se = uncertainty.jackknife
     if not (math.isfinite(se) and math.isfinite(level)) or (scale == "log" and level <= 0):
         return math.nan, math.nan

@@ -1,10 +1,7 @@
 """The report's verdict summary: counts per claim and per prediction, and the worst contradictions by name.
 
-A reader who stops after the story figure should still know what the tables found: how many points agree with each
-of the paper's claims and each hypothesis's predictions, and where the records contradict them most strongly (the
-contradictions ranked by |z|, the strength of the evidence against the claim). Everything here counts verdicts the
-findings and the Hypotheses section already reached; nothing is judged again.
-"""
+A reader who stops after the story figure should still know what the tables found. Everything here counts verdicts
+already reached; nothing is judged again."""
 
 from __future__ import annotations
 
@@ -34,16 +31,7 @@ WORST_SHOWN = 8
 
 @dataclass(frozen=True)
 class Contradiction:
-    """One row whose verdict goes against its claim or prediction.
-
-    Attributes:
-        what: The claim or prediction in words.
-        source: ``finding`` (the paper's claims) or ``prediction`` (a hypothesis's, named).
-        point: Where.
-        verdict: ``does not hold``, ``holds then reverses`` or ``inconsistent``.
-        z: The evidence's signed z (of the change; of the margin for the CLS claims).
-        change: The move it is about, as the table writes it (``-1.2 ± 0.3``).
-    """
+    """One row whose verdict goes against its claim or prediction, with its signed z and the change as written."""
 
     what: str
     source: str
@@ -163,12 +151,8 @@ def _uncertainty_of(row: Finding | PredictionResult) -> Uncertainty | None:
 def verdict_scope_sentence(
     findings: Sequence[Finding], predictions: Mapping[Prediction, Sequence[PredictionResult]], n_runs: int
 ) -> str:
-    """What the verdicts can and cannot conclude, in one sentence for the first screen (issue 34).
-
-    A single run's verdicts are beyond image sampling (the jackknife) everywhere it was recorded, but beyond training
-    noise only where the run's own epoch-to-epoch noise could be estimated; another seed is the one thing a run
-    cannot see. The sentence counts the judged rows of both tables whose uncertainty holds a training-noise term.
-    """
+    """What the verdicts can and cannot conclude, in one sentence (issue 34): beyond image sampling everywhere, beyond
+    training noise only where it could be estimated; another seed is the one thing a run cannot see."""
     rows: list[Finding | PredictionResult] = [*findings, *(r for results in predictions.values() for r in results)]
     judged = [
         u for row in rows if row.verdict != "n/a" and (u := _uncertainty_of(row)) is not None and math.isfinite(u.total)
