@@ -1,26 +1,13 @@
 """The frozen analysis subset: which validation images the geometry is measured on, and its manifest.
 
-Selection rule (the paper takes 1,000 validation images, 10 from each of 100 classes, seed 2025):
+Rule (the paper: 10 validation images from each of 100 classes, seed 2025): sort the items by key (the listing order
+is irrelevant); for every class ``c`` keep the first ``per_class`` of a permutation drawn with
+``numpy.random.default_rng([seed, c])`` (adding images to one class reshuffles no other); order by (label, key). It
+runs on metadata alone in the main process, so every rank of every world size computes the same subset.
 
-1. Sort the validation items by key (relative path or index), so the file system's listing order is irrelevant.
-2. For every class ``c`` (all classes, never a prefix of them), draw a permutation of that class's items with
-   ``numpy.random.default_rng([seed, c])`` and keep the first ``per_class``. Each class's draw depends only on the
-   seed, the class and its own items, so adding images to one class does not reshuffle the others.
-3. Order the chosen items by (label, key).
-
-Selection runs in the main process from metadata only (keys and labels): no dataloader, worker or rank is
-involved, so every rank of every world size computes the same subset; the geometry callback shards it afterwards.
-
-Manifest ``analysis_subset.json`` (version 1)::
-
-    {"version": 1, "source": "imagenet100", "root": "/data/imagenet100", "split": "val",
-     "seed": 2025, "per_class": 10, "size": 1000, "num_classes": 100, "class_names": ["n02869837", ...],
-     "source_info": {...}, "fingerprint": "<sha256 of the (key, label) list>", "pinned_from": null,
-     "items": [{"key": "val/n02869837/ILSVRC2012_val_00001234.JPEG", "label": 0, "sha256": "<file bytes>"}, ...]}
-
-``key`` is a POSIX path relative to ``root`` for file sources and an integer index for in-memory sources (digits:
-index into ``sklearn.datasets.load_digits()``; synthetic: validation index). ``sha256`` hashes the file bytes, or the
-uint8 pixel array (dtype, shape, bytes) for in-memory items.
+The manifest ``analysis_subset.json`` (version 1) records the source, root, split, seed, sizes, class names, a
+fingerprint of the (key, label) list and every item's key (a POSIX path relative to ``root``, or an index for
+in-memory sources), label and sha256 (of the file bytes, or of the uint8 pixel array's dtype, shape and bytes).
 """
 
 from __future__ import annotations
@@ -70,10 +57,8 @@ class AnalysisItem:
 
 
 def resolve_analysis_counts(size: int | None, per_class: int | None, num_classes: int) -> tuple[int, int]:
-    """Turn ``(analysis_size, analysis_per_class)`` into a consistent ``(size, per_class)``.
-
-    Either may be omitted: ``per_class`` alone gives ``size = per_class * num_classes``; ``size`` alone must be a
-    multiple of ``num_classes``; both must agree. Being strict here avoids a subset silently smaller than asked.
+    """Turn ``(analysis_size, analysis_per_class)`` into a consistent ``(size, per_class)``; either may be omitted, but
+    a ``size`` must be a multiple of ``num_classes`` and both must agree: no subset silently smaller than asked.
     """
     if size is None and per_class is None:
         raise DataConfigError("data.analysis.size and data.analysis.per_class are both null; set at least one.")
@@ -106,9 +91,8 @@ def select_analysis_indices(
     class_names: Sequence[str] | None = None,
     split_name: str = "the validation split",
 ) -> list[int]:
-    """Positions (into ``keys``, unique and sortable) of the stratified analysis subset, ordered by (label, key);
-    see the module docstring for the rule. They depend only on the multiset of (key, label) pairs, not their order.
-    ``class_names`` and ``split_name`` are for error messages.
+    """Positions of the stratified analysis subset (the module's rule), ordered by (label, key); they depend only on the
+    multiset of (key, label) pairs. ``class_names`` and ``split_name`` are for error messages.
     """
     labels = np.asarray(labels, dtype=np.int64)
     order = sorted(range(len(keys)), key=lambda i: keys[i])
@@ -139,9 +123,9 @@ def subset_fingerprint(items: Sequence[AnalysisItem]) -> str:
 
 
 class AnalysisSubset(Dataset):
-    """The analysis images (``indices`` of a validation ``split`` with the eval transform attached) as a dataset of
-    ``(eval_transform(image), label)``, in manifest order; the ``items``' hashes may be filled lazily
-    (:meth:`hashed_items`)."""
+    """The analysis images as a dataset of ``(eval_transform(image), label)`` in manifest order; hashes may be filled
+    lazily.
+    """
 
     def __init__(self, split: ImageSplit, indices: Sequence[int], items: Sequence[AnalysisItem]):
         self.split = split
@@ -195,12 +179,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def check_manifest_consistency(manifest: dict[str, Any], *, where: str) -> None:
-    """Refuses a manifest that disagrees with itself: it pins a subset only if every item carries its content hash
-    and its ``size`` and ``fingerprint`` describe its items.
-
-    tgo writes every item's sha256; an item without one (a hand-edited or truncated file) would skip the check that
-    the image is still the same, and a ``size``/``fingerprint`` that no longer match the items mean the list was
-    edited after it was written (the subset a run reports would not be the one it measured).
+    """Refuses a manifest that disagrees with itself: an item without its sha256 would skip the same-image check, and a
+    ``size`` or ``fingerprint`` not matching its items means the list was edited after it was written.
     """
     items = manifest["items"]
     unhashed = [i["key"] for i in items if not isinstance(i.get("sha256"), str) or not _SHA256.fullmatch(i["sha256"])]
@@ -229,11 +209,8 @@ def resolve_manifest(
     source: str,
     class_names: Sequence[str],
 ) -> tuple[list[int], list[AnalysisItem]]:
-    """Find a pinned manifest's items in the current validation split and verify them.
-
-    Every item must exist under the same key with the same label and, where the manifest has a hash, the same
-    content hash, and the manifest must be of this source and class list. All items are checked so the error can
-    say how many differ. Returns ``(positions in split, items)`` in manifest order.
+    """Finds a pinned manifest's items in the current split and verifies key, label, hash, source and class list; every
+    item is checked so the error can say how many differ. Returns ``(positions in split, items)`` in manifest order.
     """
     where = f"data.analysis.manifest='{manifest.get('_path', '?')}'"
     if manifest.get("source") != source:

@@ -1,12 +1,7 @@
 """``TGODataModule``: one LightningDataModule for every source, owning the frozen analysis subset.
 
-Hydra instantiates it from ``conf/data/*.yaml`` with flat, explicit arguments. Cheap argument checks run in
-``__init__``; :meth:`TGODataModule.validate` scans the data, selects (or verifies) the analysis subset and raises one
-:class:`~tgo.data.errors.DataConfigError` naming the ``data.*`` key, so bad input stops a run before training.
-``setup()`` is idempotent (it builds once), so calling it per stage, per rank or after ``validate()`` costs nothing.
-
-``preload=True`` (the quickstart) transforms a small pixel source once into tensors and augments whole training
-batches with tensor ops; validation and analysis tensors are then exactly the eval transform's output, as before.
+Cheap argument checks run in ``__init__``; `TGODataModule.validate` scans the data and settles the analysis subset,
+raising one `DataConfigError` naming the ``data.*`` key before training. ``setup()`` is idempotent.
 """
 
 from __future__ import annotations
@@ -68,11 +63,8 @@ CROP_KEEPS_AT_LEAST = 0.5
 
 
 def warn_if_the_crop_discards_most_of_the_image(image_size: int, resize_size: int | None) -> float:
-    """Warns in one line when an explicit ``resize_size`` makes the eval centre crop keep under half of each image.
-
-    ``resize_size: 256`` with ``image_size: 32`` measures the central 32 px of a 256 px resize: an eighth of each
-    side, 1.6% of the image. ``null`` (the configs' default) follows the image size, ``round(image_size / 0.875)``.
-    Returns the share of the resized image's area that the crop keeps.
+    """Warns in one line when an explicit ``resize_size`` makes the eval centre crop keep under half of each image side
+    (``resize_size: 256`` at ``image_size: 32`` keeps 1.6% of the image); returns the share of the area kept.
     """
     if resize_size is None:
         return (image_size / round(image_size / 0.875)) ** 2
@@ -103,44 +95,13 @@ _PER_CLASS_DEFAULT = _DefaultPerClass(DEFAULT_ANALYSIS_PER_CLASS)
 class TGODataModule(L.LightningDataModule):
     """Train/val loaders for one data source plus the frozen, stratified analysis subset.
 
-    Args:
-        source: "digits" | "synthetic" | "imagefolder" | "imagenet100".
-        root: Data root for file sources: ``<root>/train/<class>/*`` and ``<root>/val/<class>/*``.
-        image_size: Side length of the images the model sees.
-        batch_size: Training batch size per process.
-        eval_batch_size: Validation batch size (``None`` = ``batch_size``).
-        num_workers: DataLoader workers for train/val (and the analysis loader helper).
-        pin_memory: Passed to the DataLoaders.
-        train_transform: "standard" (RandomResizedCrop + flip), "digits" (small affine, no flip) or "none".
-        preload: Transform a pixel source (digits, synthetic) once into tensors held in memory instead of running the
-            PIL transforms per image per step; "digits" augmentation then runs per batch on tensors
-            (:class:`~tgo.data.transforms.BatchRandomAffine`, same parameter distribution, other random draws).
-            Validation and analysis tensors equal the non-preloaded ones exactly. Not for photo sources.
-        on_bad_image: What an unreadable training image does (``tgo.data.integrity``): ``error`` stops the run
-            naming the file; ``skip`` leaves it out of its batch with a warning naming it. The analysis subset is
-            always decoded in full before training, and an unreadable image there stops the run at once.
-        crop_scale_min: Lower area bound of RandomResizedCrop (0.08 torchvision default; the paper uses 0.8).
-        resize_size: Shorter side before the eval centre crop for photos (``None`` = image_size / 0.875).
-        mean: Normalisation mean per channel (``None`` = ImageNet mean for 3 channels, 0.5 for 1).
-        std: Normalisation std per channel (``None`` = ImageNet std for 3 channels, 0.5 for 1).
-        channels: 3 (RGB; grey digits are replicated) or 1 (greyscale).
-        class_list: Class list file for imagenet100 (``None`` = the packaged ImageNet-100 CMC list).
-        num_classes: Required for synthetic; for other sources, if set, checked against the data (fail fast when
-            the model's head would not match).
-        train_size: Number of synthetic training images.
-        val_size: Number of synthetic validation images.
-        seed: Synthetic generation seed; also the digits train/val split seed. Not the training seed.
-        analysis_size: Number of analysis images (``None`` = ``analysis_per_class * num_classes``).
-        analysis_per_class: Analysis images per class, from every class (``None`` = ``analysis_size / num_classes``).
-            Default `DEFAULT_ANALYSIS_PER_CLASS` (10, as ``conf/data/imagefolder.yaml`` and ``imagenet100.yaml``),
-            unless ``analysis_size`` alone is given: then the size decides (``per_class = size / num_classes``).
-        analysis_seed: Seed of the per-class selection.
-        analysis_manifest: Path of an earlier ``analysis_subset.json`` (or its run directory) to pin the exact subset;
-            the data must still match it (keys, labels, hashes) or validation raises ``AnalysisManifestMismatch``.
-        analysis_batch_size: Batch size of the observation pass over :attr:`analysis_dataset` (``None``:
-            ``eval_batch_size``).
-        analysis: The same five settings nested as the config writes them (``data.analysis.manifest=...``): keys
-            ``size``, ``per_class``, ``seed``, ``manifest``, ``batch_size``; a key given here wins over the flat one.
+    The arguments are the ``data.*`` keys (``conf/data/*.yaml``). ``preload``: a pixel source is transformed once into
+    tensors and "digits" augmentation runs per batch (`BatchRandomAffine`: same distribution, other draws); validation
+    and analysis tensors are unchanged. ``on_bad_image``: ``error`` or ``skip`` for training images
+    (`tgo.data.integrity`; the analysis subset is always checked in full). ``num_classes``: required for synthetic, else
+    checked against the data. ``analysis_per_class`` defaults to `DEFAULT_ANALYSIS_PER_CLASS` unless ``analysis_size``
+    alone is given; ``analysis_manifest`` pins an earlier subset, which the data must still match; ``analysis``: the
+    same settings nested as the config writes them, winning over the flat ones.
     """
 
     def __init__(
@@ -277,10 +238,8 @@ class TGODataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ building
 
     def validate(self) -> TGODataModule:
-        """Scan the data and settle the analysis subset now, raising ``DataConfigError`` on any problem.
-
-        Call it before ``trainer.fit`` so that a wrong root, a missing class, an impossible subset or a stale pinned
-        manifest stop the run at once. Idempotent; ``setup()`` calls it too. Returns ``self``, for chaining.
+        """Scan the data and settle the analysis subset now, raising ``DataConfigError``; idempotent, returns
+        ``self``.
         """
         if self._analysis is not None:
             return self
@@ -462,11 +421,8 @@ class TGODataModule(L.LightningDataModule):
         }
 
     def write_manifest(self, run_dir: str | Path, *, jackknife_groups: int = 0) -> Path:
-        """Write ``<run_dir>/analysis_subset.json`` atomically (call on global rank zero) and return its path.
-
-        With ``jackknife_groups`` (``observation.groups``) ``>= 2`` the manifest records the group of every item
-        (``jackknife.group_of_item``, in item order), so a reader can see which images each leave-one-group-out
-        spectrum left out; more groups than analysis images are refused before anything is written.
+        """Write ``<run_dir>/analysis_subset.json`` atomically (global rank zero) and return its path; with
+        ``jackknife_groups >= 2`` it records every item's group (more groups than images are refused first).
         """
         if jackknife_groups:  # refused before the manifest is written, not at the first observation
             from tgo.observatory.settings import check_jackknife_groups

@@ -1,9 +1,7 @@
-"""Labelled image splits that can name, hash and load each item.
+"""Labelled image splits that can name, hash and load each item (`ImageSplit`).
 
-Every source (files on disk, bundled arrays, procedural images) is exposed as an :class:`ImageSplit`: a map-style
-dataset whose items have a stable ``key`` (a relative path or an integer index), an integer label and a content hash.
-Keys and hashes are what the analysis-subset manifest records, so the same class serves training, validation and the
-frozen analysis subset; only the transform differs (see :meth:`ImageSplit.with_transform`).
+Keys and hashes are what the analysis manifest records, so one class serves training, validation and the analysis
+subset; only the transform differs (`ImageSplit.with_transform`).
 """
 
 from __future__ import annotations
@@ -57,13 +55,8 @@ def array_sha256(array: np.ndarray) -> str:
 class ImageSplit(Dataset):
     """A labelled split: ``__getitem__`` returns ``(transform(image), label)``.
 
-    Args:
-        keys: One stable name per item (relative path or index), unique within the split.
-        labels: One integer class label per item.
-        mode: PIL mode every image is converted to before the transform ("RGB" or "L"), so the channel count is
-            decided in one place whatever the files contain (ImageNet has a few greyscale and CMYK JPEGs); the
-            conversion keeps each kind's real dynamic range (16-bit, float, alpha, palette: `tgo.data.decode`).
-        transform: Callable applied to the PIL image; ``None`` returns the PIL image itself.
+    ``mode`` ("RGB" or "L") decides the channel count in one place whatever the files hold (ImageNet has greyscale and
+    CMYK JPEGs), keeping each kind's real dynamic range (`tgo.data.decode`).
     """
 
     def __init__(
@@ -134,9 +127,7 @@ class FileImageSplit(ImageSplit):
 
 
 class ArrayImageSplit(ImageSplit):
-    """Images held in memory as a uint8 array ``[N, H, W]`` or ``[N, H, W, C]``; keys are integers (e.g. the index
-    into scikit-learn's digits array), so a manifest stays meaningful across train/val re-splits.
-    """
+    """Images held in memory as uint8 ``[N, H, W(, C)]``; integer keys keep a manifest meaningful across re-splits."""
 
     def __init__(
         self,
@@ -161,11 +152,8 @@ class ArrayImageSplit(ImageSplit):
 
 
 class SyntheticImageSplit(ImageSplit):
-    """Procedurally generated images, rendered lazily per index from a seed.
-
-    Rendering depends only on ``(spec, split, index)``, never on worker id or call order, so any number of
-    dataloader workers or ranks sees identical images. Keys are indices; labels are ``index % num_classes``
-    (balanced classes, known without rendering). ``split``: 0 for train, 1 for validation (a separate random stream).
+    """Procedural images rendered lazily from ``(spec, split, index)`` alone, so every worker and rank sees the same
+    images; labels are ``index % num_classes``; ``split`` 0 (train) or 1 (validation) is a separate random stream.
     """
 
     def __init__(
@@ -190,11 +178,8 @@ class SyntheticImageSplit(ImageSplit):
 class PreloadedImageSplit(ImageSplit):
     """Another split's items pushed through a deterministic transform once and held as one tensor.
 
-    For tiny in-memory sources (the quickstart's 1,797 digits are 12 MB as float tensors at 24 px) the per-step PIL
-    round trip (array -> PIL -> resize -> tensor -> normalise, per image, per epoch) costs more than it is worth;
-    computing it once gives the same tensors, bit for bit, because the transform is the same deterministic one.
-    Keys, labels, loading and content hashes are the wrapped split's (its own transform is ignored), so manifests
-    and pinned subsets are unchanged. ``transform`` (the eval transform) is applied to every item now.
+    For tiny in-memory sources the per-step PIL round trip costs more than it is worth; the tensors are the same bits.
+    Keys, labels and hashes are the wrapped split's, so manifests are unchanged.
     """
 
     def __init__(self, split: ImageSplit, transform: Callable[[Image.Image], torch.Tensor]):

@@ -1,34 +1,18 @@
 """Every kind of image file to the 8-bit grey or RGB image the transforms expect, with its real dynamic range.
 
-The transforms turn a PIL image into floats with ``ToDtype(float32, scale=True)``, i.e. 8-bit values divided by
-255, so every image is first brought to an 8-bit ``L`` or ``RGB`` image whose 0..255 span the file's whole range,
-then converted to the run's mode (``RGB`` replicates grey; ``L`` takes ITU-R 601-2 luma). `to_mode` is the one place
-this happens, for training, validation, the analysis subset and preloaded tensors alike. The rules, by Pillow mode:
+The transforms divide 8-bit values by 255, so every image is first brought to 8-bit ``L`` or ``RGB`` spanning the
+file's whole range, then to the run's mode; `to_mode` is the one place, for every split. By Pillow mode:
 
-* ``L``, ``RGB``: unchanged.
-* ``I;16``/``I;16L``/``I;16B``/``I;16N`` (16-bit grey PNG, TIFF): ``round(v * 255 / 65535)``, not Pillow's
-  ``convert``, which clips every value above 255 to white (a 16-bit folder would train on a constant image).
-* ``I`` (32-bit integers; Pillow opens 16-bit PGM/PPM as ``I`` already rescaled to 0..65535): the 16-bit rule; values
-  outside 0..65535 have no known full scale and are refused.
-* ``F`` (32-bit float TIFF): values in [0, 1] become ``round(v * 255)``; anything else (negative, above 1, NaN) has
-  no known full scale and is refused.
-* 16-bit RGB/RGBA/LA PNG: Pillow itself keeps the high byte of each sample, within 1/255 of the exact scaling.
-* ``1`` (bilevel): 0 and 255.
-* ``CMYK``: Pillow's conversion (an Adobe JPEG's inverted CMYK is already undone when Pillow reads its APP14 marker);
-  an embedded ICC profile is not applied. ``YCbCr``, ``LAB``, ``HSV``, ``RGBX``: Pillow's conversion to RGB.
-* Transparency (``RGBA``, ``LA``, ``PA``, premultiplied ``RGBa``/``La``, a palette or grey/RGB image with a
-  ``transparency`` key, a 16-bit grey PNG with a tRNS key): **composited on black**, ``round(c * alpha / 255)``, so a
-  fully transparent pixel is black whatever colour it hides, as pixels outside the image are black in the "digits"
-  augmentation. Pillow's plain ``convert("RGB")`` would instead drop alpha and show the hidden colours. (A 16-bit
-  RGB PNG's colour key cannot be matched once Pillow has reduced its samples to 8 bits; that image reads as opaque.)
-* ``P`` (palette PNG/GIF) without transparency: Pillow's conversion through the palette.
+* 16-bit grey (``I;16*``, and ``I`` within 0..65535): ``round(v * 255 / 65535)``; Pillow's ``convert`` would clip
+  everything above 255 to white. ``I`` beyond 16 bits is refused.
+* ``F``: values in [0, 1] become ``round(v * 255)``; anything else has no known full scale and is refused.
+* 16-bit RGB/RGBA/LA PNG: Pillow keeps the high byte (within 1/255); ``1``: 0 and 255; ``CMYK``, ``YCbCr``, ``LAB``,
+  ``HSV``, ``RGBX``, ``P``: Pillow's conversion (no ICC profile applied).
+* Transparency of any kind is composited on black, ``round(c * alpha / 255)``, as the "digits" augmentation's fill;
+  a plain ``convert("RGB")`` would show the hidden colours.
 
-Wider samples are rounded to 8 bits (what the transforms take), so 16-bit data that use only part of 0..65535 (12-bit
-values in a 16-bit PNG, whose ``sBIT`` chunk Pillow does not report) keep proportionally fewer levels. A 1x1 image
-decodes like any other; every transform resizes it to a full-size tensor of its one colour.
-
-A mode not listed is converted by Pillow if it can, and refused otherwise. A refused image raises `ImageKindError`;
-`tgo.data.integrity` turns it into an error naming the file, under the same policy as an unreadable file.
+A mode not listed is converted by Pillow if it can; a refused image raises `ImageKindError`, which
+`tgo.data.integrity` names under the same policy as an unreadable file.
 """
 
 from __future__ import annotations
@@ -92,10 +76,8 @@ def _on_black(image: Image.Image) -> Image.Image:
 
 
 def _has_key(image: Image.Image) -> bool:
-    """Whether an 8-bit ``L``/``RGB`` image has a usable transparency colour key.
-
-    A 16-bit RGB PNG's tRNS key is in 16-bit units while Pillow has already kept only the high byte of each sample,
-    so no 8-bit pixel can be matched to it exactly; such an image is read as opaque.
+    """Whether an 8-bit ``L``/``RGB`` image has a usable colour key: a 16-bit PNG's tRNS key cannot match Pillow's
+    high bytes, so such an image reads as opaque.
     """
     key = image.info.get("transparency")
     if key is None or isinstance(key, bytes):
@@ -126,12 +108,8 @@ def _to_8bit(image: Image.Image) -> Image.Image:
 
 
 def to_mode(image: Image.Image, mode: str) -> Image.Image:
-    """``image``, of any Pillow mode, as an 8-bit ``mode`` image (``"RGB"`` or ``"L"``) with its real dynamic range.
-
-    Raises:
-        ImageKindError: If the pixels have no known full scale (float outside [0, 1], integers beyond 16 bits) or
-            the mode cannot be converted.
-        ValueError: If ``mode`` is not ``"RGB"`` or ``"L"``.
+    """``image`` of any Pillow mode as an 8-bit ``mode`` (``"RGB"`` or ``"L"``) image with its real dynamic range;
+    pixels without a known full scale raise `ImageKindError`.
     """
     if mode not in MODES:
         raise ValueError(f"images are converted to one of {MODES}, not {mode!r}")

@@ -1,7 +1,4 @@
-"""Errors for bad data configuration, raised before training so a run never dies an hour in.
-
-Both subclass :class:`tgo.errors.ConfigError` (a ``ValueError``), so the entry point can print one clear line.
-"""
+"""Errors for bad data configuration, raised before training (``ConfigError`` s, printed as one line)."""
 
 from tgo.errors import ConfigError
 
@@ -9,14 +6,10 @@ __all__ = ["AnalysisManifestMismatch", "DataConfigError"]
 
 
 class DataConfigError(ConfigError):
-    """A ``data.*`` setting or the data on disk is not what the configuration promised.
-
-    The message names the config key (``data.<argument>``) and says what was expected, e.g. the directory layout.
-    """
+    """A ``data.*`` setting or the data on disk is not what the configuration promised; the message names the key."""
 
 
 class AnalysisManifestMismatch(DataConfigError):
-    """A pinned ``analysis_subset.json`` no longer matches the data (missing item, other label or other bytes).
-
-    Raised instead of silently re-selecting, because a different subset would make geometry curves incomparable.
+    """A pinned ``analysis_subset.json`` no longer matches the data: raised instead of silently re-selecting, since a
+    different subset would make geometry curves incomparable.
     """

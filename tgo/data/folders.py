@@ -1,13 +1,5 @@
-"""Class-folder trees on disk: layout checks, deterministic scanning and the ImageNet-100 class list.
-
-Expected layout (the common "prepared" format; the raw ImageNet validation set, 50,000 files directly in ``val/``,
-must first be sorted into class folders, e.g. with the widely used ``valprep.sh``)::
-
-    <root>/train/<class>/**/*.JPEG
-    <root>/val/<class>/**/*.JPEG
-
-Scanning sorts everything by relative path, so the result never depends on the order the file system lists
-entries in; that is what makes the analysis subset reproducible across machines and copies of a data set.
+"""Class-folder trees on disk (``<root>/train/<class>/**``, ``<root>/val/<class>/**``): layout checks, scanning and the
+ImageNet-100 class list. Scanning sorts by relative path, so the analysis subset is the same on every machine.
 """
 
 from __future__ import annotations
@@ -66,10 +58,8 @@ def list_class_folders(directory: Path) -> list[str]:
 
 
 def list_images(directory: Path) -> list[str]:
-    """All image files below ``directory`` (recursively, following symlinks), as sorted POSIX relative paths.
-
-    Every directory is entered once, by its device and inode: a symlink that leads back to a directory above it (a
-    loop) or to a directory the tree already holds (its images would be counted twice) is refused naming the link.
+    """All image files below ``directory`` (following links) as sorted POSIX relative paths; a link back to a directory
+    already entered (a loop, or images counted twice) is refused naming the link.
     """
     root = Path(directory)
     found: list[str] = []
@@ -137,9 +127,9 @@ def check_split_dirs(root: str | Path | None, source: str) -> Path:
 
 
 def scan_split(root: Path, split: str, classes: Sequence[str], require_all: bool) -> tuple[list[str], list[int]]:
-    """``(keys, labels)`` of the images of ``classes`` in ``root/split``, sorted by label (position in ``classes``),
-    then by key (the path relative to ``root``, e.g. ``val/n01440764/x.JPEG``). ``require_all``: every class folder
-    must exist and hold at least one image (the error lists every class that does not)."""
+    """``(keys, labels)`` of the images of ``classes`` in ``root/split``, sorted by label then key; ``require_all``:
+    every class folder must hold an image (the error lists each that does not).
+    """
     keys: list[str] = []
     labels: list[int] = []
     missing: list[str] = []

@@ -1,16 +1,9 @@
 """Unreadable image files: named, never a bare traceback; checked up front where a run depends on every image.
 
-Policy (``data.on_bad_image``):
-
-* The **analysis subset** is decoded in full before training starts (`check_images_decode`). Every observation
-  measures exactly these images, so one that cannot be read stops the run at once, with its path, before any update.
-* A **training** image that cannot be read stops the run with its path (``error``, the default), or, with ``skip``,
-  is left out of its batch with one warning naming it (`SkipUnreadable`, `collate_readable`). Skipping trades a
-  slightly smaller epoch for a run that survives a damaged file among millions; the warnings count what was left out.
-
-Unreadable means anything Pillow cannot decode to the end: a zero-byte file, a truncated JPEG, text named ``.jpg``;
-and, under the same policy, a decoded image whose pixels have no known full scale (a float TIFF outside [0, 1], 32-bit
-integers beyond 16 bits; `tgo.data.decode` lists what every image kind becomes).
+The analysis subset is decoded in full before training (`check_images_decode`): one unreadable image stops the run at
+once. A training image stops the run (``data.on_bad_image=error``) or is left out of its batch with a warning
+(``skip``: `SkipUnreadable`, `collate_readable`). Unreadable: anything Pillow cannot decode to the end, or pixels
+without a known full scale (`tgo.data.decode`).
 """
 
 from __future__ import annotations
@@ -33,18 +26,14 @@ _UNCONVERTIBLE = "cannot be converted faithfully to"
 
 
 class UnreadableImageError(DataConfigError):
-    """An image file that cannot be decoded; the message names the file and why.
-
-    One message argument only: a DataLoader worker re-raises an exception in the main process as ``type(message)``.
+    """An image file that cannot be decoded; one message argument, since a DataLoader worker re-raises
+    ``type(message)``.
     """
 
 
 def _decode(path: Path, mode: str) -> tuple[Image.Image | None, str | None]:
-    """``(image, None)``, or ``(None, why)`` when Pillow cannot decode ``path`` to the end or its pixels cannot be
-    converted to ``mode`` faithfully (`tgo.data.decode.to_mode`, the one conversion every split uses).
-
-    Pillow decodes lazily and reports damage as several exception types (``UnidentifiedImageError`` for an empty or
-    foreign file, ``OSError`` for a truncated one, ``SyntaxError``/``ValueError`` for some broken headers).
+    """``(image, None)``, or ``(None, why)`` when Pillow cannot decode ``path`` to the end (it reports damage as several
+    exception types) or `tgo.data.decode.to_mode` refuses its pixels.
     """
     try:
         with Image.open(path) as image:

@@ -1,12 +1,7 @@
-"""The four data sources, each turned into a train and a validation :class:`~tgo.data.datasets.ImageSplit`.
+"""The four data sources, each turned into train and validation `ImageSplit` s without transforms.
 
-- ``digits``: scikit-learn's bundled 1,797 real 8x8 handwritten digits (no download), split 80/20 stratified.
-- ``synthetic``: procedural images (:mod:`tgo.data.synthetic`), any number of classes, images and resolution.
-- ``imagefolder``: ``<root>/train/<class>/*`` and ``<root>/val/<class>/*``; classes = sorted train folder names.
-- ``imagenet100``: the same layout, either a prepared ImageNet-100 or a full ImageNet-1k tree; the class list
-  selects 100 WordNet ids, and label ``i`` is the ``i``-th id of the list (not the sorted folder order).
-
-Splits are returned without transforms; the DataModule attaches train/eval transforms as views.
+``digits`` (scikit-learn's 1,797 8x8 digits, split 80/20 stratified), ``synthetic`` (`tgo.data.synthetic`),
+``imagefolder`` (classes = sorted train folders) and ``imagenet100`` (label ``i`` is the class list's ``i``-th id).
 """
 
 from __future__ import annotations
@@ -47,15 +42,8 @@ DIGITS_VAL_FRACTION = 0.2
 
 @dataclass
 class SourceData:
-    """What a source provides: splits (no transforms), class names, and facts for the manifest.
-
-    Attributes:
-        train: Training split.
-        val: Validation split (the analysis subset is drawn from it).
-        class_names: Name of each label, in label order.
-        photo: Whether eval uses resize + centre crop (photos) or a plain resize (pixel sources).
-        root: Absolute data root for file sources, else ``None``.
-        info: Extra facts recorded in the manifest (e.g. layout, class list, synthetic parameters).
+    """What a source provides: splits (no transforms), class names, whether eval crops like a photo, root and manifest
+    facts.
     """
 
     train: ImageSplit
@@ -80,10 +68,8 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_digits_split(seed: int, mode: str) -> tuple[ArrayImageSplit, ArrayImageSplit]:
-    """Deterministic stratified split of scikit-learn's digits: per class, a seeded permutation sends
-    ``round(0.2 * n)`` images to validation. Keys are indices into ``sklearn.datasets.load_digits()``. The class
-    label is mixed into the seed, so each class's draw is independent of the others; returns ``(train, val)``, each
-    sorted by key.
+    """Deterministic stratified split of scikit-learn's digits: per class a seeded permutation (class in the seed) sends
+    ``round(0.2 * n)`` images to validation; returns ``(train, val)`` sorted by key.
     """
     images, targets = _digits_arrays()
     val_idx: list[int] = []
@@ -170,10 +156,8 @@ _REGISTRY: dict[str, SourceSpec] = {}
 
 
 def register_source(name: str, build: Callable[[SourceArgs], SourceData], *, needs_root: bool = False) -> None:
-    """Makes ``data.source=<name>`` build its splits with ``build`` (recipe: ``docs/extending.md``).
-
-    ``build`` raises `DataConfigError` naming ``data.<key>`` for bad input; ``needs_root``: the source reads files
-    under ``data.root``, which is then required before anything is scanned.
+    """Makes ``data.source=<name>`` build its splits with ``build`` (``docs/extending.md``); ``needs_root``:
+    ``data.root`` is then required before anything is scanned.
     """
     if name in _REGISTRY:
         raise ValueError(f"data source {name!r} is already registered")
@@ -209,9 +193,7 @@ def build_source(
     val_size: int = 200,
     seed: int = 0,
 ) -> SourceData:
-    """Scan or generate a registered source (`source_names`) and return its splits; the arguments are the
-    ``data.*`` settings of `SourceArgs` (``channels`` 3 for RGB, 1 for greyscale, converted on load; ``class_list``
-    ``None``: imagenet100's packaged list)."""
+    """Scan or generate a registered source and return its splits; the arguments are the ``data.*`` settings."""
     spec = source_spec(source)
     args = SourceArgs(
         root=None if root is None else Path(root),

@@ -1,17 +1,9 @@
 """Analysis sets from any labelled dataset: the stratified subset helper and the checks the library entry points run.
 
-A researcher's own training code has a validation ``Dataset`` of ``(image, label)``, not a `TGODataModule`.
-`stratified_subset` draws the frozen, class-stratified analysis subset from it with the rule of the DataModule
-(`tgo.data.analysis.select_analysis_indices`: per class a permutation seeded by ``[seed, class]``, the first
-``per_class`` kept, ordered by class then position), and exposes ``.labels`` so the jackknife groups are
-class-stratified (`tgo.observatory.pipeline.group_of_items`).
-
-`check_analysis_set` is what ``SpectralGeometryCallback(analysis=...)`` and `tgo.observe_model` run before any work:
-a map-style dataset, items ``(image tensor, int label)``, labels readable as non-negative integers (from
-``dataset.labels``, ``dataset.targets``, a ``TensorDataset``'s second tensor, a ``Subset``'s parent, or by reading
-every item once). A set whose classes have unequal counts gets one warning (`stratification_notice`).
-`analysis_manifest` is the honest ``analysis_subset.json`` of such a set: no source or split to name, but every
-item's label and content hash, and a fingerprint of them, so the report can tell two runs' subsets apart.
+`stratified_subset` draws the DataModule's frozen, class-stratified subset from a user's own validation dataset, with
+``.labels`` for the jackknife groups. `check_analysis_set` is what ``SpectralGeometryCallback(analysis=...)`` and
+`tgo.observe_model` run first (a map-style dataset of ``(tensor, int label)``); unequal class counts get one warning.
+`analysis_manifest` records every item's label and content hash, so the report can tell two runs' subsets apart.
 """
 
 from __future__ import annotations
@@ -117,8 +109,8 @@ def _item_label(dataset: Dataset, index: int, where: str) -> Any:
 
 
 def dataset_labels(dataset: Dataset, labels: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
-    """Every item's label as an int64 array: from ``labels``, else ``dataset.labels`` / ``dataset.targets``, a
-    ``TensorDataset``'s second tensor, a ``Subset``'s parent, else by reading every item once.
+    """Every item's label as int64: ``labels``, ``dataset.labels`` / ``.targets``, a ``TensorDataset``'s second tensor,
+    a ``Subset``'s parent, else by reading every item once.
     """
     n = _length(dataset, "dataset")
     if labels is not None:
@@ -151,14 +143,8 @@ def stratification_notice(labels: np.ndarray) -> str | None:
 
 # ----------------------------------------------------------------------------------------------------- subsets
 class StratifiedSubset(Subset):
-    """A frozen, class-stratified subset of a labelled dataset (`stratified_subset`).
-
-    Attributes:
-        indices: Positions in the parent dataset, ordered by (label, position).
-        labels: int64 label of every item, in subset order (read by the jackknife groups).
-        per_class: Items taken from every class.
-        seed: Selection seed.
-        classes: The class labels present, ascending.
+    """A frozen, class-stratified subset of a labelled dataset: parent positions ordered by (label, position), their
+    labels.
     """
 
     def __init__(
@@ -180,14 +166,8 @@ class StratifiedSubset(Subset):
 def stratified_subset(
     dataset: Dataset, per_class: int, seed: int = 0, labels: Sequence[int] | np.ndarray | None = None
 ) -> StratifiedSubset:
-    """A frozen analysis subset with ``per_class`` items of every class of ``dataset``.
-
-    The rule is the DataModule's (`tgo.data.analysis.select_analysis_indices`, keys = positions in ``dataset``): for
-    every class, a permutation of its items drawn with ``numpy.random.default_rng([seed, c])``, the first
-    ``per_class`` kept; the subset is ordered by (label, position). ``c`` is the class's rank among the labels
-    present (its label itself when the labels are ``0 .. K-1``), so a class without items is no error. The same
-    dataset, ``per_class`` and ``seed`` give the same subset in every process and run. ``labels``: one per item, if
-    known (else read as `dataset_labels` does).
+    """A frozen analysis subset with ``per_class`` items of every class of ``dataset``, by the DataModule's rule (keys =
+    positions); ``c`` is the class's rank among the labels present, so a class without items is no error.
     """
     if isinstance(per_class, bool) or not isinstance(per_class, (int, np.integer)) or per_class <= 0:
         raise AnalysisSetError(f"stratified_subset: per_class must be a positive integer; got {per_class!r}")
@@ -255,10 +235,8 @@ def analysis_input(analysis: Any) -> tuple[Any, int | None, int | None]:
 
 
 def check_analysis_set(dataset: Any, *, where: str = "analysis") -> Any:
-    """The analysis set ready for an observation: checked, with int labels as ``.labels``.
-
-    A dataset that already has int ``.labels`` (the DataModule's subset, a `StratifiedSubset`) is returned as it
-    is; otherwise the labels are read (`dataset_labels`) and attached (`LabelledDataset`).
+    """The analysis set ready for an observation: checked, with int labels as ``.labels`` (read and attached if
+    missing).
     """
     _require_map_style(dataset, where)
     n = _length(dataset, where)
@@ -317,14 +295,10 @@ def manifest_fingerprint(items: Sequence[dict[str, Any]]) -> str:
 
 
 def analysis_manifest(dataset: Any, *, written_by: str, groups: int = 0) -> dict[str, Any]:
-    """The ``analysis_subset.json`` of an analysis set given by the user (not drawn by a `TGODataModule`).
+    """The ``analysis_subset.json`` of a user's analysis set: what is known and nothing more.
 
-    It says what is known and nothing more: no source, root or split (``null``); the dataset's type; the selection
-    (``per_class`` / ``seed``) when it is a `StratifiedSubset`; every item's key (its index in the parent dataset),
-    label and the sha256 of its image tensor as the model sees it; and a fingerprint of that list (images included,
-    unlike the DataModule's fingerprint of keys and labels, because a key alone names no image here). Reading every
-    item once costs one pass over the images without the model. With ``groups >= 2`` (jackknife groups) the group
-    of every item is recorded; ``written_by`` names the entry point.
+    No source, root or split; every item's index, label and sha256 of its tensor as the model sees it, fingerprinted
+    images included (a key alone names no image here); the group of every item with ``groups >= 2``.
     """
     labels = np.asarray(dataset.labels if hasattr(dataset, "labels") else dataset_labels(dataset), dtype=np.int64)
     keys, key_meaning = _keys(dataset)

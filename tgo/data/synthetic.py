@@ -1,10 +1,7 @@
 """Procedural, deterministic, learnable images for tests and scaling measurements.
 
-Each class has a fixed random "style": a grating (orientation, spatial frequency, colour) and a colour blob (centre,
-radius, colour). Each image draws its own grating phase, small orientation and blob jitter, contrast and pixel noise.
-Class means therefore differ (colour and blob survive averaging over phase) while single images need more than a
-pixel lookup to classify, which is what a sanity-check ViT should learn. Any number of classes, images and any
-resolution work; images are rendered on demand from ``(seed, split, index)`` so nothing is stored.
+Each class has a grating and a colour blob; each image its own phase, jitter, contrast and noise, so class means
+differ while single images need more than a pixel lookup. Rendered on demand from ``(seed, split, index)``.
 """
 
 from __future__ import annotations
@@ -19,13 +16,8 @@ __all__ = ["SyntheticSpec", "render_synthetic", "synthetic_class_styles"]
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """Parameters shared by the train and validation splits of one synthetic data set.
-
-    Args:
-        num_classes: Number of classes (labels ``0..num_classes-1``).
-        image_size: Side length in pixels of the rendered square images.
-        seed: Seeds the class styles and every image's random stream.
-        noise_std: Standard deviation of additive pixel noise, in [0, 1] intensity units.
+    """Parameters shared by the train and validation splits of one synthetic data set (``noise_std`` in [0, 1]
+    units).
     """
 
     num_classes: int
@@ -36,9 +28,7 @@ class SyntheticSpec:
 
 @lru_cache(maxsize=16)
 def synthetic_class_styles(num_classes: int, seed: int) -> dict[str, np.ndarray]:
-    """Per-class style parameters, drawn once from ``seed`` (cached; identical in every process): ``num_classes``
-    rows of ``theta`` (radians), ``freq`` (cycles per image), ``grating_rgb`` and ``blob_rgb`` (``[C, 3]`` in
-    [0, 1]), ``centre`` (``[C, 2]`` in image units), ``radius``."""
+    """Per-class style parameters drawn once from ``seed`` (cached; identical in every process)."""
     rng = np.random.default_rng([seed, 0x5EED])
     return {
         "theta": rng.uniform(0.0, np.pi, num_classes),
@@ -51,9 +41,9 @@ def synthetic_class_styles(num_classes: int, seed: int) -> dict[str, np.ndarray]
 
 
 def render_synthetic(spec: SyntheticSpec, split: int, index: int) -> np.ndarray:
-    """Render image ``index`` of ``split`` (label ``index % num_classes``) as uint8 ``[H, W, 3]``, identical for
-    identical arguments in any process; ``split`` (0 train, 1 validation) is a stream id, so the splits never share
-    images."""
+    """Render image ``index`` of ``split`` as uint8 ``[H, W, 3]``; ``split`` is a stream id, so splits share no
+    images.
+    """
     label = index % spec.num_classes
     style = synthetic_class_styles(spec.num_classes, spec.seed)
     rng = np.random.default_rng([spec.seed, split, index])

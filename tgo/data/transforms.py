@@ -1,12 +1,8 @@
 """Train and eval transforms, built from plain config values.
 
-Photos (imagefolder, imagenet100) use the standard ImageNet recipe: RandomResizedCrop + flip for training,
-resize + centre crop for evaluation. Tiny pixel sources (digits, synthetic) are only resized, because cropping a
-24-pixel digit or flipping it (a flipped 2 is not a 2) destroys the label.
-
-With ``data.preload`` a pixel source is pushed through the deterministic eval transform once and kept as tensors;
-the "digits" augmentation then runs on whole batches as :class:`BatchRandomAffine` (one ``grid_sample`` per batch)
-instead of one PIL round trip per image per step, which was most of the quickstart's data-loading time.
+Photos get the ImageNet recipe (RandomResizedCrop + flip; resize + centre crop). Pixel sources are only resized:
+cropping a 24-pixel digit or flipping it (a flipped 2 is not a 2) destroys the label. With ``data.preload`` the
+"digits" augmentation runs on whole batches (`BatchRandomAffine`), not one PIL round trip per image per step.
 """
 
 from __future__ import annotations
@@ -53,11 +49,8 @@ def build_eval_transform(
     resize_size: int | None = None,
     photo: bool = True,
 ) -> v2.Compose:
-    """Deterministic eval transform, also used for the analysis subset: PIL image -> normalised float tensor
-    ``[C, image_size, image_size]``.
-
-    A photo is resized (shorter side ``resize_size``; ``None`` means ``round(image_size / 0.875)``, i.e. 256 for 224)
-    and centre-cropped; a pixel source (``photo=False``) is resized to ``image_size`` as a whole.
+    """Deterministic eval transform (also the analysis subset's) to a normalised ``[C, image_size, image_size]`` tensor:
+    a photo is resized (``resize_size``, ``None``: ``round(image_size / 0.875)``) and centre-cropped.
     """
     if photo:
         resize = resize_size if resize_size is not None else round(image_size / 0.875)
@@ -76,9 +69,9 @@ def build_train_transform(
     resize_size: int | None = None,
     photo: bool = True,
 ) -> v2.Compose:
-    """Training transform by name, PIL image -> normalised float tensor ``[C, image_size, image_size]``: "standard"
-    = RandomResizedCrop(image_size, scale=(crop_scale_min, 1)) + horizontal flip (photos); "digits" = resize + small
-    random affine (shift/rotate/scale), no flip; "none" = the eval transform (``resize_size``, ``photo``)."""
+    """Training transform by name: "standard" (RandomResizedCrop + flip), "digits" (resize + small affine, no flip) or
+    "none" (the eval transform).
+    """
     if name == "standard":
         geometry: list[v2.Transform] = [
             v2.RandomResizedCrop(image_size, scale=(crop_scale_min, 1.0), antialias=True),
@@ -97,15 +90,11 @@ def build_train_transform(
 
 
 class BatchRandomAffine:
-    """Per-image random affine (rotation, integer translation, scale; no shear) of a whole normalised batch at once.
+    """Per-image random affine (rotation, integer translation, scale) of a whole normalised batch at once.
 
-    The parameters are drawn exactly as ``torchvision.transforms.v2.RandomAffine`` draws them for one image (angle
-    uniform in ``[-degrees, degrees]``, translation ``round(uniform(-t * side, t * side))`` pixels, scale uniform in
-    ``scale``), from torch's global generator (so ``seed_everything`` and dataloader worker seeding make it
-    reproducible), but one set per image and applied with one ``affine_grid``/``grid_sample`` call per batch. Pixels
-    are sampled with nearest interpolation, as RandomAffine does, and outside pixels get the normalised value of
-    black, so the result equals augmenting the raw pixels with fill 0 and normalising afterwards. ``mean`` and
-    ``std``: the input batch's per-channel normalisation.
+    Parameters are drawn as ``torchvision.transforms.v2.RandomAffine`` draws them, from torch's global generator (so
+    seeding makes it reproducible), one set per image, applied in one ``grid_sample`` per batch with nearest pixels and
+    black fill: equal to augmenting raw pixels with fill 0 and normalising after.
     """
 
     def __init__(
@@ -136,12 +125,8 @@ class BatchRandomAffine:
     def apply(
         self, images: torch.Tensor, angle: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor
     ) -> torch.Tensor:
-        """Warp ``images [B, C, H, W]`` by the given per-image parameters (rotation about the centre, then shift).
-
-        An output pixel at ``p`` (pixel coordinates about the image centre, y down) reads the input at
-        ``M^-1 (p - shift)`` with ``M`` = rotation by ``angle`` (counter-clockwise on screen) times ``scale``: the
-        inverse matrix of torchvision's ``affine`` without shear, so with the same parameters the two agree pixel for
-        pixel (up to nearest-neighbour ties at exact half-pixel positions).
+        """Warp ``images [B, C, H, W]`` by per-image parameters: the inverse of torchvision's ``affine`` without shear,
+        so the two agree pixel for pixel (up to nearest-neighbour ties at exact half pixels).
         """
         b, c, h, w = images.shape
         if c != len(self.black):
@@ -175,9 +160,7 @@ class BatchRandomAffine:
 
 
 class AugmentingCollate:
-    """``default_collate``, then a batch transform on the images: the DataLoader's ``collate_fn`` for preloaded
-    training data. A class (not a closure) so that dataloader worker processes can pickle it.
-    """
+    """``default_collate``, then a batch transform on the images; a class, not a closure, so workers can pickle it."""
 
     def __init__(self, augment: BatchRandomAffine):
         self.augment = augment
