@@ -1,9 +1,7 @@
 """How the report writes a number: every table cell of the page and every CSV cell, in one place.
 
-The page shows rounded numbers (4 significant digits, standard errors to 2, z to one decimal); the CSVs hold exact
-``repr`` strings so a program reading them gets the recorded values back. What an absent value reads is each caller's
-choice (``""`` in a table, ``"n/a"`` in a sentence), and stays what it was when these were six private helpers.
-"""
+The page shows rounded numbers; the CSVs hold exact ``repr`` strings, so a program reading them gets the recorded values
+back. What an absent value reads is each caller's choice (``""`` in a table, ``"n/a"`` in a sentence)."""
 
 from __future__ import annotations
 
@@ -25,11 +23,8 @@ def number(value: float | int | None, digits: int = 4, nan: str = "") -> str:
 
 
 def plus_minus(value: float, total: float, *, digits: int = 4, signed: bool = True, missing: str | None = "") -> str:
-    """``+1.234 ± 0.045``: a value and its standard error ``total``.
-
-    A table cell (``missing`` a string) reads ``missing`` for a non-finite value and leaves an unknown error out; a
-    note's prose (``missing=None``) writes both as they are.
-    """
+    """``+1.234 ± 0.045``; a table cell (``missing`` a string) reads ``missing`` for a non-finite value and leaves an
+    unknown error out, a note's prose (``missing=None``) writes both as they are."""
     if missing is not None and not math.isfinite(value):
         return missing
     text = f"{value:+.{digits}g}" if signed else f"{value:.{digits}g}"

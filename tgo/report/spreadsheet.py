@@ -1,11 +1,8 @@
 """CSV files for people: cells a spreadsheet would execute are written as text (OWASP's CSV-injection rule).
 
-A report's ``findings.csv`` and ``hypotheses.csv`` are opened in spreadsheets. A cell that starts with ``=``, ``+``,
-``-``, ``@``, a tab or a carriage return is read there as a formula (``=HYPERLINK(...)``, ``-2+3``, a DDE call), and
-point names and notes come from records any file could hold. Such a cell gets a leading ``'``, which spreadsheets show
-as text and do not display; numbers (``-0.5``, ``+1e-05``, ``-inf``: what ``repr(float)`` writes) stay numbers, so a
-program reading the file gets the same values as before.
-"""
+A cell starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return is read by a spreadsheet as a formula, and
+point names and notes come from records any file could hold: such a cell gets a leading ``'`` (shown as text), while
+numbers as ``repr(float)`` writes them stay numbers."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from typing import Any
 
 __all__ = ["FORMULA_STARTS", "spreadsheet_cell", "write_csv"]
 
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-"""The first characters that make a spreadsheet read a cell as a formula (OWASP, "CSV Injection")."""
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a cell as a formula
 
 _NUMBER = re.compile(r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
 
