@@ -1,16 +1,9 @@
 """How a training job meets its launcher: one job of a local multirun, a DDP process, a SLURM task.
 
-Lightning's DDP launcher starts the other ranks by re-running ``sys.argv`` and leaves its traces in the launching
-process: the environment variables it sets for its children (``LOCAL_RANK`` among them, which makes the *next*
-Trainer believe an outside launcher created its processes) and an initialised default process group whose peers
-exit with the job. A Hydra multirun runs its jobs one after another in that same process, so without cleaning up
-the second job would join the first job's dead process group ("Connection closed by peer"). `distributed_job`
-scopes both to one job.
-
-On a SLURM task, requeue has one owner, Lightning (`slurm_requeue_plugins`): it listens for the signal submitit asks
-SLURM to send before a preemption or time-limit kill, checkpoints and requeues; the requeued job resumes
-(`is_requeued_slurm_job`, `tgo.resume.plan_start`). `LaunchChecks` refuses launcher settings SLURM cannot take before
-anything is submitted, and `check_accelerator` a GPU request on a machine without one.
+Lightning's DDP launcher leaves environment variables (``LOCAL_RANK`` makes the next Trainer believe an outside
+launcher made its processes) and a process group whose peers exit with the job; a Hydra multirun's second job would
+join that dead group. `distributed_job` scopes both to one job. On SLURM, Lightning alone owns requeue
+(`slurm_requeue_plugins`); `LaunchChecks` refuses launcher settings SLURM cannot take before anything is submitted.
 """
 
 from __future__ import annotations
@@ -39,10 +32,8 @@ LAUNCHER_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK",
 def distributed_job() -> Iterator[None]:
     """Runs one training job so that the next job in this process starts from a clean distributed state.
 
-    On exit (success or exception) the default process group is destroyed and the launcher's environment variables
-    are restored to what they were before the job: unset where they were unset. A process started by an outside
-    launcher (a DDP child, a SLURM task: ``LOCAL_RANK`` set before the job) keeps its environment, since it runs
-    exactly one job and its launcher owns those variables.
+    On exit the process group is destroyed and the launcher's variables restored (unset where unset); a process started
+    by an outside launcher keeps its environment, which its launcher owns.
     """
     before = {name: os.environ.get(name) for name in LAUNCHER_ENVIRONMENT}
     try:
@@ -60,10 +51,8 @@ def distributed_job() -> Iterator[None]:
 
 # ------------------------------------------------------------------------------------------------ SLURM requeue
 def preemption_signal() -> signal.Signals:
-    """The signal SLURM sends ``signal_delay_s`` before a preemption or time-limit kill.
-
-    It is the one submitit writes into the sbatch header (``#SBATCH --signal=USR2@<delay>``), which submitit reads
-    from ``SUBMITIT_PREEMPT_SIGNAL`` (default ``USR2``); reading the same variable keeps the two in step.
+    """The signal SLURM sends ``signal_delay_s`` before a kill: submitit's ``SUBMITIT_PREEMPT_SIGNAL`` (default
+    ``USR2``).
     """
     name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
     found = getattr(signal, f"SIG{name}", None)
@@ -75,12 +64,9 @@ def preemption_signal() -> signal.Signals:
 def slurm_requeue_plugins(configured: list[Any]) -> list[Any]:
     """Lightning's SLURM environment listening for the preemption signal, when this process is a SLURM task.
 
-    One owner of requeue: Lightning. On the signal its handler writes ``hpc_ckpt_<n>.ckpt`` into the run directory
-    and runs ``scontrol requeue``; the requeued job runs the same command again and `resume_checkpoint` resumes it.
-    Lightning registers its handler only where none is installed, and submitit (which runs the job) installs its own
-    for the same signal, which would resubmit the job without saving anything. So that handler is put back to the
-    default here, just before the trainer (and with it Lightning's handler) is set up. Nothing is added outside
-    SLURM or when a cluster environment is configured explicitly.
+    On the signal Lightning writes ``hpc_ckpt_<n>.ckpt`` and requeues; `resume_checkpoint` resumes. submitit's own
+    handler for the same signal would resubmit without saving, and Lightning registers only where none is set, so
+    submitit's is reset to the default here. Nothing outside SLURM or with an explicit cluster environment.
     """
     from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 
@@ -110,11 +96,8 @@ def check_accelerator(accelerator: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ launcher checks
 class LaunchChecks(Callback):
-    """Hydra callback: checks what a multirun's launcher needs before it submits anything.
-
-    The SLURM launcher requests one task and one GPU per device (``tasks_per_node = gpus_per_node =
-    trainer.devices``) on ``trainer.num_nodes`` nodes, so both must be positive integers; ``devices=auto`` would
-    otherwise end in an interpolation traceback from inside submitit. Exits with status 2 and one line.
+    """Hydra callback: the SLURM launcher needs ``trainer.devices`` and ``num_nodes`` as positive integers (``auto``
+    would end in a submitit traceback); exits 2 with one line before anything is submitted.
     """
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:

@@ -1,8 +1,7 @@
 """The LightningModule that trains a timm Vision Transformer classifier.
 
-The observatory measures *this* network, so the module stays deliberately plain: a timm model in ``self.net``
-(the geometry probe hooks ``self.net`` by module path), label-smoothed cross entropy (declared to the curvature family
-as ``tgo_loss``), top-1/top-5 accuracy from torchmetrics, AdamW without weight decay on biases/norms/position
+The observatory measures this network, so it stays plain: a timm model in ``self.net`` (hooked by module path),
+label-smoothed cross entropy, torchmetrics accuracy, AdamW without weight decay on biases, norms and position
 embeddings, and a per-step learning-rate schedule.
 """
 
@@ -43,16 +42,8 @@ def build_timm_model(
 ) -> torch.nn.Module:
     """Creates a timm model by name, failing with a helpful message for unknown names or missing weight files.
 
-    Args:
-        name: A timm model name such as ``vit_small_patch16_224``.
-        num_classes: Size of the classification head.
-        img_size: Input resolution (timm interpolates position embeddings for pretrained weights).
-        in_chans: Number of input channels.
-        pretrained: Load pretrained weights (from the hub, or ``pretrained_file`` when given).
-        pretrained_file: A local weights file (``.safetensors``/``.pth``); implies ``pretrained``.
-        **overrides: Architecture keyword arguments forwarded to timm (``depth``, ``embed_dim``, ``patch_size``...).
-
-    A timm model outside the supported Vision Transformer families (`tgo.vit_families`) is refused before it is built.
+    ``pretrained_file`` (``.safetensors``/``.pth``) implies ``pretrained``; ``overrides`` go to timm. A model outside
+    the supported Vision Transformer families (`tgo.vit_families`) is refused before it is built.
     """
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
@@ -79,26 +70,10 @@ def build_timm_model(
 class ViTClassifier(L.LightningModule):
     """Image classifier around a timm ViT, trained with AdamW and a per-step schedule.
 
-    Args:
-        name: timm model name.
-        num_classes: Number of classes (filled in from the DataModule by ``tgo.train``).
-        img_size: Input resolution (filled in from the DataModule, so errors name ``data.image_size``); a multiple of
-            the patch size.
-        in_chans: Input channels (filled in from the DataModule).
-        arch: Architecture overrides passed to timm (``depth``, ``embed_dim``, ``num_heads``, ``patch_size``,
-            ``drop_path_rate``...).
-        pretrained: Whether to start from pretrained weights.
-        pretrained_file: Local weights file for ``pretrained``.
-        lr: Peak learning rate.
-        weight_decay: AdamW decoupled weight decay (not applied to 1-d parameters and position/class tokens).
-        betas: AdamW betas.
-        schedule: ``cosine`` (linear warm-up then cosine to ``min_lr``), ``onecycle`` or ``constant``. ``cosine``
-            and ``onecycle`` span ``trainer.max_epochs`` as set when training starts: resuming with another length
-            is refused (see `_refuse_a_changed_schedule`); a longer training is a new run.
-        warmup_epochs: Warm-up length for ``cosine`` in epochs (fractions allowed).
-        min_lr: Final learning rate of the cosine schedule.
-        label_smoothing: Cross-entropy label smoothing.
-        compile: Wrap the network with ``torch.compile`` for training (hooks still attach to the original module).
+    ``num_classes``, ``img_size`` and ``in_chans`` are filled in from the DataModule by ``tgo.train`` (so errors name
+    ``data.*``); ``arch`` goes to timm. ``cosine`` and ``onecycle`` span ``trainer.max_epochs`` as set at the start:
+    resuming with another length is refused (`_refuse_a_changed_schedule`). ``compile`` wraps the network with
+    ``torch.compile`` for training (hooks still attach to the original module).
     """
 
     def __init__(
@@ -180,9 +155,9 @@ class ViTClassifier(L.LightningModule):
         return F.cross_entropy(logits, labels, label_smoothing=self._hp.label_smoothing)
 
     def tgo_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The training objective, for the curvature family (the loss protocol, `tgo.optimisation.curvature`): the
-        label-smoothed cross-entropy ``training_step`` minimises, so the Hessian measured is that of the objective
-        the optimizer follows (plain cross-entropy differs: 9.6 % on ``lambda_1`` of a tiny run at smoothing 0.1)."""
+        """The training objective for the curvature family: the label-smoothed loss ``training_step`` minimises, so the
+        Hessian measured is the optimizer's (plain cross-entropy differs by 9.6 % on ``lambda_1`` at smoothing 0.1).
+        """
         return self._loss(logits, labels)
 
     @property
@@ -209,14 +184,11 @@ class ViTClassifier(L.LightningModule):
         self.log("val/acc_top5", self.val_top5, on_epoch=True)
 
     def on_validation_end(self) -> None:
-        """Logs the epoch's validation metrics once more with the *epoch* as step: ``val_epoch/loss``,
-        ``val_epoch/acc_top1``, ``val_epoch/acc_top5``, to every logger.
+        """Logs the epoch's validation metrics again as ``val_epoch/*`` with the epoch as step, to every logger.
 
-        Lightning logs ``val/...`` at the optimiser step; the geometry is logged at the epoch (epoch k = after k
-        completed epochs), so in TensorBoard and in CSV files the two would not share an axis. The values are the
-        ones Lightning just logged (``trainer.callback_metrics``, reduced over the epoch and the ranks), at step
-        ``current_epoch + 1``. Only a validation at the end of a training epoch counts (not the sanity check, not
-        ``trainer.validate``, not a mid-epoch ``val_check_interval`` one); rank 0 logs.
+        Lightning logs ``val/...`` at the optimiser step and the geometry at the epoch, so the two would share no axis.
+        The values are Lightning's just reduced ones, at step ``current_epoch + 1``; only a validation at a training
+        epoch's end counts (no sanity check, ``validate`` or mid-epoch one); rank 0 logs.
         """
         trainer = self.trainer
         if trainer.sanity_checking or trainer.state.fn != "fit" or not trainer.is_last_batch:
@@ -250,23 +222,16 @@ class ViTClassifier(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Notes how many steps the checkpoint's learning-rate schedule spans, for `_refuse_a_changed_schedule`.
-
-        Lightning restores the model (calling this) before ``configure_optimizers``, and the schedulers' states
-        after it, so this is the one place that sees the old schedule before the new one is built.
-        """
+        """Notes the checkpoint schedule's length: the one place that sees it before the new one is built."""
         schedulers = checkpoint.get("lr_schedulers") or []
         self._resumed_schedule_steps = schedule_steps(schedulers[0]) if schedulers else None
 
     def _refuse_a_changed_schedule(self, total: int) -> None:
-        """Refuses to resume when the schedule would span a different number of steps than the one in the checkpoint.
+        """Refuses to resume when the schedule would span a different number of steps than the checkpoint's.
 
-        ``onecycle`` and ``cosine`` are fixed over ``trainer.max_epochs`` when training starts, and the checkpoint
-        restores that length: a resume with a larger ``max_epochs`` (or another batch size, device count or
-        ``limit_train_batches``) would make OneCycleLR fail on its step count after the old end, and keep cosine
-        at ``min_lr`` for every added epoch, a different schedule than asked for. Stretching the old schedule
-        instead would change the learning rates of steps already taken, so the run could never be reproduced. A
-        clear refusal is the honest answer: a longer training is a new run.
+        A larger ``max_epochs`` (or another batch size, device count, ``limit_train_batches``) would make OneCycleLR
+        fail after the old end and hold cosine at ``min_lr``; stretching the old one would change steps already taken. A
+        longer training is a new run.
         """
         resumed = self._resumed_schedule_steps
         if resumed is None or resumed == total:
@@ -280,9 +245,8 @@ class ViTClassifier(L.LightningModule):
 
 
 def schedule_steps(state: dict[str, Any]) -> int | None:
-    """The number of steps a saved scheduler state spans (``None`` for a constant schedule or an unknown one).
-
-    OneCycleLR keeps ``total_steps``; the ``LambdaLR`` of ``cosine``/``constant`` keeps `_CosineFactor`'s attributes.
+    """The steps a saved scheduler state spans (OneCycleLR's ``total_steps``, `_CosineFactor`'s), ``None`` if
+    unknown.
     """
     if "total_steps" in state:
         return int(state["total_steps"])
@@ -294,10 +258,7 @@ def schedule_steps(state: dict[str, Any]) -> int | None:
 
 
 def cosine_factor(total_steps: int, warmup_steps: int, floor: float, *, constant: bool = False):
-    """Returns the multiplicative learning-rate factor per step: linear warm-up, then cosine from 1 to ``floor``.
-
-    A plain function (not a lambda) so the scheduler stays picklable for checkpoints.
-    """
+    """The learning-rate factor per step: linear warm-up, then cosine from 1 to ``floor``; a class so it pickles."""
     return _CosineFactor(total_steps, warmup_steps, floor, constant)
 
 

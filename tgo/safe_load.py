@@ -1,11 +1,8 @@
 """Reading checkpoints without running them: every checkpoint TGO reads is unpickled with ``weights_only=True``.
 
-A ``.ckpt`` file is a pickle. Unpickled with ``weights_only=False`` it may call any function it names (a file someone
-handed over, or one dropped beside ``last.ckpt``, runs its code the moment TGO reads it). TGO's own checkpoints hold
-tensors, numbers, strings and builtin containers only (the random states are stored as builtins for that reason:
-``callbacks/random_state.py``), which torch's weights-only unpickler accepts without an allow-list. A file that needs
-any other global is refused with one line naming the file and the global (`UnsafeCheckpointError`); nothing of it
-is run.
+A ``.ckpt`` is a pickle that could run any code it names. TGO's checkpoints hold tensors and builtins only (the random
+states too: ``callbacks/random_state.py``), so a file needing any other global is refused in one line naming it
+(`UnsafeCheckpointError`), and nothing of it runs.
 """
 
 from __future__ import annotations
@@ -48,11 +45,8 @@ _WEIGHTS_UNPICKLER = re.compile(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n|$)")
 
 
 class UnsafeCheckpointError(UserInputError):
-    """A checkpoint whose unpickling would call or build something other than tensors and plain values.
-
-    Attributes:
-        path: The refused file.
-        refused: What the unpickler refused, as torch names it (``os.system``, ``exec``, a class).
+    """A checkpoint whose unpickling would build something other than tensors and plain values (``refused``: torch's
+    name).
     """
 
     def __init__(self, message: str, *, path: Path | None = None, refused: str = "") -> None:
@@ -109,12 +103,10 @@ def unsafe_error(
 def load_weights_only(
     path: str | Path, *, label: str | None = None, expected: str = TGO_CHECKPOINT, allow: Sequence[Any] = ()
 ) -> Any:
-    """``torch.load(path, map_location="cpu", weights_only=True, mmap=True)``: tensors memory-mapped, not read
-    (a file in the legacy, non-zip format is read whole: it cannot be mapped).
+    """``torch.load(path, map_location="cpu", weights_only=True, mmap=True)`` (a legacy non-zip file is read whole).
 
-    A file that needs a global outside torch's weights-only set, `SAFE_GLOBALS` and ``allow`` (e.g. the ones timm's
-    loader allows) is an `UnsafeCheckpointError` (`unsafe_error`: ``label``, ``expected``); any other error is
-    ``torch.load``'s own (missing, empty, damaged).
+    A global outside torch's weights-only set, `SAFE_GLOBALS` and ``allow`` is an `UnsafeCheckpointError`; other errors
+    are ``torch.load``'s own.
     """
     try:
         with torch.serialization.safe_globals([*SAFE_GLOBALS, *allow]):

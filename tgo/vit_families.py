@@ -1,19 +1,10 @@
 """Which timm models TGO observes: the Vision Transformer families whose modules fit the observation points.
 
-The observation points (`tgo.observatory.vit_points`) read a token sequence at fixed places: the patch embedding's
-output, the position-embedded sequence (the input of ``pos_drop``), every block's output and the final
-representation (the class token after ``norm``, or the pooled vector after ``fc_norm``). These timm classes have all
-of them, whatever their prefix tokens (class, register, distillation) and pooling:
-
-* ``VisionTransformer`` (``timm.models.vision_transformer`` and ``deit``): ViT, with registers (``reg_tokens``),
-  without a class token (``class_token=False, global_pool='avg'``), SigLIP (attention pooling), FlexiViT, DeiT,
-  DeiT III, and ``VisionTransformerDistilled`` (DeiT distilled: class and distillation tokens);
-* ``Eva`` (``timm.models.eva``): EVA, EVA-02 and timm's RoPE ViTs;
-* ``Beit`` (``timm.models.beit``): BEiT (relative position bias, mean pooling).
-
-Anything else is refused before any work, in one line naming these families (`UnsupportedModelError`): before a
-model is built from its timm name (`check_timm_name`, so a ResNet is not asked for an ``img_size`` it does not take)
-and when a built model is handed to the observatory (`check_vit`).
+The points (`tgo.observatory.vit_points`) read the patch embedding, the position-embedded sequence, every block and
+the final representation. These timm classes have all of them whatever their prefix tokens and pooling:
+``VisionTransformer`` (ViT, registers, no class token, SigLIP, FlexiViT, DeiT, DeiT III, distilled DeiT), ``Eva``
+(EVA, EVA-02, RoPE ViTs) and ``Beit``. Anything else is refused in one line (`UnsupportedModelError`), before a model
+is built from its name (`check_timm_name`) and when a built one is handed over (`check_vit`).
 """
 
 from __future__ import annotations
@@ -74,9 +65,7 @@ def vit_family(model: nn.Module) -> str | None:
 
 
 def check_vit(model: nn.Module) -> str:
-    """The model's family, or `UnsupportedModelError` naming its class (and why, for transformers timm has but the
-    observation points do not fit). ``model``: the original module (wrappers already looked through).
-    """
+    """The model's family, or `UnsupportedModelError` naming its class (``model``: wrappers already looked through)."""
     family = vit_family(model)
     if family is None:
         module = type(model).__module__
@@ -90,10 +79,7 @@ def check_vit(model: nn.Module) -> str:
 
 
 def check_timm_name(name: str) -> None:
-    """Refuses a timm model name whose model is not a supported Vision Transformer, before building it.
-
-    Unknown names pass (the caller reports them with close matches).
-    """
+    """Refuses a timm name whose model is not a supported Vision Transformer, before building it; unknown names pass."""
     import timm
     from timm.models import model_entrypoint
 

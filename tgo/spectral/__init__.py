@@ -9,13 +9,7 @@ Pure numerics (torch + numpy, no Lightning). The flow for one observation point:
     spectrum = eigendecompose(cov, acc.n, acc.n_nonfinite)
     row = summarize(cov, spectrum)                  # {name: float}, one per CATALOGUE entry
 
-The float64 eigensolver is numpy's LAPACK unless one is passed (``eigendecompose(..., eigvalsh=...)``):
-`resolve_eigvalsh` turns the setting ``observation.summary.eigensolver`` into a batched CUDA one or the faster of the
-two per shape (``tgo.spectral.eigensolver``).
-
-Attention geometry (`AttentionAccumulator`: entropy, sink and self mass, peak weight, distance, head diversity from a
-layer's q and k, summed per jackknife group) follows the same pattern. Formulas, conventions and degenerate cases:
-``docs/observables.md``.
+Attention geometry (`AttentionAccumulator`) follows the same pattern; formulas: ``docs/observables.md``.
 """
 
 from tgo.spectral.accumulator import StreamingCovariance, allreduce_accumulators, strict_fp32_math
