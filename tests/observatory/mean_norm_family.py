@@ -49,6 +49,7 @@ class MeanNormState(FamilyState):  # one per observation and rank
 
 class MeanNormFamily(MeasurementFamily):  # stateless declaration: everything the family is, in one place
     name = "mean_norm"
+    order = 900  # record order among the families: built-ins 10..80, a new family 100 or more
     observables = (family_metric("mean_token_norm", "mean_rows ||x||_2"),)  # its catalogue entries
     panels = (Panel("depth", "mean_token_norm", switch="depth_profiles"),)  # a TensorBoard card and a report figure
 

@@ -82,6 +82,43 @@ def test_the_registry_adds_and_removes_the_catalogue_entries():
     assert "mean_token_norm" not in CATALOGUE
 
 
+def test_every_module_of_the_package_registers_its_family_and_the_registry_keeps_their_order():
+    """Discovery: each module of `tgo.observatory.families` but the protocol's registers one family (a new family is
+    one new file); the registry, the catalogue and the settings sections follow ``order`` whatever the registration
+    order, and two families of one order are refused by name."""
+    import dataclasses
+    import pkgutil
+
+    import tgo.observatory.families as package
+    from tgo.observatory import ObservationSettings
+
+    modules = {m.name for m in pkgutil.iter_modules(package.__path__)} - {"base", "testing", "weight_history"}
+    families = registered_families()
+    assert {type(f).__module__.rsplit(".", 1)[1] for f in families} == modules
+    assert [f.order for f in families] == sorted(f.order for f in families)
+    assert package.ATTENTION is package.attention.ATTENTION
+    with pytest.raises(AttributeError):
+        package.NOT_A_FAMILY  # noqa: B018
+
+    @dataclasses.dataclass(frozen=True)
+    class FirstSettings:
+        enabled: bool = True
+
+    first = type("First", (MeanNormFamily,), {"name": "first", "order": 5, "settings": FirstSettings})
+    catalogue_before = CATALOGUE.names
+    family = register_family(first())  # registered last, ordered first
+    try:
+        assert registered_families() == (family, *families)
+        assert CATALOGUE.names.index("mean_token_norm") < CATALOGUE.names.index("between_image_fraction")
+        sections = list(ObservationSettings().to_dict())
+        assert sections.index("first") < sections.index(package.IMAGE_VECTORS.settings_key)
+        with pytest.raises(ValueError, match="'first' and 'second' both declare order 5"):
+            register_family(type("Second", (MeanNormFamily,), {"name": "second", "order": 5})())
+    finally:
+        unregister_family("first")
+    assert registered_families() == families and CATALOGUE.names == catalogue_before
+
+
 def test_family_states_are_reduced_without_covariances_in_two_collectives():
     """allreduce_accumulators with extras only still sums them (and still makes two collectives)."""
 
@@ -140,7 +177,8 @@ def test_a_family_declares_its_settings_series_and_figure_switch_and_unregisteri
         with pytest.raises(ObservationSettingsError, match=r"^observation\.toy\.scale: expected >= 1"):
             settings.replace(toy={"scale": 0})
         with pytest.raises(ValueError, match="already a setting"):
-            register_family(type("Other", (MeanNormFamily,), {"name": "other", "settings": int, "section": "toy"})())
+            other = {"name": "other", "order": 901, "settings": int, "section": "toy"}
+            register_family(type("Other", (MeanNormFamily,), other)())
     finally:
         unregister_family("toy")
     assert "toy" not in ObservationSettings().to_dict() and "toy" not in ObservationSettings().to_dict()["figures"]

@@ -3,10 +3,16 @@
 The protocol is `base` (`MeasurementFamily`, `FamilyState`, `HookSpec`, `BatchInfo`, `FamilyContext`,
 `PointSummary`, `Metric`, `Array`, `TrainingCollector`, the registry). Each built-in family declares everything in
 its own module (its settings section, catalogue entries, series, collector, folder, panels) and registers itself
-there (``X = register_family(XFamily())``, timm style); this package imports them in record order.
+there (``X = register_family(XFamily())``, timm style); this package imports every module of its own (but `base`,
+`testing`, `weight_history` and private ones), so a new family is one new file, and the registry keeps the
+families in their declared ``order`` (record order), whatever the import order.
 `testing.check_family` checks any family for multi-rank exactness, its collective count, records and resume. Recipe:
 ``docs/extending.md`` (e) "Add a family with a card and a report panel".
 """
+
+import importlib
+import pkgutil
+from types import ModuleType
 
 from .base import (
     NETWORK_VIEW,
@@ -33,29 +39,22 @@ from .base import (
     unregister_family,
 )
 
-# isort: off
-# Registration order is record order (each module registers its family on import).
-from .image_vectors import IMAGE_VECTORS
-from .attention import ATTENTION
-from .weights import WEIGHTS
-from .noise_scale import NOISE_SCALE
-from .curvature import CURVATURE
-from .phases import PHASES
-from .token_coupling import TOKEN_COUPLING
-from .intrinsic_dimension import INTRINSIC_DIMENSION
+_NOT_FAMILIES = {"base", "testing", "weight_history"}
+for _module in pkgutil.iter_modules(__path__):  # each family module registers its family on import, at its `order`
+    if _module.name not in _NOT_FAMILIES and not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
-# isort: on
+
+def __getattr__(name: str) -> MeasurementFamily:
+    """A family module's constant (``ATTENTION`` of `attention`), so it imports from the package as before."""
+    module = globals().get(name.lower())
+    if not isinstance(module, ModuleType) or not isinstance(getattr(module, name, None), MeasurementFamily):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(module, name)
+
 
 __all__ = [
-    "ATTENTION",
-    "CURVATURE",
-    "IMAGE_VECTORS",
-    "INTRINSIC_DIMENSION",
     "NETWORK_VIEW",
-    "NOISE_SCALE",
-    "PHASES",
-    "TOKEN_COUPLING",
-    "WEIGHTS",
     "Array",
     "BatchInfo",
     "Contribution",

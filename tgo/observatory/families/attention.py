@@ -355,6 +355,7 @@ class AttentionFamily(MeasurementFamily):
     """Attention geometry of every standard timm ``Attention`` block (``observation.attention``)."""
 
     name = "attention"
+    order = 20
     settings = AttentionSettings
     figure_switch = True  # observation.figures.attention: ~15 cards, ~2.4 s of rendering per observation
     observables = _OBSERVABLES

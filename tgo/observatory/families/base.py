@@ -5,11 +5,12 @@ per-image vectors behind the views and probes, attention statistics, a user's ow
 the pipeline (`tgo.observatory.pipeline`), the stream (`tgo.observatory.stream`) and the summary
 (`tgo.observatory.results`) loop over the enabled families without naming any:
 
-1. `MeasurementFamily` (stateless; one instance registered with `register_family` in its own module): its ``name``,
-   the catalogue ``observables`` it records, its ``settings`` section and whether it enables it (``enabled``), the
-   observation ``series`` it runs in, its training-time ``collector`` and ``folder`` of kept files, the tensors it reads
-   (``hooks`` -> `HookSpec`: module, input/output and layout, checked by the hook machinery), ``start`` (one
-   `FamilyState` per observation and rank) and ``read_history`` (what it needs from earlier records, read on rank 0).
+1. `MeasurementFamily` (stateless; one instance registered with `register_family` in its own module): its ``name``
+   and ``order`` (record order), the catalogue ``observables`` it records, its ``settings`` section and whether it
+   enables it (``enabled``), the observation ``series`` it runs in, its training-time ``collector`` and ``folder`` of
+   kept files, the tensors it reads (``hooks`` -> `HookSpec`: module, input/output and layout, checked by the hook
+   machinery), ``start`` (one `FamilyState` per observation and rank) and ``read_history`` (what it needs from
+   earlier records, read on rank 0).
 2. `FamilyState` (rank-local): ``begin_batch`` (the `BatchInfo` of each batch: subset indices, labels, jackknife
    groups), ``update(key, x, batch)`` (each hooked tensor, layout-checked, outside inference mode), ``end_stream``
    (the feature dimension of every point, also on a rank that saw no images), ``summables`` (states that are *sums*
@@ -338,6 +339,8 @@ class MeasurementFamily:
 
     Attributes:
         name: Unique; names the family in messages and its collector in `TrainingInfo.collectors`.
+        order: Unique; families run, record and register their catalogue entries and settings in this order
+            (built-ins 10 to 80; a new family picks 100 or more).
         observables: The catalogue entries it records (`family_metric`: scope ``family``, naming their views);
             `register_family` adds those not yet in `tgo.spectral.CATALOGUE`, in this order, and
             `unregister_family` removes them again.
@@ -354,6 +357,7 @@ class MeasurementFamily:
     """
 
     name: str = ""
+    order: int
     observables: tuple[Observable, ...] = ()
     settings: type | None = None
     section: str = ""
@@ -426,15 +430,31 @@ _ADDED: dict[str, list[str]] = {}  # family -> catalogue names its registration 
 
 
 def register_family(family: MeasurementFamily) -> MeasurementFamily:
-    """Adds a family (and its catalogue entries that are not there yet); families run in registration order.
+    """Adds a family (and its catalogue entries that are not there yet) at its ``order``: a family registered after
+    one of a higher order goes before it, so the modules of a package may be imported in any order.
 
     Register at import time of the code that runs observations, so every process has it (DDP re-launches the script).
 
     Raises:
-        ValueError: the name is taken or empty, or an observable's name is taken by a different catalogue entry.
+        ValueError: the name is taken or empty, the order is taken, or an observable's name is taken by a different
+            catalogue entry.
     """
     if not family.name or family.name in _REGISTRY:
         raise ValueError(f"register_family: the family name {family.name!r} is empty or already registered")
+    clash = next((f.name for f in _REGISTRY.values() if f.order == family.order), None)
+    if clash is not None:
+        raise ValueError(f"register_family: families {clash!r} and {family.name!r} both declare order {family.order}")
+    later = [unregister_family(f.name) for f in list(_REGISTRY.values()) if f.order > family.order]
+    try:
+        _add(family)
+    finally:
+        for f in later:
+            _add(f)
+    return family
+
+
+def _add(family: MeasurementFamily) -> None:
+    """Registers ``family`` after every family registered now (`register_family` keeps that the order)."""
     if family.settings is not None:
         register_section(family.settings_key, family.settings)
     if family.figure_switch:
@@ -451,7 +471,6 @@ def register_family(family: MeasurementFamily) -> MeasurementFamily:
             raise ValueError(f"register_family({family.name!r}): observable {observable.name!r} is already catalogued")
     _REGISTRY[family.name] = family
     _ADDED[family.name] = added
-    return family
 
 
 def unregister_family(name: str) -> MeasurementFamily:
@@ -464,12 +483,12 @@ def unregister_family(name: str) -> MeasurementFamily:
 
 
 def registered_families() -> tuple[MeasurementFamily, ...]:
-    """Every registered family, in registration order."""
+    """Every registered family, in ``order``."""
     return tuple(_REGISTRY.values())
 
 
 def enabled_families(settings: ObservationSettings, series: str = "epoch") -> tuple[MeasurementFamily, ...]:
-    """The families an observation of ``series`` with these settings runs, in registration order."""
+    """The families an observation of ``series`` with these settings runs, in ``order``."""
     return tuple(f for f in _REGISTRY.values() if series in f.series and f.enabled(settings))
 
 

@@ -685,6 +685,7 @@ class ImageVectorFamily(MeasurementFamily):
     """The per-image vectors of every point: views, class geometry, decoding, massive activations, subspace drift."""
 
     name = "image_vectors"
+    order = 10
     settings = ProbeSettings
     section = "probes"
     observables = (  # in record order

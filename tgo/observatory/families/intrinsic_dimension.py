@@ -204,6 +204,7 @@ class IntrinsicDimensionFamily(MeasurementFamily):
     """TwoNN intrinsic dimension and local PCA rank of the per-image vectors (``observation.intrinsic_dimension``)."""
 
     name = "intrinsic_dimension"
+    order = 80
     settings = IntrinsicDimensionSettings
     observables = (  # in record order
         _metric("intrinsic_dimension", "TwoNN dimension of the per-image vectors (Facco et al. 2017)", spread="rises"),

@@ -168,6 +168,7 @@ class NoiseScaleFamily(MeasurementFamily):
     """``observation.noise_scale``: the simple gradient noise scale of the training steps between observations."""
 
     name = "noise_scale"
+    order = 40
     settings = NoiseScaleSettings
     series = ("epoch",)  # its window is the training between two epoch observations
     observables = (

@@ -178,6 +178,7 @@ class PhaseFamily(MeasurementFamily):
     """Training phases from the records: no hooks, no summables, a rank-0 comparison with the previous observation."""
 
     name = "phases"
+    order = 60
     settings = PhaseSettings
     observables = (
         family_metric(

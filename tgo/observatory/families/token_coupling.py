@@ -160,6 +160,7 @@ class TokenCouplingFamily(MeasurementFamily):
     """The token x token covariance of every point that keeps all its tokens (``observation.token_coupling``)."""
 
     name = "token_coupling"
+    order = 70
     settings = TokenCouplingSettings
     figure_switch = True  # observation.figures.token_coupling
     observables = _OBSERVABLES

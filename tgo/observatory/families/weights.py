@@ -263,6 +263,7 @@ class WeightsFamily(MeasurementFamily):
     (``observation.weights``)."""
 
     name = "weights"
+    order = 30
     settings = WeightSettings
     folder = WEIGHTS_DIR  # the latest two observations' weights (`weight_history`)
     observables = _OBSERVABLES
