@@ -60,15 +60,8 @@ _FROM_PREDICTION = {"consistent": HOLDS, "inconsistent": FAILS, "inconclusive": 
 # ------------------------------------------------------------------------------------------------------------- truth
 @dataclass(frozen=True)
 class Seeded:
-    """One row's series in one seed, on the judged scale (natural logs for log-scale metrics).
-
-    Attributes:
-        epochs: Epochs, ascending.
-        values: Values.
-        stderr: Recorded jackknife standard errors (NaN: none).
-        leave_out: ``[n, G]`` leave-one-group-out values, or ``None``.
-        scale: ``linear`` or ``log``.
-    """
+    """One row's series in one seed, on the judged scale (natural logs for log-scale metrics): ascending epochs,
+    values, recorded jackknife errors (NaN: none), ``[n, G]`` leave-one-group-out values or ``None``, the scale."""
 
     epochs: np.ndarray
     values: np.ndarray
@@ -78,7 +71,6 @@ class Seeded:
 
     @property
     def n(self) -> int:
-        """Observations."""
         return int(self.values.size)
 
 
@@ -156,16 +148,9 @@ def _base(s: Seeded, c_first: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class Truth:
-    """What all seeds together say about one row.
-
-    Attributes:
-        verdict: ``holds``, ``holds then reverses``, ``does not hold`` or ``ambiguous``.
-        t: Seed t-statistic of the deciding contrast (first to last, the margin, the distance inside the band).
-        exceeding: Seeds whose deciding contrast exceeded (in the truth's direction; for ``ambiguous``, the claimed
-            direction).
-        dips: For trend rows, seeds that fell back from their peak window by more than `DIP_Z` standard errors.
-        seeds: K.
-    """
+    """What all seeds together say about one row: one of `TRUTHS`, the seed t-statistic of the deciding contrast,
+    the seeds whose contrast exceeded (in the truth's direction; for ``ambiguous``, the claimed one), for trend rows
+    the seeds that fell back from their peak window by more than `DIP_Z` errors, and K."""
 
     verdict: str
     t: float
@@ -182,11 +167,7 @@ def trend_truth(series: Sequence[Seeded], sign: float, *, reversal: bool = True)
     of its noise on a plateau, so every seed would "drop" from it. Measured on monotone saturating rises with training
     noise 10x the jackknife (K = 6): 1-5% read as reversals with each seed's own peak, 0.25-0.5% with one peak chosen
     on the mean of all seeds, none cross-fitted (tests/test_seed_replication.py).
-
-    Args:
-        series: One per seed.
-        sign: The claimed direction.
-        reversal: Whether ``holds then reverses`` is a possible truth (findings rows; not predictions).
+    ``reversal``: whether ``holds then reverses`` is a possible truth (findings rows; not predictions).
     """
     k = len(series)
     if k == 0 or any(s.n < 2 for s in series):
@@ -314,30 +295,18 @@ def _agreed_truth(t: float, agree: int, disagree: int, k: int) -> Truth:
 # ------------------------------------------------------------------------------------------------------------- rows
 @dataclass(frozen=True)
 class Row:
-    """One single-run row: which table, its key, its kind, and the run's verdict (on the findings' scale).
-
-    Attributes:
-        table: ``findings`` or ``hypotheses``.
-        key: ``(claim or hypothesis, metric, view, point, expected)``.
-        kind: ``trend``, ``stable`` or ``extreme``.
-        verdict: One of `VERDICTS` (a prediction's ``consistent`` read as ``holds``, ...).
-    """
+    """One single-run row of ``findings`` or ``hypotheses``; its verdict is one of `VERDICTS` (a prediction's
+    ``consistent`` read as ``holds``, ...)."""
 
     table: str
-    key: tuple[str, str, str, str, str]
-    kind: str
+    key: tuple[str, str, str, str, str]  # (claim or hypothesis, metric, view, point, expected)
+    kind: str  # trend, stable or extreme
     verdict: str
 
 
 @dataclass
 class RunRows:
-    """A run's rows and the series the truth is computed from.
-
-    Attributes:
-        seed: The run's seed.
-        rows: Its findings and prediction rows.
-        series: ``(view, metric) -> point -> Seeded`` of every metric a row is about.
-    """
+    """A run's rows and the series the truth is computed from (``(view, metric) -> point -> Seeded``)."""
 
     seed: int
     rows: list[Row]
@@ -448,7 +417,6 @@ class Scored:
     confusion: dict[str, Counter] = field(default_factory=dict)
 
     def add(self, verdict: str, truth: Truth) -> None:
-        """Counts one row."""
         self.rows += 1
         self.confusion.setdefault(truth.verdict, Counter())[verdict] += 1
         if truth.verdict == AMBIGUOUS:
@@ -466,16 +434,13 @@ class Scored:
 
     @property
     def right_rate(self) -> float:
-        """Right / unambiguous (NaN when none)."""
         return self.outcomes["right"] / self.unambiguous if self.unambiguous else math.nan
 
     @property
     def caught_rate(self) -> float:
-        """Caught / contradictions (NaN when none)."""
         return self.caught / self.contradictions if self.contradictions else math.nan
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready counts and rates."""
         return {
             "rows": self.rows,
             "unambiguous": self.unambiguous,
@@ -506,12 +471,8 @@ class Result:
 
 
 def score(runs: Sequence[RunRows], development: Sequence[int] = ()) -> Result:
-    """Scores every run's rows against the truth of all runs together.
-
-    Args:
-        runs: One per seed (the same experiment).
-        development: Seeds looked at while the scorer was written (their rates are printed apart).
-    """
+    """Scores every run's rows (one run per seed) against the truth of all runs together; the ``development``
+    seeds' rates are printed apart."""
     truths: dict[tuple[str, tuple[str, ...], str], Truth] = {}
     groups: dict[str, Scored] = {}
     per_seed: dict[int, Scored] = {}
