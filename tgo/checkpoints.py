@@ -59,8 +59,7 @@ class CheckpointMismatchError(CheckpointError):
 @dataclass(frozen=True)
 class ModelSource:
     """One model to observe, before it is loaded: ``kind`` (``checkpoint`` or ``timm``), its file, epoch label and
-    step.
-    """
+    step."""
 
     kind: str
     path: Path | None
@@ -71,8 +70,7 @@ class ModelSource:
 # ----------------------------------------------------------------------------------------------------- checkpoints
 def load_checkpoint_file(path: Path) -> dict[str, Any]:
     """Loads a checkpoint on the CPU, memory-mapped, with ``weights_only=True`` (`tgo.safe_load`): a file whose
-    unpickling would build anything but tensors and plain values is refused without running it.
-    """
+    unpickling would build anything but tensors and plain values is refused without running it."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -118,8 +116,7 @@ def checkpoint_source(path: Path) -> ModelSource:
 
 def find_checkpoints(directory: str | Path) -> list[ModelSource]:
     """Every ``*.ckpt`` of a directory in epoch order; the same label and step count once (``last.ckpt`` often repeats a
-    ``best_epoch_NNN.ckpt``), the same label with another step is an error asking for --checkpoint.
-    """
+    ``best_epoch_NNN.ckpt``), the same label with another step is an error asking for --checkpoint."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory (expected a run's checkpoints/ directory)")
@@ -206,8 +203,7 @@ _WEIGHTS = "a weights file (.safetensors, or a torch file of tensors)"
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     """A weights file as a clean state dict, read by timm (wrappers unwrapped, DDP and ``torch.compile`` prefixes
-    removed).
-    """
+    removed)."""
     if not path.is_file():
         raise CheckpointError(f"--weights {path}: no such file")
     try:

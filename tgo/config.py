@@ -22,8 +22,7 @@ from tgo.observatory.settings import ObservationSettings, ObservationSettingsErr
 
 CONFIG_MODULE = "tgo.conf"
 """Where Hydra finds the config tree (``pkg://tgo.conf``, the repository's ``conf/`` as package data): the same configs
-from any directory and from an installed wheel.
-"""
+from any directory and from an installed wheel."""
 
 _MISSING = object()
 
@@ -139,8 +138,7 @@ def _lookup(values: Mapping[str, Any], dotted: str) -> Any:
 
 def image_size_problem(image_size: Any, patch_size: Any) -> str | None:
     """Why ``data.image_size`` cannot be cut into patches (``None`` when it can): timm's strided convolution would
-    silently drop the last ``image_size % patch_size`` rows and columns.
-    """
+    silently drop the last ``image_size % patch_size`` rows and columns."""
     if _positive_int(image_size) or _positive_int(patch_size) or image_size % patch_size == 0:
         return None
     lower, upper = image_size - image_size % patch_size, image_size - image_size % patch_size + patch_size
@@ -184,8 +182,7 @@ def model_problems(model: Mapping[str, Any], image_size: Any = None, *, prefix: 
 
 ACTIVATIONS_PER_TOKEN_AND_WIDTH = 12
 """A lower bound on the values a timm ViT block keeps per token and unit of width for backward: the MLP's hidden layer
-twice (8), q, k, v (3) and the input (1).
-"""
+twice (8), q, k, v (3) and the input (1)."""
 
 _TIMM_VIT = re.compile(r"^(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)_")
 _TIMM_SIZES = {"tiny": (192, 12), "small": (384, 12), "base": (768, 12), "large": (1024, 24), "huge": (1280, 32)}
@@ -193,8 +190,7 @@ _TIMM_SIZES = {"tiny": (192, 12), "small": (384, 12), "base": (768, 12), "large"
 
 def _architecture(model: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """``(patch size, width, depth)`` of a model node (``arch`` overrides, else the timm name), ``None`` where
-    unknown.
-    """
+    unknown."""
     match = _TIMM_VIT.match(str(model.get("name", "")))
     width, depth = _TIMM_SIZES[match.group(1)] if match else (None, None)
     patch = int(match.group(2)) if match else None
@@ -207,8 +203,7 @@ def _architecture(model: Mapping[str, Any]) -> tuple[int, int, int] | None:
 
 def _gpu_memory() -> int | None:
     """The smallest GPU's memory on this node from NVML, or ``None``: asking torch would initialise CUDA in this
-    process, after which a forked DDP rank cannot use it.
-    """
+    process, after which a forked DDP rank cannot use it."""
     import ctypes
 
     class Memory(ctypes.Structure):
@@ -237,8 +232,7 @@ def _gpu_memory() -> int | None:
 
 def available_memory(accelerator: Any) -> tuple[int, str]:
     """``(bytes, what)`` of one training process's memory: the smallest GPU's where the accelerator may be one, else
-    RAM.
-    """
+    RAM."""
     if str(accelerator).lower() in {"gpu", "cuda", "auto"}:
         gpu = _gpu_memory()
         if gpu is not None:

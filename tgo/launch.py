@@ -52,8 +52,7 @@ def distributed_job() -> Iterator[None]:
 # ------------------------------------------------------------------------------------------------ SLURM requeue
 def preemption_signal() -> signal.Signals:
     """The signal SLURM sends ``signal_delay_s`` before a kill: submitit's ``SUBMITIT_PREEMPT_SIGNAL`` (default
-    ``USR2``).
-    """
+    ``USR2``)."""
     name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
     found = getattr(signal, f"SIG{name}", None)
     if not isinstance(found, signal.Signals):
@@ -97,8 +96,7 @@ def check_accelerator(accelerator: str) -> None:
 # ------------------------------------------------------------------------------------------------ launcher checks
 class LaunchChecks(Callback):
     """Hydra callback: the SLURM launcher needs ``trainer.devices`` and ``num_nodes`` as positive integers (``auto``
-    would end in a submitit traceback); exits 2 with one line before anything is submitted.
-    """
+    would end in a submitit traceback); exits 2 with one line before anything is submitted."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")

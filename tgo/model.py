@@ -156,8 +156,7 @@ class ViTClassifier(L.LightningModule):
 
     def tgo_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The training objective for the curvature family: the label-smoothed loss ``training_step`` minimises, so the
-        Hessian measured is the optimizer's (plain cross-entropy differs by 9.6 % on ``lambda_1`` at smoothing 0.1).
-        """
+        Hessian measured is the optimizer's (plain cross-entropy differs by 9.6 % on ``lambda_1`` at smoothing 0.1)."""
         return self._loss(logits, labels)
 
     @property
@@ -246,8 +245,7 @@ class ViTClassifier(L.LightningModule):
 
 def schedule_steps(state: dict[str, Any]) -> int | None:
     """The steps a saved scheduler state spans (OneCycleLR's ``total_steps``, `_CosineFactor`'s), ``None`` if
-    unknown.
-    """
+    unknown."""
     if "total_steps" in state:
         return int(state["total_steps"])
     factors = state.get("lr_lambdas") or [None]

@@ -103,8 +103,7 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
 
 def _legacy_observation(run_cfg: DictConfig | ListConfig) -> dict[str, Any] | None:
     """Observation settings of a run saved before the ``observation`` group existed (they lived in the callback);
-    ``covariance_epochs`` becomes ``keep_covariance``.
-    """
+    ``covariance_epochs`` becomes ``keep_covariance``."""
     callback = OmegaConf.select(run_cfg, "callbacks.spectral_geometry")
     if callback is None:
         return None
@@ -132,8 +131,7 @@ def count_text(results: Mapping[Any, Any]) -> str:
 
 def _check_out(out: Path) -> None:
     """Refuses an ``--out`` that is not new, empty or a TGO run without records, in one line, before any work: it would
-    replace a user's files, mix two models' records, or write through a link.
-    """
+    replace a user's files, mix two models' records, or write through a link."""
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
     if not out.is_dir():
@@ -447,8 +445,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI: 0, 2 after one line for bad input, or ``128 + signum`` when SIGTERM stops it (records stay
-    whole).
-    """
+    whole)."""
     args = parse_args(argv)
     try:
         with stopped_by_sigterm():

@@ -194,8 +194,7 @@ class RunDir:
 
     MARKER = ".tgo-run"
     """JSON naming the run (random id), its kind and the absolute path it was made for: TGO writes only into a directory
-    that is new, empty or carries it, and a marker copied elsewhere does not count (`is_marked`).
-    """
+    that is new, empty or carries it, and a marker copied elsewhere does not count (`is_marked`)."""
 
     @property
     def marker(self) -> Path:
@@ -213,8 +212,7 @@ class RunDir:
 
     def is_marked(self) -> bool:
         """Whether TGO marked this very directory: a marker naming another path was copied (or its run moved) and does
-        not count.
-        """
+        not count."""
         stamp = self.read_marker()
         return stamp is not None and stamp.get("path") == os.path.realpath(self.root)
 
@@ -261,8 +259,7 @@ class RunDir:
 
     def looks_like_run(self) -> bool:
         """Whether this is a run directory at all: marker, or (runs older than the marker) config, checkpoints or
-        manifest.
-        """
+        manifest."""
         return self.is_marked() or self.config.is_file() or self.checkpoints.is_dir() or self.manifest.is_file()
 
     SET_ASIDE = "set_aside"  # what a resume moved out of the way (tgo.resume): earlier attempts, never a run of its own
@@ -490,8 +487,7 @@ def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, 
 # ----------------------------------------------------------------------------------------------------------- reading
 def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
     """The rows of ``metrics.csv`` as dicts of strings (``[]`` without a file); unparsed, so a rewrite keeps other
-    epochs byte-identical. Legacy headers read with their missing columns filled in.
-    """
+    epochs byte-identical. Legacy headers read with their missing columns filled in."""
     path = as_run_dir(run_dir).metrics
     if not path.exists():
         return []
@@ -514,8 +510,7 @@ def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
 
 def recorded_epochs(run_dir: RunPath) -> list[int]:
     """Epochs whose observation is completely on disk, ascending: metrics are written last, so an interrupted epoch is
-    not counted and is observed again.
-    """
+    not counted and is observed again."""
     run = as_run_dir(run_dir)
     in_metrics = {int(row[run.key]) for row in read_metric_rows(run)}
     return sorted(in_metrics & set(run.spectra_files()))
@@ -547,8 +542,7 @@ def _rows_with_metrics_file(path: RunPath) -> list[dict[str, str]]:
 
 def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]], key_column: str = "epoch") -> None:
     """Refuses two rows for one (epoch, point, view, metric): tgo replaces an epoch's rows when it observes it again, so
-    a duplicate means the file was edited or concatenated and a loader would silently keep one value.
-    """
+    a duplicate means the file was edited or concatenated and a loader would silently keep one value."""
     first_line: dict[tuple[str, str, str, str], int] = {}
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         key = (row[key_column], row["point"], row["view"], row["metric"])
@@ -629,8 +623,7 @@ def layer_epoch_table(
     per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: Sequence[str], epochs: Sequence[int]
 ) -> np.ndarray:
     """One metric's series as a ``[len(points), len(epochs)]`` float64 table (NaN where missing; later epochs left out):
-    the one table behind every layer x epoch heatmap and depth profile, TensorBoard's and the report's.
-    """
+    the one table behind every layer x epoch heatmap and depth profile, TensorBoard's and the report's."""
     table = np.full((len(points), len(epochs)), np.nan)
     column = {int(e): j for j, e in enumerate(epochs)}
     for i, point in enumerate(points):

@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 def rank_zero_info(message: str) -> None:
     """Lightning's ``rank_zero_info``, imported on first use: input errors print before Lightning (seconds) is
-    imported.
-    """
+    imported."""
     from lightning.pytorch.utilities import rank_zero_info as info
 
     info(message)
@@ -53,8 +52,7 @@ HPC_PREFIX = "hpc_ckpt_"  # Lightning's SLURM requeue checkpoints, in the run di
 
 RUN_ID_KEY = "tgo_run_id"
 """The checkpoint entry naming the training whose weights it holds: a random id drawn at a fresh start, also in
-``geometry/run.json`` (`RUN_ID_FILE`); a resume compares the two (`check_same_run`).
-"""
+``geometry/run.json`` (`RUN_ID_FILE`); a resume compares the two (`check_same_run`)."""
 RUN_ID_FILE = "run.json"
 
 
@@ -108,8 +106,7 @@ def check_same_run(run: RunDir, checkpoint: str | Path, checkpoint_run_id: str |
 
 def check_fits_model(state: dict[str, Any], model: torch.nn.Module, checkpoint: str | Path) -> None:
     """Refuses a checkpoint whose state dict does not fit ``model`` (keys, shapes) as a strict load would, but in one
-    line and before anything is moved; its tensors are memory-mapped, not read.
-    """
+    line and before anything is moved; its tensors are memory-mapped, not read."""
     from tgo.checkpoints import state_dict_mismatch
 
     weights = state.get("state_dict")
@@ -183,8 +180,7 @@ def _csv(rows: list[dict[str, str]]) -> str:
 
 def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[str, Any]:
     """A checkpoint's entries, tensors memory-mapped, read with ``weights_only=True`` (`tgo.safe_load`): no pickled code
-    runs; errors are named by ``label``.
-    """
+    runs; errors are named by ``label``."""
     label = label or f"ckpt_path: '{checkpoint}'"
     state = load_weights_only(checkpoint, label=label)
     if not isinstance(state, dict):
@@ -197,8 +193,7 @@ def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[st
 
 def check_checkpoint(checkpoint: str | Path) -> None:
     """Stops a start from ``checkpoint`` with one line if TGO refuses to read it: cheap, so it comes before anything
-    else.
-    """
+    else."""
     _load_lazily(checkpoint)
 
 
@@ -234,8 +229,7 @@ class NewerRecords:
 
 def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, step: int) -> NewerRecords:
     """The records on disk made after a checkpoint, of weights a resume from it retrains: epochs it does not list as
-    observed (``observed=None``: every epoch after its ``epoch``), and every step-series record after its ``step``.
-    """
+    observed (``observed=None``: every epoch after its ``epoch``), and every step-series record after its ``step``."""
     on_disk = _on_disk(run.epoch_series)
     epochs = sorted(on_disk - set(observed)) if observed is not None else sorted(e for e in on_disk if e > epoch)
     steps = sorted(s for s in _on_disk(run.step_series) if s > step)
@@ -244,8 +238,7 @@ def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, 
 
 def check_resume_records(run: RunDir, newer: NewerRecords) -> None:
     """Refuses a resume that would keep a duplicated ``metrics.csv`` row: TGO never writes one, so the file was edited
-    and which copy is the checkpoint's cannot be told.
-    """
+    and which copy is the checkpoint's cannot be told."""
     for series, leaving in ((run.epoch_series, set(newer.epochs)), (run.step_series, set(newer.steps))):
         first: dict[tuple[str, str, str, str], int] = {}
         for line, row in enumerate(read_metric_rows(series), start=2):  # line 1 is the header
@@ -274,8 +267,7 @@ def set_aside_records_after(run: RunDir, checkpoint: str | Path, newer: NewerRec
 
 def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | None = None) -> NewerRecords:
     """Every check that stops a resume (model fit, same run, no duplicate), before anything is set aside; returns what
-    the resume sets aside.
-    """
+    the resume sets aside."""
     from tgo.checkpoints import checkpoint_epoch
 
     state = _load_lazily(checkpoint)
@@ -290,8 +282,7 @@ def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | N
 
 def remove_stale_temporaries(run: RunDir) -> list[Path]:
     """Deletes the hidden ``.<name>.<random>.tmp`` files a killed `tgo.records.atomic_write` left: incomplete copies,
-    nothing to keep. Call only when no other process writes this run.
-    """
+    nothing to keep. Call only when no other process writes this run."""
     steps = run.step_series
     places = [run.geometry, run.spectra_dir, steps.geometry, steps.spectra_dir, run.checkpoints, run.root]
     stale = [p for place in places if place.is_dir() for p in place.glob(".*.tmp") if p.is_file()]
@@ -336,8 +327,7 @@ def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Pat
 
 def newest_checkpoint(run: RunDir) -> Path | None:
     """The newest (by modification time) of ``last.ckpt`` and Lightning's SLURM requeue checkpoints
-    ``hpc_ckpt_<n>.ckpt``.
-    """
+    ``hpc_ckpt_<n>.ckpt``."""
     candidates = [p for p in run.root.glob(f"{HPC_PREFIX}*.ckpt") if p.is_file()]
     if run.last_checkpoint.is_file():
         candidates.append(run.last_checkpoint)
@@ -347,16 +337,14 @@ def newest_checkpoint(run: RunDir) -> Path | None:
 @dataclass(frozen=True)
 class StartPlan:
     """How a launch starts: from ``checkpoint`` (``None``: from scratch); ``start_over`` says why an earlier attempt is
-    set aside whole.
-    """
+    set aside whole."""
 
     checkpoint: str | None
     start_over: str | None = None
 
     def prepare(self, run: RunDir, checkpoint_file: str | None) -> None:
         """Sets aside what this start replaces: rank 0 only, after every input check, just before training (the records
-        a resume replaces are the geometry callback's to set aside).
-        """
+        a resume replaces are the geometry callback's to set aside)."""
         if self.start_over is None and checkpoint_file is None:
             return
         if self.start_over is None and checkpoint_file is not None:
@@ -395,8 +383,7 @@ class ChangedAnalysisSubsetError(ConfigError):
 
 def check_same_analysis_subset(run: RunDir, current: dict[str, Any]) -> None:
     """Stops a resume whose analysis subset differs from the run's own ``analysis_subset.json``: every epoch must be
-    measured on the same images. No manifest yet passes; the error names what changed, before anything is written.
-    """
+    measured on the same images. No manifest yet passes; the error names what changed, before anything is written."""
     if not run.manifest.is_file():
         return
     try:

@@ -188,8 +188,7 @@ class RunLock:
 
     def _lock_file(self) -> int:
         """Opens, locks and stamps the lock file; returns its descriptor (-1: borrowed from the process that started
-        this one).
-        """
+        this one)."""
         for _ in range(20):  # a holder releasing (unlinking) between our open and flock: open the new file
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -295,8 +294,7 @@ class RunLock:
 
 def _started_by(holder: Holder) -> bool:
     """Whether ``holder`` is an ancestor of this process on this host (``ddp_spawn`` ranks write their launcher's
-    run).
-    """
+    run)."""
     if holder.host != socket.gethostname():
         return False
     pid = os.getpid()

@@ -70,8 +70,7 @@ def without_logger_only_callbacks(callbacks: list[Any], loggers: list[Any]) -> l
 
 def _unreadable_checkpoint(path: Path) -> str | None:
     """Why ``path`` cannot be a ``torch.save`` zip archive, or ``None``: checked (every member's CRC, one sequential
-    read) before any data is read, since torch would fail deep inside ``fit`` or even load a damaged archive.
-    """
+    read) before any data is read, since torch would fail deep inside ``fit`` or even load a damaged archive."""
     if path.stat().st_size == 0:
         return "is empty (0 bytes)"
     if not zipfile.is_zipfile(path):
@@ -86,8 +85,7 @@ def _unreadable_checkpoint(path: Path) -> str | None:
 
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
     """Resolves ``ckpt_path`` (``last``: this run's ``checkpoints/last.ckpt``); a missing or damaged file fails in one
-    line.
-    """
+    line."""
     if ckpt_path is None:
         return None
     path = RunDir(output_dir).last_checkpoint if ckpt_path == "last" else Path(ckpt_path)
@@ -108,8 +106,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
 
 def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
     """Refuses a fresh run in a directory that already holds one: it would overwrite ``last.ckpt`` and mix the
-    records.
-    """
+    records."""
     if ckpt_path is not None:
         return
     run = RunDir(output_dir)
@@ -163,8 +160,7 @@ def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at:
 
 def is_tgo_run(run: RunDir) -> bool:
     """Whether TGO made this directory a run: its own marker, or what an older (or moved) run always has (manifest,
-    ``last.ckpt`` or ``metrics.csv``); a ``config.yaml`` alone is a common name for a user's file.
-    """
+    ``last.ckpt`` or ``metrics.csv``); a ``config.yaml`` alone is a common name for a user's file."""
     return run.is_marked() or run.manifest.is_file() or run.last_checkpoint.is_file() or run.metrics.is_file()
 
 
@@ -241,8 +237,7 @@ def make_ddp_relaunch_job_local() -> None:
 
 def trainer_plugins(cfg: DictConfig) -> list[Any]:
     """The trainer's plugins plus `AtomicCheckpointIO` (unless one is a CheckpointIO), so a full disk never truncates
-    ``last.ckpt``; on SLURM, the preemption listener (`slurm_requeue_plugins`).
-    """
+    ``last.ckpt``; on SLURM, the preemption listener (`slurm_requeue_plugins`)."""
     from lightning.pytorch.plugins.io import CheckpointIO
 
     from tgo.checkpoints import AtomicCheckpointIO
@@ -281,8 +276,7 @@ class RunStopped(Exception):
 
 def _stopping_signal(trainer: L.Trainer, stop: SystemExit) -> int | None:
     """The signal behind Lightning's exit from ``fit`` (``None``: another exit, re-raised): SIGTERM becomes a
-    ``SystemExit`` with no code, Ctrl+C ``sys.exit(1)``.
-    """
+    ``SystemExit`` with no code, Ctrl+C ``sys.exit(1)``."""
     if getattr(trainer, "received_sigterm", False):
         return int(signal.SIGTERM)
     if isinstance(stop.__context__, KeyboardInterrupt):
@@ -412,8 +406,7 @@ def _early_lock(argv: list[str]) -> RunLock | None:
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
     """Hydra entry point; bad input exits 2 with one line, a signal ``128 + signum`` with one line saying what is
-    kept.
-    """
+    kept."""
     logging.captureWarnings(True)  # warnings reach <run dir>/train.log with every other message (conf/hydra)
     try:
         metrics = run(cfg)
@@ -447,8 +440,7 @@ def error_line(error: BaseException) -> str | None:
 
 def _original_message(error: BaseException) -> str:
     """The error's message on one line: a DataLoader worker's re-raise carries the whole traceback (the original message
-    is its last line, after ``X: ``); other multi-line messages are joined with "; " so the culprit's line is kept.
-    """
+    is its last line, after ``X: ``); other multi-line messages are joined with "; " so the culprit's line is kept."""
     message = str(error)
     if "\n" not in message:
         return message

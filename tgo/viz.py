@@ -28,8 +28,7 @@ EPOCH_CMAP = "viridis"
 DEPTH_CMAP = "turbo"
 DEPTH_RAMP = (0.05, 0.95)
 """Depth ramp of the points other than CLS, dark blue (patch embedding) to dark red (last block): the part of ``turbo``
-that changes hue fastest, so neighbouring blocks stay apart and no point is as pale as the page.
-"""
+that changes hue fastest, so neighbouring blocks stay apart and no point is as pale as the page."""
 CLS_POINT = "cls"
 CLS_STYLE: dict[str, Any] = {"color": "black", "marker": "s"}
 """CLS (the final norm's token 0, what the classifier reads) is not one more block: black with square markers."""
@@ -39,8 +38,7 @@ CARD_FIGSIZE = (6.0, 3.0)
 CARD_DPI = 80
 """A card is ``CARD_FIGSIZE * CARD_DPI`` = 480 x 240 px. TensorBoard fits an image into a ~450 x 210 px box, so the
 image's height sets the on-screen text size: a 2:1 card is shown at ~90 %, a 15-panel grid at ~25 %. Depth profiles
-keep 480 x 320 px for their rotated point names.
-"""
+keep 480 x 320 px for their rotated point names."""
 CARD_PIXELS = 240
 """Least side (px) of a correlation card: smaller matrices are enlarged by a whole factor (every entry a square)."""
 
@@ -88,8 +86,7 @@ def above_roundoff(values: ArrayLike) -> np.ndarray:
 
 def nonfinite_note(spectra: Iterable[tuple[str, ArrayLike]], *, most: int = 4) -> str:
     """What a spectrum figure leaves out for non-finite eigenvalues (``"epoch 3 (all 48)"``, ``"cls (2 of 48)"``) or
-    ``""``: without a word a missing curve would read as nothing to see. At most ``most`` labels, then a count.
-    """
+    ``""``: without a word a missing curve would read as nothing to see. At most ``most`` labels, then a count."""
     labels = []
     for label, values in spectra:
         v = np.asarray(values, dtype=np.float64).ravel()
@@ -141,8 +138,7 @@ class _PlainLogFormatter(LogFormatter):
 
 def log_axis(ax: Any, axis: str = "y", *, labelsize: float | None = None) -> None:
     """Puts ``axis`` on a log scale with plain number labels (``0.2``, ``3``), minor ticks too where the span is
-    short.
-    """
+    short."""
     getattr(ax, f"set_{axis}scale")("log")
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_formatter(_PlainLogFormatter(labelOnlyBase=False))
@@ -236,8 +232,7 @@ def card_colourbar(
 
 def thin_indices(count: int, most: int) -> list[int]:
     """Indices of at most ~``most`` of ``count`` tick labels, evenly spaced, always the first and the last (which
-    wins).
-    """
+    wins)."""
     if count <= 0:
         return []
     step = -(-count // most)
@@ -603,8 +598,7 @@ class LayerEpochCard:
 
 def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
     """The correlation matrix as an RGB ``uint8`` image in RdBu_r over [-1, 1], one pixel per entry: numpy, not a figure
-    (exact pixels, ~1 ms instead of 150 ms).
-    """
+    (exact pixels, ~1 ms instead of 150 ms)."""
     corr = correlation_from_covariance(cov)[:max_dim, :max_dim]
     rgba = matplotlib.colormaps["RdBu_r"]((np.clip(corr, -1.0, 1.0) + 1.0) / 2.0)
     return (rgba[..., :3] * 255).round().astype(np.uint8)
@@ -625,8 +619,7 @@ def correlation_card(cov: np.ndarray, *, max_dim: int = 384, side: int = CARD_PI
 @functools.lru_cache(maxsize=8)
 def _correlation_scale(height: int) -> np.ndarray:
     """The RdBu_r scale from -1 to +1 as an RGB strip ``height`` px high; its text grows with ``height`` (TensorBoard
-    shrinks a taller card). Cached per height, read-only.
-    """
+    shrinks a taller card). Cached per height, read-only."""
     scale = max(1.0, height / CARD_PIXELS)
     fig = Figure(figsize=(120 * scale / CARD_DPI, height / CARD_DPI), dpi=CARD_DPI)
     cax = fig.add_axes((0.12, 0.06, 0.15, 0.88))

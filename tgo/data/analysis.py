@@ -58,8 +58,7 @@ class AnalysisItem:
 
 def resolve_analysis_counts(size: int | None, per_class: int | None, num_classes: int) -> tuple[int, int]:
     """Turn ``(analysis_size, analysis_per_class)`` into a consistent ``(size, per_class)``; either may be omitted, but
-    a ``size`` must be a multiple of ``num_classes`` and both must agree: no subset silently smaller than asked.
-    """
+    a ``size`` must be a multiple of ``num_classes`` and both must agree: no subset silently smaller than asked."""
     if size is None and per_class is None:
         raise DataConfigError("data.analysis.size and data.analysis.per_class are both null; set at least one.")
     if per_class is None:
@@ -92,8 +91,7 @@ def select_analysis_indices(
     split_name: str = "the validation split",
 ) -> list[int]:
     """Positions of the stratified analysis subset (the module's rule), ordered by (label, key); they depend only on the
-    multiset of (key, label) pairs. ``class_names`` and ``split_name`` are for error messages.
-    """
+    multiset of (key, label) pairs. ``class_names`` and ``split_name`` are for error messages."""
     labels = np.asarray(labels, dtype=np.int64)
     order = sorted(range(len(keys)), key=lambda i: keys[i])
     by_class: list[list[int]] = [[] for _ in range(num_classes)]
@@ -124,8 +122,7 @@ def subset_fingerprint(items: Sequence[AnalysisItem]) -> str:
 
 class AnalysisSubset(Dataset):
     """The analysis images as a dataset of ``(eval_transform(image), label)`` in manifest order; hashes may be filled
-    lazily.
-    """
+    lazily."""
 
     def __init__(self, split: ImageSplit, indices: Sequence[int], items: Sequence[AnalysisItem]):
         self.split = split
@@ -180,8 +177,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def check_manifest_consistency(manifest: dict[str, Any], *, where: str) -> None:
     """Refuses a manifest that disagrees with itself: an item without its sha256 would skip the same-image check, and a
-    ``size`` or ``fingerprint`` not matching its items means the list was edited after it was written.
-    """
+    ``size`` or ``fingerprint`` not matching its items means the list was edited after it was written."""
     items = manifest["items"]
     unhashed = [i["key"] for i in items if not isinstance(i.get("sha256"), str) or not _SHA256.fullmatch(i["sha256"])]
     if unhashed:
@@ -210,8 +206,7 @@ def resolve_manifest(
     class_names: Sequence[str],
 ) -> tuple[list[int], list[AnalysisItem]]:
     """Finds a pinned manifest's items in the current split and verifies key, label, hash, source and class list; every
-    item is checked so the error can say how many differ. Returns ``(positions in split, items)`` in manifest order.
-    """
+    item is checked so the error can say how many differ. Returns ``(positions in split, items)`` in manifest order."""
     where = f"data.analysis.manifest='{manifest.get('_path', '?')}'"
     if manifest.get("source") != source:
         raise AnalysisManifestMismatch(f"{where} was written for source={manifest.get('source')!r}, not {source!r}.")

@@ -64,8 +64,7 @@ CROP_KEEPS_AT_LEAST = 0.5
 
 def warn_if_the_crop_discards_most_of_the_image(image_size: int, resize_size: int | None) -> float:
     """Warns in one line when an explicit ``resize_size`` makes the eval centre crop keep under half of each image side
-    (``resize_size: 256`` at ``image_size: 32`` keeps 1.6% of the image); returns the share of the area kept.
-    """
+    (``resize_size: 256`` at ``image_size: 32`` keeps 1.6% of the image); returns the share of the area kept."""
     if resize_size is None:
         return (image_size / round(image_size / 0.875)) ** 2
     kept = min(1.0, image_size / resize_size) ** 2
@@ -239,8 +238,7 @@ class TGODataModule(L.LightningDataModule):
 
     def validate(self) -> TGODataModule:
         """Scan the data and settle the analysis subset now, raising ``DataConfigError``; idempotent, returns
-        ``self``.
-        """
+        ``self``."""
         if self._analysis is not None:
             return self
         data = build_source(
@@ -422,8 +420,7 @@ class TGODataModule(L.LightningDataModule):
 
     def write_manifest(self, run_dir: str | Path, *, jackknife_groups: int = 0) -> Path:
         """Write ``<run_dir>/analysis_subset.json`` atomically (global rank zero) and return its path; with
-        ``jackknife_groups >= 2`` it records every item's group (more groups than images are refused first).
-        """
+        ``jackknife_groups >= 2`` it records every item's group (more groups than images are refused first)."""
         if jackknife_groups:  # refused before the manifest is written, not at the first observation
             from tgo.observatory.settings import check_jackknife_groups
 

@@ -153,8 +153,7 @@ class ArrayImageSplit(ImageSplit):
 
 class SyntheticImageSplit(ImageSplit):
     """Procedural images rendered lazily from ``(spec, split, index)`` alone, so every worker and rank sees the same
-    images; labels are ``index % num_classes``; ``split`` 0 (train) or 1 (validation) is a separate random stream.
-    """
+    images; labels are ``index % num_classes``; ``split`` 0 (train) or 1 (validation) is a separate random stream."""
 
     def __init__(
         self, spec: SyntheticSpec, split: int, size: int, mode: str = "RGB", transform: Transform | None = None

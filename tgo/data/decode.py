@@ -77,8 +77,7 @@ def _on_black(image: Image.Image) -> Image.Image:
 
 def _has_key(image: Image.Image) -> bool:
     """Whether an 8-bit ``L``/``RGB`` image has a usable colour key: a 16-bit PNG's tRNS key cannot match Pillow's
-    high bytes, so such an image reads as opaque.
-    """
+    high bytes, so such an image reads as opaque."""
     key = image.info.get("transparency")
     if key is None or isinstance(key, bytes):
         return False
@@ -109,8 +108,7 @@ def _to_8bit(image: Image.Image) -> Image.Image:
 
 def to_mode(image: Image.Image, mode: str) -> Image.Image:
     """``image`` of any Pillow mode as an 8-bit ``mode`` (``"RGB"`` or ``"L"``) image with its real dynamic range;
-    pixels without a known full scale raise `ImageKindError`.
-    """
+    pixels without a known full scale raise `ImageKindError`."""
     if mode not in MODES:
         raise ValueError(f"images are converted to one of {MODES}, not {mode!r}")
     eight = _to_8bit(image)

@@ -11,5 +11,4 @@ class DataConfigError(ConfigError):
 
 class AnalysisManifestMismatch(DataConfigError):
     """A pinned ``analysis_subset.json`` no longer matches the data: raised instead of silently re-selecting, since a
-    different subset would make geometry curves incomparable.
-    """
+    different subset would make geometry curves incomparable."""

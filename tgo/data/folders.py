@@ -1,6 +1,5 @@
 """Class-folder trees on disk (``<root>/train/<class>/**``, ``<root>/val/<class>/**``): layout checks, scanning and the
-ImageNet-100 class list. Scanning sorts by relative path, so the analysis subset is the same on every machine.
-"""
+ImageNet-100 class list. Scanning sorts by relative path, so the analysis subset is the same on every machine."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def list_class_folders(directory: Path) -> list[str]:
 
 def list_images(directory: Path) -> list[str]:
     """All image files below ``directory`` (following links) as sorted POSIX relative paths; a link back to a directory
-    already entered (a loop, or images counted twice) is refused naming the link.
-    """
+    already entered (a loop, or images counted twice) is refused naming the link."""
     root = Path(directory)
     found: list[str] = []
     seen: dict[tuple[int, int], Path] = {}
@@ -128,8 +126,7 @@ def check_split_dirs(root: str | Path | None, source: str) -> Path:
 
 def scan_split(root: Path, split: str, classes: Sequence[str], require_all: bool) -> tuple[list[str], list[int]]:
     """``(keys, labels)`` of the images of ``classes`` in ``root/split``, sorted by label then key; ``require_all``:
-    every class folder must hold an image (the error lists each that does not).
-    """
+    every class folder must hold an image (the error lists each that does not)."""
     keys: list[str] = []
     labels: list[int] = []
     missing: list[str] = []

@@ -27,14 +27,12 @@ _UNCONVERTIBLE = "cannot be converted faithfully to"
 
 class UnreadableImageError(DataConfigError):
     """An image file that cannot be decoded; one message argument, since a DataLoader worker re-raises
-    ``type(message)``.
-    """
+    ``type(message)``."""
 
 
 def _decode(path: Path, mode: str) -> tuple[Image.Image | None, str | None]:
     """``(image, None)``, or ``(None, why)`` when Pillow cannot decode ``path`` to the end (it reports damage as several
-    exception types) or `tgo.data.decode.to_mode` refuses its pixels.
-    """
+    exception types) or `tgo.data.decode.to_mode` refuses its pixels."""
     try:
         with Image.open(path) as image:
             image.load()

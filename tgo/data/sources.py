@@ -43,8 +43,7 @@ DIGITS_VAL_FRACTION = 0.2
 @dataclass
 class SourceData:
     """What a source provides: splits (no transforms), class names, whether eval crops like a photo, root and manifest
-    facts.
-    """
+    facts."""
 
     train: ImageSplit
     val: ImageSplit
@@ -69,8 +68,7 @@ def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def load_digits_split(seed: int, mode: str) -> tuple[ArrayImageSplit, ArrayImageSplit]:
     """Deterministic stratified split of scikit-learn's digits: per class a seeded permutation (class in the seed) sends
-    ``round(0.2 * n)`` images to validation; returns ``(train, val)`` sorted by key.
-    """
+    ``round(0.2 * n)`` images to validation; returns ``(train, val)`` sorted by key."""
     images, targets = _digits_arrays()
     val_idx: list[int] = []
     for label in np.unique(targets):
@@ -157,8 +155,7 @@ _REGISTRY: dict[str, SourceSpec] = {}
 
 def register_source(name: str, build: Callable[[SourceArgs], SourceData], *, needs_root: bool = False) -> None:
     """Makes ``data.source=<name>`` build its splits with ``build`` (``docs/extending.md``); ``needs_root``:
-    ``data.root`` is then required before anything is scanned.
-    """
+    ``data.root`` is then required before anything is scanned."""
     if name in _REGISTRY:
         raise ValueError(f"data source {name!r} is already registered")
     _REGISTRY[name] = SourceSpec(build, needs_root)

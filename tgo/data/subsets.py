@@ -110,8 +110,7 @@ def _item_label(dataset: Dataset, index: int, where: str) -> Any:
 
 def dataset_labels(dataset: Dataset, labels: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
     """Every item's label as int64: ``labels``, ``dataset.labels`` / ``.targets``, a ``TensorDataset``'s second tensor,
-    a ``Subset``'s parent, else by reading every item once.
-    """
+    a ``Subset``'s parent, else by reading every item once."""
     n = _length(dataset, "dataset")
     if labels is not None:
         return _int_labels(labels, n, "labels=")
@@ -144,8 +143,7 @@ def stratification_notice(labels: np.ndarray) -> str | None:
 # ----------------------------------------------------------------------------------------------------- subsets
 class StratifiedSubset(Subset):
     """A frozen, class-stratified subset of a labelled dataset: parent positions ordered by (label, position), their
-    labels.
-    """
+    labels."""
 
     def __init__(
         self, dataset: Dataset, indices: Sequence[int], labels: np.ndarray, *, per_class: int, seed: int
@@ -167,8 +165,7 @@ def stratified_subset(
     dataset: Dataset, per_class: int, seed: int = 0, labels: Sequence[int] | np.ndarray | None = None
 ) -> StratifiedSubset:
     """A frozen analysis subset with ``per_class`` items of every class of ``dataset``, by the DataModule's rule (keys =
-    positions); ``c`` is the class's rank among the labels present, so a class without items is no error.
-    """
+    positions); ``c`` is the class's rank among the labels present, so a class without items is no error."""
     if isinstance(per_class, bool) or not isinstance(per_class, (int, np.integer)) or per_class <= 0:
         raise AnalysisSetError(f"stratified_subset: per_class must be a positive integer; got {per_class!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -236,8 +233,7 @@ def analysis_input(analysis: Any) -> tuple[Any, int | None, int | None]:
 
 def check_analysis_set(dataset: Any, *, where: str = "analysis") -> Any:
     """The analysis set ready for an observation: checked, with int labels as ``.labels`` (read and attached if
-    missing).
-    """
+    missing)."""
     _require_map_style(dataset, where)
     n = _length(dataset, where)
     if n == 0:

@@ -50,8 +50,7 @@ def build_eval_transform(
     photo: bool = True,
 ) -> v2.Compose:
     """Deterministic eval transform (also the analysis subset's) to a normalised ``[C, image_size, image_size]`` tensor:
-    a photo is resized (``resize_size``, ``None``: ``round(image_size / 0.875)``) and centre-cropped.
-    """
+    a photo is resized (``resize_size``, ``None``: ``round(image_size / 0.875)``) and centre-cropped."""
     if photo:
         resize = resize_size if resize_size is not None else round(image_size / 0.875)
         geometry: list[v2.Transform] = [v2.Resize(resize, antialias=True), v2.CenterCrop(image_size)]
@@ -70,8 +69,7 @@ def build_train_transform(
     photo: bool = True,
 ) -> v2.Compose:
     """Training transform by name: "standard" (RandomResizedCrop + flip), "digits" (resize + small affine, no flip) or
-    "none" (the eval transform).
-    """
+    "none" (the eval transform)."""
     if name == "standard":
         geometry: list[v2.Transform] = [
             v2.RandomResizedCrop(image_size, scale=(crop_scale_min, 1.0), antialias=True),
@@ -126,8 +124,7 @@ class BatchRandomAffine:
         self, images: torch.Tensor, angle: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor
     ) -> torch.Tensor:
         """Warp ``images [B, C, H, W]`` by per-image parameters: the inverse of torchvision's ``affine`` without shear,
-        so the two agree pixel for pixel (up to nearest-neighbour ties at exact half pixels).
-        """
+        so the two agree pixel for pixel (up to nearest-neighbour ties at exact half pixels)."""
         b, c, h, w = images.shape
         if c != len(self.black):
             raise ValueError(f"expected {len(self.black)} channels, got images of shape {tuple(images.shape)}")

@@ -27,8 +27,7 @@ _GRAM_DTYPES = {torch.float64: "float64", torch.float32: "float32"}
 def _fp32_precision_knobs() -> list[tuple[Any, str, Any]]:
     """The per-backend float32 precision switches as ``(namespace, attribute, strict value)``: torch >= 2.9 raises when
     the legacy booleans are read after the two APIs were mixed, so exactly its per-backend strings are switched and
-    restored.
-    """
+    restored."""
     knobs: list[tuple[Any, str, Any]] = []
     families = [
         ("cuda", "matmul"),
@@ -92,8 +91,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _outside_inference_mode(method: F) -> F:
     """Run a state-touching method with inference mode off: state created under ``torch.inference_mode()`` (the
-    observation pass) could not be updated in place later (a ``merge`` or resumed ``update``).
-    """
+    observation pass) could not be updated in place later (a ``merge`` or resumed ``update``)."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -115,8 +113,7 @@ def _shifted_sums(s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tenso
 
 def _column_sum(centred: torch.Tensor) -> torch.Tensor:
     """Column sums of the centred rows as float64 ``[D]``; float32 rows summed in float32 then widened (the Gram's
-    precision, ~10x cheaper), since ``S1`` enters only through ``S1 S1^T / n``, which the shift keeps small.
-    """
+    precision, ~10x cheaper), since ``S1`` enters only through ``S1 S1^T / n``, which the shift keeps small."""
     if centred.dtype == torch.float64:
         return centred.sum(dim=0)
     return centred.sum(dim=0).to(torch.float64)
@@ -182,8 +179,7 @@ class StreamingCovariance:
     @_outside_inference_mode
     def update(self, x: torch.Tensor) -> None:
         """Add the rows of one ``[..., dim]`` batch (any floating dtype and device); rows with NaN or Inf are dropped
-        and counted in ``n_nonfinite`` (reported downstream, never silent).
-        """
+        and counted in ``n_nonfinite`` (reported downstream, never silent)."""
         x = torch.as_tensor(x)
         if x.ndim == 0 or x.shape[-1] != self.dim:
             raise ValueError(
@@ -258,8 +254,7 @@ class StreamingCovariance:
     @_outside_inference_mode
     def reshift(self, new_shift: torch.Tensor) -> None:
         """Change the shift, exactly re-expressing the sums (ranks agree on one shift before summing); an empty
-        accumulator adopts ``new_shift``.
-        """
+        accumulator adopts ``new_shift``."""
         new = torch.as_tensor(new_shift).to(device=self.device, dtype=torch.float64).detach()
         if tuple(new.shape) != (self.dim,):
             raise ValueError(f"reshift: expected shift of shape ({self.dim},), got {tuple(new.shape)}")
@@ -310,8 +305,7 @@ class StreamingCovariance:
     @_outside_inference_mode
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a `state_dict` onto this accumulator's device; a dimension mismatch is an error, not a silent
-        reshape.
-        """
+        reshape."""
         dim = int(state.get("dim", self.dim))
         if dim != self.dim:
             raise ValueError(f"load_state_dict: state has dim {dim}, accumulator has dim {self.dim}")
@@ -337,8 +331,7 @@ class StreamingCovariance:
 
     def pack_into(self, out: torch.Tensor) -> None:
         """Write the flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` into ``out`` (a slice of the collective's
-        buffer); counts exact up to 2^53 rows; the shift is not packed (ranks must share one first).
-        """
+        buffer); counts exact up to 2^53 rows; the shift is not packed (ranks must share one first)."""
         d = self.dim
         out[0], out[1] = float(self.n), float(self.n_nonfinite)
         out[2 : 2 + d].copy_(self._s1)

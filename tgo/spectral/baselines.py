@@ -21,8 +21,7 @@ NOISE_SEED = 20_251_130
 
 def noise_draws(dim: int) -> int:
     """Seeded draws averaged per ``(N, D)``: the top eigenvalue's spread shrinks like ``1/D``, so this keeps the mean
-    within ~0.3% of the exact expectation at ``D = 64`` and better above.
-    """
+    within ~0.3% of the exact expectation at ``D = 64`` and better above."""
     return max(32, -(-16384 // max(int(dim), 1)))
 
 
@@ -40,8 +39,7 @@ def _laguerre_draw(rng: np.random.Generator, big: int, small: int) -> np.ndarray
 
 def noise_spectrum(n_rows: int, dim: int, *, draw: int = 0) -> np.ndarray:
     """One seeded draw of the isotropic-noise covariance spectrum (``n_rows`` ``N(0, I_D)`` rows), float64
-    descending.
-    """
+    descending."""
     n_rows, dim = int(n_rows), int(dim)
     if n_rows < 2 or dim < 1:
         raise ValueError(f"noise_spectrum: needs n_rows >= 2 and dim >= 1, got n_rows={n_rows}, dim={dim}")
@@ -65,8 +63,7 @@ def noise_spectra(n_rows: int, dim: int, draws: int | None = None) -> np.ndarray
 
 def noise_participation_ratio(n_rows: int, dim: int) -> float:
     """Closed form ``E[(tr S)^2] / E[tr S^2] = (n D + 2) / (n + D + 1)`` for the isotropic-noise covariance (``n = N -
-    1``, exact Wishart moments; Marchenko-Pastur's ``D / (1 + D / N)`` for large ``N``).
-    """
+    1``, exact Wishart moments; Marchenko-Pastur's ``D / (1 + D / N)`` for large ``N``)."""
     n, d = int(n_rows) - 1, int(dim)
     if n < 1 or d < 1:
         raise ValueError(f"noise_participation_ratio: needs n_rows >= 2 and dim >= 1, got {n_rows}, {dim}")

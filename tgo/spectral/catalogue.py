@@ -128,8 +128,7 @@ class Catalogue:
 
     def register(self, observable: Observable) -> Observable:
         """Adds an observable at the end of the geometry entries (before the diagnostics); a taken name is a
-        ValueError.
-        """
+        ValueError."""
         if observable.name in self._entries:
             raise ValueError(f"observable {observable.name!r} is already in the catalogue")
         if observable.kind == "diagnostic":
@@ -195,8 +194,7 @@ class Catalogue:
 
     def compute(self, inputs: SpectralInputs, *, geometry: bool = True) -> dict[str, float]:
         """Every covariance observable as ``{name: float}`` in catalogue order; with ``geometry=False`` (an undefined
-        covariance) geometry entries are NaN without being computed, diagnostics still computed.
-        """
+        covariance) geometry entries are NaN without being computed, diagnostics still computed."""
         entries = (self._entries[name] for name in self.covariance_names)
         return {o.name: float(o.compute(inputs)) if geometry or o.kind == "diagnostic" else math.nan for o in entries}
 

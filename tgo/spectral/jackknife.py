@@ -113,8 +113,7 @@ Moments = tuple[np.ndarray, np.ndarray, int, int]
 
 def moments(acc: StreamingCovariance) -> Moments:
     """float64 numpy moments of one accumulator from its shifted sums: torch's many small ops cost more than the
-    eigendecompositions in the rank-0 summary. NaN covariance below 2 rows, NaN mean without rows.
-    """
+    eigendecompositions in the rank-0 summary. NaN covariance below 2 rows, NaN mean without rows."""
     n, nonfinite, dim = int(acc.n), int(acc.n_nonfinite), acc.dim
     if n == 0 or acc.shift is None:
         return np.full((dim, dim), np.nan), np.full(dim, np.nan), 0, nonfinite
@@ -175,8 +174,7 @@ def combine(groups: Sequence[Moments]) -> Moments:
 
 def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Moments]:
     """The moments of every leave-one-group-out subset from the total's and the groups' (`remove`), O(D^2) each
-    instead of a merge of G - 1 states, equal to it to ~1e-15; fewer than 2 rows give a NaN covariance.
-    """
+    instead of a merge of G - 1 states, equal to it to ~1e-15; fewer than 2 rows give a NaN covariance."""
     if not groups:
         return []
     cov, _, n, _ = total

@@ -216,8 +216,7 @@ class EigenvalueStack:
     @staticmethod
     def usable_rows(eigs: np.ndarray, total: np.ndarray | None = None) -> np.ndarray:
         """Per row, whether it is finite, non-negative, descending with a positive total (others are summarised one by
-        one).
-        """
+        one)."""
         e = np.asarray(eigs, dtype=np.float64)
         with np.errstate(invalid="ignore"):
             ok = np.isfinite(e).all(axis=1) & (e >= 0).all(axis=1) & (e[:, :-1] >= e[:, 1:]).all(axis=1)
@@ -321,8 +320,7 @@ def participation_ratio(eigs: np.ndarray) -> float:
 
 def spectral_entropy(eigs: np.ndarray, normalized: bool = False) -> float:
     """Shannon entropy of the normalised spectrum in nats; ``normalized`` divides by ``ln D`` (zeros counted) so that
-    layers of different width compare.
-    """
+    layers of different width compare."""
     return EigenvalueStats(eigs).spectral_entropy(normalized)
 
 
@@ -333,15 +331,13 @@ def spectral_anisotropy(eigs: np.ndarray) -> float:
 
 def spectral_flatness(eigs: np.ndarray, floor: float = FLATNESS_FLOOR) -> float:
     """Wiener entropy, geometric / arithmetic mean (1 when isotropic), eigenvalues floored at ``floor`` as in the
-    paper.
-    """
+    paper."""
     return EigenvalueStats(eigs).spectral_flatness(floor)
 
 
 def components_for_variance(eigs: np.ndarray, fraction: float) -> int | float:
     """Smallest ``k`` whose top eigenvalues explain at least ``fraction`` of variance, with 1e-12 of slack (10 equal
-    eigenvalues need exactly 9 for 90%).
-    """
+    eigenvalues need exactly 9 for 90%)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"components_for_variance: fraction must be in (0, 1], got {fraction}")
     return EigenvalueStats(eigs).components_for_variance(fraction)
@@ -396,8 +392,7 @@ def offdiag_energy_fraction(cov: np.ndarray | torch.Tensor) -> float:
 
 def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
     """Mean ``|corr_ij|`` over ``i != j``, without dimensions of variance ``<= max(diag C) · D · eps`` (their round-off
-    "correlations" are noise), clipped to ``[-1, 1]``; NaN for fewer than 2 such dimensions or non-finite ``C``.
-    """
+    "correlations" are noise), clipped to ``[-1, 1]``; NaN for fewer than 2 such dimensions or non-finite ``C``."""
     mat = as_float64_matrix(cov)
     if not np.all(np.isfinite(mat)):
         return math.nan
@@ -434,8 +429,7 @@ def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float
 
 def offdiag_energy_fractions(covs: np.ndarray) -> list[float]:
     """`offdiag_energy_fraction` of every finite matrix of a ``[S, D, D]`` stack, bit for bit: one scaled copy,
-    squared.
-    """
+    squared."""
     mats = np.ascontiguousarray(covs, dtype=np.float64)
     count, dim = mats.shape[0], mats.shape[1]
     scales = np.maximum(mats.max(axis=(1, 2)), -mats.min(axis=(1, 2)))  # max |C_ij|, without an |C| copy
@@ -513,8 +507,7 @@ def total_correlations(covs: np.ndarray, eigs: np.ndarray) -> list[float]:
 
 def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig") -> np.ndarray:
     """Singular values from covariance eigenvalues, descending: ``sqrt_eig`` (the paper's plots, ``X / sqrt(n - 1)``) or
-    ``data`` (``sqrt((n - 1) λ)``, the centred data matrix's; NaN when ``n_rows < 2``).
-    """
+    ``data`` (``sqrt((n - 1) λ)``, the centred data matrix's; NaN when ``n_rows < 2``)."""
     if convention not in ("sqrt_eig", "data"):
         raise ValueError(f"singular_values: convention must be 'sqrt_eig' or 'data', got {convention!r}")
     e = np.sort(_eigs(eigs))[::-1]

@@ -51,8 +51,7 @@ LABELS: tuple[str, ...] = (COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY, UNDEFINED
 """Every label, from the most to the least compressing (then ``undefined``): the order of legends and colour maps."""
 PHASE_CODES: dict[str, float] = {COLLAPSE: -2.0, COMPRESSION: -1.0, UNRESOLVED: 0.0, ENTROPY: 1.0, UNDEFINED: math.nan}
 """The recorded ``phase_code`` of each label, its sign the direction of the spread, so a chart over epochs reads like
-the phases.
-"""
+the phases."""
 
 DEFAULT_PHASE_Z = 3.0
 """The default normal quantile (the verdict rule's ``z``, `tgo.report.verdicts.DEFAULT_Z`)."""
@@ -63,8 +62,7 @@ DEFAULT_COLLAPSE_DROP = 0.5
 @dataclass(frozen=True)
 class PhaseRule:
     """The significance level ``z`` (widened to Student's t for ``G - 1`` dof) and the collapse threshold: the least
-    relative loss of effective rank that is a collapse, in ``(0, 1)``.
-    """
+    relative loss of effective rank that is a collapse, in ``(0, 1)``."""
 
     z: float = DEFAULT_PHASE_Z
     collapse_drop: float = DEFAULT_COLLAPSE_DROP
@@ -93,8 +91,7 @@ def _critical(z: float, dof: float) -> float:
 @dataclass(frozen=True)
 class Change:
     """One paired change ``after - before`` of a value measured twice on the same jackknife groups (``dof`` ``G -
-    1``).
-    """
+    1``)."""
 
     before: float
     after: float
@@ -109,8 +106,7 @@ class Change:
     @property
     def z(self) -> float:
         """``difference / stderr`` as `tgo.report.verdicts.Uncertainty.z` (NaN without stderr, 0 or ``±inf`` with a zero
-        one).
-        """
+        one)."""
         d, se = self.difference, self.stderr
         if not (math.isfinite(d) and math.isfinite(se)):
             return math.nan
@@ -135,8 +131,7 @@ def paired_change(
     before: float, after: float, before_replicates: ArrayLike | None, after_replicates: ArrayLike | None
 ) -> Change:
     """The change and its paired jackknife standard error from both observations' ``[G]`` leave-one-group-out values;
-    NaN stderr (``dof`` 0) without usable, equally long, finite replicates.
-    """
+    NaN stderr (``dof`` 0) without usable, equally long, finite replicates."""
     if before_replicates is None or after_replicates is None:
         return Change(float(before), float(after), math.nan, 0.0)
     a = np.asarray(before_replicates, dtype=np.float64).ravel()
@@ -198,8 +193,7 @@ def classify(rank: Change, alpha: Change, rule: PhaseRule | None = None) -> Phas
 @dataclass(frozen=True)
 class Trajectory:
     """One point's recorded series of both measures (``[E]``) and their ``[E, G]`` replicates (``None``: not
-    recorded).
-    """
+    recorded)."""
 
     epochs: np.ndarray
     rank: np.ndarray
@@ -259,8 +253,7 @@ def merge_phases(
     trajectory: Trajectory, labels: Sequence[PhaseLabel] | Sequence[str], rule: PhaseRule | None = None
 ) -> list[Phase]:
     """Runs of equal consecutive labels of the pairs of ``trajectory`` as `Phase` s (pair ``i`` joins ``i`` and ``i +
-    1``); ``rule`` labels each phase's whole change.
-    """
+    1``); ``rule`` labels each phase's whole change."""
     names = [lab.label if isinstance(lab, PhaseLabel) else str(lab) for lab in labels]
     epochs = np.asarray(trajectory.epochs)
     if len(names) != max(epochs.size - 1, 0):

@@ -111,8 +111,7 @@ def class_layout(labels: np.ndarray, rows: np.ndarray | None = None) -> ClassLay
 
 def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
     """`ClassGeometry` of ``x`` ``[n, D]`` with integer ``labels``; scatters from deviations, never raw second moments
-    (residual-stream means are far larger than their spread).
-    """
+    (residual-stream means are far larger than their spread)."""
     x = _as_rows(x)
     labels = np.asarray(labels).reshape(-1)
     if labels.size != x.shape[0]:
@@ -218,16 +217,14 @@ def _geometry_stack(
 
 def _psd_eigenvalue_stack(mats: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
     """Descending eigenvalues of a ``[S, k, k]`` stack of exactly symmetric PSD matrices in one ``eigvalsh``, round-off
-    negatives clamped to 0.
-    """
+    negatives clamped to 0."""
     sym = mats if symmetric else (mats + mats.transpose(0, 2, 1)) / 2
     return np.clip(np.linalg.eigvalsh(sym)[:, ::-1], 0.0, None)
 
 
 def _effective_ranks(eigs: np.ndarray) -> list[float]:
     """`effective_rank` of every row of ``[S, k]`` eigenvalues, bit for bit `EigenvalueStack.entropy`, without its
-    checks.
-    """
+    checks."""
     eigs = np.ascontiguousarray(eigs, dtype=np.float64)
     out = [math.nan] * eigs.shape[0]
     if not eigs.shape[0]:
@@ -421,8 +418,7 @@ def ridge_accuracy(
 
 def _ridge_scores(x: np.ndarray, layout: FoldLayout, alpha: float, skip: Sequence[int] = ()) -> np.ndarray:
     """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W``; folds ``skip`` score ``y_bar``. A fold with fewer than ``D``
-    training images solves the same ridge in its dual form, ``[n_t, n_t]``.
-    """
+    training images solves the same ridge in its dual form, ``[n_t, n_t]``."""
     d = x.shape[1]
     sums = _fold_sums(x, layout)
     n_t = sums.train_sizes
@@ -505,8 +501,7 @@ def _blas_controller() -> Any:
 
 def one_thread_blas() -> contextlib.AbstractContextManager[Any]:
     """numpy's BLAS on one thread for the block (a no-op inside the summary's pool): OpenBLAS's threads make a 96 x 96
-    ``eigh`` 10-200x slower on a few cores, and the eigenpairs are the same bits.
-    """
+    ``eigh`` 10-200x slower on a few cores, and the eigenpairs are the same bits."""
     controller = _blas_controller()
     return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="blas")
 
@@ -573,8 +568,7 @@ def massive_activations(max_abs: np.ndarray, variances: np.ndarray, top: int = 5
 
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
     """Linear CKA (Kornblith et al. 2019) of two column-centred representations of the same images: 1 up to rotation and
-    isotropic scaling, in ``[0, 1]``.
-    """
+    isotropic scaling, in ``[0, 1]``."""
     x, y = _as_rows(x), _as_rows(y)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"linear_cka: {x.shape[0]} and {y.shape[0]} images; both must describe the same images")

@@ -28,21 +28,18 @@ __all__ = [
 
 ESD_THRESHOLD = 1e-5
 """Eigenvalues of ``W^T W`` at or below this are left out of the power-law fit: WeightWatcher's absolute
-``EVALS_THRESH``, exactly as it fits.
-"""
+``EVALS_THRESH``, exactly as it fits."""
 
 MIN_FIT_EIGENVALUES = 20
 """Fewer eigenvalues above `ESD_THRESHOLD` give no exponent (NaN) rather than WeightWatcher's second, bias-corrected
-estimator (``SMALL_N_CUTOFF``), whose values do not compare; every ViT map is far above.
-"""
+estimator (``SMALL_N_CUTOFF``), whose values do not compare; every ViT map is far above."""
 
 _CHUNK = 1 << 21  # elements of one [rows, N] block of the xmin scan (16 MiB of float64)
 
 
 def weight_matrix(weight: np.ndarray) -> np.ndarray:
     """The 2-D matrix of a weight: a convolution's ``[out, in, kh, kw]`` as ``[out, in * kh * kw]`` (for a patch
-    embedding whose stride is its kernel, exactly the map applied to every patch).
-    """
+    embedding whose stride is its kernel, exactly the map applied to every patch)."""
     w = np.asarray(weight)
     if w.ndim < 2:
         raise ValueError(f"weight_matrix: expected a weight of >= 2 dimensions, got shape {w.shape}")
@@ -135,8 +132,7 @@ def fit_power_law(
 @dataclass(frozen=True)
 class WeightGeometry:
     """The geometry of one weight matrix: descending singular values, stable and effective rank (NaN for a zero matrix),
-    ``||W||_2`` and the power-law fit of the ESD of ``W^T W``.
-    """
+    ``||W||_2`` and the power-law fit of the ESD of ``W^T W``."""
 
     singular_values: np.ndarray
     stable_rank: float
