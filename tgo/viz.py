@@ -1,8 +1,5 @@
-"""Matplotlib figures shared by the geometry callback (TensorBoard) and the report (PNG files).
-
-Built with the object API, never pyplot: importing this module selects no backend, figures can be made in worker
-threads, and the caller closes them deterministically (`close`).
-"""
+"""Matplotlib figures for TensorBoard cards and the report; object API only, so no backend is selected on import and
+figures can be made in worker threads."""
 
 from __future__ import annotations
 
@@ -49,10 +46,8 @@ def close(fig: Figure) -> None:
 
 
 def render_rgb(fig: Figure) -> np.ndarray:
-    """The figure drawn by its own Agg canvas as an RGB ``uint8`` ``(H, W, 3)`` image, then cleared (`close`).
-
-    Thread-safe where pyplot (TensorBoard's ``add_figure``) is not: no global figure manager, no backend switch.
-    """
+    """The figure drawn by its own Agg canvas as RGB ``uint8`` ``(H, W, 3)``, then cleared: thread-safe, unlike
+    pyplot."""
     image = rgb(fig)
     close(fig)
     return image
@@ -66,11 +61,8 @@ def rgb(fig: Figure) -> np.ndarray:
 
 
 def roundoff_floor(values: ArrayLike) -> float:
-    """The numerical floor of a covariance spectrum: ``lambda_max * D * eps`` (numpy's ``matrix_rank`` tolerance).
-
-    A rank-deficient covariance returns its zero eigenvalues as +-1e-15 round-off, which would stretch a log axis over
-    15 empty decades: spectrum figures leave them out and their captions say so.
-    """
+    """``lambda_max * D * eps`` (``matrix_rank``'s tolerance): below it eigenvalues are round-off of zeros, which would
+    stretch a log axis over 15 empty decades, so spectrum figures leave them out."""
     values = np.asarray(values, dtype=np.float64).ravel()
     finite = values[np.isfinite(values)]
     top = float(finite.max()) if finite.size else 0.0
@@ -85,8 +77,7 @@ def above_roundoff(values: ArrayLike) -> np.ndarray:
 
 
 def nonfinite_note(spectra: Iterable[tuple[str, ArrayLike]], *, most: int = 4) -> str:
-    """What a spectrum figure leaves out for non-finite eigenvalues (``"epoch 3 (all 48)"``, ``"cls (2 of 48)"``) or
-    ``""``: without a word a missing curve would read as nothing to see. At most ``most`` labels, then a count."""
+    """Which spectra hold non-finite eigenvalues (``"cls (2 of 48)"``), or ``""``: a missing curve is never silent."""
     labels = []
     for label, values in spectra:
         v = np.asarray(values, dtype=np.float64).ravel()
@@ -117,10 +108,7 @@ def _positive(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def is_log_scale(metric: str | None) -> bool:
-    """Whether the catalogue draws ``metric`` on a log axis (ratio-type observables); unknown names are linear.
-
-    The catalogue is read at call time (a plug-in's observable counts) and imported lazily: `tgo.viz` stays torch-free.
-    """
+    """Whether the catalogue draws ``metric`` on a log axis, read lazily at call time (`tgo.viz` stays torch-free)."""
     if not metric:
         return False
     from tgo.spectral.catalogue import CATALOGUE  # lazy: the catalogue imports torch
@@ -137,8 +125,7 @@ class _PlainLogFormatter(LogFormatter):
 
 
 def log_axis(ax: Any, axis: str = "y", *, labelsize: float | None = None) -> None:
-    """Puts ``axis`` on a log scale with plain number labels (``0.2``, ``3``), minor ticks too where the span is
-    short."""
+    """Puts ``axis`` on a log scale with plain number labels (``0.2``, ``3``), minor ones where the span is short."""
     getattr(ax, f"set_{axis}scale")("log")
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_formatter(_PlainLogFormatter(labelOnlyBase=False))
@@ -188,11 +175,8 @@ def mark_cls_axis(ax: Any, points: Sequence[str], *, separator: bool = True) -> 
 def _draw_history(
     ax: Any, history: Sequence[tuple[int, np.ndarray]], norm: Normalize, cmap: Colormap, *, lw: float = 1.0
 ) -> None:
-    """Draws spectra as log10 values on linear axes, one line per epoch on the epoch ramp, the latest one thicker.
-
-    Not log-scale axes: matplotlib's log tick machinery cost ~0.1 s per axes, the picture is the same. Colour, not a
-    legend, says the epoch: a legend would cover the spectra at a card's text size.
-    """
+    """Draws spectra as log10 values on linear axes (log-scale axes cost ~0.1 s each to render), one line per epoch on
+    the epoch ramp, the latest thicker; colour rather than a legend, which would cover a card."""
     for i, (epoch, values) in enumerate(history):
         x, y = _positive(values)
         if y.size == 0:
@@ -231,8 +215,7 @@ def card_colourbar(
 
 
 def thin_indices(count: int, most: int) -> list[int]:
-    """Indices of at most ~``most`` of ``count`` tick labels, evenly spaced, always the first and the last (which
-    wins)."""
+    """Indices of at most ~``most`` of ``count`` tick labels, evenly spaced, always the first and the last."""
     if count <= 0:
         return []
     step = -(-count // most)
@@ -257,10 +240,8 @@ def class_count_label(classes: int) -> str:
 
 
 def mark_class_count(ax: Any, classes: int | None, *, log10: bool = False, fontsize: float | None = None) -> None:
-    """A dashed line at index ``C`` (the class count): class-structured vectors' spectra kink near ``C`` eigenvalues.
-
-    ``None`` or a count below 1 draws nothing; ``log10``: the x axis holds ``log10`` of the index (the cards).
-    """
+    """A dashed line at index ``C`` (the class count), where class-structured spectra kink; nothing for ``None`` or
+    < 1."""
     if classes is None or classes < 1:
         return
     x = math.log10(classes) if log10 else float(classes)
@@ -287,12 +268,8 @@ def spectrum_history_figure(
     keep: Sequence[np.ndarray] | None = None,
     card: bool = True,
 ) -> Figure:
-    """One point's spectra over the observed epochs, one line per epoch on the epoch ramp, with its colourbar.
-
-    A TensorBoard card (log10 on linear axes, cheap) or, ``card=False``, the report's log-log figure. One card per
-    point, not one grid: a 15-panel grid at a card's width has 6 pt text. Round-off eigenvalues are left out and
-    non-finite ones named (`nonfinite_note`). ``keep``: on the page, which values of each epoch to draw.
-    """
+    """One point's spectra over the observed epochs on the epoch ramp: a TensorBoard card (log10 on linear axes) or the
+    report's log-log figure. One card per point: a 15-panel grid at a card's width has 6 pt text."""
     epochs = [epoch for epoch, _ in history]
     if card:
         drawn = _SpectrumCard(epochs, ylabel, classes)
@@ -321,11 +298,8 @@ def spectrum_history_figure(
 def spectrum_cards(
     histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue", classes: int | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Every point's `spectrum_history_figure`, rendered, as ``(point, RGB image)``, on one shared epoch ramp.
-
-    One figure is redrawn from card to card (building axes costs as much as drawing); a generator so that the
-    background figure worker may pause between cards.
-    """
+    """Every point's spectrum card, rendered, on one shared epoch ramp; one figure is redrawn from card to card, and a
+    generator lets the background worker pause between cards."""
     epochs = sorted({epoch for history in histories.values() for epoch, _ in history})
     card = _SpectrumCard(epochs, ylabel, classes)
     try:
@@ -375,11 +349,8 @@ DECAY_FLOOR = 1e-12
 def decay_curves_figure(
     spectra: Mapping[str, np.ndarray], *, title: str, card: bool = True, floor: float = DECAY_FLOOR
 ) -> Figure:
-    """Spectral decay ``lambda_i / lambda_1`` per point at one observation, a TensorBoard card or the report's figure.
-
-    One line per point coloured by depth, read on a colourbar labelled with the point names (a legend of 15 names does
-    not fit a card); ratios below ``floor`` and round-off eigenvalues left out, non-finite ones named.
-    """
+    """Spectral decay ``lambda_i / lambda_1`` per point, coloured by depth on a colourbar of point names (a legend of 15
+    names does not fit a card): a TensorBoard card or the report's figure."""
     if not card:
         return _decay_page(spectra, title=title, floor=floor)
     fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
@@ -449,11 +420,8 @@ FIRST_COLOUR, LAST_COLOUR = "#e08a2c", "#1f3b73"
 
 
 def offdiag_abs_correlations(cov: ArrayLike) -> np.ndarray:
-    """``|corr_ij|`` for every ordered pair ``i != j`` of the dimensions with variance, as a flat array.
-
-    The same pairs and arithmetic as `tgo.spectral.observables.mean_abs_offdiag_correlation`, so ``values.mean()`` is
-    that observable. Empty for fewer than two such dimensions or a non-finite covariance.
-    """
+    """``|corr_ij|`` over ordered pairs of dimensions with variance: the pairs and arithmetic of
+    `tgo.spectral.observables.mean_abs_offdiag_correlation`, so ``values.mean()`` is that observable."""
     mat = np.asarray(cov, dtype=np.float64)
     if mat.ndim != 2 or mat.shape[0] != mat.shape[1] or not np.all(np.isfinite(mat)):
         return np.zeros(0)
@@ -469,12 +437,8 @@ def offdiag_abs_correlations(cov: ArrayLike) -> np.ndarray:
 def correlation_histograms_figure(
     covariances: Mapping[str, Mapping[str, ArrayLike]], *, title: str, columns: int = 5, bins: int = 40
 ) -> Figure:
-    """Small multiples of the ``|off-diagonal correlation|`` histograms, one panel per point, first vs last observation.
-
-    What a 96 x 96 correlation matrix shows, in numbers (the paper's "the covariance becomes diagonal"). Each mean line
-    (gid ``"<point>|<label>"``) is the recorded ``mean_abs_offdiag_correlation``. ``covariances``: point -> label ->
-    cov.
-    """
+    """``|off-diagonal correlation|`` histograms per point, first vs last observation (the paper's "the covariance
+    becomes diagonal" in numbers); each mean line (gid ``"<point>|<label>"``) is ``mean_abs_offdiag_correlation``."""
     names = list(covariances)
     count = max(len(names), 1)
     rows = -(-count // max(1, columns))
@@ -542,11 +506,8 @@ def layer_epoch_heatmap_figure(
     card: bool = False,
     log: bool | None = None,
 ) -> Figure:
-    """Heatmap of one observable, points (depth) on y and epochs on x: the report's figure, or a TensorBoard card.
-
-    A card is a fixed 480 x 240 px canvas at ``CARD_FONTSIZE`` with at most 8 point names and 6 epochs labelled, so
-    nothing is clipped or shrunk to 5 pt. ``log``: a log colour scale; ``None``: the catalogue's scale of ``title``.
-    """
+    """Heatmap of one observable, points on y and epochs on x: the report's figure, or a 480 x 240 px card with at most
+    8 points and 6 epochs labelled. ``log=None``: the catalogue's scale of ``title``."""
     values = np.asarray(values, dtype=np.float64)
     log = is_log_scale(title) if log is None else log
     if card:
@@ -597,19 +558,15 @@ class LayerEpochCard:
 
 
 def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
-    """The correlation matrix as an RGB ``uint8`` image in RdBu_r over [-1, 1], one pixel per entry: numpy, not a figure
-    (exact pixels, ~1 ms instead of 150 ms)."""
+    """The correlation matrix as RdBu_r ``uint8`` RGB over [-1, 1], one pixel per entry (numpy: ~1 ms, not 150 ms)."""
     corr = correlation_from_covariance(cov)[:max_dim, :max_dim]
     rgba = matplotlib.colormaps["RdBu_r"]((np.clip(corr, -1.0, 1.0) + 1.0) / 2.0)
     return (rgba[..., :3] * 255).round().astype(np.uint8)
 
 
 def correlation_card(cov: np.ndarray, *, max_dim: int = 384, side: int = CARD_PIXELS) -> np.ndarray:
-    """`correlation_image` for a TensorBoard card: enlarged by a whole factor to at least ``side`` px, with a colour
-    scale.
-
-    TensorBoard shows an image no larger than it is, so a 96-feature matrix was a 96 px thumbnail without a scale.
-    """
+    """`correlation_image` enlarged by a whole factor to at least ``side`` px, with a colour scale: TensorBoard showed a
+    96-feature matrix as a 96 px thumbnail."""
     image = correlation_image(cov, max_dim=max_dim)
     k = max(1, -(-side // max(image.shape[0], 1)))
     image = np.repeat(np.repeat(image, k, axis=0), k, axis=1)
@@ -618,8 +575,7 @@ def correlation_card(cov: np.ndarray, *, max_dim: int = 384, side: int = CARD_PI
 
 @functools.lru_cache(maxsize=8)
 def _correlation_scale(height: int) -> np.ndarray:
-    """The RdBu_r scale from -1 to +1 as an RGB strip ``height`` px high; its text grows with ``height`` (TensorBoard
-    shrinks a taller card). Cached per height, read-only."""
+    """The RdBu_r scale as an RGB strip ``height`` px high, text growing with it; cached per height, read-only."""
     scale = max(1.0, height / CARD_PIXELS)
     fig = Figure(figsize=(120 * scale / CARD_DPI, height / CARD_DPI), dpi=CARD_DPI)
     cax = fig.add_axes((0.12, 0.06, 0.15, 0.88))
@@ -667,11 +623,8 @@ def attention_heads_figure(
     reference: float | None = None,
     card: bool = False,
 ) -> Figure:
-    """One attention metric per block and head: a blocks (y) x heads (x) heatmap, the report's figure or a card.
-
-    The page writes every value in (up to 16 x 16 cells); a card labels at most 8 blocks and no values. ``reference``:
-    the value under uniform attention, named in the colourbar label.
-    """
+    """One attention metric as a blocks x heads heatmap: the report's figure (values written in up to 16 x 16) or a
+    card."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[0] != len(blocks):
         raise ValueError(f"attention_heads_figure: values must be [{len(blocks)} blocks, heads], got {values.shape}")
