@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 
 
 def rank_zero_info(message: str) -> None:
-    """Lightning's ``rank_zero_info``, imported on first use: input errors print before Lightning (seconds) is
-    imported."""
+    """Lightning's ``rank_zero_info``, imported on first use so input errors print before Lightning is imported."""
     from lightning.pytorch.utilities import rank_zero_info as info
 
     info(message)
@@ -105,8 +104,7 @@ def check_same_run(run: RunDir, checkpoint: str | Path, checkpoint_run_id: str |
 
 
 def check_fits_model(state: dict[str, Any], model: torch.nn.Module, checkpoint: str | Path) -> None:
-    """Refuses a checkpoint whose state dict does not fit ``model`` (keys, shapes) as a strict load would, but in one
-    line and before anything is moved; its tensors are memory-mapped, not read."""
+    """Refuses, in one line and before anything moves, a checkpoint whose state dict does not fit ``model``."""
     from tgo.checkpoints import state_dict_mismatch
 
     weights = state.get("state_dict")
@@ -147,11 +145,8 @@ def set_aside_attempt(run: RunDir, reason: str) -> Path | None:
 
 
 def set_aside_epochs(run: RunDir, epochs: Iterable[int], reason: str) -> Path | None:
-    """Moves the records of ``epochs`` (of ``run``'s series) aside: their spectra files and their ``metrics.csv`` rows.
-
-    The rows are written to the set-aside copy before ``metrics.csv`` is rewritten without them, so a kill in between
-    leaves them in both places, never in neither.
-    """
+    """Moves the records of ``epochs`` aside; the rows reach the set-aside copy before ``metrics.csv`` loses them, so a
+    kill in between leaves them in both places, never in neither."""
     epochs = sorted(set(int(e) for e in epochs))
     rows = read_metric_rows(run)
     moving_rows = [r for r in rows if int(r[run.key]) in epochs]
@@ -179,8 +174,7 @@ def _csv(rows: list[dict[str, str]]) -> str:
 
 
 def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[str, Any]:
-    """A checkpoint's entries, tensors memory-mapped, read with ``weights_only=True`` (`tgo.safe_load`): no pickled code
-    runs; errors are named by ``label``."""
+    """A checkpoint's entries, tensors memory-mapped, read with ``weights_only=True`` (`tgo.safe_load`)."""
     label = label or f"ckpt_path: '{checkpoint}'"
     state = load_weights_only(checkpoint, label=label)
     if not isinstance(state, dict):
@@ -192,16 +186,13 @@ def _load_lazily(checkpoint: str | Path, *, label: str | None = None) -> dict[st
 
 
 def check_checkpoint(checkpoint: str | Path) -> None:
-    """Stops a start from ``checkpoint`` with one line if TGO refuses to read it: cheap, so it comes before anything
-    else."""
+    """Stops a start from ``checkpoint`` with one line if TGO refuses to read it; cheap, so it comes first."""
     _load_lazily(checkpoint)
 
 
 def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
-    """The epochs the geometry callback had observed when ``checkpoint`` was saved (``None``: no such callback).
-
-    An epoch whose summary was still in flight counts: it observed the checkpoint's own weights.
-    """
+    """The epochs the geometry callback had observed at the save (``None``: no such callback), the one in flight
+    included."""
     return observed_in_state(_load_lazily(checkpoint))
 
 
@@ -237,8 +228,8 @@ def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, 
 
 
 def check_resume_records(run: RunDir, newer: NewerRecords) -> None:
-    """Refuses a resume that would keep a duplicated ``metrics.csv`` row: TGO never writes one, so the file was edited
-    and which copy is the checkpoint's cannot be told."""
+    """Refuses a resume that would keep a duplicated ``metrics.csv`` row: which copy is the checkpoint's cannot be
+    told."""
     for series, leaving in ((run.epoch_series, set(newer.epochs)), (run.step_series, set(newer.steps))):
         first: dict[tuple[str, str, str, str], int] = {}
         for line, row in enumerate(read_metric_rows(series), start=2):  # line 1 is the header
@@ -266,8 +257,7 @@ def set_aside_records_after(run: RunDir, checkpoint: str | Path, newer: NewerRec
 
 
 def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | None = None) -> NewerRecords:
-    """Every check that stops a resume (model fit, same run, no duplicate), before anything is set aside; returns what
-    the resume sets aside."""
+    """Every check that stops a resume, before anything is set aside; returns what the resume sets aside."""
     from tgo.checkpoints import checkpoint_epoch
 
     state = _load_lazily(checkpoint)
@@ -281,8 +271,8 @@ def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | N
 
 
 def remove_stale_temporaries(run: RunDir) -> list[Path]:
-    """Deletes the hidden ``.<name>.<random>.tmp`` files a killed `tgo.records.atomic_write` left: incomplete copies,
-    nothing to keep. Call only when no other process writes this run."""
+    """Deletes the ``.<name>.<random>.tmp`` files a killed `tgo.records.atomic_write` left; only while no one else
+    writes."""
     steps = run.step_series
     places = [run.geometry, run.spectra_dir, steps.geometry, steps.spectra_dir, run.checkpoints, run.root]
     stale = [p for place in places if place.is_dir() for p in place.glob(".*.tmp") if p.is_file()]
@@ -294,11 +284,8 @@ def remove_stale_temporaries(run: RunDir) -> list[Path]:
 
 
 def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Path]:
-    """Sets aside checkpoint files saved after ``checkpoint`` (a larger global step) in ``checkpoints/``.
-
-    A kill between an epoch's best checkpoint and its ``last.ckpt`` leaves a ``best_epoch_*.ckpt`` of retrained weights
-    that the restored callback state no longer names: it leaves with the records of that epoch.
-    """
+    """Sets aside checkpoints saved after ``checkpoint``: a ``best_epoch_*.ckpt`` of weights the resume retrains, which
+    the restored callback state no longer names."""
     restored = Path(checkpoint).resolve()
     step = int(_load_lazily(restored).get("global_step", 0))
     newer = []
@@ -326,8 +313,7 @@ def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Pat
 
 
 def newest_checkpoint(run: RunDir) -> Path | None:
-    """The newest (by modification time) of ``last.ckpt`` and Lightning's SLURM requeue checkpoints
-    ``hpc_ckpt_<n>.ckpt``."""
+    """The newest (by modification time) of ``last.ckpt`` and Lightning's SLURM ``hpc_ckpt_<n>.ckpt``."""
     candidates = [p for p in run.root.glob(f"{HPC_PREFIX}*.ckpt") if p.is_file()]
     if run.last_checkpoint.is_file():
         candidates.append(run.last_checkpoint)
@@ -336,15 +322,14 @@ def newest_checkpoint(run: RunDir) -> Path | None:
 
 @dataclass(frozen=True)
 class StartPlan:
-    """How a launch starts: from ``checkpoint`` (``None``: from scratch); ``start_over`` says why an earlier attempt is
-    set aside whole."""
+    """How a launch starts: from ``checkpoint`` (``None``: from scratch), ``start_over`` saying why an attempt is set
+    aside."""
 
     checkpoint: str | None
     start_over: str | None = None
 
     def prepare(self, run: RunDir, checkpoint_file: str | None) -> None:
-        """Sets aside what this start replaces: rank 0 only, after every input check, just before training (the records
-        a resume replaces are the geometry callback's to set aside)."""
+        """Sets aside what this start replaces: rank 0, after every input check, just before training."""
         if self.start_over is None and checkpoint_file is None:
             return
         if self.start_over is None and checkpoint_file is not None:
@@ -358,11 +343,8 @@ class StartPlan:
 
 
 def plan_start(requested: str | None, run: RunDir, *, requeued: bool) -> StartPlan:
-    """Chooses where this launch starts from.
-
-    A SLURM requeue (no ``ckpt_path``) resumes from the newest checkpoint; ``ckpt_path=last`` or a requeue without any
-    checkpoint starts over, setting aside what an earlier attempt wrote; anything else is what was asked for.
-    """
+    """Chooses where this launch starts: a SLURM requeue resumes from the newest checkpoint; ``ckpt_path=last`` (or a
+    requeue) without a checkpoint starts over, setting aside what an earlier attempt wrote."""
     started = run.looks_like_run()
     if requested is None and requeued and started:
         newest = newest_checkpoint(run)
@@ -382,8 +364,7 @@ class ChangedAnalysisSubsetError(ConfigError):
 
 
 def check_same_analysis_subset(run: RunDir, current: dict[str, Any]) -> None:
-    """Stops a resume whose analysis subset differs from the run's own ``analysis_subset.json``: every epoch must be
-    measured on the same images. No manifest yet passes; the error names what changed, before anything is written."""
+    """Stops a resume whose analysis subset differs from the run's ``analysis_subset.json`` (no manifest yet passes)."""
     if not run.manifest.is_file():
         return
     try:

@@ -1,8 +1,5 @@
-"""``python -m tgo.train``: compose the config, validate it, instantiate everything, train.
-
-Everything that can be wrong with the input (config, data layout, model name, observation points) is checked before
-``trainer.fit`` starts and printed as one line, not a traceback.
-"""
+"""``python -m tgo.train``: compose the config, validate it, instantiate everything, train; bad input (config, data,
+model, observation points) is one line before ``trainer.fit``, not a traceback."""
 
 from __future__ import annotations
 
@@ -69,8 +66,8 @@ def without_logger_only_callbacks(callbacks: list[Any], loggers: list[Any]) -> l
 
 
 def _unreadable_checkpoint(path: Path) -> str | None:
-    """Why ``path`` cannot be a ``torch.save`` zip archive, or ``None``: checked (every member's CRC, one sequential
-    read) before any data is read, since torch would fail deep inside ``fit`` or even load a damaged archive."""
+    """Why ``path`` cannot be a ``torch.save`` zip archive (every member's CRC checked), or ``None``; before any data is
+    read."""
     if path.stat().st_size == 0:
         return "is empty (0 bytes)"
     if not zipfile.is_zipfile(path):
@@ -84,8 +81,7 @@ def _unreadable_checkpoint(path: Path) -> str | None:
 
 
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
-    """Resolves ``ckpt_path`` (``last``: this run's ``checkpoints/last.ckpt``); a missing or damaged file fails in one
-    line."""
+    """Resolves ``ckpt_path`` (``last``: this run's ``checkpoints/last.ckpt``); a bad file fails in one line."""
     if ckpt_path is None:
         return None
     path = RunDir(output_dir).last_checkpoint if ckpt_path == "last" else Path(ckpt_path)
@@ -105,8 +101,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> str | None:
 
 
 def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
-    """Refuses a fresh run in a directory that already holds one: it would overwrite ``last.ckpt`` and mix the
-    records."""
+    """Refuses a fresh run where one already is: it would overwrite ``last.ckpt`` and mix the records."""
     if ckpt_path is not None:
         return
     run = RunDir(output_dir)
@@ -121,10 +116,8 @@ def refuse_to_overwrite(output_dir: Path, ckpt_path: str | None) -> None:
 def check_run_directory(output_dir: Path, ckpt_path: str | None, *, launched_at: float = LAUNCHED_AT) -> None:
     """Refuses a run directory that is not TGO's to write into, and a resume of a directory that did not exist.
 
-    Used: a new directory, one holding only Hydra's files (`HYDRA_ENTRIES`), or a TGO run. Anything else is the user's
-    (TGO would overwrite its ``config.yaml``). ``ckpt_path=last`` in a directory this launch just made is a mistyped
-    path: training there would let a user believe a long job resumed. A directory another process holds is refused
-    first.
+    Used: a new directory, one with only Hydra's files, or a TGO run; anything else is the user's. ``ckpt_path=last`` in
+    a directory this launch just made is a mistyped path, not a resume.
     """
     run = RunDir(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
@@ -184,12 +177,8 @@ def mark_run_directory(output_dir: Path) -> None:
 
 
 def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
-    """Why the run directory named on the command line cannot be written, before Hydra touches it (``None``: fine).
-
-    Hydra makes the directory and writes ``.hydra/`` there before TGO's code runs, so a bad path would end in Hydra's
-    traceback or leave its files where TGO refuses. Checks ``hydra.run.dir=``, else the nearest directory above
-    ``paths.log_dir``.
-    """
+    """Why the command line's run directory cannot be written, checked before Hydra makes it and writes ``.hydra/``
+    there (``hydra.run.dir=``, else the nearest directory above ``paths.log_dir``); ``None``: fine."""
     overrides = dict(a.split("=", 1) for a in argv if "=" in a and not a.startswith("-"))
     target = overrides.get("hydra.run.dir")
     key = "hydra.run.dir"
@@ -219,11 +208,8 @@ def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
 
 
 def make_ddp_relaunch_job_local() -> None:
-    """Makes Lightning's DDP re-launch of ``sys.argv`` run *this* multirun job, in *this* job's directory.
-
-    Lightning re-runs ``sys.argv`` for ranks > 0, which in a multirun would start the whole sweep again in the wrong
-    directory (a known upstream problem); argv becomes this job's overrides so every rank of job k joins job k.
-    """
+    """Makes Lightning's DDP re-launch of ``sys.argv`` run this multirun job in this job's directory, instead of the
+    whole sweep again (a known upstream problem)."""
     if not HydraConfig.initialized():
         return
     hydra_cfg = HydraConfig.get()
@@ -236,8 +222,8 @@ def make_ddp_relaunch_job_local() -> None:
 
 
 def trainer_plugins(cfg: DictConfig) -> list[Any]:
-    """The trainer's plugins plus `AtomicCheckpointIO` (unless one is a CheckpointIO), so a full disk never truncates
-    ``last.ckpt``; on SLURM, the preemption listener (`slurm_requeue_plugins`)."""
+    """The trainer's plugins plus `AtomicCheckpointIO` (a full disk never truncates ``last.ckpt``) and, on SLURM, the
+    preemption listener."""
     from lightning.pytorch.plugins.io import CheckpointIO
 
     from tgo.checkpoints import AtomicCheckpointIO
@@ -275,8 +261,7 @@ class RunStopped(Exception):
 
 
 def _stopping_signal(trainer: L.Trainer, stop: SystemExit) -> int | None:
-    """The signal behind Lightning's exit from ``fit`` (``None``: another exit, re-raised): SIGTERM becomes a
-    ``SystemExit`` with no code, Ctrl+C ``sys.exit(1)``."""
+    """The signal behind Lightning's exit from ``fit`` (``None``: another exit, re-raised)."""
     if getattr(trainer, "received_sigterm", False):
         return int(signal.SIGTERM)
     if isinstance(stop.__context__, KeyboardInterrupt):
@@ -301,11 +286,8 @@ def _stopped_line(signum: int, trainer: L.Trainer, output_dir: Path) -> str:
 
 
 def _train(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
-    """`run` after the run directory is checked and locked.
-
-    Until ``fit`` starts SIGTERM ends the run with one line; inside ``fit`` Lightning's own handler takes over (it
-    installs one only where none is set) and stops at the next batch with the records whole.
-    """
+    """`run` after the run directory is checked and locked: until ``fit`` SIGTERM ends it with one line, then
+    Lightning's handler stops at the next batch with the records whole."""
     try:
         with stopped_by_sigterm():
             trainer, model, datamodule, ckpt_path = _prepare(cfg, output_dir)
@@ -373,11 +355,8 @@ def _prepare(cfg: DictConfig, output_dir: Path) -> tuple[Any, Any, Any, str | No
 
 
 def main() -> float | None:
-    """``python -m tgo.train`` / ``tgo-train``: `preflight`, then the Hydra entry point.
-
-    The ``hydra.run.dir`` lock is taken here, before Hydra writes there: a second launch a moment later would otherwise
-    replace the first's Hydra record before being refused. `run` takes it again (re-entrant).
-    """
+    """``python -m tgo.train`` / ``tgo-train``: `preflight`, then Hydra; the ``hydra.run.dir`` lock is taken first, so a
+    second launch cannot replace the first's Hydra record before being refused."""
     problem = preflight(sys.argv[1:])
     if problem is not None:
         print(f"tgo.train: error: {problem}", file=sys.stderr)
@@ -405,8 +384,7 @@ def _early_lock(argv: list[str]) -> RunLock | None:
 
 @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="train")
 def hydra_main(cfg: DictConfig) -> float | None:
-    """Hydra entry point; bad input exits 2 with one line, a signal ``128 + signum`` with one line saying what is
-    kept."""
+    """Hydra entry point: bad input exits 2 with one line, a signal ``128 + signum``."""
     logging.captureWarnings(True)  # warnings reach <run dir>/train.log with every other message (conf/hydra)
     try:
         metrics = run(cfg)
@@ -426,11 +404,8 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 
 def error_line(error: BaseException) -> str | None:
-    """The one line `main` prints for an error that needs a changed input, or ``None`` for a bug (traceback).
-
-    A ``UserInputError`` anywhere in the cause chain, or a stop by ``observation.nonfinite=error`` (the same config
-    would stop at the same place again).
-    """
+    """The one line `main` prints for an error that needs a changed input (a ``UserInputError`` in the cause chain, or a
+    ``nonfinite=error`` stop), or ``None`` for a bug."""
     found = find_error(error, (UserInputError, NonFiniteActivationsError))
     if found is None:
         return None
