@@ -58,8 +58,7 @@ class CheckpointMismatchError(CheckpointError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    """One model to observe, before it is loaded: ``kind`` (``checkpoint`` or ``timm``), its file, epoch label and
-    step."""
+    """One model to observe, before it is loaded: ``kind`` (``checkpoint`` or ``timm``), file, epoch label and step."""
 
     kind: str
     path: Path | None
@@ -69,8 +68,8 @@ class ModelSource:
 
 # ----------------------------------------------------------------------------------------------------- checkpoints
 def load_checkpoint_file(path: Path) -> dict[str, Any]:
-    """Loads a checkpoint on the CPU, memory-mapped, with ``weights_only=True`` (`tgo.safe_load`): a file whose
-    unpickling would build anything but tensors and plain values is refused without running it."""
+    """Loads a checkpoint on the CPU, memory-mapped, with ``weights_only=True`` (`tgo.safe_load`): nothing in it
+    runs."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -115,8 +114,8 @@ def checkpoint_source(path: Path) -> ModelSource:
 
 
 def find_checkpoints(directory: str | Path) -> list[ModelSource]:
-    """Every ``*.ckpt`` of a directory in epoch order; the same label and step count once (``last.ckpt`` often repeats a
-    ``best_epoch_NNN.ckpt``), the same label with another step is an error asking for --checkpoint."""
+    """Every ``*.ckpt`` of a directory in epoch order; the same label and step count once, the same label with another
+    step is an error."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory (expected a run's checkpoints/ directory)")
@@ -202,8 +201,7 @@ _WEIGHTS = "a weights file (.safetensors, or a torch file of tensors)"
 
 
 def load_weights_file(path: Path) -> dict[str, torch.Tensor]:
-    """A weights file as a clean state dict, read by timm (wrappers unwrapped, DDP and ``torch.compile`` prefixes
-    removed)."""
+    """A weights file as a clean state dict, read by timm (wrappers and DDP or ``torch.compile`` prefixes removed)."""
     if not path.is_file():
         raise CheckpointError(f"--weights {path}: no such file")
     try:
@@ -256,12 +254,8 @@ def _under(state: dict[str, Any], prefix: str) -> dict[str, Any]:
 
 
 def state_dict_prefix(state: dict[str, Any], model_keys: list[str], *, origin: str, model: str) -> str:
-    """The one prefix under which a state dict's keys are exactly a model's keys (a head left aside).
-
-    A user's LightningModule holds its ViT under an attribute of its choosing, maybe several (``self.ema``), so the
-    prefix is found, not assumed. Several that fit are an error asking for ``--prefix``; none a mismatch naming the
-    closest candidates and what they miss.
-    """
+    """The one prefix under which a state dict's keys are exactly a model's (its head aside): a user's LightningModule
+    may hold the ViT under any attribute, maybe several (``self.ema``); several fits ask for ``--prefix``."""
     own = set(model_keys)
     candidates: set[str] = set()
     for key in state:
@@ -314,11 +308,10 @@ def net_from_user_checkpoint(
     in_chans: int,
     arch: dict[str, Any],
 ) -> tuple[torch.nn.Module, str]:
-    """Rebuilds a timm ViT held by a user's own LightningModule from a checkpoint of it, offline and without running it.
+    """Rebuilds a timm ViT held by a user's own LightningModule from its checkpoint, offline, without running it.
 
-    The checkpoint has no TGO hyper-parameters, so the model is timm's ``name`` with ``arch`` (``model.arch.*``) at the
-    data's size; its weights are those under ``prefix`` (``None``: `state_dict_prefix`), loaded strictly without the
-    head. Returns ``(net, prefix used)``.
+    The model is timm's ``name`` with ``arch`` at the data's size; its weights those under ``prefix`` (``None``:
+    `state_dict_prefix`), loaded strictly without the head. Returns ``(net, prefix used)``.
     """
     checkpoint = load_checkpoint_file(path)
     state = checkpoint.get("state_dict", checkpoint)
@@ -340,12 +333,8 @@ def net_from_user_checkpoint(
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Saves local checkpoints so that a failure (disk full, a kill) never leaves a truncated file under the real name.
-
-    Lightning stages through ``$TMPDIR`` and moves the file, a copy across filesystems: a full disk once left
-    ``last.ckpt`` truncated. Here `tgo.records.atomic_write` writes beside the target; remote paths keep Lightning's
-    way.
-    """
+    """Saves local checkpoints through `tgo.records.atomic_write`: Lightning's copy from ``$TMPDIR`` once left a
+    truncated ``last.ckpt`` on a full disk. Remote paths keep Lightning's way."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         target = str(path)
@@ -360,11 +349,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 class EpochLabelCheckpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint`` whose ``filename`` may name TGO's epoch label, ``{tgo_epoch}``.
-
-    Lightning's ``{epoch}`` is 0-based (the end of the 29th epoch saves ``..._028``); ``{tgo_epoch}`` is the completed
-    epochs, what the records and `checkpoint_epoch` call those weights. Every other key keeps Lightning's meaning.
-    """
+    """Lightning's ``ModelCheckpoint`` whose ``filename`` may name ``{tgo_epoch}``: the completed epochs, what the
+    records call those weights (Lightning's ``{epoch}`` is 0-based: the end of the 29th epoch saves ``..._028``)."""
 
     LABEL = "tgo_epoch"
 

@@ -1,9 +1,8 @@
 """Fail-fast validation of a composed config, before any data is read or any weight is updated.
 
-Hydra checks that keys exist, not that values make sense: a zero batch size would surface minutes later deep inside
-Lightning, or silently run nothing. ``validate_config`` raises one ``ConfigError`` listing every problem, each naming
-the key and what was expected. The model's hyper-parameters are checked here too (`model_problems`): a zero depth or
-an image size the patch size does not divide would train a model that silently ignores what the user asked for.
+Hydra checks that keys exist, not that values make sense: a zero batch size would surface minutes later inside
+Lightning. `validate_config` raises one ``ConfigError`` listing every problem; the model's hyper-parameters are
+checked too (`model_problems`), since a zero depth would train a model that ignores what was asked.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from tgo.errors import ConfigError
 from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 
 CONFIG_MODULE = "tgo.conf"
-"""Where Hydra finds the config tree (``pkg://tgo.conf``, the repository's ``conf/`` as package data): the same configs
-from any directory and from an installed wheel."""
+"""Where Hydra finds the config tree: the repository's ``conf/`` as package data, the same from any directory or
+wheel."""
 
 _MISSING = object()
 
@@ -137,8 +136,8 @@ def _lookup(values: Mapping[str, Any], dotted: str) -> Any:
 
 
 def image_size_problem(image_size: Any, patch_size: Any) -> str | None:
-    """Why ``data.image_size`` cannot be cut into patches (``None`` when it can): timm's strided convolution would
-    silently drop the last ``image_size % patch_size`` rows and columns."""
+    """Why ``data.image_size`` cannot be cut into patches (``None`` when it can): timm would silently drop the
+    remainder."""
     if _positive_int(image_size) or _positive_int(patch_size) or image_size % patch_size == 0:
         return None
     lower, upper = image_size - image_size % patch_size, image_size - image_size % patch_size + patch_size
@@ -156,11 +155,8 @@ def _divisors_near(n: int, target: int) -> str:
 
 
 def model_problems(model: Mapping[str, Any], image_size: Any = None, *, prefix: str = "model") -> list[str]:
-    """Every problem with `tgo.model.ViTClassifier`'s hyper-parameters, one ``<key>: ...; expected ...`` each.
-
-    Absent keys are skipped; ``image_size`` ``None`` skips the patch check; ``prefix`` is how the command line spells
-    the node.
-    """
+    """Every problem with `tgo.model.ViTClassifier`'s hyper-parameters, one ``<key>: ...; expected ...`` each (absent
+    keys skipped)."""
     problems = []
     for key, rule in MODEL_RULES.items():
         value = _lookup(model, key)
@@ -189,8 +185,7 @@ _TIMM_SIZES = {"tiny": (192, 12), "small": (384, 12), "base": (768, 12), "large"
 
 
 def _architecture(model: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """``(patch size, width, depth)`` of a model node (``arch`` overrides, else the timm name), ``None`` where
-    unknown."""
+    """``(patch size, width, depth)`` of a model node (``arch``, else the timm name), ``None`` where unknown."""
     match = _TIMM_VIT.match(str(model.get("name", "")))
     width, depth = _TIMM_SIZES[match.group(1)] if match else (None, None)
     patch = int(match.group(2)) if match else None
@@ -202,8 +197,8 @@ def _architecture(model: Mapping[str, Any]) -> tuple[int, int, int] | None:
 
 
 def _gpu_memory() -> int | None:
-    """The smallest GPU's memory on this node from NVML, or ``None``: asking torch would initialise CUDA in this
-    process, after which a forked DDP rank cannot use it."""
+    """The smallest GPU's memory on this node from NVML (``None``: none): asking torch would initialise CUDA here, after
+    which a forked DDP rank cannot use it."""
     import ctypes
 
     class Memory(ctypes.Structure):
@@ -231,8 +226,7 @@ def _gpu_memory() -> int | None:
 
 
 def available_memory(accelerator: Any) -> tuple[int, str]:
-    """``(bytes, what)`` of one training process's memory: the smallest GPU's where the accelerator may be one, else
-    RAM."""
+    """``(bytes, what)`` of one training process's memory: the smallest GPU's where one may be used, else RAM."""
     if str(accelerator).lower() in {"gpu", "cuda", "auto"}:
         gpu = _gpu_memory()
         if gpu is not None:
@@ -243,12 +237,8 @@ def available_memory(accelerator: Any) -> tuple[int, str]:
 def training_memory_problem(
     model: Mapping[str, Any], image_size: Any, batch_size: Any, precision: Any, memory: tuple[int, str]
 ) -> str | None:
-    """Why one training batch of ``data.image_size`` images cannot fit ``memory`` (``None`` when it may).
-
-    A lower bound, so nothing that fits is refused: ``batch x depth x ACTIVATIONS_PER_TOKEN_AND_WIDTH x tokens x width``
-    values of 2 or 4 bytes. Without it ``data.image_size=2048`` at patch 4 (>= 928 GB for a batch of 64) ends in an
-    allocation traceback or an OOM kill.
-    """
+    """Why one training batch cannot fit ``memory`` (``None`` when it may), by a lower bound so nothing that fits is
+    refused: ``data.image_size=2048`` at patch 4 (>= 928 GB for 64 images) would otherwise end in an OOM kill."""
     known = _architecture(model)
     if known is None or _positive_int(image_size) or _positive_int(batch_size):
         return None

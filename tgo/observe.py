@@ -1,10 +1,8 @@
 """``python -m tgo.observe``: the geometry callback's observation, applied to models that already exist.
 
-It runs the callback's own code path (`tgo.observatory.observe_and_record`), so its records are a training run's and
-``python -m tgo.report <out>`` reads them. Model sources are in ``--help`` and ``docs/usage.md``; loading them lives
-in ``tgo.checkpoints``. Settings come from ``conf/observe.yaml``; a model from a run uses the run's data node, pinned
-analysis subset and observation settings (overrides on top), which is what makes a re-observation reproduce the
-callback's records exactly. The pass runs sharded in a Lightning Fabric as in training; rank 0 writes.
+It runs the callback's own code path (`tgo.observatory.observe_and_record`), so its records are a training run's. A
+model from a run uses the run's data, pinned analysis subset and observation settings (overrides on top), which is
+what makes a re-observation reproduce the callback's records exactly.
 """
 
 from __future__ import annotations
@@ -69,11 +67,9 @@ def _override_key(override: str) -> str:
 
 
 def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None = None) -> DictConfig:
-    """Composes ``conf/observe.yaml`` with overrides; with ``run_dir``, the run's data and observation settings win.
-
-    The run's analysis subset is pinned to its ``analysis_subset.json``; ``data.*`` and ``observation.*`` overrides
-    still apply on top, and a ``data=<group>`` override replaces the run's data entirely.
-    """
+    """Composes ``conf/observe.yaml`` with overrides; with ``run_dir`` the run's data (its subset pinned) and
+    observation settings win, ``data.*`` and ``observation.*`` overrides on top (``data=<group>`` replaces the run's
+    data)."""
     overrides = list(overrides)
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
@@ -102,8 +98,8 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
 
 
 def _legacy_observation(run_cfg: DictConfig | ListConfig) -> dict[str, Any] | None:
-    """Observation settings of a run saved before the ``observation`` group existed (they lived in the callback);
-    ``covariance_epochs`` becomes ``keep_covariance``."""
+    """Observation settings of a run older than the ``observation`` group (``covariance_epochs``:
+    ``keep_covariance``)."""
     callback = OmegaConf.select(run_cfg, "callbacks.spectral_geometry")
     if callback is None:
         return None
@@ -130,8 +126,7 @@ def count_text(results: Mapping[Any, Any]) -> str:
 
 
 def _check_out(out: Path) -> None:
-    """Refuses an ``--out`` that is not new, empty or a TGO run without records, in one line, before any work: it would
-    replace a user's files, mix two models' records, or write through a link."""
+    """Refuses, before any work, an ``--out`` that is not new, empty or a TGO run without records."""
     if out.exists() and not out.is_dir():
         raise ObserveError(f"--out {out}: exists and is not a directory")
     if not out.is_dir():
@@ -265,12 +260,8 @@ def observe_models(
     overrides: Sequence[str] = (),
     prefix: str | None = None,
 ) -> list[ModelSource]:
-    """Observes one model or a checkpoint trajectory and writes training-compatible records to ``out``.
-
-    The sources are the CLI's (``--help``): a checkpoint, a directory of them, a run, or a timm model (random, local
-    ``weights`` or ``pretrained``; with a checkpoint: the model inside a user's LightningModule, found under ``prefix``,
-    ``None`` = the one prefix holding exactly its keys). Returns the observed sources in epoch order.
-    """
+    """Observes one model or a checkpoint trajectory (the CLI's sources, ``--help``) and writes training-compatible
+    records to ``out``; returns the observed sources in epoch order."""
     import lightning as L
 
     out = Path(out)
@@ -444,8 +435,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the CLI: 0, 2 after one line for bad input, or ``128 + signum`` when SIGTERM stops it (records stay
-    whole)."""
+    """Runs the CLI: 0, 2 after one line for bad input, or ``128 + signum`` when SIGTERM stops it."""
     args = parse_args(argv)
     try:
         with stopped_by_sigterm():

@@ -94,10 +94,8 @@ class RecordsError(UserInputError):
 # ----------------------------------------------------------------------------------------------------------- layout
 @dataclass(frozen=True)
 class RunDir:
-    """The paths of one run directory (training run or offline observation); nothing is created.
-
-    ``series`` is ``epoch`` (``geometry/``) or ``step`` (``geometry/steps/``); the paths under ``geometry`` follow it.
-    """
+    """The paths of one run directory (nothing is created); ``series`` ``step`` puts the geometry under
+    ``geometry/steps/``."""
 
     root: Path
     series: str = "epoch"
@@ -193,8 +191,8 @@ class RunDir:
         return self.metrics.is_file() or bool(self.spectra_files())
 
     MARKER = ".tgo-run"
-    """JSON naming the run (random id), its kind and the absolute path it was made for: TGO writes only into a directory
-    that is new, empty or carries it, and a marker copied elsewhere does not count (`is_marked`)."""
+    """JSON naming the run, its kind and the path it was made for: TGO writes only into a directory that is new, empty
+    or marked, and a marker copied elsewhere does not count."""
 
     @property
     def marker(self) -> Path:
@@ -211,8 +209,7 @@ class RunDir:
         return stamp if isinstance(stamp, dict) and stamp.get("tgo") == "run directory" else None
 
     def is_marked(self) -> bool:
-        """Whether TGO marked this very directory: a marker naming another path was copied (or its run moved) and does
-        not count."""
+        """Whether TGO marked this very directory (a marker naming another path was copied, or its run moved)."""
         stamp = self.read_marker()
         return stamp is not None and stamp.get("path") == os.path.realpath(self.root)
 
@@ -230,11 +227,9 @@ class RunDir:
         atomic_write(self.marker, json.dumps(stamp) + "\n")
 
     def unsafe_entry(self) -> str | None:
-        """What inside this run directory TGO must not write through, in words, or ``None``.
-
-        A link anywhere TGO writes would send writes outside the run; a file where a directory belongs (or the reverse)
-        would fail mid-run. The run directory itself may be a link.
-        """
+        """What inside this run directory TGO must not write through, in words, or ``None``: a link would send writes
+        outside the run, a file where a directory belongs (or the reverse) would fail mid-run. The run directory may be
+        a link."""
         files = [self.marker, self.root / ".tgo-lock", self.config, self.manifest]
         dirs = [self.root / d for d in (self.GEOMETRY, self.CHECKPOINTS, self.TENSORBOARD, self.REPORT)]
         dirs += [self.geometry / d for d in (self.SPECTRA, self.STEPS, "weights")]
@@ -258,8 +253,7 @@ class RunDir:
         return None
 
     def looks_like_run(self) -> bool:
-        """Whether this is a run directory at all: marker, or (runs older than the marker) config, checkpoints or
-        manifest."""
+        """Whether this is a run directory at all: its marker, or (older runs) config, checkpoints or manifest."""
         return self.is_marked() or self.config.is_file() or self.checkpoints.is_dir() or self.manifest.is_file()
 
     SET_ASIDE = "set_aside"  # what a resume moved out of the way (tgo.resume): earlier attempts, never a run of its own
@@ -298,11 +292,11 @@ def _umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[bytes]], None]) -> Path:
-    """Writes a file so that readers see either the old or the complete new file, durably.
+    """Writes a file so that readers see either the old or the complete new file, durably; links and directories
+    refused.
 
-    A symbolic link or directory as target is refused. The temporary file lives beside the target (``os.replace`` is
-    atomic only within a filesystem), starts with a dot so globs skip it, gets ``0o666 & ~umask`` (``mkstemp`` alone
-    gives ``0600``) and is removed if anything fails. ``data``: bytes, text (UTF-8) or a function writing to the file.
+    The temporary file lives beside the target (``os.replace`` is atomic only within a filesystem), starts with a dot so
+    globs skip it, gets ``0o666 & ~umask`` (``mkstemp`` gives ``0600``) and is removed if anything fails.
     """
     path = Path(path)
     if path.is_symlink():
@@ -345,11 +339,8 @@ _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
 
 
 def _raise_if_out_of_space(err: BaseException, path: Path, existed: bool) -> None:
-    """Turns a write that failed for want of space into one line naming the file, the free space and what survived.
-
-    ``torch.save`` into a file object only says its writer failed ("unexpected pos"), so the device is asked for its
-    free space; ``os.replace`` never ran, so the previous file is intact.
-    """
+    """Turns a failed write for want of space into one line naming the file, the free space and what survived
+    (``torch.save`` only says "unexpected pos", so the free space is asked for)."""
     where = path.parent if path.parent.exists() else Path(os.path.abspath(os.sep))
     try:
         free = shutil.disk_usage(where).free
@@ -396,12 +387,8 @@ class RecordWriter:
         return self.run.root
 
     def write_observation(self, epoch: int, step: int, results: Mapping[Any, Any], *, with_covariance: bool) -> None:
-        """Records one observation: spectra npz first, then the metrics rows (each atomically).
-
-        ``results``: ``{ObservationKey(point, view): PointResult}`` in point order (a bare point name means view
-        ``all``). ``with_covariance``: also store each covariance (D x D, large, so only on chosen epochs) and
-        ``kept_arrays``.
-        """
+        """Records one observation, spectra npz first, then the metrics rows, each atomically; ``with_covariance`` also
+        stores the covariances (D x D, so only on chosen epochs) and ``kept_arrays``."""
         epoch, step = int(epoch), int(step)
         if epoch < 0 or step < 0:
             raise ValueError(f"write_observation: epoch and step must be >= 0; got epoch={epoch}, step={step}")
@@ -486,8 +473,8 @@ def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, 
 
 # ----------------------------------------------------------------------------------------------------------- reading
 def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
-    """The rows of ``metrics.csv`` as dicts of strings (``[]`` without a file); unparsed, so a rewrite keeps other
-    epochs byte-identical. Legacy headers read with their missing columns filled in."""
+    """The rows of ``metrics.csv`` as unparsed strings (a rewrite keeps other epochs byte-identical), legacy headers
+    filled."""
     path = as_run_dir(run_dir).metrics
     if not path.exists():
         return []
@@ -509,8 +496,7 @@ def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
 
 
 def recorded_epochs(run_dir: RunPath) -> list[int]:
-    """Epochs whose observation is completely on disk, ascending: metrics are written last, so an interrupted epoch is
-    not counted and is observed again."""
+    """Epochs completely on disk, ascending: metrics are written last, so an interrupted epoch is observed again."""
     run = as_run_dir(run_dir)
     in_metrics = {int(row[run.key]) for row in read_metric_rows(run)}
     return sorted(in_metrics & set(run.spectra_files()))
@@ -541,8 +527,8 @@ def _rows_with_metrics_file(path: RunPath) -> list[dict[str, str]]:
 
 
 def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]], key_column: str = "epoch") -> None:
-    """Refuses two rows for one (epoch, point, view, metric): tgo replaces an epoch's rows when it observes it again, so
-    a duplicate means the file was edited or concatenated and a loader would silently keep one value."""
+    """Refuses two rows for one (epoch, point, view, metric): tgo never writes one, and a loader would silently keep
+    one."""
     first_line: dict[tuple[str, str, str, str], int] = {}
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         key = (row[key_column], row["point"], row["view"], row["metric"])
@@ -590,10 +576,8 @@ def load_series(
     metrics: Sequence[str] | None = None,
     column: str = "value",
 ) -> Series:
-    """The metrics of one view of a run as arrays: ``{metric: {point: (epochs, values)}}``; numpy only.
-
-    ``column`` is ``value`` or ``stderr``; metrics and points in recorded order, epochs ascending.
-    """
+    """The metrics of one view as arrays, ``{metric: {point: (epochs, values)}}`` (``column``: ``value`` or
+    ``stderr``)."""
     if column not in ("value", "stderr"):
         raise ValueError(f"load_series: column must be 'value' or 'stderr', got {column!r}")
     rows = _rows_with_metrics_file(run_dir)
@@ -622,8 +606,8 @@ def load_series(
 def layer_epoch_table(
     per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: Sequence[str], epochs: Sequence[int]
 ) -> np.ndarray:
-    """One metric's series as a ``[len(points), len(epochs)]`` float64 table (NaN where missing; later epochs left out):
-    the one table behind every layer x epoch heatmap and depth profile, TensorBoard's and the report's."""
+    """One metric's series as a ``[points, epochs]`` float64 table (NaN where missing): the table behind every layer x
+    epoch heatmap and depth profile."""
     table = np.full((len(points), len(epochs)), np.nan)
     column = {int(e): j for j, e in enumerate(epochs)}
     for i, point in enumerate(points):
@@ -674,9 +658,8 @@ def _iter_spectra(run: RunDir, epochs: Iterable[int] | None) -> Iterator[tuple[i
 
 
 def load_subspace_history(run_dir: RunPath, before_epoch: int) -> tuple[dict, dict]:
-    """``(init, prev)``: per point ``(eigenvectors, components_90)`` of the first and the latest observation before
-    ``before_epoch``, read from the records so a resumed run or a later ``tgo.observe`` compares with what was recorded.
-    """
+    """``(init, prev)``: per point ``(eigenvectors, components_90)`` of the first and latest observation before
+    ``before_epoch``, from the records, so a resumed run compares with what was recorded."""
     run = as_run_dir(run_dir)
     earlier = sorted(e for e in run.spectra_files() if e < int(before_epoch))
     if not earlier:
@@ -700,11 +683,8 @@ def load_spectra(
     view: str = DEFAULT_VIEW,
     arrays: Iterable[str] | None = None,
 ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-    """The spectra of a run: ``{epoch: {point: {array: value}}}``, epochs ascending, points in written order.
-
-    ``arrays`` picks arrays (covariances make files large); by default all but the jackknife replicates
-    (`load_jackknife`).
-    """
+    """The spectra of a run, ``{epoch: {point: {array: value}}}``; ``arrays`` picks some (covariances are large), by
+    default all but the jackknife replicates."""
     run = _require_records(run_dir)
     return {e: _load_npz(path, view, arrays) for e, path in _iter_spectra(run, epochs)}
 
@@ -789,11 +769,10 @@ def load_jackknife(
     metrics: Sequence[str] | None = None,
     epochs: Collection[int] | None = None,
 ) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """The jackknife replicates of one view of a run: ``{metric: {point: (epochs, replicates [E, G])}}``; numpy only.
+    """The jackknife replicates of one view, ``{metric: {point: (epochs, replicates [E, G])}}``; numpy only.
 
-    Every epoch and point of a run uses the same image groups, so the stderr of a difference is ``jackknife_stderr(a[j]
-    - b[k])`` (paired). ``epochs`` limits the files opened (a reader of one earlier epoch opens one file). Runs without
-    replicates give ``{}``; a metric whose replicate count changes between epochs is refused.
+    Every epoch and point shares the image groups, so a difference's stderr is ``jackknife_stderr(a[j] - b[k])``.
+    ``epochs`` limits the files opened; a replicate count that changes between epochs is refused.
     """
     run = _require_records(run_dir)
     wanted = None if metrics is None else set(metrics)

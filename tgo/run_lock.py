@@ -116,11 +116,8 @@ _HELD_GUARD = threading.Lock()
 
 
 class RunLock:
-    """The lock of one run directory; ``with RunLock(root): ...`` or `acquire` / `release`.
-
-    ``what`` is how messages name the directory; ``create`` makes it (removed again on release if nothing was written
-    there). ``took_over`` is the line said when a stale lock was taken over.
-    """
+    """The lock of one run directory (``with RunLock(root):`` or `acquire` / `release`); ``what`` names it in messages,
+    ``create`` makes the directory (removed on release if still empty)."""
 
     def __init__(self, root: str | os.PathLike[str], *, what: str = "the run directory", create: bool = True) -> None:
         self.root = Path(root)
@@ -187,8 +184,7 @@ class RunLock:
             return self
 
     def _lock_file(self) -> int:
-        """Opens, locks and stamps the lock file; returns its descriptor (-1: borrowed from the process that started
-        this one)."""
+        """Opens, locks and stamps the lock file; returns its descriptor (-1: borrowed from the parent holding it)."""
         for _ in range(20):  # a holder releasing (unlinking) between our open and flock: open the new file
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -293,8 +289,7 @@ class RunLock:
 
 
 def _started_by(holder: Holder) -> bool:
-    """Whether ``holder`` is an ancestor of this process on this host (``ddp_spawn`` ranks write their launcher's
-    run)."""
+    """Whether ``holder`` is an ancestor of this process on this host (``ddp_spawn`` ranks)."""
     if holder.host != socket.gethostname():
         return False
     pid = os.getpid()
