@@ -25,9 +25,8 @@ _GRAM_DTYPES = {torch.float64: "float64", torch.float32: "float32"}
 
 
 def _fp32_precision_knobs() -> list[tuple[Any, str, Any]]:
-    """The per-backend float32 precision switches as ``(namespace, attribute, strict value)``: torch >= 2.9 raises when
-    the legacy booleans are read after the two APIs were mixed, so exactly its per-backend strings are switched and
-    restored."""
+    """The per-backend float32 precision switches as ``(namespace, attribute, strict value)`` (torch >= 2.9 raises on
+    the legacy booleans once the two APIs were mixed)."""
     knobs: list[tuple[Any, str, Any]] = []
     families = [
         ("cuda", "matmul"),
@@ -56,11 +55,10 @@ def _try_read(read: Callable[[], Any]) -> tuple[bool, Any]:
 
 @contextlib.contextmanager
 def strict_fp32_math(device_type: str) -> Iterator[None]:
-    """Disable TF32/bf16 float32 math and autocast for the enclosed code, restoring the previous settings after.
+    """IEEE float32 matmuls and convolutions, autocast off, for the enclosed code; the previous settings restored after.
 
-    Autocast, ``allow_tf32`` or ``set_float32_matmul_precision("medium")`` (bf16 on CPU too) would silently make a
-    float32 Gram product a 10- or 8-bit-mantissa one. Inside, every float32 matmul and convolution is IEEE; the legacy
-    switches are set where readable, then every per-backend ``fp32_precision`` is ``"ieee"``; exit restores both.
+    Autocast, ``allow_tf32`` or ``set_float32_matmul_precision("medium")`` would silently make the float32 Gram product
+    a 10- or 8-bit-mantissa one; both the legacy switches and every per-backend ``fp32_precision`` are set.
     """
     knobs = _fp32_precision_knobs()
     saved_knobs = [(namespace, attr, getattr(namespace, attr)) for namespace, attr, _ in knobs]
@@ -90,8 +88,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _outside_inference_mode(method: F) -> F:
-    """Run a state-touching method with inference mode off: state created under ``torch.inference_mode()`` (the
-    observation pass) could not be updated in place later (a ``merge`` or resumed ``update``)."""
+    """Run a state-touching method with inference mode off: inference-mode state could not be updated in place later."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -102,18 +99,16 @@ def _outside_inference_mode(method: F) -> F:
 
 
 def _shifted_sums(s1: torch.Tensor, s2: torch.Tensor, n: int, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float64 sums ``(S1, S2)`` of ``n`` rows re-expressed relative to ``old_shift - delta`` (inputs untouched).
-
-    With ``d = old - new``: ``S1' = S1 + n d`` and ``S2' = S2 + d S1^T + S1 d^T + n d d^T``.
-    """
+    """The sums ``(S1, S2)`` of ``n`` rows relative to ``old_shift - delta``: ``S1 + n d``, ``S2 + d S1^T + S1 d^T + n d
+    d^T``."""
     s2_new = s2 + torch.outer(delta, s1) + torch.outer(s1, delta) + n * torch.outer(delta, delta)
     s1_new = s1 + n * delta
     return s1_new, s2_new
 
 
 def _column_sum(centred: torch.Tensor) -> torch.Tensor:
-    """Column sums of the centred rows as float64 ``[D]``; float32 rows summed in float32 then widened (the Gram's
-    precision, ~10x cheaper), since ``S1`` enters only through ``S1 S1^T / n``, which the shift keeps small."""
+    """Column sums of the centred rows as float64 ``[D]``; float32 rows are summed in float32 (the Gram's precision,
+    ~10x cheaper) since ``S1`` enters only through the small ``S1 S1^T / n``."""
     if centred.dtype == torch.float64:
         return centred.sum(dim=0)
     return centred.sum(dim=0).to(torch.float64)
@@ -124,11 +119,8 @@ _BLOCKED_GRAM_MIN_DIM = 64
 
 
 def _add_gram(s2: torch.Tensor, c: torch.Tensor) -> None:
-    """``s2 += c^T c`` (float64 ``s2``), computing only the blocks on and above the diagonal.
-
-    Three products give 11/16 of one full product's flops; the lower blocks are copied from their transposes, which also
-    makes ``s2`` exactly symmetric (21% faster than one ``addmm`` for ``[6304, 384]`` on 2 cores).
-    """
+    """``s2 += c^T c`` from the blocks on and above the diagonal only (11/16 of the flops, 21% faster for ``[6304,
+    384]``), the lower ones copied, which also makes ``s2`` exactly symmetric."""
     d = c.shape[1]
     if d < _BLOCKED_GRAM_MIN_DIM:
         if c.dtype == torch.float64:
@@ -145,12 +137,9 @@ def _add_gram(s2: torch.Tensor, c: torch.Tensor) -> None:
 
 
 class StreamingCovariance:
-    """Exact streaming covariance of the rows of ``[..., dim]`` activation batches.
-
-    State (float64 on ``device``): ``n`` rows, ``n_nonfinite`` rows dropped for NaN/Inf, a fixed ``shift`` (the first
-    batch's finite mean), ``S1 = sum(x - shift)`` and ``S2 = sum((x - shift)(x - shift)^T)``. ``gram_dtype``
-    ``torch.float32`` casts the shifted rows for the matmul (faster, ~1e-8 relative) and still accumulates in float64.
-    """
+    """Exact streaming covariance of the rows of ``[..., dim]`` activation batches: ``n``, ``n_nonfinite`` (rows dropped
+    for NaN/Inf), a fixed ``shift`` and the shifted sums ``S1``, ``S2``, float64 on ``device``. ``gram_dtype`` float32
+    casts the shifted rows for the matmul (~1e-8 relative) and still accumulates in float64."""
 
     @_outside_inference_mode
     def __init__(self, dim: int, *, gram_dtype: torch.dtype = torch.float64, device: torch.device | str | None = None):
@@ -178,8 +167,7 @@ class StreamingCovariance:
     # ------------------------------------------------------------------ streaming
     @_outside_inference_mode
     def update(self, x: torch.Tensor) -> None:
-        """Add the rows of one ``[..., dim]`` batch (any floating dtype and device); rows with NaN or Inf are dropped
-        and counted in ``n_nonfinite`` (reported downstream, never silent)."""
+        """Add the rows of one batch (any floating dtype and device); rows with NaN or Inf are dropped and counted."""
         x = torch.as_tensor(x)
         if x.ndim == 0 or x.shape[-1] != self.dim:
             raise ValueError(
@@ -241,10 +229,8 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def covariance(self) -> torch.Tensor:
-        """Unbiased covariance ``(S2 - S1 S1^T / n) / (n - 1)``, float64, exactly symmetric.
-
-        With ``n < 2`` an all-NaN matrix, not an error, so one starved point cannot abort a multi-point observation.
-        """
+        """Unbiased covariance ``(S2 - S1 S1^T / n) / (n - 1)``, exactly symmetric; all NaN below 2 rows, so one starved
+        point cannot abort a multi-point observation."""
         if self.n < 2:
             return torch.full((self.dim, self.dim), math.nan, dtype=torch.float64, device=self.device)
         cov = (self._s2 - torch.outer(self._s1, self._s1) / self.n) / (self.n - 1)
@@ -253,8 +239,7 @@ class StreamingCovariance:
     # ------------------------------------------------------------------ algebra
     @_outside_inference_mode
     def reshift(self, new_shift: torch.Tensor) -> None:
-        """Change the shift, exactly re-expressing the sums (ranks agree on one shift before summing); an empty
-        accumulator adopts ``new_shift``."""
+        """Change the shift, exactly re-expressing the sums; an empty accumulator adopts ``new_shift``."""
         new = torch.as_tensor(new_shift).to(device=self.device, dtype=torch.float64).detach()
         if tuple(new.shape) != (self.dim,):
             raise ValueError(f"reshift: expected shift of shape ({self.dim},), got {tuple(new.shape)}")
@@ -304,8 +289,7 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict` onto this accumulator's device; a dimension mismatch is an error, not a silent
-        reshape."""
+        """Restore a `state_dict` onto this accumulator's device; another dimension is an error."""
         dim = int(state.get("dim", self.dim))
         if dim != self.dim:
             raise ValueError(f"load_state_dict: state has dim {dim}, accumulator has dim {self.dim}")
@@ -330,8 +314,8 @@ class StreamingCovariance:
         return 2 + self.dim + self.dim * self.dim
 
     def pack_into(self, out: torch.Tensor) -> None:
-        """Write the flat float64 state ``[n, n_nonfinite, S1, S2.flatten()]`` into ``out`` (a slice of the collective's
-        buffer); counts exact up to 2^53 rows; the shift is not packed (ranks must share one first)."""
+        """Write ``[n, n_nonfinite, S1, S2.flatten()]`` (float64, counts exact to 2^53) into ``out``; the shift is not
+        packed."""
         d = self.dim
         out[0], out[1] = float(self.n), float(self.n_nonfinite)
         out[2 : 2 + d].copy_(self._s1)
@@ -339,11 +323,8 @@ class StreamingCovariance:
 
     @_outside_inference_mode
     def unpack_(self, flat: torch.Tensor, *, copy: bool = True) -> None:
-        """Overwrite counts and sums from a summed packed state (`pack_into`); the shift is kept.
-
-        ``copy=False`` makes the sums views of ``flat``: not copying saves one full state at the reduction's peak (170
-        MB for 15 x 384 points at 10 jackknife groups).
-        """
+        """Overwrite counts and sums from a summed packed state; ``copy=False`` makes them views of ``flat``, saving one
+        full state at the reduction's peak (170 MB for 15 x 384 points at 10 groups)."""
         flat = torch.as_tensor(flat)
         if flat.ndim != 1 or flat.numel() != self.packed_size:
             raise ValueError(
@@ -380,10 +361,8 @@ def allreduce_accumulators(
 ) -> None:
     """Combine every rank's accumulators in place with exactly two sum collectives, whatever the local data.
 
-    Every rank calls it with the same points in the same order. First the common shift ``sum(n_r shift_r) / sum(n_r)``
-    (each accumulator reshifts to it), then one packed ``[n, n_nonfinite, S1, S2]`` tensor. ``all_reduce_sum`` returns
-    the element-wise sum over ranks (may work in place); ``extras`` are further float64 states summed in the second
-    collective (the families'), also when there are no accumulators; ``device``: where the collective tensors live then.
+    First the common shift ``sum(n_r shift_r) / sum(n_r)``, then one packed state tensor; ``extras`` (the families'
+    float64 states) ride in the second, also without accumulators. Every rank passes the same points in the same order.
     """
     accs, extras = list(accs), list(extras)
     if not accs and not extras:

@@ -72,11 +72,8 @@ def _defined_total(e: np.ndarray) -> float | None:
 
 
 class EigenvalueStats:
-    """One spectrum, validated once, with the intermediate results several observables share, each computed once.
-
-    A caller of many observables (`tgo.spectral.summarize`: about twenty) pays for validation, total, entropy and
-    cumulative shares once, with the same operations on the same arrays as the functions, hence the same bits.
-    """
+    """One spectrum, validated once, with the intermediates several observables share computed once, by the functions'
+    own operations (the same bits)."""
 
     def __init__(self, eigs: np.ndarray | torch.Tensor | list[float]) -> None:
         self.e = _eigs(eigs)
@@ -188,12 +185,9 @@ class EigenvalueStats:
 
 
 class EigenvalueStack:
-    """`EigenvalueStats` of ``S`` spectra at once: the eigenvalue observables as array functions over ``[S, D]``.
-
-    For the summary's ``G + 1`` jackknife spectra. numpy reduces each contiguous row as a 1-D array, so
-    ``stack.effective_rank[i] == effective_rank(eigs[i])`` bit for bit (``tests/spectral/test_stack.py``). ``eigs``:
-    rows descending, non-negative, finite, positive sum (`usable`); ``checked``: the caller already found them usable.
-    """
+    """`EigenvalueStats` of ``S`` usable spectra at once, over ``[S, D]`` (the summary's ``G + 1`` jackknife spectra):
+    numpy reduces each row as a 1-D array, so every value is the function's bit for bit
+    (``tests/spectral/test_stack.py``)."""
 
     def __init__(self, eigs: np.ndarray, *, checked: bool = False) -> None:
         self.e = np.ascontiguousarray(eigs, dtype=np.float64)  # C order: numpy reduces rows in memory order
@@ -215,8 +209,7 @@ class EigenvalueStack:
 
     @staticmethod
     def usable_rows(eigs: np.ndarray, total: np.ndarray | None = None) -> np.ndarray:
-        """Per row, whether it is finite, non-negative, descending with a positive total (others are summarised one by
-        one)."""
+        """Per row, whether it is finite, non-negative, descending with a positive total."""
         e = np.asarray(eigs, dtype=np.float64)
         with np.errstate(invalid="ignore"):
             ok = np.isfinite(e).all(axis=1) & (e >= 0).all(axis=1) & (e[:, :-1] >= e[:, 1:]).all(axis=1)
@@ -319,8 +312,7 @@ def participation_ratio(eigs: np.ndarray) -> float:
 
 
 def spectral_entropy(eigs: np.ndarray, normalized: bool = False) -> float:
-    """Shannon entropy of the normalised spectrum in nats; ``normalized`` divides by ``ln D`` (zeros counted) so that
-    layers of different width compare."""
+    """Shannon entropy of the normalised spectrum in nats; ``normalized`` divides by ``ln D`` so widths compare."""
     return EigenvalueStats(eigs).spectral_entropy(normalized)
 
 
@@ -336,8 +328,7 @@ def spectral_flatness(eigs: np.ndarray, floor: float = FLATNESS_FLOOR) -> float:
 
 
 def components_for_variance(eigs: np.ndarray, fraction: float) -> int | float:
-    """Smallest ``k`` whose top eigenvalues explain at least ``fraction`` of variance, with 1e-12 of slack (10 equal
-    eigenvalues need exactly 9 for 90%)."""
+    """Smallest ``k`` whose top eigenvalues explain ``fraction`` of variance, with 1e-12 of slack against round-off."""
     if not 0 < fraction <= 1:
         raise ValueError(f"components_for_variance: fraction must be in (0, 1], got {fraction}")
     return EigenvalueStats(eigs).components_for_variance(fraction)
@@ -359,11 +350,8 @@ def fit_range_of(dim: int, start: int | None, stop: int | None) -> tuple[int, in
 
 
 def power_law_fit(eigs: np.ndarray, start: int | None = None, stop: int | None = None) -> tuple[float, float]:
-    """Least-squares fit of ``log λ_i = c - α log i`` over 1-based indices ``start..stop`` (inclusive), ``(alpha, r2)``.
-
-    Only eigenvalues above ``λ_max · D · eps`` (``matrix_rank``'s tolerance) enter: below is round-off of a zero.
-    ``(nan, nan)`` with fewer than 2 in range; ``r2`` is 1 for a constant spectrum.
-    """
+    """Least-squares fit of ``log λ_i = c - α log i`` over 1-based ``start..stop``, ``(alpha, r2)``, on eigenvalues
+    above ``λ_max · D · eps`` only (below is round-off of zeros); ``(nan, nan)`` with fewer than 2."""
     return EigenvalueStats(eigs).power_law_fit(start, stop)
 
 
@@ -375,11 +363,8 @@ def _offdiag(mat: np.ndarray) -> np.ndarray:
 
 
 def offdiag_energy_fraction(cov: np.ndarray | torch.Tensor) -> float:
-    """Share of ``||C||_F^2`` off the diagonal: 0 when diagonal; the paper's "covariance becomes diagonal" as a number.
-
-    Not rotation invariant by design (alignment with the neuron basis); on ``C / max|C|`` against overflow; NaN for a
-    zero or non-finite ``C``.
-    """
+    """Share of ``||C||_F^2`` off the diagonal: the paper's "covariance becomes diagonal" as a number, deliberately not
+    rotation invariant; computed on ``C / max|C|`` against overflow."""
     mat = as_float64_matrix(cov)
     if not np.all(np.isfinite(mat)):
         return math.nan
@@ -391,8 +376,7 @@ def offdiag_energy_fraction(cov: np.ndarray | torch.Tensor) -> float:
 
 
 def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
-    """Mean ``|corr_ij|`` over ``i != j``, without dimensions of variance ``<= max(diag C) · D · eps`` (their round-off
-    "correlations" are noise), clipped to ``[-1, 1]``; NaN for fewer than 2 such dimensions or non-finite ``C``."""
+    """Mean ``|corr_ij|`` over ``i != j`` of the dimensions with variance above round-off, clipped to ``[-1, 1]``."""
     mat = as_float64_matrix(cov)
     if not np.all(np.isfinite(mat)):
         return math.nan
@@ -408,12 +392,8 @@ def mean_abs_offdiag_correlation(cov: np.ndarray | torch.Tensor) -> float:
 
 
 def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float:
-    """Gaussian total correlation in nats, ``1/2 (sum_i ln C_ii - ln det C)`` = ``-1/2 ln det R``.
-
-    0 for independent channels, growing with redundancy; ``ln det C`` from the eigenvalues. Infinite for a numerically
-    singular ``C`` (an eigenvalue ``<= lambda_1 * D * eps`` or a channel without variance), recorded as NaN so it never
-    enters averages or standard errors.
-    """
+    """Gaussian total correlation in nats, ``1/2 (sum_i ln C_ii - ln det C)``: 0 for independent channels; NaN rather
+    than infinite for a numerically singular ``C``, so it never enters averages or standard errors."""
     mat = as_float64_matrix(cov)
     e = _eigs(eigs)
     if not np.all(np.isfinite(mat)) or e.size == 0 or not np.all(np.isfinite(e)):
@@ -428,8 +408,7 @@ def total_correlation(cov: np.ndarray | torch.Tensor, eigs: np.ndarray) -> float
 
 
 def offdiag_energy_fractions(covs: np.ndarray) -> list[float]:
-    """`offdiag_energy_fraction` of every finite matrix of a ``[S, D, D]`` stack, bit for bit: one scaled copy,
-    squared."""
+    """`offdiag_energy_fraction` of every finite matrix of a ``[S, D, D]`` stack, bit for bit."""
     mats = np.ascontiguousarray(covs, dtype=np.float64)
     count, dim = mats.shape[0], mats.shape[1]
     scales = np.maximum(mats.max(axis=(1, 2)), -mats.min(axis=(1, 2)))  # max |C_ij|, without an |C| copy
@@ -506,8 +485,8 @@ def total_correlations(covs: np.ndarray, eigs: np.ndarray) -> list[float]:
 
 
 def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig") -> np.ndarray:
-    """Singular values from covariance eigenvalues, descending: ``sqrt_eig`` (the paper's plots, ``X / sqrt(n - 1)``) or
-    ``data`` (``sqrt((n - 1) λ)``, the centred data matrix's; NaN when ``n_rows < 2``)."""
+    """Singular values from covariance eigenvalues, descending: ``sqrt_eig`` (the paper's plots) or ``data``
+    (``sqrt((n - 1) λ)``, NaN when ``n_rows < 2``)."""
     if convention not in ("sqrt_eig", "data"):
         raise ValueError(f"singular_values: convention must be 'sqrt_eig' or 'data', got {convention!r}")
     e = np.sort(_eigs(eigs))[::-1]

@@ -65,11 +65,8 @@ class ClassGeometry:
 
 @dataclass(frozen=True)
 class ClassLayout:
-    """How one subset of the images splits into classes: integers only, the same for every set of vectors.
-
-    ``first`` is each class's first image (its reference vector); ``base_refs`` the references among all ``N`` images;
-    ``moved`` the positions whose reference differs from ``base_refs``: every other deviation is that of the whole set.
-    """
+    """How one subset of the images splits into classes (integers only): ``first`` is each class's reference image, and
+    outside ``moved`` every deviation from its reference is that of the whole set (``base_refs``)."""
 
     rows: np.ndarray
     first: np.ndarray
@@ -110,8 +107,8 @@ def class_layout(labels: np.ndarray, rows: np.ndarray | None = None) -> ClassLay
 
 
 def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
-    """`ClassGeometry` of ``x`` ``[n, D]`` with integer ``labels``; scatters from deviations, never raw second moments
-    (residual-stream means are far larger than their spread)."""
+    """`ClassGeometry` of ``x`` ``[n, D]`` with integer ``labels``; scatters from deviations, never raw second
+    moments."""
     x = _as_rows(x)
     labels = np.asarray(labels).reshape(-1)
     if labels.size != x.shape[0]:
@@ -122,12 +119,8 @@ def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
 
 
 def class_geometries(x: np.ndarray, layouts: Sequence[ClassLayout]) -> list[ClassGeometry]:
-    """`class_geometry` of several `ClassLayout` subsets of the same finite ``x`` ``[N, D]``, bit for bit.
-
-    The same operations on the same operands: deviations gathered from all images' except where a class reference moved,
-    ``svd`` and ``eigvalsh`` stacked per shape (LAPACK runs the same routine per matrix);
-    ``tests/spectral/test_probe_stacks.py`` checks every value against the one-subset formulas.
-    """
+    """`class_geometry` of several `ClassLayout` subsets of the same finite ``x``, bit for bit: the same operations on
+    the same operands, ``svd`` and ``eigvalsh`` stacked per shape (``tests/spectral/test_probe_stacks.py``)."""
     x = np.asarray(x, dtype=np.float64)
     deviations: dict[bytes, np.ndarray] = {}
     out: list[ClassGeometry | None] = [None] * len(layouts)
@@ -216,15 +209,14 @@ def _geometry_stack(
 
 
 def _psd_eigenvalue_stack(mats: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
-    """Descending eigenvalues of a ``[S, k, k]`` stack of exactly symmetric PSD matrices in one ``eigvalsh``, round-off
-    negatives clamped to 0."""
+    """Descending eigenvalues of a ``[S, k, k]`` stack of exactly symmetric PSD matrices, round-off negatives
+    clamped."""
     sym = mats if symmetric else (mats + mats.transpose(0, 2, 1)) / 2
     return np.clip(np.linalg.eigvalsh(sym)[:, ::-1], 0.0, None)
 
 
 def _effective_ranks(eigs: np.ndarray) -> list[float]:
-    """`effective_rank` of every row of ``[S, k]`` eigenvalues, bit for bit `EigenvalueStack.entropy`, without its
-    checks."""
+    """`effective_rank` of every row of ``[S, k]`` eigenvalues, bit for bit `EigenvalueStack.entropy`, unchecked."""
     eigs = np.ascontiguousarray(eigs, dtype=np.float64)
     out = [math.nan] * eigs.shape[0]
     if not eigs.shape[0]:
@@ -246,10 +238,7 @@ def _fold_split(folds: np.ndarray, fold: int) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class FoldLayout:
-    """The folds of a cross-validation as padded ``[F, m]`` tables (integers only), built by `fold_layout`.
-
-    ``rows`` is padded with ``N`` (a zero row appended to ``x``), ``labels`` with ``classes[0] - 1`` (never a class).
-    """
+    """The folds of a cross-validation as ``[F, m]`` tables padded with ``N`` (a zero row appended to ``x``)."""
 
     folds: np.ndarray
     classes: np.ndarray
@@ -362,11 +351,8 @@ def _fold_accuracies(scores: np.ndarray, layout: FoldLayout) -> np.ndarray:
 def ncc_accuracy(
     x: np.ndarray, labels: np.ndarray, folds: np.ndarray, *, layout: FoldLayout | None = None
 ) -> np.ndarray:
-    """Held-out nearest-class-centre accuracy of every fold (centres from the other folds), float64 ``[n_folds]``.
-
-    All folds at once from per-fold class sums, in coordinates centred on the mean of all images (else ``||x - c||^2``
-    would compare large nearly equal numbers); a class absent from training counts as errors; a fold whose training
-    vectors are identical is computed alone (`_ncc_fold`).
+    """Held-out nearest-class-centre accuracy of every fold, all at once from per-fold class sums centred on the mean of
+    all images (else ``||x - c||^2`` compares large nearly equal numbers); classes absent from training count as errors.
     """
     x, labels, folds = _as_rows(x), np.asarray(labels).reshape(-1), np.asarray(folds).reshape(-1)
     layout = fold_layout(labels, folds) if layout is None else layout
@@ -398,13 +384,9 @@ def _ncc_fold(x: np.ndarray, labels: np.ndarray, folds: np.ndarray, fold: int) -
 def ridge_accuracy(
     x: np.ndarray, labels: np.ndarray, folds: np.ndarray, alpha: float = 1.0, *, layout: FoldLayout | None = None
 ) -> np.ndarray:
-    """Held-out accuracy of a closed-form ridge probe on one-hot targets, per fold.
-
-    ``W = (X^T X + lam I)^-1 X^T Y`` on centred training vectors with ``lam = alpha * tr(X^T X) / D`` (scale-free), the
-    intercept the training class frequencies: the argmax of scikit-learn's ``RidgeClassifier(alpha=lam)``. All folds at
-    once from sufficient statistics (all images minus the fold's), solved by Cholesky; a fold with identical training
-    vectors is computed alone (`_ridge_fold`).
-    """
+    """Held-out accuracy per fold of a closed-form ridge probe on one-hot targets: the argmax of scikit-learn's
+    ``RidgeClassifier(alpha=lam)`` with ``lam = alpha * tr(X^T X) / D`` (scale-free), all folds at once from sufficient
+    statistics, solved by Cholesky."""
     if not alpha > 0:
         raise ValueError(f"ridge_accuracy: alpha must be > 0, got {alpha!r}")
     x, labels, folds = _as_rows(x), np.asarray(labels).reshape(-1), np.asarray(folds).reshape(-1)
@@ -417,8 +399,8 @@ def ridge_accuracy(
 
 
 def _ridge_scores(x: np.ndarray, layout: FoldLayout, alpha: float, skip: Sequence[int] = ()) -> np.ndarray:
-    """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W``; folds ``skip`` score ``y_bar``. A fold with fewer than ``D``
-    training images solves the same ridge in its dual form, ``[n_t, n_t]``."""
+    """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W`` (folds ``skip``: ``y_bar``); the dual form below ``D``
+    images."""
     d = x.shape[1]
     sums = _fold_sums(x, layout)
     n_t = sums.train_sizes
@@ -500,8 +482,8 @@ def _blas_controller() -> Any:
 
 
 def one_thread_blas() -> contextlib.AbstractContextManager[Any]:
-    """numpy's BLAS on one thread for the block (a no-op inside the summary's pool): OpenBLAS's threads make a 96 x 96
-    ``eigh`` 10-200x slower on a few cores, and the eigenpairs are the same bits."""
+    """numpy's BLAS on one thread for the block: OpenBLAS's threads make a 96 x 96 ``eigh`` 10-200x slower on few
+    cores."""
     controller = _blas_controller()
     return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="blas")
 
@@ -516,10 +498,8 @@ def top_eigenvectors(cov: np.ndarray, k: int) -> np.ndarray:
 
 
 def subspace_overlap(u: np.ndarray, v: np.ndarray, k: int | None = None) -> float:
-    """Mean ``cos^2`` of the principal angles between the first ``k`` columns of ``u`` and ``v``: ``||U^T V||_F^2 / k``.
-
-    1 for the same subspace, 0 for orthogonal ones, ``k / D`` for a random pair; NaN for ``k = 0`` or non-finite blocks.
-    """
+    """Mean ``cos^2`` of the principal angles between the first ``k`` columns of ``u`` and ``v``, ``||U^T V||_F^2 / k``:
+    1 for one subspace, ``k / D`` for a random pair; NaN for ``k = 0`` or non-finite blocks."""
     u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
     if u.ndim != 2 or v.ndim != 2 or u.shape[0] != v.shape[0]:
         raise ValueError(f"subspace_overlap: expected [D, k] blocks of one D, got {u.shape} and {v.shape}")
@@ -534,11 +514,8 @@ def subspace_overlap(u: np.ndarray, v: np.ndarray, k: int | None = None) -> floa
 
 @dataclass(frozen=True)
 class MassiveActivations:
-    """Which dimensions carry activations far above the rest.
-
-    ``ratio = max_d M_d / median_d M_d`` with ``M_d = max |x_d|`` over every row; ``top``: the five largest, largest
-    first; ``variance_share``: that dimension's share of the covariance's trace.
-    """
+    """Which dimensions carry activations far above the rest: ``ratio = max_d M_d / median_d M_d`` with
+    ``M_d = max |x_d|``, the five largest, and that dimension's share of the covariance's trace."""
 
     ratio: float
     dimension: int
@@ -567,8 +544,7 @@ def massive_activations(max_abs: np.ndarray, variances: np.ndarray, top: int = 5
 
 
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
-    """Linear CKA (Kornblith et al. 2019) of two column-centred representations of the same images: 1 up to rotation and
-    isotropic scaling, in ``[0, 1]``."""
+    """Linear CKA (Kornblith et al. 2019) of two column-centred representations of the same images, in ``[0, 1]``."""
     x, y = _as_rows(x), _as_rows(y)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"linear_cka: {x.shape[0]} and {y.shape[0]} images; both must describe the same images")
