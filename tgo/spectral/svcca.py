@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 
 __all__ = ["Basis", "basis", "canonical", "similarity"]
 
@@ -45,18 +46,30 @@ class Basis:
 def basis(x: np.ndarray, variance: float = 0.99, max_components: int = 50) -> Basis | None:
     """The leading left singular vectors of the centred ``x`` holding ``variance`` of its variance (the smallest
     ``k`` with ``sum_{i<=k} s_i^2 >= variance * sum s_i^2``, at most ``max_components`` and the numerical rank);
-    ``None`` where ``x`` has fewer than two rows, a non-finite value or no variance."""
+    ``None`` where ``x`` has fewer than two rows, a non-finite value or no variance (beyond the rounding of its
+    mean).
+
+    The leading right singular vectors ``V`` are the top eigenvectors of ``X_c^T X_c`` (LAPACK's ``syevr`` for the
+    top ``max_components`` only: a third of the cost of numpy's SVD of a ``[1000, 384]`` matrix, which computes all
+    384 left vectors), and ``U`` is ``X_c V`` orthonormalised (QR), the same span.
+    """
     x = np.asarray(x, dtype=np.float64)
     if x.shape[0] < 2 or not np.all(np.isfinite(x)):
         return None
-    u, s, vt = np.linalg.svd(x - x.mean(axis=0), full_matrices=False)
-    s2 = s**2
-    total = float(s2.sum())
-    if not total > 0:
+    xc = x - x.mean(axis=0)
+    gram = xc.T @ xc
+    total = float(np.trace(gram))
+    eps = np.finfo(np.float64).eps
+    if not total > 4 * x.size * (eps * float(np.abs(x).max())) ** 2:
         return None
-    rank = int(np.count_nonzero(s > s[0] * max(x.shape) * np.finfo(np.float64).eps))
-    k = min(int(np.searchsorted(np.cumsum(s2) / total, variance)) + 1, int(max_components), rank)
-    return Basis(u[:, :k], s[:k, None] * vt[:k])
+    d = gram.shape[0]
+    m = min(int(max_components), d, x.shape[0] - 1)
+    lam, v = scipy.linalg.eigh(gram, subset_by_index=[d - m, d - 1], driver="evr", check_finite=False)
+    lam, v = lam[::-1], v[:, ::-1]
+    rank = int(np.count_nonzero(lam > lam[0] * max(x.shape) * eps))
+    k = min(int(np.searchsorted(np.cumsum(lam) / total, variance)) + 1, rank)
+    u = np.linalg.qr(xc @ v[:, :k])[0]
+    return Basis(u, u.T @ xc)
 
 
 def canonical(a: Basis, b: Basis, shared: bool = False) -> tuple[np.ndarray, np.ndarray]:

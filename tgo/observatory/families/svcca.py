@@ -11,9 +11,10 @@ SVD components kept), and the point's row of the ``P x P`` matrices as arrays ``
 (NaN where a point lacks the view; ``svcca_stderr`` / ``pwcca_stderr`` beside them). Standard errors: the delete-a-group
 jackknife, every basis recomputed on the images outside the group. Each point's task needs every point's bases, so
 the state computes each (point, view, subset) basis and each pair once, whichever task asks first (a lock per key),
-and keeps the bases until the observation ends: ``n x k x 8`` bytes each (at most 0.4 MB at 1,000 images and 50
-components; ``P x 2 x (G + 1)`` of them, 130 MB at ViT-S with ``G = 10``). Cost: ``2 P (G + 1)`` SVDs of
-``[n, D]`` and ``P^2 (G + 1)`` SVDs of ``[k, k]``; a rank that summarises any point computes every basis.
+and keeps the bases until the observation ends: ``(n + D) k x 8`` bytes each (at most 0.55 MB at 1,000 images,
+D = 384 and 50 components; ``P x 2 x (G + 1)`` of them, 180 MB at ViT-S with ``G = 10``). Cost per view:
+``P (G + 1)`` bases (an ``[n, D]`` Gram and the top of its ``[D, D]`` eigendecomposition) and
+``P (P + 1) / 2 x (G + 1)`` SVDs of ``[k, k]``; a rank that summarises any point computes every basis.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class SvccaState(PerImageState):
         with lock:
             if key not in self._done:
                 self._done[key] = compute()
-            return self._done[key]  # type: ignore[no-any-return]
+            return self._done[key]
 
     def _vectors(self, point: str, view: str) -> np.ndarray | None:
         vectors = self.table.points[point].values
@@ -145,8 +146,9 @@ class SvccaState(PerImageState):
 
     def summarize_point(self, summary: PointSummary) -> Contribution:
         n = int(self.table.n_images)
-        groups = summary.groups if summary.image_groups is not None else 0
-        subsets = [np.ones(n, dtype=bool), *(summary.image_groups != g for g in range(groups))]
+        subsets: list[np.ndarray] = [np.ones(n, dtype=bool)]  # all images, then each leave-one-group-out set
+        if summary.image_groups is not None:
+            subsets += [np.asarray(summary.image_groups != g) for g in range(summary.groups)]
         i = self.order.index(summary.point.name)
         out: list[Metric | Array] = []
         for view in _VIEWS:
