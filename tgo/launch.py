@@ -30,11 +30,8 @@ LAUNCHER_ENVIRONMENT = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK",
 
 @contextlib.contextmanager
 def distributed_job() -> Iterator[None]:
-    """Runs one training job so that the next job in this process starts from a clean distributed state.
-
-    On exit the process group is destroyed and the launcher's variables restored (unset where unset); a process started
-    by an outside launcher keeps its environment, which its launcher owns.
-    """
+    """Runs one training job and then destroys the process group and restores the launcher's variables, so the next job
+    in this process starts clean (an outside launcher's process keeps its environment)."""
     before = {name: os.environ.get(name) for name in LAUNCHER_ENVIRONMENT}
     try:
         yield
@@ -61,12 +58,9 @@ def preemption_signal() -> signal.Signals:
 
 
 def slurm_requeue_plugins(configured: list[Any]) -> list[Any]:
-    """Lightning's SLURM environment listening for the preemption signal, when this process is a SLURM task.
-
-    On the signal Lightning writes ``hpc_ckpt_<n>.ckpt`` and requeues; `resume_checkpoint` resumes. submitit's own
-    handler for the same signal would resubmit without saving, and Lightning registers only where none is set, so
-    submitit's is reset to the default here. Nothing outside SLURM or with an explicit cluster environment.
-    """
+    """Lightning's SLURM environment listening for the preemption signal on a SLURM task: on it Lightning writes
+    ``hpc_ckpt_<n>.ckpt`` and requeues. submitit's handler (which would resubmit without saving) is reset to the
+    default, since Lightning registers only where none is set."""
     from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 
     if any(isinstance(p, ClusterEnvironment) for p in configured) or not SLURMEnvironment.detect():

@@ -40,11 +40,8 @@ def build_timm_model(
     pretrained_file: str | None = None,
     **overrides: Any,
 ) -> torch.nn.Module:
-    """Creates a timm model by name, failing with a helpful message for unknown names or missing weight files.
-
-    ``pretrained_file`` (``.safetensors``/``.pth``) implies ``pretrained``; ``overrides`` go to timm. A model outside
-    the supported Vision Transformer families (`tgo.vit_families`) is refused before it is built.
-    """
+    """Creates a timm model by name, failing with a helpful message for unknown names or missing weight files; a model
+    outside the supported families (`tgo.vit_families`) is refused before it is built."""
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
         hint = f" Did you mean: {', '.join(close)}?" if close else " See timm.list_models() for valid names."
@@ -70,10 +67,9 @@ def build_timm_model(
 class ViTClassifier(L.LightningModule):
     """Image classifier around a timm ViT, trained with AdamW and a per-step schedule.
 
-    ``num_classes``, ``img_size`` and ``in_chans`` are filled in from the DataModule by ``tgo.train`` (so errors name
-    ``data.*``); ``arch`` goes to timm. ``cosine`` and ``onecycle`` span ``trainer.max_epochs`` as set at the start:
-    resuming with another length is refused (`_refuse_a_changed_schedule`). ``compile`` wraps the network with
-    ``torch.compile`` for training (hooks still attach to the original module).
+    ``num_classes``, ``img_size`` and ``in_chans`` come from the DataModule (so errors name ``data.*``). A resume with a
+    schedule of another length is refused (`_refuse_a_changed_schedule`); ``compile`` keeps hooks on the original
+    module.
     """
 
     def __init__(
@@ -183,11 +179,8 @@ class ViTClassifier(L.LightningModule):
         self.log("val/acc_top5", self.val_top5, on_epoch=True)
 
     def on_validation_end(self) -> None:
-        """Logs the epoch's validation metrics again as ``val_epoch/*`` with the epoch as step, to every logger.
-
-        Lightning logs ``val/...`` at the optimiser step and the geometry at the epoch, so the two would share no axis.
-        The values are Lightning's just reduced ones, at step ``current_epoch + 1``; only a validation at a training
-        epoch's end counts (no sanity check, ``validate`` or mid-epoch one); rank 0 logs.
+        """Logs the epoch-end validation metrics again as ``val_epoch/*`` at step ``current_epoch + 1`` (rank 0):
+        Lightning's ``val/...`` are at the optimiser step, the geometry at the epoch, and the two would share no axis.
         """
         trainer = self.trainer
         if trainer.sanity_checking or trainer.state.fn != "fit" or not trainer.is_last_batch:
@@ -226,12 +219,9 @@ class ViTClassifier(L.LightningModule):
         self._resumed_schedule_steps = schedule_steps(schedulers[0]) if schedulers else None
 
     def _refuse_a_changed_schedule(self, total: int) -> None:
-        """Refuses to resume when the schedule would span a different number of steps than the checkpoint's.
-
-        A larger ``max_epochs`` (or another batch size, device count, ``limit_train_batches``) would make OneCycleLR
-        fail after the old end and hold cosine at ``min_lr``; stretching the old one would change steps already taken. A
-        longer training is a new run.
-        """
+        """Refuses to resume when the schedule would span another number of steps than the checkpoint's: OneCycleLR
+        would fail after the old end, cosine stay at ``min_lr``, and stretching would change steps taken. A longer
+        training is a new run."""
         resumed = self._resumed_schedule_steps
         if resumed is None or resumed == total:
             return

@@ -27,12 +27,9 @@ def as_float64_matrix(cov: np.ndarray | torch.Tensor) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class Spectrum:
-    """Eigenvalues of one covariance plus the bookkeeping needed to trust them.
-
-    ``eigenvalues``: float64 descending, read-only, negatives clamped to 0, structural zeros (index >= ``n_rows``)
-    exactly 0, all-NaN when undefined. ``|most_negative| / top`` near 1e-16 is round-off; anything large means the
-    covariance was not accumulated exactly.
-    """
+    """Eigenvalues of one covariance (float64 descending, read-only, negatives clamped, structural zeros exact, all NaN
+    when undefined) and the bookkeeping to trust them: ``|most_negative| / top`` far above 1e-16 means inexact
+    accumulation."""
 
     eigenvalues: np.ndarray
     n_rows: int
@@ -54,12 +51,8 @@ class Spectrum:
 def eigendecompose(
     cov: np.ndarray | torch.Tensor, n_rows: int, n_nonfinite: int = 0, *, eigvalsh: Eigvalsh | None = None
 ) -> Spectrum:
-    """Eigenvalues of a covariance in float64, descending, with negative round-off clamped and reported.
-
-    Symmetrised and solved in float64 whatever the input dtype (float32 solvers lose the small end). With ``n_rows <=
-    D`` eigenvalues from index ``n_rows`` on are structurally zero and set to exactly 0. Degenerate inputs do not raise
-    (one bad point cannot abort the others): all NaN, counts kept. ``eigvalsh``: `tgo.spectral.eigensolver`.
-    """
+    """Eigenvalues of a covariance in float64 (float32 solvers lose the small end), descending, negative round-off
+    clamped and counted, those from index ``n_rows`` on exactly 0; degenerate input gives NaN instead of raising."""
     return eigendecompose_many([cov], [n_rows], [n_nonfinite], eigvalsh=eigvalsh)[0]
 
 
@@ -70,12 +63,8 @@ def eigendecompose_many(
     *,
     eigvalsh: Eigvalsh | None = None,
 ) -> list[Spectrum]:
-    """`eigendecompose` of several covariances, every defined one of a shape in one stacked eigensolver call.
-
-    LAPACK runs the same routine on each matrix of a stack (bit for bit, ``tests/spectral/test_decomposition.py``)
-    without ``S`` Python round trips; the stacked call is the seam where ``eigvalsh`` (e.g. CUDA) takes over. ``covs``
-    may be one float64 ``[S, D, D]`` array (no copy when every matrix is defined).
-    """
+    """`eigendecompose` of several covariances, each shape's defined ones in one stacked ``eigvalsh`` call (bit for bit
+    LAPACK's per-matrix result, ``tests/spectral/test_decomposition.py``): the seam where a CUDA solver takes over."""
     solve = cpu_eigvalsh if eigvalsh is None else eigvalsh
     mats = [as_float64_matrix(c) for c in covs]
     rows = [int(n) for n in n_rows]

@@ -66,11 +66,8 @@ class GpuEigvalsh:
 
 @dataclass(frozen=True)
 class Choice:
-    """What `FastestEigvalsh` decided for one stack shape, and the measurements behind it.
-
-    ``seconds``: each backend's time for one stack (infinite when it failed); ``parallel``: stacks each runs at once;
-    ``difference``: its largest relative eigenvalue difference from the reference; ``errors``: backends that raised.
-    """
+    """What `FastestEigvalsh` decided for one stack shape: each backend's seconds (infinite on failure), parallel
+    stacks, largest relative difference from the reference, and errors."""
 
     backend: str
     seconds: Mapping[str, float]
@@ -114,12 +111,11 @@ def _relative_difference(values: np.ndarray, reference: np.ndarray) -> float:
 
 
 class FastestEigvalsh:
-    """An `Eigvalsh` that, for each new stack shape, times every backend once (after a warm-up) and uses the fastest
-    after.
+    """An `Eigvalsh` that times every backend once per new stack shape (after a warm-up) and uses the fastest after.
 
-    Thread-safe: one lock serialises the timing, later calls run unlocked. The winner has the lowest ``seconds /
-    parallel[name]`` (the CPU runs one stack per core at once, a GPU's calls queue) among candidates within `AGREEMENT`
-    of the reference (the first backend). ``timer``: tests inject a fake clock.
+    The winner has the lowest ``seconds / parallel`` (CPU stacks run one per core, a GPU's calls queue) within
+    `AGREEMENT` of the reference (the first backend). One lock serialises the timing; ``timer``: tests inject a fake
+    clock.
     """
 
     def __init__(
@@ -192,11 +188,8 @@ _AUTO_LOCK = threading.Lock()
 
 
 def resolve_eigvalsh(setting: str, device: torch.device | str | None, *, cpu_workers: int | None = None) -> Eigvalsh:
-    """The `Eigvalsh` of ``observation.summary.eigensolver`` for a summary on ``device``.
-
-    ``cpu``: `cpu_eigvalsh`; ``gpu``: `GpuEigvalsh` (on ``device`` or the current CUDA device); ``auto``: CPU off CUDA,
-    else the process's one `FastestEigvalsh` for that device. ``cpu_workers``: the CPU's ``parallel`` (``None``: cores).
-    """
+    """The `Eigvalsh` of ``observation.summary.eigensolver`` for ``device``: ``cpu``, ``gpu``, or ``auto`` (CPU off
+    CUDA, else the process's one `FastestEigvalsh` per device, ``cpu_workers`` its CPU parallelism)."""
     if setting == "cpu":
         return cpu_eigvalsh
     if setting not in ("gpu", "auto"):

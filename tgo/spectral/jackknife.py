@@ -31,11 +31,8 @@ __all__ = [
 
 
 def jackknife_groups(labels: Sequence[int] | np.ndarray, groups: int) -> np.ndarray:
-    """The jackknife group of every analysis image: class-stratified, sizes differing by at most one.
-
-    Images are dealt class by class to groups ``0 .. G-1`` in turn, so each leave-one-out subset keeps the class mix and
-    the assignment depends only on the labels (the same groups on every rank and run).
-    """
+    """The jackknife group of every analysis image, dealt class by class in turn: each leave-one-out subset keeps the
+    class mix, and the groups depend only on the labels (the same on every rank and run)."""
     labels = np.asarray(labels).reshape(-1)
     if groups < 1:
         raise ValueError(f"jackknife_groups: groups must be >= 1, got {groups}")
@@ -57,11 +54,8 @@ def runs_of(values: list[int]) -> list[tuple[int, int, int]]:
 
 
 class GroupedCovariance:
-    """``G`` `StreamingCovariance` accumulators of one point; each row goes to exactly one of them.
-
-    The caller sets ``batch_groups`` to the ``[B]`` group ids of the next batch's images (a CPU tensor); ``update(x)``
-    splits ``x`` (first axis the image) into runs of equal ids.
-    """
+    """``G`` `StreamingCovariance` accumulators of one point; ``update(x)`` sends each image's rows to the group the
+    caller set in ``batch_groups`` (the next batch's ``[B]`` ids), one update per run of equal ids."""
 
     def __init__(
         self,
@@ -144,11 +138,8 @@ def _symmetric(mat: np.ndarray, divisor: float = 2) -> np.ndarray:
 
 
 def combine(groups: Sequence[Moments]) -> Moments:
-    """The moments of all rows from the groups' moments (Chan, Golub and LeVeque's parallel-variance formula).
-
-    ``M2 = sum (M2_g + n_g (m_g - m)(m_g - m)^T)`` with ``M2 = (n - 1) C``; each ``M2_g`` was accumulated near its own
-    mean, so no term cancels (equal to one accumulator over all rows to ~1e-15).
-    """
+    """The moments of all rows from the groups' (Chan, Golub and LeVeque): each ``M2_g`` was accumulated near its own
+    mean, so no term cancels (~1e-15 from one accumulator over all rows)."""
     dim = groups[0][1].shape[0]
     n = sum(g[2] for g in groups)
     nonfinite = sum(g[3] for g in groups)
@@ -183,11 +174,8 @@ def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Momen
 
 
 def remove(total: Moments, part: Moments) -> Moments:
-    """The moments of the rows of ``total`` not in ``part``, in O(D^2).
-
-    ``M2_r = M2 - M2_p - (n n_p / n_r) (m_p - m)(m_p - m)^T``, ``m_r = (n m - n_p m_p) / n_r``: exact up to round-off
-    relative to the total's scatter, so the rest should not be a tiny part of the total.
-    """
+    """The moments of the rows of ``total`` not in ``part``, in O(D^2), exact up to round-off of the total's scatter (so
+    the rest should not be a tiny part of it)."""
     cov, _, n, _ = total
     return _remove(total, part, cov * (n - 1) if n >= 2 else np.zeros_like(cov))
 

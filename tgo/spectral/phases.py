@@ -230,11 +230,8 @@ def label_trajectory(trajectory: Trajectory, rule: PhaseRule | None = None) -> l
 
 @dataclass(frozen=True)
 class Phase:
-    """A run of consecutive pairs with one label (observations ``start`` to ``stop``), and the change over the whole
-    run.
-
-    Its ``evidence`` may carry another label than ``label``: an unresolved run whose small moves add up.
-    """
+    """A run of consecutive pairs with one label, and the change over the whole run (its ``evidence``, whose label may
+    differ: an unresolved run whose small moves add up)."""
 
     label: str
     start: int

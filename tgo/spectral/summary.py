@@ -155,12 +155,8 @@ def summarize(
     *,
     fit_range: Sequence[int] | None = None,
 ) -> dict[str, float]:
-    """Every observable of the catalogue for one covariance and its spectrum, as plain floats in catalogue order.
-
-    An undefined (``n_rows < 2``) or non-finite covariance gives NaN for every geometry observable while the diagnostics
-    stay real, so the record says why. Zero total variance gives 0 totals and NaN ratios. ``fit_range``: 1-based
-    inclusive (``None``: ``1 .. max(2, D // 2)``).
-    """
+    """Every observable of the catalogue for one covariance and its spectrum, as floats in catalogue order; an undefined
+    or non-finite covariance gives NaN geometry with real diagnostics, so the record says why."""
     return summarize_many([cov], [spectrum], fit_range=fit_range)[0]
 
 
@@ -189,12 +185,8 @@ def summarize_many(
     fit_range: Sequence[int] | None = None,
     spectra_of_covs: bool = False,
 ) -> list[dict[str, float]]:
-    """`summarize` of several covariances of one view (a total and its jackknife subsets), bit for bit, over stacks.
-
-    Undefined, odd-sized or zero-variance covariances, and later entries, are summarised one by one. ``covs`` may be one
-    float64 ``[S, D, D]`` array (no copy); ``spectra_of_covs``: the spectra are exactly these covariances', so a defined
-    spectrum means a finite covariance (saves a pass).
-    """
+    """`summarize` of a view's total and jackknife covariances, bit for bit, over stacks; what a stack cannot take is
+    summarised one by one. ``spectra_of_covs``: a defined spectrum then means a finite covariance (saves a pass)."""
     fit = _fit(fit_range)
     if len(covs) != len(spectra):
         raise ValueError(f"summarize_many: {len(covs)} covariances but {len(spectra)} spectra")

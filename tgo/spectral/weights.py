@@ -58,11 +58,8 @@ def singular_values(matrix: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PowerLawFit:
-    """A continuous power-law fit ``p(x) ~ x^-alpha`` for ``x >= xmin`` of a spectrum's upper tail.
-
-    ``stderr = (alpha - 1) / sqrt(n_tail)`` (Clauset et al. 2009, eq. 3.2); ``ks`` the Kolmogorov-Smirnov distance;
-    ``n_fitted`` the eigenvalues above `ESD_THRESHOLD`.
-    """
+    """A continuous power-law fit ``p(x) ~ x^-alpha`` of a spectrum's tail ``x >= xmin``, with ``stderr =
+    (alpha - 1) / sqrt(n_tail)`` (Clauset et al. 2009) and the Kolmogorov-Smirnov distance ``ks``."""
 
     alpha: float
     stderr: float
@@ -82,10 +79,9 @@ def fit_power_law(
 ) -> PowerLawFit:
     """WeightWatcher's default power-law fit of an ESD (``weightwatcher`` 0.7, ``WW_powerlaw.WWFit``).
 
-    Every eigenvalue above ``threshold`` but the largest is a candidate ``xmin``; its tail gives the MLE
-    ``alpha = 1 + n / sum ln(x_j / xmin)`` and the KS distance against the empirical CDF just below each value (as
-    WeightWatcher and ``powerlaw`` take it); the least distance wins (the first on a tie). The log-ratios are summed
-    directly, not as ``sum ln x_j - n ln xmin`` (cancellation; ~1e-13 apart). No fit for NaN or too few values.
+    Each eigenvalue above ``threshold`` but the largest is a candidate ``xmin`` with its tail's MLE and KS distance; the
+    least distance wins (the first on a tie). Log-ratios are summed directly (WeightWatcher's difference of sums
+    cancels).
     """
     e = np.asarray(eigenvalues, dtype=np.float64).reshape(-1)
     if not np.isfinite(e).all():
