@@ -1,8 +1,5 @@
-"""The errors TGO raises for bad input, so entry points can print one clear line instead of a traceback.
-
-Every error that means "the user's input is wrong" derives from ``UserInputError`` (a ``ValueError``); anything
-else is a bug and keeps its traceback.
-"""
+"""The errors TGO raises for bad input (``UserInputError``, a ``ValueError``), printed by entry points as one line;
+anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -47,9 +44,8 @@ def find_user_error(error: BaseException) -> UserInputError | None:
 
 
 class Stopped(BaseException):
-    """A signal (SIGTERM) arrived while a command-line entry point wrote its output: raised where the work is, so every
-    ``finally`` on the way out runs (the lock is released, a half-built copy removed) and the entry point ends with one
-    line and ``128 + signum``. A ``BaseException``, so no ``except Exception`` on the way swallows it."""
+    """SIGTERM arrived while a command-line entry point worked: raised there, so every ``finally`` runs on the way out,
+    and a ``BaseException`` so no ``except Exception`` swallows it; the entry point ends with ``128 + signum``."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)

@@ -102,11 +102,8 @@ def unsafe_error(
 def load_weights_only(
     path: str | Path, *, label: str | None = None, expected: str = TGO_CHECKPOINT, allow: Sequence[Any] = ()
 ) -> Any:
-    """``torch.load(path, map_location="cpu", weights_only=True, mmap=True)`` (a legacy non-zip file is read whole).
-
-    A global outside torch's weights-only set, `SAFE_GLOBALS` and ``allow`` is an `UnsafeCheckpointError`; other errors
-    are ``torch.load``'s own.
-    """
+    """``torch.load(path, map_location="cpu", weights_only=True, mmap=True)``; a global outside torch's weights-only
+    set, `SAFE_GLOBALS` and ``allow`` is an `UnsafeCheckpointError`."""
     try:
         with torch.serialization.safe_globals([*SAFE_GLOBALS, *allow]):
             try:

@@ -1,8 +1,5 @@
-"""``TGODataModule``: one LightningDataModule for every source, owning the frozen analysis subset.
-
-Cheap argument checks run in ``__init__``; `TGODataModule.validate` scans the data and settles the analysis subset,
-raising one `DataConfigError` naming the ``data.*`` key before training. ``setup()`` is idempotent.
-"""
+"""``TGODataModule``: one LightningDataModule for every source, owning the frozen analysis subset; `validate` raises one
+`DataConfigError` naming the ``data.*`` key before training, and ``setup()`` is idempotent."""
 
 from __future__ import annotations
 
@@ -92,15 +89,12 @@ _PER_CLASS_DEFAULT = _DefaultPerClass(DEFAULT_ANALYSIS_PER_CLASS)
 
 
 class TGODataModule(L.LightningDataModule):
-    """Train/val loaders for one data source plus the frozen, stratified analysis subset.
+    """Train/val loaders for one data source plus the frozen, stratified analysis subset; arguments are the ``data.*``
+    keys.
 
-    The arguments are the ``data.*`` keys (``conf/data/*.yaml``). ``preload``: a pixel source is transformed once into
-    tensors and "digits" augmentation runs per batch (`BatchRandomAffine`: same distribution, other draws); validation
-    and analysis tensors are unchanged. ``on_bad_image``: ``error`` or ``skip`` for training images
-    (`tgo.data.integrity`; the analysis subset is always checked in full). ``num_classes``: required for synthetic, else
-    checked against the data. ``analysis_per_class`` defaults to `DEFAULT_ANALYSIS_PER_CLASS` unless ``analysis_size``
-    alone is given; ``analysis_manifest`` pins an earlier subset, which the data must still match; ``analysis``: the
-    same settings nested as the config writes them, winning over the flat ones.
+    ``preload`` transforms a pixel source once into tensors and augments per batch (`BatchRandomAffine`: same
+    distribution, other draws). ``analysis_manifest`` pins an earlier subset the data must still match; ``analysis``
+    holds the same settings nested as the config writes them, winning over the flat ones.
     """
 
     def __init__(

@@ -1,8 +1,5 @@
-"""Labelled image splits that can name, hash and load each item (`ImageSplit`).
-
-Keys and hashes are what the analysis manifest records, so one class serves training, validation and the analysis
-subset; only the transform differs (`ImageSplit.with_transform`).
-"""
+"""Labelled image splits that can name, hash and load each item: keys and hashes are what the analysis manifest records,
+so one `ImageSplit` serves training, validation and the analysis subset with another transform."""
 
 from __future__ import annotations
 
@@ -53,11 +50,8 @@ def array_sha256(array: np.ndarray) -> str:
 
 
 class ImageSplit(Dataset):
-    """A labelled split: ``__getitem__`` returns ``(transform(image), label)``.
-
-    ``mode`` ("RGB" or "L") decides the channel count in one place whatever the files hold (ImageNet has greyscale and
-    CMYK JPEGs), keeping each kind's real dynamic range (`tgo.data.decode`).
-    """
+    """A labelled split of ``(transform(image), label)``; ``mode`` ("RGB" or "L") fixes the channel count whatever the
+    files hold (ImageNet has greyscale and CMYK JPEGs), by `tgo.data.decode`."""
 
     def __init__(
         self,
@@ -175,10 +169,8 @@ class SyntheticImageSplit(ImageSplit):
 
 
 class PreloadedImageSplit(ImageSplit):
-    """Another split's items pushed through a deterministic transform once and held as one tensor.
-
-    For tiny in-memory sources the per-step PIL round trip costs more than it is worth; the tensors are the same bits.
-    Keys, labels and hashes are the wrapped split's, so manifests are unchanged.
+    """Another split's items pushed once through a deterministic transform and held as one tensor: the same bits as the
+    per-step PIL round trip, which costs more than it is worth on tiny sources; keys, labels and hashes are unchanged.
     """
 
     def __init__(self, split: ImageSplit, transform: Callable[[Image.Image], torch.Tensor]):

@@ -291,10 +291,8 @@ def manifest_fingerprint(items: Sequence[dict[str, Any]]) -> str:
 
 
 def analysis_manifest(dataset: Any, *, written_by: str, groups: int = 0) -> dict[str, Any]:
-    """The ``analysis_subset.json`` of a user's analysis set: what is known and nothing more.
-
-    No source, root or split; every item's index, label and sha256 of its tensor as the model sees it, fingerprinted
-    images included (a key alone names no image here); the group of every item with ``groups >= 2``.
+    """The ``analysis_subset.json`` of a user's analysis set: no source or split, but every item's index, label and
+    sha256 of its tensor (fingerprinted with the images: a key alone names none here), and groups when ``groups >= 2``.
     """
     labels = np.asarray(dataset.labels if hasattr(dataset, "labels") else dataset_labels(dataset), dtype=np.int64)
     keys, key_meaning = _keys(dataset)

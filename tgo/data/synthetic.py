@@ -1,8 +1,5 @@
-"""Procedural, deterministic, learnable images for tests and scaling measurements.
-
-Each class has a grating and a colour blob; each image its own phase, jitter, contrast and noise, so class means
-differ while single images need more than a pixel lookup. Rendered on demand from ``(seed, split, index)``.
-"""
+"""Procedural, deterministic, learnable images rendered on demand from ``(seed, split, index)``: per class a grating and
+a colour blob, per image its own phase, jitter, contrast and noise, so single images need more than a pixel lookup."""
 
 from __future__ import annotations
 

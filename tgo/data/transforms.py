@@ -1,9 +1,5 @@
-"""Train and eval transforms, built from plain config values.
-
-Photos get the ImageNet recipe (RandomResizedCrop + flip; resize + centre crop). Pixel sources are only resized:
-cropping a 24-pixel digit or flipping it (a flipped 2 is not a 2) destroys the label. With ``data.preload`` the
-"digits" augmentation runs on whole batches (`BatchRandomAffine`), not one PIL round trip per image per step.
-"""
+"""Train and eval transforms from plain config values: photos get the ImageNet recipe, pixel sources are only resized
+(cropping a 24-pixel digit or flipping it destroys the label)."""
 
 from __future__ import annotations
 
@@ -88,12 +84,9 @@ def build_train_transform(
 
 
 class BatchRandomAffine:
-    """Per-image random affine (rotation, integer translation, scale) of a whole normalised batch at once.
-
-    Parameters are drawn as ``torchvision.transforms.v2.RandomAffine`` draws them, from torch's global generator (so
-    seeding makes it reproducible), one set per image, applied in one ``grid_sample`` per batch with nearest pixels and
-    black fill: equal to augmenting raw pixels with fill 0 and normalising after.
-    """
+    """Per-image random affine of a whole normalised batch in one ``grid_sample``, drawn as torchvision's
+    ``RandomAffine`` draws one image's (from torch's global generator), nearest pixels and black fill: raw-pixel
+    augmentation, normalised."""
 
     def __init__(
         self,
