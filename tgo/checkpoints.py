@@ -68,8 +68,7 @@ class ModelSource:
 
 # ----------------------------------------------------------------------------------------------------- checkpoints
 def load_checkpoint_file(path: Path) -> dict[str, Any]:
-    """Loads a checkpoint on the CPU, memory-mapped, with ``weights_only=True`` (`tgo.safe_load`): nothing in it
-    runs."""
+    """Loads a checkpoint on the CPU, memory-mapped, with ``weights_only=True`` (`tgo.safe_load`)."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -114,8 +113,7 @@ def checkpoint_source(path: Path) -> ModelSource:
 
 
 def find_checkpoints(directory: str | Path) -> list[ModelSource]:
-    """Every ``*.ckpt`` of a directory in epoch order; the same label and step count once, the same label with another
-    step is an error."""
+    """Every ``*.ckpt`` of a directory in epoch order, the same weights (label and step) once."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory (expected a run's checkpoints/ directory)")

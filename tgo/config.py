@@ -20,8 +20,7 @@ from tgo.errors import ConfigError
 from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 
 CONFIG_MODULE = "tgo.conf"
-"""Where Hydra finds the config tree: the repository's ``conf/`` as package data, the same from any directory or
-wheel."""
+"""Where Hydra finds the config tree: ``conf/`` as package data, the same from any directory or wheel."""
 
 _MISSING = object()
 
@@ -136,8 +135,7 @@ def _lookup(values: Mapping[str, Any], dotted: str) -> Any:
 
 
 def image_size_problem(image_size: Any, patch_size: Any) -> str | None:
-    """Why ``data.image_size`` cannot be cut into patches (``None`` when it can): timm would silently drop the
-    remainder."""
+    """Why ``data.image_size`` cannot be cut into patches (timm would silently drop the remainder), or ``None``."""
     if _positive_int(image_size) or _positive_int(patch_size) or image_size % patch_size == 0:
         return None
     lower, upper = image_size - image_size % patch_size, image_size - image_size % patch_size + patch_size
@@ -155,8 +153,7 @@ def _divisors_near(n: int, target: int) -> str:
 
 
 def model_problems(model: Mapping[str, Any], image_size: Any = None, *, prefix: str = "model") -> list[str]:
-    """Every problem with `tgo.model.ViTClassifier`'s hyper-parameters, one ``<key>: ...; expected ...`` each (absent
-    keys skipped)."""
+    """Every problem with `tgo.model.ViTClassifier`'s hyper-parameters, one ``<key>: ...; expected ...`` each."""
     problems = []
     for key, rule in MODEL_RULES.items():
         value = _lookup(model, key)

@@ -48,8 +48,7 @@ def distributed_job() -> Iterator[None]:
 
 # ------------------------------------------------------------------------------------------------ SLURM requeue
 def preemption_signal() -> signal.Signals:
-    """The signal SLURM sends ``signal_delay_s`` before a kill: submitit's ``SUBMITIT_PREEMPT_SIGNAL`` (default
-    ``USR2``)."""
+    """The signal SLURM sends before a kill: submitit's ``SUBMITIT_PREEMPT_SIGNAL`` (default ``USR2``)."""
     name = os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
     found = getattr(signal, f"SIG{name}", None)
     if not isinstance(found, signal.Signals):

@@ -234,8 +234,7 @@ class ViTClassifier(L.LightningModule):
 
 
 def schedule_steps(state: dict[str, Any]) -> int | None:
-    """The steps a saved scheduler state spans (OneCycleLR's ``total_steps``, `_CosineFactor`'s), ``None`` if
-    unknown."""
+    """The steps a saved scheduler state spans (``total_steps``, `_CosineFactor`'s), ``None`` if unknown."""
     if "total_steps" in state:
         return int(state["total_steps"])
     factors = state.get("lr_lambdas") or [None]

@@ -98,8 +98,7 @@ def compose_observe_config(overrides: Sequence[str] = (), run_dir: Path | None =
 
 
 def _legacy_observation(run_cfg: DictConfig | ListConfig) -> dict[str, Any] | None:
-    """Observation settings of a run older than the ``observation`` group (``covariance_epochs``:
-    ``keep_covariance``)."""
+    """Observation settings of a run older than the ``observation`` group (they lived in the callback)."""
     callback = OmegaConf.select(run_cfg, "callbacks.spectral_geometry")
     if callback is None:
         return None

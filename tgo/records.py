@@ -94,8 +94,7 @@ class RecordsError(UserInputError):
 # ----------------------------------------------------------------------------------------------------------- layout
 @dataclass(frozen=True)
 class RunDir:
-    """The paths of one run directory (nothing is created); ``series`` ``step`` puts the geometry under
-    ``geometry/steps/``."""
+    """The paths of one run directory (nothing is created); the ``step`` series lives in ``geometry/steps/``."""
 
     root: Path
     series: str = "epoch"
@@ -473,8 +472,7 @@ def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, 
 
 # ----------------------------------------------------------------------------------------------------------- reading
 def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
-    """The rows of ``metrics.csv`` as unparsed strings (a rewrite keeps other epochs byte-identical), legacy headers
-    filled."""
+    """The rows of ``metrics.csv`` as unparsed strings (rewrites keep other epochs byte-identical)."""
     path = as_run_dir(run_dir).metrics
     if not path.exists():
         return []
@@ -527,8 +525,7 @@ def _rows_with_metrics_file(path: RunPath) -> list[dict[str, str]]:
 
 
 def _refuse_duplicate_rows(path: Path, rows: Sequence[Mapping[str, str]], key_column: str = "epoch") -> None:
-    """Refuses two rows for one (epoch, point, view, metric): tgo never writes one, and a loader would silently keep
-    one."""
+    """Refuses two rows for one (epoch, point, view, metric): a loader would silently keep one."""
     first_line: dict[tuple[str, str, str, str], int] = {}
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         key = (row[key_column], row["point"], row["view"], row["metric"])
@@ -576,8 +573,7 @@ def load_series(
     metrics: Sequence[str] | None = None,
     column: str = "value",
 ) -> Series:
-    """The metrics of one view as arrays, ``{metric: {point: (epochs, values)}}`` (``column``: ``value`` or
-    ``stderr``)."""
+    """The metrics of one view as ``{metric: {point: (epochs, values)}}`` (``column``: value or stderr)."""
     if column not in ("value", "stderr"):
         raise ValueError(f"load_series: column must be 'value' or 'stderr', got {column!r}")
     rows = _rows_with_metrics_file(run_dir)

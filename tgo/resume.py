@@ -191,8 +191,7 @@ def check_checkpoint(checkpoint: str | Path) -> None:
 
 
 def observed_in_checkpoint(checkpoint: str | Path) -> list[int] | None:
-    """The epochs the geometry callback had observed at the save (``None``: no such callback), the one in flight
-    included."""
+    """The epochs the geometry callback had observed at the save, the one in flight included (``None``: none)."""
     return observed_in_state(_load_lazily(checkpoint))
 
 
@@ -228,8 +227,7 @@ def records_after(run: RunDir, observed: Collection[int] | None, *, epoch: int, 
 
 
 def check_resume_records(run: RunDir, newer: NewerRecords) -> None:
-    """Refuses a resume that would keep a duplicated ``metrics.csv`` row: which copy is the checkpoint's cannot be
-    told."""
+    """Refuses a resume keeping a duplicated ``metrics.csv`` row: which is the checkpoint's cannot be told."""
     for series, leaving in ((run.epoch_series, set(newer.epochs)), (run.step_series, set(newer.steps))):
         first: dict[tuple[str, str, str, str], int] = {}
         for line, row in enumerate(read_metric_rows(series), start=2):  # line 1 is the header
@@ -271,8 +269,7 @@ def check_resume(run: RunDir, checkpoint: str | Path, model: torch.nn.Module | N
 
 
 def remove_stale_temporaries(run: RunDir) -> list[Path]:
-    """Deletes the ``.<name>.<random>.tmp`` files a killed `tgo.records.atomic_write` left; only while no one else
-    writes."""
+    """Deletes the ``.<name>.<random>.tmp`` files a killed `tgo.records.atomic_write` left."""
     steps = run.step_series
     places = [run.geometry, run.spectra_dir, steps.geometry, steps.spectra_dir, run.checkpoints, run.root]
     stale = [p for place in places if place.is_dir() for p in place.glob(".*.tmp") if p.is_file()]
@@ -322,8 +319,7 @@ def newest_checkpoint(run: RunDir) -> Path | None:
 
 @dataclass(frozen=True)
 class StartPlan:
-    """How a launch starts: from ``checkpoint`` (``None``: from scratch), ``start_over`` saying why an attempt is set
-    aside."""
+    """How a launch starts: from ``checkpoint`` (``None``: scratch), ``start_over`` saying why."""
 
     checkpoint: str | None
     start_over: str | None = None

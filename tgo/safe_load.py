@@ -45,8 +45,7 @@ _WEIGHTS_UNPICKLER = re.compile(r"WeightsUnpickler error:\s*(.+?)\s*(?:\n|$)")
 
 
 class UnsafeCheckpointError(UserInputError):
-    """A checkpoint whose unpickling would build something other than tensors and plain values (``refused``: torch's
-    name)."""
+    """A checkpoint whose unpickling would build more than tensors and plain values."""
 
     def __init__(self, message: str, *, path: Path | None = None, refused: str = "") -> None:
         super().__init__(message)

@@ -66,8 +66,7 @@ def without_logger_only_callbacks(callbacks: list[Any], loggers: list[Any]) -> l
 
 
 def _unreadable_checkpoint(path: Path) -> str | None:
-    """Why ``path`` cannot be a ``torch.save`` zip archive (every member's CRC checked), or ``None``; before any data is
-    read."""
+    """Why ``path`` cannot be a ``torch.save`` zip archive (every member's CRC checked), or ``None``."""
     if path.stat().st_size == 0:
         return "is empty (0 bytes)"
     if not zipfile.is_zipfile(path):
@@ -222,8 +221,7 @@ def make_ddp_relaunch_job_local() -> None:
 
 
 def trainer_plugins(cfg: DictConfig) -> list[Any]:
-    """The trainer's plugins plus `AtomicCheckpointIO` (a full disk never truncates ``last.ckpt``) and, on SLURM, the
-    preemption listener."""
+    """The trainer's plugins plus `AtomicCheckpointIO` and, on SLURM, the preemption listener."""
     from lightning.pytorch.plugins.io import CheckpointIO
 
     from tgo.checkpoints import AtomicCheckpointIO

@@ -46,8 +46,7 @@ def close(fig: Figure) -> None:
 
 
 def render_rgb(fig: Figure) -> np.ndarray:
-    """The figure drawn by its own Agg canvas as RGB ``uint8`` ``(H, W, 3)``, then cleared: thread-safe, unlike
-    pyplot."""
+    """The figure drawn by its own Agg canvas as RGB ``uint8`` ``(H, W, 3)``, then cleared; thread-safe."""
     image = rgb(fig)
     close(fig)
     return image
@@ -240,8 +239,7 @@ def class_count_label(classes: int) -> str:
 
 
 def mark_class_count(ax: Any, classes: int | None, *, log10: bool = False, fontsize: float | None = None) -> None:
-    """A dashed line at index ``C`` (the class count), where class-structured spectra kink; nothing for ``None`` or
-    < 1."""
+    """A dashed line at index ``C`` (the class count), where class-structured spectra kink."""
     if classes is None or classes < 1:
         return
     x = math.log10(classes) if log10 else float(classes)
@@ -623,8 +621,7 @@ def attention_heads_figure(
     reference: float | None = None,
     card: bool = False,
 ) -> Figure:
-    """One attention metric as a blocks x heads heatmap: the report's figure (values written in up to 16 x 16) or a
-    card."""
+    """One attention metric as a blocks x heads heatmap: the report's figure or a TensorBoard card."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[0] != len(blocks):
         raise ValueError(f"attention_heads_figure: values must be [{len(blocks)} blocks, heads], got {values.shape}")

@@ -121,8 +121,7 @@ def subset_fingerprint(items: Sequence[AnalysisItem]) -> str:
 
 
 class AnalysisSubset(Dataset):
-    """The analysis images as a dataset of ``(eval_transform(image), label)`` in manifest order; hashes may be filled
-    lazily."""
+    """The analysis images as ``(eval_transform(image), label)`` in manifest order; hashes may be filled lazily."""
 
     def __init__(self, split: ImageSplit, indices: Sequence[int], items: Sequence[AnalysisItem]):
         self.split = split

@@ -231,8 +231,7 @@ class TGODataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ building
 
     def validate(self) -> TGODataModule:
-        """Scan the data and settle the analysis subset now, raising ``DataConfigError``; idempotent, returns
-        ``self``."""
+        """Scan the data and settle the analysis subset now (``DataConfigError``); idempotent, returns ``self``."""
         if self._analysis is not None:
             return self
         data = build_source(

@@ -26,8 +26,7 @@ _UNCONVERTIBLE = "cannot be converted faithfully to"
 
 
 class UnreadableImageError(DataConfigError):
-    """An image file that cannot be decoded; one message argument, since a DataLoader worker re-raises
-    ``type(message)``."""
+    """An unreadable image file; one message argument, as a DataLoader worker re-raises ``type(message)``."""
 
 
 def _decode(path: Path, mode: str) -> tuple[Image.Image | None, str | None]:

@@ -42,8 +42,7 @@ DIGITS_VAL_FRACTION = 0.2
 
 @dataclass
 class SourceData:
-    """What a source provides: splits (no transforms), class names, whether eval crops like a photo, root and manifest
-    facts."""
+    """What a source provides: splits (no transforms), class names, photo or not, root and manifest facts."""
 
     train: ImageSplit
     val: ImageSplit

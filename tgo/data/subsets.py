@@ -142,8 +142,7 @@ def stratification_notice(labels: np.ndarray) -> str | None:
 
 # ----------------------------------------------------------------------------------------------------- subsets
 class StratifiedSubset(Subset):
-    """A frozen, class-stratified subset of a labelled dataset: parent positions ordered by (label, position), their
-    labels."""
+    """A frozen, class-stratified subset: parent positions ordered by (label, position), and their labels."""
 
     def __init__(
         self, dataset: Dataset, indices: Sequence[int], labels: np.ndarray, *, per_class: int, seed: int
@@ -232,8 +231,7 @@ def analysis_input(analysis: Any) -> tuple[Any, int | None, int | None]:
 
 
 def check_analysis_set(dataset: Any, *, where: str = "analysis") -> Any:
-    """The analysis set ready for an observation: checked, with int labels as ``.labels`` (read and attached if
-    missing)."""
+    """The analysis set ready for an observation: checked, with int labels as ``.labels``."""
     _require_map_style(dataset, where)
     n = _length(dataset, where)
     if n == 0:

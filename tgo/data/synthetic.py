@@ -13,8 +13,7 @@ __all__ = ["SyntheticSpec", "render_synthetic", "synthetic_class_styles"]
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """Parameters shared by the train and validation splits of one synthetic data set (``noise_std`` in [0, 1]
-    units)."""
+    """Parameters shared by the train and validation splits of one synthetic data set."""
 
     num_classes: int
     image_size: int
@@ -37,8 +36,7 @@ def synthetic_class_styles(num_classes: int, seed: int) -> dict[str, np.ndarray]
 
 
 def render_synthetic(spec: SyntheticSpec, split: int, index: int) -> np.ndarray:
-    """Render image ``index`` of ``split`` as uint8 ``[H, W, 3]``; ``split`` is a stream id, so splits share no
-    images."""
+    """Render image ``index`` of ``split`` (a stream id: splits share no images) as uint8 ``[H, W, 3]``."""
     label = index % spec.num_classes
     style = synthetic_class_styles(spec.num_classes, spec.seed)
     rng = np.random.default_rng([spec.seed, split, index])

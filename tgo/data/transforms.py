@@ -64,8 +64,7 @@ def build_train_transform(
     resize_size: int | None = None,
     photo: bool = True,
 ) -> v2.Compose:
-    """Training transform by name: "standard" (RandomResizedCrop + flip), "digits" (resize + small affine, no flip) or
-    "none" (the eval transform)."""
+    """Training transform by name: "standard" (crop + flip), "digits" (small affine, no flip) or "none"."""
     if name == "standard":
         geometry: list[v2.Transform] = [
             v2.RandomResizedCrop(image_size, scale=(crop_scale_min, 1.0), antialias=True),

@@ -314,8 +314,7 @@ class StreamingCovariance:
         return 2 + self.dim + self.dim * self.dim
 
     def pack_into(self, out: torch.Tensor) -> None:
-        """Write ``[n, n_nonfinite, S1, S2.flatten()]`` (float64, counts exact to 2^53) into ``out``; the shift is not
-        packed."""
+        """Write ``[n, n_nonfinite, S1, S2.flatten()]`` (float64) into ``out``; the shift is not packed."""
         d = self.dim
         out[0], out[1] = float(self.n), float(self.n_nonfinite)
         out[2 : 2 + d].copy_(self._s1)

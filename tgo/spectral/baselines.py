@@ -38,8 +38,7 @@ def _laguerre_draw(rng: np.random.Generator, big: int, small: int) -> np.ndarray
 
 
 def noise_spectrum(n_rows: int, dim: int, *, draw: int = 0) -> np.ndarray:
-    """One seeded draw of the isotropic-noise covariance spectrum (``n_rows`` ``N(0, I_D)`` rows), float64
-    descending."""
+    """One seeded draw of the isotropic-noise covariance spectrum, float64 descending."""
     n_rows, dim = int(n_rows), int(dim)
     if n_rows < 2 or dim < 1:
         raise ValueError(f"noise_spectrum: needs n_rows >= 2 and dim >= 1, got n_rows={n_rows}, dim={dim}")
@@ -53,8 +52,7 @@ def noise_spectrum(n_rows: int, dim: int, *, draw: int = 0) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def noise_spectra(n_rows: int, dim: int, draws: int | None = None) -> np.ndarray:
-    """``[draws, D]`` seeded isotropic-noise spectra for ``(n_rows, dim)`` (cached: points share shapes; ``draws``
-    defaults to `noise_draws`)."""
+    """``[draws, D]`` seeded isotropic-noise spectra for ``(n_rows, dim)``, cached (points share shapes)."""
     count = noise_draws(dim) if draws is None else int(draws)
     out = np.stack([noise_spectrum(n_rows, dim, draw=k) for k in range(count)])
     out.setflags(write=False)

@@ -127,8 +127,7 @@ class Catalogue:
             self.register(o)
 
     def register(self, observable: Observable) -> Observable:
-        """Adds an observable at the end of the geometry entries (before the diagnostics); a taken name is a
-        ValueError."""
+        """Adds an observable at the end of the geometry entries (before the diagnostics); names are unique."""
         if observable.name in self._entries:
             raise ValueError(f"observable {observable.name!r} is already in the catalogue")
         if observable.kind == "diagnostic":

@@ -15,8 +15,7 @@ __all__ = ["Spectrum", "as_float64_matrix", "eigendecompose", "eigendecompose_ma
 
 
 def as_float64_matrix(cov: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Convert a covariance (numpy or torch, any device) to a float64 numpy ``[D, D]`` array (a copy only when a
-    conversion was needed)."""
+    """A covariance (numpy or torch, any device) as a float64 numpy ``[D, D]`` array, copied only if needed."""
     if isinstance(cov, torch.Tensor):
         cov = cov.detach().to(device="cpu", dtype=torch.float64).numpy()
     arr = np.asarray(cov, dtype=np.float64)

@@ -322,8 +322,7 @@ def spectral_anisotropy(eigs: np.ndarray) -> float:
 
 
 def spectral_flatness(eigs: np.ndarray, floor: float = FLATNESS_FLOOR) -> float:
-    """Wiener entropy, geometric / arithmetic mean (1 when isotropic), eigenvalues floored at ``floor`` as in the
-    paper."""
+    """Wiener entropy, geometric / arithmetic mean (1 when isotropic), eigenvalues floored as in the paper."""
     return EigenvalueStats(eigs).spectral_flatness(floor)
 
 
@@ -485,8 +484,7 @@ def total_correlations(covs: np.ndarray, eigs: np.ndarray) -> list[float]:
 
 
 def singular_values(eigs: np.ndarray, n_rows: int, convention: Literal["sqrt_eig", "data"] = "sqrt_eig") -> np.ndarray:
-    """Singular values from covariance eigenvalues, descending: ``sqrt_eig`` (the paper's plots) or ``data``
-    (``sqrt((n - 1) λ)``, NaN when ``n_rows < 2``)."""
+    """Singular values from covariance eigenvalues: ``sqrt_eig`` (the paper's plots) or ``data`` (``n_rows``)."""
     if convention not in ("sqrt_eig", "data"):
         raise ValueError(f"singular_values: convention must be 'sqrt_eig' or 'data', got {convention!r}")
     e = np.sort(_eigs(eigs))[::-1]

@@ -50,8 +50,7 @@ UNDEFINED = "undefined"
 LABELS: tuple[str, ...] = (COLLAPSE, COMPRESSION, UNRESOLVED, ENTROPY, UNDEFINED)
 """Every label, from the most to the least compressing (then ``undefined``): the order of legends and colour maps."""
 PHASE_CODES: dict[str, float] = {COLLAPSE: -2.0, COMPRESSION: -1.0, UNRESOLVED: 0.0, ENTROPY: 1.0, UNDEFINED: math.nan}
-"""The recorded ``phase_code`` of each label, its sign the direction of the spread, so a chart over epochs reads like
-the phases."""
+"""The recorded ``phase_code`` of each label, signed by the direction of the spread."""
 
 DEFAULT_PHASE_Z = 3.0
 """The default normal quantile (the verdict rule's ``z``, `tgo.report.verdicts.DEFAULT_Z`)."""
@@ -90,8 +89,7 @@ def _critical(z: float, dof: float) -> float:
 
 @dataclass(frozen=True)
 class Change:
-    """One paired change ``after - before`` of a value measured twice on the same jackknife groups (``dof`` ``G -
-    1``)."""
+    """One paired change ``after - before`` of a value measured twice on the same jackknife groups."""
 
     before: float
     after: float
@@ -105,8 +103,7 @@ class Change:
 
     @property
     def z(self) -> float:
-        """``difference / stderr`` as `tgo.report.verdicts.Uncertainty.z` (NaN without stderr, 0 or ``±inf`` with a zero
-        one)."""
+        """``difference / stderr`` as `tgo.report.verdicts.Uncertainty.z` does it."""
         d, se = self.difference, self.stderr
         if not (math.isfinite(d) and math.isfinite(se)):
             return math.nan
@@ -192,8 +189,7 @@ def classify(rank: Change, alpha: Change, rule: PhaseRule | None = None) -> Phas
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One point's recorded series of both measures (``[E]``) and their ``[E, G]`` replicates (``None``: not
-    recorded)."""
+    """One point's recorded series of both measures and their ``[E, G]`` replicates (``None``: not recorded)."""
 
     epochs: np.ndarray
     rank: np.ndarray

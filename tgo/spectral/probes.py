@@ -107,8 +107,7 @@ def class_layout(labels: np.ndarray, rows: np.ndarray | None = None) -> ClassLay
 
 
 def class_geometry(x: np.ndarray, labels: np.ndarray) -> ClassGeometry:
-    """`ClassGeometry` of ``x`` ``[n, D]`` with integer ``labels``; scatters from deviations, never raw second
-    moments."""
+    """`ClassGeometry` of ``x`` ``[n, D]`` with integer ``labels``, from deviations, never raw second moments."""
     x = _as_rows(x)
     labels = np.asarray(labels).reshape(-1)
     if labels.size != x.shape[0]:
@@ -209,8 +208,7 @@ def _geometry_stack(
 
 
 def _psd_eigenvalue_stack(mats: np.ndarray, *, symmetric: bool = False) -> np.ndarray:
-    """Descending eigenvalues of a ``[S, k, k]`` stack of exactly symmetric PSD matrices, round-off negatives
-    clamped."""
+    """Descending eigenvalues of a ``[S, k, k]`` stack of symmetric PSD matrices, round-off negatives clamped."""
     sym = mats if symmetric else (mats + mats.transpose(0, 2, 1)) / 2
     return np.clip(np.linalg.eigvalsh(sym)[:, ::-1], 0.0, None)
 
@@ -399,8 +397,7 @@ def ridge_accuracy(
 
 
 def _ridge_scores(x: np.ndarray, layout: FoldLayout, alpha: float, skip: Sequence[int] = ()) -> np.ndarray:
-    """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W`` (folds ``skip``: ``y_bar``); the dual form below ``D``
-    images."""
+    """``[F, m, C]`` ridge scores ``y_bar + (x - mu) W``, in the dual form for folds below ``D`` images."""
     d = x.shape[1]
     sums = _fold_sums(x, layout)
     n_t = sums.train_sizes
@@ -482,8 +479,7 @@ def _blas_controller() -> Any:
 
 
 def one_thread_blas() -> contextlib.AbstractContextManager[Any]:
-    """numpy's BLAS on one thread for the block: OpenBLAS's threads make a 96 x 96 ``eigh`` 10-200x slower on few
-    cores."""
+    """numpy's BLAS on one thread: OpenBLAS's threads make a 96 x 96 ``eigh`` 10-200x slower on few cores."""
     controller = _blas_controller()
     return contextlib.nullcontext() if controller is None else controller.limit(limits=1, user_api="blas")
 
