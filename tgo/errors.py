@@ -63,8 +63,7 @@ def _raise_stopped(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def stopped_by_sigterm() -> Iterator[None]:
-    """Within the block, SIGTERM raises `Stopped` (in the main thread; elsewhere signals cannot be handled and the
-    block runs as it is); the previous handler comes back afterwards."""
+    """Within the block (main thread only), SIGTERM raises `Stopped`; the previous handler comes back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

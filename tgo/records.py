@@ -338,8 +338,7 @@ _TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
 
 
 def _raise_if_out_of_space(err: BaseException, path: Path, existed: bool) -> None:
-    """Turns a failed write for want of space into one line naming the file, the free space and what survived
-    (``torch.save`` only says "unexpected pos", so the free space is asked for)."""
+    """A write that failed for want of space as one line naming the file, the free space and what survived."""
     where = path.parent if path.parent.exists() else Path(os.path.abspath(os.sep))
     try:
         free = shutil.disk_usage(where).free
@@ -602,8 +601,7 @@ def load_series(
 def layer_epoch_table(
     per_point: Mapping[str, tuple[np.ndarray, np.ndarray]], points: Sequence[str], epochs: Sequence[int]
 ) -> np.ndarray:
-    """One metric's series as a ``[points, epochs]`` float64 table (NaN where missing): the table behind every layer x
-    epoch heatmap and depth profile."""
+    """One metric's series as a ``[points, epochs]`` table (NaN where missing), behind every layer x epoch figure."""
     table = np.full((len(points), len(epochs)), np.nan)
     column = {int(e): j for j, e in enumerate(epochs)}
     for i, point in enumerate(points):
@@ -679,8 +677,7 @@ def load_spectra(
     view: str = DEFAULT_VIEW,
     arrays: Iterable[str] | None = None,
 ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-    """The spectra of a run, ``{epoch: {point: {array: value}}}``; ``arrays`` picks some (covariances are large), by
-    default all but the jackknife replicates."""
+    """The spectra of a run, ``{epoch: {point: {array: value}}}``; by default no jackknife replicates."""
     run = _require_records(run_dir)
     return {e: _load_npz(path, view, arrays) for e, path in _iter_spectra(run, epochs)}
 

@@ -145,8 +145,7 @@ def set_aside_attempt(run: RunDir, reason: str) -> Path | None:
 
 
 def set_aside_epochs(run: RunDir, epochs: Iterable[int], reason: str) -> Path | None:
-    """Moves the records of ``epochs`` aside; the rows reach the set-aside copy before ``metrics.csv`` loses them, so a
-    kill in between leaves them in both places, never in neither."""
+    """Moves the records of ``epochs`` aside, rows copied before ``metrics.csv`` loses them (a kill keeps both)."""
     epochs = sorted(set(int(e) for e in epochs))
     rows = read_metric_rows(run)
     moving_rows = [r for r in rows if int(r[run.key]) in epochs]
@@ -281,8 +280,7 @@ def remove_stale_temporaries(run: RunDir) -> list[Path]:
 
 
 def set_aside_newer_checkpoints(run: RunDir, checkpoint: str | Path) -> list[Path]:
-    """Sets aside checkpoints saved after ``checkpoint``: a ``best_epoch_*.ckpt`` of weights the resume retrains, which
-    the restored callback state no longer names."""
+    """Sets aside checkpoints saved after ``checkpoint`` (a ``best_epoch_*.ckpt`` of retrained weights)."""
     restored = Path(checkpoint).resolve()
     step = int(_load_lazily(restored).get("global_step", 0))
     newer = []

@@ -207,8 +207,7 @@ def preflight(argv: list[str], *, min_free: int = MIN_FREE_BYTES) -> str | None:
 
 
 def make_ddp_relaunch_job_local() -> None:
-    """Makes Lightning's DDP re-launch of ``sys.argv`` run this multirun job in this job's directory, instead of the
-    whole sweep again (a known upstream problem)."""
+    """Makes Lightning's DDP re-launch run this multirun job in its directory, not the whole sweep again."""
     if not HydraConfig.initialized():
         return
     hydra_cfg = HydraConfig.get()
@@ -402,8 +401,7 @@ def hydra_main(cfg: DictConfig) -> float | None:
 
 
 def error_line(error: BaseException) -> str | None:
-    """The one line `main` prints for an error that needs a changed input (a ``UserInputError`` in the cause chain, or a
-    ``nonfinite=error`` stop), or ``None`` for a bug."""
+    """The one line `main` prints for an error that needs a changed input, or ``None`` for a bug."""
     found = find_error(error, (UserInputError, NonFiniteActivationsError))
     if found is None:
         return None

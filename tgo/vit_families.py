@@ -45,8 +45,7 @@ def _refusal(what: str, reason: str | None = None) -> UnsupportedModelError:
 
 
 def vit_family(model: nn.Module) -> str | None:
-    """The supported family of a built model (``VisionTransformer``, ``DeiT distilled``, ``EVA``, ``BEiT``), or
-    ``None`` for anything else."""
+    """The supported family of a built model, or ``None`` for anything else."""
     from timm.layers import HybridEmbed
     from timm.models.beit import Beit
     from timm.models.deit import VisionTransformerDistilled

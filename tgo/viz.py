@@ -296,8 +296,7 @@ def spectrum_history_figure(
 def spectrum_cards(
     histories: Mapping[str, Sequence[tuple[int, np.ndarray]]], *, ylabel: str = "eigenvalue", classes: int | None = None
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """Every point's spectrum card, rendered, on one shared epoch ramp; one figure is redrawn from card to card, and a
-    generator lets the background worker pause between cards."""
+    """Every point's spectrum card, rendered on one shared epoch ramp by one redrawn figure; a generator."""
     epochs = sorted({epoch for history in histories.values() for epoch, _ in history})
     card = _SpectrumCard(epochs, ylabel, classes)
     try:
@@ -563,8 +562,7 @@ def correlation_image(cov: np.ndarray, *, max_dim: int = 384) -> np.ndarray:
 
 
 def correlation_card(cov: np.ndarray, *, max_dim: int = 384, side: int = CARD_PIXELS) -> np.ndarray:
-    """`correlation_image` enlarged by a whole factor to at least ``side`` px, with a colour scale: TensorBoard showed a
-    96-feature matrix as a 96 px thumbnail."""
+    """`correlation_image` enlarged to at least ``side`` px, with a colour scale (not a 96 px thumbnail)."""
     image = correlation_image(cov, max_dim=max_dim)
     k = max(1, -(-side // max(image.shape[0], 1)))
     image = np.repeat(np.repeat(image, k, axis=0), k, axis=1)

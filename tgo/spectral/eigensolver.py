@@ -51,8 +51,7 @@ def cpu_eigvalsh(stack: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GpuEigvalsh:
-    """``torch.linalg.eigvalsh`` on one CUDA device in one batched float64 call; the copy back waits for the device, so
-    a caller's clock measures the whole solve."""
+    """``torch.linalg.eigvalsh`` on one CUDA device in one batched float64 call, waited for."""
 
     device: torch.device
 

@@ -174,8 +174,7 @@ def leave_one_group_out(total: Moments, groups: Sequence[Moments]) -> list[Momen
 
 
 def remove(total: Moments, part: Moments) -> Moments:
-    """The moments of the rows of ``total`` not in ``part``, in O(D^2), exact up to round-off of the total's scatter (so
-    the rest should not be a tiny part of it)."""
+    """The moments of the rows of ``total`` not in ``part`` in O(D^2), exact to round-off of the total's scatter."""
     cov, _, n, _ = total
     return _remove(total, part, cov * (n - 1) if n >= 2 else np.zeros_like(cov))
 
