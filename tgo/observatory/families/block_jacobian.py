@@ -167,7 +167,7 @@ class BlockJacobianSettings:
         enabled: Record each block's token-Jacobian spectrum (sigma_max, sigma_min, log-determinant, condition
             number) and whole-sequence norm on view ``all`` (``docs/observables.md``, "Block Jacobians"). Off by
             default: every (block, image, token) costs ``D`` backward passes of one sequence (3x ``D`` forwards;
-            ViT-S in float64 on one CPU core: 81 s).
+            ViT-S in float64 on one CPU core: 83 s).
         every_n_observations: Measure at every N-th observation (epoch ``e`` counts as ``ceil(e / every_n_epochs)``;
             epoch 0 always; every observation offline).
         images: The fixed images: the first N of the analysis subset in a class-stratified, seeded order.
