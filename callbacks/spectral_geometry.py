@@ -281,16 +281,18 @@ class SpectralGeometryCallback(L.Callback):
         self._end(trainer)  # Lightning skips teardown after an exception (a signal included)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._end(trainer)
-        self._summaries.close()
+        self._end(trainer, close=True)
         if stage == "fit":  # the collectors' hooks leave the parameters with the fit
             for collector in self.collectors.values():
                 collector.detach()
 
-    def _end(self, trainer: L.Trainer) -> None:
-        """Records the summary in flight, closes TensorBoard and releases the run directory (the next fit claims it)."""
+    def _end(self, trainer: L.Trainer, *, close: bool = False) -> None:
+        """Records the summary in flight, closes TensorBoard (and, with ``close``, the summary lane) and then releases
+        the run directory (the next fit claims it)."""
         self._flush_after_failure(trainer)
         self.finish_tensorboard(trainer)
+        if close:
+            self._summaries.close()
         lock, self._run_lock = getattr(self, "_run_lock", None), None
         if lock is not None:
             lock.release()
