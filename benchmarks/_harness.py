@@ -97,73 +97,40 @@ TINY_PATCH = 8
 """Patch size of the tiny ViT: 32 px images give 16 patches + CLS = 17 tokens."""
 
 
-def vit_small(device: torch.device | str = "cpu", seed: int = 0) -> torch.nn.Module:
-    """timm ``vit_small_patch16_224``, random init (no download), eval mode."""
-    import timm
-
-    torch.manual_seed(seed)
-    return timm.create_model("vit_small_patch16_224", pretrained=False).eval().to(device)
-
-
-def tiny_vit(device: torch.device | str = "cpu", seed: int = 0, img_size: int = 32) -> torch.nn.Module:
-    """A 2-block, width-32 timm ViT (patch 8): ``--smoke``'s stand-in for vit_small, built without Lightning.
-
-    Built with timm directly (not ``tgo.model``) so a memory child that measures it does not import Lightning.
-    """
-    import timm
-
-    torch.manual_seed(seed)
-    net = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=img_size, patch_size=TINY_PATCH, **TINY_ARCH
-    )
-    return net.eval().to(device)
-
-
-def quickstart_net(
+def build_model(
+    kind: str,
     device: torch.device | str = "cpu",
+    image_size: int = 224,
     seed: int = 0,
-    num_classes: int = 10,
-    img_size: int = 24,
     arch: dict[str, int] | None = None,
 ) -> torch.nn.Module:
-    """The quickstart network (``conf/model/vit_quickstart.yaml``: width 96, depth 12, patch 4), random init.
-
-    Args:
-        device: Where the network lives.
-        seed: Seed of the random initialisation.
-        num_classes: Classifier outputs.
-        img_size: Input resolution.
-        arch: Keys of the config's ``arch`` replaced (``--smoke`` shrinks depth and width; ``None`` keeps them).
-    """
-    from omegaconf import OmegaConf
-
-    from tgo.model import build_timm_model
-
-    cfg = OmegaConf.load(CONF / "model" / "vit_quickstart.yaml")
-    torch.manual_seed(seed)
-    net = build_timm_model(
-        cfg.name,
-        num_classes=num_classes,
-        img_size=img_size,
-        in_chans=3,
-        **(OmegaConf.to_container(cfg.arch) | (arch or {})),
-    )
-    return net.eval().to(device)
-
-
-def build_model(kind: str, device: torch.device | str, image_size: int, seed: int = 0) -> torch.nn.Module:
-    """One of `MODEL_KINDS` at ``image_size`` (vit_small is always 224 px), so callers name a model by a string.
+    """One of `MODEL_KINDS`, random init (no download), eval mode: timm ``vit_small_patch16_224`` (always 224 px),
+    the quickstart network (``conf/model/vit_quickstart.yaml``, 10 classes, its ``arch`` keys replaced by ``arch``)
+    or the tiny ViT, built with timm directly so a memory child that measures it does not import Lightning.
 
     Raises:
         ValueError: an unknown kind.
     """
+    import timm
+
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model kind {kind!r}; expected one of {list(MODEL_KINDS)}")
+    torch.manual_seed(seed)
     if kind == "vit_small":
-        return vit_small(device, seed)
-    if kind == "quickstart":
-        return quickstart_net(device, seed, img_size=image_size)
-    if kind == "tiny":
-        return tiny_vit(device, seed, img_size=image_size)
-    raise ValueError(f"unknown model kind {kind!r}; expected one of {list(MODEL_KINDS)}")
+        net = timm.create_model("vit_small_patch16_224", pretrained=False)
+    elif kind == "tiny":
+        net = timm.create_model(
+            "vit_tiny_patch16_224", pretrained=False, img_size=image_size, patch_size=TINY_PATCH, **TINY_ARCH
+        )
+    else:
+        from omegaconf import OmegaConf
+
+        from tgo.model import build_timm_model
+
+        cfg = OmegaConf.load(CONF / "model" / "vit_quickstart.yaml")
+        shape = OmegaConf.to_container(cfg.arch) | (arch or {})
+        net = build_timm_model(cfg.name, num_classes=10, img_size=image_size, in_chans=3, **shape)
+    return net.eval().to(device)
 
 
 def random_images(n: int, size: int, seed: int = 0, classes: int = 1) -> TensorDataset:
@@ -229,18 +196,33 @@ def synchronize(device: torch.device) -> None:
 
 
 class _Store:
-    """The naive baseline's 'accumulator': keeps a copy of every activation batch."""
+    """The naive baseline's 'accumulator': keeps a copy of every activation batch (``keep=False``: does nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = True) -> None:
         self.batches: list[torch.Tensor] = []
+        self.keep = keep
 
     def update(self, x: torch.Tensor) -> None:
-        self.batches.append(x.reshape(-1, x.shape[-1]).clone())
+        if self.keep:
+            self.batches.append(x.reshape(-1, x.shape[-1]).clone())
 
 
-class _Noop:
-    def update(self, x: torch.Tensor) -> None:
-        pass
+def _hooked_forward(
+    net: torch.nn.Module,
+    dataset: TensorDataset,
+    points: Sequence[Any],
+    batch_size: int,
+    device: torch.device,
+    keep: bool,
+) -> dict[str, _Store]:
+    from tgo.observatory import ActivationHooks, exact_inference
+
+    stores = {p.name: _Store(keep) for p in points}
+    net.eval()
+    with exact_inference(device.type), ActivationHooks.for_points(net, points, stores):
+        for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            net(images.to(device, non_blocking=True))
+    return stores
 
 
 def naive_observation(
@@ -248,13 +230,7 @@ def naive_observation(
 ) -> None:
     """Store every point's activations (same hooks, same exact-inference context), then ``torch.cat`` +
     ``torch.cov`` + float64 ``eigvalsh`` per point: the obvious approach the streaming accumulators replace."""
-    from tgo.observatory import ActivationHooks, exact_inference
-
-    stores = {p.name: _Store() for p in points}
-    net.eval()
-    with exact_inference(device.type), ActivationHooks.for_points(net, points, stores):
-        for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-            net(images.to(device, non_blocking=True))
+    stores = _hooked_forward(net, dataset, points, batch_size, device, keep=True)
     for p in points:
         rows = torch.cat(stores[p.name].batches)
         stores[p.name].batches.clear()
@@ -267,12 +243,7 @@ def hooked_noop_forward(
     net: torch.nn.Module, dataset: TensorDataset, points: Sequence[Any], batch_size: int, device: torch.device
 ) -> None:
     """The forward with the 15 hooks attached but doing nothing: what hooking and the exact context cost alone."""
-    from tgo.observatory import ActivationHooks, exact_inference
-
-    net.eval()
-    with exact_inference(device.type), ActivationHooks.for_points(net, points, {p.name: _Noop() for p in points}):
-        for images, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-            net(images.to(device, non_blocking=True))
+    _hooked_forward(net, dataset, points, batch_size, device, keep=False)
     synchronize(device)
 
 
@@ -286,26 +257,9 @@ def stream_pass(
     gram_dtype: torch.dtype = torch.float64,
     families: Sequence[FamilyRun] = (),
 ) -> dict[str, Any]:
-    """The streaming pass alone (forward + hooks + Gram updates) as ``observe_dataset`` runs it, without the reduce.
-
-    The same loader (with ``groups``: visited group by group, batches carrying group ids) and the same
-    ``stream_activations`` call, so a G-groups and a no-groups pass differ exactly as in ``observe_and_record``.
-
-    Args:
-        net: The network observed.
-        dataset: The images.
-        points: Observation points of ``net``.
-        batch_size: Images per forward.
-        device: Where the pass runs.
-        groups: Jackknife groups ``G`` (0: none).
-        gram_dtype: Gram precision.
-        families: Started measurement families (``tgo.observatory.pipeline.start_families`` for ``len(dataset)``
-            images; the image-vector family's table is ``run.state.table``): batches then carry subset indices, as
-            ``observe_dataset`` makes them; ``()``: none.
-
-    Returns:
-        The accumulators, one per point (not reduced).
-    """
+    """The streaming pass alone (forward + hooks + Gram updates) as ``observe_dataset`` runs it, without the reduce:
+    the same loader (with ``groups`` > 0 visited group by group; with started ``families`` batches carry subset
+    indices) and the same ``stream_activations`` call. Returns the accumulators, one per point (not reduced)."""
     from tgo.observatory import ShardPlan
     from tgo.observatory.pipeline import group_of_items, observation_loader
     from tgo.observatory.stream import stream_activations
@@ -357,19 +311,19 @@ def family_pass(
 
 class PhaseTimer:
     """Times the phases of ``observe_and_record`` (stream, reduce, eigendecompose + observables, records) by wrapping
-    the functions it calls, so the breakdown comes from the very runs whose total is reported."""
+    the functions it calls, so the breakdown comes from the very runs whose total is reported. With
+    ``keep_accumulators``, ``accumulators`` holds the reduced accumulators the last summary received."""
 
     PHASES = ("stream", "reduce", "eig_observables", "records")
 
     def __init__(self, keep_accumulators: bool = False) -> None:
-        self.samples: dict[str, list[float]] = {k: [] for k in self.PHASES}
         self.keep_accumulators = keep_accumulators
         self.accumulators: Any = None
-        """With ``keep_accumulators``: the reduced accumulators the last summary (``summarize_shared``) received."""
+        self.reset()
 
     def reset(self) -> None:
-        """Forgets the samples so far (warm-up runs), keeping the attached state."""
-        self.samples = {k: [] for k in self.PHASES}
+        """Forgets the samples so far (warm-up runs)."""
+        self.samples: dict[str, list[float]] = {k: [] for k in self.PHASES}
 
     def _wrap(self, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -383,28 +337,22 @@ class PhaseTimer:
 
         return timed
 
-    @contextlib.contextmanager
-    def attached(self) -> Iterator[None]:
+    def attached(self) -> contextlib.AbstractContextManager[None]:
         """Wraps the names ``tgo.observatory.pipeline`` looks up at call time, restoring them on exit."""
         from tgo.observatory import pipeline
         from tgo.records import RecordWriter
 
         names = {"stream": "stream_activations", "reduce": "reduce_accumulators", "eig_observables": "summarize_shared"}
         targets = {phase: (pipeline, name) for phase, name in names.items()}
-        with patched({**targets, "records": (RecordWriter, "write_observation")}, self._wrap):
-            yield
+        return patched({**targets, "records": (RecordWriter, "write_observation")}, self._wrap)
 
     def medians(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.samples.items() if v}
 
 
 def observation_settings(gram_dtype: str = "float64", groups: int | None = None) -> ObservationSettings:
-    """The default ``ObservationSettings`` (what the callback runs with) with the Gram precision under test.
-
-    Args:
-        gram_dtype: ``float64`` or ``float32``.
-        groups: Jackknife groups ``G`` (``None``: the default, `default_groups`; ``0``: no jackknife).
-    """
+    """The default ``ObservationSettings`` (what the callback runs with) with the Gram precision under test and, unless
+    ``None``, ``groups`` jackknife groups (``0``: no jackknife)."""
     from tgo.observatory import ObservationSettings
 
     settings = ObservationSettings().replace(gram_dtype=gram_dtype)
@@ -432,19 +380,13 @@ NOISE_CACHES = (("tgo.spectral.catalogue", "noise_expectation"), ("tgo.spectral.
 
 
 def clear_noise_caches() -> list[str]:
-    """Empties the noise-baseline caches, so the next summary pays the first-call cost again.
-
-    Returns:
-        The caches cleared (empty when none was found: the library no longer caches there).
-    """
+    """Empties the noise-baseline caches, so the next summary pays the first-call cost again; returns those cleared
+    (none: the library no longer caches there)."""
     import importlib
 
     cleared = []
     for module, name in NOISE_CACHES:
-        try:
-            fn = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
+        fn = getattr(importlib.import_module(module), name, None)
         if callable(getattr(fn, "cache_clear", None)):
             fn.cache_clear()
             cleared.append(f"{module}.{name}")
@@ -475,21 +417,9 @@ def observation(
     out_dir: Path,
     all_reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Results | None:
-    """The full observation pass exactly as the callback runs it (``observe_and_record``), one process.
-
-    Args:
-        net: The network observed.
-        dataset: The images.
-        points: Observation points of ``net``.
-        batch_size: Images per forward.
-        device: Where the pass runs.
-        settings: ``ObservationSettings`` (see `observation_settings`), built once outside the timed region.
-        out_dir: A fresh run directory for the records is made inside it.
-        all_reduce_sum: The sum collective (``None``: identity; a `SumCounter` also counts the bytes).
-
-    Returns:
-        The ``Results`` of the observation (this process is rank 0, so never ``None``).
-    """
+    """The full observation pass exactly as the callback runs it (``observe_and_record``), one process (rank 0, so
+    its ``Results`` are returned), into a fresh run directory under ``out_dir``; ``settings`` are built outside the
+    timed region, ``all_reduce_sum`` is the sum collective (``None``: identity; a `SumCounter` counts the bytes)."""
     from tgo.observatory import RecordPlan, ShardPlan, observe_and_record
     from tgo.records import RecordWriter
 
@@ -560,14 +490,10 @@ def interleaved(
 
 
 def paired(off: Callable[[], Any], on: Callable[[], Any], repeats: int) -> dict[str, Any]:
-    """``on`` against ``off``: ``off, on, off, ..., off`` after one warm-up of each (`interleaved`), each ``on`` run
-    divided by the mean of the two ``off`` runs around it; the median ratio, every ratio and both medians."""
+    """``on`` against ``off`` (`interleaved`): the median ratio, every ratio and both medians."""
     res = interleaved(off, {"on": on}, repeats)
-    median_on, median_off = res["on"]["median_s"], res["baseline"]["median_s"]
-    return {"repeats": repeats, "ratio": res["on"]["ratio"], "ratios": res["on"]["ratios"]} | {
-        "on_s": median_on,
-        "off_s": median_off,
-    }
+    r, off_s = res["on"], res["baseline"]["median_s"]
+    return {"repeats": repeats, "ratio": r["ratio"], "ratios": r["ratios"], "on_s": r["median_s"], "off_s": off_s}
 
 
 def alternated(
@@ -618,10 +544,8 @@ def patched(targets: dict[str, tuple[Any, str]], wrap: Callable[[str, Callable[.
 
 @contextlib.contextmanager
 def timed_calls(targets: dict[str, tuple[Any, str]], *, cpu: bool = False) -> Iterator[dict[str, list[Any]]]:
-    """Times every call of some functions while the block runs (`patched`).
-
-    A profile of where a pass's time goes without a profiler's overhead: only the wrapped calls pay a
-    ``perf_counter`` pair. Nested wrapped calls count in each of their wrappers.
+    """Times every call of some functions while the block runs (`patched`): where a pass's time goes without a
+    profiler's overhead. Nested wrapped calls count in each of their wrappers.
 
     Yields:
         ``{name: [seconds of each call]}``, filled while the block runs; with ``cpu`` each call's ``(wall, process
@@ -665,47 +589,30 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 """glibc's mmap threshold fixed at 1 MB, so freed batch temporaries leave RSS instead of inflating later peaks."""
 
 
-def run_memory_child(args: Sequence[str], timeout: float = 600) -> list[dict[str, Any]]:
-    """Runs ``python -m benchmarks._memory_child ARGS`` in a fresh interpreter and returns its JSON lines.
-
-    ``ARGS`` is one or more groups of ``MODEL SIZE IMAGES BATCH VARIANT``; the child prints one JSON line per group.
-    glibc's mmap threshold is fixed at 1 MB there so freed batch temporaries leave RSS (as in spectral_bench.py).
-    """
-    env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks._memory_child", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory child {list(args)} failed:\n{proc.stderr[-3000:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-
-
 def run_memory_children(
     specs: Sequence[Sequence[str]], *, fresh: bool = True, in_process: bool = False
 ) -> list[dict[str, Any]]:
-    """One measurement per spec (``MODEL SIZE IMAGES BATCH VARIANT``), in spec order.
+    """One `benchmarks._memory_child.measure` per spec (``MODEL SIZE IMAGES BATCH VARIANT``), in spec order.
 
-    Args:
-        specs: The measurements.
-        fresh: One process per spec, so nothing freed by an earlier variant lingers in the heap and peaks are clean.
-            ``False`` runs every spec in one process: the code path matters and the numbers do not, and each
-            interpreter start (torch + timm imports) costs seconds.
-        in_process: Every spec in this process (``--smoke``): no interpreter start at all (6-8 s of CPU on the
-            2-core machine, and the child's cold noise-baseline cache), the same `_memory_child.measure` per spec;
-            the peaks then sit on this process's heap and mean nothing.
+    ``fresh``: one ``python -m benchmarks._memory_child`` process per spec (`MALLOC_ENV` set there), so nothing freed
+    by an earlier variant lingers in the heap and peaks are clean; ``False``: every spec in one child (each
+    interpreter start, torch + timm imports, costs seconds). ``in_process`` (``--smoke``): every spec in this process,
+    no interpreter start at all; the peaks then sit on this process's heap and mean nothing.
     """
     if in_process:
         from benchmarks._memory_child import measure
 
         return [measure(m, int(size), int(images), int(batch), variant) for m, size, images, batch, variant in specs]
-    if fresh:
-        return [run_memory_child(spec)[-1] for spec in specs]
-    return run_memory_child([arg for spec in specs for arg in spec])
+    env = {**os.environ, **MALLOC_ENV, "PYTHONPATH": str(REPO)}
+    out = []
+    for args in [list(spec) for spec in specs] if fresh else [[arg for spec in specs for arg in spec]]:
+        cmd = [sys.executable, "-m", "benchmarks._memory_child", *args]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory child {args} failed:\n{proc.stderr[-3000:]}")
+        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        out += lines[-1:] if fresh else lines
+    return out
 
 
 def _status_kb(key: str) -> int:
@@ -726,7 +633,6 @@ class PeakRSS:
     def __enter__(self) -> PeakRSS:
         if MEASURING:  # --smoke measures nothing (and may measure in its own, large heap: `run_memory_children`)
             gc.collect()
-        self._kernel = False
         try:
             self.start = _status_kb("VmRSS") * 1024
             with open("/proc/self/clear_refs", "w") as fh:
@@ -738,14 +644,14 @@ class PeakRSS:
             import psutil
 
             proc = psutil.Process()
-            self.start = proc.memory_info().rss
-            self._peak = self.start
+            self.start = self._peak = proc.memory_info().rss
             self._stop = threading.Event()
 
             def sample() -> None:
-                while not self._stop.is_set():
+                while True:
                     self._peak = max(self._peak, proc.memory_info().rss)
-                    time.sleep(0.005)
+                    if self._stop.wait(0.005):
+                        break
 
             self._thread = threading.Thread(target=sample, daemon=True)
             self._thread.start()

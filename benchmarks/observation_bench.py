@@ -102,9 +102,7 @@ class ModelSpec:
 
     def build(self, device: torch.device | str) -> torch.nn.Module:
         """The network, random init, eval mode, on ``device``."""
-        if self.kind == "quickstart":
-            return h.quickstart_net(device, img_size=self.image_size, arch=dict(self.arch or {}))
-        return h.build_model(self.kind, device, self.image_size)
+        return h.build_model(self.kind, device, self.image_size, arch=dict(self.arch or {}))
 
 
 VIT_SMALL = ModelSpec("vit_small", "vit_small", 224, width=384, depth=12, tokens=197)

@@ -59,7 +59,7 @@ class _Collect(L.Callback):
 
 def _epoch(smoke: bool, callbacks: list[L.Callback], root: Path) -> None:
     arch = {"depth": 2, "embed_dim": 32, "num_heads": 2} if smoke else None
-    net = h.quickstart_net(img_size=24, arch=arch)
+    net = h.build_model("quickstart", image_size=24, arch=arch)
     data = h.random_images(32 if smoke else 1024, 24, seed=1, classes=10)
     trainer = L.Trainer(
         max_epochs=1,

@@ -76,7 +76,7 @@ def reduced_state(kind: str, images: int | None, batch: int | None = None, seed:
     cpu = torch.device("cpu")
     if kind == "quickstart":
         dataset, configured = h.quickstart_analysis_images(images)
-        net = h.quickstart_net(cpu, seed, img_size=int(dataset.tensors[0].shape[-1]))
+        net = h.build_model("quickstart", cpu, int(dataset.tensors[0].shape[-1]), seed)
     else:
         if images is None:
             raise ValueError(f"reduced_state: {kind} needs an image count")
