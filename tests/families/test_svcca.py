@@ -166,4 +166,5 @@ def test_the_family_passes_the_family_tester_on_a_tiny_vit(tmp_path, world_size:
     np.testing.assert_array_equal(body, body.T)
     np.testing.assert_allclose(np.diag(body), 1.0, atol=1e-12)
     assert matrix[1, 3] == block.observables["svcca_next"]
+    assert block.observables["svcca"] == pytest.approx(np.nanmean(np.delete(matrix[1], 2)), rel=1e-12)
     assert math.isnan(check.single[0][("cls", "cls")].observables["svcca_next"])  # the last point

@@ -5,10 +5,11 @@ Issue 36 row II (TGO-II's SVCCA matrix and adjacent-layer series), on the per-im
 has no prefix token): the same `PerImageState` table as the intrinsic-dimension family (rows gathered exactly by the
 observation's second collective; every rank summarises identical float64 inputs).
 
-**Summary.** Per (point, view), from `tgo.spectral.svcca` (``docs/observables.md``, "SVCCA"): ``svcca_next`` and
-``pwcca_next`` with the next point in depth order that has the view (NaN at the last), ``svcca_components`` (the
-SVD components kept), and the point's row of the ``P x P`` matrices as arrays ``heads_svcca`` / ``heads_pwcca``
-(NaN where a point lacks the view; ``svcca_stderr`` / ``pwcca_stderr`` beside them). Standard errors: the delete-a-group
+**Summary.** Per (point, view), from `tgo.spectral.svcca` (``docs/observables.md``, "SVCCA"): the point's row
+of the ``P x P`` matrices as arrays ``heads_svcca`` / ``heads_pwcca`` (NaN where a point lacks the view; standard
+errors ``svcca_stderr`` / ``pwcca_stderr``), their means over the other points ``svcca`` / ``pwcca``, ``svcca_next``
+and ``pwcca_next`` with the next point in depth order that has the view (NaN at the last) and ``svcca_components``
+(the SVD components kept). Standard errors: the delete-a-group
 jackknife, every basis recomputed on the images outside the group. Each point's task needs every point's bases, so
 the state computes each (point, view, subset) basis and each pair once, whichever task asks first (a lock per key),
 and keeps the bases until the observation ends: ``(n + D) k x 8`` bytes each (at most 0.55 MB at 1,000 images,
@@ -52,6 +53,7 @@ __all__ = ["SVCCA", "SvccaFamily", "SvccaSettings", "SvccaState"]
 _DOC = "docs/observables.md#14-svcca"
 _VIEWS = ("cls", "patch")
 _T = TypeVar("_T")
+_METRICS = ("svcca", "pwcca", "svcca_next", "pwcca_next", "svcca_components")
 
 
 def _metric(name: str, formula: str, **options: Any) -> Observable:
@@ -63,8 +65,8 @@ class SvccaSettings:
     """``observation.svcca``: SVCCA and PWCCA between the per-image vectors of the points.
 
     Attributes:
-        enabled: Record ``svcca_next``, ``pwcca_next`` and each point's row of the SVCCA / PWCCA matrices on the
-            ``cls`` and ``patch`` views (``docs/observables.md``, "SVCCA").
+        enabled: Record each point's row of the SVCCA / PWCCA matrices, its mean, the adjacent-point values and
+            the components kept, on the ``cls`` and ``patch`` views (``docs/observables.md``, "SVCCA").
         variance: Fraction of a representation's variance its SVD keeps (TGO-II and Raghu et al.: 0.99).
         max_components: At most this many SVD components (TGO-II: 50).
         shared_components: Cut both sides to the smaller number of components before CCA (TGO-II's code); false:
@@ -162,9 +164,12 @@ class SvccaState(PerImageState):
                 if pair is not None:
                     rows[j] = pair
                     later += [j] if j > i else []
+            others = np.delete(rows, i, axis=0)
+            count = np.isfinite(others).sum(axis=0)
+            mean = np.where(count > 0, np.nansum(others, axis=0) / np.maximum(count, 1), np.nan)  # [2, 1 + G]
             nxt = rows[later[0]] if later else np.full((2, len(subsets)), np.nan)
             k = np.array([np.nan if b is None else b.k for b in own])
-            for name, values in (("svcca_next", nxt[0]), ("pwcca_next", nxt[1]), ("svcca_components", k)):
+            for name, values in zip(_METRICS, (*mean, *nxt, k), strict=True):
                 out.append(Metric(view, name, *_with_error(values)))
             for m, measure in enumerate(("svcca", "pwcca")):
                 errors = [_with_error(r)[1] for r in rows[:, m]]
@@ -180,7 +185,9 @@ class SvccaFamily(MeasurementFamily):
     order = 100
     settings = SvccaSettings
     figure_switch = True  # observation.figures.svcca
-    observables = (  # in record order
+    observables = (  # in record order (_METRICS)
+        _metric("svcca", "mean over the other points of the SVCCA with each (the row mean of heads_svcca)"),
+        _metric("pwcca", "mean over the other points of the PWCCA with each (the row mean of heads_pwcca)"),
         _metric("svcca_next", "mean canonical correlation with the next point, SVD-truncated (Raghu et al. 2017)"),
         _metric("pwcca_next", "projection-weighted canonical correlation with the next point (Morcos et al. 2018)"),
         _metric("svcca_components", "SVD components kept (variance, at most max_components)", charted=False),
