@@ -139,6 +139,8 @@ def test_the_family_is_exact_on_simulated_ranks(tmp_path):
 def test_settings_panels_and_refusal():
     assert TopologySettings() == TopologySettings(enabled=False, images=3, maxdim=1, threshold=0.05)
     assert TOPOLOGY not in enabled_families(ObservationSettings())  # off until make bench has measured it
+    on = ObservationSettings.from_config(config())
+    assert TOPOLOGY in enabled_families(on) and TOPOLOGY not in enabled_families(on, "step")  # epoch series only
     for key, value in (("images", 0), ("maxdim", 3), ("threshold", 1.0), ("enabled", "yes")):
         with pytest.raises(ObservationSettingsError, match=rf"topology\.{key}"):
             TopologySettings(**{key: value})  # type: ignore[arg-type]

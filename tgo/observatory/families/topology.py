@@ -180,6 +180,7 @@ class TopologyFamily(MeasurementFamily):
     name = "topology"
     order = 110
     settings = TopologySettings
+    series = ("epoch",)  # not observation.early's step series: ~0.3 s of summary per (point, image) at ViT-S
     figure_switch = True  # observation.figures.topology
     observables = tuple(_metric(m, d) for d in range(MAX_DIM + 1) for m in TOPOLOGY_METRICS)  # record order
     panels = (
