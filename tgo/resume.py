@@ -1,12 +1,9 @@
 """Where a run starts again after a kill, a preemption or a requeue, with records that agree with its checkpoint.
 
-Records are written before ``last.ckpt``, so a kill between the two leaves records of weights that were thrown away.
-The checkpoint is the truth: records of epochs (and, in the step series, steps) it does not list as observed are set
-aside (moved to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt``, never deleted) and observed again; a
-directory killed before its first checkpoint is set aside whole, so neither ``ckpt_path=last`` nor a SLURM requeue
-needs a human. The geometry callback reconciles where it learns the checkpoint, whatever the entry point. A resume
-that cannot be this run's (another training's run id, another model, a duplicated record) is refused in one line
-before anything is moved (`ResumeError`).
+Records are written before ``last.ckpt``, so the checkpoint is the truth: records it does not list as observed are set
+aside (moved to ``<run>/set_aside/<UTC time>/`` with a ``REASON.txt``) and observed again, and a directory killed
+before its first checkpoint is set aside whole, so no requeue needs a human. A resume that cannot be this run's is
+refused in one line before anything is moved (`ResumeError`).
 """
 
 from __future__ import annotations

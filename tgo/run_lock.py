@@ -1,14 +1,9 @@
 """One process per run directory: the lock every writer of a run takes (``<run>/.tgo-lock``).
 
-Without it two trainings in one directory would interleave their records, and a resume started while the run still
-trains would train it twice. ``tgo.train``, ``tgo.observe`` and ``SpectralGeometryCallback`` (rank 0) take it before
-writing; a second process is refused in one line naming the holder.
-
-It is an ``flock`` (released by the kernel however the process ends, ``kill -9`` included) on a file holding the
-holder's identity (pid, host, start, command, SLURM job). A stale file is taken over, with one line, when its pid is
-dead on this host or it is this SLURM job's (a requeue restarts on any node); another host's is refused, since this
-host cannot tell whether it runs. Without ``flock`` (some network filesystems) the identity alone decides. The lock
-is re-entrant within a process, and a process started by the holder (``ddp_spawn`` ranks) writes under it.
+Without it two trainings in one directory would interleave their records, and a resume of a run still training would
+train it twice; a second process is refused in one line naming the holder. It is an ``flock`` (released however the
+process ends) on a file holding the holder's identity, so a stale file is taken over when its pid is dead on this host
+or it is this SLURM job's, and another host's is refused. Re-entrant within a process and its ``ddp_spawn`` children.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The frozen analysis subset: which validation images the geometry is measured on, and its manifest.
 
-Rule (the paper: 10 validation images from each of 100 classes, seed 2025): sort the items by key (the listing order
-is irrelevant); for every class ``c`` keep the first ``per_class`` of a permutation drawn with
-``numpy.random.default_rng([seed, c])`` (adding images to one class reshuffles no other); order by (label, key). It
-runs on metadata alone in the main process, so every rank of every world size computes the same subset.
-
-The manifest ``analysis_subset.json`` (version 1) records the source, root, split, seed, sizes, class names, a
-fingerprint of the (key, label) list and every item's key (a POSIX path relative to ``root``, or an index for
-in-memory sources), label and sha256 (of the file bytes, or of the uint8 pixel array's dtype, shape and bytes).
+Per class ``c`` the first ``per_class`` of the key-sorted items permuted by ``numpy.random.default_rng([seed, c])``
+(adding images to one class reshuffles no other), ordered by (label, key), from metadata alone, so every rank of
+every world size computes the same subset. The manifest ``analysis_subset.json`` records the selection, a fingerprint
+and every item's key, label and sha256 (of the file, or of an in-memory item's pixel array).
 """
 
 from __future__ import annotations

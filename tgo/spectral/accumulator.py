@@ -1,10 +1,8 @@
 """Streaming covariance with exact, shift-stabilised float64 sums; O(D^2) state per point, no activations kept.
 
-Why (measured, ``docs/design-facts.md``): ViT residual streams carry massive-activation dimensions whose mean is 1e3
-times their spread, so naive sums of ``x`` and ``x x^T`` cancel catastrophically; summing ``x - shift`` (the first
-batch's mean) makes every observable exact to ~1e-15. Plain sums relative to a shift combine by addition, so ranks
-combine with one sum all-reduce once they agree on a shift (`allreduce_accumulators`; reshifting is exact algebra).
-TF32 and autocast would ruin the Gram product, so they are switched off around it and restored afterwards.
+ViT residual streams carry dimensions whose mean is 1e3 times their spread, so naive sums of ``x`` and ``x x^T``
+cancel catastrophically; sums of ``x - shift`` (the first batch's mean) are exact to ~1e-15 and combine across ranks
+by one sum all-reduce once the ranks share a shift (``docs/design-facts.md``). TF32 and autocast are kept off.
 """
 
 from __future__ import annotations

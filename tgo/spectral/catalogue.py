@@ -1,9 +1,7 @@
-"""The observable catalogue: every scalar TGO records, declared once.
+"""The observable catalogue: every scalar TGO records, declared once (`Observable`).
 
-Each `Observable` says what it is, how spreading variance moves it, whether it is charted, whether it is a diagnostic
-that stays real when the geometry is undefined, and its noise floor. The summary, the records, TensorBoard and the
-report all read this one table, so an observable is one entry here, its function in ``tgo.spectral.observables`` and
-a test (``docs/extending.md``). Shared intermediate results (the power-law fit) are cached on `SpectralInputs`.
+The summary, the records, TensorBoard and the report all read this one table, so an observable is one entry here, its
+function in ``tgo.spectral.observables`` and a test (``docs/extending.md``).
 """
 
 from __future__ import annotations

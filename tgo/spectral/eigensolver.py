@@ -1,10 +1,8 @@
 """Where the summary's float64 eigenvalues are computed: CPU LAPACK, a batched CUDA solver, or the faster per shape.
 
-An `Eigvalsh` takes the symmetrised float64 ``[S, D, D]`` stack and returns ``[S, D]`` ascending eigenvalues; all
-after it is the same code. `cpu_eigvalsh` (LAPACK) is the default and the reference: the records' bits.
-`GpuEigvalsh` solves the stack in one batched CUDA call, equal to round-off (``make gpu-check``: 1e-9), faster or not
-by machine. `FastestEigvalsh` times both once per shape and keeps the faster. `resolve_eigvalsh` maps
-``observation.summary.eigensolver``; only ``cpu`` (and ``auto`` off CUDA) gives records independent of timing.
+An `Eigvalsh` maps a symmetrised ``[S, D, D]`` stack to ``[S, D]`` ascending eigenvalues. `cpu_eigvalsh` is the
+default and the reference (the records' bits); `GpuEigvalsh` agrees to round-off (``make gpu-check``: 1e-9);
+`FastestEigvalsh` keeps the faster per shape, so only ``cpu`` gives records independent of timing.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Grouped (delete-a-group) jackknife: a standard error for every observable from the same single pass.
 
-Each image's rows go to its class-stratified group's `StreamingCovariance` (`GroupedCovariance`: the same Gram work,
-split); after the sum all-reduce the total is the groups' exact combination (`combine`) and each leave-one-group-out
-covariance the total less one group (`leave_one_group_out`). Groups are whole images, since one image's tokens are
-strongly dependent. Why and references: ``docs/observables.md``, "Uncertainty: the grouped jackknife".
+Each image's rows go to its class-stratified group's accumulator (`GroupedCovariance`, the same Gram work split);
+after the all-reduce the total is the groups' exact combination and each leave-one-group-out covariance the total less
+one group. Groups are whole images, since one image's tokens are dependent (``docs/observables.md``, "Uncertainty").
 """
 
 from __future__ import annotations

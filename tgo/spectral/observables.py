@@ -1,9 +1,7 @@
 """The TGO-I observables (and a few more) as small pure functions of float64 eigenvalues.
 
-Conventions (why: ``docs/observables.md``): eigenvalues of the unbiased covariance of all tokens pooled, natural
-logarithms, ``0 log 0 = 0``, any order, non-negative (`tgo.spectral.eigendecompose` clamps round-off negatives).
-Degenerate inputs return NaN instead of raising, so a record row is always complete: NaN in the eigenvalues, or zero
-total variance for every ratio.
+Eigenvalues of the unbiased covariance of all tokens pooled, any order, non-negative; natural logarithms, ``0 log 0 =
+0`` (why: ``docs/observables.md``). Degenerate inputs give NaN instead of raising, so a record row is always complete.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Training phases: each change of a point's geometry between two observations labelled as a phase of learning.
 
 Li et al. (NeurIPS 2025, arXiv:2509.23024) follow RankMe (``effective_rank``) and alpha-ReQ (``power_law_alpha``)
-through pretraining: a warm-up collapse, an entropy-seeking phase (rank rises, alpha falls) and a compression-seeking
-phase (rank falls, alpha rises). `classify` labels one change against its paired jackknife standard error
-(`paired_change`), significant beyond the verdicts' quantile widened to Student's t as
-`tgo.report.verdicts.student_factor` does (a test holds the two equal; this module stays free of the report);
-`merge_phases` merges runs of equal labels. The rule and why: ``docs/observables.md``, "8. Training phases".
+through a warm-up collapse, an entropy-seeking and a compression-seeking phase. `classify` judges a change against its
+paired jackknife error with the verdicts' Student's t rule (`tgo.report.verdicts.student_factor`, held equal by a test
+so this module stays free of the report). The rule: ``docs/observables.md``, "8. Training phases".
 """
 
 from __future__ import annotations

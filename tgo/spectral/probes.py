@@ -1,8 +1,5 @@
-"""Hypothesis probes: the numerics that tell TGO-I's three explanations of spreading variance apart.
-
-Float64 numpy on small matrices rank 0 already holds after an observation (formulas: ``docs/hypotheses.md``): class
-geometry (`class_geometry`, `class_geometries`), held-out decodability (`ncc_accuracy`, `ridge_accuracy`, all folds at
-once), subspace drift (`subspace_overlap`), massive activations (`massive_activations`) and `linear_cka`.
+"""Hypothesis probes: the float64 numerics that tell TGO-I's three explanations of spreading variance apart (class
+geometry, decodability, subspace drift, massive activations, CKA; formulas: ``docs/hypotheses.md``).
 """
 
 from __future__ import annotations
