@@ -193,10 +193,13 @@ class Table:
         return render_columns(("row", "measurement", "value", "detail"), lines, right={2})
 
 
+LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "tgo", "callbacks")
+
+
 def quiet() -> None:
-    """Warnings and library logs off: the table is the output."""
+    """Warnings and library logs (`LOGGERS`) off: the table is the output."""
     warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "tgo", "callbacks"):
+    for name in LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
