@@ -157,17 +157,18 @@ class SvccaState(PerImageState):
             own = self._bases(summary.point.name, view, subsets)
             if own is None:
                 continue
-            rows = np.full((len(self.order), 2, len(subsets)), np.nan)
-            later = []  # the points after this one that have the view
-            for j in range(len(self.order)):
+            p = len(self.order)
+            rows = np.full((p, 2, len(subsets)), np.nan)
+            has = np.zeros(p, dtype=bool)  # the points that have the view
+            for j in [*range(i, p), *range(i)]:  # from this point on, so the pool's tasks start on different bases
                 pair = self._pair(min(i, j), max(i, j), view, subsets)
                 if pair is not None:
-                    rows[j] = pair
-                    later += [j] if j > i else []
+                    rows[j], has[j] = pair, True
+            later = np.flatnonzero(has[i + 1 :]) + i + 1
             others = np.delete(rows, i, axis=0)
             count = np.isfinite(others).sum(axis=0)
             mean = np.where(count > 0, np.nansum(others, axis=0) / np.maximum(count, 1), np.nan)  # [2, 1 + G]
-            nxt = rows[later[0]] if later else np.full((2, len(subsets)), np.nan)
+            nxt = rows[later[0]] if later.size else np.full((2, len(subsets)), np.nan)
             k = np.array([np.nan if b is None else b.k for b in own])
             for name, values in zip(_METRICS, (*mean, *nxt, k), strict=True):
                 out.append(Metric(view, name, *_with_error(values)))
