@@ -35,7 +35,8 @@ from matplotlib.figure import Figure
 from tgo import panels, viz
 from tgo.observatory import ObservationKey, PointResult, Results
 from tgo.observatory.settings import FigureSettings
-from tgo.records import DEFAULT_VIEW, load_spectra, read_metric_rows
+from tgo.panels import recorded_tables
+from tgo.records import DEFAULT_VIEW, load_spectra
 from tgo.spectral import CATALOGUE
 
 from .background import BackgroundLane
@@ -151,38 +152,6 @@ def point_scalars(results: Results) -> dict[str, dict[str, float]]:
 
 
 # ------------------------------------------------------------------------------------------------ figures
-def recorded_tables(
-    root: str | os.PathLike[str], wanted: Sequence[tuple[str, str]], points: Sequence[str], up_to: int
-) -> dict[tuple[str, str], tuple[list[int], np.ndarray, np.ndarray]]:
-    """``{(view, metric): (epochs, values [P, E], stderrs [P, E])}`` of the recorded epochs ``<= up_to``.
-
-    One read of ``metrics.csv`` for every table a figure job draws (the file holds every view and epoch; reading it
-    once per table cost more than drawing). Rows follow ``points`` (NaN where a point has no value at an epoch);
-    each table's epochs are those at which its metric was recorded; metrics never recorded are left out.
-    """
-    wanted_keys = set(wanted)
-    row_of = {point: i for i, point in enumerate(points)}
-    cells: dict[tuple[str, str], list[tuple[int, int, float, float]]] = {}
-    for row in read_metric_rows(root):
-        key = (row["view"], row["metric"])
-        if key in wanted_keys and row["point"] in row_of and int(row["epoch"]) <= up_to:
-            cells.setdefault(key, []).append(
-                (row_of[row["point"]], int(row["epoch"]), float(row["value"]), float(row["stderr"]))
-            )
-    tables: dict[tuple[str, str], tuple[list[int], np.ndarray, np.ndarray]] = {}
-    for key in wanted:
-        if key not in cells:
-            continue
-        epochs = sorted({e for _, e, _, _ in cells[key]})
-        column = {e: j for j, e in enumerate(epochs)}
-        values = np.full((len(points), len(epochs)), np.nan)
-        stderrs = np.full((len(points), len(epochs)), np.nan)
-        for i, e, value, se in cells[key]:
-            values[i, column[e]], stderrs[i, column[e]] = value, se
-        tables[key] = (epochs, values, stderrs)
-    return tables
-
-
 def figure_job(
     writer: Any,
     root: str | os.PathLike[str],

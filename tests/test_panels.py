@@ -21,7 +21,7 @@ from tgo.records import RunDir
 from tgo.spectral import CATALOGUE
 
 POINTS = ["patch_embed", "block_01", "block_02", "cls"]
-KINDS = {"depth", "bands", "map", "heads", "table", "spectra"}
+KINDS = {"depth", "bands", "map", "heads", "grid", "table", "spectra"}
 
 
 def test_every_declared_panel_is_of_a_known_kind_and_every_card_has_its_own_tag():
@@ -39,8 +39,8 @@ def test_every_declared_panel_is_of_a_known_kind_and_every_card_has_its_own_tag(
 def test_a_familys_panels_draw_what_the_catalogue_records_on_their_view(family):
     """A family's panels name catalogue entries on views that carry them (a typo would be an empty card)."""
     assert family.panels, "every built-in family draws something"
-    for panel in family.panels:
-        for metric in panel.metrics or (panel.metric,):
+    for panel in (c for p in family.panels for c in (p.cells if p.kind == "grid" else (p,))):
+        for metric in panel.metrics or (panel.metric, *([panel.overlay] if panel.overlay else [])):
             entry = CATALOGUE[metric]
             assert entry.scope == "covariance" or panel.view in entry.views, (panel, entry.views)
 
@@ -81,6 +81,41 @@ def test_the_depth_drawer_draws_the_same_lines_and_bands_at_both_sizes(size: str
     assert log.get_yscale() == "log"
     negative = {0: (np.array([-1.0, 2.0, 3.0, 4.0]), np.zeros(4))}
     assert panels.depth_figure(negative, POINTS, title="x", log=True, size=size).axes[0].get_yscale() == "linear"
+
+
+def test_a_grid_is_one_page_figure_of_its_cells_and_its_cells_cards_on_tensorboard(monkeypatch):
+    """A ``grid`` draws each page cell holding a value as a small chart of its kind, ``columns`` a row (a cell with no
+    value is left out; no value anywhere: no figure), a bands cell's overlay dashed and its reference line; on
+    TensorBoard the grid is its cells' cards."""
+    cells = (
+        panels.Panel("depth", "a", "v", rows="recorded"),
+        panels.Panel("depth", "b", "v", rows="recorded"),
+        panels.Panel("bands", "c", "w", rows="recorded", overlay="d", line=1.0),
+        panels.Panel("bands", "d", "w", rows="recorded", page=False),
+        panels.Panel("bands", "e", "w", rows="recorded"),
+    )
+    grid = panels.Panel("grid", "toy", columns=2, cells=cells, switch="bands")
+    toy = SimpleNamespace(name="toy", panels=(grid,))
+    monkeypatch.setattr("tgo.observatory.families.registered_families", lambda: (toy,))
+    assert panels.declared(panels.CARD)[-len(cells) :] == list(cells) and grid not in panels.declared(panels.CARD)
+    assert panels.declared(panels.PAGE, kind="grid") == [grid]
+    epochs = [0, 1, 2]
+    blocks = np.full((len(POINTS), 3), np.nan)
+    blocks[1:3] = [[1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]  # the view recorded on the two blocks
+    network = np.full((len(POINTS), 3), np.nan)
+    network[-1] = [0.5, 0.4, 0.3]  # recorded on the last point
+    se = np.full((len(POINTS), 3), 0.1)
+    tables = {("v", "a"): (epochs, blocks, se), ("v", "b"): (epochs, blocks * 2, se), ("w", "c"): (epochs, network, se)}
+    tables[("w", "d")] = (epochs, network * 4, se)
+    fig = panels.grid_figure(grid, tables, POINTS)
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["a", "b", "c"], "e holds no value, d is a card only"
+    assert len(fig.axes) == 4, "two a row"
+    a_lines = [np.asarray(line.get_ydata()).tolist() for line in shown[0].get_lines()]
+    assert a_lines == [[1.0, 2.0], [2.0, 3.0], [3.0, 4.0]], "the first, middle and last epoch over the recorded blocks"
+    c_lines = {line.get_linestyle(): np.asarray(line.get_ydata()).tolist() for line in shown[2].get_lines()}
+    assert c_lines["-"] == [0.5, 0.4, 0.3] and c_lines["--"] == [2.0, 1.6, 1.2] and c_lines[":"] == [1.0, 1.0]
+    assert panels.grid_figure(grid, {}, POINTS) is None
 
 
 @pytest.mark.parametrize("size", [panels.CARD, panels.PAGE])

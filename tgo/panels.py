@@ -13,6 +13,9 @@ switch that turns its card off); nothing else decides what a figure shows. The k
 * ``map``: one observable as a point x epoch heatmap (`tgo.viz.layer_epoch_heatmap_figure`), or with
   ``categories`` a map of discrete labels (`category_map`: the training phases);
 * ``heads``: an array heatmap, block x head (`tgo.viz.attention_heads_figure`), from the observation's arrays;
+* ``grid``: its ``cells`` (``depth`` and ``bands`` panels), ``columns`` a row: one page figure of small charts drawn
+  by the same line drawers (`grid_figure`; a family's figure beside the others, e.g. weights x maps), and on
+  TensorBoard its cells' own cards (a grid of small charts is unreadable on a card);
 * ``table``: the last observation's values of ``metrics`` (the report's table; no card);
 * ``spectra``: each point's eigenvalue spectra over epochs (`tgo.viz.spectrum_cards`, the report's spectra).
 
@@ -43,7 +46,7 @@ from matplotlib.ticker import MaxNLocator
 from numpy.typing import ArrayLike
 
 from tgo import viz
-from tgo.records import DEFAULT_VIEW, RunDir
+from tgo.records import DEFAULT_VIEW, RunDir, read_metric_rows
 
 __all__ = [
     "BAND_PIXELS",
@@ -58,7 +61,9 @@ __all__ = [
     "core_panels",
     "declared",
     "depth_figure",
+    "grid_figure",
     "lines_figure",
+    "recorded_tables",
 ]
 
 CARD, PAGE = "card", "page"
@@ -85,8 +90,9 @@ class Panel:
     """One panel, drawn by both renderers from the records.
 
     Attributes:
-        kind: ``depth``, ``bands``, ``map``, ``heads``, ``table`` or ``spectra`` (the module docstring).
-        metric: The observable (``heads``: the per-head array ``heads_<metric>``; ``table``: unused).
+        kind: ``depth``, ``bands``, ``map``, ``heads``, ``grid``, ``table`` or ``spectra`` (the module docstring).
+        metric: The observable (``heads``: the per-head array ``heads_<metric>``; ``grid``: its figure's name;
+            ``table``: unused).
         view: The records' view it is read from.
         title: The card's title (default: the metric).
         switch: The ``observation.figures`` flag (`tgo.observatory.settings.FigureSettings`) that draws its card.
@@ -100,6 +106,9 @@ class Panel:
         metrics: The metrics of a ``table``.
         categories: A ``map`` of discrete labels: ``(code, label, colour)`` per label, codes ascending by one.
         tag: The card's TensorBoard tag (default from the kind: `tag_of`).
+        line: A horizontal reference line on the page (``bands``: the sharpness ratio's 1).
+        cells: A ``grid``'s panels, row by row; ``columns``: how many a row (default: all in one).
+        caption: A ``grid``'s caption in the report.
     """
 
     kind: str
@@ -115,6 +124,10 @@ class Panel:
     metrics: tuple[str, ...] = ()
     categories: tuple[tuple[float, str, str], ...] = ()
     tag: str = ""
+    line: float | None = None
+    cells: tuple[Panel, ...] = ()
+    columns: int = 0
+    caption: str = ""
 
     @property
     def label(self) -> str:
@@ -158,11 +171,13 @@ def core_panels() -> tuple[Panel, ...]:
 
 
 def declared(renderer: str | None = None, *, kind: str | None = None) -> list[Panel]:
-    """The core's panels, then each registered family's (in registration order), of one renderer (`CARD`, `PAGE`)
-    and kind where named."""
+    """The core's panels, then each registered family's (in ``order``), of one renderer (`CARD`, `PAGE`) and kind
+    where named; a card is a grid's cell (a grid is one figure on the page only)."""
     from tgo.observatory.families import registered_families  # lazy: the families import `Panel` from here
 
     found = [*core_panels(), *(p for family in registered_families() for p in family.panels)]
+    if renderer == CARD:
+        found = [c for p in found for c in (p.cells if p.kind == "grid" else (p,))]
     return [p for p in found if (renderer is None or getattr(p, renderer)) and (kind is None or p.kind == kind)]
 
 
@@ -245,7 +260,6 @@ class _DepthProfile:
             self.ax.set_xlabel("point (depth order)")
             viz.epoch_colourbar(self.fig, self.ax, self.norm, self.cmap, list(epochs))
         self.cls = [i for i, p in enumerate(self.points) if p == viz.CLS_POINT]
-        self.blocks = [i for i in range(len(self.points)) if i not in self.cls]
         self.ax.set_xlim(-0.4, len(self.points) - 0.6)
         self.ax.grid(True, alpha=0.25)
 
@@ -254,25 +268,32 @@ class _DepthProfile:
         _clear(self.ax)
         log = log and all(_positive(values) for values, _ in profiles.values())
         viz.mark_cls_axis(self.ax, self.points)  # its dotted line before CLS went with the previous card's lines
-        x = np.arange(len(self.points), dtype=np.float64)
-        polygons, colours = [], []
-        for epoch in sorted(profiles):
-            values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
-            colour = self.cmap(self.norm(epoch))
-            self.ax.plot(x, values, color=colour, lw=2.2 if card else 1.2, marker="o", ms=5 if card else 3,
-                         markevery=self.blocks)  # fmt: skip
-            if self.cls:  # CLS: a square with a black edge
-                self.ax.plot(x[self.cls], values[self.cls], color=colour, ls="none", marker="s", ms=7 if card else 5,
-                             mec="black", mew=0.8)  # fmt: skip
-            band = _band_polygons(x, values, se, log=log)
-            polygons += band
-            colours += [colour] * len(band)
-        _bands(self.ax, polygons, colours, 0.2)
-        _scale(self.ax, log, _TICK if card else None)
+        _depth_lines(self.ax, profiles, lambda epoch: self.cmap(self.norm(epoch)), self.cls, log=log, card=card)
         self.ax.set_title(title + (", log axis" if log else ""), fontsize=1.1 * _FONT if card else None)
         if not card:
             self.fig.tight_layout()
         return self.fig
+
+
+def _depth_lines(ax: Any, profiles: Profiles, colour_of: Any, cls: list[int], *, log: bool, card: bool) -> None:
+    """Each epoch's profile against depth in its ramp colour (labelled ``epoch <e>``), its +-1 s.e. band and CLS as a
+    square with a black edge: a depth card, a page figure and a grid's cell."""
+    x = np.arange(len(next(iter(profiles.values()))[0]), dtype=np.float64) if profiles else np.zeros(0)
+    blocks = [i for i in range(x.size) if i not in cls]
+    polygons, colours = [], []
+    for epoch in sorted(profiles):
+        values, se = (np.asarray(a, dtype=np.float64) for a in profiles[epoch])
+        colour = colour_of(epoch)
+        ax.plot(x, values, color=colour, lw=2.2 if card else 1.2, marker="o", ms=5 if card else 3, markevery=blocks,
+                label=f"epoch {epoch}")  # fmt: skip
+        if cls:
+            ax.plot(x[cls], values[cls], color=colour, ls="none", marker="s", ms=7 if card else 5, mec="black",
+                    mew=0.8)  # fmt: skip
+        band = _band_polygons(x, values, se, log=log)
+        polygons += band
+        colours += [colour] * len(band)
+    _bands(ax, polygons, colours, 0.2)
+    _scale(ax, log, _TICK if card else None)
 
 
 def depth_figure(
@@ -319,22 +340,30 @@ class _EpochBandCard:
     def draw(self, epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, title: str, *, log: bool) -> Figure:
         _clear(self.ax)
         log = log and _positive(values)
-        x = np.asarray(list(epochs), dtype=np.float64)
-        polygons, colours = [], []
-        for i, point in enumerate(self.points):
-            cls = point == viz.CLS_POINT
-            colour, row = self.styles[point]["color"], values[i]
-            if not np.any(np.isfinite(row)):
-                continue
-            self.ax.plot(x, row, color=colour, lw=2.6 if cls else 1.6, marker=self.styles[point]["marker"],
-                         ms=4.5 if cls else 3.5, zorder=3 if cls else 2)  # fmt: skip
-            band = _band_polygons(x, row, stderrs[i], log=log)
-            polygons += band
-            colours += [colour] * len(band)
-        _bands(self.ax, polygons, colours, 0.12)
+        _epoch_lines(self.ax, epochs, values, stderrs, self.points, self.styles, log=log)
         _scale(self.ax, log, _TICK)
         self.ax.set_title(title + (", log axis" if log else ""), fontsize=1.1 * _FONT)
         return self.fig
+
+
+def _epoch_lines(
+    ax: Any, epochs: Sequence[int], values: np.ndarray, stderrs: np.ndarray, points: Sequence[str], styles: Any, *,
+    log: bool,
+) -> None:  # fmt: skip
+    """Each point's series against epoch in its depth style, with its +-1 s.e. band: a bands card and a grid's cell."""
+    x = np.asarray(list(epochs), dtype=np.float64)
+    polygons, colours = [], []
+    for i, point in enumerate(points):
+        cls = point == viz.CLS_POINT
+        colour, row = styles[point]["color"], values[i]
+        if not np.any(np.isfinite(row)):
+            continue
+        ax.plot(x, row, color=colour, lw=2.6 if cls else 1.6, marker=styles[point]["marker"], ms=4.5 if cls else 3.5,
+                zorder=3 if cls else 2, label=point)  # fmt: skip
+        band = _band_polygons(x, row, stderrs[i], log=log)
+        polygons += band
+        colours += [colour] * len(band)
+    _bands(ax, polygons, colours, 0.12)
 
 
 MARKERS_UP_TO = 12
@@ -496,7 +525,99 @@ def class_count(run_dir: str | os.PathLike[str]) -> int | None:
     return len(labels) or None
 
 
+# ------------------------------------------------------------------------------------------------ grid
+def grid_figure(panel: Panel, tables: Mapping[tuple[str, str], Table], points: Sequence[str]) -> Figure | None:
+    """A ``grid`` panel at page size: each page cell holding a finite value as a small chart of its kind, ``columns``
+    a row (``None`` when no cell has a value). A ``depth`` cell draws the first, middle and last observation on the
+    epoch ramp over the points that recorded its view; a ``bands`` cell each such point against epoch, its
+    ``overlay`` dashed and its ``line`` dotted.
+
+    Args:
+        panel: The grid.
+        tables: (view, metric) -> (epochs, values, stderrs) over ``points`` (`recorded_tables`), overlays included.
+        points: Every point in depth order.
+    """
+    drawn = []
+    for cell in (c for c in panel.cells if c.page and (c.view, c.metric) in tables):
+        epochs, values, stderrs = tables[(cell.view, cell.metric)]
+        keep = [i for i in range(len(points)) if cell.rows == "points" or np.any(np.isfinite(values[i]))]
+        if keep and np.any(np.isfinite(values[keep])):
+            drawn.append((cell, [points[i] for i in keep], epochs, values[keep], stderrs[keep]))
+    if not drawn:
+        return None
+    columns = min(panel.columns or len(drawn), len(drawn))
+    rows = math.ceil(len(drawn) / columns)
+    fig = Figure(figsize=(3.2 * columns + 1.0, 2.5 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax in axes[len(drawn) :]:
+        ax.set_visible(False)
+    norm, cmap = viz.epoch_colours(sorted({e for _, _, epochs, _, _ in drawn for e in epochs}))  # one ramp for all
+    for ax, (cell, names, epochs, values, stderrs) in zip(axes, drawn, strict=False):
+        overlay = tables.get((cell.view, cell.overlay or ""))
+        shown = [values, overlay[1]] if overlay else [values]
+        log = cell.scale == "log" or (cell.scale is None and viz.is_log_scale(cell.metric))
+        log = log and all(_positive(v) for v in shown)
+        if cell.kind == "depth":
+            finite = [e for j, e in enumerate(epochs) if np.any(np.isfinite(values[:, j]))]
+            picked = sorted({finite[0], finite[len(finite) // 2], finite[-1]})
+            profiles = {e: (values[:, j], stderrs[:, j]) for j, e in enumerate(epochs) if e in picked}
+            _depth_lines(ax, profiles, lambda e: cmap(norm(e)), [], log=log, card=False)
+            ax.set_xticks(range(len(names)), labels=[n.removeprefix("block_") for n in names], fontsize=7)
+            ax.set_xlim(-0.4, len(names) - 0.6)
+        else:
+            _epoch_lines(ax, epochs, values, stderrs, names, viz.depth_styles(names), log=log)
+            if overlay:
+                row = overlay[1][list(points).index(names[-1])]
+                ax.legend(handles=ax.plot(overlay[0], row, ls="--", lw=1.4, color="#b03a2e", label=cell.overlay),
+                          fontsize=7, frameon=False)  # fmt: skip
+            if cell.line is not None:
+                ax.axhline(cell.line, ls=":", lw=1.0, color="#b03a2e")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+            ax.set_xlabel("epoch", fontsize=8)
+            _scale(ax, log, 7)
+        ax.set_title(cell.label, fontsize=9)
+        ax.grid(True, alpha=0.25)
+        ax.tick_params(which="both", labelsize=7)
+    depth = [ax for ax, (cell, *_) in zip(axes, drawn, strict=False) if cell.kind == "depth"]
+    if depth:  # one legend of the epochs drawn
+        handles, labels = depth[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside upper center", ncols=len(handles), fontsize=8, frameon=False)
+    return fig
+
+
 # ------------------------------------------------------------------------------------------------ the card renderer
+def recorded_tables(
+    root: str | os.PathLike[str], wanted: Sequence[tuple[str, str]], points: Sequence[str], up_to: int | None = None
+) -> dict[tuple[str, str], Table]:
+    """``{(view, metric): (epochs, values [P, E], stderrs [P, E])}`` of the epochs ``<= up_to`` (all: ``None``).
+
+    One read of ``metrics.csv`` for every table a figure job draws (the file holds every view and epoch; reading it
+    once per table cost more than drawing). Rows follow ``points`` (NaN where a point has no value at an epoch);
+    each table's epochs are those at which its metric was recorded; metrics never recorded are left out.
+    """
+    wanted_keys = set(wanted)
+    row_of = {point: i for i, point in enumerate(points)}
+    cells: dict[tuple[str, str], list[tuple[int, int, float, float]]] = {}
+    for row in read_metric_rows(root):
+        key = (row["view"], row["metric"])
+        if key in wanted_keys and row["point"] in row_of and (up_to is None or int(row["epoch"]) <= up_to):
+            cells.setdefault(key, []).append(
+                (row_of[row["point"]], int(row["epoch"]), float(row["value"]), float(row["stderr"]))
+            )
+    tables: dict[tuple[str, str], Table] = {}
+    for key in wanted:
+        if key not in cells:
+            continue
+        epochs = sorted({e for _, e, _, _ in cells[key]})
+        column = {e: j for j, e in enumerate(epochs)}
+        values = np.full((len(points), len(epochs)), np.nan)
+        stderrs = np.full((len(points), len(epochs)), np.nan)
+        for i, e, value, se in cells[key]:
+            values[i, column[e]], stderrs[i, column[e]] = value, se
+        tables[key] = (epochs, values, stderrs)
+    return tables
+
+
 def _array_table(arrays: Mapping[str, Mapping[str, np.ndarray]], rows: Sequence[str], name: str) -> np.ndarray | None:
     """``[len(rows), width]`` of each row's array ``name`` (NaN padded), or ``None`` when none holds a value."""
     found = [np.asarray(arrays.get(r, {}).get(name, ()), dtype=np.float64).reshape(-1) for r in rows]
@@ -525,7 +646,7 @@ def cards(
 
     Args:
         panels: The panels to draw, in order.
-        tables: (view, metric) -> (epochs, values, stderrs) over ``points`` (`tgo.callbacks.dashboard.recorded_tables`).
+        tables: (view, metric) -> (epochs, values, stderrs) over ``points`` (`recorded_tables`).
         points: Every point in depth order.
         viewed: view -> the points that recorded it at this observation (a panel's ``rows="recorded"``).
         arrays: view -> point -> the observation's arrays (``heads``: ``heads_<metric>``).

@@ -47,9 +47,10 @@ def test_the_network_metrics_are_tabled_and_the_sharpness_is_read_against_its_th
         ],
     )
     (section,) = optimisation_section(judge([load_run_data(run)], figures_dir=tmp_path / "figures"))
-    assert [f.path for f in section.figures] == [
+    assert [f.path for f in section.figures] == [  # each family's declared grid (`tgo.panels.grid_figure`)
         "figures/optimisation_weights.png",
-        "figures/optimisation_network.png",
+        "figures/optimisation_noise_scale.png",
+        "figures/optimisation_curvature.png",
     ]
     (table,) = section.tables
     cells = {row[0]: row[1:] for row in table.rows}

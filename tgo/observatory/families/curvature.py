@@ -347,17 +347,28 @@ class CurvatureFamily(MeasurementFamily):
         for name in CURVATURE_METRICS
     )
     panels = (  # against epoch on the last point's network view (the page draws the threshold over the sharpness)
-        *(
-            Panel(
-                "bands",
-                m,
-                NETWORK_VIEW,
-                switch="optimisation",
-                page=m != _THRESHOLD,
-                rows="recorded",
-                overlay=_THRESHOLD if m == "preconditioned_sharpness" else None,
-            )
-            for m in CURVATURE_METRICS
+        Panel(
+            "grid",
+            "curvature",
+            switch="optimisation",
+            columns=3,
+            cells=tuple(
+                Panel(
+                    "bands",
+                    m,
+                    NETWORK_VIEW,
+                    switch="optimisation",
+                    page=m != _THRESHOLD,
+                    rows="recorded",
+                    overlay=_THRESHOLD if m == "preconditioned_sharpness" else None,
+                    scale="log" if m in ("preconditioned_sharpness", "sharpness_over_threshold") else None,
+                    line=1.0 if m == "sharpness_over_threshold" else None,
+                )
+                for m in CURVATURE_METRICS
+            ),
+            caption="the Hessian's top eigenvalue and trace on the fixed curvature batch (+-1 standard error where "
+            "the estimator has one), and the preconditioned sharpness against the edge-of-stability threshold for "
+            "the current learning rate (dashed; Cohen et al. 2022), against epoch (the last point's network view).",
         ),
         Panel("table", view=NETWORK_VIEW, card=False, metrics=CURVATURE_METRICS),
     )

@@ -204,7 +204,16 @@ class NoiseScaleFamily(MeasurementFamily):
         ),
     )
     panels = (  # against epoch on the last point's network view, and the last observation's table
-        *(Panel("bands", m, NETWORK_VIEW, switch="optimisation", rows="recorded") for m in _CHARTED),
+        Panel(
+            "grid",
+            "noise_scale",
+            switch="optimisation",
+            columns=3,
+            cells=tuple(Panel("bands", m, NETWORK_VIEW, switch="optimisation", rows="recorded") for m in _CHARTED),
+            caption="the gradient noise scale B_simple = tr(Sigma) / |G|^2 averaged over the steps since the previous "
+            "observation (McCandlish et al. 2018), with |G|^2 and tr(Sigma), against epoch (the last point's network "
+            "view), +-1 standard error.",
+        ),
         Panel("table", view=NETWORK_VIEW, card=False, metrics=(*_CHARTED, "gradient_noise_steps")),
     )
 

@@ -267,18 +267,31 @@ class WeightsFamily(MeasurementFamily):
     settings = WeightSettings
     folder = WEIGHTS_DIR  # the latest two observations' weights (`weight_history`)
     observables = _OBSERVABLES
-    panels = tuple(  # a depth profile per block map (the patch embedding is one matrix)
+    panels = (  # a depth profile per metric and block map (the patch embedding is one matrix), one figure of them
         Panel(
-            "depth",
-            m,
-            WEIGHT_VIEWS[name],
-            f"{m} ({name} weights)",
-            "optimisation",
-            card=m != "weight_effective_rank",
-            rows="recorded",
-        )
-        for name, _ in BLOCK_MAPS
-        for m in ("weight_alpha", "weight_stable_rank", "weight_effective_rank", "weight_relative_update")
+            "grid",
+            "weights",
+            switch="optimisation",
+            columns=len(BLOCK_MAPS),
+            cells=tuple(
+                Panel(
+                    "depth",
+                    m,
+                    WEIGHT_VIEWS[name],
+                    f"{m} ({name} weights)",
+                    "optimisation",
+                    card=m != "weight_effective_rank",
+                    rows="recorded",
+                )
+                for m in ("weight_alpha", "weight_stable_rank", "weight_effective_rank", "weight_relative_update")
+                for name, _ in BLOCK_MAPS
+            ),
+            caption="the blocks' weight spectra against depth, one column per linear map (attention qkv and output "
+            "projection, MLP fc1 and fc2), at the first, middle and last observation. weight_alpha is WeightWatcher's "
+            "power-law exponent of the eigenvalues of W^T W (band: +-1 fit standard error; lower: heavier tail, more "
+            "learned correlation); stable and effective rank of W; the relative update ||W_t - W_prev||_F / "
+            "||W_prev||_F since the previous observation (none at the first).",
+        ),
     )
 
     def start(self, context: FamilyContext) -> WeightState:
