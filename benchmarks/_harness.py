@@ -359,6 +359,19 @@ def observation_settings(gram_dtype: str = "float64", groups: int | None = None)
     return settings if groups is None else settings.replace(groups=groups)
 
 
+def subspace_history(results: Any) -> Any:
+    """The image-vector family's ``SubspaceHistory`` a later epoch reads from its records, from ``results`` (every
+    point's ``all`` view eigenvectors, as both the first and the previous observation)."""
+    from tgo.observatory.families.image_vectors import SubspaceHistory
+
+    kept = {
+        key.point: (r.arrays["eigenvectors"], int(r.arrays["components_90"]))
+        for key, r in results.items()
+        if key.view == "all" and "eigenvectors" in r.arrays
+    }
+    return SubspaceHistory(init=kept, prev=kept)
+
+
 def figures_off() -> dict[str, bool]:
     """Every ``observation.figures`` switch off: the core's and those the families registered."""
     from tgo.observatory import ObservationSettings

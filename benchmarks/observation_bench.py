@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -70,29 +71,19 @@ kind would cost the smoke run most of its time and exercise nothing of the bench
 # ---------------------------------------------------------------------------------------------------- sizes
 @dataclass(frozen=True)
 class ModelSpec:
-    """A network the table measures, with the sizes its labels and by-construction figures need.
-
-    Attributes:
-        kind: How ``_harness.build_model`` builds it (also the memory child's MODEL argument).
-        name: How the table names it.
-        image_size: Input resolution.
-        width: Feature dimension ``D`` of every observation point.
-        depth: Transformer blocks (the observation has ``depth + 3`` points, see ``tgo.observatory.vit_points``).
-        tokens: Tokens per image, prefix included.
-        arch: Architecture keys replaced in ``conf/model/vit_quickstart.yaml`` (quickstart kind only).
-    """
+    """A network the table measures (its `_harness.build_model` kind, also the memory child's MODEL argument), with
+    the sizes its labels and by-construction figures need."""
 
     kind: str
     name: str
     image_size: int
-    width: int
-    depth: int
-    tokens: int
-    arch: Mapping[str, int] | None = None
+    width: int  # D of every observation point
+    depth: int  # transformer blocks
+    tokens: int  # per image, prefix included
+    arch: Mapping[str, int] | None = None  # keys replaced in conf/model/vit_quickstart.yaml (quickstart kind only)
 
     @property
     def label(self) -> str:
-        """Name and resolution, as rows 1a, 2, 3 and 6 print them."""
         return f"{self.name} {self.image_size}px"
 
     @property
@@ -101,7 +92,6 @@ class ModelSpec:
         return self.depth + 3
 
     def build(self, device: torch.device | str) -> torch.nn.Module:
-        """The network, random init, eval mode, on ``device``."""
         return h.build_model(self.kind, device, self.image_size, arch=dict(self.arch or {}))
 
 
@@ -125,61 +115,35 @@ QUICKSTART_TINY = ModelSpec(
 
 @dataclass(frozen=True)
 class Profile:
-    """Every size of one benchmark mode; ``--images``, ``--repeats`` and ``--epochs`` override their fields.
-
-    Attributes:
-        name: ``default``, ``quick`` or ``smoke``.
-        vit: The network of rows 1a, 2, 5.1, 5.3 and 6.
-        vit_images: Images of rows 1a and 2.
-        vit_batch: Batch size of rows 1a and 2.
-        quickstart: The network of rows 1b, 5.2 and 5.4 (on the quickstart analysis images).
-        quickstart_images: Analysis images kept for row 1b (``None``: all 200).
-        quickstart_batch: Batch size of row 1b and row 3 (``None``: the configured analysis batch size).
-        quickstart_min_repeats: Row 1b repeats at least this often (its forward is short and noisy).
-        scaling_model: The network of row 3.
-        scaling: Image counts of row 3 (the slope runs from the smallest to the largest).
-        repeats: Interleaved repeats of rows 1 and 6.
-        groups_repeats: Interleaved repeats of rows 7.1-7.2 (streaming pass with G groups between two with G = 0):
-            a few percent is all they resolve, so more than ``repeats``; a streaming pass is cheaper than an
-            observation.
-        epochs: Training epochs of row 4.
-        training_overrides: Hydra overrides of row 4 on top of the quickstart experiment.
-        renders: Figure renders per network in rows 5.3-5.4.
-        figures: The figure kinds rows 5.3-5.4 draw (`FIGURE_SWITCHES`; ``None``: the library's defaults).
-        gpu_images: Images of the GPU rows.
-        gpu_batch: Batch size of the GPU rows.
-        fresh_memory_processes: One process per memory measurement (``False``: all in one; numbers then unclean).
-        memory_in_process: The memory measurements in this process, no child at all (``--smoke``: nothing measured).
-        spectral_args: Arguments of ``benchmarks/spectral_bench.py``.
-        threads: Torch threads of this process and, through ``OMP_NUM_THREADS``, of its children (``None``: torch's
-            choice; ``--threads`` sets this process only).
-        probe_cold: Row 8.4 also times one summary of each with the noise caches cleared (seconds at small widths,
-            where the noise baselines average more draws: ``--smoke`` leaves it out).
-    """
+    """Every size of one benchmark mode (``default``, ``quick`` or ``smoke``); ``--images``, ``--repeats`` and
+    ``--epochs`` override their fields."""
 
     name: str
-    vit: ModelSpec
-    vit_images: int
+    vit: ModelSpec  # rows 1a, 2, 5.1, 5.3 and 6
+    vit_images: int  # rows 1a and 2
     vit_batch: int
-    quickstart: ModelSpec
-    quickstart_images: int | None
-    quickstart_batch: int | None
-    quickstart_min_repeats: int
-    scaling_model: ModelSpec
-    scaling: tuple[int, ...]
-    repeats: int
+    quickstart: ModelSpec  # rows 1b, 5.2 and 5.4, on the quickstart analysis images
+    quickstart_images: int | None  # kept for row 1b (None: all 200)
+    quickstart_batch: int | None  # rows 1b and 3 (None: the configured analysis batch size)
+    quickstart_min_repeats: int  # row 1b's forward is short and noisy
+    scaling_model: ModelSpec  # row 3
+    scaling: tuple[int, ...]  # image counts of row 3 (the slope runs from the smallest to the largest)
+    repeats: int  # interleaved repeats of rows 1 and 6
+    # rows 7.1-7.2 resolve a few percent, so more than `repeats`; a streaming pass is cheaper than an observation
     groups_repeats: int
-    epochs: int
-    training_overrides: tuple[str, ...]
-    renders: int
+    epochs: int  # row 4
+    training_overrides: tuple[str, ...]  # Hydra overrides of row 4 on top of the quickstart experiment
+    renders: int  # figure renders per network in rows 5.3-5.4
     gpu_images: int
     gpu_batch: int
-    fresh_memory_processes: bool
-    spectral_args: tuple[str, ...]
+    fresh_memory_processes: bool  # one process per memory measurement (False: all in one; numbers then unclean)
+    spectral_args: tuple[str, ...]  # of benchmarks/spectral_bench.py
+    # torch threads of this process and, through OMP_NUM_THREADS, of its children (None: torch's choice)
     threads: int | None = None
+    # row 8.4 also times one summary of each with the noise caches cleared (seconds at small widths)
     probe_cold: bool = True
-    figures: tuple[str, ...] | None = None
-    memory_in_process: bool = False
+    figures: tuple[str, ...] | None = None  # what rows 5.3-5.4 draw (FIGURE_SWITCHES; None: the library's defaults)
+    memory_in_process: bool = False  # no memory child at all (--smoke: nothing measured)
 
 
 DEFAULT = Profile(
@@ -241,7 +205,6 @@ SMOKE = Profile(  # at least G = 10 images wherever the default jackknife groups
     figures=SMOKE_FIGURES,
     memory_in_process=True,
 )
-PROFILES: dict[str, Profile] = {p.name: p for p in (DEFAULT, QUICK, SMOKE)}
 
 
 # ---------------------------------------------------------------------------------------------------- rows 1, 2, 5a
@@ -261,24 +224,21 @@ def overhead(
 ) -> dict[str, Any]:
     """Observation / forward for both Gram dtypes (and the naive baseline, hooks-only), interleaved with forwards.
 
-    Both observations run the default settings, so G = `_harness.default_groups` jackknife groups. With
+    Both observations run the default settings (G = `_harness.default_groups` jackknife groups). With
     ``compare_groups`` a third one, float64 with ``groups=0`` (`NO_GROUPS`), is interleaved right after the float64
     one, every call's all-reduce bytes are counted, and the reduced accumulators of the last G and G = 0 runs are
-    kept for rows 7 (``"jackknife"`` in the result; drop ``"accumulators"`` before writing JSON).
-
-    The noise-baseline cache (``tgo.spectral`` computes finite-sample baselines once per (rows, width)) is warm in
-    every timed run: the warm-up runs below see the same shapes first.
+    kept for rows 7 (``"jackknife"`` in the result; drop ``"accumulators"`` before writing JSON). The warm-up runs
+    see every shape first, so the noise-baseline cache is warm in every timed run.
     """
     from tgo.observatory import vit_points
 
     points = vit_points(net)
     groups = h.default_groups()
-    timers = {"float64": h.PhaseTimer(keep_accumulators=compare_groups), "float32": h.PhaseTimer()}
-    settings = {name: h.observation_settings(name) for name in timers}
-    if compare_groups:
-        timers[NO_GROUPS] = h.PhaseTimer(keep_accumulators=True)
-        settings[NO_GROUPS] = h.observation_settings("float64", groups=0)
-    counters = {name: h.SumCounter() for name in timers}
+    names = ("float64", NO_GROUPS, "float32") if compare_groups else ("float64", "float32")
+    settings = {name: h.observation_settings(name) for name in ("float64", "float32")}
+    settings[NO_GROUPS] = h.observation_settings("float64", groups=0)
+    timers = {name: h.PhaseTimer(keep_accumulators=compare_groups and name != "float32") for name in names}
+    counters = {name: h.SumCounter() for name in names}
     last: dict[str, Any] = {}
 
     def observe(name: str) -> None:
@@ -287,10 +247,7 @@ def overhead(
             last[name] = h.observation(net, dataset, points, batch, device, settings[name], work, counters[name])
         h.synchronize(device)
 
-    variants = {"float64": lambda: observe("float64")}
-    if compare_groups:
-        variants[NO_GROUPS] = lambda: observe(NO_GROUPS)
-    variants["float32"] = lambda: observe("float32")
+    variants: dict[str, Any] = {name: functools.partial(observe, name) for name in names}
     variants["hooks only"] = lambda: h.hooked_noop_forward(net, dataset, points, batch, device)
     if naive:
         variants["naive"] = lambda: (h.naive_observation(net, dataset, points, batch, device), h.synchronize(device))
@@ -1107,7 +1064,6 @@ def probe_summary_row(
         before writing JSON).
     """
     from tgo.observatory import summarize_accumulators
-    from tgo.observatory.families.image_vectors import SubspaceHistory
     from tgo.observatory.pipeline import group_of_items
 
     accs, run = raw["last"]["on"]
@@ -1129,13 +1085,7 @@ def probe_summary_row(
             image_groups=image_groups,
         )
 
-    first = on()
-    kept = {
-        key.point: (r.arrays["eigenvectors"], int(r.arrays["components_90"]))
-        for key, r in first.items()
-        if key.view == "all" and "eigenvectors" in r.arrays
-    }
-    run.history = SubspaceHistory(init=kept, prev=kept)
+    run.history = h.subspace_history(on())
     off()
     timed = h.alternated({"off": off, "on": on}, repeats, warmup=False, cold=cold)
     med, cold_s, last = timed.pop("warm_s"), timed["cold_s"], timed.pop("last")

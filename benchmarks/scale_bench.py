@@ -39,32 +39,19 @@ SHARE_TIMEOUT_S = 900
 
 @dataclass(frozen=True)
 class Sizes:
-    """What rows 11 measure in one mode.
+    """What rows 11 measure in one mode."""
 
-    Attributes:
-        kind: The network (`_harness.build_model`): ``vit_small`` (D = 384), ``tiny`` for ``--smoke``.
-        image_size: Input resolution.
-        images: Analysis images of every observation.
-        batch: Images per observation forward.
-        train_batch: Training batch of the fits.
-        epochs: Training epochs of the fits (observations at 0 .. epochs).
-        background_batches: Training batches per epoch of 11.1's fit: enough for the summary to finish in the epoch
-            (11.2's fit trains one batch per epoch: its summary is inline).
-        figures: The configured figures (``False``: every kind off, ``--smoke``).
-        worlds: The W of rows 11.3-11.4 (``--smoke``: W = 2 only).
-        repeats: Timed summaries per variant in the W-process runs (after one warm-up each).
-    """
-
-    kind: str
+    kind: str  # the network (`_harness.build_model`): vit_small (D = 384), tiny for --smoke
     image_size: int
-    images: int
-    batch: int
+    images: int  # analysis images of every observation
+    batch: int  # images per observation forward
     train_batch: int
-    epochs: int
+    epochs: int  # of the fits (observations at 0 .. epochs)
+    # 11.1's fit: enough for the summary to finish in the epoch (11.2's trains one batch: its summary is inline)
     background_batches: int
-    figures: bool
-    worlds: tuple[int, ...]
-    repeats: int
+    figures: bool  # the configured figures (False: every kind off, --smoke)
+    worlds: tuple[int, ...]  # the W of rows 11.3-11.4
+    repeats: int  # timed summaries per variant in the W-process runs (after one warm-up each)
 
 
 SIZES = {
@@ -712,14 +699,8 @@ def _pass_text(summaries: dict[int, dict[str, Any]]) -> str:
 
 # ---------------------------------------------------------------------------------------------------- the rows
 def scale_rows(table: Any, mode: str, work: Path | None = None) -> dict[str, Any]:
-    """Rows 11.1-11.8 into ``table`` (``benchmarks.observation_bench.Table``).
-
-    Args:
-        table: ``add(row, measurement, value, unit, detail, text=..., **raw)`` and ``skip(rows, measurement,
-            reason)``.
-        mode: ``default``, ``quick`` or ``smoke`` (`SIZES`).
-        work: A scratch folder (``None``: a temporary one).
-    """
+    """Rows 11.1-11.8 of ``mode`` (`SIZES`) into ``table`` (`benchmarks._table.Table`), scratch files under ``work``
+    (``None``: a temporary folder)."""
     sizes = SIZES[mode]
     scratch = Path(tempfile.mkdtemp(prefix="tgo_scale_", dir=work))
     fits = blocking_rows(table, sizes, scratch)

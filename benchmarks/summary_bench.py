@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from benchmarks import _harness as h
-from benchmarks._table import SUMMARY_ROWS, run_alone
+from benchmarks._table import run_alone
 
 TARGET = 1.5
 """Target of rows 10.1-10.2: summary / floor."""
@@ -58,18 +58,11 @@ class ReducedState:
 
 
 def reduced_state(kind: str, images: int | None, batch: int | None = None, seed: int = 0) -> ReducedState:
-    """One real streaming pass of ``kind`` (`_harness.MODEL_KINDS`) with the default settings, reduced in place.
-
-    Args:
-        kind: ``quickstart`` (D = 96, its analysis subset of real digits), ``vit_small`` (D = 384, random images with
-            10 classes) or ``tiny`` (``--smoke``).
-        images: Images (``None``: the quickstart's whole analysis subset; required for the others).
-        batch: Images per forward (default: the configured analysis batch, or 32).
-        seed: Seed of the random initialisation.
-    """
+    """One real streaming pass of ``kind`` (`_harness.MODEL_KINDS`) with the default settings, reduced in place:
+    ``quickstart`` on ``images`` of its analysis subset of real digits (``None``: all), the others on ``images``
+    random images with 10 classes; ``batch`` defaults to the configured analysis batch, or 32."""
     from tgo.observatory import ShardPlan, vit_points
     from tgo.observatory.families import enabled_families
-    from tgo.observatory.families.image_vectors import SubspaceHistory
     from tgo.observatory.pipeline import group_of_items, start_families
     from tgo.observatory.stream import reduce_accumulators
 
@@ -104,15 +97,10 @@ def reduced_state(kind: str, images: int | None, batch: int | None = None, seed:
         run.state.check()
     dim = int(next(iter(accs.values())).dim)
     state = ReducedState(kind, dim, len(dataset), dict(accs), list(points), list(families), image_groups, settings)
-    first = state.summarize()  # fills the noise cache; its eigenvectors are the history of the next epoch
-    kept = {
-        key.point: (r.arrays["eigenvectors"], int(r.arrays["components_90"]))
-        for key, r in first.items()
-        if key.view == "all" and "eigenvectors" in r.arrays
-    }
+    history = h.subspace_history(state.summarize())  # the first fills the noise cache
     for run in families:
         if run.family.name == "image_vectors":
-            run.history = SubspaceHistory(init=kept, prev=kept)
+            run.history = history
     return state
 
 
@@ -230,17 +218,11 @@ def measure(state: ReducedState, repeats: int) -> dict[str, Any]:
     }
 
 
-def summary_rows(table: Any, mode: str, rows: Sequence[str] = SUMMARY_ROWS) -> dict[str, Any]:
-    """Rows 10.1-10.2 into ``table`` (``benchmarks.observation_bench.Table``): rank 0's summary / its floor.
-
-    Args:
-        table: The table rows are added to (``add(row, measurement, value, unit, detail, text=..., **raw)``).
-        mode: ``default``, ``quick`` or ``smoke`` (`SIZES`).
-        rows: The row names, in `SIZES` order.
-    """
+def summary_rows(table: Any, mode: str) -> dict[str, Any]:
+    """Rows 10.1-10.2 of ``mode`` (`SIZES`) into ``table`` (`benchmarks._table.Table`): rank 0's summary / its floor."""
     sizes = SIZES[mode]
     out: dict[str, Any] = {}
-    for row, (_, kind, images) in zip(rows, sizes.rows, strict=True):
+    for row, kind, images in sizes.rows:
         state = reduced_state(kind, images)
         raw = measure(state, sizes.repeats)
         del state
