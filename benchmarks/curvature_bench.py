@@ -11,7 +11,6 @@ and against one training epoch.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +41,6 @@ class Profile:
     epoch_steps: int = math.ceil(1797 / 64)  # training steps of 13.5's epoch
 
 
-"""The curvature rows, in display order."""
-
 PROFILES = {
     "default": Profile("default", 8, True, {}),
     "quick": Profile("quick", 2, True, {}),
@@ -58,8 +55,8 @@ def _net(name: str, **arch: Any) -> torch.nn.Module:
     return timm.create_model(name, **arch).eval()
 
 
-def hvp_seconds(net: torch.nn.Module, images: int, size: int, dtype: torch.dtype, repeats: int = 1) -> float:
-    """Median seconds of one HVP over ``images`` random images (one forward chunk) after one warm-up."""
+def hvp_seconds(net: torch.nn.Module, images: int, size: int, dtype: torch.dtype) -> float:
+    """Seconds of one HVP over ``images`` random images (one forward chunk) after one warm-up."""
     from tgo.optimisation.curvature import HessianOperator
 
     g = torch.Generator().manual_seed(0)
@@ -67,12 +64,7 @@ def hvp_seconds(net: torch.nn.Module, images: int, size: int, dtype: torch.dtype
     op = HessianOperator(net, x, torch.arange(images) % 10, dtype=dtype, batch_size=images)
     v = np.random.default_rng(0).standard_normal(op.dim)
     op.matvec(v)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        op.matvec(v)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return h.median_time(lambda: op.matvec(v), 1)
 
 
 def hvp_flops(net: torch.nn.Module, size: int) -> tuple[float, float]:

@@ -7,6 +7,7 @@ observation with the weights family on / off (docs/benchmarks.md, rows 12). Inte
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -76,12 +77,9 @@ def _epoch(smoke: bool, callbacks: list[L.Callback], root: Path) -> None:
     trainer.fit(_Module(net), DataLoader(data, batch_size=8 if smoke else 32, shuffle=False))
 
 
-def _geometry(weights: bool, smoke: bool) -> L.Callback | None:
+def _geometry(weights: bool, smoke: bool) -> L.Callback:
     from callbacks.spectral_geometry import SpectralGeometryCallback
-    from tgo.observatory.settings import ObservationSettings
 
-    if not hasattr(ObservationSettings(), "weights"):
-        return None
     analysis = h.random_images(20 if smoke else 100, 24, seed=2, classes=10)
     figures = h.figures_off() if smoke else {"heatmaps": False}  # smoke: the API, not the drawing
     return SpectralGeometryCallback(
@@ -93,42 +91,37 @@ def _rounded(values: Any) -> list[float]:
     return [round(float(v), 4) for v in values]
 
 
-def measure(smoke: bool, repeats: int) -> list[dict[str, Any]]:
-    """The rows: ``{"row", "value", "unit", "detail"}`` (``value`` None with ``skipped`` where not measured)."""
+def optimisation_rows(table: Any, profile_name: str, repeats: int | None = None) -> list[dict[str, Any]]:
+    """Rows 12 into ``table`` (`benchmarks._table.Table`): ``repeats`` interleaved repeats (``None``: 5 by default,
+    3 with ``quick``, 1 at toy sizes with ``smoke``); returns ``{"row", "value", "unit", "detail"}`` per row."""
+    smoke = profile_name == "smoke"
+    repeats = repeats or {"default": 5, "quick": 3}.get(profile_name, 1)
     tmp = Path(tempfile.mkdtemp(prefix="tgo_optimisation_bench_"))
     counter = iter(range(10**6))
 
-    def fresh() -> Path:
-        return tmp / f"run_{next(counter)}"
+    def epoch(*callbacks: Any) -> Any:
+        return lambda: _epoch(smoke, [c() for c in callbacks], tmp / f"run_{next(counter)}")
 
-    timed = h.interleaved(
-        lambda: _epoch(smoke, [], fresh()), {"noise": lambda: _epoch(smoke, [_Collect()], fresh())}, repeats
-    )
-    rows: list[dict[str, Any]] = [
-        {"row": "12.1", "value": timed["baseline"]["median_s"], "unit": "s/epoch", "detail": "no TGO callback"},
+    noise = h.interleaved(epoch(), {"noise": epoch(_Collect)}, repeats)
+    weights = functools.partial(_geometry, smoke=smoke)
+    timed = h.interleaved(epoch(lambda: weights(False)), {"weights": epoch(lambda: weights(True))}, repeats)
+    rows = [
+        {"row": "12.1", "value": noise["baseline"]["median_s"], "unit": "s/epoch", "detail": "no TGO callback"},
         {
             "row": "12.2",
-            "value": timed["noise"]["ratio"],
+            "value": noise["noise"]["ratio"],
             "unit": "x",
-            "detail": f"collector / baseline; repeats {_rounded(timed['noise']['ratios'])}",
+            "detail": f"collector / baseline; repeats {_rounded(noise['noise']['ratios'])}",
         },
-    ]
-    if _geometry(True, smoke) is None:
-        rows.append({"row": "12.3", "value": None, "skipped": "observation.weights does not exist"})
-        return rows
-    with_weights = h.interleaved(
-        lambda: _epoch(smoke, [_geometry(False, smoke)], fresh()),  # type: ignore[list-item]
-        {"weights": lambda: _epoch(smoke, [_geometry(True, smoke)], fresh())},  # type: ignore[list-item]
-        repeats,
-    )
-    rows.append(
         {
             "row": "12.3",
-            "value": with_weights["weights"]["ratio"],
+            "value": timed["weights"]["ratio"],
             "unit": "x",
-            "detail": f"epoch + observation, weights on / off; repeats {_rounded(with_weights['weights']['ratios'])}",
-        }
-    )
+            "detail": f"epoch + observation, weights on / off; repeats {_rounded(timed['weights']['ratios'])}",
+        },
+    ]
+    for row in rows:
+        table.add(row["row"], _MEASUREMENTS[row["row"]], row["value"], row["unit"], row["detail"])
     return rows
 
 
@@ -139,22 +132,13 @@ _MEASUREMENTS = {
 }
 
 
-def optimisation_rows(table: Any, profile_name: str, repeats: int | None = None) -> list[dict[str, Any]]:
-    """Rows 12 into ``table`` (`benchmarks._table.Table`): ``repeats`` interleaved repeats (``None``: 5 by default,
-    3 with ``quick``, 1 at toy sizes with ``smoke``)."""
-    smoke = profile_name == "smoke"
-    rows = measure(smoke, repeats or {"default": 5, "quick": 3}.get(profile_name, 1))
-    for row in rows:
-        if row["value"] is None:
-            table.skip([row["row"]], _MEASUREMENTS[row["row"]], row["skipped"])
-        else:
-            table.add(row["row"], _MEASUREMENTS[row["row"]], row["value"], row["unit"], row.get("detail", ""))
-    return rows
-
-
-def _alone(table: Any, mode: str, work: Path, repeats: int | None) -> Any:
-    return optimisation_rows(table, mode, repeats)
-
-
 if __name__ == "__main__":
-    raise SystemExit(run_alone(None, "optimisation_bench", _alone, "3 interleaved repeats", repeats=True))
+    raise SystemExit(
+        run_alone(
+            None,
+            "optimisation_bench",
+            lambda t, mode, work, repeats: optimisation_rows(t, mode, repeats),
+            "3 interleaved repeats",
+            repeats=True,
+        )
+    )

@@ -97,36 +97,34 @@ class ObservationCost:
     held_bytes: int
 
 
+def _feed(pool: list[torch.Tensor], shape: Shape, images: int, update: Callable[[int, torch.Tensor], None]) -> None:
+    """``images`` images batch by batch to every point ``p`` (``update(p, batch)``), each point a different batch."""
+    for step in range(-(-images // shape.batch_images)):
+        take = min(shape.batch_images, images - step * shape.batch_images)
+        for p in range(shape.points):
+            update(p, pool[(step + p) % len(pool)][:take])
+
+
 def streaming_observation(
     pool: list[torch.Tensor], shape: Shape, images: int, gram_dtype: torch.dtype
 ) -> ObservationCost:
     """One accumulator per point fed batch by batch, then covariance + float64 eigvalsh per point."""
-    n_batches = -(-images // shape.batch_images)
     with h.PeakRSS() as mem:
         start = time.perf_counter()
         accs = [StreamingCovariance(shape.dim, gram_dtype=gram_dtype) for _ in range(shape.points)]
-        for step in range(n_batches):
-            take = min(shape.batch_images, images - step * shape.batch_images)
-            for p, acc in enumerate(accs):
-                acc.update(pool[(step + p) % len(pool)][:take])
+        _feed(pool, shape, images, lambda p, x: accs[p].update(x))
         for acc in accs:
             eigendecompose(acc.covariance(), acc.n, acc.n_nonfinite)
         seconds = time.perf_counter() - start
-    held = shape.streaming_held_bytes
-    del accs
-    return ObservationCost(seconds, mem.peak_delta, held)
+    return ObservationCost(seconds, mem.peak_delta, shape.streaming_held_bytes)
 
 
 def naive_observation(pool: list[torch.Tensor], shape: Shape, images: int) -> ObservationCost:
     """Keep every activation of every point, then ``torch.cat`` + ``torch.cov`` + eigvalsh per point."""
-    n_batches = -(-images // shape.batch_images)
     with h.PeakRSS() as mem:
         start = time.perf_counter()
         stored: list[list[torch.Tensor]] = [[] for _ in range(shape.points)]
-        for step in range(n_batches):
-            take = min(shape.batch_images, images - step * shape.batch_images)
-            for p in range(shape.points):
-                stored[p].append(pool[(step + p) % len(pool)][:take].reshape(-1, shape.dim).clone())
+        _feed(pool, shape, images, lambda p, x: stored[p].append(x.reshape(-1, shape.dim).clone()))
         for p in range(shape.points):
             rows = torch.cat(stored[p])
             stored[p] = []
@@ -146,12 +144,7 @@ def _best(run: Callable[[], ObservationCost], repeats: int) -> ObservationCost:
 
 # ---------------------------------------------------------------------------------------------------- report
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print the table.
-
-    Args:
-        argv: Command-line arguments (``--quick``, ``--smoke``, ``--images``, ``--threads``, ``--repeats``); ``None``
-            reads ``sys.argv``.
-    """
+    """Runs the benchmark and prints the tables (``argv``: the command line; ``None`` reads ``sys.argv``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         # glibc's dynamic mmap threshold keeps freed multi-MB tensors in the heap, so RSS would count every batch
