@@ -37,8 +37,7 @@ __all__ = [
     "run_names",
 ]
 
-REPORT_VIEW = DEFAULT_VIEW
-"""The view a report reads: every row a point selects (other views are recorded but not reported yet)."""
+REPORT_VIEW = DEFAULT_VIEW  # the view a report reads: every row a point selects
 
 
 class ReportInputError(UserInputError):
@@ -139,16 +138,11 @@ def read_fingerprint(run_dir: str | os.PathLike[str]) -> str | None:
         raise ReportInputError(f"{path}: unreadable analysis subset manifest ({err})") from err
 
 
-def _common_parent(paths: Sequence[Path]) -> Path:
-    resolved = [p.resolve() for p in paths]
-    return Path(os.path.commonpath([str(p) for p in resolved])) if resolved else Path(".")
-
-
 def run_names(paths: Sequence[Path]) -> list[str]:
     """Short distinct labels: paths relative to their common parent (the directory name for a single run)."""
-    if len(paths) == 1:
-        return [paths[0].resolve().name]
-    parent = _common_parent(paths)
+    if len(paths) <= 1:
+        return [p.resolve().name for p in paths]
+    parent = Path(os.path.commonpath([str(p.resolve()) for p in paths]))
     return [str(p.resolve().relative_to(parent)) or p.resolve().name for p in paths]
 
 
