@@ -68,8 +68,7 @@ class ViTClassifier(L.LightningModule):
     """Image classifier around a timm ViT, trained with AdamW and a per-step schedule.
 
     ``num_classes``, ``img_size`` and ``in_chans`` come from the DataModule (so errors name ``data.*``). A resume with a
-    schedule of another length is refused (`_refuse_a_changed_schedule`); ``compile`` keeps hooks on the original
-    module.
+    schedule of another length is refused (`_refuse_a_changed_schedule`); ``compile`` keeps hooks on the net.
     """
 
     def __init__(

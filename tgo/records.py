@@ -1,13 +1,10 @@
 """The run directory and its geometry records: the on-disk contract users and ``tgo.report`` read.
 
-Every other module asks `RunDir` for a path; the layout and the two series (``geometry/`` keyed by epoch,
-``geometry/steps/`` by optimizer step) are drawn in docs/architecture.md. In a spectra file the arrays of view ``all``
-are ``<point>/<array>``, of another view ``<point>/<view>/<array>``; the jackknife replicates are the top-level
-``jackknife_metrics`` (ASCII ``S`` [M], no pickle) and per (point, view) ``jackknife`` float64 [M, G_max] (NaN padded
-after ``G_i``) with ``jackknife_groups`` int64 [M].
-
-Writes are atomic (`atomic_write`), spectra before metrics, and ``metrics.csv`` is rewritten whole, so a crash leaves
-the previous file intact. Values are written with ``repr(float)`` so they read back bit for bit.
+Every other module asks `RunDir` for a path; the layout and the two series (``geometry/`` by epoch, ``geometry/steps/``
+by optimizer step) are drawn in docs/architecture.md. A spectra file holds ``<point>/<array>`` (view ``all``) and
+``<point>/<view>/<array>``, plus the jackknife replicates: ``jackknife_metrics`` (ASCII ``S`` [M], no pickle) and per
+(point, view) ``jackknife`` float64 [M, G_max] (NaN padded) and ``jackknife_groups`` int64 [M]. Writes are atomic,
+spectra before metrics, so a crash leaves the previous file; values are ``repr(float)``, read back bit for bit.
 """
 
 from __future__ import annotations
@@ -291,8 +288,7 @@ def _umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[IO[bytes]], None]) -> Path:
-    """Writes a file so that readers see either the old or the complete new file, durably; links and directories
-    refused.
+    """Writes a file so that readers see either the old or the complete new file, durably (links, directories refused).
 
     The temporary file lives beside the target (``os.replace`` is atomic only within a filesystem), starts with a dot so
     globs skip it, gets ``0o666 & ~umask`` (``mkstemp`` gives ``0600``) and is removed if anything fails.

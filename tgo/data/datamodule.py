@@ -89,8 +89,8 @@ _PER_CLASS_DEFAULT = _DefaultPerClass(DEFAULT_ANALYSIS_PER_CLASS)
 
 
 class TGODataModule(L.LightningDataModule):
-    """Train/val loaders for one data source plus the frozen, stratified analysis subset; arguments are the ``data.*``
-    keys.
+    """Train/val loaders for one data source plus the frozen, stratified analysis subset (arguments: the ``data.*``
+    keys).
 
     ``preload`` transforms a pixel source once into tensors and augments per batch (`BatchRandomAffine`: same
     distribution, other draws). ``analysis_manifest`` pins an earlier subset the data must still match; ``analysis``

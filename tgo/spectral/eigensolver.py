@@ -111,8 +111,7 @@ class FastestEigvalsh:
     """An `Eigvalsh` that times every backend once per new stack shape (after a warm-up) and uses the fastest after.
 
     The winner has the lowest ``seconds / parallel`` (CPU stacks run one per core, a GPU's calls queue) within
-    `AGREEMENT` of the reference (the first backend). One lock serialises the timing; ``timer``: tests inject a fake
-    clock.
+    `AGREEMENT` of the reference (the first backend). One lock serialises the timing; tests inject ``timer``.
     """
 
     def __init__(

@@ -80,8 +80,7 @@ def fit_power_law(
     """WeightWatcher's default power-law fit of an ESD (``weightwatcher`` 0.7, ``WW_powerlaw.WWFit``).
 
     Each eigenvalue above ``threshold`` but the largest is a candidate ``xmin`` with its tail's MLE and KS distance; the
-    least distance wins (the first on a tie). Log-ratios are summed directly (WeightWatcher's difference of sums
-    cancels).
+    least distance wins (the first on a tie). Log-ratios are summed directly (a difference of sums cancels).
     """
     e = np.asarray(eigenvalues, dtype=np.float64).reshape(-1)
     if not np.isfinite(e).all():
