@@ -157,7 +157,7 @@ def points_from_config(spec: Mapping[str, Any] | None, model: nn.Module | None =
     points without code. Unknown keys are errors: a misspelt ``extra`` would otherwise drop the user's points silently.
     """
     if isinstance(spec, (DictConfig, ListConfig)):
-        spec = OmegaConf.to_container(spec, resolve=True)
+        spec = OmegaConf.to_container(spec, resolve=True)  # type: ignore[assignment]  # checked below
     if spec is None:
         spec = {"preset": "vit"}
     if not isinstance(spec, Mapping):
