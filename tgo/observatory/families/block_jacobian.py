@@ -62,7 +62,7 @@ __all__ = [
     "jacobian_due",
 ]
 
-_DOC = "docs/observables.md#block-jacobians"
+_DOC = "docs/observables.md#16-block-jacobians"
 
 _FORMULAS = {
     "block_jacobian_sigma_max": "mean over fixed (image, token t) of sigma_max(dy_t / dx_t), the D x D token Jacobian",

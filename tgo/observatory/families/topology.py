@@ -53,7 +53,7 @@ from .token_coupling import token_points
 
 __all__ = ["TOPOLOGY", "TopologyFamily", "TopologySettings", "TopologyState"]
 
-_DOC = "docs/observables.md#14-topology"
+_DOC = "docs/observables.md#15-topology"
 _FORMULAS = {
     "total_persistence": "sum of (death - birth) over the finite H{d} bars of the Vietoris-Rips diagram",
     "betti": "H{d} bars longer than threshold x the token cloud's diameter (the infinite H0 bar included)",
