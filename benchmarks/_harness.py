@@ -312,12 +312,14 @@ def family_pass(
 class PhaseTimer:
     """Times the phases of ``observe_and_record`` (stream, reduce, eigendecompose + observables, records) by wrapping
     the functions it calls, so the breakdown comes from the very runs whose total is reported. With
-    ``keep_accumulators``, ``accumulators`` holds the reduced accumulators the last summary received."""
+    ``keep_accumulators``, ``accumulators`` holds the reduced accumulators the last summary received; with a
+    ``device`` the stream phase ends when the device has finished it (GPU work charged to the pass rather than to
+    whichever later phase first waits for the device)."""
 
     PHASES = ("stream", "reduce", "eig_observables", "records")
 
-    def __init__(self, keep_accumulators: bool = False) -> None:
-        self.keep_accumulators = keep_accumulators
+    def __init__(self, keep_accumulators: bool = False, device: torch.device | None = None) -> None:
+        self.keep_accumulators, self.device = keep_accumulators, device
         self.accumulators: Any = None
         self.reset()
 
@@ -331,7 +333,10 @@ class PhaseTimer:
                 self.accumulators = args[0] if args else kwargs.get("accumulators")
             start = time.perf_counter()
             try:
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+                if phase == "stream" and self.device is not None:
+                    synchronize(self.device)
+                return out
             finally:
                 self.samples[phase].append(time.perf_counter() - start)
 
@@ -357,6 +362,26 @@ def observation_settings(gram_dtype: str = "float64", groups: int | None = None)
 
     settings = ObservationSettings().replace(gram_dtype=gram_dtype)
     return settings if groups is None else settings.replace(groups=groups)
+
+
+def classifier(net: torch.nn.Module, optimizer: Callable[[Any], torch.optim.Optimizer]) -> Any:
+    """A user's LightningModule around ``net`` (cross-entropy, ``optimizer(parameters)``), in training mode."""
+    import lightning as L
+    import torch.nn.functional as F
+
+    class Classifier(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net.train()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            images, labels = batch
+            return F.cross_entropy(self.net(images), labels)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return optimizer(self.parameters())
+
+    return Classifier()
 
 
 def subspace_history(results: Any) -> Any:

@@ -20,19 +20,6 @@ from benchmarks import _harness as h
 from benchmarks._table import run_alone
 
 
-class _Module(L.LightningModule):
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__()
-        self.net = net.train()
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return torch.nn.functional.cross_entropy(self.net(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
-
 class _Collect(L.Callback):
     """The collector alone, its hooks forwarded as `SpectralGeometryCallback` forwards them."""
 
@@ -74,7 +61,8 @@ def _epoch(smoke: bool, callbacks: list[L.Callback], root: Path) -> None:
         accelerator="auto",
         devices=1,
     )
-    trainer.fit(_Module(net), DataLoader(data, batch_size=8 if smoke else 32, shuffle=False))
+    module = h.classifier(net, lambda parameters: torch.optim.AdamW(parameters, lr=1e-3))
+    trainer.fit(module, DataLoader(data, batch_size=8 if smoke else 32, shuffle=False))
 
 
 def _geometry(weights: bool, smoke: bool) -> L.Callback:

@@ -80,26 +80,6 @@ def _settings(sizes: Sizes, background: bool) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- rows 11.1-11.2
-def _classifier(kind: str, image_size: int) -> Any:
-    """A user's LightningModule around the network (SGD on cross-entropy): the callback finds its one timm ViT."""
-    import lightning as L
-    import torch.nn.functional as F
-
-    class Classifier(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = h.build_model(kind, "cpu", image_size, seed=0).train()
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            images, labels = batch
-            return F.cross_entropy(self.net(images), labels)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-    return Classifier()
-
-
 def _timed_callback(settings: dict[str, Any], analysis: Any) -> Any:
     """The real callback, its hooks stamped: observations, summary collections (where and how long), batches."""
     from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
@@ -189,7 +169,8 @@ def callback_fit(sizes: Sizes, background: bool, work: Path) -> dict[str, Any]:
         limit_val_batches=0,
         num_sanity_val_steps=0,
     )
-    module = _classifier(sizes.kind, sizes.image_size)
+    net = h.build_model(sizes.kind, "cpu", sizes.image_size)  # the callback finds its one timm ViT
+    module = h.classifier(net, lambda parameters: torch.optim.SGD(parameters, lr=1e-3))
     start = time.perf_counter()
     phases = {
         "stream": (pipeline, "stream_activations"),

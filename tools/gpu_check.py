@@ -175,22 +175,6 @@ def captured_stacks(module: Any) -> Iterator[list[np.ndarray]]:
         yield stacks
 
 
-def synchronized_stream(device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """Makes the streaming phase end when the device has finished it, so `_harness.PhaseTimer` charges GPU work to
-    the pass rather than to whichever later phase first waits for the device."""
-    from tgo.observatory import pipeline
-
-    def wrap(_: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def synced(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            h.synchronize(device)
-            return out
-
-        return synced
-
-    return h.patched({"stream": (pipeline, "stream_activations")}, wrap)
-
-
 # ---------------------------------------------------------------------------------------------------- training
 def cached_analysis_images() -> contextlib.AbstractContextManager[None]:
     """Every analysis image is rendered and transformed once and then served from memory, while the block runs.
@@ -400,7 +384,7 @@ def time_observation(observed: Observed, device: torch.device, work: Path, repea
 
     Phases come from `_harness.PhaseTimer` (stream = forward + hooks + Gram updates, synchronised; reduce; eig +
     observables; records); ``whole`` is the wall time of ``observe_and_record`` until the device is idle. Every
-    eigendecomposition call is timed with `_harness.timed_calls` (summed over the summary's thread pool). A plain
+    eigendecomposition call is timed and its matrices counted (summed over the summary's thread pool). A plain
     inference forward over the same loader is timed for scale.
     """
     from tgo.observatory import results as results_module
@@ -412,7 +396,7 @@ def time_observation(observed: Observed, device: torch.device, work: Path, repea
         return h.observation(net, images, observed.points, batch, device, observed.settings, work)
 
     observe_once()  # warm-up: kernels, allocator, noise-baseline cache for these shapes
-    timer = h.PhaseTimer()
+    timer = h.PhaseTimer(device=device)
     whole: list[float] = []
     eig_calls: list[list[float]] = []  # seconds of each eigendecompose_many call, per observation
     eig_matrices: list[list[int]] = []  # covariances of each call: a view's G + 1 are one stacked call
@@ -431,7 +415,7 @@ def time_observation(observed: Observed, device: torch.device, work: Path, repea
         return run
 
     eig = h.patched({"eig": (results_module, "eigendecompose_many")}, counted)
-    with synchronized_stream(device), timer.attached(), eig:
+    with timer.attached(), eig:
         for _ in range(repeats):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -531,13 +515,7 @@ def compare_eigensolvers(
         "workers": workers,
         "lapack": numpy_lapack(),
         "repeats": repeats,
-        "cpu_s": None,
-        "gpu_s": None,
-        "gpu_one_thread_s": None,
-        "faster": None,
-        "speedup": None,
-        "worst": None,
-        "where": None,
+        **dict.fromkeys(("cpu_s", "gpu_s", "gpu_one_thread_s", "faster", "speedup", "worst", "where")),
         "compared": 0,
         "auto": {},
     }
