@@ -448,12 +448,9 @@ def _observe_checkpoint(checkpoint: Path, out: Path) -> int:
 def check_last_record(
     run_dir: Path, max_epochs: int, out: Path, reobserve: Reobserve = _observe_checkpoint
 ) -> tuple[list[str], float | None]:
-    """Re-observes ``last.ckpt`` into ``out`` and compares every point's and view's eigenvalues with the last record.
-
-    Returns:
-        The mismatches (empty when the record is what the checkpoint holds) and the largest eigenvalue difference
-        found, relative to its spectrum's top eigenvalue.
-    """
+    """Re-observes ``last.ckpt`` into ``out`` and compares every point's and view's eigenvalues with the last record:
+    the mismatches (none when the record is what the checkpoint holds) and the largest difference relative to its
+    spectrum's top eigenvalue."""
     run = RunDir(run_dir)
     if not run.last_checkpoint.is_file():
         return ["no checkpoints/last.ckpt"], None
@@ -509,14 +506,11 @@ class Trial:
 
     def line(self) -> str:
         """One line for the log."""
-        shots = []
-        for ln in self.launches:
-            if ln.planned is None:
-                continue
-            if ln.killed:
-                shots.append(f"{ln.planned} killed {ln.landed}")
-            else:
-                shots.append(f"{ln.planned} missed (exit {ln.returncode})")
+        shots = [
+            f"{ln.planned} killed {ln.landed}" if ln.killed else f"{ln.planned} missed (exit {ln.returncode})"
+            for ln in self.launches
+            if ln.planned is not None
+        ]
         f = self.findings
         verdict = "OK" if self.ok else "FAIL"
         parts = [
