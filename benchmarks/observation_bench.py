@@ -687,51 +687,25 @@ def gpu_rows(table: Table, profile: Profile, repeats: int, work: Path) -> dict[s
     if not torch.cuda.is_available():
         table.skip(GPU_ROWS, "GPU rows", "no GPU", "torch.cuda.is_available() is False", shown_as="6")
         return {"skipped": "no GPU"}
+    import torch.multiprocessing as mp
+
     from tgo.observatory import vit_points
 
     device = torch.device("cuda", 0)
     spec, images, batch = profile.vit, profile.gpu_images, profile.gpu_batch
-    raw: dict[str, Any] = {}
     net = spec.build(device)
     dataset = h.random_images(images, spec.image_size)
-    table.add(
-        "6.0",
-        "GPU",
-        torch.cuda.device_count(),
-        "",
-        f"{torch.cuda.device_count()} device(s)",
-        text=torch.cuda.get_device_name(0),
-    )
-    raw["overhead"] = overhead(
-        table, f"GPU {spec.label}", "6.1", net, dataset, batch, device, repeats, work, naive=False
-    )
-    raw["overhead"].pop("results")
-    f64 = raw["overhead"]["timings"]["float64"]["median_s"]
-    table.add(
-        "6.2",
-        f"GPU: tgo1 observation of {images} images (f64), wall time",
-        f64,
-        "s",
-        f"G={raw['overhead']['groups']}; float32 Gram {raw['overhead']['timings']['float32']['median_s']:.2f} s",
-    )
-    raw["memory"] = _gpu_memory(table, net, dataset, vit_points(net), batch, device, images, work)
-    raw["ddp"] = _gpu_ddp(table, spec, images, batch, work)
-    return raw
-
-
-def _gpu_memory(
-    table: Table,
-    net: torch.nn.Module,
-    dataset: Any,
-    points: Sequence[Any],
-    batch: int,
-    device: torch.device,
-    images: int,
-    work: Path,
-) -> dict[str, Any]:
-    """Row 6.3: peak GPU memory above the model of forward, ours and naive (one run each)."""
-    settings = h.observation_settings("float64")
-    mem = {}
+    world = torch.cuda.device_count()
+    table.add("6.0", "GPU", world, "", f"{world} device(s)", text=torch.cuda.get_device_name(0))
+    res = overhead(table, f"GPU {spec.label}", "6.1", net, dataset, batch, device, repeats, work, naive=False)
+    res.pop("results")
+    raw: dict[str, Any] = {"overhead": res}
+    f64, f32 = res["timings"]["float64"]["median_s"], res["timings"]["float32"]["median_s"]
+    detail = f"G={res['groups']}; float32 Gram {f32:.2f} s"
+    table.add("6.2", f"GPU: tgo1 observation of {images} images (f64), wall time", f64, "s", detail)
+    # Row 6.3: peak GPU memory above the model of forward, ours and naive (one run each).
+    points, settings = vit_points(net), h.observation_settings("float64")
+    mem = raw["memory"] = {}
     for name, fn in (
         ("forward", lambda: h.plain_forward(net, dataset, batch, device)),
         ("ours", lambda: h.observation(net, dataset, points, batch, device, settings, work)),
@@ -757,18 +731,10 @@ def _gpu_memory(
         text=f"{mem['forward']['peak_mb']:.0f} / {mem['ours']['peak_mb']:.0f} / {mem['naive']['peak_mb']:.0f} MB",
         peaks_mb={k: v["peak_mb"] for k, v in mem.items()},
     )
-    return mem
-
-
-def _gpu_ddp(table: Table, spec: ModelSpec, images: int, batch: int, work: Path) -> dict[str, Any]:
-    """Row 6.4: the analysis pass under DDP over every GPU present (NCCL, one process per GPU)."""
-    import torch.multiprocessing as mp
-
-    world = torch.cuda.device_count()
+    # Row 6.4: the analysis pass under DDP over every GPU present (NCCL, one process per GPU).
     out = work / "ddp.json"
-    port = h.free_port()
-    mp.spawn(_ddp_worker, args=(world, port, spec, images, batch, str(out)), nprocs=world, join=True)
-    ddp = json.loads(out.read_text())
+    mp.spawn(_ddp_worker, args=(world, h.free_port(), spec, images, batch, str(out)), nprocs=world, join=True)
+    ddp = raw["ddp"] = json.loads(out.read_text())
     table.add(
         "6.4",
         f"GPU DDP analysis pass over {world} GPU(s), {images} images (f64)",
@@ -776,7 +742,7 @@ def _gpu_ddp(table: Table, spec: ModelSpec, images: int, batch: int, work: Path)
         "s",
         f"G={h.default_groups()}; NCCL; every image once; two sum all-reduces",
     )
-    return ddp
+    return raw
 
 
 # ---------------------------------------------------------------------------------------------------- row 7
@@ -1282,25 +1248,9 @@ def run_sections(
         print(f"== rows 1-2, 7: {spec.label} (CPU)", flush=True)
         net = spec.build(cpu)
         images = h.random_images(profile.vit_images, spec.image_size)
-        res = overhead(
-            table,
-            spec.label,
-            "1a",
-            net,
-            images,
-            profile.vit_batch,
-            cpu,
-            profile.repeats,
-            work,
-            naive=True,
-            compare_groups=groups,
-        )
+        repeats = (profile.repeats, profile.groups_repeats)
+        res = _rows_1_and_7(table, spec, spec.label, "1a", net, images, profile.vit_batch, repeats, groups, work)
         observed["vit_small"] = res.pop("results")
-        if groups:
-            stream = stream_comparison(net, images, profile.vit_batch, cpu, profile.groups_repeats)
-            res["jackknife"] = _jackknife_rows(
-                table, ("7.1", "7.3", "7.6"), spec.label, spec, res, stream, profile.repeats
-            )
         if probes:
             print(f"== rows 8: the hypothesis probes on {spec.label} (CPU)", flush=True)
             res["probes"] = probe_rows(table, spec, net, profile, cpu, work)
@@ -1319,15 +1269,9 @@ def run_sections(
         net = profile.quickstart.build(cpu)
         label = _quickstart_label(profile.quickstart, len(dataset))
         repeats = max(profile.repeats, profile.quickstart_min_repeats)
-        res = overhead(
-            table, label, "1b", net, dataset, qs_batch, cpu, repeats, work, naive=False, compare_groups=groups
-        )
+        both = (repeats, max(profile.groups_repeats, repeats))
+        res = _rows_1_and_7(table, profile.quickstart, label, "1b", net, dataset, qs_batch, both, groups, work)
         observed["quickstart"] = res.pop("results")
-        if groups:
-            stream = stream_comparison(net, dataset, qs_batch, cpu, max(profile.groups_repeats, repeats))
-            res["jackknife"] = _jackknife_rows(
-                table, ("7.2", "7.4", "7.7"), label, profile.quickstart, res, stream, repeats
-            )
         if probes:
             res["probes"] = probe_pass(net, dataset, qs_batch, cpu, max(profile.groups_repeats, repeats))
             res["probes"].pop("last")
@@ -1358,22 +1302,31 @@ def run_sections(
         results["curvature"] = curvature_rows(table, profile.name)
 
 
-def _jackknife_rows(
+def _rows_1_and_7(
     table: Table,
-    rows: tuple[str, str, str],
-    label: str,
     spec: ModelSpec,
-    res: dict[str, Any],
-    stream: dict[str, Any],
-    repeats: int,
+    label: str,
+    row: str,
+    net: Any,
+    data: Any,
+    batch: int,
+    repeats: tuple[int, int],
+    groups: bool,
+    work: Path,
 ) -> dict[str, Any]:
-    """Rows 7 of one network, right after its rows 1 (whose runs they come from), so the G accumulators they keep
-    (G x the state) are freed before anything else runs; the summary timing leaves the noise cache warm."""
-    jk = res.pop("jackknife")
-    grouped, off = jk["accumulators"]["grouped"], jk["accumulators"]["off"]
-    raw = jackknife_pass_rows(table, rows[:2], label, jk, stream)
-    raw["summary"] = jackknife_summary_row(table, rows[2], spec, grouped, off, repeats)
-    return raw
+    """Rows 1a (with row 2.1's naive baseline) or 1b of one network, and with ``groups`` its rows 7 right after
+    (from the same runs), so the G accumulators they keep (G x the state) are freed before anything else runs; the
+    summary timing leaves the noise cache warm. ``repeats``: of rows 1 and of rows 7.1-7.2."""
+    cpu, vit = torch.device("cpu"), row == "1a"
+    res = overhead(table, label, row, net, data, batch, cpu, repeats[0], work, naive=vit, compare_groups=groups)
+    if groups:
+        stream = stream_comparison(net, data, batch, cpu, repeats[1])
+        rows = ("7.1", "7.3", "7.6") if vit else ("7.2", "7.4", "7.7")
+        jk = res.pop("jackknife")
+        grouped, off = jk["accumulators"]["grouped"], jk["accumulators"]["off"]
+        res["jackknife"] = jackknife_pass_rows(table, rows[:2], label, jk, stream)
+        res["jackknife"]["summary"] = jackknife_summary_row(table, rows[2], spec, grouped, off, repeats[0])
+    return res
 
 
 def _quickstart_label(spec: ModelSpec, images: int) -> str:
