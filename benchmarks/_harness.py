@@ -254,12 +254,11 @@ def stream_pass(
     batch_size: int,
     device: torch.device,
     groups: int,
-    gram_dtype: torch.dtype = torch.float64,
     families: Sequence[FamilyRun] = (),
 ) -> dict[str, Any]:
-    """The streaming pass alone (forward + hooks + Gram updates) as ``observe_dataset`` runs it, without the reduce:
-    the same loader (with ``groups`` > 0 visited group by group; with started ``families`` batches carry subset
-    indices) and the same ``stream_activations`` call. Returns the accumulators, one per point (not reduced)."""
+    """The streaming pass alone (forward + hooks + float64 Gram updates) as ``observe_dataset`` runs it, without the
+    reduce: the same loader (with ``groups`` > 0 visited group by group; with started ``families`` batches carry
+    subset indices) and the same ``stream_activations`` call. Returns the accumulators, one per point (not reduced)."""
     from tgo.observatory import ShardPlan
     from tgo.observatory.pipeline import group_of_items, observation_loader
     from tgo.observatory.stream import stream_activations
@@ -268,31 +267,29 @@ def stream_pass(
     group_of_item = group_of_items(dataset, groups) if groups else None
     loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
     accumulators = stream_activations(
-        net, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families
+        net, loader, points, device=device, gram_dtype=torch.float64, groups=groups, families=families
     )
     synchronize(device)
     return accumulators
 
 
 def family_pass(
-    family: Any,
-    net: torch.nn.Module,
-    dataset: TensorDataset,
-    points: Sequence[Any],
-    batch_size: int,
-    device: torch.device,
-    groups: int,
-    settings: ObservationSettings,
-) -> Callable[[], tuple[dict[str, Any], FamilyRun]]:
-    """`stream_pass` with one measurement family started as an observation starts it
-    (`tgo.observatory.pipeline.start_families`) and streamed along, as a callable returning the accumulators and the
-    family's run (the image groups are dealt once, outside it)."""
-    from tgo.observatory import ShardPlan
+    family: Any, net: torch.nn.Module, dataset: TensorDataset, batch_size: int, device: torch.device, settings: Any
+) -> tuple[Callable[[], None], Callable[[], None], dict[str, Any]]:
+    """``(off, on, last)``: `stream_pass` with the default groups, and the same with one measurement family started as
+    an observation starts it (`tgo.observatory.pipeline.start_families`) and streamed along; ``last`` holds each
+    one's last accumulators (``"on"``: with the family's run). The image groups are dealt once, outside both."""
+    from tgo.observatory import ShardPlan, vit_points
     from tgo.observatory.pipeline import group_of_items, start_families
 
+    points, groups = vit_points(net), default_groups()
     group_of_item = group_of_items(dataset, groups) if groups else None
+    last: dict[str, Any] = {}
 
-    def run_pass() -> tuple[dict[str, Any], FamilyRun]:
+    def off() -> None:
+        last["off"] = stream_pass(net, dataset, points, batch_size, device, groups)
+
+    def on() -> None:
         plan = ShardPlan(batch_size=batch_size)
         (run,) = start_families(
             [family],
@@ -304,9 +301,9 @@ def family_pass(
             group_of_item=group_of_item,
             device=device,
         )
-        return stream_pass(net, dataset, points, batch_size, device, groups, families=[run]), run
+        last["on"] = stream_pass(net, dataset, points, batch_size, device, groups, families=[run]), run
 
-    return run_pass
+    return off, on, last
 
 
 class PhaseTimer:

@@ -8,7 +8,7 @@ summaries. The family is started and streamed as an observation does it (`tgo.ob
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,32 +19,18 @@ ATTENTION_TARGET = 1.15
 """Target of row 9.1 (the issue's): the streaming pass with the attention family / without."""
 
 
-def attention_pass(
-    net: torch.nn.Module, dataset: Any, batch: int, dtype: str, repeats: int
-) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """``(off, on)``: the harness's streaming pass, and the same with the attention family started and streamed as an
-    observation does (`tgo.observatory.pipeline.start_families`, ``stream_pass(..., families=[run])``)."""
-    from tgo.observatory import vit_points
+def attention_pass(net: torch.nn.Module, dataset: Any, batch: int, dtype: str) -> tuple[Any, Any, dict[str, Any]]:
+    """``(off, on, last)`` of `_harness.family_pass` for the attention family, ``on`` checking the family's state."""
     from tgo.observatory.families import ATTENTION
 
-    points, groups = vit_points(net), h.default_groups()
     settings = h.observation_settings().replace(attention={"enabled": True, "dtype": dtype})
-    cpu = torch.device("cpu")
-    attention = h.family_pass(ATTENTION, net, dataset, points, batch, cpu, groups, settings)
-    last: dict[str, Any] = {}
+    off, on, last = h.family_pass(ATTENTION, net, dataset, batch, torch.device("cpu"), settings)
 
-    def off() -> Any:
-        last["off"] = h.stream_pass(net, dataset, points, batch, cpu, groups)
-        return last["off"]
+    def checked() -> None:
+        on()
+        last["on"][1].state.check()
 
-    def on() -> Any:
-        accs, run = attention()
-        run.state.check()
-        last["on"] = (accs, run.state)
-        return last["on"]
-
-    on.last = last  # type: ignore[attr-defined]
-    return off, on
+    return off, checked, last
 
 
 def attention_rows(
@@ -55,9 +41,8 @@ def attention_rows(
     from tgo.observatory.families.attention import attention_contribution
 
     raw: dict[str, Any] = {"images": len(images), "groups": h.default_groups(), "repeats": repeats}
-    last_on: Any = None
     for row, dtype in zip(rows[:2], ("float32", "float64"), strict=True):
-        off, on = attention_pass(net, images, batch, dtype, repeats)
+        off, on, last = attention_pass(net, images, batch, dtype)
         raw[dtype] = h.paired(off, on, repeats)
         ratio = raw[dtype]["ratio"]
         met = "met" if ratio <= ATTENTION_TARGET else "MISSED"
@@ -72,8 +57,8 @@ def attention_rows(
             f"target <= {ATTENTION_TARGET:.2f}x {met}",
             ratios=raw[dtype]["ratios"],
         )
-        last_on = on.last  # type: ignore[attr-defined]
-    accs, state = last_on["on"]  # one process: the local sums are the reduced ones
+    accs, run = last["on"]  # one process: the local sums are the reduced ones
+    state = run.state
     fit_range = h.observation_settings().fit_range
 
     def covariance() -> None:

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -592,6 +593,9 @@ def eig_and_figure_rows(
     table: Table, profile: Profile, results: dict[str, Any], observed: dict[str, Any], skip: set[str], work: Path
 ) -> None:
     """Rows 5.1-5.4: the eigendecomposition phase of rows 1a/1b, and TensorBoard figures per observation."""
+    from tgo.spectral import CATALOGUE
+
+    observables = len(CATALOGUE) - len(CATALOGUE.diagnostics)  # per point, the diagnostics left out
     for row, section, spec in (("5.1", "vit_small", profile.vit), ("5.2", "quickstart", profile.quickstart)):
         if section in results:
             eig = results[section]["phases"]["float64"]["eig_observables"]
@@ -603,7 +607,7 @@ def eig_and_figure_rows(
                 f"eigendecomposition + observables, {spec.points} x {spec.width}^2 f64",
                 eig,
                 "s",
-                f"G={groups}: {spectra}, numpy eigvalsh (1 BLAS thread), {_n_observables()} observables each, "
+                f"G={groups}: {spectra}, numpy eigvalsh (1 BLAS thread), {observables} observables each, "
                 f"noise cache warm; from rows {source}",
             )
     if "figures" in skip:
@@ -625,13 +629,6 @@ def eig_and_figure_rows(
                 f"median of {profile.renders}; drawn from the G={results[section]['groups']} observation of rows "
                 f"{'1a' if section == 'vit_small' else '1b'}",
             )
-
-
-def _n_observables() -> int:
-    """Observables per point (the catalogue less its diagnostics)."""
-    from tgo.spectral import CATALOGUE
-
-    return len(CATALOGUE) - len(CATALOGUE.diagnostics)
 
 
 # ---------------------------------------------------------------------------------------------------- row 6
@@ -746,18 +743,13 @@ def gpu_rows(table: Table, profile: Profile, repeats: int, work: Path) -> dict[s
 
 
 # ---------------------------------------------------------------------------------------------------- row 7
-def _flat_accumulators(accumulators: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """Every point's `StreamingCovariance` states as ``reduce_accumulators`` flattens them (a group's each)."""
+def state_bytes(accumulators: Mapping[str, Any]) -> dict[str, Any]:
+    """Packed state (the second collective's tensor) per point and in total, from ``packed_size`` of the states as
+    ``reduce_accumulators`` flattens them (each group's)."""
     from tgo.spectral import GroupedCovariance
 
-    return {
-        name: list(acc.groups) if isinstance(acc, GroupedCovariance) else [acc] for name, acc in accumulators.items()
-    }
-
-
-def state_bytes(accumulators: Mapping[str, Any]) -> dict[str, Any]:
-    """Packed state (the second collective's tensor) per point and in total, from ``packed_size`` of the states."""
-    per_point = {name: 8 * sum(a.packed_size for a in flat) for name, flat in _flat_accumulators(accumulators).items()}
+    flat = {name: acc.groups if isinstance(acc, GroupedCovariance) else [acc] for name, acc in accumulators.items()}
+    per_point = {name: 8 * sum(a.packed_size for a in states) for name, states in flat.items()}
     return {"per_point": per_point, "total": sum(per_point.values())}
 
 
@@ -822,8 +814,9 @@ def jackknife_pass_rows(
     return jk
 
 
-def summary_time(grouped: Mapping[str, Any], off: Mapping[str, Any], repeats: int) -> dict[str, Any]:
-    """Seconds of rank 0's ``summarize_accumulators`` for the same observation with G groups and with G = 0.
+def jackknife_summary_row(table: Table, row: str, spec: ModelSpec, grouped: Any, off: Any, repeats: int) -> dict:
+    """Rows 7.6/7.7: rank 0's ``summarize_accumulators`` (eigendecomposition + observables + jackknife) for the same
+    observation with G groups and with G = 0.
 
     Warm: the noise-baseline cache already holds every shape (the observations of rows 1a/1b computed them; one
     untimed call of each makes sure), G = 0 and G interleaved, median of ``repeats``. Cold: the cache cleared before
@@ -831,20 +824,13 @@ def summary_time(grouped: Mapping[str, Any], off: Mapping[str, Any], repeats: in
     """
     from tgo.observatory import summarize_accumulators
 
-    fit_range = h.observation_settings().fit_range
+    groups, fit_range = h.default_groups(), h.observation_settings().fit_range
     variants = {
         name: (lambda a=accs: summarize_accumulators(a, nan_if_nonfinite=True, fit_range=fit_range))
         for name, accs in (("off", off), ("grouped", grouped))
     }
     raw = h.alternated(variants, repeats, cold=True)
     del raw["last"]
-    return raw
-
-
-def jackknife_summary_row(table: Table, row: str, spec: ModelSpec, grouped: Any, off: Any, repeats: int) -> dict:
-    """Rows 7.6/7.7: rank-0 summary time (eigendecomposition + observables + jackknife), G / G = 0, warm and cold."""
-    groups = h.default_groups()
-    raw = summary_time(grouped, off, repeats)
     warm, cold = raw["warm_s"], raw["cold_s"]
     if cold:
         cold_text = (
@@ -866,18 +852,6 @@ def jackknife_summary_row(table: Table, row: str, spec: ModelSpec, grouped: Any,
 
 
 # ---------------------------------------------------------------------------------------------------- row 8
-def _probe_targets_pass() -> dict[str, tuple[Any, str]]:
-    """What `_harness.timed_calls` wraps to split a streaming pass: every hook's update, and the probes' parts."""
-    from tgo.observatory.families.image_vectors import ImageTable, ImageVectors
-    from tgo.observatory.stream import _LazyAccumulator
-
-    return {
-        "hook_updates": (_LazyAccumulator, "update"),
-        "image_vectors": (ImageVectors, "update"),
-        "record_batch": (ImageTable, "record_batch"),
-    }
-
-
 def probe_pass(net: torch.nn.Module, dataset: Any, batch: int, device: torch.device, repeats: int) -> dict[str, Any]:
     """The streaming pass with the probes' per-image vectors against the same pass without, default groups.
 
@@ -891,27 +865,25 @@ def probe_pass(net: torch.nn.Module, dataset: Any, batch: int, device: torch.dev
     """
     from tgo.observatory import vit_points
     from tgo.observatory.families import IMAGE_VECTORS
+    from tgo.observatory.families.image_vectors import ImageTable, ImageVectors
+    from tgo.observatory.stream import _LazyAccumulator
 
-    points, groups = vit_points(net), h.default_groups()
-    last: dict[str, Any] = {}
-    probes = h.family_pass(IMAGE_VECTORS, net, dataset, points, batch, device, groups, h.observation_settings())
-
-    def off() -> None:
-        last["off"] = h.stream_pass(net, dataset, points, batch, device, groups)
-
-    def on() -> None:
-        last["on"] = probes()
-
+    off, on, last = h.family_pass(IMAGE_VECTORS, net, dataset, batch, device, h.observation_settings())
     res = h.paired(off, on, repeats)
-    with h.timed_calls(_probe_targets_pass()) as calls:
+    split = {  # every hook's update, and the probes' parts
+        "hook_updates": (_LazyAccumulator, "update"),
+        "image_vectors": (ImageVectors, "update"),
+        "record_batch": (ImageTable, "record_batch"),
+    }
+    with h.timed_calls(split) as calls:
         start = time.perf_counter()
         on()
         split_total = time.perf_counter() - start
     return {
-        "groups": groups,
+        "groups": h.default_groups(),
         "repeats": repeats,
         "images": len(dataset),
-        "points": len(points),
+        "points": len(vit_points(net)),
         **res,
         "split": {
             "pass_s": split_total,
@@ -1004,15 +976,6 @@ def probe_state_row(table: Table, row: str, spec: ModelSpec, raw: dict[str, Any]
     return out
 
 
-def _probe_targets_summary() -> dict[str, tuple[Any, str]]:
-    """What `_harness.timed_calls` wraps to split rank 0's summary (names ``summarize_accumulators`` calls)."""
-    from tgo.observatory import results
-    from tgo.observatory.families import image_vectors
-
-    names = ("point_views", "class_metrics", "drift_metrics", "massive_metrics")
-    return {"summarize_views": (results, "summarize_views"), **{name: (image_vectors, name) for name in names}}
-
-
 def probe_summary_row(
     table: Table, row: str, spec: ModelSpec, raw: dict[str, Any], dataset: Any, repeats: int, *, cold: bool = True
 ) -> dict[str, Any]:
@@ -1029,7 +992,8 @@ def probe_summary_row(
         Timings, the split, view counts, and under ``"results"`` the last ``Results`` of each (for row 8.5; drop it
         before writing JSON).
     """
-    from tgo.observatory import summarize_accumulators
+    from tgo.observatory import results, summarize_accumulators
+    from tgo.observatory.families import image_vectors
     from tgo.observatory.pipeline import group_of_items
 
     accs, run = raw["last"]["on"]
@@ -1055,7 +1019,9 @@ def probe_summary_row(
     off()
     timed = h.alternated({"off": off, "on": on}, repeats, warmup=False, cold=cold)
     med, cold_s, last = timed.pop("warm_s"), timed["cold_s"], timed.pop("last")
-    with h.timed_calls(_probe_targets_summary()) as calls:
+    names = ("point_views", "class_metrics", "drift_metrics", "massive_metrics")  # what summarize_accumulators calls
+    parts = {"summarize_views": (results, "summarize_views"), **{name: (image_vectors, name) for name in names}}
+    with h.timed_calls(parts) as calls:
         start = time.perf_counter()
         on()
         split_total = time.perf_counter() - start
@@ -1099,11 +1065,6 @@ def _npz_members(path: Path) -> dict[str, int]:
         return {info.filename.removesuffix(".npy"): info.compress_size for info in archive.infolist()}
 
 
-def _kinds(members: Mapping[str, int]) -> list[str]:
-    """The array names of npz members ``<point>[/<view>]/<array>``, in first-seen order."""
-    return list(dict.fromkeys(m.rsplit("/", 1)[-1] for m in members))
-
-
 def probe_record_row(table: Table, row: str, spec: ModelSpec, summaries: Mapping[str, Any], work: Path) -> dict:
     """Row 8.5: what a kept epoch writes for the probes: the per-image vectors (float32, the ``cls`` and ``patch``
     views of every point) in the spectra npz, measured by writing row 8.4's probes ``Results`` with
@@ -1135,10 +1096,10 @@ def probe_record_row(table: Table, row: str, spec: ModelSpec, summaries: Mapping
     covariances = {
         k: sum(v for m, v in members[k].items() if m.endswith("/covariance")) for k in ("on_kept", "off_kept")
     }
-    by_kind = {
-        name: {kind: sum(v for m, v in found.items() if m.rsplit("/", 1)[-1] == kind) for kind in _kinds(found)}
-        for name, found in members.items()
-    }
+    by_kind: dict[str, Counter[str]] = {name: Counter() for name in members}  # bytes by array name, first seen first
+    for name, found in members.items():
+        for member, size in found.items():
+            by_kind[name][member.rsplit("/", 1)[-1]] += size
     n_images = max((s[0][0] for s in shapes.values()), default=0)
     per_image = sum(s[0][1] * s[1] for s in shapes.values())
     extrapolated = per_image * EXTRAPOLATED_IMAGES
@@ -1267,7 +1228,8 @@ def run_sections(
         dataset, configured_batch = h.quickstart_analysis_images(profile.quickstart_images)
         qs_batch = profile.quickstart_batch or configured_batch
         net = profile.quickstart.build(cpu)
-        label = _quickstart_label(profile.quickstart, len(dataset))
+        # ``quickstart N img``, naming the network instead when --smoke shrank it
+        label = f"{'quickstart' if profile.quickstart.arch is None else profile.quickstart.name} {len(dataset)} img"
         repeats = max(profile.repeats, profile.quickstart_min_repeats)
         both = (repeats, max(profile.groups_repeats, repeats))
         res = _rows_1_and_7(table, profile.quickstart, label, "1b", net, dataset, qs_batch, both, groups, work)
@@ -1327,11 +1289,6 @@ def _rows_1_and_7(
         res["jackknife"] = jackknife_pass_rows(table, rows[:2], label, jk, stream)
         res["jackknife"]["summary"] = jackknife_summary_row(table, rows[2], spec, grouped, off, repeats[0])
     return res
-
-
-def _quickstart_label(spec: ModelSpec, images: int) -> str:
-    """Row 1b's label: ``quickstart N img``, naming the network instead when ``--smoke`` shrank it."""
-    return f"{'quickstart' if spec.arch is None else spec.name} {images} img"
 
 
 def _failures(results: dict[str, Any], table: Table) -> list[str]:
