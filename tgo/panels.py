@@ -55,6 +55,7 @@ __all__ = [
     "PROFILE_PIXELS",
     "RECORDED_KINDS",
     "Panel",
+    "array_table",
     "cards",
     "category_map",
     "class_count",
@@ -102,13 +103,15 @@ class Panel:
             at this observation (a family's blocks, the last point's network view).
         scale: ``None``: the catalogue's scale of the metric (`tgo.viz.is_log_scale`), else ``log`` or ``linear``.
         overlay: A second metric drawn on the same axes of the page (``bands``: the sharpness' threshold; a card
-            draws it as its own panel).
+            draws it as its own panel); ``depth``: a reference the page quotes beside it (uniform attention's).
         metrics: The metrics of a ``table``.
         categories: A ``map`` of discrete labels: ``(code, label, colour)`` per label, codes ascending by one.
         tag: The card's TensorBoard tag (default from the kind: `tag_of`).
         line: A horizontal reference line on the page (``bands``: the sharpness ratio's 1).
         cells: A ``grid``'s panels, row by row; ``columns``: how many a row (default: all in one).
         caption: A ``grid``'s caption in the report.
+        section: The report section that draws it on the page (``hypotheses``); none: the report's figures do (a
+            ``depth`` panel on a view of its own beside view ``all``'s, `tgo.report.context.own_view_panels`).
     """
 
     kind: str
@@ -128,6 +131,7 @@ class Panel:
     cells: tuple[Panel, ...] = ()
     columns: int = 0
     caption: str = ""
+    section: str = ""
 
     @property
     def label(self) -> str:
@@ -618,8 +622,9 @@ def recorded_tables(
     return tables
 
 
-def _array_table(arrays: Mapping[str, Mapping[str, np.ndarray]], rows: Sequence[str], name: str) -> np.ndarray | None:
-    """``[len(rows), width]`` of each row's array ``name`` (NaN padded), or ``None`` when none holds a value."""
+def array_table(arrays: Mapping[str, Mapping[str, np.ndarray]], rows: Sequence[str], name: str) -> np.ndarray | None:
+    """``[len(rows), width]`` of each row's array ``name`` (NaN padded), or ``None`` when none holds a value: a
+    ``heads`` panel's table, card or page."""
     found = [np.asarray(arrays.get(r, {}).get(name, ()), dtype=np.float64).reshape(-1) for r in rows]
     width = max((a.size for a in found), default=0)
     if width == 0 or not any(np.any(np.isfinite(a)) for a in found):
@@ -666,7 +671,7 @@ def cards(
             rows = list(points) if panel.rows == "points" else [p for p in points if p in viewed.get(panel.view, ())]
             log = panel.scale == "log" or (panel.scale is None and viz.is_log_scale(panel.metric))
             if panel.kind == "heads":
-                table = _array_table(arrays.get(panel.view, {}), rows, f"heads_{panel.metric}")
+                table = array_table(arrays.get(panel.view, {}), rows, f"heads_{panel.metric}")
                 if table is not None:
                     heatmap = figure(viz.AttentionHeadsCard, rows, table.shape[1])
                     heatmap.draw(table, panel.label)

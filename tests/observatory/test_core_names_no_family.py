@@ -29,6 +29,8 @@ CORE = (
     "tgo/observatory/results.py",
     "tgo/observatory/share.py",
     "tgo/spectral/catalogue.py",
+    "tgo/report/context.py",
+    "tgo/report/sections.py",
 )
 NAMES = sorted({n for f in registered_families() for n in (f.name, f.settings_key)})
 

@@ -19,9 +19,6 @@ from typing import Any
 import numpy as np
 
 from tgo import panels
-from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW
-from tgo.observatory.families.base import NETWORK_VIEW
-from tgo.observatory.families.weights import WEIGHT_VIEWS
 from tgo.panels import Panel
 from tgo.records import RecordsError, load_jackknife, load_series
 from tgo.report.aggregate import Aggregate, aggregate_runs, single_aggregate
@@ -34,7 +31,6 @@ from tgo.report.statements import count_agreement
 from tgo.report.verdicts import DEFAULT_SETTINGS, VerdictSettings
 
 __all__ = [
-    "ATTENTION_NOISE",
     "CONTEXT_METRICS",
     "SPLIT_VIEWS",
     "Context",
@@ -60,32 +56,30 @@ dominates (``docs/hypotheses.md``)."""
 SPLIT_VIEWS: tuple[str, ...] = ("between_image", "within_image")
 """The views whose total variance is read too: the variance between image means and within images."""
 
-ATTENTION_NOISE: tuple[str, ...] = ("attention_entropy_noise", "mean_attention_distance_noise")
-"""The attention metrics' values under uniform attention (drawn as references)."""
-
 
 def own_view_panels() -> list[Panel]:
-    """The page's depth panels on a family's own view that no section of its own draws (the attention view is the
-    Hypotheses section's, the weight maps and the network view the Optimisation section's): the depth section draws
-    them beside view ``all``, so a family's declared panel reaches the report without a section of its own."""
-    claimed = {REPORT_VIEW, ATTENTION_VIEW, NETWORK_VIEW, *WEIGHT_VIEWS.values()}
-    return [p for p in panels.declared("page", kind="depth") if p.view not in claimed]
+    """The page's depth panels on a view of their own that no section claims (`tgo.panels.Panel.section`): the depth
+    section draws them beside view ``all``, so a family's declared panel reaches the report without a section."""
+    return [p for p in panels.declared("page", kind="depth") if p.view != REPORT_VIEW and not p.section]
 
 
 def _needed() -> dict[str, list[str]]:
-    """view -> the metrics read on it besides view ``all``'s (which `load_run_data` reads whole)."""
+    """view -> the metrics read on it besides view ``all``'s (which `load_run_data` reads whole): the page's depth
+    panels on other views (and the references they quote), the predictions', the story's variance split."""
     needed: dict[str, list[str]] = {}
+
+    def add(view: str, *metrics: str | None) -> None:
+        needed.setdefault(view, []).extend(m for m in metrics if m and m not in needed[view])
+
     for panel in own_view_panels():
-        needed.setdefault(panel.view, []).append(panel.metric)
+        add(panel.view, panel.metric)
     for p in PREDICTIONS:
-        needed.setdefault(p.view, [])
-        if p.metric not in needed[p.view]:
-            needed[p.view].append(p.metric)
-    needed.setdefault(ATTENTION_VIEW, [])
-    needed[ATTENTION_VIEW] += [m for m in (*ATTENTION_CHARTED, *ATTENTION_NOISE) if m not in needed[ATTENTION_VIEW]]
+        add(p.view, p.metric)
+    for panel in panels.declared("page", kind="depth"):
+        if panel.view != REPORT_VIEW and panel.section:
+            add(panel.view, panel.metric, panel.overlay)
     for view in SPLIT_VIEWS:  # the law of total covariance's two traces (the story's variance split)
-        needed.setdefault(view, [])
-        needed[view] += [] if "total_variance" in needed[view] else ["total_variance"]
+        add(view, "total_variance")
     needed.pop(REPORT_VIEW, None)
     return needed
 

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tgo import viz
-from tgo.observatory.families.attention import ATTENTION_CHARTED, ATTENTION_VIEW, head_tables
+from tgo import panels, viz
 from tgo.records import RecordsError, load_spectra
 from tgo.report.aggregate import Aggregate
 from tgo.report.cells import agreement as agreement_text
 from tgo.report.cells import number, plus_minus, q_value, z_value
-from tgo.report.context import ATTENTION_NOISE, CONTEXT_METRICS, Context
+from tgo.report.context import CONTEXT_METRICS, Context
 from tgo.report.figures import FigureRef, depth_profile_figures, save_figure
 from tgo.report.html import Section, Table
 from tgo.report.hypotheses import (
@@ -36,14 +35,6 @@ from tgo.spectral.probes import cka_matrix, linear_cka
 __all__ = ["hypotheses_section"]
 
 CKA_VIEWS: tuple[str, ...] = ("cls", "patch")
-_ATTENTION_HEADS = (
-    "attention_entropy",
-    "cls_attention_entropy",
-    "cls_mass",
-    "self_mass",
-    "max_weight",
-    "mean_attention_distance",
-)
 _NOT_RECORDED_TEXT = (
     "Not recorded: these records hold none of the views and probe metrics the predictions need (views cls, patch, "
     "between_image, within_image; catalogue entries of scope 'family'). They were written before the hypothesis "
@@ -230,8 +221,12 @@ def _cka_subsection(run: RunData, figures_dir: Path, several: bool) -> Section:
     return section
 
 
-def _attention_subsection(run: RunData, agg: Aggregate | None, figures_dir: Path, several: bool) -> Section:
-    """Depth profiles of the blocks' attention metrics and block x head heatmaps at the last epoch."""
+def _attention_subsection(run: RunData, aggregates: dict[str, Aggregate], figures_dir: Path, several: bool) -> Section:
+    """The page panels this section claims (`tgo.panels.Panel.section`): depth profiles of the blocks' attention
+    metrics, and block x head heatmaps at the last epoch."""
+    mine = [p for p in panels.declared("page") if p.section == "hypotheses"]
+    depth, heads = ([p for p in mine if p.kind == kind] for kind in ("depth", "heads"))
+    agg = aggregates.get(depth[0].view) if depth else None
     section = Section("Attention geometry of the blocks", "hypotheses-attention", figures_first=True)
     section.paragraphs.append(
         "Per block, from q and k as the block's attention uses them (softmax(q k^T / sqrt(d_h)) recomputed exactly, "
@@ -244,7 +239,7 @@ def _attention_subsection(run: RunData, agg: Aggregate | None, figures_dir: Path
         "disjoint). Values are head means with ±1 jackknife standard error bands"
         + (" (for several runs: ± 1 standard deviation over runs)." if several else ".")
     )
-    if agg is None or not any(agg.mean.get(m) for m in ATTENTION_CHARTED):
+    if agg is None or not any(agg.mean.get(p.metric) for p in depth):
         section.paragraphs.append(
             "Not recorded: these records hold no attention view (recorded with observation.attention.enabled, at "
             "blocks whose attention is timm's standard Attention); re-observing the checkpoints with "
@@ -252,24 +247,25 @@ def _attention_subsection(run: RunData, agg: Aggregate | None, figures_dir: Path
         )
         return section
     noise = []
-    for metric in ATTENTION_NOISE:
+    for metric in (p.overlay for p in depth if p.overlay):
         values = [v for _, (_, vs) in agg.mean.get(metric, {}).items() for v in vs if np.isfinite(v)]
         if values:
             noise.append(f"{metric} = {values[0]:.4g}")
     if noise:
         section.paragraphs.append("Noise references (uniform attention): " + ", ".join(noise) + ".")
-    for ref in depth_profile_figures(agg, figures_dir, metrics=ATTENTION_CHARTED):
+    for ref in depth_profile_figures(agg, figures_dir, metrics=[p.metric for p in depth]):
         section.figures.append(replace(ref, section="hypotheses", caption=f"attention: {ref.caption}"))
     epochs = sorted(e for e in run.run.spectra_files())
-    if not epochs:
+    if not epochs or not heads:
         return section
     last = epochs[-1]
     try:
-        arrays = load_spectra(run.path, [last], view=ATTENTION_VIEW, arrays=[f"heads_{m}" for m in _ATTENTION_HEADS])
+        arrays = load_spectra(run.path, [last], view=heads[0].view, arrays=[f"heads_{p.metric}" for p in heads])
     except RecordsError as err:
         raise ReportInputError(str(err)) from err
     blocks = [p for p in run.points if p in arrays[last]]
-    for metric, table in head_tables(arrays[last], blocks, _ATTENTION_HEADS).items():
+    tables = {p.metric: panels.array_table(arrays[last], blocks, f"heads_{p.metric}") for p in heads}
+    for metric, table in ((m, t) for m, t in tables.items() if t is not None):
         fig = viz.attention_heads_figure(table, blocks, title=f"{metric} per head, epoch {last}")
         path = save_figure(fig, figures_dir, f"attention_heads_{metric}")
         caption = (
@@ -400,7 +396,7 @@ def _hypotheses(ctx: Context) -> Section:
             if judged_points:
                 sub.tables.append(_point_table(p, judged_points, agreement, len(runs)))
         section.subsections.append(sub)
-    section.subsections.append(_attention_subsection(runs[0], aggregates.get(ATTENTION_VIEW), figures_dir, several))
+    section.subsections.append(_attention_subsection(runs[0], aggregates, figures_dir, several))
     section.subsections.append(_cka_subsection(runs[0], figures_dir, several))
     context = _context_subsection(ctx.agg, points)
     if context is not None:

@@ -359,12 +359,32 @@ class AttentionFamily(MeasurementFamily):
     settings = AttentionSettings
     figure_switch = True  # observation.figures.attention: ~15 cards, ~2.4 s of rendering per observation
     observables = _OBSERVABLES
-    panels = (
+    panels = (  # on the page, in the Hypotheses section's attention subsection
         *(
-            Panel("depth", m, ATTENTION_VIEW, f"{m} (block mean)", "attention", rows="recorded")
+            Panel(
+                "depth",
+                m,
+                ATTENTION_VIEW,
+                f"{m} (block mean)",
+                "attention",
+                rows="recorded",
+                section="hypotheses",
+                overlay=f"{m}_noise" if f"{m}_noise" in ATTENTION_RECORDED else None,
+            )
             for m in ATTENTION_CHARTED
         ),
-        *(Panel("heads", m, ATTENTION_VIEW, switch="attention", page=False, rows="recorded") for m in HEAD_METRICS),
+        *(  # the page: the six raw per-head maps
+            Panel(
+                "heads",
+                m,
+                ATTENTION_VIEW,
+                switch="attention",
+                rows="recorded",
+                section="hypotheses",
+                page="normalized" not in m and m != "register_mass",
+            )
+            for m in HEAD_METRICS
+        ),
     )
 
     def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
