@@ -21,10 +21,12 @@ from tgo.spectral.class_centroids import centroid_geometry
 
 
 def _reference(x: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, float, float, float]:
-    """``(C x C, mean, min, ratio)`` by another road: numpy class means, scipy's ``pdist``, a loop over classes."""
+    """``(C x C, mean, min, ratio)`` by another road: numpy class means, scipy's ``pdist`` (equal to TGO-III's
+    broadcast differences), a loop over classes."""
     classes = np.unique(labels)
     means = np.array([x[labels == c].mean(axis=0) for c in classes])
     pairs = pdist(means)
+    np.testing.assert_allclose(squareform(pairs), np.linalg.norm(means[:, None] - means[None], axis=-1), rtol=1e-14)
     within = np.mean([np.mean(np.sqrt(((x[labels == c] - means[i]) ** 2).sum(axis=1))) for i, c in enumerate(classes)])
     return squareform(pairs), float(pairs.mean()), float(pairs.min()), float(pairs.mean() / within)
 
@@ -42,7 +44,7 @@ def test_distances_equal_scipy_pdist_of_numpy_class_means() -> None:
         np.testing.assert_allclose(got.distances, matrix, rtol=1e-13, atol=0)
         assert (got.mean, got.min, got.ratio) == pytest.approx((mean, low, ratio), rel=1e-13)
         worst = max(worst, float(np.max(np.abs(got.distances - matrix) / np.where(matrix > 0, matrix, 1))))
-    assert worst < 1e-14  # measured: 0 (the same differences, summed in another order)
+    assert worst < 1e-13  # measured: 4.6e-15 (the class sums added in another order)
 
 
 def test_closed_form() -> None:
@@ -66,6 +68,18 @@ def test_closed_form() -> None:
     assert math.isnan(one.mean) and math.isnan(one.min) and math.isnan(one.ratio)
     (collapsed,) = centroid_geometry(np.repeat(x[::4], 4, axis=0), labels, [np.ones(12, dtype=bool)])
     assert collapsed.min > 0 and math.isnan(collapsed.ratio)
+
+
+def test_without_class_structure_the_ratio_is_its_noise_floor() -> None:
+    """Isotropic noise with no class structure, ``n_c`` images a class, high dimension: ``||mu_a - mu_b||`` and
+    ``||x_i - mu_c||`` concentrate at ``sigma sqrt(2 D / n_c)`` and ``sigma sqrt(D (1 - 1 / n_c))``, so the ratio
+    is ``sqrt(2 / (n_c - 1))`` (0.5 at ``n_c = 9``): the floor a depth profile of the ratio starts from."""
+    rng = np.random.default_rng(2)
+    labels = np.repeat(np.arange(10), 9)
+    (got,) = centroid_geometry(3.0 * rng.standard_normal((90, 4000)), labels, [np.ones(90, dtype=bool)])
+    assert got.ratio == pytest.approx(0.5, rel=0.02)
+    with pytest.raises(ValueError, match="every class"):
+        centroid_geometry(np.ones((4, 2)), np.array([0, 0, 1, 1]), [np.array([True, True, False, False])])
 
 
 def test_settings_refuse_bad_values() -> None:

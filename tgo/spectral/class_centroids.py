@@ -10,8 +10,9 @@ For classes ``c = 1..C`` with images ``I_c`` and means ``mu_c = |I_c|^-1 sum_{i 
   images to its own mean. A common scale of the representation (the residual stream's norm grows with depth and
   training) cancels.
 
-Every distance is a difference first and then a norm (no Gram identity: a residual stream's large common offset
-would cancel in ``||a||^2 + ||b||^2 - 2 a.b`` and leave the closest pair least accurate), in float64.
+Distances are scipy's ``pdist`` of the class means (differences first, then norms: no Gram identity, in which a
+residual stream's large common offset would cancel in ``||a||^2 + ||b||^2 - 2 a.b`` and leave the closest pair the
+least accurate), in float64. Class sums are one ``np.add.reduceat`` over the images sorted by class, per subset.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.spatial.distance import squareform
+from scipy.spatial.distance import pdist, squareform
 
 __all__ = ["CentroidGeometry", "centroid_geometry"]
 
@@ -66,15 +67,17 @@ def centroid_geometry(x: np.ndarray, classes: np.ndarray, subsets: Sequence[np.n
         subsets: Boolean ``[N]`` masks.
     """
     c = int(classes.max()) + 1 if classes.size else 0
-    a, b = np.triu_indices(c, 1)
+    order = np.argsort(classes, kind="stable")
+    xs, cs = x[order], classes[order]
     out = []
     for keep in subsets:
-        xs, cs = x[keep], classes[keep]
-        counts = np.bincount(cs, minlength=c).astype(np.float64)
-        sums = np.zeros((c, x.shape[1]))
-        np.add.at(sums, cs, xs)
-        means = sums / counts[:, None]
-        spread = np.linalg.norm(xs - means[cs], axis=1)
-        within = np.bincount(cs, weights=spread, minlength=c) / counts
-        out.append(CentroidGeometry(squareform(np.linalg.norm(means[a] - means[b], axis=1)), within))
+        kept = keep[order]
+        xk, counts = xs[kept], np.bincount(cs[kept], minlength=c)
+        if counts.min(initial=1) < 1:
+            raise ValueError("centroid_geometry: every class needs an image in every subset")
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        means = np.add.reduceat(xk, starts, axis=0) / counts[:, None].astype(np.float64)
+        spread = np.linalg.norm(xk - np.repeat(means, counts, axis=0), axis=1)
+        within = np.add.reduceat(spread, starts) / counts
+        out.append(CentroidGeometry(squareform(pdist(means)), within))
     return out
