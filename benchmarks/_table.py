@@ -98,17 +98,14 @@ def render_columns(
     )
 
 
+FORMATS = {"x": "{:.3f}x", "MB": "{:.1f} MB", "%": "{:.1f} %", "MB/img": "{:.3f} MB/img"}
+"""How the table prints a measured value of each unit (seconds below: more digits under 10 s; others ``.4g``)."""
+
+
 def format_value(value: float, unit: str) -> str:
-    """A measured value as the table prints it."""
-    if unit == "x":
-        return f"{value:.3f}x"
     if unit == "s":
         return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-    if unit in ("MB", "%"):
-        return f"{value:.1f} {unit}"
-    if unit == "MB/img":
-        return f"{value:.3f} MB/img"
-    return f"{value:.4g} {unit}".strip()
+    return FORMATS[unit].format(value) if unit in FORMATS else f"{value:.4g} {unit}".strip()
 
 
 class Table:
