@@ -7,75 +7,44 @@ the same; with several runs the first is drawn (the Hypotheses section judges ev
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from tgo import panels
 from tgo.observatory.families.base import NETWORK_VIEW
-from tgo.records import RecordsError, load_series
 from tgo.report.cells import plus_minus
 from tgo.report.context import Context
 from tgo.report.figures import FigureRef, save_figure
 from tgo.report.html import Section, Table
-from tgo.report.runs import RunData
 
 __all__ = ["optimisation_section"]
-
-
-def _network_table() -> list[str]:
-    """The network view's metrics of the page's declared tables (the section's table and figure, where recorded)."""
-    return [m for p in panels.declared("page", kind="table") if p.view == NETWORK_VIEW for m in p.metrics]
 
 
 _SHARPNESS, _THRESHOLD = "preconditioned_sharpness", "edge_of_stability_threshold"
 
 
-def _series(run: RunData, view: str, metrics: Sequence[str]) -> tuple[dict, dict]:
-    """``(values, stderrs)`` of a run's view: metric -> point -> (epochs, values); empty where nothing is recorded."""
-    try:
-        return (
-            load_series(run.path, view=view, metrics=metrics),
-            load_series(run.path, view=view, metrics=metrics, column="stderr"),
-        )
-    except RecordsError:
-        return {}, {}
-
-
-def _grid_figures(run: RunData, figures_dir: Path) -> list[FigureRef]:
-    """Each declared page grid that holds a finite value, drawn from one read of the run's records."""
+def optimisation_section(ctx: Context) -> list[Section]:
+    """The *Optimisation geometry* section of the first run (none when it recorded no optimisation metric): each
+    declared page grid holding a finite value, and the last observation of the network view's declared tables."""
+    runs, run = ctx.runs, ctx.runs[0]
     grids = panels.declared("page", kind="grid")
+    table = [m for p in panels.declared("page", kind="table") if p.view == NETWORK_VIEW for m in p.metrics]
     wanted = [(c.view, m) for g in grids for c in g.cells for m in (c.metric, c.overlay) if m]
-    tables = panels.recorded_tables(run.path, wanted, run.points)
-    refs = []
+    tables = panels.recorded_tables(run.path, [*wanted, *((NETWORK_VIEW, m) for m in table)], run.points)
+    figures = []
     for grid in grids:
         fig = panels.grid_figure(grid, tables, run.points)
         if fig is not None:
-            path = save_figure(fig, figures_dir, f"optimisation_{grid.metric}")
-            refs.append(FigureRef("optimisation", path, f"{run.name}: {grid.caption}", wide=True))
-    return refs
-
-
-def _network(run: RunData) -> tuple[str, dict, dict]:
-    """The network point and its recorded network metrics: ``(point, values, stderrs)`` metric -> (epochs, values)."""
-    table = _network_table()
-    values, stderrs = _series(run, NETWORK_VIEW, table)
-    point = run.points[-1] if run.points else ""
-    recorded = {m: values[m][point] for m in table if point in values.get(m, {})}  # in the table's order
-    pick = {m: series for m, series in recorded.items() if np.any(np.isfinite(series[1]))}
-    errors = {m: per[point] for m, per in stderrs.items() if m in pick and point in per}
-    return point, pick, errors
-
-
-def optimisation_section(ctx: Context) -> list[Section]:
-    """The *Optimisation geometry* section of the first run (none when it recorded no optimisation metric)."""
-    runs, figures_dir = ctx.runs, ctx.figures_dir
-    run = runs[0]
-    figures = _grid_figures(run, figures_dir)
-    point, values, stderrs = _network(run)
+            path = save_figure(fig, ctx.figures_dir, f"optimisation_{grid.metric}")
+            figures.append(FigureRef("optimisation", path, f"{run.name}: {grid.caption}", wide=True))
     if not figures:
         return []
+    point = run.points[-1]
+    last = {}  # metric -> (epoch, value, stderr) at its last observation, where the point has a finite value
+    for metric in (m for m in table if (NETWORK_VIEW, m) in tables):
+        epochs, values, stderrs = tables[(NETWORK_VIEW, metric)]
+        if np.any(np.isfinite(values[-1])):
+            last[metric] = (epochs[-1], values[-1, -1], stderrs[-1, -1])
     section = Section("Optimisation geometry", "optimisation", figures_first=True)
     section.paragraphs.append(
         "What training does to the weights and the loss landscape, beside the representations: the weight spectra "
@@ -84,14 +53,11 @@ def optimisation_section(ctx: Context) -> list[Section]:
         "them." + (f" Drawn for {run.name}, the first of {len(runs)} runs." if len(runs) > 1 else "")
     )
     section.figures += figures
-    if values:
-        last = {m: (values[m][0][-1], values[m][1][-1]) for m in values}
-        rows = []
-        for metric, (epoch, value) in last.items():
-            se_epochs, se = stderrs.get(metric, (np.array([epoch]), np.array([math.nan])))
-            hit = np.flatnonzero(se_epochs == epoch)
-            error = float(se[hit[0]]) if hit.size else math.nan
-            rows.append([metric, str(int(epoch)), plus_minus(float(value), error, signed=False, missing="n/a")])
+    if last:
+        rows = [
+            [m, str(int(epoch)), plus_minus(float(value), float(se), signed=False, missing="n/a")]
+            for m, (epoch, value, se) in last.items()
+        ]
         section.tables.append(
             Table(
                 ["metric", "epoch", "value ± 1 s.e."],

@@ -14,33 +14,12 @@ import importlib
 import pkgutil
 from types import ModuleType
 
-from .base import (
-    NETWORK_VIEW,
-    Array,
-    BatchInfo,
-    Contribution,
-    FamilyContext,
-    FamilyRun,
-    FamilyState,
-    HistorySummary,
-    HookSpec,
-    MeasurementFamily,
-    Metric,
-    PointSummary,
-    SummedTensors,
-    TrainingCollector,
-    TrainingInfo,
-    ViewMoments,
-    enabled_families,
-    family_metric,
-    jackknife_ratio,
-    register_family,
-    registered_families,
-    unregister_family,
-)
+from .base import *  # noqa: F403 (the protocol: `base.__all__`)
+from .base import MeasurementFamily
+from .base import __all__ as __all__
 
 _NOT_FAMILIES = {"base", "testing", "weight_history"}
-for _module in pkgutil.iter_modules(__path__):  # each family module registers its family on import, at its `order`
+for _module in pkgutil.iter_modules(__path__):  # noqa: F405 (each family module registers its family on import)
     if _module.name not in _NOT_FAMILIES and not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
 
@@ -51,29 +30,3 @@ def __getattr__(name: str) -> MeasurementFamily:
     if not isinstance(module, ModuleType) or not isinstance(getattr(module, name, None), MeasurementFamily):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(module, name)
-
-
-__all__ = [
-    "NETWORK_VIEW",
-    "Array",
-    "BatchInfo",
-    "Contribution",
-    "FamilyContext",
-    "FamilyRun",
-    "FamilyState",
-    "HistorySummary",
-    "HookSpec",
-    "MeasurementFamily",
-    "Metric",
-    "PointSummary",
-    "SummedTensors",
-    "TrainingCollector",
-    "TrainingInfo",
-    "ViewMoments",
-    "enabled_families",
-    "family_metric",
-    "jackknife_ratio",
-    "register_family",
-    "registered_families",
-    "unregister_family",
-]
