@@ -461,14 +461,8 @@ def eigensolver_check(observed: Observed, device: torch.device, work: Path, repe
     from tgo.observatory.results import summary_workers
     from tgo.spectral.eigensolver import GpuEigvalsh
 
-    net = copy.deepcopy(observed.net).to(device)
-    try:
-        with captured_stacks(results_module) as stacks:
-            h.observation(net, observed.images, observed.points, observed.batch_size, device, observed.settings, work)
-    finally:
-        del net
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    with captured_stacks(results_module) as stacks:
+        observe(observed, observed.images, device, work)
     if not stacks:
         raise RuntimeError("eigensolver_check: the observation handed no stack to its eigensolver")
     gpu = GpuEigvalsh(device) if device.type == "cuda" else None
