@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fixtures.default_run import materialize
 from tests.report.synthetic import write_synthetic_run
 from tgo.observatory.views import VIEWS
 from tgo.report.build import build_report
@@ -26,6 +27,7 @@ from tgo.report.hypotheses import (
     POINT_SELECTORS,
     PREDICTIONS,
     Prediction,
+    csv_rows,
     evaluate_predictions,
     judge_prediction,
     select_points,
@@ -398,12 +400,13 @@ def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path):
 
 
 def test_the_smoke_run_is_judged_on_its_recorded_probes(smoke_run: Path, tmp_path: Path):
-    """The real records: every prediction of a family the run enables is recorded at some point (curvature is off by
-    default: its prediction is not recorded), and CKA is drawn from the stored vectors."""
+    """The real records: every prediction of a family the run enables is recorded at some point (curvature and the
+    families of issue 36 are off by default: their predictions are not recorded), and CKA is drawn from the stored
+    vectors."""
     ctx = judge([load_run_data(smoke_run)], figures_dir=tmp_path / "figures")
     (section,) = hypotheses_section(ctx)
-    missing = [p.statement for p, r in ctx.predictions.items() if not r]
-    assert missing == ["hessian_top_eigenvalue (network view) rises"], missing
+    missing = {(p.hypothesis, p.metric, p.view) for p, r in ctx.predictions.items() if not r}
+    assert missing == {("semantic_expansion", "hessian_top_eigenvalue", "network"), *ISSUE_36}, missing
     judged = {(p.metric, p.view): {r.point for r in rs} for p, rs in ctx.predictions.items()}
     assert "pos_embed" not in judged[("fisher_ratio", "cls")]  # the CLS token before block 1 is one constant vector
     assert "cls" not in judged[("effective_rank", "within_image")]  # one row per image: no within-image view
@@ -478,3 +481,87 @@ def test_records_without_attention_say_so(probe_report: Path):
     assert "Not recorded: these records hold no attention view" in html
     rows = read_rows(index.parent / "hypotheses.csv")
     assert {r["verdict"] for r in rows if r["view"] == "attention"} == {NOT_RECORDED}
+
+
+# ------------------------------------------------------------------------ the families of issue 36 in the report
+ISSUE_36 = {
+    ("token_diversification", "token_coupling_ratio", "all"): "falls",
+    ("token_diversification", "topology_betti_h0", "all"): "rises",
+    ("token_diversification", "block_jacobian_log_det", "all"): "rises",
+    ("semantic_expansion", "intrinsic_dimension", "cls"): "rises",
+    ("semantic_expansion", "svcca_next", "cls"): "falls",
+    ("semantic_expansion", "block_jacobian_sigma_max", "all"): "rises",
+    ("redundancy_reduction", "block_jacobian_condition", "all"): "falls",
+}
+"""Issue 36 item 5: the predictions on intrinsic dimension, adjacent-layer SVCCA, topology and block Jacobians."""
+
+
+def test_the_issue_36_families_are_predicted_and_two_hypotheses_disagree_on_the_block_jacobians():
+    table = {(p.hypothesis, p.metric, p.view): p for p in PREDICTIONS}
+    for key, expected in ISSUE_36.items():
+        assert table[key].expected == expected, key
+    # semantic expansion stretches a few directions (sigma_max up), redundancy reduction keeps the map well
+    # conditioned (condition down): on one block both cannot hold unless sigma_min grows faster than sigma_max
+    jacobian = {p.hypothesis for p in PREDICTIONS if p.metric.startswith("block_jacobian_")}
+    assert jacobian == set(HYPOTHESES)
+    assert {table[k].points for k in ISSUE_36 if k[1].startswith("block_jacobian_")} == {"blocks"}
+
+
+def issue_36_run(root: Path) -> Path:
+    """A synthetic run recording the issue-36 families: tokens decouple and blocks expand (token diversification
+    consistent) while the token clouds merge (its topology prediction inconsistent); the CLS vectors gain dimensions
+    and adjacent blocks grow apart (semantic expansion consistent); the block Jacobians' condition falls at block 1,
+    rises at block 2 and stays put at block 3."""
+    tokens = POINTS[:-1]  # the points that keep all their tokens
+    all_curves: dict[str, dict[str, Callable[[np.ndarray], np.ndarray]]] = {
+        "effective_rank": {p: line(2.0 + i, 0.3) for i, p in enumerate(POINTS)},
+        "token_coupling_ratio": {p: line(0.9, -0.03) for p in tokens},
+        "topology_betti_h0": {p: line(17.0, -0.8) for p in tokens},
+        "block_jacobian_log_det": {b: line(-2.0, 0.2) for b in BLOCKS},
+        "block_jacobian_sigma_max": {b: line(1.1, 0.05) for b in BLOCKS},
+        "block_jacobian_condition": {"block_01": line(4.0, -0.2), "block_02": line(2.0, 0.3), "block_03": flat(3.0)},
+    }
+    stderr = {m: {p: flat(0.1 if m == "block_jacobian_condition" else 0.01) for p in c} for m, c in all_curves.items()}
+    cls = {
+        "intrinsic_dimension": {p: line(3.0, 0.4) for p in (*BLOCKS, "cls")},
+        "svcca_next": {b: line(0.95, -0.03) for b in BLOCKS},  # NaN at the last point: no next point
+    }
+    return write_synthetic_run(
+        root,
+        all_curves,
+        epochs=EPOCHS.tolist(),
+        stderr=stderr,
+        views={"cls": cls},
+        view_stderr={"cls": {m: {p: flat(0.02) for p in c} for m, c in cls.items()}},
+    )
+
+
+def test_a_run_recording_the_issue_36_families_gets_verdicts_for_their_predictions(tmp_path: Path):
+    index = build_report([issue_36_run(tmp_path / "run")], correlation=False)
+    rows = read_rows(index.parent / "hypotheses.csv")
+    verdicts: dict[tuple[str, str, str], dict[str, str]] = {}
+    for r in rows:
+        verdicts.setdefault((r["hypothesis"], r["metric"], r["view"]), {})[r["point"]] = r["verdict"]
+    tokens, consistent = POINTS[:-1], dict.fromkeys(BLOCKS, CONSISTENT)
+    assert verdicts[("token_diversification", "token_coupling_ratio", "all")] == dict.fromkeys(tokens, CONSISTENT)
+    assert verdicts[("token_diversification", "topology_betti_h0", "all")] == dict.fromkeys(tokens, INCONSISTENT)
+    assert verdicts[("token_diversification", "block_jacobian_log_det", "all")] == consistent
+    assert verdicts[("semantic_expansion", "intrinsic_dimension", "cls")] == {**consistent, "cls": CONSISTENT}
+    assert verdicts[("semantic_expansion", "svcca_next", "cls")] == consistent
+    assert verdicts[("semantic_expansion", "block_jacobian_sigma_max", "all")] == consistent
+    assert verdicts[("redundancy_reduction", "block_jacobian_condition", "all")] == {
+        "block_01": CONSISTENT,
+        "block_02": INCONSISTENT,
+        "block_03": "inconclusive",
+    }
+    assert verdicts[("semantic_expansion", "ridge_accuracy", "cls")] == {"": NOT_RECORDED}  # not in these records
+
+
+def test_the_default_run_reads_the_issue_36_predictions_not_recorded(tmp_path: Path):
+    """Its families are off by default: the default run's records hold none of their metrics."""
+    ctx = judge([load_run_data(materialize(tmp_path / "run"))])
+    rows = csv_rows(ctx.predictions, DEFAULT_SETTINGS.z)
+    by_key = {(r["hypothesis"], r["metric"], r["view"]): r for r in rows}
+    for key in ISSUE_36:
+        assert by_key[key]["verdict"] == NOT_RECORDED and by_key[key]["point"] == "", key
+    assert sum(r["verdict"] != NOT_RECORDED for r in rows) > 200  # the rest are still judged

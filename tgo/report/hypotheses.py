@@ -88,7 +88,8 @@ HYPOTHESES: dict[str, Hypothesis] = {
             "variance that spreads is token-level variance inside images.",
             "the within-image and patch-token ranks staying flat or falling while the pooled rank rises, or the "
             "between-image share of the variance rising (the new variance is between images, not between tokens), "
-            "or the patch queries' attention staying uniform or reaching farther (every token gets the same context).",
+            "or the patch queries' attention staying uniform or reaching farther (every token gets the same context), "
+            "or an image's token cloud merging into clusters.",
         ),
         Hypothesis(
             "semantic_expansion",
@@ -97,7 +98,8 @@ HYPOTHESES: dict[str, Hypothesis] = {
             "images by content, so per-image vectors become more class-separable and the class means spread out.",
             "class separability (Fisher ratio, held-out NCC and ridge accuracy) flat or falling and NC1 rising at "
             "points whose rank rises, or the image means (between-image view) concentrating on fewer directions, or "
-            "the CLS query's attention staying uniform (the CLS token does not gather from informative patches).",
+            "the CLS query's attention staying uniform (the CLS token does not gather from informative patches), or "
+            "adjacent points growing more alike (SVCCA) where class separability rises.",
         ),
         Hypothesis(
             "redundancy_reduction",
@@ -106,7 +108,7 @@ HYPOTHESES: dict[str, Hypothesis] = {
             "the same variance is spread over more independent directions.",
             "total correlation, off-diagonal energy and mean |correlation| rising (the features become more "
             "redundant) while the rank rises, or the heads of a block attending more alike (they duplicate one "
-            "another).",
+            "another), or the blocks' Jacobians growing worse conditioned (they fold directions together).",
         ),
     )
 }
@@ -274,6 +276,36 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "largest singular values of W_qkv grow against the rest, so ||W||_F^2 / ||W||_2^2 falls (uniform attention "
         "needs none).",
     ),
+    Prediction(
+        _TD,
+        "token_coupling_ratio",
+        "all",
+        "every point",
+        "falls",
+        "Tokens that become distinguishable vary on their own: the T x T covariance of the token positions puts "
+        "less of its mass off the diagonal (TGO-II's coupling ratio, read by TGO-II as the test of progressive token "
+        "independence).",
+    ),
+    Prediction(
+        _TD,
+        "topology_betti_h0",
+        "all",
+        "every point",
+        "rises",
+        "An image's token cloud whose tokens move apart keeps one long H0 bar per token: the bars above 5% of the "
+        "cloud's diameter do not fall (near T at initialisation, so flat reads inconclusive); tokens merging into "
+        "clusters (TGO-IV's growing connectivity) pull them together instead.",
+    ),
+    Prediction(
+        _TD,
+        "block_jacobian_log_det",
+        "all",
+        "blocks",
+        "rises",
+        "A block keeps nearby token states apart only if its own-token map does not contract their neighbourhood: "
+        "log |det dy_t/dx_t| grows; contracting blocks fold tokens together (the rank collapse of deep attention, "
+        "Dong et al. 2021).",
+    ),
     # ---------------------------------------------------------------------------------------- semantic expansion
     Prediction(
         _SE,
@@ -393,6 +425,35 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "2020) and grow as the class means separate. Weak evidence when consistent (progressive sharpening raises "
         "lambda_1 in most training, Cohen et al. 2021); informative when it falls.",
     ),
+    Prediction(
+        _SE,
+        "intrinsic_dimension",
+        "cls",
+        "blocks and cls",
+        "rises",
+        "New meaningful directions along which images differ are new local degrees of freedom of the image-level "
+        "representation: the TwoNN dimension of the CLS vectors rises (TGO-II: it grows, then stabilises; a fall at "
+        "the last points is compression onto class manifolds, Ansuini et al. 2019, not expansion).",
+    ),
+    Prediction(
+        _SE,
+        "svcca_next",
+        "cls",
+        "blocks and cls",
+        "falls",
+        "A block that adds new directions makes its output more than a linear re-expression of its input, so the "
+        "SVCCA with the next point falls below 1 (TGO-II: adjacent SVCCA and CKA fall over training, read as "
+        "specialisation); SVCCA is blind to an invertible change of basis.",
+    ),
+    Prediction(
+        _SE,
+        "block_jacobian_sigma_max",
+        "all",
+        "blocks",
+        "rises",
+        "A block that writes a new feature amplifies the input directions that carry it against the rest: the top "
+        "singular value of its own-token map grows, the Jacobian's counterpart of the MLPs' heavier spectral tails.",
+    ),
     # -------------------------------------------------------------------------------------- redundancy reduction
     Prediction(
         _RR,
@@ -474,6 +535,16 @@ PREDICTIONS: tuple[Prediction, ...] = (
         "blocks",
         "rises",
         "The same for the attention block's output projection, the other map that writes into the residual stream.",
+    ),
+    Prediction(
+        _RR,
+        "block_jacobian_condition",
+        "all",
+        "blocks",
+        "falls",
+        "Re-expressing the same information in another basis is an invertible, well-conditioned map (a rotation has "
+        "condition 1); a block that folds directions together (sigma_min -> 0) discards information instead, and "
+        "semantic expansion's amplified feature directions raise the condition.",
     ),
 )
 """Every prediction, grouped by hypothesis in `HYPOTHESES` order (reasoning in ``docs/hypotheses.md``)."""
