@@ -106,11 +106,7 @@ def build_model(
 ) -> torch.nn.Module:
     """One of `MODEL_KINDS`, random init (no download), eval mode: timm ``vit_small_patch16_224`` (always 224 px),
     the quickstart network (``conf/model/vit_quickstart.yaml``, 10 classes, its ``arch`` keys replaced by ``arch``)
-    or the tiny ViT, built with timm directly so a memory child that measures it does not import Lightning.
-
-    Raises:
-        ValueError: an unknown kind.
-    """
+    or the tiny ViT, built with timm directly so a memory child that measures it does not import Lightning."""
     import timm
 
     if kind not in MODEL_KINDS:
@@ -134,15 +130,9 @@ def build_model(
 
 
 def random_images(n: int, size: int, seed: int = 0, classes: int = 1) -> TensorDataset:
-    """``n`` normalised-noise RGB images, materialised once so data loading costs nothing.
-
-    Args:
-        n: Images.
-        size: Height and width in pixels.
-        seed: Seed of the noise.
-        classes: Labels ``0 .. classes - 1`` dealt round robin (``1``: every label 0, one class). The probes' class
-            geometry and decoding need at least two classes (one class short-cuts them to NaN).
-    """
+    """``n`` normalised-noise RGB images of ``size`` px, materialised once so data loading costs nothing, labelled
+    ``0 .. classes - 1`` round robin: the probes' class geometry and decoding need at least two classes (one class
+    short-cuts them to NaN)."""
     gen = torch.Generator().manual_seed(seed)
     labels = torch.arange(n, dtype=torch.long) % max(int(classes), 1)
     return TensorDataset(torch.randn(n, 3, size, size, generator=gen), labels)
@@ -159,14 +149,9 @@ def compose_quickstart(output_dir: Path, overrides: Sequence[str] = ()) -> Any:
 
 
 def quickstart_analysis_images(limit: int | None = None) -> tuple[TensorDataset, int]:
-    """The quickstart analysis subset (real digits, eval transform) materialised, and its configured batch size.
-
-    The labels are kept, so the jackknife groups are class-stratified as in training (``random_images`` has one
-    class: its groups are dealt round robin by position).
-
-    Args:
-        limit: Keep only the first ``limit`` images (``--smoke``); ``None`` keeps the whole subset (200 images).
-    """
+    """The quickstart analysis subset (real digits, eval transform; the first ``limit`` images, ``None``: all 200)
+    materialised, and its configured batch size. The labels are kept, so the jackknife groups are class-stratified
+    as in training (``random_images`` has one class: its groups are dealt round robin by position)."""
     from hydra.utils import instantiate
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -208,16 +208,10 @@ def run_alone(
     *,
     repeats: bool = False,
 ) -> int:
-    """``python -m benchmarks.<module> [--quick | --smoke]``: one module's rows alone, printed as the table.
-
-    Args:
-        argv: The command line (``None`` reads ``sys.argv``).
-        module: The module's name (``scale_bench``), for the usage line.
-        rows: ``rows(table, mode, work=..., [repeats=...])``: the module's rows, ``mode`` one of ``default``,
-            ``quick``, ``smoke``; ``work`` a scratch folder removed afterwards.
-        quick: What ``--quick`` measures, for the help.
-        repeats: Offer ``--repeats N`` (passed on as ``repeats``).
-    """
+    """``python -m benchmarks.<module> [--quick | --smoke] [--repeats N]``: one module's rows alone, printed as the
+    table: ``rows(table, mode, work=..., [repeats=...])`` with ``mode`` ``default``, ``quick`` or ``smoke`` and
+    ``work`` a scratch folder removed afterwards; ``quick`` says what ``--quick`` measures; ``repeats`` offers
+    ``--repeats``."""
     from benchmarks import _harness as h
 
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}")
