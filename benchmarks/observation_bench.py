@@ -1209,8 +1209,8 @@ def run_sections(
         print(f"== rows 1-2, 7: {spec.label} (CPU)", flush=True)
         net = spec.build(cpu)
         images = h.random_images(profile.vit_images, spec.image_size)
-        repeats = (profile.repeats, profile.groups_repeats)
-        res = _rows_1_and_7(table, spec, spec.label, "1a", net, images, profile.vit_batch, repeats, groups, work)
+        both = (profile.repeats, profile.groups_repeats)
+        res = _rows_1_and_7(table, spec, spec.label, "1a", net, images, profile.vit_batch, both, groups, work)
         observed["vit_small"] = res.pop("results")
         if probes:
             print(f"== rows 8: the hypothesis probes on {spec.label} (CPU)", flush=True)
@@ -1235,7 +1235,7 @@ def run_sections(
         res = _rows_1_and_7(table, profile.quickstart, label, "1b", net, dataset, qs_batch, both, groups, work)
         observed["quickstart"] = res.pop("results")
         if probes:
-            res["probes"] = probe_pass(net, dataset, qs_batch, cpu, max(profile.groups_repeats, repeats))
+            res["probes"] = probe_pass(net, dataset, qs_batch, cpu, both[1])
             res["probes"].pop("last")
             probe_pass_row(table, "8.2", label, res["probes"])
         results["quickstart"] = res
