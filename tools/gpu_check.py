@@ -2,9 +2,9 @@
 
 With TF32 switched on globally (as many users do) it trains the tgo1 model briefly (`train`), reloads the saved
 checkpoint as ``python -m tgo.observe`` does (`load_observed`), times ``observe_and_record`` over the analysis subset
-by phase (`time_observation`), checks to ``1e-9`` relative that the observation's guards hold (`guard_check`: TF32 +
-a caller's bf16 autocast change nothing), that the device agrees with the CPU in float64 (`device_check`) and that
-the GPU eigensolver agrees with LAPACK (`eigensolver_check`), and prints the float32 device-vs-CPU difference to read.
+by phase (`time_observation`), checks to ``1e-9`` relative (`agreement`) that the observation's guards hold (TF32 +
+a caller's bf16 autocast change nothing) and that the device agrees with the CPU in float64, and that the GPU
+eigensolver agrees with LAPACK (`eigensolver_check`), and prints the float32 device-vs-CPU difference to read.
 docs/benchmarks.md, "GPU acceptance", says how and why.
 
 Exit status: 1 when an equality check fails (the observation would not be exact on this machine); timing targets
