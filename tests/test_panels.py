@@ -99,14 +99,11 @@ def test_a_grid_is_one_page_figure_of_its_cells_and_its_cells_cards_on_tensorboa
     monkeypatch.setattr("tgo.observatory.families.registered_families", lambda: (toy,))
     assert panels.declared(panels.CARD)[-len(cells) :] == list(cells) and grid not in panels.declared(panels.CARD)
     assert panels.declared(panels.PAGE, kind="grid") == [grid]
-    epochs = [0, 1, 2]
-    blocks = np.full((len(POINTS), 3), np.nan)
+    blocks, network, se = np.full((len(POINTS), 3), np.nan), np.full((len(POINTS), 3), np.nan), np.full((4, 3), 0.1)
     blocks[1:3] = [[1.0, 2.0, 3.0], [2.0, 3.0, 4.0]]  # the view recorded on the two blocks
-    network = np.full((len(POINTS), 3), np.nan)
     network[-1] = [0.5, 0.4, 0.3]  # recorded on the last point
-    se = np.full((len(POINTS), 3), 0.1)
-    tables = {("v", "a"): (epochs, blocks, se), ("v", "b"): (epochs, blocks * 2, se), ("w", "c"): (epochs, network, se)}
-    tables[("w", "d")] = (epochs, network * 4, se)
+    tables = {("v", "a"): blocks, ("v", "b"): blocks * 2, ("w", "c"): network, ("w", "d"): network * 4}
+    tables = {key: ([0, 1, 2], values, se) for key, values in tables.items()}
     fig = panels.grid_figure(grid, tables, POINTS)
     shown = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in shown] == ["a", "b", "c"], "e holds no value, d is a card only"

@@ -609,13 +609,10 @@ def recorded_tables(
                 (row_of[row["point"]], int(row["epoch"]), float(row["value"]), float(row["stderr"]))
             )
     tables: dict[tuple[str, str], Table] = {}
-    for key in wanted:
-        if key not in cells:
-            continue
+    for key in (k for k in wanted if k in cells):
         epochs = sorted({e for _, e, _, _ in cells[key]})
         column = {e: j for j, e in enumerate(epochs)}
-        values = np.full((len(points), len(epochs)), np.nan)
-        stderrs = np.full((len(points), len(epochs)), np.nan)
+        values, stderrs = np.full((2, len(points), len(epochs)), np.nan)
         for i, e, value, se in cells[key]:
             values[i, column[e]], stderrs[i, column[e]] = value, se
         tables[key] = (epochs, values, stderrs)

@@ -24,11 +24,9 @@ from tgo import panels
 from tgo.observatory.families import register_family, registered_families
 from tgo.observatory.families.attention import (
     ATTENTION,
-    ATTENTION_CHARTED,
     ATTENTION_RECORDED,
     AttentionSettings,
     attention_refusal,
-    depth_profiles,
     head_tables,
 )
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, group_of_items, observe_and_record
@@ -268,8 +266,6 @@ def test_records_hold_the_attention_view_and_the_report_draws_it(tmp_path: Path)
     blocks = ["block_01", "block_02"]
     tables = head_tables(arrays, blocks)
     assert tables["mean_attention_distance"].shape == (2, HEADS)
-    profiles = depth_profiles(run, blocks, up_to=2)
-    assert set(profiles) == set(ATTENTION_CHARTED) and sorted(profiles["effective_heads"]) == [0, 1, 2]
     heads = panels.declared("card", kind="heads")
     cards = dict(panels.cards(heads, {}, blocks, {"attention": blocks}, {"attention": arrays}))
     assert {f"attention_heads/{m}" for m in tables} == set(cards)

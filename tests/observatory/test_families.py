@@ -86,7 +86,6 @@ def test_every_module_of_the_package_registers_its_family_and_the_registry_keeps
     """Discovery: each module of `tgo.observatory.families` but the protocol's registers one family (a new family is
     one new file); the registry, the catalogue and the settings sections follow ``order`` whatever the registration
     order, and two families of one order are refused by name."""
-    import dataclasses
     import pkgutil
 
     import tgo.observatory.families as package
@@ -99,12 +98,7 @@ def test_every_module_of_the_package_registers_its_family_and_the_registry_keeps
     assert package.ATTENTION is package.attention.ATTENTION
     with pytest.raises(AttributeError):
         package.NOT_A_FAMILY  # noqa: B018
-
-    @dataclasses.dataclass(frozen=True)
-    class FirstSettings:
-        enabled: bool = True
-
-    first = type("First", (MeanNormFamily,), {"name": "first", "order": 5, "settings": FirstSettings})
+    first = type("First", (MeanNormFamily,), {"name": "first", "order": 5, "settings": package.PHASES.settings})
     catalogue_before = CATALOGUE.names
     family = register_family(first())  # registered last, ordered first
     try:

@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -149,6 +150,14 @@ def _point_table(
     )
 
 
+def _spectra(run: RunData, *args: Any, **kwargs: Any) -> dict:
+    """`tgo.records.load_spectra` of the run, a malformed file refused as `ReportInputError`."""
+    try:
+        return load_spectra(run.path, *args, **kwargs)
+    except RecordsError as err:
+        raise ReportInputError(str(err)) from err
+
+
 def _cka(vectors: Sequence[np.ndarray]) -> np.ndarray:
     """`cka_matrix` with NaN on the diagonal of a constant representation (its CKA with anything is undefined)."""
     matrix = cka_matrix(vectors)
@@ -169,10 +178,7 @@ def _cka_subsection(run: RunData, figures_dir: Path, several: bool) -> Section:
         "the representation is re-expressed."
         + (f" Several runs: the matrices are those of the first run, {run.name}." if several else "")
     )
-    try:
-        labels = {view: load_spectra(run.path, view=view, arrays=("labels",)) for view in CKA_VIEWS}
-    except RecordsError as err:
-        raise ReportInputError(str(err)) from err
+    labels = {view: _spectra(run, view=view, arrays=("labels",)) for view in CKA_VIEWS}
     by_view_epochs = {view: [e for e, pts in found.items() if pts] for view, found in labels.items()}
     if not any(by_view_epochs.values()):
         section.paragraphs.append(
@@ -187,10 +193,7 @@ def _cka_subsection(run: RunData, figures_dir: Path, several: bool) -> Section:
         if not epochs:
             continue
         chosen = list(dict.fromkeys((epochs[0], epochs[-1])))
-        try:
-            vectors = load_spectra(run.path, chosen, view=view, arrays=("vectors",))
-        except RecordsError as err:
-            raise ReportInputError(str(err)) from err
+        vectors = _spectra(run, chosen, view=view, arrays=("vectors",))
         points = [p for p in run.points if all("vectors" in vectors[e].get(p, {}) for e in chosen)]
         if len(points) < 2:
             continue
@@ -259,10 +262,7 @@ def _attention_subsection(run: RunData, aggregates: dict[str, Aggregate], figure
     if not epochs or not heads:
         return section
     last = epochs[-1]
-    try:
-        arrays = load_spectra(run.path, [last], view=heads[0].view, arrays=[f"heads_{p.metric}" for p in heads])
-    except RecordsError as err:
-        raise ReportInputError(str(err)) from err
+    arrays = _spectra(run, [last], view=heads[0].view, arrays=[f"heads_{p.metric}" for p in heads])
     blocks = [p for p in run.points if p in arrays[last]]
     tables = {p.metric: panels.array_table(arrays[last], blocks, f"heads_{p.metric}") for p in heads}
     for metric, table in ((m, t) for m, t in tables.items() if t is not None):

@@ -26,7 +26,6 @@ conventions (the CLS column, the prefix keys, the distance's renormalisation): `
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tgo.panels import Panel
+from tgo.panels import Panel, array_table
 from tgo.spectral import Observable
 from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, AttentionSummary
 
@@ -66,7 +65,6 @@ __all__ = [
     "AttentionState",
     "attention_plan",
     "attention_refusal",
-    "depth_profiles",
     "head_tables",
 ]
 
@@ -410,41 +408,8 @@ ATTENTION = register_family(AttentionFamily())
 def head_tables(
     heads: Mapping[str, Mapping[str, np.ndarray]], blocks: Sequence[str], metrics: Sequence[str] = HEAD_METRICS
 ) -> dict[str, np.ndarray]:
-    """``{metric: [len(blocks), H_max]}`` per-head tables (NaN padded) for `tgo.viz.attention_cards` and the report.
-
-    Args:
-        heads: point -> array name -> array, as `tgo.records.load_spectra(run, [epoch], view="attention")` gives
-            one epoch (``heads_<metric>`` arrays), or as built from a `Results`' ``arrays``.
-        blocks: Block names in depth order (the rows).
-        metrics: Head metrics to tabulate (those recorded nowhere are left out).
-    """
-    out: dict[str, np.ndarray] = {}
-    for metric in metrics:
-        rows = [np.asarray(heads.get(b, {}).get(f"heads_{metric}", ()), dtype=np.float64).reshape(-1) for b in blocks]
-        width = max((r.size for r in rows), default=0)
-        if width == 0 or all(not np.any(np.isfinite(r)) for r in rows):
-            continue
-        table = np.full((len(blocks), width), np.nan)
-        for i, row in enumerate(rows):
-            table[i, : row.size] = row
-        out[metric] = table
-    return out
-
-
-def depth_profiles(
-    run_dir: str | os.PathLike[str], blocks: Sequence[str], up_to: int, metrics: Sequence[str] = ATTENTION_CHARTED
-) -> dict[str, dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """``{metric: {epoch: (block values [len(blocks)], standard errors)}}`` of the ``attention`` view's records at
-    epochs ``<= up_to`` (for `tgo.viz.attention_cards`' ``profiles``); metrics not recorded are left out."""
-    from tgo.records import layer_epoch_table, load_series
-
-    values = load_series(run_dir, view=ATTENTION_VIEW, metrics=metrics)
-    errors = load_series(run_dir, view=ATTENTION_VIEW, metrics=metrics, column="stderr")
-    out: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
-    for metric in (m for m in metrics if m in values):
-        epochs = sorted({int(e) for es, _ in values[metric].values() for e in es if e <= up_to})
-        if epochs:
-            table = layer_epoch_table(values[metric], blocks, epochs)
-            se = layer_epoch_table(errors.get(metric, {}), blocks, epochs)
-            out[metric] = {e: (table[:, j], se[:, j]) for j, e in enumerate(epochs)}
-    return out
+    """``{metric: [len(blocks), H_max]}`` per-head tables (NaN padded; `tgo.panels.array_table`) of ``heads`` (point
+    -> ``heads_<metric>`` arrays, as one epoch of `tgo.records.load_spectra` gives them); metrics recorded nowhere are
+    left out."""
+    tables = {m: array_table(heads, blocks, f"heads_{m}") for m in metrics}
+    return {m: t for m, t in tables.items() if t is not None}

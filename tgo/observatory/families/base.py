@@ -446,31 +446,27 @@ def register_family(family: MeasurementFamily) -> MeasurementFamily:
         raise ValueError(f"register_family: families {clash!r} and {family.name!r} both declare order {family.order}")
     later = [unregister_family(f.name) for f in list(_REGISTRY.values()) if f.order > family.order]
     try:
-        _add(family)
+        if family.settings is not None:
+            register_section(family.settings_key, family.settings)
+        if family.figure_switch:
+            register_figure_switch(family.name)
+        added = []
+        for observable in family.observables:
+            existing = CATALOGUE.get(observable.name)
+            if existing is None:
+                CATALOGUE.register(observable)
+                added.append(observable.name)
+            elif existing is not observable:
+                for name in added:
+                    CATALOGUE.unregister(name)
+                message = f"observable {observable.name!r} is already catalogued"
+                raise ValueError(f"register_family({family.name!r}): {message}")
+        _REGISTRY[family.name] = family
+        _ADDED[family.name] = added
     finally:
-        for f in later:
-            _add(f)
+        for f in later:  # after it again
+            register_family(f)
     return family
-
-
-def _add(family: MeasurementFamily) -> None:
-    """Registers ``family`` after every family registered now (`register_family` keeps that the order)."""
-    if family.settings is not None:
-        register_section(family.settings_key, family.settings)
-    if family.figure_switch:
-        register_figure_switch(family.name)
-    added = []
-    for observable in family.observables:
-        existing = CATALOGUE.get(observable.name)
-        if existing is None:
-            CATALOGUE.register(observable)
-            added.append(observable.name)
-        elif existing is not observable:
-            for name in added:
-                CATALOGUE.unregister(name)
-            raise ValueError(f"register_family({family.name!r}): observable {observable.name!r} is already catalogued")
-    _REGISTRY[family.name] = family
-    _ADDED[family.name] = added
 
 
 def unregister_family(name: str) -> MeasurementFamily:
