@@ -289,6 +289,7 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
     from tgo.observatory import RecordPlan, ShardPlan, vit_points
     from tgo.observatory import share as share_module
     from tgo.observatory.pipeline import reduce_observation, summarize_and_record
+    from tgo.observatory.results import summary_workers
     from tgo.observatory.share import SummaryShare, deal_points, point_cost, process_group_gather
     from tgo.records import RecordWriter
 
@@ -375,7 +376,7 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
                     os.environ["LOCAL_WORLD_SIZE"] = str(world)
                 else:
                     os.environ.pop("LOCAL_WORLD_SIZE", None)
-                pool = _pool_threads(len(points))
+                pool = summary_workers(len(points))  # the summary pool's threads, as summarize_accumulators sizes it
                 record = RecordPlan(writers[variant], epoch=epoch, step=epoch)
                 share = SummaryShare(0, 1) if variant == "alone" else SummaryShare(rank, world, gather)
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -405,15 +406,6 @@ def _share_rank(rank: int, world: int, out: Path, spec: dict[str, Any]) -> dict[
         "summable_bytes": summables,
         "runs": runs,
     }
-
-
-def _pool_threads(tasks: int) -> int | None:
-    """The summary pool's threads for ``tasks`` points, as ``summarize_accumulators`` will size it (``None``: the
-    library no longer says)."""
-    from tgo.observatory import results
-
-    workers = getattr(results, "summary_workers", None)
-    return int(workers(tasks)) if callable(workers) else None
 
 
 def _composition(results: Any) -> dict[str, int]:
