@@ -26,6 +26,8 @@ __all__ = [
     "moments",
     "remove",
     "row_moments",
+    "subset_masks",
+    "with_jackknife",
 ]
 
 
@@ -237,3 +239,21 @@ def jackknife_stderrs(leave_one_out: np.ndarray) -> np.ndarray:
         out = np.sqrt((g - 1) / g * squares.sum(axis=1))
     out[~np.all(np.isfinite(values), axis=1)] = math.nan
     return out
+
+
+def subset_masks(image_groups: np.ndarray | None, groups: int, n: int) -> list[np.ndarray]:
+    """Boolean masks of ``n`` images: all of them, then each leave-one-group-out set (only all without groups), for a
+    statistic recomputed on every subset rather than summed (intrinsic dimension, SVCCA, class centroids)."""
+    everything = np.ones(n, dtype=bool)
+    if image_groups is None or groups < 2:
+        return [everything]
+    return [everything, *(image_groups != g for g in range(groups))]
+
+
+def with_jackknife(values: Sequence[float] | np.ndarray) -> tuple[float, float, np.ndarray | None]:
+    """``(value, jackknife standard error, replicates)`` of ``[whole, replicate_1, ...]`` as `subset_masks` orders
+    them (no error and no replicates with fewer than two)."""
+    replicates = np.array(values[1:], dtype=np.float64)
+    if replicates.size < 2:
+        return float(values[0]), math.nan, None
+    return float(values[0]), jackknife_stderr(replicates), replicates

@@ -28,6 +28,7 @@ import numpy as np
 from tgo.panels import Panel
 from tgo.spectral import Observable
 from tgo.spectral.class_centroids import centroid_geometry
+from tgo.spectral.jackknife import subset_masks, with_jackknife
 
 from ..hooks import point_spec
 from ..settings import PREFIX, ObservationSettingsError, check_flags, is_int
@@ -42,8 +43,7 @@ from .base import (
     family_metric,
     register_family,
 )
-from .image_vectors import PerImageState, token_layouts
-from .intrinsic_dimension import _subsets, _VectorLayout, _with_error
+from .image_vectors import PerImageState, vector_layouts
 
 __all__ = ["CLASS_CENTROIDS", "ClassCentroidsFamily", "ClassCentroidsSettings", "ClassCentroidsState"]
 
@@ -81,18 +81,14 @@ class ClassCentroidsState(PerImageState):
     """One rank's per-image ``cls`` / ``patch`` vectors of every point (an `ImageTable`)."""
 
     def __init__(self, context: FamilyContext) -> None:
-        layouts = {
-            name: _VectorLayout(layout.tokens, layout.prefix, layout.class_token)
-            for name, layout in token_layouts(context.net, context.points).items()
-        }
-        super().__init__(context, layouts)
+        super().__init__(context, vector_layouts(context))
         self.settings: ClassCentroidsSettings = context.settings.class_centroids
 
     def summarize_point(self, summary: PointSummary) -> Contribution:
         vectors = self.table.points[summary.point.name].values
         labels = self.table.labels.detach().cpu().numpy().astype(np.int64)
         groups = summary.image_groups if summary.groups else None
-        subsets = _subsets(groups, summary.groups, labels.size)
+        subsets = subset_masks(groups, summary.groups, labels.size)
         enough = [  # -1: an image without a label (a dataset without classes)
             c
             for c in np.unique(labels[labels >= 0])
@@ -112,7 +108,7 @@ class ClassCentroidsState(PerImageState):
             for name in ("mean", "min", "ratio"):
                 values = [getattr(f, name) for f in fits] if fits else [math.nan] * len(subsets)
                 metric = "centroid_distance" if name == "mean" else f"centroid_distance_{name}"
-                out.append(Metric(view, metric, *_with_error(values)))
+                out.append(Metric(view, metric, *with_jackknife(values)))
             out.append(Metric(view, "centroid_classes", float(len(enough))))
             if fits:
                 out.append(Array(view, "centroid_distances", fits[0].distances, kept=True))

@@ -93,12 +93,14 @@ __all__ = [
     "Replicates",
     "SubspaceHistory",
     "TokenLayout",
+    "VectorLayout",
     "between_image_fraction",
     "class_metrics",
     "drift_metrics",
     "leave_one_fold_out",
     "massive_metrics",
     "token_layouts",
+    "vector_layouts",
 ]
 
 
@@ -539,6 +541,25 @@ def drift_metrics(
 
 def _numpy(t: object) -> np.ndarray:
     return np.asarray(t.detach().cpu().numpy() if hasattr(t, "detach") else t, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class VectorLayout(TokenLayout):
+    """A `TokenLayout` keeping only the vectors behind the ``cls`` and ``patch`` views (the families that read one
+    vector per image and point but no within-image statistics: intrinsic dimension, SVCCA, class centroids)."""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        kinds = super().kinds
+        return tuple(k for k in kinds if k in ("cls", "patch") or (k == "mean" and "patch" not in kinds))
+
+
+def vector_layouts(context: FamilyContext) -> dict[str, VectorLayout]:
+    """`VectorLayout` of every point of the observation."""
+    return {
+        name: VectorLayout(layout.tokens, layout.prefix, layout.class_token)
+        for name, layout in token_layouts(context.net, context.points).items()
+    }
 
 
 # ----------------------------------------------------------------------------------------------------- the family

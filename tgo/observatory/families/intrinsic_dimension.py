@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from tgo.panels import Panel
-from tgo.spectral import Observable, jackknife_stderr
+from tgo.spectral import Observable
 from tgo.spectral.intrinsic_dimension import FITS, pca_rank, twonn
+from tgo.spectral.jackknife import subset_masks, with_jackknife
 
 from ..hooks import point_spec
 from ..settings import PREFIX, ObservationSettingsError, check_flags, is_int, one_of
@@ -44,7 +45,7 @@ from .base import (
     family_metric,
     register_family,
 )
-from .image_vectors import PerImageState, TokenLayout, token_layouts
+from .image_vectors import PerImageState, vector_layouts
 
 __all__ = [
     "INTRINSIC_DIMENSION",
@@ -101,32 +102,6 @@ class IntrinsicDimensionSettings:
             )
 
 
-@dataclass(frozen=True)
-class _VectorLayout(TokenLayout):
-    """A `TokenLayout` keeping only the vectors behind the ``cls`` and ``patch`` views."""
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        kinds = super().kinds
-        return tuple(k for k in kinds if k in _VIEWS or (k == "mean" and "patch" not in kinds))
-
-
-def _subsets(image_groups: np.ndarray | None, groups: int, n: int) -> list[np.ndarray]:
-    """All images, then each leave-one-group-out set (boolean masks)."""
-    everything = np.ones(n, dtype=bool)
-    if image_groups is None or groups < 2:
-        return [everything]
-    return [everything, *(image_groups != g for g in range(groups))]
-
-
-def _with_error(values: Sequence[float]) -> tuple[float, float, np.ndarray | None]:
-    """``(value, jackknife standard error, replicates)`` of ``[whole, replicate_1, ...]``."""
-    replicates = np.asarray(values[1:], dtype=np.float64)
-    if replicates.size < 2:
-        return float(values[0]), math.nan, None
-    return float(values[0]), jackknife_stderr(replicates), replicates
-
-
 def intrinsic_dimension_metrics(
     x: np.ndarray,
     labels: np.ndarray,
@@ -143,13 +118,13 @@ def intrinsic_dimension_metrics(
         groups: ``G``.
         settings: The family's settings.
     """
-    subsets = _subsets(image_groups, groups, x.shape[0])
+    subsets = subset_masks(image_groups, groups, x.shape[0])
     if not np.all(np.isfinite(x)):
         fits = None
     else:
         fits = twonn(x, subsets, settings.fit, settings.discard_fraction)
     out = []
-    whole = _with_error([f.dimension for f in fits] if fits else [math.nan] * len(subsets))
+    whole = with_jackknife([f.dimension for f in fits] if fits else [math.nan] * len(subsets))
     out.append(("intrinsic_dimension", *whole))
     out.append(("intrinsic_dimension_duplicates", float(fits[0].duplicates) if fits else math.nan, math.nan, None))
     labels = np.asarray(labels).astype(np.int64)
@@ -169,7 +144,7 @@ def intrinsic_dimension_metrics(
             per_class_rank[i] = [pca_rank(xc[keep], settings.class_variance) for keep in inside]
     for name, table in (("class_intrinsic_dimension", per_class_id), ("class_pca_rank", per_class_rank)):
         means = table.mean(axis=0) if classes else np.full(len(subsets), np.nan)
-        out.append((name, *_with_error(list(means))))
+        out.append((name, *with_jackknife(list(means))))
     out.append(("intrinsic_dimension_classes", float(len(classes)), math.nan, None))
     return out
 
@@ -178,11 +153,7 @@ class IntrinsicDimensionState(PerImageState):
     """One rank's per-image ``cls`` / ``patch`` vectors of every point (an `ImageTable`)."""
 
     def __init__(self, context: FamilyContext) -> None:
-        layouts = {
-            name: _VectorLayout(layout.tokens, layout.prefix, layout.class_token)
-            for name, layout in token_layouts(context.net, context.points).items()
-        }
-        super().__init__(context, layouts)
+        super().__init__(context, vector_layouts(context))
         self.settings: IntrinsicDimensionSettings = context.settings.intrinsic_dimension
 
     def summarize_point(self, summary: PointSummary) -> Contribution:

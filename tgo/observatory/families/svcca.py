@@ -20,7 +20,6 @@ D = 384 and 50 components; ``P x 2 x (G + 1)`` of them, 180 MB at ViT-S with ``G
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from tgo.panels import Panel
-from tgo.spectral import Observable, jackknife_stderr
+from tgo.spectral import Observable
+from tgo.spectral.jackknife import with_jackknife
 from tgo.spectral.svcca import Basis, basis, similarity
 
 from ..hooks import point_spec
@@ -45,8 +45,7 @@ from .base import (
     family_metric,
     register_family,
 )
-from .image_vectors import PerImageState, token_layouts
-from .intrinsic_dimension import _VectorLayout
+from .image_vectors import PerImageState, vector_layouts
 
 __all__ = ["SVCCA", "SvccaFamily", "SvccaSettings", "SvccaState"]
 
@@ -88,22 +87,11 @@ class SvccaSettings:
         positive_int("svcca.max_components", self.max_components)
 
 
-def _with_error(values: np.ndarray) -> tuple[float, float, np.ndarray | None]:
-    """``(value, jackknife standard error, replicates)`` of ``[whole, replicate_1, ...]``."""
-    if values.size < 3:
-        return float(values[0]), math.nan, None
-    return float(values[0]), jackknife_stderr(values[1:]), values[1:].copy()
-
-
 class SvccaState(PerImageState):
     """One rank's per-image ``cls`` / ``patch`` vectors of every point, and the bases and pairs computed from them."""
 
     def __init__(self, context: FamilyContext) -> None:
-        layouts = {
-            name: _VectorLayout(layout.tokens, layout.prefix, layout.class_token)
-            for name, layout in token_layouts(context.net, context.points).items()
-        }
-        super().__init__(context, layouts)
+        super().__init__(context, vector_layouts(context))
         self.settings: SvccaSettings = context.settings.svcca
         self.order = [p.name for p in context.points]
         self._done: dict[tuple[Any, ...], Any] = {}
@@ -171,9 +159,9 @@ class SvccaState(PerImageState):
             nxt = rows[later[0]] if later.size else np.full((2, len(subsets)), np.nan)
             k = np.array([np.nan if b is None else b.k for b in own])
             for name, values in zip(_METRICS, (*mean, *nxt, k), strict=True):
-                out.append(Metric(view, name, *_with_error(values)))
+                out.append(Metric(view, name, *with_jackknife(values)))
             for m, measure in enumerate(("svcca", "pwcca")):
-                errors = [_with_error(r)[1] for r in rows[:, m]]
+                errors = [with_jackknife(r)[1] for r in rows[:, m]]
                 out.append(Array(view, f"heads_{measure}", rows[:, m, 0]))
                 out.append(Array(view, f"{measure}_stderr", np.array(errors)))
         return out
