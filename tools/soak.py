@@ -128,12 +128,11 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _tmp_files(*dirs: Path) -> set[str]:
-    found: set[str] = set()
-    for d in dirs:
-        with contextlib.suppress(OSError):
-            found.update(str(d / e.name) for e in os.scandir(d) if e.name.endswith(".tmp"))
-    return found
+def _listed(d: Path, prefix: str, suffix: str) -> list[str]:
+    """The names in ``d`` with ``prefix`` and ``suffix`` (none while ``d`` does not exist)."""
+    with contextlib.suppress(OSError):
+        return [e.name for e in os.scandir(d) if e.name.startswith(prefix) and e.name.endswith(suffix)]
+    return []
 
 
 class EventWatcher:
@@ -154,12 +153,7 @@ class EventWatcher:
     def _snapshot(self) -> dict[str, object]:
         run = self.run
         if self.kind == "spectra":
-            files: dict[str, object] = {}
-            with contextlib.suppress(OSError):
-                for e in os.scandir(run.spectra_dir):
-                    if e.name.startswith("epoch_") and e.name.endswith(".npz"):
-                        files[e.name] = _signature(run.spectra_dir / e.name)
-            return files
+            return {name: _signature(run.spectra_dir / name) for name in _listed(run.spectra_dir, "epoch_", ".npz")}
         if self.kind == "metrics":
             return {"metrics.csv": _signature(run.metrics)}
         if self.kind == "ckpt_replaced":
@@ -167,7 +161,7 @@ class EventWatcher:
         if self.kind == "run_dir":
             return {".hydra": True} if (run.root / ".hydra").is_dir() else {}
         dirs = (run.geometry, run.spectra_dir) if self.kind == "geometry_tmp" else (run.checkpoints,)
-        return {name: True for name in _tmp_files(*dirs)}
+        return {str(d / name): True for d in dirs for name in _listed(d, "", ".tmp")}
 
     def poll(self) -> int:
         """Takes a snapshot and returns the number of events seen so far."""
