@@ -531,16 +531,10 @@ def class_count(run_dir: str | os.PathLike[str]) -> int | None:
 
 # ------------------------------------------------------------------------------------------------ grid
 def grid_figure(panel: Panel, tables: Mapping[tuple[str, str], Table], points: Sequence[str]) -> Figure | None:
-    """A ``grid`` panel at page size: each page cell holding a finite value as a small chart of its kind, ``columns``
-    a row (``None`` when no cell has a value). A ``depth`` cell draws the first, middle and last observation on the
-    epoch ramp over the points that recorded its view; a ``bands`` cell each such point against epoch, its
-    ``overlay`` dashed and its ``line`` dotted.
-
-    Args:
-        panel: The grid.
-        tables: (view, metric) -> (epochs, values, stderrs) over ``points`` (`recorded_tables`), overlays included.
-        points: Every point in depth order.
-    """
+    """A ``grid`` panel at page size from ``tables`` over ``points`` (`recorded_tables`, overlays included): each page
+    cell holding a finite value as a small chart of its kind, ``columns`` a row (``None``: no cell has a value). A
+    ``depth`` cell draws the first, middle and last observation on the epoch ramp over the points that recorded its
+    view; a ``bands`` cell each such point against epoch, its ``overlay`` dashed and its ``line`` dotted."""
     drawn = []
     for cell in (c for c in panel.cells if c.page and (c.view, c.metric) in tables):
         epochs, values, stderrs = tables[(cell.view, cell.metric)]
