@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ class ObservationKey(NamedTuple):
     view: str = DEFAULT_VIEW
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class PointResult:
     """Everything recorded about one (point, view) at one observation.
 
@@ -90,6 +91,14 @@ class PointResult:
         """False for a `metrics_only` view."""
         return self.covariance.size > 0 or self.spectrum.n_rows > 0
 
+    def __repr__(self) -> str:
+        """What it holds, never the arrays (one observation's default repr ran to 269,093 characters)."""
+        held = [f"D={self.spectrum.dim}, n_rows={self.n_rows}" if self.has_covariance else "metrics only"]
+        held += [f"{len(self.observables)} observables"] + [f"alias_of={self.alias_of!r}"] * bool(self.alias_of)
+        arrays = {"arrays": self.arrays, "kept_arrays": self.kept_arrays}
+        held += [f"{what}=[{', '.join(names)}]" for what, names in arrays.items() if names]
+        return f"PointResult({', '.join(held)})"
+
 
 class Results(dict[ObservationKey, PointResult]):
     """One observation in point (depth) order, views of a point together; a bare point name means its ``all`` view."""
@@ -110,6 +119,16 @@ class Results(dict[ObservationKey, PointResult]):
     def by_point(self, view: str = DEFAULT_VIEW) -> dict[str, PointResult]:
         """``{point: PointResult}`` of one view, in point order."""
         return {key.point: result for key, result in self.items() if key.view == view}
+
+    def __repr__(self) -> str:
+        """Its points and views with counts, never the arrays (``results[key]`` shows one result)."""
+        points = list(dict.fromkeys(key.point for key in self))
+        shown = points if len(points) <= 6 else [*points[:3], "...", *points[-2:]]
+        views = Counter(key.view for key in self)
+        return (
+            f"Results({len(points)} points, {len(views)} views, {len(self)} (point, view) results; points: "
+            f"{', '.join(shown)}; views (points): {', '.join(f'{v} ({n})' for v, n in views.items())})"
+        )
 
 
 def _moments(acc: StreamingCovariance) -> tuple[np.ndarray, np.ndarray, int, int]:
