@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
 import errno
 import io
 import json
@@ -568,10 +569,12 @@ def load_series(
     metrics: Sequence[str] | None = None,
     column: str = "value",
 ) -> Series:
-    """The metrics of one view as ``{metric: {point: (epochs, values)}}`` (``column``: value or stderr)."""
+    """The metrics of one view as ``{metric: {point: (epochs, values)}}`` (``column``: value or stderr); a view or
+    metric that neither the run records nor TGO knows is refused (`tgo.errors.UserInputError`)."""
     if column not in ("value", "stderr"):
         raise ValueError(f"load_series: column must be 'value' or 'stderr', got {column!r}")
     rows = _rows_with_metrics_file(run_dir)
+    _check_names(rows, view, metrics)
     key = as_run_dir(run_dir).key
     wanted = None if metrics is None else set(metrics)
     collected: dict[str, dict[str, dict[int, float]]] = {}
@@ -592,6 +595,29 @@ def load_series(
         }
         for metric, per_point in collected.items()
     }
+
+
+def _check_names(rows: Sequence[Mapping[str, str]], view: str, metrics: Sequence[str] | None) -> None:
+    """Refuses a view or metric that neither the run records nor TGO knows: a typo would otherwise read as no data.
+
+    Names the records hold pass without importing the catalogue (torch); a known name not recorded gives ``{}``."""
+    recorded_views, recorded_metrics = {r["view"] for r in rows}, {r["metric"] for r in rows}
+    missing = [m for m in metrics or () if m not in recorded_metrics]
+    if view in recorded_views and not missing:
+        return
+    import tgo.observatory.families  # noqa: F401  # registers the families' catalogue entries
+    from tgo.spectral import CATALOGUE
+
+    views = dict.fromkeys([*VIEWS, *(v for o in CATALOGUE.family_entries for v in o.views), *sorted(recorded_views)])
+    names = dict.fromkeys([*CATALOGUE.names, *sorted(recorded_metrics)])
+    for what, wrong, known in (("view", [view], views), ("metric", [m for m in missing if m not in names], names)):
+        if any(w not in known for w in wrong):
+            close = [c for w in wrong for c in difflib.get_close_matches(w, known, n=1)]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise UserInputError(
+                f"load_series: unknown {what} {', '.join(map(repr, wrong))}{hint}; the known {what}s are "
+                f"{', '.join(known)}"
+            )
 
 
 def layer_epoch_table(

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tgo.errors import RunEnvironmentError
+from tgo.errors import RunEnvironmentError, UserInputError
 from tgo.records import (
     JACKKNIFE_ARRAYS,
     JACKKNIFE_METRICS,
@@ -147,6 +147,22 @@ def test_round_trip(tmp_path):
     ]
     assert list(load_series(tmp_path, metrics=["stable_rank"])) == ["stable_rank"]
     assert recorded_epochs(tmp_path) == [0, 5]
+
+
+def test_load_series_refuses_an_unknown_view_or_metric_naming_the_known_ones(tmp_path):
+    """A typo is refused in one line naming the known names; a name TGO knows but this run did not record is no data."""
+    RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
+    for call, wrong, known in [
+        ({"view": "within-image"}, "view 'within-image'", "all, cls, prefix, patch, between_image, within_image, "),
+        ({"metrics": ["stable_rank", "efective_rank"]}, "metric 'efective_rank'", "effective_rank, "),
+        ({"view": "atention"}, "view 'atention'", "attention, weights_qkv"),  # a family's view
+    ]:
+        with pytest.raises(UserInputError, match=rf"^load_series: unknown {wrong} \(did you mean .*; .*{known}") as no:
+            load_series(tmp_path, **call)
+        assert "\n" not in str(no.value)
+    assert load_series(tmp_path, view="within_image") == load_series(tmp_path, view="attention") == {}
+    assert load_series(tmp_path, view="cls", metrics=["participation_ratio", "attention_entropy"]) == {}
+    assert list(load_series(tmp_path, metrics=["stable_rank", "participation_ratio"])) == ["stable_rank"]
 
 
 def test_large_epoch_numbers_and_point_results_from_the_observatory(tmp_path):
