@@ -33,7 +33,7 @@ from tgo.observatory.pipeline import RecordPlan, ShardPlan, group_of_items, obse
 from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordWriter, load_jackknife, load_series, load_spectra
-from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS
+from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, LogitMaxima
 from tgo.spectral.catalogue import CATALOGUE
 
 if ATTENTION not in registered_families():  # pragma: no cover - registered by tgo.observatory.families
@@ -225,7 +225,8 @@ def test_two_processes_with_uneven_shards_equal_one_process(tmp_path: Path):
     assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, attention on or off"
     assert calls_on[0] == calls_off[0] and calls_on[1] > calls_off[1], "the attention sums ride in the second"
     single, calls = observe(tiny_vit(qk_norm=True), labelled_images(IMAGES), tmp_path / "single")
-    assert len(calls) == 2 and calls == calls_on
+    maxima = 2 * 2 * GROUPS * HEADS  # per rank and block, the largest logits' slot: values and presence
+    assert len(calls) == 2 and calls[0] == calls_on[0] and calls_on[1] - calls[1] == maxima * (2 - 1)
     one, two = attention_of(single), ddp["attention"]
     assert list(two) == list(one) == ["block_01", "block_02"]
     for point, want in one.items():
@@ -236,6 +237,81 @@ def test_two_processes_with_uneven_shards_equal_one_process(tmp_path: Path):
                 assert a == pytest.approx(b, rel=1e-10, abs=1e-14, nan_ok=True), (point, name, column)
         for name, array in want.arrays.items():
             np.testing.assert_allclose(got["arrays"][name], array, rtol=1e-10, atol=1e-14, err_msg=name)
+
+
+# ------------------------------------------------------------------------------ the largest logit, the q-k norm
+def _q_and_k(net, x: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every block's ``q`` and ``k`` as the kernel multiplies them (after ``q_norm`` / ``k_norm``), float64."""
+    seen: list[dict[str, np.ndarray]] = [{} for _ in net.blocks]
+    handles = []
+    for i, block in enumerate(net.blocks):
+        for name in ("q", "k"):
+            norm = getattr(block.attn, f"{name}_norm")
+            handles.append(norm.register_forward_hook(lambda m, a, out, i=i, n=name: seen[i].update({n: out.numpy()})))
+    try:
+        with torch.no_grad():
+            net(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return [(s["q"], s["k"]) for s in seen]
+
+
+@pytest.mark.parametrize("config", ["plain", "qk_norm"])
+def test_the_largest_logit_and_the_query_key_norm_equal_a_dense_recomputation(config: str, tmp_path: Path):
+    """max over images, queries and keys of q k^T / sqrt(d_h) per head, its delete-a-group replicates, and
+    ||W_Q,h^T W_K,h||_2 / sqrt(d_h) from a dense D x D SVD per head."""
+    net, data = tiny_vit(**CONFIGS[config][0]), labelled_images(7)
+    results, _ = observe(net, data, tmp_path)
+    group_of = group_of_items(data, GROUPS)
+    qk = _q_and_k(net, data.tensors[0])
+    for (point, result), block, (q, k) in zip(attention_of(results).items(), net.blocks, qk, strict=True):
+        scale = q.shape[-1] ** -0.5
+        logits = np.einsum("bhid,bhjd->bhij", q * scale, k)  # [B, H, N, N]
+        per_image = logits.max(axis=(-2, -1))  # [B, H]
+        np.testing.assert_allclose(result.arrays["heads_max_attention_logit"], per_image.max(axis=0), rtol=1e-12)
+        assert result.observables["max_attention_logit"] == pytest.approx(per_image.max(), rel=1e-12), point
+        loo = [per_image[group_of != g].max() for g in range(GROUPS)]
+        np.testing.assert_allclose(result.jackknife["max_attention_logit"], loo, rtol=1e-12)
+        assert result.stderr["max_attention_logit"] >= 0
+        w = block.attn.qkv.weight.detach().numpy()
+        dim, heads = w.shape[1], HEADS
+        d_h = dim // heads
+        dense = [
+            np.linalg.norm(w[h * d_h : (h + 1) * d_h].T @ w[dim + h * d_h : dim + (h + 1) * d_h], ord=2) * scale
+            for h in range(heads)
+        ]
+        np.testing.assert_allclose(result.arrays["heads_qk_spectral_norm"], dense, rtol=1e-12)
+        assert result.observables["qk_spectral_norm"] == pytest.approx(max(dense), rel=1e-12)
+        assert math.isnan(result.stderr["qk_spectral_norm"]), "a property of the weights: no image-sampling error"
+        if config == "plain":  # without q_norm/k_norm the form bounds every logit: |l_ij| <= ||M_h|| ||x_i|| ||x_j||
+            assert np.all(result.arrays["heads_max_attention_logit"] > 0)
+
+
+def test_logit_maxima_travel_exactly_in_rank_slots_of_the_sum_collective():
+    """Negative logits, a group no rank saw, a rank without images: each slot is summed with zeros only."""
+
+    def accumulator() -> AttentionAccumulator:
+        return AttentionAccumulator(2, 5, 1, (2, 2), 8, groups=3)
+
+    ranks = [accumulator() for _ in range(3)]
+    ranks[0].logit_max[0] = torch.tensor([-3.5, -1.25], dtype=torch.float64)
+    ranks[1].logit_max[0] = torch.tensor([-2.0, -7.0], dtype=torch.float64)
+    ranks[1].logit_max[1] = torch.tensor([0.1, 1e300], dtype=torch.float64)
+    slots = [LogitMaxima([acc], rank, 3) for rank, acc in enumerate(ranks)]
+    packed = []
+    for s in slots:
+        out = torch.full((s.packed_size,), 42.0, dtype=torch.float64)
+        s.pack_into(out)
+        packed.append(out)
+    total = packed[0] + packed[1] + packed[2]
+    for s in slots:
+        s.unpack_(total)
+    for acc in ranks:
+        want = [[-2.0, -1.25], [0.1, 1e300], [-math.inf, -math.inf]]
+        assert acc.logit_max.tolist() == want
+    with pytest.raises(ValueError, match="rank 3 outside"):
+        LogitMaxima(ranks, 3, 3)
 
 
 # ------------------------------------------------------------------------------------- records, report, figures

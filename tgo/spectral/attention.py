@@ -1,11 +1,13 @@
-"""Exact streaming attention geometry: entropy, sink and self mass, peak weight, distance, head diversity.
+"""Exact streaming attention geometry: entropy, sink and self mass, peak weight, distance, head diversity, the
+largest logit per head, and the spectral norm of each head's query-key form.
 
 timm's fused attention never materialises the attention weights, so they are recomputed from the ``q`` and ``k``
 that enter the product (``A = softmax(q k^T / sqrt(d_h))`` per image and head) in float64 (default) or float32, one
 chunk of images at a time, and reduced at once to per-image sums. The state is plain float64 *sums* per jackknife
 group (counts included), so ranks combine with one sum collective (the `Summable` protocol of
 `allreduce_accumulators`) and every metric is a ratio of sums, recomputed without group ``g`` for the delete-a-group
-jackknife (`tgo.spectral.jackknife`). The token layout, the formulas, the softmax evaluated with one exponential per
+jackknife (`tgo.spectral.jackknife`). The largest logit is a maximum per group, carried by the same collective in
+rank slots (`LogitMaxima`). The token layout, the formulas, the softmax evaluated with one exponential per
 weight and no ``log(0)`` (`_image_sums`), ranges and known answers: ``docs/observables.md``, "7. Attention geometry".
 """
 
@@ -27,7 +29,10 @@ __all__ = [
     "HEAD_METRICS",
     "AttentionAccumulator",
     "AttentionSummary",
+    "LogitMaxima",
+    "max_logit_summary",
     "patch_distances",
+    "qk_spectral_norms",
 ]
 
 _STATE_VERSION = 1
@@ -170,6 +175,11 @@ class AttentionAccumulator:
         h = self.num_heads
         self.row_size = 2 + len(_SUMS) * h + h * h
         self._state = torch.zeros(max(self.groups, 1), self.row_size, dtype=torch.float64, device=self.device)
+        # per group and head, the largest scaled logit of a finite image (-inf: none yet); a max, not a sum, so it
+        # travels in the sum collective through `LogitMaxima`'s rank slots, not in ``_state``
+        self.logit_max = torch.full(
+            (max(self.groups, 1), self.num_heads), -math.inf, dtype=torch.float64, device=self.device
+        )
         self._distances = torch.from_numpy(patch_distances(self.grid, self.patch_size)).to(
             device=self.device, dtype=compute_dtype
         )
@@ -231,18 +241,23 @@ class AttentionAccumulator:
         with torch.no_grad(), strict_fp32_math(self.device.type):
             for start in range(0, b, per_chunk):
                 stop = min(b, start + per_chunk)
-                rows = self._image_sums(q[start:stop].detach(), k[start:stop].detach())
+                rows, top = self._image_sums(q[start:stop].detach(), k[start:stop].detach())
+                finite = (rows[:, 1] == 0).unsqueeze(1)  # a dropped image's logits enter no maximum
+                top = torch.where(finite, top, -math.inf)
                 for group, lo, hi in runs_of(ids[start:stop]):
                     self._state[group] += rows[lo:hi].sum(dim=0)
+                    self.logit_max[group] = torch.maximum(self.logit_max[group], top[lo:hi].amax(dim=0))
 
-    def _image_sums(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """One state row per image, ``[b, row_size]`` float64 (non-finite images become ``[0, 1, 0, ...]``)."""
+    def _image_sums(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One state row per image, ``[b, row_size]`` float64 (non-finite images become ``[0, 1, 0, ...]``), and each
+        image's largest scaled logit per head, ``[b, H]`` float64."""
         cd, p, h = self.compute_dtype, self.num_prefix_tokens, self.num_heads
         b = q.shape[0]
         scale = q.shape[-1] ** -0.5
         q = q.to(device=self.device, dtype=cd) * scale  # as timm: (q * scale) @ k^T
         k = k.to(device=self.device, dtype=cd)
         logits = q @ k.transpose(-2, -1)  # [b, H, N, N]
+        top = logits.amax(dim=(-2, -1)).to(torch.float64)  # before the in-place shift below
         pre = logits[..., :p]  # prefix keys (not modified below)
         patch = logits[..., p:]
         m = patch.amax(dim=-1, keepdim=True)  # [b, H, N, 1]
@@ -295,7 +310,7 @@ class AttentionAccumulator:
         bad = torch.zeros(self.row_size, dtype=f64, device=self.device)
         bad[1] = 1.0
         finite = torch.isfinite(rows).all(dim=1, keepdim=True)
-        return torch.where(finite, rows, bad)
+        return torch.where(finite, rows, bad), top
 
     # ------------------------------------------------------------------ collectives (the Summable protocol)
     @property
@@ -331,6 +346,7 @@ class AttentionAccumulator:
             "num_prefix_tokens": self.num_prefix_tokens,
             "groups": self.groups,
             "sums": self._state.detach().cpu().clone(),
+            "logit_max": self.logit_max.detach().cpu().clone(),
         }
 
     @_outside_inference_mode
@@ -349,6 +365,13 @@ class AttentionAccumulator:
                 f"expected {tuple(self._state.shape)}"
             )
         self._state = sums.to(self.device).clone()
+        top = torch.as_tensor(state.get("logit_max", torch.full_like(self.logit_max, -math.inf)), dtype=torch.float64)
+        if top.shape != self.logit_max.shape:
+            raise ValueError(
+                f"AttentionAccumulator.load_state_dict: logit_max of shape {tuple(top.shape)}, "
+                f"expected {tuple(self.logit_max.shape)}"
+            )
+        self.logit_max = top.to(self.device).clone()
 
     # ------------------------------------------------------------------ results
     def group_sums(self) -> np.ndarray:
@@ -450,3 +473,91 @@ class AttentionAccumulator:
             n_nonfinite=round(float(sums[:, 1].sum())),
             groups=g,
         )
+
+
+# ----------------------------------------------------------------------------------------------- the largest logit
+class LogitMaxima:
+    """The accumulators' per-group logit maxima as a `Summable`: a maximum carried by the sum collective.
+
+    A maximum is not a sum, and a third (MAX) collective would cost a round trip per observation. Rank ``r`` writes
+    its maxima into slot ``r`` of a ``[W, 2, K]`` zero buffer (``K`` = every accumulator's ``G x H`` values): row 0
+    the values where the rank saw an image of that group (0 elsewhere), row 1 a 0/1 presence mask. The sum
+    collective adds each slot to zeros only, so every slot arrives exact, and `unpack_` takes the maximum over the
+    slots that are present. The price is ``2 W K`` float64 numbers (W = 8, 12 blocks, G = 10, H = 6: 92 KiB).
+    """
+
+    def __init__(self, accumulators: Sequence[AttentionAccumulator], rank: int, world_size: int) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"LogitMaxima: rank {rank} outside [0, {world_size})")
+        self.accumulators = list(accumulators)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self._sizes = [acc.logit_max.numel() for acc in self.accumulators]
+
+    @property
+    def packed_size(self) -> int:
+        """``2 W K`` float64 numbers."""
+        return 2 * self.world_size * sum(self._sizes)
+
+    def pack_into(self, out: torch.Tensor) -> None:
+        """Zeros, then this rank's values and presence mask in its slot."""
+        out.zero_()
+        if not self._sizes:
+            return
+        local = torch.cat([acc.logit_max.reshape(-1) for acc in self.accumulators]).to(out.device, torch.float64)
+        present = torch.isfinite(local)
+        slot = out.view(self.world_size, 2, -1)[self.rank]
+        slot[0] = torch.where(present, local, 0.0)
+        slot[1] = present.to(torch.float64)
+
+    def unpack_(self, flat: torch.Tensor, *, copy: bool = True) -> None:
+        """Every accumulator's maxima become the maxima over all ranks' slots (-inf where no rank saw an image)."""
+        if flat.numel() != self.packed_size:
+            raise ValueError(f"LogitMaxima.unpack_: expected {self.packed_size} numbers, got {flat.numel()}")
+        if not self._sizes:
+            return
+        slots = flat.reshape(self.world_size, 2, -1)
+        values = torch.where(slots[:, 1] > 0, slots[:, 0], -math.inf).amax(dim=0)
+        for acc, part in zip(self.accumulators, values.split(self._sizes), strict=True):
+            acc.logit_max = part.reshape(acc.logit_max.shape).to(acc.device).clone()
+
+
+def max_logit_summary(group_max: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+    """The largest scaled logit per head (``[H]``), its maximum over heads, and the leave-one-group-out maxima over
+    heads (``[G]``; ``[0]`` with fewer than two groups) from the per-group maxima ``[max(G, 1), H]``.
+
+    NaN where no image was seen. A maximum is not a smooth statistic: its delete-a-group jackknife error (from the
+    replicates) is a rough spread of the extreme over the image groups, not a calibrated standard error
+    (``docs/observables.md``, "7. Attention geometry").
+    """
+    group_max = np.asarray(group_max, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        per_head = group_max.max(axis=0)
+        per_head[~np.isfinite(per_head)] = np.nan
+        g = group_max.shape[0]
+        replicates = np.array(
+            [np.delete(group_max, left_out, axis=0).max() for left_out in range(g)] if g >= 2 else [], dtype=np.float64
+        )
+    replicates[~np.isfinite(replicates)] = np.nan
+    top = float(np.nanmax(per_head)) if np.any(np.isfinite(per_head)) else math.nan
+    return per_head, top, replicates
+
+
+def qk_spectral_norms(qkv_weight: torch.Tensor, num_heads: int, scale: float) -> np.ndarray:
+    """Per head, ``scale * ||W_Q,h^T W_K,h||_2``: the spectral norm of the bilinear form behind the logits
+    ``scale * x_i^T W_Q,h^T W_K,h x_j`` (biases and ``q_norm`` / ``k_norm`` aside), float64 ``[H]``.
+
+    Zhai et al. (2023) tie attention-entropy collapse to this norm. ``qkv_weight``: timm's fused ``[3 D, D]`` weight
+    (rows: q, k, v, each head's ``d_h`` rows in turn). The ``D x D`` product has rank ``d_h``: with
+    ``W_Q,h^T = Q_q R_q`` and ``W_K,h^T = Q_k R_k`` (thin QR, float64), its singular values are those of the
+    ``d_h x d_h`` matrix ``R_q R_k^T``.
+    """
+    w = qkv_weight.detach().to("cpu", torch.float64)
+    dim = w.shape[1]
+    if w.shape[0] != 3 * dim or dim % num_heads:
+        raise ValueError(f"qk_spectral_norms: expected a [3 D, D] qkv weight with D divisible by {num_heads} heads")
+    d_h = dim // num_heads
+    wq = w[:dim].reshape(num_heads, d_h, dim).transpose(1, 2)  # [H, D, d_h] = W_Q,h^T
+    wk = w[dim : 2 * dim].reshape(num_heads, d_h, dim).transpose(1, 2)
+    r_q = torch.linalg.qr(wq, mode="r").R
+    r_k = torch.linalg.qr(wk, mode="r").R
+    return (scale * torch.linalg.matrix_norm(r_q @ r_k.transpose(1, 2), ord=2)).numpy()

@@ -37,7 +37,16 @@ from torch import nn
 
 from tgo.panels import Panel, array_table
 from tgo.spectral import Observable
-from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, AttentionSummary
+from tgo.spectral.attention import (
+    ATTENTION_METRICS,
+    HEAD_METRICS,
+    AttentionAccumulator,
+    AttentionSummary,
+    LogitMaxima,
+    max_logit_summary,
+    qk_spectral_norms,
+)
+from tgo.spectral.jackknife import jackknife_stderr
 
 from ..settings import COMPUTE_DTYPES, check_flags, compute_dtype, one_of
 from .base import (
@@ -59,6 +68,7 @@ __all__ = [
     "ATTENTION_CHARTED",
     "ATTENTION_RECORDED",
     "ATTENTION_VIEW",
+    "LOGIT_METRICS",
     "AttentionBlock",
     "AttentionFamily",
     "AttentionSettings",
@@ -102,9 +112,19 @@ _OBSERVABLES = (  # in record order
         "mean pairwise patch-centre distance: the distance of uniform attention (pixels)",
         charted=False,
     ),
+    _metric("max_attention_logit", "max over images, heads, queries and keys of q_i . k_j / sqrt(d_h)"),
+    _metric("qk_spectral_norm", "max over heads of ||W_Q,h^T W_K,h||_2 / sqrt(d_h) (the weights, no images)"),
 )
 
-ATTENTION_RECORDED: tuple[str, ...] = (*ATTENTION_METRICS, "attention_entropy_noise", "mean_attention_distance_noise")
+LOGIT_METRICS: tuple[str, ...] = ("max_attention_logit", "qk_spectral_norm")
+"""Per block and per head (``heads_<name>``): the largest logit over the images, the bound the weights put on it."""
+
+ATTENTION_RECORDED: tuple[str, ...] = (
+    *ATTENTION_METRICS,
+    "attention_entropy_noise",
+    "mean_attention_distance_noise",
+    *LOGIT_METRICS,
+)
 """Every metric the family records on a block's ``attention`` view, in record order."""
 
 ATTENTION_CHARTED: tuple[str, ...] = tuple(o.name for o in _OBSERVABLES if o.charted)
@@ -264,6 +284,13 @@ class AttentionState(FamilyState):
             for b in blocks
         }
         self._q: dict[str, torch.Tensor] = {}
+        self.maxima = LogitMaxima(list(self.accumulators.values()), context.rank, context.world_size)
+        # the weights are the same on every rank, so each computes the same bits
+        self.qk_norms = {
+            b.point: qk_spectral_norms(attn.qkv.weight, b.num_heads, float(attn.scale))
+            for b in blocks
+            for attn in [context.modules[b.point].attn]
+        }
 
     def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
         point, _, which = key.rpartition(".")
@@ -280,7 +307,7 @@ class AttentionState(FamilyState):
             raise ValueError(f"[tgo] attention at {point}: {err}") from None
 
     def summables(self) -> Sequence[Any]:
-        return list(self.accumulators.values())
+        return [*self.accumulators.values(), self.maxima]
 
     def check(self) -> None:
         missing = {
@@ -299,7 +326,25 @@ class AttentionState(FamilyState):
         acc = self.accumulators.get(summary.point.name)
         if acc is None:
             return ()
-        return attention_contribution(acc.summary())
+        summary_ = acc.summary()
+        return [
+            *attention_contribution(summary_),
+            *logit_contribution(acc.logit_max.cpu().numpy(), self.qk_norms[summary.point.name], summary_.n_nonfinite),
+        ]
+
+
+def logit_contribution(group_max: np.ndarray, qk_norms: np.ndarray, n_nonfinite: int) -> list[Metric | Array]:
+    """The largest logit (per head, and over heads with its delete-a-group replicates) and the query-key norms."""
+    per_head, top, replicates = max_logit_summary(group_max)
+    if n_nonfinite > 0:  # as the other metrics: the values would describe only the finite images
+        per_head, top, replicates = np.full_like(per_head, np.nan), math.nan, np.full_like(replicates, np.nan)
+    stderr = jackknife_stderr(replicates)
+    return [
+        Metric(ATTENTION_VIEW, "max_attention_logit", top, stderr, replicates if replicates.size >= 2 else None),
+        Metric(ATTENTION_VIEW, "qk_spectral_norm", float(np.max(qk_norms))),
+        Array(ATTENTION_VIEW, "heads_max_attention_logit", per_head),
+        Array(ATTENTION_VIEW, "heads_qk_spectral_norm", np.asarray(qk_norms, dtype=np.float64)),
+    ]
 
 
 def attention_contribution(s: AttentionSummary) -> list[Metric | Array]:
@@ -371,7 +416,7 @@ class AttentionFamily(MeasurementFamily):
             )
             for m in ATTENTION_CHARTED
         ),
-        *(  # the page: the six raw per-head maps
+        *(  # the page: the six raw per-head maps, the largest logit and the query-key norm
             Panel(
                 "heads",
                 m,
@@ -381,7 +426,7 @@ class AttentionFamily(MeasurementFamily):
                 section="hypotheses",
                 page="normalized" not in m and m != "register_mass",
             )
-            for m in HEAD_METRICS
+            for m in (*HEAD_METRICS, *LOGIT_METRICS)
         ),
     )
 
@@ -406,7 +451,9 @@ ATTENTION = register_family(AttentionFamily())
 
 # ----------------------------------------------------------------------------------------------- figures' inputs
 def head_tables(
-    heads: Mapping[str, Mapping[str, np.ndarray]], blocks: Sequence[str], metrics: Sequence[str] = HEAD_METRICS
+    heads: Mapping[str, Mapping[str, np.ndarray]],
+    blocks: Sequence[str],
+    metrics: Sequence[str] = (*HEAD_METRICS, *LOGIT_METRICS),
 ) -> dict[str, np.ndarray]:
     """``{metric: [len(blocks), H_max]}`` per-head tables (NaN padded; `tgo.panels.array_table`) of ``heads`` (point
     -> ``heads_<metric>`` arrays, as one epoch of `tgo.records.load_spectra` gives them); metrics recorded nowhere are
