@@ -396,7 +396,7 @@ def _observe(
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """``python -m tgo.observe`` arguments (see ``--help``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m tgo.observe",
+        prog=None if Path(sys.argv[0]).name.startswith("tgo-") else "python -m tgo.observe",  # console script: its name
         description="Observe the spectral geometry of existing models with the training callback's code path; "
         "writes records that `python -m tgo.report` reads.",
         epilog="Trailing KEY=VALUE arguments are Hydra overrides of conf/observe.yaml, e.g. data=synthetic "

@@ -31,7 +31,7 @@ _TOLERANCE_REMOVED = (
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The report's arguments (see ``python -m tgo.report --help``)."""
     parser = argparse.ArgumentParser(
-        prog="python -m tgo.report",
+        prog=None if Path(sys.argv[0]).name.startswith("tgo-") else "python -m tgo.report",  # console script: its name
         description="Figures and findings of TGO runs as an offline HTML page (report/index.html).",
     )
     parser.add_argument(
