@@ -95,7 +95,9 @@ def test_it_is_registered_after_attention_with_its_catalogue_entries():
     names = [f.name for f in registered_families()]
     assert names.index("weights") == names.index("attention") + 1
     for metric in WEIGHT_METRICS:
-        assert CATALOGUE[metric].scope == "family" and set(CATALOGUE[metric].views) == set(WEIGHT_VIEWS.values())
+        network = {"network"} if metric in ("weight_step", "weight_step_angle") else set()
+        assert CATALOGUE[metric].scope == "family"
+        assert set(CATALOGUE[metric].views) == set(WEIGHT_VIEWS.values()) | network, metric
 
 
 def test_every_recorded_metric_equals_numpy_brute_force(tmp_path: Path):
@@ -106,7 +108,7 @@ def test_every_recorded_metric_equals_numpy_brute_force(tmp_path: Path):
     observe(net, tmp_path, 0)
     rows = rows_of(tmp_path, 0)
     spectra = {view: load_spectra(tmp_path, [0], view=view)[0] for view in MAPS}
-    recorded = {(p, v) for p, v, m in rows if m in WEIGHT_METRICS}
+    recorded = {(p, v) for p, v, m in rows if m in WEIGHT_METRICS and v != "network"}
     assert recorded == set(matrices(net))  # exactly these maps: patch embedding and 4 per block; pos_embed, cls none
     for (point, view), w in matrices(net).items():
         sv = np.linalg.svd(w, compute_uv=False)
@@ -133,7 +135,7 @@ def test_the_family_tester_accepts_it(tmp_path: Path):
     """3 simulated ranks with uneven shards equal one process, two collectives, every metric and array recorded,
     epoch 1 observed from a copy of the records of epoch 0 equals the uninterrupted epoch 1 bit for bit."""
     check = check_family(WEIGHTS, tiny_vit(), images(10), tmp_path, settings=LEAN, world_size=3)
-    assert {view for _, view, _ in check.metrics} == set(WEIGHT_VIEWS.values())
+    assert {view for _, view, _ in check.metrics} == {*WEIGHT_VIEWS.values(), "network"}
     assert {metric for _, _, metric in check.metrics} == set(WEIGHT_METRICS)
     assert all(len(calls) == 2 for calls in check.calls)
     # the tester's model does not change between its two epochs: the relative update is exactly 0 there
@@ -156,11 +158,52 @@ def test_the_relative_update_across_real_observations_is_brute_force(tmp_path: P
         assert 0.01 < want < 1
     perturb(net, 2)
     observe(net, tmp_path, 2)
-    assert sorted(weight_files(tmp_path)) == [1, 2]  # epoch 0's weights are no longer needed
+    assert sorted(weight_files(tmp_path)) == [0, 1, 2]  # epoch 0's: re-observing epoch 2 needs it for the angle
     rows = rows_of(tmp_path, 2)
     for key, w in matrices(net).items():
         want = np.linalg.norm(w - after[key]) / np.linalg.norm(after[key])
         assert rows[(*key, "weight_relative_update")][0] == pytest.approx(want, rel=1e-12), key
+
+
+def _angle(step: np.ndarray, before: np.ndarray) -> float:
+    cosine = float(np.vdot(step, before)) / (np.linalg.norm(step) * np.linalg.norm(before))
+    return math.degrees(math.acos(cosine))
+
+
+@pytest.mark.parametrize("step_angle", [True, False])
+def test_the_step_and_its_turning_angle_over_three_observations_are_brute_force(tmp_path: Path, step_angle: bool):
+    """``||W_t - W_prev||_F`` per map and over the network, and the angle between consecutive steps from numpy on
+    the model's weights; the angle needs a third observation's file (kept only with ``step_angle``)."""
+    settings = {**LEAN, "weights": {"step_angle": step_angle}}
+    net = tiny_vit()
+    seen = []
+    for epoch in range(3):
+        if epoch:
+            perturb(net, epoch, scale=0.01 * epoch)
+        observe(net, tmp_path, epoch, settings)
+        seen.append(matrices(net))
+    w0, w1, w2 = seen
+    for epoch, (now, before, earlier) in ((1, (w1, w0, None)), (2, (w2, w1, w0))):
+        rows = rows_of(tmp_path, epoch)
+        for key in now:
+            step = now[key] - before[key]
+            assert rows[(*key, "weight_step")][0] == pytest.approx(np.linalg.norm(step), rel=1e-12), key
+            angle = rows[(*key, "weight_step_angle")][0]
+            if earlier is None or not step_angle:
+                assert math.isnan(angle), key
+            else:
+                assert angle == pytest.approx(_angle(step, before[key] - earlier[key]), rel=1e-10), key
+        network_step = np.concatenate([(now[k] - before[k]).ravel() for k in sorted(now)])
+        point = "cls"  # the network view is the last point's
+        assert rows[(point, "network", "weight_step")][0] == pytest.approx(np.linalg.norm(network_step), rel=1e-12)
+        angle = rows[(point, "network", "weight_step_angle")][0]
+        if earlier is None or not step_angle:
+            assert math.isnan(angle)
+        else:
+            network_before = np.concatenate([(before[k] - earlier[k]).ravel() for k in sorted(now)])
+            assert angle == pytest.approx(_angle(network_step, network_before), rel=1e-10)
+            assert 60 < angle < 120, "independent random steps are nearly orthogonal"
+    assert sorted(weight_files(tmp_path)) == ([0, 1, 2] if step_angle else [1, 2])
 
 
 def test_an_epoch_re_observed_after_a_crash_or_set_aside_compares_with_the_recorded_one(tmp_path: Path):

@@ -28,7 +28,10 @@ def _with_network_rows(run: Path, rows: list[tuple[int, str, float, float]]) -> 
 def test_the_smoke_run_draws_its_weight_spectra_and_says_why_it_has_no_noise_scale(smoke_run: Path, tmp_path: Path):
     (section,) = optimisation_section(judge([load_run_data(smoke_run)], figures_dir=tmp_path / "figures"))
     paths = [f.path for f in section.figures]
-    assert paths == ["figures/optimisation_weights.png"], "one device, no accumulation: no finite network metric"
+    assert paths == [  # one device, no accumulation: no noise scale; the weights' trajectory over the network
+        "figures/optimisation_weights.png",
+        "figures/optimisation_weights_trajectory.png",
+    ]
     assert (tmp_path / "figures" / "optimisation_weights.png").stat().st_size > 10_000
 
 
@@ -49,6 +52,7 @@ def test_the_network_metrics_are_tabled_and_the_sharpness_is_read_against_its_th
     (section,) = optimisation_section(judge([load_run_data(run)], figures_dir=tmp_path / "figures"))
     assert [f.path for f in section.figures] == [  # each family's declared grid (`tgo.panels.grid_figure`)
         "figures/optimisation_weights.png",
+        "figures/optimisation_weights_trajectory.png",
         "figures/optimisation_noise_scale.png",
         "figures/optimisation_curvature.png",
     ]

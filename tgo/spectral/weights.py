@@ -18,10 +18,13 @@ __all__ = [
     "ESD_THRESHOLD",
     "MIN_FIT_EIGENVALUES",
     "PowerLawFit",
+    "StepSums",
     "WeightGeometry",
     "fit_power_law",
     "relative_update",
     "singular_values",
+    "step_angle",
+    "step_sums",
     "weight_geometry",
     "weight_matrix",
 ]
@@ -162,3 +165,60 @@ def relative_update(current: np.ndarray, previous: np.ndarray) -> float:
     if not (math.isfinite(base) and base > 0):
         return math.nan
     return float(np.linalg.norm((a - b).reshape(-1))) / base
+
+
+@dataclass(frozen=True)
+class StepSums:
+    """The float64 sums behind the length of a weight step and its angle with the step before (additive over maps,
+    so a network's values come from the sums of its maps).
+
+    Attributes:
+        step_sq: ``||W_t - W_prev||_F^2``.
+        before_sq: ``||W_prev - W_earlier||_F^2`` (NaN without the earlier weights).
+        dot: ``<W_t - W_prev, W_prev - W_earlier>`` (NaN without them).
+    """
+
+    step_sq: float
+    before_sq: float
+    dot: float
+
+    def __add__(self, other: StepSums) -> StepSums:
+        return StepSums(self.step_sq + other.step_sq, self.before_sq + other.before_sq, self.dot + other.dot)
+
+    @property
+    def length(self) -> float:
+        """``||W_t - W_prev||_F``."""
+        return math.sqrt(self.step_sq)
+
+    @property
+    def angle(self) -> float:
+        """`step_angle` of the two steps."""
+        return step_angle(self.dot, self.step_sq, self.before_sq)
+
+
+def step_sums(current: np.ndarray, previous: np.ndarray, earlier: np.ndarray | None) -> StepSums | None:
+    """`StepSums` of one map from its weights at three observations (float64; ``None``: shapes differ)."""
+    a = np.asarray(current, dtype=np.float64).reshape(-1)
+    b = np.asarray(previous, dtype=np.float64).reshape(-1)
+    if a.shape != b.shape:
+        return None
+    step = a - b
+    if earlier is None:
+        return StepSums(float(step @ step), math.nan, math.nan)
+    c = np.asarray(earlier, dtype=np.float64).reshape(-1)
+    if c.shape != b.shape:
+        return None
+    before = b - c
+    return StepSums(float(step @ step), float(before @ before), float(step @ before))
+
+
+def step_angle(dot: float, step_sq: float, before_sq: float) -> float:
+    """The angle in degrees between two steps from their inner product and squared lengths: 0 when training keeps
+    its direction, 90 for unrelated steps, above 90 when it turns back (NaN when a step is zero or missing).
+
+    ``arccos`` of the cosine: its error near 0 degrees is ``sqrt(2 eps)`` radians (1e-6 degrees), far below any angle
+    between two training steps of whole epochs."""
+    denominator = math.sqrt(step_sq * before_sq)
+    if not (math.isfinite(denominator) and denominator > 0 and math.isfinite(dot)):
+        return math.nan
+    return math.degrees(math.acos(min(1.0, max(-1.0, dot / denominator))))

@@ -21,12 +21,12 @@ killed before its metrics were written, an epoch a resume set aside) is never re
 its file is replaced. So a resumed run, an epoch re-observed after a crash and ``tgo.observe`` re-observing a
 trajectory all compare with what the records say was observed before.
 
-**What is kept.** After writing epoch ``e`` (`write_weights`), the files of epochs older than both ``e`` and the
-previous observation it was compared with are deleted: those two are what re-observing ``e`` (after a crash between
-this file and the metrics) and observing the next epoch need. Only files that this module wrote (their name and
+**What is kept.** After writing epoch ``e`` (`write_weights`), the files of epochs older than what re-observing ``e``
+(after a crash between this file and the metrics) needs are deleted: its previous observation's and, for the step
+angle (``observation.weights.step_angle``), the one before that. Only files that this module wrote (their name and
 ``format`` marker) are deleted, and only older ones; newer epochs' files (an offline re-observation of an old epoch)
-are left. About ``4 bytes x weights`` per file: 85 MB for ViT-S/16, 340 MB for ViT-B/16, two files at a time
-(``observation.weights.relative_update: false`` keeps none).
+are left. About ``4 bytes x weights`` per file: 85 MB for ViT-S/16, 340 MB for ViT-B/16, three files at a time
+(two without the step angle; ``observation.weights.relative_update: false`` keeps none).
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ class WeightHistory:
         recorded_norms: ``{"<point>/<map>": ||W||_F^2}`` of ``previous_epoch`` as this run recorded it (stable rank
             times squared spectral norm, from ``metrics.csv``): what the kept weights must reproduce to be the ones
             this run observed then.
+        earlier_epoch, earlier_path, earlier_norms: The same of the recorded epoch before ``previous_epoch``, for
+            the angle between the two latest steps (``observation.weights.step_angle``).
     """
 
     run_dir: RunDir
@@ -123,6 +125,9 @@ class WeightHistory:
     previous_epoch: int | None
     previous_path: Path | None
     recorded_norms: Mapping[str, float] = field(default_factory=dict)
+    earlier_epoch: int | None = None
+    earlier_path: Path | None = None
+    earlier_norms: Mapping[str, float] = field(default_factory=dict)
 
     def load_previous(self, current: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """The previous observation's weights ``{"<point>/<map>": array}``, checked before any is used.
@@ -141,27 +146,38 @@ class WeightHistory:
         Returns:
             ``{}`` when no file is kept or the file is refused.
         """
-        if self.previous_path is None:
+        return self._load(self.previous_path, self.previous_epoch, self.recorded_norms, current, "relative updates")
+
+    def load_earlier(self, current: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The weights of the observation before the previous one, checked as `load_previous` checks its file
+        (``{}``: none kept, or refused in one warning; the step angles are NaN then)."""
+        return self._load(self.earlier_path, self.earlier_epoch, self.earlier_norms, current, "step angles")
+
+    def _load(
+        self,
+        path: Path | None,
+        epoch: int | None,
+        norms: Mapping[str, float],
+        current: Mapping[str, np.ndarray] | None,
+        what: str,
+    ) -> dict[str, np.ndarray]:
+        if path is None:
             return {}
         try:
-            loaded = self._read()
-            problem = _problem(loaded, current or {}, self.recorded_norms, self.previous_epoch)
+            with np.load(path, allow_pickle=False) as npz:  # an object array raises: never unpickled
+                loaded = {k: np.asarray(npz[k]) for k in npz.files}
+            problem = _problem(loaded, current or {}, norms, epoch)
         except Exception as err:  # a truncated, pickled or otherwise damaged file: zipfile, ValueError, OSError, ...
             problem = f"not a readable npz of arrays ({type(err).__name__}: {err})"
         if problem is None:
             return loaded
         warnings.warn(
-            f"[tgo] observation.weights: the kept weights {self.previous_path} are not used: {problem}; the "
-            f"relative updates of epoch {self.epoch} are recorded as NaN",
+            f"[tgo] observation.weights: the kept weights {path} are not used: {problem}; the {what} of epoch "
+            f"{self.epoch} are recorded as NaN",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
         return {}
-
-    def _read(self) -> dict[str, np.ndarray]:
-        assert self.previous_path is not None
-        with np.load(self.previous_path, allow_pickle=False) as npz:  # an object array raises: never unpickled
-            return {k: np.asarray(npz[k]) for k in npz.files}
 
 
 def _problem(
@@ -238,18 +254,32 @@ def read_weight_history(run_dir: RunPath, epoch: int) -> WeightHistory:
     in the step series ``epoch`` is the optimizer step)."""
     root = as_run_dir(run_dir)
     rows = read_metric_rows(root) if root.metrics.is_file() else []
-    earlier = [e for e in recorded_epochs(root) if e < int(epoch)] if rows else []
-    previous = earlier[-1] if earlier else None
-    path = weight_files(root).get(previous) if previous is not None else None  # checked when read: load_previous
-    return WeightHistory(root, int(epoch), previous, path, _recorded_norms(rows, root.key, previous))
+    before = [e for e in recorded_epochs(root) if e < int(epoch)] if rows else []
+    previous = before[-1] if before else None
+    earlier = before[-2] if len(before) >= 2 else None
+    files = weight_files(root)  # each checked when it is read (`WeightHistory.load_previous`, `load_earlier`)
+    return WeightHistory(
+        root,
+        int(epoch),
+        previous,
+        files.get(previous) if previous is not None else None,
+        _recorded_norms(rows, root.key, previous),
+        earlier,
+        files.get(earlier) if earlier is not None else None,
+        _recorded_norms(rows, root.key, earlier),
+    )
 
 
-def write_weights(history: WeightHistory, weights: Mapping[str, np.ndarray]) -> Path | None:
+def write_weights(
+    history: WeightHistory, weights: Mapping[str, np.ndarray], *, keep_earlier: bool = False
+) -> Path | None:
     """Writes this observation's weights (atomically) and deletes TGO's files older than what is still needed.
 
     Args:
         history: This observation's `WeightHistory` (run directory, epoch, previous observation).
         weights: ``{"<point>/<map>": array}``, exact copies.
+        keep_earlier: Keep the earlier observation's file too (the step angle: re-observing this epoch after a
+            crash needs the two observations before it).
 
     Returns:
         The file written (``None``: a file of that name that TGO did not write is in the way, or ``weights/`` is a
@@ -284,8 +314,12 @@ def write_weights(history: WeightHistory, weights: Mapping[str, np.ndarray]) -> 
         )
         return None
     atomic_write(path, lambda fh: np.savez(fh, **arrays))  # type: ignore[arg-type]
-    previous = history.previous_epoch if history.previous_path is not None else None
-    kept_from = history.epoch if previous is None else previous
+    needed = [history.epoch]
+    if history.previous_path is not None and history.previous_epoch is not None:
+        needed.append(history.previous_epoch)
+    if keep_earlier and history.earlier_path is not None and history.earlier_epoch is not None:
+        needed.append(history.earlier_epoch)
+    kept_from = min(needed)
     for epoch, old in weight_files(history.run_dir, verified=True).items():
         if epoch < kept_from:
             old.unlink(missing_ok=True)

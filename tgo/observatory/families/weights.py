@@ -21,7 +21,8 @@ sampled from images) and the array ``singular_values`` (float64, descending). Th
 ``((alpha - 1) / stderr)^2`` and its ``xmin`` the ``n_tail``-th largest ``singular_values ** 2``. A point whose
 activations were non-finite records NaN here too (the summary's policy for every family of that point).
 
-**Relative update** ``||W_t - W_prev||_F / ||W_prev||_F`` (rank 0, ``relate_history``): against the weights of the
+**Relative update** ``||W_t - W_prev||_F / ||W_prev||_F``, the step ``||W_t - W_prev||_F`` and its angle with the step
+before (per map, and over the network on view ``network``; rank 0, ``relate_history``): against the weights of the
 latest recorded observation before this one, kept in ``geometry/weights/`` (`weight_history`: which file, what is
 kept, what happens under resume and re-observation); NaN at the first observation, when that observation's weights
 were not kept, or with ``observation.weights.relative_update: false``. Rank 0 writes this observation's weights at
@@ -43,10 +44,11 @@ from torch import nn
 
 from tgo.panels import Panel
 from tgo.records import RunDir, RunPath
-from tgo.spectral.weights import relative_update, weight_geometry, weight_matrix
+from tgo.spectral.weights import StepSums, relative_update, step_sums, weight_geometry, weight_matrix
 
 from ..settings import check_flags
 from .base import (
+    NETWORK_VIEW,
     Array,
     BatchInfo,
     Contribution,
@@ -115,7 +117,22 @@ _OBSERVABLES = (
         scale="log",
         doc=_DOC,
     ),
+    family_metric(
+        "weight_step",
+        "||W_t - W_prev||_F since the previous recorded observation (network: over every recorded map)",
+        (*_VIEWS, NETWORK_VIEW),
+        scale="log",
+        doc=_DOC,
+    ),
+    family_metric(
+        "weight_step_angle",
+        "angle (degrees) between the step W_t - W_prev and the step before it, W_prev - W_earlier",
+        (*_VIEWS, NETWORK_VIEW),
+        doc=_DOC,
+    ),
 )
+
+_TRAJECTORY = ("weight_step", "weight_step_angle")
 
 WEIGHT_METRICS: tuple[str, ...] = tuple(o.name for o in _OBSERVABLES)
 """Every metric of a ``weights_<map>`` view, in record order."""
@@ -202,7 +219,10 @@ class WeightState(FamilyState):
             self.by_point.setdefault(m.point, []).append(m)
         self.last_point = context.points[-1].name if context.points else ""
         self.keep = bool(context.settings.weights.relative_update)
+        self.keep_earlier = self.keep and bool(context.settings.weights.step_angle)
         self._previous: dict[str, np.ndarray] | None = None
+        self._earlier: dict[str, np.ndarray] = {}
+        self._network: StepSums | None = StepSums(0.0, 0.0, 0.0)
 
     def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:  # pragma: no cover - it hooks nothing
         raise RuntimeError(f"[tgo] the weights family hooks nothing, yet received {key!r}")
@@ -225,14 +245,28 @@ class WeightState(FamilyState):
         history = summary.history if isinstance(summary.history, WeightHistory) else None
         if self._previous is None:
             self._previous = history.load_previous(self.weights) if history is not None and self.keep else {}
+            if self._previous and history is not None and self.keep_earlier:
+                self._earlier = history.load_earlier(self.weights)
         out: list[Metric | Array] = []
         for m in self.by_point.get(summary.point.name, ()):
             previous = self._previous.get(m.key)
             value = relative_update(self.weights[m.key], previous) if previous is not None else math.nan
-            out.append(Metric(m.view, "weight_relative_update", value))
-        if summary.point.name == self.last_point and history is not None and self.keep and self.weights:
-            write_weights(history, self.weights)
-            self._previous = None  # what was read is no longer needed
+            step = step_sums(self.weights[m.key], previous, self._earlier.get(m.key)) if previous is not None else None
+            self._network = self._network + step if self._network is not None and step is not None else None
+            out += [
+                Metric(m.view, "weight_relative_update", value),
+                Metric(m.view, "weight_step", step.length if step is not None else math.nan),
+                Metric(m.view, "weight_step_angle", step.angle if step is not None else math.nan),
+            ]
+        if summary.point.name == self.last_point:
+            network = self._network if self.plan and self._network is not None else None
+            out += [
+                Metric(NETWORK_VIEW, "weight_step", network.length if network is not None else math.nan),
+                Metric(NETWORK_VIEW, "weight_step_angle", network.angle if network is not None else math.nan),
+            ]
+            if history is not None and self.keep and self.weights:
+                write_weights(history, self.weights, keep_earlier=self.keep_earlier)
+            self._previous, self._earlier = None, {}  # what was read is no longer needed
         return out
 
 
@@ -245,17 +279,21 @@ class WeightSettings:
         enabled: Record the float64 singular values, stable and effective rank, spectral norm and WeightWatcher's
             power-law exponent (with its KS distance) of ``attn.qkv``, ``attn.proj``, ``mlp.fc1``, ``mlp.fc2`` of every
             block and of the patch embedding (views ``weights_<map>``; ``docs/observables.md``, "Weight geometry").
-        relative_update: Also record ``||W_t - W_prev||_F / ||W_prev||_F`` against the previous recorded
-            observation, which needs its weights: rank 0 keeps the latest two observations' weights in
-            ``geometry/weights/`` (about 4 bytes per weight each: 85 MB for ViT-S/16). ``false`` keeps none and
-            records NaN.
+        relative_update: Also record ``||W_t - W_prev||_F / ||W_prev||_F`` and the step ``||W_t - W_prev||_F``
+            against the previous recorded observation, which needs its weights: rank 0 keeps the latest two
+            observations' weights in ``geometry/weights/`` (about 4 bytes per weight each: 85 MB for ViT-S/16).
+            ``false`` keeps none and records NaN.
+        step_angle: Also record the angle between the step and the step before it (the turning of the weight
+            trajectory), which needs one more observation's weights: three files instead of two (with
+            ``relative_update`` only).
     """
 
     enabled: bool = True
     relative_update: bool = True
+    step_angle: bool = True
 
     def __post_init__(self) -> None:
-        check_flags("weights", self, "enabled", "relative_update")
+        check_flags("weights", self, "enabled", "relative_update", "step_angle")
 
 
 class WeightsFamily(MeasurementFamily):
@@ -265,7 +303,7 @@ class WeightsFamily(MeasurementFamily):
     name = "weights"
     order = 30
     settings = WeightSettings
-    folder = WEIGHTS_DIR  # the latest two observations' weights (`weight_history`)
+    folder = WEIGHTS_DIR  # the latest observations' weights (`weight_history`: two, three with the step angle)
     observables = _OBSERVABLES
     panels = (  # a depth profile per metric and block map (the patch embedding is one matrix), one figure of them
         Panel(
@@ -280,17 +318,34 @@ class WeightsFamily(MeasurementFamily):
                     WEIGHT_VIEWS[name],
                     f"{m} ({name} weights)",
                     "optimisation",
-                    card=m != "weight_effective_rank",
+                    card=m not in ("weight_effective_rank", "weight_step_angle"),
                     rows="recorded",
                 )
-                for m in ("weight_alpha", "weight_stable_rank", "weight_effective_rank", "weight_relative_update")
+                for m in (
+                    "weight_alpha",
+                    "weight_stable_rank",
+                    "weight_effective_rank",
+                    "weight_relative_update",
+                    "weight_step_angle",
+                )
                 for name, _ in BLOCK_MAPS
             ),
             caption="the blocks' weight spectra against depth, one column per linear map (attention qkv and output "
             "projection, MLP fc1 and fc2), at the first, middle and last observation. weight_alpha is WeightWatcher's "
             "power-law exponent of the eigenvalues of W^T W (band: +-1 fit standard error; lower: heavier tail, more "
             "learned correlation); stable and effective rank of W; the relative update ||W_t - W_prev||_F / "
-            "||W_prev||_F since the previous observation (none at the first).",
+            "||W_prev||_F since the previous observation (none at the first); the angle between that step and the one "
+            "before it (none at the first two).",
+        ),
+        Panel(
+            "grid",
+            "weights_trajectory",
+            switch="optimisation",
+            columns=2,
+            cells=tuple(Panel("bands", m, NETWORK_VIEW, switch="optimisation", rows="recorded") for m in _TRAJECTORY),
+            caption="the weight trajectory over the network (every recorded map together): the step ||W_t - W_prev||_F "
+            "since the previous observation, and the angle between that step and the one before it (0: training "
+            "keeps its direction; 90: unrelated steps; above 90: it turns back).",
         ),
     )
 
