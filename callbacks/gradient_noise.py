@@ -3,8 +3,8 @@
 The noise scale (`tgo.optimisation.noise_scale`) needs, on one step, the squared norm of a small and of a big batch's
 gradient: under DDP each rank's local gradient and the all-reduced mean (a communication hook around torch's own
 ``allreduce_hook``); in one process with gradient accumulation one micro-batch and the accumulated gradient; otherwise
-nothing (NaN, said once). Training is bitwise unchanged, and the sums stay on the gradients' device until an observation
-takes them: no host synchronisation per step. The cases: docs/observables.md section 10."""
+nothing is recorded (said once, at fit start). Training is bitwise unchanged, and the sums stay on the gradients'
+device until an observation takes them: no host synchronisation per step. The cases: docs/observables.md section 10."""
 
 from __future__ import annotations
 
@@ -45,14 +45,11 @@ class NoiseSteps:
     """The steps since the last `GradientNoiseCollector.take`, as this rank's contribution to a sum over ranks.
 
     Summed, ``small`` ``[T, K]`` is the mean small-batch squared norm, ``big`` the big-batch one and ``inv`` ``[T, 2]``
-    the coefficients ``(a, c)`` of `tgo.optimisation.noise_scale.step_estimates`; ``reason`` says why nothing is
-    estimated."""
+    the coefficients ``(a, c)`` of `tgo.optimisation.noise_scale.step_estimates`."""
 
     small: torch.Tensor
     big: torch.Tensor
     inv: torch.Tensor
-    reason: str | None
-    mode: str
 
 
 class GradientNoiseCollector(TrainingCollector):
@@ -117,13 +114,13 @@ class GradientNoiseCollector(TrainingCollector):
             self._handles = [p.register_hook(self._gradient_hook(i)) for i, p in enumerate(self._params)]
         else:
             self._off(
-                "one device without gradient accumulation has one batch size only; use several DDP ranks or "
-                "trainer.accumulate_grad_batches >= 2"
+                "one device without gradient accumulation has one batch size only; it is measured with DDP on >= 2 "
+                "ranks or with trainer.accumulate_grad_batches >= 2"
             )
         if self.reason is not None and getattr(trainer, "is_global_zero", True):
             from lightning.pytorch.utilities import rank_zero_info  # here: the DDP test's processes stay Lightning-free
 
-            rank_zero_info(f"[tgo] gradient noise scale not measured (NaN): {self.reason}")
+            rank_zero_info(f"[tgo] gradient noise scale not recorded: {self.reason}")
 
     def _off(self, reason: str) -> None:
         self.mode, self.reason = "none", reason
@@ -279,15 +276,18 @@ class GradientNoiseCollector(TrainingCollector):
         return out[: self.columns]
 
     # ------------------------------------------------------------------------------------------ take
-    def take(self) -> NoiseSteps:
-        """The steps since the last call (this rank's contribution, on the gradients' device), and a fresh start."""
+    def take(self) -> NoiseSteps | None:
+        """The steps since the last call (this rank's contribution, on the gradients' device), and a fresh start;
+        ``None`` where this fit measures nothing (the same on every rank: the mode is the fit's)."""
+        if self.mode == "none":
+            return None
         device = self._device or torch.device("cpu")
         k = self.columns
         rows = [r if r.ndim == 2 else r[None] for r in self._rows]
         table = torch.cat(rows) if rows else torch.zeros((0, 2 * k), dtype=torch.float64, device=device)
         inv = torch.tensor(self._inv, dtype=torch.float64).reshape(-1, 2).to(table.device)
         self._rows, self._inv = [], []
-        return NoiseSteps(table[:, :k].contiguous(), table[:, k:].contiguous(), inv, self.reason, self.mode)
+        return NoiseSteps(table[:, :k].contiguous(), table[:, k:].contiguous(), inv)
 
     def detach(self) -> None:
         """Forgets the per-fit state and the gradient hooks (the DDP hook lives with its DDP module)."""

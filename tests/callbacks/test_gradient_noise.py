@@ -3,7 +3,7 @@
 * One process, ``accumulate_grad_batches=2``: each step's micro-batch and accumulated squared norms (network and per
   block) equal a float64 recomputation from ``torch.func`` per-example gradients at the step's weights, and a tiny fit
   records a finite ``gradient_noise_scale`` (with a standard error) in ``geometry/metrics.csv``.
-* One process without accumulation: NaN with 0 steps, and the reason in the log once.
+* One process without accumulation: nothing recorded; one line at fit start says what would measure it.
 * DDP, 2 gloo processes on CPU: the communication hook's per-rank and all-reduced squared norms equal the brute force,
   and the trained weights are bitwise those of the same fit without the hook.
 """
@@ -26,6 +26,7 @@ from tests.callbacks.noise_ddp_worker import BATCH, BlockNet, ddp_fit, vector_da
 from tests.callbacks.noise_ddp_worker import train_data as _data
 from tests.helpers import quiet_cpu_trainer
 from tests.processes import free_port, tiny_vit
+from tgo.observatory.families.noise_scale import NOISE_SCALE
 from tgo.optimisation.noise_scale import noise_scale_estimate
 from tgo.records import read_metric_rows
 
@@ -161,15 +162,19 @@ def test_accumulation_hooks_leave_training_bitwise_unchanged_and_leave_with_the_
         assert torch.equal(value, trained[False][name]), name
 
 
-def test_one_device_without_accumulation_says_why_once_and_records_nan(tmp_path, caplog):
+def test_one_device_without_accumulation_says_once_what_would_measure_it_and_records_nothing(tmp_path, caplog):
     geometry = SpectralGeometryCallback(analysis=_data(6, seed=9), every_n_epochs=1, groups=0, **QUIET)
     trainer = _trainer(tmp_path, geometry, limit_train_batches=2)
     with caplog.at_level(logging.INFO):
         trainer.fit(Classifier(), DataLoader(_data(), batch_size=BATCH))
-    said = [r for r in caplog.records if "gradient noise scale not measured" in r.getMessage()]
-    assert len(said) == 1 and "one batch size" in said[0].getMessage()
-    rows = [r for r in read_metric_rows(tmp_path) if r["metric"] == "gradient_noise_scale" and r["view"] == "network"]
-    assert [r["epoch"] for r in rows] == ["0", "1"] and all(r["value"] == "nan" for r in rows)
+    lines = [r.getMessage() for r in caplog.records]
+    said = [i for i, line in enumerate(lines) if "gradient noise scale" in line]
+    first_observation = next(i for i, line in enumerate(lines) if "streamed and reduced" in line)
+    assert len(said) == 1 and said[0] < first_observation, "one line, at fit start"
+    assert "DDP on >= 2 ranks" in lines[said[0]] and "accumulate_grad_batches >= 2" in lines[said[0]]
+    rows = read_metric_rows(tmp_path)
+    assert {r["epoch"] for r in rows} == {"0", "1"}  # both observations recorded the rest
+    assert not {r["metric"] for r in rows} & {m.name for m in NOISE_SCALE.observables}
 
 
 # ---------------------------------------------------------------------------------------------------------- DDP

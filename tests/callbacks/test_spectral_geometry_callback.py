@@ -347,7 +347,6 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
     records = read_metric_rows(tmp_path)
     weights = {"weights_qkv", "weights_proj", "weights_fc1", "weights_fc2", "weights_patch"}  # the weights family's
     views = (set(VIEWS) - {"prefix"}) | {"attention"} | weights  # one prefix token: its view is cls
-    views |= {"network", "gradient"}  # the noise-scale family's (network-wide, per block)
     assert {r["view"] for r in records} == views
     for row in records:
         for column, recorded in ((logger_tag(row), row["value"]), (logger_tag(row, "geometry_stderr"), row["stderr"])):

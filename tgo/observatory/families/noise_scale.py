@@ -12,9 +12,9 @@ jackknife over consecutive steps: standard error and replicates), ``gradient_nor
 (with standard errors), ``gradient_noise_steps`` (steps averaged) and ``gradient_noise_excluded`` (steps left out:
 non-finite gradients, e.g. AMP's skipped steps, or one batch size only, e.g. a step of one micro-batch); with
 ``noise_scale.per_block`` also ``gradient_noise_scale`` of each block's parameters on view ``gradient`` of its
-``block_NN`` point. Where training has one batch size only the values
-are NaN with 0 steps (the collector said why in the log). Offline (``tgo.observe``, ``training`` None) nothing is
-recorded: no training, no gradients.
+``block_NN`` point. Where training has one batch size only (one device without gradient accumulation) nothing is
+recorded: the collector said once, at fit start, what would measure it. Offline (``tgo.observe``, ``training`` None)
+nothing is recorded either: no training, no gradients.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class NoiseScaleSettings:
             training steps since the previous observation, from two batch sizes the training already has (the
             per-rank and the all-reduced gradient under DDP, the micro-batches and their sum with gradient
             accumulation; ``docs/observables.md``, section 10). Training only: offline nothing is
-            recorded. With one device and no accumulation there is one batch size: NaN, said once in the log.
+            recorded. With one device and no accumulation there is one batch size: nothing recorded, said once.
         jackknife_blocks: Blocks of consecutive steps of the delete-a-block jackknife standard error (at least 2;
             fewer steps than blocks: one step per block).
         per_block: Also record ``B_simple`` of each block's parameters (view ``gradient`` of every ``block_NN``).
@@ -91,12 +91,10 @@ class NoiseScaleState(FamilyState):
         self.blocks = context.settings.noise_scale.jackknife_blocks
         self.per_block = context.settings.noise_scale.per_block
         collector = context.training.collectors.get(NoiseScaleFamily.name) if context.training is not None else None
-        self.active = collector is not None
+        steps = collector.take() if collector is not None else None
         self.sums: SummedTensors | None = None
-        if collector is None:
+        if steps is None:
             return
-        steps = collector.take()
-        self.mode = steps.mode
         device = context.device
         with torch.inference_mode(False):
             self.sums = SummedTensors(
