@@ -274,6 +274,11 @@ def observe_models(
     if weights is not None:
         check_weights_file(Path(weights))  # a refused or unreadable file stops here, before the data is read
     sources, run_dir = _sources(checkpoint, checkpoints, run, timm_name, epoch)
+    if run_dir is None and sources[0].kind == "checkpoint" and "data" not in map(_override_key, overrides):
+        raise ObserveError(  # conf/observe.yaml's default data (TGO's digits) would be observed silently
+            f"{checkpoint or checkpoints or run}: not in a TGO run (no config.yaml beside its checkpoints/), so its "
+            "data is unknown: name it, e.g. data=imagefolder data.root=DIR (data=digits: TGO's bundled digits)"
+        )
     cfg = compose_observe_config(overrides, run_dir)
     settings = ObservationSettings.from_config(cfg.observation)
     _check_out(out)
@@ -406,7 +411,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--checkpoint",
-        help="a Lightning checkpoint of tgo.model.ViTClassifier; with --timm NAME, of your own LightningModule",
+        help="a Lightning checkpoint of tgo.model.ViTClassifier; with --timm NAME, of your own LightningModule; "
+        "outside a TGO run, name its data (data=GROUP)",
     )
     source.add_argument(
         "--checkpoints", help="a directory of checkpoints (every *.ckpt, in epoch order); also with --timm NAME"

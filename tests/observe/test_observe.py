@@ -115,7 +115,7 @@ def test_a_checkpoint_that_does_not_fit_its_model_names_the_keys(smoke_run: Path
     bad = tmp_path / "bad.ckpt"
     torch.save(checkpoint, bad)
     with pytest.raises(CheckpointMismatchError, match=r"unexpected keys: blocks\.3\.norm1\.weight"):
-        observe(checkpoint=str(bad), out=tmp_path / "o", overrides=["data.image_size=16"])
+        observe(checkpoint=str(bad), out=tmp_path / "o", overrides=["data=digits", "data.image_size=16"])
 
 
 def test_bad_inputs_are_one_line_errors_with_status_2(

@@ -19,13 +19,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.helpers import TINY_TIMM
+from tests.helpers import TINY_TIMM as TINY
 from tgo.checkpoints import CheckpointError, CheckpointMismatchError, UnsafeCheckpointError
 from tgo.observe import ObserveError, main
 from tgo.observe import observe_models as observe
 from tgo.records import load_spectra, read_metric_rows
 
 NAME = "vit_tiny_patch16_224"
+TINY_TIMM = [*TINY, "data=digits"]  # a checkpoint outside a TGO run names its data
 ARCH = dict(img_size=16, patch_size=4, depth=2, embed_dim=16, num_heads=2)  # what TINY_TIMM says on the command line
 
 
@@ -148,6 +149,18 @@ def test_ambiguous_wrong_and_misfitting_prefixes_are_one_line_errors(
         observe(run=str(tmp_path), timm_name=NAME, out=tmp_path / "y")
     with pytest.raises(ObserveError, match="only apply to --timm NAME without a checkpoint"):
         observe(checkpoint=str(path), timm_name=NAME, weights=str(path), out=tmp_path / "y")
+
+
+def test_a_checkpoint_outside_a_tgo_run_must_name_its_data(
+    user_ckpt: tuple[Path, UserModule], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path, _ = user_ckpt
+    for source in (["--checkpoint", str(path)], ["--checkpoints", str(path.parent)]):
+        out = tmp_path / "o"
+        assert main([*source, "--timm", NAME, "--out", str(out), *TINY]) == 2, source  # data.* tweaks TGO's digits
+        message = capsys.readouterr().err.strip()
+        assert message.startswith(f"tgo.observe: error: {source[1]}: not in a TGO run") and "\n" not in message
+        assert "data=imagefolder data.root=DIR" in message and not out.exists(), "refused before any work"
 
 
 def test_user_checkpoints_are_read_without_running_them(tmp_path: Path):
