@@ -29,7 +29,7 @@ def metric_values(run_dir: Path, epoch: int) -> dict[tuple[str, str, str], float
 
 
 DRIFT = ("subspace_overlap_prev", "subspace_overlap_init", "subspace_overlap_prev_k90", "subspace_overlap_init_k90")
-PREVIOUS = ("weight_relative_update", *(o.name for o in PHASES.observables))
+PREVIOUS = ("weight_relative_update", "weight_step", "weight_step_angle", *(o.name for o in PHASES.observables))
 """Compared with the previous observation: NaN for a lone observation, which has none."""
 TRAINING_ONLY = tuple(o.name for o in NOISE_SCALE.observables)
 """Gradients between observations: recorded by the training callback, never by an offline observation."""

@@ -286,11 +286,10 @@ class AttentionState(FamilyState):
         self._q: dict[str, torch.Tensor] = {}
         self.maxima = LogitMaxima(list(self.accumulators.values()), context.rank, context.world_size)
         # the weights are the same on every rank, so each computes the same bits
-        self.qk_norms = {
-            b.point: qk_spectral_norms(attn.qkv.weight, b.num_heads, float(attn.scale))
-            for b in blocks
-            for attn in [context.modules[b.point].attn]
-        }
+        self.qk_norms: dict[str, np.ndarray] = {}
+        for b in blocks:
+            attn: Any = context.modules[b.point].attn  # timm's Attention (attention_refusal)
+            self.qk_norms[b.point] = qk_spectral_norms(attn.qkv.weight, b.num_heads, float(attn.scale))
 
     def update(self, key: str, x: torch.Tensor, batch: BatchInfo) -> None:
         point, _, which = key.rpartition(".")
