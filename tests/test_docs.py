@@ -1,5 +1,5 @@
 """The docs name what the code has: every module in `docs/architecture.md`, every catalogue entry in
-`docs/observables.md`.
+`docs/observables.md`, every measurement family's section there.
 
 Modules are named by their path from the repository root, in backticks (`` `tgo/records.py` ``,
 `` `callbacks/dashboard.py` ``; a package by its ``__init__.py`` or its directory, `` `tgo/observatory/` ``). A
@@ -36,13 +36,28 @@ def backticked(text: str) -> set[str]:
     return set(re.findall(r"`([^`\n]+)`", text))
 
 
+def family_modules() -> set[str]:
+    """A measurement family's own module and its numerics (``tgo/spectral/<name>.py`` or ``tgo/optimisation/<name>.py``
+    where they exist): documented by the family's section of `docs/observables.md`, so a family is its three files and
+    that section (`test_every_family_links_a_section_of_observables_md`), not a row of the architecture's map too."""
+    from tgo.observatory.families import registered_families
+
+    found = set()
+    for family in registered_families():
+        for where in ("tgo/observatory/families", "tgo/spectral", "tgo/optimisation"):
+            if (REPO / where / f"{family.name}.py").is_file():
+                found.add(f"{where}/{family.name}.py")
+    return found
+
+
 def test_every_module_is_named_in_the_architecture():
     named = backticked(ARCHITECTURE.read_text(encoding="utf-8"))
     missing = []
+    families = family_modules()
     for module in modules():
         path = Path(module)
         as_package = f"{path.parent.as_posix()}/" if path.name == "__init__.py" else None
-        if module not in named and as_package not in named:
+        if module not in named and as_package not in named and module not in families:
             missing.append(module)
     assert not missing, f"docs/architecture.md names no {missing} (add each to its module map)"
 
@@ -77,3 +92,26 @@ def test_the_shorthands_expand_to_names_and_nothing_else():
         "components_95_noise",
         "components_99_noise",
     }
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation but hyphens dropped, spaces as hyphens."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_family_links_a_section_of_observables_md():
+    """Each family's catalogue entries link (``doc``) a doc of the project and, where they name one, a heading of it
+    that exists (the probes' metrics are documented with the hypotheses they test)."""
+    from tgo.observatory.families import registered_families
+
+    def anchors(doc: str) -> set[str]:
+        lines = (REPO / doc).read_text(encoding="utf-8").splitlines()
+        return {slug(line.lstrip("#")) for line in lines if line[:1] == "#"}
+
+    broken = set()
+    for family in registered_families():
+        for entry in family.observables:
+            doc, _, anchor = entry.doc.partition("#")
+            if doc not in ("docs/observables.md", "docs/hypotheses.md") or (anchor and anchor not in anchors(doc)):
+                broken.add(f"{family.name}: {entry.doc}")
+    assert not broken, f"catalogue links to no heading of the docs: {sorted(broken)}"
