@@ -285,6 +285,7 @@ def family_pass(
             n_images=len(dataset),
             group_of_item=group_of_item,
             device=device,
+            dataset=dataset,
         )
         last["on"] = stream_pass(net, dataset, points, batch_size, device, groups, families=[run]), run
 

@@ -35,6 +35,7 @@ SECTIONS: tuple[str, ...] = (
     "scale",
     "optimisation",
     "curvature",
+    "families",
 )
 """What ``python -m benchmarks --skip`` can leave out, in run order."""
 
@@ -50,6 +51,19 @@ SUMMARY_ROWS = _numbered("10", 2)
 SCALE_ROWS = _numbered("11", 8)
 OPTIMISATION_ROWS = _numbered("12", 3)
 CURVATURE_ROWS = _numbered("13", 5)
+
+
+def _off_by_default() -> tuple[str, ...]:
+    from tgo.observatory import ObservationSettings
+    from tgo.observatory.families import registered_families
+
+    settings = ObservationSettings()
+    return tuple(f.name for f in registered_families() if not f.enabled(settings))
+
+
+OFF_BY_DEFAULT = _off_by_default()
+"""The registered measurement families an observation leaves off by default: rows 14 (`families_bench`) cost each."""
+FAMILY_ROWS = tuple(f"14.{name}.{what}" for name in OFF_BY_DEFAULT for what in ("stream", "payload", "summary"))
 
 ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("vit_small",) for row in _numbered("1a", OVERHEAD_ROWS, 0)},
@@ -74,6 +88,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("scale",) for row in SCALE_ROWS},
     **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
     **{row: ("curvature",) for row in CURVATURE_ROWS},
+    **{row: ("vit_small", "families") for row in FAMILY_ROWS},
 }
 """Every row of the table, in display order, with the ``--skip`` sections it needs: the single declaration of what a
 complete run contains (a row neither measured nor skipped with a reason is a bug)."""

@@ -44,6 +44,7 @@ from benchmarks import _harness as h
 from benchmarks._table import GPU_ROWS, ROWS, SECTIONS, Table, quiet
 from benchmarks.attention_bench import attention_rows
 from benchmarks.curvature_bench import curvature_rows
+from benchmarks.families_bench import family_rows
 from benchmarks.optimisation_bench import optimisation_rows
 from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
@@ -1262,6 +1263,9 @@ def run_sections(
     if "curvature" not in skip:
         print("== rows 13: curvature per evaluation, CPU and projected H200 (curvature_bench.py)", flush=True)
         results["curvature"] = curvature_rows(table, profile.name)
+    if not {"vit_small", "families"} & skip:
+        print("== rows 14: each family that is off by default, on / off (families_bench.py)", flush=True)
+        results["families"] = family_rows(table, profile)
 
 
 def _rows_1_and_7(
