@@ -134,17 +134,16 @@ def family_rows(table: Any, profile: Any) -> dict[str, Any]:
     classes = max(2, images // 8)  # the per-class measurements need classes of several images
     spec, repeats = profile.vit, profile.groups_repeats
     net, dataset = spec.build(device), h.random_images(images, spec.image_size, classes=classes)
-    small = profile.quickstart
-    probe: tuple[torch.nn.Module, Any] | None = None
+    small: tuple[torch.nn.Module, Any] | None = None  # the quickstart net and its images, built at the first probe
     raw: dict[str, Any] = {"device": str(device), "images": images, "classes": classes, "repeats": repeats}
     for family in families():
-        where, at, n, reps, note = spec, (net, dataset), images, repeats, ""
-        if not cuda and h.MEASURING and small.kind != spec.kind:
-            if probe is None:
-                probe = (small.build(device), h.random_images(images, small.image_size, classes=classes))
-            seconds = start_probe(family, *probe, batch, device)
+        where, at, reps, note = spec, (net, dataset), repeats, ""
+        if not cuda and h.MEASURING and profile.quickstart.kind != spec.kind:
+            qs = profile.quickstart
+            small = small or (qs.build(device), h.random_images(images, qs.image_size, classes=classes))
+            seconds = start_probe(family, small[0], small[1], batch, device)
             if seconds > START_LIMIT_S:
-                where, at, reps = small, probe, 1
+                where, at, reps = qs, small, 1
                 note = (
                     f"; its start took {seconds:.1f} s here (> {START_LIMIT_S:g} s): {spec.label} needs a GPU run, "
                     "measured on this smaller network with 1 repeat"
@@ -159,7 +158,7 @@ def family_rows(table: Any, profile: Any) -> dict[str, Any]:
             f"{label}, stream + reduce on / off",
             ratio,
             "x",
-            f"{res['on_s']:.3f} s vs {res['off_s']:.3f} s, of which start {res['start_s']:.3f} s; {n} images, "
+            f"{res['on_s']:.3f} s vs {res['off_s']:.3f} s, of which start {res['start_s']:.3f} s; {images} images, "
             f"G={h.default_groups()}, median of {reps} interleaved pairs; target <= {BLOCKING_TARGET:.2f}x {met}{note}",
             ratios=res["ratios"],
         )
