@@ -510,9 +510,9 @@ def interleaved(
     return out
 
 
-def paired(off: Callable[[], Any], on: Callable[[], Any], repeats: int) -> dict[str, Any]:
+def paired(off: Callable[[], Any], on: Callable[[], Any], repeats: int, warmup: bool = True) -> dict[str, Any]:
     """``on`` against ``off`` (`interleaved`): the median ratio, every ratio and both medians."""
-    res = interleaved(off, {"on": on}, repeats)
+    res = interleaved(off, {"on": on}, repeats, warmup)
     r, off_s = res["on"], res["baseline"]["median_s"]
     return {"repeats": repeats, "ratio": r["ratio"], "ratios": r["ratios"], "on_s": r["median_s"], "off_s": off_s}
 

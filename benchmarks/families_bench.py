@@ -10,13 +10,15 @@ on the profile's ViT (vit_small 224 px; CUDA when present) in three rows, ``14.<
 * ``summary``: rank 0's background summary, the seconds of the family's ``views``, ``summarize_point`` (every point)
   and ``relate_history`` per summary, summed over the calls of the summary's thread pool.
 
-On a CPU a family whose ``start`` takes over `START_LIMIT_S` on the bench's smaller network (the quickstart net) is
-measured there instead, with one repeat, and says so: at vit_small its forwards take minutes to hours on a CPU.
+On a CPU a family whose ``start`` alone takes longer than the pass it joins (`START_SHARE`, probed once on the smoke's
+tiny ViT) runs its own forwards (block Jacobians, curvature): it is measured on the tiny ViT and says so, since at
+vit_small those forwards take minutes to hours on a CPU; its vit_small rows need a GPU run.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +29,9 @@ from benchmarks._table import OFF_BY_DEFAULT
 
 BLOCKING_TARGET = 1.15
 """The issue's target: the training thread's blocking with a family / stream + reduce without."""
-START_LIMIT_S = 1.0
-"""On a CPU, a family whose ``start`` exceeds this on the quickstart net is measured on that net (see the module)."""
+START_SHARE = 1.0
+"""On a CPU, a family whose ``start`` on the tiny ViT takes longer than this times the stream + reduce pass there is
+measured on the tiny ViT (see the module)."""
 STATE_METHODS = ("views", "summarize_point", "relate_history")
 """What rank 0's summary calls on a family's state."""
 
@@ -96,13 +99,13 @@ def summary_seconds(run: Any, accumulators: Any, dataset: Any, repeats: int) -> 
 
 
 def measure(
-    family: Any, net: torch.nn.Module, dataset: Any, batch: int, device: torch.device, repeats: int
+    family: Any, net: torch.nn.Module, dataset: Any, batch: int, device: torch.device, repeats: int, warm: bool
 ) -> dict[str, Any]:
     """The three figures of one family on one network: stream + reduce on / off (with the seconds of its ``start``
-    in the ``on`` runs), the collective bytes it adds, and its share of the summary."""
+    in the ``on`` runs), the collective bytes it adds, and its share of the summary; ``warm``: no warm-up runs."""
     off, on, last = reduced_pass(family, net, dataset, batch, device)
     with h.timed_calls({"start": (type(family), "start")}) as started:
-        stream = h.paired(off, on, repeats)
+        stream = h.paired(off, on, repeats, warmup=not warm)
     accumulators, run = last["on"]
     payload = last["bytes"]["on"] - last["bytes"]["off"]
     summables = sum(s.packed_size for s in run.state.summables()) * 8
@@ -117,38 +120,45 @@ def measure(
     }
 
 
-def start_probe(family: Any, net: torch.nn.Module, dataset: Any, batch: int, device: torch.device) -> float:
-    """Seconds of one ``start`` of the family (in one pass with it on)."""
-    _, on, _ = reduced_pass(family, net, dataset, batch, device)
+def start_probe(
+    family: Any, net: torch.nn.Module, dataset: Any, batch: int, device: torch.device
+) -> tuple[float, float]:
+    """``(seconds of one start of the family, seconds of stream + reduce without it)``, one run each."""
+    off, on, _ = reduced_pass(family, net, dataset, batch, device)
     with h.timed_calls({"start": (type(family), "start")}) as started:
+        begin = time.perf_counter()
+        off()
+        off_s = time.perf_counter() - begin
         on()
-    return float(started["start"][0])
+    return float(started["start"][0]), off_s
 
 
 def family_rows(table: Any, profile: Any) -> dict[str, Any]:
-    """Rows 14 for every family of `families`, on ``profile.vit`` (the smoke's tiny ViT under ``--smoke``); on a
-    CPU a family whose ``start`` exceeds `START_LIMIT_S` on ``profile.quickstart`` is measured there (one repeat)."""
+    """Rows 14 for every family of `families`, on ``profile.vit`` (the smoke's tiny ViT under ``--smoke``); on a CPU
+    a family whose ``start`` takes longer than the stream + reduce pass it joins (probed once on the tiny ViT) is
+    measured on the tiny ViT."""
+    from benchmarks.observation_bench import TINY
+
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     images, batch = (profile.gpu_images, profile.gpu_batch) if cuda else (profile.vit_images, profile.vit_batch)
     classes = max(2, images // 8)  # the per-class measurements need classes of several images
     spec, repeats = profile.vit, profile.groups_repeats
     net, dataset = spec.build(device), h.random_images(images, spec.image_size, classes=classes)
-    small: tuple[torch.nn.Module, Any] | None = None  # the quickstart net and its images, built at the first probe
+    tiny: tuple[torch.nn.Module, Any] | None = None  # the tiny ViT and its images, built at the first probe
     raw: dict[str, Any] = {"device": str(device), "images": images, "classes": classes, "repeats": repeats}
     for family in families():
-        where, at, reps, note = spec, (net, dataset), repeats, ""
-        if not cuda and h.MEASURING and profile.quickstart.kind != spec.kind:
-            qs = profile.quickstart
-            small = small or (qs.build(device), h.random_images(images, qs.image_size, classes=classes))
-            seconds = start_probe(family, small[0], small[1], batch, device)
-            if seconds > START_LIMIT_S:
-                where, at, reps = qs, small, 1
+        where, at, warm, note = spec, (net, dataset), False, ""
+        if not cuda and h.MEASURING and spec.kind != TINY.kind:
+            tiny = tiny or (TINY.build(device), h.random_images(images, TINY.image_size, classes=classes))
+            start_s, off_s = start_probe(family, tiny[0], tiny[1], batch, device)
+            if start_s > START_SHARE * off_s:
+                where, at, warm = TINY, tiny, True  # the probe was its warm-up
                 note = (
-                    f"; its start took {seconds:.1f} s here (> {START_LIMIT_S:g} s): {spec.label} needs a GPU run, "
-                    "measured on this smaller network with 1 repeat"
+                    f"; its start took {start_s:.2f} s against a {off_s:.2f} s pass on this network: it runs its own "
+                    f"forwards, minutes to hours at {spec.label} on a CPU, which needs a GPU run"
                 )
-        res = raw[family.name] = measure(family, *at, batch, device, reps)
+        res = raw[family.name] = measure(family, *at, batch, device, repeats, warm)
         res["network"] = where.label
         label = f"{where.label} ({device.type}): {family.name}"
         ratio = res["ratio"]
@@ -159,7 +169,8 @@ def family_rows(table: Any, profile: Any) -> dict[str, Any]:
             ratio,
             "x",
             f"{res['on_s']:.3f} s vs {res['off_s']:.3f} s, of which start {res['start_s']:.3f} s; {images} images, "
-            f"G={h.default_groups()}, median of {reps} interleaved pairs; target <= {BLOCKING_TARGET:.2f}x {met}{note}",
+            f"G={h.default_groups()}, median of {repeats} interleaved pairs; target <= {BLOCKING_TARGET:.2f}x "
+            f"{met}{note}",
             ratios=res["ratios"],
         )
         payload, cov = res["payload_bytes"], res["covariance_bytes"]
@@ -180,7 +191,7 @@ def family_rows(table: Any, profile: Any) -> dict[str, Any]:
             summary["family_s"],
             "s",
             f"{parts} (summed over the pool's calls); summary {summary['with']:.3f} s with it, "
-            f"{summary['covariance']:.3f} s without (wall, median of {max(reps, 1)})",
+            f"{summary['covariance']:.3f} s without (wall, median of {max(repeats, 1)})",
         )
     return raw
 
