@@ -27,7 +27,10 @@ from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordWriter, read_metric_rows
 
-IMAGES, GROUPS = 11, 3
+IMAGES, GROUPS = 120, 3
+"""Every jackknife subset (80 images) holds more than twice the width (32): with ``k_a + k_b > n - 1`` components
+some canonical correlations are 1 by construction and PWCCA's weights then depend on an arbitrary rotation among
+them (docs/observables.md, section 14), which the last bits of a forward decide."""
 ROUND_OFF = {"n_clamped"}
 """Counts the signs of round-off (eigenvalues of a rank-deficient covariance that came out negative): which of the
 ~1e-16 eigenvalues fall below zero depends on the order of the sums, so it is a diagnostic, not a measurement."""
@@ -68,6 +71,7 @@ def observe(run_dir: Path, rank: int, world_size: int, all_reduce_sum) -> list[i
 
 
 def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
+    torch.set_num_threads(1)  # as the test process (tests/conftest.py): the same kernels, so only the sums differ
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
 
