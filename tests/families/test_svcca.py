@@ -112,6 +112,20 @@ def test_closed_forms() -> None:
     assert all(math.isnan(v) for v in similarity(None, basis(x)))
 
 
+def test_pwcca_is_not_defined_where_the_components_outnumber_the_images() -> None:
+    """k_a + k_b > n - 1: correlations of 1 by construction, whose directions are any rotation; PWCCA's L1 weights
+    are not rotation invariant, so no value is recorded (SVCCA, a mean of the correlations, still is)."""
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((11, 8)), rng.standard_normal((11, 8))
+    a, b = basis(x, 1.0), basis(y, 1.0)
+    assert a.k + b.k > 10
+    svcca, pwcca = similarity(a, b)
+    assert math.isnan(pwcca) and math.isfinite(svcca)
+    assert np.sum(canonical(a, b)[0] > 1 - 1e-12) >= a.k + b.k - 10  # the correlations forced to 1
+    shared = similarity(basis(x, 1.0, 5), basis(y, 1.0, 5), shared=True)  # 2 x 5 components <= 10: defined
+    assert all(math.isfinite(v) for v in shared)
+
+
 def test_basis_keeps_the_components_of_the_variance_at_most_max_components() -> None:
     x, _ = _pair(300, 30, 2, seed=4)
     s2 = np.linalg.svd(x - x.mean(axis=0), compute_uv=False) ** 2
@@ -137,8 +151,8 @@ def test_the_family_passes_the_family_tester_on_a_tiny_vit(tmp_path, world_size:
     net = timm.create_model(
         "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=2
     ).eval()
-    images = torch.randn(22, 3, 16, 16, generator=torch.Generator().manual_seed(1))
-    labels = torch.arange(22) % 2
+    images = torch.randn(70, 3, 16, 16, generator=torch.Generator().manual_seed(1))  # subsets of 35 > 2 x 16 + 1
+    labels = torch.arange(70) % 2
     off = {"enabled": False}
     settings = {"groups": 2, "probes": off, "attention": off, "weights": off, "phases": off, "svcca": {"enabled": True}}
     check = check_family(SVCCA, net, TensorDataset(images, labels), tmp_path, settings=settings, world_size=world_size)

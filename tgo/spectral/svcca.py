@@ -84,8 +84,12 @@ def canonical(a: Basis, b: Basis, shared: bool = False) -> tuple[np.ndarray, np.
 
 
 def similarity(a: Basis | None, b: Basis | None, shared: bool = False) -> tuple[float, float]:
-    """``(SVCCA, PWCCA)`` of two representations of the same images (NaN where either has no basis)."""
+    """``(SVCCA, PWCCA)`` of two representations of the same images (NaN where either has no basis; PWCCA NaN where
+    the two bases hold more components than the images less one)."""
     if a is None or b is None:
         return math.nan, math.nan
     rho, alpha = canonical(a, b, shared)
+    k = 2 * min(a.k, b.k) if shared else a.k + b.k
+    if k > a.u.shape[0] - 1:  # some correlations are 1 by construction: any rotation among them is canonical, and
+        return float(rho.mean()), math.nan  # the L1 weights are not rotation invariant (docs/observables.md, 14)
     return float(rho.mean()), float(alpha @ rho / alpha.sum())
