@@ -232,8 +232,8 @@ def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: 
         one, two = _plain(single), ddp["on" if enabled else "off"]
         assert list(two) == list(one)
         assert {view for _, view in one if not view.startswith("weights_")} == (
-            {"all", "cls", "patch", "between_image", "within_image"} if enabled else {"all"}
-        )  # beside the weights family's views (tests/families/test_weights.py)
+            {"all", "cls", "patch", "between_image", "within_image", "network"} if enabled else {"all", "network"}
+        )  # beside the weights family's views and its trajectory over the network (tests/families/test_weights.py)
         for key, want in one.items():
             got = two[key]
             if not want["covariance"].size:  # a view with metrics only (the weights'): compared as metrics below

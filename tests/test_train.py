@@ -59,7 +59,7 @@ def test_smoke_run_records_each_epoch_once_per_point_and_metric(smoke_run):
     weights = {"weights_qkv", "weights_proj", "weights_fc1", "weights_fc2"}  # the weights family's views
     # no noise-scale views (network, gradient): one device without accumulation measures no noise scale
     assert views["block_01"] == {"all", "cls", "patch", "between_image", "within_image", "attention"} | weights
-    assert views["cls"] == {"all", "cls"}
+    assert views["cls"] == {"all", "cls", "network"}  # network: the weights family's trajectory (weight_step)
     assert views["patch_embed"] == {"all", "patch", "between_image", "within_image", "weights_patch"}
 
 

@@ -51,7 +51,13 @@ def band_tag(metric: str) -> str:
     return panels.Panel("bands", metric).tag_of()
 
 
-BAND_FIGURES = [p.metric for p in panels.declared("card", kind="bands") if p.view == "all"]
+BAND_FIGURES = [
+    p.metric
+    for p in panels.declared("card", kind="bands")
+    if p.view == "all" and p.metric in (*DEPTH_PROFILES, "between_image_fraction")
+]
+"""Every against-epoch card of the ``all`` view whose metric `synthetic_results` records, the core's and the
+registered families' (a family's card is drawn when its metric is recorded)."""
 """Every against-epoch card of the ``all`` view, the core's and the registered families' (drawn when recorded)."""
 
 

@@ -346,7 +346,8 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
     columns = set(logged[0])
     records = read_metric_rows(tmp_path)
     weights = {"weights_qkv", "weights_proj", "weights_fc1", "weights_fc2", "weights_patch"}  # the weights family's
-    views = (set(VIEWS) - {"prefix"}) | {"attention"} | weights  # one prefix token: its view is cls
+    # one prefix token: its view is cls; network: the weights' trajectory over the network
+    views = (set(VIEWS) - {"prefix"}) | {"attention", "network"} | weights
     assert {r["view"] for r in records} == views
     for row in records:
         for column, recorded in ((logger_tag(row), row["value"]), (logger_tag(row, "geometry_stderr"), row["stderr"])):

@@ -367,7 +367,7 @@ def test_a_non_standard_attention_is_refused_in_one_line_and_the_rest_is_observe
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert "block_01, block_02 (timm.models.eva.EvaAttention" in lines[0]
     assert not attention_of(results) and len(calls) == 2
-    assert {key.view for key in results if not key.view.startswith("weights_")} == {"all"}
+    assert {key.view for key in results if not key.view.startswith("weights_")} == {"all", "network"}  # weights
 
 
 def test_attention_refusal_checks_class_modules_and_scale():
