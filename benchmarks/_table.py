@@ -11,6 +11,7 @@ from a rotted one and ``tests/benchmarks/test_smoke.py`` can check ``results.jso
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -53,19 +54,29 @@ OPTIMISATION_ROWS = _numbered("12", 3)
 CURVATURE_ROWS = _numbered("13", 5)
 
 
-def _off_by_default() -> tuple[str, ...]:
+@functools.cache
+def _registry() -> dict[str, Any]:
+    """``OFF_BY_DEFAULT`` (the registered measurement families an observation leaves off by default: rows 14,
+    `families_bench`, cost each), ``FAMILY_ROWS`` and ``ROWS``, built at first use: reading the family registry imports
+    the library, which `spectral_bench` (``render_columns`` alone) need not."""
     from tgo.observatory import ObservationSettings
     from tgo.observatory.families import registered_families
 
     settings = ObservationSettings()
-    return tuple(f.name for f in registered_families() if not f.enabled(settings))
+    off = tuple(f.name for f in registered_families() if not f.enabled(settings))
+    family_rows = tuple(f"14.{name}.{what}" for name in off for what in ("stream", "payload", "summary"))
+    rows = _STATIC_ROWS | {row: ("vit_small", "families") for row in family_rows}
+    return {"OFF_BY_DEFAULT": off, "FAMILY_ROWS": family_rows, "ROWS": rows}
 
 
-OFF_BY_DEFAULT = _off_by_default()
-"""The registered measurement families an observation leaves off by default: rows 14 (`families_bench`) cost each."""
-FAMILY_ROWS = tuple(f"14.{name}.{what}" for name in OFF_BY_DEFAULT for what in ("stream", "payload", "summary"))
+def __getattr__(name: str) -> Any:
+    """The registry's names (`_registry`) as module attributes: ``from benchmarks._table import ROWS``."""
+    if name in ("OFF_BY_DEFAULT", "FAMILY_ROWS", "ROWS"):
+        return _registry()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-ROWS: dict[str, tuple[str, ...]] = {
+
+_STATIC_ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("vit_small",) for row in _numbered("1a", OVERHEAD_ROWS, 0)},
     **{row: ("quickstart",) for row in _numbered("1b", OVERHEAD_ROWS, 0)},
     "2.1": ("vit_small",),
@@ -88,10 +99,10 @@ ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("scale",) for row in SCALE_ROWS},
     **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
     **{row: ("curvature",) for row in CURVATURE_ROWS},
-    **{row: ("vit_small", "families") for row in FAMILY_ROWS},
 }
-"""Every row of the table, in display order, with the ``--skip`` sections it needs: the single declaration of what a
-complete run contains (a row neither measured nor skipped with a reason is a bug)."""
+"""Every row of the table but rows 14 (``ROWS`` adds them, `_registry`), in display order, with the ``--skip``
+sections it needs: the single declaration of what a complete run contains (a row neither measured nor skipped with a
+reason is a bug)."""
 
 
 def render_columns(
@@ -168,7 +179,7 @@ class Table:
         """Marks the declared rows that need a section left out with ``--skip`` (and were not measured)."""
         present = {r["row"] for r in self.rows}
         groups: dict[tuple[str, str], list[str]] = {}  # (section, row group) -> rows, shown as one line
-        for row, needs in ROWS.items():
+        for row, needs in _registry()["ROWS"].items():
             section = next((s for s in needs if s in skipped), None)
             if row not in present and section is not None:
                 groups.setdefault((section, row.split(".")[0]), []).append(row)
@@ -178,9 +189,9 @@ class Table:
 
     def problems(self) -> list[str]:
         """Declared rows missing, undeclared or written twice: any of them means the table code has rotted."""
-        present = [r["row"] for r in self.rows]
-        missing = [f"row {row} missing (neither measured nor skipped)" for row in ROWS if row not in present]
-        extra = [f"row {row} is not declared in ROWS" for row in present if row not in ROWS]
+        present, rows = [r["row"] for r in self.rows], _registry()["ROWS"]
+        missing = [f"row {row} missing (neither measured nor skipped)" for row in rows if row not in present]
+        extra = [f"row {row} is not declared in ROWS" for row in present if row not in rows]
         twice = [
             f"row {row} written {present.count(row)} times" for row in dict.fromkeys(present) if present.count(row) > 1
         ]
@@ -188,7 +199,7 @@ class Table:
 
     def render(self) -> str:
         """The rows written, in declared row order, a blank line between row groups, collapsed skips on one line."""
-        order = {row: i for i, row in enumerate(ROWS)}
+        order = {row: i for i, row in enumerate(_registry()["ROWS"])}
         lines: list[list[str] | None] = []
         seen: set[str] = set()
         last = None
