@@ -407,7 +407,7 @@ class AttentionFamily(MeasurementFamily):
                 "depth",
                 m,
                 ATTENTION_VIEW,
-                f"{m} (block mean)",
+                f"{m} ({'max over heads' if m in LOGIT_METRICS else 'head mean'})",
                 "attention",
                 rows="recorded",
                 section="hypotheses",
