@@ -228,3 +228,23 @@ def test_q_values_are_benjamini_hochberg_over_the_rows_with_a_p_value():
 def test_bad_settings_are_refused(kwargs: dict):
     with pytest.raises(ValueError):
         VerdictSettings(**kwargs)
+
+
+def test_a_series_names_what_its_recorded_errors_are():
+    """The first term of the uncertainty is named after what the catalogue says the recorded error is: the image
+    jackknife, an estimator's own fit error (WeightWatcher's alpha) or a spread over a few fixed images (topology,
+    block Jacobians), in ``uncertainty_source`` and the notes."""
+    import dataclasses
+
+    import tgo.observatory.families  # noqa: F401  (registers the families' catalogue entries)
+    from tgo.report.findings import sampling_of
+
+    assert sampling_of("effective_rank") == "jackknife" and sampling_of("effective_rank_noise") == "jackknife"
+    assert sampling_of("weight_alpha") == "fit"
+    assert sampling_of("topology_betti_h0") == "spread" and sampling_of("block_jacobian_condition") == "spread"
+    assert sampling_of("not_in_the_catalogue") == "jackknife"
+    series = measured([0, 1, 2, 3], [1.0, 2.0, 3.0, 4.0], stderr=[0.1, 0.1, 0.1, 0.1])
+    _, u = contrast(dataclasses.replace(series, sampling="spread"), [-1, 0, 0, 1])
+    assert u.source == "spread" and u.describe().startswith("spread ")
+    _, u = contrast(series, [-1, 0, 0, 1])
+    assert u.source == "jackknife" and u.describe().startswith("J ")

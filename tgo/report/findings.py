@@ -694,7 +694,7 @@ def _restrict(m: Measured, epochs: np.ndarray) -> Measured:
     keep = np.isin(m.epochs, epochs)
     reps = None if m.replicates is None else m.replicates[:, keep]
     leave_out = None if m.leave_out is None else m.leave_out[keep]
-    return Measured(m.epochs[keep], m.values[keep], m.stderr[keep], reps, leave_out, m.noise, m.scale)
+    return Measured(m.epochs[keep], m.values[keep], m.stderr[keep], reps, leave_out, m.noise, m.scale, m.sampling)
 
 
 def judge_extreme(
@@ -916,6 +916,12 @@ def _relative_unit(m: Measured) -> float:
     return 1.0 if m.scale == "log" else float(np.median(np.abs(m.values)))
 
 
+def sampling_of(metric: str) -> str:
+    """What a metric's recorded standard error is (the catalogue's ``stderr``: ``jackknife``, ``fit``, ``spread``)."""
+    observable = CATALOGUE.get(metric) or CATALOGUE.get(metric.removesuffix(NOISE_SUFFIX))
+    return observable.stderr if observable is not None else "jackknife"
+
+
 def scale_of(metric: str) -> str:
     """The scale a metric is judged on: the catalogue's (``<metric>_vs_noise`` takes its metric's), else linear."""
     observable = CATALOGUE.get(metric) or CATALOGUE.get(metric.removesuffix(NOISE_SUFFIX))
@@ -974,7 +980,9 @@ def evaluate(
         key = (view, metric, tuple(at))
         if key not in cache:
             se, reps, jack = ((source or {}).get(view, {}).get(metric) for source in (stderr, replicates, leave_out))
-            cache[key] = measure_metric(series.get(view, {}).get(metric, {}), at, se, reps, jack, scale_of(metric))
+            found = measure_metric(series.get(view, {}).get(metric, {}), at, se, reps, jack, scale_of(metric))
+            sampling = sampling_of(metric)
+            cache[key] = {p: replace(m, sampling=sampling) for p, m in found.items()}
         return cache[key]
 
     rows = [row for s in statements for row in s.judge(series.get(s.view, {}), points, measure, settings)]

@@ -163,6 +163,9 @@ class Measured:
         noise: The training noise of ``values`` (`tgo.report.training_noise`: the series' own, or pooled over the
             points of its observable).
         scale: ``linear`` or ``log`` (values, errors and replicates are logs).
+        sampling: What the recorded standard errors are (the catalogue's ``stderr``): ``jackknife`` (image
+            sampling), ``fit`` (an estimator's own error, e.g. the power-law fit's) or ``spread`` (the spread over a
+            few fixed images); the name of the first term of every `Uncertainty` of the series.
     """
 
     epochs: np.ndarray
@@ -172,6 +175,7 @@ class Measured:
     leave_out: np.ndarray | None
     noise: TrainingNoise
     scale: str = "linear"
+    sampling: str = "jackknife"
 
     @property
     def n(self) -> int:
@@ -323,9 +327,10 @@ class Uncertainty:
     training: float = math.nan
     training_source: str = ""
     training_dof: float = math.inf
+    sampling: str = "jackknife"
 
     def _terms(self) -> list[tuple[str, float, float]]:
-        terms = [("jackknife", self.jackknife, self.jackknife_dof), ("training", self.training, self.training_dof)]
+        terms = [(self.sampling, self.jackknife, self.jackknife_dof), ("training", self.training, self.training_dof)]
         return [(name, value, dof) for name, value, dof in terms if math.isfinite(value)]
 
     @property
@@ -345,7 +350,8 @@ class Uncertainty:
 
     @property
     def source(self) -> str:
-        """The term that dominates ``U`` (``jackknife``, ``training``; ``""`` when none is available)."""
+        """The term that dominates ``U`` (``jackknife`` or the series' other `Measured.sampling`, ``training``; ``""``
+        when none is available)."""
         terms = self._terms()
         return max(terms, key=lambda t: t[1])[0] if terms else ""
 
@@ -383,7 +389,8 @@ class Uncertainty:
         """``J 0.12 (paired) + T 0.05 (fit, 4 dof)``: the terms in words, for notes."""
         parts = []
         if math.isfinite(self.jackknife):
-            parts.append(f"J {self.jackknife:.2g} ({'paired' if self.paired else 'unpaired'})")
+            label = "J" if self.sampling == "jackknife" else self.sampling
+            parts.append(f"{label} {self.jackknife:.2g} ({'paired' if self.paired else 'unpaired'})")
         if math.isfinite(self.training):
             parts.append(f"T {self.training:.2g} ({self.training_source}, {self.training_dof:.0f} dof)")
         else:
@@ -461,7 +468,7 @@ def contrast(m: Measured, weights: ArrayLike) -> tuple[float, Uncertainty]:
         training, source, training_dof = seed[0], "seeds", seed[1]
     elif math.isfinite(fit[0]):
         training, source, training_dof = fit[0], own, fit[1]
-    return value, Uncertainty(jackknife, paired, jackknife_dof, training, source, training_dof)
+    return value, Uncertainty(jackknife, paired, jackknife_dof, training, source, training_dof, m.sampling)
 
 
 def difference(m: Measured, later: Window, earlier: Window) -> tuple[float, Uncertainty]:
@@ -496,7 +503,7 @@ def margin_series(x: Measured, y: Measured) -> Measured:
         noise = x.noise
     else:
         noise = series_noise(common, values)
-    return Measured(common, values, stderr, reps, leave_out, noise, x.scale)
+    return Measured(common, values, stderr, reps, leave_out, noise, x.scale, x.sampling)
 
 
 def significant(value: float, uncertainty: Uncertainty, z: float) -> bool:
