@@ -57,3 +57,21 @@ def test_the_first_screen_shows_the_counts_and_the_sentence_above_the_header_tab
     assert html_text.unescape(notes[0]).startswith("Verdicts: the paper's claims ") and "holds" in notes[0]
     assert notes[1].startswith("One run can conclude what it did on these images beyond image sampling")
     assert header.index(notes[1]) < header.index("<table")
+
+
+def test_a_run_at_chance_accuracy_is_said_on_the_first_screen():
+    """Issue 37: a run whose final top-1 is within 1.5 times chance did not learn, said in one sentence; a run that
+    learned, or one whose accuracy or class count is unknown, gets none."""
+    from types import SimpleNamespace
+
+    from tgo.report.summary import learning_sentence
+
+    flat = SimpleNamespace(top1=0.1003, classes=10)
+    learned = SimpleNamespace(top1=0.986, classes=10)
+    unknown = SimpleNamespace(top1=None, classes=10)
+    line = learning_sentence(["smoke", "quickstart", "old"], [flat, learned, unknown])
+    assert line.startswith("Did not learn:") and "smoke (10.0% against 10.0%)" in line and "quickstart" not in line
+    assert learning_sentence(["quickstart"], [learned]) == ""
+    assert learning_sentence(["old"], [unknown]) == ""
+    assert learning_sentence(["edge"], [SimpleNamespace(top1=0.15, classes=10)]) != ""  # 1.5 x chance: flagged
+    assert learning_sentence(["edge"], [SimpleNamespace(top1=0.16, classes=10)]) == ""

@@ -16,7 +16,7 @@ from tgo.report.html import Section, Table
 from tgo.report.reference import compare_with_reference, reference_path
 from tgo.report.runinfo import NOT_RECORDED, RunInfo, package_commit, package_version
 from tgo.report.runs import RunData
-from tgo.report.summary import verdict_counts_line, verdict_scope_sentence, verdict_summary_section
+from tgo.report.summary import learning_sentence, verdict_counts_line, verdict_scope_sentence, verdict_summary_section
 from tgo.report.verdicts import VerdictSettings
 
 __all__ = [
@@ -267,6 +267,8 @@ def header_section(ctx: Context) -> list[Section]:
     half = -(-len(rows) // 2)  # two (field, value) pairs per line: the header takes half the page's height
     pairs = [[*rows[i], *(rows[half + i] if half + i < len(rows) else ("", ""))] for i in range(half)]
     section.tables.append(Table(["field", "value", "field", "value"], pairs, left=[0, 1, 2, 3]))
+    learned = learning_sentence([r.name for r in ctx.runs], ctx.infos)
+    section.paragraphs += [learned] if learned else []
     if not ctx.single:
         section.paragraphs += [
             verdict_counts_line(ctx.findings, ctx.predictions),

@@ -9,6 +9,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tgo.report.cells import plus_minus
 from tgo.report.findings import FAILS, REVERSES, VERDICTS, Finding
@@ -20,6 +21,7 @@ __all__ = [
     "WORST_SHOWN",
     "Contradiction",
     "contradictions",
+    "learning_sentence",
     "verdict_counts_line",
     "verdict_scope_sentence",
     "verdict_summary_section",
@@ -146,6 +148,28 @@ def _uncertainty_of(row: Finding | PredictionResult) -> Uncertainty | None:
     if isinstance(row, Finding) and row.extreme is not None:
         return row.extreme.uncertainty
     return row.trend.uncertainty if row.trend is not None else None
+
+
+CHANCE_FACTOR = 1.5
+"""A final top-1 at most this many times chance (``1 / classes``) reads as a run that did not learn."""
+
+
+def learning_sentence(names: Sequence[str], infos: Sequence[Any]) -> str:
+    """One sentence for the first screen when a run ended near chance accuracy (issue 37): its geometry is that of a
+    network that did not learn, so its verdicts say nothing of what training does; ``""`` otherwise or unknown."""
+    flat = [
+        (name, info.top1, 1.0 / info.classes)
+        for name, info in zip(names, infos, strict=True)
+        if info.top1 is not None and info.classes and info.top1 <= CHANCE_FACTOR / info.classes
+    ]
+    if not flat:
+        return ""
+    which = ", ".join(f"{name} ({top1:.1%} against {chance:.1%})" for name, top1, chance in flat)
+    return (
+        f"Did not learn: the final validation top-1 of {which} is within {CHANCE_FACTOR:g} times chance "
+        "(1 / classes); its geometry is that of a network that has not learned the task, and its verdicts say "
+        "nothing of what training does."
+    )
 
 
 def verdict_scope_sentence(
