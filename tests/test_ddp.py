@@ -114,6 +114,7 @@ def _worker(rank: int, world_size: int, port: int, count: int, groups: int, out:
     )
     if rank == 0:
         torch.save(_states(accumulators) | {"calls": calls}, out)
+    dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()
 
 
@@ -207,6 +208,7 @@ def _probe_worker(rank: int, world_size: int, port: int, out: str) -> None:
     off, calls_off = _observe_with_probes(rank, world_size, all_reduce_sum, Path(out).parent / "off", False)
     if rank == 0:
         torch.save({"on": _plain(on), "off": _plain(off), "calls": (calls_on, calls_off)}, out)
+    dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()
 
 

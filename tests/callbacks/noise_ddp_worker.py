@@ -81,4 +81,5 @@ def ddp_fit(rank: int, world: int, port: int, out: str) -> None:
     # Both ranks leave together: a rank tearing gloo down while its peer is still in a collective can abort the peer
     # ("terminate called without an active exception", SIGABRT; seen once in a full `make test`).
     dist.barrier()
+    dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()

@@ -206,6 +206,7 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
             for point, r in attention_of(on).items()
         }
         torch.save({"attention": plain, "calls": (calls_on, calls_off)}, out)
+    dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()
 
 

@@ -212,6 +212,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out: str) -> None:
     if rank == 0:
         r = network(results, net)
         torch.save({"observables": dict(r.observables), "stderr": dict(r.stderr), "arrays": dict(r.arrays)}, out)
+    dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()
 
 

@@ -82,6 +82,7 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
     calls = observe(Path(run_dir), rank, world_size, all_reduce_sum)
     if rank == 0:
         (Path(run_dir) / "calls.txt").write_text(" ".join(map(str, calls)))
+    dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()
 
 

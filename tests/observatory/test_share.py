@@ -218,6 +218,7 @@ def _share_worker(rank: int, world_size: int, port: int, out: str) -> None:
             alone = RecordPlan(RecordWriter(root / "alone"), epoch=epoch, step=epoch, with_covariance=epoch == 0)
             summarize_and_record(reduce_like(reduced, alone), share=SummaryShare(0, 1, None))
     torch.save({"points": counted["points"], "gathers": counted["gathers"], "total": len(points)}, root / f"r{rank}.pt")
+    dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()
 
 
