@@ -48,7 +48,14 @@ from .base import (
     register_family,
 )
 
-__all__ = ["TOKEN_COUPLING", "TokenCouplingFamily", "TokenCouplingSettings", "TokenCouplingState", "token_points"]
+__all__ = [
+    "TOKEN_COUPLING",
+    "TokenCouplingFamily",
+    "TokenCouplingSettings",
+    "TokenCouplingState",
+    "TokenPointFamily",
+    "token_points",
+]
 
 _DOC = "docs/observables.md#12-token-coupling"
 
@@ -156,7 +163,22 @@ class TokenCouplingState(FamilyState):
         return out
 
 
-class TokenCouplingFamily(MeasurementFamily):
+class TokenPointFamily(MeasurementFamily):
+    """A family that hooks every point keeping all its tokens (`token_points`): token coupling, topology."""
+
+    def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
+        tokens, _ = token_points(context)
+        return [point_spec(p) for p in context.points if p.name in tokens]
+
+    def measured(self, context: FamilyContext) -> dict[str, int]:
+        """`token_points`, and one warning on rank 0 where none is measured."""
+        tokens, why = token_points(context)
+        if why is not None and context.rank == 0:
+            warnings.warn(f"[tgo] observation.{self.name}: not measured ({why})", RuntimeWarning, stacklevel=3)
+        return tokens
+
+
+class TokenCouplingFamily(TokenPointFamily):
     """The token x token covariance of every point that keeps all its tokens (``observation.token_coupling``)."""
 
     name = "token_coupling"
@@ -170,15 +192,8 @@ class TokenCouplingFamily(MeasurementFamily):
         Panel("depth", "token_effective_rank", switch=name, card=False),
     )
 
-    def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
-        tokens, _ = token_points(context)
-        return [point_spec(p) for p in context.points if p.name in tokens]
-
     def start(self, context: FamilyContext) -> TokenCouplingState:
-        tokens, why = token_points(context)
-        if why is not None and context.rank == 0:
-            warnings.warn(f"[tgo] observation.token_coupling: not measured ({why})", RuntimeWarning, stacklevel=2)
-        return TokenCouplingState(context, tokens)
+        return TokenCouplingState(context, self.measured(context))
 
 
 TOKEN_COUPLING = register_family(TokenCouplingFamily())

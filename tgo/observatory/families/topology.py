@@ -21,7 +21,6 @@ covariances.
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from tgo.panels import Panel
 from tgo.spectral import Observable
 from tgo.spectral.topology import MAX_DIM, TOPOLOGY_METRICS, CloudDiagrams, cloud_diagrams, topology_metrics
 
-from ..hooks import point_rows, point_spec
+from ..hooks import point_rows
 from ..settings import PREFIX, ObservationSettingsError, check_flags, is_int
 from .base import (
     Array,
@@ -41,15 +40,13 @@ from .base import (
     Contribution,
     FamilyContext,
     FamilyState,
-    HookSpec,
-    MeasurementFamily,
     Metric,
     PointSummary,
     SummedTensors,
     family_metric,
     register_family,
 )
-from .token_coupling import token_points
+from .token_coupling import TokenPointFamily
 
 __all__ = ["TOPOLOGY", "TopologyFamily", "TopologySettings", "TopologyState"]
 
@@ -174,7 +171,7 @@ class TopologyState(FamilyState):
         return out
 
 
-class TopologyFamily(MeasurementFamily):
+class TopologyFamily(TokenPointFamily):
     """Persistent homology of the token clouds of a few fixed images (``observation.topology``)."""
 
     name = "topology"
@@ -189,15 +186,8 @@ class TopologyFamily(MeasurementFamily):
         Panel("bands", "topology_bottleneck_h1", title="topology_bottleneck_h1 (to the next point)", switch=name),
     )
 
-    def hooks(self, context: FamilyContext) -> Sequence[HookSpec]:
-        tokens, _ = token_points(context)
-        return [point_spec(p) for p in context.points if p.name in tokens]
-
     def start(self, context: FamilyContext) -> TopologyState:
-        tokens, why = token_points(context)
-        if why is not None and context.rank == 0:
-            warnings.warn(f"[tgo] observation.topology: not measured ({why})", RuntimeWarning, stacklevel=2)
-        return TopologyState(context, tokens)
+        return TopologyState(context, self.measured(context))
 
 
 TOPOLOGY = register_family(TopologyFamily())
