@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
+import re
 import time
 import warnings
 from collections.abc import Mapping
@@ -17,11 +19,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.seed import isolate_rng
 
-from tgo.errors import UserInputError
+from tgo.errors import UserInputError, print_user_errors_as_one_line
 from tgo.observatory import (
     NonFiniteActivationsError,
     ObservationPoint,
@@ -72,6 +74,8 @@ from .dashboard import (
     tgo_story,
 )
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a callback's name: one path segment, one key prefix
+
 __all__ = [
     "DEPTH_PROFILES",
     "NonFiniteActivationsError",
@@ -92,9 +96,12 @@ class SpectralGeometryCallback(L.Callback):
         geometry = SpectralGeometryCallback(analysis=stratified_subset(val_set, per_class=10), every_n_epochs=5)
         trainer = L.Trainer(max_epochs=20, callbacks=[geometry])
 
-    Records go to ``<default_root_dir>/geometry/``; outside a ``tgo.train`` run directory TGO refuses a ``geometry/`` it
-    did not make (`tgo.observatory.standalone.claim_run_directory`). Every input is checked in ``setup``, before any
-    training step, each problem in one line.
+    Records go to the first logger's versioned directory, as Lightning's ``ModelCheckpoint`` places its checkpoints
+    (``lightning_logs/version_N/geometry/``; ``default_root_dir`` without a logger; ``dirpath`` when given), so
+    rerunning a script starts new records and never mixes two trainings; a resume (``ckpt_path``) continues the
+    records of the checkpoint's training wherever they are. Outside a ``tgo.train`` run directory TGO refuses a
+    ``geometry/`` it did not make (`tgo.observatory.standalone.claim_run_directory`). Every input is checked in
+    ``setup``, before any training step, each problem in one line.
 
     Args:
         settings: `ObservationSettings`, the ``observation`` node or a mapping of its keys (``None``: the defaults).
@@ -103,6 +110,10 @@ class SpectralGeometryCallback(L.Callback):
         model: The ViT inside the module: an attribute path, a callable of the module, or ``None`` (its one timm ViT).
         story: ``story(run_dir, epoch) -> Figure | {name: Figure} | None``, drawn first as ``0_story/...``;
             ``None``: `tgo.callbacks.dashboard.tgo_story`.
+        dirpath: The directory of the records (``geometry/``, ``analysis_subset.json``); ``None``: see above.
+        name: Several networks in one training (teacher and student, EMA): each callback a ``name``, recorded under
+            ``<directory>/<name>/``, its logger keys and TensorBoard runs prefixed ``<name>/``, its checkpoint state
+            kept apart.
         **setting_overrides: Any `ObservationSettings` key, applied over ``settings`` and validated the same way."""
 
     def __init__(
@@ -112,10 +123,20 @@ class SpectralGeometryCallback(L.Callback):
         analysis: Any = None,
         model: ModelSpec = None,
         story: StoryFunction | None = None,
+        dirpath: str | os.PathLike[str] | None = None,
+        name: str | None = None,
         **setting_overrides: Any,
     ) -> None:
         super().__init__()
         self.settings = observation_settings(settings, setting_overrides)
+        if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
+            raise UserInputError(
+                f"SpectralGeometryCallback: name={name!r}; expected a short name of letters, digits, '_', '-' or '.' "
+                "(e.g. 'teacher'): the records' subdirectory and the prefix of its logger keys"
+            )
+        self.dirpath = dirpath
+        self.name = name
+        print_user_errors_as_one_line()
         if model is not None and not isinstance(model, str) and not callable(model):
             raise UserInputError(
                 f"SpectralGeometryCallback: model={model!r}; expected None (find the ViT), an attribute path such as "
@@ -142,6 +163,7 @@ class SpectralGeometryCallback(L.Callback):
         self._eigvalsh: Any = None  # the summary's eigensolver (observation.summary.eigensolver), on first use
         self._run: RunDir | None = None
         self._dashboard: TensorBoardDashboard | None = None  # rank 0's per-point runs and figure worker, on first use
+        self._named_writer: Any = None  # a named callback's TensorBoard run for its figures, on first use
         self._analysis: Any = None  # the checked analysis set (with .labels), settled in setup
         self._analysis_batch_size = DEFAULT_BATCH_SIZE
         self._analysis_num_workers = 0
@@ -150,13 +172,18 @@ class SpectralGeometryCallback(L.Callback):
         self.run_id: str | None = None  # the training's id (`tgo.resume.RUN_ID_KEY`), settled at each train start
         self._restored: dict[str, Any] | None = None  # what the checkpoint of this fit said, until train start
 
+    @property
+    def state_key(self) -> str:
+        """Lightning's key of this callback's checkpoint state: a named callback's is its own, so several coexist."""
+        return self._generate_state_key(name=self.name) if self.name else super().state_key
+
     # ----------------------------------------------------------------------------------------- lifecycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Finds the network and points and checks the analysis set, so a bad input fails before any update."""
         net = self._network(pl_module)
         self.points = points_from_config(self.settings.points, net)
         resolve_points(net, self.points)
-        self._run = RunDir(trainer.default_root_dir)
+        self._run = RunDir(self._records_root(trainer))
         if stage == "fit":
             self._settle_analysis(trainer)
             # the shared summary's gather runs over a gloo group of its own, never the training's collectives
@@ -164,6 +191,17 @@ class SpectralGeometryCallback(L.Callback):
             for family in enabled_families(self.settings):
                 if family.name not in self.collectors and (collector := family.collector(self.settings)) is not None:
                     self.collectors[family.name] = collector
+
+    def _records_root(self, trainer: L.Trainer) -> str:
+        """Where this fit records, the same on every rank (rank 0 decides: loggers count versions per process)."""
+        if self.dirpath is not None:
+            base = os.fspath(self.dirpath)
+        elif trainer.loggers:
+            base = versioned_log_dir(trainer.loggers[0], trainer.default_root_dir)
+        else:
+            base = os.fspath(trainer.default_root_dir)
+        root = os.path.join(base, self.name) if self.name else base
+        return str(trainer.strategy.broadcast(root, src=0))
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The families' training-time collectors attach (under DDP the model is wrapped by now)."""
@@ -233,6 +271,7 @@ class SpectralGeometryCallback(L.Callback):
             raise RunDirectoryError(problem)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._continue_checkpoint_records(trainer)
         if self._claimed != self._run:
             self._claim_run_directory(trainer)
             self._claimed = self._run
@@ -244,6 +283,22 @@ class SpectralGeometryCallback(L.Callback):
             self.observe_epoch(trainer, pl_module, completed)
         if self._should_observe_step(trainer):  # step 0, or a resumed run's due step not yet recorded
             self.observe_step(trainer, pl_module)
+
+    def _continue_checkpoint_records(self, trainer: L.Trainer) -> None:
+        """A resume continues the records of the checkpoint's training where they are (this fit's logger starts a new
+        version; without ``dirpath`` the records follow the training, not the logger). Rank 0 decides."""
+        recorded = (self._restored or {}).get("records_dir")
+        if self.dirpath is not None or not recorded or self._run is None or recorded == str(self._run.root):
+            return
+        found = os.path.isdir(recorded) if trainer.is_global_zero else False
+        if trainer.strategy.broadcast(found, src=0):
+            rank_zero_info(f"[tgo] resuming: the geometry records of this training continue in {recorded}")
+            self._run = RunDir(recorded)
+        else:
+            rank_zero_info(
+                f"[tgo] resuming: the checkpoint's records directory {recorded} is gone; this fit records into "
+                f"{self._run.root}"
+            )
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         completed = trainer.current_epoch + 1
@@ -322,6 +377,9 @@ class SpectralGeometryCallback(L.Callback):
         dashboard, self._dashboard = self._dashboard, None
         if dashboard is not None:
             dashboard.close_point_runs()
+        writer, self._named_writer = self._named_writer, None
+        if writer is not None:
+            writer.close()
         return drained
 
     def drain_figures(self, trainer: L.Trainer | None = None, timeout: float = FIGURE_DRAIN_TIMEOUT_S) -> bool:
@@ -338,6 +396,7 @@ class SpectralGeometryCallback(L.Callback):
         """``pending_*``: what was still in flight at the checkpoint (its records may be missing if the run died)."""
         pending = self._summaries.pending
         return {
+            "records_dir": os.path.abspath(self._run.root) if self._run is not None else None,
             "observed_epochs": list(self.observed_epochs),
             "pending_epochs": [pending.epoch] if pending and pending.series == "epoch" else [],
             "observed_steps": list(self.observed_steps),
@@ -355,7 +414,12 @@ class SpectralGeometryCallback(L.Callback):
         self.observed_steps = sorted({int(s) for s in state_dict.get("observed_steps", [])})
         pending = [int(e) for e in state_dict.get("pending_epochs", [])]
         restored = self._restored if self._restored is not None else {"run_id": None}
-        self._restored = {**restored, "observed": sorted({*self.observed_epochs, *pending})}
+        records_dir = state_dict.get("records_dir")
+        self._restored = {
+            **restored,
+            "observed": sorted({*self.observed_epochs, *pending}),
+            "records_dir": str(records_dir) if isinstance(records_dir, str) and records_dir else None,
+        }
         for series in ("epoch", "step"):
             pending = [int(e) for e in state_dict.get(f"pending_{series}s", [])]
             if pending:
@@ -574,7 +638,7 @@ class SpectralGeometryCallback(L.Callback):
         """Every second the observation held the training thread, including the wait for its summary and its logging."""
         self.last_blocking_seconds = seconds
         if trainer.is_global_zero:
-            tag = f"{_series_prefix(series)}geometry/blocking_seconds"
+            tag = f"{self._key_prefix(series)}geometry/blocking_seconds"
             for logger in trainer.loggers:
                 logger.log_metrics({tag: seconds}, step=key)
 
@@ -603,13 +667,13 @@ class SpectralGeometryCallback(L.Callback):
         due = index % self.settings.figures.every_n_observations == 0 or epoch == trainer.max_epochs
         if self._dashboard is not None and tensorboard is not None and due:
             self._dashboard.submit_figures(
-                tensorboard.experiment, self._run.root, epoch, results, recorded, self.settings.figures
+                self._figure_writer(tensorboard), self._run.root, epoch, results, recorded, self.settings.figures
             )
 
     def _log_scalars(self, trainer: L.Trainer, key: int, results: Results, *, series: str) -> Any:
         """Scalars at step ``key`` to every logger; TensorBoard gets them in its per-point runs (the step series: view
         ``all`` only). Returns the TensorBoard logger, if any."""
-        prefix = _series_prefix(series)
+        prefix = self._key_prefix(series)
         run_level = {
             f"{prefix}geometry/pass_seconds": float(self.last_pass_seconds or 0.0),
             f"{prefix}geometry/summary_seconds": float(self.last_summary_seconds or 0.0),
@@ -621,15 +685,44 @@ class SpectralGeometryCallback(L.Callback):
         if tensorboard is not None:
             if self._dashboard is None:
                 points = [point.name for point in self.points]
-                self._dashboard = TensorBoardDashboard(tensorboard.log_dir, points, story=self.story)
+                self._dashboard = TensorBoardDashboard(self._tensorboard_dir(tensorboard), points, story=self.story)
             if series == "step":
                 results = Results({k: value for k, value in results.items() if k.view == DEFAULT_VIEW})
-            self._dashboard.write_scalars(results, key, prefix=prefix)
+            self._dashboard.write_scalars(results, key, prefix=_series_prefix(series))
         return tensorboard
+
+    def _key_prefix(self, series: str) -> str:
+        """A logger key's prefix: the callback's name (several networks) and the step series' ``steps_``."""
+        return (f"{self.name}/" if self.name else "") + _series_prefix(series)
+
+    def _tensorboard_dir(self, tensorboard: TensorBoardLogger) -> str:
+        """The TensorBoard directory of this callback's runs: a named callback's is a subfolder (``<name>/points``)."""
+        return os.path.join(tensorboard.log_dir, self.name) if self.name else tensorboard.log_dir
+
+    def _figure_writer(self, tensorboard: TensorBoardLogger) -> Any:
+        """Where figures go: the logger's own run, or a named callback's run ``<log_dir>/<name>`` (tags kept apart)."""
+        if not self.name:
+            return tensorboard.experiment
+        if self._named_writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._named_writer = SummaryWriter(log_dir=self._tensorboard_dir(tensorboard))
+        return self._named_writer
 
     # ----------------------------------------------------------------------------------------- helpers
     def _network(self, pl_module: L.LightningModule) -> torch.nn.Module:
         return vit_network(pl_module, self.model, self.settings, what="the LightningModule")
+
+
+def versioned_log_dir(logger: Any, default_root_dir: str | os.PathLike[str]) -> str:
+    """A logger's versioned directory, as Lightning's ``ModelCheckpoint`` resolves it: ``log_dir`` for TensorBoard and
+    CSV, else ``<save_dir or default_root_dir>/<name>/<version>``."""
+    log_dir = getattr(logger, "log_dir", None)
+    if isinstance(logger, TensorBoardLogger | CSVLogger) and log_dir:
+        return os.fspath(log_dir)
+    save_dir = logger.save_dir if logger.save_dir is not None else default_root_dir
+    version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+    return os.path.join(os.fspath(save_dir), str(logger.name or ""), version)
 
 
 def _series_prefix(series: str) -> str:

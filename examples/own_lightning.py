@@ -87,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     L.seed_everything(0)
     train_set, val_set = digits()
     analysis = stratified_subset(val_set, per_class=10, seed=0)  # TGO
-    geometry = SpectralGeometryCallback(analysis=analysis, every_n_epochs=1)  # TGO
+    # records in <out>/geometry/ beside <out>/checkpoints/ (without dirpath: the logger's version directory)
+    geometry = SpectralGeometryCallback(analysis=analysis, every_n_epochs=1, dirpath=args.out)  # TGO
     checkpoints = ModelCheckpoint(  # every epoch's, and last.ckpt (a resumed fit overwrites, not versions, them)
         dirpath=f"{args.out}/checkpoints", save_top_k=-1, save_last=True, enable_version_counter=False
     )

@@ -4,9 +4,12 @@ anything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from types import TracebackType
 from typing import TypeVar
 
 E = TypeVar("E", bound=BaseException)
@@ -72,3 +75,22 @@ def stopped_by_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def print_user_errors_as_one_line() -> None:
+    """In a user's own script (the training callback), a `UserInputError` that ends the program prints as one line,
+    like TGO's own entry points, instead of Lightning's traceback around it; ``TGO_TRACEBACK=1`` keeps the traceback.
+    Chains to the hook in place; installed once per process."""
+    previous = sys.excepthook
+    if getattr(previous, "_tgo_one_line", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+        found = find_user_error(error)
+        if found is None or os.environ.get("TGO_TRACEBACK"):
+            previous(kind, error, traceback)
+            return
+        print(f"tgo: error: {found}  (TGO_TRACEBACK=1 shows where)", file=sys.stderr)
+
+    hook._tgo_one_line = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
