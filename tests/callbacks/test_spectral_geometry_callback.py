@@ -21,7 +21,7 @@ from tgo.callbacks.tensorboard_runs import point_run_names
 from tgo.errors import UserInputError
 from tgo.model import ViTClassifier
 from tgo.observatory import ObservationSettings, RecordPlan, ShardPlan, observe_and_record, vit_points
-from tgo.records import VIEWS, RecordWriter, RunDir, load_spectra, read_metric_rows
+from tgo.records import RecordWriter, RunDir, load_spectra, read_metric_rows
 from tgo.spectral import CATALOGUE
 from tgo.train import run
 
