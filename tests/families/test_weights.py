@@ -381,6 +381,7 @@ def test_files_tgo_did_not_write_are_never_touched(tmp_path: Path):
     [
         ({"weights": {"enabled": 1}}, r"observation\.weights\.enabled: expected true or false, got 1"),
         ({"weights": {"relative_update": "yes"}}, r"observation\.weights\.relative_update: expected true or false"),
+        ({"weights": {"step_angle": 0}}, r"observation\.weights\.step_angle: expected true or false, got 0"),
         ({"weights": {"maps": ["qkv"]}}, r"observation\.weights"),
         ({"weights": 3}, r"observation\.weights: expected a mapping, got 3"),
     ],
