@@ -73,6 +73,7 @@ from .dashboard import (
     tensorboard_logger,
     tgo_story,
 )
+from .logger_keys import headline_scalars, observation_keys
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a callback's name: one path segment, one key prefix
 
@@ -154,6 +155,7 @@ class SpectralGeometryCallback(L.Callback):
         self.last_summary_seconds: float | None = None  # summary + records (in the background, or inline)
         self.last_logging_seconds: float | None = None  # logger scalars and handing the figures to the worker
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
+        self._logged_steps: dict[tuple[str, int], int] = {}  # (series, key) -> its optimizer step (non-TB loggers)
         # the summary in flight (observation.summary.background)
         self._summaries = BackgroundLane(1, name="tgo-summary", collect=True)
         # Training-time collectors, by family name: statistics the enabled families gather between observations
@@ -564,6 +566,7 @@ class SpectralGeometryCallback(L.Callback):
             settings, epoch = self.settings, key
             keep = settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)
         writer = RecordWriter(RunDir(self._run.root, series))
+        self._logged_steps[(series, key)] = int(trainer.global_step)
         record = RecordPlan(writer=writer, epoch=epoch, step=trainer.global_step, with_covariance=keep)
         reduced = reduce_observation(
             self._network(pl_module),
@@ -637,10 +640,14 @@ class SpectralGeometryCallback(L.Callback):
     def _log_blocking(self, trainer: L.Trainer, series: str, key: int, seconds: float) -> None:
         """Every second the observation held the training thread, including the wait for its summary and its logging."""
         self.last_blocking_seconds = seconds
+        step = self._logged_steps.pop((series, key), key)  # other loggers: the optimizer step; its last use
         if trainer.is_global_zero:
             tag = f"{self._key_prefix(series)}geometry/blocking_seconds"
             for logger in trainer.loggers:
-                logger.log_metrics({tag: seconds}, step=key)
+                if isinstance(logger, TensorBoardLogger):
+                    logger.log_metrics({tag: seconds}, step=key)
+                else:
+                    logger.log_metrics({tag: seconds, **observation_keys(series, key)}, step=step)
 
     def _finish(
         self, trainer: L.Trainer, series: str, key: int, results: Results | None, seconds: float | None
@@ -671,16 +678,21 @@ class SpectralGeometryCallback(L.Callback):
             )
 
     def _log_scalars(self, trainer: L.Trainer, key: int, results: Results, *, series: str) -> Any:
-        """Scalars at step ``key`` to every logger; TensorBoard gets them in its per-point runs (the step series: view
-        ``all`` only). Returns the TensorBoard logger, if any."""
+        """Scalars at step ``key`` to TensorBoard, in its per-point runs (the step series: view ``all`` only); to every
+        other logger the headline set at the observation's optimizer step (`logger_keys`). Returns the TensorBoard
+        logger, if any."""
         prefix = self._key_prefix(series)
         run_level = {
             f"{prefix}geometry/pass_seconds": float(self.last_pass_seconds or 0.0),
             f"{prefix}geometry/summary_seconds": float(self.last_summary_seconds or 0.0),
         }
-        scalars = {**{prefix + tag: value for tag, value in geometry_scalars(results).items()}, **run_level}
+        scalars = {**headline_scalars(results, prefix=prefix), **run_level, **observation_keys(series, key)}
+        step = self._logged_steps.get((series, key), key)
         for logger in trainer.loggers:
-            logger.log_metrics(run_level if isinstance(logger, TensorBoardLogger) else scalars, step=key)
+            if isinstance(logger, TensorBoardLogger):
+                logger.log_metrics(run_level, step=key)
+            else:
+                logger.log_metrics(scalars, step=step)
         tensorboard = tensorboard_logger(trainer)
         if tensorboard is not None:
             if self._dashboard is None:

@@ -321,11 +321,11 @@ def _records(root: Path) -> tuple[list[tuple[str, ...]], dict[int, dict[str, dic
 
 
 def _logged(root: Path, tag: str) -> dict[int, float]:
-    """``{epoch: value}`` of a scalar the CSV logger wrote (steps are epochs)."""
+    """``{epoch: value}`` of a scalar the CSV logger wrote (its row names the epoch in ``geometry/epoch``)."""
     import csv
 
     with open(root / "logs" / "version_0" / "metrics.csv", newline="") as fh:
-        return {int(row["step"]): float(row[tag]) for row in csv.DictReader(fh) if row.get(tag)}
+        return {int(row["geometry/epoch"]): float(row[tag]) for row in csv.DictReader(fh) if row.get(tag)}
 
 
 def test_training_waits_only_for_the_pass_and_every_record_is_written_before_fit_returns(tmp_path, slow_summary):

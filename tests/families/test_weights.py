@@ -5,6 +5,7 @@ reached: uninterrupted, re-observed after a crash, after a resume set an epoch a
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import shutil
@@ -188,16 +189,22 @@ def test_the_step_and_its_turning_angle_over_three_observations_are_brute_force(
         for key in now:
             step = now[key] - before[key]
             assert rows[(*key, "weight_step")][0] == pytest.approx(np.linalg.norm(step), rel=1e-12), key
+            if not step_angle:
+                assert (*key, "weight_step_angle") not in rows, "switched off: not recorded"
+                continue
             angle = rows[(*key, "weight_step_angle")][0]
-            if earlier is None or not step_angle:
+            if earlier is None:
                 assert math.isnan(angle), key
             else:
                 assert angle == pytest.approx(_angle(step, before[key] - earlier[key]), rel=1e-10), key
         network_step = np.concatenate([(now[k] - before[k]).ravel() for k in sorted(now)])
         point = "cls"  # the network view is the last point's
         assert rows[(point, "network", "weight_step")][0] == pytest.approx(np.linalg.norm(network_step), rel=1e-12)
+        if not step_angle:
+            assert (point, "network", "weight_step_angle") not in rows
+            continue
         angle = rows[(point, "network", "weight_step_angle")][0]
-        if earlier is None or not step_angle:
+        if earlier is None:
             assert math.isnan(angle)
         else:
             network_before = np.concatenate([(before[k] - earlier[k]).ravel() for k in sorted(now)])
@@ -314,16 +321,38 @@ def test_which_maps_and_one_record_per_module():
     ]
 
 
-def test_relative_update_off_keeps_no_weights_and_records_nan(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("switch", "absent", "said"),
+    [
+        ("relative_update", {"weight_relative_update", "weight_step", "weight_step_angle"}, "relative_update: false"),
+        ("step_angle", {"weight_step_angle"}, "step_angle: false: weight_step_angle is not recorded"),
+    ],
+)
+def test_a_switched_off_setting_records_none_of_its_metrics_and_says_so_once(tmp_path, caplog, switch, absent, said):
+    """``relative_update: false`` keeps no weights and records no update, step or angle; ``step_angle: false`` keeps
+    two files and records no angle. The other metrics are those of the defaults, bit for bit; said once per process."""
+    from tgo.observatory.families import weights as family
+
+    family._SAID.clear()
+    caplog.set_level(logging.INFO)
     net = tiny_vit()
-    off = {**LEAN, "weights": {"relative_update": False}}
-    observe(net, tmp_path, 0, off)
-    perturb(net, 1)
-    observe(net, tmp_path, 1, off)
-    assert not weights_dir(tmp_path).exists()
-    rows = rows_of(tmp_path, 1)
-    assert math.isnan(rows[("block_01", "weights_fc1", "weight_relative_update")][0])
-    assert not math.isnan(rows[("block_01", "weights_fc1", "weight_alpha")][0])
+    off = {**LEAN, "weights": {switch: False}}
+    for epoch in range(3):
+        if epoch:
+            perturb(net, epoch)
+        observe(net, tmp_path / "off", epoch, off)
+        observe(net, tmp_path / "on", epoch)
+    told = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[tgo] observation.weights.")]
+    assert len(told) == 1 and said in told[0], told
+    off_rows, on_rows = read_metric_rows(tmp_path / "off"), read_metric_rows(tmp_path / "on")
+    assert {r["metric"] for r in off_rows} == {r["metric"] for r in on_rows} - absent
+    assert off_rows == [r for r in on_rows if r["metric"] not in absent]
+    assert sorted(weight_files(tmp_path / "off")) == ([] if switch == "relative_update" else [1, 2])
+    assert sorted(weight_files(tmp_path / "on")) == [0, 1, 2]
+
+
+def test_the_family_switched_off_records_nothing(tmp_path: Path):
+    net = tiny_vit()
     observe(net, tmp_path / "disabled", 0, {**LEAN, "weights": {"enabled": False}})
     assert not any(r["view"].startswith("weights_") for r in read_metric_rows(tmp_path / "disabled"))
 
@@ -352,6 +381,7 @@ def test_files_tgo_did_not_write_are_never_touched(tmp_path: Path):
     [
         ({"weights": {"enabled": 1}}, r"observation\.weights\.enabled: expected true or false, got 1"),
         ({"weights": {"relative_update": "yes"}}, r"observation\.weights\.relative_update: expected true or false"),
+        ({"weights": {"step_angle": 0}}, r"observation\.weights\.step_angle: expected true or false, got 0"),
         ({"weights": {"maps": ["qkv"]}}, r"observation\.weights"),
         ({"weights": 3}, r"observation\.weights: expected a mapping, got 3"),
     ],
@@ -509,3 +539,44 @@ def test_a_weights_directory_that_is_a_file_or_a_link_is_named_and_left_alone(tm
     assert len(caught) == 1 and "\n" not in str(caught[0].message)
     assert list(outside.iterdir()) == []
     assert where.read_text() == "mine" if kind == "file" else where.is_symlink()
+
+
+@pytest.mark.parametrize(("dtype", "stored"), [(torch.bfloat16, np.uint16), (torch.float16, np.float16)])
+def test_half_precision_weights_are_kept_at_two_bytes_and_read_back_exactly(tmp_path: Path, dtype, stored):
+    """A float16 or bfloat16 weight is kept in its training dtype (half the bytes of float32: numpy has no bfloat16,
+    so its bit pattern as uint16) and read back as the exact float32 copy the family measures (torch's own
+    conversion is the reference); a float32 weight beside it stays float32."""
+    from tgo.observatory.families.weight_history import WeightHistory
+
+    generator = torch.Generator().manual_seed(3)
+    half = torch.randn(48, 32, generator=generator).to(dtype)
+    full = torch.randn(16, 8, generator=generator)
+    weights = {"block_01/fc1": half.float().numpy(), "block_01/fc2": full.numpy()}
+    dtypes = {"block_01/fc1": str(dtype).removeprefix("torch."), "block_01/fc2": "float32"}
+    path = write_weights(WeightHistory(RunDir(tmp_path), 0, None, None), weights, dtypes=dtypes)
+    assert path is not None
+    with np.load(path, allow_pickle=False) as npz:
+        assert npz["block_01/fc1"].dtype == stored and npz["block_01/fc1"].nbytes == 2 * half.numel()
+        assert npz["block_01/fc2"].dtype == np.float32
+    norms = {k: float(np.sum(np.square(v, dtype=np.float64))) for k, v in weights.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loaded = WeightHistory(RunDir(tmp_path), 1, 0, path, norms).load_previous(weights)
+    assert set(loaded) == set(weights)
+    for key, want in weights.items():
+        assert loaded[key].dtype == np.float32 and loaded[key].tobytes() == want.tobytes(), key
+    assert loaded["block_01/fc1"].tobytes() == half.float().numpy().tobytes()
+
+
+def test_a_weight_not_exact_in_its_stated_half_dtype_is_kept_as_it_is(tmp_path: Path):
+    """Only an exact conversion is stored at two bytes: float32 values that bfloat16 or float16 cannot hold stay
+    float32, so nothing the next relative update reads is rounded."""
+    from tgo.observatory.families.weight_history import WeightHistory
+
+    w = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    weights = {"block_01/fc1": w, "block_01/fc2": w.copy()}
+    dtypes = {"block_01/fc1": "bfloat16", "block_01/fc2": "float16"}
+    path = write_weights(WeightHistory(RunDir(tmp_path), 0, None, None), weights, dtypes=dtypes)
+    assert path is not None
+    with np.load(path, allow_pickle=False) as npz:
+        assert {npz[k].dtype for k in weights} == {np.dtype(np.float32)} and "bfloat16" not in npz.files

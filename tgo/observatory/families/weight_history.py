@@ -3,9 +3,10 @@
 The records hold geometry, not weights, so the previous observation's weights are kept beside them: one file per
 observed epoch, ``<run>/geometry/weights/epoch_XXXXXX.npz``, written atomically by rank 0 (`tgo.records.atomic_write`)
 and read back without pickle (``np.load(allow_pickle=False)``). Each holds, per recorded map, the weight exactly as the
-observation saw it (``<point>/<map>``: float32 for float32/bfloat16/float16 weights, which float32 holds exactly;
-float64 for float64 weights), the ``epoch`` it belongs to, a ``format`` marker naming this module's layout and a
-``digest`` of the maps (BLAKE2b of names, dtypes, shapes and bytes).
+observation saw it, in the training dtype (``<point>/<map>``: float32, float64, float16; a bfloat16 weight as its
+uint16 bit pattern, named in the ``bfloat16`` entry, since numpy has no bfloat16; read back as the float32 or float64
+copy the family measures, which holds every one of them exactly), the ``epoch`` it belongs to, a ``format`` marker
+naming this module's layout and a ``digest`` of the maps as read back (BLAKE2b of names, dtypes, shapes and bytes).
 
 **What is checked before the file is used** (`WeightHistory.load_previous`): it is read without pickle (a pickled or
 truncated file is refused), carries the marker, the previous epoch and its digest (a map changed since, a transposed
@@ -25,8 +26,9 @@ trajectory all compare with what the records say was observed before.
 (after a crash between this file and the metrics) needs are deleted: its previous observation's and, for the step
 angle (``observation.weights.step_angle``), the one before that. Only files that this module wrote (their name and
 ``format`` marker) are deleted, and only older ones; newer epochs' files (an offline re-observation of an old epoch)
-are left. About ``4 bytes x weights`` per file: 85 MB for ViT-S/16, 340 MB for ViT-B/16, three files at a time
-(two without the step angle; ``observation.weights.relative_update: false`` keeps none).
+are left. ``4 bytes x measured weights`` per file (2 for float16 or bfloat16 weights, 8 for float64): 86 MB for
+ViT-S/16, 340 MB for ViT-B/16, three files at a time (two without the step angle; ``observation.weights.relative_update:
+false`` keeps none).
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ WEIGHTS_FORMAT = "tgo-weights-1"
 """The ``format`` marker of every file this module writes (a file without it is not TGO's and is never touched)."""
 
 _FILE_RE = {series: re.compile(rf"^{series}_(\d{{6,}})\.npz$") for series in SERIES}  # the key of each series
-_RESERVED = ("format", "epoch", "digest")
+_RESERVED = ("format", "epoch", "digest", "bfloat16")
+_HALF = ("float16", "bfloat16")  # training dtypes kept at 2 bytes per weight (`_encode`)
 _NORM_METRICS = ("weight_stable_rank", "weight_spectral_norm")  # ||W||_F^2 = stable rank x spectral norm^2
 
 
@@ -194,8 +197,11 @@ def _problem(
         return f"it holds epoch {held!r}, not the previous recorded epoch {epoch}"
     assert isinstance(loaded, dict)
     digest = loaded.pop("digest", None)
+    bfloat16 = loaded.get("bfloat16")
     for key in _RESERVED:
         loaded.pop(key, None)
+    if (problem := _decode(loaded, bfloat16)) is not None:
+        return problem
     for key, array in loaded.items():
         if key in current and array.shape != current[key].shape:
             return f"{key} has shape {array.shape}, expected {current[key].shape} (the model's weight)"
@@ -206,7 +212,7 @@ def _problem(
         bad = int(array.size - np.count_nonzero(np.isfinite(array)))
         if bad:
             return f"{key} holds {bad} non-finite values of {array.size}"
-    if digest is not None and (digest.shape != () or str(digest) != _digest(loaded)):
+    if digest is not None and (digest.shape != () or str(digest) != _digest(loaded)):  # of the decoded maps
         return "its arrays are not the ones written with it (the content digest differs: changed since)"
     for key, array in loaded.items():
         want = norms.get(key, math.nan)
@@ -216,6 +222,46 @@ def _problem(
                 f"{key} has ||W||_F^2 = {have:.9g}, but this run recorded {want:.9g} at epoch {epoch} (the kept "
                 "weights of another run, or changed since)"
             )
+    return None
+
+
+def _encode(weights: Mapping[str, np.ndarray], dtypes: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """The arrays to store: a map whose training dtype (``dtypes``) is float16 as float16, bfloat16 as the upper 16 bits
+    of its float32 copy (uint16; listed under ``bfloat16``), each only where that is exact; any other as it is."""
+    out: dict[str, np.ndarray] = {}
+    bfloat16 = []
+    for key, array in weights.items():
+        array = np.asarray(array)
+        kind = dtypes.get(key)
+        if kind in _HALF and array.dtype == np.float32:
+            if kind == "float16" and np.array_equal((half := array.astype(np.float16)).astype(np.float32), array):
+                out[key] = half
+                continue
+            bits = array.view(np.uint32)
+            if kind == "bfloat16" and not np.any(bits & np.uint32(0xFFFF)):
+                out[key] = (bits >> np.uint32(16)).astype(np.uint16)
+                bfloat16.append(key)
+                continue
+        out[key] = array
+    if bfloat16:
+        out["bfloat16"] = np.asarray(bfloat16)
+    return out
+
+
+def _decode(loaded: dict[str, np.ndarray], bfloat16: np.ndarray | None) -> str | None:
+    """Turns stored float16 and bfloat16 maps back into the float32 copies the family measures, in place (exact);
+    what makes the ``bfloat16`` entry unusable (one clause), or None."""
+    if bfloat16 is not None:
+        if bfloat16.ndim != 1 or bfloat16.dtype.kind != "U":
+            return f"its bfloat16 entry is {bfloat16.dtype} {bfloat16.shape}, expected a list of map names"
+        for key in (str(k) for k in bfloat16):
+            bits = loaded.get(key)
+            if bits is None or bits.dtype != np.uint16:
+                return f"{key} is listed as bfloat16 but holds {None if bits is None else bits.dtype}, expected uint16"
+            loaded[key] = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    for key, array in loaded.items():
+        if array.dtype == np.float16:
+            loaded[key] = array.astype(np.float32)
     return None
 
 
@@ -271,7 +317,11 @@ def read_weight_history(run_dir: RunPath, epoch: int) -> WeightHistory:
 
 
 def write_weights(
-    history: WeightHistory, weights: Mapping[str, np.ndarray], *, keep_earlier: bool = False
+    history: WeightHistory,
+    weights: Mapping[str, np.ndarray],
+    *,
+    keep_earlier: bool = False,
+    dtypes: Mapping[str, str] | None = None,
 ) -> Path | None:
     """Writes this observation's weights (atomically) and deletes TGO's files older than what is still needed.
 
@@ -280,6 +330,8 @@ def write_weights(
         weights: ``{"<point>/<map>": array}``, exact copies.
         keep_earlier: Keep the earlier observation's file too (the step angle: re-observing this epoch after a
             crash needs the two observations before it).
+        dtypes: ``{"<point>/<map>": training dtype}`` (``"float16"``, ``"bfloat16"``: kept at 2 bytes per weight;
+            any other or none: as given).
 
     Returns:
         The file written (``None``: a file of that name that TGO did not write is in the way, or ``weights/`` is a
@@ -289,11 +341,11 @@ def write_weights(
         "format": np.asarray(WEIGHTS_FORMAT),
         "epoch": np.asarray(history.epoch, dtype=np.int64),
     }
-    for key, array in weights.items():
+    for key in weights:
         if key in _RESERVED:
             raise ValueError(f"write_weights: {key!r} is a reserved name")
-        arrays[key] = np.asarray(array)
-    arrays["digest"] = np.asarray(_digest({k: v for k, v in arrays.items() if k not in _RESERVED}))
+    arrays.update(_encode(weights, dtypes or {}))
+    arrays["digest"] = np.asarray(_digest({k: np.asarray(v) for k, v in weights.items()}))  # of what is read back
     path = _weights_file(history.run_dir, history.epoch)
     where = path.parent
     if where.is_symlink() or (where.exists() and not where.is_dir()):  # never write into, or through, what is there

@@ -25,7 +25,8 @@ activations were non-finite records NaN here too (the summary's policy for every
 before (per map, and over the network on view ``network``; rank 0, ``relate_history``): against the weights of the
 latest recorded observation before this one, kept in ``geometry/weights/`` (`weight_history`: which file, what is
 kept, what happens under resume and re-observation); NaN at the first observation, when that observation's weights
-were not kept, or with ``observation.weights.relative_update: false``. Rank 0 writes this observation's weights at
+were not kept. With ``observation.weights.relative_update: false`` none of the three is recorded (and nothing kept),
+with ``step_angle: false`` no angle; either is said once in the log. Rank 0 writes this observation's weights at
 the history step of the last point, after every point is summarised and before the records are written.
 
 Numerics: `tgo.spectral.weights`; formulas, sources and known answers: ``docs/observables.md``, "Weight geometry".
@@ -214,6 +215,8 @@ class WeightState(FamilyState):
         modules = dict(context.net.named_modules())
         self.plan = tuple(plan)
         self.weights = {m.key: _snapshot(modules[m.module].weight) for m in self.plan}
+        # the training dtype of each map: float16 and bfloat16 weights are kept on disk at 2 bytes (`write_weights`)
+        self.dtypes = {m.key: str(modules[m.module].weight.dtype).removeprefix("torch.") for m in self.plan}
         self.by_point: dict[str, list[WeightMap]] = {}
         for m in self.plan:
             self.by_point.setdefault(m.point, []).append(m)
@@ -248,6 +251,8 @@ class WeightState(FamilyState):
             if self._previous and history is not None and self.keep_earlier:
                 self._earlier = history.load_earlier(self.weights)
         out: list[Metric | Array] = []
+        if not self.keep:  # observation.weights.relative_update: false: none of these is recorded (said at start)
+            return out
         for m in self.by_point.get(summary.point.name, ()):
             previous = self._previous.get(m.key)
             value = relative_update(self.weights[m.key], previous) if previous is not None else math.nan
@@ -256,18 +261,45 @@ class WeightState(FamilyState):
             out += [
                 Metric(m.view, "weight_relative_update", value),
                 Metric(m.view, "weight_step", step.length if step is not None else math.nan),
-                Metric(m.view, "weight_step_angle", step.angle if step is not None else math.nan),
             ]
+            if self.keep_earlier:
+                out.append(Metric(m.view, "weight_step_angle", step.angle if step is not None else math.nan))
         if summary.point.name == self.last_point:
             network = self._network if self.plan and self._network is not None else None
-            out += [
-                Metric(NETWORK_VIEW, "weight_step", network.length if network is not None else math.nan),
-                Metric(NETWORK_VIEW, "weight_step_angle", network.angle if network is not None else math.nan),
-            ]
-            if history is not None and self.keep and self.weights:
-                write_weights(history, self.weights, keep_earlier=self.keep_earlier)
+            out.append(Metric(NETWORK_VIEW, "weight_step", network.length if network is not None else math.nan))
+            if self.keep_earlier:
+                angle = network.angle if network is not None else math.nan
+                out.append(Metric(NETWORK_VIEW, "weight_step_angle", angle))
+            if history is not None and self.weights:
+                write_weights(history, self.weights, keep_earlier=self.keep_earlier, dtypes=self.dtypes)
             self._previous, self._earlier = None, {}  # what was read is no longer needed
         return out
+
+
+_SAID: set[str] = set()  # what `_say_what_is_off` has said in this process
+
+
+def _say_what_is_off(settings: WeightSettings) -> None:
+    """Says once per process which metrics a switched-off setting leaves out of the records (rank 0, at start)."""
+    if not settings.enabled:
+        return
+    if not settings.relative_update:
+        said = (
+            "[tgo] observation.weights.relative_update: false: weight_relative_update, weight_step and "
+            "weight_step_angle are not recorded and no weights are kept in geometry/weights/"
+        )
+    elif not settings.step_angle:
+        said = (
+            "[tgo] observation.weights.step_angle: false: weight_step_angle is not recorded (two kept weight files "
+            "in geometry/weights/ instead of three)"
+        )
+    else:
+        return
+    if said not in _SAID:
+        _SAID.add(said)
+        from lightning.pytorch.utilities import rank_zero_info  # on first use: the family imports no Lightning
+
+        rank_zero_info(said)
 
 
 @dataclass(frozen=True)
@@ -281,11 +313,12 @@ class WeightSettings:
             block and of the patch embedding (views ``weights_<map>``; ``docs/observables.md``, "Weight geometry").
         relative_update: Also record ``||W_t - W_prev||_F / ||W_prev||_F`` and the step ``||W_t - W_prev||_F``
             against the previous recorded observation, which needs its weights: rank 0 keeps the latest two
-            observations' weights in ``geometry/weights/`` (about 4 bytes per weight each: 85 MB for ViT-S/16).
-            ``false`` keeps none and records NaN.
+            observations' weights in ``geometry/weights/`` (4 bytes per measured weight each, 2 for float16 or
+            bfloat16 weights: 86 MB for ViT-S/16). ``false`` keeps none and records none of ``weight_relative_update``,
+            ``weight_step``, ``weight_step_angle`` (said once in the log).
         step_angle: Also record the angle between the step and the step before it (the turning of the weight
             trajectory), which needs one more observation's weights: three files instead of two (with
-            ``relative_update`` only).
+            ``relative_update`` only). ``false`` records no ``weight_step_angle``.
     """
 
     enabled: bool = True
@@ -350,6 +383,8 @@ class WeightsFamily(MeasurementFamily):
     )
 
     def start(self, context: FamilyContext) -> WeightState:
+        if context.rank == 0:
+            _say_what_is_off(context.settings.weights)
         return WeightState(context, weight_plan(context))
 
     def read_history(self, run_dir: RunPath, epoch: int) -> WeightHistory:
