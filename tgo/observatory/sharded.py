@@ -1,11 +1,12 @@
 """The analysis forward under a sharded training strategy: through the strategy's own wrapper, every rank together.
 
-A sharded module holds its parameters flattened (FSDP1), split into `DTensor` shards (FSDP2's ``fully_shard``) or empty
-(DeepSpeed ZeRO-3) between forwards; only the wrapper's forward gathers them (Lightning #20255, PyTorch PR #125394,
-DeepSpeed #6987). So the pass calls the wrapper, with the wrapped LightningModule's ``forward`` redirected to the
-network for that call (what Lightning does for ``training_step``), and every rank makes the same number of forwards:
-each gathers with all the others, so a rank whose shard is short makes padding forwards with no hook attached. The
-hooks stay on the original modules (`tgo.observatory.points.original_modules`). DDP and one device need none of this.
+A sharded module holds its parameters flattened (FSDP1) or split into `DTensor` shards (FSDP2's ``fully_shard``)
+between forwards; only the wrapper's forward gathers them (Lightning #20255, PyTorch PR #125394). So the pass calls the
+wrapper, with the wrapped LightningModule's ``forward`` redirected to the network for that call (what Lightning does
+for ``training_step``), and every rank makes the same number of forwards: each gathers with all the others, so a rank
+whose shard is short makes padding forwards with no hook attached. The hooks stay on the original modules
+(`tgo.observatory.points.original_modules`). DDP, one device and DeepSpeed ZeRO 1/2 (whole parameters on every rank)
+need none of this; DeepSpeed ZeRO-3 (empty parameters outside the engine, DeepSpeed #6987) is refused, unverified.
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ class ShardedForward:
     def full_parameters(self) -> Iterator[None]:
         """Every parameter whole on every rank for the block, by the strategy's own API, for what reads them outside a
         forward (a family's start: the attention's q-k norms, the weights): FSDP1's ``summon_full_params``, FSDP2's
-        ``unshard`` / ``reshard`` of each ``fully_shard`` module, DeepSpeed's ``GatheredParameters``. Collective."""
+        ``unshard`` / ``reshard`` of each ``fully_shard`` module. Collective."""
         if self.strategy == "fsdp":
             from torch.distributed.fsdp import FullyShardedDataParallel
 
             with FullyShardedDataParallel.summon_full_params(self.wrapper, writeback=False):
                 yield
-        elif self.strategy == "fsdp2":
+        else:
             from torch.distributed.fsdp import FSDPModule
 
             units = [m for m in self.wrapper.modules() if isinstance(m, FSDPModule)]
@@ -69,11 +70,6 @@ class ShardedForward:
             finally:
                 for unit in units:
                     unit.reshard()
-        else:
-            import deepspeed  # only where Lightning's DeepSpeedStrategy runs
-
-            with deepspeed.zero.GatheredParameters(list(self.owner.parameters()), modifier_rank=None):
-                yield
 
     def __call__(self, pixels: torch.Tensor) -> Any:
         """``network(pixels)`` run as the wrapper's forward (its parameters gathered as the strategy gathers them)."""
@@ -119,7 +115,13 @@ def _kind(strategy: Any) -> str | None:
     if "XLA" in name:  # the XLA strategies subclass the DDP and one-device ones
         raise UserInputError(_refusal(name))
     if isinstance(strategy, DeepSpeedStrategy):  # before DDP: it subclasses DDPStrategy
-        return "deepspeed"
+        if _zero_stage(strategy) >= 3:
+            raise UserInputError(
+                "the geometry observation does not support DeepSpeed ZeRO stage 3 (its parameters are empty outside "
+                "the engine's forward; not verified here); train with ZeRO 1 or 2, FSDP or FSDP2, or observe the saved "
+                "checkpoints with python -m tgo.observe"
+            )
+        return None  # ZeRO 1 and 2 shard the optimizer and gradients only: every rank holds the whole network
     if isinstance(strategy, FSDPStrategy):
         return "fsdp"
     if isinstance(strategy, ModelParallelStrategy):
@@ -145,8 +147,7 @@ def _refusal(name: str) -> str:
 def check_strategy(strategy: Any, families: Iterable[Any] = ()) -> None:
     """Refuses, in one line, a strategy the observation cannot run under, or an enabled family that reads parameters
     (`MeasurementFamily.reads_parameters`) where they are sharded. Call before the fit trains."""
-    kind = _kind(strategy)
-    if kind is None or (kind == "deepspeed" and _zero_stage(strategy) < 3):
+    if _kind(strategy) is None:
         return
     readers = [f.name for f in families if getattr(f, "reads_parameters", False)]
     if readers:
@@ -164,10 +165,9 @@ def _zero_stage(strategy: Any) -> int:
 
 
 def sharded_forward(strategy: Any, pl_module: nn.Module, network: nn.Module) -> ShardedForward | None:
-    """How the pass calls ``network`` (found in ``pl_module``) under ``strategy``; ``None`` where it calls the
-    network itself (one device, DDP). Every sharded kind goes through Lightning's ``strategy.model`` (FSDP1's root
-    unit, the ``fully_shard`` module, the DeepSpeed engine); under ZeRO 1 or 2 the parameters are whole on every rank
-    but the engine's forward is still the documented way in."""
+    """How the pass calls ``network`` (found in ``pl_module``) under ``strategy``: through Lightning's
+    ``strategy.model`` (FSDP1's root unit, or the LightningModule that ``fully_shard`` may have made FSDP2's root);
+    ``None`` where every rank holds the whole network and the pass calls it itself (one device, DDP, ZeRO 1 or 2)."""
     kind = _kind(strategy)
     if kind is None:
         return None
