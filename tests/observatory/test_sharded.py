@@ -164,3 +164,43 @@ def test_training_under_activation_checkpointing_is_unchanged_and_observed_exact
     got_rows = read_metric_rows(tmp_path / "checkpointed")
     assert {r["epoch"] for r in want_rows} == {"0", "1", "2"}
     assert got_rows == want_rows
+
+
+def test_the_callback_refuses_an_unsupported_strategy_before_the_fit_trains(tmp_path: Path):
+    import lightning as L
+    from torch.utils.data import DataLoader
+
+    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
+
+    class TinyXLAStrategy(SingleDeviceStrategy):
+        """Stands for the XLA strategies, which subclass the one-device and DDP ones."""
+
+    steps: list[int] = []
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_vit()
+
+        def training_step(self, batch, batch_idx):
+            steps.append(batch_idx)
+            return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = TensorDataset(_images(8).tensors[0].float(), _images(8).tensors[1])
+    trainer = L.Trainer(
+        strategy=TinyXLAStrategy(device=torch.device("cpu")),
+        max_epochs=1,
+        default_root_dir=tmp_path,
+        callbacks=[SpectralGeometryCallback(analysis=data)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    with pytest.raises(UserInputError) as refused:
+        trainer.fit(Module(), DataLoader(data, batch_size=4))
+    assert "TinyXLAStrategy" in str(refused.value) and "\n" not in str(refused.value)
+    assert steps == [], "refused before any training step"
