@@ -6,9 +6,8 @@ The shards are what Lightning builds: the root unit wraps the LightningModule (a
 parameters: Lightning #20255, PyTorch PR #125394), so the pass goes through the root
 (`tgo.observatory.sharded.ShardedForward`), every rank making the same number of forwards: 41 images in batches of 4
 give rank 0 six batches and rank 1 five and a padding forward. A training forward and backward before and after the
-observation show the strategies' state machines unharmed. (Calling the network itself under FSDP1 reads freed
-storage: a segmentation fault here, garbage elsewhere.) Lightning's ``strategy="fsdp"`` itself needs CUDA (the GPU
-check runs it); FSDP2 through Lightning: ``test_sharded_lightning.py``.
+observation show the strategies' state machines unharmed, and calling the network itself fails under both. Lightning's
+``strategy="fsdp"`` itself needs CUDA (the GPU check runs it); FSDP2 through Lightning: ``test_sharded_lightning.py``.
 """
 
 from __future__ import annotations
@@ -84,8 +83,9 @@ def shard(kind: str, holder: Holder, world: int) -> nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+        policy = ModuleWrapPolicy({Block})  # as Lightning's FSDPStrategy(auto_wrap_policy={Block}), its defaults
         return FullyShardedDataParallel(
-            holder, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu")
+            holder, auto_wrap_policy=policy, device_id=torch.device("cpu"), use_orig_params=True
         )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -115,14 +115,12 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         holder = Holder(tiny_vit().double())
         wrapper = shard(kind, holder, world)
         _backward(wrapper)
-        direct = "not tried"
-        if kind == "fsdp2":  # the network's own call, outside the root's forward (under FSDP1 it reads freed memory)
-            try:
-                with torch.no_grad():
-                    holder.net(images().tensors[0][:2])
-                direct = "ran"
-            except RuntimeError as error:  # DTensor shards mixed with plain tensors
-                direct = type(error).__name__
+        try:  # the network's own call, outside the root's forward
+            with torch.no_grad():
+                holder.net(images().tensors[0][:2])
+            direct = "ran"
+        except RuntimeError as error:  # empty parameters (FSDP1), DTensor shards mixed with plain tensors (FSDP2)
+            direct = str(error).split("\n")[0]
         net = holder.net
         forward = ShardedForward(kind, wrapper, holder, net)
         observe(Path(out) / kind, net, rank, world, all_reduce_sum, forward)
