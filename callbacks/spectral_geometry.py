@@ -37,6 +37,7 @@ from tgo.observatory import (
 from tgo.observatory.families import TrainingCollector, TrainingInfo, enabled_families
 from tgo.observatory.find_vit import ModelSpec
 from tgo.observatory.pipeline import reduce_observation, summarize_and_record, summary_share
+from tgo.observatory.sharded import check_strategy, sharded_forward
 from tgo.observatory.share import GatherBytes, summary_gather
 from tgo.observatory.standalone import (
     DEFAULT_BATCH_SIZE,
@@ -187,6 +188,7 @@ class SpectralGeometryCallback(L.Callback):
         resolve_points(net, self.points)
         self._run = RunDir(self._records_root(trainer))
         if stage == "fit":
+            check_strategy(trainer.strategy, enabled_families(self.settings))  # one line, before the fit trains
             self._settle_analysis(trainer)
             # the shared summary's gather runs over a gloo group of its own, never the training's collectives
             self._gather = self._gather or summary_gather(trainer.world_size, self.settings.summary.share)
@@ -568,8 +570,9 @@ class SpectralGeometryCallback(L.Callback):
         writer = RecordWriter(RunDir(self._run.root, series))
         self._logged_steps[(series, key)] = int(trainer.global_step)
         record = RecordPlan(writer=writer, epoch=epoch, step=trainer.global_step, with_covariance=keep)
+        network = self._network(pl_module)
         reduced = reduce_observation(
-            self._network(pl_module),
+            network,
             dataset,
             self.points,
             settings=settings,
@@ -579,6 +582,7 @@ class SpectralGeometryCallback(L.Callback):
             is_global_zero=trainer.is_global_zero,
             device=pl_module.device,
             training=self._training_info(trainer, pl_module, epoch),
+            forward=sharded_forward(trainer.strategy, pl_module, network),  # None under DDP or on one device
         )
         self.last_pass_seconds = time.perf_counter() - start
         share = summary_share(self.settings, plan, self._gather, trainer.is_global_zero)

@@ -561,6 +561,71 @@ def numpy_lapack() -> str:
     return f"{pool.get('internal_api')} {pool.get('version') or ''}".strip()
 
 
+def sharded_check(observed: Observed, device: torch.device, work: Path, count: int) -> dict[str, Any]:
+    """Lightning's ``strategy="fsdp"`` (FSDP1, a unit per block, the root unit around the LightningModule) on this GPU
+    observes the first ``count`` images as the unsharded float64 copy does: the pass runs through the root unit
+    (`tgo.observatory.sharded`). Needs CUDA (Lightning refuses FSDP on a CPU: tests/observatory/test_sharded*.py)."""
+    if device.type != "cuda":
+        return {"skipped": "CPU run: Lightning's strategy='fsdp' needs CUDA (tests/observatory/test_sharded*.py)"}
+    import lightning as L
+    from lightning.pytorch.strategies import FSDPStrategy
+    from torch.utils.data import DataLoader
+
+    from tgo.errors import UserInputError
+    from tgo.observatory import RecordPlan, ShardPlan, observe_and_record
+    from tgo.observatory.families import enabled_families
+    from tgo.observatory.find_vit import resolve_network
+    from tgo.observatory.sharded import check_strategy, sharded_forward
+    from tgo.records import RecordWriter
+
+    images = first_images(observed.images, count, torch.float64)
+    want = observe(observed, images, device, work, torch.float64)
+    strategy = FSDPStrategy(auto_wrap_policy={type(observed.net.blocks[0])})  # type: ignore[index]
+    try:
+        check_strategy(strategy, enabled_families(observed.settings))
+    except UserInputError as refused:
+        return {"skipped": str(refused)}
+    got: list[Any] = []
+
+    class Observe(L.Callback):
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            network = resolve_network(pl_module)
+            got.append(
+                observe_and_record(
+                    network,
+                    images,
+                    observed.points,
+                    settings=observed.settings,
+                    plan=ShardPlan(batch_size=observed.batch_size),
+                    record=RecordPlan(RecordWriter(Path(tempfile.mkdtemp(dir=work))), epoch=0, step=0),
+                    all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
+                    is_global_zero=True,
+                    device=pl_module.device,
+                    forward=sharded_forward(trainer.strategy, pl_module, network),
+                )
+            )
+
+    module = h.classifier(copy.deepcopy(observed.net).double(), lambda p: torch.optim.SGD(p, lr=0.0))
+    trainer = L.Trainer(
+        accelerator="cuda",
+        devices=[device.index or 0],
+        strategy=strategy,
+        max_epochs=1,
+        limit_train_batches=1,
+        callbacks=[Observe()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    try:
+        trainer.fit(module, DataLoader(images, batch_size=2))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    return {**relative_difference(want, got[0]), "images": count}
+
+
 # ---------------------------------------------------------------------------------------------------- the table
 @dataclass
 class Row:
@@ -587,6 +652,7 @@ ROW_NAMES = (
     "device: float64 vs CPU float64",
     "eigensolver: GPU vs CPU values",
     "float32 device vs CPU",
+    "sharded: Lightning fsdp vs unsharded",
 )
 """Every row, in table order (``tests/tools/test_gpu_check.py`` checks the printed table against it)."""
 
@@ -614,6 +680,7 @@ def build_rows(
     agreement: dict[str, Any],
     f32: dict[str, Any] | None,
     eig: dict[str, Any],
+    sharded: dict[str, Any] | None = None,
 ) -> list[Row]:
     """The table's rows from the measurements (see `ROW_NAMES`)."""
     judged = profile.judged and device.type == "cuda"
@@ -739,6 +806,17 @@ def build_rows(
             f"kernels differ ~1e-7..1e-5, TF32 ~1e-3; worst at {f32['where']}"
         )
         rows.append(Row(name, _rel(f32["worst"]), "none (read it)", "info", detail, kind="info"))
+    name = "sharded: Lightning fsdp vs unsharded"
+    if sharded is None or "skipped" in sharded:
+        detail = (sharded or {}).get("skipped", "not run")
+        rows.append(Row(name, "-", f"<= {TOLERANCE:.0e}", "n/a", detail, kind="exact"))
+    else:
+        detail = (
+            f"float64 observation of {sharded['images']} images by Lightning's FSDPStrategy (a unit per block) through "
+            f"its root unit vs the unsharded copy on {device.type}; worst at {sharded['where']} "
+            f"({sharded['compared']} values)"
+        )
+        rows.append(_exact_row(name, sharded, detail))
     return rows
 
 
@@ -875,9 +953,11 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         f32 = None if device.type == "cpu" else agreement(observed, work, count, torch.float32, *both)
         print("== eigensolver: CPU LAPACK vs batched GPU eigvalsh", flush=True)
         eig = eigensolver_check(observed, device, work, profile.repeats)
+        print("== sharded: Lightning strategy='fsdp' vs unsharded", flush=True)
+        sharded = sharded_check(observed, device, work, count)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = build_rows(profile, device, trained, timing, guard, devices, f32, eig)
+    rows = build_rows(profile, device, trained, timing, guard, devices, f32, eig, sharded)
     status = exit_status(rows, args.strict)
     table = render(rows)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -903,6 +983,7 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         "device_check": devices,
         "float32_device_vs_cpu": f32,
         "eigensolver": eig,
+        "sharded": sharded,
         "rows": [dataclasses.asdict(r) for r in rows],
         "exit_status": status,
     }

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from tgo.errors import UserInputError
-from tgo.observatory.points import unwrap_model
+from tgo.observatory.points import WRAPPER_SEGMENTS, unwrap_model
 
 __all__ = ["VIT_ATTRIBUTES", "ModelLookupError", "ModelSpec", "find_vit", "is_vit", "require_vit", "resolve_network"]
 
@@ -56,17 +56,17 @@ def _listing(pairs: list[tuple[str, nn.Module]]) -> str:
 
 
 def _children(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, child) for name, child in module.named_children() if name != "_orig_mod"]
+    return [(name, child) for name, child in module.named_children() if name not in WRAPPER_SEGMENTS]
 
 
 def _user_path(root: nn.Module, path: str) -> str:
-    """``path`` without the wrapper hops (a compiled module's ``_orig_mod``, a DDP wrapper's ``module``)."""
+    """``path`` without the wrapper hops (`WRAPPER_SEGMENTS`, a DDP wrapper's ``module``)."""
     kept: list[str] = []
     current: nn.Module = root
     for part in path.split(".") if path else []:
         wrapper = current is not unwrap_model(current)
         current = getattr(current, part)
-        if not (wrapper and part in ("_orig_mod", "module")):
+        if not (wrapper and part in (*WRAPPER_SEGMENTS, "module")):
             kept.append(part)
     return ".".join(kept)
 

@@ -15,7 +15,15 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .points import LAYOUTS, ObservationPoint, PointConfigError, resolve_points, select_tokens, unwrap_model
+from .points import (
+    LAYOUTS,
+    ObservationPoint,
+    PointConfigError,
+    original_modules,
+    resolve_points,
+    select_tokens,
+    unwrap_model,
+)
 
 __all__ = [
     "LAYOUTS",
@@ -207,8 +215,9 @@ Consume = Callable[[torch.Tensor], None]  # called with the detached, layout-che
 class ActivationHooks:
     """Registers forward hooks for ``(HookSpec, consume)`` bindings and removes them on exit, also on an exception.
 
-    Hooks go on the original module (`unwrap_model`). Each tensor is detached and layout-checked before ``consume`` sees
-    it, and ``consume`` runs outside ``torch.inference_mode``, so the state it updates stays ordinary tensors.
+    Hooks go on the original module (`unwrap_model`, `original_modules`). Each tensor is detached and layout-checked
+    before ``consume`` sees it, and ``consume`` runs outside ``torch.inference_mode``, so the state it updates stays
+    ordinary tensors.
 
     Example::
 
@@ -224,7 +233,10 @@ class ActivationHooks:
     ) -> None:
         self.model = unwrap_model(model)
         self.bindings = list(bindings)
+        # a path as named_modules() gives it, or without the wrappers' segments (then the original module)
         named = dict(modules) if modules is not None else dict(self.model.named_modules())
+        if modules is None:
+            named.update(original_modules(model))
         unknown = sorted({s.module for s, _ in self.bindings if s.module not in named})
         if unknown:  # before any hook is registered, so a bad path fails with nothing to undo
             raise PointConfigError(f"ActivationHooks: {type(self.model).__name__} has no module(s) {unknown}")

@@ -7,6 +7,7 @@ loop."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -14,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, default_collate
 
 from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily, TrainingInfo, enabled_families
 from tgo.observatory.hooks import num_prefix_tokens_of
 from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_model
 from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings, check_jackknife_groups
+from tgo.observatory.sharded import ShardedForward
 from tgo.observatory.share import GatherBytes, SummaryShare, summarize_shared
 from tgo.observatory.stream import reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
@@ -187,17 +189,23 @@ def observe_dataset(
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
     group_of_item: np.ndarray | None = None,
+    forward: ShardedForward | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
     Every rank makes exactly the same two collective calls whatever its shard and the families, so ranks with fewer or
     no batches cannot hang the others; each family's ``check`` runs after them, on every rank. Returns the global sums,
-    one accumulator per point, identical on every rank."""
+    one accumulator per point, identical on every rank. ``forward``: a sharded strategy's (`tgo.observatory.sharded`).
+    """
     if groups and group_of_item is None:
         group_of_item = group_of_items(dataset, groups)
     loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
+    if forward is not None and len(dataset):  # type: ignore[arg-type]  # map-style: Sized
+        first = default_collate([dataset[0]])
+        pad = first if isinstance(first, torch.Tensor) else first[0]
+        forward = forward.for_shard(pad, len(dataset), plan.world_size, plan.batch_size)  # type: ignore[arg-type]
     accumulators = stream_activations(
-        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families
+        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families, forward=forward
     )
     reduce_accumulators(accumulators, all_reduce_sum, [s for run in families for s in run.state.summables()])
     for run in families:
@@ -257,24 +265,26 @@ def reduce_observation(
     is_global_zero: bool,
     device: torch.device | str | None = None,
     training: TrainingInfo | None = None,
+    forward: ShardedForward | None = None,
 ) -> ReducedObservation:
     """The stream and the reduction of one observation, on every rank. Collective.
 
     Non-finite activations raise on every rank together (the counts are reduced first), so an ``error`` policy cannot
     leave one rank waiting in a collective."""
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
-    families = start_families(
-        enabled_families(settings, record.writer.run.series),
-        model,
-        points,
-        settings=settings,
-        plan=plan,
-        n_images=len(dataset),  # type: ignore[arg-type]  # map-style: Sized
-        group_of_item=image_groups,
-        device=device,
-        dataset=dataset,
-        training=training,
-    )
+    with forward.full_parameters() if forward is not None else contextlib.nullcontext():  # a start reads weights
+        families = start_families(
+            enabled_families(settings, record.writer.run.series),
+            model,
+            points,
+            settings=settings,
+            plan=plan,
+            n_images=len(dataset),  # type: ignore[arg-type]  # map-style: Sized
+            group_of_item=image_groups,
+            device=device,
+            dataset=dataset,
+            training=training,
+        )
     accumulators = observe_dataset(
         model,
         dataset,
@@ -286,6 +296,7 @@ def reduce_observation(
         groups=settings.groups,
         families=families,
         group_of_item=image_groups,
+        forward=forward,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
@@ -345,11 +356,12 @@ def observe_and_record(
     gather: GatherBytes | None = None,
     eigvalsh: Eigvalsh | None = None,
     training: TrainingInfo | None = None,
+    forward: ShardedForward | None = None,
 ) -> Results | None:
     """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
 
     Collective: every rank must call it. With a ``gather`` and ``settings.summary.share`` every rank summarises its
-    share of the points. Returns the results on rank 0, ``None`` on other ranks."""
+    share of the points. Returns the results on rank 0, ``None`` on other ranks. ``forward``: a sharded strategy's."""
     reduced = reduce_observation(
         model,
         dataset,
@@ -361,6 +373,7 @@ def observe_and_record(
         is_global_zero=is_global_zero,
         device=device,
         training=training,
+        forward=forward,
     )
     share = summary_share(settings, plan, gather, is_global_zero)
     if not share.is_shared and not is_global_zero:

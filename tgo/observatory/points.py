@@ -28,8 +28,11 @@ __all__ = [
     "LAYOUTS",
     "READS",
     "TOKENS",
+    "WRAPPER_SEGMENTS",
     "ObservationPoint",
     "UnsupportedModelError",
+    "original_modules",
+    "original_name",
     "points_from_config",
     "resolve_points",
     "select_tokens",
@@ -95,23 +98,47 @@ class ObservationPoint:
         return asdict(self)
 
 
+WRAPPER_SEGMENTS: tuple[str, ...] = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+"""The attribute a wrapper keeps its original module under: FSDP1's unit, activation checkpointing's
+``checkpoint_wrapper``, ``torch.compile``. Point paths are written without them (`original_name`)."""
+
+
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The original module behind DDP / DataParallel / ``torch.compile`` wrappers.
+    """The original module behind DDP / DataParallel / FSDP1 / ``checkpoint_wrapper`` / ``torch.compile`` wrappers.
 
     Hooks must go on it: a compiled graph ignores hooks added after compilation, and a DDP wrapper's forward would add
-    collectives to a pass in which ranks see different numbers of batches."""
+    collectives to a pass in which ranks see different numbers of batches. (A sharded wrapper's forward is still the
+    one the pass calls: `tgo.observatory.sharded`.)"""
     seen = 0
     while seen < 16:  # wrappers never nest this deep; the bound only guards against a self-referencing attribute
         seen += 1
         if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
             model = model.module
             continue
-        orig = getattr(model, "_orig_mod", None)  # torch._dynamo.eval_frame.OptimizedModule
-        if isinstance(orig, nn.Module):
-            model = orig
+        inner = next(
+            (getattr(model, s) for s in WRAPPER_SEGMENTS if isinstance(getattr(model, s, None), nn.Module)),
+            None,
+        )
+        if inner is not None:
+            model = inner
             continue
         break
     return model
+
+
+def original_name(name: str) -> str:
+    """A module path without the wrappers' segments (`WRAPPER_SEGMENTS`): ``blocks.0._fsdp_wrapped_module.attn`` is
+    ``blocks.0.attn``, the path the unwrapped model gives it."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS) if name else name
+
+
+def original_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """``{original_name: module}`` of every module: under a wrapper's path the original (innermost) module, so hooks
+    go on the module itself (its output is the wrapper's; a checkpointed module's hooks run where it runs)."""
+    modules: dict[str, nn.Module] = {}
+    for name, module in unwrap_model(model).named_modules():  # a wrapper comes before what it wraps: the last wins
+        modules[original_name(name)] = module
+    return modules
 
 
 def _final_point(model: nn.Module) -> ObservationPoint:
@@ -251,10 +278,10 @@ def _summarize_module_names(names: Iterable[str], max_depth: int = 3) -> list[st
 
 def resolve_points(model: nn.Module, points: Sequence[ObservationPoint]) -> dict[str, nn.Module]:
     """``{point.name: module}``, failing before training on an unknown path (with close matches and the model's paths),
-    so a typo costs seconds, not an epoch."""
+    so a typo costs seconds, not an epoch. Paths are read through wrappers' segments (`original_modules`)."""
     model = unwrap_model(model)
     _check_unique(points)
-    modules = dict(model.named_modules())
+    modules = original_modules(model)
     unknown = [p for p in points if p.module not in modules]
     if unknown:
         names = [n for n in modules if n]

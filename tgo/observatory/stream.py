@@ -4,13 +4,15 @@
   1e-3..1e-6 relative error on the observables), previous settings restored.
 * The forward runs on the original module: under DDP that avoids the wrapper's collectives in a pass where ranks see
   different numbers of batches; under ``torch.compile`` it is the only way the hooks are sure to fire.
-* Every point ends with an accumulator even for an empty shard (the all-reduce needs identical sizes on every rank)."""
+* Every point ends with an accumulator even for an empty shard (the all-reduce needs identical sizes on every rank).
+* Under a sharded strategy (`tgo.observatory.sharded`) the forward is the strategy's, and every rank makes the same
+  number of forwards (padding ones without hooks), since each gathers parameters with all the others."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,6 +23,9 @@ from tgo.spectral.accumulator import Summable
 from .families.base import BatchInfo, FamilyRun
 from .hooks import ActivationHooks, Consume, HookSpec, num_prefix_tokens_of
 from .points import ObservationPoint, resolve_points, unwrap_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .sharded import ShardedForward
 
 __all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
 
@@ -116,8 +121,31 @@ def _static_dim(model: nn.Module, point: ObservationPoint, module: nn.Module) ->
     return None
 
 
-def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], device: torch.device) -> dict[str, int]:
-    """Feature dimension of each point from one forward of a zero image (nothing is accumulated)."""
+def _dims_by_shape_probe(
+    model: nn.Module,
+    points: Sequence[ObservationPoint],
+    device: torch.device,
+    forward: Callable[[torch.Tensor], Any] | None = None,
+    image: torch.Tensor | None = None,
+) -> dict[str, int]:
+    """Feature dimension of each point from one forward (``forward``, else the model's) of ``image``, else of a zero
+    image (nothing is accumulated)."""
+    dims: dict[str, int] = {}
+
+    class _Shape:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def update(self, x: torch.Tensor) -> None:
+            dims.setdefault(self.name, int(x.shape[-1]))
+
+    with ActivationHooks.for_points(model, points, {p.name: _Shape(p.name) for p in points}):
+        (forward or model)(image.to(device) if image is not None else _zero_image(model, points, device))
+    return dims
+
+
+def _zero_image(model: nn.Module, points: Sequence[ObservationPoint], device: torch.device) -> torch.Tensor:
+    """One zero image of the size a timm ViT's patch embedding takes."""
     patch_embed = getattr(model, "patch_embed", None)
     img_size = getattr(patch_embed, "img_size", None)
     proj = getattr(patch_embed, "proj", None)
@@ -128,19 +156,8 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
             f"{[p.name for p in points]} cannot be inferred for {type(model).__name__}; give every rank data"
         )
     h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    dims: dict[str, int] = {}
-
-    class _Shape:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        def update(self, x: torch.Tensor) -> None:
-            dims.setdefault(self.name, int(x.shape[-1]))
-
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    with ActivationHooks.for_points(model, points, {p.name: _Shape(p.name) for p in points}):
-        model(torch.zeros(1, in_chans, h, w, device=device, dtype=dtype))
-    return dims
+    return torch.zeros(1, in_chans, h, w, device=device, dtype=dtype)
 
 
 def _never_called(points: Sequence[ObservationPoint]) -> str:
@@ -169,13 +186,15 @@ def stream_activations(
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
+    forward: ShardedForward | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's batches through the model and accumulates every point's activations, not yet reduced.
 
     Batches are image tensors or ``(images, labels)``; with ``groups`` ``(images, labels, group ids)``, with families
     also subset indices. Each image's rows go to its group's accumulator only, so the Gram work is unchanged. Each
     family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
-    whose module the forward never calls is refused (its records would silently be empty)."""
+    whose module the forward never calls is refused (its records would silently be empty). With ``forward`` (a sharded
+    strategy's, its ``rounds`` set) the batches go through it and the rank pads to ``rounds`` forwards."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
@@ -186,6 +205,7 @@ def stream_activations(
     point_hooks = ActivationHooks.for_points(net, points, lazy, num_prefix_tokens=prefix, modules=modules)
     hooks = ActivationHooks(net, point_hooks.bindings + _family_bindings(families, current))
     modes = [(m, m.training) for m in net.modules()]  # per module: a deliberately frozen submodule stays frozen
+    call: Callable[[torch.Tensor], Any] = forward if forward is not None else net
     try:
         net.eval()
         with exact_inference(device.type), hooks:
@@ -200,20 +220,28 @@ def stream_activations(
                     current[:] = [_batch_info(batch)]
                     for run in families:
                         run.state.begin_batch(current[0])
-                net(pixels)
+                call(pixels)
                 n_batches += 1
         missing = [p for p in points if lazy[p.name].acc is None]
+        dims = {p.name: _static_dim(net, p, modules[p.name]) for p in missing} if not n_batches else {}
+        unknown = [p for p in missing if dims.get(p.name) is None] if not n_batches else []
+        if forward is not None:  # every rank makes forward.rounds forwards: the first padding one may be the probe
+            with exact_inference(device.type):
+                for i in range(forward.rounds - n_batches):
+                    if i == 0 and unknown:
+                        dims.update(_dims_by_shape_probe(net, unknown, device, forward, forward.pad))
+                    else:
+                        assert forward.pad is not None, "ShardedForward.for_shard sets the padding input"
+                        forward(forward.pad.to(device))
         if missing and n_batches:
             raise RuntimeError(_never_called(missing))
         if missing:
-            dims = {p.name: _static_dim(net, p, modules[p.name]) for p in missing}
-            unknown = [p for p in missing if dims[p.name] is None]
-            if unknown:
+            if unknown and forward is None:
                 with exact_inference(device.type):
                     dims.update(_dims_by_shape_probe(net, unknown, device))
-                never = [p for p in unknown if dims.get(p.name) is None]
-                if never:
-                    raise RuntimeError(_never_called(never))
+            never = [p for p in unknown if dims.get(p.name) is None]
+            if never:
+                raise RuntimeError(_never_called(never))
             for p in missing:
                 dim = dims[p.name]
                 assert dim is not None  # points without a dimension raised above

@@ -354,6 +354,9 @@ class MeasurementFamily:
             ``""``: none. Its files there are ``kept_files``; anything else there is foreign to the run.
         figure_switch: Its cards have a switch of their own, ``observation.figures.<name>`` (true by default).
         panels: What it draws (`tgo.panels.Panel`: a TensorBoard card, a report figure or both); none by default.
+        reads_parameters: It reads the network's parameters after its start or runs forwards of its own, so a
+            strategy that shards the parameters (`tgo.observatory.sharded`) refuses it before the fit (a start runs
+            with the parameters gathered).
     """
 
     name: str = ""
@@ -365,6 +368,7 @@ class MeasurementFamily:
     folder: str = ""
     figure_switch: bool = False
     panels: tuple[Panel, ...] = ()
+    reads_parameters: bool = False
 
     @property
     def settings_key(self) -> str:

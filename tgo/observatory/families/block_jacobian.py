@@ -205,6 +205,7 @@ class BlockJacobianFamily(MeasurementFamily):
     """Each block's input-output Jacobian at fixed images (``observation.block_jacobian``)."""
 
     name = "block_jacobian"
+    reads_parameters = True  # sharded parameters are refused (tgo.observatory.sharded)
     order = 120
     settings = BlockJacobianSettings
     series = ("epoch",)  # expensive: not in the step series

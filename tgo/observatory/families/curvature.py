@@ -332,6 +332,7 @@ class CurvatureFamily(MeasurementFamily):
     """The loss Hessian's curvature on a fixed batch (``observation.curvature``)."""
 
     name = "curvature"
+    reads_parameters = True  # sharded parameters are refused (tgo.observatory.sharded)
     order = 50
     settings = CurvatureSettings
     series = ("epoch",)  # measured between epoch observations: not in the step series

@@ -1,0 +1,133 @@
+"""The geometry callback under Lightning's ``ModelParallelStrategy`` with ``fully_shard`` (FSDP2) on 2 gloo CPU
+processes (issue 38 item 1): the epoch-0 records equal those of the same model observed unsharded in one process to
+1e-10 relative, and the fit trains and observes again at its end. Lightning's ``strategy="fsdp"`` needs CUDA
+(``make gpu-check``); its mechanism on CPU: ``test_sharded_processes.py``."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.utils.data import TensorDataset
+
+from tests.processes import free_port, tiny_vit
+from tgo.records import read_metric_rows
+
+WORLD = 2
+SETTINGS: dict[str, Any] = {"groups": 3, "batch_size": 4, "probes": {"enabled": True, "folds": 3}}
+
+
+def analysis() -> TensorDataset:
+    """25 float64 images: 13 on rank 0 and 12 on rank 1, in batches of 4 (one padding forward on rank 1)."""
+    x = torch.randn(25, 3, 16, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    return TensorDataset(x, torch.arange(25) % 3)
+
+
+def _module() -> Any:
+    import lightning as L
+    from timm.models.vision_transformer import Block
+    from torch.distributed.fsdp import fully_shard
+
+    class Sharded(L.LightningModule):
+        """A user's module sharding its ViT in ``configure_model``, as Lightning documents for FSDP2."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = tiny_vit().double()
+
+        def configure_model(self) -> None:
+            mesh = self.device_mesh["data_parallel"]
+            for module in self.net.modules():
+                if isinstance(module, Block):
+                    fully_shard(module, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    return Sharded()
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    # processes started outside Lightning (as torchrun would): it launches none of its own
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "NODE_RANK": "0"}
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
+    import lightning as L
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.utils.data import DataLoader
+
+    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1),
+        max_epochs=1,
+        default_root_dir=out,
+        callbacks=[SpectralGeometryCallback(analysis=analysis(), **SETTINGS)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    train = TensorDataset(analysis().tensors[0][:8], analysis().tensors[1][:8])
+    trainer.fit(_module(), DataLoader(train, batch_size=2))
+    trainer.strategy.barrier()  # no rank tears gloo down while another still uses it
+
+
+def _rows(run: Path, epoch: int) -> dict[tuple[str, str, str], tuple[float, float]]:
+    rows = read_metric_rows(run)
+    return {
+        (r["point"], r["view"], r["metric"]): (float(r["value"]), float(r["stderr"]))
+        for r in rows
+        if int(r["epoch"]) == epoch
+    }
+
+
+def _close(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-10, abs_tol=1e-12)
+
+
+@pytest.mark.slow
+def test_fsdp2_through_lightning_records_what_the_unsharded_model_records(tmp_path: Path):
+    from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
+    from tgo.observatory.points import vit_points
+    from tgo.observatory.standalone import observation_settings
+    from tgo.records import RecordWriter
+
+    net = tiny_vit().double()
+    observe_and_record(
+        net,
+        analysis(),
+        vit_points(net),
+        settings=observation_settings(None, SETTINGS),
+        plan=ShardPlan(0, 1, 4),
+        record=RecordPlan(RecordWriter(tmp_path / "one"), epoch=0, step=0),
+        all_reduce_sum=lambda t: t,
+        is_global_zero=True,
+    )
+    want = _rows(tmp_path / "one", 0)
+    mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "fsdp2")), nprocs=WORLD, join=True)
+    got = _rows(tmp_path / "fsdp2", 0)
+    assert {view for _, view, _ in want} >= {"all", "cls", "attention"}
+    assert list(got) == list(want)
+    compared = 0
+    for key, (value, stderr) in want.items():
+        if key[2] == "n_clamped":  # a sign of round-off, not a measurement
+            continue
+        assert _close(got[key][0], value) and _close(got[key][1], stderr), (key, got[key], value)
+        compared += math.isfinite(value)
+    assert compared > 0.8 * len(want)
+    after = _rows(tmp_path / "fsdp2", 1)  # the fit's end: trained, observed again
+    assert list(after) == list(want) and np.isfinite([v for v, _ in after.values()]).mean() > 0.8
