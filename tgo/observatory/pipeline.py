@@ -27,6 +27,7 @@ from tgo.records import RecordWriter
 from tgo.spectral import jackknife_groups
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tgo.progress import PassProgress
     from tgo.spectral.eigensolver import Eigvalsh
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
@@ -187,17 +188,25 @@ def observe_dataset(
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
     group_of_item: np.ndarray | None = None,
+    progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
     Every rank makes exactly the same two collective calls whatever its shard and the families, so ranks with fewer or
     no batches cannot hang the others; each family's ``check`` runs after them, on every rank. Returns the global sums,
-    one accumulator per point, identical on every rank."""
+    one accumulator per point, identical on every rank; ``progress`` follows this rank's batches."""
     if groups and group_of_item is None:
         group_of_item = group_of_items(dataset, groups)
     loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
     accumulators = stream_activations(
-        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families
+        model,
+        loader,
+        points,
+        device=device,
+        gram_dtype=gram_dtype,
+        groups=groups,
+        families=families,
+        progress=progress,
     )
     reduce_accumulators(accumulators, all_reduce_sum, [s for run in families for s in run.state.summables()])
     for run in families:
@@ -257,6 +266,7 @@ def reduce_observation(
     is_global_zero: bool,
     device: torch.device | str | None = None,
     training: TrainingInfo | None = None,
+    progress: PassProgress | None = None,
 ) -> ReducedObservation:
     """The stream and the reduction of one observation, on every rank. Collective.
 
@@ -286,6 +296,7 @@ def reduce_observation(
         groups=settings.groups,
         families=families,
         group_of_item=image_groups,
+        progress=progress,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
@@ -345,11 +356,13 @@ def observe_and_record(
     gather: GatherBytes | None = None,
     eigvalsh: Eigvalsh | None = None,
     training: TrainingInfo | None = None,
+    progress: PassProgress | None = None,
 ) -> Results | None:
     """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
 
     Collective: every rank must call it. With a ``gather`` and ``settings.summary.share`` every rank summarises its
-    share of the points. Returns the results on rank 0, ``None`` on other ranks."""
+    share of the points. Returns the results on rank 0, ``None`` on other ranks. ``progress``: this rank's batches
+    (`tgo.progress.PassProgress`)."""
     reduced = reduce_observation(
         model,
         dataset,
@@ -361,6 +374,7 @@ def observe_and_record(
         is_global_zero=is_global_zero,
         device=device,
         training=training,
+        progress=progress,
     )
     share = summary_share(settings, plan, gather, is_global_zero)
     if not share.is_shared and not is_global_zero:

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from tgo.spectral.accumulator import Summable
 from .families.base import BatchInfo, FamilyRun
 from .hooks import ActivationHooks, Consume, HookSpec, num_prefix_tokens_of
 from .points import ObservationPoint, resolve_points, unwrap_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tgo.progress import PassProgress
 
 __all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
 
@@ -102,6 +105,14 @@ def _images_of(batch: Any) -> torch.Tensor:
     )
 
 
+def _length(batches: Iterable[Any]) -> int | None:
+    """How many batches there are, where the iterable knows (a loader over an iterable dataset may not)."""
+    try:
+        return len(batches) if isinstance(batches, Sized) else None
+    except TypeError:
+        return None
+
+
 def _static_dim(model: nn.Module, point: ObservationPoint, module: nn.Module) -> int | None:
     """Feature dimension of a point without running the model, where it is certain."""
     embed_dim = getattr(model, "embed_dim", None)
@@ -169,13 +180,15 @@ def stream_activations(
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
+    progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's batches through the model and accumulates every point's activations, not yet reduced.
 
     Batches are image tensors or ``(images, labels)``; with ``groups`` ``(images, labels, group ids)``, with families
     also subset indices. Each image's rows go to its group's accumulator only, so the Gram work is unchanged. Each
     family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
-    whose module the forward never calls is refused (its records would silently be empty)."""
+    whose module the forward never calls is refused (its records would silently be empty). ``progress`` is called
+    before the first batch and after each one (`tgo.progress.PassProgress`); it sees no tensor."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
@@ -189,7 +202,9 @@ def stream_activations(
     try:
         net.eval()
         with exact_inference(device.type), hooks:
-            n_batches = 0
+            n_batches, total = 0, _length(batches)
+            if progress is not None:
+                progress(0, total)
             for batch in batches:
                 pixels = _images_of(batch).to(device, non_blocking=True)
                 if groups:
@@ -202,6 +217,8 @@ def stream_activations(
                         run.state.begin_batch(current[0])
                 net(pixels)
                 n_batches += 1
+                if progress is not None:
+                    progress(n_batches, total)
         missing = [p for p in points if lazy[p.name].acc is None]
         if missing and n_batches:
             raise RuntimeError(_never_called(missing))
