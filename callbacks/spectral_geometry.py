@@ -44,6 +44,8 @@ from tgo.observatory.standalone import (
     prepare_analysis,
     vit_network,
 )
+from tgo.observatory.warmup import warm_up
+from tgo.progress import lightning_progress, timed_wait
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_spectra, recorded_epochs
 from tgo.resume import (
     RUN_ID_KEY,
@@ -58,7 +60,7 @@ from tgo.resume import (
     set_aside_records_after,
 )
 
-from .background import BackgroundLane
+from .background import BackgroundLane, waiting_for
 from .dashboard import (
     DEPTH_PROFILES,
     FIGURE_DRAIN_TIMEOUT_S,
@@ -164,6 +166,9 @@ class SpectralGeometryCallback(L.Callback):
             for family in enabled_families(self.settings):
                 if family.name not in self.collectors and (collector := family.collector(self.settings)) is not None:
                     self.collectors[family.name] = collector
+            warmed = warm_up(self.settings)  # once per process: the observations' printed seconds are steady costs
+            if warmed is not None:
+                rank_zero_info(f"[tgo] geometry: one-time imports and solver set-up in {warmed:.2f} s")
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The families' training-time collectors attach (under DDP the model is wrapped by now)."""
@@ -270,8 +275,12 @@ class SpectralGeometryCallback(L.Callback):
             checkpoint.setdefault("callbacks", {})[self.state_key] = self.state_dict()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.collect_summary(trainer)
-        self.finish_tensorboard(trainer)
+        figures = self._dashboard.figures_in_flight if self._dashboard is not None else 0
+        what = waiting_for(self._summaries, figures, tensorboard=tensorboard_logger(trainer) is not None)
+        say = (lambda line: rank_zero_info(f"[tgo] {line}")) if what and trainer.is_global_zero else None
+        with timed_wait(what or "", say):  # one line before the end's wait, one with its seconds
+            self.collect_summary(trainer)
+            self.finish_tensorboard(trainer)
         if trainer.is_global_zero and self._run is not None:
             notice = nonfinite_notice(self._run)
             if notice:
@@ -501,18 +510,20 @@ class SpectralGeometryCallback(L.Callback):
             keep = settings.keeps_covariance(epoch, first=epoch == 0, last=epoch == trainer.max_epochs)
         writer = RecordWriter(RunDir(self._run.root, series))
         record = RecordPlan(writer=writer, epoch=epoch, step=trainer.global_step, with_covariance=keep)
-        reduced = reduce_observation(
-            self._network(pl_module),
-            dataset,
-            self.points,
-            settings=settings,
-            plan=plan,
-            record=record,
-            all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
-            is_global_zero=trainer.is_global_zero,
-            device=pl_module.device,
-            training=self._training_info(trainer, pl_module, epoch),
-        )
+        with lightning_progress(trainer, f"geometry of {record.label}") as progress:
+            reduced = reduce_observation(
+                self._network(pl_module),
+                dataset,
+                self.points,
+                settings=settings,
+                plan=plan,
+                record=record,
+                all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
+                is_global_zero=trainer.is_global_zero,
+                device=pl_module.device,
+                training=self._training_info(trainer, pl_module, epoch),
+                progress=progress,
+            )
         self.last_pass_seconds = time.perf_counter() - start
         share = summary_share(self.settings, plan, self._gather, trainer.is_global_zero)
         eigvalsh = self._summary_eigvalsh(pl_module.device)
