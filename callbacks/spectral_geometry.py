@@ -166,7 +166,8 @@ class SpectralGeometryCallback(L.Callback):
             for family in enabled_families(self.settings):
                 if family.name not in self.collectors and (collector := family.collector(self.settings)) is not None:
                     self.collectors[family.name] = collector
-            warmed = warm_up(self.settings)  # once per process: the observations' printed seconds are steady costs
+            # once per process: the observations' printed seconds are steady costs
+            warmed = warm_up(self.settings, trainer.strategy.root_device)
             if warmed is not None:
                 rank_zero_info(f"[tgo] geometry: one-time imports and solver set-up in {warmed:.2f} s")
 

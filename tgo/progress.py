@@ -43,10 +43,10 @@ class LoopProgress:
         if self._make_bar is None:
             return
         if self._bar is None:
-            self._bar = self._make_bar(total)
-        if total != self._bar.total:
-            self._bar.total = total
-        self._bar.n = done
+            self._bar = self._make_bar(total)  # shown at once, at 0
+        if total == self._bar.total and done == self._bar.n:
+            return
+        self._bar.total, self._bar.n = total, done
         self._bar.refresh()
 
     def __exit__(self, *exc: object) -> None:

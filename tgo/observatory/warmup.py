@@ -25,14 +25,17 @@ LAZY_IMPORTS: dict[str, tuple[str, ...]] = {"topology": ("ripser", "persim")}
 _warmed: set[str] = set()  # what this process has warmed already
 
 
-def warm_up(settings: ObservationSettings) -> float | None:
-    """Imports what ``settings``' observations load lazily and makes BLAS and LAPACK's first calls; the seconds it
-    took, or ``None`` when this process had nothing left to warm. Numbers are unaffected (nothing is cached)."""
+def warm_up(settings: ObservationSettings, device: torch.device | str | None = None) -> float | None:
+    """Imports what ``settings``' observations load lazily and makes BLAS and LAPACK's first calls (on ``device``
+    too: a GPU's solver library loads on its first call); the seconds it took, or ``None`` when this process had
+    nothing left to warm. Numbers are unaffected (only libraries are loaded)."""
+    target = torch.device(device) if device is not None else torch.device("cpu")
     modules = [*SUMMARY_IMPORTS]
     for family in enabled_families(settings):
         modules.extend(LAZY_IMPORTS.get(family.name, ()))
     todo = [name for name in modules if name not in _warmed]
-    if not todo:
+    solver = f"solver {target}" if target.type == "cuda" else None  # MPS has no float64
+    if not todo and "blas" in _warmed and (solver is None or solver in _warmed):
         return None
     start = time.perf_counter()
     for name in todo:
@@ -46,4 +49,7 @@ def warm_up(settings: ObservationSettings) -> float | None:
             np.linalg.eigh(np.eye(2))
         torch.linalg.eigvalsh(torch.eye(2, dtype=torch.float64))
         _warmed.add("blas")
+    if solver is not None and solver not in _warmed:
+        torch.linalg.eigvalsh(torch.eye(2, dtype=torch.float64, device=target))
+        _warmed.add(solver)
     return time.perf_counter() - start

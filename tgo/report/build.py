@@ -162,8 +162,9 @@ def build_report(
     if not paths:
         raise ReportInputError("give at least one run directory (or a directory containing runs)")
     run_dirs = discover_runs(paths)
-    with _step(progress, f"read {len(run_dirs)} run{'s' if len(run_dirs) != 1 else ''}"):
-        runs = [load_run_data(p, name) for p, name in zip(run_dirs, run_names(run_dirs), strict=False)]
+    start = time.perf_counter()
+    runs = [load_run_data(p, name) for p, name in zip(run_dirs, run_names(run_dirs), strict=False)]
+    read = f"read {len(runs)} run{'s' if len(runs) != 1 else ''} in {time.perf_counter() - start:.1f} s"
     if reference not in REFERENCE_MODES:
         raise ReportInputError(f"--reference: expected one of {REFERENCE_MODES}, got {reference!r}")
     overlay = reference == "tgo1"
@@ -176,6 +177,8 @@ def build_report(
     final_dir = Path(out) if out is not None else default_out_dir(paths)
     claim_report_dir(final_dir)  # before anything is written: a directory a report may replace, or one line
     with staged_report(final_dir) as report_dir:  # built whole beside it, then swapped in as one unit
+        if progress is not None:  # bad input is refused in one line: progress starts once the work does
+            progress(read)
         with _step(progress, "judged the claims and predictions"):
             ctx = judge(
                 runs,
