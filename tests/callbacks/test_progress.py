@@ -71,13 +71,15 @@ class _LineBar(ProgressBar):
         pass
 
 
-def _fit(root: Any, *, epochs: int = 1, **trainer_options: Any) -> SpectralGeometryCallback:
-    # 16 images in batches of 4: each observation's pass is 4 batches
+def _fit(
+    root: Any, *, background: bool = False, callbacks: tuple[L.Callback, ...] = (), **trainer_options: Any
+) -> SpectralGeometryCallback:
+    """One epoch, observed at epochs 0 and 1: 16 analysis images in batches of 4, so each pass is 4 batches."""
     callback = SpectralGeometryCallback(
-        analysis=stratified_subset(_images(16), per_class=4), batch_size=4, **{"summary": {"background": False}, **FAST}
+        analysis=stratified_subset(_images(16), per_class=4), batch_size=4, summary={"background": background}, **FAST
     )
     options: dict[str, Any] = dict(
-        max_epochs=epochs,
+        max_epochs=1,
         default_root_dir=root,
         accelerator="cpu",
         logger=False,
@@ -86,7 +88,7 @@ def _fit(root: Any, *, epochs: int = 1, **trainer_options: Any) -> SpectralGeome
         limit_train_batches=1,
         limit_val_batches=0,
     )
-    trainer = L.Trainer(callbacks=[callback], **{**options, **trainer_options})
+    trainer = L.Trainer(callbacks=[callback, *callbacks], **{**options, **trainer_options})
     trainer.fit(_Classifier(), DataLoader(_images(8, seed=1), batch_size=4))
     return callback
 
@@ -113,21 +115,7 @@ def test_without_a_progress_bar_nothing_of_the_pass_is_printed(tmp_path, capfd, 
 
 
 def test_another_progress_bar_gets_a_start_line_per_observation_instead_of_a_bar(tmp_path, capfd, info):
-    callback = SpectralGeometryCallback(
-        analysis=stratified_subset(_images(16), per_class=4), batch_size=4, **{"summary": {"background": False}, **FAST}
-    )
-    trainer = L.Trainer(
-        max_epochs=1,
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        limit_train_batches=1,
-        limit_val_batches=0,
-        callbacks=[callback, _LineBar()],
-    )
-    trainer.fit(_Classifier(), DataLoader(_images(8, seed=1), batch_size=4))
+    _fit(tmp_path, callbacks=(_LineBar(),))
     assert "[tgo] geometry of epoch 0 ..." in info.messages and "[tgo] geometry of epoch 1 ..." in info.messages
     assert "Geometry of" not in capfd.readouterr().out
 
@@ -174,20 +162,7 @@ def test_the_end_of_a_fit_says_what_it_waits_for_and_how_long_it_took(tmp_path, 
 
     monkeypatch.setattr(geometry_module, "rank_zero_info", say)
     monkeypatch.setattr(geometry_module, "summarize_and_record", last_summary_waits)
-    callback = SpectralGeometryCallback(analysis=stratified_subset(_images(16), per_class=4), **FAST)
-    trainer = L.Trainer(
-        max_epochs=1,
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_train_batches=1,
-        limit_val_batches=0,
-        callbacks=[callback],
-    )
-    trainer.fit(_Classifier(), DataLoader(_images(8, seed=1), batch_size=4))
+    callback = _fit(tmp_path, background=True, enable_progress_bar=False)
     assert "[tgo] waiting for the summary of epoch 1 ..." in lines
     assert any(line.startswith("[tgo] the summary of epoch 1 finished in ") for line in lines)
     assert callback.observed_epochs == [0, 1]
