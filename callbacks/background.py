@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BackgroundLane", "Task"]
+__all__ = ["BackgroundLane", "Task", "waiting_for"]
 
 
 @dataclass
@@ -195,3 +195,14 @@ class BackgroundLane:
                 else:
                     task.future.set_exception(error)
                 self._cond.notify_all()
+
+
+def waiting_for(summaries: BackgroundLane, figures_in_flight: int, *, tensorboard: bool) -> str | None:
+    """What the end of a fit waits for, in words (``summary of epoch 10 and the TensorBoard figures``), or ``None``
+    when nothing is running: a summary not yet finished brings its figures when TensorBoard logs."""
+    pending = summaries.pending
+    running = pending is not None and not pending.future.done()
+    parts = [f"the {pending.label}"] if running and pending is not None else []
+    if figures_in_flight or (running and tensorboard):
+        parts.append("the TensorBoard figures")
+    return " and ".join(parts) or None

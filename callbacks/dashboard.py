@@ -339,6 +339,11 @@ class TensorBoardDashboard:
         job = figure_job(writer, root, epoch, results, recorded, figures, story=slot)
         self._figures.submit(job, label=f"geometry figures of epoch {epoch}")
 
+    @property
+    def figures_in_flight(self) -> int:
+        """Figure jobs queued or rendering now."""
+        return self._figures.in_flight if self._figures is not None else 0
+
     def held(self) -> contextlib.AbstractContextManager[Any]:
         """A context inside which the figures still rendering are paused (between figures): the observation pass
         runs meanwhile, without contending with them for the GIL."""

@@ -47,6 +47,8 @@ from tgo.observatory.standalone import (
     prepare_analysis,
     vit_network,
 )
+from tgo.observatory.warmup import warm_up
+from tgo.progress import lightning_progress, timed_wait
 from tgo.records import DEFAULT_VIEW, RecordWriter, RunDir, load_spectra, recorded_epochs
 from tgo.resume import (
     RUN_ID_KEY,
@@ -61,7 +63,7 @@ from tgo.resume import (
     set_aside_records_after,
 )
 
-from .background import BackgroundLane
+from .background import BackgroundLane, waiting_for
 from .dashboard import (
     DEPTH_PROFILES,
     FIGURE_DRAIN_TIMEOUT_S,
@@ -195,6 +197,10 @@ class SpectralGeometryCallback(L.Callback):
             for family in enabled_families(self.settings):
                 if family.name not in self.collectors and (collector := family.collector(self.settings)) is not None:
                     self.collectors[family.name] = collector
+            # once per process: the observations' printed seconds are steady costs
+            warmed = warm_up(self.settings, trainer.strategy.root_device)
+            if warmed is not None:
+                rank_zero_info(f"[tgo] geometry: one-time imports and solver set-up in {warmed:.2f} s")
 
     def _records_root(self, trainer: L.Trainer) -> str:
         """Where this fit records, the same on every rank (rank 0 decides: loggers count versions per process)."""
@@ -329,8 +335,12 @@ class SpectralGeometryCallback(L.Callback):
             checkpoint.setdefault("callbacks", {})[self.state_key] = self.state_dict()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.collect_summary(trainer)
-        self.finish_tensorboard(trainer)
+        figures = self._dashboard.figures_in_flight if self._dashboard is not None else 0
+        what = waiting_for(self._summaries, figures, tensorboard=tensorboard_logger(trainer) is not None)
+        say = (lambda line: rank_zero_info(f"[tgo] {line}")) if what and trainer.is_global_zero else None
+        with timed_wait(what or "", say):  # one line before the end's wait, one with its seconds
+            self.collect_summary(trainer)
+            self.finish_tensorboard(trainer)
         if trainer.is_global_zero and self._run is not None:
             notice = nonfinite_notice(self._run)
             if notice:
@@ -571,19 +581,21 @@ class SpectralGeometryCallback(L.Callback):
         self._logged_steps[(series, key)] = int(trainer.global_step)
         record = RecordPlan(writer=writer, epoch=epoch, step=trainer.global_step, with_covariance=keep)
         network = self._network(pl_module)
-        reduced = reduce_observation(
-            network,
-            dataset,
-            self.points,
-            settings=settings,
-            plan=plan,
-            record=record,
-            all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
-            is_global_zero=trainer.is_global_zero,
-            device=pl_module.device,
-            training=self._training_info(trainer, pl_module, epoch),
-            forward=sharded_forward(trainer.strategy, pl_module, network),  # None under DDP or on one device
-        )
+        with lightning_progress(trainer, f"geometry of {record.label}") as progress:
+            reduced = reduce_observation(
+                network,
+                dataset,
+                self.points,
+                settings=settings,
+                plan=plan,
+                record=record,
+                all_reduce_sum=lambda t: trainer.strategy.reduce(t, reduce_op="sum"),
+                is_global_zero=trainer.is_global_zero,
+                device=pl_module.device,
+                training=self._training_info(trainer, pl_module, epoch),
+                forward=sharded_forward(trainer.strategy, pl_module, network),  # None under DDP or on one device
+                progress=progress,
+            )
         self.last_pass_seconds = time.perf_counter() - start
         share = summary_share(self.settings, plan, self._gather, trainer.is_global_zero)
         eigvalsh = self._summary_eigvalsh(pl_module.device)

@@ -43,6 +43,7 @@ from tgo.observatory import (
     resolve_points,
 )
 from tgo.observatory.share import summary_gather
+from tgo.progress import LoopProgress, terminal_progress
 from tgo.records import RecordWriter, RunDir, atomic_write, recorded_epochs
 from tgo.run_lock import LOCK_NAME, RunLock, RunLockError, launcher_rank
 from tgo.spectral.eigensolver import resolve_eigvalsh
@@ -374,21 +375,25 @@ def _observe(
         net.to(fabric.device)
         keep = settings.keeps_covariance(source.epoch, first=index == 0, last=index == len(sources) - 1)
         record = RecordPlan(writer=writer, epoch=source.epoch, step=source.step, with_covariance=keep)
-        results = observe_and_record(
-            net,
-            datamodule.analysis_dataset,
-            points,
-            settings=settings,
-            plan=plan,
-            record=record,
-            all_reduce_sum=lambda t: cast(torch.Tensor, fabric.all_reduce(t, reduce_op="sum")),
-            is_global_zero=fabric.is_global_zero,
-            device=fabric.device,
-            gather=gather,
-            eigvalsh=eigvalsh,
-        )
+        label = source.path.name if source.path is not None else str(timm_name)
+        # rank 0's batches as a bar on a terminal's stderr (a log file gets the line below only)
+        what = f"observing {label}"
+        with terminal_progress(what) if fabric.is_global_zero else LoopProgress(what) as progress:
+            results = observe_and_record(
+                net,
+                datamodule.analysis_dataset,
+                points,
+                settings=settings,
+                plan=plan,
+                record=record,
+                all_reduce_sum=lambda t: cast(torch.Tensor, fabric.all_reduce(t, reduce_op="sum")),
+                is_global_zero=fabric.is_global_zero,
+                device=fabric.device,
+                gather=gather,
+                eigvalsh=eigvalsh,
+                progress=progress,
+            )
         if results is not None:
-            label = source.path.name if source.path is not None else str(timm_name)
             if source.path in prefixes:
                 label += f" ({timm_name}, weights under {prefixes[source.path]!r})"
             print(f"[tgo] observed {label} as epoch {source.epoch} ({count_text(results)})", file=sys.stderr)

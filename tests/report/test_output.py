@@ -168,6 +168,7 @@ def test_a_read_only_filesystem_is_one_line_for_the_output_and_for_its_parent(tm
     with _read_only_mount(ro):
         existing = ro / "old"
         assert main([str(run), "--out", str(existing), "--no-correlation"]) == 0
+        capsys.readouterr()  # its progress lines
         before = _contents(existing)
         _remount_read_only(ro)
         assert main([str(run), "--out", str(existing), "--no-correlation"]) == 2  # an old report on it

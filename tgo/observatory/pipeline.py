@@ -29,6 +29,7 @@ from tgo.records import RecordWriter
 from tgo.spectral import jackknife_groups
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tgo.progress import PassProgress
     from tgo.spectral.eigensolver import Eigvalsh
 
 SumFn = Callable[[torch.Tensor], torch.Tensor]
@@ -190,13 +191,14 @@ def observe_dataset(
     families: Sequence[FamilyRun] = (),
     group_of_item: np.ndarray | None = None,
     forward: ShardedForward | None = None,
+    progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
     Every rank makes exactly the same two collective calls whatever its shard and the families, so ranks with fewer or
     no batches cannot hang the others; each family's ``check`` runs after them, on every rank. Returns the global sums,
-    one accumulator per point, identical on every rank. ``forward``: a sharded strategy's (`tgo.observatory.sharded`).
-    """
+    one accumulator per point, identical on every rank. ``forward``: a sharded strategy's (`tgo.observatory.sharded`);
+    ``progress`` follows this rank's batches."""
     if groups and group_of_item is None:
         group_of_item = group_of_items(dataset, groups)
     loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
@@ -205,7 +207,15 @@ def observe_dataset(
         pad = first if isinstance(first, torch.Tensor) else first[0]
         forward = forward.for_shard(pad, len(dataset), plan.world_size, plan.batch_size)  # type: ignore[arg-type]
     accumulators = stream_activations(
-        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families, forward=forward
+        model,
+        loader,
+        points,
+        device=device,
+        gram_dtype=gram_dtype,
+        groups=groups,
+        families=families,
+        progress=progress,
+        forward=forward,
     )
     reduce_accumulators(accumulators, all_reduce_sum, [s for run in families for s in run.state.summables()])
     for run in families:
@@ -266,6 +276,7 @@ def reduce_observation(
     device: torch.device | str | None = None,
     training: TrainingInfo | None = None,
     forward: ShardedForward | None = None,
+    progress: PassProgress | None = None,
 ) -> ReducedObservation:
     """The stream and the reduction of one observation, on every rank. Collective.
 
@@ -297,6 +308,7 @@ def reduce_observation(
         families=families,
         group_of_item=image_groups,
         forward=forward,
+        progress=progress,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
@@ -357,11 +369,13 @@ def observe_and_record(
     eigvalsh: Eigvalsh | None = None,
     training: TrainingInfo | None = None,
     forward: ShardedForward | None = None,
+    progress: PassProgress | None = None,
 ) -> Results | None:
     """The whole observation as the callback and ``tgo.observe`` both run it: stream, reduce, summarise, record.
 
     Collective: every rank must call it. With a ``gather`` and ``settings.summary.share`` every rank summarises its
-    share of the points. Returns the results on rank 0, ``None`` on other ranks. ``forward``: a sharded strategy's."""
+    share of the points. Returns the results on rank 0, ``None`` on other ranks. ``forward``: a sharded strategy's;
+    ``progress``: this rank's batches (`tgo.progress.PassProgress`)."""
     reduced = reduce_observation(
         model,
         dataset,
@@ -374,6 +388,7 @@ def observe_and_record(
         device=device,
         training=training,
         forward=forward,
+        progress=progress,
     )
     share = summary_share(settings, plan, gather, is_global_zero)
     if not share.is_shared and not is_global_zero:

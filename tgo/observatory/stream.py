@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +25,8 @@ from .hooks import ActivationHooks, Consume, HookSpec, num_prefix_tokens_of
 from .points import ObservationPoint, resolve_points, unwrap_model
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tgo.progress import PassProgress
+
     from .sharded import ShardedForward
 
 __all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
@@ -107,6 +109,14 @@ def _images_of(batch: Any) -> torch.Tensor:
     )
 
 
+def _length(batches: Iterable[Any]) -> int | None:
+    """How many batches there are, where the iterable knows (a loader over an iterable dataset may not)."""
+    try:
+        return len(batches) if isinstance(batches, Sized) else None
+    except TypeError:
+        return None
+
+
 def _static_dim(model: nn.Module, point: ObservationPoint, module: nn.Module) -> int | None:
     """Feature dimension of a point without running the model, where it is certain."""
     embed_dim = getattr(model, "embed_dim", None)
@@ -187,6 +197,7 @@ def stream_activations(
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
     forward: ShardedForward | None = None,
+    progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's batches through the model and accumulates every point's activations, not yet reduced.
 
@@ -194,7 +205,8 @@ def stream_activations(
     also subset indices. Each image's rows go to its group's accumulator only, so the Gram work is unchanged. Each
     family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
     whose module the forward never calls is refused (its records would silently be empty). With ``forward`` (a sharded
-    strategy's, its ``rounds`` set) the batches go through it and the rank pads to ``rounds`` forwards."""
+    strategy's, its ``rounds`` set) the batches go through it and the rank pads to ``rounds`` forwards. ``progress`` is
+    called before the first batch and after each one (`tgo.progress.PassProgress`); it sees no tensor."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
@@ -209,7 +221,9 @@ def stream_activations(
     try:
         net.eval()
         with exact_inference(device.type), hooks:
-            n_batches = 0
+            n_batches, total = 0, _length(batches)
+            if progress is not None:
+                progress(0, total)
             for batch in batches:
                 pixels = _images_of(batch).to(device, non_blocking=True)
                 if groups:
@@ -222,6 +236,8 @@ def stream_activations(
                         run.state.begin_batch(current[0])
                 call(pixels)
                 n_batches += 1
+                if progress is not None:
+                    progress(n_batches, total)
         missing = [p for p in points if lazy[p.name].acc is None]
         dims = {p.name: _static_dim(net, p, modules[p.name]) for p in missing} if not n_batches else {}
         unknown = [p for p in missing if dims.get(p.name) is None] if not n_batches else []

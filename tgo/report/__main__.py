@@ -62,6 +62,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--embed", action="store_true", help="inline the PNG figures in index.html")
     parser.add_argument("--no-correlation", action="store_true", help="skip correlation heatmaps (faster)")
     parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines on stderr (errors and the page's path remain)"
+    )
+    parser.add_argument(
         "--window",
         type=float,
         default=DEFAULT_WINDOW,
@@ -105,8 +108,14 @@ def _settings(args: argparse.Namespace) -> VerdictSettings:
         raise UserInputError(f"verdict settings: {err}") from err
 
 
+def _say(line: str) -> None:
+    """One progress line on stderr, at once (a report can take minutes: each section says when it is done)."""
+    print(f"[tgo] report: {line}", file=sys.stderr, flush=True)
+
+
 def _run(args: argparse.Namespace, summary: list[str]) -> Path:
     settings = _settings(args)
+    progress = None if args.quiet else _say
     if args.published:
         if args.runs:
             raise UserInputError(
@@ -114,7 +123,9 @@ def _run(args: argparse.Namespace, summary: list[str]) -> Path:
             )
         if args.out is None:
             raise UserInputError("--published needs --out DIR (there is no run directory to write into)")
-        return build_published_report(args.out, settings=settings, title=args.title, embed=args.embed)
+        return build_published_report(
+            args.out, settings=settings, title=args.title, embed=args.embed, progress=progress
+        )
     if not args.runs:
         raise UserInputError("give at least one RUN_DIR, or --published --out DIR for the published TGO-I data")
     return build_report(
@@ -127,6 +138,7 @@ def _run(args: argparse.Namespace, summary: list[str]) -> Path:
         settings=settings,
         correlation=not args.no_correlation,
         messages=summary,
+        progress=progress,
     )
 
 

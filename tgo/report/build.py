@@ -5,7 +5,9 @@ another), the CSVs and the page."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from tgo.records import RunDir
@@ -76,6 +78,36 @@ PUBLISHED_SECTIONS: tuple[Callable[[Context], list[Section]], ...] = (
 """The published data's page: what it holds, the verdicts at a glance, the claims' table, the observables' figures."""
 
 
+Say = Callable[[str], None]
+"""Prints one progress line (``tgo-report`` prints them to stderr; ``None``: silent)."""
+
+
+@contextmanager
+def _step(say: Say | None, what: str, figures_dir: Path | None = None) -> Iterator[None]:
+    """``<what>: N figures in S s`` (without figures: ``<what> in S s``) once the step is done."""
+    if say is None:
+        yield
+        return
+    before, start = _count_figures(figures_dir), time.perf_counter()
+    yield
+    drawn = _count_figures(figures_dir) - before
+    count = f": {drawn} figure{'s' if drawn != 1 else ''}" if figures_dir is not None else ""
+    say(f"{what}{count} in {time.perf_counter() - start:.1f} s")
+
+
+def _count_figures(figures_dir: Path | None) -> int:
+    return sum(1 for _ in figures_dir.glob("*.png")) if figures_dir is not None and figures_dir.is_dir() else 0
+
+
+def _sections(makers: Sequence[Callable[[Context], list[Section]]], ctx: Context, say: Say | None) -> list[Section]:
+    """Every section of the page, each timed with its figures counted when ``say`` is given."""
+    sections: list[Section] = []
+    for make in makers:
+        with _step(say, f"section {make.__name__.removesuffix('_section')}", ctx.figures_dir):
+            sections.extend(make(ctx))
+    return sections
+
+
 def _write(report_dir: Path, ctx: Context, sections: Sequence[Section], title: str, embed: bool) -> None:
     """The CSVs (``hypotheses.csv`` for runs) and the page."""
     z, n = ctx.settings.z, len(ctx.runs)
@@ -98,6 +130,7 @@ def build_report(
     settings: VerdictSettings = DEFAULT_SETTINGS,
     correlation: bool = True,
     messages: list[str] | None = None,
+    progress: Say | None = None,
 ) -> Path:
     """Writes ``<out>/index.html`` (`SECTIONS`), ``<out>/figures/*.png``, ``<out>/findings.csv`` and
     ``<out>/hypotheses.csv``.
@@ -116,6 +149,8 @@ def build_report(
         correlation: Draw correlation heatmaps (the slowest figures for wide models).
         messages: When given, the lines a command line prints beside the page's path are appended to it (the
             reference caveat, when there is one).
+        progress: Called with one line per step as it finishes (reading, judging, each section with its figures,
+            writing), so a long report is not silent; ``None``: silent.
 
     Returns:
         The path of ``index.html``.
@@ -127,7 +162,9 @@ def build_report(
     if not paths:
         raise ReportInputError("give at least one run directory (or a directory containing runs)")
     run_dirs = discover_runs(paths)
+    start = time.perf_counter()
     runs = [load_run_data(p, name) for p, name in zip(run_dirs, run_names(run_dirs), strict=False)]
+    read = f"read {len(runs)} run{'s' if len(runs) != 1 else ''} in {time.perf_counter() - start:.1f} s"
     if reference not in REFERENCE_MODES:
         raise ReportInputError(f"--reference: expected one of {REFERENCE_MODES}, got {reference!r}")
     overlay = reference == "tgo1"
@@ -140,18 +177,22 @@ def build_report(
     final_dir = Path(out) if out is not None else default_out_dir(paths)
     claim_report_dir(final_dir)  # before anything is written: a directory a report may replace, or one line
     with staged_report(final_dir) as report_dir:  # built whole beside it, then swapped in as one unit
-        ctx = judge(
-            runs,
-            settings,
-            infos=infos,
-            notes=notes,
-            figures_dir=report_dir / "figures",
-            paper=load_reference() if overlay else None,
-            caveat=caveat,
-            correlation=correlation,
-        )
-        sections = [section for make in SECTIONS for section in make(ctx)]
-        _write(report_dir, ctx, sections, title or f"TGO report: {', '.join(r.name for r in runs)}", embed)
+        if progress is not None:  # bad input is refused in one line: progress starts once the work does
+            progress(read)
+        with _step(progress, "judged the claims and predictions"):
+            ctx = judge(
+                runs,
+                settings,
+                infos=infos,
+                notes=notes,
+                figures_dir=report_dir / "figures",
+                paper=load_reference() if overlay else None,
+                caveat=caveat,
+                correlation=correlation,
+            )
+        sections = _sections(SECTIONS, ctx, progress)
+        with _step(progress, "wrote the page and the CSVs"):
+            _write(report_dir, ctx, sections, title or f"TGO report: {', '.join(r.name for r in runs)}", embed)
     return final_dir / "index.html"
 
 
@@ -161,10 +202,13 @@ def build_published_report(
     settings: VerdictSettings = DEFAULT_SETTINGS,
     title: str | None = None,
     embed: bool = False,
+    progress: Say | None = None,
 ) -> Path:
     """The findings of the shipped published TGO-I measurements alone (no run needed): ``python -m tgo.report
     --published --out DIR`` writes ``findings.csv`` (a run's columns), ``index.html`` (`PUBLISHED_SECTIONS`) and the
     observable figures.
+
+    ``progress``: one line per step, as `build_report`.
 
     Raises:
         ReportInputError: the packaged file is unreadable.
@@ -172,7 +216,9 @@ def build_published_report(
     final_dir = Path(out)
     claim_report_dir(final_dir)
     with staged_report(final_dir) as report_dir:
-        ctx = judge_published(settings, figures_dir=report_dir / "figures")
-        sections = [section for make in PUBLISHED_SECTIONS for section in make(ctx)]
-        _write(report_dir, ctx, sections, title or "TGO report: published TGO-I measurements", embed)
+        with _step(progress, "judged the claims"):
+            ctx = judge_published(settings, figures_dir=report_dir / "figures")
+        sections = _sections(PUBLISHED_SECTIONS, ctx, progress)
+        with _step(progress, "wrote the page and the CSVs"):
+            _write(report_dir, ctx, sections, title or "TGO report: published TGO-I measurements", embed)
     return final_dir / "index.html"
