@@ -581,7 +581,7 @@ class SpectralGeometryCallback(L.Callback):
         self._logged_steps[(series, key)] = int(trainer.global_step)
         record = RecordPlan(writer=writer, epoch=epoch, step=trainer.global_step, with_covariance=keep)
         network = self._network(pl_module)
-        with lightning_progress(trainer, f"geometry of {record.label}") as progress:
+        with lightning_progress(trainer, f"{self._label}geometry of {record.label}") as progress:
             reduced = reduce_observation(
                 network,
                 dataset,
@@ -620,7 +620,7 @@ class SpectralGeometryCallback(L.Callback):
         if trainer.is_global_zero:
             where = "in the background" if background else f"in {self.last_summary_seconds or 0.0:.2f} s"
             rank_zero_info(
-                f"[tgo] geometry of {record.label} streamed and reduced over {len(dataset)} images in "
+                f"[tgo] {self._label}geometry of {record.label} streamed and reduced over {len(dataset)} images in "
                 f"{self.last_pass_seconds:.2f} s; summary {where}"
                 + (f" shared by {share.world_size} ranks" if share.is_shared else "")
             )
@@ -718,6 +718,11 @@ class SpectralGeometryCallback(L.Callback):
                 results = Results({k: value for k, value in results.items() if k.view == DEFAULT_VIEW})
             self._dashboard.write_scalars(results, key, prefix=_series_prefix(series))
         return tensorboard
+
+    @property
+    def _label(self) -> str:
+        """A named callback's messages start with its name (several networks in one fit)."""
+        return f"{self.name}: " if self.name else ""
 
     def _key_prefix(self, series: str) -> str:
         """A logger key's prefix: the callback's name (several networks) and the step series' ``steps_``."""
