@@ -33,6 +33,7 @@ from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordsError, RecordWriter, RunDir, atomic_write_json, read_metric_rows, recorded_epochs
 from tgo.resume import RUN_ID_FILE
+from tgo.run_description import description_problem, observation_description, write_description
 from tgo.run_lock import RunLock
 from tgo.spectral.eigensolver import resolve_eigvalsh
 
@@ -153,6 +154,9 @@ def claim_run_directory(
             f"{what} '{run.root}': {unsafe}; TGO never writes through a link nor replaces what it did not make: "
             "choose another directory"
         )
+    problem = description_problem(run.root)  # run_description.json: TGO's own, or refused
+    if problem is not None:
+        raise RunDirectoryError(f"{what}: {problem}")
     foreign = _foreign_in_geometry(run)
     if foreign:
         raise RunDirectoryError(
@@ -273,4 +277,6 @@ def observe_model(
     with RunLock(run.root, what="observe_model(out=...)"):  # one process writes out at a time (tgo.run_lock)
         claim_run_directory(run.root, manifest=manifest, fresh=False, what="observe_model(out=...)")
         first = not recorded or epoch < min(recorded)
-        return observe(RecordWriter(run), keep=settings.keeps_covariance(epoch, first=first, last=False))
+        results = observe(RecordWriter(run), keep=settings.keeps_covariance(epoch, first=first, last=False))
+        write_description(run.root, observation_description(network, analysis, epoch=epoch, step=step))
+        return results

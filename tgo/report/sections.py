@@ -228,6 +228,7 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
     commits = [i.commit for i in infos if i.commit]
     rows = [
         ("model", joined([text(i.model) for i in infos])),
+        ("parameters", joined([NOT_RECORDED if i.parameters is None else f"{i.parameters:,}" for i in infos])),
         ("data source", joined([text(i.data) for i in infos])),
         ("image size", joined([text(i.image_size) for i in infos])),
         ("kind", joined([i.kind for i in infos])),
@@ -241,6 +242,7 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
         ),
         ("final val top-1", joined([NOT_RECORDED if i.top1 is None else f"{i.top1:.2%}" for i in infos])),
         ("final val top-5", joined([NOT_RECORDED if i.top5 is None else f"{i.top5:.2%}" for i in infos])),
+        ("validation metrics (last logged)", joined([validation_words(i) for i in infos])),
         ("seed(s)", ", ".join(dict.fromkeys(text(i.seed) for i in infos))),
         (
             "analysis subset",
@@ -254,9 +256,25 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
     if sources:
         rows.append(("observed model(s)", "; ".join(dict.fromkeys(sources))))
     rows.append(("tgo version", package_version()))
+    rows.append(("software (run)", joined([versions_words(i) for i in infos])))
     rows.append(("git commit (report)", package_commit() or NOT_RECORDED))
     rows.append(("git commit (run)", ", ".join(dict.fromkeys(commits)) if commits else NOT_RECORDED))
     return rows
+
+
+def validation_words(info: RunInfo, shown: int = 6) -> str:
+    """The validation metrics a run's module logged last, ``after epoch N: name=value, ...`` (the first ``shown``)."""
+    if not info.validation:
+        return NOT_RECORDED
+    items = [f"{key}={value:.4g}" for key, value in info.validation.items()]
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    when = f"after epoch {info.validation_epoch}: " if info.validation_epoch is not None else ""
+    return when + ", ".join(items[:shown]) + more
+
+
+def versions_words(info: RunInfo) -> str:
+    """The software a run recorded, ``torch 2.5.1, lightning 2.4.0, ...``."""
+    return ", ".join(f"{name} {version}" for name, version in info.versions.items()) or NOT_RECORDED
 
 
 def header_section(ctx: Context) -> list[Section]:
