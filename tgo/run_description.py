@@ -132,10 +132,14 @@ def _length(dataset: Any) -> int | None:
 
 
 def _image_size(analysis: Any) -> int | None:
-    """The side of the analysis set's first (square) image: what was observed."""
+    """The side of the analysis set's first (square) image, for a network that does not say its own; read with the
+    random generators forked, so that describing a run never changes what training draws."""
+    import torch
+
     try:
-        shape = tuple(analysis[0][0].shape)
-    except Exception:  # an item that is not (tensor, label): the network's size is used instead
+        with torch.random.fork_rng(devices=[]):
+            shape = tuple(analysis[0][0].shape)
+    except Exception:  # an item that is not (tensor, label): unknown
         return None
     return int(shape[-1]) if len(shape) >= 2 and shape[-1] == shape[-2] else None
 
@@ -181,7 +185,7 @@ def _seed() -> int | None:
 
 def _common(kind: str, entry: str, network: Any, analysis: Any) -> dict[str, Any]:
     model = describe_network(network)
-    model["image_size"] = _image_size(analysis) or model["image_size"]
+    model["image_size"] = model["image_size"] or _image_size(analysis)
     return {
         "tgo": _MARK,
         "version": _VERSION,

@@ -141,7 +141,8 @@ def claim_run_directory(
 ) -> None:
     """Checks that TGO may record into ``root`` (not marked as a run by ``tgo.train``) and writes its manifest.
 
-    TGO's files there are ``geometry/`` and ``analysis_subset.json``; anything else is the user's, never touched.
+    TGO's files there are ``geometry/``, ``analysis_subset.json`` and ``run_description.json``; anything else is the
+    user's, never touched.
     Refused, in one line: a link where TGO writes or a file where it keeps a directory; a ``geometry/`` holding anything
     but TGO's records; with ``fresh`` (a training from scratch) records already there; an ``analysis_subset.json`` TGO
     did not write, or one of another analysis set while records exist (the records would mix two subsets)."""
