@@ -30,6 +30,7 @@ from tgo.run_description import (
     RunDescriptionError,
     description_path,
     read_description,
+    validation_metrics,
 )
 
 CLASSES, IMG, DEPTH, WIDTH, HEADS, PATCH = 4, 16, 2, 16, 2, 4
@@ -185,3 +186,15 @@ def test_a_description_tgo_did_not_write_is_never_overwritten(tmp_path: Path) ->
         tgo.observe_model(tiny_vit(), stratified_subset(images(8, 0), per_class=2), out=tmp_path, **FAST)
     assert "\n" not in str(caught.value)
     assert json.loads(description_path(tmp_path).read_text()) == {"mine": 1}
+
+
+def test_validation_metrics_are_told_from_training_ones_and_accuracies_read_by_name(tmp_path: Path) -> None:
+    logged = {"val_acc": torch.tensor(0.5), "eval/loss": 2.0, "train_loss": 1.0, "interval": 3}
+    logged["val_features"] = torch.ones(2)
+    assert validation_metrics(logged) == {"eval/loss": 2.0, "val_acc": 0.5}  # a vector is no scalar metric
+    metrics = {"val_acc_step": 0.1, "val_acc_epoch": 0.2, "val/accuracy_top5": 0.9, "val_loss": 1.5, "val_acc_pct": 55}
+    description = {"tgo": "run description", "kind": TRAINING_RUN, "validation": {"metrics": metrics}}
+    description_path(tmp_path).write_text(json.dumps(description))
+    info = read_run_info(tmp_path)
+    assert (info.top1, info.top5) == (0.2, 0.9)  # the epoch mean before the step's; 55 is no fraction
+    assert info.kind == TRAINING_RUN and info.validation == metrics and info.model is None

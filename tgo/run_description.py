@@ -9,7 +9,6 @@ validation, fit end); `read_description` checks it field by field, since a run d
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -148,11 +147,12 @@ def _data(analysis: Any) -> dict[str, Any]:
     return {"analysis_source": describe_dataset(analysis), "analysis_images": _length(analysis) if analysis else None}
 
 
-_VALIDATION = re.compile(r"(^|[^a-z])val(id|idation)?([^a-z]|$)", re.IGNORECASE)
+_VALIDATION = re.compile(r"(^|[^a-z])e?val(id|idation)?([^a-z]|$)", re.IGNORECASE)
 
 
 def validation_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The scalar validation metrics among ``metrics`` (``val/...``, ``val_...``, ``validation_...``), as floats."""
+    """The scalar validation metrics among ``metrics`` (``val/...``, ``val_...``, ``validation_...``, ``eval_...``), as
+    floats; training metrics (``train_loss``, ``interval``...) are left out."""
     found = {}
     for key, value in metrics.items():
         if not _VALIDATION.search(str(key)):
@@ -225,9 +225,12 @@ def training_description(trainer: Any, network: Any, analysis: Any) -> dict[str,
     return description
 
 
-def observation_description(network: Any, analysis: Any, *, epoch: int, step: int) -> dict[str, Any]:
-    """``tgo.observe_model``'s description: an offline observation of the weights at ``epoch`` (no schedule)."""
-    description = _common(OFFLINE_OBSERVATION, "tgo.observe_model", network, analysis)
+def observation_description(
+    network: Any, analysis: Any, *, epoch: int, step: int, entry: str = "tgo.observe_model"
+) -> dict[str, Any]:
+    """An offline observation's description (``tgo.observe_model``, ``tgo.observe``): the weights at ``epoch``, no
+    schedule (the loop that trained them is not TGO's to see)."""
+    description = _common(OFFLINE_OBSERVATION, entry, network, analysis)
     description["schedule"] = {"observed_epoch": int(epoch), "global_step": int(step)}
     return description
 
@@ -330,5 +333,5 @@ def _is(value: Any, expected: str) -> bool:
     if expected == _INT:
         return isinstance(value, int)
     if expected == _NUMBER:
-        return isinstance(value, (int, float)) and (math.isfinite(value) or math.isnan(value) or math.isinf(value))
+        return isinstance(value, (int, float))  # NaN and infinities included: a module may log them
     return isinstance(value, str)

@@ -228,7 +228,6 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
     commits = [i.commit for i in infos if i.commit]
     rows = [
         ("model", joined([text(i.model) for i in infos])),
-        ("parameters", joined([NOT_RECORDED if i.parameters is None else f"{i.parameters:,}" for i in infos])),
         ("data source", joined([text(i.data) for i in infos])),
         ("image size", joined([text(i.image_size) for i in infos])),
         ("kind", joined([i.kind for i in infos])),
@@ -242,7 +241,6 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
         ),
         ("final val top-1", joined([NOT_RECORDED if i.top1 is None else f"{i.top1:.2%}" for i in infos])),
         ("final val top-5", joined([NOT_RECORDED if i.top5 is None else f"{i.top5:.2%}" for i in infos])),
-        ("validation metrics (last logged)", joined([validation_words(i) for i in infos])),
         ("seed(s)", ", ".join(dict.fromkeys(text(i.seed) for i in infos))),
         (
             "analysis subset",
@@ -252,11 +250,16 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
         ),
         ("observation points", joined([str(len(r.points)) for r in runs])),
     ]
+    described = [  # what only run_description.json records: shown where a run has it (older headers unchanged)
+        ("parameters", [NOT_RECORDED if i.parameters is None else f"{i.parameters:,}" for i in infos], "parameters"),
+        ("validation metrics (last logged)", [validation_words(i) for i in infos], "validation"),
+        ("software (run)", [versions_words(i) for i in infos], "versions"),
+    ]
+    rows += [(name, joined(values)) for name, values, key in described if any(getattr(i, key) for i in infos)]
     sources = [i.source for i in infos if i.source]
     if sources:
         rows.append(("observed model(s)", "; ".join(dict.fromkeys(sources))))
     rows.append(("tgo version", package_version()))
-    rows.append(("software (run)", joined([versions_words(i) for i in infos])))
     rows.append(("git commit (report)", package_commit() or NOT_RECORDED))
     rows.append(("git commit (run)", ", ".join(dict.fromkeys(commits)) if commits else NOT_RECORDED))
     return rows
