@@ -169,6 +169,8 @@ def test_observe_model_output_is_labelled_an_offline_observation(tmp_path: Path)
         ("{not json", "is not JSON"),
         ('["a list"]', "is not a run description"),
         ('{"tgo": "run description", "kind": "a guess"}', "kind is 'a guess'"),
+        ('{"tgo": "run description", "kind": "training run", "entry": 3}', "entry is 3"),
+        ('{"tgo": "run description", "kind": "training run", "model": []}', "model is list, not an object"),
         ('{"tgo": "run description", "kind": "training run", "model": {"depth": "two"}}', "model.depth is 'two'"),
         ('{"tgo": "run description", "kind": "training run", "validation": {"metrics": {"a": "x"}}}', "metrics"),
     ],

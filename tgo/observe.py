@@ -393,10 +393,10 @@ def _observe(
             if source.path in prefixes:
                 label += f" ({timm_name}, weights under {prefixes[source.path]!r})"
             print(f"[tgo] observed {label} as epoch {source.epoch} ({count_text(results)})", file=sys.stderr)
-            described = observation_description(
+            description = observation_description(
                 net, datamodule.analysis_dataset, epoch=source.epoch, step=source.step, entry="tgo.observe"
             )
-            write_description(out, described)  # run_description.json: parameters and versions beside config.yaml
+            write_description(out, description)  # run_description.json: parameters and versions beside config.yaml
         del net
     fabric.barrier("tgo_observe_done")
     return sources

@@ -319,6 +319,8 @@ def read_description(root: str | os.PathLike[str]) -> dict[str, Any] | None:
             raise _refuse(path, f"{section}.{key} is {value!r}, not {expected}")
     if loaded.get("seed") is not None and not _is(loaded["seed"], _INT):
         raise _refuse(path, f"seed is {loaded['seed']!r}, not {_INT}")
+    if loaded.get("entry") is not None and not _is(loaded["entry"], _TEXT):
+        raise _refuse(path, f"entry is {loaded['entry']!r}, not {_TEXT}")
     metrics = loaded["validation"].setdefault("metrics", {})
     if not isinstance(metrics, dict) or not all(_is(v, _NUMBER) for v in metrics.values()):
         raise _refuse(path, "validation.metrics is not an object of numbers")

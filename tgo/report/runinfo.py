@@ -229,7 +229,8 @@ def _apply_description(info: RunInfo, described: Mapping[str, Any] | None, *, ob
     label = model.get("name") or str(model.get("class") or "").rsplit(".", 1)[-1] or None
     if info.kind != TRAINING_RUN and not info.source and label:
         epoch = schedule.get("observed_epoch")
-        info.source = f"{label} (tgo.observe_model" + (f", weights of epoch {epoch})" if epoch is not None else ")")
+        entry = described.get("entry") or "tgo.observe_model"
+        info.source = f"{label} ({entry}" + (f", weights of epoch {epoch})" if epoch is not None else ")")
     if info.name is not None or label is None:
         return None
     info.name = label
