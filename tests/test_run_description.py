@@ -97,7 +97,9 @@ def own_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, L.
         patch.delenv("PL_GLOBAL_SEED", raising=False)
         L.seed_everything(3)
         trainer.fit(Classifier(), DataLoader(images(8, 1), batch_size=4), DataLoader(images(8, 2), batch_size=8))
-    yield root, trainer
+    # the records' directory: the default_root_dir, or the logger's version directory where the callback records there
+    records = next(p.parent for p in sorted(root.rglob("geometry")) if (p / "metrics.csv").is_file())
+    yield records, trainer
 
 
 def test_a_users_own_training_is_described_as_it_ran(own_run: tuple[Path, L.Trainer]) -> None:
