@@ -62,6 +62,7 @@ from tgo.resume import (
     records_after,
     set_aside_records_after,
 )
+from tgo.run_description import record_training
 
 from .background import BackgroundLane, waiting_for
 from .dashboard import (
@@ -288,6 +289,8 @@ class SpectralGeometryCallback(L.Callback):
         self._early, self._steps_checked = None, set()  # this fit's step schedule (its loader's length)
         self.early_steps(trainer)  # a schedule it cannot make is refused before the first observation
         self._settle_resume(trainer)  # the last check before anything is set aside; then reconciles a resume
+        assert self._run is not None
+        record_training(self._run.root, trainer, self._network(pl_module), self._analysis)  # run_description.json
         completed = trainer.current_epoch
         if self._should_observe(completed, trainer):
             self.observe_epoch(trainer, pl_module, completed)
@@ -321,6 +324,10 @@ class SpectralGeometryCallback(L.Callback):
         if self._should_observe_step(trainer):
             self.observe_step(trainer, pl_module)
 
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._claimed is not None and self._run is not None:  # a fit's validation: its metrics are described
+            record_training(self._run.root, trainer, self._network(pl_module), self._analysis, validated=True)
+
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of later weights than the summary in flight waits for it (its records could otherwise be lost
         with weights the checkpoint no longer holds); one of the observed weights lists the epoch as pending instead."""
@@ -342,6 +349,7 @@ class SpectralGeometryCallback(L.Callback):
             self.collect_summary(trainer)
             self.finish_tensorboard(trainer)
         if trainer.is_global_zero and self._run is not None:
+            record_training(self._run.root, trainer, self._network(pl_module), self._analysis)
             notice = nonfinite_notice(self._run)
             if notice:
                 warnings.warn(notice, RuntimeWarning, stacklevel=2)

@@ -45,6 +45,7 @@ from tgo.observatory import (
 from tgo.observatory.share import summary_gather
 from tgo.progress import LoopProgress, terminal_progress
 from tgo.records import RecordWriter, RunDir, atomic_write, recorded_epochs
+from tgo.run_description import observation_description, write_description
 from tgo.run_lock import LOCK_NAME, RunLock, RunLockError, launcher_rank
 from tgo.spectral.eigensolver import resolve_eigvalsh
 
@@ -397,6 +398,10 @@ def _observe(
             if source.path in prefixes:
                 label += f" ({timm_name}, weights under {prefixes[source.path]!r})"
             print(f"[tgo] observed {label} as epoch {source.epoch} ({count_text(results)})", file=sys.stderr)
+            description = observation_description(
+                net, datamodule.analysis_dataset, epoch=source.epoch, step=source.step, entry="tgo.observe"
+            )
+            write_description(out, description)  # run_description.json: parameters and versions beside config.yaml
         del net
     fabric.barrier("tgo_observe_done")
     return sources

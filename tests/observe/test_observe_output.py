@@ -84,7 +84,8 @@ def test_a_new_directory_is_marked_as_an_observation_and_its_lock_released(tmp_p
     stamp = json.loads(RunDir(out).marker.read_text())
     assert stamp["kind"] == "observe" and stamp["path"] == os.path.realpath(out)
     assert not (out / LOCK_NAME).exists()
-    assert sorted(p.name for p in out.iterdir()) == [".tgo-run", "analysis_subset.json", "config.yaml", "geometry"]
+    written = [".tgo-run", "analysis_subset.json", "config.yaml", "geometry", "run_description.json"]
+    assert sorted(p.name for p in out.iterdir()) == written
 
 
 def test_sigterm_ends_an_observation_in_one_line_with_status_143_and_the_lock_released(

@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "report_numbers"
 NUMBER = re.compile(r"[-+−]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?%?|\b[-+]?(?:nan|inf)\b")
 _GENERATED = re.compile(r"Generated \d{4}-\d\d-\d\d \d\d:\d\d")
-_VOLATILE_FIELDS = ("tgo version", "git commit (report)", "git commit (run)")
+_VOLATILE_FIELDS = ("tgo version", "git commit (report)", "git commit (run)", "software (run)")
 """Header fields whose value (the next text) is the checkout's, not the report's."""
 
 

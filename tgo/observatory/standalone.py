@@ -33,6 +33,7 @@ from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordsError, RecordWriter, RunDir, atomic_write_json, read_metric_rows, recorded_epochs
 from tgo.resume import RUN_ID_FILE
+from tgo.run_description import description_problem, observation_description, write_description
 from tgo.run_lock import RunLock
 from tgo.spectral.eigensolver import resolve_eigvalsh
 
@@ -140,7 +141,8 @@ def claim_run_directory(
 ) -> None:
     """Checks that TGO may record into ``root`` (not marked as a run by ``tgo.train``) and writes its manifest.
 
-    TGO's files there are ``geometry/`` and ``analysis_subset.json``; anything else is the user's, never touched.
+    TGO's files there are ``geometry/``, ``analysis_subset.json`` and ``run_description.json``; anything else is the
+    user's, never touched.
     Refused, in one line: a link where TGO writes or a file where it keeps a directory; a ``geometry/`` holding anything
     but TGO's records; with ``fresh`` (a training from scratch) records already there; an ``analysis_subset.json`` TGO
     did not write, or one of another analysis set while records exist (the records would mix two subsets)."""
@@ -153,6 +155,9 @@ def claim_run_directory(
             f"{what} '{run.root}': {unsafe}; TGO never writes through a link nor replaces what it did not make: "
             "choose another directory"
         )
+    problem = description_problem(run.root)  # run_description.json: TGO's own, or refused
+    if problem is not None:
+        raise RunDirectoryError(f"{what}: {problem}")
     foreign = _foreign_in_geometry(run)
     if foreign:
         raise RunDirectoryError(
@@ -273,4 +278,6 @@ def observe_model(
     with RunLock(run.root, what="observe_model(out=...)"):  # one process writes out at a time (tgo.run_lock)
         claim_run_directory(run.root, manifest=manifest, fresh=False, what="observe_model(out=...)")
         first = not recorded or epoch < min(recorded)
-        return observe(RecordWriter(run), keep=settings.keeps_covariance(epoch, first=first, last=False))
+        results = observe(RecordWriter(run), keep=settings.keeps_covariance(epoch, first=first, last=False))
+        write_description(run.root, observation_description(network, analysis, epoch=epoch, step=step))
+        return results

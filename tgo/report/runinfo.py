@@ -1,5 +1,7 @@
 """What a run is, read from its directory: model, data, epochs, accuracies, seed, analysis subset, software.
 
+``tgo.train`` and ``tgo.observe`` say it in ``config.yaml`` and ``train.log``; a user's own training and
+``tgo.observe_model`` in ``run_description.json`` (`tgo.run_description`), which fills whatever those do not hold.
 Whatever a run does not hold reads as ``None`` and the report says "not recorded"; `check_comparable` refuses to
 aggregate runs that differ in model, data or points, naming what differs."""
 
@@ -20,6 +22,7 @@ import yaml
 from tgo.panels import class_count
 from tgo.records import RunDir
 from tgo.report.runs import ReportInputError, RunData
+from tgo.run_description import TRAINING_RUN, read_description
 
 __all__ = [
     "NOT_RECORDED",
@@ -58,6 +61,10 @@ class RunInfo:
     arch: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
     classes: int | None = None
+    parameters: int | None = None
+    validation: dict[str, float] = field(default_factory=dict)
+    validation_epoch: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
 
 
 def _get(cfg: Any, *keys: str) -> Any:
@@ -124,12 +131,15 @@ _ARCH_WORDS: tuple[tuple[str, Any], ...] = (
 )  # the architecture overrides a model description names, in this order, and how
 
 
-def describe_model(name: str | None, arch: Mapping[str, Any], image_size: int | None = None) -> str | None:
+def describe_model(
+    name: str | None, arch: Mapping[str, Any], image_size: int | None = None, origin: str | None = None
+) -> str | None:
     """The model as what it is: ``ViT, 12 blocks, width 96, 3 heads, patch 4, 16 px images (timm vit_tiny_patch16_224
     with overrides)``.
 
     A run that overrides the architecture of a timm name is another network, and the name alone would misname it (the
-    quickstart's ``vit_tiny_patch16_224`` is a 12-block, width-96, patch-4 ViT); without overrides the name says it."""
+    quickstart's ``vit_tiny_patch16_224`` is a 12-block, width-96, patch-4 ViT); without overrides the name says it.
+    ``origin``: where the words come from when not from a config's overrides (a network described as built)."""
     if name is None:
         return None
     parts = [words(arch[key]) for key, words in _ARCH_WORDS if arch.get(key) is not None]
@@ -138,7 +148,10 @@ def describe_model(name: str | None, arch: Mapping[str, Any], image_size: int | 
     if image_size:
         parts.append(f"{image_size} px images")
     family = "ViT" if name.startswith(("vit", "deit")) or name == "checkpoint" else "model"
-    origin = f"timm {name} with overrides" if name != "checkpoint" else "checkpoint"
+    if origin is None:
+        origin = f"timm {name} with overrides" if name != "checkpoint" else "checkpoint"
+    elif "VisionTransformer" in origin:
+        family = "ViT"
     return f"{family}, {', '.join(parts)} ({origin})"
 
 
@@ -182,9 +195,84 @@ def read_run_info(run_dir: str | Path) -> RunInfo:
             info.data = info.data or manifest.get("source")
             image_size = _get(manifest, "source_info", "image_size")
             info.image_size = info.image_size or image_size
-    info.model = describe_model(name, arch, info.image_size if isinstance(info.image_size, int) else None)
+    origin = _apply_description(info, read_description(run.root), observation=observation)
+    image_size = info.image_size if isinstance(info.image_size, int) else None
+    info.model = describe_model(info.name, info.arch, image_size, origin) if origin else None
+    info.model = info.model or describe_model(name, arch, image_size)
     info.classes = class_count(run.root)
     return info
+
+
+def _apply_description(info: RunInfo, described: Mapping[str, Any] | None, *, observation: bool) -> str | None:
+    """Fills what ``config.yaml`` and ``train.log`` left ``None`` from ``run_description.json``; returns the origin
+    words of a model described from the network itself (``None``: the config named it)."""
+    if described is None:
+        return None
+    model, data, schedule = described["model"], described["data"], described["schedule"]
+    validation = described["validation"]
+    if not observation:
+        info.kind = described["kind"]
+    info.parameters = model.get("parameters")
+    info.image_size = info.image_size or model.get("image_size")
+    info.data = info.data or _data_words(data)
+    info.subset_size = info.subset_size or data.get("analysis_images")
+    if info.kind == TRAINING_RUN and info.epochs is None:
+        info.epochs = schedule.get("planned_epochs")
+    info.seed = info.seed if info.seed is not None else described.get("seed")
+    info.validation = dict(validation.get("metrics") or {})
+    info.validation_epoch = validation.get("epoch")
+    if info.top1 is None:
+        info.top1 = _accuracy(info.validation, 1)
+    if info.top5 is None:
+        info.top5 = _accuracy(info.validation, 5)
+    info.versions = dict(described["versions"])
+    label = model.get("name") or str(model.get("class") or "").rsplit(".", 1)[-1] or None
+    if info.kind != TRAINING_RUN and not info.source and label:
+        epoch = schedule.get("observed_epoch")
+        entry = described.get("entry") or "tgo.observe_model"
+        info.source = f"{label} ({entry}" + (f", weights of epoch {epoch})" if epoch is not None else ")")
+    if info.name is not None or label is None:
+        return None
+    info.name = label
+    info.arch = {
+        key: model.get(field)
+        for key, field in (("depth", "depth"), ("embed_dim", "width"), ("num_heads", "heads"), ("patch_size", "patch"))
+        if model.get(field) is not None
+    }
+    cls = str(model.get("class") or "").rsplit(".", 1)[-1]
+    return ", ".join(dict.fromkeys(w for w in (cls, f"timm {model['name']}" if model.get("name") else "") if w))
+
+
+def _data_words(data: Mapping[str, Any]) -> str | None:
+    """The data source as far as the description knows it: the training set (and its sizes), else the analysis set's."""
+    if data.get("training_source"):
+        sizes = [
+            f"{data[key]} {what} images"
+            for key, what in (("training_images", "training"), ("validation_images", "validation"))
+            if data.get(key) is not None
+        ]
+        return data["training_source"] + (f" ({', '.join(sizes)})" if sizes else "")
+    if data.get("analysis_source"):
+        return f"{data['analysis_source']} (the analysis set; the training data is not known)"
+    return None
+
+
+_TOP_K = re.compile(r"top[-_]?(\d+)")
+
+
+def _accuracy(metrics: Mapping[str, float], k: int) -> float | None:
+    """The top-``k`` accuracy among a module's logged validation metrics, as far as their names say (``val/acc_top1``,
+    ``val_acc``, ``val_accuracy_top5``...): a fraction in [0, 1]; an explicit ``topk`` and an epoch mean first."""
+    candidates = []
+    for key, value in metrics.items():
+        low = key.lower()
+        if "acc" not in low or not 0.0 <= value <= 1.0:
+            continue
+        top = _TOP_K.search(low)
+        if (int(top.group(1)) if top else 1) != k:
+            continue
+        candidates.append((top is None, low.endswith("_step"), len(key), key, value))
+    return float(min(candidates)[-1]) if candidates else None
 
 
 def package_version() -> str:

@@ -250,6 +250,12 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
         ),
         ("observation points", joined([str(len(r.points)) for r in runs])),
     ]
+    described = [  # what only run_description.json records: shown where a run has it (older headers unchanged)
+        ("parameters", [NOT_RECORDED if i.parameters is None else f"{i.parameters:,}" for i in infos], "parameters"),
+        ("validation metrics (last logged)", [validation_words(i) for i in infos], "validation"),
+        ("software (run)", [versions_words(i) for i in infos], "versions"),
+    ]
+    rows += [(name, joined(values)) for name, values, key in described if any(getattr(i, key) for i in infos)]
     sources = [i.source for i in infos if i.source]
     if sources:
         rows.append(("observed model(s)", "; ".join(dict.fromkeys(sources))))
@@ -257,6 +263,21 @@ def header_rows(runs: Sequence[RunData], infos: Sequence[RunInfo]) -> list[tuple
     rows.append(("git commit (report)", package_commit() or NOT_RECORDED))
     rows.append(("git commit (run)", ", ".join(dict.fromkeys(commits)) if commits else NOT_RECORDED))
     return rows
+
+
+def validation_words(info: RunInfo, shown: int = 6) -> str:
+    """The validation metrics a run's module logged last, ``after epoch N: name=value, ...`` (the first ``shown``)."""
+    if not info.validation:
+        return NOT_RECORDED
+    items = [f"{key}={value:.4g}" for key, value in info.validation.items()]
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    when = f"after epoch {info.validation_epoch}: " if info.validation_epoch is not None else ""
+    return when + ", ".join(items[:shown]) + more
+
+
+def versions_words(info: RunInfo) -> str:
+    """The software a run recorded, ``torch 2.5.1, lightning 2.4.0, ...``."""
+    return ", ".join(f"{name} {version}" for name, version in info.versions.items()) or NOT_RECORDED
 
 
 def header_section(ctx: Context) -> list[Section]:
