@@ -46,6 +46,7 @@ from benchmarks.attention_bench import attention_rows
 from benchmarks.curvature_bench import curvature_rows
 from benchmarks.families_bench import family_rows
 from benchmarks.optimisation_bench import optimisation_rows
+from benchmarks.peer_bench import peer_rows
 from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
 
@@ -1266,6 +1267,9 @@ def run_sections(
     if not {"vit_small", "families"} & skip:
         print("== rows 14: each family that is off by default, on / off (families_bench.py)", flush=True)
         results["families"] = family_rows(table, profile)
+    if "peer" not in skip:
+        print("== rows 16: side by side with the peer, representation-geometry (peer_bench.py)", flush=True)
+        results["peer"] = peer_rows(table, profile.name, work=work, gpu="gpu" not in skip)
 
 
 def _rows_1_and_7(

@@ -33,7 +33,7 @@ from tgo.observatory.pipeline import RecordPlan, ShardPlan, group_of_items, obse
 from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
 from tgo.records import RecordWriter, load_jackknife, load_series, load_spectra
-from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, LogitMaxima
+from tgo.spectral.attention import ATTENTION_METRICS, HEAD_METRICS, AttentionAccumulator, LogitMaxima, Workspace
 from tgo.spectral.catalogue import CATALOGUE
 
 if ATTENTION not in registered_families():  # pragma: no cover - registered by tgo.observatory.families
@@ -313,6 +313,40 @@ def test_logit_maxima_travel_exactly_in_rank_slots_of_the_sum_collective():
         assert acc.logit_max.tolist() == want
     with pytest.raises(ValueError, match="rank 3 outside"):
         LogitMaxima(ranks, 3, 3)
+
+
+def test_blocks_sharing_one_workspace_keep_the_sums_of_private_ones():
+    """The recomputation's reused buffers (`Workspace`) carry nothing from one block or chunk to the next, whatever
+    the chunk and batch sizes (`AttentionState` shares one over its blocks and clears it once the pass is checked)."""
+    gen = torch.Generator().manual_seed(3)
+
+    def accumulator(chunk: int) -> AttentionAccumulator:  # N = 1 + 2 x 2 tokens, 2 heads: 50 weights per image
+        return AttentionAccumulator(2, 5, 1, (2, 2), 8, groups=2, compute_dtype=torch.float32, chunk_elements=chunk)
+
+    batches = [
+        [(torch.randn(b, 2, 5, 4, generator=gen) * 3, torch.randn(b, 2, 5, 4, generator=gen)) for b in (3, 5, 1)]
+        for _ in range(2)
+    ]
+    private = [accumulator(100), accumulator(100)]
+    shared = [accumulator(150), accumulator(150)]
+    space = Workspace()
+    for acc in shared:
+        acc.workspace = space
+    for step in range(3):  # block 0, block 1, block 0, ... as a forward visits them
+        for block in range(2):
+            q, k = batches[block][step]
+            ids = torch.arange(q.shape[0]) % 2
+            private[block].update(q, k, ids)
+            shared[block].update(q, k, ids)
+    for mine, theirs in zip(shared, private, strict=True):
+        assert torch.equal(mine.logit_max, theirs.logit_max)
+        np.testing.assert_allclose(mine.group_sums(), theirs.group_sums(), rtol=1e-6, atol=1e-12)
+    assert (
+        space.take("x", (3,), torch.float32, torch.device("cpu")).data_ptr()
+        == space.take("x", (2,), torch.float32, torch.device("cpu")).data_ptr()
+    )
+    space.clear()
+    assert space._buffers == {}
 
 
 # ------------------------------------------------------------------------------------- records, report, figures

@@ -30,6 +30,7 @@ __all__ = [
     "AttentionAccumulator",
     "AttentionSummary",
     "LogitMaxima",
+    "Workspace",
     "max_logit_summary",
     "patch_distances",
     "qk_spectral_norms",
@@ -100,6 +101,28 @@ class AttentionSummary:
     n_images: int
     n_nonfinite: int
     groups: int = field(default=0)
+
+
+class Workspace:
+    """Reused buffers for the recomputed logits and weights (megabytes per chunk), so a pass does not allocate them
+    afresh for every chunk of every block: fresh multi-megabyte allocations are mapped and zero-filled by the kernel
+    page by page, which measured as much as the logit product itself on a CPU. One workspace may serve every
+    accumulator of an observation (they update one after another); `AttentionState` shares one, freed with it."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A contiguous ``shape`` tensor of uninitialised values, the same memory at every call with ``name``."""
+        size = math.prod(shape)
+        buf = self._buffers.get(name)
+        if buf is None or buf.dtype != dtype or buf.device != device or buf.numel() < size:
+            buf = self._buffers[name] = torch.empty(size, dtype=dtype, device=device)
+        return buf[:size].view(*shape)
+
+    def clear(self) -> None:
+        """Frees every buffer (a later `take` allocates again)."""
+        self._buffers.clear()
 
 
 class AttentionAccumulator:
@@ -183,6 +206,7 @@ class AttentionAccumulator:
         self._distances = torch.from_numpy(patch_distances(self.grid, self.patch_size)).to(
             device=self.device, dtype=compute_dtype
         )
+        self.workspace = Workspace()  # `AttentionState` gives every block of an observation the same one
 
     def __repr__(self) -> str:
         return (
@@ -254,18 +278,25 @@ class AttentionAccumulator:
         cd, p, h = self.compute_dtype, self.num_prefix_tokens, self.num_heads
         b = q.shape[0]
         scale = q.shape[-1] ** -0.5
-        q = q.to(device=self.device, dtype=cd) * scale  # as timm: (q * scale) @ k^T
-        k = k.to(device=self.device, dtype=cd)
-        logits = q @ k.transpose(-2, -1)  # [b, H, N, N]
-        top = logits.amax(dim=(-2, -1)).to(torch.float64)  # before the in-place shift below
+        take = self.workspace.take
+        shape, dev = tuple(q.shape), self.device
+        # as timm: (q * scale) @ k^T; q and k made contiguous once, in reused memory
+        q = torch.mul(q.to(device=dev, dtype=cd), scale, out=take("q", shape, cd, dev))
+        k = take("k", shape, cd, dev).copy_(k)
+        n = shape[2]
+        logits = torch.matmul(q, k.transpose(-2, -1), out=take("logits", (b, h, n, n), cd, dev))  # [b, H, N, N]
         pre = logits[..., :p]  # prefix keys (not modified below)
         patch = logits[..., p:]
         m = patch.amax(dim=-1, keepdim=True)  # [b, H, N, 1]
+        # the largest logit, from the row maxima (a max is exact in any order: no further pass over the logits)
+        top = m.amax(dim=(-2, -1))
+        top = (torch.maximum(top, pre.amax(dim=(-2, -1))) if p else top).to(torch.float64)
         patch.sub_(m)  # l - m <= 0 on patch keys, in place
-        e = torch.exp(patch)  # [b, H, N, P], max 1 per row
+        e = torch.exp(patch, out=take("weights", patch.shape, cd, dev))  # [b, H, N, P], max 1 per row
         s = e.sum(dim=-1, keepdim=True)  # >= 1
-        # sum_j E (l - m) <= 0: a contraction (as [b H N, 1, P] @ [b H N, P, 1] row dots it was ~30x slower on CPU)
-        t = torch.einsum("bhnp,bhnp->bhn", e, patch).unsqueeze(-1)
+        # sum_j E (l - m) <= 0: a product into reused memory, then row sums (einsum's batched row dots were 3x slower on
+        # CPU, a fresh product 1.7x)
+        t = torch.mul(e, patch, out=take("product", e.shape, cd, dev)).sum(dim=-1, keepdim=True)
         log_patch = m + torch.log(s)  # log of the patch block's unnormalised mass
         lse = torch.logsumexp(torch.cat([pre, log_patch], dim=-1), dim=-1, keepdim=True) if p else log_patch
         c = torch.exp(m - lse)  # A = c E on patch keys
@@ -289,10 +320,8 @@ class AttentionAccumulator:
         reg = slice(int(self.class_token), p)
         reg_mass = a_pre[:, :, qp, reg].to(f64).sum(dim=(-1, -2)) if self.num_registers else zeros
         peak_sum = peak[:, :, qp].to(f64).sum(dim=-1)
-        # sum_j E_ij D_ij for every patch query i: one matrix-vector product per query row i (batch), no temporary
-        by_query = e_qp.reshape(b * h, n_p, n_p).transpose(0, 1)  # [P (query i), b H, P (key j)]
-        weighted = torch.bmm(by_query, self._distances.unsqueeze(-1)).squeeze(-1)  # [P, b H]
-        weighted = weighted.transpose(0, 1).reshape(b, h, n_p)
+        # sum_j E_ij D_ij for every patch query i, the same way (a batched matrix-vector product per query: 6x slower)
+        weighted = torch.mul(e_qp, self._distances, out=take("product", e_qp.shape, cd, dev)).sum(dim=-1)  # [b, H, P]
         distance = (weighted / s[:, :, qp, 0]).to(f64).sum(dim=-1)
         e.mul_(c)  # now A on the patch keys (in place: E is not needed any more)
         self_mass = torch.diagonal(e_qp, dim1=-2, dim2=-1).to(f64).sum(dim=-1)

@@ -43,6 +43,7 @@ from tgo.spectral.attention import (
     AttentionAccumulator,
     AttentionSummary,
     LogitMaxima,
+    Workspace,
     max_logit_summary,
     qk_spectral_norms,
 )
@@ -283,6 +284,9 @@ class AttentionState(FamilyState):
             )
             for b in blocks
         }
+        self.workspace = Workspace()  # the blocks update one after another: one set of buffers serves them all
+        for acc in self.accumulators.values():
+            acc.workspace = self.workspace
         self._q: dict[str, torch.Tensor] = {}
         self.maxima = LogitMaxima(list(self.accumulators.values()), context.rank, context.world_size)
         # the weights are the same on every rank, so each computes the same bits
@@ -309,6 +313,7 @@ class AttentionState(FamilyState):
         return [*self.accumulators.values(), self.maxima]
 
     def check(self) -> None:
+        self.workspace.clear()  # after the pass: the summary, perhaps on a background thread, needs only the sums
         missing = {
             point: acc.n_images + acc.n_nonfinite
             for point, acc in self.accumulators.items()
