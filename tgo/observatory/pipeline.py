@@ -18,13 +18,14 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily, TrainingInfo, enabled_families
 from tgo.observatory.hooks import num_prefix_tokens_of
+from tgo.observatory.plan import StatePlan, plan_passes
 from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_model
 from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings, check_jackknife_groups
 from tgo.observatory.share import GatherBytes, SummaryShare, summarize_shared
-from tgo.observatory.stream import reduce_accumulators, stream_activations
+from tgo.observatory.stream import point_dims, reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
-from tgo.spectral import jackknife_groups
+from tgo.spectral import GroupedCovariance, StreamingCovariance, jackknife_groups
 
 if TYPE_CHECKING:  # pragma: no cover
     from tgo.spectral.eigensolver import Eigvalsh
@@ -187,22 +188,62 @@ def observe_dataset(
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
     group_of_item: np.ndarray | None = None,
+    passes: Sequence[Sequence[ObservationPoint]] | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
-    Every rank makes exactly the same two collective calls whatever its shard and the families, so ranks with fewer or
-    no batches cannot hang the others; each family's ``check`` runs after them, on every rank. Returns the global sums,
-    one accumulator per point, identical on every rank."""
+    Every rank makes exactly the same two collective calls per pass whatever its shard and the families, so ranks with
+    fewer or no batches cannot hang the others; each family's ``check`` runs after them, on every rank. ``passes``
+    (`state_plan`; ``None``: one pass over every point) splits the points into several streams of the same images, each
+    reduced on its own; the families stream and reduce in the first. After a pass, when more follow, its reduced state
+    moves to the host. Returns the global sums, one accumulator per point in ``points`` order, identical on every
+    rank."""
     if groups and group_of_item is None:
         group_of_item = group_of_items(dataset, groups)
     loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
-    accumulators = stream_activations(
-        model, loader, points, device=device, gram_dtype=gram_dtype, groups=groups, families=families
-    )
-    reduce_accumulators(accumulators, all_reduce_sum, [s for run in families for s in run.state.summables()])
+    chunks = [tuple(points)] if passes is None else [tuple(chunk) for chunk in passes]
+    if sorted(p.name for chunk in chunks for p in chunk) != sorted(p.name for p in points):
+        raise ValueError("observe_dataset: the passes must hold every point exactly once")
+    dims = point_dims(model, points, device) if len(chunks) > 1 and families else None  # for the families' end_stream
+    reduced: dict[str, Any] = {}
+    for i, chunk in enumerate(chunks):
+        runs = families if i == 0 else ()
+        accumulators = stream_activations(
+            model, loader, chunk, device=device, gram_dtype=gram_dtype, groups=groups, families=runs, dims=dims
+        )
+        reduce_accumulators(accumulators, all_reduce_sum, [s for run in runs for s in run.state.summables()])
+        if len(chunks) > 1:
+            accumulators = {name: _on_host(acc) for name, acc in accumulators.items()}
+        reduced.update(accumulators)
     for run in families:
         run.state.check()
-    return accumulators
+    return {p.name: reduced[p.name] for p in points}
+
+
+def _on_host(acc: Any) -> Any:
+    """A reduced accumulator with its sums on the host (a bitwise copy: the summary reads them as numpy there), so a
+    pass frees its accelerator state before the next one starts."""
+    if isinstance(acc, GroupedCovariance):
+        acc.groups = [_on_host(g) for g in acc.groups]
+        return acc
+    if acc.device.type == "cpu":
+        return acc
+    host = StreamingCovariance(acc.dim, gram_dtype=acc.gram_dtype, device="cpu")
+    host.load_state_dict(acc.state_dict())
+    return host
+
+
+def state_plan(
+    model: torch.nn.Module,
+    points: Sequence[ObservationPoint],
+    settings: ObservationSettings,
+    device: torch.device | str | None = None,
+) -> StatePlan:
+    """The passes that keep this rank's covariance state within ``settings.state_budget_gb`` (`tgo.observatory.plan`);
+    the same on every rank (the same points and dimensions)."""
+    budget = settings.state_budget_bytes
+    dims = point_dims(model, points, device) if budget is not None else None
+    return plan_passes(points, dims, groups=settings.groups, budget_bytes=budget)
 
 
 class NonFiniteActivationsError(RuntimeError):
@@ -243,6 +284,7 @@ class ReducedObservation:
     settings: ObservationSettings
     record: RecordPlan
     nonfinite: dict[str, int]
+    state: StatePlan | None = None
 
 
 def reduce_observation(
@@ -263,6 +305,9 @@ def reduce_observation(
     Non-finite activations raise on every rank together (the counts are reduced first), so an ``error`` policy cannot
     leave one rank waiting in a collective."""
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
+    passes = state_plan(model, points, settings, device)
+    if len(passes.passes) > 1 and is_global_zero:
+        _say(f"{passes.line()} ({record.label})")
     families = start_families(
         enabled_families(settings, record.writer.run.series),
         model,
@@ -286,6 +331,7 @@ def reduce_observation(
         groups=settings.groups,
         families=families,
         group_of_item=image_groups,
+        passes=passes.passes,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
@@ -300,7 +346,14 @@ def reduce_observation(
             RuntimeWarning,
             stacklevel=2,
         )
-    return ReducedObservation(accumulators, tuple(points), families, image_groups, settings, record, bad)
+    return ReducedObservation(accumulators, tuple(points), families, image_groups, settings, record, bad, passes)
+
+
+def _say(line: str) -> None:
+    """One line on the console through Lightning's rank-zero logger (imported here: the pipeline needs no Lightning)."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(line)
 
 
 def summarize_and_record(
@@ -389,6 +442,7 @@ __all__ = [
     "reduce_observation",
     "shard_loader",
     "start_families",
+    "state_plan",
     "summarize_and_record",
     "summary_share",
 ]

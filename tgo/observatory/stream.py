@@ -22,7 +22,7 @@ from .families.base import BatchInfo, FamilyRun
 from .hooks import ActivationHooks, Consume, HookSpec, num_prefix_tokens_of
 from .points import ObservationPoint, resolve_points, unwrap_model
 
-__all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
+__all__ = ["exact_inference", "point_dims", "reduce_accumulators", "stream_activations"]
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
@@ -143,6 +143,31 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
     return dims
 
 
+def point_dims(
+    model: nn.Module, points: Sequence[ObservationPoint], device: torch.device | str | None = None
+) -> dict[str, int]:
+    """Each point's feature dimension before any image is streamed (the memory plan needs it first): from the model
+    where it is certain, else from one forward of a zero image with nothing accumulated."""
+    net = unwrap_model(model)
+    modules = resolve_points(net, points)
+    dims = {p.name: _static_dim(net, p, modules[p.name]) for p in points}
+    unknown = [p for p in points if dims[p.name] is None]
+    if unknown:
+        where = torch.device(device) if device is not None else _model_device(net)
+        modes = [(m, m.training) for m in net.modules()]
+        try:
+            net.eval()
+            with exact_inference(where.type):
+                dims.update(_dims_by_shape_probe(net, unknown, where))
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        never = [p for p in unknown if dims.get(p.name) is None]
+        if never:
+            raise RuntimeError(_never_called(never))
+    return {name: int(dim) for name, dim in dims.items() if dim is not None}
+
+
 def _never_called(points: Sequence[ObservationPoint]) -> str:
     return (
         f"stream_activations: the module(s) of point(s) {[f'{p.name} ({p.module})' for p in points]} were never "
@@ -169,13 +194,15 @@ def stream_activations(
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
+    dims: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's batches through the model and accumulates every point's activations, not yet reduced.
 
     Batches are image tensors or ``(images, labels)``; with ``groups`` ``(images, labels, group ids)``, with families
     also subset indices. Each image's rows go to its group's accumulator only, so the Gram work is unchanged. Each
     family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
-    whose module the forward never calls is refused (its records would silently be empty)."""
+    whose module the forward never calls is refused (its records would silently be empty). ``dims``: the widths of
+    points streamed in other passes, which the families' ``end_stream`` also needs (`point_dims`)."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
@@ -222,7 +249,7 @@ def stream_activations(
         for m, mode in modes:
             m.training = mode
     accumulators = {p.name: lazy[p.name].acc for p in points}
-    dims_of = {name: int(acc.dim) for name, acc in accumulators.items() if acc is not None}
+    dims_of = {**(dims or {}), **{name: int(acc.dim) for name, acc in accumulators.items() if acc is not None}}
     for run in families:
         run.state.end_stream(dims_of)
     return accumulators
