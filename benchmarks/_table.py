@@ -37,6 +37,7 @@ SECTIONS: tuple[str, ...] = (
     "optimisation",
     "curvature",
     "families",
+    "widths",
 )
 """What ``python -m benchmarks --skip`` can leave out, in run order."""
 
@@ -52,6 +53,7 @@ SUMMARY_ROWS = _numbered("10", 2)
 SCALE_ROWS = _numbered("11", 8)
 OPTIMISATION_ROWS = _numbered("12", 3)
 CURVATURE_ROWS = _numbered("13", 5)
+WIDTH_ROWS = _numbered("15", 7)
 
 
 @functools.cache
@@ -99,6 +101,7 @@ _STATIC_ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("scale",) for row in SCALE_ROWS},
     **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
     **{row: ("curvature",) for row in CURVATURE_ROWS},
+    **{row: ("widths",) for row in WIDTH_ROWS},
 }
 """Every row of the table but rows 14 (``ROWS`` adds them, `_registry`), in display order, with the ``--skip``
 sections it needs: the single declaration of what a complete run contains (a row neither measured nor skipped with a

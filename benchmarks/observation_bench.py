@@ -48,6 +48,7 @@ from benchmarks.families_bench import family_rows
 from benchmarks.optimisation_bench import optimisation_rows
 from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
+from benchmarks.width_bench import width_rows
 
 GOAL = 1.10
 BLOCKING_TARGET = 1.15
@@ -1266,6 +1267,9 @@ def run_sections(
     if not {"vit_small", "families"} & skip:
         print("== rows 14: each family that is off by default, on / off (families_bench.py)", flush=True)
         results["families"] = family_rows(table, profile)
+    if "widths" not in skip:
+        print("== rows 15: D = 768 and 1,024 on the CPU, the memory plan's passes (width_bench.py)", flush=True)
+        results["widths"] = width_rows(table, profile.name, work)
 
 
 def _rows_1_and_7(

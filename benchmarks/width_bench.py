@@ -1,0 +1,214 @@
+"""Rows 15: the observation at ViT-B and ViT-L widths (D = 768 and 1,024) on the CPU, and what the memory plan's extra
+passes cost (issue 38, item 2); docs/benchmarks.md, rows 15 and the projection built from them.
+
+``python -m benchmarks.width_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs them with
+the rest of the table (``--skip widths`` leaves them out). Each width is measured on a 2-block ViT at 224 px (197
+tokens, 5 points, G = 10, the default families), so a CPU run takes minutes: what grows with depth is the forward per
+block and the observation's work per point, and the summary is per point, which is what the projection needs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import _harness as h
+from benchmarks._table import run_alone
+
+MB = 1024**2
+CLASSES = 2
+"""Labels dealt round robin to the random images (the probes' class geometry needs two classes at least)."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What rows 15 measure in one mode."""
+
+    widths: tuple[tuple[int, int], ...]  # (D, heads): rows 15.1-15.3 and 15.4-15.6
+    image_size: int
+    patch: int
+    depth: int
+    images: int  # >= G = 10: one image per jackknife group at least
+    batch: int
+    repeats: int  # interleaved (one pass, one point per pass) pairs
+
+
+SIZES = {
+    "default": Sizes(((768, 12), (1024, 16)), 224, 16, 2, 10, 5, 2),
+    "quick": Sizes(((768, 12), (1024, 16)), 224, 16, 2, 10, 5, 1),
+    "smoke": Sizes(((32, 2), (48, 2)), 32, 8, 2, 10, 5, 1),
+}
+MODELS = {768: ("vit_base", 12), 1024: ("vit_large", 24)}
+"""The timm model each measured width stands for, and its depth (the preset's points: depth + 3)."""
+
+
+def _net(width: int, heads: int, sizes: Sizes) -> torch.nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    return VisionTransformer(
+        img_size=sizes.image_size,
+        patch_size=sizes.patch,
+        embed_dim=width,
+        depth=sizes.depth,
+        num_heads=heads,
+        num_classes=10,
+    ).eval()
+
+
+def _reduce(net: torch.nn.Module, data: Any, points: list[Any], settings: Any, sizes: Sizes, work: Path) -> Any:
+    """One observation's stream and reduction as the callback runs it (identity sum: one process)."""
+    from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation
+    from tgo.records import RecordWriter
+
+    return reduce_observation(
+        net,
+        data,
+        points,
+        settings=settings,
+        plan=ShardPlan(batch_size=sizes.batch),
+        record=RecordPlan(RecordWriter(Path(tempfile.mkdtemp(dir=work))), epoch=0, step=0),
+        all_reduce_sum=lambda t: t,
+        is_global_zero=True,
+    )
+
+
+def _summary(reduced: Any) -> float:
+    from tgo.observatory.pipeline import summarize_and_record
+    from tgo.observatory.share import SummaryShare
+
+    start = time.perf_counter()
+    summarize_and_record(reduced, share=SummaryShare(0, 1, None))
+    return time.perf_counter() - start
+
+
+def measure_width(width: int, heads: int, sizes: Sizes, work: Path) -> dict[str, Any]:
+    """Forward, pass (one pass and one point per pass, interleaved), summary and state of one width."""
+    from tgo.observatory import ObservationSettings, vit_points
+    from tgo.observatory.plan import GB, point_state_bytes
+
+    net, data = _net(width, heads, sizes), h.random_images(sizes.images, sizes.image_size, classes=CLASSES)
+    points = vit_points(net)
+    settings = ObservationSettings()
+    one_point = point_state_bytes(width, settings.groups)
+    split = settings.replace(state_budget_gb=one_point * 1.01 / GB)  # one point per pass
+    cpu = torch.device("cpu")
+    forward = [h.median_time(lambda: h.plain_forward(net, data, sizes.batch, cpu), max(sizes.repeats, 1))]
+    reduced = _reduce(net, data, points, settings, sizes, work)  # warm-up, and the cold summary below
+    cold = _summary(reduced)
+    packed = [int(sum(g.packed_size for g in acc.groups)) * 8 for acc in reduced.accumulators.values()]
+    times: dict[str, list[float]] = {"one": [], "split": []}
+    passes = 0
+    for _ in range(sizes.repeats):
+        for name, variant in (("one", settings), ("split", split), ("one", settings)):
+            start = time.perf_counter()
+            reduced_now = _reduce(net, data, points, variant, sizes, work)
+            times[name].append(time.perf_counter() - start)
+            if name == "split":
+                assert reduced_now.state is not None
+                passes = len(reduced_now.state.passes)
+            else:
+                reduced = reduced_now
+            del reduced_now
+    warm = _summary(reduced)
+    ratios = [s / ((a + b) / 2) for s, a, b in zip(times["split"], times["one"][::2], times["one"][1::2], strict=True)]
+    return {
+        "width": width,
+        "points": len(points),
+        "groups": settings.groups,
+        "forward_s": forward[0],
+        "pass_s": statistics.median(times["one"]),
+        "split_pass_s": statistics.median(times["split"]),
+        "split_ratio": statistics.median(ratios),
+        "split_passes": passes,
+        "summary_s": warm,
+        "summary_cold_s": cold,
+        "point_bytes": one_point,
+        "packed_bytes": packed,
+    }
+
+
+def _rows(table: Any, first: str, m: dict[str, Any], sizes: Sizes) -> None:
+    from tgo.observatory import ObservationSettings
+    from tgo.observatory.plan import GB, point_state_bytes
+
+    budget = ObservationSettings().state_budget_bytes or 0
+    d, g, n, p = m["width"], m["groups"], sizes.images, m["points"]
+    model, depth = MODELS.get(d, (f"{d}-wide", sizes.depth))
+    whole = (depth + 3) * m["point_bytes"]
+    per_block = m["forward_s"] / n / sizes.depth
+    per_point = max(m["pass_s"] - m["forward_s"], 0.0) / n / p
+    label = f"D={d}, {sizes.depth} blocks, {sizes.image_size}px"
+    major = first.split(".")[0]
+    table.add(
+        first,
+        f"{label}: observation state per point (peak: held + reduce buffer)",
+        m["point_bytes"] / MB,
+        "MB",
+        f"G x (2 + 2D + D^2 + 2 + D + D^2) x 8 B = {m['point_bytes'] / MB:.1f} MB (packed for the all-reduce, "
+        f"measured from the accumulators: {m['packed_bytes'][0] / MB:.1f} MB = G x (2 + D + D^2) x 8 B); {model} "
+        f"({depth + 3} points): {whole / GB:.2f} GB peak, {'1 pass' if whole <= budget else 'several passes'} at the "
+        f"default {budget / GB:.3g} GB budget; a 40-block D = 1,536 model: "
+        f"{43 * point_state_bytes(1536, g) / GB:.1f} GB",
+        text=f"{m['point_bytes'] / MB:.1f} MB",
+        **{k: m[k] for k in ("point_bytes", "packed_bytes")},
+    )
+    table.add(
+        f"{major}.{int(first.split('.')[1]) + 1}",
+        f"{label}: pass (stream + reduce) per image, 1 process",
+        m["pass_s"] / n,
+        "s",
+        f"pass {m['pass_s']:.2f} s over {n} img (batch {sizes.batch}, {p} points, G = {g}, default families) = "
+        f"plain forward {m['forward_s']:.2f} s ({per_block * 1e3:.1f} ms per block per image) + the observation "
+        f"{per_point * 1e3:.1f} ms per point per image (hooks, grouped float64 Gram, families, reduce)",
+        text=f"{m['pass_s'] / n * 1e3:.0f} ms/img",
+        forward_per_block_image_s=per_block,
+        observation_per_point_image_s=per_point,
+        **{k: m[k] for k in ("forward_s", "pass_s")},
+    )
+    table.add(
+        f"{major}.{int(first.split('.')[1]) + 2}",
+        f"{label}: rank-0 summary per point",
+        m["summary_s"] / p,
+        "s",
+        f"summarize_and_record of {p} points (G + 1 eigendecompositions per view, probes, records), noise cache "
+        f"warm: {m['summary_s']:.2f} s, {m['summary_s'] / n:.2f} s per image at {n} img; cold (first observation "
+        f"of a run): {m['summary_cold_s']:.2f} s",
+        text=f"{m['summary_s'] / p:.2f} s/point",
+        **{k: m[k] for k in ("summary_s", "summary_cold_s")},
+    )
+
+
+def width_rows(table: Any, mode: str, work: Path | None = None) -> dict[str, Any]:
+    """Rows 15.1-15.7 of ``mode`` (`SIZES`) into ``table``, scratch files under ``work`` (``None``: a temporary
+    folder)."""
+    sizes = SIZES[mode]
+    scratch = Path(tempfile.mkdtemp(prefix="tgo_widths_", dir=work))
+    measured = [measure_width(d, heads, sizes, scratch) for d, heads in sizes.widths]
+    for first, m in zip(("15.1", "15.4"), measured, strict=True):
+        _rows(table, first, m, sizes)
+    m = measured[-1]
+    extra = max(m["split_pass_s"] - m["pass_s"], 0.0) / max(m["split_passes"] - 1, 1)
+    table.add(
+        "15.7",
+        f"D={m['width']}: the memory plan's extra passes, {m['split_passes']} passes (one point each) / 1 pass",
+        m["split_ratio"],
+        "x",
+        f"the same observation under a budget of one point's state: {m['split_pass_s']:.2f} s against "
+        f"{m['pass_s']:.2f} s, median of {sizes.repeats} interleaved pairs; each extra pass costs "
+        f"{extra:.2f} s = {extra / m['forward_s']:.2f} x the plain forward over the same images (the Gram work is "
+        f"the same; records bitwise equal: tests/observatory/test_plan.py)",
+        split_pass_s=m["split_pass_s"],
+        extra_pass_s=extra,
+    )
+    return {"sizes": sizes.__dict__, "widths": measured}
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_alone(None, "width_bench", width_rows, "D = 768 and 1,024 with one interleaved pair"))
