@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import tiny_vit
+from tests.processes import free_port, tiny_vit
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation, state_plan, summarize_and_record
 from tgo.observatory.plan import GB, plan_passes, point_state_bytes
 from tgo.observatory.points import ObservationPoint, vit_points
@@ -165,3 +168,39 @@ def test_records_are_bitwise_those_of_one_pass_whatever_the_budget(tmp_path: Pat
     many, passes = _observe(tmp_path / "many", ObservationSettings(**base, state_budget_gb=budget_gb), points)
     assert (one_passes, passes) == (1, expected_passes)
     _same_records(many, one)
+
+
+def _two_rank_worker(rank: int, world_size: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    net, dataset = tiny_vit(), _images()
+    points = _points(net)
+    base = {"groups": 3, "probes": {"folds": 3}}
+    for name, budget in (("one", None), ("many", 0.0008)):
+        settings = ObservationSettings(**base, state_budget_gb=budget)
+        record = RecordPlan(RecordWriter(Path(out) / name), epoch=0, step=0, with_covariance=True)
+        reduced = reduce_observation(
+            net,
+            dataset,
+            points,
+            settings=settings,
+            plan=ShardPlan(rank, world_size, 4),
+            record=record,
+            all_reduce_sum=lambda t: (dist.all_reduce(t), t)[1],
+            is_global_zero=rank == 0,
+        )
+        assert reduced.state is not None and len(reduced.state.passes) == (1 if budget is None else 3)
+        if rank == 0:
+            summarize_and_record(reduced, share=SummaryShare(0, 1, None))
+    dist.barrier()  # no rank tears gloo down while another still uses it
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_on_two_processes_the_passes_record_bitwise_what_one_pass_records(tmp_path: Path):
+    mp.spawn(_two_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+
+    def files(root: Path) -> dict[str, Path]:
+        return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+    _same_records(files(tmp_path / "many"), files(tmp_path / "one"))
