@@ -21,6 +21,7 @@ from tgo.observatory.plan import GB, plan_passes, point_state_bytes
 from tgo.observatory.points import ObservationPoint, vit_points
 from tgo.observatory.settings import ObservationSettings, ObservationSettingsError
 from tgo.observatory.share import SummaryShare
+from tgo.observatory.stream import stream_activations
 from tgo.records import RecordWriter
 
 IMAGES = 11
@@ -204,3 +205,26 @@ def test_on_two_processes_the_passes_record_bitwise_what_one_pass_records(tmp_pa
         return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
 
     _same_records(files(tmp_path / "many"), files(tmp_path / "one"))
+
+
+class _EndStream:
+    """A family run's stand-in that hooks nothing and keeps the widths ``end_stream`` is given."""
+
+    hooks = ()
+
+    def __init__(self) -> None:
+        self.state, self.dims = self, None
+
+    def end_stream(self, dims):
+        self.dims = dict(dims)
+
+
+def test_an_empty_shard_in_a_later_pass_still_gives_the_families_every_point_s_width():
+    net = tiny_vit()
+    points = _points(net)
+    run = _EndStream()
+    first = points[:2]  # this pass streams two points; the families need the others' widths too
+    others = {p.name: 128 if p is GELU else 32 for p in points}
+    accumulators = stream_activations(net, [], first, families=[run], family_dims=others)
+    assert [acc.n for acc in accumulators.values()] == [0, 0]  # no images on this rank
+    assert run.dims == others

@@ -209,7 +209,7 @@ def observe_dataset(
     for i, chunk in enumerate(chunks):
         runs = families if i == 0 else ()
         accumulators = stream_activations(
-            model, loader, chunk, device=device, gram_dtype=gram_dtype, groups=groups, families=runs, dims=dims
+            model, loader, chunk, device=device, gram_dtype=gram_dtype, groups=groups, families=runs, family_dims=dims
         )
         reduce_accumulators(accumulators, all_reduce_sum, [s for run in runs for s in run.state.summables()])
         if len(chunks) > 1:

@@ -194,15 +194,15 @@ def stream_activations(
     gram_dtype: torch.dtype = torch.float64,
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
-    dims: Mapping[str, int] | None = None,
+    family_dims: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's batches through the model and accumulates every point's activations, not yet reduced.
 
     Batches are image tensors or ``(images, labels)``; with ``groups`` ``(images, labels, group ids)``, with families
     also subset indices. Each image's rows go to its group's accumulator only, so the Gram work is unchanged. Each
     family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
-    whose module the forward never calls is refused (its records would silently be empty). ``dims``: the widths of
-    points streamed in other passes, which the families' ``end_stream`` also needs (`point_dims`)."""
+    whose module the forward never calls is refused (its records would silently be empty). ``family_dims``: the widths
+    of points streamed in other passes, which the families' ``end_stream`` also needs (`point_dims`)."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
@@ -249,7 +249,7 @@ def stream_activations(
         for m, mode in modes:
             m.training = mode
     accumulators = {p.name: lazy[p.name].acc for p in points}
-    dims_of = {**(dims or {}), **{name: int(acc.dim) for name, acc in accumulators.items() if acc is not None}}
+    dims_of = {**(family_dims or {}), **{name: int(acc.dim) for name, acc in accumulators.items() if acc is not None}}
     for run in families:
         run.state.end_stream(dims_of)
     return accumulators
