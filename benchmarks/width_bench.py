@@ -9,6 +9,7 @@ block and the observation's work per point, and the summary is per point, which 
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
@@ -196,7 +197,9 @@ def width_rows(table: Any, mode: str, work: Path | None = None) -> dict[str, Any
         _rows(table, first, measured[-1], sizes)
         if first == "15.1":
             passes_row(table, measured[-1], sizes)
-    return {"sizes": sizes.__dict__, "widths": measured}
+    rows = projection(measured)
+    print(f"projection (docs/benchmarks.md, rows 15):\n{projection_markdown(rows)}", flush=True)
+    return {"sizes": sizes.__dict__, "widths": measured, "projection": rows}
 
 
 def passes_row(table: Any, m: dict[str, Any], sizes: Sizes) -> None:
@@ -214,6 +217,103 @@ def passes_row(table: Any, m: dict[str, Any], sizes: Sizes) -> None:
         split_pass_s=m["split_pass_s"],
         extra_pass_s=extra,
     )
+
+
+# ---------------------------------------------------------------------------------------------------- projection
+H100_FP32_TFLOPS = 67.0
+"""H100 SXM peak without tensor cores: the observation's forward runs IEEE float32 (TF32 off, `strict_fp32_math`)."""
+H100_FP64_TFLOPS = 67.0
+"""H100 SXM FP64 tensor-core peak: the float64 Gram is a DGEMM."""
+EFFICIENCY = 0.5
+"""Fraction of those peaks assumed achieved (an assumption, not measured: no GPU was lent to this task)."""
+BUS_GB_S = {8: 300.0, 64: 50.0}
+"""NCCL all-reduce bus bandwidth assumed: one 8-GPU NVLink node; 8 such nodes over 400 Gb/s per GPU InfiniBand."""
+CORES_PER_RANK = 8
+"""Host cores per GPU for the summary's pool (an assumption, as in the H200 projection)."""
+PROJECTED = (
+    ("vit_base/16", 768, 12, 197),
+    ("vit_large/16", 1024, 24, 197),
+    ("vit_huge/14", 1280, 32, 257),
+    ("40 x 1,536 /14", 1536, 40, 257),
+)
+"""(model, D, blocks, tokens at 224 px) of the projection; MLP ratio 4, the ViT preset's blocks + 3 points."""
+
+
+def _forward_flops(width: int, tokens: int) -> float:
+    """One block, one image: qkv, projection, MLP (24 T D^2) and the attention products (4 T^2 D)."""
+    return 24.0 * tokens * width**2 + 4.0 * tokens**2 * width
+
+
+def projection(measured: list[dict[str, Any]], images: int = 1000, groups: int = 10) -> list[dict[str, Any]]:
+    """One observation of ``images`` analysis images per model and world size (8 and 64 H100s), from rows 15's parts.
+
+    Exact: the state, the passes at the default budget, the reduced bytes. Measured here: the CPU summary per point
+    at the measured widths (scaled as D^3 beyond) and the extra pass's cost over a forward (15.7). Projected: the
+    stream from FLOPs at `EFFICIENCY` of the peaks, the all-reduce from `BUS_GB_S`, the summary's cores."""
+    from tgo.observatory import ObservationSettings
+    from tgo.observatory.plan import plan_passes, point_state_bytes
+    from tgo.observatory.points import ObservationPoint
+
+    budget = ObservationSettings().state_budget_bytes
+    by_width = {m["width"]: m for m in measured}
+    widest = max(by_width)
+    extra_ratio = measured[0]["split_ratio"] - 1.0
+    extra_per_pass = (measured[0]["split_pass_s"] - measured[0]["pass_s"]) / max(measured[0]["split_passes"] - 1, 1)
+    extra_per_forward = extra_per_pass / measured[0]["forward_s"] if extra_ratio > 0 else 1.0
+    rows = []
+    for model, d, blocks, tokens in PROJECTED:
+        n_points = blocks + 3
+        points = [ObservationPoint(f"p{i}", f"m{i}") for i in range(n_points)]
+        plan = plan_passes(points, {p.name: d for p in points}, groups=groups, budget_bytes=budget)
+        summary_point = (
+            by_width[d]["summary_s"] / by_width[d]["points"]
+            if d in by_width
+            else by_width[widest]["summary_s"] / by_width[widest]["points"] * (d / widest) ** 3
+        )
+        vectors = images * (3 * (blocks + 1) + 2) * d * 8  # the probes' per-image vectors (float64, every rank)
+        state = n_points * groups * (2 + d + d * d) * 8
+        for world in (8, 64):
+            shard = math.ceil(images / world)
+            forward = shard * blocks * _forward_flops(d, tokens) / (H100_FP32_TFLOPS * 1e12 * EFFICIENCY)
+            gram = shard * n_points * 2.0 * tokens * d * d / (H100_FP64_TFLOPS * 1e12 * EFFICIENCY)
+            extra = (len(plan.passes) - 1) * extra_per_forward * forward
+            reduce = 2 * (world - 1) / world * (state + vectors) / (BUS_GB_S[world] * 1e9)
+            per_rank_points = math.ceil(n_points / world)
+            rounds = math.ceil(per_rank_points / CORES_PER_RANK)
+            rows.append(
+                {
+                    "model": model,
+                    "width": d,
+                    "points": n_points,
+                    "world": world,
+                    "peak_state_gb": n_points * point_state_bytes(d, groups) / 1e9,
+                    "passes": len(plan.passes),
+                    "vectors_gb": vectors / 1e9,
+                    "reduce_gb": (state + vectors) / 1e9,
+                    "stream_s": forward + gram + extra,
+                    "extra_pass_s": extra,
+                    "reduce_s": reduce,
+                    "summary_rank_s": rounds * summary_point,
+                    "summary_point_cpu_s": summary_point,
+                }
+            )
+    return rows
+
+
+def projection_markdown(rows: list[dict[str, Any]]) -> str:
+    """`projection` as the docs/benchmarks.md table."""
+    lines = [
+        "| model | H100s | points | peak state / rank | passes (8 GB) | per-image vectors / rank | all-reduce | "
+        "stream / rank | of it extra passes | reduce | summary / rank (background) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['world']} | {r['points']} | {r['peak_state_gb']:.2f} GB | {r['passes']} | "
+            f"{r['vectors_gb']:.2f} GB | {r['reduce_gb']:.2f} GB | {r['stream_s'] * 1e3:.0f} ms | "
+            f"{r['extra_pass_s'] * 1e3:.0f} ms | {r['reduce_s'] * 1e3:.0f} ms | ~{r['summary_rank_s']:.0f} s |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
