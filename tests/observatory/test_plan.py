@@ -228,3 +228,20 @@ def test_an_empty_shard_in_a_later_pass_still_gives_the_families_every_point_s_w
     accumulators = stream_activations(net, [], first, families=[run], family_dims=others)
     assert [acc.n for acc in accumulators.values()] == [0, 0]  # no images on this rank
     assert run.dims == others
+
+
+def test_a_reduced_state_moved_to_the_host_is_a_bitwise_copy():
+    from tgo.observatory.pipeline import _on_host
+    from tgo.spectral import GroupedCovariance
+    from tgo.spectral.jackknife import moments
+
+    grouped = GroupedCovariance(2, 5)
+    grouped.batch_groups = torch.tensor([0, 1, 1])
+    grouped.update(torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(0)) + 100.0)
+    before = [moments(g) for g in grouped.groups]
+    for g in grouped.groups:  # as if on an accelerator: the copy path runs (the tensors themselves stay on the CPU)
+        g.device = torch.device("cuda", 0)
+    moved = _on_host(grouped)
+    assert all(g.device.type == "cpu" for g in moved.groups)
+    for (c0, m0, n0, f0), (c1, m1, n1, f1) in zip(before, (moments(g) for g in moved.groups), strict=True):
+        assert (n0, f0) == (n1, f1) and c0.tobytes() == c1.tobytes() and m0.tobytes() == m1.tobytes()
