@@ -111,13 +111,19 @@ def test_the_budget_round_trips_and_its_default_holds_vit_large_in_one_pass_and_
     assert vit_large <= budget < wide
 
 
-def test_the_plan_sizes_every_point_from_the_model_itself():
+def test_the_plan_sizes_every_point_from_the_model_itself_probing_once():
     net = tiny_vit()
     points = _points(net)
+    forwards = []
+    net.register_forward_pre_hook(lambda module, args: forwards.append(args[0].shape[0]))
     plan = state_plan(net, points, ObservationSettings(groups=3))
     assert plan.point_bytes == {
         p.name: point_state_bytes(128 if p is GELU else 32, 3) for p in points
     }  # the MLP's hidden width from a probe forward, the residual width from the model
+    assert state_plan(net, points, ObservationSettings(groups=3)) == plan
+    assert forwards == [1]  # one probe of one image, for the first observation only
+    assert state_plan(net, _points(net, extra=False), ObservationSettings(groups=3)).passes
+    assert forwards == [1]  # the preset's widths are the model's own: no probe
 
 
 def _observe(root: Path, settings: ObservationSettings, points: list[ObservationPoint]) -> tuple[dict, int]:

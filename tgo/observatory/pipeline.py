@@ -8,7 +8,8 @@ loop."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -204,7 +205,7 @@ def observe_dataset(
     chunks = [tuple(points)] if passes is None else [tuple(chunk) for chunk in passes]
     if sorted(p.name for chunk in chunks for p in chunk) != sorted(p.name for p in points):
         raise ValueError("observe_dataset: the passes must hold every point exactly once")
-    dims = point_dims(model, points, device) if len(chunks) > 1 and families else None  # for the families' end_stream
+    dims = widths(model, points, device) if len(chunks) > 1 and families else None  # for the families' end_stream
     reduced: dict[str, Any] = {}
     for i, chunk in enumerate(chunks):
         runs = families if i == 0 else ()
@@ -233,6 +234,23 @@ def _on_host(acc: Any) -> Any:
     return host
 
 
+_WIDTHS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[ObservationPoint, ...], dict[str, int]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def widths(
+    model: torch.nn.Module, points: Sequence[ObservationPoint], device: torch.device | str | None = None
+) -> Mapping[str, int]:
+    """`point_dims`, once per network and points: a point whose width the model does not state costs a probe forward,
+    which every observation of a run would otherwise repeat for the same answer."""
+    net, key = unwrap_model(model), tuple(points)
+    known = _WIDTHS.setdefault(net, {})
+    if key not in known:
+        known[key] = point_dims(net, key, device)
+    return known[key]
+
+
 def state_plan(
     model: torch.nn.Module,
     points: Sequence[ObservationPoint],
@@ -242,7 +260,7 @@ def state_plan(
     """The passes that keep this rank's covariance state within ``settings.state_budget_gb`` (`tgo.observatory.plan`);
     the same on every rank (the same points and dimensions)."""
     budget = settings.state_budget_bytes
-    dims = point_dims(model, points, device) if budget is not None else None
+    dims = widths(model, points, device) if budget is not None else None
     return plan_passes(points, dims, groups=settings.groups, budget_bytes=budget)
 
 
