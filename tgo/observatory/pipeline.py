@@ -8,8 +8,7 @@ loop."""
 from __future__ import annotations
 
 import warnings
-import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,7 @@ from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_mode
 from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings, check_jackknife_groups
 from tgo.observatory.share import GatherBytes, SummaryShare, summarize_shared
-from tgo.observatory.stream import point_dims, reduce_accumulators, stream_activations
+from tgo.observatory.stream import planned_widths, reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
 from tgo.spectral import GroupedCovariance, StreamingCovariance, jackknife_groups
 
@@ -196,7 +195,7 @@ def observe_dataset(
     Every rank makes exactly the same two collective calls per pass whatever its shard and the families, so ranks with
     fewer or no batches cannot hang the others; each family's ``check`` runs after them, on every rank. ``passes``
     (`state_plan`; ``None``: one pass over every point) splits the points into several streams of the same images, each
-    reduced on its own; the families stream and reduce in the first. After a pass, when more follow, its reduced state
+    reduced on its own; the families stream and reduce in the last. After a pass, when more follow, its reduced state
     moves to the host. Returns the global sums, one accumulator per point in ``points`` order, identical on every
     rank."""
     if groups and group_of_item is None:
@@ -205,12 +204,18 @@ def observe_dataset(
     chunks = [tuple(points)] if passes is None else [tuple(chunk) for chunk in passes]
     if sorted(p.name for chunk in chunks for p in chunk) != sorted(p.name for p in points):
         raise ValueError("observe_dataset: the passes must hold every point exactly once")
-    dims = widths(model, points, device) if len(chunks) > 1 and families else None  # for the families' end_stream
     reduced: dict[str, Any] = {}
     for i, chunk in enumerate(chunks):
-        runs = families if i == 0 else ()
+        runs = families if i == len(chunks) - 1 else ()  # with every earlier point's width known for their end_stream
         accumulators = stream_activations(
-            model, loader, chunk, device=device, gram_dtype=gram_dtype, groups=groups, families=runs, family_dims=dims
+            model,
+            loader,
+            chunk,
+            device=device,
+            gram_dtype=gram_dtype,
+            groups=groups,
+            families=runs,
+            family_dims={name: int(acc.dim) for name, acc in reduced.items()},
         )
         reduce_accumulators(accumulators, all_reduce_sum, [s for run in runs for s in run.state.summables()])
         if len(chunks) > 1:
@@ -234,33 +239,11 @@ def _on_host(acc: Any) -> Any:
     return host
 
 
-_WIDTHS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[ObservationPoint, ...], dict[str, int]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def widths(
-    model: torch.nn.Module, points: Sequence[ObservationPoint], device: torch.device | str | None = None
-) -> Mapping[str, int]:
-    """`point_dims`, once per network and points: a point whose width the model does not state costs a probe forward,
-    which every observation of a run would otherwise repeat for the same answer."""
-    net, key = unwrap_model(model), tuple(points)
-    known = _WIDTHS.setdefault(net, {})
-    if key not in known:
-        known[key] = point_dims(net, key, device)
-    return known[key]
-
-
-def state_plan(
-    model: torch.nn.Module,
-    points: Sequence[ObservationPoint],
-    settings: ObservationSettings,
-    device: torch.device | str | None = None,
-) -> StatePlan:
-    """The passes that keep this rank's covariance state within ``settings.state_budget_gb`` (`tgo.observatory.plan`);
-    the same on every rank (the same points and dimensions)."""
+def state_plan(model: torch.nn.Module, points: Sequence[ObservationPoint], settings: ObservationSettings) -> StatePlan:
+    """The passes that keep this rank's covariance state within ``settings.state_budget_gb`` (`tgo.observatory.plan`),
+    sized without a forward (`planned_widths`); the same on every rank (the same points and model)."""
     budget = settings.state_budget_bytes
-    dims = widths(model, points, device) if budget is not None else None
+    dims = planned_widths(model, points) if budget is not None else None
     return plan_passes(points, dims, groups=settings.groups, budget_bytes=budget)
 
 
@@ -323,7 +306,7 @@ def reduce_observation(
     Non-finite activations raise on every rank together (the counts are reduced first), so an ``error`` policy cannot
     leave one rank waiting in a collective."""
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
-    passes = state_plan(model, points, settings, device)
+    passes = state_plan(model, points, settings)
     if len(passes.passes) > 1 and is_global_zero:
         _say(f"{passes.line()} ({record.label})")
     families = start_families(

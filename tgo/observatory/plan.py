@@ -4,7 +4,8 @@
 The exact state grows as G x D^2 per point (190 MB at D = 1,536, G = 10) and the reduction holds it twice (the state
 and the packed buffer it is summed in), so a wide, deep model cannot hold every point at once beside training. A pass
 over a subset of the points does the same arithmetic per point as one pass over all of them, so the records do not
-depend on the plan; each extra pass costs one more forward over the analysis images."""
+depend on the plan; each extra pass costs one more forward over the analysis images. The widths come from the model,
+without a forward (`tgo.observatory.stream.planned_widths`)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from .families.base import BatchInfo, FamilyRun
 from .hooks import ActivationHooks, Consume, HookSpec, num_prefix_tokens_of
 from .points import ObservationPoint, resolve_points, unwrap_model
 
-__all__ = ["exact_inference", "point_dims", "reduce_accumulators", "stream_activations"]
+__all__ = ["exact_inference", "planned_widths", "reduce_accumulators", "stream_activations"]
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
@@ -143,29 +143,22 @@ def _dims_by_shape_probe(model: nn.Module, points: Sequence[ObservationPoint], d
     return dims
 
 
-def point_dims(
-    model: nn.Module, points: Sequence[ObservationPoint], device: torch.device | str | None = None
-) -> dict[str, int]:
-    """Each point's feature dimension before any image is streamed (the memory plan needs it first): from the model
-    where it is certain, else from one forward of a zero image with nothing accumulated."""
+def planned_widths(model: nn.Module, points: Sequence[ObservationPoint]) -> dict[str, int]:
+    """Each point's feature dimension before any image is streamed, without a forward (the memory plan needs it first,
+    and a sharded strategy allows no forward outside its own): exact where the model states it, else the widest
+    feature any linear, normalisation or convolution layer of the model has (an upper bound in a ViT)."""
     net = unwrap_model(model)
     modules = resolve_points(net, points)
-    dims = {p.name: _static_dim(net, p, modules[p.name]) for p in points}
-    unknown = [p for p in points if dims[p.name] is None]
-    if unknown:
-        where = torch.device(device) if device is not None else _model_device(net)
-        modes = [(m, m.training) for m in net.modules()]
-        try:
-            net.eval()
-            with exact_inference(where.type):
-                dims.update(_dims_by_shape_probe(net, unknown, where))
-        finally:
-            for m, mode in modes:
-                m.training = mode
-        never = [p for p in unknown if dims.get(p.name) is None]
-        if never:
-            raise RuntimeError(_never_called(never))
-    return {name: int(dim) for name, dim in dims.items() if dim is not None}
+    widest = [int(getattr(net, "embed_dim", 0) or 0)]
+    for m in net.modules():
+        if isinstance(m, nn.Linear):
+            widest += [m.in_features, m.out_features]
+        elif isinstance(m, nn.LayerNorm):
+            widest.append(int(m.normalized_shape[-1]))
+        elif isinstance(m, nn.Conv2d):
+            widest += [m.in_channels, m.out_channels]
+    bound = max(widest)
+    return {p.name: int(_static_dim(net, p, modules[p.name]) or bound) for p in points}
 
 
 def _never_called(points: Sequence[ObservationPoint]) -> str:
@@ -202,7 +195,7 @@ def stream_activations(
     also subset indices. Each image's rows go to its group's accumulator only, so the Gram work is unchanged. Each
     family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
     whose module the forward never calls is refused (its records would silently be empty). ``family_dims``: the widths
-    of points streamed in other passes, which the families' ``end_stream`` also needs (`point_dims`)."""
+    of points streamed in earlier passes, which the families' ``end_stream`` also needs."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
