@@ -38,6 +38,7 @@ SECTIONS: tuple[str, ...] = (
     "curvature",
     "families",
     "peer",
+    "widths",
 )
 """What ``python -m benchmarks --skip`` can leave out, in run order."""
 
@@ -55,6 +56,7 @@ OPTIMISATION_ROWS = _numbered("12", 3)
 CURVATURE_ROWS = _numbered("13", 5)
 PEER_ROWS = _numbered("16", 8)
 """Rows `peer_bench` writes on the CPU (16.9, the same on a GPU, also needs the ``gpu`` section)."""
+WIDTH_ROWS = _numbered("15", 7)
 
 
 @functools.cache
@@ -102,6 +104,7 @@ _STATIC_ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("scale",) for row in SCALE_ROWS},
     **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
     **{row: ("curvature",) for row in CURVATURE_ROWS},
+    **{row: ("widths",) for row in WIDTH_ROWS},
     **{row: ("peer",) for row in PEER_ROWS},
     "16.9": ("peer", "gpu"),
 }

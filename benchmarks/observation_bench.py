@@ -49,6 +49,7 @@ from benchmarks.optimisation_bench import optimisation_rows
 from benchmarks.peer_bench import peer_rows
 from benchmarks.scale_bench import scale_rows
 from benchmarks.summary_bench import summary_rows
+from benchmarks.width_bench import width_rows
 
 GOAL = 1.10
 BLOCKING_TARGET = 1.15
@@ -1270,6 +1271,9 @@ def run_sections(
     if "peer" not in skip:
         print("== rows 16: side by side with the peer, representation-geometry (peer_bench.py)", flush=True)
         results["peer"] = peer_rows(table, profile.name, work=work, gpu="gpu" not in skip)
+    if "widths" not in skip:
+        print("== rows 15: D = 768 and 1,024 on the CPU, the memory plan's passes (width_bench.py)", flush=True)
+        results["widths"] = width_rows(table, profile.name, work)
 
 
 def _rows_1_and_7(

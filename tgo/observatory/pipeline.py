@@ -19,14 +19,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset, defaul
 
 from tgo.observatory.families import FamilyContext, FamilyRun, MeasurementFamily, TrainingInfo, enabled_families
 from tgo.observatory.hooks import num_prefix_tokens_of
+from tgo.observatory.plan import StatePlan, plan_passes
 from tgo.observatory.points import ObservationPoint, resolve_points, unwrap_model
 from tgo.observatory.results import Results
 from tgo.observatory.settings import ObservationSettings, check_jackknife_groups
 from tgo.observatory.sharded import ShardedForward
 from tgo.observatory.share import GatherBytes, SummaryShare, summarize_shared
-from tgo.observatory.stream import reduce_accumulators, stream_activations
+from tgo.observatory.stream import planned_widths, reduce_accumulators, stream_activations
 from tgo.records import RecordWriter
-from tgo.spectral import jackknife_groups
+from tgo.spectral import GroupedCovariance, StreamingCovariance, jackknife_groups
 
 if TYPE_CHECKING:  # pragma: no cover
     from tgo.progress import PassProgress
@@ -190,15 +191,19 @@ def observe_dataset(
     groups: int = 0,
     families: Sequence[FamilyRun] = (),
     group_of_item: np.ndarray | None = None,
+    passes: Sequence[Sequence[ObservationPoint]] | None = None,
     forward: ShardedForward | None = None,
     progress: PassProgress | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's shard through the hooked model and sums accumulator states over all ranks.
 
-    Every rank makes exactly the same two collective calls whatever its shard and the families, so ranks with fewer or
-    no batches cannot hang the others; each family's ``check`` runs after them, on every rank. Returns the global sums,
-    one accumulator per point, identical on every rank. ``forward``: a sharded strategy's (`tgo.observatory.sharded`);
-    ``progress`` follows this rank's batches."""
+    Every rank makes exactly the same two collective calls per pass whatever its shard and the families, so ranks with
+    fewer or no batches cannot hang the others; each family's ``check`` runs after them, on every rank. ``passes``
+    (`state_plan`; ``None``: one pass over every point) splits the points into several streams of the same images, each
+    reduced on its own; the families stream and reduce in the last. After a pass, when more follow, its reduced state
+    moves to the host. Returns the global sums, one accumulator per point in ``points`` order, identical on every
+    rank. ``forward``: a sharded strategy's (`tgo.observatory.sharded`); ``progress`` follows this rank's batches over
+    all the passes."""
     if groups and group_of_item is None:
         group_of_item = group_of_items(dataset, groups)
     loader = observation_loader(dataset, plan, group_of_item=group_of_item, indexed=bool(families))
@@ -206,21 +211,63 @@ def observe_dataset(
         first = default_collate([dataset[0]])
         pad = first if isinstance(first, torch.Tensor) else first[0]
         forward = forward.for_shard(pad, len(dataset), plan.world_size, plan.batch_size)  # type: ignore[arg-type]
-    accumulators = stream_activations(
-        model,
-        loader,
-        points,
-        device=device,
-        gram_dtype=gram_dtype,
-        groups=groups,
-        families=families,
-        progress=progress,
-        forward=forward,
-    )
-    reduce_accumulators(accumulators, all_reduce_sum, [s for run in families for s in run.state.summables()])
+    chunks = [tuple(points)] if passes is None else [tuple(chunk) for chunk in passes]
+    if sorted(p.name for chunk in chunks for p in chunk) != sorted(p.name for p in points):
+        raise ValueError("observe_dataset: the passes must hold every point exactly once")
+    reduced: dict[str, Any] = {}
+    for i, chunk in enumerate(chunks):
+        runs = families if i == len(chunks) - 1 else ()  # with every earlier point's width known for their end_stream
+        accumulators = stream_activations(
+            model,
+            loader,
+            chunk,
+            device=device,
+            gram_dtype=gram_dtype,
+            groups=groups,
+            families=runs,
+            family_dims={name: int(acc.dim) for name, acc in reduced.items()},
+            forward=forward,
+            progress=_pass_progress(progress, i, len(chunks)),
+        )
+        reduce_accumulators(accumulators, all_reduce_sum, [s for run in runs for s in run.state.summables()])
+        if len(chunks) > 1:
+            accumulators = {name: _on_host(acc) for name, acc in accumulators.items()}
+        reduced.update(accumulators)
     for run in families:
         run.state.check()
-    return accumulators
+    return {p.name: reduced[p.name] for p in points}
+
+
+def _on_host(acc: Any) -> Any:
+    """A reduced accumulator with its sums on the host (a bitwise copy: the summary reads them as numpy there), so a
+    pass frees its accelerator state before the next one starts."""
+    if isinstance(acc, GroupedCovariance):
+        acc.groups = [_on_host(g) for g in acc.groups]
+        return acc
+    if acc.device.type == "cpu":
+        return acc
+    host = StreamingCovariance(acc.dim, gram_dtype=acc.gram_dtype, device="cpu")
+    host.load_state_dict(acc.state_dict())
+    return host
+
+
+def _pass_progress(progress: PassProgress | None, index: int, passes: int) -> PassProgress | None:
+    """``progress`` of pass ``index`` of ``passes``: one bar over every pass's batches (each pass streams them all)."""
+    if progress is None or passes == 1:
+        return progress
+
+    def call(done: int, total: int | None) -> None:
+        progress(done if total is None else index * total + done, None if total is None else passes * total)
+
+    return call
+
+
+def state_plan(model: torch.nn.Module, points: Sequence[ObservationPoint], settings: ObservationSettings) -> StatePlan:
+    """The passes that keep this rank's covariance state within ``settings.state_budget_gb`` (`tgo.observatory.plan`),
+    sized without a forward (`planned_widths`); the same on every rank (the same points and model)."""
+    budget = settings.state_budget_bytes
+    dims = planned_widths(model, points) if budget is not None else None
+    return plan_passes(points, dims, groups=settings.groups, budget_bytes=budget)
 
 
 class NonFiniteActivationsError(RuntimeError):
@@ -261,6 +308,7 @@ class ReducedObservation:
     settings: ObservationSettings
     record: RecordPlan
     nonfinite: dict[str, int]
+    state: StatePlan | None = None
 
 
 def reduce_observation(
@@ -283,6 +331,9 @@ def reduce_observation(
     Non-finite activations raise on every rank together (the counts are reduced first), so an ``error`` policy cannot
     leave one rank waiting in a collective."""
     image_groups = group_of_items(dataset, settings.groups) if settings.groups else None
+    passes = state_plan(model, points, settings)
+    if len(passes.passes) > 1 and is_global_zero:
+        _say(f"{passes.line()} ({record.label})")
     with forward.full_parameters() if forward is not None else contextlib.nullcontext():  # a start reads weights
         families = start_families(
             enabled_families(settings, record.writer.run.series),
@@ -309,6 +360,7 @@ def reduce_observation(
         group_of_item=image_groups,
         forward=forward,
         progress=progress,
+        passes=passes.passes,
     )
     bad = {name: acc.n_nonfinite for name, acc in accumulators.items() if acc.n_nonfinite}
     if bad and settings.nonfinite == "error":
@@ -323,7 +375,14 @@ def reduce_observation(
             RuntimeWarning,
             stacklevel=2,
         )
-    return ReducedObservation(accumulators, tuple(points), families, image_groups, settings, record, bad)
+    return ReducedObservation(accumulators, tuple(points), families, image_groups, settings, record, bad, passes)
+
+
+def _say(line: str) -> None:
+    """One line on the console through Lightning's rank-zero logger (imported here: the pipeline needs no Lightning)."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(line)
 
 
 def summarize_and_record(
@@ -417,6 +476,7 @@ __all__ = [
     "reduce_observation",
     "shard_loader",
     "start_families",
+    "state_plan",
     "summarize_and_record",
     "summary_share",
 ]

@@ -8,6 +8,7 @@ family's own file and registered with `register_section`; its defaults reach Hyd
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -229,6 +230,7 @@ class ObservationSettings(_Extended):
     keep_covariance: str | tuple[int, ...] = "first_last"
     fit_range: tuple[int, int] | None = None
     groups: int = 10
+    state_budget_gb: float | None = 8.0
     figures: FigureSettings = field(default_factory=FigureSettings)
     summary: SummarySettings = field(default_factory=SummarySettings)
     early: EarlySettings = field(default_factory=EarlySettings)
@@ -277,6 +279,12 @@ class ObservationSettings(_Extended):
             raise ObservationSettingsError(
                 f"{PREFIX}.groups: expected 0 (no jackknife) or an integer >= 2, got {self.groups!r}"
             )
+        budget = self.state_budget_gb
+        number = isinstance(budget, (int, float)) and not isinstance(budget, bool)
+        if budget is not None and not (number and 0 < budget < math.inf):
+            raise ObservationSettingsError(
+                f"{PREFIX}.state_budget_gb: expected null (no bound) or a number of GB > 0, got {budget!r}"
+            )
         if isinstance(self.figures, Mapping):
             object.__setattr__(self, "figures", FigureSettings(**self.figures))
         elif not isinstance(self.figures, FigureSettings):
@@ -322,6 +330,11 @@ class ObservationSettings(_Extended):
     def replace(self, **changes: Any) -> ObservationSettings:
         """A copy with some settings changed (validated again)."""
         return ObservationSettings.from_config({**self.to_dict(), **changes})
+
+    @property
+    def state_budget_bytes(self) -> int | None:
+        """``state_budget_gb`` in bytes (decimal GB), ``None`` for no bound (`tgo.observatory.plan`)."""
+        return None if self.state_budget_gb is None else int(self.state_budget_gb * 10**9)
 
     @property
     def torch_gram_dtype(self) -> torch.dtype:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .sharded import ShardedForward
 
-__all__ = ["exact_inference", "reduce_accumulators", "stream_activations"]
+__all__ = ["exact_inference", "planned_widths", "reduce_accumulators", "stream_activations"]
 
 # Modules of a timm VisionTransformer that carry the residual stream, whose width is model.embed_dim.
 _RESIDUAL_ROOTS = ("patch_embed", "pos_drop", "patch_drop", "norm_pre", "norm", "fc_norm")
@@ -170,6 +170,24 @@ def _zero_image(model: nn.Module, points: Sequence[ObservationPoint], device: to
     return torch.zeros(1, in_chans, h, w, device=device, dtype=dtype)
 
 
+def planned_widths(model: nn.Module, points: Sequence[ObservationPoint]) -> dict[str, int]:
+    """Each point's feature dimension before any image is streamed, without a forward (the memory plan needs it first,
+    and a sharded strategy allows no forward outside its own): exact where the model states it, else the widest
+    feature any linear, normalisation or convolution layer of the model has (an upper bound in a ViT)."""
+    net = unwrap_model(model)
+    modules = resolve_points(net, points)
+    widest = [int(getattr(net, "embed_dim", 0) or 0)]
+    for m in net.modules():
+        if isinstance(m, nn.Linear):
+            widest += [m.in_features, m.out_features]
+        elif isinstance(m, nn.LayerNorm):
+            widest.append(int(m.normalized_shape[-1]))
+        elif isinstance(m, nn.Conv2d):
+            widest += [m.in_channels, m.out_channels]
+    bound = max(widest)
+    return {p.name: int(_static_dim(net, p, modules[p.name]) or bound) for p in points}
+
+
 def _never_called(points: Sequence[ObservationPoint]) -> str:
     return (
         f"stream_activations: the module(s) of point(s) {[f'{p.name} ({p.module})' for p in points]} were never "
@@ -198,6 +216,7 @@ def stream_activations(
     families: Sequence[FamilyRun] = (),
     forward: ShardedForward | None = None,
     progress: PassProgress | None = None,
+    family_dims: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Streams this rank's batches through the model and accumulates every point's activations, not yet reduced.
 
@@ -206,7 +225,8 @@ def stream_activations(
     family gets ``begin_batch`` before every forward, its hooks' tensors and ``end_stream`` after the pass. A point
     whose module the forward never calls is refused (its records would silently be empty). With ``forward`` (a sharded
     strategy's, its ``rounds`` set) the batches go through it and the rank pads to ``rounds`` forwards. ``progress`` is
-    called before the first batch and after each one (`tgo.progress.PassProgress`); it sees no tensor."""
+    called before the first batch and after each one (`tgo.progress.PassProgress`); it sees no tensor.
+    ``family_dims``: the widths of points streamed in earlier passes, which the families' ``end_stream`` also needs."""
     net = unwrap_model(model)
     points = list(points)
     modules = resolve_points(net, points)
@@ -266,7 +286,7 @@ def stream_activations(
         for m, mode in modes:
             m.training = mode
     accumulators = {p.name: lazy[p.name].acc for p in points}
-    dims_of = {name: int(acc.dim) for name, acc in accumulators.items() if acc is not None}
+    dims_of = {**(family_dims or {}), **{name: int(acc.dim) for name, acc in accumulators.items() if acc is not None}}
     for run in families:
         run.state.end_stream(dims_of)
     return accumulators
