@@ -37,6 +37,7 @@ SECTIONS: tuple[str, ...] = (
     "optimisation",
     "curvature",
     "families",
+    "callback_cost",
 )
 """What ``python -m benchmarks --skip`` can leave out, in run order."""
 
@@ -52,6 +53,7 @@ SUMMARY_ROWS = _numbered("10", 2)
 SCALE_ROWS = _numbered("11", 8)
 OPTIMISATION_ROWS = _numbered("12", 3)
 CURVATURE_ROWS = _numbered("13", 5)
+CALLBACK_COST_ROWS = _numbered("15", 6)
 
 
 @functools.cache
@@ -66,6 +68,7 @@ def _registry() -> dict[str, Any]:
     off = tuple(f.name for f in registered_families() if not f.enabled(settings))
     family_rows = tuple(f"14.{name}.{what}" for name in off for what in ("stream", "payload", "summary"))
     rows = _STATIC_ROWS | {row: ("vit_small", "families") for row in family_rows}
+    rows |= {row: ("callback_cost",) for row in CALLBACK_COST_ROWS}
     return {"OFF_BY_DEFAULT": off, "FAMILY_ROWS": family_rows, "ROWS": rows}
 
 
