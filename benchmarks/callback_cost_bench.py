@@ -1,4 +1,4 @@
-"""Rows 15: what the callback costs a training, per logger, against the same fit without it (issue 37, item 4).
+"""Rows 17: what the callback costs a training, per logger, against the same fit without it (issue 37, item 4).
 
 ``python -m benchmarks.callback_cost_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs
 them with the rest of the table.
@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks._table import run_alone
 
 TARGET_PERCENT = 15.0
-"""Rows 15.*: the callback's total cost as a percentage of the fit without it (of an epoch, on average)."""
+"""Rows 17.*: the callback's total cost as a percentage of the fit without it (of an epoch, on average)."""
 EVERY_N_EPOCHS = 5
 """The default observation cadence the budget is stated at."""
 DETAIL_FIGURES = ("spectra", "decay", "layer_epoch", "optimisation", "heads")
@@ -99,7 +99,7 @@ def fit(overrides: Sequence[str], run_dir: Path) -> dict[str, float]:
 
 
 def model_rows(table: Any, model: Model, first_row: int, mode: str, work: Path) -> dict[str, Any]:
-    """Rows ``15.<first_row>`` .. of one model: its five fits, one after the other, then the three ratios (``smoke``:
+    """Rows ``17.<first_row>`` .. of one model: its five fits, one after the other, then the three ratios (``smoke``:
     the two TensorBoard fits and their row, the others skipped)."""
     epochs = model.epochs[mode]
     base = [*model.overrides, f"trainer.max_epochs={epochs}", *(SMOKE_OVERRIDES if mode == "smoke" else ())]
@@ -112,14 +112,14 @@ def model_rows(table: Any, model: Model, first_row: int, mode: str, work: Path) 
     observations = len({0, *range(EVERY_N_EPOCHS, epochs + 1, EVERY_N_EPOCHS), epochs})
     for i, (name, without) in enumerate(ROWS):
         if name not in fits:
-            table.skip([f"15.{first_row + i}"], f"{model.label}: {name}", "--smoke runs two fits only")
+            table.skip([f"17.{first_row + i}"], f"{model.label}: {name}", "--smoke runs two fits only")
             continue
         plain = fits[without or "without, TensorBoard"]
         wall = 100 * (fits[name]["wall_s"] / plain["wall_s"] - 1)
         cpu = 100 * (fits[name]["cpu_s"] / plain["cpu_s"] - 1)
         met = "met" if max(wall, cpu) <= TARGET_PERCENT else "MISSED"
         table.add(
-            f"15.{first_row + i}",
+            f"17.{first_row + i}",
             f"{model.label}: callback cost / fit without it, {name}",
             wall,
             "%",
@@ -132,11 +132,11 @@ def model_rows(table: Any, model: Model, first_row: int, mode: str, work: Path) 
 
 
 def callback_cost_rows(table: Any, mode: str, work: Path) -> dict[str, Any]:
-    """Rows 15.1-15.3 (quickstart) and, in the default mode, 15.4-15.6 (vit_small at 64 px)."""
+    """Rows 17.1-17.3 (quickstart) and, in the default mode, 17.4-17.6 (vit_small at 64 px)."""
     out = {"quickstart": model_rows(table, QUICKSTART, 1, mode, work)}
     if mode != "default":
         table.skip(
-            ("15.4", "15.5", "15.6"),
+            ("17.4", "17.5", "17.6"),
             f"{VIT_SMALL_64.label}: callback cost / fit without it",
             f"--{mode} measures the quickstart only",
             "vit_small's five fits take ~10 min each on one CPU core",

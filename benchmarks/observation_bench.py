@@ -1248,6 +1248,9 @@ def run_sections(
     if "training" not in skip:
         print(f"== row 4: quickstart training, {profile.epochs} epoch(s), observing every epoch", flush=True)
         results["training"] = training_overhead(table, profile.epochs, work, profile.training_overrides)
+    if "callback_cost" not in skip:
+        print("== rows 17: the callback's cost per logger against the same fit without it", flush=True)
+        results["callback_cost"] = callback_cost_rows(table, profile.name, work)
     print("== row 5: eigendecomposition and figures per observation", flush=True)
     eig_and_figure_rows(table, profile, results, observed, skip, work)
     if "gpu" not in skip:
@@ -1267,9 +1270,6 @@ def run_sections(
     if not {"vit_small", "families"} & skip:
         print("== rows 14: each family that is off by default, on / off (families_bench.py)", flush=True)
         results["families"] = family_rows(table, profile)
-    if "callback_cost" not in skip:
-        print("== rows 15: the callback's cost per logger against the same fit without it", flush=True)
-        results["callback_cost"] = callback_cost_rows(table, profile.name, work)
 
 
 def _rows_1_and_7(
