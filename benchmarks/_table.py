@@ -27,6 +27,7 @@ SECTIONS: tuple[str, ...] = (
     "quickstart",
     "memory",
     "training",
+    "callback_cost",
     "figures",
     "gpu",
     "jackknife",
@@ -50,6 +51,8 @@ def _numbered(prefix: str, count: int, start: int = 1) -> tuple[str, ...]:
 OVERHEAD_ROWS = 6
 """Rows `observation_bench.overhead` writes under its prefix: forward, two ratios, hooks only, two phase splits."""
 GPU_ROWS: tuple[str, ...] = ("6.0", *_numbered("6.1", OVERHEAD_ROWS, 0), "6.2", "6.3", "6.4")
+CALLBACK_COST_ROWS = _numbered("17", 6)
+"""Rows `callback_cost_bench` writes: the callback's cost per logger against the same fit without it."""
 SUMMARY_ROWS = _numbered("10", 2)
 SCALE_ROWS = _numbered("11", 8)
 OPTIMISATION_ROWS = _numbered("12", 3)
@@ -71,6 +74,7 @@ def _registry() -> dict[str, Any]:
     off = tuple(f.name for f in registered_families() if not f.enabled(settings))
     family_rows = tuple(f"14.{name}.{what}" for name in off for what in ("stream", "payload", "summary"))
     rows = _STATIC_ROWS | {row: ("vit_small", "families") for row in family_rows}
+    rows |= {row: ("callback_cost",) for row in CALLBACK_COST_ROWS}
     return {"OFF_BY_DEFAULT": off, "FAMILY_ROWS": family_rows, "ROWS": rows}
 
 

@@ -43,6 +43,7 @@ import torch
 from benchmarks import _harness as h
 from benchmarks._table import GPU_ROWS, ROWS, SECTIONS, Table, quiet
 from benchmarks.attention_bench import attention_rows
+from benchmarks.callback_cost_bench import callback_cost_rows
 from benchmarks.curvature_bench import curvature_rows
 from benchmarks.families_bench import family_rows
 from benchmarks.optimisation_bench import optimisation_rows
@@ -619,7 +620,7 @@ def eig_and_figure_rows(
         if observed.get(section) is not None:
             seconds = figure_time(observed[section], profile.renders, work, profile.figures)
             kinds = (
-                "spectra, histograms, correlation heatmaps, decay, layer x epoch heatmaps"
+                "the default kinds (depth profiles, against-epoch bands, histograms; no story function)"
                 if profile.figures is None
                 else f"only {', '.join(profile.figures)}"
             )
@@ -1249,6 +1250,9 @@ def run_sections(
     if "training" not in skip:
         print(f"== row 4: quickstart training, {profile.epochs} epoch(s), observing every epoch", flush=True)
         results["training"] = training_overhead(table, profile.epochs, work, profile.training_overrides)
+    if "callback_cost" not in skip:
+        print("== rows 17: the callback's cost per logger against the same fit without it", flush=True)
+        results["callback_cost"] = callback_cost_rows(table, profile.name, work)
     print("== row 5: eigendecomposition and figures per observation", flush=True)
     eig_and_figure_rows(table, profile, results, observed, skip, work)
     if "gpu" not in skip:

@@ -194,7 +194,9 @@ def figure_job(
     }
     recorded = list(recorded)
     names = list(own)
-    declared = [p for p in panels.declared("card") if getattr(figures, p.switch, True)]  # the switches that are on
+    declared = [  # the switches that are on; a family's per-head heatmaps also need figures.heads
+        p for p in panels.declared("card") if getattr(figures, p.switch, True) and (p.kind != "heads" or figures.heads)
+    ]
     heads = {p.view for p in declared if p.kind == "heads"}  # only their arrays are copied
     viewed: dict[str, list[str]] = {}  # view -> the points that recorded it now, in depth order
     arrays: dict[str, dict[str, dict[str, np.ndarray]]] = {}  # view -> point -> the observation's arrays

@@ -155,3 +155,29 @@ def test_the_note_names_at_most_four_spectra_then_counts():
         note == "non-finite, not drawn: epoch 0 (all 1), epoch 1 (all 1), epoch 2 (all 1), epoch 3 (all 1) and 3 more"
     )
     assert viz.nonfinite_note([("cls", [1.0, 0.0])]) == ""
+
+
+def test_no_axis_offset_or_multiplier_text_above_any_axis(tmp_path):
+    """Values that differ in the fourth decimal (an entropy near 2.833) and a colourbar of millions are labelled in
+    full by both renderers: matplotlib's offset text (``+2.833``, ``1e6``) sits where the title is."""
+    from tgo.report.figures import save_figure
+
+    def figure() -> Figure:
+        fig = Figure(figsize=viz.CARD_FIGSIZE, dpi=viz.CARD_DPI)
+        ax = fig.add_subplot()
+        ax.plot([0, 1, 2], [2.8331, 2.8333, 2.8336])
+        image = ax.imshow(np.array([[1e6, 2e6], [3e6, 4e6]]), extent=(0, 2, 2.833, 2.834), aspect="auto")
+        fig.colorbar(image, ax=ax)
+        ax.set_title("attention entropy")
+        return fig
+
+    card = figure()
+    viz.rgb(card)
+    page = figure()
+    axes = list(page.axes)
+    save_figure(page, tmp_path, "page")
+    for fig_axes in (card.axes, axes):
+        assert len(fig_axes) == 2  # the plot and its colourbar
+        for ax in fig_axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                assert axis.get_offset_text().get_text() == ""

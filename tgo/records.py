@@ -467,11 +467,34 @@ def _replicate_arrays(replicates: Mapping[str, Mapping[str, Any]]) -> dict[str, 
 
 
 # ----------------------------------------------------------------------------------------------------------- reading
+_PARSED_ROWS: dict[Path, tuple[tuple[int, ...], tuple[dict[str, str], ...]]] = {}
+"""The last few ``metrics.csv`` files parsed, by path, with the stat stamp they were parsed at (`read_metric_rows`)."""
+_PARSED_FILES = 8
+
+
 def read_metric_rows(run_dir: RunPath) -> list[dict[str, str]]:
-    """The rows of ``metrics.csv`` as unparsed strings (rewrites keep other epochs byte-identical)."""
+    """The rows of ``metrics.csv`` as unparsed strings (rewrites keep other epochs byte-identical).
+
+    A file unchanged since it was last read here (same inode, size and change times: tgo rewrites it by atomic rename)
+    is not parsed again: a report, or the story card drawn after every observation, reads it once per view. Each
+    call returns fresh row dicts, so a caller may change them."""
     path = as_run_dir(run_dir).metrics
-    if not path.exists():
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
         return []
+    stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    cached = _PARSED_ROWS.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = (stamp, tuple(_parse_metric_rows(path)))
+        _PARSED_ROWS.pop(path, None)
+        while len(_PARSED_ROWS) >= _PARSED_FILES:
+            _PARSED_ROWS.pop(next(iter(_PARSED_ROWS)), None)
+        _PARSED_ROWS[path] = cached
+    return [dict(row) for row in cached[1]]
+
+
+def _parse_metric_rows(path: Path) -> list[dict[str, str]]:
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)

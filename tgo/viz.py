@@ -17,7 +17,7 @@ from matplotlib.colors import Colormap, ListedColormap, LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import LogFormatter
+from matplotlib.ticker import LogFormatter, ScalarFormatter
 from numpy.typing import ArrayLike
 
 EPOCH_CMAP = "viridis"
@@ -54,9 +54,22 @@ def render_rgb(fig: Figure) -> np.ndarray:
 
 def rgb(fig: Figure) -> np.ndarray:
     """`render_rgb` without closing: for a figure that is drawn again with other data (`spectrum_cards`)."""
+    plain_tick_labels(fig)
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def plain_tick_labels(fig: Figure) -> None:
+    """Every linear axis of ``fig`` (colourbars included) labels its ticks in full: no offset (``+2.833``) or
+    multiplier (``1e6``) text above the axis, where it would collide with the title. Called by every renderer
+    (`rgb`, the report's ``save_figure``) just before drawing, so no figure can forget it."""
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatter = axis.get_major_formatter()
+            if isinstance(formatter, ScalarFormatter):
+                formatter.set_useOffset(False)
+                formatter.set_scientific(False)
 
 
 def roundoff_floor(values: ArrayLike) -> float:

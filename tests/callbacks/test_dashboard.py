@@ -275,6 +275,17 @@ def test_the_smoke_experiment_leaves_the_costly_cards_out(tmp_path: Path):
     assert defaults.story and defaults.depth_profiles and defaults.bands and not defaults.heatmaps
 
 
+def test_by_default_tensorboard_gets_the_story_profiles_and_bands_and_the_report_the_detail_cards():
+    """The default cards are the ones a reader looks at during training; the detail kinds (a card per point, heatmaps,
+    the weights' profiles) cost most of the rendering time and are drawn once, from the records, by the report."""
+    defaults = FigureSettings()
+    assert defaults.story and defaults.depth_profiles and defaults.bands and defaults.histograms
+    assert not (defaults.spectra or defaults.decay or defaults.layer_epoch or defaults.optimisation or defaults.heads)
+    assert defaults.every_n_observations == 2, "cards at every 2nd observation and the last; scalars at every one"
+    configured = ObservationSettings.from_config(compose_train(Path("unused"), []).observation).figures
+    assert configured == defaults, "conf/observation/default.yaml and the library's defaults agree"
+
+
 def test_a_dashboard_opens_nothing_until_used_and_closes_idempotently(tmp_path: Path):
     board = TensorBoardDashboard(tmp_path, ["patch_embed", "cls"])
     with board.held():  # no worker yet: nothing to pause
@@ -297,7 +308,7 @@ def test_the_spectra_cards_mark_the_analysis_subsets_class_count(recorded, tmp_p
 
     monkeypatch.setattr(dashboard.viz, "spectrum_cards", spy)
     off = dict(depth_profiles=False, bands=False, histograms=False, decay=False, layer_epoch=False, attention=False)
-    spectra_only = FigureSettings(story=False, **off)
+    spectra_only = FigureSettings(story=False, spectra=True, **off)
     draw_figures(RecordingWriter(), root, 2, observations[2], EPOCHS, spectra_only)
     run = RunDir(tmp_path / "with_manifest")
     run.root.mkdir()

@@ -53,7 +53,7 @@ def events(path: Path) -> EventAccumulator:
 @pytest.fixture(scope="module")
 def dashboard_run(tmp_path_factory) -> Path:
     """Observations at epochs 0 and 1; of the figures the depth profiles, the against-epoch cards, the layer x epoch
-    heatmaps and the attention family's cards."""
+    heatmaps, the attention family's cards (its per-head heatmaps included) and the optimisation cards."""
     run_dir = tmp_path_factory.mktemp("dashboard") / "run"
     quick = ["experiment=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
     quick.append("trainer.accumulate_grad_batches=2")  # two batch sizes on one device: the noise scale is defined
@@ -64,7 +64,10 @@ def dashboard_run(tmp_path_factory) -> Path:
             [
                 *quick,
                 *figures_off,
-                *(f"observation.figures.{name}=true" for name in ("attention", "depth_profiles", "bands")),
+                *(
+                    f"observation.figures.{name}=true"
+                    for name in ("attention", "heads", "optimisation", "depth_profiles", "bands")
+                ),
             ],
         )
     )

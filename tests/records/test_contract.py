@@ -620,3 +620,29 @@ def test_atomic_write_never_writes_through_or_replaces_a_link(tmp_path: Path):
     folder.mkdir()
     with pytest.raises(RunEnvironmentError, match=r"metrics.csv: is a directory; expected a file"):
         atomic_write(folder, "ours")
+
+
+def test_metric_rows_are_parsed_once_per_version_of_the_file_and_each_caller_gets_its_own(tmp_path, monkeypatch):
+    """The story card and the report read metrics.csv once per view: an unchanged file is not parsed again, a rewrite
+    (tgo's atomic replace, or an edit in place) is, and rows a caller changes do not change what the next one reads."""
+    import tgo.records as records
+
+    writer = RecordWriter(tmp_path)
+    writer.write_observation(0, 0, fake_results(0), with_covariance=False)
+    parsed = []
+    parse = records._parse_metric_rows
+    monkeypatch.setattr(records, "_parse_metric_rows", lambda path: parsed.append(path) or parse(path))
+    first = records.read_metric_rows(tmp_path)
+    assert first == read_csv_rows(tmp_path)
+    first[0]["value"] = "changed by a caller"
+    assert records.read_metric_rows(tmp_path) == read_csv_rows(tmp_path)
+    assert len(parsed) == 1
+    writer.write_observation(1, 1, fake_results(1), with_covariance=False)  # an atomic replace
+    assert records.read_metric_rows(tmp_path) == read_csv_rows(tmp_path)
+    metrics = RunDir(tmp_path).metrics
+    text = metrics.read_text()
+    last = text.splitlines()[-1]
+    assert last.startswith("1,1,")
+    metrics.write_text(text + last.replace("1,1,", "2,2,", 1) + "\n")  # same inode
+    assert records.read_metric_rows(tmp_path) == read_csv_rows(tmp_path)  # an edit in place: parsed again
+    assert len(parsed) == 3

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.text import Text
 
 from tests.report.synthetic import write_run_config, write_synthetic_run
 from tgo.callbacks import SpectralGeometryCallback
@@ -157,6 +159,15 @@ def test_tensorboard_gets_one_480_by_240_card_per_panel_from_the_records_up_to_i
     ]
     for fig in cards.values():
         assert tuple(np.round(fig.get_size_inches() * fig.dpi)) == (480, 240)  # TensorBoard's card, not a fifth of it
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+        # TensorBoard shows the card at ~75-90 %: 12.5 pt text (13.9 px) reads as ~11-12 px, the colourbar's epochs
+        # (0.85 of it) as ~10 px; the 8 pt it had read as "ho ds 0/15"
+        assert texts and min(t.get_fontsize() for t in texts) >= 10.6, sorted({t.get_fontsize() for t in texts})
+        drawn = fig.get_tightbbox(canvas.get_renderer())
+        width, height = fig.get_size_inches()
+        assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, drawn
     early = run_story(run, epoch=4)
     assert early is not None and early.panels[0].epochs == [0, 1, 2, 3, 4]  # a later observation is not drawn yet
     split = early.panels[1]

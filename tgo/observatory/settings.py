@@ -151,16 +151,17 @@ class FigureSettings(_Extended):
     _prefix = f"{PREFIX}.figures"
     _registry = _FIGURE_SWITCHES
 
-    every_n_observations: int = 1
+    every_n_observations: int = 2  # every 2nd observation and the last (docs/usage.md, "What the callback costs")
     story: bool = True
     depth_profiles: bool = True
     bands: bool = True
-    spectra: bool = True
+    spectra: bool = False  # off by default: the detail kinds are drawn once from the records by the report
     histograms: bool = True
     heatmaps: bool = False
-    decay: bool = True
-    layer_epoch: bool = True
-    optimisation: bool = True
+    decay: bool = False
+    layer_epoch: bool = False
+    optimisation: bool = False
+    heads: bool = False  # the families' per-head heatmaps (attention, svcca); their depth profiles follow the family
     heatmap_max_dim: int = 384
     extra: Mapping[str, Any] = field(default_factory=dict)
 

@@ -49,6 +49,7 @@ def save_figure(fig: object, figures_dir: Path, name: str) -> str:
     """Writes ``<figures_dir>/<name>.png`` (unsafe characters replaced), closes the figure, returns the page path."""
     safe = re.sub(r"[^A-Za-z0-9_.\-]+", "_", name)
     figures_dir.mkdir(parents=True, exist_ok=True)
+    viz.plain_tick_labels(fig)  # type: ignore[arg-type]
     fig.savefig(figures_dir / f"{safe}.png", format="png")  # type: ignore[attr-defined]
     viz.close(fig)  # type: ignore[arg-type]
     return f"{figures_dir.name}/{safe}.png"

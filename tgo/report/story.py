@@ -314,11 +314,12 @@ class _Style:
 
 
 _PAGE = _Style(title=10.0, ticks=8.0, label=8.0, mark=7.5, legend=7.0, suptitle=11.0, mark_width=78)
-_CARD = _Style(title=10.0, ticks=8.0, label=8.0, mark=8.0, legend=7.5, suptitle=9.0, mark_width=64)
+_CARD = _Style(title=14.0, ticks=12.5, label=12.5, mark=12.5, legend=11.5, suptitle=14.0, mark_width=52)
 CARD_SIZE = (6.0, 3.0)
 CARD_DPI = 80
-"""A story card is 480 x 240 px: TensorBoard shows an image in a card of about 450 x 210 px, so one panel per card keeps
-its text readable."""
+"""A story card is 480 x 240 px: TensorBoard shows an image in a card of about 365-450 x 180-210 px (its settings
+pane open or not), so one panel per card, with text of at least 12.5 pt (~14 px drawn, ~11 px on screen at 1400 px
+wide; the 8 pt it had read as "ho ds 0/15"), keeps it readable."""
 
 
 def _headroom(ax: Axes, lines: int) -> None:
@@ -381,7 +382,7 @@ def _draw_panel(ax: Axes, panel: Panel, style: _Style) -> None:
     text = "\n".join(textwrap.fill(line, style.mark_width, subsequent_indent="  ") for line in text.split("\n"))
     _headroom(ax, text.count("\n") + 1)
     ax.set_title(panel.title, fontsize=style.title)
-    ax.tick_params(axis="both", labelsize=style.ticks)
+    ax.tick_params(axis="both", which="both", labelsize=style.ticks)  # a log axis' minor labels too
     ax.grid(True, alpha=0.25)
     colour = panel.mark.colour if panel.mark is not None else VERDICT_COLOURS["n/a"]
     ax.text(

@@ -1,0 +1,153 @@
+"""Rows 17: what the callback costs a training, per logger, against the same fit without it (issue 37, item 4).
+
+``python -m benchmarks.callback_cost_bench [--quick | --smoke]`` prints the rows alone; ``python -m benchmarks`` runs
+them with the rest of the table.
+
+Each fit is ``python -m tgo.train`` in its own process (imports, the figure thread and the background summary all
+count, as in a user's training), at the default ``every_n_epochs=5``: the fit without the callback
+(``callbacks.spectral_geometry=null``), then with it and a CSV logger, with TensorBoard and the default figures, and
+with TensorBoard and every figure kind at every observation (the defaults before issue 37). The row is
+``(fit with - fit without) / fit without`` in wall-clock time, that is the callback's cost as a fraction of an epoch,
+averaged over the fit; the process's CPU time (user + system, `resource.getrusage` of the child) gives the same ratio
+beside it, which is what to read on a machine shared with other work, where the wall clock also times the neighbours.
+Target: at most 15 %.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks._table import run_alone
+
+TARGET_PERCENT = 15.0
+"""Rows 17.*: the callback's total cost as a percentage of the fit without it (of an epoch, on average)."""
+EVERY_N_EPOCHS = 5
+"""The default observation cadence the budget is stated at."""
+DETAIL_FIGURES = ("spectra", "decay", "layer_epoch", "optimisation", "heads")
+"""The figure kinds off by default (the report draws them): switched on for the ``every figure`` row."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """One training the rows are measured on: its label, Hydra overrides and epochs per mode."""
+
+    label: str
+    overrides: tuple[str, ...]
+    epochs: dict[str, int]
+
+
+QUICKSTART = Model("quickstart", ("experiment=quickstart",), {"default": 10, "quick": 5, "smoke": 1})
+VIT_SMALL_64 = Model(
+    "vit_small 64 px",
+    (
+        "experiment=quickstart",
+        "model=vit_small",
+        "data.image_size=64",
+        "trainer.limit_train_batches=8",  # 8 steps of 64 images per epoch: an epoch of ~1 min on one CPU core
+        "trainer.limit_val_batches=2",
+    ),
+    {"default": 10, "quick": 5, "smoke": 1},
+)
+SMOKE_OVERRIDES = ("model.arch.depth=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1")
+VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("without, CSV", ("logger=csv", "callbacks.spectral_geometry=null")),
+    ("CSV", ("logger=csv",)),
+    ("without, TensorBoard", ("callbacks.spectral_geometry=null",)),
+    ("TensorBoard", ()),
+    (
+        "TensorBoard, every figure",
+        (
+            *(f"observation.figures.{kind}=true" for kind in DETAIL_FIGURES),
+            "observation.figures.every_n_observations=1",
+        ),
+    ),
+)
+"""Each fit: its name and its overrides on top of the model's (the default logger is TensorBoard)."""
+ROWS = (("CSV", "without, CSV"), ("TensorBoard", "without, TensorBoard"), ("TensorBoard, every figure", None))
+"""The rows of one model: the fit with the callback and the fit without it it is compared to (``None``: TensorBoard's
+fit without it)."""
+
+
+def fit(overrides: Sequence[str], run_dir: Path) -> dict[str, float]:
+    """One ``python -m tgo.train`` in a fresh process: its wall-clock and CPU seconds (user + system)."""
+    command = [
+        sys.executable,
+        "-m",
+        "tgo.train",
+        *overrides,
+        f"observation.every_n_epochs={EVERY_N_EPOCHS}",
+        "trainer.enable_progress_bar=false",
+        f"hydra.run.dir={run_dir}",
+    ]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=os.environ.copy(), check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def model_rows(table: Any, model: Model, first_row: int, mode: str, work: Path) -> dict[str, Any]:
+    """Rows ``17.<first_row>`` .. of one model: its five fits, one after the other, then the three ratios (``smoke``:
+    the two TensorBoard fits and their row, the others skipped)."""
+    epochs = model.epochs[mode]
+    base = [*model.overrides, f"trainer.max_epochs={epochs}", *(SMOKE_OVERRIDES if mode == "smoke" else ())]
+    fits: dict[str, dict[str, float]] = {}
+    for name, overrides in VARIANTS:
+        if mode == "smoke" and name not in ("without, TensorBoard", "TensorBoard"):
+            continue
+        print(f"   {model.label}: {epochs} epochs, {name} ...", flush=True)
+        fits[name] = fit([*base, *overrides], work / f"{model.label}_{name}".replace(" ", "_").replace(",", ""))
+    observations = len({0, *range(EVERY_N_EPOCHS, epochs + 1, EVERY_N_EPOCHS), epochs})
+    for i, (name, without) in enumerate(ROWS):
+        if name not in fits:
+            table.skip([f"17.{first_row + i}"], f"{model.label}: {name}", "--smoke runs two fits only")
+            continue
+        plain = fits[without or "without, TensorBoard"]
+        wall = 100 * (fits[name]["wall_s"] / plain["wall_s"] - 1)
+        cpu = 100 * (fits[name]["cpu_s"] / plain["cpu_s"] - 1)
+        met = "met" if max(wall, cpu) <= TARGET_PERCENT else "MISSED"
+        table.add(
+            f"17.{first_row + i}",
+            f"{model.label}: callback cost / fit without it, {name}",
+            wall,
+            "%",
+            f"{epochs} epochs, every_n_epochs={EVERY_N_EPOCHS} ({observations} observations): wall "
+            f"{fits[name]['wall_s']:.1f} s vs {plain['wall_s']:.1f} s; CPU {fits[name]['cpu_s']:.1f} s vs "
+            f"{plain['cpu_s']:.1f} s = {cpu:+.1f} %; target <= {TARGET_PERCENT:.0f} % {met}",
+            fits={name: fits[name], "without": plain},
+        )
+    return fits
+
+
+def callback_cost_rows(table: Any, mode: str, work: Path) -> dict[str, Any]:
+    """Rows 17.1-17.3 (quickstart) and, in the default mode, 17.4-17.6 (vit_small at 64 px)."""
+    out = {"quickstart": model_rows(table, QUICKSTART, 1, mode, work)}
+    if mode != "default":
+        table.skip(
+            ("17.4", "17.5", "17.6"),
+            f"{VIT_SMALL_64.label}: callback cost / fit without it",
+            f"--{mode} measures the quickstart only",
+            "vit_small's five fits take ~10 min each on one CPU core",
+        )
+    else:
+        out["vit_small"] = model_rows(table, VIT_SMALL_64, 4, mode, work)
+    return out
+
+
+if __name__ == "__main__":
+    quick = "the quickstart only, 5 epochs"
+    raise SystemExit(
+        run_alone(None, "callback_cost_bench", lambda t, mode, work: callback_cost_rows(t, mode, work), quick)
+    )
