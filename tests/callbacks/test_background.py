@@ -297,7 +297,8 @@ def _fit(
     ckpt_path: str | None = None,
     **settings: Any,
 ) -> tuple[SpectralGeometryCallback, L.Trainer]:
-    callback = SpectralGeometryCallback(analysis=stratified_subset(_images(16), per_class=4), **{**FAST, **settings})
+    analysis = stratified_subset(_images(16), per_class=4)
+    callback = SpectralGeometryCallback(analysis=analysis, dirpath=root, **{**FAST, **settings})
     extra = [ModelCheckpoint(dirpath=root / "ckpt", save_top_k=-1, every_n_epochs=1)] if checkpoints else []
     trainer = L.Trainer(
         max_epochs=epochs,
@@ -367,6 +368,7 @@ def test_checkpoints_wait_for_later_weights_and_list_the_pending_epoch_and_a_res
     assert sorted(ckpts) == [0, 1, 2]  # saved after training epochs 1, 2, 3 (0-based names)
     states = {e: load_weights_only(p)["callbacks"] for e, p in ckpts.items()}
     geometry = {e: next(v for k, v in s.items() if "SpectralGeometryCallback" in k) for e, s in states.items()}
+    assert {state.pop("records_dir") for state in geometry.values()} == {str((tmp_path / "run").absolute())}
     # after epoch 1: epoch 0's summary (step 0) was older than the weights (step 1): the checkpoint waited for it
     assert geometry[0] == {"observed_epochs": [0], "pending_epochs": [], **NO_STEPS}
     # after epoch 2: the observation of these very weights was in flight

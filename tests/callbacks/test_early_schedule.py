@@ -261,7 +261,7 @@ def test_loggers_get_the_step_series_at_step_equal_to_the_optimizer_step(tmp_pat
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     geometry = SpectralGeometryCallback(
-        analysis=images(16, seed=5), **SETTINGS, early={"enabled": True, "until_step": 3}
+        analysis=images(16, seed=5), dirpath=tmp_path, **SETTINGS, early={"enabled": True, "until_step": 3}
     )
     loggers = [TensorBoardLogger(tmp_path, name="tb", version=0), CSVLogger(tmp_path, name="csv", version=0)]
     trainer = L.Trainer(
