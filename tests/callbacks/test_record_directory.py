@@ -26,8 +26,9 @@ from tgo.resume import recorded_run_id
 
 
 def fit(root: Path, module: L.LightningModule, *callbacks: L.Callback, epochs: int = 1, **kwargs: Any) -> L.Trainer:
-    """A user's script: the default logger (Lightning's TensorBoardLogger under ``root/lightning_logs``)."""
+    """A user's script; its logger versions like Lightning's default one (``root/lightning_logs/version_N``)."""
     ckpt_path = kwargs.pop("ckpt_path", None)
+    kwargs.setdefault("logger", CSVLogger(root))
     trainer = L.Trainer(
         max_epochs=epochs,
         default_root_dir=root,
@@ -166,3 +167,15 @@ def test_a_callback_name_is_one_path_segment(tmp_path: Path) -> None:
         with pytest.raises(UserInputError, match="name="):
             SpectralGeometryCallback(name=bad)  # type: ignore[arg-type]
     assert SpectralGeometryCallback(name="ema.1").state_key != SpectralGeometryCallback().state_key
+
+
+def test_a_named_callbacks_tensorboard_runs_are_its_own(tmp_path: Path) -> None:
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    tensorboard = TensorBoardLogger(tmp_path, name="tb")
+    fit(tmp_path, Classifier(), geometry(name="ema", figures={**NO_FIGURES, "bands": True}), logger=tensorboard)
+    log_dir = Path(tensorboard.log_dir)
+    assert recorded_epochs(log_dir / "ema") == [0, 1]
+    assert sorted(p.name for p in (log_dir / "ema" / "points").iterdir())[0] == "00_patch_embed"
+    assert list((log_dir / "ema").glob("events.out.tfevents.*")), "its figures in its own run"
+    assert not (log_dir / "points").exists()
