@@ -5,8 +5,10 @@ between forwards; only the wrapper's forward gathers them (Lightning #20255, PyT
 wrapper, with the wrapped LightningModule's ``forward`` redirected to the network for that call (what Lightning does
 for ``training_step``), and every rank makes the same number of forwards: each gathers with all the others, so a rank
 whose shard is short makes padding forwards with no hook attached. The hooks stay on the original modules
-(`tgo.observatory.points.original_modules`). DDP, one device and DeepSpeed ZeRO 1/2 (whole parameters on every rank)
-need none of this; DeepSpeed ZeRO-3 (empty parameters outside the engine, DeepSpeed #6987) is refused, unverified.
+(`tgo.observatory.points.original_modules`). DeepSpeed ZeRO-3 leaves every parameter an empty tensor outside its
+engine's forward (DeepSpeed #6987): the engine (Lightning's ``strategy.model``) is the wrapper, its hooks gather each
+module's parameters as it runs, and a family's start reads them inside ``deepspeed.zero.GatheredParameters``. DDP, one
+device and DeepSpeed ZeRO 1/2 (whole parameters on every rank) need none of this.
 """
 
 from __future__ import annotations
@@ -53,8 +55,14 @@ class ShardedForward:
     def full_parameters(self) -> Iterator[None]:
         """Every parameter whole on every rank for the block, by the strategy's own API, for what reads them outside a
         forward (a family's start: the attention's q-k norms, the weights): FSDP1's ``summon_full_params``, FSDP2's
-        ``unshard`` / ``reshard`` of each ``fully_shard`` module. Collective."""
-        if self.strategy == "fsdp":
+        ``unshard`` / ``reshard`` of each ``fully_shard`` module, DeepSpeed's ``GatheredParameters`` (read-only: no
+        rank's changes are kept). Collective."""
+        if self.strategy == "zero3":
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.wrapper.parameters()), modifier_rank=None):
+                yield
+        elif self.strategy == "fsdp":
             from torch.distributed.fsdp import FullyShardedDataParallel
 
             with FullyShardedDataParallel.summon_full_params(self.wrapper, writeback=False):
@@ -88,9 +96,18 @@ class ShardedForward:
 
         owner.__dict__["forward"] = forward  # what Lightning's forward redirection does for training_step
         try:
-            return self.wrapper(pixels)
+            with _outside_inference_mode() if self.strategy == "zero3" else contextlib.nullcontext():
+                return self.wrapper(pixels)
         finally:
             _restore()
+
+
+@contextlib.contextmanager
+def _outside_inference_mode() -> Iterator[None]:
+    """``no_grad`` in place of the pass's inference mode: ZeRO-3 keeps the parameters it gathers below its persistence
+    threshold, and gathered as inference tensors they could never be saved for the next training backward."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _held(owner: nn.Module, network: nn.Module) -> nn.Module:
@@ -102,7 +119,7 @@ def _held(owner: nn.Module, network: nn.Module) -> nn.Module:
 
 
 def _kind(strategy: Any) -> str | None:
-    """``fsdp`` / ``fsdp2`` / ``deepspeed`` for a sharded strategy, ``None`` for DDP or one device; refuses the rest."""
+    """``fsdp`` / ``fsdp2`` / ``zero3`` for a sharded strategy, ``None`` for DDP or one device; refuses the rest."""
     from lightning.pytorch.strategies import (
         DDPStrategy,
         DeepSpeedStrategy,
@@ -115,13 +132,8 @@ def _kind(strategy: Any) -> str | None:
     if "XLA" in name:  # the XLA strategies subclass the DDP and one-device ones
         raise UserInputError(_refusal(name))
     if isinstance(strategy, DeepSpeedStrategy):  # before DDP: it subclasses DDPStrategy
-        if _zero_stage(strategy) >= 3:
-            raise UserInputError(
-                "the geometry observation does not support DeepSpeed ZeRO stage 3 (its parameters are empty outside "
-                "the engine's forward; not verified here); train with ZeRO 1 or 2, FSDP or FSDP2, or observe the saved "
-                "checkpoints with python -m tgo.observe"
-            )
-        return None  # ZeRO 1 and 2 shard the optimizer and gradients only: every rank holds the whole network
+        # ZeRO 1 and 2 shard the optimizer and gradients only: every rank holds the whole network
+        return "zero3" if _zero_stage(strategy) >= 3 else None
     if isinstance(strategy, FSDPStrategy):
         return "fsdp"
     if isinstance(strategy, ModelParallelStrategy):
@@ -166,7 +178,8 @@ def _zero_stage(strategy: Any) -> int:
 
 def sharded_forward(strategy: Any, pl_module: nn.Module, network: nn.Module) -> ShardedForward | None:
     """How the pass calls ``network`` (found in ``pl_module``) under ``strategy``: through Lightning's
-    ``strategy.model`` (FSDP1's root unit, or the LightningModule that ``fully_shard`` may have made FSDP2's root);
+    ``strategy.model`` (FSDP1's root unit, the LightningModule that ``fully_shard`` may have made FSDP2's root, or
+    DeepSpeed's engine under ZeRO-3);
     ``None`` where every rank holds the whole network and the pass calls it itself (one device, DDP, ZeRO 1 or 2)."""
     kind = _kind(strategy)
     if kind is None:
