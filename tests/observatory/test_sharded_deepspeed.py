@@ -1,14 +1,16 @@
-"""The geometry callback under Lightning's ``DeepSpeedStrategy``, ZeRO stages 2 and 3, on 2 gloo CPU processes (issue 38
-item 1): the epoch-0 records equal those of the same model observed unsharded in one process to 1e-10 relative, and
-the fit trains and observes again at its end. Under ZeRO-3 every parameter is an empty tensor outside the engine's
-forward (DeepSpeed #6987): the pass runs through the engine and the families' start (the attention's q-k norms, the
-weights) reads the parameters inside ``deepspeed.zero.GatheredParameters`` (`tgo.observatory.sharded`).
+"""The geometry callback under Lightning's ``DeepSpeedStrategy``, ZeRO stages 2 and 3, in float32 and bf16-mixed, on 2
+gloo CPU processes (issue 38 item 1): the epoch-0 records equal those of the same model observed unsharded in one
+process to 1e-10 relative, and the fit trains and observes again at its end. Under ZeRO-3 every partitioned parameter
+is an empty tensor outside the engine's forward (DeepSpeed #6987): the pass runs through the engine and the families'
+start (the attention's q-k norms, the weights) reads the parameters inside ``deepspeed.zero.GatheredParameters``; under
+bf16-mixed DeepSpeed casts the network to bfloat16 at every stage and the pass casts the images as Lightning's loops
+do (`tgo.observatory.sharded`).
 
-Lightning refuses DeepSpeed on anything but CUDA in ``setup_environment`` alone ("only supported on CUDA GPUs"); the
-strategy here skips that one check and is otherwise Lightning's, DeepSpeed running on its CPU accelerator with gloo.
-DeepSpeed is not a dependency of TGO: without it this file is skipped (``make gpu-check`` runs ZeRO-3 on CUDA).
-Lightning's DeepSpeed precision is float32 only, so the analysis images go one per forward: the same kernels on the
-same shapes in both runs, every activation bitwise equal, and only the float64 sums' order differs."""
+Lightning refuses DeepSpeed on anything but CUDA ("only supported on CUDA GPUs", and device indices that must be the
+local ranks); the strategy here skips those checks and is otherwise Lightning's, DeepSpeed running on its CPU
+accelerator with gloo. DeepSpeed is not a dependency of TGO: without it this file is skipped (``make gpu-check`` has a
+ZeRO-3 row for CUDA). The analysis images go one per forward: the same kernels on the same shapes in both runs, every
+activation bitwise equal, and only the float64 sums' order differs."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def _module() -> Any:
     return Plain()
 
 
-def _worker(rank: int, world: int, port: int, out: str, stage: int) -> None:
+def _worker(rank: int, world: int, port: int, out: str, stage: int, precision: str) -> None:
     torch.set_num_threads(1)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "NODE_RANK": "0"}
     os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
@@ -89,6 +91,7 @@ def _worker(rank: int, world: int, port: int, out: str, stage: int) -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
+        precision=precision,
         strategy=strategy,
         max_epochs=1,
         default_root_dir=out,
@@ -120,17 +123,23 @@ def _close(a: float, b: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(tmp_path: Path, stage: int):
+@pytest.mark.parametrize(("stage", "precision"), [(2, "32-true"), (2, "bf16-mixed"), (3, "32-true"), (3, "bf16-mixed")])
+def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(
+    tmp_path: Path, stage: int, precision: str
+):
+    """Under ``bf16-mixed`` DeepSpeed casts the network to bfloat16 and the pass casts the images as Lightning's loops
+    do (its precision plugin): the reference is the same network and images in bfloat16."""
     from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
     from tgo.observatory.points import vit_points
     from tgo.observatory.standalone import observation_settings
     from tgo.records import RecordWriter
 
-    net = tiny_vit()
+    dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float32
+    net = tiny_vit().to(dtype)
+    images, labels = analysis().tensors
     observe_and_record(
         net,
-        analysis(),
+        TensorDataset(images.to(dtype), labels),
         vit_points(net),
         settings=observation_settings(None, SETTINGS),
         plan=ShardPlan(0, 1, 1),
@@ -139,7 +148,7 @@ def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(tm
         is_global_zero=True,
     )
     want = _rows(tmp_path / "one", 0)
-    mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "ds"), stage), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "ds"), stage, precision), nprocs=WORLD, join=True)
     got = _rows(tmp_path / "ds", 0)
     assert {view for _, view, _ in want} >= {"all", "cls", "attention"}
     assert any(metric.startswith("weight_") for _, _, metric in want), "the weights family read the parameters"
@@ -155,9 +164,10 @@ def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(tm
     assert list(after) == list(want) and np.isfinite([v for v, _ in after.values()]).mean() > 0.8
 
 
-def test_zero3_runs_through_the_engine_and_zero_1_2_as_ddp():
-    """ZeRO-3 partitions the parameters: the pass goes through the engine (``strategy.model``) and the families that
-    read parameters after their start are refused; ZeRO 1 and 2 leave every rank the whole network, as DDP does."""
+def test_every_zero_stage_runs_through_the_engine_and_casts_the_images_as_lightning_does():
+    """ZeRO-3 partitions the parameters and ZeRO 1 and 2 hold the network in DeepSpeed's precision: the pass goes
+    through the engine (``strategy.model``) with the images cast by the precision plugin, and the families that read
+    parameters after their start (or run forwards of their own) are refused in one line."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     from tgo.errors import UserInputError
@@ -166,14 +176,15 @@ def test_zero3_runs_through_the_engine_and_zero_1_2_as_ddp():
 
     net = tiny_vit()
     holder = torch.nn.Sequential(net)
-    for stage in (1, 2):
-        check_strategy(DeepSpeedStrategy(stage=stage), registered_families())
-        assert sharded_forward(DeepSpeedStrategy(stage=stage), holder, net) is None
-    zero3 = DeepSpeedStrategy(stage=3)
-    zero3.model = engine = torch.nn.Sequential(holder)  # as DeepSpeed's engine: a module around the LightningModule
-    forward = sharded_forward(zero3, holder, net)
-    assert forward is not None and (forward.strategy, forward.wrapper, forward.owner) == ("zero3", engine, holder)
-    check_strategy(zero3, [f for f in registered_families() if not f.reads_parameters])
-    with pytest.raises(UserInputError, match="DeepSpeedStrategy") as refused:
-        check_strategy(zero3, registered_families())
-    assert "\n" not in str(refused.value)
+    for stage, kind in ((1, "zero"), (2, "zero"), (3, "zero3")):
+        strategy = DeepSpeedStrategy(stage=stage)
+        strategy.model = engine = torch.nn.Sequential(
+            holder
+        )  # as DeepSpeed's engine: a module around the LightningModule
+        forward = sharded_forward(strategy, holder, net)
+        assert forward is not None and (forward.strategy, forward.wrapper, forward.owner) == (kind, engine, holder)
+        assert forward.convert_input is not None
+        check_strategy(strategy, [f for f in registered_families() if not f.reads_parameters])
+        with pytest.raises(UserInputError, match="DeepSpeedStrategy") as refused:
+            check_strategy(strategy, registered_families())
+        assert "\n" not in str(refused.value)
