@@ -15,6 +15,7 @@ activation bitwise equal, and only the float64 sums' order differs."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 from pathlib import Path
@@ -106,6 +107,9 @@ def _worker(rank: int, world: int, port: int, out: str, stage: int, precision: s
     trainer.fit(module, DataLoader(train, batch_size=2))
     if stage == 3:  # the matrices are empty between forwards: only the engine's call runs the network
         assert module.net.blocks[0].attn.qkv.weight.numel() == 0 and module.net.patch_embed.proj.weight.numel() == 0
+    if rank == 0:  # the run's description counts the parameters DeepSpeed partitioned
+        want = sum(p.numel() for p in tiny_vit().parameters())
+        assert json.loads((Path(out) / "run_description.json").read_text())["model"]["parameters"] == want
     trainer.strategy.barrier()  # no rank tears gloo down while another still uses it
 
 
