@@ -105,7 +105,8 @@ def describe_network(network: Any) -> dict[str, Any]:
         "heads": _int(getattr(getattr(first, "attn", None), "num_heads", None)),
         "patch": _int(getattr(patch_embed, "patch_size", None)),
         "image_size": _int(getattr(patch_embed, "img_size", None)),
-        "parameters": sum(int(p.numel()) for p in network.parameters()),
+        # a DeepSpeed ZeRO-3 parameter is empty between forwards; ds_numel is its size (as Lightning's summary reads it)
+        "parameters": sum(int(getattr(p, "ds_numel", p.numel())) for p in network.parameters()),
     }
 
 

@@ -567,8 +567,47 @@ def sharded_check(observed: Observed, device: torch.device, work: Path, count: i
     (`tgo.observatory.sharded`). Needs CUDA (Lightning refuses FSDP on a CPU: tests/observatory/test_sharded*.py)."""
     if device.type != "cuda":
         return {"skipped": "CPU run: Lightning's strategy='fsdp' needs CUDA (tests/observatory/test_sharded*.py)"}
-    import lightning as L
     from lightning.pytorch.strategies import FSDPStrategy
+
+    images = first_images(observed.images, count, torch.float64)
+    want = observe(observed, images, device, work, torch.float64)
+    strategy = FSDPStrategy(auto_wrap_policy={type(observed.net.blocks[0])})  # type: ignore[index]
+    return _observed_under(strategy, observed, images, device, work, want, torch.float64)
+
+
+def deepspeed_check(observed: Observed, device: torch.device, work: Path, count: int) -> dict[str, Any]:
+    """Lightning's ``DeepSpeedStrategy(stage=3)`` on this GPU observes the first ``count`` images as the unsharded
+    float32 copy does (Lightning's DeepSpeed precision is float32 at most): the pass runs through DeepSpeed's engine,
+    the families' start inside ``deepspeed.zero.GatheredParameters`` (`tgo.observatory.sharded`). The same kernels on
+    the same batches, so only the float64 sums could differ. Needs CUDA and DeepSpeed, which TGO does not depend on
+    (on 2 CPU processes: tests/observatory/test_sharded_deepspeed.py)."""
+    if device.type != "cuda":
+        return {
+            "skipped": "CPU run: Lightning's DeepSpeedStrategy needs CUDA (tests/observatory/test_sharded_deepspeed.py)"
+        }
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return {"skipped": "DeepSpeed is not installed (pip install deepspeed)"}
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    images = first_images(observed.images, count, torch.float32)
+    want = observe(observed, images, device, work, torch.float32)
+    return _observed_under(DeepSpeedStrategy(stage=3), observed, images, device, work, want, torch.float32)
+
+
+def _observed_under(
+    strategy: Any,
+    observed: Observed,
+    images: TensorDataset,
+    device: torch.device,
+    work: Path,
+    want: Any,
+    dtype: torch.dtype,
+) -> dict[str, Any]:
+    """The observation of ``images`` by a copy of the network in ``dtype`` that a one-GPU fit under ``strategy`` makes
+    as it starts training, against ``want``; a refusal of the strategy is a skip."""
+    import lightning as L
     from torch.utils.data import DataLoader
 
     from tgo.errors import UserInputError
@@ -578,9 +617,6 @@ def sharded_check(observed: Observed, device: torch.device, work: Path, count: i
     from tgo.observatory.sharded import check_strategy, sharded_forward
     from tgo.records import RecordWriter
 
-    images = first_images(observed.images, count, torch.float64)
-    want = observe(observed, images, device, work, torch.float64)
-    strategy = FSDPStrategy(auto_wrap_policy={type(observed.net.blocks[0])})  # type: ignore[index]
     try:
         check_strategy(strategy, enabled_families(observed.settings))
     except UserInputError as refused:
@@ -605,7 +641,7 @@ def sharded_check(observed: Observed, device: torch.device, work: Path, count: i
                 )
             )
 
-    module = h.classifier(copy.deepcopy(observed.net).double(), lambda p: torch.optim.SGD(p, lr=0.0))
+    module = h.classifier(copy.deepcopy(observed.net).to(dtype), lambda p: torch.optim.SGD(p, lr=0.0))
     trainer = L.Trainer(
         accelerator="cuda",
         devices=[device.index or 0],
@@ -623,7 +659,7 @@ def sharded_check(observed: Observed, device: torch.device, work: Path, count: i
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    return {**relative_difference(want, got[0]), "images": count}
+    return {**relative_difference(want, got[0]), "images": len(images)}
 
 
 # ---------------------------------------------------------------------------------------------------- the table
@@ -653,6 +689,7 @@ ROW_NAMES = (
     "eigensolver: GPU vs CPU values",
     "float32 device vs CPU",
     "sharded: Lightning fsdp vs unsharded",
+    "sharded: Lightning deepspeed ZeRO-3 vs unsharded",
 )
 """Every row, in table order (``tests/tools/test_gpu_check.py`` checks the printed table against it)."""
 
@@ -681,6 +718,7 @@ def build_rows(
     f32: dict[str, Any] | None,
     eig: dict[str, Any],
     sharded: dict[str, Any] | None = None,
+    zero3: dict[str, Any] | None = None,
 ) -> list[Row]:
     """The table's rows from the measurements (see `ROW_NAMES`)."""
     judged = profile.judged and device.type == "cuda"
@@ -817,6 +855,16 @@ def build_rows(
             f"({sharded['compared']} values)"
         )
         rows.append(_exact_row(name, sharded, detail))
+    name = "sharded: Lightning deepspeed ZeRO-3 vs unsharded"
+    if zero3 is None or "skipped" in zero3:
+        detail = (zero3 or {}).get("skipped", "not run")
+        rows.append(Row(name, "-", f"<= {TOLERANCE:.0e}", "n/a", detail, kind="exact"))
+    else:
+        detail = (
+            f"float32 observation of {zero3['images']} images by Lightning's DeepSpeedStrategy(stage=3) through its "
+            f"engine vs the unsharded copy on {device.type}; worst at {zero3['where']} ({zero3['compared']} values)"
+        )
+        rows.append(_exact_row(name, zero3, detail))
     return rows
 
 
@@ -955,9 +1003,11 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         eig = eigensolver_check(observed, device, work, profile.repeats)
         print("== sharded: Lightning strategy='fsdp' vs unsharded", flush=True)
         sharded = sharded_check(observed, device, work, count)
+        print("== sharded: Lightning DeepSpeedStrategy(stage=3) vs unsharded", flush=True)
+        zero3 = deepspeed_check(observed, device, work, count)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = build_rows(profile, device, trained, timing, guard, devices, f32, eig, sharded)
+    rows = build_rows(profile, device, trained, timing, guard, devices, f32, eig, sharded, zero3)
     status = exit_status(rows, args.strict)
     table = render(rows)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -984,6 +1034,7 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         "float32_device_vs_cpu": f32,
         "eigensolver": eig,
         "sharded": sharded,
+        "deepspeed_zero3": zero3,
         "rows": [dataclasses.asdict(r) for r in rows],
         "exit_status": status,
     }

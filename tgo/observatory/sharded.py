@@ -5,15 +5,18 @@ between forwards; only the wrapper's forward gathers them (Lightning #20255, PyT
 wrapper, with the wrapped LightningModule's ``forward`` redirected to the network for that call (what Lightning does
 for ``training_step``), and every rank makes the same number of forwards: each gathers with all the others, so a rank
 whose shard is short makes padding forwards with no hook attached. The hooks stay on the original modules
-(`tgo.observatory.points.original_modules`). DDP, one device and DeepSpeed ZeRO 1/2 (whole parameters on every rank)
-need none of this; DeepSpeed ZeRO-3 (empty parameters outside the engine, DeepSpeed #6987) is refused, unverified.
+(`tgo.observatory.points.original_modules`). DeepSpeed ZeRO-3 leaves every parameter an empty tensor outside its
+engine's forward (DeepSpeed #6987): the engine (Lightning's ``strategy.model``) is the wrapper, its hooks gather each
+module's parameters as it runs, and a family's start reads them inside ``deepspeed.zero.GatheredParameters``. ZeRO 1
+and 2 leave every rank the whole network, but DeepSpeed casts it to its half precision, so their pass goes through
+the engine too, the images cast as Lightning casts training batches. DDP and one device need none of this.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +37,9 @@ class ShardedForward:
     ``wrapper`` is the module whose call gathers the parameters (Lightning's ``strategy.model``), ``owner`` the module
     inside it whose ``forward`` is redirected for the call (the LightningModule), ``network`` the network as the owner
     holds it (an FSDP1 unit around it stays: its forward gathers its own parameters). ``rounds``: forwards every rank
-    makes in one pass, ``pad`` the input of a padding forward (`for_shard` sets both)."""
+    makes in one pass, ``pad`` the input of a padding forward (`for_shard` sets both). ``convert_input``: what
+    Lightning's loops do to every batch before the step (its precision plugin's), where the wrapper needs it: DeepSpeed
+    casts the network itself to a half precision, and its engine does not cast the inputs."""
 
     strategy: str
     wrapper: nn.Module
@@ -42,6 +47,7 @@ class ShardedForward:
     network: nn.Module
     rounds: int = 0
     pad: torch.Tensor | None = None
+    convert_input: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def for_shard(self, pad: torch.Tensor, n_images: int, world_size: int, batch_size: int) -> ShardedForward:
         """This pass's rounds, the batches of the largest shard (`ShardSampler` gives rank 0 ``ceil(n / W)`` images),
@@ -53,8 +59,16 @@ class ShardedForward:
     def full_parameters(self) -> Iterator[None]:
         """Every parameter whole on every rank for the block, by the strategy's own API, for what reads them outside a
         forward (a family's start: the attention's q-k norms, the weights): FSDP1's ``summon_full_params``, FSDP2's
-        ``unshard`` / ``reshard`` of each ``fully_shard`` module. Collective."""
-        if self.strategy == "fsdp":
+        ``unshard`` / ``reshard`` of each ``fully_shard`` module, DeepSpeed's ``GatheredParameters`` (read-only: no
+        rank's changes are kept). Collective."""
+        if self.strategy == "zero3":
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.wrapper.parameters()), modifier_rank=None):
+                yield
+        elif self.strategy == "zero":  # every rank holds the whole network
+            yield
+        elif self.strategy == "fsdp":
             from torch.distributed.fsdp import FullyShardedDataParallel
 
             with FullyShardedDataParallel.summon_full_params(self.wrapper, writeback=False):
@@ -88,9 +102,18 @@ class ShardedForward:
 
         owner.__dict__["forward"] = forward  # what Lightning's forward redirection does for training_step
         try:
-            return self.wrapper(pixels)
+            with _outside_inference_mode() if self.strategy == "zero3" else contextlib.nullcontext():
+                return self.wrapper(self.convert_input(pixels) if self.convert_input is not None else pixels)
         finally:
             _restore()
+
+
+@contextlib.contextmanager
+def _outside_inference_mode() -> Iterator[None]:
+    """``no_grad`` in place of the pass's inference mode: ZeRO-3 keeps the parameters it gathers below its persistence
+    threshold, and gathered as inference tensors they could never be saved for the next training backward."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _held(owner: nn.Module, network: nn.Module) -> nn.Module:
@@ -102,7 +125,8 @@ def _held(owner: nn.Module, network: nn.Module) -> nn.Module:
 
 
 def _kind(strategy: Any) -> str | None:
-    """``fsdp`` / ``fsdp2`` / ``deepspeed`` for a sharded strategy, ``None`` for DDP or one device; refuses the rest."""
+    """``fsdp`` / ``fsdp2`` / ``zero`` (ZeRO 1, 2) / ``zero3`` for a strategy whose wrapper runs the pass, ``None`` for
+    DDP or one device; refuses the rest."""
     from lightning.pytorch.strategies import (
         DDPStrategy,
         DeepSpeedStrategy,
@@ -115,13 +139,8 @@ def _kind(strategy: Any) -> str | None:
     if "XLA" in name:  # the XLA strategies subclass the DDP and one-device ones
         raise UserInputError(_refusal(name))
     if isinstance(strategy, DeepSpeedStrategy):  # before DDP: it subclasses DDPStrategy
-        if _zero_stage(strategy) >= 3:
-            raise UserInputError(
-                "the geometry observation does not support DeepSpeed ZeRO stage 3 (its parameters are empty outside "
-                "the engine's forward; not verified here); train with ZeRO 1 or 2, FSDP or FSDP2, or observe the saved "
-                "checkpoints with python -m tgo.observe"
-            )
-        return None  # ZeRO 1 and 2 shard the optimizer and gradients only: every rank holds the whole network
+        # ZeRO 1 and 2 shard the optimizer and gradients only: every rank holds the whole network
+        return "zero3" if _zero_stage(strategy) >= 3 else "zero"
     if isinstance(strategy, FSDPStrategy):
         return "fsdp"
     if isinstance(strategy, ModelParallelStrategy):
@@ -146,15 +165,18 @@ def _refusal(name: str) -> str:
 
 def check_strategy(strategy: Any, families: Iterable[Any] = ()) -> None:
     """Refuses, in one line, a strategy the observation cannot run under, or an enabled family that reads parameters
-    (`MeasurementFamily.reads_parameters`) where they are sharded. Call before the fit trains."""
-    if _kind(strategy) is None:
+    (`MeasurementFamily.reads_parameters`) where they are sharded, or (ZeRO 1, 2) outside the engine. Call before
+    the fit trains."""
+    kind = _kind(strategy)
+    if kind is None:
         return
     readers = [f.name for f in families if getattr(f, "reads_parameters", False)]
     if readers:
         keys = ", ".join(f"observation.{f.settings_key}.enabled=false" for f in families if f.name in readers)
+        held = "runs only through its engine" if kind == "zero" else "keeps sharded"
         raise UserInputError(
             f"the measurement famil{'ies' if len(readers) > 1 else 'y'} {readers} read the network's parameters, which "
-            f"{type(strategy).__name__} keeps sharded; switch {'them' if len(readers) > 1 else 'it'} off ({keys})"
+            f"{type(strategy).__name__} {held}; switch {'them' if len(readers) > 1 else 'it'} off ({keys})"
         )
 
 
@@ -166,9 +188,10 @@ def _zero_stage(strategy: Any) -> int:
 
 def sharded_forward(strategy: Any, pl_module: nn.Module, network: nn.Module) -> ShardedForward | None:
     """How the pass calls ``network`` (found in ``pl_module``) under ``strategy``: through Lightning's
-    ``strategy.model`` (FSDP1's root unit, or the LightningModule that ``fully_shard`` may have made FSDP2's root);
-    ``None`` where every rank holds the whole network and the pass calls it itself (one device, DDP, ZeRO 1 or 2)."""
+    ``strategy.model`` (FSDP1's root unit, the LightningModule that ``fully_shard`` may have made FSDP2's root, or
+    DeepSpeed's engine); ``None`` where the pass calls the network itself (one device, DDP)."""
     kind = _kind(strategy)
     if kind is None:
         return None
-    return ShardedForward(kind, strategy.model, pl_module, _held(pl_module, network))
+    convert = strategy.precision_plugin.convert_input if kind in ("zero", "zero3") else None
+    return ShardedForward(kind, strategy.model, pl_module, _held(pl_module, network), convert_input=convert)
