@@ -1,16 +1,18 @@
-"""What the multi-process tests share: a free port for a gloo rendezvous, the small ViT each process builds, and a
-signal sent to a command-line process once it has reached a given point.
+"""What the multi-process tests share: a free port for a gloo rendezvous, the small ViT each process builds, the rows
+two runs are compared by, and a signal sent to a command-line process once it has reached a given point.
 
 Lightning-free, so the processes ``torch.multiprocessing.spawn`` starts import it quickly.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -30,6 +32,22 @@ def tiny_vit() -> torch.nn.Module:
     return timm.create_model(
         "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3
     ).eval()
+
+
+def epoch_rows(run: Path, epoch: int) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """``{(point, view, metric): (value, stderr)}`` of one recorded epoch: what two runs are compared by."""
+    from tgo.records import read_metric_rows
+
+    return {
+        (r["point"], r["view"], r["metric"]): (float(r["value"]), float(r["stderr"]))
+        for r in read_metric_rows(run)
+        if int(r["epoch"]) == epoch
+    }
+
+
+def same_to_1e10(a: float, b: float) -> bool:
+    """Equal to 1e-10 relative (1e-12 absolute near zero), or both NaN: the bar of the sharded comparisons."""
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-10, abs_tol=1e-12)
 
 
 def terminate_when(

@@ -27,8 +27,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import free_port, tiny_vit
-from tgo.records import read_metric_rows
+from tests.processes import epoch_rows, free_port, same_to_1e10, tiny_vit
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
 
@@ -113,19 +112,6 @@ def _worker(rank: int, world: int, port: int, out: str, stage: int, precision: s
     trainer.strategy.barrier()  # no rank tears gloo down while another still uses it
 
 
-def _rows(run: Path, epoch: int) -> dict[tuple[str, str, str], tuple[float, float]]:
-    rows = read_metric_rows(run)
-    return {
-        (r["point"], r["view"], r["metric"]): (float(r["value"]), float(r["stderr"]))
-        for r in rows
-        if int(r["epoch"]) == epoch
-    }
-
-
-def _close(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-10, abs_tol=1e-12)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("stage", "precision"), [(2, "32-true"), (2, "bf16-mixed"), (3, "32-true"), (3, "bf16-mixed")])
 def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(
@@ -151,9 +137,9 @@ def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(
         all_reduce_sum=lambda t: t,
         is_global_zero=True,
     )
-    want = _rows(tmp_path / "one", 0)
+    want = epoch_rows(tmp_path / "one", 0)
     mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "ds"), stage, precision), nprocs=WORLD, join=True)
-    got = _rows(tmp_path / "ds", 0)
+    got = epoch_rows(tmp_path / "ds", 0)
     assert {view for _, view, _ in want} >= {"all", "cls", "attention"}
     assert any(metric.startswith("weight_") for _, _, metric in want), "the weights family read the parameters"
     assert list(got) == list(want)
@@ -161,10 +147,10 @@ def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(
     for key, (value, stderr) in want.items():
         if key[2] == "n_clamped":  # a sign of round-off, not a measurement
             continue
-        assert _close(got[key][0], value) and _close(got[key][1], stderr), (key, got[key], value)
+        assert same_to_1e10(got[key][0], value) and same_to_1e10(got[key][1], stderr), (key, got[key], value)
         compared += math.isfinite(value)
     assert compared > 0.8 * len(want)
-    after = _rows(tmp_path / "ds", 1)  # the fit's end: trained, observed again
+    after = epoch_rows(tmp_path / "ds", 1)  # the fit's end: trained, observed again
     assert list(after) == list(want) and np.isfinite([v for v, _ in after.values()]).mean() > 0.8
 
 

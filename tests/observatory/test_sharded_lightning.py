@@ -16,8 +16,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import free_port, tiny_vit
-from tgo.records import read_metric_rows
+from tests.processes import epoch_rows, free_port, same_to_1e10, tiny_vit
 
 WORLD = 2
 SETTINGS: dict[str, Any] = {"groups": 3, "batch_size": 4, "probes": {"enabled": True, "folds": 3}}
@@ -86,19 +85,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     trainer.strategy.barrier()  # no rank tears gloo down while another still uses it
 
 
-def _rows(run: Path, epoch: int) -> dict[tuple[str, str, str], tuple[float, float]]:
-    rows = read_metric_rows(run)
-    return {
-        (r["point"], r["view"], r["metric"]): (float(r["value"]), float(r["stderr"]))
-        for r in rows
-        if int(r["epoch"]) == epoch
-    }
-
-
-def _close(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-10, abs_tol=1e-12)
-
-
 @pytest.mark.slow
 def test_fsdp2_through_lightning_records_what_the_unsharded_model_records(tmp_path: Path):
     from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
@@ -117,17 +103,17 @@ def test_fsdp2_through_lightning_records_what_the_unsharded_model_records(tmp_pa
         all_reduce_sum=lambda t: t,
         is_global_zero=True,
     )
-    want = _rows(tmp_path / "one", 0)
+    want = epoch_rows(tmp_path / "one", 0)
     mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "fsdp2")), nprocs=WORLD, join=True)
-    got = _rows(tmp_path / "fsdp2", 0)
+    got = epoch_rows(tmp_path / "fsdp2", 0)
     assert {view for _, view, _ in want} >= {"all", "cls", "attention"}
     assert list(got) == list(want)
     compared = 0
     for key, (value, stderr) in want.items():
         if key[2] == "n_clamped":  # a sign of round-off, not a measurement
             continue
-        assert _close(got[key][0], value) and _close(got[key][1], stderr), (key, got[key], value)
+        assert same_to_1e10(got[key][0], value) and same_to_1e10(got[key][1], stderr), (key, got[key], value)
         compared += math.isfinite(value)
     assert compared > 0.8 * len(want)
-    after = _rows(tmp_path / "fsdp2", 1)  # the fit's end: trained, observed again
+    after = epoch_rows(tmp_path / "fsdp2", 1)  # the fit's end: trained, observed again
     assert list(after) == list(want) and np.isfinite([v for v, _ in after.values()]).mean() > 0.8
