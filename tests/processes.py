@@ -50,6 +50,25 @@ def same_to_1e10(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-10, abs_tol=1e-12)
 
 
+def assert_observed_alike(one: Path, sharded: Path, views: set[str]) -> None:
+    """A sharded fit's epoch 0 records what ``one`` (the unsharded model in one process) records, every value and
+    standard error to 1e-10, with ``views`` among them; its epoch 1 (trained, observed again) has the same rows."""
+    import numpy as np
+
+    want, got = epoch_rows(one, 0), epoch_rows(sharded, 0)
+    assert {view for _, view, _ in want} >= views
+    assert list(got) == list(want)
+    compared = 0
+    for key, (value, stderr) in want.items():
+        if key[2] == "n_clamped":  # a sign of round-off, not a measurement
+            continue
+        assert same_to_1e10(got[key][0], value) and same_to_1e10(got[key][1], stderr), (key, got[key], value)
+        compared += math.isfinite(value)
+    assert compared > 0.8 * len(want)
+    after = epoch_rows(sharded, 1)
+    assert list(after) == list(want) and np.isfinite([v for v, _ in after.values()]).mean() > 0.8
+
+
 def terminate_when(
     proc: subprocess.Popen, reached: Callable[[], bool], what: str, *, limit_s: float = 240.0
 ) -> tuple[int, str]:

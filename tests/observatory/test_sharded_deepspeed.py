@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import epoch_rows, free_port, same_to_1e10, tiny_vit
+from tests.processes import assert_observed_alike, epoch_rows, free_port, tiny_vit
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
 
@@ -137,21 +135,10 @@ def test_deepspeed_through_lightning_records_what_the_unsharded_model_records(
         all_reduce_sum=lambda t: t,
         is_global_zero=True,
     )
-    want = epoch_rows(tmp_path / "one", 0)
     mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "ds"), stage, precision), nprocs=WORLD, join=True)
-    got = epoch_rows(tmp_path / "ds", 0)
-    assert {view for _, view, _ in want} >= {"all", "cls", "attention"}
+    assert_observed_alike(tmp_path / "one", tmp_path / "ds", {"all", "cls", "attention"})
+    want = epoch_rows(tmp_path / "one", 0)
     assert any(metric.startswith("weight_") for _, _, metric in want), "the weights family read the parameters"
-    assert list(got) == list(want)
-    compared = 0
-    for key, (value, stderr) in want.items():
-        if key[2] == "n_clamped":  # a sign of round-off, not a measurement
-            continue
-        assert same_to_1e10(got[key][0], value) and same_to_1e10(got[key][1], stderr), (key, got[key], value)
-        compared += math.isfinite(value)
-    assert compared > 0.8 * len(want)
-    after = epoch_rows(tmp_path / "ds", 1)  # the fit's end: trained, observed again
-    assert list(after) == list(want) and np.isfinite([v for v, _ in after.values()]).mean() > 0.8
 
 
 def test_every_zero_stage_runs_through_the_engine_and_casts_the_images_as_lightning_does():

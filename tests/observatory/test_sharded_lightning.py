@@ -5,18 +5,16 @@ processes (issue 38 item 1): the epoch-0 records equal those of the same model o
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import epoch_rows, free_port, same_to_1e10, tiny_vit
+from tests.processes import assert_observed_alike, free_port, tiny_vit
 
 WORLD = 2
 SETTINGS: dict[str, Any] = {"groups": 3, "batch_size": 4, "probes": {"enabled": True, "folds": 3}}
@@ -103,17 +101,5 @@ def test_fsdp2_through_lightning_records_what_the_unsharded_model_records(tmp_pa
         all_reduce_sum=lambda t: t,
         is_global_zero=True,
     )
-    want = epoch_rows(tmp_path / "one", 0)
     mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "fsdp2")), nprocs=WORLD, join=True)
-    got = epoch_rows(tmp_path / "fsdp2", 0)
-    assert {view for _, view, _ in want} >= {"all", "cls", "attention"}
-    assert list(got) == list(want)
-    compared = 0
-    for key, (value, stderr) in want.items():
-        if key[2] == "n_clamped":  # a sign of round-off, not a measurement
-            continue
-        assert same_to_1e10(got[key][0], value) and same_to_1e10(got[key][1], stderr), (key, got[key], value)
-        compared += math.isfinite(value)
-    assert compared > 0.8 * len(want)
-    after = epoch_rows(tmp_path / "fsdp2", 1)  # the fit's end: trained, observed again
-    assert list(after) == list(want) and np.isfinite([v for v, _ in after.values()]).mean() > 0.8
+    assert_observed_alike(tmp_path / "one", tmp_path / "fsdp2", {"all", "cls", "attention"})
