@@ -190,8 +190,8 @@ def _stacks(count: int = 3, size: int = 4, dim: int = 12) -> list:
     return out
 
 
-def _rows(eig: dict, device: str) -> list:
-    """The table's rows around an eigensolver result, every other measurement a placeholder."""
+def _rows(eig: dict, device: str, sharded: dict | None = None, zero3: dict | None = None) -> list:
+    """The table's rows around an eigensolver result (and sharded results), every other measurement a placeholder."""
     timing = {
         "images": 32,
         "phases_s": {},
@@ -208,7 +208,9 @@ def _rows(eig: dict, device: str) -> list:
         "peak_above_model_mb": 0.0,
     }
     exact = {"worst": 0.0, "images": 32, "where": "nowhere", "compared": 1}
-    return gpu_check.build_rows(gpu_check.TINY, torch.device(device), None, timing, exact, exact, None, eig)
+    return gpu_check.build_rows(
+        gpu_check.TINY, torch.device(device), None, timing, exact, exact, None, eig, sharded, zero3
+    )
 
 
 def test_the_eigensolver_check_times_both_and_an_unequal_gpu_solver_fails_with_exit_1() -> None:
@@ -243,3 +245,28 @@ def test_off_cuda_the_eigensolver_check_times_the_cpu_only_and_has_no_verdict() 
     assert rows["eigensolver: CPU vs GPU time"].value.endswith("| n/a s")
     assert rows["eigensolver: CPU vs GPU time"].verdict == rows["eigensolver: GPU vs CPU values"].verdict == "n/a"
     assert gpu_check.exit_status(list(rows.values()), strict=True) == 0
+
+
+def test_the_sharded_rows_hold_fsdp_to_float64_and_zero3_to_the_float32_layout_bar() -> None:
+    """FSDP runs in float64 (the precision plugin keeps Lightning from casting the network and FSDP's compute to
+    float32) and is held to 1e-9; ZeRO-3 has no float64, and cuBLAS's float32 kernels follow the gathered parameters'
+    alignment (4e-06 to 5e-06 measured on an H100), so its bar is 1e-4, far below a dropped or doubled
+    image (~3e-02)."""
+    plugin = gpu_check.float64_fsdp_precision()
+    assert plugin.convert_module(torch.nn.Linear(2, 2)).weight.dtype == torch.float64
+    assert plugin.convert_input(torch.zeros(2)).dtype == torch.float64 and plugin.mixed_precision_config is None
+    eig = gpu_check.compare_eigensolvers(_stacks(), 2, 1, None)
+
+    def verdicts(sharded_worst: float, zero3_worst: float) -> tuple[str, str]:
+        def result(worst: float) -> dict:
+            return {"worst": worst, "images": 32, "where": "cls/cls nc1", "compared": 891}
+
+        rows = {r.name: r for r in _rows(eig, "cuda", result(sharded_worst), result(zero3_worst))}
+        return (
+            rows["sharded: Lightning fsdp vs unsharded"].verdict,
+            rows["sharded: Lightning deepspeed ZeRO-3 vs unsharded"].verdict,
+        )
+
+    assert verdicts(0.0, 5.0e-6) == ("PASS", "PASS")
+    assert verdicts(7.1e-6, 5.0e-6)[0] == "FAIL"  # the float32-cast FSDP of the first H100 run
+    assert verdicts(0.0, 3e-2)[1] == "FAIL"
