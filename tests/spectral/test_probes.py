@@ -46,9 +46,10 @@ def _orthonormal(dim: int, k: int, seed: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- class geometry
-@pytest.mark.parametrize("dim", [12, 3], ids=["D>C", "D<C"])
+@pytest.mark.parametrize("dim", [12, 3, 64], ids=["D>C", "D<C", "n<D"])
 def test_class_geometry_matches_the_textbook_definitions(dim: int):
-    """Fisher ratio tr S_B / tr S_W, Papyan's NC1 and the effective ranks of S_B and S_W, on unequal classes."""
+    """Fisher ratio tr S_B / tr S_W, Papyan's NC1 and the effective ranks of S_B and S_W, on unequal classes; with
+    fewer vectors (40) than features (64) S_W's eigenvalues come from the [n, n] product, checked here too."""
     x, labels = _labelled([7, 9, 6, 8, 10], dim)
     got, want = class_geometry(x, labels), ref.class_geometry(x, labels)
     assert got.n_classes == 5

@@ -136,7 +136,11 @@ def _geometry_stack(
     n, c = layouts[0].shape
     size, d = len(layouts), x.shape[1]
     means = np.empty((size, c, d))
-    s_w = np.empty((size, d, d))
+    # S_W = dev^T dev [D, D] has the non-zero eigenvalues of dev dev^T [n, n]: with fewer vectors than features (200
+    # analysis images of a 384-wide ViT) the [n, n] product is the cheaper of the two (its eigenvalues (n/D)^3 the
+    # work), as for S_B below; its trace is tr(S_W) too.
+    gram = n < d
+    s_w = np.empty((size, n, n) if gram else (size, d, d))
     dev_w = np.empty((size, n, d))
     for s, lay in enumerate(layouts):
         # Each class is shifted by its first vector and the means by the first class mean: identical vectors then
@@ -151,7 +155,10 @@ def _geometry_stack(
         offsets = (lay.onehot.T @ dev) / lay.counts[:, None]  # class sums as one product (exact zeros stay zeros)
         np.add(x[lay.first], offsets, out=means[s])
         dev -= offsets[lay.index]
-        np.matmul(dev.T, dev, out=s_w[s])
+        if gram:
+            np.matmul(dev, dev.T, out=s_w[s])
+        else:
+            np.matmul(dev.T, dev, out=s_w[s])
     counts = np.stack([lay.counts for lay in layouts])  # int64 [S, C]
     spread = means - means[:, :1]
     mu = means[:, 0] + (counts[:, None, :] @ spread)[:, 0] / n
@@ -185,12 +192,12 @@ def _geometry_stack(
         else _psd_eigenvalue_stack(dev_b.transpose(0, 2, 1) @ dev_b)
     )
     scattered = [s for s, t in enumerate(tr_w) if t > 0]
-    # dev^T dev is numpy's symmetric rank-k product (BLAS syrk, the upper triangle copied to the lower), so it is
-    # exactly symmetric and class_geometry's (S + S^T) / 2 would give it back bit for bit: skipped.
+    # dev^T dev (or dev dev^T) is numpy's symmetric rank-k product (BLAS syrk, the upper triangle copied to the
+    # lower), so it is exactly symmetric and class_geometry's (S + S^T) / 2 would give it back bit for bit: skipped.
     within = (
         _psd_eigenvalue_stack(s_w if len(scattered) == size else s_w[scattered], symmetric=True)
         if scattered
-        else np.empty((0, d))
+        else np.empty((0, s_w.shape[1]))
     )
     between_rank = _effective_ranks(between) if c >= 2 else [math.nan] * size
     within_rank = [math.nan] * size
