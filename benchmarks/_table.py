@@ -51,7 +51,7 @@ def _numbered(prefix: str, count: int, start: int = 1) -> tuple[str, ...]:
 OVERHEAD_ROWS = 6
 """Rows `observation_bench.overhead` writes under its prefix: forward, two ratios, hooks only, two phase splits."""
 GPU_ROWS: tuple[str, ...] = ("6.0", *_numbered("6.1", OVERHEAD_ROWS, 0), "6.2", "6.3", "6.4")
-CALLBACK_COST_ROWS = _numbered("17", 6)
+CALLBACK_COST_ROWS = _numbered("17", 8)
 """Rows `callback_cost_bench` writes: the callback's cost per logger against the same fit without it."""
 SUMMARY_ROWS = _numbered("10", 2)
 SCALE_ROWS = _numbered("11", 8)

@@ -39,7 +39,7 @@ from tgo.panels import recorded_tables
 from tgo.records import DEFAULT_VIEW, load_spectra
 from tgo.spectral import CATALOGUE
 
-from .background import BackgroundLane
+from .background import BACKGROUND_NICE, BackgroundLane
 from .tensorboard_runs import PointRuns, point_run_names
 
 __all__ = [
@@ -335,7 +335,7 @@ class TensorBoardDashboard:
     ) -> None:
         """Hands one observation's `figure_job` to the background worker (waits while ``FIGURES_IN_FLIGHT`` are)."""
         if self._figures is None:
-            self._figures = BackgroundLane(FIGURES_IN_FLIGHT, name="tgo-geometry-figures")
+            self._figures = BackgroundLane(FIGURES_IN_FLIGHT, name="tgo-geometry-figures", nice=BACKGROUND_NICE)
         story = self.story
         slot = None if story is None else (lambda: story(Path(root), epoch))
         job = figure_job(writer, root, epoch, results, recorded, figures, story=slot)

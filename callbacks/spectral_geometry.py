@@ -64,7 +64,7 @@ from tgo.resume import (
 )
 from tgo.run_description import record_training
 
-from .background import BackgroundLane, waiting_for
+from .background import BACKGROUND_NICE, BackgroundLane, waiting_for
 from .dashboard import (
     DEPTH_PROFILES,
     FIGURE_DRAIN_TIMEOUT_S,
@@ -161,7 +161,7 @@ class SpectralGeometryCallback(L.Callback):
         self.last_blocking_seconds: float | None = None  # the whole observation on the training thread
         self._logged_steps: dict[tuple[str, int], int] = {}  # (series, key) -> its optimizer step (non-TB loggers)
         # the summary in flight (observation.summary.background)
-        self._summaries = BackgroundLane(1, name="tgo-summary", collect=True)
+        self._summaries = BackgroundLane(1, name="tgo-summary", collect=True, nice=BACKGROUND_NICE)
         # Training-time collectors, by family name: statistics the enabled families gather between observations
         # (`MeasurementFamily.collector`), read back through `TrainingInfo.collectors`.
         self.collectors: dict[str, TrainingCollector] = {}

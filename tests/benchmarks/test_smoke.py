@@ -90,3 +90,25 @@ def test_the_table_knows_every_declared_row_and_renders_them_in_order() -> None:
     problems = table.problems()
     assert "row zz is not declared in ROWS" in problems
     assert "row 1b.0 missing (neither measured nor skipped)" in problems
+
+
+def test_the_steady_state_cost_prices_one_observation_apart_from_what_a_fit_pays_once() -> None:
+    """Rows 17.7-17.8 (`steady_state`), on fits made up from known parts: epochs of 10 s (18 s CPU), each
+    observation 6 s (11 s CPU), 4 s (7 s CPU) once per fit; at 10 and 20 epochs (3 and 5 observations)."""
+    from benchmarks.callback_cost_bench import EVERY_N_EPOCHS, observations_in, steady_state
+
+    def fits(epochs: int) -> dict[str, dict[str, float]]:
+        n = observations_in(epochs)
+        return {
+            "without, CSV": {"wall_s": 10.0 * epochs, "cpu_s": 18.0 * epochs},
+            "CSV": {"wall_s": 10.0 * epochs + 6.0 * n + 4.0, "cpu_s": 18.0 * epochs + 11.0 * n + 7.0},
+        }
+
+    assert (observations_in(10), observations_in(20), observations_in(7)) == (3, 5, 3)
+    got = steady_state(fits(10), fits(20), 10)
+    assert got["observations_added"] == 2
+    for clock, (per, epoch, once) in {"wall_s": (6.0, 10.0, 4.0), "cpu_s": (11.0, 18.0, 7.0)}.items():
+        assert got[clock]["per_observation"] == pytest.approx(per)
+        assert got[clock]["epoch"] == pytest.approx(epoch)
+        assert got[clock]["once"] == pytest.approx(once)
+        assert got[clock]["percent"] == pytest.approx(100 * per / (EVERY_N_EPOCHS * epoch))

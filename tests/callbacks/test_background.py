@@ -5,6 +5,8 @@ Specification:
 * the lane runs jobs in order, at most N in flight: a figure lane waits for room, pauses while held (between a
   generator job's steps) without deadlocking, and warns about a failing job without stopping; a summary lane
   (``collect``) runs one at a time, hands its result or its exception back, and refuses a second;
+* on Linux a lane's jobs run at a nice value raised by ``nice`` (the callback's: `BACKGROUND_NICE`), and so do the
+  threads they start (the summary's pool), while the caller's priority is untouched;
 * every figure is written before ``fit`` returns, and those of completed observations when training raises;
 * in a fit, ``geometry/blocking_seconds`` excludes the summary, and every observation's records are written before
   ``fit`` returns, identical to the records of the same fit with ``summary.background=false``;
@@ -16,7 +18,9 @@ Specification:
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -37,7 +41,7 @@ from tests.conftest import compose_train
 from tests.helpers import SimulatedCrash
 from tgo import viz
 from tgo.callbacks import SpectralGeometryCallback
-from tgo.callbacks.background import BackgroundLane
+from tgo.callbacks.background import BACKGROUND_NICE, BackgroundLane
 from tgo.data import stratified_subset
 from tgo.records import RunDir, load_spectra, read_metric_rows, recorded_epochs
 from tgo.resume import observed_in_checkpoint, set_aside_epochs
@@ -151,6 +155,7 @@ def test_an_idle_lane_pickles_as_its_settings_and_a_busy_one_refuses(tmp_path):
 
     copy = pickle.loads(pickle.dumps(BackgroundLane(2, name="figures")))
     assert (copy.max_in_flight, copy.name, copy.collect, copy.in_flight) == (2, "figures", False, 0)
+    assert pickle.loads(pickle.dumps(BackgroundLane(1, nice=7))).nice == 7
     copy.submit(lambda: (tmp_path / "ran").touch())
     assert copy.close(timeout=5) and (tmp_path / "ran").exists()
     busy, gate = BackgroundLane(1, collect=True), threading.Event()
@@ -160,6 +165,35 @@ def test_an_idle_lane_pickles_as_its_settings_and_a_busy_one_refuses(tmp_path):
     gate.set()
     busy.result()
     busy.close(timeout=5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the nice value is per thread on Linux only")
+def test_a_niced_lane_runs_its_jobs_and_their_pools_below_the_callers_priority():
+    """Training keeps its priority; the summary and the pool threads it starts run ``nice`` lower (capped at 19), so on
+    a CPU they take the cores training leaves idle first instead of stalling torch's intra-op threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    def job() -> tuple[int, list[int]]:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return priority(), list(pool.map(lambda _: priority(), range(2)))
+
+    caller = priority()
+    lane = BackgroundLane(1, collect=True, nice=BACKGROUND_NICE)
+    lane.submit(job)
+    done = lane.result(timeout=30)
+    assert done is not None
+    own, pool = done[1]
+    want = min(19, caller + BACKGROUND_NICE)
+    assert own == want and pool == [want, want], (caller, own, pool)
+    assert priority() == caller, "the caller (training) keeps its priority"
+    plain = BackgroundLane(1, collect=True)
+    plain.submit(priority)
+    assert plain.result(timeout=30)[1] == caller
+    assert lane.close(timeout=5) and plain.close(timeout=5)
+    assert BACKGROUND_NICE > 0 and geometry_module.SpectralGeometryCallback()._summaries.nice == BACKGROUND_NICE
 
 
 def test_a_collecting_lane_runs_one_summary_at_a_time_and_hands_back_its_result_or_error():
