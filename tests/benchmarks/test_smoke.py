@@ -95,7 +95,9 @@ def test_the_table_knows_every_declared_row_and_renders_them_in_order() -> None:
 def test_the_steady_state_cost_prices_one_observation_apart_from_what_a_fit_pays_once() -> None:
     """Rows 17.7-17.8 (`steady_state`), on fits made up from known parts: epochs of 10 s (18 s CPU), each
     observation 6 s (11 s CPU), 4 s (7 s CPU) once per fit; at 10 and 20 epochs (3 and 5 observations)."""
-    from benchmarks.callback_cost_bench import EVERY_N_EPOCHS, observations_in, steady_state
+    from benchmarks.callback_cost_bench import EVERY_N_EPOCHS, observations_in, run_dir, steady_state, steady_verdict
+
+    assert run_dir(Path("w"), "quickstart_without, CSV_long").name == "quickstart_without_CSV_long"  # Hydra's comma
 
     def fits(epochs: int) -> dict[str, dict[str, float]]:
         n = observations_in(epochs)
@@ -112,3 +114,5 @@ def test_the_steady_state_cost_prices_one_observation_apart_from_what_a_fit_pays
         assert got[clock]["epoch"] == pytest.approx(epoch)
         assert got[clock]["once"] == pytest.approx(once)
         assert got[clock]["percent"] == pytest.approx(100 * per / (EVERY_N_EPOCHS * epoch))
+    assert (steady_verdict(12.0, 14.9), steady_verdict(18.9, 16.1)) == ("met", "MISSED")
+    assert steady_verdict(-7.2, -6.9).startswith("not resolved")
