@@ -1,18 +1,22 @@
-"""What the multi-process tests share: a free port for a gloo rendezvous, the small ViT each process builds, the rows
-two runs are compared by, and a signal sent to a command-line process once it has reached a given point.
+"""What the multi-process tests share: a free port for a gloo rendezvous and the environment a process joins it with,
+the small ViT each process builds, the one-epoch Lightning fit of the sharded tests, the rows two runs are compared by,
+and a signal sent to a command-line process once it has reached a given point.
 
-Lightning-free, so the processes ``torch.multiprocessing.spawn`` starts import it quickly.
+Lightning is imported inside `fit_observed` only, so the processes ``torch.multiprocessing.spawn`` starts import this
+quickly.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,6 +26,50 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def join_as_torchrun_would(rank: int, world: int, port: int, **extra: str) -> None:
+    """The environment of rank ``rank`` of ``world`` processes started outside Lightning (as torchrun would start them,
+    so Lightning launches none of its own), one thread each; ``extra`` adds variables (``DS_ACCELERATOR="cpu"``)."""
+    torch.set_num_threads(1)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "NODE_RANK": "0"}
+    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), **extra)
+
+
+def fit_observed(
+    module: Any,
+    strategy: Any,
+    *,
+    world: int,
+    out: str,
+    analysis: Any,
+    settings: Mapping[str, Any],
+    precision: str = "32-true",
+) -> Any:
+    """One epoch of ``module`` on the first 8 analysis images, 2 per step, under ``strategy`` on ``world`` CPU
+    processes, the geometry callback observing ``analysis`` (a ``TensorDataset``) with ``settings`` and recording into
+    ``out``; the trainer, after every rank has finished (no rank tears gloo down while another still uses it)."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        precision=precision,
+        strategy=strategy,
+        max_epochs=1,
+        default_root_dir=out,
+        callbacks=[SpectralGeometryCallback(analysis=analysis, **settings)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    pixels, labels = analysis.tensors
+    trainer.fit(module, DataLoader(TensorDataset(pixels[:8], labels[:8]), batch_size=2))
+    return trainer
 
 
 def tiny_vit() -> torch.nn.Module:

@@ -876,29 +876,45 @@ def build_rows(
             f"kernels differ ~1e-7..1e-5, TF32 ~1e-3; worst at {f32['where']}"
         )
         rows.append(Row(name, _rel(f32["worst"]), "none (read it)", "info", detail, kind="info"))
-    name = "sharded: Lightning fsdp vs unsharded"
-    if sharded is None or "skipped" in sharded:
-        detail = (sharded or {}).get("skipped", "not run")
-        rows.append(Row(name, "-", f"<= {TOLERANCE:.0e}", "n/a", detail, kind="exact"))
-    else:
-        detail = (
-            f"float64 observation of {sharded['images']} images by Lightning's FSDPStrategy (a unit per block) through "
-            f"its root unit vs the unsharded copy on {device.type}; worst at {sharded['where']} "
-            f"({sharded['compared']} values)"
+    rows.append(
+        _sharded_row(
+            "sharded: Lightning fsdp vs unsharded",
+            sharded,
+            "float64 observation of {images} images by Lightning's FSDPStrategy (a unit per block) through its root "
+            "unit",
+            device,
         )
-        rows.append(_exact_row(name, sharded, detail))
-    name = "sharded: Lightning deepspeed ZeRO-3 vs unsharded"
-    if zero3 is None or "skipped" in zero3:
-        detail = (zero3 or {}).get("skipped", "not run")
-        rows.append(Row(name, "-", f"<= {FLOAT32_LAYOUT_TOLERANCE:.0e}", "n/a", detail, kind="exact"))
-    else:
-        detail = (
-            f"float32 observation of {zero3['images']} images by Lightning's DeepSpeedStrategy(stage=3) through its "
-            f"engine vs the unsharded copy on {device.type}; worst at {zero3['where']} ({zero3['compared']} values); "
-            "float32 bar: cuBLAS picks kernels by the gathered parameters' alignment (FLOAT32_LAYOUT_TOLERANCE)"
+    )
+    rows.append(
+        _sharded_row(
+            "sharded: Lightning deepspeed ZeRO-3 vs unsharded",
+            zero3,
+            "float32 observation of {images} images by Lightning's DeepSpeedStrategy(stage=3) through its engine",
+            device,
+            FLOAT32_LAYOUT_TOLERANCE,
+            "; float32 bar: cuBLAS picks kernels by the gathered parameters' alignment (FLOAT32_LAYOUT_TOLERANCE)",
         )
-        rows.append(_exact_row(name, zero3, detail, FLOAT32_LAYOUT_TOLERANCE))
+    )
     return rows
+
+
+def _sharded_row(
+    name: str,
+    result: dict[str, Any] | None,
+    what: str,
+    device: torch.device,
+    tolerance: float = TOLERANCE,
+    note: str = "",
+) -> Row:
+    """A sharded equality row: ``n/a`` with the reason when skipped (or not run), else `_exact_row` at ``tolerance``,
+    its detail ``what`` (formatted with the image count) against the unsharded copy, where the worst value is."""
+    if result is None or "skipped" in result:
+        return Row(name, "-", f"<= {tolerance:.0e}", "n/a", (result or {}).get("skipped", "not run"), kind="exact")
+    detail = (
+        f"{what.format(images=result['images'])} vs the unsharded copy on {device.type}; worst at {result['where']} "
+        f"({result['compared']} values){note}"
+    )
+    return _exact_row(name, result, detail, tolerance)
 
 
 def render(rows: Sequence[Row]) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import assert_observed_alike, epoch_rows, free_port, tiny_vit
+from tests.processes import assert_observed_alike, epoch_rows, fit_observed, free_port, join_as_torchrun_would, tiny_vit
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="DeepSpeed is not installed")
 
@@ -58,14 +57,8 @@ def _module() -> Any:
 
 
 def _worker(rank: int, world: int, port: int, out: str, stage: int, precision: str) -> None:
-    torch.set_num_threads(1)
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "NODE_RANK": "0"}
-    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
-    import lightning as L
+    join_as_torchrun_would(rank, world, port, DS_ACCELERATOR="cpu")
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
-    from torch.utils.data import DataLoader
-
-    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
 
     class CPUDeepSpeedStrategy(DeepSpeedStrategy):
         """Lightning's DeepSpeedStrategy without its CUDA-only checks (the accelerator, the device indices), its
@@ -86,22 +79,10 @@ def _worker(rank: int, world: int, port: int, out: str, stage: int, precision: s
     zero = {"stage": stage, "stage3_param_persistence_threshold": 100}
     config = {"zero_optimization": zero, "zero_allow_untested_optimizer": True, "train_micro_batch_size_per_gpu": 2}
     strategy = CPUDeepSpeedStrategy(config=config, process_group_backend="gloo")
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=world,
-        precision=precision,
-        strategy=strategy,
-        max_epochs=1,
-        default_root_dir=out,
-        callbacks=[SpectralGeometryCallback(analysis=analysis(), **SETTINGS)],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    train = TensorDataset(analysis().tensors[0][:8], analysis().tensors[1][:8])
     module = _module()
-    trainer.fit(module, DataLoader(train, batch_size=2))
+    trainer = fit_observed(
+        module, strategy, world=world, out=out, analysis=analysis(), settings=SETTINGS, precision=precision
+    )
     if stage == 3:  # the matrices are empty between forwards: only the engine's call runs the network
         assert module.net.blocks[0].attn.qkv.weight.numel() == 0 and module.net.patch_embed.proj.weight.numel() == 0
     if rank == 0:  # the run's description counts the parameters DeepSpeed partitioned

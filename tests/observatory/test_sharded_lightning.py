@@ -5,7 +5,6 @@ processes (issue 38 item 1): the epoch-0 records equal those of the same model o
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import assert_observed_alike, free_port, tiny_vit
+from tests.processes import assert_observed_alike, fit_observed, free_port, join_as_torchrun_would, tiny_vit
 
 WORLD = 2
 SETTINGS: dict[str, Any] = {"groups": 3, "batch_size": 4, "probes": {"enabled": True, "folds": 3}}
@@ -56,30 +55,11 @@ def _module() -> Any:
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    # processes started outside Lightning (as torchrun would): it launches none of its own
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world), "NODE_RANK": "0"}
-    os.environ.update(env, RANK=str(rank), LOCAL_RANK=str(rank))
-    import lightning as L
+    join_as_torchrun_would(rank, world, port)
     from lightning.pytorch.strategies import ModelParallelStrategy
-    from torch.utils.data import DataLoader
 
-    from tgo.callbacks.spectral_geometry import SpectralGeometryCallback
-
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=world,
-        strategy=ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1),
-        max_epochs=1,
-        default_root_dir=out,
-        callbacks=[SpectralGeometryCallback(analysis=analysis(), **SETTINGS)],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    train = TensorDataset(analysis().tensors[0][:8], analysis().tensors[1][:8])
-    trainer.fit(_module(), DataLoader(train, batch_size=2))
+    strategy = ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)
+    trainer = fit_observed(_module(), strategy, world=world, out=out, analysis=analysis(), settings=SETTINGS)
     trainer.strategy.barrier()  # no rank tears gloo down while another still uses it
 
 
