@@ -22,6 +22,7 @@ from tgo.spectral import (
     jackknife_stderr,
     summarize,
 )
+from tgo.spectral.jackknife import combine, leave_one_group_out, moments
 
 IMAGES, TOKENS, DIM, GROUPS = 40, 5, 6, 8
 
@@ -63,6 +64,18 @@ def test_rows_split_into_groups_lose_nothing():
     np.testing.assert_allclose(result.covariance, np.cov(x.reshape(-1, DIM), rowvar=False), rtol=1e-12)
     with pytest.raises(RuntimeError, match="batch_groups"):
         GroupedCovariance(2, DIM).update(torch.zeros(3, TOKENS, DIM))
+
+
+def test_leave_one_group_out_moments_are_the_rest_rows_own_and_exactly_symmetric():
+    x = _images(2)
+    group = jackknife_groups(np.arange(IMAGES) % 5, GROUPS)
+    parts = [moments(g) for g in _grouped(x, group).groups]
+    for g, (cov, mean, n, _) in enumerate(leave_one_group_out(combine(parts), parts)):
+        rows = x[group != g].reshape(-1, DIM)
+        assert n == len(rows)
+        assert np.array_equal(cov, cov.T), "the spectra's eigensolver reads one triangle: both must be the same"
+        np.testing.assert_allclose(cov, np.cov(rows, rowvar=False), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(mean, rows.mean(axis=0), rtol=1e-13)
 
 
 def test_standard_errors_equal_a_brute_force_leave_one_group_out_recomputation():

@@ -193,12 +193,15 @@ def _remove(total: Moments, part: Moments, m2: np.ndarray) -> Moments:
     r_mean = (n * mean - p_n * p_mean) / rest
     if rest < 2:
         return np.full_like(cov, np.nan), r_mean, rest, nonfinite - p_nonfinite
-    # m2 - p_m2 - (n p_n / rest) outer(d, d), then (M + M^T) / (2 (rest - 1)): the same operations, in place
-    r_m2 = m2 - p_cov * (p_n - 1) if p_n >= 2 else m2 - np.zeros_like(cov)
+    # m2 - p_m2 - (n p_n / rest) outer(d, d), in place. Every term is exactly symmetric (both scatters are, and
+    # d_i d_j == d_j d_i), so the difference is too and needs no (M + M^T) / 2: dividing by rest - 1 gives the same
+    # bits that (M + M^T) / (2 (rest - 1)) would, for a tenth of the leave-one-out's cost.
+    r_m2 = m2 - p_cov * (p_n - 1) if p_n >= 2 else m2.copy()
     term = np.multiply.outer(d, d)
     term *= n * p_n / rest
     r_m2 -= term
-    return _symmetric(r_m2, 2 * (rest - 1)), r_mean, rest, nonfinite - p_nonfinite
+    r_m2 /= rest - 1
+    return r_m2, r_mean, rest, nonfinite - p_nonfinite
 
 
 def row_moments(rows: np.ndarray) -> Moments:
