@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tgo.observatory.results import summarize_view, summarize_views, view_chunks
-from tgo.observatory.views import ViewMoments
-from tgo.spectral.jackknife import leave_one_group_out, row_moments
+from tgo.observatory.views import ViewMoments, ViewRows
+from tgo.spectral.jackknife import leave_one_group_out, row_moments, subset_masks
 
 
 def _view(
@@ -71,3 +71,44 @@ def test_view_chunks_cover_every_view_once_in_order_one_size_each(workers: int) 
 def test_view_chunks_of_small_views_stay_few() -> None:
     chunks = view_chunks([(96, 11)] * 69, workers=2)
     assert 4 <= len(chunks) <= 5  # ~2 x workers chunks, not one task per view
+
+
+@pytest.mark.parametrize("ddof", [1, 0])
+def test_a_view_of_fewer_images_than_features_is_summarized_from_its_rows_as_from_its_covariances(ddof: int) -> None:
+    """The CLS and between-image views of a small analysis subset take their spectra from ``[n, n]`` products
+    (`ViewRows`): every observable, standard error and replicate equals the ``[D, D]`` route to round-off."""
+    rng = np.random.default_rng(11)
+    n, dim, groups = 40, 64, 5
+    x = 2.0 + rng.normal(size=(n, dim)) * np.linspace(3.0, 0.05, dim)
+    image_groups = np.arange(n) % groups
+    total = row_moments(x)
+    parts = [row_moments(x[image_groups == g]) for g in range(groups)]
+    if ddof == 0:  # the between-image view: population covariances, n_rows = images
+        total = (total[0] * (n - 1) / n, *total[1:])
+        leave_out = [(c * (m - 1) / m, mean, m, bad) for c, mean, m, bad in leave_one_group_out(row_moments(x), parts)]
+    else:
+        leave_out = leave_one_group_out(total, parts)
+    by_covariance = ViewMoments(total, leave_out)
+    by_rows = ViewMoments(total, leave_out, rows=ViewRows(x, subset_masks(image_groups, groups, n), ddof))
+    want, got = summarize_view(by_covariance), summarize_view(by_rows)
+    top = want.spectrum.eigenvalues[0]
+    np.testing.assert_allclose(got.spectrum.eigenvalues, want.spectrum.eigenvalues, rtol=0, atol=1e-12 * top)
+    assert np.all(got.spectrum.eigenvalues[n - 1 :] == 0.0)
+    compared = 0
+    for table in ("observables", "stderr"):
+        for name, value in getattr(want, table).items():
+            if name in ("n_clamped", "most_negative_eigenvalue"):  # round-off bookkeeping: the routes' own
+                continue
+            np.testing.assert_allclose(getattr(got, table)[name], value, rtol=1e-10, atol=1e-12, err_msg=name)
+            compared += np.isfinite(value)
+    for name, replicates in want.jackknife.items():
+        np.testing.assert_allclose(got.jackknife[name], replicates, rtol=1e-10, atol=1e-12, err_msg=name)
+    assert compared > 40
+    # a view with more rows than features keeps the [D, D] route: the same bits with or without its rows
+    narrow = x[:, :30]
+    narrow_total = row_moments(narrow)
+    narrow_out = leave_one_group_out(narrow_total, [row_moments(narrow[image_groups == g]) for g in range(groups)])
+    with_rows = ViewRows(narrow, subset_masks(image_groups, groups, n), 1)
+    assert _bits(summarize_view(ViewMoments(narrow_total, narrow_out, rows=with_rows))) == _bits(
+        summarize_view(ViewMoments(narrow_total, narrow_out))
+    )

@@ -76,3 +76,25 @@ def test_summarize_fit_range():
     assert summarize(cov, spectrum, fit_range=(1, 40))["power_law_r2"] < 0.99
     with pytest.raises(ValueError, match="fit_range must be"):
         summarize(cov, spectrum, fit_range=(1, 5, 9))
+
+
+@pytest.mark.parametrize("ddof", [1, 0])
+def test_spectra_of_fewer_rows_than_features_from_the_small_product_equal_the_covariances(ddof: int):
+    """`row_subset_spectra`: the ``[m, m]`` route equals `eigendecompose` of numpy's ``[D, D]`` covariance of each
+    subset to round-off, its structural zeros are exact, and a subset of one row is undefined."""
+    from tgo.spectral.decomposition import row_subset_spectra
+
+    rng = np.random.default_rng(3)
+    rows = 5.0 + rng.normal(size=(30, 48)) * np.linspace(4.0, 0.1, 48)
+    subsets = [np.ones(30, bool), np.arange(30) % 3 != 0, np.arange(30) % 3 != 1, np.arange(30) == 4]
+    got = row_subset_spectra(rows, subsets, ddof=ddof)
+    for mask, spectrum in zip(subsets[:3], got, strict=False):
+        m = int(mask.sum())
+        want = eigendecompose(np.cov(rows[mask], rowvar=False, ddof=ddof), m)
+        assert spectrum.n_rows == m and spectrum.dim == 48
+        np.testing.assert_allclose(spectrum.eigenvalues, want.eigenvalues, rtol=0, atol=1e-12 * want.eigenvalues[0])
+        assert np.all(spectrum.eigenvalues[m - 1 :] == 0.0) and np.all(spectrum.eigenvalues[: m - 1] > 0)
+        assert not spectrum.eigenvalues.flags.writeable
+    assert not got[3].is_defined and got[3].n_rows == 1
+    with pytest.raises(ValueError, match="ddof must be 0 or 1"):
+        row_subset_spectra(rows, subsets, ddof=2)

@@ -17,9 +17,21 @@ from typing import Any
 import numpy as np
 
 from tgo.records import VIEWS
-from tgo.spectral.jackknife import Moments, leave_one_group_out, remove, row_moments
+from tgo.spectral.jackknife import Moments, leave_one_group_out, remove, row_moments, subset_masks
 
-__all__ = ["VIEWS", "ViewMoments", "all_view", "order_views", "point_views"]
+__all__ = ["VIEWS", "ViewMoments", "ViewRows", "all_view", "order_views", "point_views"]
+
+
+@dataclass(frozen=True)
+class ViewRows:
+    """The rows a view's covariances are made of, where it has one row per image (``cls``, ``between_image``):
+    ``values`` ``[n, D]``, the boolean ``subsets`` in the order of the view's moments (all images, then each
+    leave-one-group-out set) and ``ddof`` (1: unbiased, 0: population). With fewer images than features the spectra
+    come from the ``[n, n]`` products (`tgo.spectral.decomposition.row_subset_spectra`)."""
+
+    values: np.ndarray
+    subsets: list[np.ndarray]
+    ddof: int
 
 
 @dataclass
@@ -29,6 +41,7 @@ class ViewMoments:
     total: Moments
     leave_out: list[Moments] = field(default_factory=list)
     alias_of: str | None = None  # the view whose covariance this one is (its summary is reused, not recomputed)
+    rows: ViewRows | None = None  # its rows, when it has one per image (a cheaper route to its spectra)
 
 
 def _grouped(x: np.ndarray, image_groups: np.ndarray | None, groups: int) -> tuple[Moments, list[Moments]]:
@@ -37,6 +50,12 @@ def _grouped(x: np.ndarray, image_groups: np.ndarray | None, groups: int) -> tup
     if image_groups is None or groups < 2:
         return total, []
     return total, [row_moments(x[image_groups == g]) for g in range(groups)]
+
+
+def _rows(x: np.ndarray, image_groups: np.ndarray | None, groups: int, *, ddof: int) -> ViewRows:
+    """`ViewRows` of one row per image, its subsets as `_grouped` and `leave_one_group_out` order the moments."""
+    image_groups = image_groups if groups >= 2 else None
+    return ViewRows(x, subset_masks(image_groups, groups, x.shape[0]), ddof)
 
 
 def _population(m: Moments) -> np.ndarray:
@@ -93,8 +112,10 @@ def point_views(
         views["cls"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")
     elif per_image > layout.prefix:
         if "cls" in vectors.values:
-            cls_total, cls_groups = _grouped(_numpy(vectors.values["cls"]), image_groups, groups)
+            cls_rows = _numpy(vectors.values["cls"])
+            cls_total, cls_groups = _grouped(cls_rows, image_groups, groups)
             views["cls"] = _view(cls_total, cls_groups, groups)
+            views["cls"].rows = _rows(cls_rows, image_groups, groups, ddof=1)
             if layout.prefix == 1:
                 patch_total = remove(all_total, cls_total)
                 patch_groups = [remove(a, c) for a, c in zip(all_groups, cls_groups, strict=True)]
@@ -110,9 +131,11 @@ def point_views(
     if "patch" not in views and (layout.tokens in ("patch", "mean") or (layout.tokens == "all" and not layout.prefix)):
         views["patch"] = ViewMoments(all_total, views["all"].leave_out, alias_of="all")
     if "mean" in vectors.values and per_image > 1:
-        means_total, means_groups = _grouped(_numpy(vectors.values["mean"]), image_groups, groups)
+        means = _numpy(vectors.values["mean"])
+        means_total, means_groups = _grouped(means, image_groups, groups)
         between, within = _law_of_total_covariance(all_total, means_total, per_image)
-        views["between_image"], views["within_image"] = ViewMoments(between), ViewMoments(within)
+        views["between_image"] = ViewMoments(between, rows=_rows(means, image_groups, groups, ddof=0))
+        views["within_image"] = ViewMoments(within)
         if groups:
             means_out = leave_one_group_out(means_total, means_groups)
             for a, m in zip(views["all"].leave_out, means_out, strict=True):

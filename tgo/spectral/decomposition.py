@@ -11,7 +11,7 @@ import torch
 
 from tgo.spectral.eigensolver import Eigvalsh, cpu_eigvalsh
 
-__all__ = ["Spectrum", "as_float64_matrix", "eigendecompose", "eigendecompose_many"]
+__all__ = ["Spectrum", "as_float64_matrix", "eigendecompose", "eigendecompose_many", "row_subset_spectra"]
 
 
 def as_float64_matrix(cov: np.ndarray | torch.Tensor) -> np.ndarray:
@@ -107,3 +107,51 @@ def _spectrum(ascending: np.ndarray, n_rows: int, n_nonfinite: int) -> Spectrum:
     eigs[max(n_rows - 1, 0) :] = 0.0
     eigs.setflags(write=False)
     return Spectrum(eigs, n_rows, n_nonfinite, n_clamped, most_negative)
+
+
+def row_subset_spectra(
+    rows: np.ndarray,
+    subsets: Sequence[np.ndarray],
+    *,
+    ddof: int,
+    n_nonfinite: Sequence[int] | None = None,
+    eigvalsh: Eigvalsh | None = None,
+) -> list[Spectrum]:
+    """`eigendecompose` of the covariance of each subset of the rows ``[n, D]`` (boolean masks), from the ``[m, m]``
+    product of its ``m`` centred rows instead of the ``[D, D]`` matrix: ``X^T X`` and ``X X^T`` share their nonzero
+    eigenvalues, and a covariance of ``m`` rows has at most ``m - 1`` of them, so with fewer rows than features (the
+    CLS vectors of 200 images at D = 384) the decomposition costs ``(m / D)^3`` of the ``[D, D]`` one and its zeros
+    are zeros by construction. ``ddof`` 1 divides by ``m - 1`` (the unbiased covariance), 0 by ``m`` (the population
+    one). Equal to `eigendecompose` of the ``[D, D]`` covariance to round-off (tests/spectral/test_decomposition.py);
+    ``n_rows`` of each spectrum is ``m``."""
+    solve = cpu_eigvalsh if eigvalsh is None else eigvalsh
+    x = np.asarray(rows, dtype=np.float64)
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise ValueError(f"row_subset_spectra: expected rows [n, D], got shape {x.shape}")
+    if ddof not in (0, 1):
+        raise ValueError(f"row_subset_spectra: ddof must be 0 or 1, got {ddof!r}")
+    dim = x.shape[1]
+    dropped = [0] * len(subsets) if n_nonfinite is None else [int(n) for n in n_nonfinite]
+    out: list[Spectrum | None] = [None] * len(subsets)
+    by_size: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, mask in enumerate(subsets):
+        sub = x[np.asarray(mask, dtype=bool)]
+        m = sub.shape[0]
+        if m < 2 or not np.all(np.isfinite(sub)):
+            eigs = np.full(dim, np.nan)
+            eigs.setflags(write=False)
+            out[i] = Spectrum(eigs, m, dropped[i], 0, math.nan)
+            continue
+        dev = sub - sub.mean(axis=0)
+        gram = dev @ dev.T
+        gram /= m - ddof
+        by_size.setdefault(m, []).append((i, gram))
+    for m, members in by_size.items():
+        values = np.asarray(solve(np.stack([gram for _, gram in members])), dtype=np.float64)
+        if values.shape != (len(members), m):
+            raise ValueError(f"row_subset_spectra: eigvalsh gave shape {values.shape} for {len(members)} x [{m}, {m}]")
+        padded = np.zeros(dim)
+        for (i, _), ascending in zip(members, values, strict=True):
+            padded[dim - m :] = ascending  # the D - m eigenvalues the [m, m] product does not have are zeros
+            out[i] = _spectrum(padded, m, dropped[i])
+    return [s for s in out if s is not None]
