@@ -168,6 +168,29 @@ def test_the_end_of_a_fit_says_what_it_waits_for_and_how_long_it_took(tmp_path, 
     assert callback.observed_epochs == [0, 1]
 
 
+def test_an_observation_that_waits_for_the_summary_before_says_so_and_how_long_it_took(tmp_path, monkeypatch):
+    lines: list[str] = []
+    waiting = threading.Event()
+    real_summary = geometry_module.summarize_and_record
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if line == "[tgo] waiting for the summary of epoch 0 ...":
+            waiting.set()
+
+    def first_summary_waits(reduced, **kwargs):  # epoch 0's summary runs until epoch 1's observation waits for it
+        if reduced.record.epoch == 0:
+            assert waiting.wait(120), "the next observation never said what it waits for"
+        return real_summary(reduced, **kwargs)
+
+    monkeypatch.setattr(geometry_module, "rank_zero_info", say)
+    monkeypatch.setattr(geometry_module, "summarize_and_record", first_summary_waits)
+    callback = _fit(tmp_path, background=True, enable_progress_bar=False)
+    finished = [i for i, line in enumerate(lines) if line.startswith("[tgo] the summary of epoch 0 finished in ")]
+    assert finished and finished[0] > lines.index("[tgo] waiting for the summary of epoch 0 ...")
+    assert callback.observed_epochs == [0, 1]
+
+
 def test_waiting_for_names_a_running_summary_and_the_figures_it_brings():
     lane, release = BackgroundLane(1, name="tgo-summary", collect=True), threading.Event()
     assert waiting_for(lane, 0, tensorboard=True) is None
