@@ -6,6 +6,7 @@ import csv
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,6 +53,23 @@ CLAIM_KEYS = {
     "embeddings_stable",
     "cls_extreme",
 }
+
+
+def rasterise_no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every figure is still made (its data, axes and artists) and saved, but ``savefig`` writes the PNG signature alone
+    instead of drawing and encoding the image (about 60 % of a figure's CPU time): for tests that read a report's CSVs
+    and text, not its images, when a test that checks the PNGs draws the same figures from the same kind of records
+    (`test_report_of_the_smoke_run`, `test_a_sweep_directory_is_searched_for_runs_and_reported_together`,
+    `test_published_writes_the_findings_of_the_shipped_measurements_alone`)."""
+    from matplotlib.figure import Figure
+
+    def savefig(self: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
+        if hasattr(fname, "write"):
+            fname.write(PNG_MAGIC)
+        else:
+            Path(fname).write_bytes(PNG_MAGIC)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
 
 
 def referenced_images(index: Path) -> list[Path]:
@@ -132,7 +150,10 @@ def test_a_sweep_directory_is_searched_for_runs_and_reported_together(tmp_path: 
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in referenced_images(index))
 
 
-def test_runs_with_different_analysis_subsets_are_refused_unless_allowed(tmp_path: Path):
+def test_runs_with_different_analysis_subsets_are_refused_unless_allowed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    rasterise_no_figures(monkeypatch)  # the same sweep's PNGs: test_a_sweep_directory_is_searched_for_runs_and_...
     two_seeds(tmp_path, fingerprints=("aaaa", "bbbb"))
     with pytest.raises(SubsetMismatchError, match="different analysis subsets"):
         build_report([tmp_path / "sweep"], correlation=False)
@@ -297,7 +318,8 @@ def test_the_old_tolerance_option_says_what_replaced_it(tmp_path: Path, capsys: 
     assert "z must be > 0" in capsys.readouterr().err
 
 
-def test_window_and_z_options_reach_the_verdicts(tmp_path: Path):
+def test_window_and_z_options_reach_the_verdicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    rasterise_no_figures(monkeypatch)  # findings.csv is read here; test_published_writes_... checks the PNGs
     assert main(["--published", "--out", str(tmp_path / "a"), "--window", "0.2", "--z", "1000"]) == 0
     rows = read_findings(tmp_path / "a" / "findings.csv")
     assert {r["window"] for r in rows if r["window"]} == {"20"}

@@ -14,6 +14,7 @@ import pytest
 
 from tests.fixtures.default_run import materialize
 from tests.report.synthetic import write_synthetic_run
+from tests.report.test_build import rasterise_no_figures
 from tgo.observatory.views import VIEWS
 from tgo.report.build import build_report
 from tgo.report.context import judge
@@ -388,7 +389,8 @@ def test_records_without_the_probes_say_not_recorded(tmp_path: Path):
     assert len(rows) == len(PREDICTIONS) and {r["verdict"] for r in rows} == {NOT_RECORDED}
 
 
-def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path):
+def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    rasterise_no_figures(monkeypatch)  # the page's text and the CSV are read here (test_build.py draws a sweep's PNGs)
     for seed in (0, 1):
         probe_run(tmp_path / "sweep" / str(seed), with_vectors=False)
     index = build_report([tmp_path / "sweep"], correlation=False)
@@ -399,10 +401,13 @@ def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path):
     assert {r["agreement"] for r in rows if r["verdict"] == CONSISTENT} == {"consistent 2/2"}
 
 
-def test_the_smoke_run_is_judged_on_its_recorded_probes(smoke_run: Path, tmp_path: Path):
+def test_the_smoke_run_is_judged_on_its_recorded_probes(
+    smoke_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """The real records: every prediction of a family the run enables is recorded at some point (curvature and the
     families of issue 36 are off by default: their predictions are not recorded), and CKA is drawn from the stored
-    vectors."""
+    vectors (the section's figures, not their PNGs: test_build.py's report of the smoke run rasterises the same)."""
+    rasterise_no_figures(monkeypatch)
     ctx = judge([load_run_data(smoke_run)], figures_dir=tmp_path / "figures")
     (section,) = hypotheses_section(ctx)
     missing = {(p.hypothesis, p.metric, p.view) for p, r in ctx.predictions.items() if not r}
@@ -536,7 +541,10 @@ def issue_36_run(root: Path) -> Path:
     )
 
 
-def test_a_run_recording_the_issue_36_families_gets_verdicts_for_their_predictions(tmp_path: Path):
+def test_a_run_recording_the_issue_36_families_gets_verdicts_for_their_predictions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    rasterise_no_figures(monkeypatch)  # the verdicts in hypotheses.csv are read here, not the figures
     index = build_report([issue_36_run(tmp_path / "run")], correlation=False)
     rows = read_rows(index.parent / "hypotheses.csv")
     verdicts: dict[tuple[str, str, str], dict[str, str]] = {}
