@@ -1,6 +1,7 @@
 """What the multi-process tests share: a free port for a gloo rendezvous and the environment a process joins it with,
-the small ViT each process builds, the one-epoch Lightning fit of the sharded tests, the rows two runs are compared by,
-and a signal sent to a command-line process once it has reached a given point.
+ranks forked from the test process, the small ViT each process builds, the one-epoch Lightning fit of the sharded
+tests, the rows two runs are compared by, and a signal sent to a command-line process once it has reached a given
+point.
 
 Lightning is imported inside `fit_observed` only, so the processes ``torch.multiprocessing.spawn`` starts import this
 quickly.
@@ -26,6 +27,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def fork_ranks(fn: Callable[..., None], args: tuple[Any, ...], world: int) -> None:
+    """``fn(rank, *args)`` on ``world`` processes forked from this one, joined (``torch.multiprocessing.spawn``'s
+    contract: a rank's exception is raised here), each computing with one torch thread as the test process does.
+
+    For the tests of real processes summing over a real gloo collective, not of how a process starts: a forked rank
+    has this process's modules already imported, where a spawned one pays a fresh interpreter and its imports of torch,
+    timm and tgo (seconds of CPU each, most of such a test). A rank that seeds its model computes what a spawned one
+    would. Spawned instead while this process has a default process group of its own (a forked rank would inherit it).
+    """
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    method = "spawn" if dist.is_available() and dist.is_initialized() else "fork"
+    mp.start_processes(_one_thread, args=(fn, args), nprocs=world, join=True, start_method=method)
+
+
+def _one_thread(rank: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    torch.set_num_threads(1)
+    fn(rank, *args)
 
 
 def join_as_torchrun_would(rank: int, world: int, port: int, **extra: str) -> None:

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
 from tests.conftest import NO_FIGURES, compose_train
-from tests.processes import free_port, tiny_vit
+from tests.processes import fork_ranks, free_port, tiny_vit
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record, observe_dataset
 from tgo.observatory.points import vit_points
 from tgo.observatory.settings import ObservationSettings
@@ -35,19 +34,19 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     """Epoch 0 (before any update, same seed) of a 2-process DDP run against a 1-process run; and the default
     summary (in the background, shared by the 2 ranks, gathered over TGO's gloo group) records bitwise what rank 0
     alone records inline from the same reduction."""
-    from tgo.train import run  # not at the top: the processes mp.spawn starts import this module, Lightning-free
+    # Not at the top: a rank that fork_ranks spawns (when it cannot fork) imports this module, Lightning-free.
+    from tgo.train import run
 
     single, double, inline = tmp_path / "single", tmp_path / "ddp", tmp_path / "ddp_inline"
     # With the step series (observation.early: steps 0 and 1 of this one-step epoch), whose due steps the ranks decide
     # together (rank 0's broadcast at due steps only) and whose summary is shared like the epoch series'.
-    ddp = ["trainer.devices=2", "trainer.strategy=ddp_spawn", "observation.early.enabled=true"]
+    ddp = ["trainer.devices=2", "observation.early.enabled=true"]
     run(compose_train(single, EPOCH0))
-    run(compose_train(double, [*EPOCH0, *ddp]))
-    run(
-        compose_train(
-            inline, [*EPOCH0, *ddp, "observation.summary.background=false", "observation.summary.share=false"]
-        )
-    )
+    run(compose_train(double, [*EPOCH0, *ddp, "trainer.strategy=ddp_spawn"]))
+    # The reference's ranks are forked from this process (ddp_fork): the same ranks and sums without two fresh
+    # interpreters; ddp_spawn (the callback pickled to its ranks) is what the run under test uses.
+    inline_only = ["observation.summary.background=false", "observation.summary.share=false"]
+    run(compose_train(inline, [*EPOCH0, *ddp, "trainer.strategy=ddp_fork", *inline_only]))
     assert (double / "geometry" / "metrics.csv").read_bytes() == (inline / "geometry" / "metrics.csv").read_bytes()
     steps = [double / "geometry" / "steps", inline / "geometry" / "steps"]
     assert (steps[0] / "metrics.csv").read_bytes() == (steps[1] / "metrics.csv").read_bytes()
@@ -123,15 +122,15 @@ def _worker(rank: int, world_size: int, port: int, count: int, groups: int, out:
 @pytest.mark.parametrize(("world_size", "count", "groups"), [(3, 2, 0)], ids=["an-empty-shard"])
 @pytest.mark.slow
 def test_uneven_and_empty_shards_count_every_image_once(tmp_path: Path, world_size: int, count: int, groups: int):
-    out = str(tmp_path / "rank0.pt")
-    mp.spawn(_worker, args=(world_size, free_port(), count, groups, out), nprocs=world_size, join=True)
-    result = torch.load(out, weights_only=False)
-    net = tiny_vit()
+    net = tiny_vit()  # first: the forked ranks find timm imported
     reference = _states(
         observe_dataset(
             net, _images(count), vit_points(net), plan=ShardPlan(0, 1, 2), all_reduce_sum=lambda t: t, groups=groups
         )
     )
+    out = str(tmp_path / "rank0.pt")
+    fork_ranks(_worker, (world_size, free_port(), count, groups, out), world_size)
+    result = torch.load(out, weights_only=False)
     assert len(result.pop("calls")) == 2, "two collectives per observation, whatever the shard sizes and groups"
     for name, parts in reference.items():
         assert len(result[name]) == len(parts) == max(groups, 1)
@@ -220,9 +219,13 @@ def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: 
     from tgo.spectral import CATALOGUE
     from tgo.spectral.probes import subspace_overlap
 
+    singles = {  # first: the forked ranks find what one process imports imported
+        enabled: _plain(_observe_with_probes(0, 1, lambda t: t, tmp_path / f"single_{enabled}", enabled)[0])
+        for enabled in (True, False)
+    }
     out = tmp_path / "ddp" / "rank0.pt"
     out.parent.mkdir()
-    mp.spawn(_probe_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    fork_ranks(_probe_worker, (2, free_port(), str(out)), 2)
     ddp = torch.load(out, weights_only=False)
     calls_on, calls_off = ddp["calls"]
     assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, probes on or off"
@@ -230,8 +233,7 @@ def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: 
     phases = {o.name for o in PHASES.observables}  # recorded with probes on or off (tests/observatory/test_phases_*)
     probe_names = [o.name for o in CATALOGUE.family_entries if o.name not in phases]
     for enabled in (True, False):
-        single, _ = _observe_with_probes(0, 1, lambda t: t, tmp_path / f"single_{enabled}", enabled)
-        one, two = _plain(single), ddp["on" if enabled else "off"]
+        one, two = singles[enabled], ddp["on" if enabled else "off"]
         assert list(two) == list(one)
         assert {view for _, view in one if not view.startswith("weights_")} == (
             {"all", "cls", "patch", "between_image", "within_image", "network"} if enabled else {"all", "network"}

@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import free_port, tiny_vit
+from tests.processes import fork_ranks, free_port, tiny_vit
 from tgo.observatory.families import registered_families
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
 from tgo.observatory.points import vit_points
@@ -113,7 +112,7 @@ def test_every_family_on_two_and_three_processes_equals_one_process(tmp_path: Pa
     assert {"all", "cls", "patch", "attention"} <= views, views  # the families did record
     for world_size in (2, 3):
         run = tmp_path / f"world_{world_size}"
-        mp.spawn(_worker, args=(world_size, free_port(), str(run)), nprocs=world_size, join=True)
+        fork_ranks(_worker, (world_size, free_port(), str(run)), world_size)
         assert len((run / "calls.txt").read_text().split()) == 2, world_size
         got_rows, got_arrays = _rows(run), _arrays(run)
         assert list(got_rows) == list(want_rows), world_size

@@ -90,10 +90,17 @@ def test_epoch_label_is_the_number_of_completed_epochs():
     assert checkpoint_epoch({"epoch": 4}) == (5, True)  # no loop state: saved at an epoch end
 
 
-def test_a_random_timm_model_with_data_from_the_config_tree(tmp_path: Path):
-    out = tmp_path / "timm"
+@pytest.fixture(scope="module")
+def timm_observed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``--timm vit_tiny_patch16_224 --seed 3`` with `TINY_TIMM`, observed in this process: read it, do not change it
+    (a test of its own and the one-process reference of the two-process test)."""
+    out = tmp_path_factory.mktemp("observe") / "timm"
     assert main(["--timm", "vit_tiny_patch16_224", "--seed", "3", "--out", str(out), *TINY_TIMM]) == 0
-    spectra = load_spectra(out)
+    return out
+
+
+def test_a_random_timm_model_with_data_from_the_config_tree(timm_observed: Path):
+    spectra = load_spectra(timm_observed)
     assert list(spectra) == [0]
     assert list(spectra[0]) == ["patch_embed", "pos_embed", "block_01", "block_02", "cls"]
     assert int(spectra[0]["cls"]["n_rows"]) == 20  # 2 images x 10 digit classes, one CLS row each
@@ -168,7 +175,7 @@ def test_a_run_saved_before_the_observation_group_keeps_its_settings(tmp_path: P
 
 
 @pytest.mark.slow
-def test_two_processes_share_the_summary_and_agree_with_one_process(tmp_path: Path):
+def test_two_processes_share_the_summary_and_agree_with_one_process(tmp_path: Path, timm_observed: Path):
     """``fabric.devices=2``: each process summarises its share of the points, gathered over TGO's gloo group to rank
     0, which records them; every record agrees with one process's (the 2-rank sums are added in another order; the
     shared summary itself is bitwise: tests/observatory/test_share.py, tests/test_ddp.py)."""
@@ -181,8 +188,7 @@ def test_two_processes_share_the_summary_and_agree_with_one_process(tmp_path: Pa
         [*command, "fabric.accelerator=cpu"], capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert main(["--timm", "vit_tiny_patch16_224", "--seed", "3", "--out", str(tmp_path / "one"), *TINY_TIMM]) == 0
-    two, one = metric_values(tmp_path / "two", 0), metric_values(tmp_path / "one", 0)
+    two, one = metric_values(tmp_path / "two", 0), metric_values(timm_observed, 0)  # the same command, one process
     assert list(two) == list(one) and any(key[1] == "cls" for key in one)
     for key, value in one.items():  # attention: float32 weights on a CPU (observation.attention.dtype=auto)
         rel = 1e-6 if key[1] == "attention" else 1e-9
