@@ -17,7 +17,6 @@ import math
 import lightning as L
 import numpy as np
 import torch
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.gradient_noise import block_columns
@@ -25,7 +24,7 @@ from callbacks.spectral_geometry import SpectralGeometryCallback
 from tests.callbacks.noise_ddp_worker import BATCH, BlockNet, ddp_fit, vector_data
 from tests.callbacks.noise_ddp_worker import train_data as _data
 from tests.helpers import quiet_cpu_trainer
-from tests.processes import free_port, tiny_vit
+from tests.processes import fork_ranks, free_port, tiny_vit
 from tgo.observatory.families.noise_scale import NOISE_SCALE
 from tgo.optimisation.noise_scale import noise_scale_estimate
 from tgo.records import read_metric_rows
@@ -183,7 +182,7 @@ def test_ddp_hook_norms_equal_brute_force_and_leave_training_bitwise_unchanged(t
     per-example gradients; the steps summed over ranks are the mean local and the global norm with ``a = 1/b``,
     ``c = 1/(W b)``; and the weights after training equal those of the same fit without the hook, bit for bit."""
     world = 2
-    mp.spawn(ddp_fit, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    fork_ranks(ddp_fit, (world, free_port(), str(tmp_path)), world)
     saved = [torch.load(tmp_path / f"1_{rank}.pt", weights_only=True) for rank in range(world)]
     net = BlockNet()
     x_all, y_all = vector_data().tensors

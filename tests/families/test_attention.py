@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import types
 import warnings
 from pathlib import Path
@@ -16,9 +15,9 @@ import pytest
 import timm
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
+from tests.processes import fork_ranks, free_port
 from tests.spectral.test_attention import _capture, reference_metrics
 from tgo import panels
 from tgo.observatory.families import register_family, registered_families
@@ -210,17 +209,11 @@ def _worker(rank: int, world_size: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_with_uneven_shards_equal_one_process(tmp_path: Path):
     out = tmp_path / "ddp" / "rank0.pt"
     out.parent.mkdir()
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    fork_ranks(_worker, (2, free_port(), str(out)), 2)
     ddp = torch.load(out, weights_only=False)
     calls_on, calls_off = ddp["calls"]
     assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, attention on or off"

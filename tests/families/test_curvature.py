@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
 from tests.helpers import quiet_cpu_trainer
-from tests.processes import free_port, tiny_vit
+from tests.processes import fork_ranks, free_port, tiny_vit
 from tgo.observatory.families import CURVATURE, NETWORK_VIEW, TrainingInfo
 from tgo.observatory.families.curvature import CURVATURE_METRICS, curvature_due, deal_tasks
 from tgo.observatory.families.testing import check_family
@@ -218,7 +217,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out: str) -> None:
 
 def test_two_gloo_processes_record_what_one_process_records(tmp_path: Path):
     out = tmp_path / "rank0.pt"
-    mp.spawn(_ddp_worker, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    fork_ranks(_ddp_worker, (2, free_port(), str(out)), 2)
     two = torch.load(out, weights_only=False)
     net, opt = trained("adamw", 0.003)
     one = network(

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import free_port, tiny_vit
+from tests.processes import fork_ranks, free_port, tiny_vit
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation, state_plan, summarize_and_record
 from tgo.observatory.plan import GB, plan_passes, point_state_bytes
 from tgo.observatory.points import ObservationPoint, vit_points
@@ -202,7 +201,7 @@ def _two_rank_worker(rank: int, world_size: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_on_two_processes_the_passes_record_bitwise_what_one_pass_records(tmp_path: Path):
-    mp.spawn(_two_rank_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    fork_ranks(_two_rank_worker, (2, free_port(), str(tmp_path)), 2)
 
     def files(root: Path) -> dict[str, Path]:
         return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}

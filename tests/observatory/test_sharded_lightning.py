@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import assert_observed_alike, fit_observed, free_port, join_as_torchrun_would, tiny_vit
+from tests.processes import assert_observed_alike, fit_observed, fork_ranks, free_port, join_as_torchrun_would, tiny_vit
 
 WORLD = 2
 SETTINGS: dict[str, Any] = {"groups": 3, "batch_size": 4, "probes": {"enabled": True, "folds": 3}}
@@ -81,5 +80,5 @@ def test_fsdp2_through_lightning_records_what_the_unsharded_model_records(tmp_pa
         all_reduce_sum=lambda t: t,
         is_global_zero=True,
     )
-    mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path / "fsdp2")), nprocs=WORLD, join=True)
+    fork_ranks(_worker, (WORLD, free_port(), str(tmp_path / "fsdp2")), WORLD)
     assert_observed_alike(tmp_path / "one", tmp_path / "fsdp2", {"all", "cls", "attention"})

@@ -20,12 +20,11 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from tests.observatory.test_families_on_processes import ROUND_OFF, _arrays, _close, _rows
-from tests.processes import free_port, tiny_vit
+from tests.processes import fork_ranks, free_port, tiny_vit
 from tgo.observatory.families import registered_families
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, observe_and_record
 from tgo.observatory.points import vit_points
@@ -137,7 +136,7 @@ def test_fsdp1_and_fsdp2_shards_record_what_the_unsharded_model_records(tmp_path
     observe(reference, tiny_vit().double(), 0, 1, lambda t: t)
     want_rows, want_arrays = _rows(reference), _arrays(reference)
     assert {"all", "cls", "attention"} <= {view for _, view, _ in want_rows}
-    mp.spawn(_worker, args=(WORLD, free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    fork_ranks(_worker, (WORLD, free_port(), str(tmp_path)), WORLD)
     for kind in KINDS:
         assert (tmp_path / f"{kind}.direct").read_text() != "ran", f"{kind}: the unsharded call should not run"
         got_rows, got_arrays = _rows(tmp_path / kind), _arrays(tmp_path / kind)

@@ -22,10 +22,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import TensorDataset
 
-from tests.processes import free_port, tiny_vit
+from tests.processes import fork_ranks, free_port, tiny_vit
 from tgo.observatory import share as share_module
 from tgo.observatory.pipeline import RecordPlan, ShardPlan, reduce_observation, summarize_and_record
 from tgo.observatory.points import vit_points
@@ -238,7 +237,7 @@ def _files(run: Path) -> dict[str, bytes]:
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [3])  # 2 ranks: tests/test_ddp.py checks the shared summary bitwise too
 def test_shared_summary_records_are_bitwise_one_process(tmp_path: Path, world_size: int):
-    mp.spawn(_share_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    fork_ranks(_share_worker, (world_size, free_port(), str(tmp_path)), world_size)
     shared, alone = _files(tmp_path / "shared"), _files(tmp_path / "alone")
     assert sorted(shared) == sorted(alone) and any(name.endswith(".csv") for name in shared)
     for name, data in alone.items():
