@@ -3,8 +3,8 @@ ranks forked from the test process, the small ViT each process builds, the one-e
 tests, the rows two runs are compared by, and a signal sent to a command-line process once it has reached a given
 point.
 
-Lightning is imported inside `fit_observed` only, so the processes ``torch.multiprocessing.spawn`` starts import this
-quickly.
+Lightning is imported inside `fit_observed` only, so a spawned process (DeepSpeed's test, or `fork_ranks` where it
+cannot fork) imports this quickly.
 """
 
 from __future__ import annotations
