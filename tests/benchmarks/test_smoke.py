@@ -49,8 +49,9 @@ def is_skipped(row: dict[str, Any]) -> bool:
     return row.get("value") is None and isinstance(row.get("skipped"), str) and bool(row["skipped"].strip())
 
 
-@pytest.mark.slow  # 40-50 s on 2 cores: interpreter starts (torch, timm, Lightning), matplotlib figures and rows 11's
-# two tiny fits and 2-process gloo run (about 15 s of it: each spawned rank imports torch and timm)
+@pytest.mark.slow  # ~55 s of CPU on 2 cores: interpreter starts (torch, timm, Lightning; rows 17's two CLI fits are
+# 16 s of it), matplotlib figures and rows 11's two tiny fits and 2-process gloo run (~15 s: each spawned rank imports
+# torch and timm)
 def test_smoke_run_produces_every_declared_row(tmp_path: Path) -> None:
     proc = run_smoke(tmp_path)
     assert proc.returncode == 0, f"benchmarks --smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"

@@ -1,8 +1,8 @@
 """The DDP processes of ``test_gradient_noise``: two SGD steps of a small block network with and without the hook.
 
 Lightning- and timm-free (ranks forked by ``tests.processes.fork_ranks``, or spawned where it cannot fork, then
-import only this and torch: on 2 loaded cores each import of timm cost seconds). The hook sees flat buckets of parameters whatever the model, so a module
-with ``blocks.i`` like a ViT's is enough.
+import only this and torch: on 2 loaded cores each import of timm cost seconds). The hook sees flat buckets of
+parameters whatever the model, so a module with ``blocks.i`` like a ViT's is enough.
 """
 
 from __future__ import annotations

@@ -5,13 +5,12 @@ directories with a lost, a duplicated and an unscheduled epoch, a damaged file, 
 that differs from its checkpoint. The ``summary`` kill's trigger (the ``summary in the background`` line in a launch's
 log) is fed a hand-written log and a stand-in launch that prints the line. The end-to-end test runs one real trial
 (a ``kill -9`` right after epoch 0's records, before any checkpoint, so the relaunch must set the attempt aside and
-start over) in a fresh interpreter.
+start over), each launch in a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,6 @@ import pytest
 from tests.conftest import NO_FIGURES
 from tgo.records import METRICS_COLUMNS, RunDir
 from tools import soak
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _write_run(root: Path, epochs: list[int], spectra: list[int]) -> RunDir:
@@ -221,10 +218,11 @@ def test_a_summary_kill_lands_its_delay_after_the_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_one_real_trial_survives_a_kill_before_the_first_checkpoint(tmp_path):
+def test_one_real_trial_survives_a_kill_before_the_first_checkpoint(tmp_path, capsys):
     """``--kinds spectra --seed 4`` plans one kill for its first trial, right after epoch 0's spectra file appears
     (``spectra#1``): the run has records and no checkpoint, so ``ckpt_path=last`` must set that attempt aside and
-    start over by itself, and the finished run must pass every check."""
+    start over by itself, and the finished run must pass every check. The driver (``main``) runs in this process;
+    every launch is ``python -m tgo.train`` in a fresh interpreter, as in ``make soak``."""
     args = [
         "--trials",
         "1",
@@ -236,22 +234,18 @@ def test_one_real_trial_survives_a_kill_before_the_first_checkpoint(tmp_path):
         "1",
         "--workdir",
         str(tmp_path / "soak"),
+        "--launch-timeout",
+        "300",  # a hung launch fails the test instead of blocking the suite
     ]
     # One batch, 20 analysis images, no jackknife or probes: the resume machinery is the same, a launch seconds shorter.
     lighter = ["trainer.limit_train_batches=1", "data.analysis.per_class=2", "observation.groups=0"]
     figures = [o for o in NO_FIGURES if o not in soak.FAST]  # every figure off, not only those soak.FAST names
     for override in [*lighter, "observation.probes.enabled=false", *figures]:
         args += ["--override", override]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.soak", *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
+    code = soak.main(args)
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == 0, out + captured.err
     assert "trial 00: spectra#1 killed" in out and "-> OK" in out
     header, row = next((line, out.splitlines()[i + 1]) for i, line in enumerate(out.splitlines()) if "survived" in line)
     assert header.split()[:3] == ["trials", "survived", "lost"]
