@@ -29,7 +29,7 @@ format: $(STAMP)
 	$(PY) -m ruff format .
 
 # Two pytest-xdist workers (TEST_WORKERS=1 for one process). Work stealing balances the long end-to-end tests
-# with the heavy modules dealt first (tests/conftest.py; 8-13 min here, docs/benchmarks.md); a module fixture may be
+# with the heavy modules dealt first (tests/conftest.py; 7-9 min here, docs/benchmarks.md); a module fixture may be
 # built on both workers.
 TEST_WORKERS ?= 2
 test: $(STAMP)
