@@ -5,6 +5,7 @@ on the page (and on a TensorBoard card), with the verdict summary naming the wor
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 from pathlib import Path
 
@@ -178,6 +179,21 @@ def test_tensorboard_gets_one_480_by_240_card_per_panel_from_the_records_up_to_i
     assert "variance between / within images (views not recorded)" in story.missing
     assert "not drawn: " in story_figure(story)._suptitle.get_text()  # type: ignore[union-attr]
     assert run_story_cards(write_synthetic_run(tmp_path / "none", {"stable_rank": {"block_01": _const(1.0)}})) is None
+
+
+def test_a_vit_s_cards_depth_labels_do_not_run_into_each_other(tmp_path: Path):
+    """ViT-S's 15 points on a 480 px card: ``patch`` and ``pos`` side by side ran together ("patchpos")."""
+    points = ["patch_embed", "pos_embed", *(f"block_{i:02d}" for i in range(1, 13)), "cls"]
+    run = write_synthetic_run(tmp_path / "vit_s", {"effective_rank": {p: (lambda e: 2.0 + e) for p in points}})
+    cards = run_story_cards(run)
+    assert cards is not None
+    fig = cards["1_effective_rank"]
+    FigureCanvasAgg(fig).draw()
+    (ax,) = [ax for ax in fig.axes if ax.get_xticklabels() and ax.get_xticklabels()[0].get_text()]
+    labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+    assert [t.get_text() for t in labels] == ["patch", "pos", *map(str, range(1, 13)), "CLS"]
+    for left, right in itertools.pairwise(labels):
+        assert not left.get_window_extent().overlaps(right.get_window_extent()), (left.get_text(), right.get_text())
 
 
 def test_the_callback_draws_tgos_story_unless_given_another():

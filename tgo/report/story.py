@@ -115,6 +115,16 @@ def _short(point: str) -> str:
     return {"patch_embed": "patch", "pos_embed": "pos", "cls": "CLS", "pooled": "pool"}.get(point, point)
 
 
+def _lowered_ticks(labels: Sequence[str]) -> list[int]:
+    """Indices of the labels drawn one line lower: a word right after a word (``patch`` and ``pos`` side by side run
+    into each other at a card's width; block numbers and ``CLS`` after them fit)."""
+    lowered: list[int] = []
+    for i in range(1, len(labels)):
+        if not labels[i].isdigit() and not labels[i - 1].isdigit() and i - 1 not in lowered:
+            lowered.append(i)
+    return lowered
+
+
 def _signed(z: float) -> str:
     return "" if not math.isfinite(z) else f"{z:+.0f}" if abs(z) >= 10 else f"{z:+.1f}"
 
@@ -352,7 +362,11 @@ def _draw_depth_lines(ax: Axes, panel: Panel, style: _Style) -> None:
             )
     if panel.cls is not None:
         ax.axvline(panel.cls - 0.5, color="#999999", lw=0.6, ls=":")
-    ax.set_xticks(range(len(panel.points)), labels=[_short(p) for p in panel.points], fontsize=style.ticks)
+    labels = [_short(p) for p in panel.points]
+    ax.set_xticks(range(len(panel.points)), labels=labels, fontsize=style.ticks)
+    ticks = ax.xaxis.get_major_ticks()
+    for i in _lowered_ticks(labels):
+        ticks[i].set_pad(ticks[i].get_pad() + 1.2 * style.ticks)
     ax.set_xlim(-0.5, len(panel.points) - 0.5)
     if norm is not None and cmap is not None:
         epoch_colourbar(ax.figure, ax, norm, cmap, panel.epochs, fontsize=style.label)  # type: ignore[arg-type]
