@@ -16,7 +16,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from tests.report.test_build import rasterise_no_figures
+from tests.report.pngs import rasterise_no_figures
 from tgo.data import stratified_subset
 from tgo.observatory.settings import FigureSettings
 from tgo.observatory.standalone import observe_model

@@ -145,50 +145,40 @@ def test_the_one_time_setup_is_timed_and_reported_once_per_process(tmp_path, mon
     assert {"ripser", "persim"} <= warmup_module._warmed  # the enabled family's lazy imports
 
 
-def test_the_end_of_a_fit_says_what_it_waits_for_and_how_long_it_took(tmp_path, monkeypatch):
+def _fit_holding_summary(tmp_path, monkeypatch, epoch: int) -> list[str]:
+    """A background fit observing epochs 0 and 1 whose summary of ``epoch`` runs only once the training thread has
+    said it waits for it; the ``[tgo]`` lines said."""
     lines: list[str] = []
     waiting = threading.Event()
     real_summary = geometry_module.summarize_and_record
 
     def say(line: str) -> None:
         lines.append(line)
-        if line.startswith("[tgo] waiting for"):
+        if line == f"[tgo] waiting for the summary of epoch {epoch} ...":
             waiting.set()
 
-    def last_summary_waits(reduced, **kwargs):  # the last epoch's summary runs until the end says it waits for it
-        if reduced.record.epoch == 1:
-            assert waiting.wait(120), "the end of the fit never said what it waits for"
+    def held_summary(reduced, **kwargs):
+        if reduced.record.epoch == epoch:
+            assert waiting.wait(120), f"nothing said it waits for the summary of epoch {epoch}"
         return real_summary(reduced, **kwargs)
 
     monkeypatch.setattr(geometry_module, "rank_zero_info", say)
-    monkeypatch.setattr(geometry_module, "summarize_and_record", last_summary_waits)
+    monkeypatch.setattr(geometry_module, "summarize_and_record", held_summary)
     callback = _fit(tmp_path, background=True, enable_progress_bar=False)
+    assert callback.observed_epochs == [0, 1]
+    return lines
+
+
+def test_the_end_of_a_fit_says_what_it_waits_for_and_how_long_it_took(tmp_path, monkeypatch):
+    lines = _fit_holding_summary(tmp_path, monkeypatch, epoch=1)  # the last epoch's: the end of the fit waits
     assert "[tgo] waiting for the summary of epoch 1 ..." in lines
     assert any(line.startswith("[tgo] the summary of epoch 1 finished in ") for line in lines)
-    assert callback.observed_epochs == [0, 1]
 
 
 def test_an_observation_that_waits_for_the_summary_before_says_so_and_how_long_it_took(tmp_path, monkeypatch):
-    lines: list[str] = []
-    waiting = threading.Event()
-    real_summary = geometry_module.summarize_and_record
-
-    def say(line: str) -> None:
-        lines.append(line)
-        if line == "[tgo] waiting for the summary of epoch 0 ...":
-            waiting.set()
-
-    def first_summary_waits(reduced, **kwargs):  # epoch 0's summary runs until epoch 1's observation waits for it
-        if reduced.record.epoch == 0:
-            assert waiting.wait(120), "the next observation never said what it waits for"
-        return real_summary(reduced, **kwargs)
-
-    monkeypatch.setattr(geometry_module, "rank_zero_info", say)
-    monkeypatch.setattr(geometry_module, "summarize_and_record", first_summary_waits)
-    callback = _fit(tmp_path, background=True, enable_progress_bar=False)
+    lines = _fit_holding_summary(tmp_path, monkeypatch, epoch=0)  # epoch 1's observation waits for it
     finished = [i for i, line in enumerate(lines) if line.startswith("[tgo] the summary of epoch 0 finished in ")]
     assert finished and finished[0] > lines.index("[tgo] waiting for the summary of epoch 0 ...")
-    assert callback.observed_epochs == [0, 1]
 
 
 def test_waiting_for_names_a_running_summary_and_the_figures_it_brings():

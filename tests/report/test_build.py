@@ -6,11 +6,11 @@ import csv
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.report.pngs import PNG_MAGIC, rasterise_no_figures
 from tests.report.synthetic import write_synthetic_run
 from tgo.records import RunDir
 from tgo.report.__main__ import main
@@ -30,7 +30,6 @@ from tgo.report.runs import ReportInputError, discover_runs, load_run_data
 from tgo.report.statements import count_agreement
 from tgo.spectral.catalogue import CATALOGUE
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EPOCHS = np.arange(0, 11)
 REQUIRED_COLUMNS = (
     "claim",
@@ -53,23 +52,6 @@ CLAIM_KEYS = {
     "embeddings_stable",
     "cls_extreme",
 }
-
-
-def rasterise_no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every figure is still made (its data, axes and artists) and saved, but ``savefig`` writes the PNG signature alone
-    instead of drawing and encoding the image (about 60 % of a figure's CPU time): for tests that read a report's CSVs
-    and text, not its images, when a test that checks the PNGs draws the same figures from the same kind of records
-    (`test_report_of_the_smoke_run`, `test_a_sweep_directory_is_searched_for_runs_and_reported_together`,
-    `test_published_writes_the_findings_of_the_shipped_measurements_alone`)."""
-    from matplotlib.figure import Figure
-
-    def savefig(self: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
-        if hasattr(fname, "write"):
-            fname.write(PNG_MAGIC)
-        else:
-            Path(fname).write_bytes(PNG_MAGIC)
-
-    monkeypatch.setattr(Figure, "savefig", savefig)
 
 
 def referenced_images(index: Path) -> list[Path]:

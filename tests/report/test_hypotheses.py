@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests.fixtures.default_run import materialize
+from tests.report.pngs import PNG_MAGIC, rasterise_no_figures
 from tests.report.synthetic import write_synthetic_run
-from tests.report.test_build import rasterise_no_figures
 from tgo.observatory.views import VIEWS
 from tgo.report.build import build_report
 from tgo.report.context import judge
@@ -40,7 +40,6 @@ from tgo.report.verdicts import DEFAULT_SETTINGS, Uncertainty
 from tgo.spectral.attention import HEAD_METRICS
 from tgo.spectral.catalogue import CATALOGUE
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EPOCHS = np.arange(0, 11)
 POINTS = ["patch_embed", "block_01", "block_02", "block_03", "cls"]
 

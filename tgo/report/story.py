@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -365,8 +366,8 @@ def _draw_depth_lines(ax: Axes, panel: Panel, style: _Style) -> None:
     labels = [_short(p) for p in panel.points]
     ax.set_xticks(range(len(panel.points)), labels=labels, fontsize=style.ticks)
     ticks = ax.xaxis.get_major_ticks()
-    for i in _lowered_ticks(labels):
-        ticks[i].set_pad(ticks[i].get_pad() + 1.2 * style.ticks)
+    for i in _lowered_ticks(labels):  # the default pad (points) and one line of tick text below it
+        ticks[i].set_pad(float(matplotlib.rcParams["xtick.major.pad"]) + 1.2 * style.ticks)
     ax.set_xlim(-0.5, len(panel.points) - 0.5)
     if norm is not None and cmap is not None:
         epoch_colourbar(ax.figure, ax, norm, cmap, panel.epochs, fontsize=style.label)  # type: ignore[arg-type]
