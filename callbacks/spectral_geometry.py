@@ -344,7 +344,7 @@ class SpectralGeometryCallback(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         figures = self._dashboard.figures_in_flight if self._dashboard is not None else 0
         what = waiting_for(self._summaries, figures, tensorboard=tensorboard_logger(trainer) is not None)
-        with timed_wait(what or "", self._say if what and trainer.is_global_zero else None):  # before, and its seconds
+        with self._timed_wait(trainer, what):
             self.collect_summary(trainer)
             self.finish_tensorboard(trainer)
         if trainer.is_global_zero and self._run is not None:
@@ -375,9 +375,11 @@ class SpectralGeometryCallback(L.Callback):
             self._claimed = None
 
     @staticmethod
-    def _say(line: str) -> None:
-        """One ``[tgo]`` line through Lightning's rank-zero logger."""
-        rank_zero_info(f"[tgo] {line}")
+    def _timed_wait(trainer: L.Trainer, what: str | None) -> contextlib.AbstractContextManager[None]:
+        """`timed_wait` for ``what`` on rank 0 (a line before the wait and one with its seconds); silent when nothing
+        is running or on other ranks."""
+        say = (lambda line: rank_zero_info(f"[tgo] {line}")) if what and trainer.is_global_zero else None
+        return timed_wait(what or "", say)
 
     def collect_summary(self, trainer: L.Trainer, timeout: float | None = None) -> bool:
         """Waits for the summary in flight and, on rank 0, logs it; re-raises its exception. ``False``: none pending."""
@@ -573,8 +575,7 @@ class SpectralGeometryCallback(L.Callback):
     def _observe_series(self, trainer: L.Trainer, pl_module: L.LightningModule, series: str, key: int) -> None:
         assert self._run is not None, "setup() runs before any observation"
         # At most one summary in flight: here training waits for the one before, and says so when it has to wait.
-        what = waiting_for(self._summaries, 0, tensorboard=False)
-        with timed_wait(what or "", self._say if what and trainer.is_global_zero else None):
+        with self._timed_wait(trainer, waiting_for(self._summaries, 0, tensorboard=False)):
             self.collect_summary(trainer)
         start = time.perf_counter()
         if self._analysis is None:  # observe_epoch called without a fit's setup

@@ -316,22 +316,31 @@ def summarize_views(
         flat = [m for v in members for m in moments[v]]
         covs = np.stack([m[0] for m in flat])  # one [S, D, D] copy that both steps read
         # A view with one row per image and fewer images than features takes its spectra from [n, n] products (the
-        # CLS and between-image views of a small analysis subset: 28 of 69 views at vit_small with 200 images).
-        small_rows = [_small_rows(vms[v], dim) for v in members]
-        if any(r is not None for r in small_rows):
-            spectra = []
-            for v, small in zip(members, small_rows, strict=True):
-                ms = moments[v]
-                if small is not None:
-                    spectra += row_subset_spectra(
-                        small.values, small.subsets, ddof=small.ddof, n_nonfinite=[m[3] for m in ms], eigvalsh=eigvalsh
-                    )
-                else:
-                    spectra += eigendecompose_many(
-                        np.stack([m[0] for m in ms]), [m[2] for m in ms], [m[3] for m in ms], eigvalsh=eigvalsh
-                    )
-        else:
-            spectra = eigendecompose_many(covs, [m[2] for m in flat], [m[3] for m in flat], eigvalsh=eigvalsh)
+        # CLS and between-image views of a small analysis subset: 28 of 69 views at vit_small with 200 images); the
+        # others share one stacked call.
+        solved_at: list[Spectrum | None] = [None] * len(flat)
+        by_covariance: list[int] = []
+        at = 0
+        for v in members:
+            count, small = len(moments[v]), _small_rows(vms[v], dim)
+            if small is None:
+                by_covariance += range(at, at + count)
+            else:
+                ns = [m[3] for m in moments[v]]
+                solved_at[at : at + count] = row_subset_spectra(
+                    small.values, small.subsets, ddof=small.ddof, n_nonfinite=ns, eigvalsh=eigvalsh
+                )
+            at += count
+        if by_covariance:
+            stack = covs if len(by_covariance) == len(flat) else covs[by_covariance]
+            solved = eigendecompose_many(
+                stack, [flat[i][2] for i in by_covariance], [flat[i][3] for i in by_covariance], eigvalsh=eigvalsh
+            )
+            for i, spectrum in zip(by_covariance, solved, strict=True):
+                solved_at[i] = spectrum
+        spectra = [s for s in solved_at if s is not None]
+        if len(spectra) != len(flat):
+            raise RuntimeError(f"summarize_views: {len(flat) - len(spectra)} of {len(flat)} spectra were not computed")
         rows = summarize_many(covs, spectra, fit_range=fit_range, spectra_of_covs=True)
         start = 0
         for v in members:

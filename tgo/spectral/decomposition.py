@@ -77,9 +77,7 @@ def eigendecompose_many(
     by_dim: dict[int, list[int]] = {}
     for i, (mat, n) in enumerate(zip(mats, rows, strict=True)):
         if n < 2 or not np.all(np.isfinite(mat)):
-            eigs = np.full(mat.shape[0], np.nan)
-            eigs.setflags(write=False)
-            out[i] = Spectrum(eigs, n, dropped[i], 0, math.nan)
+            out[i] = _undefined(mat.shape[0], n, dropped[i])
         else:
             by_dim.setdefault(mat.shape[0], []).append(i)
     whole = isinstance(covs, np.ndarray) and covs.ndim == 3 and covs.dtype == np.float64
@@ -91,6 +89,13 @@ def eigendecompose_many(
         for i, ascending in zip(members, values, strict=True):
             out[i] = _spectrum(ascending, rows[i], dropped[i])
     return [s for s in out if s is not None]
+
+
+def _undefined(dim: int, n_rows: int, n_nonfinite: int) -> Spectrum:
+    """The all-NaN `Spectrum` of a covariance that is not defined (fewer than 2 rows, or not finite)."""
+    eigs = np.full(dim, np.nan)
+    eigs.setflags(write=False)
+    return Spectrum(eigs, n_rows, n_nonfinite, 0, math.nan)
 
 
 def _spectrum(ascending: np.ndarray, n_rows: int, n_nonfinite: int) -> Spectrum:
@@ -138,9 +143,7 @@ def row_subset_spectra(
         sub = x[np.asarray(mask, dtype=bool)]
         m = sub.shape[0]
         if m < 2 or not np.all(np.isfinite(sub)):
-            eigs = np.full(dim, np.nan)
-            eigs.setflags(write=False)
-            out[i] = Spectrum(eigs, m, dropped[i], 0, math.nan)
+            out[i] = _undefined(dim, m, dropped[i])
             continue
         dev = sub - sub.mean(axis=0)
         gram = dev @ dev.T
