@@ -81,6 +81,20 @@ def test_accepts_low_precision_inputs_and_upcasts_exactly():
     assert np.abs(acc.covariance().numpy() - want).max() <= 1e-13 * np.abs(want).max()
 
 
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
+def test_float64_gram_of_narrower_rows_is_that_of_their_exact_widening(source: torch.dtype):
+    """The float64 Gram centres narrower rows in float64 (widened first, then the shift subtracted in place): bit for
+    bit the sums of the same rows handed over already widened (a float64 batch takes the same-dtype subtraction)."""
+    x = torch.from_numpy(ROWS * (100 if source == torch.int32 else 1)).to(source)
+    narrow, wide = StreamingCovariance(DIM), StreamingCovariance(DIM)
+    for part in torch.split(x, 150):
+        narrow.update(part)
+        wide.update(part.to(torch.float64))
+    assert torch.equal(narrow.shift, wide.shift)
+    assert torch.equal(narrow._s1, wide._s1) and torch.equal(narrow._s2, wide._s2)
+    assert narrow.n == wide.n == x.shape[0]
+
+
 # ---------------------------------------------------------------------------------------------- batching and merging
 @settings(max_examples=25, deadline=None)
 @given(cuts=st.lists(st.integers(min_value=1, max_value=599), max_size=12, unique=True))
