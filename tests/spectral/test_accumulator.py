@@ -95,6 +95,24 @@ def test_float64_gram_of_narrower_rows_is_that_of_their_exact_widening(source: t
     assert narrow.n == wide.n == x.shape[0]
 
 
+@pytest.mark.parametrize("dim", [64, 97, 130])
+@pytest.mark.parametrize("gram_dtype", [torch.float64, torch.float32])
+def test_wide_rows_take_the_strip_gram_and_match_the_two_pass_covariance(dim: int, gram_dtype: torch.dtype):
+    """From 64 features on, the Gram is built from column strips on and above the diagonal and the blocks below are
+    copied (widths not divisible by the four strips included): the sums of several batches equal numpy's product of
+    the centred rows, the state is symmetric, and the covariance is the two-pass one (float32 Gram: to its bound)."""
+    rows = make_rows(700, power_law_spectrum(dim), massive=3, seed=dim)
+    acc = accumulate(rows, gram_dtype=gram_dtype, batch_rows=[300, 1, 399])
+    centred = rows.astype(np.float64) - acc.shift.numpy()
+    gram = acc._s2.numpy()
+    tol = 1e-13 if gram_dtype == torch.float64 else 1e-6
+    assert np.abs(gram - centred.T @ centred).max() <= tol * np.abs(gram).max()
+    lower = np.tril_indices(dim, -1)
+    assert np.abs(gram[lower] - gram.T[lower]).max() <= 1e-15 * np.abs(gram).max()
+    want = reference_covariance(rows)
+    assert np.abs(acc.covariance().numpy() - want).max() <= tol * np.abs(want).max()
+
+
 # ---------------------------------------------------------------------------------------------- batching and merging
 @settings(max_examples=25, deadline=None)
 @given(cuts=st.lists(st.integers(min_value=1, max_value=599), max_size=12, unique=True))
