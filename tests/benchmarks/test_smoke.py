@@ -9,11 +9,13 @@ table renderer and the row registry are checked directly.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,52 @@ def test_the_table_knows_every_declared_row_and_renders_them_in_order() -> None:
     problems = table.problems()
     assert "row zz is not declared in ROWS" in problems
     assert "row 1b.0 missing (neither measured nor skipped)" in problems
+
+
+def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row 17.8's within-fit estimate (`within_fit`, `clocked`), on a fit made up from known parts: epochs of 10 s; each
+    observation's pass adds 2 s to the epoch it ends, its background summary 5 s to the epoch after; epoch 0 pays 12 s
+    once. The clean epochs are 10 s, and one observation costs 7 s: 14 % of five epochs."""
+    from benchmarks.callback_cost_bench import CLOCK_FILE, clocked, epoch_clock_overrides, within_fit, within_text
+    from benchmarks.epoch_clock import EpochClock
+
+    t0, epochs = 1_796_520_000.0, 20
+    length = {e: 10.0 for e in range(epochs)}
+    length[0] += 12.0
+    observed_after = [5, 10, 15, 20]
+    for k in observed_after:
+        length[k - 1] += 2.0  # the pass of observation k ends epoch k - 1
+        if k < epochs:
+            length[k] += 5.0  # its summary, in the background of the next epoch
+    starts = [t0 + sum(length[e] for e in range(i)) for i in range(epochs)]
+    end = starts[-1] + length[epochs - 1]
+    observed = {k: starts[k - 1] + length[k - 1] for k in observed_after}
+    got = within_fit(starts, end, observed)
+    assert got["epoch"] == pytest.approx(10.0) and got["per_observation"] == pytest.approx(7.0)
+    assert got["percent"] == pytest.approx(14.0) and len(got["cycles"]) == 3
+    assert "14.0 %" in within_text(got, epochs)
+
+    # the same from the files a fit leaves: the clock's JSON (rank 0 writes it) and train.log's lines in local time
+    rank0, other = (type("Trainer", (), {"is_global_zero": zero})() for zero in (True, False))
+    EpochClock(str(tmp_path / "other.json")).on_train_epoch_start(other, None)
+    ticks = iter([*starts, end])
+    monkeypatch.setattr("benchmarks.epoch_clock.time", types.SimpleNamespace(time=lambda: next(ticks)))
+    clock = EpochClock(str(tmp_path / CLOCK_FILE))
+    for _ in starts:
+        clock.on_train_epoch_start(rank0, None)
+    clock.on_train_end(rank0, None)
+    assert not (tmp_path / "other.json").exists()
+    lines = [
+        f"[{datetime.datetime.fromtimestamp(t):%Y-%m-%d %H:%M:%S},{round(t % 1 * 1000):03d}][lightning][INFO] - "
+        f"[tgo] geometry of epoch {k} streamed and reduced over 200 images in 1.50 s; summary in the background"
+        for k, t in observed.items()
+    ]
+    (tmp_path / "train.log").write_text("[2026-12-06 02:01:50,388][seed][INFO] - Seed set\n" + "\n".join(lines))
+    assert clocked(tmp_path)["percent"] == pytest.approx(14.0, abs=1e-3)
+    assert epoch_clock_overrides(tmp_path)[1] == f"+callbacks.epoch_clock.path={tmp_path / CLOCK_FILE}"
+    assert not list(tmp_path.glob("*.partial"))
 
 
 def test_the_steady_state_cost_prices_one_observation_apart_from_what_a_fit_pays_once() -> None:
