@@ -35,6 +35,9 @@ def test_decay_curves_start_at_one_and_keep_every_real_eigenvalue():
     np.testing.assert_allclose(line.get_ydata(), np.log10(values / 2.0))
 
 
+BLOCKS = [f"block_{i:02d}" for i in range(1, 13)]
+
+
 def card_figures() -> dict[str, Figure]:
     """One of each TensorBoard card, with as many labels as the quickstart gives them (15 points, 8 epochs)."""
     epochs = [0, 5, 10, 15, 20, 25, 30, 35]
@@ -46,10 +49,18 @@ def card_figures() -> dict[str, Figure]:
         "layer_epoch": viz.layer_epoch_heatmap_figure(
             table, POINTS, epochs, title="mean_abs_offdiag_correlation", card=True
         ),
+        # per-head cards over ViT-S's 12 blocks and 6 heads, at the value ranges the attention metrics take: small
+        # masses, signed values (colourbar labels like -0.0015) and logits in the hundreds
+        **{
+            f"heads_{name}": viz.attention_heads_figure(
+                np.linspace(low, high, 72).reshape(12, 6), BLOCKS, title=f"{name} per head", reference=0.0197, card=True
+            )
+            for name, (low, high) in {"mass": (1e-5, 3e-4), "signed": (-0.0021, 0.0013), "logit": (10, 1234.5)}.items()
+        },
     }
 
 
-@pytest.mark.parametrize("name", ["spectrum", "decay", "layer_epoch"])
+@pytest.mark.parametrize("name", ["spectrum", "decay", "layer_epoch", "heads_mass", "heads_signed", "heads_logit"])
 def test_cards_have_card_sized_text_that_nothing_clips(name):
     """At the card's size every label is >= 0.85 x CARD_FONTSIZE (13.6 pt: ~13 px on a Time Series card, which
     shows a 480 x 240 image at ~90 %), and the drawn text ends inside the canvas: no clipped axis label."""

@@ -17,7 +17,7 @@ from matplotlib.colors import Colormap, ListedColormap, LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import LogFormatter, ScalarFormatter
+from matplotlib.ticker import FormatStrFormatter, LogFormatter, ScalarFormatter
 from numpy.typing import ArrayLike
 
 EPOCH_CMAP = "viridis"
@@ -670,10 +670,12 @@ class AttentionHeadsCard:
 
     def __init__(self, blocks: Sequence[str], heads: int) -> None:
         self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
-        self.ax, cax = card_axes(self.fig, left=118, right=60)
+        # the colourbar's labels in at most ~9 characters (%.4g: 0.00015, -0.0015, 1200, 1e-09), in 90 px of margin
+        self.ax, cax = card_axes(self.fig, left=118, right=90)
         cmap = matplotlib.colormaps["magma"].with_extremes(bad="#dddddd")
         self.image = self.ax.imshow(np.zeros((len(blocks), heads)), aspect="auto", cmap=cmap, interpolation="nearest")
-        self.fig.colorbar(self.image, cax=cax).ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
+        bar = self.fig.colorbar(self.image, cax=cax, format=FormatStrFormatter("%.4g"))
+        bar.ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
         rows = thin_indices(len(blocks), 8)
         self.ax.set_yticks(rows, labels=[blocks[i] for i in rows])
         columns = thin_indices(heads, 12)
