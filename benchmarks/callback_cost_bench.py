@@ -24,8 +24,11 @@ same fit's epochs that neither an observation nor a background summary touched.
 
 from __future__ import annotations
 
+import csv
 import datetime
+import io
 import json
+import math
 import os
 import re
 import resource
@@ -180,51 +183,74 @@ def observation_times(train_log: str) -> dict[int, float]:
     return out
 
 
-def within_fit(starts: Sequence[float], end: float, observed: dict[int, float]) -> dict[str, Any]:
+def within_fit(
+    starts: Sequence[float], end: float, observed: dict[int, float], summary_seconds: Sequence[float] | None = None
+) -> dict[str, Any]:
     """The steady-state cost of one observation inside one fit with the callback.
 
-    ``starts``: when each training epoch began (`EpochClock`); ``observed``: `observation_times`. The observation of
-    epoch ``k`` runs after ``k`` epochs, at the end of epoch ``k - 1``, and its summary runs in the background into the
-    next epochs. A **cycle** is the time from observation ``k`` to observation ``k + 5`` (five epochs, one pass, one
-    summary); its **clean** epochs are the third and fourth (``k + 2``, ``k + 3``), which hold no pass and follow the
-    summary by two epochs. ``per_observation`` = median cycle - 5 x median clean epoch; ``percent`` of those 5 epochs.
-    It holds while a summary ends within the two epochs after its observation (vit_small 64 px: 12.6-17.7 s against 11 s
-    epochs); on the quickstart's 1-3 s epochs the summary outlasts them, the "clean" epochs still carry it, and the
-    estimate reads low (row 17.7's ``--quick`` run: clean epochs of 3.3 s against 1.3 s without the callback).
+    ``starts``: when each training epoch began (`EpochClock`); ``observed``: `observation_times`; ``summary_seconds``:
+    each observation's background summary in observation order (`summary_durations`), ``None`` where unknown. The
+    observation of epoch ``k`` runs after ``k`` epochs, at the end of epoch ``k - 1``, and its summary runs in the
+    background into the next epochs. A **cycle** is the time from observation ``k`` to observation ``k + 5`` (five
+    epochs, one pass, one summary). Its **clean** epochs hold no pass (``k .. k + 3``) and start after the summary of
+    ``k`` ended; without the summaries' durations, the third and fourth (``k + 2``, ``k + 3``). ``per_observation`` =
+    median cycle - 5 x median clean epoch; ``percent`` of those 5 epochs; ``dirty``: the cycles without a clean epoch
+    (a summary that outlasts four epochs, as on the quickstart's 1-3 s epochs).
     """
     bounds = [*starts, end]
     duration = {e: bounds[e + 1] - bounds[e] for e in range(len(starts))}
-    cycles, clean = [], []
-    for k in sorted(observed):
+    order = sorted(observed)
+    ends = (
+        {k: observed[k] + s for k, s in zip(order, summary_seconds, strict=True)}
+        if summary_seconds is not None and len(summary_seconds) == len(order)
+        else None
+    )
+    cycles, clean, dirty = [], [], 0
+    for k in order:
         if k + EVERY_N_EPOCHS in observed and k > 0:
             cycles.append(observed[k + EVERY_N_EPOCHS] - observed[k])
-            clean += [duration[e] for e in (k + 2, k + 3) if e in duration]
+            candidates = range(k, k + 4) if ends is not None else (k + 2, k + 3)
+            mine = [duration[e] for e in candidates if e in duration and (ends is None or starts[e] >= ends[k])]
+            clean += mine
+            dirty += not mine
+    out: dict[str, Any] = {"cycles": cycles, "clean": clean, "dirty": dirty, "summaries_known": ends is not None}
     if not cycles or not clean:
-        return {"cycles": cycles, "clean": clean, "per_observation": float("nan"), "percent": float("nan")}
+        return {**out, "per_observation": float("nan"), "percent": float("nan")}
     epoch = statistics.median(clean)
     per_observation = statistics.median(cycles) - EVERY_N_EPOCHS * epoch
     return {
-        "cycles": cycles,
-        "clean": clean,
+        **out,
         "epoch": epoch,
         "per_observation": per_observation,
         "percent": 100 * per_observation / (EVERY_N_EPOCHS * epoch),
     }
 
 
+def summary_durations(metrics_csv: str) -> list[float]:
+    """Each observation's ``geometry/summary_seconds`` in the order logged (the CSV logger's ``metrics.csv``)."""
+    rows = csv.DictReader(io.StringIO(metrics_csv))
+    return [float(row["geometry/summary_seconds"]) for row in rows if row.get("geometry/summary_seconds")]
+
+
 def within_text(inside: dict[str, Any], epochs: int) -> str:
     """The row detail's words for `within_fit`."""
     epoch = inside.get("epoch", float("nan"))
+    dirty = f", {inside['dirty']} without a clean epoch" if inside.get("dirty") else ""
+    if math.isnan(inside["percent"]):
+        return f"within the {epochs}-epoch fit: not resolved ({len(inside['cycles'])} cycles{dirty})"
     return (
         f"within the {epochs}-epoch fit: {inside['percent']:.1f} % ({inside['per_observation']:.1f} s per observation "
-        f"against {EVERY_N_EPOCHS} of its clean epochs of {epoch:.1f} s, {len(inside['cycles'])} cycles)"
+        f"against {EVERY_N_EPOCHS} of its clean epochs of {epoch:.1f} s, {len(inside['cycles'])} cycles{dirty})"
     )
 
 
 def clocked(run: Path) -> dict[str, Any]:
-    """`within_fit` of a finished fit's run directory (its ``epoch_clock.json`` and ``train.log``)."""
+    """`within_fit` of a finished fit's run directory (its ``epoch_clock.json``, ``train.log`` and the CSV logger's
+    ``csv/metrics.csv``, whose summary durations say which epochs are clean)."""
     clock = json.loads((run / CLOCK_FILE).read_text())
-    return within_fit(clock["starts"], clock["end"], observation_times((run / "train.log").read_text()))
+    metrics = run / "csv" / "metrics.csv"
+    summaries = summary_durations(metrics.read_text()) if metrics.is_file() else None
+    return within_fit(clock["starts"], clock["end"], observation_times((run / "train.log").read_text()), summaries)
 
 
 def steady_verdict(wall_percent: float, cpu_percent: float) -> str:

@@ -100,7 +100,8 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
 ) -> None:
     """Row 17.8's within-fit estimate (`within_fit`, `clocked`), on a fit made up from known parts: epochs of 10 s; each
     observation's pass adds 2 s to the epoch it ends, its background summary 5 s to the epoch after; epoch 0 pays 12 s
-    once. The clean epochs are 10 s, and one observation costs 7 s: 14 % of five epochs."""
+    once. The clean epochs are 10 s, and one observation costs 7 s: 14 % of five epochs; the summaries' durations (the
+    CSV logger's ``geometry/summary_seconds``) pick the clean epochs, and a summary too long leaves none."""
     from benchmarks.callback_cost_bench import CLOCK_FILE, clocked, epoch_clock_overrides, within_fit, within_text
     from benchmarks.epoch_clock import EpochClock
 
@@ -119,6 +120,18 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
     assert got["epoch"] == pytest.approx(10.0) and got["per_observation"] == pytest.approx(7.0)
     assert got["percent"] == pytest.approx(14.0) and len(got["cycles"]) == 3
     assert "14.0 %" in within_text(got, epochs)
+    # with the summaries' durations, the clean epochs are those before the next pass that start after the summary
+    # ended (here from k + 1 on); a summary that outlasts all four leaves its cycle none, and one such cycle is counted
+    known = within_fit(starts, end, observed, [6.0] * 4)
+    assert known["percent"] == pytest.approx(14.0) and len(known["clean"]) == 9 and known["dirty"] == 0
+    mixed = within_fit(starts, end, observed, [6.0, 60.0, 6.0, 6.0])
+    assert (
+        mixed["percent"] == pytest.approx(14.0)
+        and mixed["dirty"] == 1
+        and "1 without a clean" in within_text(mixed, epochs)
+    )
+    slow = within_fit(starts, end, observed, [60.0] * 4)
+    assert slow["dirty"] == 3 and math.isnan(slow["percent"]) and "not resolved" in within_text(slow, epochs)
 
     # the same from the files a fit leaves: the clock's JSON (rank 0 writes it) and train.log's lines in local time
     rank0, other = (type("Trainer", (), {"is_global_zero": zero})() for zero in (True, False))
@@ -137,6 +150,15 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
     ]
     (tmp_path / "train.log").write_text("[2026-12-06 02:01:50,388][seed][INFO] - Seed set\n" + "\n".join(lines))
     assert clocked(tmp_path)["percent"] == pytest.approx(14.0, abs=1e-3)
+    assert not clocked(tmp_path)["summaries_known"]
+    (tmp_path / "csv").mkdir()
+    rows = "".join(
+        f"{k},,{8 * k}\n{k},{seconds},{8 * k}\n" for k, seconds in zip(observed_after, [6, 60, 6, 6], strict=True)
+    )
+    (tmp_path / "csv" / "metrics.csv").write_text("epoch,geometry/summary_seconds,step\n" + rows)
+    from_files = clocked(tmp_path)
+    assert from_files["summaries_known"] and from_files["dirty"] == 1
+    assert from_files["percent"] == pytest.approx(14.0, abs=1e-3)
     assert epoch_clock_overrides(tmp_path)[1] == f"+callbacks.epoch_clock.path={tmp_path / CLOCK_FILE}"
     assert not list(tmp_path.glob("*.partial"))
 
