@@ -102,7 +102,14 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
     observation's pass adds 2 s to the epoch it ends, its background summary 5 s to the epoch after; epoch 0 pays 12 s
     once. The clean epochs are 10 s, and one observation costs 7 s: 14 % of five epochs; the summaries' durations (the
     CSV logger's ``geometry/summary_seconds``) pick the clean epochs, and a summary too long leaves none."""
-    from benchmarks.callback_cost_bench import CLOCK_FILE, clocked, epoch_clock_overrides, within_fit, within_text
+    from benchmarks.callback_cost_bench import (
+        CLOCK_FILE,
+        clocked,
+        epoch_clock_overrides,
+        steady_value,
+        within_fit,
+        within_text,
+    )
     from benchmarks.epoch_clock import EpochClock
 
     t0, epochs = 1_796_520_000.0, 20
@@ -132,6 +139,33 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
     )
     slow = within_fit(starts, end, observed, [60.0] * 4)
     assert slow["dirty"] == 3 and math.isnan(slow["percent"]) and "not resolved" in within_text(slow, epochs)
+    # the row shows the within-fit estimate where it resolved, else the estimate across fits with its verdict
+    assert steady_value(known, 28.0, 24.8) == (pytest.approx(14.0), "met", "within")
+    assert steady_value(slow, 28.0, 24.8) == (28.0, "MISSED", "across")
+    assert steady_value(slow, -7.2, 3.0)[1].startswith("not resolved")
+
+    # row 17.8 as the bench writes it, its fits replaced by these made-up parts (10 and 20 epochs)
+    import benchmarks.callback_cost_bench as bench
+
+    made_up = {
+        ("without", 10): {"wall_s": 100.0, "cpu_s": 180.0},
+        ("with", 10): {"wall_s": 121.0, "cpu_s": 213.0},
+        ("without", 20): {"wall_s": 200.0, "cpu_s": 360.0},
+        ("with", 20): {"wall_s": 239.0, "cpu_s": 415.0},
+    }
+
+    def fake_fit(overrides: list[str], run: Path) -> dict[str, float]:
+        epochs = int(next(o for o in overrides if o.startswith("trainer.max_epochs=")).split("=")[1])
+        return made_up[("without" if "callbacks.spectral_geometry=null" in overrides else "with", epochs)]
+
+    monkeypatch.setattr(bench, "fit", fake_fit)
+    monkeypatch.setattr(bench, "clocked", lambda run: known)
+    table = Table()
+    short = {"without, CSV": made_up[("without", 10)], "CSV": made_up[("with", 10)]}
+    bench.steady_state_row(table, bench.VIT_SMALL_64, "17.8", "default", short, tmp_path)
+    (row,) = table.rows
+    assert row["value"] == pytest.approx(14.0) and row["detail"].startswith("within the 20-epoch fit: 14.0 %")
+    assert "target <= 15 % met; across fits (10 and 20 epochs, 2 observations added): 18.0 %" in row["detail"]
 
     # the same from the files a fit leaves: the clock's JSON (rank 0 writes it) and train.log's lines in local time
     rank0, other = (type("Trainer", (), {"is_global_zero": zero})() for zero in (True, False))
