@@ -18,8 +18,8 @@ observation (`steady_state`: its marginal cost over the 5 epochs between observa
 (imports, the first observation's noise baselines, the last summary that nothing overlaps). Four fits' run-to-run
 noise (one fit without the callback ran 200.7 s, another of the same settings 216.3 s) can swamp that difference, so
 the longer fit with the callback also carries `benchmarks.epoch_clock.EpochClock` and the row's value (`steady_value`)
-prices an observation **within that one fit** (`within_fit`) where that resolves: each 5-epoch cycle between two observations against five of the
-same fit's epochs that neither an observation nor a background summary touched.
+prices an observation **within that one fit** (`within_fit`) where that resolves: each 5-epoch cycle between two
+observations against five of the same fit's epochs that neither an observation nor a background summary touched.
 """
 
 from __future__ import annotations
