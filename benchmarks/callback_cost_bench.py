@@ -184,36 +184,31 @@ def observation_times(train_log: str) -> dict[int, float]:
 
 
 def within_fit(
-    starts: Sequence[float], end: float, observed: dict[int, float], summary_seconds: Sequence[float] | None = None
+    starts: Sequence[float], end: float, observed: dict[int, float], summary_seconds: Sequence[float]
 ) -> dict[str, Any]:
     """The steady-state cost of one observation inside one fit with the callback.
 
     ``starts``: when each training epoch began (`EpochClock`); ``observed``: `observation_times`; ``summary_seconds``:
-    each observation's background summary in observation order (`summary_durations`), ``None`` where unknown. The
-    observation of epoch ``k`` runs after ``k`` epochs, at the end of epoch ``k - 1``, and its summary runs in the
-    background into the next epochs. A **cycle** is the time from observation ``k`` to observation ``k + 5`` (five
-    epochs, one pass, one summary). Its **clean** epochs hold no pass (``k .. k + 3``) and start after the summary of
-    ``k`` ended; without the summaries' durations, the third and fourth (``k + 2``, ``k + 3``). ``per_observation`` =
+    each observation's background summary in observation order (`summary_durations`). The observation of epoch ``k``
+    runs after ``k`` epochs, at the end of epoch ``k - 1``, and its summary runs in the background into the next epochs.
+    A **cycle** is the time from observation ``k`` to observation ``k + 5`` (five epochs, one pass, one summary). Its
+    **clean** epochs hold no pass (``k .. k + 3``) and start after the summary of ``k`` ended. ``per_observation`` =
     median cycle - 5 x median clean epoch; ``percent`` of those 5 epochs; ``dirty``: the cycles without a clean epoch
     (a summary that outlasts four epochs, as on the quickstart's 1-3 s epochs).
     """
-    bounds = [*starts, end]
-    duration = {e: bounds[e + 1] - bounds[e] for e in range(len(starts))}
     order = sorted(observed)
-    ends = (
-        {k: observed[k] + s for k, s in zip(order, summary_seconds, strict=True)}
-        if summary_seconds is not None and len(summary_seconds) == len(order)
-        else None
-    )
+    if len(summary_seconds) != len(order):
+        raise ValueError(f"within_fit: {len(summary_seconds)} summary durations for {len(order)} observations")
+    ends = {k: observed[k] + s for k, s in zip(order, summary_seconds, strict=True)}
+    bounds = [*starts, end]
     cycles, clean, dirty = [], [], 0
     for k in order:
         if k + EVERY_N_EPOCHS in observed and k > 0:
             cycles.append(observed[k + EVERY_N_EPOCHS] - observed[k])
-            candidates = range(k, k + 4) if ends is not None else (k + 2, k + 3)
-            mine = [duration[e] for e in candidates if e in duration and (ends is None or starts[e] >= ends[k])]
+            mine = [bounds[e + 1] - bounds[e] for e in range(k, min(k + 4, len(starts))) if starts[e] >= ends[k]]
             clean += mine
             dirty += not mine
-    out: dict[str, Any] = {"cycles": cycles, "clean": clean, "dirty": dirty, "summaries_known": ends is not None}
+    out: dict[str, Any] = {"cycles": cycles, "clean": clean, "dirty": dirty}
     if not cycles or not clean:
         return {**out, "per_observation": float("nan"), "percent": float("nan")}
     epoch = statistics.median(clean)
@@ -245,12 +240,12 @@ def within_text(inside: dict[str, Any], epochs: int) -> str:
 
 
 def clocked(run: Path) -> dict[str, Any]:
-    """`within_fit` of a finished fit's run directory (its ``epoch_clock.json``, ``train.log`` and the CSV logger's
-    ``csv/metrics.csv``, whose summary durations say which epochs are clean)."""
+    """`within_fit` of a finished CSV-logged fit's run directory (its ``epoch_clock.json``, ``train.log`` and the CSV
+    logger's ``csv/metrics.csv``, whose summary durations say which epochs are clean)."""
     clock = json.loads((run / CLOCK_FILE).read_text())
-    metrics = run / "csv" / "metrics.csv"
-    summaries = summary_durations(metrics.read_text()) if metrics.is_file() else None
-    return within_fit(clock["starts"], clock["end"], observation_times((run / "train.log").read_text()), summaries)
+    observed = observation_times((run / "train.log").read_text())
+    summaries = summary_durations((run / "csv" / "metrics.csv").read_text())
+    return within_fit(clock["starts"], clock["end"], observed, summaries)
 
 
 def steady_verdict(wall_percent: float, cpu_percent: float) -> str:
@@ -275,8 +270,7 @@ def steady_state_row(table: Any, model: Model, row: str, mode: str, fits: dict[s
         where = run_dir(work, f"{model.label}_{name}_long")
         clock = epoch_clock_overrides(where) if name == "CSV" else []
         long[name] = fit([*base, *dict(VARIANTS)[name], *clock], where)
-        if clock:
-            inside = clocked(where)
+    inside = clocked(run_dir(work, f"{model.label}_CSV_long"))
     result = steady_state(fits, long, epochs)
     result["within_fit"] = inside
     wall, cpu = result["wall_s"], result["cpu_s"]

@@ -123,22 +123,20 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
     starts = [t0 + sum(length[e] for e in range(i)) for i in range(epochs)]
     end = starts[-1] + length[epochs - 1]
     observed = {k: starts[k - 1] + length[k - 1] for k in observed_after}
-    got = within_fit(starts, end, observed)
-    assert got["epoch"] == pytest.approx(10.0) and got["per_observation"] == pytest.approx(7.0)
-    assert got["percent"] == pytest.approx(14.0) and len(got["cycles"]) == 3
-    assert "14.0 %" in within_text(got, epochs)
-    # with the summaries' durations, the clean epochs are those before the next pass that start after the summary
-    # ended (here from k + 1 on); a summary that outlasts all four leaves its cycle none, and one such cycle is counted
+    # the summaries' durations (the CSV logger's geometry/summary_seconds) pick the clean epochs: those before the
+    # next pass that start after the summary ended (here from k + 1 on); a summary that outlasts all four leaves its
+    # cycle none, and such a cycle is counted
     known = within_fit(starts, end, observed, [6.0] * 4)
-    assert known["percent"] == pytest.approx(14.0) and len(known["clean"]) == 9 and known["dirty"] == 0
+    assert known["epoch"] == pytest.approx(10.0) and known["per_observation"] == pytest.approx(7.0)
+    assert known["percent"] == pytest.approx(14.0) and len(known["cycles"]) == 3
+    assert len(known["clean"]) == 9 and known["dirty"] == 0 and "14.0 %" in within_text(known, epochs)
     mixed = within_fit(starts, end, observed, [6.0, 60.0, 6.0, 6.0])
-    assert (
-        mixed["percent"] == pytest.approx(14.0)
-        and mixed["dirty"] == 1
-        and "1 without a clean" in within_text(mixed, epochs)
-    )
+    assert mixed["percent"] == pytest.approx(14.0) and mixed["dirty"] == 1
+    assert "1 without a clean" in within_text(mixed, epochs)
     slow = within_fit(starts, end, observed, [60.0] * 4)
     assert slow["dirty"] == 3 and math.isnan(slow["percent"]) and "not resolved" in within_text(slow, epochs)
+    with pytest.raises(ValueError, match="3 summary durations for 4 observations"):
+        within_fit(starts, end, observed, [6.0] * 3)
     # the row shows the within-fit estimate where it resolved, else the estimate across fits with its verdict
     assert steady_value(known, 28.0, 24.8) == (pytest.approx(14.0), "met", "within")
     assert steady_value(slow, 28.0, 24.8) == (28.0, "MISSED", "across")
@@ -169,7 +167,7 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
 
     # the same from the files a fit leaves: the clock's JSON (rank 0 writes it) and train.log's lines in local time
     rank0, other = (type("Trainer", (), {"is_global_zero": zero})() for zero in (True, False))
-    EpochClock(str(tmp_path / "other.json")).on_train_epoch_start(other, None)
+    EpochClock(str(tmp_path / "other.json")).on_train_end(other, None)
     ticks = iter([*starts, end])
     monkeypatch.setattr("benchmarks.epoch_clock.time", types.SimpleNamespace(time=lambda: next(ticks)))
     clock = EpochClock(str(tmp_path / CLOCK_FILE))
@@ -183,15 +181,13 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
         for k, t in observed.items()
     ]
     (tmp_path / "train.log").write_text("[2026-12-06 02:01:50,388][seed][INFO] - Seed set\n" + "\n".join(lines))
-    assert clocked(tmp_path)["percent"] == pytest.approx(14.0, abs=1e-3)
-    assert not clocked(tmp_path)["summaries_known"]
     (tmp_path / "csv").mkdir()
     rows = "".join(
         f"{k},,{8 * k}\n{k},{seconds},{8 * k}\n" for k, seconds in zip(observed_after, [6, 60, 6, 6], strict=True)
     )
     (tmp_path / "csv" / "metrics.csv").write_text("epoch,geometry/summary_seconds,step\n" + rows)
     from_files = clocked(tmp_path)
-    assert from_files["summaries_known"] and from_files["dirty"] == 1
+    assert from_files["dirty"] == 1
     assert from_files["percent"] == pytest.approx(14.0, abs=1e-3)
     assert epoch_clock_overrides(tmp_path)[1] == f"+callbacks.epoch_clock.path={tmp_path / CLOCK_FILE}"
     assert not list(tmp_path.glob("*.partial"))

@@ -123,26 +123,21 @@ def _column_sum(centred: torch.Tensor) -> torch.Tensor:
 
 
 # Below this width one product is cheaper than the strips of `_add_gram`.
-_BLOCKED_GRAM_MIN_DIM = 64
+_STRIPS_MIN_DIM = 64
 _GRAM_STRIPS = 4
 
 
 def _add_gram(s2: torch.Tensor, c: torch.Tensor) -> None:
     """``s2 += c^T c`` from the strips on and above the diagonal only, the blocks below it copied from above.
 
-    Four equal strips of columns: strip ``i`` is ``c[:, i]^T c[:, i:]``, 5/8 of the multiply-adds of the whole product.
-    A float64 strip is added by the product itself (``addmm_`` into a view of ``s2``, no temporary); a float32 one is
-    widened first. Measured against three halving blocks (11/16 of the flops, each product in a temporary; one thread,
-    ``[3152, 384]``): 3-6 % faster, and 16 % at the ``[394, 384]`` slices of a jackknife group (two threads)."""
+    Four equal strips of columns (one below 64 features): strip ``i`` is ``c[:, i]^T c[:, i:]``, 5/8 of the
+    multiply-adds of the whole product. A float64 strip is added by the product itself (``addmm_`` into a view of
+    ``s2``, no temporary); a float32 one is widened first. Measured against three halving blocks (11/16 of the flops,
+    each product in a temporary; one thread, ``[3152, 384]``): 3-6 % faster, and 16 % at the ``[394, 384]`` slices of a
+    jackknife group (two threads)."""
     d = c.shape[1]
-    if d < _BLOCKED_GRAM_MIN_DIM:
-        if c.dtype == torch.float64:
-            s2.addmm_(c.T, c)
-        else:
-            s2 += torch.mm(c.T, c).to(torch.float64)
-        return
-    bounds = [round(i * d / _GRAM_STRIPS) for i in range(_GRAM_STRIPS + 1)]
-    strips = list(itertools.pairwise(bounds))
+    count = _GRAM_STRIPS if d >= _STRIPS_MIN_DIM else 1
+    strips = list(itertools.pairwise(round(i * d / count) for i in range(count + 1)))
     for lo, hi in strips:  # rows [lo, hi) x columns [lo, D)
         if c.dtype == torch.float64:
             s2[lo:hi, lo:].addmm_(c[:, lo:hi].T, c[:, lo:])
