@@ -55,7 +55,12 @@ def card_figures() -> dict[str, Figure]:
             f"heads_{name}": viz.attention_heads_figure(
                 np.linspace(low, high, 72).reshape(12, 6), BLOCKS, title=f"{name} per head", reference=0.0197, card=True
             )
-            for name, (low, high) in {"mass": (1e-5, 3e-4), "signed": (-0.0021, 0.0013), "logit": (10, 1234.5)}.items()
+            for name, (low, high) in {
+                "mass": (1e-5, 3e-4),
+                "signed": (-0.0021, 0.0013),
+                "logit": (10, 1234.5),
+                "narrow": (2.83296, 2.83301),  # an untrained network's entropies: a narrow range around a large value
+            }.items()
         },
     }
 
@@ -73,6 +78,19 @@ def test_cards_have_card_sized_text_that_nothing_clips(name):
     drawn = fig.get_tightbbox(canvas.get_renderer())  # inches; what was drawn, tick labels in view included
     width, height = fig.get_size_inches()
     assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, drawn
+
+
+@pytest.mark.parametrize("name", ["heads_mass", "heads_signed", "heads_logit", "heads_narrow"])
+def test_a_heads_card_tells_its_colourbar_ticks_apart(name):
+    """Every colourbar tick of a per-head card has its own label, in at most 8 significant digits: a narrow range
+    around 2.833 reads 2.83296 .. 2.83300, not 2.833 three times."""
+    fig = card_figures()[name]
+    FigureCanvasAgg(fig).draw()
+    bar = fig.axes[1]
+    low, high = bar.get_ylim()
+    labels = [t.get_text() for t, y in zip(bar.get_yticklabels(), bar.get_yticks(), strict=True) if low <= y <= high]
+    assert len(labels) >= 2 and len(set(labels)) == len(labels), labels
+    assert max(len(label.lstrip("-").replace(".", "").lstrip("0")) for label in labels) <= 8, labels
 
 
 def test_cards_at_most_eight_point_names_and_always_the_last():

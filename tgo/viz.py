@@ -17,7 +17,7 @@ from matplotlib.colors import Colormap, ListedColormap, LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FormatStrFormatter, LogFormatter, ScalarFormatter
+from matplotlib.ticker import Formatter, LogFormatter, ScalarFormatter
 from numpy.typing import ArrayLike
 
 EPOCH_CMAP = "viridis"
@@ -665,16 +665,35 @@ def attention_heads_figure(
     return fig
 
 
+class DistinctTicks(Formatter):
+    """Tick labels with the fewest significant digits (3 to 8, ``%g``) that tell every tick apart: short where the
+    range is wide (``0.0002``), as long as needed where it is narrow around a large value (``2.83296``, ``2.83298``),
+    where a fixed precision would print the same label at every tick."""
+
+    def __init__(self) -> None:
+        self.digits = 3
+
+    def set_locs(self, locs: list[float]) -> None:
+        super().set_locs(locs)
+        for digits in range(3, 9):
+            self.digits = digits
+            if len({f"{v:.{digits}g}" for v in locs}) == len(locs):
+                break
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return f"{x:.{self.digits}g}"
+
+
 class AttentionHeadsCard:
     """A blocks x heads card's figure, heatmap and colourbar, built once; `draw` replaces its data and title."""
 
     def __init__(self, blocks: Sequence[str], heads: int) -> None:
         self.fig = Figure(figsize=CARD_FIGSIZE, dpi=CARD_DPI)
-        # the colourbar's labels in at most ~9 characters (%.4g: 0.00015, -0.0015, 1200, 1e-09), in 90 px of margin
+        # short colourbar labels (`DistinctTicks`: 0.00015, -0.0015, 2.833, 2.8330, 1e-09) in 90 px of margin
         self.ax, cax = card_axes(self.fig, left=118, right=90)
         cmap = matplotlib.colormaps["magma"].with_extremes(bad="#dddddd")
         self.image = self.ax.imshow(np.zeros((len(blocks), heads)), aspect="auto", cmap=cmap, interpolation="nearest")
-        bar = self.fig.colorbar(self.image, cax=cax, format=FormatStrFormatter("%.4g"))
+        bar = self.fig.colorbar(self.image, cax=cax, format=DistinctTicks())
         bar.ax.tick_params(labelsize=0.85 * CARD_FONTSIZE)
         rows = thin_indices(len(blocks), 8)
         self.ax.set_yticks(rows, labels=[blocks[i] for i in rows])
