@@ -57,7 +57,7 @@ SUMMARY_ROWS = _numbered("10", 2)
 SCALE_ROWS = _numbered("11", 8)
 OPTIMISATION_ROWS = _numbered("12", 3)
 CURVATURE_ROWS = _numbered("13", 5)
-PEER_ROWS = _numbered("16", 8)
+PEER_ROWS = (*_numbered("16", 8), "16.10")
 """Rows `peer_bench` writes on the CPU (16.9, the same on a GPU, also needs the ``gpu`` section)."""
 WIDTH_ROWS = _numbered("15", 7)
 
@@ -109,8 +109,9 @@ _STATIC_ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
     **{row: ("curvature",) for row in CURVATURE_ROWS},
     **{row: ("widths",) for row in WIDTH_ROWS},
-    **{row: ("peer",) for row in PEER_ROWS},
+    **{row: ("peer",) for row in PEER_ROWS if row != "16.10"},
     "16.9": ("peer", "gpu"),
+    "16.10": ("peer",),
 }
 """Every row of the table but rows 14 (``ROWS`` adds them, `_registry`), in display order, with the ``--skip``
 sections it needs: the single declaration of what a complete run contains (a row neither measured nor skipped with a

@@ -24,10 +24,14 @@ ratio on the GPU (the peer copies every batch to the CPU, TGO accumulates on the
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.metadata
 import importlib.util
+import statistics
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,20 @@ BATCH = {"default": 16, "quick": 16, "smoke": 4}
 VARIANTS = ("f64", "f32", "defaults")
 """TGO's runs: like for like with each Gram precision, and the default settings."""
 GPU_PEER_ROW = "16.9"
+OWN_WORK_ROW = "16.10"
+OWN_WORK: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "tgo": (
+        ("tgo.spectral.accumulator", "StreamingCovariance", "update"),
+        ("tgo.observatory.pipeline", "", "summarize_and_record"),
+    ),
+    "peer": (
+        ("representation_geometry.online", "RunningCovariance", "update"),
+        ("representation_geometry.api", "", "compute_metrics_from_stats"),
+    ),
+}
+"""Row 16.10: per tool, the functions that are its own work (module, class or ``""``, name): what it adds to the
+forward both share. TGO: the Gram updates and the summary with its records; the peer: its Welford updates and its
+metrics (the float32 ``eigh``), as ``analyze_model`` of version 0.1.0 calls them."""
 
 
 def peer_version() -> str | None:
@@ -150,25 +168,73 @@ def largest_errors(values: dict[str, dict[str, float]], ref: dict[str, Any]) -> 
     return {m: max(abs(values[p][m] - ref[p][m]) / abs(ref[p][m]) for p in ref) for m in METRICS}
 
 
+@contextlib.contextmanager
+def own_work_clock() -> Iterator[dict[str, float]]:
+    """While the block runs, the seconds spent inside each `OWN_WORK` function, summed per tool (``{"tgo": s,
+    "peer": s}``; the caller resets it between runs). The functions are wrapped where their callers look them up and
+    restored on exit. On a CPU only: a GPU's kernels finish after the functions return."""
+    seconds = {tool: 0.0 for tool in OWN_WORK}
+    saved: list[tuple[Any, str, Any]] = []
+
+    def timed(tool: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[tool] += time.perf_counter() - start
+
+        return wrapper
+
+    try:
+        for tool, places in OWN_WORK.items():
+            for module, owner, name in places:
+                target = importlib.import_module(module)
+                target = getattr(target, owner) if owner else target
+                saved.append((target, name, getattr(target, name)))  # AttributeError: another version of the peer
+                setattr(target, name, timed(tool, saved[-1][2]))
+        yield seconds
+    finally:
+        for target, name, original in reversed(saved):
+            setattr(target, name, original)
+
+
 def side_by_side(
-    net: torch.nn.Module, dataset: TensorDataset, batch: int, device: torch.device, repeats: int, work: Path
+    net: torch.nn.Module,
+    dataset: TensorDataset,
+    batch: int,
+    device: torch.device,
+    repeats: int,
+    work: Path,
+    own_work: bool = False,
 ) -> dict[str, Any]:
-    """The interleaved timings and every one's largest errors against the reference."""
+    """The interleaved timings and every one's largest errors against the reference; with ``own_work`` also each
+    run's seconds inside its tool's own functions (`own_work_clock`)."""
     points = block_points(net)
     settings = {v: tgo_settings(v) for v in VARIANTS}
     last: dict[str, Any] = {}
+    own: dict[str, list[float]] = {"peer": [], **{v: [] for v in VARIANTS}}
+    clock: dict[str, float] = {}
+
+    def clocked(name: str, tool: str, body: Callable[[], None]) -> None:
+        clock.update(dict.fromkeys(clock, 0.0))
+        body()
+        if clock:
+            own[name].append(clock[tool])
 
     def tgo(variant: str) -> Callable[[], None]:
-        def run() -> None:
+        def body() -> None:
             last[variant] = h.observation(net, dataset, points, batch, device, settings[variant], work)
             h.synchronize(device)
 
-        return run
+        return lambda: clocked(variant, "tgo", body)
 
-    def peer() -> None:
+    def peer_body() -> None:
         last["peer"] = peer_observation(net, dataset, batch, device)
 
-    timings = h.interleaved(peer, {v: tgo(v) for v in VARIANTS}, repeats)
+    with own_work_clock() if own_work else contextlib.nullcontext({}) as seconds:
+        clock = seconds
+        timings = h.interleaved(lambda: clocked("peer", "peer", peer_body), {v: tgo(v) for v in VARIANTS}, repeats)
     ref = reference(net, dataset, batch, device)
     names = [p.name for p in points]
     values = {"peer": peer_values(last["peer"], names), **{v: tgo_values(last[v]) for v in VARIANTS}}
@@ -179,6 +245,7 @@ def side_by_side(
         "repeats": repeats,
         "groups": settings["defaults"].groups,
         "timings": timings,
+        "own_work_s": {name: runs for name, runs in own.items() if runs},
         "errors": {name: largest_errors(v, ref) for name, v in values.items()},
         "reference": ref,
         "values": values,
@@ -203,9 +270,10 @@ def peer_rows(table: Any, mode: str, *, work: Path, repeats: int | None = None, 
     dataset = h.random_images(IMAGES[mode], spec["size"])
     cpu = torch.device("cpu")
     net = h.build_model(spec["kind"], cpu, spec["size"])
-    raw = side_by_side(net, dataset, BATCH[mode], cpu, repeats, work)
+    raw = side_by_side(net, dataset, BATCH[mode], cpu, repeats, work, own_work=True)
     raw["peer_version"] = version
     _cpu_rows(table, spec["label"], raw)
+    _own_work_row(table, raw)
     if gpu:
         raw["gpu"] = _gpu_row(table, spec, dataset, BATCH[mode], repeats, work)
     return {k: v for k, v in raw.items() if k != "values"}
@@ -264,6 +332,22 @@ def _cpu_rows(table: Any, label: str, raw: dict[str, Any]) -> None:
             detail,
             text=f"{worst:.2e}",
         )
+
+
+def _own_work_row(table: Any, raw: dict[str, Any]) -> None:
+    """Row 16.10: TGO's own work (like for like, float64) over the peer's, the medians of the interleaved runs'."""
+    own = raw["own_work_s"]
+    tgo_s, peer_s = statistics.median(own["f64"]), statistics.median(own["peer"])
+    table.add(
+        OWN_WORK_ROW,
+        "own work above the shared forward, TGO like for like (f64 Gram) / peer",
+        tgo_s / peer_s,
+        "x",
+        f"TGO's Gram updates, summary and records {tgo_s:.3f} s vs the peer's Welford updates and metrics "
+        f"({PEER} {raw['peer_version']}: float32 product and eigh) {peer_s:.3f} s, medians of the interleaved runs, "
+        f"{torch.get_num_threads()} torch threads; where the forward is a smaller share (more cores) row 16.2 tends to "
+        "this (docs/benchmarks.md, what row 16.2 is made of)",
+    )
 
 
 def _gpu_row(

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import _harness as h
 from benchmarks import peer_bench
@@ -38,3 +39,26 @@ def test_side_by_side_rows_at_toy_size(monkeypatch: pytest.MonkeyPatch, tmp_path
         assert max(errors[name].values()) < 1e-12, errors
     assert max(errors["f32"].values()) < 1e-5, errors
     assert 0 < max(errors["peer"].values()) < 1e-3, errors  # the peer's float32 covariance and eigh
+    # row 16.10: every timed run of each tool spent time in its own functions, fewer seconds than the whole run
+    own, timings = raw["own_work_s"], raw["timings"]
+    assert sorted(own) == sorted(["peer", *peer_bench.VARIANTS])
+    for name in peer_bench.VARIANTS:
+        assert len(own[name]) == len(timings[name]["runs"])
+        assert all(0 < o < t for o, t in zip(own[name], timings[name]["runs"], strict=True)), (own, timings)
+    assert rows[peer_bench.OWN_WORK_ROW]["value"] > 0  # at toy size the ratio itself says nothing
+
+
+def test_the_own_work_clock_counts_each_tools_functions_and_restores_them() -> None:
+    pytest.importorskip("representation_geometry", reason="the bench extra (pip install -e '.[bench]') is absent")
+    from representation_geometry.online import RunningCovariance
+
+    from tgo.spectral.accumulator import StreamingCovariance
+
+    before = (StreamingCovariance.update, RunningCovariance.update)
+    rows = torch.randn(64, 8)
+    with peer_bench.own_work_clock() as seconds:
+        StreamingCovariance(8).update(rows)
+        assert seconds["tgo"] > 0 and seconds["peer"] == 0
+        RunningCovariance(dim=8).update(rows)
+        assert seconds["peer"] > 0
+    assert (StreamingCovariance.update, RunningCovariance.update) == before
