@@ -637,7 +637,7 @@ def run_memory_children(
 
 
 def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as fh:
+    with open("/proc/self/status", encoding="utf-8") as fh:
         for line in fh:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
@@ -656,7 +656,7 @@ class PeakRSS:
             gc.collect()
         try:
             self.start = _status_kb("VmRSS") * 1024
-            with open("/proc/self/clear_refs", "w") as fh:
+            with open("/proc/self/clear_refs", "w", encoding="utf-8") as fh:
                 fh.write("5")
             self._kernel = _status_kb("VmHWM") * 1024 <= self.start + 4 * MB
         except (OSError, KeyError):

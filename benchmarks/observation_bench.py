@@ -678,7 +678,7 @@ def _ddp_worker(rank: int, world: int, port: int, spec: ModelSpec, images: int, 
             if i:
                 samples.append(time.perf_counter() - start)
         if rank == 0:
-            Path(out).write_text(json.dumps({"world_size": world, "seconds": samples}))
+            Path(out).write_text(json.dumps({"world_size": world, "seconds": samples}), encoding="utf-8")
     finally:
         dist.destroy_process_group()
 

@@ -31,7 +31,7 @@ FAST = ["experiment=smoke", *NO_FIGURES]  # records, checkpoints and messages ar
 
 
 def metric_epochs(run_dir: Path) -> Counter:
-    with open(run_dir / "geometry" / "metrics.csv", newline="") as fh:
+    with open(run_dir / "geometry" / "metrics.csv", encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh))
     return Counter((int(r["epoch"]), r["point"], r["view"], r["metric"]) for r in rows)
 

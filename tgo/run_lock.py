@@ -302,7 +302,7 @@ def _parent_of(pid: int) -> int:
     if pid == os.getpid():
         return os.getppid()
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
     except OSError:
         return 0
     return int(stat.rsplit(")", 1)[1].split()[1])

@@ -255,7 +255,7 @@ def train_command(run_dir: Path, max_epochs: int, *, resume: bool, overrides: Se
 
 def _last_line(log: Path) -> str:
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     return lines[-1][:300] if lines else ""
@@ -375,7 +375,7 @@ def _corrupt(path: Path) -> str | None:
         elif path.name == RunDir.METRICS:
             read_metric_rows(path.parent.parent)
         elif path.suffix == ".json":
-            json.loads(path.read_text())
+            json.loads(path.read_text(encoding="utf-8"))
         elif path.suffix == ".ckpt":
             if not zipfile.is_zipfile(path):
                 return "not a torch.save archive (truncated?)"

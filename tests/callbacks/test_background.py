@@ -359,7 +359,7 @@ def _logged(root: Path, tag: str) -> dict[int, float]:
     """``{epoch: value}`` of a scalar the CSV logger wrote (its row names the epoch in ``geometry/epoch``)."""
     import csv
 
-    with open(root / "logs" / "version_0" / "metrics.csv", newline="") as fh:
+    with open(root / "logs" / "version_0" / "metrics.csv", encoding="utf-8", newline="") as fh:
         return {int(row["geometry/epoch"]): float(row[tag]) for row in csv.DictReader(fh) if row.get(tag)}
 
 

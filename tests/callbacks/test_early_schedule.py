@@ -285,7 +285,7 @@ def test_loggers_get_the_step_series_at_step_equal_to_the_optimizer_step(tmp_pat
         assert not [t for t in tags if t.startswith(tuple(f"steps_geometry_{view}/" for view in VIEWS[1:]))]  # all only
     import csv
 
-    with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as fh:
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv", encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh))
     logged_steps = sorted({int(r["step"]) for r in rows if r.get("steps_geometry/effective_rank/block_01")})
     assert logged_steps == [0, 1, 2, 3]

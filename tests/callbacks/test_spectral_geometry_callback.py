@@ -48,7 +48,7 @@ def logger_tag(row: dict[str, str], kind: str = "geometry") -> str | None:
 
 
 def recorded_epochs(run_dir: Path) -> list[int]:
-    with open(run_dir / "geometry" / "metrics.csv", newline="") as fh:
+    with open(run_dir / "geometry" / "metrics.csv", encoding="utf-8", newline="") as fh:
         return sorted({int(row["epoch"]) for row in csv.DictReader(fh)})
 
 
@@ -184,7 +184,7 @@ def test_validation_is_logged_against_the_epoch_too(tensorboard_run):
         by_epoch = main.Scalars(f"val_epoch/{metric}")
         assert [e.step for e in by_epoch] == [1, 2, 3], "one value per completed epoch, no sanity check"
         assert [e.value for e in by_epoch] == pytest.approx(by_step, rel=1e-6), metric
-    with open(tensorboard_run / "csv" / "metrics.csv", newline="") as fh:
+    with open(tensorboard_run / "csv" / "metrics.csv", encoding="utf-8", newline="") as fh:
         rows = list(csv.DictReader(fh))
     csv_epoch = {int(r["step"]): float(r["val_epoch/acc_top1"]) for r in rows if r.get("val_epoch/acc_top1")}
     csv_step = [float(r["val/acc_top1"]) for r in rows if r.get("val/acc_top1")]
@@ -345,7 +345,7 @@ def test_geometry_reaches_any_lightning_logger_csv(tmp_path):
     quick = [o for o in QUICK if not o.startswith("trainer.limit_train_batches")]
     run(compose_train(tmp_path, [*quick, "trainer.limit_train_batches=3", "trainer.max_epochs=2", "logger=csv"]))
     assert not (tmp_path / "tensorboard").exists()
-    with open(tmp_path / "csv" / "metrics.csv", newline="") as fh:
+    with open(tmp_path / "csv" / "metrics.csv", encoding="utf-8", newline="") as fh:
         logged = list(csv.DictReader(fh))
     columns = set(logged[0])
     records = [r for r in read_metric_rows(tmp_path) if r["view"] == "all"]

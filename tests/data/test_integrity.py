@@ -21,7 +21,7 @@ def _damage(path: Path, how: str) -> None:
     elif how == "truncated":
         path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 3])
     else:
-        path.write_text("not an image, just text named like one")
+        path.write_text("not an image, just text named like one", encoding="utf-8")
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,7 @@ def _code_words(path: Path) -> list[tuple[int, str]]:
     """``(line, word)`` of every identifier part and non-docstring string literal of a module."""
     words: list[tuple[int, str]] = []
     previous = tokenize.NEWLINE
-    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline):
         if token.type == tokenize.NAME:
             words.append((token.start[0], token.string.lower()))
         elif token.type == tokenize.STRING and previous not in (tokenize.NEWLINE, tokenize.INDENT, tokenize.NL):

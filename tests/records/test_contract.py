@@ -63,7 +63,7 @@ def fake_results(seed: int, points=POINTS, nan_point: str | None = None) -> dict
 
 
 def read_csv_rows(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "geometry" / "metrics.csv", newline="") as fh:
+    with open(run_dir / "geometry" / "metrics.csv", encoding="utf-8", newline="") as fh:
         return list(csv.DictReader(fh))
 
 

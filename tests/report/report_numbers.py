@@ -60,7 +60,7 @@ def page_numbers(html: str, run_path: str | None = None) -> list[str]:
 
 
 def read_cells(path: Path) -> list[list[str]]:
-    with open(path, newline="") as fh:
+    with open(path, encoding="utf-8", newline="") as fh:
         return list(csv.reader(fh))
 
 

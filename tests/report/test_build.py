@@ -55,7 +55,7 @@ CLAIM_KEYS = {
 
 
 def referenced_images(index: Path) -> list[Path]:
-    sources = re.findall(r'<img src="([^"]+)"', index.read_text())
+    sources = re.findall(r'<img src="([^"]+)"', index.read_text(encoding="utf-8"))
     return [index.parent / s for s in sources]
 
 
@@ -75,7 +75,7 @@ def test_report_of_the_smoke_run(smoke_run: Path, capsys: pytest.CaptureFixture[
     assert "http://" not in html and "https://" not in html  # nothing to fetch: opens offline
     assert "published TGO-I" not in html  # the overlay is opt-in (--reference tgo1)
     assert "At a glance" in html and "Observables against depth" in html
-    with open(RunDir(smoke_run).report / "findings.csv") as fh:
+    with open(RunDir(smoke_run).report / "findings.csv", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     assert {r["point"] for r in rows} >= {"patch_embed", "block_04", "cls"}
     assert {r["verdict"] for r in rows} <= set(VERDICTS)
@@ -261,7 +261,7 @@ def test_figures_draw_the_catalogues_charted_observables(tmp_path: Path):
 
 
 def read_findings(path: Path) -> list[dict[str, str]]:
-    with open(path) as fh:
+    with open(path, encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
 
 

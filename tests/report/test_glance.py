@@ -31,7 +31,7 @@ def _run(path: Path, *, epochs=tuple(range(0, 11)), curves=CURVES, **config) -> 
 
 
 def _header(index: Path) -> dict[str, str]:
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     block = html[html.index('id="header"') : html.index('id="findings"')]
     return dict(re.findall(r'<td class="l ">([^<]*)</td><td class="l ">([^<]*)</td>', block))
 

@@ -324,11 +324,11 @@ def probe_run(root: Path, *, with_vectors: bool = True) -> Path:
 
 
 def images_of(index: Path) -> list[str]:
-    return re.findall(r'<img src="([^"]+)"', index.read_text())
+    return re.findall(r'<img src="([^"]+)"', index.read_text(encoding="utf-8"))
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    with open(path) as fh:
+    with open(path, encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
 
 

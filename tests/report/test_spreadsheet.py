@@ -4,6 +4,9 @@ numbers (OWASP's CSV-injection rule)."""
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,9 +42,26 @@ def test_the_report_writes_point_names_escaped_and_numbers_as_numbers(tmp_path: 
     ]
     path = tmp_path / "cells.csv"
     write_csv(path, ["point", "change", "note"], rows)
-    with open(path, newline="") as fh:
+    with open(path, encoding="utf-8", newline="") as fh:
         read = list(csv.DictReader(fh))
     assert read == [
         {"point": "'=1+1", "change": "-0.5", "note": "'-see docs"},
         {"point": "block_01", "change": "-inf", "note": ""},
     ]
+
+
+def test_the_csv_is_utf8_whatever_the_locale(tmp_path: Path):
+    """Under a locale that is not UTF-8 (here C, with Python's coercion and UTF-8 mode off) open()'s default encoding
+    is ASCII: the findings' "±" and "−" stopped tgo-report with a UnicodeEncodeError until the writer named UTF-8."""
+    path = tmp_path / "findings.csv"
+    child = (  # ASCII source (that locale cannot decode more): the cells spelled with escapes
+        "import locale, sys; from pathlib import Path; from tgo.report.spreadsheet import write_csv\n"
+        "encoding = locale.getpreferredencoding(False)\n"
+        "assert encoding.lower() not in ('utf-8', 'utf8'), encoding\n"
+        "write_csv(Path(sys.argv[1]), ['change', 'note'], [{'change': '0.14 \\u00b1 0.0004', 'note': '\\u22123'}])\n"
+    )
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    command = [sys.executable, "-c", child, str(path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert path.read_text(encoding="utf-8") == "change,note\n0.14 \u00b1 0.0004,\u22123\n"

@@ -82,7 +82,7 @@ def _story_of(run: Path):
 
 def test_the_against_depth_panels_draw_the_window_means_the_hypotheses_table_judges(story_report):
     run, index = story_report
-    with open(index.parent / "hypotheses.csv") as fh:
+    with open(index.parent / "hypotheses.csv", encoding="utf-8") as fh:
         table = {(r["metric"], r["view"], r["point"]): r for r in csv.DictReader(fh) if r["point"]}
     story, _, _ = _story_of(run)
     panels = {p.key: p for p in story.panels}

@@ -186,7 +186,7 @@ def test_the_summary_trigger_counts_the_lines_a_launch_appends_to_its_log(tmp_pa
     assert watcher.poll() == 0 and watcher.landed() == "no summary line seen"
 
     def append(text: str) -> None:
-        with open(log, "a") as fh:
+        with open(log, "a", encoding="utf-8") as fh:
             fh.write(text)
 
     append("Sanity Checking DataLoader 0: 100%|##########| 1/1 [00:00<00:00]   " + SUMMARY_LINE.format(0) + "\n")

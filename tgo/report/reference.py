@@ -184,7 +184,7 @@ def load_reference(path: str | os.PathLike | None = None) -> dict[str, dict[str,
     path = Path(path) if path is not None else reference_path()
     collected: dict[str, dict[str, dict[int, float]]] = {}
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             for line in fh:
                 if not line.strip():
                     continue

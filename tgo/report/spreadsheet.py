@@ -29,7 +29,7 @@ def spreadsheet_cell(value: Any) -> Any:
 
 def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
     """Writes ``rows`` under the header ``columns`` with every cell through `spreadsheet_cell`."""
-    with open(path, "w", newline="") as fh:
+    with open(path, "w", encoding="utf-8", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(columns), lineterminator="\n")
         writer.writeheader()
         writer.writerows({key: spreadsheet_cell(value) for key, value in row.items()} for row in rows)
