@@ -242,9 +242,9 @@ def within_text(inside: dict[str, Any], epochs: int) -> str:
 def clocked(run: Path) -> dict[str, Any]:
     """`within_fit` of a finished CSV-logged fit's run directory (its ``epoch_clock.json``, ``train.log`` and the CSV
     logger's ``csv/metrics.csv``, whose summary durations say which epochs are clean)."""
-    clock = json.loads((run / CLOCK_FILE).read_text())
-    observed = observation_times((run / "train.log").read_text())
-    summaries = summary_durations((run / "csv" / "metrics.csv").read_text())
+    clock = json.loads((run / CLOCK_FILE).read_text(encoding="utf-8"))
+    observed = observation_times((run / "train.log").read_text(encoding="utf-8"))
+    summaries = summary_durations((run / "csv" / "metrics.csv").read_text(encoding="utf-8"))
     return within_fit(clock["starts"], clock["end"], observed, summaries)
 
 

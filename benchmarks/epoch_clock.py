@@ -33,5 +33,5 @@ class EpochClock(Callback):
         self.end = time.time()
         if trainer.is_global_zero:
             partial = self.path.with_name(self.path.name + f".{os.getpid()}.partial")
-            partial.write_text(json.dumps({"starts": self.starts, "end": self.end}))
+            partial.write_text(json.dumps({"starts": self.starts, "end": self.end}), encoding="utf-8")
             partial.replace(self.path)

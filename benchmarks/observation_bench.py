@@ -735,7 +735,7 @@ def gpu_rows(table: Table, profile: Profile, repeats: int, work: Path) -> dict[s
     # Row 6.4: the analysis pass under DDP over every GPU present (NCCL, one process per GPU).
     out = work / "ddp.json"
     mp.spawn(_ddp_worker, args=(world, h.free_port(), spec, images, batch, str(out)), nprocs=world, join=True)
-    ddp = raw["ddp"] = json.loads(out.read_text())
+    ddp = raw["ddp"] = json.loads(out.read_text(encoding="utf-8"))
     table.add(
         "6.4",
         f"GPU DDP analysis pass over {world} GPU(s), {images} images (f64)",
@@ -1163,7 +1163,7 @@ def spectral_engine(args: Sequence[str], out_dir: Path) -> dict[str, Any]:
     proc = subprocess.run(cmd, cwd=h.REPO, env={**os.environ, **h.MALLOC_ENV}, capture_output=True, text=True)
     text = proc.stdout + (proc.stderr if proc.returncode else "")
     print(text, flush=True)
-    (out_dir / "spectral_bench.txt").write_text(text)
+    (out_dir / "spectral_bench.txt").write_text(text, encoding="utf-8")
     return {"returncode": proc.returncode, "seconds": time.perf_counter() - start, "output": text}
 
 
@@ -1349,9 +1349,9 @@ def main(argv: list[str] | None = None) -> int:
         results["failures"] = _failures(results, table)
         results["wall_seconds"] = time.perf_counter() - started
         results["load_average_1m_end"] = round(os.getloadavg()[0], 2)
-        (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str), encoding="utf-8")
     rendered = table.render()
-    (out_dir / "table.txt").write_text(h.environment_line(env) + "\n\n" + rendered + "\n")
+    (out_dir / "table.txt").write_text(h.environment_line(env) + "\n\n" + rendered + "\n", encoding="utf-8")
     print()
     print(f"TGO observation benchmark ({profile.name}) - {h.environment_line(env)}")
     print(

@@ -277,7 +277,7 @@ def _share_worker(rank: int, world: int, port: int, out: str, spec: dict[str, An
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=SHARE_TIMEOUT_S))
     try:
         result = _share_rank(rank, world, Path(out), spec)
-        (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
     finally:
         dist.destroy_process_group()
 
@@ -435,7 +435,7 @@ def shared_summary(sizes: Sizes, world: int, work: Path) -> list[dict[str, Any]]
         "threads": max(1, torch.get_num_threads() // world),  # the stream's threads: the cores split over the ranks
     }
     mp.spawn(_share_worker, args=(world, h.free_port(), str(out), spec), nprocs=world, join=True)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+    return [json.loads((out / f"rank{rank}.json").read_text(encoding="utf-8")) for rank in range(world)]
 
 
 def _timed(ranks: list[dict[str, Any]], rank: int, variant: str) -> list[dict[str, Any]]:

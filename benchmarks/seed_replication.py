@@ -598,7 +598,10 @@ def train_seed(runs_dir: Path, experiment: str, seed: int, reuse: bool, log: Cal
         cfg = compose("train", overrides=overrides)
     run(cfg)
     seconds = time.perf_counter() - started
-    done.write_text(json.dumps({"experiment": experiment, "seed": seed, "overrides": overrides, "seconds": seconds}))
+    done.write_text(
+        json.dumps({"experiment": experiment, "seed": seed, "overrides": overrides, "seconds": seconds}),
+        encoding="utf-8",
+    )
     log(f"[seed_replication] seed {seed}: trained in {seconds:.0f} s")
     return run_dir
 
@@ -661,7 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ],
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=1, default=str))
+        args.json.write_text(json.dumps(payload, indent=1, default=str), encoding="utf-8")
     return 0
 
 

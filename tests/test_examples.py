@@ -30,7 +30,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 def test_the_library_example_marks_its_few_tgo_lines() -> None:
     """The lines a user adds to their own training for TGO: two imports, the subset, the callback, the argument."""
-    lines = (EXAMPLES / "own_lightning.py").read_text().splitlines()
+    lines = (EXAMPLES / "own_lightning.py").read_text(encoding="utf-8").splitlines()
     tgo_lines = [line.strip() for line in lines if line.rstrip().endswith("# TGO")]
     assert len(tgo_lines) == 5, tgo_lines
     assert not any(line.startswith(("import hydra", "from hydra")) for line in lines), "no Hydra"
@@ -48,7 +48,7 @@ def test_own_lightning_example_records_and_the_report_reads_its_output(
         timeout=600,
     )
     assert recorded_epochs(out) == [0, 1]
-    manifest = json.loads(RunDir(out).manifest.read_text())
+    manifest = json.loads(RunDir(out).manifest.read_text(encoding="utf-8"))
     assert manifest["size"] == 100 and manifest["num_classes"] == 10 and manifest["per_class"] == 10
     # The report of its output, as `python -m tgo.report OUT --no-correlation` runs it, in this process (the command
     # line's own process is tests/test_packaging.py's and the README's); every section and figure is made, only the
@@ -118,7 +118,7 @@ def test_resuming_ones_own_training_from_an_earlier_checkpoint_observes_the_retr
     assert {r["step"] for r in before if r["epoch"] == "2"} == {"4"}
     assert {r["step"] for r in rows if r["epoch"] == "2"} == {"5"}, "2 steps, then 3 of the resumed training"
     (aside,) = (out / SET_ASIDE).iterdir()
-    assert "recorded after epoch=0-step=2.ckpt was saved" in (aside / "REASON.txt").read_text()
+    assert "recorded after epoch=0-step=2.ckpt was saved" in (aside / "REASON.txt").read_text(encoding="utf-8")
     assert read_metric_rows(aside) == [r for r in before if r["epoch"] == "2"], "moved, not lost"
     assert [p.name for p in (aside / "geometry" / "spectra").iterdir()] == ["epoch_0002.npz"]
 

@@ -55,8 +55,10 @@ def test_a_multirun_of_two_ddp_jobs_runs_each_job_in_its_own_directory(tmp_path)
 def _fake_slurm_commands(bin_dir: Path) -> None:
     """``srun`` (submitit checks it exists) and an ``sbatch`` that keeps the script it was given and submits nothing."""
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "sbatch").write_text('#!/bin/sh\ncp "$1" "$SBATCH_CAPTURE"\necho "sbatch: test double" >&2\nexit 1\n')
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    (bin_dir / "sbatch").write_text(
+        '#!/bin/sh\ncp "$1" "$SBATCH_CAPTURE"\necho "sbatch: test double" >&2\nexit 1\n', encoding="utf-8"
+    )
     for tool in ("srun", "sbatch"):
         (bin_dir / tool).chmod(0o755)
 
@@ -88,8 +90,12 @@ def test_the_slurm_launcher_renders_the_sbatch_script_of_the_snapshot(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     _, captured = _slurm_sweep(tmp_path, ["trainer.devices=8", "trainer.num_nodes=2"])
     assert captured.is_file(), "sbatch was never called"
-    rendered = captured.read_text().replace(str(tmp_path / "sweep"), "<SWEEP>").replace(sys.executable, "<PYTHON>")
-    assert rendered == SBATCH_SNAPSHOT.read_text()
+    rendered = (
+        captured.read_text(encoding="utf-8")
+        .replace(str(tmp_path / "sweep"), "<SWEEP>")
+        .replace(sys.executable, "<PYTHON>")
+    )
+    assert rendered == SBATCH_SNAPSHOT.read_text(encoding="utf-8")
 
 
 def test_devices_auto_with_the_slurm_launcher_is_one_clear_line(tmp_path):
@@ -127,7 +133,7 @@ def test_submitit_local_launcher_runs_a_two_job_sweep(tmp_path):
     for job in ("0", "1"):
         assert recorded_epochs(sweep / job) == [0, 1], job
         assert (sweep / job / "checkpoints" / "last.ckpt").is_file(), job
-        assert "[tgo] done:" in (sweep / job / "train.log").read_text(), job
+        assert "[tgo] done:" in (sweep / job / "train.log").read_text(encoding="utf-8"), job
 
 
 SLURM_TASK = {  # one task of a one-node job, as srun would describe it (Lightning's own tests mock it this way)
@@ -169,7 +175,7 @@ def test_a_preempted_slurm_job_checkpoints_requeues_and_resumes_in_its_directory
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     requeued = tmp_path / "scontrol.args"
-    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {requeued}\nkill -9 $PPID\n')
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {requeued}\nkill -9 $PPID\n', encoding="utf-8")
     (bin_dir / "scontrol").chmod(0o755)
     run_dir = tmp_path / "run"
     args = [*JOB, "trainer.max_epochs=2", "trainer.limit_train_batches=4", f"hydra.run.dir={run_dir}"]
@@ -178,12 +184,12 @@ def test_a_preempted_slurm_job_checkpoints_requeues_and_resumes_in_its_directory
     preempt = ["+callbacks.preempt._target_=tests.helpers.SignalAtBatch", "+callbacks.preempt.epoch=1"]
     first = run_cli([*args, *preempt, "+callbacks.preempt.batch=1"], tmp_path, env=env)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-    assert requeued.read_text().split() == ["requeue", "1234"]
+    assert requeued.read_text(encoding="utf-8").split() == ["requeue", "1234"]
     assert (run_dir / "hpc_ckpt_1.ckpt").is_file() and recorded_epochs(run_dir) == [0, 1]
 
     second = run_cli(args, tmp_path, env={**env, "SLURM_RESTART_COUNT": "1"})
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "hpc_ckpt_1.ckpt" in (run_dir / "train.log").read_text()
+    assert "hpc_ckpt_1.ckpt" in (run_dir / "train.log").read_text(encoding="utf-8")
     rows = [
         r for r in read_metric_rows(run_dir) if (r["point"], r["view"], r["metric"]) == ("cls", "all", "effective_rank")
     ]

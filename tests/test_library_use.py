@@ -109,12 +109,12 @@ def fails_in_setup(root: Path, module: Classifier, callback: L.Callback, error: 
 def test_own_module_with_a_backbone_and_plain_dataloaders_records_without_a_datamodule(tmp_path: Path) -> None:
     analysis = stratified_subset(images(24), per_class=3, seed=0)
     callback = SpectralGeometryCallback(analysis=analysis, every_n_epochs=1, **FAST)
-    (tmp_path / "notes.txt").write_text("the user's own file\n")
+    (tmp_path / "notes.txt").write_text("the user's own file\n", encoding="utf-8")
     fit(tmp_path, Classifier("backbone"), callback, epochs=2)
     assert recorded_epochs(tmp_path) == [0, 1, 2]
-    assert (tmp_path / "notes.txt").read_text() == "the user's own file\n", "a foreign file was touched"
+    assert (tmp_path / "notes.txt").read_text(encoding="utf-8") == "the user's own file\n", "a foreign file was touched"
     assert not RunDir(tmp_path).is_marked(), "the user's directory is not made a tgo.train run"
-    manifest = json.loads(RunDir(tmp_path).manifest.read_text())
+    manifest = json.loads(RunDir(tmp_path).manifest.read_text(encoding="utf-8"))
     assert manifest["written_by"].startswith("tgo.callbacks.SpectralGeometryCallback")
     assert manifest["size"] == 12 and manifest["per_class"] == 3 and manifest["seed"] == 0
     assert [item["key"] for item in manifest["items"]] == list(analysis.indices)
@@ -409,7 +409,9 @@ def test_observe_model_equals_the_callbacks_epoch_zero_record_for_the_same_weigh
         assert arrays.keys() == plain_spectra[point].keys(), point
         for name, array in arrays.items():
             assert np.array_equal(array, plain_spectra[point][name], equal_nan=True), (point, name)
-    fit_manifest, plain_manifest = (RunDir(tmp_path / name).manifest.read_text() for name in ("fit", "plain"))
+    fit_manifest, plain_manifest = (
+        RunDir(tmp_path / name).manifest.read_text(encoding="utf-8") for name in ("fit", "plain")
+    )
     assert json.loads(fit_manifest)["fingerprint"] == json.loads(plain_manifest)["fingerprint"]
 
 

@@ -36,7 +36,7 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 REPO = Path(__file__).resolve().parents[1]
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 SCRIPTS = {"tgo-train": "tgo.train:main", "tgo-observe": "tgo.observe:main", "tgo-report": "tgo.report.__main__:main"}
 LICENSE_GLOBS = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")  # setuptools' default license-files
@@ -205,7 +205,7 @@ def test_the_installed_wheel_trains_observes_and_reports_from_outside_the_checko
     project = tmp_path / "project"
     project.mkdir()
     if shutil.which("git"):
-        (project / "notes.txt").write_text("not TGO\n")
+        (project / "notes.txt").write_text("not TGO\n", encoding="utf-8")
         git(project, "init", "-q")
         git(project, "add", "notes.txt")
         git(project, "commit", "-qm", "someone else's repository")
@@ -219,10 +219,10 @@ def test_the_installed_wheel_trains_observes_and_reports_from_outside_the_checko
     # The user's working directory: their own callbacks/ package and conf/ tree must not be picked up.
     cwd = tmp_path / "elsewhere"
     (cwd / "callbacks").mkdir(parents=True)
-    (cwd / "callbacks" / "__init__.py").write_text(USERS_OWN)
-    (cwd / "callbacks" / "spectral_geometry.py").write_text(USERS_OWN)
+    (cwd / "callbacks" / "__init__.py").write_text(USERS_OWN, encoding="utf-8")
+    (cwd / "callbacks" / "spectral_geometry.py").write_text(USERS_OWN, encoding="utf-8")
     (cwd / "conf").mkdir()
-    (cwd / "conf" / "train.yaml").write_text("defaults:\n  - not_a_tgo_group: nothing\n")
+    (cwd / "conf" / "train.yaml").write_text("defaults:\n  - not_a_tgo_group: nothing\n", encoding="utf-8")
     assert not cwd.resolve().is_relative_to(REPO) and not site.resolve().is_relative_to(REPO)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     env.update(
@@ -260,14 +260,16 @@ def test_the_installed_wheel_trains_observes_and_reports_from_outside_the_checko
 
     # The README's smoke pipeline (its block marked `runnable: wheel`), as a reader who installed TGO runs it.
     (readme_block,) = [block for block in README_BLOCKS if block.wheel]
-    (cwd / "readme_block.sh").write_text(readme_block.code)
+    (cwd / "readme_block.sh").write_text(readme_block.code, encoding="utf-8")
     train = run(["bash", "-euo", "pipefail", "readme_block.sh"])
     run_dir, observed = cwd / "runs" / "smoke", tmp_path / "observed"
     assert any(line.startswith("[tgo] done:") for line in tgo_lines(train.stdout + train.stderr))
     for record in ("config.yaml", "analysis_subset.json", "geometry/metrics.csv", "checkpoints/last.ckpt"):
         assert (run_dir / record).is_file(), record
     assert sorted((run_dir / "geometry" / "spectra").iterdir()), "no spectra recorded"
-    assert "tgo.callbacks.spectral_geometry.SpectralGeometryCallback" in (run_dir / "config.yaml").read_text()
+    assert "tgo.callbacks.spectral_geometry.SpectralGeometryCallback" in (run_dir / "config.yaml").read_text(
+        encoding="utf-8"
+    )
     assert not (cwd / "outputs").exists()
     assert (run_dir / "report" / "index.html").is_file(), "the README block's report"
 
@@ -277,7 +279,7 @@ def test_the_installed_wheel_trains_observes_and_reports_from_outside_the_checko
     run([str(scripts["tgo-observe"]), "--checkpoint", str(last), "--out", str(observed)])
     assert (observed / "geometry" / "metrics.csv").is_file() and sorted((observed / "geometry" / "spectra").iterdir())
 
-    page = (run_dir / "report" / "index.html").read_text()
+    page = (run_dir / "report" / "index.html").read_text(encoding="utf-8")
     assert (run_dir / "report" / "findings.csv").is_file() and sorted((run_dir / "report" / "figures").iterdir())
     version = PYPROJECT["project"]["version"]
     assert f'tgo version</td><td class="l ">{version}<' in page
@@ -288,8 +290,8 @@ def test_the_installed_wheel_trains_observes_and_reports_from_outside_the_checko
 
 def test_a_users_own_callbacks_package_does_not_shadow_tgos_in_the_checkout(tmp_path: Path):
     (tmp_path / "callbacks").mkdir()
-    (tmp_path / "callbacks" / "__init__.py").write_text("MINE = True\n")
-    (tmp_path / "callbacks" / "spectral_geometry.py").write_text(USERS_OWN)
+    (tmp_path / "callbacks" / "__init__.py").write_text("MINE = True\n", encoding="utf-8")
+    (tmp_path / "callbacks" / "spectral_geometry.py").write_text(USERS_OWN, encoding="utf-8")
     probe = (
         "import sys\n"
         "from tgo.callbacks.spectral_geometry import SpectralGeometryCallback as C\n"

@@ -142,5 +142,5 @@ def test_the_class_count_is_read_from_the_runs_manifest(tmp_path):
         ("[1, 2]", None),
         ("not json", None),
     ):
-        run.manifest.write_text(text)
+        run.manifest.write_text(text, encoding="utf-8")
         assert panels.class_count(tmp_path) == expected, text

@@ -261,7 +261,7 @@ def test_the_first_two_commands_are_make_run_and_make_test():
     lang, lines = _fenced(README.read_text(encoding="utf-8"))[0]
     commands = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
     assert lang == "bash" and commands[:2] == ["make run", "make test"]
-    makefile = (REPO / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert re.search(r"^run: \$\(STAMP\)$", makefile, re.M) and re.search(r"^test: \$\(STAMP\)$", makefile, re.M)
 
 

@@ -76,7 +76,7 @@ def test_records_newer_than_the_checkpoint_are_set_aside_and_observed_again(tmp_
         np.testing.assert_allclose(again[point]["eigenvalues"], arrays["eigenvalues"], rtol=1e-10, atol=1e-10 * top)
 
     (aside,) = (run_dir / SET_ASIDE).iterdir()
-    assert "recorded after last.ckpt was saved" in (aside / "REASON.txt").read_text()
+    assert "recorded after last.ckpt was saved" in (aside / "REASON.txt").read_text(encoding="utf-8")
     assert (aside / "geometry" / "spectra" / "epoch_0002.npz").is_file()
     assert read_metric_rows(aside) == stale  # moved, not lost
 
@@ -97,7 +97,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_over_with_ckpt_path_las
 def _started_run(root: Path) -> RunDir:
     run_dir = RunDir(root)
     root.mkdir()
-    run_dir.config.write_text("seed: 0\n")
+    run_dir.config.write_text("seed: 0\n", encoding="utf-8")
     return run_dir
 
 
@@ -134,7 +134,7 @@ def test_set_aside_epochs_moves_rows_and_spectra_and_keeps_the_rest(smoke_run, t
 
 
 def _manifest(run_dir: RunDir, **changes: object) -> dict:
-    manifest = json.loads(run_dir.manifest.read_text())
+    manifest = json.loads(run_dir.manifest.read_text(encoding="utf-8"))
     return {**manifest, **changes}
 
 
@@ -287,8 +287,10 @@ def test_a_duplicated_record_a_resume_would_keep_is_refused_naming_the_file(cras
     """Issue 33, finding 6: a duplicated epoch of ``metrics.csv`` was carried through a resume (the report then
     refused the run). Epoch 1 is the checkpoint's: which copy is its own cannot be told, so the resume stops."""
     run_dir = _copy(crashed, tmp_path)
-    lines = run_dir.metrics.read_text().splitlines(keepends=True)
-    run_dir.metrics.write_text("".join([*lines, *(line for line in lines[1:] if line.startswith("1,"))]))
+    lines = run_dir.metrics.read_text(encoding="utf-8").splitlines(keepends=True)
+    run_dir.metrics.write_text(
+        "".join([*lines, *(line for line in lines[1:] if line.startswith("1,"))]), encoding="utf-8"
+    )
     line = _refused(run_dir, ["trainer.max_epochs=2", "ckpt_path=last"])
     assert f"{run_dir.metrics}: line {len(lines) + 1} repeats epoch 1, point " in line and "of line " in line
 
@@ -298,9 +300,9 @@ def test_a_duplicated_record_after_the_checkpoint_leaves_with_the_records_set_as
     """A duplicate among the records a resume sets aside (epoch 2, after ``last.ckpt``) goes with them, both copies,
     and the resumed run records that epoch once."""
     run_dir = _copy(crashed, tmp_path)
-    lines = run_dir.metrics.read_text().splitlines(keepends=True)
+    lines = run_dir.metrics.read_text(encoding="utf-8").splitlines(keepends=True)
     twice = [line for line in lines[1:] if line.startswith("2,")]
-    run_dir.metrics.write_text("".join([*lines, *twice]))
+    run_dir.metrics.write_text("".join([*lines, *twice]), encoding="utf-8")
     run(compose_train(run_dir.root, [*FAST, "trainer.max_epochs=2", "ckpt_path=last"]))
     assert epoch_counts(run_dir.root) == {0: 1, 1: 1, 2: 1}
     (aside,) = (run_dir.root / SET_ASIDE).iterdir()
@@ -328,6 +330,6 @@ def test_run_ids_that_cannot_be_compared_pass_and_differing_ones_are_refused(tmp
     another = r"'other.ckpt' holds the weights of another training \(run id aaaaaaaaaaaa\)"
     with pytest.raises(ResumeError, match=another):
         check_same_run(run_dir, "other.ckpt", "a" * 32)
-    run_id_path(run_dir).write_text("not json")
+    run_id_path(run_dir).write_text("not json", encoding="utf-8")
     with pytest.raises(ResumeError, match=r"run.json: unreadable"):
         recorded_run_id(run_dir)

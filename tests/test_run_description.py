@@ -178,18 +178,18 @@ def test_observe_model_output_is_labelled_an_offline_observation(tmp_path: Path)
     ],
 )
 def test_a_malformed_description_is_refused_in_one_line(tmp_path: Path, content: str, match: str) -> None:
-    description_path(tmp_path).write_text(content)
+    description_path(tmp_path).write_text(content, encoding="utf-8")
     with pytest.raises(RunDescriptionError, match=match) as caught:
         read_description(tmp_path)
     assert "\n" not in str(caught.value) and "run_description.json" in str(caught.value)
 
 
 def test_a_description_tgo_did_not_write_is_never_overwritten(tmp_path: Path) -> None:
-    description_path(tmp_path).write_text('{"mine": 1}\n')
+    description_path(tmp_path).write_text('{"mine": 1}\n', encoding="utf-8")
     with pytest.raises(RunDirectoryError, match="never overwrites a file it did not create") as caught:
         tgo.observe_model(tiny_vit(), stratified_subset(images(8, 0), per_class=2), out=tmp_path, **FAST)
     assert "\n" not in str(caught.value)
-    assert json.loads(description_path(tmp_path).read_text()) == {"mine": 1}
+    assert json.loads(description_path(tmp_path).read_text(encoding="utf-8")) == {"mine": 1}
 
 
 def test_validation_metrics_are_told_from_training_ones_and_accuracies_read_by_name(tmp_path: Path) -> None:
@@ -198,7 +198,7 @@ def test_validation_metrics_are_told_from_training_ones_and_accuracies_read_by_n
     assert validation_metrics(logged) == {"eval/loss": 2.0, "val_acc": 0.5}  # a vector is no scalar metric
     metrics = {"val_acc_step": 0.1, "val_acc_epoch": 0.2, "val/accuracy_top5": 0.9, "val_loss": 1.5, "val_acc_pct": 55}
     description = {"tgo": "run description", "kind": TRAINING_RUN, "validation": {"metrics": metrics}}
-    description_path(tmp_path).write_text(json.dumps(description))
+    description_path(tmp_path).write_text(json.dumps(description), encoding="utf-8")
     info = read_run_info(tmp_path)
     assert (info.top1, info.top5) == (0.2, 0.9)  # the epoch mean before the step's; 55 is no fraction
     assert info.kind == TRAINING_RUN and info.validation == metrics and info.model is None

@@ -64,12 +64,12 @@ def _stamp(run: Path, **fields: object) -> None:
     run.mkdir(parents=True, exist_ok=True)
     since = "2026-12-01T00:00:00+00:00"
     payload = {"tgo": "run directory lock", "pid": 1, "host": socket.gethostname(), "since": since, "command": "x"}
-    (run / LOCK_NAME).write_text(json.dumps({**payload, **fields}))
+    (run / LOCK_NAME).write_text(json.dumps({**payload, **fields}), encoding="utf-8")
 
 
 def test_a_second_process_is_refused_in_one_line_naming_the_holder(holder):
     run, proc = holder
-    stamp = json.loads((run / LOCK_NAME).read_text())
+    stamp = json.loads((run / LOCK_NAME).read_text(encoding="utf-8"))
     assert stamp["pid"] == proc.pid and stamp["host"] == socket.gethostname() and "-c" in stamp["command"]
     with pytest.raises(RunLockError) as refused:
         RunLock(run, what="hydra.run.dir").acquire()
@@ -77,7 +77,7 @@ def test_a_second_process_is_refused_in_one_line_naming_the_holder(holder):
     assert "\n" not in message
     assert message.startswith(f"hydra.run.dir '{run}' is in use by another TGO process (pid {proc.pid} on host ")
     assert f"since {stamp['since']}" in message and "one process per run directory" in message
-    assert json.loads((run / LOCK_NAME).read_text()) == stamp, "the holder's lock file is untouched"
+    assert json.loads((run / LOCK_NAME).read_text(encoding="utf-8")) == stamp, "the holder's lock file is untouched"
 
 
 def test_the_lock_of_a_killed_process_is_taken_over_with_one_line(holder, capsys: pytest.CaptureFixture[str]):
@@ -90,7 +90,7 @@ def test_the_lock_of_a_killed_process_is_taken_over_with_one_line(holder, capsys
         assert lock.took_over is not None and f"took over the lock of pid {proc.pid} on host" in lock.took_over
         assert "which is no longer running" in lock.took_over
         assert capsys.readouterr().err.strip().splitlines() == [lock.took_over]
-        assert json.loads((run / LOCK_NAME).read_text())["pid"] == os.getpid()
+        assert json.loads((run / LOCK_NAME).read_text(encoding="utf-8"))["pid"] == os.getpid()
     finally:
         lock.release()
     assert not (run / LOCK_NAME).exists(), "released: the file is gone"
@@ -115,8 +115,8 @@ def test_a_directory_made_only_for_the_lock_is_removed_again(tmp_path: Path):
         assert new.is_dir()
     assert not new.exists(), "nothing was written there: the directory the lock made is gone"
     with RunLock(new):
-        (new / "record").write_text("kept")
-    assert (new / "record").read_text() == "kept"
+        (new / "record").write_text("kept", encoding="utf-8")
+    assert (new / "record").read_text(encoding="utf-8") == "kept"
 
 
 def test_another_hosts_lock_is_refused_with_what_to_do_unless_it_is_this_slurm_jobs(tmp_path, monkeypatch, capsys):
@@ -142,7 +142,7 @@ def test_a_process_the_holder_started_writes_under_its_lock(tmp_path: Path):
     run = tmp_path / "run"
     child = "import sys; from tgo.run_lock import RunLock; RunLock(sys.argv[1]).acquire().release(); print('wrote')"
     with RunLock(run):
-        stamp = (run / LOCK_NAME).read_text()
+        stamp = (run / LOCK_NAME).read_text(encoding="utf-8")
         done = subprocess.run(
             [sys.executable, "-c", child, str(run)],
             capture_output=True,
@@ -151,19 +151,21 @@ def test_a_process_the_holder_started_writes_under_its_lock(tmp_path: Path):
             check=False,
         )
         assert done.returncode == 0 and done.stdout.strip() == "wrote", done.stderr
-        assert (run / LOCK_NAME).read_text() == stamp, "the child neither took nor removed its launcher's lock"
+        assert (run / LOCK_NAME).read_text(encoding="utf-8") == stamp, (
+            "the child neither took nor removed its launcher's lock"
+        )
     assert not (run / LOCK_NAME).exists()
 
 
 def test_a_link_or_a_directory_as_the_lock_file_is_one_line(tmp_path: Path):
     outside = tmp_path / "outside.txt"
-    outside.write_text("theirs")
+    outside.write_text("theirs", encoding="utf-8")
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / LOCK_NAME).symlink_to(outside)
     with pytest.raises(RunLockError, match=rf"{LOCK_NAME} is a symbolic link; TGO never writes through a link"):
         RunLock(linked).acquire()
-    assert outside.read_text() == "theirs"
+    assert outside.read_text(encoding="utf-8") == "theirs"
     folder = tmp_path / "folder"
     (folder / LOCK_NAME).mkdir(parents=True)
     with pytest.raises(RunLockError, match=f"{LOCK_NAME} is a directory"):
@@ -205,7 +207,7 @@ def test_the_callback_in_a_users_own_fit_holds_the_lock_while_it_trains_and_rele
 
     class Watch(L.Callback):
         def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            seen.append(json.loads((tmp_path / LOCK_NAME).read_text()))
+            seen.append(json.loads((tmp_path / LOCK_NAME).read_text(encoding="utf-8")))
 
     class Fails(Classifier):
         def training_step(self, batch, batch_idx):

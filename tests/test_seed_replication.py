@@ -192,7 +192,7 @@ def test_smoke_mode_trains_scores_and_reuses_its_runs(tmp_path: Path, capsys: py
     runs = tmp_path / "runs"
     assert sr.main(["--smoke", "--runs-dir", str(runs), "--json", str(tmp_path / "first.json")]) == 0
     first = capsys.readouterr()
-    result = json.loads((tmp_path / "first.json").read_text())
+    result = json.loads((tmp_path / "first.json").read_text(encoding="utf-8"))
     assert result["seeds"] == list(sr.SMOKE_SEEDS) and result["experiment"] == "smoke"
     every = result["groups"]["all"]
     assert every["rows"] == len(result["rows"]) > 0
@@ -215,4 +215,4 @@ def test_smoke_mode_trains_scores_and_reuses_its_runs(tmp_path: Path, capsys: py
     )
     assert again.returncode == 0, again.stderr[-4000:]
     assert "training" not in again.stderr
-    assert json.loads((tmp_path / "again.json").read_text())["groups"] == result["groups"]
+    assert json.loads((tmp_path / "again.json").read_text(encoding="utf-8"))["groups"] == result["groups"]

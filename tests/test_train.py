@@ -43,7 +43,7 @@ def test_smoke_run_writes_everything_a_user_reads(smoke_run, smoke_metrics):
     assert any(p.name.startswith("best_epoch_") for p in (run_dir / "checkpoints").iterdir()), "best checkpoint"
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     assert (run_dir / "config.yaml").is_file()
-    manifest = json.loads((run_dir / "analysis_subset.json").read_text())
+    manifest = json.loads((run_dir / "analysis_subset.json").read_text(encoding="utf-8"))
     assert manifest["source"] == "digits" and len(manifest["items"]) == 50
     spectra = sorted(p.name for p in (run_dir / "geometry" / "spectra").glob("*.npz"))
     assert spectra == ["epoch_0000.npz", "epoch_0001.npz", "epoch_0002.npz"]
@@ -185,7 +185,7 @@ def test_cli_prints_run_directory_and_tensorboard_command(tmp_path):
     assert "tensorboard --logdir" in output
     assert (tmp_path / "cli_run" / "geometry" / "metrics.csv").is_file()
     # train.log holds the run's messages, TGO's and Lightning's, as Hydra users expect
-    log = (tmp_path / "cli_run" / "train.log").read_text()
+    log = (tmp_path / "cli_run" / "train.log").read_text(encoding="utf-8")
     assert f"[tgo] run directory: {tmp_path / 'cli_run'}" in log and "[tgo] done:" in log
     assert "[lightning.pytorch" in log and "max_epochs=1" in log
 
@@ -317,7 +317,7 @@ def test_the_launching_process_locks_the_named_run_directory_before_hydra_writes
         monkeypatch.delenv(name, raising=False)
     mine = tmp_path / "mine"
     lock = _early_lock(["experiment=smoke", f"hydra.run.dir={mine}"])
-    assert lock is not None and json.loads((mine / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert lock is not None and json.loads((mine / LOCK_NAME).read_text(encoding="utf-8"))["pid"] == os.getpid()
     lock.release()
     assert not mine.exists(), "nothing else was written: the directory the lock made is gone again"
     assert _early_lock(["-m", "experiment=smoke", f"hydra.run.dir={mine}"]) is None, "a multirun's jobs lock their own"

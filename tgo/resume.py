@@ -359,7 +359,7 @@ def check_same_analysis_subset(run: RunDir, current: dict[str, Any]) -> None:
     if not run.manifest.is_file():
         return
     try:
-        earlier = json.loads(run.manifest.read_text())
+        earlier = json.loads(run.manifest.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as err:
         raise ChangedAnalysisSubsetError(
             f"{run.manifest}: unreadable ({err}); expected the run's own manifest to check the resumed subset against"

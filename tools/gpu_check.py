@@ -1070,7 +1070,7 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         f"\nexit {status}: equality checks {'FAILED' if exact_failed else 'passed'}; "
         + ("timing misses count (--strict)" if args.strict else "timing misses are reported, not fatal (--strict)")
     )
-    (out / "table.txt").write_text(h.environment_line(env) + "\n\n" + header + "\n" + table + "\n")
+    (out / "table.txt").write_text(h.environment_line(env) + "\n\n" + header + "\n" + table + "\n", encoding="utf-8")
     payload = {
         "environment": env,
         "profile": dataclasses.asdict(profile),
@@ -1087,7 +1087,7 @@ def _check(args: argparse.Namespace, profile: Profile, device: torch.device, out
         "rows": [dataclasses.asdict(r) for r in rows],
         "exit_status": status,
     }
-    (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
+    (out / "results.json").write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
     return status
 
 

@@ -658,7 +658,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(trials))
     failed = [t for t in trials if not t.ok]
     (workdir / "results.json").write_text(
-        json.dumps([{**asdict(t), "survived": t.survived, "ok": t.ok} for t in trials], indent=1, default=str)
+        json.dumps([{**asdict(t), "survived": t.survived, "ok": t.ok} for t in trials], indent=1, default=str),
+        encoding="utf-8",
     )
     if failed:
         print(f"exit 1: {len(failed)} trial(s) failed: {[t.number for t in failed]}; kept {workdir}")

@@ -58,7 +58,7 @@ def test_smoke_run_produces_every_declared_row(tmp_path: Path) -> None:
     proc = run_smoke(tmp_path)
     assert proc.returncode == 0, f"benchmarks --smoke failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
 
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert results["mode"] == "smoke"
     assert results["failures"] == []
     assert results["spectral_bench"]["returncode"] == 0, results["spectral_bench"]["output"][-2000:]
@@ -180,12 +180,14 @@ def test_within_one_fit_an_observation_is_priced_against_the_epochs_it_left_alon
         f"[tgo] geometry of epoch {k} streamed and reduced over 200 images in 1.50 s; summary in the background"
         for k, t in observed.items()
     ]
-    (tmp_path / "train.log").write_text("[2026-12-06 02:01:50,388][seed][INFO] - Seed set\n" + "\n".join(lines))
+    (tmp_path / "train.log").write_text(
+        "[2026-12-06 02:01:50,388][seed][INFO] - Seed set\n" + "\n".join(lines), encoding="utf-8"
+    )
     (tmp_path / "csv").mkdir()
     rows = "".join(
         f"{k},,{8 * k}\n{k},{seconds},{8 * k}\n" for k, seconds in zip(observed_after, [6, 60, 6, 6], strict=True)
     )
-    (tmp_path / "csv" / "metrics.csv").write_text("epoch,geometry/summary_seconds,step\n" + rows)
+    (tmp_path / "csv" / "metrics.csv").write_text("epoch,geometry/summary_seconds,step\n" + rows, encoding="utf-8")
     from_files = clocked(tmp_path)
     assert from_files["dirty"] == 1
     assert from_files["percent"] == pytest.approx(14.0, abs=1e-3)

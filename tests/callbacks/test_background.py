@@ -375,7 +375,7 @@ def test_training_waits_only_for_the_pass_and_every_record_is_written_before_fit
     summary = _logged(tmp_path / "background", "geometry/summary_seconds")
     assert sorted(blocking) == sorted(summary) == [0, 1, 2]
     assert blocking[2] >= SUMMARY_DELAY_S, "the end of fit waited for the last summary, and says so"
-    logged = (tmp_path / "background" / "logs" / "version_0" / "metrics.csv").read_text()
+    logged = (tmp_path / "background" / "logs" / "version_0" / "metrics.csv").read_text(encoding="utf-8")
     assert "geometry/effective_rank/block_02" in logged
     inline, _ = _fit(tmp_path / "inline", summary={"background": False})
     assert inline.last_blocking_seconds >= SUMMARY_DELAY_S

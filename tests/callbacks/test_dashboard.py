@@ -317,7 +317,7 @@ def test_the_spectra_cards_mark_the_analysis_subsets_class_count(recorded, tmp_p
         target.parent.mkdir(parents=True, exist_ok=True)
         if path.is_file():
             target.write_bytes(path.read_bytes())
-    run.manifest.write_text('{"version": 1, "num_classes": 10, "items": []}')
+    run.manifest.write_text('{"version": 1, "num_classes": 10, "items": []}', encoding="utf-8")
     writer = RecordingWriter()
     draw_figures(writer, run.root, 2, observations[2], EPOCHS, spectra_only)
     assert seen == [None, 10], "no manifest: no line; a manifest of 10 classes: C = 10 on every card"

@@ -321,8 +321,8 @@ def test_the_report_has_an_early_training_section_with_its_phases(runs, tmp_path
 def test_a_users_file_in_the_step_series_is_refused_before_training(tmp_path):
     steps = RunDir(tmp_path).step_series
     steps.geometry.mkdir(parents=True)
-    (steps.geometry / "notes.txt").write_text("mine")
+    (steps.geometry / "notes.txt").write_text("mine", encoding="utf-8")
     with pytest.raises(Exception, match=r"geometry/steps/notes.txt"):
         fit(tmp_path, early={"enabled": True})
-    assert (steps.geometry / "notes.txt").read_text() == "mine"
+    assert (steps.geometry / "notes.txt").read_text(encoding="utf-8") == "mine"
     assert not RunDir(tmp_path).metrics.exists()

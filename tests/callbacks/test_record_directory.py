@@ -153,7 +153,7 @@ def test_teacher_and_student_are_observed_in_one_training_each_in_its_own_record
     assert student.state_key != teacher.state_key
     state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["callbacks"]
     assert {student.state_key, teacher.state_key} <= set(state)
-    header = (version / "metrics.csv").read_text().splitlines()[0].split(",")
+    header = (version / "metrics.csv").read_text(encoding="utf-8").splitlines()[0].split(",")
     assert "student/geometry/pass_seconds" in header and "teacher/geometry/pass_seconds" in header
     # the two networks differ, so their records must too (nothing written twice into one place)
     rank_student = load_series(version / "student", metrics=["effective_rank"])["effective_rank"]

@@ -443,4 +443,6 @@ def test_one_callback_resumed_from_an_earlier_checkpoint_observes_later_steps_an
     moved_steps = {int(r["step"]) for a in aside for r in read_metric_rows(RunDir(a).step_series)}
     moved_epochs = {int(r["epoch"]) for a in aside for r in read_metric_rows(a)}
     assert moved_steps == {6, 10} and moved_epochs == {1, 2}
-    assert all(f"recorded after {at_step_3.name} was saved" in (a / "REASON.txt").read_text() for a in aside)
+    assert all(
+        f"recorded after {at_step_3.name} was saved" in (a / "REASON.txt").read_text(encoding="utf-8") for a in aside
+    )

@@ -81,7 +81,7 @@ def write_class_list(tmp_path: Path) -> Callable[[list[str]], Path]:
 
     def _write(names: list[str], name: str = "classes.txt") -> Path:
         path = tmp_path / name
-        path.write_text("# test class list\n" + "\n".join(names) + "\n")
+        path.write_text("# test class list\n" + "\n".join(names) + "\n", encoding="utf-8")
         return path
 
     return _write

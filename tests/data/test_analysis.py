@@ -104,7 +104,7 @@ def test_manifest_written_twice_is_identical(tree: Path, tmp_path: Path) -> None
     first = _dm(tree).write_manifest(tmp_path / "run1")
     second = _dm(tree).write_manifest(tmp_path / "run2")
     assert first.name == MANIFEST_NAME and first.read_bytes() == second.read_bytes()
-    manifest = json.loads(first.read_text())
+    manifest = json.loads(first.read_text(encoding="utf-8"))
     assert manifest["version"] == 1 and manifest["source"] == "imagefolder" and manifest["split"] == "val"
     assert manifest["seed"] == 2025 and manifest["per_class"] == 3 and manifest["size"] == 9
     assert manifest["num_classes"] == 3 and manifest["class_names"] == CLASSES
@@ -118,7 +118,7 @@ def test_other_seed_gives_other_subset(tree: Path) -> None:
 def test_pinned_manifest_is_reproduced_exactly(tree: Path, tmp_path: Path) -> None:
     path = _dm(tree).write_manifest(tmp_path / "run1")
     pinned = _dm(tree, analysis_seed=7, analysis_per_class=1, analysis_manifest=str(path))  # seed/size ignored
-    original = json.loads(path.read_text())
+    original = json.loads(path.read_text(encoding="utf-8"))
     again = pinned.manifest()
     assert again["items"] == original["items"] and again["seed"] == 2025 and again["pinned_from"] == str(path)
     assert _dm(tree, analysis_manifest=str(tmp_path / "run1")).manifest()["items"] == original["items"]  # run dir ok
@@ -126,7 +126,7 @@ def test_pinned_manifest_is_reproduced_exactly(tree: Path, tmp_path: Path) -> No
 
 def test_tampered_file_is_rejected(tree: Path, tmp_path: Path, sample_photos) -> None:
     path = _dm(tree).write_manifest(tmp_path / "run1")
-    victim = json.loads(path.read_text())["items"][4]["key"]
+    victim = json.loads(path.read_text(encoding="utf-8"))["items"][4]["key"]
     from PIL import Image
 
     Image.fromarray(sample_photos[0][:40, :40]).save(tree / victim, format="JPEG")
@@ -136,14 +136,14 @@ def test_tampered_file_is_rejected(tree: Path, tmp_path: Path, sample_photos) ->
 
 def test_tampered_manifest_and_missing_file_are_rejected(tree: Path, tmp_path: Path) -> None:
     path = _dm(tree).write_manifest(tmp_path / "run1")
-    manifest = json.loads(path.read_text())
+    manifest = json.loads(path.read_text(encoding="utf-8"))
     manifest["items"][0]["sha256"] = "0" * 64
     manifest["items"][1]["label"] = 2
     manifest["fingerprint"] = subset_fingerprint(  # a consistent manifest of other data: checked item by item
         [AnalysisItem(i["key"], i["label"], i["sha256"]) for i in manifest["items"]]
     )
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(manifest))
+    bad.write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(AnalysisManifestMismatch, match=r"2 of 9 pinned items.*content hash.*label 0, manifest says 2"):
         _dm(tree, analysis_manifest=str(bad))
 
@@ -163,10 +163,10 @@ def test_tampered_manifest_and_missing_file_are_rejected(tree: Path, tmp_path: P
 )
 def test_a_manifest_that_disagrees_with_itself_is_refused(tree: Path, tmp_path: Path, edit, message) -> None:
     path = _dm(tree).write_manifest(tmp_path / "run1")
-    manifest = json.loads(path.read_text())
+    manifest = json.loads(path.read_text(encoding="utf-8"))
     edit(manifest)
     edited = tmp_path / "edited.json"
-    edited.write_text(json.dumps(manifest))
+    edited.write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(DataConfigError, match=message):
         _dm(tree, analysis_manifest=str(edited))
 
@@ -185,10 +185,10 @@ def test_bad_manifest_files(tmp_path: Path, tree: Path) -> None:
     with pytest.raises(DataConfigError, match=r"data\.analysis\.manifest=.*does not exist"):
         _dm(tree, analysis_manifest=str(tmp_path / "none.json"))
     broken = tmp_path / "broken.json"
-    broken.write_text("{not json")
+    broken.write_text("{not json", encoding="utf-8")
     with pytest.raises(DataConfigError, match=r"not valid JSON"):
         _dm(tree, analysis_manifest=str(broken))
-    broken.write_text(json.dumps({"version": 99, "items": []}))
+    broken.write_text(json.dumps({"version": 99, "items": []}), encoding="utf-8")
     with pytest.raises(DataConfigError, match=r"version 99; expected 1"):
         _dm(tree, analysis_manifest=str(broken))
 
@@ -247,7 +247,10 @@ def test_adding_images_to_one_class_keeps_other_classes_selection() -> None:
 def test_copying_tree_elsewhere_keeps_pinned_manifest_valid(tree: Path, tmp_path: Path) -> None:
     path = _dm(tree).write_manifest(tmp_path / "run1")
     moved = shutil.copytree(tree, tmp_path / "moved")
-    assert _dm(moved, analysis_manifest=str(path)).manifest()["items"] == json.loads(path.read_text())["items"]
+    assert (
+        _dm(moved, analysis_manifest=str(path)).manifest()["items"]
+        == json.loads(path.read_text(encoding="utf-8"))["items"]
+    )
 
 
 def test_more_jackknife_groups_than_analysis_images_are_refused_before_the_manifest(tree: Path, tmp_path: Path) -> None:
@@ -255,7 +258,7 @@ def test_more_jackknife_groups_than_analysis_images_are_refused_before_the_manif
     (tgo.train and tgo.observe write the manifest before the first observation)."""
     from tgo.observatory import ObservationSettingsError
 
-    manifest = json.loads(_dm(tree).write_manifest(tmp_path / "ok", jackknife_groups=9).read_text())
+    manifest = json.loads(_dm(tree).write_manifest(tmp_path / "ok", jackknife_groups=9).read_text(encoding="utf-8"))
     assert sorted(manifest["jackknife"]["group_of_item"]) == list(range(9))
     with pytest.raises(ObservationSettingsError, match=r"^observation\.groups: 10 jackknife groups for 9 analysis"):
         _dm(tree).write_manifest(tmp_path / "refused", jackknife_groups=10)

@@ -95,6 +95,13 @@ def test_class_list_file_missing(tmp_path: Path, make_tree, wnids) -> None:
         _dm("imagenet100", root, class_list=str(tmp_path / "nope.txt")).validate()
 
 
+def test_class_list_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    listed = tmp_path / "classes.txt"
+    listed.write_bytes(b"n01440764\nn0144\xe97\n")  # Latin-1, not UTF-8
+    with pytest.raises(DataConfigError, match=r"data\.class_list=.*classes\.txt' is not UTF-8 text .* at byte 15"):
+        read_class_list(listed)
+
+
 @pytest.mark.parametrize("source", ["imagefolder", "imagenet100"])
 def test_missing_root_names_key_and_layout(tmp_path: Path, source: str) -> None:
     with pytest.raises(DataConfigError, match=r"data\.root is required.*<root>/train/<wnid>/\*\.JPEG"):
@@ -137,6 +144,6 @@ def test_other_extensions_and_nested_files_are_found(tmp_path: Path, make_tree) 
     nested = root / "val" / "a" / "sub"
     nested.mkdir()
     (root / "val" / "a" / "a_val_000.jpg").rename(nested / "x.jpg")
-    (root / "val" / "a" / "notes.txt").write_text("not an image")
+    (root / "val" / "a" / "notes.txt").write_text("not an image", encoding="utf-8")
     data = build_source("imagefolder", root=root)
     assert "val/a/sub/x.jpg" in data.val.keys and len(data.val) == 8

@@ -376,9 +376,9 @@ def test_records_hold_the_attention_view_and_the_report_draws_it(tmp_path: Path)
     assert all(image.ndim == 3 and image.shape[2] == 3 and image.dtype == np.uint8 for image in cards.values())
     # the report: its attention subsection and the attention predictions judged at the blocks
     index = build_report([run], correlation=False)
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert "Attention geometry of the blocks" in html and "attention_heads_cls_mass.png" in html
-    rows = (index.parent / "hypotheses.csv").read_text().splitlines()
+    rows = (index.parent / "hypotheses.csv").read_text(encoding="utf-8").splitlines()
     judged = [r for r in rows if ",attention," in r and ",block_0" in r]
     assert len(judged) == 2 * 5, "five attention predictions at two blocks"
 

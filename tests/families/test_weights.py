@@ -363,7 +363,7 @@ def test_files_tgo_did_not_write_are_never_touched(tmp_path: Path):
     net = tiny_vit()
     observe(net, tmp_path / "run", 0)
     foreign = weights_dir(tmp_path / "run") / "notes.txt"
-    foreign.write_text("mine")
+    foreign.write_text("mine", encoding="utf-8")
     with pytest.raises(Exception, match=r"geometry/ holds files TGO did not make .*weights/notes.txt"):
         observe(net, tmp_path / "run", 1)
     foreign.unlink()
@@ -529,7 +529,7 @@ def test_a_weights_directory_that_is_a_file_or_a_link_is_named_and_left_alone(tm
     outside = tmp_path / "outside"
     outside.mkdir()
     if kind == "file":
-        where.write_text("mine")
+        where.write_text("mine", encoding="utf-8")
     else:
         where.symlink_to(outside, target_is_directory=True)
     history = read_weight_history(tmp_path / "run", 1)
@@ -538,7 +538,7 @@ def test_a_weights_directory_that_is_a_file_or_a_link_is_named_and_left_alone(tm
         assert write_weights(history, _current(net)) is None
     assert len(caught) == 1 and "\n" not in str(caught[0].message)
     assert list(outside.iterdir()) == []
-    assert where.read_text() == "mine" if kind == "file" else where.is_symlink()
+    assert where.read_text(encoding="utf-8") == "mine" if kind == "file" else where.is_symlink()
 
 
 @pytest.mark.parametrize(("dtype", "stored"), [(torch.bfloat16, np.uint16), (torch.float16, np.float16)])

@@ -80,7 +80,7 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
 
     calls = observe(Path(run_dir), rank, world_size, all_reduce_sum)
     if rank == 0:
-        (Path(run_dir) / "calls.txt").write_text(" ".join(map(str, calls)))
+        (Path(run_dir) / "calls.txt").write_text(" ".join(map(str, calls)), encoding="utf-8")
     dist.barrier()  # no rank tears gloo down while another still uses it (an abort under load)
     dist.destroy_process_group()
 
@@ -113,7 +113,7 @@ def test_every_family_on_two_and_three_processes_equals_one_process(tmp_path: Pa
     for world_size in (2, 3):
         run = tmp_path / f"world_{world_size}"
         fork_ranks(_worker, (world_size, free_port(), str(run)), world_size)
-        assert len((run / "calls.txt").read_text().split()) == 2, world_size
+        assert len((run / "calls.txt").read_text(encoding="utf-8").split()) == 2, world_size
         got_rows, got_arrays = _rows(run), _arrays(run)
         assert list(got_rows) == list(want_rows), world_size
         compared = 0

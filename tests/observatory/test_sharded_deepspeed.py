@@ -87,7 +87,9 @@ def _worker(rank: int, world: int, port: int, out: str, stage: int, precision: s
         assert module.net.blocks[0].attn.qkv.weight.numel() == 0 and module.net.patch_embed.proj.weight.numel() == 0
     if rank == 0:  # the run's description counts the parameters DeepSpeed partitioned
         want = sum(p.numel() for p in tiny_vit().parameters())
-        assert json.loads((Path(out) / "run_description.json").read_text())["model"]["parameters"] == want
+        assert (
+            json.loads((Path(out) / "run_description.json").read_text(encoding="utf-8"))["model"]["parameters"] == want
+        )
     trainer.strategy.barrier()  # no rank tears gloo down while another still uses it
 
 

@@ -125,7 +125,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         observe(Path(out) / kind, net, rank, world, all_reduce_sum, forward)
         _backward(wrapper)  # training goes on after the pass
         if rank == 0:
-            (Path(out) / f"{kind}.direct").write_text(direct)
+            (Path(out) / f"{kind}.direct").write_text(direct, encoding="utf-8")
     dist.barrier()  # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
 
@@ -138,7 +138,9 @@ def test_fsdp1_and_fsdp2_shards_record_what_the_unsharded_model_records(tmp_path
     assert {"all", "cls", "attention"} <= {view for _, view, _ in want_rows}
     fork_ranks(_worker, (WORLD, free_port(), str(tmp_path)), WORLD)
     for kind in KINDS:
-        assert (tmp_path / f"{kind}.direct").read_text() != "ran", f"{kind}: the unsharded call should not run"
+        assert (tmp_path / f"{kind}.direct").read_text(encoding="utf-8") != "ran", (
+            f"{kind}: the unsharded call should not run"
+        )
         got_rows, got_arrays = _rows(tmp_path / kind), _arrays(tmp_path / kind)
         assert list(got_rows) == list(want_rows), kind
         compared = 0

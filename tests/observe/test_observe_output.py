@@ -23,7 +23,7 @@ TIMM = ["--timm", "vit_tiny_patch16_224", "--seed", "3"]
 def users_directory(tmp_path: Path) -> Path:
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "config.yaml").write_text("my own settings\n")
+    (mine / "config.yaml").write_text("my own settings\n", encoding="utf-8")
     return mine
 
 
@@ -41,7 +41,7 @@ def test_a_users_directory_is_refused_and_its_config_kept(tmp_path: Path, capsys
     mine = users_directory(tmp_path)
     err = _refused(mine, capsys)
     assert "holds files TGO did not make (config.yaml) and is not a TGO run; expected a new or empty directory" in err
-    assert (mine / "config.yaml").read_text() == "my own settings\n"
+    assert (mine / "config.yaml").read_text(encoding="utf-8") == "my own settings\n"
 
 
 def test_a_copied_marker_does_not_make_a_directory_tgos(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
@@ -52,22 +52,22 @@ def test_a_copied_marker_does_not_make_a_directory_tgos(tmp_path: Path, capsys: 
     shutil.copy(RunDir(run).marker, mine / RunDir.MARKER)
     err = _refused(mine, capsys)
     assert "is not a TGO run (its .tgo-run was made for another directory)" in err
-    assert (mine / "config.yaml").read_text() == "my own settings\n"
+    assert (mine / "config.yaml").read_text(encoding="utf-8") == "my own settings\n"
 
 
 def test_links_and_a_weights_file_inside_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     theirs = tmp_path / "theirs.yaml"
-    theirs.write_text("theirs\n")
+    theirs.write_text("theirs\n", encoding="utf-8")
     linked = tmp_path / "linked"
     linked.mkdir()
     RunDir(linked).mark("observe")
     (linked / "config.yaml").symlink_to(theirs)
     assert f"config.yaml is a symbolic link (to {theirs}); TGO never writes through a link" in _refused(linked, capsys)
-    assert theirs.read_text() == "theirs\n"
+    assert theirs.read_text(encoding="utf-8") == "theirs\n"
     weights = tmp_path / "weights"
     (weights / "geometry").mkdir(parents=True)
     RunDir(weights).mark("observe")
-    (weights / "geometry" / "weights").write_text("a file")
+    (weights / "geometry" / "weights").write_text("a file", encoding="utf-8")
     assert "geometry/weights is a file; expected a directory TGO writes into" in _refused(weights, capsys)
 
 
@@ -81,7 +81,7 @@ def test_a_directory_another_process_writes_is_refused_naming_it(tmp_path: Path,
 def test_a_new_directory_is_marked_as_an_observation_and_its_lock_released(tmp_path: Path):
     out = tmp_path / "new"
     assert main([*TIMM, "--out", str(out), *TINY_TIMM]) == 0
-    stamp = json.loads(RunDir(out).marker.read_text())
+    stamp = json.loads(RunDir(out).marker.read_text(encoding="utf-8"))
     assert stamp["kind"] == "observe" and stamp["path"] == os.path.realpath(out)
     assert not (out / LOCK_NAME).exists()
     written = [".tgo-run", "analysis_subset.json", "config.yaml", "geometry", "run_description.json"]

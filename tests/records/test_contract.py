@@ -77,7 +77,7 @@ def snapshot(run_dir: Path) -> dict[str, bytes]:
 def test_metrics_csv_schema_and_value_format(tmp_path):
     results = fake_results(0, nan_point="cls")
     RecordWriter(tmp_path).write_observation(epoch=3, step=120, results=results, with_covariance=False)
-    text = (tmp_path / "geometry" / "metrics.csv").read_text()
+    text = (tmp_path / "geometry" / "metrics.csv").read_text(encoding="utf-8")
     assert text.splitlines()[0] == "epoch,step,point,view,metric,value,stderr"
     rows = read_csv_rows(tmp_path)
     assert len(rows) == len(POINTS) * 3
@@ -278,7 +278,7 @@ def test_reader_errors(tmp_path):
     with pytest.raises(RecordsError, match="no spectra for epoch 3"):
         load_spectra(tmp_path, epochs=[3])
 
-    (tmp_path / "geometry" / "metrics.csv").write_text("epoch,point,value\n0,cls,1.0\n")
+    (tmp_path / "geometry" / "metrics.csv").write_text("epoch,point,value\n0,cls,1.0\n", encoding="utf-8")
     with pytest.raises(RecordsError, match="header"):
         load_metrics(tmp_path)
     (tmp_path / "geometry" / "metrics.csv").unlink()
@@ -338,12 +338,12 @@ def test_files_written_before_views_and_stderr_existed_read_as_defaults(tmp_path
     RecordWriter(tmp_path).write_observation(0, 0, fake_results(0), with_covariance=False)
     path = RunDir(tmp_path).metrics
     legacy = [",".join(columns)] + [",".join(r[c] for c in columns) for r in read_csv_rows(tmp_path)]
-    path.write_text("\n".join(legacy) + "\n")
+    path.write_text("\n".join(legacy) + "\n", encoding="utf-8")
     frame = load_metrics(tmp_path)
     assert set(frame["view"]) == {"all"} and frame["stderr"].isna().all()
     assert recorded_epochs(tmp_path) == [0]
     RecordWriter(tmp_path).write_observation(1, 10, fake_results(1), with_covariance=False)  # upgraded on rewrite
-    assert path.read_text().splitlines()[0] == ",".join(METRICS_COLUMNS)
+    assert path.read_text(encoding="utf-8").splitlines()[0] == ",".join(METRICS_COLUMNS)
     assert recorded_epochs(tmp_path) == [0, 1]
 
 
@@ -598,7 +598,7 @@ def test_atomic_write_respects_the_umask_and_is_durable(tmp_path):
         path = atomic_write(tmp_path / "sub" / "file.txt", "text")
     finally:
         os.umask(old)
-    assert path.read_text() == "text"
+    assert path.read_text(encoding="utf-8") == "text"
     assert (path.stat().st_mode & 0o777) == 0o640  # 0o666 & ~0o027, not mkstemp's 0o600
     assert atomic_write(tmp_path / "b.bin", b"\x00\x01").read_bytes() == b"\x00\x01"
     assert atomic_write(tmp_path / "c.bin", lambda fh: fh.write(b"xy")).read_bytes() == b"xy"
@@ -609,13 +609,13 @@ def test_atomic_write_never_writes_through_or_replaces_a_link(tmp_path: Path):
     """Issue 33: ``os.replace`` onto a link a user planted would replace it (a link TGO did not make); a directory
     where a file belongs was a traceback. Both are one line and leave everything as it was."""
     theirs = tmp_path / "theirs.txt"
-    theirs.write_text("theirs")
+    theirs.write_text("theirs", encoding="utf-8")
     link = tmp_path / "run" / "config.yaml"
     link.parent.mkdir()
     link.symlink_to(theirs)
     with pytest.raises(RunEnvironmentError, match=r"config.yaml: is a symbolic link .*TGO never writes through"):
         atomic_write(link, "ours")
-    assert link.is_symlink() and theirs.read_text() == "theirs"
+    assert link.is_symlink() and theirs.read_text(encoding="utf-8") == "theirs"
     folder = tmp_path / "run" / "metrics.csv"
     folder.mkdir()
     with pytest.raises(RunEnvironmentError, match=r"metrics.csv: is a directory; expected a file"):
@@ -640,9 +640,9 @@ def test_metric_rows_are_parsed_once_per_version_of_the_file_and_each_caller_get
     writer.write_observation(1, 1, fake_results(1), with_covariance=False)  # an atomic replace
     assert records.read_metric_rows(tmp_path) == read_csv_rows(tmp_path)
     metrics = RunDir(tmp_path).metrics
-    text = metrics.read_text()
+    text = metrics.read_text(encoding="utf-8")
     last = text.splitlines()[-1]
     assert last.startswith("1,1,")
-    metrics.write_text(text + last.replace("1,1,", "2,2,", 1) + "\n")  # same inode
+    metrics.write_text(text + last.replace("1,1,", "2,2,", 1) + "\n", encoding="utf-8")  # same inode
     assert records.read_metric_rows(tmp_path) == read_csv_rows(tmp_path)  # an edit in place: parsed again
     assert len(parsed) == 3

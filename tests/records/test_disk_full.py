@@ -24,10 +24,12 @@ def no_space(fh) -> None:
 
 def test_enospc_keeps_the_previous_file_and_says_so(tmp_path: Path):
     target = tmp_path / "metrics.csv"
-    target.write_text("old\n")
+    target.write_text("old\n", encoding="utf-8")
     with pytest.raises(RunEnvironmentError, match=r"metrics.csv: no space left on the device \(.* MiB free\); the "):
         atomic_write(target, no_space)
-    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["metrics.csv"]  # no leftovers
+    assert target.read_text(encoding="utf-8") == "old\n" and [p.name for p in tmp_path.iterdir()] == [
+        "metrics.csv"
+    ]  # no leftovers
 
 
 def test_enospc_before_any_file_existed_says_none_was_written(tmp_path: Path):

@@ -19,8 +19,8 @@ from tgo.train import _original_message, check_run_directory, error_line, mark_r
 def users_directory(tmp_path: Path) -> Path:
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "config.yaml").write_text("my own settings\n")
-    (mine / "notes.txt").write_text("do not touch\n")
+    (mine / "config.yaml").write_text("my own settings\n", encoding="utf-8")
+    (mine / "notes.txt").write_text("do not touch\n", encoding="utf-8")
     return mine
 
 
@@ -29,7 +29,7 @@ def test_a_directory_the_user_made_is_refused_and_left_as_it_was(tmp_path: Path)
     for ckpt in (None, "last"):
         with pytest.raises(ConfigError, match=r"holds files TGO did not make \(config.yaml, notes.txt\)"):
             check_run_directory(mine, ckpt)
-    assert (mine / "config.yaml").read_text() == "my own settings\n" and sorted(os.listdir(mine)) == [
+    assert (mine / "config.yaml").read_text(encoding="utf-8") == "my own settings\n" and sorted(os.listdir(mine)) == [
         "config.yaml",
         "notes.txt",
     ]
@@ -39,7 +39,7 @@ def test_new_empty_hydra_only_marked_and_earlier_runs_are_used(tmp_path: Path):
     check_run_directory(tmp_path / "new", None)
     hydra_only = tmp_path / "hydra_only"
     (hydra_only / ".hydra").mkdir(parents=True)
-    (hydra_only / "train.log").write_text("")
+    (hydra_only / "train.log").write_text("", encoding="utf-8")
     check_run_directory(hydra_only, None)
     marked = tmp_path / "marked"
     marked.mkdir()
@@ -48,11 +48,11 @@ def test_new_empty_hydra_only_marked_and_earlier_runs_are_used(tmp_path: Path):
     first = RunDir(marked).marker.read_bytes()
     mark_run_directory(marked)  # never rewritten
     assert RunDir(marked).marker.read_bytes() == first
-    (marked / "anything").write_text("")
+    (marked / "anything").write_text("", encoding="utf-8")
     check_run_directory(marked, "last")
     legacy = tmp_path / "legacy"  # a run made before the marker: its manifest says it is TGO's
     legacy.mkdir()
-    (legacy / RunDir.MANIFEST).write_text("{}")
+    (legacy / RunDir.MANIFEST).write_text("{}", encoding="utf-8")
     check_run_directory(legacy, None)
 
 
@@ -69,7 +69,7 @@ def test_resuming_a_directory_that_did_not_exist_is_refused(tmp_path: Path):
 
 def test_preflight_refuses_a_file_a_read_only_or_full_filesystem_before_hydra(tmp_path: Path, monkeypatch):
     afile = tmp_path / "afile"
-    afile.write_text("")
+    afile.write_text("", encoding="utf-8")
     assert "is a file" in str(preflight([f"hydra.run.dir={afile}"]))
     assert "is a file" in str(preflight([f"hydra.run.dir={afile}/run"]))
     assert "holds files TGO did not make" in str(preflight([f"hydra.run.dir={users_directory(tmp_path)}"]))
@@ -121,21 +121,24 @@ def test_a_copied_marker_does_not_make_a_users_directory_a_run(tmp_path: Path):
     run = tmp_path / "run"
     run.mkdir()
     mark_run_directory(run)
-    stamp = json.loads(RunDir(run).marker.read_text())
+    stamp = json.loads(RunDir(run).marker.read_text(encoding="utf-8"))
     assert stamp["path"] == os.path.realpath(run) and stamp["kind"] == "train" and len(stamp["run_id"]) == 32
     mine = users_directory(tmp_path)
     shutil.copy(RunDir(run).marker, mine / RunDir.MARKER)
     assert not RunDir(mine).is_marked()
     with pytest.raises(ConfigError, match=r"is not a TGO run \(its .tgo-run was made for another directory\)"):
         check_run_directory(mine, None)
-    assert (mine / "config.yaml").read_text() == "my own settings\n"
+    assert (mine / "config.yaml").read_text(encoding="utf-8") == "my own settings\n"
     moved = tmp_path / "moved"  # a run moved elsewhere is still one by its records, and is marked again there
     (moved / "geometry").mkdir(parents=True)
-    (moved / "geometry" / "metrics.csv").write_text("epoch,step,point,view,metric,value,stderr\n")
+    (moved / "geometry" / "metrics.csv").write_text("epoch,step,point,view,metric,value,stderr\n", encoding="utf-8")
     shutil.copy(RunDir(run).marker, moved / RunDir.MARKER)
     check_run_directory(moved, None)
     mark_run_directory(moved)
-    assert RunDir(moved).is_marked() and json.loads(RunDir(moved).marker.read_text())["run_id"] != stamp["run_id"]
+    assert (
+        RunDir(moved).is_marked()
+        and json.loads(RunDir(moved).marker.read_text(encoding="utf-8"))["run_id"] != stamp["run_id"]
+    )
 
 
 def _marker_a_directory(run: Path) -> str:
@@ -146,7 +149,7 @@ def _marker_a_directory(run: Path) -> str:
 
 def _weights_a_file(run: Path) -> str:
     (run / "geometry").mkdir()
-    (run / "geometry" / "weights").write_text("not a directory")
+    (run / "geometry" / "weights").write_text("not a directory", encoding="utf-8")
     return "geometry/weights is a file; expected a directory TGO writes into"
 
 
@@ -159,7 +162,7 @@ def _geometry_a_link(run: Path) -> str:
 
 def _config_a_link(run: Path) -> str:
     theirs = run.parent / "their_config.yaml"
-    theirs.write_text("theirs\n")
+    theirs.write_text("theirs\n", encoding="utf-8")
     (run / "config.yaml").symlink_to(theirs)
     return f"config.yaml is a symbolic link (to {theirs})"
 

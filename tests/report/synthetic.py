@@ -127,7 +127,9 @@ def write_synthetic_run(
                 )
         writer.write_observation(int(epoch), 10 * int(epoch), results, with_covariance=i in (0, len(epochs_arr) - 1))
     if fingerprint is not None:
-        RunDir(run_dir).manifest.write_text(json.dumps({"version": 1, "fingerprint": fingerprint, "items": []}))
+        RunDir(run_dir).manifest.write_text(
+            json.dumps({"version": 1, "fingerprint": fingerprint, "items": []}), encoding="utf-8"
+        )
     return run_dir
 
 
@@ -147,15 +149,20 @@ def write_run_config(
     run = RunDir(run_dir)
     run.config.write_text(
         f"data:\n  source: {source}\n  image_size: {image_size}\nmodel:\n  name: {model}\n  arch:\n"
-        f"    patch_size: 4\n    embed_dim: 96\ntrainer:\n  max_epochs: {max_epochs}\nseed: {seed}\n"
+        f"    patch_size: 4\n    embed_dim: 96\ntrainer:\n  max_epochs: {max_epochs}\nseed: {seed}\n",
+        encoding="utf-8",
     )
-    manifest = json.loads(run.manifest.read_text()) if run.manifest.is_file() else {"version": 1, "items": []}
+    manifest = (
+        json.loads(run.manifest.read_text(encoding="utf-8")) if run.manifest.is_file() else {"version": 1, "items": []}
+    )
     manifest.update(size=subset_size, source=source)
     manifest.setdefault("fingerprint", "same")
-    run.manifest.write_text(json.dumps(manifest))
+    run.manifest.write_text(json.dumps(manifest), encoding="utf-8")
     if accuracies is not None:
         top1, top5 = accuracies
         (run.root / "train.log").write_text(
-            f"[2026-11-30][INFO] - [tgo] done: val/acc_top1={top1:.4f}, val/acc_top5={top5:.4f}; results in {run_dir}\n"
+            f"[2026-11-30][INFO] - [tgo] done: val/acc_top1={top1:.4f}, val/acc_top5={top5:.4f}; "
+            f"results in {run_dir}\n",
+            encoding="utf-8",
         )
     return run_dir

@@ -34,8 +34,10 @@ def _binary_metrics(run: RunDir) -> Path:
 
 
 def _duplicate_row(run: RunDir) -> Path:
-    lines = run.metrics.read_text().splitlines()
-    run.metrics.write_text("\n".join([*lines, lines[2]]) + "\n")  # epoch 1's row again, as a concatenation would
+    lines = run.metrics.read_text(encoding="utf-8").splitlines()
+    run.metrics.write_text(
+        "\n".join([*lines, lines[2]]) + "\n", encoding="utf-8"
+    )  # epoch 1's row again, as a concatenation would
     return run.metrics
 
 
@@ -64,11 +66,11 @@ def test_a_report_never_replaces_files_it_did_not_write(tmp_path: Path, capsys: 
     run = _run(tmp_path)
     theirs = run.report / "index.html"
     theirs.parent.mkdir()
-    theirs.write_text("<html>my own notes</html>")
+    theirs.write_text("<html>my own notes</html>", encoding="utf-8")
     assert main([str(run.root)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "already holds files TGO did not write (index.html)" in err
-    assert theirs.read_text() == "<html>my own notes</html>", "nothing replaced"
+    assert theirs.read_text(encoding="utf-8") == "<html>my own notes</html>", "nothing replaced"
     assert sorted(p.name for p in run.report.iterdir()) == ["index.html"], "nothing written beside it"
 
     mine = tmp_path / "mine"
@@ -78,7 +80,7 @@ def test_a_report_never_replaces_files_it_did_not_write(tmp_path: Path, capsys: 
 
     (mine / ".tgo-report").unlink()  # a report written before the marker existed: only report files, TGO's page
     assert main([str(run.root), "--out", str(mine), "--no-correlation"]) == 0
-    (mine / "notes.txt").write_text("mine")
+    (mine / "notes.txt").write_text("mine", encoding="utf-8")
     (mine / ".tgo-report").unlink()
     assert main([str(run.root), "--out", str(mine), "--no-correlation"]) == 2
     assert "(notes.txt)" in capsys.readouterr().err

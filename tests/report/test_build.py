@@ -63,7 +63,7 @@ def test_report_of_the_smoke_run(smoke_run: Path, capsys: pytest.CaptureFixture[
     assert main([str(smoke_run)]) == 0
     index = RunDir(smoke_run).report / "index.html"
     assert index.is_file() and str(index.resolve()) in capsys.readouterr().out
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     images = referenced_images(index)
     assert len(images) >= 20
     for image in images:  # every referenced figure exists and is a non-empty PNG
@@ -122,11 +122,11 @@ def test_several_runs_give_mean_and_std_bands_and_agreement_counts(tmp_path: Pat
 
 def test_a_sweep_directory_is_searched_for_runs_and_reported_together(tmp_path: Path):
     two_seeds(tmp_path)
-    (tmp_path / "sweep" / "multirun.yaml").write_text("{}\n")
+    (tmp_path / "sweep" / "multirun.yaml").write_text("{}\n", encoding="utf-8")
     assert [p.name for p in discover_runs([tmp_path / "sweep"])] == ["0", "1"]
     index = build_report([tmp_path / "sweep"], correlation=False)
     assert index == tmp_path / "sweep" / "report" / "index.html"
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert "runs agreeing (of 2)" in html and "holds 1/2, does not hold 1/2" in html
     assert "mean ± 1 standard deviation" in html
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in referenced_images(index))
@@ -140,7 +140,7 @@ def test_runs_with_different_analysis_subsets_are_refused_unless_allowed(
     with pytest.raises(SubsetMismatchError, match="different analysis subsets"):
         build_report([tmp_path / "sweep"], correlation=False)
     index = build_report([tmp_path / "sweep"], correlation=False, allow_different_subsets=True)
-    assert "compared on request" in index.read_text()
+    assert "compared on request" in index.read_text(encoding="utf-8")
 
 
 def test_reference_names_map_onto_our_points():
@@ -202,7 +202,7 @@ def test_bad_inputs_are_one_line_errors_with_status_2(
     shutil.copytree(smoke.geometry, a.geometry)
     shutil.copytree(smoke.geometry, b.geometry)
     shutil.copy(smoke.manifest, a.manifest)
-    b.manifest.write_text('{"fingerprint": "0000"}')
+    b.manifest.write_text('{"fingerprint": "0000"}', encoding="utf-8")
     assert main([str(a.root), str(b.root), "--out", str(tmp_path / "r"), "--no-correlation"]) == 2
     assert "fingerprints differ" in capsys.readouterr().err
 
@@ -236,11 +236,11 @@ def test_runs_inside_the_directories_a_run_never_nests_are_not_found(tmp_path: P
 
 def test_malformed_records_are_report_input_errors_with_the_records_message(tmp_path: Path):
     run = RunDir(write_synthetic_run(tmp_path / "run", {"effective_rank": {"cls": lambda e: 1.0 + e}}, epochs=[0, 1]))
-    text = run.metrics.read_text().splitlines()
-    run.metrics.write_text("\n".join([*text, "x,0,cls,all,effective_rank,1.0"]) + "\n")
+    text = run.metrics.read_text(encoding="utf-8").splitlines()
+    run.metrics.write_text("\n".join([*text, "x,0,cls,all,effective_rank,1.0"]) + "\n", encoding="utf-8")
     with pytest.raises(ReportInputError, match="malformed row"):
         load_run_data(run.root)
-    run.metrics.write_text("a,b\n")
+    run.metrics.write_text("a,b\n", encoding="utf-8")
     with pytest.raises(ReportInputError, match="header"):
         load_run_data(run.root)
     run.metrics.unlink()
@@ -280,7 +280,7 @@ def test_published_writes_the_findings_of_the_shipped_measurements_alone(
             assert float(row["uncertainty"]) > 0 and row["peak_epoch"].isdigit(), row
     cls = next(r for r in rows if r["claim"] == "cls_extreme")
     assert (cls["rank"], cls["of"]) == ("1", "15") and "cls ranks 1 of 15" in cls["note"]
-    html = (tmp_path / "paper" / "index.html").read_text()
+    html = (tmp_path / "paper" / "index.html").read_text(encoding="utf-8")
     assert "published TGO-I measurements" in html and "inconclusive" in html
     assert all(p.read_bytes()[:8] == PNG_MAGIC for p in referenced_images(tmp_path / "paper" / "index.html"))
 
@@ -313,7 +313,7 @@ def test_a_run_with_standard_errors_shows_them_as_bands_and_in_the_table(tmp_pat
     errors = {"effective_rank": {"block_01": lambda e: 0.0 * e + 0.5, "cls": lambda e: 0.0 * e + 0.01}}
     run = write_synthetic_run(tmp_path / "run", curves, epochs=EPOCHS, stderr=errors)
     index = build_report([run], correlation=False)
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert "band = value ± 1 jackknife standard error" in html
     rows = {(r["claim"], r["point"]): r for r in read_findings(index.parent / "findings.csv")}
     block = rows[("rank_rises", "block_01")]
@@ -325,7 +325,10 @@ def test_a_run_with_standard_errors_shows_them_as_bands_and_in_the_table(tmp_pat
 
 def test_a_run_without_standard_errors_has_no_bands(tmp_path: Path):
     run = write_synthetic_run(tmp_path / "run", {"effective_rank": {"cls": lambda e: 1.0 + e}}, epochs=EPOCHS)
-    assert "jackknife standard error" not in build_report([run], correlation=False).read_text().split("<h2")[-1]
+    assert (
+        "jackknife standard error"
+        not in build_report([run], correlation=False).read_text(encoding="utf-8").split("<h2")[-1]
+    )
 
 
 def test_a_sweeps_mean_carries_the_mean_of_its_runs_replicates_so_its_contrasts_stay_paired(tmp_path: Path):

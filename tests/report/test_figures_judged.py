@@ -74,7 +74,9 @@ def _judged_run(root: Path) -> Path:
                     jackknife=jackknife,
                 )
         writer.write_observation(epoch, 10 * epoch, results, with_covariance=k in (0, len(EPOCHS) - 1))
-    RunDir(root).manifest.write_text(json.dumps({"version": 1, "fingerprint": "same", "items": [], "num_classes": 4}))
+    RunDir(root).manifest.write_text(
+        json.dumps({"version": 1, "fingerprint": "same", "items": [], "num_classes": 4}), encoding="utf-8"
+    )
     return root
 
 
@@ -268,9 +270,9 @@ def test_tensorboard_spectrum_cards_mark_the_class_count_too():
 def test_the_class_count_comes_from_the_analysis_subset(tmp_path: Path):
     run = RunDir(tmp_path)
     assert panels.class_count(tmp_path) is None
-    run.manifest.write_text(json.dumps({"num_classes": 10, "items": []}))
+    run.manifest.write_text(json.dumps({"num_classes": 10, "items": []}), encoding="utf-8")
     assert panels.class_count(tmp_path) == 10
-    run.manifest.write_text(json.dumps({"items": [{"label": 0}, {"label": 3}, {"label": 3}]}))
+    run.manifest.write_text(json.dumps({"items": [{"label": 0}, {"label": 3}, {"label": 3}]}), encoding="utf-8")
     assert panels.class_count(tmp_path) == 2
 
 
@@ -325,9 +327,10 @@ def test_the_model_is_named_by_what_it_is(tmp_path: Path):
     run = RunDir(tmp_path)
     run.config.write_text(
         "data:\n  source: digits\n  image_size: 16\nmodel:\n  name: vit_tiny_patch16_224\n  arch:\n"
-        "    patch_size: 4\n    embed_dim: 96\n    depth: 12\n    num_heads: 3\ntrainer:\n  max_epochs: 30\n"
+        "    patch_size: 4\n    embed_dim: 96\n    depth: 12\n    num_heads: 3\ntrainer:\n  max_epochs: 30\n",
+        encoding="utf-8",
     )
-    run.manifest.write_text(json.dumps({"num_classes": 10, "items": []}))
+    run.manifest.write_text(json.dumps({"num_classes": 10, "items": []}), encoding="utf-8")
     info = read_run_info(tmp_path)
     assert info.model.startswith("ViT, 12 blocks, width 96, 3 heads, patch 4, 16 px images")
     assert (info.name, info.classes) == ("vit_tiny_patch16_224", 10)

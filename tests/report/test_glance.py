@@ -68,7 +68,7 @@ def test_what_a_run_does_not_hold_reads_not_recorded(tmp_path: Path):
 def test_a_single_observation_is_drawn_with_markers_and_explained(tmp_path: Path):
     run = _run(tmp_path / "one", epochs=[30])
     index = build_report([run], correlation=False)
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     findings = html[html.index('id="findings"') : html.index('id="runs"')]
     assert "Only one observation (epoch 30)" in findings and "<table" not in findings
     hypotheses = html[html.index('id="hypotheses"') :]
@@ -86,7 +86,7 @@ def test_a_sweep_gets_depth_profiles_and_a_header_of_every_seed(tmp_path: Path):
     for seed in (1, 2):
         _run(tmp_path / "sweep" / str(seed), seed=seed)
     index = build_report([tmp_path / "sweep"], correlation=False)
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert _header(index)["seed(s)"] == "1, 2"
     assert "runs agreeing (of 2)" in html
     assert "one line per observed epoch, colour = epoch (colourbar); band = mean ± 1 standard deviation" in html
@@ -121,7 +121,7 @@ def test_runs_with_different_points_are_refused(tmp_path: Path, capsys: pytest.C
 def test_the_published_overlay_is_opt_in_with_a_caveat_when_the_experiment_differs(tmp_path: Path):
     curves = {"effective_rank": {p: (lambda e, i=i: 2.0 + i + e) for i, p in enumerate(FEW_PAPER_POINTS)}}
     quick = write_run_config(write_synthetic_run(tmp_path / "quick", curves, epochs=[0, 5, 10], dim=2))
-    html = build_report([quick], correlation=False).read_text()
+    html = build_report([quick], correlation=False).read_text(encoding="utf-8")
     assert "published TGO-I" not in html and "Caveat" not in html  # opt-in: --reference (the caveat itself, a
     # matching run without one and every differing field: tests/report/test_reference_caveat.py)
     fig = lines_figure(
@@ -136,7 +136,7 @@ def test_the_published_overlay_is_opt_in_with_a_caveat_when_the_experiment_diffe
 
 def test_captions_and_axes_say_what_is_drawn(tmp_path: Path):
     run = _run(tmp_path / "run")
-    html = build_report([run]).read_text()
+    html = build_report([run]).read_text(encoding="utf-8")
     assert "every pair i != j of the 4 features" in html and "first 192" not in html  # the features drawn
     assert "later epochs darker" not in html and "dark = first, yellow = last; colourbar" in html
     fig = lines_figure({"cls": (np.arange(3), np.arange(3.0))}, title="t")

@@ -340,7 +340,7 @@ def probe_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_page_has_a_hypotheses_section_with_figures_tables_cka_and_a_csv(probe_report: Path):
     index = probe_report
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert '<h2 id="hypotheses">Hypotheses' in html
     for hypothesis in HYPOTHESES.values():
         assert f">{hypothesis.title}</h3>" in html
@@ -380,7 +380,7 @@ def test_without_stored_vectors_there_is_no_cka_figure_but_a_message(tmp_path: P
 def test_records_without_the_probes_say_not_recorded(tmp_path: Path):
     run = write_synthetic_run(tmp_path / "old", {"effective_rank": {"cls": lambda e: 1.0 + e}}, epochs=EPOCHS.tolist())
     index = build_report([run], correlation=False)
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert '<h2 id="hypotheses">' in html and "Not recorded: these records hold none of the views" in html
     assert "no CKA matrix" in html
     assert not [i for i in images_of(index) if "hypothesis_" in i or "cka_" in i]
@@ -393,7 +393,7 @@ def test_a_sweep_counts_each_runs_own_verdicts(tmp_path: Path, monkeypatch: pyte
     for seed in (0, 1):
         probe_run(tmp_path / "sweep" / str(seed), with_vectors=False)
     index = build_report([tmp_path / "sweep"], correlation=False)
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert "runs agreeing (of 2)" in html and "consistent 2/2" in html
     assert "±1 paired jackknife standard error of each window mean (of the mean over 2 runs)" in html
     rows = read_rows(index.parent / "hypotheses.csv")
@@ -458,7 +458,7 @@ def attention_run(root: Path) -> Path:
 
 def test_the_report_judges_and_draws_the_attention_view(tmp_path: Path):
     index = build_report([attention_run(tmp_path / "run")], correlation=False)
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert 'id="hypotheses-attention"' in html and "Attention geometry of the blocks" in html
     assert "attention_entropy_noise = 2.833" in html
     images = images_of(index)
@@ -481,7 +481,7 @@ def test_the_report_judges_and_draws_the_attention_view(tmp_path: Path):
 
 def test_records_without_attention_say_so(probe_report: Path):
     index = probe_report
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     assert "Not recorded: these records hold no attention view" in html
     rows = read_rows(index.parent / "hypotheses.csv")
     assert {r["verdict"] for r in rows if r["view"] == "attention"} == {NOT_RECORDED}

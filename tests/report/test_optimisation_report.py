@@ -17,12 +17,12 @@ def _with_network_rows(run: Path, rows: list[tuple[int, str, float, float]]) -> 
     replaced = {(str(epoch), metric) for epoch, metric, _, _ in rows}
     kept = [
         line
-        for line in path.read_text().splitlines()
+        for line in path.read_text(encoding="utf-8").splitlines()
         if not ((cells := line.split(","))[2:4] == ["cls", "network"] and (cells[0], cells[4]) in replaced)
     ]
     step = {cells[0]: cells[1] for cells in (line.split(",") for line in kept[1:])}
     added = [f"{epoch},{step[str(epoch)]},cls,network,{metric},{value!r},{se!r}" for epoch, metric, value, se in rows]
-    path.write_text("\n".join([*kept, *added]) + "\n")
+    path.write_text("\n".join([*kept, *added]) + "\n", encoding="utf-8")
 
 
 def test_the_smoke_run_draws_its_weight_spectra_and_says_why_it_has_no_noise_scale(smoke_run: Path, tmp_path: Path):

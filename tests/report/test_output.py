@@ -67,7 +67,7 @@ def test_links_planted_in_the_output_are_refused_and_what_they_point_to_is_untou
     old_report: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str
 ):
     victim = tmp_path / "victim.txt"
-    victim.write_text("a file outside the report")
+    victim.write_text("a file outside the report", encoding="utf-8")
     name = next(iter(sorted((old_report / "figures").glob("*.png")))).name if planted == "figure" else planted
     target = old_report / "figures" / name if planted == "figure" else old_report / name
     target.unlink()
@@ -77,7 +77,7 @@ def test_links_planted_in_the_output_are_refused_and_what_they_point_to_is_untou
     line = _one_line(capsys)
     shown = f"figures/{name}" if planted == "figure" else name
     assert f"report output {old_report} holds symbolic links ({shown}); a report never writes through a link" in line
-    assert victim.read_text() == "a file outside the report" and _contents(old_report) == before
+    assert victim.read_text(encoding="utf-8") == "a file outside the report" and _contents(old_report) == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "no temporary left beside"
 
 
@@ -95,7 +95,9 @@ def test_a_report_replaces_the_old_one_whole(old_report: Path, tmp_path: Path):
     assert main([str(_run(tmp_path / "B", slope=2.0, epochs=4)), "--out", str(old_report), "--no-correlation"]) == 0
     after = _contents(old_report)
     assert after != before and after.keys() >= {REPORT_MARKER, "index.html", "findings.csv", "hypotheses.csv"}
-    assert "B" in (old_report / "index.html").read_text() and sorted(p.name for p in tmp_path.iterdir()) == [
+    assert "B" in (old_report / "index.html").read_text(encoding="utf-8") and sorted(
+        p.name for p in tmp_path.iterdir()
+    ) == [
         "A",
         "B",
         "out",
@@ -138,7 +140,7 @@ def test_sigterm_while_re_reporting_leaves_the_old_report_whole(old_report: Path
 
 
 def test_a_foreign_file_in_an_old_report_is_refused(old_report: Path, tmp_path: Path, capsys):
-    (old_report / "notes.txt").write_text("mine")
+    (old_report / "notes.txt").write_text("mine", encoding="utf-8")
     before = _contents(old_report)
     assert main([str(_run(tmp_path / "B")), "--out", str(old_report), "--no-correlation"]) == 2
     assert "already holds files TGO did not write (notes.txt)" in _one_line(capsys)

@@ -86,6 +86,6 @@ def test_the_report_page_has_the_section(tmp_path):
     run = tmp_path / "run"
     _write_run(run)
     index = build_report([run], out=tmp_path / "report", correlation=False)
-    page = html.unescape(index.read_text())
+    page = html.unescape(index.read_text(encoding="utf-8"))
     assert 'id="phases"' in page and "compression-seeking" in page
     assert (tmp_path / "report" / "figures" / "phases_run.png").is_file()

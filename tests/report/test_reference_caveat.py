@@ -43,7 +43,8 @@ def _config(
     """A run's ``config.yaml`` with the keys `read_run_info` reads (the defaults: the paper's experiment)."""
     RunDir(run_dir).config.write_text(
         f"data:\n  source: {source}\n  image_size: {image_size}\nmodel:\n  name: {model}\n  arch:\n{arch}"
-        f"trainer:\n  max_epochs: {max_epochs}\nseed: 0\n"
+        f"trainer:\n  max_epochs: {max_epochs}\nseed: 0\n",
+        encoding="utf-8",
     )
     return run_dir
 
@@ -81,7 +82,7 @@ def test_a_run_of_the_paper_experiment_gets_no_caveat(tmp_path: Path, capsys: py
     assert reference_differences([explicit], [10]) == []  # the recorded name and overrides, not that description
     out = tmp_path / "out"
     assert main([str(run), "--reference", "tgo1", "--out", str(out), "--no-correlation"]) == 0
-    html = (out / "index.html").read_text()
+    html = (out / "index.html").read_text(encoding="utf-8")
     assert "Comparison with the published TGO-I measurements" in html
     assert "Caveat" not in html and 'class="caveat"' not in html and "compare shapes" not in html
     assert "Caveat" not in capsys.readouterr().out
@@ -131,7 +132,7 @@ def test_every_difference_is_named_on_the_page_and_in_the_summary(tmp_path: Path
     assert main([str(run), "--reference", "tgo1", "--out", str(out), "--no-correlation"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("[tgo] report: ") and printed[1] == f"[tgo] {expected}"
-    html = (out / "index.html").read_text()
+    html = (out / "index.html").read_text(encoding="utf-8")
     for anchor in ("header", "reference", "observables"):  # the header, the table, the overlaid figures
         assert _paragraph_after(html, anchor) == expected, anchor
     assert "compare shapes, not values; see the caveat" in html  # each overlaid figure's caption
@@ -146,5 +147,5 @@ def test_several_runs_name_each_value(tmp_path: Path):
         "Caveat: these runs differ from the TGO-I experiment in epochs. These runs: 30 epochs / 50 epochs; the "
         "reference: 100 epochs. Compare shapes, not values."
     )
-    html = build_report([tmp_path / "sweep"], reference="tgo1", correlation=False).read_text()
+    html = build_report([tmp_path / "sweep"], reference="tgo1", correlation=False).read_text(encoding="utf-8")
     assert caveat in html

@@ -125,7 +125,7 @@ def test_each_panel_is_marked_with_what_its_verdicts_found(story_report):
 
 def test_the_report_opens_with_pictures_and_folds_its_full_tables(story_report):
     _run, index = story_report
-    html = index.read_text()
+    html = index.read_text(encoding="utf-8")
     order = ['id="header"', 'id="story"', 'id="summary"', 'id="depth"', 'id="hypotheses"', 'id="findings"']
     positions = [html.index(anchor) for anchor in order]
     assert positions == sorted(positions), "header, story, verdict summary, figures, then the full tables"

@@ -51,7 +51,7 @@ def test_the_first_screen_shows_the_counts_and_the_sentence_above_the_header_tab
         epochs=np.arange(0, 7),
         stderr={"effective_rank": {"block_01": lambda e: 0.1 + 0 * e, "cls": lambda e: 0.1 + 0 * e}},
     )
-    html = build_report([run], correlation=False).read_text()
+    html = build_report([run], correlation=False).read_text(encoding="utf-8")
     header = html[html.index('id="header"') : html.index("</table>", html.index('id="header"'))]
     notes = re.findall(r'<p class="note">([^<]*)</p>', header)
     assert html_text.unescape(notes[0]).startswith("Verdicts: the paper's claims ") and "holds" in notes[0]

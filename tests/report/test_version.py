@@ -23,7 +23,7 @@ def git(repo: Path, *args: str) -> str:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     git(tmp_path, "init", "-q")
-    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "a.py").write_text("x = 1\n", encoding="utf-8")
     git(tmp_path, "add", "a.py")
     git(tmp_path, "commit", "-qm", "one")
     return tmp_path
@@ -47,7 +47,7 @@ def test_the_commit_is_read_without_refreshing_or_locking_the_index(repo: Path):
 
 
 def test_a_changed_tree_reads_dirty_and_a_directory_outside_git_reads_none(repo: Path, tmp_path_factory):
-    (repo / "a.py").write_text("x = 2\n")
+    (repo / "a.py").write_text("x = 2\n", encoding="utf-8")
     assert package_commit(repo) == git(repo, "rev-parse", "HEAD").strip() + "+dirty"
     assert package_commit(tmp_path_factory.mktemp("not_a_repo")) is None
     assert package_version()  # from the installed package's metadata

@@ -65,7 +65,7 @@ def test_tiny_cpu_run_prints_every_row_and_the_equality_checks_pass(tiny_run) ->
     assert "CPU LAPACK" in lines["eigensolver: CPU vs GPU time"]
     assert " n/a " in lines["eigensolver: GPU vs CPU values"]
 
-    results = json.loads((out / "results.json").read_text())
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert results["exit_status"] == 0
     assert [r["name"] for r in results["rows"]] == list(gpu_check.ROW_NAMES)
     assert results["guard"]["worst"] <= gpu_check.TOLERANCE
@@ -77,7 +77,7 @@ def test_tiny_cpu_run_prints_every_row_and_the_equality_checks_pass(tiny_run) ->
     epochs = [o["epoch"] for o in results["training"]["observations"]]
     assert epochs == [0, 2]  # the callback observed during training; blocking comes from its own timing
     assert Path(results["checkpoint"]).is_file()  # the saved checkpoint is kept in the run directory
-    assert (out / "table.txt").read_text().count("PASS") >= 2
+    assert (out / "table.txt").read_text(encoding="utf-8").count("PASS") >= 2
 
 
 @contextlib.contextmanager
@@ -113,7 +113,7 @@ def test_a_broken_precision_guard_fails_the_check_with_exit_1(tiny_run, tmp_path
     assert status == 1, printed[-3000:]
     assert " FAIL " in lines["guard: TF32 + bf16 autocast"], lines
     assert "equality checks FAILED" in printed
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
     assert results["guard"]["worst"] > 1e-4  # bf16 in the forward: far beyond round-off
     # main restores what it switched on for the run.
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == allow_tf32

@@ -28,7 +28,7 @@ def _write_run(root: Path, epochs: list[int], spectra: list[int]) -> RunDir:
     run = RunDir(root)
     run.spectra_dir.mkdir(parents=True)
     lines = [",".join(METRICS_COLUMNS)] + [f"{e},{e * 2},cls,all,effective_rank,{1.5 + e},nan" for e in epochs]
-    run.metrics.write_text("\n".join(lines) + "\n")
+    run.metrics.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for e in spectra:
         arrays: dict[str, Any] = {"cls/eigenvalues": np.array([3.0, 2.0, 1.0 + e]), "cls/n_rows": np.int64(50)}
         np.savez(run.spectra(e), **arrays)
@@ -44,7 +44,7 @@ def test_a_clean_run_passes_the_records_check(tmp_path):
 def test_the_records_check_finds_lost_duplicated_unscheduled_corrupt_and_leftover_files(tmp_path):
     run = _write_run(tmp_path / "run", [0, 1, 1, 3, 4], [0, 1, 3])
     run.spectra(3).write_bytes(run.spectra(3).read_bytes()[:40])  # truncated: epoch 3 counts as lost and corrupt
-    (run.geometry / ".metrics.csv.x1y2.tmp").write_text("half a write")
+    (run.geometry / ".metrics.csv.x1y2.tmp").write_text("half a write", encoding="utf-8")
     aside = run.root / "set_aside" / "2026-11-30T12-00-00Z" / "geometry" / "spectra"
     aside.mkdir(parents=True)
     (aside / "epoch_0002.npz").write_bytes(b"PK\x03\x04 not really a zip")
@@ -109,7 +109,7 @@ def test_file_events_count_from_the_launch_on(tmp_path):
     os.replace(replacement, run.spectra(1))
     assert watcher.poll() == 2
     tmp_watcher = soak.EventWatcher(run.root, "geometry_tmp")
-    (run.geometry / ".metrics.csv.a.tmp").write_text("")
+    (run.geometry / ".metrics.csv.a.tmp").write_text("", encoding="utf-8")
     assert tmp_watcher.poll() == 1 and tmp_watcher.poll() == 1
     fresh = soak.EventWatcher(tmp_path / "new_run", "run_dir")
     assert fresh.poll() == 0
@@ -181,7 +181,7 @@ def test_the_summary_trigger_counts_the_lines_a_launch_appends_to_its_log(tmp_pa
     there."""
     run = _write_run(tmp_path / "run", [0], [0])
     log = tmp_path / "launch_1.log"
-    log.write_text(f"python -m tgo.train ... # {SUMMARY_LINE.format(9)}\n")
+    log.write_text(f"python -m tgo.train ... # {SUMMARY_LINE.format(9)}\n", encoding="utf-8")
     watcher = soak.LogWatcher(log, run.root)
     assert watcher.poll() == 0 and watcher.landed() == "no summary line seen"
 

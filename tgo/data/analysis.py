@@ -152,7 +152,7 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataConfigError(f"data.analysis.manifest='{path}' does not exist; expected an {MANIFEST_NAME} file.")
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise DataConfigError(f"data.analysis.manifest='{path}' is not valid JSON: {err}.") from err
     version = manifest.get("version") if isinstance(manifest, dict) else None

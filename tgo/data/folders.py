@@ -37,7 +37,14 @@ def read_class_list(path: str | Path, key: str = "data.class_list") -> list[str]
     path = Path(path)
     if not path.is_file():
         raise DataConfigError(f"{key}='{path}' does not exist; expected a text file with one WordNet id per line.")
-    names = [line.split()[0] for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataConfigError(
+            f"{key}='{path}' is not UTF-8 text ({err.reason} at byte {err.start}); expected a text "
+            "file with one WordNet id per line."
+        ) from None
+    names = [line.split()[0] for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if not names:
         raise DataConfigError(f"{key}='{path}' lists no classes; expected one WordNet id per line.")
     duplicates = sorted({name for name in names if names.count(name) > 1})

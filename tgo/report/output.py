@@ -62,7 +62,7 @@ def claim_report_dir(report_dir: Path) -> None:
             "through a link nor replaces one it did not create: remove them, or give another --out"
         )
     index = report_dir / "index.html"
-    page = index.read_text(errors="replace") if index.is_file() else ""
+    page = index.read_text(errors="replace", encoding="utf-8") if index.is_file() else ""
     ours = REPORT_MARKER in entries or "TGO report" in page or f'content="{GENERATOR}"' in page
     foreign = sorted(entries - REPORT_FILES)
     if figures.is_dir():

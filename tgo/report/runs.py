@@ -133,7 +133,7 @@ def read_fingerprint(run_dir: str | os.PathLike[str]) -> str | None:
     if not path.is_file():
         return None
     try:
-        return str(json.loads(path.read_text())["fingerprint"])
+        return str(json.loads(path.read_text(encoding="utf-8"))["fingerprint"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ReportInputError(f"{path}: unreadable analysis subset manifest ({err})") from err
 
