@@ -48,6 +48,34 @@ CPU's kernels. ``avx2``: a Haswell-to-Zen 3 class CPU; ``x86-64``: one with SSE4
 TORCH_CAPABILITY = {"avx2": "AVX2", "x86-64": "DEFAULT"}
 """What ``torch.backends.cpu.get_cpu_capability()`` reports under each kind."""
 
+CAPABILITY_ORDER = ("DEFAULT", "AVX2", "AVX512")
+"""torch's x86 kernel levels, lowest first: a CPU runs a kind whose level is at or below its own."""
+
+
+def unreachable(kind: str, native_capability: str) -> str | None:
+    """Why this CPU (torch's ``native_capability``) cannot run ``kind``'s kernels, or None when it can.
+
+    A kind above the CPU's own level would load kernels with instructions it lacks (OpenBLAS's Haswell set dies with
+    an illegal instruction on a CPU without AVX2), so it is refused before the suite starts.
+    """
+    wanted = TORCH_CAPABILITY[kind]
+    if native_capability not in CAPABILITY_ORDER:
+        return f"this CPU runs torch's {native_capability} kernels, not x86's {list(CAPABILITY_ORDER)}"
+    level = CAPABILITY_ORDER.index(native_capability)
+    if level < CAPABILITY_ORDER.index(wanted):
+        lower = [k for k, c in TORCH_CAPABILITY.items() if CAPABILITY_ORDER.index(c) <= level]
+        return f"this CPU has torch's {native_capability} kernels, below {kind}'s {wanted}; kinds it can run: {lower}"
+    return None
+
+
+def native_capability() -> str:
+    """torch's kernel level on this CPU, asked of a child process without any kind's variables (the parent's may be
+    set by an enclosing run, and torch reads them once at import)."""
+    clean = {k: v for k, v in os.environ.items() if not any(k in variables for variables in KINDS.values())}
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    done = subprocess.run([sys.executable, "-c", probe], env=clean, capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
 
 def environment(kind: str, base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) with the kind's variables set."""
@@ -65,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, value in KINDS[args.kind].items():
             print(f"export {name}='{value}'")
         return 0
+    reason = unreachable(args.kind, native_capability())
+    if reason is not None:
+        print(f"[tools.other_cpu] cannot run {args.kind}: {reason}", file=sys.stderr)
+        return 2
     command = [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "worksteal", *pytest_args]
     print(f"[tools.other_cpu] {args.kind}: {' '.join(f'{k}={v!r}' for k, v in KINDS[args.kind].items())}", flush=True)
     return subprocess.call(command, env=environment(args.kind))

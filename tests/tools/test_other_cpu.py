@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tools.other_cpu import KINDS, TORCH_CAPABILITY, environment, main
+from tools.other_cpu import KINDS, TORCH_CAPABILITY, environment, main, unreachable
 
 _REPORT = """
 import hashlib, json
@@ -48,6 +48,9 @@ def native() -> dict:
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_each_kind_makes_torch_numpy_and_openblas_choose_that_cpus_kernels(kind: str, native: dict):
+    reason = unreachable(kind, native["torch"])
+    if reason is not None:  # a CPU below the kind (no AVX2 for avx2) would die on its kernels; the tool refuses it
+        pytest.skip(reason)
     other = _report(environment(kind))
     assert other["torch"] == TORCH_CAPABILITY[kind]
     # OpenBLAS names the kernel set it loaded (Prescott's is "Katmai"): another one than this machine's, unless this
@@ -71,3 +74,33 @@ def test_print_env_prints_the_kinds_variables_for_a_shell(capsys: pytest.Capture
     assert main(["avx2", "--print-env"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"export {k}='{v}'" for k, v in KINDS["avx2"].items()]
+
+
+@pytest.mark.parametrize(
+    ("kind", "native", "refused"),
+    [
+        ("avx2", "AVX512", False),
+        ("avx2", "AVX2", False),
+        ("avx2", "DEFAULT", True),  # a Sandy Bridge: no AVX2, OpenBLAS's Haswell kernels would be illegal there
+        ("x86-64", "DEFAULT", False),
+        ("x86-64", "SVE256", True),  # not an x86 CPU at all
+    ],
+)
+def test_a_kind_above_this_cpus_own_kernels_is_refused_in_one_line(kind: str, native: str, refused: bool):
+    reason = unreachable(kind, native)
+    assert (reason is not None) is refused
+    if reason is not None:
+        assert "\n" not in reason and native in reason
+
+
+def test_the_tool_refuses_before_pytest_starts_on_a_cpu_below_the_kind(monkeypatch, capsys):
+    import tools.other_cpu as other_cpu
+
+    monkeypatch.setattr(other_cpu, "native_capability", lambda: "DEFAULT")
+    monkeypatch.setattr(other_cpu.subprocess, "call", lambda *a, **k: pytest.fail("pytest was started"))
+    assert main(["avx2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "[tools.other_cpu] cannot run avx2: this CPU has torch's DEFAULT kernels, below avx2's AVX2; "
+        "kinds it can run: ['x86-64']"
+    )
