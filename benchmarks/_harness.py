@@ -637,7 +637,7 @@ def run_memory_children(
 
 
 def _status_kb(key: str) -> int:
-    with open("/proc/self/status", encoding="utf-8") as fh:
+    with open("/proc/self/status", encoding="utf-8", errors="replace") as fh:  # Name: is the bytes a process set
         for line in fh:
             if line.startswith(key + ":"):
                 return int(line.split()[1])

@@ -109,9 +109,7 @@ _STATIC_ROWS: dict[str, tuple[str, ...]] = {
     **{row: ("optimisation",) for row in OPTIMISATION_ROWS},
     **{row: ("curvature",) for row in CURVATURE_ROWS},
     **{row: ("widths",) for row in WIDTH_ROWS},
-    **{row: ("peer",) for row in PEER_ROWS if row != "16.10"},
-    "16.9": ("peer", "gpu"),
-    "16.10": ("peer",),
+    **{row: ("peer", "gpu") if row == "16.9" else ("peer",) for row in _numbered("16", 10)},
 }
 """Every row of the table but rows 14 (``ROWS`` adds them, `_registry`), in display order, with the ``--skip``
 sections it needs: the single declaration of what a complete run contains (a row neither measured nor skipped with a

@@ -214,10 +214,9 @@ def side_by_side(
     settings = {v: tgo_settings(v) for v in VARIANTS}
     last: dict[str, Any] = {}
     own: dict[str, list[float]] = {"peer": [], **{v: [] for v in VARIANTS}}
-    clock: dict[str, float] = {}
 
     def clocked(name: str, tool: str, body: Callable[[], None]) -> None:
-        clock.update(dict.fromkeys(clock, 0.0))
+        clock.update(dict.fromkeys(clock, 0.0))  # `clock`: the seconds `own_work_clock` adds to, bound below
         body()
         if clock:
             own[name].append(clock[tool])
@@ -232,8 +231,8 @@ def side_by_side(
     def peer_body() -> None:
         last["peer"] = peer_observation(net, dataset, batch, device)
 
-    with own_work_clock() if own_work else contextlib.nullcontext({}) as seconds:
-        clock = seconds
+    no_clock: dict[str, float] = {}
+    with own_work_clock() if own_work else contextlib.nullcontext(no_clock) as clock:
         timings = h.interleaved(lambda: clocked("peer", "peer", peer_body), {v: tgo(v) for v in VARIANTS}, repeats)
     ref = reference(net, dataset, batch, device)
     names = [p.name for p in points]
@@ -257,8 +256,8 @@ def _error_text(errors: dict[str, float]) -> str:
 
 
 def peer_rows(table: Any, mode: str, *, work: Path, repeats: int | None = None, gpu: bool = True) -> dict[str, Any]:
-    """Rows 16.1-16.8 on the CPU and, with CUDA and ``gpu``, row 16.9 (skipped with one line without the peer; row
-    16.9 is left to ``--skip gpu`` without ``gpu``)."""
+    """Rows 16.1-16.8 and 16.10 on the CPU and, with CUDA and ``gpu``, row 16.9 (skipped with one line without the
+    peer; row 16.9 is left to ``--skip gpu`` without ``gpu``)."""
     version = peer_version()
     if version is None:
         why = f"{PEER} not installed"

@@ -130,7 +130,7 @@ def test_uneven_and_empty_shards_count_every_image_once(tmp_path: Path, world_si
     )
     out = str(tmp_path / "rank0.pt")
     fork_ranks(_worker, (world_size, free_port(), count, groups, out), world_size)
-    result = torch.load(out, weights_only=False)
+    result = torch.load(out, weights_only=True)
     assert len(result.pop("calls")) == 2, "two collectives per observation, whatever the shard sizes and groups"
     for name, parts in reference.items():
         assert len(result[name]) == len(parts) == max(groups, 1)
@@ -226,7 +226,7 @@ def test_probes_on_two_processes_with_uneven_shards_equal_one_process(tmp_path: 
     out = tmp_path / "ddp" / "rank0.pt"
     out.parent.mkdir()
     fork_ranks(_probe_worker, (2, free_port(), str(out)), 2)
-    ddp = torch.load(out, weights_only=False)
+    ddp = torch.load(out, weights_only=False)  # its own workers wrote it (numpy arrays inside)
     calls_on, calls_off = ddp["calls"]
     assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, probes on or off"
     assert calls_on[0] == calls_off[0] and calls_on[1] > calls_off[1], "the per-image vectors ride in the second"

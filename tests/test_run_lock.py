@@ -157,6 +157,27 @@ def test_a_process_the_holder_started_writes_under_its_lock(tmp_path: Path):
     assert not (run / LOCK_NAME).exists()
 
 
+def test_a_grandchild_writes_under_its_lock_through_a_parent_whose_name_is_not_utf8(tmp_path: Path):
+    """The walk up to the holder reads each ancestor's ``/proc/PID/stat``, whose process name is bytes the process
+    chose, cut at 15 (a UTF-8 name can end mid-character): a name that is not UTF-8 must not stop the walk."""
+    run = tmp_path / "run"
+    grandchild = "import sys; from tgo.run_lock import RunLock; RunLock(sys.argv[1]).acquire().release(); print('ok')"
+    middle = (
+        "import subprocess, sys\n"
+        "open('/proc/self/comm', 'wb').write(b'tgo-\\xe2\\x82')  # a UTF-8 name cut inside its euro sign\n"
+        "sys.exit(subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2]]).returncode)"
+    )
+    with RunLock(run):
+        done = subprocess.run(
+            [sys.executable, "-c", middle, grandchild, str(run)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            check=False,
+        )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_a_link_or_a_directory_as_the_lock_file_is_one_line(tmp_path: Path):
     outside = tmp_path / "outside.txt"
     outside.write_text("theirs", encoding="utf-8")

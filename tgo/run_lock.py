@@ -298,14 +298,15 @@ def _started_by(holder: Holder) -> bool:
 
 
 def _parent_of(pid: int) -> int:
-    """The parent's pid (Linux ``/proc``; elsewhere only this process's own parent is known)."""
+    """The parent's pid (Linux ``/proc``; elsewhere only this process's own parent is known). Read as bytes: the
+    process name in ``stat`` is whatever bytes the process set, cut at 15 (a UTF-8 name can end mid-character)."""
     if pid == os.getpid():
         return os.getppid()
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return 0
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    return int(stat.rsplit(b")", 1)[1].split()[1])
 
 
 def _is_regular(fd: int) -> bool:

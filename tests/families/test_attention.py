@@ -214,7 +214,7 @@ def test_two_processes_with_uneven_shards_equal_one_process(tmp_path: Path):
     out = tmp_path / "ddp" / "rank0.pt"
     out.parent.mkdir()
     fork_ranks(_worker, (2, free_port(), str(out)), 2)
-    ddp = torch.load(out, weights_only=False)
+    ddp = torch.load(out, weights_only=False)  # its own workers wrote it (numpy arrays inside)
     calls_on, calls_off = ddp["calls"]
     assert len(calls_on) == len(calls_off) == 2, "two collectives per observation, attention on or off"
     assert calls_on[0] == calls_off[0] and calls_on[1] > calls_off[1], "the attention sums ride in the second"

@@ -218,7 +218,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, out: str) -> None:
 def test_two_gloo_processes_record_what_one_process_records(tmp_path: Path):
     out = tmp_path / "rank0.pt"
     fork_ranks(_ddp_worker, (2, free_port(), str(out)), 2)
-    two = torch.load(out, weights_only=False)
+    two = torch.load(out, weights_only=False)  # its own workers wrote it (numpy arrays inside)
     net, opt = trained("adamw", 0.003)
     one = network(
         observe(net, tmp_path / "one", TrainingInfo(epoch=0, global_step=2, optimizer=opt, learning_rate=0.003)), net
