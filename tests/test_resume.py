@@ -154,6 +154,17 @@ def test_a_resume_with_the_same_subset_passes_and_any_change_is_named(smoke_run)
         check_same_analysis_subset(run_dir, resized)
 
 
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": 1, "source": "caf\xe9"}'], ids=["not-json", "latin-1"])
+def test_a_runs_manifest_that_cannot_be_read_stops_the_resume_in_one_line(tmp_path: Path, content: bytes):
+    run_dir = RunDir(tmp_path)
+    run_dir.manifest.parent.mkdir(parents=True, exist_ok=True)
+    run_dir.manifest.write_bytes(content)
+    with pytest.raises(
+        ChangedAnalysisSubsetError, match=r"analysis_subset\.json: unreadable \(.*\); expected the run's"
+    ):
+        check_same_analysis_subset(run_dir, {"version": 1})
+
+
 @pytest.mark.slow
 def test_resuming_with_a_changed_analysis_subset_stops_before_anything_is_written(tmp_path):
     run_dir = tmp_path / "run"

@@ -360,7 +360,7 @@ def check_same_analysis_subset(run: RunDir, current: dict[str, Any]) -> None:
         return
     try:
         earlier = json.loads(run.manifest.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: not JSON, or not UTF-8
         raise ChangedAnalysisSubsetError(
             f"{run.manifest}: unreadable ({err}); expected the run's own manifest to check the resumed subset against"
         ) from err

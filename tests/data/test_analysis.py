@@ -188,6 +188,9 @@ def test_bad_manifest_files(tmp_path: Path, tree: Path) -> None:
     broken.write_text("{not json", encoding="utf-8")
     with pytest.raises(DataConfigError, match=r"not valid JSON"):
         _dm(tree, analysis_manifest=str(broken))
+    broken.write_bytes(b'{"version": 1, "note": "caf\xe9"}')  # Latin-1, not UTF-8
+    with pytest.raises(DataConfigError, match=r"not valid JSON: 'utf-8' codec can't decode byte 0xe9"):
+        _dm(tree, analysis_manifest=str(broken))
     broken.write_text(json.dumps({"version": 99, "items": []}), encoding="utf-8")
     with pytest.raises(DataConfigError, match=r"version 99; expected 1"):
         _dm(tree, analysis_manifest=str(broken))

@@ -153,7 +153,7 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
         raise DataConfigError(f"data.analysis.manifest='{path}' does not exist; expected an {MANIFEST_NAME} file.")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except ValueError as err:  # JSONDecodeError, or UnicodeDecodeError: bytes that are not UTF-8
         raise DataConfigError(f"data.analysis.manifest='{path}' is not valid JSON: {err}.") from err
     version = manifest.get("version") if isinstance(manifest, dict) else None
     if version != MANIFEST_VERSION:
