@@ -11,6 +11,7 @@ import pytest
 
 from tests.report.synthetic import FEW_PAPER_POINTS, write_run_config, write_synthetic_run
 from tgo.panels import lines_figure
+from tgo.records import RunDir
 from tgo.report.__main__ import main
 from tgo.report.build import build_report
 from tgo.report.runinfo import NOT_RECORDED, read_run_info
@@ -63,6 +64,9 @@ def test_what_a_run_does_not_hold_reads_not_recorded(tmp_path: Path):
         assert rows[field] == NOT_RECORDED, field
     no_log = _run(tmp_path / "nolog", accuracies=None)
     assert read_run_info(no_log).top1 is None
+    for damaged in (b"data: [unclosed\n", b"data:\n  source: caf\xe9\n"):  # not YAML; Latin-1, not UTF-8
+        RunDir(bare).config.write_bytes(damaged)
+        assert read_run_info(bare).data is None
 
 
 def test_a_single_observation_is_drawn_with_markers_and_explained(tmp_path: Path):

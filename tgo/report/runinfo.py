@@ -80,7 +80,7 @@ def _load_yaml(path: Path) -> dict[str, Any]:
         return {}
     try:
         loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: bytes that are not UTF-8, read as not recorded too
         return {}
     return loaded if isinstance(loaded, dict) else {}
 
